@@ -1,0 +1,49 @@
+# Two commands for a new user: `make reproduce` (all notebooks and figures) and `make test`.
+# Each creates or reuses the project virtual environment .venv on its own.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# A GPU means nvidia-smi lists one: then pip takes the CUDA build of torch; otherwise the CPU
+# wheel torch==2.13.0 (with its triton 3.7.1), never a multi-GB CUDA download.
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+ifeq ($(HAS_GPU),1)
+TORCH_SPEC := torch triton
+else
+TORCH_SPEC := torch==2.13.0 triton==3.7.1
+endif
+NOTEBOOK_ARGS ?=
+BENCH_ARGS ?=
+
+.PHONY: help venv test test-gpu reproduce lab bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e '.[notebooks,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create or update the virtual environment .venv
+
+test: $(STAMP)  ## run the test suite (CPU; GPU tests skip without a GPU)
+	$(PY) -m pytest -q
+
+test-gpu: $(STAMP)  ## run only the full-size GPU tests (needs a CUDA GPU)
+	$(PY) -m pytest -q -m gpu
+
+reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate figures/ and data/
+	$(PY) -m swiglu.reproduce $(NOTEBOOK_ARGS)
+
+bench: $(STAMP)  ## benchmark every implementation on the GPU (BENCH_ARGS="--quick ...")
+	$(PY) -m swiglu.bench $(BENCH_ARGS)
+
+lab: $(STAMP)  ## open the notebooks in JupyterLab
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean:  ## remove the virtual environment, build outputs and caches
+	rm -rf $(VENV) build .pytest_cache src/*.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,38 @@
+"""swiglu: a fast, verified SwiGLU MLP backward for NVIDIA Hopper, in Triton.
+
+Public API:
+    swiglu_mlp_backward(grad_output, x, gate_output, up_output, activated_gate,
+                        gate_weight, up_weight, down_weight, *, impl="auto")
+    reference_backward, float64_backward   -- the benchmark's bf16 reference and its fp64 oracle
+    make_inputs, BackwardInputs            -- inputs as the benchmark draws them
+    CASES, select_cases, HIDDEN_SIZE, INTERMEDIATE_SIZE, MODEL_SHAPES
+    roofline (module)                      -- FLOPs, bytes, SOL, score
+"""
+
+from . import roofline
+from .accuracy import benchmark_criterion, relative_error
+from .api import available_impls, register_impl, swiglu_mlp_backward
+from .inputs import BackwardInputs, make_inputs
+from .reference import float64_backward, reference_backward
+from .workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, MODEL_SHAPES, Case, select_cases
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackwardInputs",
+    "CASES",
+    "Case",
+    "HIDDEN_SIZE",
+    "INTERMEDIATE_SIZE",
+    "MODEL_SHAPES",
+    "available_impls",
+    "benchmark_criterion",
+    "float64_backward",
+    "make_inputs",
+    "reference_backward",
+    "register_impl",
+    "relative_error",
+    "roofline",
+    "select_cases",
+    "swiglu_mlp_backward",
+]

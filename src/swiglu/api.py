@@ -1,0 +1,84 @@
+"""The public entry point ``swiglu_mlp_backward`` and its registry of implementations."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+
+from .reference import Gradients, reference_backward
+from .validation import validate_backward_inputs
+
+BackwardFn = Callable[..., Gradients]
+
+_IMPLS: dict[str, BackwardFn] = {"reference": reference_backward}
+# Implementations whose module registers them on import (kept lazy: importing Triton is slow).
+_LAZY = {"triton": "swiglu.triton_backward"}
+
+
+def register_impl(name: str, fn: BackwardFn) -> None:
+    """Register ``fn`` (same signature as ``reference_backward``) under ``impl=name``."""
+    _IMPLS[name] = fn
+
+
+def available_impls() -> list[str]:
+    """Names accepted by ``swiglu_mlp_backward(impl=...)`` (besides ``"auto"``)."""
+    return sorted(set(_IMPLS) | set(_LAZY))
+
+
+def _resolve(impl: str, device: torch.device) -> BackwardFn:
+    if impl == "auto":
+        impl = "triton" if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9 else "reference"
+    if impl not in _IMPLS and impl in _LAZY:
+        importlib.import_module(_LAZY[impl])
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {['auto'] + available_impls()}, got {impl!r}")
+    return _IMPLS[impl]
+
+
+def swiglu_mlp_backward(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    gate_output: torch.Tensor,
+    up_output: torch.Tensor,
+    activated_gate: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    *,
+    impl: str = "auto",
+) -> Gradients:
+    """Gradients of ``out = down_proj(silu(gate_proj(x)) * up_proj(x))`` w.r.t. x and the weights.
+
+    Args:
+        grad_output: [batch_size, seq_len, H] or [tokens, H], upstream gradient of ``out``.
+        x: same shape as grad_output, the MLP input.
+        gate_output, up_output, activated_gate: [..., I] with x's leading dims, saved by the
+            forward. They are used exactly as given (``activated_gate`` is not recomputed from
+            ``gate_output``), as in the benchmark's reference.
+        gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` / checkpoint layout).
+        impl: ``"reference"`` (PyTorch, the benchmark's bf16 order of operations), ``"triton"``
+            (our Hopper kernels; bf16 CUDA tensors on sm_90+, or any device under
+            ``TRITON_INTERPRET=1``), or ``"auto"``: triton on CUDA sm_90+, reference otherwise.
+
+    Returns:
+        ``(grad_x, grad_gate_weight, grad_up_weight, grad_down_weight)``: grad_x shaped like x,
+        the weight gradients shaped like their weights, all in the inputs' dtype, freshly
+        allocated (never aliasing an input). Inputs are never modified.
+
+    Strides: any strides are accepted. The reference works on views; the Triton path copies an
+    input to a contiguous buffer only when its layout is not usable by TMA (last-dim stride 1,
+    16-byte-aligned base and row stride).
+
+    Raises:
+        TypeError: a non-tensor argument or a dtype mismatch (triton: not bfloat16).
+        ValueError: wrong ranks, mismatched shapes, different devices, an empty dimension, or an
+            unknown ``impl``; triton also rejects unsupported devices or sizes (see
+            ``swiglu.triton_backward``).
+    """
+    validate_backward_inputs(
+        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight
+    )
+    fn = _resolve(impl, x.device)
+    return fn(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
