@@ -1,0 +1,31 @@
+"""Test set-up: run Triton kernels through the CPU interpreter when no GPU is present.
+
+TRITON_INTERPRET is read when ``@triton.jit`` decorates a kernel, so it must be set before any
+kernel module is imported (see shared/notes/triton-on-cpu.md).
+"""
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+#: Device the small-shape tests run on: the GPU when there is one, else the CPU interpreter.
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE
