@@ -66,12 +66,14 @@ def validate_backward_inputs(
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    dtype = x.dtype
+    # Per-tensor dtype checks before the comparison with x, so a bad x is blamed on x.
     for name, t in tensors.items():
         if not t.dtype.is_floating_point:
             raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
         if dtypes is not None and t.dtype not in dtypes:
             raise TypeError(f"{name} must have dtype in {list(dtypes)}, got {t.dtype}")
+    dtype = x.dtype
+    for name, t in tensors.items():
         if t.dtype != dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but x has {dtype}; all inputs must share one dtype")
     device = x.device
