@@ -106,7 +106,10 @@ def validate_backward_inputs(
     ):
         expected = leading + (last,)
         if tuple(tensors[name].shape) != expected:
-            raise ValueError(f"{name} must have shape {list(expected)}, got {list(tensors[name].shape)}")
+            raise ValueError(
+                f"{name} must have shape {list(expected)} (leading dims of x {list(x.shape)}, sizes of "
+                f"gate_weight {list(gate_weight.shape)}), got {list(tensors[name].shape)}"
+            )
 
     tokens = 1
     for d in leading:
