@@ -3,6 +3,8 @@
 Public API:
     swiglu_mlp_backward(grad_output, x, gate_output, up_output, activated_gate,
                         gate_weight, up_weight, down_weight, *, impl="auto")
+    SwiGLUMLP(hidden_size, intermediate_size)  -- training-ready nn.Module with our backward
+    swiglu_mlp(x, gate_weight, up_weight, down_weight)  -- its functional form (custom ops)
     reference_backward, float64_backward   -- the benchmark's bf16 reference and its fp64 oracle
     make_inputs, BackwardInputs            -- inputs as the benchmark draws them
     CASES, select_cases, HIDDEN_SIZE, INTERMEDIATE_SIZE, MODEL_SHAPES
@@ -13,6 +15,8 @@ from . import roofline
 from .accuracy import benchmark_criterion, relative_error
 from .api import available_impls, register_impl, swiglu_mlp_backward
 from .inputs import BackwardInputs, make_inputs
+from .module import SwiGLUMLP
+from .ops import swiglu_mlp
 from .reference import float64_backward, reference_backward
 from .workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, MODEL_SHAPES, Case, select_cases
 
@@ -25,6 +29,7 @@ __all__ = [
     "HIDDEN_SIZE",
     "INTERMEDIATE_SIZE",
     "MODEL_SHAPES",
+    "SwiGLUMLP",
     "available_impls",
     "benchmark_criterion",
     "float64_backward",
@@ -34,5 +39,6 @@ __all__ = [
     "relative_error",
     "roofline",
     "select_cases",
+    "swiglu_mlp",
     "swiglu_mlp_backward",
 ]

@@ -1,0 +1,184 @@
+"""``SwiGLUMLP``: a drop-in Llama/Hermes MLP block whose backward is ours, and a step timer.
+
+Usage in a training loop::
+
+    mlp = swiglu.SwiGLUMLP(4096, 14336, device="cuda", dtype=torch.bfloat16)
+    loss = loss_fn(mlp(x), target); loss.backward()   # Triton backward on H100/H200
+    optimizer.step(); optimizer.zero_grad()
+
+Step timer (run on the GPU machine, prints JSON)::
+
+    PYTHONPATH=src python3 -m swiglu.module --tokens 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+from torch import nn
+
+from .ops import BACKWARD_IMPLS, swiglu_mlp
+from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
+
+
+class SwiGLUMLP(nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with the fused custom-op backward.
+
+    Parameters (as in Llama/Hermes checkpoints, so their MLP state dict loads unchanged):
+    ``gate_proj.weight`` [I, H], ``up_proj.weight`` [I, H], ``down_proj.weight`` [H, I], held by
+    ``nn.Linear(bias=False)`` submodules (default ``nn.Linear`` initialisation).
+
+    Args:
+        hidden_size: H. intermediate_size: I. Positive ints.
+        backward_impl: ``"auto"`` | ``"reference"`` | ``"triton"`` (see ``swiglu.swiglu_mlp``).
+        device, dtype: of the weights; the input must match them.
+
+    forward(x): x [..., H] -> [..., H]. Errors as ``swiglu.swiglu_mlp``.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        backward_impl: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        for label, size in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise ValueError(f"{label} must be a positive int, got {size!r}")
+        if backward_impl not in BACKWARD_IMPLS:
+            raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {backward_impl!r}")
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.backward_impl = backward_impl
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu_mlp(
+            x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, backward_impl=self.backward_impl
+        )
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, backward_impl={self.backward_impl!r}"
+
+
+class PlainSwiGLUMLP(nn.Module):
+    """The same MLP from plain ``nn.Linear`` layers and PyTorch autograd: the baseline and the
+    test oracle (same parameter names as ``SwiGLUMLP``)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _median_step_ms(module: nn.Module, x: torch.Tensor, grad_output: torch.Tensor, warmup: int, iters: int) -> float:
+    times = []
+    for i in range(warmup + iters):
+        for p in module.parameters():
+            p.grad = None  # each step allocates fresh gradients, as after zero_grad(set_to_none=True)
+        x.grad = None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        module(x).backward(grad_output)
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure_step_time(
+    hidden_size: int = HIDDEN_SIZE,
+    intermediate_size: int = INTERMEDIATE_SIZE,
+    tokens: int = 4096,
+    *,
+    warmup: int = 3,
+    iters: int = 10,
+    backward_impl: str = "auto",
+    device: str = "cuda",
+    seed: int = 0,
+) -> dict:
+    """Median forward+backward step time of ``SwiGLUMLP`` vs ``PlainSwiGLUMLP``, bf16, same weights.
+
+    One step = ``module(x).backward(grad_output)`` with x [tokens, H] requiring grad and all
+    gradients set to None first, timed with CUDA events around the step (no L2 flush), median
+    of ``iters`` after ``warmup``. The modules are timed one after the other, each holding
+    only its own gradients (weights are shared). Memory at full size (H=16384, I=53248,
+    T=4096): 5.2 GB of weights + 5.2 GB of gradients plus ~2 GB of activations.
+
+    Returns a dict: hidden_size, intermediate_size, tokens, backward_impl (resolved name used),
+    ms_swiglu, ms_plain, speedup (ms_plain / ms_swiglu), tflops_swiglu, tflops_plain (the
+    step's 3 forward + 6 backward GEMMs: 18 * T * H * I FLOPs), device name, torch version.
+
+    Raises: ValueError when CUDA is not available or sizes are not positive.
+    """
+    from .ops import resolve_backward_impl
+
+    if not torch.cuda.is_available():
+        raise ValueError("measure_step_time needs a CUDA GPU (device='cuda')")
+    if tokens <= 0:
+        raise ValueError(f"tokens must be positive, got {tokens}")
+    torch.manual_seed(seed)
+    dtype = torch.bfloat16
+    ours = SwiGLUMLP(hidden_size, intermediate_size, backward_impl=backward_impl, device=device, dtype=dtype)
+    x = torch.randn(tokens, hidden_size, device=device, dtype=dtype, requires_grad=True)
+    grad_output = torch.randn(tokens, hidden_size, device=device, dtype=dtype)
+    resolved = resolve_backward_impl(backward_impl, x)
+    ms_swiglu = _median_step_ms(ours, x, grad_output, warmup, iters)
+    state = ours.state_dict()
+    del ours
+    plain = PlainSwiGLUMLP(hidden_size, intermediate_size, device="meta", dtype=dtype)
+    plain.load_state_dict(state, assign=True)
+    del state
+    ms_plain = _median_step_ms(plain, x, grad_output, warmup, iters)
+    flops = 18 * tokens * hidden_size * intermediate_size
+    return dict(
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        tokens=tokens,
+        backward_impl=resolved,
+        ms_swiglu=ms_swiglu,
+        ms_plain=ms_plain,
+        speedup=ms_plain / ms_swiglu,
+        tflops_swiglu=flops / (ms_swiglu * 1e-3) / 1e12,
+        tflops_plain=flops / (ms_plain * 1e-3) / 1e12,
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        warmup=warmup,
+        iters=iters,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Step time of SwiGLUMLP vs the plain nn.Linear MLP (bf16, CUDA)")
+    parser.add_argument("--hidden-size", type=int, default=HIDDEN_SIZE)
+    parser.add_argument("--intermediate-size", type=int, default=INTERMEDIATE_SIZE)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--backward-impl", default="auto", choices=BACKWARD_IMPLS)
+    args = parser.parse_args(argv)
+    result = measure_step_time(
+        args.hidden_size, args.intermediate_size, args.tokens,
+        warmup=args.warmup, iters=args.iters, backward_impl=args.backward_impl,
+    )
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""The SwiGLU MLP as ``torch.library`` custom ops with autograd: ``swiglu_mlp`` and its two ops.
+
+``out = down_proj(silu(gate_proj(x)) * up_proj(x))`` (Llama/Hermes MLP, no biases).
+
+* ``swiglu::mlp_forward(x, gate_weight, up_weight, down_weight, backward_impl)`` returns
+  ``(out, gate_output, up_output, activated_gate)``; the last three are what the backward needs
+  (they are marked non-differentiable: only ``out`` carries a gradient).
+* ``swiglu::mlp_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight,
+  up_weight, down_weight, need_grad_x, need_grad_gate_weight, need_grad_up_weight,
+  need_grad_down_weight, impl)`` returns the four gradients. A custom op cannot return ``None``,
+  so a gradient that is not needed comes back as an empty tensor (shape ``[0]``) and the autograd
+  formula maps it to ``None``; its GEMMs are never run.
+
+Both ops have fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces them
+without graph breaks. Backward dispatch (``backward_impl``): ``"triton"`` is
+``swiglu.triton_backward.triton_swiglu_backward`` (bf16; CUDA sm_90+, or any device under
+``TRITON_INTERPRET=1``); ``"reference"`` is the benchmark's order of operations
+(``swiglu.reference``) with the GEMMs of unneeded gradients skipped, in the inputs' dtype;
+``"auto"`` picks triton for bf16 CUDA tensors on sm_90+ and the reference otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+import torch.nn.functional as F
+
+BACKWARD_IMPLS = ("auto", "reference", "triton")
+_TRITON_MODULE = "swiglu.triton_backward"
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_forward_inputs(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    backward_impl: str = "auto",
+) -> None:
+    """Check ``swiglu_mlp``'s arguments; raise ``TypeError``/``ValueError`` naming the argument.
+
+    Expected: ``x`` [..., H] with at least one token; ``gate_weight`` and ``up_weight`` [I, H];
+    ``down_weight`` [H, I]; one floating dtype and one device for all four; ``backward_impl`` one
+    of ``BACKWARD_IMPLS`` (``"triton"`` needs bfloat16).
+    """
+    tensors = {"x": x, "gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in tensors.items():
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; x and the weights must share one dtype")
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; x and the weights must share one device")
+    for name in ("gate_weight", "up_weight", "down_weight"):
+        if tensors[name].dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {list(tensors[name].shape)}")
+    inter, hidden = gate_weight.shape
+    if tuple(up_weight.shape) != (inter, hidden):
+        raise ValueError(
+            f"up_weight must have shape {[inter, hidden]} like gate_weight "
+            f"([intermediate_size, hidden_size]), got {list(up_weight.shape)}"
+        )
+    if tuple(down_weight.shape) != (hidden, inter):
+        raise ValueError(
+            f"down_weight must have shape {[hidden, inter]} ([hidden_size, intermediate_size] for "
+            f"gate_weight {list(gate_weight.shape)}), got {list(down_weight.shape)}"
+        )
+    if x.dim() < 1 or x.shape[-1] != hidden:
+        raise ValueError(f"x must have shape [..., {hidden}] (hidden_size last), got {list(x.shape)}")
+    if x.numel() == 0 or inter == 0 or hidden == 0:
+        raise ValueError(f"x {list(x.shape)} and the weights must be non-empty (no tokens or an empty size)")
+    if backward_impl not in BACKWARD_IMPLS:
+        raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {backward_impl!r}")
+    if backward_impl == "triton" and x.dtype != torch.bfloat16:
+        raise TypeError(f"backward_impl='triton' needs bfloat16 x and weights, got {x.dtype}")
+
+
+def _check_triton_available(device: torch.device) -> None:
+    """Fail at forward time (not in the middle of backward) when the Triton path cannot run."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"backward_impl='triton' needs CUDA tensors (got {device}) or TRITON_INTERPRET=1 set "
+            "before swiglu.triton_backward is imported"
+        )
+    importlib.import_module(_TRITON_MODULE)
+
+
+# --------------------------------------------------------------------------- backward kernels
+
+
+def _gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # One indirection so tests can count the reference's GEMMs (frozen weights skip theirs).
+    return a @ b
+
+
+def partial_reference_backward(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    gate_output: torch.Tensor,
+    up_output: torch.Tensor,
+    activated_gate: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    *,
+    need_grad_x: bool = True,
+    need_grad_gate_weight: bool = True,
+    need_grad_up_weight: bool = True,
+    need_grad_down_weight: bool = True,
+) -> tuple[torch.Tensor | None, ...]:
+    """``swiglu.reference.reference_backward`` computing only the requested gradients.
+
+    Same steps in the same order as the reference (``shared/spec/problem.md``, "The reference
+    computation"); a step whose result no requested gradient uses is skipped, so e.g. a frozen
+    ``gate_weight`` costs no ``d_gate.T @ x`` GEMM. Only difference: the sigmoid factor is
+    computed in ``promote_types(dtype, float32)`` instead of float32, so float64 inputs stay in
+    float64 (identical for bf16/fp16/fp32).
+
+    Shapes: activations [..., H] / [..., I] sharing leading dims, weights [I, H], [I, H], [H, I].
+    Returns ``(grad_x, grad_gate_weight, grad_up_weight, grad_down_weight)`` in the inputs'
+    dtype, ``None`` for each gradient not requested; grad_x has x's shape. No validation.
+    """
+    flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+    go, xf = flat(grad_output), flat(x)
+    gate, up, act = flat(gate_output), flat(up_output), flat(activated_gate)
+    need_d_gate = need_grad_x or need_grad_gate_weight
+    need_d_up = need_grad_x or need_grad_up_weight
+    grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = d_gate = d_up = None
+    g = _gemm(go, down_weight) if (need_d_gate or need_d_up) else None
+    if need_grad_down_weight:
+        h = act * up
+        grad_down_weight = _gemm(go.t(), h)
+    if need_d_gate:
+        d_act = g * up
+    if need_d_up:
+        d_up = g * act
+    if need_d_gate:
+        s = torch.sigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32)))
+        d_gate = (d_act.to(s.dtype) * s * (1 + gate * (1 - s))).to(x.dtype)
+    if need_grad_x:
+        grad_x = (_gemm(d_gate, gate_weight) + _gemm(d_up, up_weight)).reshape(x.shape)
+    if need_grad_gate_weight:
+        grad_gate_weight = _gemm(d_gate.t(), xf)
+    if need_grad_up_weight:
+        grad_up_weight = _gemm(d_up.t(), xf)
+    return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
+
+
+def resolve_backward_impl(backward_impl: str, x: torch.Tensor) -> str:
+    """``"auto"`` -> ``"triton"`` for bf16 CUDA tensors on sm_90+ (when ``swiglu.triton_backward``
+    is importable), ``"reference"`` otherwise; other names are returned unchanged."""
+    if backward_impl != "auto":
+        return backward_impl
+    if x.device.type == "cuda" and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9:
+        try:
+            importlib.import_module(_TRITON_MODULE)
+        except ModuleNotFoundError as e:
+            if e.name != _TRITON_MODULE:
+                raise
+            return "reference"
+        return "triton"
+    return "reference"
+
+
+def run_backward(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    gate_output: torch.Tensor,
+    up_output: torch.Tensor,
+    activated_gate: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    *,
+    need_grad_x: bool,
+    need_grad_gate_weight: bool,
+    need_grad_up_weight: bool,
+    need_grad_down_weight: bool,
+    impl: str,
+) -> tuple[torch.Tensor | None, ...]:
+    """Dispatch the backward to ``impl`` (see ``resolve_backward_impl``); ``None`` for each
+    gradient not requested. The eager body of ``swiglu::mlp_backward``."""
+    needs = dict(
+        need_grad_x=need_grad_x,
+        need_grad_gate_weight=need_grad_gate_weight,
+        need_grad_up_weight=need_grad_up_weight,
+        need_grad_down_weight=need_grad_down_weight,
+    )
+    args = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
+    impl = resolve_backward_impl(impl, x)
+    if impl == "triton":
+        fn = importlib.import_module(_TRITON_MODULE).triton_swiglu_backward
+    elif impl == "reference":
+        fn = partial_reference_backward
+    else:
+        raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {impl!r}")
+    return fn(*args, **needs)
+
+
+# --------------------------------------------------------------------------- custom ops
+
+
+@torch.library.custom_op("swiglu::mlp_forward", mutates_args=())
+def mlp_forward(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    backward_impl: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, gate_output, up_output, activated_gate)`` of the SwiGLU MLP, as ``nn.Linear``
+    computes it (same ops, same order, same bits). ``backward_impl`` is only checked here
+    (the Triton path must be runnable) and stored for the backward."""
+    if backward_impl == "triton":
+        _check_triton_available(x.device)
+    gate_output = F.linear(x, gate_weight)
+    activated_gate = F.silu(gate_output)
+    up_output = F.linear(x, up_weight)
+    out = F.linear(activated_gate * up_output, down_weight)
+    return out, gate_output, up_output, activated_gate
+
+
+@mlp_forward.register_fake
+def _mlp_forward_fake(x, gate_weight, up_weight, down_weight, backward_impl):
+    lead = tuple(x.shape[:-1])
+    inter, hidden = gate_weight.shape
+    out = x.new_empty(lead + (hidden,))
+    return out, x.new_empty(lead + (inter,)), x.new_empty(lead + (inter,)), x.new_empty(lead + (inter,))
+
+
+@torch.library.custom_op("swiglu::mlp_backward", mutates_args=())
+def mlp_backward(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    gate_output: torch.Tensor,
+    up_output: torch.Tensor,
+    activated_gate: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    need_grad_x: bool,
+    need_grad_gate_weight: bool,
+    need_grad_up_weight: bool,
+    need_grad_down_weight: bool,
+    impl: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The four gradients (contiguous); a gradient not requested is an empty ``[0]`` tensor."""
+    needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
+    grads = run_backward(
+        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
+        need_grad_x=need_grad_x,
+        need_grad_gate_weight=need_grad_gate_weight,
+        need_grad_up_weight=need_grad_up_weight,
+        need_grad_down_weight=need_grad_down_weight,
+        impl=impl,
+    )
+    # Contiguous outputs so the fake implementation's strides always match.
+    return tuple(g.contiguous() if need else x.new_empty(0) for g, need in zip(grads, needs))
+
+
+@mlp_backward.register_fake
+def _mlp_backward_fake(
+    grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
+    need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight, impl,
+):
+    shapes = (x.shape, gate_weight.shape, up_weight.shape, down_weight.shape)
+    needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
+    return tuple(x.new_empty(shape if need else (0,)) for shape, need in zip(shapes, needs))
+
+
+def _setup_context(ctx, inputs, output):
+    x, gate_weight, up_weight, down_weight, backward_impl = inputs
+    _, gate_output, up_output, activated_gate = output
+    ctx.save_for_backward(x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
+    ctx.mark_non_differentiable(gate_output, up_output, activated_gate)
+    # No zero-filled [T, I] gradients for the three saved activations (never used).
+    ctx.set_materialize_grads(False)
+    ctx.backward_impl = backward_impl
+
+
+def _backward(ctx, grad_output, *unused_grads):
+    needs = tuple(bool(n) for n in ctx.needs_input_grad[:4])
+    if grad_output is None or not any(needs):
+        return None, None, None, None, None
+    x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = ctx.saved_tensors
+    grads = mlp_backward(
+        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
+        *needs, ctx.backward_impl,
+    )
+    return tuple(g if need else None for g, need in zip(grads, needs)) + (None,)
+
+
+mlp_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------- functional API
+
+
+def swiglu_mlp(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    *,
+    backward_impl: str = "auto",
+) -> torch.Tensor:
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with our backward, differentiable in all four.
+
+    Args:
+        x: [..., H] (e.g. [batch_size, seq_len, H] or [tokens, H]), any strides.
+        gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` / Llama checkpoint
+            layout). Same floating dtype and device as ``x``.
+        backward_impl: ``"auto"`` (Triton for bf16 on CUDA sm_90+, else the reference),
+            ``"reference"`` (PyTorch, the benchmark's order of operations, in the inputs' dtype;
+            float64 works) or ``"triton"`` (bf16 only; CUDA or ``TRITON_INTERPRET=1``).
+
+    Returns: ``out`` [..., H] in x's dtype. The forward saves x, the weights, gate_output,
+    up_output and activated_gate (3 [T, I] tensors). Gradients accumulate into ``.grad`` as
+    usual; inputs that do not require grad skip their GEMMs. No double backward.
+
+    Raises:
+        TypeError: a non-tensor, non-floating or mismatched dtype; ``"triton"`` with non-bf16.
+        ValueError: mismatched shapes or devices, empty input, unknown ``backward_impl``, or
+            ``"triton"`` where it cannot run.
+    """
+    validate_forward_inputs(x, gate_weight, up_weight, down_weight, backward_impl)
+    return mlp_forward(x, gate_weight, up_weight, down_weight, backward_impl)[0]
