@@ -1,0 +1,204 @@
+"""Triton kernels for the SwiGLU MLP backward on Hopper (sm_90): persistent TMA GEMMs.
+
+Three launches compute the four gradients (T tokens, H = hidden_size, I = intermediate_size):
+
+1. ``dswiglu_gemm_kernel``: ``g = grad_output @ down_weight`` [T, I] with the SwiGLU backward in
+   its epilogue; ``g`` never touches memory. Writes ``d_gate``, ``d_up`` and
+   ``h = activated_gate * up_output`` (the B operand of grad_down_weight), all [T, I] bf16.
+2. ``grad_weights_kernel``: the three weight-gradient GEMMs (K = T) in one persistent launch:
+   ``grad_gate_weight = d_gate.T @ x``, ``grad_up_weight = d_up.T @ x`` ([I, H]) and
+   ``grad_down_weight = grad_output.T @ h`` ([H, I]). One tile space over the three problems, so
+   no launch tail between them.
+3. ``grad_x_kernel``: ``grad_x = d_gate @ gate_weight + d_up @ up_weight`` [T, H], one fp32
+   accumulator over both products (two K loops), no concatenated tensors.
+
+Every operand moves through host-side TMA tensor descriptors (out-of-bounds loads are zero-filled
+and out-of-bounds stores dropped, so token counts that are not tile multiples are exact at the
+edges). Tile coordinates are int32 per dimension, fine for any tensor the hardware can address.
+No atomics: every output element is written once by one program, so results are bitwise
+reproducible.
+
+Under ``TRITON_INTERPRET=1`` (CPU tests) bf16 arithmetic is wrong in the interpreter
+(shared/notes/triton-on-cpu.md), so the ``UPCAST`` constexpr converts every tile to fp32 before
+``tl.dot``; compiled GPU code keeps bf16 operands.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dot(a, b, acc, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _bf16(x, UPCAST: tl.constexpr):
+    """fp32 -> bf16, round to nearest even. The interpreter truncates plain casts, so there the
+    rounding is done on the bit pattern first (the cast of a rounded value is then exact)."""
+    if UPCAST:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _tile_mn(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """Grouped tile order: GROUP_M row-tiles sweep the columns together, so the B panel they share
+    stays in L2 (Triton matmul tutorial)."""
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    group_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % group_m
+    pid_n = (tile % per_group) // group_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _mainloop(a_desc, b_desc, off_m, off_n, K, acc,
+              A_TRANS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              UPCAST: tl.constexpr):
+    """acc += A[off_m:off_m+BM, :K] @ B[:K, off_n:off_n+BN]; A is stored [K, M] when A_TRANS."""
+    for k in tl.range(0, tl.cdiv(K, BK)):
+        off_k = k * BK
+        if A_TRANS:
+            a = tl.trans(a_desc.load([off_k, off_m]))
+        else:
+            a = a_desc.load([off_m, off_k])
+        b = b_desc.load([off_k, off_n])
+        acc = _dot(a, b, acc, UPCAST)
+    return acc
+
+
+@triton.jit
+def _store_split(c_desc, acc, off_m, off_n, BN: tl.constexpr, EPI_SPLIT: tl.constexpr, UPCAST: tl.constexpr):
+    """Store an fp32 tile as bf16 in EPI_SPLIT column pieces (less shared memory for the store)."""
+    if EPI_SPLIT == 1:
+        c_desc.store([off_m, off_n], _bf16(acc, UPCAST))
+    else:
+        a0, a1 = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, BN // 2)), (0, 2, 1)))
+        if EPI_SPLIT == 2:
+            c_desc.store([off_m, off_n], _bf16(a0, UPCAST))
+            c_desc.store([off_m, off_n + BN // 2], _bf16(a1, UPCAST))
+        else:
+            a00, a01 = tl.split(tl.permute(tl.reshape(a0, (acc.shape[0], 2, BN // 4)), (0, 2, 1)))
+            a10, a11 = tl.split(tl.permute(tl.reshape(a1, (acc.shape[0], 2, BN // 4)), (0, 2, 1)))
+            c_desc.store([off_m, off_n], _bf16(a00, UPCAST))
+            c_desc.store([off_m, off_n + BN // 4], _bf16(a01, UPCAST))
+            c_desc.store([off_m, off_n + BN // 2], _bf16(a10, UPCAST))
+            c_desc.store([off_m, off_n + 3 * BN // 4], _bf16(a11, UPCAST))
+
+
+@triton.jit
+def _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n,
+                   UPCAST: tl.constexpr):
+    """SwiGLU backward on one [BM, BN/EPI_SPLIT] piece of g, in the reference's bf16 rounding
+    order (shared/spec/problem.md steps 2-4): g, d_act, d_up, d_gate and h are each rounded to
+    bf16 where the reference's bf16 tensors are."""
+    g = _bf16(acc, UPCAST).to(tl.float32)
+    gate = gate_desc.load([off_m, off_n]).to(tl.float32)
+    up = up_desc.load([off_m, off_n]).to(tl.float32)
+    act = act_desc.load([off_m, off_n]).to(tl.float32)
+    d_act = _bf16(g * up, UPCAST).to(tl.float32)
+    dup_desc.store([off_m, off_n], _bf16(g * act, UPCAST))
+    s = tl.sigmoid(gate)
+    dgate_desc.store([off_m, off_n], _bf16(d_act * s * (1.0 + gate * (1.0 - s)), UPCAST))
+    h_desc.store([off_m, off_n], _bf16(act * up, UPCAST))
+
+
+@triton.jit
+def dswiglu_gemm_kernel(
+    go_desc, dw_desc,  # grad_output [T, H], down_weight [H, I]
+    gate_desc, up_desc, act_desc,  # gate_output, up_output, activated_gate [T, I]
+    dgate_desc, dup_desc, h_desc,  # outputs [T, I]
+    T, H, I,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+):
+    num_m = tl.cdiv(T, BM)
+    num_n = tl.cdiv(I, BN)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = _mainloop(go_desc, dw_desc, off_m, off_n, H, acc, False, BM, BN, BK, UPCAST)
+        if EPI_SPLIT == 1:
+            _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST)
+        else:
+            a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+            if EPI_SPLIT == 2:
+                _dswiglu_piece(a0, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST)
+                _dswiglu_piece(a1, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
+                               off_n + BN // 2, UPCAST)
+            else:
+                a00, a01 = tl.split(tl.permute(tl.reshape(a0, (BM, 2, BN // 4)), (0, 2, 1)))
+                a10, a11 = tl.split(tl.permute(tl.reshape(a1, (BM, 2, BN // 4)), (0, 2, 1)))
+                _dswiglu_piece(a00, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST)
+                _dswiglu_piece(a01, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
+                               off_n + BN // 4, UPCAST)
+                _dswiglu_piece(a10, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
+                               off_n + BN // 2, UPCAST)
+                _dswiglu_piece(a11, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
+                               off_n + 3 * BN // 4, UPCAST)
+
+
+@triton.jit
+def grad_weights_kernel(
+    dgate_desc, dup_desc, h_desc,  # A operands, stored [T, I] (used transposed)
+    x_desc, go_desc,  # x and grad_output [T, H]: B of the gate/up problems, A (transposed) of down
+    gw_desc, uw_desc,  # grad_gate_weight, grad_up_weight [I, H]
+    dw_desc,  # grad_down_weight [H, I]
+    T, H, I,
+    TILES_GATE, TILES_UP, TILES_DOWN,  # tiles of each problem, 0 for a problem that is skipped
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, UPCAST: tl.constexpr,
+):
+    total = TILES_GATE + TILES_UP + TILES_DOWN
+    for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        if tile < TILES_GATE + TILES_UP:
+            local = tile if tile < TILES_GATE else tile - TILES_GATE
+            pid_m, pid_n = _tile_mn(local, tl.cdiv(I, BM), tl.cdiv(H, BN), GROUP_M)
+            off_m = pid_m * BM
+            off_n = pid_n * BN
+            if tile < TILES_GATE:
+                acc = _mainloop(dgate_desc, x_desc, off_m, off_n, T, acc, True, BM, BN, BK, UPCAST)
+                _store_split(gw_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+            else:
+                acc = _mainloop(dup_desc, x_desc, off_m, off_n, T, acc, True, BM, BN, BK, UPCAST)
+                _store_split(uw_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+        else:
+            pid_m, pid_n = _tile_mn(tile - TILES_GATE - TILES_UP, tl.cdiv(H, BM), tl.cdiv(I, BN), GROUP_M)
+            off_m = pid_m * BM
+            off_n = pid_n * BN
+            acc = _mainloop(go_desc, h_desc, off_m, off_n, T, acc, True, BM, BN, BK, UPCAST)
+            _store_split(dw_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+
+
+@triton.jit
+def grad_x_kernel(
+    dgate_desc, dup_desc,  # [T, I]
+    gw_desc, uw_desc,  # gate_weight, up_weight [I, H]
+    gx_desc,  # grad_x [T, H]
+    T, H, I,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, UPCAST: tl.constexpr,
+):
+    num_m = tl.cdiv(T, BM)
+    num_n = tl.cdiv(H, BN)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
+        pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc = _mainloop(dgate_desc, gw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
+        acc = _mainloop(dup_desc, uw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
+        _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)

@@ -1,0 +1,250 @@
+"""The Triton backward: launchers for ``swiglu.kernels`` and ``swiglu_mlp_backward(impl="triton")``.
+
+Importing this module registers ``impl="triton"``. Kernel configurations come from one small
+table (``CONFIGS``) keyed by kernel and token bucket; no autotuning happens at call time, so the
+only slow call is the first one per configuration (Triton's JIT compile, a few seconds per
+kernel), never one inside a timed loop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import kernels
+from .api import register_impl
+from .validation import validate_backward_inputs
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# TMA needs every row stride 16-byte aligned: a bf16 row of a multiple of 8 elements.
+ALIGN_ELEMENTS = 8
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile shape and launch parameters of one kernel launch."""
+
+    BM: int = 128
+    BN: int = 256
+    BK: int = 64
+    GROUP_M: int = 8
+    EPI_SPLIT: int = 1
+    num_stages: int = 3
+    num_warps: int = 8
+    warp_specialize: bool = False
+    flatten: bool = False
+
+
+# Token buckets: a bucket applies to T <= its bound. Chosen by measurement on the H200
+# (see data/tuning/ and NOTES.md); the defaults follow the feasibility probe in
+# shared/spec/problem.md: 128x256x64 tiles, 3 stages, 8 warps were best on nearly every shape.
+TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 1 << 62)
+
+_BIG = KernelConfig()
+CONFIGS: dict[str, dict[int, KernelConfig]] = {
+    "dswiglu": {b: replace(_BIG, EPI_SPLIT=4) for b in TOKEN_BUCKETS},
+    "grad_weights": {b: replace(_BIG, EPI_SPLIT=2) for b in TOKEN_BUCKETS},
+    "grad_x": {b: replace(_BIG, EPI_SPLIT=2) for b in TOKEN_BUCKETS},
+}
+# Small T: 128-token tiles leave most of a 256-wide tile idle in M and too few tiles to fill
+# 132 SMs in the GEMMs whose M is T (probe: 128x128x64, 4 stages, 4 warps best at T=256).
+for _b in (256, 512):
+    CONFIGS["dswiglu"][_b] = KernelConfig(BM=128, BN=128, BK=64, EPI_SPLIT=2, num_stages=4, num_warps=4)
+    CONFIGS["grad_x"][_b] = KernelConfig(BM=128, BN=128, BK=64, EPI_SPLIT=1, num_stages=4, num_warps=4)
+
+
+def config_for(kernel: str, tokens: int) -> KernelConfig:
+    """The configuration ``kernel`` ("dswiglu", "grad_weights", "grad_x") uses at ``tokens``."""
+    table = CONFIGS[kernel]
+    for bound in TOKEN_BUCKETS:
+        if tokens <= bound:
+            return table[bound]
+    raise AssertionError("unreachable: the last bucket is unbounded")
+
+
+@lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_programs(device: torch.device, tiles: int) -> int:
+    # The interpreter runs programs one after another: a few programs still exercise the
+    # persistent loop (several tiles per program).
+    sms = 3 if device.type != "cuda" else _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, min(sms, tiles))
+
+
+def _desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """A 2-D view usable by a TMA descriptor: unit last stride, 16-byte aligned base and row
+    stride. Anything else is copied once to a contiguous buffer (documented in api.py)."""
+    t2 = t.reshape(-1, t.shape[-1])
+    ok = (
+        t2.stride(-1) == 1
+        and (t2.stride(0) * t2.element_size()) % 16 == 0
+        and t2.data_ptr() % 16 == 0
+    )
+    return t2 if ok else t2.contiguous()
+
+
+def _launch_kwargs(cfg: KernelConfig) -> dict:
+    return dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _check_device_and_sizes(x: torch.Tensor, hidden: int, inter: int) -> None:
+    if x.device.type != "cuda" and not INTERPRET:
+        raise ValueError(
+            f"impl='triton' needs CUDA tensors (got device {x.device}); on a CPU use impl='reference', "
+            "or set TRITON_INTERPRET=1 before importing swiglu to run the kernels in Triton's interpreter"
+        )
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+        raise ValueError(
+            f"impl='triton' needs an sm_90+ GPU (TMA descriptors); {torch.cuda.get_device_name(x.device)} "
+            "is older: use impl='reference'"
+        )
+    for label, size in (("hidden_size", hidden), ("intermediate_size", inter)):
+        if size % ALIGN_ELEMENTS:
+            raise ValueError(
+                f"impl='triton' needs {label} to be a multiple of {ALIGN_ELEMENTS} (TMA needs 16-byte "
+                f"aligned rows), got {size}; use impl='reference' for this shape"
+            )
+
+
+def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> None:
+    """``g = go @ dw`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up, h [T, I]."""
+    T, H = go.shape
+    I = dw.shape[1]
+    piece = [c.BM, c.BN // c.EPI_SPLIT]
+    nprog = _num_programs(go.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN))
+    kernels.dswiglu_gemm_kernel[(nprog,)](
+        _desc(go, [c.BM, c.BK]), _desc(dw, [c.BK, c.BN]),
+        _desc(gate, piece), _desc(up, piece), _desc(act, piece),
+        _desc(d_gate, piece), _desc(d_up, piece), _desc(h, piece),
+        T, H, I,
+        BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
+        NUM_PROGRAMS=nprog, WARP_SPECIALIZE=c.warp_specialize, FLATTEN=c.flatten,
+        UPCAST=INTERPRET, **_launch_kwargs(c),
+    )
+
+
+def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
+                        c: KernelConfig) -> None:
+    """grad_gate_weight = d_gate.T @ x, grad_up_weight = d_up.T @ x ([I, H]) and
+    grad_down_weight = go.T @ h ([H, I]) in one launch; a None output is skipped."""
+    T, I = d_gate.shape
+    H = x.shape[1]
+    out_block = [c.BM, c.BN // c.EPI_SPLIT]
+    tiles_gu = triton.cdiv(I, c.BM) * triton.cdiv(H, c.BN)
+    t_gate = tiles_gu if grad_gate_weight is not None else 0
+    t_up = tiles_gu if grad_up_weight is not None else 0
+    t_down = triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN) if grad_down_weight is not None else 0
+    nprog = _num_programs(x.device, t_gate + t_up + t_down)
+    # A skipped problem still takes a descriptor argument (never touched): any buffer of its shape.
+    ih = grad_gate_weight if grad_gate_weight is not None else grad_up_weight
+    if ih is None:
+        ih = x.new_empty((I, H))
+    kernels.grad_weights_kernel[(nprog,)](
+        _desc(d_gate, [c.BK, c.BM]), _desc(d_up, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]),
+        _desc(x, [c.BK, c.BN]), _desc(go, [c.BK, c.BM]),
+        _desc(grad_gate_weight if grad_gate_weight is not None else ih, out_block),
+        _desc(grad_up_weight if grad_up_weight is not None else ih, out_block),
+        _desc(grad_down_weight if grad_down_weight is not None else x.new_empty((H, I)), out_block),
+        T, H, I, t_gate, t_up, t_down,
+        BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
+        NUM_PROGRAMS=nprog, UPCAST=INTERPRET, **_launch_kwargs(c),
+    )
+
+
+def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig) -> None:
+    """grad_x = d_gate @ gate_weight + d_up @ up_weight [T, H], one fp32 accumulator."""
+    T, I = d_gate.shape
+    H = gate_weight.shape[1]
+    nprog = _num_programs(d_gate.device, triton.cdiv(T, c.BM) * triton.cdiv(H, c.BN))
+    kernels.grad_x_kernel[(nprog,)](
+        _desc(d_gate, [c.BM, c.BK]), _desc(d_up, [c.BM, c.BK]),
+        _desc(gate_weight, [c.BK, c.BN]), _desc(up_weight, [c.BK, c.BN]),
+        _desc(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
+        T, H, I,
+        BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
+        NUM_PROGRAMS=nprog, UPCAST=INTERPRET, **_launch_kwargs(c),
+    )
+
+
+def triton_swiglu_backward(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    gate_output: torch.Tensor,
+    up_output: torch.Tensor,
+    activated_gate: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    *,
+    need_grad_x: bool = True,
+    need_grad_gate_weight: bool = True,
+    need_grad_up_weight: bool = True,
+    need_grad_down_weight: bool = True,
+    configs: dict[str, KernelConfig] | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The backward through the three Triton kernels (module docstring of ``swiglu.kernels``).
+
+    Shapes as ``swiglu.swiglu_mlp_backward``; all inputs bfloat16 on one sm_90+ CUDA device (or
+    any device under ``TRITON_INTERPRET=1``), hidden_size and intermediate_size multiples of 8.
+    A gradient whose ``need_*`` flag is False is not computed (its GEMMs are skipped) and comes
+    back as None. ``configs`` overrides the table's choice per kernel ("dswiglu",
+    "grad_weights", "grad_x"), e.g. to test one configuration on its own.
+
+    Raises: TypeError for a non-bf16 input; ValueError for bad shapes (see
+    ``validate_backward_inputs``), an unsupported device or unaligned sizes.
+    """
+    problem = validate_backward_inputs(
+        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
+        dtypes=(torch.bfloat16,),
+    )
+    T, H, I = problem.tokens, problem.hidden_size, problem.intermediate_size
+    _check_device_and_sizes(x, H, I)
+    configs = configs or {}
+    cfg_d = configs.get("dswiglu") or config_for("dswiglu", T)
+    cfg_w = configs.get("grad_weights") or config_for("grad_weights", T)
+    cfg_x = configs.get("grad_x") or config_for("grad_x", T)
+    dev = x.device
+    go, xf = _tma_ready(grad_output), _tma_ready(x)
+    gate, up, act = _tma_ready(gate_output), _tma_ready(up_output), _tma_ready(activated_gate)
+    gw, uw, dw = _tma_ready(gate_weight), _tma_ready(up_weight), _tma_ready(down_weight)
+
+    need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight
+    d_gate = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
+    d_up = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
+    h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
+    if need_d:
+        launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
+    elif need_grad_down_weight:
+        torch.mul(act, up, out=h)  # only grad_down_weight wanted: h alone, no g GEMM
+
+    grad_gate_weight = torch.empty((I, H), device=dev, dtype=torch.bfloat16) if need_grad_gate_weight else None
+    grad_up_weight = torch.empty((I, H), device=dev, dtype=torch.bfloat16) if need_grad_up_weight else None
+    grad_down_weight = torch.empty((H, I), device=dev, dtype=torch.bfloat16) if need_grad_down_weight else None
+    if need_grad_gate_weight or need_grad_up_weight or need_grad_down_weight:
+        launch_grad_weights(d_gate, d_up, h, xf, go, grad_gate_weight, grad_up_weight, grad_down_weight, cfg_w)
+
+    grad_x = None
+    if need_grad_x:
+        grad_x = torch.empty((T, H), device=dev, dtype=torch.bfloat16)
+        launch_grad_x(d_gate, d_up, gw, uw, grad_x, cfg_x)
+        grad_x = grad_x.reshape(x.shape)
+    return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
+
+
+def _triton_impl(*inputs: torch.Tensor):
+    return triton_swiglu_backward(*inputs)
+
+
+register_impl("triton", _triton_impl)
