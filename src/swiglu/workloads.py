@@ -89,7 +89,7 @@ def get_case(name: str) -> Case:
     raise ValueError(f"unknown case {name!r}; expected one of {[c.name for c in CASES]}")
 
 
-def select_cases(selection: str | Iterable[str | int] | None = None) -> list[Case]:
+def select_cases(selection: str | int | Iterable[str | int] | None = None) -> list[Case]:
     """Pick cases by name (``"s128_b8"``), token count (``4096`` picks every case with
     4096 tokens) or ``"all"``/``None`` for all 18. A string may be comma-separated.
 
@@ -97,6 +97,8 @@ def select_cases(selection: str | Iterable[str | int] | None = None) -> list[Cas
     """
     if selection is None:
         return list(CASES)
+    if isinstance(selection, int):
+        selection = str(selection)
     if isinstance(selection, str):
         items: list[str | int] = [s.strip() for s in selection.split(",") if s.strip()]
     else:
