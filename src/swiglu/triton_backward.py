@@ -193,6 +193,7 @@ def triton_swiglu_backward(
     need_grad_up_weight: bool = True,
     need_grad_down_weight: bool = True,
     configs: dict[str, KernelConfig] | None = None,
+    out: tuple[torch.Tensor | None, ...] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The backward through the three Triton kernels (module docstring of ``swiglu.kernels``).
 
@@ -200,7 +201,10 @@ def triton_swiglu_backward(
     any device under ``TRITON_INTERPRET=1``), hidden_size and intermediate_size multiples of 8.
     A gradient whose ``need_*`` flag is False is not computed (its GEMMs are skipped) and comes
     back as None. ``configs`` overrides the table's choice per kernel ("dswiglu",
-    "grad_weights", "grad_x"), e.g. to test one configuration on its own.
+    "grad_weights", "grad_x"), e.g. to test one configuration on its own. ``out`` gives
+    preallocated outputs ``(grad_x [T, H], grad_gate_weight [I, H], grad_up_weight [I, H],
+    grad_down_weight [H, I])``, contiguous bf16 on the inputs' device (None entries are allocated);
+    they are overwritten, never read, and must not overlap an input.
 
     Raises: TypeError for a non-bf16 input; ValueError for bad shapes (see
     ``validate_backward_inputs``), an unsupported device or unaligned sizes.
@@ -229,18 +233,49 @@ def triton_swiglu_backward(
     elif need_grad_down_weight:
         torch.mul(act, up, out=h)  # only grad_down_weight wanted: h alone, no g GEMM
 
-    grad_gate_weight = torch.empty((I, H), device=dev, dtype=torch.bfloat16) if need_grad_gate_weight else None
-    grad_up_weight = torch.empty((I, H), device=dev, dtype=torch.bfloat16) if need_grad_up_weight else None
-    grad_down_weight = torch.empty((H, I), device=dev, dtype=torch.bfloat16) if need_grad_down_weight else None
+    outs = _check_out(out, (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
+                            down_weight), [(T, H), (I, H), (I, H), (H, I)], dev)
+    grad_gate_weight = _alloc(outs[1], (I, H), dev) if need_grad_gate_weight else None
+    grad_up_weight = _alloc(outs[2], (I, H), dev) if need_grad_up_weight else None
+    grad_down_weight = _alloc(outs[3], (H, I), dev) if need_grad_down_weight else None
     if need_grad_gate_weight or need_grad_up_weight or need_grad_down_weight:
         launch_grad_weights(d_gate, d_up, h, xf, go, grad_gate_weight, grad_up_weight, grad_down_weight, cfg_w)
 
     grad_x = None
     if need_grad_x:
-        grad_x = torch.empty((T, H), device=dev, dtype=torch.bfloat16)
+        grad_x = _alloc(outs[0], (T, H), dev)
         launch_grad_x(d_gate, d_up, gw, uw, grad_x, cfg_x)
         grad_x = grad_x.reshape(x.shape)
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
+
+
+def _alloc(buf: torch.Tensor | None, shape: tuple[int, int], dev: torch.device) -> torch.Tensor:
+    return torch.empty(shape, device=dev, dtype=torch.bfloat16) if buf is None else buf.view(shape)
+
+
+def _check_out(out, inputs, shapes, dev) -> list:
+    names = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
+    if out is None:
+        return [None] * 4
+    if len(out) != 4:
+        raise ValueError(f"out must hold 4 tensors (or None) {names}, got {len(out)}")
+    for name, buf, shape in zip(names, out, shapes):
+        if buf is None:
+            continue
+        if not isinstance(buf, torch.Tensor):
+            raise TypeError(f"out[{name}] must be a torch.Tensor or None, got {type(buf).__name__}")
+        if buf.dtype != torch.bfloat16 or buf.device != dev:
+            raise TypeError(f"out[{name}] must be bfloat16 on {dev}, got {buf.dtype} on {buf.device}")
+        if buf.numel() != shape[0] * shape[1] or not buf.is_contiguous():
+            raise ValueError(f"out[{name}] must be contiguous with {shape[0] * shape[1]} elements {list(shape)}, "
+                             f"got shape {list(buf.shape)}")
+        lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+        for t in inputs:
+            t_lo = t.data_ptr()
+            t_hi = t_lo + (t.numel() and (sum((d - 1) * st for d, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
+            if lo < t_hi and t_lo < hi:
+                raise ValueError(f"out[{name}] overlaps an input; outputs must not alias inputs")
+    return list(out)
 
 
 def _triton_impl(*inputs: torch.Tensor):

@@ -1,0 +1,80 @@
+"""Full-size correctness of impl="triton" on the GPU, all 18 cases (``pytest -m gpu``).
+
+For each case, on fresh random inputs from the benchmark's distribution:
+* every output passes the benchmark's criterion against the bf16 reference (rtol 0.05, the case's
+  atol, >= 99% of elements, no NaN/Inf);
+* against the float64 formula, each output's relative error is at most 2x the bf16 reference's
+  own (plus 1e-6 for outputs where both are at the bf16 rounding floor);
+* outputs are poisoned with NaN before the run (passed as ``out=``), inputs are unchanged after,
+  and a second run on the same inputs is bitwise identical (no atomics).
+Set SWIGLU_RECORD=path.csv to append one row per case x output (the recorded evidence in data/).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+
+import pytest
+import torch
+
+from swiglu import CASES, benchmark_criterion, float64_backward, make_inputs, reference_backward, relative_error
+
+pytestmark = pytest.mark.gpu
+NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
+ERROR_FACTOR = 2.0
+ERROR_FLOOR = 1e-6
+
+
+def _record(rows: list[dict]) -> None:
+    path = os.environ.get("SWIGLU_RECORD")
+    if not path:
+        return
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_triton_full_size(case):
+    from swiglu.triton_backward import triton_swiglu_backward
+
+    seed = random.SystemRandom().randrange(1 << 31)  # fresh inputs every run; printed on failure
+    inp = make_inputs(case.batch_size, case.seq_len, device="cuda", seed=seed)
+    args = inp.as_tuple()
+    before = [a.clone() for a in args]
+    T, H, I = case.tokens, inp.x.shape[-1], inp.gate_weight.shape[0]
+    out = tuple(torch.full(s, float("nan"), device="cuda", dtype=torch.bfloat16) for s in [(T, H), (I, H), (I, H), (H, I)])
+    got = triton_swiglu_backward(*args, out=out)
+    torch.cuda.synchronize()
+    for a, b in zip(args, before):
+        assert torch.equal(a, b), "an input was modified"
+    del before
+    again = triton_swiglu_backward(*args)
+    for name, g1, g2 in zip(NAMES, got, again):
+        assert torch.equal(g1.reshape(g2.shape), g2), f"{name}: second run differs (nondeterminism), seed={seed}"
+    del again
+    ref = reference_backward(*args)
+    rows = []
+    failures = []
+    for name, g, r in zip(NAMES, got, ref):
+        crit = benchmark_criterion(g.reshape(r.shape), r, case.atol, case.rtol)
+        rows.append(dict(case=case.name, tokens=T, output=name, seed=seed, match_fraction=crit.match_fraction,
+                         nonfinite=crit.nonfinite, max_abs_error=crit.max_abs_error, criterion_passed=crit.passed))
+        if not crit.passed:
+            failures.append(f"{name}: benchmark criterion failed {crit}")
+    oracle = float64_backward(*args)
+    for row, g, r, o in zip(rows, got, ref, oracle):
+        e_t, e_r = relative_error(g.reshape(o.shape), o), relative_error(r, o)
+        norm = float(o.double().norm())
+        row.update(rel_err_triton=e_t, rel_err_reference=e_r, ratio=e_t / e_r, oracle_norm=norm,
+                   within_bound=e_t <= ERROR_FACTOR * e_r + ERROR_FLOOR)
+        assert norm > 1e3 * ERROR_FLOOR, f"{row['output']}: oracle norm {norm} too small to test against"
+        if not row["within_bound"]:
+            failures.append(f"{row['output']}: rel error {e_t:.3e} > {ERROR_FACTOR} x reference's {e_r:.3e}")
+    _record(rows)
+    assert not failures, f"seed={seed}: " + "; ".join(failures)
