@@ -20,7 +20,7 @@ import statistics
 import torch
 from torch import nn
 
-from .ops import BACKWARD_IMPLS, swiglu_mlp
+from .ops import BACKWARD_IMPLS, resolve_backward_impl, swiglu_mlp
 from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 
@@ -127,8 +127,6 @@ def measure_step_time(
 
     Raises: ValueError when CUDA is not available or sizes are not positive.
     """
-    from .ops import resolve_backward_impl
-
     if not torch.cuda.is_available():
         raise ValueError("measure_step_time needs a CUDA GPU (device='cuda')")
     if tokens <= 0:
@@ -138,7 +136,7 @@ def measure_step_time(
     ours = SwiGLUMLP(hidden_size, intermediate_size, backward_impl=backward_impl, device=device, dtype=dtype)
     x = torch.randn(tokens, hidden_size, device=device, dtype=dtype, requires_grad=True)
     grad_output = torch.randn(tokens, hidden_size, device=device, dtype=dtype)
-    resolved = resolve_backward_impl(backward_impl, x)
+    resolved = resolve_backward_impl(backward_impl, x, ours.gate_proj.weight)
     ms_swiglu = _median_step_ms(ours, x, grad_output, warmup, iters)
     state = ours.state_dict()
     del ours

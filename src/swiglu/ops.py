@@ -82,14 +82,18 @@ def validate_forward_inputs(
         raise TypeError(f"backward_impl='triton' needs bfloat16 x and weights, got {x.dtype}")
 
 
-def _check_triton_available(device: torch.device) -> None:
-    """Fail at forward time (not in the middle of backward) when the Triton path cannot run."""
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(
-            f"backward_impl='triton' needs CUDA tensors (got {device}) or TRITON_INTERPRET=1 set "
-            "before swiglu.triton_backward is imported"
-        )
-    importlib.import_module(_TRITON_MODULE)
+def _triton_problem(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
+    """Why the Triton backward cannot run on these tensors (None when it can). Imports
+    ``swiglu.triton_backward`` (an ImportError propagates)."""
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"needs CUDA tensors (got {x.device}) or TRITON_INTERPRET=1 set before swiglu.triton_backward is imported"
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+        return f"needs an sm_90+ GPU (TMA), got {torch.cuda.get_device_name(x.device)}"
+    align = importlib.import_module(_TRITON_MODULE).ALIGN_ELEMENTS
+    inter, hidden = gate_weight.shape
+    if hidden % align or inter % align:
+        return f"needs hidden_size and intermediate_size multiples of {align} (TMA rows), got {hidden} and {inter}"
+    return None
 
 
 # --------------------------------------------------------------------------- backward kernels
@@ -153,19 +157,18 @@ def partial_reference_backward(
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 
-def resolve_backward_impl(backward_impl: str, x: torch.Tensor) -> str:
-    """``"auto"`` -> ``"triton"`` for bf16 CUDA tensors on sm_90+ (when ``swiglu.triton_backward``
-    is importable), ``"reference"`` otherwise; other names are returned unchanged."""
+def resolve_backward_impl(backward_impl: str, x: torch.Tensor, gate_weight: torch.Tensor) -> str:
+    """``"auto"`` -> ``"triton"`` for bf16 CUDA tensors on sm_90+ with hidden_size and
+    intermediate_size multiples of 8 (when ``swiglu.triton_backward`` is importable),
+    ``"reference"`` otherwise; other names are returned unchanged."""
     if backward_impl != "auto":
         return backward_impl
-    if x.device.type == "cuda" and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9:
+    if x.device.type == "cuda" and x.dtype == torch.bfloat16:
         try:
-            importlib.import_module(_TRITON_MODULE)
+            return "reference" if _triton_problem(x, gate_weight) else "triton"
         except ModuleNotFoundError as e:
             if e.name != _TRITON_MODULE:
                 raise
-            return "reference"
-        return "triton"
     return "reference"
 
 
@@ -193,15 +196,18 @@ def run_backward(
         need_grad_up_weight=need_grad_up_weight,
         need_grad_down_weight=need_grad_down_weight,
     )
-    args = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
-    impl = resolve_backward_impl(impl, x)
-    if impl == "triton":
-        fn = importlib.import_module(_TRITON_MODULE).triton_swiglu_backward
-    elif impl == "reference":
-        fn = partial_reference_backward
-    else:
+    impl = resolve_backward_impl(impl, x, gate_weight)
+    if impl == "reference":
+        return partial_reference_backward(
+            grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, **needs
+        )
+    if impl != "triton":
         raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {impl!r}")
-    return fn(*args, **needs)
+    # The Triton launcher takes [T, *] or [B, S, *]: flatten any leading dims (views when possible).
+    flat = [t.reshape(-1, t.shape[-1]) for t in (grad_output, x, gate_output, up_output, activated_gate)]
+    fn = importlib.import_module(_TRITON_MODULE).triton_swiglu_backward
+    grad_x, *grad_weights = fn(*flat, gate_weight, up_weight, down_weight, **needs)
+    return (None if grad_x is None else grad_x.reshape(x.shape), *grad_weights)
 
 
 # --------------------------------------------------------------------------- custom ops
@@ -219,7 +225,9 @@ def mlp_forward(
     computes it (same ops, same order, same bits). ``backward_impl`` is only checked here
     (the Triton path must be runnable) and stored for the backward."""
     if backward_impl == "triton":
-        _check_triton_available(x.device)
+        problem = _triton_problem(x, gate_weight)
+        if problem:
+            raise ValueError(f"backward_impl='triton' {problem}")
     gate_output = F.linear(x, gate_weight)
     activated_gate = F.silu(gate_output)
     up_output = F.linear(x, up_weight)
