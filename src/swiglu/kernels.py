@@ -5,10 +5,9 @@ Three launches compute the four gradients (T tokens, H = hidden_size, I = interm
 1. ``dswiglu_gemm_kernel``: ``g = grad_output @ down_weight`` [T, I] with the SwiGLU backward in
    its epilogue; ``g`` never touches memory. Writes ``d_gate``, ``d_up`` and
    ``h = activated_gate * up_output`` (the B operand of grad_down_weight), all [T, I] bf16.
-2. ``grad_weights_kernel``: the three weight-gradient GEMMs (K = T) in one persistent launch:
-   ``grad_gate_weight = d_gate.T @ x``, ``grad_up_weight = d_up.T @ x`` ([I, H]) and
-   ``grad_down_weight = grad_output.T @ h`` ([H, I]). One tile space over the three problems, so
-   no launch tail between them.
+2. ``grad_weight_kernel``, launched twice: ``grad_gate_weight = d_gate.T @ x`` and
+   ``grad_up_weight = d_up.T @ x`` ([I, H]) in one launch (one tile space over both problems,
+   d_gate and d_up stacked in one buffer), then ``grad_down_weight = grad_output.T @ h`` ([H, I]).
 3. ``grad_x_kernel``: ``grad_x = d_gate @ gate_weight + d_up @ up_weight`` [T, H], one fp32
    accumulator over both products (two K loops), no concatenated tensors.
 
@@ -62,12 +61,13 @@ def _tile_mn(tile, num_m, num_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _mainloop(a_desc, b_desc, off_m, off_n, K, acc,
               A_TRANS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              UPCAST: tl.constexpr):
-    """acc += A[off_m:off_m+BM, :K] @ B[:K, off_n:off_n+BN]; A is stored [K, M] when A_TRANS."""
+              UPCAST: tl.constexpr, a_k0=0):
+    """acc += A[off_m:off_m+BM, :K] @ B[:K, off_n:off_n+BN]; A is stored [K, M] when A_TRANS,
+    starting at row a_k0 of a_desc (problems stacked along K)."""
     for k in tl.range(0, tl.cdiv(K, BK)):
         off_k = k * BK
         if A_TRANS:
-            a = tl.trans(a_desc.load([off_k, off_m]))
+            a = tl.trans(a_desc.load([a_k0 + off_k, off_m]))
         else:
             a = a_desc.load([off_m, off_k])
         b = b_desc.load([off_k, off_n])
@@ -151,36 +151,31 @@ def dswiglu_gemm_kernel(
 
 
 @triton.jit
-def grad_weights_kernel(
-    dgate_desc, dup_desc, h_desc,  # A operands, stored [T, I] (used transposed)
-    x_desc, go_desc,  # x and grad_output [T, H]: B of the gate/up problems, A (transposed) of down
-    gw_desc, uw_desc,  # grad_gate_weight, grad_up_weight [I, H]
-    dw_desc,  # grad_down_weight [H, I]
-    T, H, I,
-    TILES_GATE, TILES_UP, TILES_DOWN,  # tiles of each problem, 0 for a problem that is skipped
+def grad_weight_kernel(
+    a_desc,  # A of every problem, stacked along K: [NUM_PROBLEMS * K_PAD, M], used transposed
+    b_desc,  # B [K, N], shared by the problems (rows >= K read as zeros)
+    c0_desc, c1_desc,  # outputs [M, N] of problem 0 and 1 (c1 is not touched with one problem)
+    M, N, K_PAD, NUM_PROBLEMS,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    total = TILES_GATE + TILES_UP + TILES_DOWN
-    for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
+    """C_p = A_p.T @ B for p < NUM_PROBLEMS (weight gradients: K = tokens). One mainloop call site
+    serves every problem (the problem index only moves A's row offset), so the pipeline's shared
+    memory is allocated once; rows of A past the real K are zeros written by the launcher."""
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    tiles = num_m * num_n
+    for tile in tl.range(tl.program_id(0), NUM_PROBLEMS * tiles, NUM_PROGRAMS):
+        p = tile // tiles
+        pid_m, pid_n = _tile_mn(tile - p * tiles, num_m, num_n, GROUP_M)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        if tile < TILES_GATE + TILES_UP:
-            local = tile if tile < TILES_GATE else tile - TILES_GATE
-            pid_m, pid_n = _tile_mn(local, tl.cdiv(I, BM), tl.cdiv(H, BN), GROUP_M)
-            off_m = pid_m * BM
-            off_n = pid_n * BN
-            if tile < TILES_GATE:
-                acc = _mainloop(dgate_desc, x_desc, off_m, off_n, T, acc, True, BM, BN, BK, UPCAST)
-                _store_split(gw_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
-            else:
-                acc = _mainloop(dup_desc, x_desc, off_m, off_n, T, acc, True, BM, BN, BK, UPCAST)
-                _store_split(uw_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+        acc = _mainloop(a_desc, b_desc, off_m, off_n, K_PAD, acc, True, BM, BN, BK, UPCAST, p * K_PAD)
+        if p == 0:
+            _store_split(c0_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
         else:
-            pid_m, pid_n = _tile_mn(tile - TILES_GATE - TILES_UP, tl.cdiv(H, BM), tl.cdiv(I, BN), GROUP_M)
-            off_m = pid_m * BM
-            off_n = pid_n * BN
-            acc = _mainloop(go_desc, h_desc, off_m, off_n, T, acc, True, BM, BN, BK, UPCAST)
-            _store_split(dw_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+            _store_split(c1_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
 
 
 @triton.jit

@@ -40,22 +40,23 @@ class KernelConfig:
     flatten: bool = False
 
 
-# Token buckets: a bucket applies to T <= its bound. Chosen by measurement on the H200
-# (see data/tuning/ and NOTES.md); the defaults follow the feasibility probe in
-# shared/spec/problem.md: 128x256x64 tiles, 3 stages, 8 warps were best on nearly every shape.
+# Token buckets: a bucket applies to T <= its bound.
 TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 1 << 62)
 
+# Chosen by scripts/tune_kernels.py on the H200 (data/tuning/, run of 2026-11-29; TFLOP/s there):
+# dswiglu: 128x256x64, 3 stages, 8 warps, epilogue in 4 column pieces was best or within 1% at
+#   every T from 128 to 8192 (e.g. 633 TFLOP/s at T=4096; 128x128 tiles: 559); warp
+#   specialization and loop flattening gave no gain there.
+# grad_x: the same tile shape at T >= 1024 (708 TFLOP/s at T=4096 against cuBLAS 665); at T=128
+#   too few 128-row tiles fill the SMs: 64x256x64, 4 stages, 4 warps (0.845 ms, cuBLAS 0.844).
 _BIG = KernelConfig()
 CONFIGS: dict[str, dict[int, KernelConfig]] = {
     "dswiglu": {b: replace(_BIG, EPI_SPLIT=4) for b in TOKEN_BUCKETS},
     "grad_weights": {b: replace(_BIG, EPI_SPLIT=2) for b in TOKEN_BUCKETS},
     "grad_x": {b: replace(_BIG, EPI_SPLIT=2) for b in TOKEN_BUCKETS},
 }
-# Small T: 128-token tiles leave most of a 256-wide tile idle in M and too few tiles to fill
-# 132 SMs in the GEMMs whose M is T (probe: 128x128x64, 4 stages, 4 warps best at T=256).
 for _b in (256, 512):
-    CONFIGS["dswiglu"][_b] = KernelConfig(BM=128, BN=128, BK=64, EPI_SPLIT=2, num_stages=4, num_warps=4)
-    CONFIGS["grad_x"][_b] = KernelConfig(BM=128, BN=128, BK=64, EPI_SPLIT=1, num_stages=4, num_warps=4)
+    CONFIGS["grad_x"][_b] = KernelConfig(BM=64, BN=256, BK=64, EPI_SPLIT=1, num_stages=4, num_warps=4)
 
 
 def config_for(kernel: str, tokens: int) -> KernelConfig:
@@ -135,32 +136,48 @@ def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> N
     )
 
 
-def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
+def stacked_d_buffers(T: int, I: int, cfg_w: KernelConfig, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """d_gate and d_up as the two halves of one [2, T_pad, I] buffer, T_pad = T rounded up to
+    the weight-gradient kernel's BK, padding rows zeroed: the gate/up weight-gradient launch reads
+    both through one descriptor and the padding adds exact zeros. Returns (stacked, d_gate, d_up)."""
+    t_pad = triton.cdiv(T, cfg_w.BK) * cfg_w.BK
+    stacked = torch.empty((2, t_pad, I), device=device, dtype=torch.bfloat16)
+    if t_pad > T:
+        stacked[:, T:].zero_()
+    return stacked, stacked[0, :T], stacked[1, :T]
+
+
+def launch_grad_weights(stacked_d, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
                         c: KernelConfig) -> None:
-    """grad_gate_weight = d_gate.T @ x, grad_up_weight = d_up.T @ x ([I, H]) and
-    grad_down_weight = go.T @ h ([H, I]) in one launch; a None output is skipped."""
-    T, I = d_gate.shape
-    H = x.shape[1]
+    """grad_gate_weight = d_gate.T @ x and grad_up_weight = d_up.T @ x ([I, H]) in one launch,
+    then grad_down_weight = go.T @ h ([H, I]); a None output is skipped. ``stacked_d`` comes
+    from ``stacked_d_buffers`` with the same config."""
+    _, t_pad, I = stacked_d.shape
+    T, H = x.shape
     out_block = [c.BM, c.BN // c.EPI_SPLIT]
-    tiles_gu = triton.cdiv(I, c.BM) * triton.cdiv(H, c.BN)
-    t_gate = tiles_gu if grad_gate_weight is not None else 0
-    t_up = tiles_gu if grad_up_weight is not None else 0
-    t_down = triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN) if grad_down_weight is not None else 0
-    nprog = _num_programs(x.device, t_gate + t_up + t_down)
-    # A skipped problem still takes a descriptor argument (never touched): any buffer of its shape.
-    ih = grad_gate_weight if grad_gate_weight is not None else grad_up_weight
-    if ih is None:
-        ih = x.new_empty((I, H))
-    kernels.grad_weights_kernel[(nprog,)](
-        _desc(d_gate, [c.BK, c.BM]), _desc(d_up, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]),
-        _desc(x, [c.BK, c.BN]), _desc(go, [c.BK, c.BM]),
-        _desc(grad_gate_weight if grad_gate_weight is not None else ih, out_block),
-        _desc(grad_up_weight if grad_up_weight is not None else ih, out_block),
-        _desc(grad_down_weight if grad_down_weight is not None else x.new_empty((H, I)), out_block),
-        T, H, I, t_gate, t_up, t_down,
-        BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
-        NUM_PROGRAMS=nprog, UPCAST=INTERPRET, **_launch_kwargs(c),
-    )
+    gu = [g for g in (grad_gate_weight, grad_up_weight) if g is not None]
+    if gu:
+        # Only up wanted: start at problem 1's rows by viewing the buffer from there.
+        rows = stacked_d.view(2 * t_pad, I)[(t_pad if grad_gate_weight is None else 0):]
+        c0 = _desc(gu[0], out_block)
+        c1 = _desc(gu[-1], out_block)
+        tiles = len(gu) * triton.cdiv(I, c.BM) * triton.cdiv(H, c.BN)
+        nprog = _num_programs(x.device, tiles)
+        kernels.grad_weight_kernel[(nprog,)](
+            _desc(rows, [c.BK, c.BM]), _desc(x, [c.BK, c.BN]), c0, c1,
+            I, H, t_pad, len(gu),
+            BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
+            NUM_PROGRAMS=nprog, UPCAST=INTERPRET, **_launch_kwargs(c),
+        )
+    if grad_down_weight is not None:
+        c_dn = _desc(grad_down_weight, out_block)
+        nprog = _num_programs(x.device, triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN))
+        kernels.grad_weight_kernel[(nprog,)](
+            _desc(go, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]), c_dn, c_dn,
+            H, I, T, 1,
+            BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
+            NUM_PROGRAMS=nprog, UPCAST=INTERPRET, **_launch_kwargs(c),
+        )
 
 
 def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig) -> None:
@@ -225,8 +242,7 @@ def triton_swiglu_backward(
     gw, uw, dw = _tma_ready(gate_weight), _tma_ready(up_weight), _tma_ready(down_weight)
 
     need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight
-    d_gate = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
-    d_up = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
+    stacked_d, d_gate, d_up = stacked_d_buffers(T, I, cfg_w, dev)
     h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
     if need_d:
         launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
@@ -239,7 +255,7 @@ def triton_swiglu_backward(
     grad_up_weight = _alloc(outs[2], (I, H), dev) if need_grad_up_weight else None
     grad_down_weight = _alloc(outs[3], (H, I), dev) if need_grad_down_weight else None
     if need_grad_gate_weight or need_grad_up_weight or need_grad_down_weight:
-        launch_grad_weights(d_gate, d_up, h, xf, go, grad_gate_weight, grad_up_weight, grad_down_weight, cfg_w)
+        launch_grad_weights(stacked_d, h, xf, go, grad_gate_weight, grad_up_weight, grad_down_weight, cfg_w)
 
     grad_x = None
     if need_grad_x:
