@@ -1,0 +1,173 @@
+"""Command line of the harness: ``python -m swiglu.bench [options]`` (``make bench BENCH_ARGS=...``).
+
+Examples:
+    python -m swiglu.bench                          # all 18 cases, every available impl, full protocol
+    python -m swiglu.bench --quick --cases s128_b8,4096 --impls eager,triton
+    python -m swiglu.bench --max-autotune --cases s211_b16
+    python -m swiglu.bench --device cpu             # tiny CPU smoke run (no GPU needed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+import pandas as pd
+import torch
+
+from .. import roofline
+from ..inputs import BENCHMARK_SEED
+from ..workloads import MODEL_SHAPES, select_cases
+from . import environment
+from .impls import IMPLS, ORDER, default_impls, unavailable_reason
+from .runner import PROTOCOLS, BenchConfig, pick_hardware, run_benchmark
+from .stats import per_case_table, summary_table
+from .storage import write_run
+
+#: CPU smoke defaults: a tiny shape and two small cases.
+CPU_SHAPE = (256, 512)
+CPU_CASES = "s128_b1,s256_b2"
+
+BANNERS = {
+    "full": "protocol FULL: {w} warm-ups, {n} timed iterations, median; L2 flushed before every "
+    "iteration; CUDA events; 2 alternating input sets; no CUDA graphs",
+    "quick": "protocol QUICK (development only, NOT the benchmark protocol): {w} warm-ups, {n} timed "
+    "iterations; otherwise as the full protocol",
+    "cpu-smoke": "protocol CPU-SMOKE: tiny shapes on the CPU, host timers, no L2 flush, {w} warm-ups, "
+    "{n} iterations; checks the harness only, says nothing about GPU speed",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the CLI."""
+    p = argparse.ArgumentParser(
+        prog="python -m swiglu.bench",
+        description="Time the SwiGLU MLP backward implementations side by side with the public "
+        "benchmark's protocol (SOL-ExecBench L2/005): 10 warm-ups, 50 timed iterations, median, L2 "
+        "flushed before every iteration, CUDA events around each call, no CUDA graphs. Writes "
+        "<out>/<run_id>.csv (one row per case x impl), <out>/<run_id>.json (run metadata) and a line "
+        "in <out>/runs.csv; never overwrites an earlier run.",
+        epilog=f"Implementations: {', '.join(ORDER)}. Default: all available except "
+        "compile-max-autotune. 'cublas-gemms' is a lower bound (the six GEMMs alone), not an "
+        "implementation. 'liger' needs liger-kernel installed.",
+    )
+    p.add_argument("--cases", default=None,
+                   help="comma-separated case names (s128_b8) and/or token counts (4096 = every case with "
+                   f"4096 tokens); default: all 18 (CPU: {CPU_CASES})")
+    p.add_argument("--impls", default=None, help=f"comma-separated, from: {','.join(ORDER)}")
+    p.add_argument("--model", choices=sorted(MODEL_SHAPES), default=None,
+                   help="model shape (default hermes-4-405b: H=16384, I=53248)")
+    p.add_argument("--hidden-size", type=int, default=None, help="H, overrides --model")
+    p.add_argument("--intermediate-size", type=int, default=None, help="I, overrides --model")
+    p.add_argument("--out", default="data/bench", help="output folder (default data/bench)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"development mode: {PROTOCOLS['quick'][0]} warm-ups, {PROTOCOLS['quick'][1]} "
+                   "iterations, marked protocol=quick")
+    p.add_argument("--max-autotune", action="store_true",
+                   help='also run torch.compile(mode="max-autotune-no-cudagraphs") (minutes per case)')
+    p.add_argument("--hardware", choices=sorted(roofline.HARDWARE), default=None,
+                   help="datasheet for sol_ms (default from the GPU name: H100 -> H100-SXM, else H200-SXM)")
+    p.add_argument("--seed", type=int, default=BENCHMARK_SEED, help=f"input seed (default {BENCHMARK_SEED})")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="cuda (default when a GPU is present) or cpu: a tiny smoke run "
+                   f"(H={CPU_SHAPE[0]}, I={CPU_SHAPE[1]}, host timers)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _fmt(frame: pd.DataFrame) -> str:
+    return frame.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
+
+
+def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
+    """The closing report: per-case medians, then geometric means per implementation (last)."""
+    protocol = metadata["protocol"]
+    hw = metadata["hardware"]
+    lines = ["", "per-case median latency (ms); sol_ms = datasheet SOL "
+             f"({hw['name']}: {hw['peak_tflops']} TFLOP/s, {hw['peak_tbps']} TB/s)"]
+    lines.append(per_case_table(rows).reset_index().rename(columns={"index": "case"}).to_string(
+        index=False, float_format=lambda v: f"{v:.3f}", na_rep="-"))
+    summary = summary_table(rows)
+    sol = rows.drop_duplicates("case")
+    gm = lambda s: roofline.geometric_mean(s.dropna()) if s.notna().any() else float("nan")  # noqa: E731
+    lines += [
+        "",
+        f"SUMMARY run {metadata.get('run_id', '')} | {metadata['gpu']['name']} | protocol "
+        f"{protocol['name'].upper()} ({protocol['warmup']} warm-ups, {protocol['iters']} iterations) | "
+        f"{len(sol)} cases | H={metadata['shape']['hidden_size']} I={metadata['shape']['intermediate_size']}",
+        "geometric means over the cases each impl timed; sol_fraction = gmean SOL / gmean latency "
+        "(datasheet; _measured: from this run's copy/GEMM ceilings); cublas-gemms is a LOWER BOUND",
+        _fmt(summary),
+        f"speed of light, gmean: datasheet {gm(sol['sol_ms']):.3f} ms, measured ceilings "
+        f"{gm(sol['sol_ms_measured']):.3f} ms",
+    ]
+    if protocol["name"] != "full":
+        lines.append(f"NOTE: protocol {protocol['name'].upper()}: not the benchmark protocol.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 usage error such as no GPU without
+    ``--device cpu``)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    argv_text = " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+
+    if args.device is None:
+        if not torch.cuda.is_available():
+            parser.error("no CUDA GPU found. This harness times GPU implementations; for a tiny CPU "
+                         "smoke run of the harness itself pass --device cpu")
+        args.device = "cuda"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but torch sees no CUDA GPU (use --device cpu for the smoke mode)")
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+
+    shape = MODEL_SHAPES[args.model] if args.model else None
+    default_h, default_i = (shape.hidden_size, shape.intermediate_size) if shape else (
+        CPU_SHAPE if device.type == "cpu" else (MODEL_SHAPES["hermes-4-405b"].hidden_size,
+                                                MODEL_SHAPES["hermes-4-405b"].intermediate_size))
+    hidden = args.hidden_size or default_h
+    inter = args.intermediate_size or default_i
+    if hidden <= 0 or inter <= 0:
+        parser.error(f"--hidden-size and --intermediate-size must be positive, got {hidden}, {inter}")
+    try:
+        cases = select_cases(args.cases if args.cases is not None else (CPU_CASES if device.type == "cpu" else None))
+    except ValueError as exc:
+        parser.error(f"--cases: {exc}")
+
+    if args.impls:
+        requested = [s.strip() for s in args.impls.split(",") if s.strip()]
+        unknown = [n for n in requested if n not in IMPLS]
+        if unknown:
+            parser.error(f"--impls: unknown {unknown}; expected some of {list(ORDER)}")
+        if args.max_autotune and "compile-max-autotune" not in requested:
+            requested.append("compile-max-autotune")
+    else:
+        requested = [n for n in ORDER if n != "compile-max-autotune" or args.max_autotune]
+    requested = [n for n in ORDER if n in requested]  # run order: eager first
+    skipped = {n: r for n in requested if (r := unavailable_reason(n, device))}
+    impls = [n for n in requested if n not in skipped]
+    assert set(impls) <= set(default_impls(device, max_autotune=True))
+    if not impls:
+        parser.error(f"nothing to run: {skipped}")
+
+    protocol = "cpu-smoke" if device.type == "cpu" else ("quick" if args.quick else "full")
+    hardware = args.hardware or pick_hardware(torch.cuda.get_device_name(device) if device.type == "cuda" else "")
+    warmup, iters = PROTOCOLS[protocol]
+    print(BANNERS[protocol].format(w=warmup, n=iters))
+    print(f"device {device} | H={hidden} I={inter} | {len(cases)} cases | impls {','.join(impls)} | "
+          f"datasheet {hardware}")
+    for name, reason in skipped.items():
+        print(f"note: skipping {name}: {reason}")
+
+    config = BenchConfig(cases=cases, hidden_size=hidden, intermediate_size=inter, impls=impls, device=device,
+                         protocol=protocol, seed=args.seed, hardware=hardware, skipped=skipped)
+    result = run_benchmark(config, progress=not args.no_progress)
+    metadata = dict(result.metadata, command=f"python -m swiglu.bench {argv_text}".strip())
+    run_id = environment.make_run_id(metadata["utc"], metadata["git"]["commit"])
+    run_id, csv_path, json_path = write_run(result.rows, metadata, args.out, run_id)
+    metadata["run_id"] = run_id
+    print(f"\nwrote {csv_path} ({len(result.rows)} rows), {json_path}; indexed in {csv_path.parent / 'runs.csv'}")
+    print(format_summary(result.rows, metadata))
+    return 0

@@ -1,0 +1,136 @@
+"""What a run ran on: GPU properties, nvidia-smi clocks and power limit, software versions, git
+state, and the run id built from them."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+#: Fields asked of ``nvidia-smi --query-gpu`` (all standard fields; see ``nvidia-smi --help-query-gpu``).
+NVIDIA_SMI_FIELDS = (
+    "name",
+    "driver_version",
+    "memory.total",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "clocks.max.mem",
+    "power.limit",
+    "power.default_limit",
+    "temperature.gpu",
+    "pstate",
+    "persistence_mode",
+)
+
+
+def _run(cmd: list[str], cwd: str | Path | None = None) -> str | None:
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_info(repo_dir: str | Path | None = None) -> dict:
+    """``{"commit", "dirty", "source"}`` of the source tree: from git when it works (dirty =
+    a tracked file modified, or an untracked file under src/, code that ran but is not
+    committed), else from the env vars ``SWIGLU_GIT_COMMIT`` / ``SWIGLU_GIT_DIRTY`` ("1"/"true"
+    means dirty), else ``"unknown"``."""
+    repo_dir = repo_dir or Path(__file__).resolve().parent
+    top = _run(["git", "rev-parse", "--show-toplevel"], cwd=repo_dir)
+    commit = _run(["git", "rev-parse", "--short=7", "HEAD"], cwd=repo_dir)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=top.strip()) if top else None
+    if commit and status is not None:
+        changed = [
+            line for line in status.splitlines()
+            if line.strip() and (not line.startswith("??") or line[3:].startswith("src/"))
+        ]
+        return {"commit": commit.strip(), "dirty": bool(changed), "source": "git"}
+    env_commit = os.environ.get("SWIGLU_GIT_COMMIT")
+    if env_commit:
+        dirty_env = os.environ.get("SWIGLU_GIT_DIRTY")
+        dirty = "unknown" if dirty_env is None else dirty_env.strip().lower() in ("1", "true", "yes")
+        return {"commit": env_commit.strip(), "dirty": dirty, "source": "env SWIGLU_GIT_COMMIT"}
+    return {"commit": "unknown", "dirty": "unknown", "source": "unknown"}
+
+
+def nvidia_smi_info(device: torch.device) -> dict:
+    """Clocks, power limit, driver etc. of ``device`` as nvidia-smi reports them (strings with
+    units), or ``{"error": ...}`` when nvidia-smi is missing or fails."""
+    target = str(torch.cuda.current_device() if device.index is None else device.index)
+    try:  # the UUID survives CUDA_VISIBLE_DEVICES renumbering
+        target = f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+    except Exception:  # noqa: BLE001 - older torch has no uuid; fall back to the index
+        pass
+    out = _run(["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader", "-i", target])
+    if not out:
+        return {"error": "nvidia-smi unavailable or failed", "query": list(NVIDIA_SMI_FIELDS)}
+    values = next(csv.reader(io.StringIO(out.strip().splitlines()[0]), skipinitialspace=True))
+    return dict(zip(NVIDIA_SMI_FIELDS, values))
+
+
+def gpu_info(device: torch.device) -> dict:
+    """Name, SM count, L2 size, memory and compute capability from torch, plus nvidia-smi's
+    record. On CPU: the processor as ``platform`` reports it."""
+    if device.type != "cuda":
+        return {"name": f"CPU ({platform.processor() or platform.machine()})", "cpu_count": os.cpu_count()}
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "name": props.name,
+        "sm_count": props.multi_processor_count,
+        "l2_cache_bytes": props.L2_cache_size,
+        "total_memory_bytes": props.total_memory,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "nvidia_smi": nvidia_smi_info(device),
+    }
+
+
+def software_info() -> dict:
+    """Versions of torch, CUDA (torch's build), triton, Python, and the platform string."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception as exc:  # noqa: BLE001 - record why, never fail a run on it
+        triton_version = f"unavailable ({type(exc).__name__})"
+    try:
+        from importlib.metadata import version
+
+        liger_version = version("liger-kernel")
+    except Exception:  # noqa: BLE001
+        liger_version = None
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "triton": triton_version,
+        "liger_kernel": liger_version,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+
+
+def utc_now() -> datetime:
+    """The current time in UTC."""
+    return datetime.now(timezone.utc)
+
+
+#: How metadata records times (UTC, second resolution).
+UTC_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def make_run_id(when: datetime | str, commit: str) -> str:
+    """``<UTC timestamp>-<short commit>``, e.g. ``20261129T171500Z-d946c89``; ``when`` is a
+    datetime or a string in ``UTC_FORMAT``."""
+    if isinstance(when, str):
+        when = datetime.strptime(when, UTC_FORMAT).replace(tzinfo=timezone.utc)
+    stamp = when.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{commit[:7] if commit != 'unknown' else 'unknown'}"

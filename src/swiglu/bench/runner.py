@@ -1,0 +1,279 @@
+"""Run the protocol: every selected case x implementation, rows plus the run's metadata.
+
+Per case: one input set from ``swiglu.make_inputs`` (benchmark mode, generator seeded with
+``seed``) and a clone of it at other addresses; iterations alternate between the two, so no
+iteration sees the previous one's input addresses (values are equal, so every call does the same
+work). The eager reference runs once on set 0 and is the correctness reference of the case.
+
+Per implementation (in ``impls.ORDER``): build (untimed), one first call timed on the host with
+synchronization (``first_call_s``: compile / autotune happen here), the warm-ups (any further
+autotuning), the timed iterations (``timing.time_iterations``, L2 flushed before each), then one
+more call on set 0 under ``torch.cuda.max_memory_allocated`` (``peak_mem_gb``: the call's own
+allocations, outputs included) whose outputs are checked against the reference with the
+benchmark's criterion. An implementation that raises yields a row with NaN timings,
+``correct = False`` and the error in ``note``; the run goes on.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .. import roofline
+from ..accuracy import benchmark_criterion
+from ..inputs import BENCHMARK_SEED, make_inputs
+from ..reference import reference_backward
+from ..workloads import Case
+from . import environment
+from .impls import IMPLS, BenchImpl
+from .schema import rows_to_frame
+from .stats import Ceilings, add_speedups, nan_stats, sol_columns, time_stats
+from .timing import L2Flusher, alternating, measure_ceilings, synchronize, time_iterations
+
+#: protocol name -> (warm-ups, timed iterations)
+PROTOCOLS = {"full": (10, 50), "quick": (2, 5), "cpu-smoke": (2, 5)}
+OUTPUT_NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
+
+
+@dataclass
+class BenchConfig:
+    """What to run. ``impls`` are names in ``impls.IMPLS`` (or in the ``impls`` mapping given to
+    ``run_benchmark``), run in the given order; ``protocol`` is a ``PROTOCOLS`` key; ``hardware`` a
+    ``roofline.HARDWARE`` key for the datasheet SOL."""
+
+    cases: list[Case]
+    hidden_size: int
+    intermediate_size: int
+    impls: list[str]
+    device: torch.device
+    protocol: str = "full"
+    seed: int = BENCHMARK_SEED
+    hardware: str = "H200-SXM"
+    measure_ceilings: bool = True
+    skipped: dict[str, str] = field(default_factory=dict)  # impl -> why it is not run
+
+    def __post_init__(self):
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {self.protocol!r}")
+        if self.hardware not in roofline.HARDWARE:
+            raise ValueError(f"hardware must be one of {list(roofline.HARDWARE)}, got {self.hardware!r}")
+        if not self.cases:
+            raise ValueError("cases must not be empty")
+
+
+@dataclass
+class BenchResult:
+    """The tidy rows (``schema.COLUMNS``; ``run_id`` still empty) and the metadata record."""
+
+    rows: pd.DataFrame
+    metadata: dict
+
+
+def pick_hardware(gpu_name: str) -> str:
+    """Datasheet entry for a GPU name: H100 -> H100-SXM, H200 -> H200-SXM, anything else ->
+    H200-SXM (the project's target)."""
+    return "H100-SXM" if "H100" in gpu_name.upper() else "H200-SXM"
+
+
+def _cleanup(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def check_outputs(outputs, reference, case: Case) -> tuple[bool, float, str]:
+    """Benchmark criterion (case atol, rtol) on each of the four outputs against the eager
+    reference's. Returns (all passed, smallest match fraction, text naming failed outputs)."""
+    if len(outputs) != len(reference):
+        return False, math.nan, f"returned {len(outputs)} outputs, expected {len(reference)}"
+    results = [benchmark_criterion(o, r, case.atol, case.rtol) for o, r in zip(outputs, reference)]
+    failed = [
+        f"{name} (match {res.match_fraction:.4f}, nonfinite {res.nonfinite})"
+        for name, res in zip(OUTPUT_NAMES, results)
+        if not res.passed
+    ]
+    text = "criterion failed: " + ", ".join(failed) if failed else ""
+    return not failed, min(r.match_fraction for r in results), text
+
+
+def measure_impl(
+    impl: BenchImpl,
+    sets: list[tuple],
+    reference,
+    case: Case,
+    device: torch.device,
+    warmup: int,
+    iters: int,
+    flush: Callable[[], None],
+) -> dict:
+    """Build, first call, warm-ups, timed iterations, memory and correctness of one impl on one
+    case (see the module docstring). Never raises: errors end up in the returned ``note``."""
+    result = {**nan_stats(), "first_call_s": math.nan, "peak_mem_gb": math.nan,
+              "correct": pd.NA if not impl.checks_correctness else False,
+              "min_match_fraction": math.nan, "note": impl.note}
+    stage = "build"
+    try:
+        fn = impl.build(device)
+        stage = "first call"
+        args = impl.prepare(sets[0])
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        synchronize(device)
+        result["first_call_s"] = time.perf_counter() - t0
+        del out, args
+        stage = "timing"
+        cycle = alternating(sets)
+        make_args = lambda: impl.prepare(cycle())  # noqa: E731
+        time_iterations(fn, make_args, warmup, device, flush)
+        result.update(time_stats(time_iterations(fn, make_args, iters, device, flush)))
+        stage = "correctness call"
+        args = impl.prepare(sets[0])
+        synchronize(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+        out = fn(*args)
+        synchronize(device)
+        if device.type == "cuda":
+            result["peak_mem_gb"] = (torch.cuda.max_memory_allocated(device) - base) / 1e9
+        if impl.checks_correctness:
+            stage = "correctness check"
+            correct, fraction, text = check_outputs(out, reference, case)
+            result.update(correct=correct, min_match_fraction=fraction)
+            if text:
+                result["note"] += f"; {text}"
+        del out, args, fn
+    except Exception as exc:  # noqa: BLE001 - one failing impl must not end the run
+        message = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
+        result["note"] = f"ERROR in {stage}: {message}; {impl.note}"
+        if impl.checks_correctness:
+            result["correct"] = False
+    return result
+
+
+def run_benchmark(
+    config: BenchConfig,
+    *,
+    impls: dict[str, BenchImpl] | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = tqdm.write,
+) -> BenchResult:
+    """Measure the ceilings, then every case x implementation of ``config``.
+
+    Args:
+        config: what to run. impls: name -> ``BenchImpl`` (default ``impls.IMPLS``; tests add
+            their own). progress: show a tqdm bar over case x impl. log: one line per row.
+
+    Returns: ``BenchResult`` (rows in case-major order, metadata without ``run_id``/argv).
+
+    Raises: ``ValueError`` for an implementation name missing from ``impls``.
+    """
+    impls = IMPLS if impls is None else impls
+    unknown = [n for n in config.impls if n not in impls]
+    if unknown:
+        raise ValueError(f"unknown impls {unknown}; expected some of {list(impls)}")
+    device = config.device
+    warmup, iters = PROTOCOLS[config.protocol]
+    H, I = config.hidden_size, config.intermediate_size
+    flush = L2Flusher(device)
+    started = environment.utc_now()
+
+    ceilings, ceiling_record = Ceilings(), {"skipped": True}
+    if config.measure_ceilings:
+        ceilings, ceiling_record = measure_ceilings(device, quick=config.protocol != "full", flush=flush)
+        log(f"ceilings: copy {ceilings.copy_tbps:.3f} TB/s, bf16 GEMM {ceilings.gemm_tflops:.1f} TFLOP/s "
+            f"at {ceiling_record['gemm_shape'][0]}^3")
+
+    rows = []
+    bar = tqdm(total=len(config.cases) * len(config.impls), desc="bench", unit="run", disable=not progress)
+    for case in config.cases:
+        set0 = make_inputs(case.batch_size, case.seq_len, H, I, mode="benchmark", seed=config.seed, device=device)
+        sets = [set0.as_tuple()]
+        sets.append(tuple(t.clone() for t in sets[0]))
+        del set0
+        reference = reference_backward(*sets[0])
+        synchronize(device)
+        for name in config.impls:
+            bar.set_postfix_str(f"{case.name} {name}")
+            measured = measure_impl(impls[name], sets, reference, case, device, warmup, iters, flush)
+            _cleanup(device)
+            row = {
+                "run_id": "",
+                "case": case.name,
+                "seq_len": case.seq_len,
+                "batch_size": case.batch_size,
+                "tokens": case.tokens,
+                "hidden_size": H,
+                "intermediate_size": I,
+                "impl": name,
+                "protocol": config.protocol,
+                "warmup": warmup,
+                "iters": iters,
+                "hardware": config.hardware,
+                "speedup_vs_eager": math.nan,
+                "speedup_vs_compile": math.nan,
+                **measured,
+                **sol_columns(case.tokens, H, I, measured["median_ms"], config.hardware, ceilings),
+            }
+            rows.append(row)
+            log(f"{case.name:>10} {name:<22} median {row['median_ms']:9.3f} ms  "
+                f"SOL {row['sol_fraction']:.3f}  correct {'n/a' if row['correct'] is pd.NA else row['correct']}"
+                + ("  ERROR" if row["note"].startswith("ERROR") else ""))
+            bar.update()
+        del sets, reference
+        _cleanup(device)
+    bar.close()
+
+    frame = add_speedups(rows_to_frame(rows))
+    hw = roofline.HARDWARE[config.hardware]
+    gpu, software, git = environment.gpu_info(device), environment.software_info(), environment.git_info()
+    metadata = {
+        # Flat summary keys first (what swiglu.analysis reads), the full nested records below.
+        "gpu_name": gpu["name"],
+        "sm_count": gpu.get("sm_count"),
+        "driver": gpu.get("nvidia_smi", {}).get("driver_version"),
+        "cuda": software["cuda"],
+        "torch": software["torch"],
+        "triton": software["triton"],
+        "python": software["python"],
+        "git_commit": git["commit"],
+        "git_dirty": git["dirty"],
+        "utc": started.strftime(environment.UTC_FORMAT),
+        "finished_utc": environment.utc_now().strftime(environment.UTC_FORMAT),
+        "gpu": gpu,
+        "software": software,
+        "git": git,
+        "protocol": {
+            "name": config.protocol,
+            "warmup": warmup,
+            "iters": iters,
+            "statistic": "median (also p20, p80, mean, min)",
+            "timer": "CUDA events on the current stream around each call" if device.type == "cuda"
+            else "host wall clock (CPU smoke: says nothing about GPU speed)",
+            "l2_flush_bytes": flush.nbytes,
+            "l2_flush": "a 2 x L2-size buffer zeroed before every iteration" if flush.nbytes else "none (CPU)",
+            "cuda_graphs": False,
+            "input_sets": "2 (set 0 from make_inputs, set 1 a clone at other addresses), alternating",
+            "input_mode": "benchmark",
+            "seed": config.seed,
+            "first_call": "one call before the warm-ups, host-timed with synchronize: first_call_s",
+            "side_streams": "implementations must join the current stream before returning",
+        },
+        "shape": {"hidden_size": H, "intermediate_size": I},
+        "cases": [c.name for c in config.cases],
+        "impls": list(config.impls),
+        "impl_notes": {n: impls[n].note for n in config.impls},
+        "skipped_impls": dict(config.skipped),
+        "hardware": {"key": config.hardware, "name": hw.name, "peak_tflops": hw.peak_tflops,
+                     "peak_tbps": hw.peak_tbps, "source": hw.source},
+        "ceilings": ceiling_record,
+    }
+    return BenchResult(frame, metadata)

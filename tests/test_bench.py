@@ -1,0 +1,300 @@
+"""Tests of the benchmark harness (swiglu.bench): its pure logic on CPU (statistics, SOL math,
+CSV schema, append-only storage, summaries), error handling, and one end-to-end CPU smoke run of
+the CLI. Speed itself is measured by the harness on the GPU, never asserted here."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from swiglu import make_inputs, reference_backward, roofline
+from swiglu.bench import environment
+from swiglu.bench.cli import main
+from swiglu.bench.impls import IMPLS, BenchImpl, cublas_gemms, liger_prepare, make_liger_backward, unavailable_reason
+from swiglu.bench.runner import BenchConfig, check_outputs, pick_hardware, run_benchmark
+from swiglu.bench.schema import COLUMNS, check_row, coerce, read_rows, rows_to_frame
+from swiglu.bench.stats import Ceilings, add_speedups, per_case_table, sol_columns, summary_table, time_stats
+from swiglu.bench.storage import INDEX_COLUMNS, write_run
+from swiglu.bench.timing import L2Flusher, alternating, time_iterations
+from swiglu.workloads import select_cases
+
+H, I = 16384, 53248
+
+
+# ------------------------------------------------------------------------------------- statistics
+def test_time_stats_known_values():
+    s = time_stats([5.0, 1.0, 4.0, 2.0, 3.0])
+    # numpy linear interpolation on sorted [1..5]: position 0.2*4 = 0.8 -> 1.8, 0.8*4 = 3.2 -> 4.2
+    assert s == pytest.approx({"median_ms": 3.0, "p20_ms": 1.8, "p80_ms": 4.2, "mean_ms": 3.0, "min_ms": 1.0})
+    assert time_stats([7.5])["median_ms"] == 7.5
+
+
+@pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [1.0, -0.5], [float("inf")]])
+def test_time_stats_rejects_bad_times(bad):
+    with pytest.raises(ValueError):
+        time_stats(bad)
+
+
+# --------------------------------------------------------------------------------------- SOL math
+def test_sol_columns_compute_bound_case():
+    T, median_ms = 4096, 60.0
+    flops = 12 * T * H * I
+    nbytes = 2 * (4 * T * H + 3 * T * I + 6 * I * H)
+    cols = sol_columns(T, H, I, median_ms, "H200-SXM", Ceilings(copy_tbps=4.0, gemm_tflops=760.0))
+    sol_ms = max(flops / 989.4e12, nbytes / 4.8e12) * 1e3
+    assert sol_ms == pytest.approx(flops / 989.4e12 * 1e3)  # compute-bound at T=4096
+    assert cols["sol_ms"] == pytest.approx(sol_ms)
+    assert cols["sol_fraction"] == pytest.approx(sol_ms / median_ms)
+    assert cols["tflops"] == pytest.approx(flops / 0.060 / 1e12)
+    assert cols["gbps"] == pytest.approx(nbytes / 0.060 / 1e9)
+    assert cols["sol_ms_measured"] == pytest.approx(flops / 760e12 * 1e3)
+    assert cols["sol_fraction_measured"] == pytest.approx(flops / 760e12 * 1e3 / median_ms)
+
+
+def test_sol_columns_memory_bound_case_and_nan_median():
+    T = 1
+    nbytes = 2 * (4 * T * H + 3 * T * I + 6 * I * H)
+    cols = sol_columns(T, H, I, float("nan"), "H100-SXM", Ceilings(copy_tbps=2.0, gemm_tflops=500.0))
+    assert cols["sol_ms"] == pytest.approx(nbytes / 3.35e12 * 1e3)  # memory-bound: bytes term wins
+    assert cols["sol_ms_measured"] == pytest.approx(nbytes / 2.0e12 * 1e3)
+    for key in ("tflops", "gbps", "sol_fraction", "sol_fraction_measured"):
+        assert math.isnan(cols[key])
+    assert math.isnan(sol_columns(T, H, I, 1.0, "H200-SXM")["sol_ms_measured"])  # no ceilings measured
+
+
+def test_pick_hardware():
+    assert pick_hardware("NVIDIA H100 80GB HBM3") == "H100-SXM"
+    assert pick_hardware("NVIDIA H200") == "H200-SXM"
+    assert pick_hardware("NVIDIA A100-SXM4-80GB") == "H200-SXM"
+
+
+# ------------------------------------------------------------------------------- schema, summaries
+def fake_row(case: str, impl: str, median_ms: float, correct=True, tokens: int = 4096) -> dict:
+    stats = {k: median_ms for k in ("median_ms", "p20_ms", "p80_ms", "mean_ms", "min_ms")}
+    return {
+        "run_id": "", "case": case, "seq_len": tokens, "batch_size": 1, "tokens": tokens, "hidden_size": H,
+        "intermediate_size": I, "impl": impl, "protocol": "full", "warmup": 10, "iters": 50, **stats,
+        "first_call_s": 0.5, "hardware": "H200-SXM", "speedup_vs_eager": math.nan,
+        "speedup_vs_compile": math.nan, "peak_mem_gb": 1.5, "correct": correct,
+        "min_match_fraction": 0.999 if correct is True else math.nan, "note": f"{impl} note",
+        **sol_columns(tokens, H, I, median_ms, "H200-SXM", Ceilings(4.0, 760.0)),
+    }
+
+
+def fake_frame() -> pd.DataFrame:
+    medians = {"eager": (10.0, 40.0), "compile": (8.0, 32.0), "cublas-gemms": (6.0, 20.0), "triton": (5.0, 10.0)}
+    rows = []
+    for k, case in enumerate(("a", "b")):
+        for impl, m in medians.items():
+            correct = pd.NA if impl == "cublas-gemms" else not (impl == "triton" and case == "b")
+            rows.append(fake_row(case, impl, m[k], correct, tokens=1024 * (k + 1)))
+    rows.append(fake_row("c", "eager", 20.0, True, tokens=4096))
+    rows.append(fake_row("c", "triton", math.nan, False, tokens=4096))  # an impl that errored
+    return add_speedups(rows_to_frame(rows))
+
+
+def test_schema_columns_and_dtypes():
+    frame = fake_frame()
+    assert list(frame.columns) == list(COLUMNS)
+    for column, kind in COLUMNS.items():
+        series = frame[column]
+        if kind == "int":
+            assert pd.api.types.is_integer_dtype(series), column
+        elif kind == "float":
+            assert pd.api.types.is_float_dtype(series), column
+        elif kind == "bool?":
+            assert str(series.dtype) == "boolean", column
+        else:
+            assert all(isinstance(v, str) for v in series), column
+    with pytest.raises(ValueError, match="missing"):
+        check_row({k: v for k, v in fake_row("a", "eager", 1.0).items() if k != "note"})
+    with pytest.raises(ValueError, match="unknown"):
+        check_row({**fake_row("a", "eager", 1.0), "extra": 1})
+
+
+def test_speedups_and_summary_geomeans():
+    frame = fake_frame()
+    triton_a = frame[(frame["impl"] == "triton") & (frame["case"] == "a")].iloc[0]
+    assert triton_a["speedup_vs_eager"] == pytest.approx(2.0)
+    assert triton_a["speedup_vs_compile"] == pytest.approx(1.6)
+    summary = summary_table(frame).set_index("impl")
+    assert list(summary.index) == ["eager", "compile", "cublas-gemms", "triton"]
+    assert summary.loc["eager", "gmean_ms"] == pytest.approx((10 * 40 * 20) ** (1 / 3))
+    assert summary.loc["triton", "n_cases"] == 2  # case c errored
+    assert summary.loc["triton", "gmean_ms"] == pytest.approx(math.sqrt(50))
+    assert summary.loc["triton", "speedup_vs_eager"] == pytest.approx(math.sqrt(2 * 4))
+    assert summary.loc["triton", "speedup_vs_compile"] == pytest.approx(math.sqrt(1.6 * 3.2))
+    sol = frame[frame["impl"] == "triton"]["sol_ms"].iloc[:2].to_numpy()
+    assert summary.loc["triton", "sol_fraction"] == pytest.approx(math.sqrt(sol[0] * sol[1]) / math.sqrt(50))
+    assert bool(summary.loc["eager", "all_correct"]) is True
+    assert bool(summary.loc["triton", "all_correct"]) is False
+    assert summary.loc["cublas-gemms", "all_correct"] is pd.NA
+    assert summary.loc["cublas-gemms", "speedup_vs_compile"] == pytest.approx(math.sqrt(8 / 6 * 32 / 20))
+    table = per_case_table(frame)
+    assert list(table.index) == ["a", "b", "c"]
+    assert list(table.columns) == ["tokens", "eager", "compile", "cublas-gemms", "triton", "sol_ms"]
+    assert table.loc["b", "triton"] == 10.0 and math.isnan(table.loc["c", "compile"])
+
+
+def test_speedup_vs_compile_is_nan_without_compile():
+    frame = add_speedups(rows_to_frame([fake_row("a", "eager", 10.0), fake_row("a", "triton", 5.0)]))
+    assert frame["speedup_vs_compile"].isna().all()
+    assert list(frame["speedup_vs_eager"]) == pytest.approx([1.0, 2.0])
+
+
+# -------------------------------------------------------------------------------------- storage
+def test_write_run_is_append_only_and_round_trips(tmp_path):
+    frame = fake_frame()
+    meta = {"utc": "2026-11-29T17:15:00Z", "gpu": {"name": "NVIDIA H200"}, "protocol": {"name": "full"},
+            "git": {"commit": "d946c89"}, "ceilings": {"copy_tbps": math.nan}}
+    run_id = environment.make_run_id(meta["utc"], "d946c89")
+    assert run_id == "20261129T171500Z-d946c89"
+    first, csv1, json1 = write_run(frame, meta, tmp_path, run_id)
+    before = (csv1.read_bytes(), json1.read_bytes())
+    second, csv2, json2 = write_run(frame, meta, tmp_path, run_id)
+    assert first == run_id and second == f"{run_id}-2"
+    assert (csv1.read_bytes(), json1.read_bytes()) == before  # the first run is untouched
+    back = read_rows(csv2)
+    assert set(back["run_id"]) == {second}
+    expected = coerce(frame.assign(run_id=second))
+    pd.testing.assert_frame_equal(back, expected, check_exact=False, rtol=1e-5)
+    record = json.loads(json2.read_text(), parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
+    assert record["run_id"] == second and record["n_rows"] == len(frame)
+    assert record["ceilings"]["copy_tbps"] is None  # NaN is written as null
+    index = pd.read_csv(tmp_path / "runs.csv")
+    assert list(index.columns) == list(INDEX_COLUMNS)
+    assert list(index["run_id"]) == [first, second]
+    assert list(index["n_rows"]) == [len(frame)] * 2
+
+
+def test_git_info_falls_back_to_env(tmp_path, monkeypatch):
+    monkeypatch.delenv("SWIGLU_GIT_COMMIT", raising=False)
+    monkeypatch.delenv("SWIGLU_GIT_DIRTY", raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert environment.git_info(tmp_path) == {"commit": "unknown", "dirty": "unknown", "source": "unknown"}
+    monkeypatch.setenv("SWIGLU_GIT_COMMIT", "abc1234")
+    monkeypatch.setenv("SWIGLU_GIT_DIRTY", "1")
+    info = environment.git_info(tmp_path)
+    assert info["commit"] == "abc1234" and info["dirty"] is True
+    assert re.fullmatch(r"\d{8}T\d{6}Z-abc1234", environment.make_run_id(environment.utc_now(), "abc1234"))
+
+
+# ------------------------------------------------------------------------------ timing, impls
+def test_iterations_alternate_between_input_sets():
+    seen = []
+    sets = [(torch.zeros(2),), (torch.ones(2),)]
+    times = time_iterations(lambda t: seen.append(t.data_ptr()), alternating(sets), 5, torch.device("cpu"))
+    assert len(times) == 5 and all(t >= 0 for t in times)
+    ptrs = [s[0].data_ptr() for s in sets]
+    assert seen == [ptrs[0], ptrs[1], ptrs[0], ptrs[1], ptrs[0]]
+    assert L2Flusher(torch.device("cpu")).nbytes == 0
+
+
+def test_unavailable_reasons_on_cpu(monkeypatch):
+    cpu = torch.device("cpu")
+    assert unavailable_reason("liger", cpu) and unavailable_reason("compile-max-autotune", cpu)
+    assert unavailable_reason("eager", cpu) is None and unavailable_reason("cublas-gemms", cpu) is None
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "TRITON_INTERPRET" in unavailable_reason("triton", cpu)
+    with pytest.raises(ValueError, match="unknown impl"):
+        unavailable_reason("nope", cpu)
+
+
+def test_cublas_gemms_has_the_gradients_shapes():
+    inputs = make_inputs(2, 3, 32, 48, seed=1).as_tuple()
+    outs, ref = cublas_gemms(*inputs), reference_backward(*inputs)
+    assert [o.shape for o in outs] == [r.shape for r in ref]
+    assert all(o.abs().sum() > 0 for o in outs)
+
+
+def fake_liger_swiglu_backward(a, b, dc):
+    """Liger's _swiglu_backward_kernel in torch: fp32 silu of a, results written into a and b."""
+    a32 = a.float()
+    sig = torch.sigmoid(a32)
+    silu = a32 * sig
+    db = dc.float() * silu
+    da = dc.float() * (silu * (1 - sig) + sig) * b.float()
+    a.copy_(da)
+    b.copy_(db)
+    return a, b
+
+
+@pytest.mark.parametrize("mode,passes", [("forward", True), ("benchmark", False)])
+def test_liger_wrapper(mode, passes):
+    case = select_cases("s128_b1")[0]
+    inputs = make_inputs(1, 128, 64, 96, mode=mode, seed=3).as_tuple()
+    originals = [t.clone() for t in inputs]
+    outs = make_liger_backward(fake_liger_swiglu_backward)(*liger_prepare(inputs))
+    assert all(torch.equal(a, b) for a, b in zip(inputs, originals))  # prepare cloned gate/up
+    correct, fraction, text = check_outputs(outs, reference_backward(*inputs), case)
+    # Liger recomputes silu(gate_output): right on forward inputs, wrong on independent ones.
+    assert correct is passes, text
+    assert (fraction >= 0.99) is passes
+
+
+# ----------------------------------------------------------------------------- runner, end to end
+def _cpu_config(impls, **kw):
+    return BenchConfig(cases=select_cases("s128_b1"), hidden_size=64, intermediate_size=96, impls=impls,
+                       device=torch.device("cpu"), protocol="cpu-smoke", measure_ceilings=False, **kw)
+
+
+def test_failing_and_wrong_impls_are_recorded_not_fatal():
+    def boom(*args):
+        raise RuntimeError("kernel exploded")
+
+    def doubled(*args):
+        return tuple(2 * o for o in reference_backward(*args))
+
+    impls = {**IMPLS, "boom": BenchImpl("boom", "always raises", lambda d: boom),
+             "doubled": BenchImpl("doubled", "twice the reference", lambda d: doubled)}
+    result = run_benchmark(_cpu_config(["eager", "boom", "doubled"]), impls=impls, progress=False, log=lambda s: None)
+    rows = result.rows.set_index("impl")
+    assert rows.loc["eager", "correct"] == True  # noqa: E712 - pandas boolean scalar
+    assert rows.loc["eager", "median_ms"] > 0
+    assert rows.loc["boom", "correct"] == False  # noqa: E712
+    assert rows.loc["boom", "note"].startswith("ERROR in first call: RuntimeError: kernel exploded")
+    assert np.isnan(rows.loc["boom", ["median_ms", "p20_ms", "first_call_s", "tflops"]].astype(float)).all()
+    assert rows.loc["doubled", "correct"] == False  # noqa: E712
+    assert rows.loc["doubled", "min_match_fraction"] < 0.99
+    assert "criterion failed: grad_x" in rows.loc["doubled", "note"]
+
+
+def test_cli_cpu_smoke_end_to_end(tmp_path, capsys):
+    assert main(["--device", "cpu", "--impls", "eager,cublas-gemms", "--cases", "s128_b1",
+                 "--out", str(tmp_path), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    csvs = sorted(p for p in tmp_path.glob("*.csv") if p.name != "runs.csv")
+    assert len(csvs) == 1
+    rows = read_rows(csvs[0]).set_index("impl")
+    assert list(rows.index) == ["eager", "cublas-gemms"]
+    assert set(rows["protocol"]) == {"cpu-smoke"} and set(rows["iters"]) == {5}
+    assert rows.loc["eager", "correct"] == True  # noqa: E712
+    assert rows.loc["cublas-gemms", "correct"] is pd.NA
+    for impl in rows.index:
+        r = rows.loc[impl]
+        assert 0 < r["min_ms"] <= r["p20_ms"] <= r["median_ms"] <= r["p80_ms"]
+        assert r["first_call_s"] > 0 and r["sol_ms_measured"] > 0
+    assert rows.loc["eager", "speedup_vs_eager"] == pytest.approx(1.0)
+    meta = json.loads(csvs[0].with_suffix(".json").read_text())
+    assert meta["run_id"] == csvs[0].stem
+    assert meta["protocol"]["name"] == "cpu-smoke" and meta["ceilings"]["gemm_tflops"] > 0
+    assert {"gpu", "software", "git", "command", "hardware", "gpu_name", "git_commit", "utc"} <= set(meta)
+    assert meta["git_commit"] == meta["git"]["commit"] and csvs[0].stem.endswith(meta["git_commit"][:7])
+    assert "CPU-SMOKE" in out
+    assert out.index("SUMMARY") > out.index("wrote") and out.rstrip().endswith("not the benchmark protocol.")
+
+
+def test_cli_refuses_without_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert "--device cpu" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--impls", "nope"])
