@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 import time
@@ -23,37 +24,63 @@ import triton
 from triton.testing import do_bench
 
 from swiglu import make_inputs, reference_backward
-from swiglu.triton_backward import KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x, stacked_d_buffers
+from swiglu.triton_backward import TOKEN_BUCKETS, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x, stacked_d_buffers
 
 K = KernelConfig
 CANDIDATES = {
     "dswiglu": [
         K(128, 256, 64, 8, 4, 3, 8),
-        K(128, 256, 64, 8, 2, 3, 8),
-        K(128, 256, 64, 8, 4, 3, 8, warp_specialize=True),
-        K(128, 256, 64, 8, 4, 3, 8, flatten=True),
-        K(128, 256, 64, 8, 4, 4, 8),
+        K(128, 256, 64, 16, 4, 3, 8),
         K(128, 256, 64, 8, 4, 3, 8, warp_specialize=True, flatten=True),
-        K(256, 128, 64, 8, 4, 3, 8),
+        K(128, 256, 64, 8, 4, 3, 8, persistent=False),
+        K(128, 128, 64, 8, 2, 3, 4, persistent=False),
+        K(64, 256, 64, 8, 4, 3, 4, persistent=False),
     ],
     "grad_weights": [
         K(128, 256, 64, 8, 2, 3, 8),
-        K(128, 256, 64, 8, 4, 3, 8),
-        K(128, 256, 64, 8, 4, 4, 8),
-        K(256, 128, 64, 8, 2, 3, 8),
-        K(128, 128, 64, 8, 1, 4, 4),
-        K(128, 128, 64, 8, 2, 4, 8),
-        K(128, 256, 128, 8, 4, 2, 8),
+        K(128, 256, 64, 16, 2, 3, 8),
+        K(128, 256, 64, 32, 2, 3, 8),
+        K(128, 256, 64, 8, 2, 3, 8, warp_specialize=True),
+        K(128, 256, 64, 8, 2, 3, 8, persistent=False),
+        K(128, 256, 64, 8, 4, 2, 8, persistent=False),
+        K(128, 128, 64, 8, 1, 2, 4, persistent=False),
+        K(128, 128, 64, 8, 2, 2, 8, persistent=False),
+        K(64, 256, 64, 8, 2, 2, 4, persistent=False),
     ],
     "grad_x": [
         K(128, 256, 64, 8, 2, 3, 8),
-        K(128, 256, 64, 8, 1, 3, 8),
-        K(128, 128, 64, 8, 1, 4, 4),
-        K(128, 128, 64, 8, 1, 4, 8),
-        K(64, 128, 64, 8, 1, 4, 4),
+        K(128, 256, 64, 16, 2, 3, 8),
+        K(128, 256, 64, 8, 2, 3, 8, warp_specialize=True),
+        K(128, 256, 64, 8, 2, 3, 8, persistent=False),
         K(64, 256, 64, 8, 1, 4, 4),
+        K(64, 256, 64, 8, 1, 4, 4, persistent=False),
+        K(64, 128, 64, 8, 1, 4, 4, persistent=False),
     ],
 }
+
+
+def write_best(rows: list[dict], path: str) -> None:
+    """Fastest correct config (error < 1e-2 against cuBLAS) per kernel, keyed by the token bucket
+    each measured T falls in."""
+    best: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        if r["config"] == "cublas" or not (r["err"] < 1e-2) or not (r["ms"] > 0):
+            continue
+        bucket = str(next(b for b in TOKEN_BUCKETS if r["tokens"] <= b))
+        cur = best.setdefault(r["kernel"], {}).get(bucket)
+        if cur is None or r["ms"] < cur["ms"]:
+            best[r["kernel"]][bucket] = dict(r)
+    table = {
+        k: {b: dict(config=r["config_dict"], measured_tokens=r["tokens"], ms=round(r["ms"], 4),
+                    tflops=round(r["tflops"], 1), cublas_ms=round(r["cublas_ms"], 4))
+            for b, r in v.items()}
+        for k, v in best.items()
+    }
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                protocol="scripts/tune_kernels.py: triton.testing.do_bench median, L2 flushed by do_bench")
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, configs=table), f, indent=1)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -68,6 +95,8 @@ def main(argv=None) -> None:
     ap.add_argument("--intermediate-size", type=int, default=53248)
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--write-best", default=None, help="write the fastest correct config per kernel and "
+                    "token bucket to this JSON (the format of swiglu/tuned_configs.json)")
     args = ap.parse_args(argv)
     H, I = args.hidden_size, args.intermediate_size
     rows = []
@@ -108,11 +137,12 @@ def main(argv=None) -> None:
                 run = lambda c: launch_grad_x(d_gate_ref, d_up_ref, gw, uw, outs[0], c)  # noqa: E731
                 cublas = lambda: (d_gate_ref @ gw, d_up_ref @ uw)  # noqa: E731
                 kflops = 2 * flops
-            ms = do_bench(cublas, rep=args.rep, return_mode="median")
-            rows.append(dict(tokens=T, kernel=kernel, config="cublas", ms=ms, tflops=kflops / ms / 1e9, err=0.0,
-                             compile_s=0.0, note=""))
+            ms = cublas_ms = do_bench(cublas, rep=args.rep, return_mode="median")
+            rows.append(dict(tokens=T, kernel=kernel, config="cublas", config_dict={}, cublas_ms=ms, ms=ms,
+                             tflops=kflops / ms / 1e9, err=0.0, compile_s=0.0, note=""))
             for c in CANDIDATES[kernel]:
-                row = dict(tokens=T, kernel=kernel, config=str(tuple(asdict(c).values())))
+                row = dict(tokens=T, kernel=kernel, config=str(tuple(asdict(c).values())), config_dict=asdict(c),
+                           cublas_ms=cublas_ms)
                 try:
                     for o in outs:
                         o.fill_(float("nan"))
@@ -131,9 +161,11 @@ def main(argv=None) -> None:
                 print(row, flush=True)
         del inp, go, x, gate, up, act, gw, uw, dw, d_gate_ref, d_up_ref, h_ref
         torch.cuda.empty_cache()
+    if args.write_best:
+        write_best(rows, args.write_best)
     path = os.path.join(args.out, "tuning.csv")
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()), extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     print(f"\n{'T':>6} {'kernel':<13} {'config':<52} {'ms':>8} {'TFLOP/s':>8} {'err':>8} note", file=sys.stderr)

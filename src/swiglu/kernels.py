@@ -155,9 +155,9 @@ def grad_weight_kernel(
     a_desc,  # A of every problem, stacked along K: [NUM_PROBLEMS * K_PAD, M], used transposed
     b_desc,  # B [K, N], shared by the problems (rows >= K read as zeros)
     c0_desc, c1_desc,  # outputs [M, N] of problem 0 and 1 (c1 is not touched with one problem)
-    M, N, K_PAD, NUM_PROBLEMS,
+    M, N, K_PAD, NUM_PROBLEMS, NUM_PROGRAMS,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, UPCAST: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """C_p = A_p.T @ B for p < NUM_PROBLEMS (weight gradients: K = tokens). One mainloop call site
     serves every problem (the problem index only moves A's row offset), so the pipeline's shared
@@ -165,7 +165,8 @@ def grad_weight_kernel(
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     tiles = num_m * num_n
-    for tile in tl.range(tl.program_id(0), NUM_PROBLEMS * tiles, NUM_PROGRAMS):
+    for tile in tl.range(tl.program_id(0), NUM_PROBLEMS * tiles, NUM_PROGRAMS, flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
         p = tile // tiles
         pid_m, pid_n = _tile_mn(tile - p * tiles, num_m, num_n, GROUP_M)
         off_m = pid_m * BM
@@ -183,13 +184,14 @@ def grad_x_kernel(
     dgate_desc, dup_desc,  # [T, I]
     gw_desc, uw_desc,  # gate_weight, up_weight [I, H]
     gx_desc,  # grad_x [T, H]
-    T, H, I,
+    T, H, I, NUM_PROGRAMS,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, UPCAST: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
 ):
     num_m = tl.cdiv(T, BM)
     num_n = tl.cdiv(H, BN)
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
         off_m = pid_m * BM
         off_n = pid_n * BN

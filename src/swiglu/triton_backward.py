@@ -8,9 +8,11 @@ kernel), never one inside a timed loop.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 import triton
@@ -38,6 +40,9 @@ class KernelConfig:
     num_warps: int = 8
     warp_specialize: bool = False
     flatten: bool = False
+    # False: one program per tile (several resident per SM, so one's stores overlap another's
+    # loads: what write-bound weight gradients at small T need); True: one program per SM.
+    persistent: bool = True
 
 
 # Token buckets: a bucket applies to T <= its bound.
@@ -58,6 +63,22 @@ CONFIGS: dict[str, dict[int, KernelConfig]] = {
 for _b in (256, 512):
     CONFIGS["grad_x"][_b] = KernelConfig(BM=64, BN=256, BK=64, EPI_SPLIT=1, num_stages=4, num_warps=4)
 
+#: The measured choice per kernel and token bucket (scripts/tune_kernels.py --write-best), with the
+#: time it measured; it overrides the defaults above.
+TUNED_CONFIGS_PATH = Path(__file__).with_name("tuned_configs.json")
+
+
+def _load_tuned(path: Path) -> None:
+    if not path.exists():
+        return
+    table = json.loads(path.read_text())["configs"]
+    for kernel, buckets in table.items():
+        for bucket, entry in buckets.items():
+            CONFIGS[kernel][int(bucket)] = KernelConfig(**entry["config"])
+
+
+_load_tuned(TUNED_CONFIGS_PATH)
+
 
 def config_for(kernel: str, tokens: int) -> KernelConfig:
     """The configuration ``kernel`` ("dswiglu", "grad_weights", "grad_x") uses at ``tokens``."""
@@ -73,9 +94,11 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _num_programs(device: torch.device, tiles: int) -> int:
+def _num_programs(device: torch.device, tiles: int, persistent: bool = True) -> int:
     # The interpreter runs programs one after another: a few programs still exercise the
     # persistent loop (several tiles per program).
+    if not persistent:
+        return tiles
     sms = 3 if device.type != "cuda" else _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     return max(1, min(sms, tiles))
 
@@ -97,7 +120,9 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_kwargs(cfg: KernelConfig) -> dict:
-    return dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize,
+                FLATTEN=cfg.flatten, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
+                EPI_SPLIT=cfg.EPI_SPLIT, UPCAST=INTERPRET)
 
 
 def _check_device_and_sizes(x: torch.Tensor, hidden: int, inter: int) -> None:
@@ -129,10 +154,7 @@ def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> N
         _desc(go, [c.BM, c.BK]), _desc(dw, [c.BK, c.BN]),
         _desc(gate, piece), _desc(up, piece), _desc(act, piece),
         _desc(d_gate, piece), _desc(d_up, piece), _desc(h, piece),
-        T, H, I,
-        BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
-        NUM_PROGRAMS=nprog, WARP_SPECIALIZE=c.warp_specialize, FLATTEN=c.flatten,
-        UPCAST=INTERPRET, **_launch_kwargs(c),
+        T, H, I, NUM_PROGRAMS=nprog, **_launch_kwargs(c),
     )
 
 
@@ -162,21 +184,17 @@ def launch_grad_weights(stacked_d, h, x, go, grad_gate_weight, grad_up_weight, g
         c0 = _desc(gu[0], out_block)
         c1 = _desc(gu[-1], out_block)
         tiles = len(gu) * triton.cdiv(I, c.BM) * triton.cdiv(H, c.BN)
-        nprog = _num_programs(x.device, tiles)
+        nprog = _num_programs(x.device, tiles, c.persistent)
         kernels.grad_weight_kernel[(nprog,)](
             _desc(rows, [c.BK, c.BM]), _desc(x, [c.BK, c.BN]), c0, c1,
-            I, H, t_pad, len(gu),
-            BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
-            NUM_PROGRAMS=nprog, UPCAST=INTERPRET, **_launch_kwargs(c),
+            I, H, t_pad, len(gu), nprog, **_launch_kwargs(c),
         )
     if grad_down_weight is not None:
         c_dn = _desc(grad_down_weight, out_block)
-        nprog = _num_programs(x.device, triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN))
+        nprog = _num_programs(x.device, triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN), c.persistent)
         kernels.grad_weight_kernel[(nprog,)](
             _desc(go, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]), c_dn, c_dn,
-            H, I, T, 1,
-            BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
-            NUM_PROGRAMS=nprog, UPCAST=INTERPRET, **_launch_kwargs(c),
+            H, I, T, 1, nprog, **_launch_kwargs(c),
         )
 
 
@@ -184,14 +202,12 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig)
     """grad_x = d_gate @ gate_weight + d_up @ up_weight [T, H], one fp32 accumulator."""
     T, I = d_gate.shape
     H = gate_weight.shape[1]
-    nprog = _num_programs(d_gate.device, triton.cdiv(T, c.BM) * triton.cdiv(H, c.BN))
+    nprog = _num_programs(d_gate.device, triton.cdiv(T, c.BM) * triton.cdiv(H, c.BN), c.persistent)
     kernels.grad_x_kernel[(nprog,)](
         _desc(d_gate, [c.BM, c.BK]), _desc(d_up, [c.BM, c.BK]),
         _desc(gate_weight, [c.BK, c.BN]), _desc(up_weight, [c.BK, c.BN]),
         _desc(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
-        T, H, I,
-        BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
-        NUM_PROGRAMS=nprog, UPCAST=INTERPRET, **_launch_kwargs(c),
+        T, H, I, nprog, **_launch_kwargs(c),
     )
 
 
