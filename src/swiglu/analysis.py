@@ -1,0 +1,441 @@
+"""Recorded benchmark runs and the tables the notebooks derive from them.
+
+Reads what ``swiglu.bench`` records under ``data/bench/``:
+
+* ``<run_id>.csv``: one row per case x implementation (columns ``run_id, case, tokens,
+  hidden_size, intermediate_size, impl, protocol, median_ms, p20_ms, p80_ms, correct, ...``);
+* ``<run_id>.json``: run metadata (``gpu_name, driver, cuda, torch, triton, utc, ...`` and the
+  measured ``ceilings``);
+* ``runs.csv``: an index of runs (``run_id, utc, gpu, protocol, commit, n_rows``).
+
+Everything here is plain pandas (no papermill/jupyter), so the GPU machine can run it as well.
+SOL formulas come from ``swiglu.roofline`` (``shared/spec/problem.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import pandas as pd
+
+from . import roofline
+from .workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, Case
+
+#: Display order and labels of the implementations ``swiglu.bench`` records.
+IMPL_LABELS = {
+    "eager": "eager reference (PyTorch)",
+    "compile": "torch.compile (default)",
+    "compile-max-autotune": "torch.compile (max-autotune)",
+    "cublas-gemms": "cuBLAS GEMMs only (lower bound, no elementwise)",
+    "liger": "Liger SiLU-mul + cuBLAS",
+    "triton": "swiglu Triton (ours)",
+}
+
+#: The H200 ceilings measured on 2026-11-29 (``shared/spec/problem.md``, "Measured on one H200"):
+#: device-to-device copy 4.18 TB/s (read + write), cuBLAS bf16 GEMM 760 TFLOP/s at 8192^3.
+#: Used only when no recorded run carries its own ceilings.
+SPEC_H200_CEILINGS = {
+    "copy_tbps": 4.18,
+    "gemm_tflops": 760.0,
+    "source": "shared/spec/problem.md, H200 measured 2026-11-29",
+}
+
+
+@dataclass
+class BenchRun:
+    """One recorded run: its rows (a DataFrame, one per case x impl) and its metadata dict."""
+
+    run_id: str
+    rows: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+    csv_path: Path | None = None
+
+    @property
+    def protocol(self) -> str:
+        if "protocol" in self.rows and len(self.rows):
+            return str(self.rows["protocol"].iloc[0])
+        proto = self.meta.get("protocol")
+        return str(proto.get("name", "unknown")) if isinstance(proto, dict) else str(proto or "unknown")
+
+
+def repo_root(start: str | Path | None = None) -> Path:
+    """The repository root: the first folder at or above ``start`` (default: the current
+    directory) holding both ``pyproject.toml`` and ``src/swiglu``; else the folder above this
+    package's ``src`` when installed editable; else ``start`` itself."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file() and (folder / "src" / "swiglu").is_dir():
+            return folder
+    package_root = Path(__file__).resolve().parents[2]
+    if (package_root / "pyproject.toml").is_file():
+        return package_root
+    return here
+
+
+def resolve_path(path: str | Path, root: str | Path | None = None) -> Path:
+    """``path`` as given when absolute, else relative to ``root`` (default: ``repo_root()``)."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else Path(root or repo_root()) / p
+
+
+def display_path(path: str | Path, root: str | Path | None = None) -> str:
+    """``path`` relative to ``root`` (default: ``repo_root()``) when inside it, else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(Path(root or repo_root()).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _read_meta(json_path: Path) -> dict:
+    if not json_path.is_file():
+        return {}
+    try:
+        return json.loads(json_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _run_csvs(bench_dir: Path) -> list[Path]:
+    return sorted(p for p in bench_dir.glob("*.csv") if p.name != "runs.csv")
+
+
+def list_runs(bench_dir: str | Path) -> pd.DataFrame:
+    """Every recorded run under ``bench_dir``, oldest first: columns ``run_id, utc, gpu,
+    protocol, n_rows, csv``. Built from the run files themselves (``runs.csv`` may lag);
+    an empty DataFrame when the folder is missing or holds no run."""
+    bench_dir = Path(bench_dir)
+    cols = ["run_id", "utc", "gpu", "protocol", "n_rows", "csv"]
+    if not bench_dir.is_dir():
+        return pd.DataFrame(columns=cols)
+    records = []
+    for csv in _run_csvs(bench_dir):
+        try:
+            head = pd.read_csv(csv, usecols=lambda c: c in {"run_id", "protocol", "impl"})
+        except (pd.errors.EmptyDataError, ValueError):
+            continue
+        if "impl" not in head:  # not a bench run file
+            continue
+        meta = _read_meta(csv.with_suffix(".json"))
+        run_id = str(head["run_id"].iloc[0]) if "run_id" in head and len(head) else csv.stem
+        protocol = str(head["protocol"].iloc[0]) if "protocol" in head and len(head) else "unknown"
+        records.append(
+            {
+                "run_id": run_id,
+                "utc": str(meta.get("utc", "")),
+                "gpu": str(meta.get("gpu_name", "")),
+                "protocol": protocol,
+                "n_rows": len(head),
+                "csv": str(csv),
+            }
+        )
+    runs = pd.DataFrame(records, columns=cols)
+    # Order by time, then id (ids sort by time when they start with a timestamp).
+    return runs.sort_values(["utc", "run_id"], kind="stable").reset_index(drop=True)
+
+
+def load_run(
+    bench_dir: str | Path, run_id: str | None = None, protocol: str | None = "full"
+) -> BenchRun | None:
+    """Load run ``run_id``, or when ``run_id`` is ``None`` the latest run whose protocol is
+    ``protocol`` (any protocol when ``protocol`` is ``None``). Returns ``None`` when no run
+    matches. Raises ``ValueError`` when a given ``run_id`` is not recorded there."""
+    runs = list_runs(bench_dir)
+    if run_id:
+        hit = runs[(runs["run_id"] == run_id) | (runs["csv"].map(lambda p: Path(p).stem) == run_id)]
+        if hit.empty:
+            raise ValueError(f"run_id {run_id!r} is not recorded in {bench_dir}; have {list(runs['run_id'])}")
+        row = hit.iloc[-1]
+    else:
+        if protocol:
+            runs = runs[runs["protocol"] == protocol]
+        if runs.empty:
+            return None
+        row = runs.iloc[-1]
+    csv = Path(row["csv"])
+    return BenchRun(str(row["run_id"]), pd.read_csv(csv), _read_meta(csv.with_suffix(".json")), csv)
+
+
+def measured_ceilings(meta: dict | None) -> dict | None:
+    """The measured ceilings in a run's metadata as ``{"copy_tbps", "gemm_tflops", "source"}``.
+
+    Looks in ``meta["ceilings"]`` (then the top level) for a copy-bandwidth key (``copy_tbps``,
+    or any key with "copy" and a TB/s or GB/s unit) and a GEMM-rate key (``gemm_tflops`` or any
+    key with "gemm" and "tflops"). Returns ``None`` when either is missing."""
+    if not meta:
+        return None
+    pools = [meta.get("ceilings"), meta]
+    copy = gemm = None
+    for pool in pools:
+        if not isinstance(pool, dict):
+            continue
+        for key, value in pool.items():
+            if isinstance(value, dict) and "value" in value:
+                value = value["value"]
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                continue
+            k = key.lower()
+            if copy is None and "copy" in k:
+                if "tbps" in k or "tb_s" in k:
+                    copy = float(value)
+                elif "gbps" in k or "gb_s" in k:
+                    copy = float(value) / 1e3
+            if gemm is None and "gemm" in k and "tflops" in k:
+                gemm = float(value)
+    if copy is None or gemm is None:
+        return None
+    return {"copy_tbps": copy, "gemm_tflops": gemm, "source": f"measured in run {meta.get('run_id', '?')}"}
+
+
+def hardware_table(ceilings: dict | None = None) -> dict[str, roofline.Hardware]:
+    """The datasheet entries of ``roofline.HARDWARE`` plus ``"H200-measured"`` built from
+    ``ceilings`` (``measured_ceilings`` output; default: ``SPEC_H200_CEILINGS``)."""
+    c = ceilings or SPEC_H200_CEILINGS
+    table = dict(roofline.HARDWARE)
+    table["H200-measured"] = roofline.Hardware(
+        "H200 (measured ceilings)",
+        float(c["gemm_tflops"]),
+        float(c["copy_tbps"]),
+        str(c.get("source", "measured")),
+    )
+    return table
+
+
+def roofline_table(
+    cases: Sequence[Case] = CASES,
+    hardware: dict[str, roofline.Hardware] | None = None,
+    hidden_size: int = HIDDEN_SIZE,
+    intermediate_size: int = INTERMEDIATE_SIZE,
+) -> pd.DataFrame:
+    """One row per case x hardware: ``case, seq_len, batch_size, tokens, hidden_size,
+    intermediate_size, gflop, gbyte, flop_per_byte, hardware, peak_tflops, peak_tbps,
+    ridge_flop_per_byte, compute_ms, memory_ms, sol_ms, bound``.
+
+    gflop = 12*T*H*I / 1e9, gbyte = minimum traffic / 1e9 (``swiglu.roofline``); compute_ms and
+    memory_ms are the two SOL terms; sol_ms their maximum."""
+    hardware = hardware or hardware_table()
+    rows = []
+    for case in cases:
+        T, H, I = case.tokens, hidden_size, intermediate_size
+        f, b = roofline.flops(T, H, I), roofline.min_bytes(T, H, I)
+        for key, hw in hardware.items():
+            compute_ms = f / (hw.peak_tflops * 1e12) * 1e3
+            memory_ms = b / (hw.peak_tbps * 1e12) * 1e3
+            rows.append(
+                {
+                    "case": case.name,
+                    "seq_len": case.seq_len,
+                    "batch_size": case.batch_size,
+                    "tokens": T,
+                    "hidden_size": H,
+                    "intermediate_size": I,
+                    "gflop": f / 1e9,
+                    "gbyte": b / 1e9,
+                    "flop_per_byte": f / b,
+                    "hardware": key,
+                    "peak_tflops": hw.peak_tflops,
+                    "peak_tbps": hw.peak_tbps,
+                    "ridge_flop_per_byte": hw.ridge_intensity,
+                    "compute_ms": compute_ms,
+                    "memory_ms": memory_ms,
+                    "sol_ms": max(compute_ms, memory_ms),
+                    "bound": roofline.bound(T, hw, H, I),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def order_impls(impls: Iterable[str]) -> list[str]:
+    """Implementations in ``IMPL_LABELS`` order, unknown names last (sorted)."""
+    impls = list(dict.fromkeys(impls))
+    known = [i for i in IMPL_LABELS if i in impls]
+    return known + sorted(i for i in impls if i not in IMPL_LABELS)
+
+
+def latency_table(rows: pd.DataFrame, ceilings: dict | None = None) -> pd.DataFrame:
+    """Per case x impl latency with SOL and speed-ups recomputed from ``median_ms``.
+
+    Adds ``tflops`` (12*T*H*I / median), ``sol_ms`` / ``sol_fraction`` (H200 datasheet),
+    ``sol_ms_measured`` / ``sol_fraction_measured`` (the measured ceilings, or the spec's when
+    the run has none), and ``speedup_vs_eager`` / ``speedup_vs_compile`` (eager or compile median
+    over this median, NaN when that implementation was not measured). Rows are sorted by tokens,
+    then case name, then implementation order. Raises ``ValueError`` when a needed column
+    (``case, tokens, impl, median_ms``) is missing."""
+    need = {"case", "tokens", "impl", "median_ms"}
+    missing = need - set(rows.columns)
+    if missing:
+        raise ValueError(f"bench rows lack columns {sorted(missing)}")
+    df = rows.copy()
+    if "hidden_size" not in df:
+        df["hidden_size"] = HIDDEN_SIZE
+    if "intermediate_size" not in df:
+        df["intermediate_size"] = INTERMEDIATE_SIZE
+    measured = hardware_table(ceilings)["H200-measured"]
+    shape = list(zip(df["tokens"], df["hidden_size"], df["intermediate_size"]))
+    df["gflop"] = [roofline.flops(int(t), int(h), int(i)) / 1e9 for t, h, i in shape]
+    df["tflops"] = df["gflop"] / df["median_ms"]  # GFLOP / ms = TFLOP/s
+    df["sol_ms"] = [roofline.sol_time_s(int(t), "H200-SXM", int(h), int(i)) * 1e3 for t, h, i in shape]
+    df["sol_ms_measured"] = [roofline.sol_time_s(int(t), measured, int(h), int(i)) * 1e3 for t, h, i in shape]
+    df["sol_fraction"] = df["sol_ms"] / df["median_ms"]
+    df["sol_fraction_measured"] = df["sol_ms_measured"] / df["median_ms"]
+    for base in ("eager", "compile"):
+        ref = df[df["impl"] == base].set_index("case")["median_ms"]
+        df[f"speedup_vs_{base}"] = df["case"].map(ref) / df["median_ms"]
+    impl_rank = {impl: k for k, impl in enumerate(order_impls(df["impl"]))}
+    df = df.assign(_rank=df["impl"].map(impl_rank))
+    return df.sort_values(["tokens", "case", "_rank"]).drop(columns="_rank").reset_index(drop=True)
+
+
+def _gmean(values: pd.Series) -> float:
+    vals = [float(v) for v in values if pd.notna(v)]
+    return roofline.geometric_mean(vals) if vals and all(v > 0 for v in vals) else math.nan
+
+
+def latency_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Geometric means per implementation over the cases it was measured on (the benchmark's
+    aggregation): ``impl, label, cases, gmean_ms, gmean_sol_ms, sol_fraction (gmean T_SOL /
+    gmean T), gmean_speedup_vs_eager, gmean_speedup_vs_compile, all_correct``.
+
+    ``table`` is ``latency_table``'s output. gmean_sol_ms is over the same cases as gmean_ms, so
+    an implementation missing some cases is still compared fairly."""
+    out = []
+    for impl in order_impls(table["impl"]):
+        t = table[table["impl"] == impl]
+        gm, gsol = _gmean(t["median_ms"]), _gmean(t["sol_ms"])
+        # correct is <NA> where not applicable (the GEMM-only lower bound): ignore those.
+        correct = t["correct"].dropna() if "correct" in t else pd.Series(dtype=object)
+        out.append(
+            {
+                "impl": impl,
+                "label": IMPL_LABELS.get(impl, impl),
+                "cases": int(t["case"].nunique()),
+                "gmean_ms": gm,
+                "gmean_sol_ms": gsol,
+                "sol_fraction": gsol / gm if gm > 0 else math.nan,
+                "gmean_speedup_vs_eager": _gmean(t["speedup_vs_eager"]),
+                "gmean_speedup_vs_compile": _gmean(t["speedup_vs_compile"]),
+                "all_correct": bool(correct.map(_truthy).all()) if len(correct) else None,
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def _truthy(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in {"true", "1", "yes", "pass", "passed"}
+    return bool(value) if pd.notna(value) else False
+
+
+def run_history(bench_dir: str | Path, protocol: str | None = "full") -> pd.DataFrame:
+    """Geometric-mean latency per implementation for every recorded run (optionally only one
+    protocol), oldest first: ``run_id, utc, gpu, protocol, impl, cases, gmean_ms, sol_fraction``.
+    Each gmean is over the cases that run measured (runs with fewer cases are not comparable;
+    the ``cases`` column says how many)."""
+    runs = list_runs(bench_dir)
+    if protocol:
+        runs = runs[runs["protocol"] == protocol]
+    frames = []
+    for _, r in runs.iterrows():
+        run = load_run(bench_dir, run_id=str(r["run_id"]))
+        summary = latency_summary(latency_table(run.rows, measured_ceilings(run.meta)))
+        summary.insert(0, "run_id", run.run_id)
+        summary.insert(1, "utc", r["utc"])
+        summary.insert(2, "gpu", r["gpu"])
+        summary.insert(3, "protocol", r["protocol"])
+        frames.append(summary[["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction"]])
+    if not frames:
+        return pd.DataFrame(columns=["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def run_footer(meta: dict | None, run_id: str | None = None) -> str:
+    """One line naming the GPU and software of a run, for figure footers."""
+    meta = meta or {}
+    parts = [
+        meta.get("gpu_name") or "GPU ?",
+        f"driver {meta.get('driver', '?')}",
+        f"CUDA {meta.get('cuda', '?')}",
+        f"torch {meta.get('torch', '?')}",
+        f"triton {meta.get('triton', '?')}",
+        f"run {run_id or meta.get('run_id', '?')}",
+    ]
+    if meta.get("utc"):
+        parts.append(str(meta["utc"]))
+    commit = meta.get("git_commit")
+    if commit:
+        parts.append(f"commit {str(commit)[:10]}{'+dirty' if meta.get('git_dirty') else ''}")
+    return " | ".join(str(p) for p in parts)
+
+
+def environment_footer(device: str | None = None) -> str:
+    """One line naming this machine's device and software (for figures computed here)."""
+    import platform
+
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        triton_version = "n/a"
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(torch.device(device))
+        where = f"{name} | CUDA {torch.version.cuda} | driver {_driver_version()}"
+    else:
+        where = f"CPU ({platform.processor() or platform.machine()})"
+    return f"{where} | torch {torch.__version__} | triton {triton_version} | Python {platform.python_version()}"
+
+
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+        return out.stdout.strip().splitlines()[0]
+    except Exception:  # noqa: BLE001 - footer detail only
+        return "?"
+
+
+def measure_live(
+    bench_dir: str | Path,
+    cases: str = "all",
+    impls: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> BenchRun:
+    """Run ``python -m swiglu.bench --cases ... [--impls ...] --out bench_dir`` on this machine
+    (needs a CUDA GPU) and return the run it recorded (the newest run in ``bench_dir`` after it).
+
+    Raises ``RuntimeError`` when no CUDA GPU is present or the benchmark fails."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("live measurement needs a CUDA GPU; none is visible to torch")
+    bench_dir = Path(bench_dir)
+    before = set(list_runs(bench_dir)["run_id"])
+    cmd = [sys.executable, "-m", "swiglu.bench", "--cases", str(cases), "--out", str(bench_dir)]
+    if impls:
+        cmd += ["--impls", str(impls)]
+    cmd += list(extra_args)
+    result = subprocess.run(cmd, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed with exit status {result.returncode}")
+    runs = list_runs(bench_dir)
+    new = runs[~runs["run_id"].isin(before)]
+    if new.empty:
+        raise RuntimeError(f"{' '.join(cmd)} recorded no new run in {bench_dir}")
+    return load_run(bench_dir, run_id=str(new.iloc[-1]["run_id"]))
+
+
+def slug(text: str) -> str:
+    """A file-name-safe lowercase form of ``text`` ("NVIDIA H200" -> "nvidia_h200")."""
+    return re.sub(r"[^a-z0-9]+", "_", str(text).lower()).strip("_") or "unknown"

@@ -1,0 +1,297 @@
+"""Execute every notebook and regenerate figures/ and data/derived/: ``make reproduce``.
+
+    python -m swiglu.reproduce                 # CPU: recorded H200 data for latency, reduced sizes for validation
+    python -m swiglu.reproduce --smoke         # tiny sizes, outputs under build/smoke/ (CI)
+    python -m swiglu.reproduce --live          # on a CUDA GPU: re-measure latency, validate at full size
+    python -m swiglu.reproduce --only 02       # one notebook (name, number or part of the name)
+
+Executed notebooks go to ``build/notebooks/`` (``build/smoke/notebooks/`` with ``--smoke``),
+figures (PNG + SVG) to ``figures/``, derived tables (CSV) to ``data/derived/``.
+
+Engines: papermill (a Jupyter kernel per notebook; the executed notebooks keep their outputs) or,
+where papermill is not installed (the GPU machine), ``python``: the notebook's code cells run
+in this process with the same parameters, their printed output stored in the written notebook.
+papermill is imported lazily, so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .analysis import repo_root
+
+#: The notebooks, in execution order (file stems under notebooks/).
+NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history")
+
+#: Parameters the ``--smoke`` configuration overrides, per notebook (tiny sizes, few samples).
+SMOKE_PARAMETERS = {
+    "02_validation": {
+        "full_size": False,
+        "cpu_hidden_size": 64,
+        "cpu_intermediate_size": 128,
+        "cpu_shapes": "1x1,1x7,2x19",
+        "sample_size": 20000,
+    },
+}
+
+
+@dataclass
+class Result:
+    """Outcome of one notebook: ``ok``, seconds, the executed notebook's path, and the error."""
+
+    name: str
+    ok: bool
+    seconds: float
+    output: Path
+    error: str = ""
+
+
+def parameter_names(notebook: str | Path) -> list[str]:
+    """Names assigned in the notebook's cell tagged ``parameters`` (read with ``json`` + ``ast``,
+    no Jupyter needed). Raises ``ValueError`` when the notebook has no such cell."""
+    book = json.loads(Path(notebook).read_text())
+    for cell in book["cells"]:
+        if cell["cell_type"] == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            tree = ast.parse("".join(cell["source"]))
+            return [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                    if isinstance(t, ast.Name)]
+    raise ValueError(f"{notebook} has no cell tagged 'parameters'")
+
+
+def notebook_parameters(
+    name: str,
+    *,
+    smoke: bool = False,
+    live: bool = False,
+    device: str = "auto",
+    bench_dir: str | Path = "data/bench",
+    run_id: str = "",
+    figures_dir: str | Path = "figures",
+    derived_dir: str | Path = "data/derived",
+    declared: list[str] | None = None,
+) -> dict:
+    """The papermill parameters for notebook ``name``, restricted to those it declares."""
+    params = {
+        "device": device,
+        "bench_dir": str(bench_dir),
+        "run_id": run_id,
+        "figures_dir": str(figures_dir),
+        "derived_dir": str(derived_dir),
+    }
+    if name == "03_latency":
+        params["live"] = bool(live)
+    if smoke:
+        params.update(SMOKE_PARAMETERS.get(name, {}))
+    if declared is not None:
+        params = {k: v for k, v in params.items() if k in declared}
+    return params
+
+
+def select_notebooks(only: str | None, notebooks_dir: Path) -> list[Path]:
+    """Notebook paths in order; ``only`` is a comma-separated list of names, numbers ("02") or
+    name parts ("latency"). Raises ``ValueError`` when an item matches no notebook."""
+    paths = [notebooks_dir / f"{n}.ipynb" for n in NOTEBOOKS]
+    if not only:
+        return paths
+    chosen: list[Path] = []
+    for item in (s.strip() for s in only.split(",") if s.strip()):
+        hits = [p for p in paths if p.stem == item or p.stem.startswith(item) or item in p.stem]
+        if not hits:
+            raise ValueError(f"--only {item!r} matches no notebook; have {list(NOTEBOOKS)}")
+        chosen.extend(h for h in hits if h not in chosen)
+    return [p for p in paths if p in chosen]
+
+
+def _papermill_available() -> bool:
+    try:
+        import papermill  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def execute_papermill(src: Path, out: Path, params: dict, cwd: Path) -> None:
+    """Run ``src`` with papermill in a fresh ``python3`` kernel (this environment's Python)."""
+    import papermill
+
+    papermill.execute_notebook(
+        str(src), str(out), parameters=params, kernel_name="python3", cwd=str(cwd),
+        progress_bar=False, log_output=False,
+    )
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text):
+        for s in self.streams:
+            s.write(text)
+        return len(text)
+
+    def flush(self):
+        for s in self.streams:
+            s.flush()
+
+
+def execute_python(src: Path, out: Path, params: dict, cwd: Path, echo: bool = False) -> None:
+    """Run ``src``'s code cells in this process (no Jupyter): the parameters cell, then
+    ``params`` assigned, then the rest. Writes ``out`` with each cell's printed output as a stream
+    output. Raises the first cell's exception (``RuntimeError`` naming the cell)."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    book = json.loads(src.read_text())
+    namespace: dict = {"__name__": "__main__"}
+    old_cwd = Path.cwd()
+    os.chdir(cwd)
+    try:
+        count = 0
+        for k, cell in enumerate(book["cells"]):
+            if cell["cell_type"] != "code":
+                continue
+            count += 1
+            code = "".join(cell["source"])
+            if "parameters" in cell.get("metadata", {}).get("tags", []):
+                code += "\n# injected parameters\n" + "".join(f"{n} = {v!r}\n" for n, v in params.items())
+            buffer = io.StringIO()
+            stream = _Tee(buffer, sys.stdout) if echo else buffer
+            try:
+                with contextlib.redirect_stdout(stream):
+                    exec(compile(code, f"{src.name}[cell {k}]", "exec"), namespace)
+            except Exception as exc:
+                raise RuntimeError(f"{src.name} cell {k} failed: {type(exc).__name__}: {exc}") from exc
+            finally:
+                cell["execution_count"] = count
+                cell["outputs"] = [{"name": "stdout", "output_type": "stream", "text": buffer.getvalue()}] if buffer.getvalue() else []
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(book, indent=1))
+    finally:
+        os.chdir(old_cwd)
+        import matplotlib.pyplot as plt
+
+        plt.close("all")
+
+
+def run(
+    only: str | None = None,
+    *,
+    smoke: bool = False,
+    live: bool = False,
+    device: str = "auto",
+    bench_dir: str | Path = "data/bench",
+    run_id: str = "",
+    figures_dir: str | Path | None = None,
+    derived_dir: str | Path | None = None,
+    build_dir: str | Path | None = None,
+    engine: str = "auto",
+    root: str | Path | None = None,
+    progress: bool = True,
+) -> list[Result]:
+    """Execute the selected notebooks; returns one ``Result`` each (failures do not stop the rest).
+
+    Output folders default to ``figures/``, ``data/derived/``, ``build/notebooks/`` and, with
+    ``smoke``, to ``build/smoke/{figures,derived,notebooks}`` so a smoke run never overwrites the
+    real figures. Relative paths are relative to the repository root. Raises ``ValueError`` for
+    an unknown engine or notebook and ``RuntimeError`` for ``live`` without a CUDA GPU or
+    ``engine="papermill"`` without papermill installed."""
+    from tqdm import tqdm
+
+    root = Path(root) if root else repo_root()
+    base = Path("build/smoke") if smoke else Path()
+    figures_dir = Path(figures_dir) if figures_dir else base / "figures"
+    derived_dir = Path(derived_dir) if derived_dir else base / ("derived" if smoke else "data/derived")
+    build_dir = Path(build_dir) if build_dir else (base / "notebooks" if smoke else Path("build/notebooks"))
+    absolute = {k: (p if p.is_absolute() else root / p) for k, p in
+                {"figures": figures_dir, "derived": derived_dir, "build": build_dir, "bench": Path(bench_dir)}.items()}
+    if engine == "auto":
+        engine = "papermill" if _papermill_available() else "python"
+    if engine not in ("papermill", "python"):
+        raise ValueError(f"engine must be 'auto', 'papermill' or 'python', got {engine!r}")
+    if engine == "papermill" and not _papermill_available():
+        raise RuntimeError("papermill is not installed: pip install -e '.[notebooks]' or use --engine python")
+    if live:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("--live re-measures on the GPU, but torch sees no CUDA device here")
+    notebooks = select_notebooks(only, root / "notebooks")
+    absolute["build"].mkdir(parents=True, exist_ok=True)
+    results = []
+    bar = tqdm(notebooks, desc=f"notebooks ({engine})", unit="nb", disable=not progress)
+    for src in bar:
+        bar.set_postfix_str(src.stem)
+        out = absolute["build"] / src.name
+        params = notebook_parameters(
+            src.stem, smoke=smoke, live=live, device=device, bench_dir=absolute["bench"], run_id=run_id,
+            figures_dir=absolute["figures"], derived_dir=absolute["derived"], declared=parameter_names(src),
+        )
+        start = time.perf_counter()
+        try:
+            if engine == "papermill":
+                execute_papermill(src, out, params, root)
+            else:
+                execute_python(src, out, params, root)
+            results.append(Result(src.stem, True, time.perf_counter() - start, out))
+        except Exception as exc:  # noqa: BLE001 - report and go on with the next notebook
+            message = str(exc).strip().splitlines()
+            results.append(Result(src.stem, False, time.perf_counter() - start, out,
+                                  f"{type(exc).__name__}: {message[-1] if message else ''}"))
+        r = results[-1]
+        bar.write(f"{'ok  ' if r.ok else 'FAIL'} {r.name:15s} {r.seconds:7.1f} s  -> {_rel(out, root)}"
+                  + (f"\n     {r.error}" if r.error else ""))
+    bar.close()
+    return results
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m swiglu.reproduce", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="fast CI configuration (tiny sizes, outputs under build/smoke/)")
+    parser.add_argument("--live", action="store_true", help="re-measure latency on the GPU (python -m swiglu.bench) instead of reading data/bench/")
+    parser.add_argument("--only", default=None, help=f"comma-separated notebooks by name, number or part: {', '.join(NOTEBOOKS)}")
+    parser.add_argument("--device", default="auto", help="auto (cuda when present), cuda or cpu")
+    parser.add_argument("--run-id", default="", help="recorded bench run to plot (default: the latest full-protocol run)")
+    parser.add_argument("--bench-dir", default="data/bench", help="recorded bench runs (default: data/bench)")
+    parser.add_argument("--figures-dir", default=None, help="default: figures/ (build/smoke/figures/ with --smoke)")
+    parser.add_argument("--derived-dir", default=None, help="default: data/derived/ (build/smoke/derived/ with --smoke)")
+    parser.add_argument("--build-dir", default=None, help="executed notebooks; default: build/notebooks/")
+    parser.add_argument("--engine", default="auto", choices=["auto", "papermill", "python"],
+                        help="papermill when installed, else python (cells run in this process)")
+    parser.add_argument("--list", action="store_true", help="list the notebooks and their parameters, run nothing")
+    args = parser.parse_args(argv)
+    root = repo_root()
+    if args.list:
+        for path in select_notebooks(args.only, root / "notebooks"):
+            print(f"{path.stem}: {', '.join(parameter_names(path))}")
+        return 0
+    start = time.perf_counter()
+    try:
+        results = run(args.only, smoke=args.smoke, live=args.live, device=args.device, bench_dir=args.bench_dir,
+                      run_id=args.run_id, figures_dir=args.figures_dir, derived_dir=args.derived_dir,
+                      build_dir=args.build_dir, engine=args.engine, root=root)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    failed = [r for r in results if not r.ok]
+    print(f"{len(results) - len(failed)}/{len(results)} notebooks ran in {time.perf_counter() - start:.1f} s"
+          + (f"; FAILED: {', '.join(r.name for r in failed)} (see the executed notebooks)" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""A SYNTHETIC recorded bench run for tests: schema of ``swiglu.bench``, made-up latencies.
+
+The numbers are derived from the datasheet SOL times times fixed factors, so tests can check
+aggregates exactly. They go to a tmp folder only: never commit them under data/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from swiglu import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, roofline
+
+#: Synthetic latency = factor x H200 datasheet SOL time.
+FACTORS = {"eager": 1.65, "compile": 1.55, "cublas-gemms": 1.52, "triton": 1.3}
+
+COLUMNS = [
+    "run_id", "case", "seq_len", "batch_size", "tokens", "hidden_size", "intermediate_size", "impl",
+    "protocol", "warmup", "iters", "median_ms", "p20_ms", "p80_ms", "mean_ms", "min_ms", "first_call_s",
+    "tflops", "gbps", "hardware", "sol_ms", "sol_fraction", "sol_ms_measured", "sol_fraction_measured",
+    "speedup_vs_eager", "speedup_vs_compile", "peak_mem_gb", "correct", "min_match_fraction", "note",
+]
+
+
+def write_synthetic_run(
+    bench_dir: Path,
+    run_id: str = "20261201T000000Z-synthetic",
+    protocol: str = "full",
+    utc: str = "2026-12-01T00:00:00Z",
+    factors: dict[str, float] = FACTORS,
+    cases=CASES,
+) -> Path:
+    """Write ``<run_id>.csv`` + ``.json`` (and append ``runs.csv``) into ``bench_dir``."""
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for case in cases:
+        T, H, I = case.tokens, HIDDEN_SIZE, INTERMEDIATE_SIZE
+        sol_ms = roofline.sol_time_s(T, "H200-SXM") * 1e3
+        for impl, factor in factors.items():
+            ms = sol_ms * factor
+            rows.append({
+                "run_id": run_id, "case": case.name, "seq_len": case.seq_len, "batch_size": case.batch_size,
+                "tokens": T, "hidden_size": H, "intermediate_size": I, "impl": impl, "protocol": protocol,
+                "warmup": 10, "iters": 50, "median_ms": ms, "p20_ms": ms * 0.99, "p80_ms": ms * 1.01,
+                "mean_ms": ms, "min_ms": ms * 0.98, "first_call_s": 1.0,
+                "tflops": roofline.flops(T) / ms / 1e9, "gbps": roofline.min_bytes(T) / ms / 1e6,
+                "hardware": "H200-SXM", "sol_ms": sol_ms, "sol_fraction": 1 / factor,
+                "sol_ms_measured": float("nan"), "sol_fraction_measured": float("nan"),
+                "speedup_vs_eager": factors.get("eager", math.nan) / factor,
+                "speedup_vs_compile": factors.get("compile", math.nan) / factor,
+                "peak_mem_gb": 1.0, "correct": None if impl == "cublas-gemms" else True,
+                "min_match_fraction": 1.0, "note": "SYNTHETIC test fixture",
+            })
+    csv = bench_dir / f"{run_id}.csv"
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(csv, index=False)
+    meta = {
+        "run_id": run_id, "gpu_name": "SYNTHETIC H200", "sm_count": 132, "driver": "000.00", "cuda": "13.0",
+        "torch": "2.11.0", "triton": "3.6.0", "python": "3.12", "git_commit": "0" * 40, "git_dirty": False,
+        "utc": utc, "protocol": {"name": protocol, "warmup": 10, "iters": 50},
+        "ceilings": {"copy_tbps": 4.2, "gemm_tflops": 750.0},
+    }
+    (bench_dir / f"{run_id}.json").write_text(json.dumps(meta, indent=1))
+    index = bench_dir / "runs.csv"
+    entry = pd.DataFrame([{"run_id": run_id, "utc": utc, "gpu": meta["gpu_name"], "protocol": protocol,
+                           "commit": meta["git_commit"], "n_rows": len(rows)}])
+    entry.to_csv(index, mode="a", header=not index.exists(), index=False)
+    return csv

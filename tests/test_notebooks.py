@@ -1,0 +1,161 @@
+"""Notebooks: committed without outputs, and every one executes through papermill in the smoke
+configuration (``python -m swiglu.reproduce --smoke``), producing its figures and tables.
+
+The latency data here is a SYNTHETIC run written to tmp_path (tests/bench_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench_fixtures import FACTORS, write_synthetic_run
+from swiglu import CASES, reproduce
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+EXPECTED_FIGURES = {
+    "01_roofline": ["01_roofline", "01_sol_per_case"],
+    "02_validation": ["02_validation_errors_cpu", "02_validation_ratio_cpu"],
+    "03_latency": ["03_latency_per_case", "03_speedup", "03_sol_fraction", "03_gmean"],
+    "04_history": ["04_history"],
+}
+
+
+def test_every_notebook_is_run_by_reproduce():
+    assert [p.stem for p in NOTEBOOKS] == list(reproduce.NOTEBOOKS) == list(EXPECTED_FIGURES)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_notebook_has_no_outputs(path):
+    book = json.loads(path.read_text())
+    for k, cell in enumerate(book["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        assert cell["outputs"] == [], f"{path.name} cell {k} has stored outputs: clear them before committing"
+        assert cell["execution_count"] is None, f"{path.name} cell {k} has an execution count"
+    assert "papermill" not in book["metadata"], f"{path.name} is an executed notebook (papermill metadata)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_declares_what_reproduce_passes(path):
+    declared = reproduce.parameter_names(path)
+    for name in ("figures_dir", "derived_dir", "figure_formats"):
+        assert name in declared, f"{path.name} lacks parameter {name}"
+    passed = reproduce.notebook_parameters(path.stem, smoke=True, live=True, declared=declared)
+    assert set(passed) <= set(declared)
+    assert {"figures_dir", "derived_dir"} <= set(passed)
+
+
+def _outputs_text(notebook: Path) -> str:
+    book = json.loads(notebook.read_text())
+    parts = []
+    for cell in book["cells"]:
+        for out in cell.get("outputs", []):
+            assert out["output_type"] != "error", f"{notebook.name}: {out.get('ename')}: {out.get('evalue')}"
+            text = out.get("text") or out.get("data", {}).get("text/plain", "")
+            parts.append("".join(text) if isinstance(text, list) else text)
+    return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    pytest.importorskip("papermill")
+    tmp = tmp_path_factory.mktemp("smoke")
+    write_synthetic_run(tmp / "bench")
+    results = reproduce.run(
+        smoke=True, device="cpu", bench_dir=tmp / "bench", figures_dir=tmp / "figures",
+        derived_dir=tmp / "derived", build_dir=tmp / "notebooks", engine="papermill", progress=False,
+    )
+    return tmp, results
+
+
+def test_smoke_every_notebook_runs(smoke):
+    tmp, results = smoke
+    assert [r.name for r in results] == list(reproduce.NOTEBOOKS)
+    for r in results:
+        assert r.ok, f"{r.name} failed: {r.error}"
+        _outputs_text(r.output)  # no error outputs
+
+
+def test_smoke_every_figure_is_produced(smoke):
+    tmp, _ = smoke
+    for names in EXPECTED_FIGURES.values():
+        for name in names:
+            for ext in ("png", "svg"):
+                path = tmp / "figures" / f"{name}.{ext}"
+                assert path.is_file() and path.stat().st_size > 1000, f"missing or empty figure {path.name}"
+
+
+def test_smoke_roofline_table(smoke):
+    tmp, _ = smoke
+    table = pd.read_csv(tmp / "derived" / "roofline_table.csv")
+    assert len(table) == len(CASES) * 5  # H100, H200, B200 datasheet, B200 benchmark, H200 measured
+    h200 = table[table["hardware"] == "H200-SXM"].set_index("case")
+    assert h200.loc["s128_b1", "bound"] == "memory" and h200.loc["s128_b64", "bound"] == "compute"
+    # The synthetic run's ceilings (4.2 TB/s, 750 TFLOP/s) feed the measured roof.
+    measured = table[table["hardware"] == "H200-measured"].iloc[0]
+    assert measured["peak_tbps"] == 4.2 and measured["peak_tflops"] == 750.0
+
+
+def test_smoke_validation_table(smoke):
+    tmp, _ = smoke
+    rows = pd.read_csv(tmp / "derived" / "validation_cpu.csv")
+    ref = rows[rows["impl"] == "reference"]
+    assert len(ref) == 3 * 4  # 3 smoke shapes x 4 outputs
+    assert (ref["status"] == "ok").all() and ref["passed"].all()
+    assert (ref["rel_err"] > 0).all() and (ref["rel_err"] < 0.02).all()  # bf16-level, not zero
+    triton = rows[rows["impl"] == "triton"]
+    assert len(triton), "triton must appear: checked, or reported as not available"
+    checked = triton[triton["status"] == "ok"]
+    assert checked["passed"].all(), checked[["case", "output", "ratio", "match_fraction"]]
+    assert len(checked) in (0, 12)
+    if checked.empty:
+        assert triton["status"].str.startswith(("not available", "error")).all()
+
+
+def test_smoke_latency_tables_match_the_recorded_run(smoke):
+    tmp, _ = smoke
+    summary = pd.read_csv(tmp / "derived" / "latency_summary.csv").set_index("impl")
+    assert list(summary.index) == ["eager", "compile", "cublas-gemms", "triton"]
+    for impl, factor in FACTORS.items():
+        assert math.isclose(summary.loc[impl, "sol_fraction"], 1 / factor, rel_tol=1e-9)
+        assert math.isclose(summary.loc[impl, "gmean_speedup_vs_compile"], FACTORS["compile"] / factor, rel_tol=1e-9)
+    per_case = pd.read_csv(tmp / "derived" / "latency_per_case.csv")
+    assert len(per_case) == len(CASES) * len(FACTORS)
+    history = pd.read_csv(tmp / "derived" / "history.csv")
+    assert set(history["impl"]) == set(FACTORS) and history["run_id"].nunique() == 1
+
+
+def test_latency_notebook_without_recorded_run(tmp_path):
+    pytest.importorskip("papermill")
+    (tmp_path / "bench").mkdir()
+    write_synthetic_run(tmp_path / "bench", protocol="quick")  # a quick run is not a full-protocol run
+    results = reproduce.run(
+        "03", smoke=True, device="cpu", bench_dir=tmp_path / "bench", figures_dir=tmp_path / "figures",
+        derived_dir=tmp_path / "derived", build_dir=tmp_path / "notebooks", engine="papermill", progress=False,
+    )
+    assert results[0].ok, results[0].error
+    assert "No recorded H200 run" in _outputs_text(results[0].output)
+    for name in EXPECTED_FIGURES["03_latency"]:
+        assert (tmp_path / "figures" / f"{name}.png").is_file()
+    assert not (tmp_path / "derived" / "latency_summary.csv").exists()
+
+
+def test_python_engine_runs_a_notebook_without_jupyter(tmp_path):
+    # The GPU machine has no papermill: the same notebooks run in-process there.
+    write_synthetic_run(tmp_path / "bench")
+    results = reproduce.run(
+        "04", bench_dir=tmp_path / "bench", figures_dir=tmp_path / "figures", derived_dir=tmp_path / "derived",
+        build_dir=tmp_path / "notebooks", engine="python", progress=False,
+    )
+    assert results[0].ok, results[0].error
+    assert (tmp_path / "figures" / "04_history.svg").is_file()
+    assert len(pd.read_csv(tmp_path / "derived" / "history.csv")) == len(FACTORS)
+    executed = json.loads(results[0].output.read_text())
+    assert any(c.get("outputs") for c in executed["cells"] if c["cell_type"] == "code")
