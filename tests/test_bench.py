@@ -20,7 +20,7 @@ from swiglu.bench.impls import IMPLS, BenchImpl, cublas_gemms, liger_prepare, ma
 from swiglu.bench.runner import BenchConfig, check_outputs, pick_hardware, run_benchmark
 from swiglu.bench.schema import COLUMNS, check_row, coerce, read_rows, rows_to_frame
 from swiglu.bench.stats import Ceilings, add_speedups, per_case_table, sol_columns, summary_table, time_stats
-from swiglu.bench.storage import INDEX_COLUMNS, write_run
+from swiglu.bench.storage import INDEX_COLUMNS, RunWriter, write_run
 from swiglu.bench.timing import L2Flusher, alternating, time_iterations
 from swiglu.workloads import select_cases
 
@@ -173,6 +173,24 @@ def test_write_run_is_append_only_and_round_trips(tmp_path):
     assert list(index["n_rows"]) == [len(frame)] * 2
 
 
+def test_run_writer_keeps_finished_cases_of_an_unfinished_run(tmp_path):
+    frame = fake_frame()
+    writer = RunWriter(tmp_path, "20261129T171500Z-d946c89")
+    writer.write_metadata({"utc": "2026-11-29T17:15:00Z"}, complete=False)
+    writer.append(frame[frame["case"] == "a"])
+    # killed here: the finished case is readable, the JSON says incomplete, the index lacks it
+    partial = read_rows(writer.csv_path)
+    assert set(partial["case"]) == {"a"} and len(partial) == 4
+    assert json.loads(writer.json_path.read_text())["complete"] is False
+    assert not (tmp_path / "runs.csv").exists()
+    writer.append(frame[frame["case"] != "a"])
+    writer.finish({"utc": "2026-11-29T17:15:00Z"})
+    assert len(read_rows(writer.csv_path)) == len(frame)
+    record = json.loads(writer.json_path.read_text())
+    assert record["complete"] is True and record["n_rows"] == len(frame)
+    assert list(pd.read_csv(tmp_path / "runs.csv")["run_id"]) == [writer.run_id]
+
+
 def test_git_info_falls_back_to_env(tmp_path, monkeypatch):
     monkeypatch.delenv("SWIGLU_GIT_COMMIT", raising=False)
     monkeypatch.delenv("SWIGLU_GIT_DIRTY", raising=False)
@@ -263,6 +281,16 @@ def test_failing_and_wrong_impls_are_recorded_not_fatal():
     assert rows.loc["doubled", "correct"] == False  # noqa: E712
     assert rows.loc["doubled", "min_match_fraction"] < 0.99
     assert "criterion failed: grad_x" in rows.loc["doubled", "note"]
+
+
+def test_rows_are_handed_over_case_by_case():
+    seen, started = [], []
+    config = _cpu_config(["eager", "cublas-gemms"])
+    config.cases = select_cases("s128_b1,s256_b1")
+    result = run_benchmark(config, progress=False, log=lambda s: None, on_start=started.append, on_case=seen.append)
+    assert [list(f["case"].unique()) for f in seen] == [["s128_b1"], ["s256_b1"]]
+    assert started and started[0]["finished_utc"] is None and result.metadata["finished_utc"]
+    assert len(result.rows) == 4 and list(result.rows.columns) == list(COLUMNS)
 
 
 def test_cli_cpu_smoke_end_to_end(tmp_path, capsys):

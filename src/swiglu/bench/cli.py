@@ -15,6 +15,7 @@ import sys
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from .. import roofline
 from ..inputs import BENCHMARK_SEED
@@ -23,7 +24,7 @@ from . import environment
 from .impls import IMPLS, ORDER, default_impls, unavailable_reason
 from .runner import PROTOCOLS, BenchConfig, pick_hardware, run_benchmark
 from .stats import per_case_table, summary_table
-from .storage import write_run
+from .storage import RunWriter
 
 #: CPU smoke defaults: a tiny shape and two small cases.
 CPU_SHAPE = (256, 512)
@@ -163,11 +164,19 @@ def main(argv: list[str] | None = None) -> int:
 
     config = BenchConfig(cases=cases, hidden_size=hidden, intermediate_size=inter, impls=impls, device=device,
                          protocol=protocol, seed=args.seed, hardware=hardware, skipped=skipped)
-    result = run_benchmark(config, progress=not args.no_progress)
-    metadata = dict(result.metadata, command=f"python -m swiglu.bench {argv_text}".strip())
-    run_id = environment.make_run_id(metadata["utc"], metadata["git"]["commit"])
-    run_id, csv_path, json_path = write_run(result.rows, metadata, args.out, run_id)
-    metadata["run_id"] = run_id
-    print(f"\nwrote {csv_path} ({len(result.rows)} rows), {json_path}; indexed in {csv_path.parent / 'runs.csv'}")
+    command = f"python -m swiglu.bench {argv_text}".strip()
+    writer: list[RunWriter] = []
+
+    def on_start(metadata: dict) -> None:  # reserve the run id; rows are saved case by case
+        writer.append(RunWriter(args.out, environment.make_run_id(metadata["utc"], metadata["git_commit"])))
+        writer[0].write_metadata(dict(metadata, command=command), complete=False)
+        tqdm.write(f"writing {writer[0].csv_path} (case by case) and {writer[0].json_path.name}")
+
+    result = run_benchmark(config, progress=not args.no_progress, on_start=on_start, on_case=lambda f: writer[0].append(f))
+    metadata = dict(result.metadata, command=command)
+    writer[0].finish(metadata)
+    metadata["run_id"] = writer[0].run_id
+    print(f"\nwrote {writer[0].csv_path} ({writer[0].n_rows} rows), {writer[0].json_path}; "
+          f"indexed in {writer[0].out_dir / 'runs.csv'}")
     print(format_summary(result.rows, metadata))
     return 0

@@ -33,7 +33,7 @@ from ..reference import reference_backward
 from ..workloads import Case
 from . import environment
 from .impls import IMPLS, BenchImpl
-from .schema import rows_to_frame
+from .schema import coerce, rows_to_frame
 from .stats import Ceilings, add_speedups, nan_stats, sol_columns, time_stats
 from .timing import L2Flusher, alternating, measure_ceilings, synchronize, time_iterations
 
@@ -159,18 +159,74 @@ def measure_impl(
     return result
 
 
+def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, flush_nbytes: int,
+                   ceiling_record: dict) -> dict:
+    """The run's metadata record: flat summary keys (``gpu_name``, ``git_commit``, ... as
+    ``swiglu.analysis`` reads them), then GPU, software, git, protocol, shape, cases, impls,
+    datasheet and measured ceilings."""
+    device = config.device
+    warmup, iters = PROTOCOLS[config.protocol]
+    gpu, software, git = environment.gpu_info(device), environment.software_info(), environment.git_info()
+    hw = roofline.HARDWARE[config.hardware]
+    return {
+        "gpu_name": gpu["name"],
+        "sm_count": gpu.get("sm_count"),
+        "driver": gpu.get("nvidia_smi", {}).get("driver_version"),
+        "cuda": software["cuda"],
+        "torch": software["torch"],
+        "triton": software["triton"],
+        "python": software["python"],
+        "git_commit": git["commit"],
+        "git_dirty": git["dirty"],
+        "utc": started.strftime(environment.UTC_FORMAT),
+        "finished_utc": None,
+        "gpu": gpu,
+        "software": software,
+        "git": git,
+        "protocol": {
+            "name": config.protocol,
+            "warmup": warmup,
+            "iters": iters,
+            "statistic": "median (also p20, p80, mean, min)",
+            "timer": "CUDA events on the current stream around each call" if device.type == "cuda"
+            else "host wall clock (CPU smoke: says nothing about GPU speed)",
+            "l2_flush_bytes": flush_nbytes,
+            "l2_flush": "a 2 x L2-size buffer zeroed before every iteration" if flush_nbytes else "none (CPU)",
+            "cuda_graphs": False,
+            "input_sets": "2 (set 0 from make_inputs, set 1 a clone at other addresses), alternating",
+            "input_mode": "benchmark",
+            "seed": config.seed,
+            "first_call": "one call before the warm-ups, host-timed with synchronize: first_call_s",
+            "side_streams": "implementations must join the current stream before returning",
+        },
+        "shape": {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size},
+        "cases": [c.name for c in config.cases],
+        "impls": list(config.impls),
+        "impl_notes": {n: impls[n].note for n in config.impls},
+        "skipped_impls": dict(config.skipped),
+        "hardware": {"key": config.hardware, "name": hw.name, "peak_tflops": hw.peak_tflops,
+                     "peak_tbps": hw.peak_tbps, "source": hw.source},
+        "ceilings": ceiling_record,
+    }
+
+
 def run_benchmark(
     config: BenchConfig,
     *,
     impls: dict[str, BenchImpl] | None = None,
     progress: bool = True,
     log: Callable[[str], None] = tqdm.write,
+    on_start: Callable[[dict], None] | None = None,
+    on_case: Callable[[pd.DataFrame], None] | None = None,
 ) -> BenchResult:
     """Measure the ceilings, then every case x implementation of ``config``.
 
     Args:
         config: what to run. impls: name -> ``BenchImpl`` (default ``impls.IMPLS``; tests add
             their own). progress: show a tqdm bar over case x impl. log: one line per row.
+        on_start: called with the metadata once the ceilings are measured (``finished_utc``
+            still None). on_case: called with each finished case's rows (speed-ups filled), so
+            a caller can save them before the next case.
 
     Returns: ``BenchResult`` (rows in case-major order, metadata without ``run_id``/argv).
 
@@ -191,8 +247,11 @@ def run_benchmark(
         ceilings, ceiling_record = measure_ceilings(device, quick=config.protocol != "full", flush=flush)
         log(f"ceilings: copy {ceilings.copy_tbps:.3f} TB/s, bf16 GEMM {ceilings.gemm_tflops:.1f} TFLOP/s "
             f"at {ceiling_record['gemm_shape'][0]}^3")
+    metadata = build_metadata(config, impls, started, flush.nbytes, ceiling_record)
+    if on_start is not None:
+        on_start(dict(metadata))
 
-    rows = []
+    frames = []
     bar = tqdm(total=len(config.cases) * len(config.impls), desc="bench", unit="run", disable=not progress)
     for case in config.cases:
         set0 = make_inputs(case.batch_size, case.seq_len, H, I, mode="benchmark", seed=config.seed, device=device)
@@ -201,6 +260,7 @@ def run_benchmark(
         del set0
         reference = reference_backward(*sets[0])
         synchronize(device)
+        rows = []
         for name in config.impls:
             bar.set_postfix_str(f"{case.name} {name}")
             measured = measure_impl(impls[name], sets, reference, case, device, warmup, iters, flush)
@@ -230,50 +290,9 @@ def run_benchmark(
             bar.update()
         del sets, reference
         _cleanup(device)
+        frames.append(add_speedups(rows_to_frame(rows)))
+        if on_case is not None:
+            on_case(frames[-1])
     bar.close()
-
-    frame = add_speedups(rows_to_frame(rows))
-    hw = roofline.HARDWARE[config.hardware]
-    gpu, software, git = environment.gpu_info(device), environment.software_info(), environment.git_info()
-    metadata = {
-        # Flat summary keys first (what swiglu.analysis reads), the full nested records below.
-        "gpu_name": gpu["name"],
-        "sm_count": gpu.get("sm_count"),
-        "driver": gpu.get("nvidia_smi", {}).get("driver_version"),
-        "cuda": software["cuda"],
-        "torch": software["torch"],
-        "triton": software["triton"],
-        "python": software["python"],
-        "git_commit": git["commit"],
-        "git_dirty": git["dirty"],
-        "utc": started.strftime(environment.UTC_FORMAT),
-        "finished_utc": environment.utc_now().strftime(environment.UTC_FORMAT),
-        "gpu": gpu,
-        "software": software,
-        "git": git,
-        "protocol": {
-            "name": config.protocol,
-            "warmup": warmup,
-            "iters": iters,
-            "statistic": "median (also p20, p80, mean, min)",
-            "timer": "CUDA events on the current stream around each call" if device.type == "cuda"
-            else "host wall clock (CPU smoke: says nothing about GPU speed)",
-            "l2_flush_bytes": flush.nbytes,
-            "l2_flush": "a 2 x L2-size buffer zeroed before every iteration" if flush.nbytes else "none (CPU)",
-            "cuda_graphs": False,
-            "input_sets": "2 (set 0 from make_inputs, set 1 a clone at other addresses), alternating",
-            "input_mode": "benchmark",
-            "seed": config.seed,
-            "first_call": "one call before the warm-ups, host-timed with synchronize: first_call_s",
-            "side_streams": "implementations must join the current stream before returning",
-        },
-        "shape": {"hidden_size": H, "intermediate_size": I},
-        "cases": [c.name for c in config.cases],
-        "impls": list(config.impls),
-        "impl_notes": {n: impls[n].note for n in config.impls},
-        "skipped_impls": dict(config.skipped),
-        "hardware": {"key": config.hardware, "name": hw.name, "peak_tflops": hw.peak_tflops,
-                     "peak_tbps": hw.peak_tbps, "source": hw.source},
-        "ceilings": ceiling_record,
-    }
-    return BenchResult(frame, metadata)
+    metadata["finished_utc"] = environment.utc_now().strftime(environment.UTC_FORMAT)
+    return BenchResult(coerce(pd.concat(frames, ignore_index=True)), metadata)

@@ -1,6 +1,7 @@
 """Append-only storage of runs: ``<out>/<run_id>.csv`` (rows), ``<out>/<run_id>.json``
-(metadata) and one line per run in ``<out>/runs.csv``. An existing run is never overwritten: a
-run id already taken gets a ``-2``, ``-3``, ... suffix."""
+(metadata) and one line per finished run in ``<out>/runs.csv``. An existing run is never
+overwritten: a run id already taken gets a ``-2``, ``-3``, ... suffix. Rows are written case by
+case, so an interrupted run keeps what it measured (its JSON says ``"complete": false``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .schema import coerce
+from .schema import COLUMNS, coerce
 
 INDEX_NAME = "runs.csv"
 INDEX_COLUMNS = ("run_id", "utc", "gpu", "protocol", "commit", "n_rows")
@@ -36,40 +37,69 @@ def _clean(value):
     return value
 
 
-def write_run(rows: pd.DataFrame, metadata: dict, out_dir: str | Path, run_id: str) -> tuple[str, Path, Path]:
-    """Write one run's rows and metadata without touching any earlier run.
+class RunWriter:
+    """Write one run incrementally, so a run that is killed (time limit, OOM) still leaves the
+    cases it finished on disk.
 
-    Args:
-        rows: the tidy frame (``schema.COLUMNS``); its ``run_id`` column is set to the final id.
-        metadata: JSON-serialisable record (NaN becomes null); ``run_id``, ``csv`` and ``n_rows``
-            are set here.
-        out_dir: folder, created if needed. run_id: the wished id.
-
-    Returns: ``(final run id, csv path, json path)``.
+    Creation reserves ``<out>/<run_id>.csv`` (header only) and ``<out>/<run_id>.json`` with
+    exclusive creates, taking ``run_id-2``, ``-3``, ... when the id is already taken; earlier runs
+    are never opened for writing. ``append`` adds rows; ``write_metadata`` (re)writes this run's
+    own JSON, with ``complete`` false until ``finish``, which also appends the run to
+    ``runs.csv`` (so the index lists finished runs only).
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for attempt in range(1, 1000):
-        final = run_id if attempt == 1 else f"{run_id}-{attempt}"
-        csv_path, json_path = out / f"{final}.csv", out / f"{final}.json"
-        if json_path.exists():
-            continue
-        try:
-            handle = open(csv_path, "x", newline="")  # "x": fails if it exists, never overwrites
-        except FileExistsError:
-            continue
-        break
-    else:
-        raise FileExistsError(f"no free run id for {run_id} in {out}")
-    frame = coerce(rows.assign(run_id=final))
-    with handle:
-        frame.to_csv(handle, index=False, float_format="%.6g")
-    record = dict(metadata, run_id=final, csv=csv_path.name, n_rows=int(len(frame)))
-    with open(json_path, "x") as f:
-        json.dump(_clean(record), f, indent=2, default=_json_default)
-        f.write("\n")
-    append_index(out, final, record)
-    return final, csv_path, json_path
+
+    def __init__(self, out_dir: str | Path, run_id: str):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, 1000):
+            final = run_id if attempt == 1 else f"{run_id}-{attempt}"
+            csv_path, json_path = self.out_dir / f"{final}.csv", self.out_dir / f"{final}.json"
+            if json_path.exists():
+                continue
+            try:
+                with open(csv_path, "x", newline="") as f:  # "x": fails if it exists, never overwrites
+                    f.write(",".join(COLUMNS) + "\n")
+            except FileExistsError:
+                continue
+            try:
+                with open(json_path, "x") as f:
+                    f.write("{}\n")
+            except FileExistsError:  # a run without its CSV owns this name: leave both alone
+                csv_path.unlink()
+                continue
+            break
+        else:
+            raise FileExistsError(f"no free run id for {run_id} in {self.out_dir}")
+        self.run_id, self.csv_path, self.json_path, self.n_rows = final, csv_path, json_path, 0
+
+    def append(self, rows: pd.DataFrame) -> None:
+        """Append rows (``schema.COLUMNS``); their ``run_id`` is set to this run's."""
+        frame = coerce(rows.assign(run_id=self.run_id))
+        frame.to_csv(self.csv_path, mode="a", header=False, index=False, float_format="%.6g")
+        self.n_rows += len(frame)
+
+    def write_metadata(self, metadata: dict, complete: bool = False) -> None:
+        """(Re)write this run's JSON: ``metadata`` plus ``run_id``, ``csv``, ``n_rows`` and
+        ``complete``; NaN becomes null."""
+        record = dict(metadata, run_id=self.run_id, csv=self.csv_path.name, n_rows=self.n_rows, complete=complete)
+        text = json.dumps(_clean(record), indent=2, default=_json_default)
+        self.json_path.write_text(text + "\n")
+
+    def finish(self, metadata: dict) -> None:
+        """Write the final metadata (``complete: true``) and append the run to ``runs.csv``."""
+        self.write_metadata(metadata, complete=True)
+        append_index(self.out_dir, self.run_id, dict(metadata, n_rows=self.n_rows))
+
+
+def write_run(rows: pd.DataFrame, metadata: dict, out_dir: str | Path, run_id: str) -> tuple[str, Path, Path]:
+    """Write a whole run at once (``RunWriter``): rows, metadata, index line.
+
+    Returns: ``(final run id, csv path, json path)``; the id gets a ``-2``... suffix if taken.
+    """
+    writer = RunWriter(out_dir, run_id)
+    writer.append(rows)
+    writer.finish(metadata)
+    return writer.run_id, writer.csv_path, writer.json_path
 
 
 def append_index(out_dir: str | Path, run_id: str, metadata: dict) -> Path:
