@@ -310,6 +310,29 @@ def test_inputs_unchanged_and_outputs_fresh(request):
         assert t.untyped_storage().data_ptr() not in storages
 
 
+def test_autocast_float32_weights(request):
+    """Mixed precision: float32 weights under torch.autocast(bf16) compute in bf16 and return
+    float32 gradients, within the bf16 tolerance of the plain module under the same autocast."""
+    ours, plain = _pair(request, torch.float32)
+    gen = _gen(request)
+    x, go = _randn(gen, (2, 5, H), torch.float32), _randn(gen, (2, 5, H), torch.bfloat16)
+    results = []
+    for module in (ours, plain):
+        xl = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = module(xl)
+        assert out.dtype == torch.bfloat16
+        out.backward(go)
+        results.append([xl.grad] + [dict(module.named_parameters())[n].grad for n in PARAM_NAMES])
+    plain_bf16 = PlainMLP(H, I, torch.bfloat16)
+    plain_bf16.load_state_dict(plain.state_dict())  # the bf16 weights autocast computes with
+    _, oracle = _float64_oracle(plain_bf16, x.bfloat16(), go)
+    for name, o, p, r in zip(("grad_x",) + PARAM_NAMES, *results, oracle):
+        assert o.dtype == torch.float32, name
+        err, plain_err = relative_error(o, r), relative_error(p, r)
+        assert err <= BF16_FACTOR * plain_err + BF16_FLOOR, f"{name}: {err:.2e} vs plain autocast {plain_err:.2e}"
+
+
 # --------------------------------------------------------------------------- errors
 
 

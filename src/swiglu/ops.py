@@ -21,6 +21,7 @@ without graph breaks. Backward dispatch (``backward_impl``): ``"triton"`` is
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 
@@ -28,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 BACKWARD_IMPLS = ("auto", "reference", "triton")
+# Under torch.autocast on these devices the forward op runs in bfloat16 (our kernels' dtype).
+_AUTOCAST_DEVICES = ("cuda", "cpu")
 _TRITON_MODULE = "swiglu.triton_backward"
 
 
@@ -45,16 +48,18 @@ def validate_forward_inputs(
 
     Expected: ``x`` [..., H] with at least one token; ``gate_weight`` and ``up_weight`` [I, H];
     ``down_weight`` [H, I]; one floating dtype and one device for all four; ``backward_impl`` one
-    of ``BACKWARD_IMPLS`` (``"triton"`` needs bfloat16).
+    of ``BACKWARD_IMPLS`` (``"triton"`` needs bfloat16). Inside an autocast region on x's
+    device the dtypes need not match (autocast casts all four to bfloat16).
     """
     tensors = {"x": x, "gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    autocast = x.device.type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(x.device.type)
     for name, t in tensors.items():
         if not t.dtype.is_floating_point:
             raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
-        if t.dtype != x.dtype:
+        if t.dtype != x.dtype and not autocast:
             raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; x and the weights must share one dtype")
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}; x and the weights must share one device")
@@ -78,7 +83,7 @@ def validate_forward_inputs(
         raise ValueError(f"x {list(x.shape)} and the weights must be non-empty (no tokens or an empty size)")
     if backward_impl not in BACKWARD_IMPLS:
         raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {backward_impl!r}")
-    if backward_impl == "triton" and x.dtype != torch.bfloat16:
+    if backward_impl == "triton" and x.dtype != torch.bfloat16 and not autocast:
         raise TypeError(f"backward_impl='triton' needs bfloat16 x and weights, got {x.dtype}")
 
 
@@ -213,6 +218,12 @@ def run_backward(
 # --------------------------------------------------------------------------- custom ops
 
 
+def _no_autocast(x: torch.Tensor):
+    # The ops compute in their inputs' dtype, as their fake implementations promise, even when
+    # called (e.g. a backward) inside an autocast region.
+    return torch.autocast(x.device.type, enabled=False) if x.device.type in _AUTOCAST_DEVICES else contextlib.nullcontext()
+
+
 @torch.library.custom_op("swiglu::mlp_forward", mutates_args=())
 def mlp_forward(
     x: torch.Tensor,
@@ -228,10 +239,11 @@ def mlp_forward(
         problem = _triton_problem(x, gate_weight)
         if problem:
             raise ValueError(f"backward_impl='triton' {problem}")
-    gate_output = F.linear(x, gate_weight)
-    activated_gate = F.silu(gate_output)
-    up_output = F.linear(x, up_weight)
-    out = F.linear(activated_gate * up_output, down_weight)
+    with _no_autocast(x):
+        gate_output = F.linear(x, gate_weight)
+        activated_gate = F.silu(gate_output)
+        up_output = F.linear(x, up_weight)
+        out = F.linear(activated_gate * up_output, down_weight)
     return out, gate_output, up_output, activated_gate
 
 
@@ -261,14 +273,15 @@ def mlp_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The four gradients (contiguous); a gradient not requested is an empty ``[0]`` tensor."""
     needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
-    grads = run_backward(
-        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
-        need_grad_x=need_grad_x,
-        need_grad_gate_weight=need_grad_gate_weight,
-        need_grad_up_weight=need_grad_up_weight,
-        need_grad_down_weight=need_grad_down_weight,
-        impl=impl,
-    )
+    with _no_autocast(x):
+        grads = run_backward(
+            grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
+            need_grad_x=need_grad_x,
+            need_grad_gate_weight=need_grad_gate_weight,
+            need_grad_up_weight=need_grad_up_weight,
+            need_grad_down_weight=need_grad_down_weight,
+            impl=impl,
+        )
     # Contiguous outputs so the fake implementation's strides always match.
     return tuple(g.contiguous() if need else x.new_empty(0) for g, need in zip(grads, needs))
 
@@ -306,6 +319,10 @@ def _backward(ctx, grad_output, *unused_grads):
 
 
 mlp_forward.register_autograd(_backward, setup_context=_setup_context)
+for _device_type in _AUTOCAST_DEVICES:
+    # torch.autocast: cast x and the weights to bf16 (the autograd of the cast returns float32
+    # gradients to float32 master weights), whatever dtype autocast was given.
+    torch.library.register_autocast(mlp_forward, _device_type, torch.bfloat16)
 
 
 # --------------------------------------------------------------------------- functional API
@@ -331,7 +348,9 @@ def swiglu_mlp(
 
     Returns: ``out`` [..., H] in x's dtype. The forward saves x, the weights, gate_output,
     up_output and activated_gate (3 [T, I] tensors). Gradients accumulate into ``.grad`` as
-    usual; inputs that do not require grad skip their GEMMs. No double backward.
+    usual; inputs that do not require grad skip their GEMMs. No double backward. Under
+    ``torch.autocast`` (cuda or cpu) x and the weights are cast to bfloat16, whatever dtype
+    autocast was given: out is bf16, float32 weights get float32 gradients.
 
     Raises:
         TypeError: a non-tensor, non-floating or mismatched dtype; ``"triton"`` with non-bf16.
