@@ -59,7 +59,7 @@ def write_synthetic_run(
     meta = {
         "run_id": run_id, "gpu_name": "SYNTHETIC H200", "sm_count": 132, "driver": "000.00", "cuda": "13.0",
         "torch": "2.11.0", "triton": "3.6.0", "python": "3.12", "git_commit": "0" * 40, "git_dirty": False,
-        "utc": utc, "protocol": {"name": protocol, "warmup": 10, "iters": 50},
+        "utc": utc, "complete": True, "protocol": {"name": protocol, "warmup": 10, "iters": 50},
         "ceilings": {"copy_tbps": 4.2, "gemm_tflops": 750.0},
     }
     (bench_dir / f"{run_id}.json").write_text(json.dumps(meta, indent=1))

@@ -56,6 +56,13 @@ def test_load_run_picks_latest_of_a_protocol(tmp_path):
     with pytest.raises(ValueError, match="not recorded"):
         analysis.load_run(tmp_path, run_id="nope")
     assert list(analysis.list_runs(tmp_path)["run_id"]) == ["r1-full", "r2-full", "r3-quick"]
+    # A run still being written (or killed) says complete=false: skipped unless asked for by id.
+    write_synthetic_run(tmp_path, run_id="r4-partial", utc="2026-12-04T00:00:00Z")
+    meta_path = tmp_path / "r4-partial.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "complete": False}))
+    assert analysis.load_run(tmp_path).run_id == "r2-full"
+    assert analysis.load_run(tmp_path, complete=False).run_id == "r4-partial"
+    assert analysis.load_run(tmp_path, run_id="r4-partial").run_id == "r4-partial"
 
 
 def test_latency_table_and_summary(tmp_path):
@@ -111,3 +118,31 @@ def test_reproduce_refuses_live_without_gpu_and_bad_engine():
             reproduce.run(live=True, progress=False)
     with pytest.raises(ValueError, match="engine"):
         reproduce.run(engine="bash", progress=False)
+
+
+def test_tables_and_figures_survive_a_failed_implementation(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from swiglu import plots
+
+    write_synthetic_run(tmp_path)
+    rows = analysis.load_run(tmp_path).rows
+    broken = rows["impl"] == "triton"
+    rows.loc[broken, ["median_ms", "p20_ms", "p80_ms"]] = math.nan  # it raised: no timing
+    rows.loc[broken, "correct"] = False
+    table = analysis.latency_table(rows)
+    summary = analysis.latency_summary(table).set_index("impl")
+    assert math.isnan(summary.loc["triton", "gmean_ms"]) and summary.loc["triton", "all_correct"] == False  # noqa: E712
+    assert summary.loc["eager", "gmean_ms"] == pytest.approx(22.157 * FACTORS["eager"], rel=1e-3)
+    hw = analysis.hardware_table()
+    points = table.assign(flop_per_byte=[roofline.arithmetic_intensity(t) for t in table["tokens"]])
+    for name, fig in {
+        "lat": plots.latency_plot(table, "f"), "sp": plots.speedup_plot(table, "f"),
+        "sol": plots.sol_fraction_plot(table, "f"), "gm": plots.gmean_plot(summary.reset_index(), "f"),
+        "roof": plots.roofline_plot(hw, analysis.roofline_table(hardware=hw), points, "f"),
+    }.items():
+        paths = plots.save(fig, name, tmp_path / "fig", formats=("png", "pdf"))
+        assert all(p.stat().st_size > 1000 for p in paths)
+    with pytest.raises(ValueError, match="format"):
+        plots.save(plots.placeholder("t", "m"), "x", tmp_path, formats=("docx",))

@@ -108,10 +108,10 @@ def _run_csvs(bench_dir: Path) -> list[Path]:
 
 def list_runs(bench_dir: str | Path) -> pd.DataFrame:
     """Every recorded run under ``bench_dir``, oldest first: columns ``run_id, utc, gpu,
-    protocol, n_rows, csv``. Built from the run files themselves (``runs.csv`` may lag);
+    protocol, n_rows, complete, csv``. Built from the run files themselves (``runs.csv`` may lag);
     an empty DataFrame when the folder is missing or holds no run."""
     bench_dir = Path(bench_dir)
-    cols = ["run_id", "utc", "gpu", "protocol", "n_rows", "csv"]
+    cols = ["run_id", "utc", "gpu", "protocol", "n_rows", "complete", "csv"]
     if not bench_dir.is_dir():
         return pd.DataFrame(columns=cols)
     records = []
@@ -132,6 +132,8 @@ def list_runs(bench_dir: str | Path) -> pd.DataFrame:
                 "gpu": str(meta.get("gpu_name", "")),
                 "protocol": protocol,
                 "n_rows": len(head),
+                # swiglu.bench writes complete=false until a run finishes (a killed run stays so).
+                "complete": bool(meta.get("complete", True)),
                 "csv": str(csv),
             }
         )
@@ -141,11 +143,12 @@ def list_runs(bench_dir: str | Path) -> pd.DataFrame:
 
 
 def load_run(
-    bench_dir: str | Path, run_id: str | None = None, protocol: str | None = "full"
+    bench_dir: str | Path, run_id: str | None = None, protocol: str | None = "full", *, complete: bool = True
 ) -> BenchRun | None:
     """Load run ``run_id``, or when ``run_id`` is ``None`` the latest run whose protocol is
-    ``protocol`` (any protocol when ``protocol`` is ``None``). Returns ``None`` when no run
-    matches. Raises ``ValueError`` when a given ``run_id`` is not recorded there."""
+    ``protocol`` (any protocol when ``protocol`` is ``None``) among the finished runs (all runs
+    with ``complete=False``). Returns ``None`` when no run matches. Raises ``ValueError`` when a
+    given ``run_id`` is not recorded there."""
     runs = list_runs(bench_dir)
     if run_id:
         hit = runs[(runs["run_id"] == run_id) | (runs["csv"].map(lambda p: Path(p).stem) == run_id)]
@@ -155,11 +158,15 @@ def load_run(
     else:
         if protocol:
             runs = runs[runs["protocol"] == protocol]
+        if complete:
+            runs = runs[runs["complete"]]
         if runs.empty:
             return None
         row = runs.iloc[-1]
     csv = Path(row["csv"])
-    return BenchRun(str(row["run_id"]), pd.read_csv(csv), _read_meta(csv.with_suffix(".json")), csv)
+    meta = _read_meta(csv.with_suffix(".json"))
+    meta.setdefault("run_id", str(row["run_id"]))
+    return BenchRun(str(row["run_id"]), pd.read_csv(csv), meta, csv)
 
 
 def measured_ceilings(meta: dict | None) -> dict | None:
@@ -333,11 +340,12 @@ def _truthy(value) -> bool:
 
 
 def run_history(bench_dir: str | Path, protocol: str | None = "full") -> pd.DataFrame:
-    """Geometric-mean latency per implementation for every recorded run (optionally only one
+    """Geometric-mean latency per implementation for every finished run (optionally only one
     protocol), oldest first: ``run_id, utc, gpu, protocol, impl, cases, gmean_ms, sol_fraction``.
     Each gmean is over the cases that run measured (runs with fewer cases are not comparable;
     the ``cases`` column says how many)."""
     runs = list_runs(bench_dir)
+    runs = runs[runs["complete"] & (runs["n_rows"] > 0)]
     if protocol:
         runs = runs[runs["protocol"] == protocol]
     frames = []

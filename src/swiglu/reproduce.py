@@ -194,12 +194,14 @@ def run(
     engine: str = "auto",
     root: str | Path | None = None,
     progress: bool = True,
+    verbose: bool = False,
 ) -> list[Result]:
     """Execute the selected notebooks; returns one ``Result`` each (failures do not stop the rest).
 
     Output folders default to ``figures/``, ``data/derived/``, ``build/notebooks/`` and, with
     ``smoke``, to ``build/smoke/{figures,derived,notebooks}`` so a smoke run never overwrites the
-    real figures. Relative paths are relative to the repository root. Raises ``ValueError`` for
+    real figures. Relative paths are relative to the repository root. ``verbose`` echoes the
+    cells' printed output (python engine). Raises ``ValueError`` for
     an unknown engine or notebook and ``RuntimeError`` for ``live`` without a CUDA GPU or
     ``engine="papermill"`` without papermill installed."""
     from tqdm import tqdm
@@ -238,7 +240,7 @@ def run(
             if engine == "papermill":
                 execute_papermill(src, out, params, root)
             else:
-                execute_python(src, out, params, root)
+                execute_python(src, out, params, root, echo=verbose)
             results.append(Result(src.stem, True, time.perf_counter() - start, out))
         except Exception as exc:  # noqa: BLE001 - report and go on with the next notebook
             message = str(exc).strip().splitlines()
@@ -272,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-dir", default=None, help="executed notebooks; default: build/notebooks/")
     parser.add_argument("--engine", default="auto", choices=["auto", "papermill", "python"],
                         help="papermill when installed, else python (cells run in this process)")
+    parser.add_argument("--verbose", action="store_true", help="python engine: also print each cell's output here")
     parser.add_argument("--list", action="store_true", help="list the notebooks and their parameters, run nothing")
     args = parser.parse_args(argv)
     root = repo_root()
@@ -283,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run(args.only, smoke=args.smoke, live=args.live, device=args.device, bench_dir=args.bench_dir,
                       run_id=args.run_id, figures_dir=args.figures_dir, derived_dir=args.derived_dir,
-                      build_dir=args.build_dir, engine=args.engine, root=root)
+                      build_dir=args.build_dir, engine=args.engine, root=root, verbose=args.verbose)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
