@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from swiglu import make_inputs, reference_backward, roofline
+from swiglu import make_inputs, reference_backward
 from swiglu.bench import environment
 from swiglu.bench.cli import main
 from swiglu.bench.impls import IMPLS, BenchImpl, cublas_gemms, liger_prepare, make_liger_backward, unavailable_reason
@@ -189,6 +189,14 @@ def test_run_writer_keeps_finished_cases_of_an_unfinished_run(tmp_path):
     record = json.loads(writer.json_path.read_text())
     assert record["complete"] is True and record["n_rows"] == len(frame)
     assert list(pd.read_csv(tmp_path / "runs.csv")["run_id"]) == [writer.run_id]
+    # runs copied in from elsewhere: the index is rebuilt from complete JSON records only
+    later = write_run(frame, {"utc": "2026-11-30T09:00:00Z", "git_commit": "abc1234"}, tmp_path, "20261130T090000Z-abc1234")
+    unfinished = RunWriter(tmp_path, "20261130T100000Z-abc1234")
+    index_before = (tmp_path / "runs.csv").read_text()
+    (tmp_path / "runs.csv").unlink()
+    assert main(["--reindex", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "runs.csv").read_text() == index_before
+    assert unfinished.run_id not in index_before and later[0] in index_before
 
 
 def test_git_info_falls_back_to_env(tmp_path, monkeypatch):
@@ -324,5 +332,7 @@ def test_cli_refuses_without_gpu(monkeypatch, capsys):
         main([])
     assert exit_info.value.code == 2
     assert "--device cpu" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["--device", "cpu", "--impls", "nope"])
+    for bad in (["--impls", "nope"], ["--cases", "s1_b1"], ["--hidden-size", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--device", "cpu", *bad])
+        assert exit_info.value.code == 2

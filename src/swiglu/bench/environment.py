@@ -64,17 +64,20 @@ def git_info(repo_dir: str | Path | None = None) -> dict:
 
 def nvidia_smi_info(device: torch.device) -> dict:
     """Clocks, power limit, driver etc. of ``device`` as nvidia-smi reports them (strings with
-    units), or ``{"error": ...}`` when nvidia-smi is missing or fails."""
-    target = str(torch.cuda.current_device() if device.index is None else device.index)
-    try:  # the UUID survives CUDA_VISIBLE_DEVICES renumbering
-        target = f"GPU-{torch.cuda.get_device_properties(device).uuid}"
-    except Exception:  # noqa: BLE001 - older torch has no uuid; fall back to the index
+    units), or ``{"error": ...}`` when nvidia-smi is missing or fails. The GPU is picked by
+    UUID (which survives CUDA_VISIBLE_DEVICES renumbering), else by torch's index."""
+    targets = []
+    try:
+        targets.append(f"GPU-{torch.cuda.get_device_properties(device).uuid}")
+    except Exception:  # noqa: BLE001 - older torch has no uuid
         pass
-    out = _run(["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader", "-i", target])
-    if not out:
-        return {"error": "nvidia-smi unavailable or failed", "query": list(NVIDIA_SMI_FIELDS)}
-    values = next(csv.reader(io.StringIO(out.strip().splitlines()[0]), skipinitialspace=True))
-    return dict(zip(NVIDIA_SMI_FIELDS, values))
+    targets.append(str(torch.cuda.current_device() if device.index is None else device.index))
+    for target in targets:
+        out = _run(["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader", "-i", target])
+        if out and out.strip():
+            values = next(csv.reader(io.StringIO(out.strip().splitlines()[0]), skipinitialspace=True))
+            return dict(zip(NVIDIA_SMI_FIELDS, values), queried_as=target)
+    return {"error": "nvidia-smi unavailable or failed", "query": list(NVIDIA_SMI_FIELDS)}
 
 
 def gpu_info(device: torch.device) -> dict:

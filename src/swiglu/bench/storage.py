@@ -107,17 +107,46 @@ def append_index(out_dir: str | Path, run_id: str, metadata: dict) -> Path:
     header when the file is new."""
     path = Path(out_dir) / INDEX_NAME
     new = not path.exists()
-    line = {
-        "run_id": run_id,
-        "utc": metadata.get("utc", ""),
-        "gpu": metadata.get("gpu", {}).get("name", ""),
-        "protocol": metadata.get("protocol", {}).get("name", ""),
-        "commit": metadata.get("git", {}).get("commit", ""),
-        "n_rows": metadata.get("n_rows", ""),
-    }
     with open(path, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=INDEX_COLUMNS)
         if new:
             writer.writeheader()
-        writer.writerow(line)
+        writer.writerow(_index_line(run_id, metadata))
+    return path
+
+
+def _index_line(run_id: str, metadata: dict) -> dict:
+    return {
+        "run_id": run_id,
+        "utc": metadata.get("utc", ""),
+        "gpu": metadata.get("gpu", {}).get("name", metadata.get("gpu_name", "")),
+        "protocol": metadata.get("protocol", {}).get("name", ""),
+        "commit": metadata.get("git", {}).get("commit", metadata.get("git_commit", "")),
+        "n_rows": metadata.get("n_rows", ""),
+    }
+
+
+def rebuild_index(out_dir: str | Path) -> Path:
+    """Rewrite ``<out_dir>/runs.csv`` from the complete runs' JSON records, oldest first (the
+    index is derived data; the runs themselves are not touched). Use it after copying runs in
+    from another machine. Returns the index path."""
+    out = Path(out_dir)
+    records = []
+    for json_path in sorted(out.glob("*.json")):
+        try:
+            record = json.loads(json_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("complete") and record.get("run_id"):
+            records.append(record)
+    records.sort(key=lambda r: (str(r.get("utc", "")), r["run_id"]))
+    path = out / INDEX_NAME
+    tmp = out / f".{INDEX_NAME}.tmp"
+    tmp.unlink(missing_ok=True)
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=INDEX_COLUMNS)
+        writer.writeheader()
+        for record in records:
+            writer.writerow(_index_line(record["run_id"], record))
+    tmp.replace(path)
     return path
