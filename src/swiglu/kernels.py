@@ -155,9 +155,11 @@ def grad_weight_kernel(
     a_desc,  # A of every problem, stacked along K: [NUM_PROBLEMS * K_PAD, M], used transposed
     b_desc,  # B [K, N], shared by the problems (rows >= K read as zeros)
     c0_desc, c1_desc,  # outputs [M, N] of problem 0 and 1 (c1 is not touched with one problem)
+    c0_ptr, c1_ptr,  # the same outputs as pointers (row stride N), for TMA_STORE=False
     M, N, K_PAD, NUM_PROBLEMS, NUM_PROGRAMS,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """C_p = A_p.T @ B for p < NUM_PROBLEMS (weight gradients: K = tokens). One mainloop call site
     serves every problem (the problem index only moves A's row offset), so the pipeline's shared
@@ -173,10 +175,19 @@ def grad_weight_kernel(
         off_n = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = _mainloop(a_desc, b_desc, off_m, off_n, K_PAD, acc, True, BM, BN, BK, UPCAST, p * K_PAD)
-        if p == 0:
-            _store_split(c0_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+        if TMA_STORE:
+            if p == 0:
+                _store_split(c0_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+            else:
+                _store_split(c1_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
         else:
-            _store_split(c1_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+            # Plain stores do not wait for completion: the next tile's loads start at once, which
+            # matters when K (tokens) is small and the kernel is bound by writing C.
+            c_ptr = c0_ptr if p == 0 else c1_ptr
+            rm = off_m + tl.arange(0, BM)
+            rn = off_n + tl.arange(0, BN)
+            ptrs = c_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
+            tl.store(ptrs, _bf16(acc, UPCAST), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 @triton.jit

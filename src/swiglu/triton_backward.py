@@ -43,10 +43,12 @@ class KernelConfig:
     # False: one program per tile (several resident per SM, so one's stores overlap another's
     # loads: what write-bound weight gradients at small T need); True: one program per SM.
     persistent: bool = True
+    # Weight-gradient kernel only: False stores C with plain (non-TMA) stores.
+    tma_store: bool = True
 
 
 # Token buckets: a bucket applies to T <= its bound.
-TOKEN_BUCKETS = (256, 512, 1024, 2048, 4096, 1 << 62)
+TOKEN_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 1 << 62)
 
 # Chosen by scripts/tune_kernels.py on the H200 (data/tuning/, run of 2026-11-29; TFLOP/s there):
 # dswiglu: 128x256x64, 3 stages, 8 warps, epilogue in 4 column pieces was best or within 1% at
@@ -60,7 +62,7 @@ CONFIGS: dict[str, dict[int, KernelConfig]] = {
     "grad_weights": {b: replace(_BIG, EPI_SPLIT=2) for b in TOKEN_BUCKETS},
     "grad_x": {b: replace(_BIG, EPI_SPLIT=2) for b in TOKEN_BUCKETS},
 }
-for _b in (256, 512):
+for _b in (128, 256):
     CONFIGS["grad_x"][_b] = KernelConfig(BM=64, BN=256, BK=64, EPI_SPLIT=1, num_stages=4, num_warps=4)
 
 #: The measured choice per kernel and token bucket (scripts/tune_kernels.py --write-best), with the
@@ -186,15 +188,15 @@ def launch_grad_weights(stacked_d, h, x, go, grad_gate_weight, grad_up_weight, g
         tiles = len(gu) * triton.cdiv(I, c.BM) * triton.cdiv(H, c.BN)
         nprog = _num_programs(x.device, tiles, c.persistent)
         kernels.grad_weight_kernel[(nprog,)](
-            _desc(rows, [c.BK, c.BM]), _desc(x, [c.BK, c.BN]), c0, c1,
-            I, H, t_pad, len(gu), nprog, **_launch_kwargs(c),
+            _desc(rows, [c.BK, c.BM]), _desc(x, [c.BK, c.BN]), c0, c1, gu[0], gu[-1],
+            I, H, t_pad, len(gu), nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
         )
     if grad_down_weight is not None:
         c_dn = _desc(grad_down_weight, out_block)
         nprog = _num_programs(x.device, triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN), c.persistent)
         kernels.grad_weight_kernel[(nprog,)](
-            _desc(go, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]), c_dn, c_dn,
-            H, I, T, 1, nprog, **_launch_kwargs(c),
+            _desc(go, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]), c_dn, c_dn, grad_down_weight, grad_down_weight,
+            H, I, T, 1, nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
         )
 
 
