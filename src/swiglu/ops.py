@@ -19,8 +19,6 @@ without graph breaks. Backward dispatch (``backward_impl``): ``"triton"`` is
 ``"auto"`` picks triton for bf16 CUDA tensors on sm_90+ and the reference otherwise.
 """
 
-from __future__ import annotations
-
 import contextlib
 import importlib
 import os
