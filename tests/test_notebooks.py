@@ -37,7 +37,8 @@ def test_committed_notebook_has_no_outputs(path):
     for k, cell in enumerate(book["cells"]):
         if cell["cell_type"] != "code":
             continue
-        assert cell["outputs"] == [], f"{path.name} cell {k} has stored outputs: clear them before committing"
+        assert cell["outputs"] == [], (
+            f"{path.name} cell {k} has stored outputs: run `python -m swiglu.reproduce --strip-outputs`")
         assert cell["execution_count"] is None, f"{path.name} cell {k} has an execution count"
     assert "papermill" not in book["metadata"], f"{path.name} is an executed notebook (papermill metadata)"
 
@@ -159,3 +160,17 @@ def test_python_engine_runs_a_notebook_without_jupyter(tmp_path):
     assert len(pd.read_csv(tmp_path / "derived" / "history.csv")) == len(FACTORS)
     executed = json.loads(results[0].output.read_text())
     assert any(c.get("outputs") for c in executed["cells"] if c["cell_type"] == "code")
+
+
+def test_strip_outputs_restores_the_committed_form(tmp_path):
+    src = NOTEBOOKS[0]
+    book = json.loads(src.read_text())
+    code = next(c for c in book["cells"] if c["cell_type"] == "code")
+    code["outputs"] = [{"name": "stdout", "output_type": "stream", "text": "x\n"}]
+    code["execution_count"] = 3
+    book["metadata"]["papermill"] = {"duration": 1.0}
+    dirty = tmp_path / src.name
+    dirty.write_text(json.dumps(book))
+    assert reproduce.strip_outputs([dirty]) == [dirty]
+    assert dirty.read_text() == src.read_text()
+    assert reproduce.strip_outputs([dirty]) == []

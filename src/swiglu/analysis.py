@@ -367,10 +367,10 @@ def run_footer(meta: dict | None, run_id: str | None = None) -> str:
     meta = meta or {}
     parts = [
         meta.get("gpu_name") or "GPU ?",
-        f"driver {meta.get('driver', '?')}",
-        f"CUDA {meta.get('cuda', '?')}",
-        f"torch {meta.get('torch', '?')}",
-        f"triton {meta.get('triton', '?')}",
+        f"driver {meta.get('driver') or '?'}",
+        f"CUDA {meta.get('cuda') or '?'}",
+        f"torch {meta.get('torch') or '?'}",
+        f"triton {meta.get('triton') or '?'}",
         f"run {run_id or meta.get('run_id', '?')}",
     ]
     if meta.get("utc"):

@@ -323,7 +323,8 @@ def sol_fraction_plot(table: pd.DataFrame, footer: str = "", title: str = "Fract
                                            ("sol_fraction_measured", "measured ceilings")]):
         _per_case_lines(ax, table, col, order_impls(table["impl"]))
         ax.axhline(1.0, color="#2ca02c", lw=1.2)
-        ax.set_ylim(0, 1.05)
+        top = float(np.nanmax(table[col].to_numpy(float), initial=1.0)) if col in table else 1.0
+        ax.set_ylim(0, max(1.05, top * 1.05))
         ax.set_ylabel(f"SOL time / latency\n({what})", fontsize=9)
         ax.legend(fontsize=7.5, loc="lower right")
     axes.flat[0].set_title(title)

@@ -4,6 +4,7 @@
     python -m swiglu.reproduce --smoke         # tiny sizes, outputs under build/smoke/ (CI)
     python -m swiglu.reproduce --live          # on a CUDA GPU: re-measure latency, validate at full size
     python -m swiglu.reproduce --only 02       # one notebook (name, number or part of the name)
+    python -m swiglu.reproduce --strip-outputs # clear outputs of notebooks saved from JupyterLab
 
 Executed notebooks go to ``build/notebooks/`` (``build/smoke/notebooks/`` with ``--smoke``),
 figures (PNG + SVG) to ``figures/``, derived tables (CSV) to ``data/derived/``.
@@ -75,6 +76,7 @@ def notebook_parameters(
     device: str = "auto",
     bench_dir: str | Path = "data/bench",
     run_id: str = "",
+    protocol: str = "full",
     figures_dir: str | Path = "figures",
     derived_dir: str | Path = "data/derived",
     declared: list[str] | None = None,
@@ -84,6 +86,7 @@ def notebook_parameters(
         "device": device,
         "bench_dir": str(bench_dir),
         "run_id": run_id,
+        "protocol": protocol,
         "figures_dir": str(figures_dir),
         "derived_dir": str(derived_dir),
     }
@@ -109,6 +112,26 @@ def select_notebooks(only: str | None, notebooks_dir: Path) -> list[Path]:
             raise ValueError(f"--only {item!r} matches no notebook; have {list(NOTEBOOKS)}")
         chosen.extend(h for h in hits if h not in chosen)
     return [p for p in paths if p in chosen]
+
+
+def strip_outputs(paths: list[Path]) -> list[Path]:
+    """Clear outputs, execution counts and papermill metadata of notebooks saved from Jupyter,
+    so they diff cleanly (the committed form). Returns the paths that changed."""
+    changed = []
+    for path in paths:
+        text = path.read_text()
+        book = json.loads(text)
+        for cell in book["cells"]:
+            if cell["cell_type"] == "code":
+                cell["outputs"], cell["execution_count"] = [], None
+            cell.get("metadata", {}).pop("papermill", None)
+            cell.get("metadata", {}).pop("execution", None)
+        book["metadata"].pop("papermill", None)
+        new = json.dumps(book, indent=1, ensure_ascii=False) + "\n"
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed
 
 
 def _papermill_available() -> bool:
@@ -188,6 +211,7 @@ def run(
     device: str = "auto",
     bench_dir: str | Path = "data/bench",
     run_id: str = "",
+    protocol: str = "full",
     figures_dir: str | Path | None = None,
     derived_dir: str | Path | None = None,
     build_dir: str | Path | None = None,
@@ -233,7 +257,7 @@ def run(
         out = absolute["build"] / src.name
         params = notebook_parameters(
             src.stem, smoke=smoke, live=live, device=device, bench_dir=absolute["bench"], run_id=run_id,
-            figures_dir=absolute["figures"], derived_dir=absolute["derived"], declared=parameter_names(src),
+            protocol=protocol, figures_dir=absolute["figures"], derived_dir=absolute["derived"], declared=parameter_names(src),
         )
         start = time.perf_counter()
         try:
@@ -268,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help=f"comma-separated notebooks by name, number or part: {', '.join(NOTEBOOKS)}")
     parser.add_argument("--device", default="auto", help="auto (cuda when present), cuda or cpu")
     parser.add_argument("--run-id", default="", help="recorded bench run to plot (default: the latest full-protocol run)")
+    parser.add_argument("--protocol", default="full", help="plot the latest run of this bench protocol: full (default), quick, cpu-smoke")
     parser.add_argument("--bench-dir", default="data/bench", help="recorded bench runs (default: data/bench)")
     parser.add_argument("--figures-dir", default=None, help="default: figures/ (build/smoke/figures/ with --smoke)")
     parser.add_argument("--derived-dir", default=None, help="default: data/derived/ (build/smoke/derived/ with --smoke)")
@@ -275,9 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="auto", choices=["auto", "papermill", "python"],
                         help="papermill when installed, else python (cells run in this process)")
     parser.add_argument("--verbose", action="store_true", help="python engine: also print each cell's output here")
+    parser.add_argument("--strip-outputs", action="store_true",
+                        help="clear outputs in notebooks/*.ipynb (before committing), run nothing")
     parser.add_argument("--list", action="store_true", help="list the notebooks and their parameters, run nothing")
     args = parser.parse_args(argv)
     root = repo_root()
+    if args.strip_outputs:
+        changed = strip_outputs(select_notebooks(args.only, root / "notebooks"))
+        print(f"stripped {len(changed)} notebook(s): {', '.join(p.name for p in changed) or 'none needed it'}")
+        return 0
     if args.list:
         for path in select_notebooks(args.only, root / "notebooks"):
             print(f"{path.stem}: {', '.join(parameter_names(path))}")
@@ -285,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         results = run(args.only, smoke=args.smoke, live=args.live, device=args.device, bench_dir=args.bench_dir,
-                      run_id=args.run_id, figures_dir=args.figures_dir, derived_dir=args.derived_dir,
+                      run_id=args.run_id, protocol=args.protocol, figures_dir=args.figures_dir, derived_dir=args.derived_dir,
                       build_dir=args.build_dir, engine=args.engine, root=root, verbose=args.verbose)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
