@@ -50,12 +50,14 @@ class KernelConfig:
 # Token buckets: a bucket applies to T <= its bound.
 TOKEN_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 1 << 62)
 
-# Chosen by scripts/tune_kernels.py on the H200 (data/tuning/, run of 2026-11-29; TFLOP/s there):
-# dswiglu: 128x256x64, 3 stages, 8 warps, epilogue in 4 column pieces was best or within 1% at
-#   every T from 128 to 8192 (e.g. 633 TFLOP/s at T=4096; 128x128 tiles: 559); warp
-#   specialization and loop flattening gave no gain there.
-# grad_x: the same tile shape at T >= 1024 (708 TFLOP/s at T=4096 against cuBLAS 665); at T=128
-#   too few 128-row tiles fill the SMs: 64x256x64, 4 stages, 4 warps (0.845 ms, cuBLAS 0.844).
+# Defaults below; the measured choice per bucket comes from tuned_configs.json (written by
+# scripts/tune_kernels.py --write-best on the H200; every candidate's time is in data/tuning/).
+# What those sweeps showed (TFLOP/s, do_bench median, L2 flushed, H200, triton 3.6):
+# - 128x256x64 tiles, 3 stages, 8 warps win nearly everywhere (dswiglu 652 at T=4096, cuBLAS's
+#   bare GEMM 664; grad_x 710 vs cuBLAS 665); 128x128 tiles lose 8-15%.
+# - Weight gradients at T <= 2048 want GROUP_M=32 and a flattened tile loop (the next tile's loads
+#   overlap this tile's epilogue): 1.99 ms at T=128 against 2.6 ms unflattened (cuBLAS 1.86).
+# - grad_x at T=128 needs 64-row tiles to fill 132 SMs (0.85 ms against 1.08 with 128 rows).
 _BIG = KernelConfig()
 CONFIGS: dict[str, dict[int, KernelConfig]] = {
     "dswiglu": {b: replace(_BIG, EPI_SPLIT=4) for b in TOKEN_BUCKETS},
