@@ -1,0 +1,190 @@
+"""impl="triton" at small shapes: under TRITON_INTERPRET=1 on a CPU (CI), on the GPU when present.
+
+The kernels' error is bounded by the bf16 reference's own error against the float64 formula
+(factor 2, as the full-size GPU tests), and by the benchmark's criterion against the reference.
+Outputs are written into views of larger NaN-filled buffers: an unwritten tile stays NaN and an
+out-of-bounds store would change the padding (the interpreter does not catch those itself).
+Each configuration of the tuned table runs on its own, so one config's writes cannot hide
+another's missing tiles.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from swiglu import benchmark_criterion, float64_backward, make_inputs, reference_backward, relative_error
+from swiglu.triton_backward import CONFIGS, KernelConfig, triton_swiglu_backward
+
+NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
+FACTOR, FLOOR = 2.0, 1e-6
+PAD = 64
+# Small tiles keep interpreter runs short and give many tiles (and partial edge tiles) per shape.
+SMALL = KernelConfig(BM=64, BN=64, BK=64, EPI_SPLIT=2)
+SMALL_CONFIGS = {"dswiglu": SMALL, "grad_weights": SMALL, "grad_x": SMALL}
+
+
+def _seed() -> int:
+    return random.SystemRandom().randrange(1 << 31)
+
+
+def _guarded_outputs(T, H, I, device):
+    """NaN buffers with PAD elements before and after each output; returns (outs, buffers)."""
+    bufs, outs = [], []
+    for shape in [(T, H), (I, H), (I, H), (H, I)]:
+        n = shape[0] * shape[1]
+        buf = torch.full((n + 2 * PAD,), float("nan"), device=device, dtype=torch.bfloat16)
+        bufs.append(buf)
+        outs.append(buf[PAD : PAD + n])
+    return tuple(outs), bufs
+
+
+def _check(inp, got, case_atol=0.13, seed=None):
+    ref = reference_backward(*inp.as_tuple())
+    oracle = float64_backward(*inp.as_tuple())
+    for name, g, r, o in zip(NAMES, got, ref, oracle):
+        g = g.reshape(r.shape)
+        assert torch.isfinite(g).all(), f"{name}: NaN/Inf in output (unwritten tile?), seed={seed}"
+        crit = benchmark_criterion(g, r, case_atol)
+        assert crit.passed, f"{name}: benchmark criterion failed {crit}, seed={seed}"
+        e_t, e_r = relative_error(g, o), relative_error(r, o)
+        assert e_t <= FACTOR * e_r + FLOOR, f"{name}: rel error {e_t:.3e} > {FACTOR} x reference {e_r:.3e}, seed={seed}"
+        assert float(o.norm()) > 1e3 * FLOOR, f"{name}: oracle too small to test against"
+
+
+@pytest.mark.parametrize(
+    "batch_size,seq_len,hidden_size,intermediate_size",
+    [(1, 1, 64, 128), (1, 7, 200, 344), (1, 211, 64, 136), (3, 37, 72, 200), (2, 64, 128, 64)],
+    ids=["T1", "T7_H200_I344", "T211", "b3_s37", "T128_tile_multiple"],
+)
+@pytest.mark.parametrize("mode", ["benchmark", "forward"])
+def test_odd_shapes_against_float64(device, batch_size, seq_len, hidden_size, intermediate_size, mode):
+    seed = _seed()
+    inp = make_inputs(batch_size, seq_len, hidden_size, intermediate_size, mode=mode, seed=seed, device=device)
+    before = [t.clone() for t in inp.as_tuple()]
+    T = batch_size * seq_len
+    outs, bufs = _guarded_outputs(T, hidden_size, intermediate_size, device)
+    got = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS, out=outs)
+    for b in bufs:
+        assert torch.isnan(b[:PAD]).all() and torch.isnan(b[-PAD:]).all(), f"store outside its output, seed={seed}"
+    for t, b in zip(inp.as_tuple(), before):
+        assert torch.equal(t, b), "an input was modified"
+    for g, o in zip(got, outs):
+        assert g.data_ptr() == o.data_ptr(), "out= buffer was not used"
+    assert got[0].shape == inp.x.shape
+    _check(inp, got, seed=seed)
+
+
+def _distinct_configs():
+    seen = []
+    for kernel, table in CONFIGS.items():
+        for cfg in table.values():
+            if (kernel, cfg) not in seen:
+                seen.append((kernel, cfg))
+    return seen
+
+
+@pytest.mark.parametrize("kernel,cfg", _distinct_configs(), ids=lambda v: v if isinstance(v, str) else
+                         f"{v.BM}x{v.BN}x{v.BK}_g{v.GROUP_M}_e{v.EPI_SPLIT}_s{v.num_stages}_w{v.num_warps}"
+                         f"{'_ws' if v.warp_specialize else ''}{'_fl' if v.flatten else ''}"
+                         f"{'' if v.persistent else '_np'}{'' if v.tma_store else '_st'}")
+def test_each_tuned_config_on_its_own(device, kernel, cfg):
+    """The tuned config runs alone for its kernel (the others use small tiles), at a token count
+    that is not a multiple of its tile and sizes that leave partial tiles in every dimension."""
+    seed = _seed()
+    T, H, I = cfg.BM + 19, cfg.BN + 24, 2 * cfg.BN + 40
+    inp = make_inputs(1, T, H, I, seed=seed, device=device)
+    outs, bufs = _guarded_outputs(T, H, I, device)
+    got = triton_swiglu_backward(*inp.as_tuple(), configs={**SMALL_CONFIGS, kernel: cfg}, out=outs)
+    for b in bufs:
+        assert torch.isnan(b[:PAD]).all() and torch.isnan(b[-PAD:]).all(), f"store outside its output, seed={seed}"
+    _check(inp, got, seed=seed)
+
+
+@pytest.mark.parametrize("variant", [{"persistent": False}, {"tma_store": False}, {"flatten": True}, {"EPI_SPLIT": 4},
+                                     {"EPI_SPLIT": 1}], ids=lambda v: next(iter(v)) + "=" + str(next(iter(v.values()))))
+def test_config_options(device, variant):
+    seed = _seed()
+    cfg = replace(SMALL, **variant)
+    inp = make_inputs(1, 77, 128, 264, seed=seed, device=device)
+    got = triton_swiglu_backward(*inp.as_tuple(), configs={"dswiglu": cfg, "grad_weights": cfg, "grad_x": cfg})
+    _check(inp, got, seed=seed)
+
+
+@pytest.mark.parametrize("flags", [(1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 1), (0, 1, 1, 0), (1, 0, 0, 1)])
+def test_skipped_gradients(device, flags):
+    seed = _seed()
+    inp = make_inputs(1, 37, 64, 136, seed=seed, device=device)
+    need = dict(zip(("need_grad_x", "need_grad_gate_weight", "need_grad_up_weight", "need_grad_down_weight"),
+                    map(bool, flags)))
+    got = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS, **need)
+    full = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
+    for name, flag, g, f in zip(NAMES, flags, got, full):
+        if flag:
+            assert torch.equal(g, f), f"{name} differs when computed alone, seed={seed}"
+        else:
+            assert g is None, f"{name} was computed although not needed"
+
+
+def test_deterministic_and_fresh_outputs(device):
+    inp = make_inputs(2, 29, 64, 136, seed=_seed(), device=device)
+    a = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
+    b = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+        assert x.data_ptr() != y.data_ptr()
+    ptrs = {t.untyped_storage().data_ptr() for t in inp.as_tuple()}
+    assert not ptrs & {t.untyped_storage().data_ptr() for t in a}, "an output aliases an input"
+
+
+def test_saturated_gate_values(device):
+    """|gate| up to 30: sigmoid saturates; the epilogue must stay finite and accurate."""
+    seed = _seed()
+    inp = make_inputs(1, 50, 64, 136, seed=seed, device=device)
+    inp.gate_output = (inp.gate_output * 15).clamp(-30, 30)
+    _check(inp, triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS), seed=seed)
+
+
+def test_non_contiguous_inputs_match_contiguous(device):
+    seed = _seed()
+    inp = make_inputs(1, 45, 64, 136, seed=seed, device=device)
+    ref = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
+    args = list(inp.as_tuple())
+    args[5] = args[5].t().contiguous().t()  # gate_weight: column-major view
+    args[1] = torch.cat([args[1], args[1]], dim=-1)[..., :64]  # x: row stride 128
+    args[7] = args[7].t().contiguous().t()  # down_weight: column-major view
+    assert not args[5].is_contiguous() and not args[1].is_contiguous()
+    got = triton_swiglu_backward(*args, configs=SMALL_CONFIGS)
+    for name, g, r in zip(NAMES, got, ref):
+        assert torch.equal(g, r), f"{name}: strided inputs changed the result"
+
+
+def test_errors(device):
+    inp = make_inputs(1, 8, 64, 136, seed=1, device=device)
+    args = list(inp.as_tuple())
+    with pytest.raises(TypeError, match="bfloat16"):
+        triton_swiglu_backward(*[a.float() for a in args])
+    odd = make_inputs(1, 8, 60, 132, seed=1, device=device)
+    with pytest.raises(ValueError, match="hidden_size.*multiple of 8"):
+        triton_swiglu_backward(*make_inputs(1, 8, 60, 136, seed=1, device=device).as_tuple())
+    with pytest.raises(ValueError, match="intermediate_size.*multiple of 8"):
+        triton_swiglu_backward(*make_inputs(1, 8, 64, 132, seed=1, device=device).as_tuple())
+    del odd
+    with pytest.raises(ValueError, match="out\\[grad_x\\]"):
+        triton_swiglu_backward(*args, out=(torch.empty(3, device=device, dtype=torch.bfloat16), None, None, None))
+    with pytest.raises(ValueError, match="overlaps an input"):
+        triton_swiglu_backward(*args, out=(args[1].view(8, 64), None, None, None))
+    with pytest.raises(ValueError, match="gate_weight"):
+        triton_swiglu_backward(*args[:5], args[5][:-1], *args[6:])
+
+
+def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):
+    import swiglu.triton_backward as tb
+
+    monkeypatch.setattr(tb, "INTERPRET", False)
+    inp = make_inputs(1, 4, 64, 136, seed=1)
+    with pytest.raises(ValueError, match="needs CUDA tensors.*TRITON_INTERPRET"):
+        tb.triton_swiglu_backward(*inp.as_tuple())
