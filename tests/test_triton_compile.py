@@ -1,0 +1,292 @@
+"""Compile-only check: every Triton kernel launch the package makes builds for sm_90 (H200).
+
+No GPU needed: ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` runs the
+whole pipeline (TTIR, TTGIR, LLVM, PTX, then ptxas to a cubin) on the CPU
+(shared/notes/triton-on-cpu.md). It catches what the interpreter lets through: shared memory
+beyond the H200's 227 KiB opt-in limit (the OutOfResources seen on the GPU), dot shapes the
+Hopper tensor cores (wgmma) cannot take, layout and lowering errors.
+
+What gets compiled is recorded, not rewritten by hand: ``triton_swiglu_backward`` runs on
+full-size meta tensors (no memory, no compute) with its three kernels replaced by recorders,
+for every token count in ``CASES`` and one per token bucket, so block shapes, constexprs,
+num_warps/num_stages and Triton's integer specialization are exactly what the launchers pass.
+The distinct specializations are compiled in one subprocess without ``TRITON_INTERPRET``
+(conftest sets it on CPU, and ``@triton.jit`` then yields interpreter functions), with a fresh
+Triton cache and one thread per core. ``python tests/test_triton_compile.py`` prints the table.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from swiglu import kernels, triton_backward
+from swiglu.triton_backward import CONFIGS, TOKEN_BUCKETS, KernelConfig
+from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
+
+#: cudaDevAttrMaxSharedMemoryPerBlockOptin of the H200 (227 KiB): a kernel asking for more
+#: fails to load with OutOfResources.
+H200_SHARED_MEMORY_BYTES = 232448
+H200_SMS = 132
+TARGET = ("cuda", 90, 32)  # GPUTarget(backend, arch, warp_size): sm_90
+KERNEL_NAMES = {"dswiglu": "dswiglu_gemm_kernel", "grad_weights": "grad_weight_kernel", "grad_x": "grad_x_kernel"}
+#: Past the largest token bucket's bound, a token count for the unbounded bucket.
+LAST_BUCKET_TOKENS = 2 * TOKEN_BUCKETS[-2]
+#: Deliberately too big: 4 stages of a 256x128 A tile and a 128x256 B tile in bf16 = 512 KiB.
+OVERSIZED = KernelConfig(BM=256, BN=256, BK=128, GROUP_M=8, EPI_SPLIT=2, num_stages=4, num_warps=8)
+TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+# ---------------------------------------------------------------- recording the launches
+
+
+def _arg_spec(name: str, value, spec: dict) -> None:
+    """Type one runtime argument as Triton's JIT does when it specializes a launch: an int equal
+    to 1 becomes a constexpr, an int or pointer divisible by 16 gets tt.divisibility=16 (every
+    buffer here is 16-byte aligned: TMA needs it), a host TensorDescriptor is typed by its
+    element type and block shape."""
+    if isinstance(value, TensorDescriptor):
+        spec["signature"][name] = f"tensordesc<{TORCH_TO_TRITON[value.base.dtype]}{list(value.block_shape)}>"
+    elif isinstance(value, torch.Tensor):
+        spec["signature"][name] = "*" + TORCH_TO_TRITON[value.dtype]
+        spec["divisible_by_16"].append(name)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"unexpected kernel argument {name}={value!r}: extend _arg_spec")
+    elif value == 1:
+        spec["signature"][name] = "constexpr"
+        spec["constexprs"][name] = 1
+    else:
+        spec["signature"][name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+        if value % 16 == 0:
+            spec["divisible_by_16"].append(name)
+
+
+def _launch_spec(kernel_name: str, fn, args, kwargs) -> dict:
+    """The compile specification (signature, constexprs, attributes, options) of one launch."""
+    kwargs = dict(kwargs)
+    spec = {"kernel": kernel_name, "signature": {}, "constexprs": {}, "divisible_by_16": [],
+            "options": {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}}
+    params = inspect.signature(fn).parameters
+    for name, value in inspect.signature(fn).bind(*args, **kwargs).arguments.items():
+        if "constexpr" in str(params[name].annotation):
+            spec["signature"][name] = "constexpr"
+            spec["constexprs"][name] = value
+        else:
+            _arg_spec(name, value, spec)
+    if "UPCAST" in spec["constexprs"]:
+        spec["constexprs"]["UPCAST"] = False  # the GPU path: bf16 operands into the tensor cores
+    return spec
+
+
+class _Recorder:
+    """Stands in for a kernel: ``kernel[grid](*args, **kwargs)`` records the launch."""
+
+    def __init__(self, name: str, fn, launches: list):
+        self.name, self.fn, self.launches = name, fn, launches
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append(_launch_spec(self.name, self.fn, args, kwargs))
+
+
+def _meta_inputs(tokens: int) -> list[torch.Tensor]:
+    T, H, I = tokens, HIDDEN_SIZE, INTERMEDIATE_SIZE
+    shapes = [(T, H), (T, H), (T, I), (T, I), (T, I), (I, H), (I, H), (H, I)]
+    return [torch.empty(s, dtype=torch.bfloat16, device="meta") for s in shapes]
+
+
+def record_launches(tokens: int, configs: dict | None = None, **need) -> list[dict]:
+    """The kernel launches of ``triton_swiglu_backward`` at ``tokens`` on the H200 (132 SMs), as
+    compile specs, without running anything."""
+    launches: list[dict] = []
+    with pytest.MonkeyPatch.context() as mp:
+        for name in KERNEL_NAMES.values():
+            mp.setattr(kernels, name, _Recorder(name, getattr(kernels, name).fn, launches))
+        # Meta tensors pass the device check only as "interpreted"; UPCAST is reset in _launch_spec.
+        mp.setattr(triton_backward, "INTERPRET", True)
+        mp.setattr(triton_backward, "_num_sms", lambda index: H200_SMS)
+        num_programs = triton_backward._num_programs
+        mp.setattr(triton_backward, "_num_programs",
+                   lambda device, tiles, persistent=True: num_programs(torch.device("cuda", 0), tiles, persistent))
+        triton_backward.triton_swiglu_backward(*_meta_inputs(tokens), configs=configs, **need)
+    return launches
+
+
+def _spec_key(spec: dict) -> str:
+    return json.dumps({k: v for k, v in spec.items() if k != "uses"}, sort_keys=True)
+
+
+def _label(spec: dict) -> str:
+    c, o = spec["constexprs"], spec["options"]
+    flags = "".join(f"-{f}" for f, on in (("ws", c.get("WARP_SPECIALIZE")), ("flat", c.get("FLATTEN")),
+                                          ("plainstore", c.get("TMA_STORE") is False)) if on)
+    extra = f"-problems{c['NUM_PROBLEMS']}" if "NUM_PROBLEMS" in c else ""
+    ints = [n for n in ("T", "K_PAD", "NUM_PROGRAMS") if n in spec["divisible_by_16"]]  # varies with T
+    ints = f"-div16:{'+'.join(ints)}" if ints else ""
+    return (f"{spec['kernel']}-{c['BM']}x{c['BN']}x{c['BK']}-s{o['num_stages']}w{o['num_warps']}"
+            f"-G{c['GROUP_M']}-E{c['EPI_SPLIT']}{flags}{extra}{ints}")
+
+
+def launch_specs() -> list[dict]:
+    """Every distinct compile spec the package launches: all three kernels at every token count of
+    ``CASES`` and of each token bucket (so every configuration in ``CONFIGS`` is reached), with all
+    four gradients and with a weight gradient alone (a one-problem launch)."""
+    token_counts = sorted({c.tokens for c in CASES} | set(TOKEN_BUCKETS[:-1]) | {LAST_BUCKET_TOKENS})
+    unique: dict[str, dict] = {}
+    for tokens in token_counts:
+        for need in ({}, dict(need_grad_x=False, need_grad_up_weight=False, need_grad_down_weight=False)):
+            for spec in record_launches(tokens, **need):
+                uses = unique.setdefault(_spec_key(spec), {**spec, "uses": []})["uses"]
+                uses += [] if tokens in uses else [tokens]
+    return sorted(unique.values(), key=_label)
+
+
+def oversized_spec() -> dict:
+    """grad_x's launch with ``OVERSIZED``: must be reported as over the shared memory limit."""
+    launches = record_launches(4096, configs={"grad_x": OVERSIZED}, need_grad_gate_weight=False,
+                               need_grad_up_weight=False, need_grad_down_weight=False)
+    (spec,) = [s for s in launches if s["kernel"] == KERNEL_NAMES["grad_x"]]
+    return spec
+
+
+# ---------------------------------------------------------------- compiling (subprocess side)
+
+
+def _compile_one(spec: dict) -> dict:
+    fn = getattr(kernels, spec["kernel"])
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in spec["divisible_by_16"]}
+    start = time.perf_counter()
+    try:
+        compiled = triton.compile(ASTSource(fn=fn, signature=spec["signature"], constexprs=spec["constexprs"],
+                                            attrs=attrs), target=GPUTarget(*TARGET), options=spec["options"])
+    except Exception as err:  # reported per spec; the test fails on it with the message
+        return {"error": f"{type(err).__name__}: {err}"[-4000:], "seconds": time.perf_counter() - start}
+    ptx = compiled.asm["ptx"]
+    return {"error": None, "seconds": time.perf_counter() - start, "shared": compiled.metadata.shared,
+            "num_warps": compiled.metadata.num_warps, "cubin_bytes": len(compiled.asm["cubin"]),
+            "wgmma_mma_async": ptx.count("wgmma.mma_async"), "target": ".target sm_90" in ptx}
+
+
+def _worker(results_path: str) -> None:
+    """Read specs (JSON list) on stdin, write one result per spec (JSON list) to ``results_path``."""
+    assert isinstance(kernels.grad_x_kernel, triton.JITFunction), "TRITON_INTERPRET leaked into the worker"
+    specs = json.load(sys.stdin)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # triton.compile releases the GIL
+        results = list(pool.map(_compile_one, specs))
+    with open(results_path, "w") as f:
+        json.dump(results, f)
+
+
+def compile_specs(specs: list[dict], cache_dir) -> list[dict]:
+    """Compile ``specs`` for sm_90 in a subprocess with TRITON_INTERPRET unset and a fresh cache."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(cache_dir)
+    results_path = os.path.join(cache_dir, "results.json")
+    proc = subprocess.run([sys.executable, __file__, "--worker", results_path], input=json.dumps(specs), env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"compile worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    with open(results_path) as f:
+        return json.load(f)
+
+
+def problems(result: dict) -> list[str]:
+    """What stops this compiled kernel from running well on the H200 (empty: nothing)."""
+    if result["error"]:
+        return [f"does not compile for sm_90: {result['error']}"]
+    found = []
+    if result["shared"] > H200_SHARED_MEMORY_BYTES:
+        found.append(f"needs {result['shared']} bytes of shared memory, the H200 allows {H200_SHARED_MEMORY_BYTES}")
+    if not result["wgmma_mma_async"]:
+        found.append("no wgmma.mma_async in the PTX: the dots do not use Hopper's tensor-core path")
+    if not result["target"] or not result["cubin_bytes"]:
+        found.append("no sm_90 cubin")
+    return found
+
+
+# ---------------------------------------------------------------- tests
+
+_SPECS: list[dict] = []
+
+
+def _specs() -> list[dict]:
+    if not _SPECS:
+        _SPECS.extend(launch_specs())
+        _SPECS.append({**oversized_spec(), "uses": ["oversized"]})
+    return _SPECS
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[str, dict]:
+    specs = _specs()
+    start = time.perf_counter()
+    results = compile_specs(specs, tmp_path_factory.mktemp("triton_cache"))
+    print(f"\ncompiled {len(specs)} kernels for sm_90 in {time.perf_counter() - start:.1f} s")
+    return {_spec_key(s): r for s, r in zip(specs, results)}
+
+
+def test_every_config_is_launched():
+    """The recorded launches reach every distinct KernelConfig of CONFIGS (else a config would go
+    unchecked), and the recorder sees what the launchers pass."""
+    specs = [s for s in _specs() if "oversized" not in s["uses"]]
+    for kernel, table in CONFIGS.items():
+        for cfg in set(table.values()):
+            want = {"BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "GROUP_M": cfg.GROUP_M, "EPI_SPLIT": cfg.EPI_SPLIT,
+                    "WARP_SPECIALIZE": cfg.warp_specialize, "FLATTEN": cfg.flatten, "UPCAST": False}
+            if kernel == "grad_weights":
+                want["TMA_STORE"] = cfg.tma_store
+            hits = [s for s in specs if s["kernel"] == KERNEL_NAMES[kernel]
+                    and want.items() <= s["constexprs"].items()
+                    and s["options"] == {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}]
+            assert hits, f"{kernel} config {cfg} is never launched by the recorded calls"
+    # dswiglu's piece descriptors are [BM, BN // EPI_SPLIT]; grad_weight reads A transposed [BK, BM].
+    for s in specs:
+        c, sig = s["constexprs"], s["signature"]
+        piece = f"tensordesc<bf16{[c['BM'], c['BN'] // c['EPI_SPLIT']]}>"
+        if s["kernel"] == "dswiglu_gemm_kernel":
+            assert sig["go_desc"] == f"tensordesc<bf16{[c['BM'], c['BK']]}>" and sig["h_desc"] == piece
+        elif s["kernel"] == "grad_weight_kernel":
+            assert sig["a_desc"] == f"tensordesc<bf16{[c['BK'], c['BM']]}>" and sig["c0_desc"] == piece
+        else:
+            assert sig["gw_desc"] == f"tensordesc<bf16{[c['BK'], c['BN']]}>" and sig["gx_desc"] == piece
+
+
+@pytest.mark.parametrize("spec", [s for s in _specs() if "oversized" not in s["uses"]], ids=_label)
+def test_builds_for_sm90_within_h200_limits(spec, compiled):
+    """Compiles to an sm_90 cubin using wgmma and fits the H200's shared memory."""
+    result = compiled[_spec_key(spec)]
+    assert not problems(result), f"{_label(spec)} (tokens {spec['uses']}): {problems(result)}"
+
+
+def test_oversized_config_is_reported(compiled):
+    """The check can fail: 4 stages of 256x256x128 tiles need far more than 227 KiB."""
+    (spec,) = [s for s in _specs() if "oversized" in s["uses"]]
+    result = compiled[_spec_key(spec)]
+    assert any("shared memory" in p for p in problems(result)), result
+    assert result["shared"] > 2 * H200_SHARED_MEMORY_BYTES
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        _worker(sys.argv[2])
+    else:  # the table: python tests/test_triton_compile.py
+        import tempfile
+
+        specs = _specs()
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as cache:
+            results = compile_specs(specs, cache)
+        for spec, res in zip(specs, results):
+            print(f"{_label(spec):62s} shared {res.get('shared', '-'):>7} wgmma {res.get('wgmma_mma_async', '-'):>4} "
+                  f"{res['seconds']:5.1f} s  tokens {spec['uses']}  {'; '.join(problems(res)) or 'ok'}")
+        print(f"{len(specs)} kernels compiled in {time.perf_counter() - start:.1f} s")
