@@ -261,8 +261,10 @@ def _per_case_lines(ax, table: pd.DataFrame, column: str, impls: Iterable[str]) 
         if t.notna().sum() == 0:
             continue
         color, marker = impl_style(impl, k)
-        ax.plot(range(len(cases)), t.to_numpy(float), marker=marker, color=color, lw=1.2, ms=6,
-                label=IMPL_LABELS.get(impl, impl))
+        label = IMPL_LABELS.get(impl, impl)
+        if "correct" in table and (table.loc[table["impl"] == impl, "correct"].astype(str) == "False").any():
+            label += " (fails correctness)"
+        ax.plot(range(len(cases)), t.to_numpy(float), marker=marker, color=color, lw=1.2, ms=6, label=label)
     _case_ticks(ax, labels)
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
     return cases
@@ -350,7 +352,11 @@ def gmean_plot(summary: pd.DataFrame, footer: str = "", title: str = "Geometric 
                 parts.append(f"{v:.3f}x vs {base}")
         if pd.notna(r.get("cases")):
             parts.append(f"{int(r['cases'])} cases")
-        ax.text(r["gmean_ms"], y, "  " + ", ".join(parts), va="center", fontsize=8)
+        if r.get("all_correct") is False or str(r.get("all_correct")) == "False":
+            # A fast wrong answer must not read as a result (Liger recomputes silu(gate_output)).
+            parts.append("FAILS the correctness check")
+        ax.text(r["gmean_ms"], y, "  " + ", ".join(parts), va="center", fontsize=8,
+                color="#b00000" if "FAILS the correctness check" in parts else "black")
     if len(s) and s["gmean_sol_ms"].notna().any():
         sol = float(s["gmean_sol_ms"].max())
         ax.axvline(sol, color="#2ca02c", lw=1.5, label=f"H200 SOL (datasheet), {sol:.2f} ms")
