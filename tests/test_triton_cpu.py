@@ -188,3 +188,13 @@ def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):
     inp = make_inputs(1, 4, 64, 136, seed=1)
     with pytest.raises(ValueError, match="needs CUDA tensors.*TRITON_INTERPRET"):
         tb.triton_swiglu_backward(*inp.as_tuple())
+
+
+def test_auto_falls_back_to_reference_where_triton_cannot_run():
+    """impl="auto" takes the reference for CPU tensors, non-bf16 dtypes and unaligned sizes."""
+    from swiglu import swiglu_mlp_backward
+
+    for inp in (make_inputs(1, 5, 64, 136, seed=2), make_inputs(1, 5, 60, 132, seed=2, dtype=torch.float32)):
+        got = swiglu_mlp_backward(*inp.as_tuple(), impl="auto")
+        for g, r in zip(got, reference_backward(*inp.as_tuple())):
+            assert torch.equal(g, r)

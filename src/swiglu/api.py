@@ -27,9 +27,11 @@ def available_impls() -> list[str]:
     return sorted(set(_IMPLS) | set(_LAZY))
 
 
-def _resolve(impl: str, device: torch.device) -> BackwardFn:
+def _resolve(impl: str, x: torch.Tensor, gate_weight: torch.Tensor) -> BackwardFn:
     if impl == "auto":
-        impl = "triton" if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9 else "reference"
+        from .ops import resolve_backward_impl  # one rule for "auto", shared with SwiGLUMLP
+
+        impl = resolve_backward_impl("auto", x, gate_weight)
     if impl not in _IMPLS and impl in _LAZY:
         importlib.import_module(_LAZY[impl])
     if impl not in _IMPLS:
@@ -60,7 +62,8 @@ def swiglu_mlp_backward(
         gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` / checkpoint layout).
         impl: ``"reference"`` (PyTorch, the benchmark's bf16 order of operations), ``"triton"``
             (our Hopper kernels; bf16 CUDA tensors on sm_90+, or any device under
-            ``TRITON_INTERPRET=1``), or ``"auto"``: triton on CUDA sm_90+, reference otherwise.
+            ``TRITON_INTERPRET=1``), or ``"auto"``: triton for bf16 CUDA tensors on sm_90+ with
+            hidden_size and intermediate_size multiples of 8, the reference otherwise.
 
     Returns:
         ``(grad_x, grad_gate_weight, grad_up_weight, grad_down_weight)``: grad_x shaped like x,
@@ -80,5 +83,5 @@ def swiglu_mlp_backward(
     validate_backward_inputs(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight
     )
-    fn = _resolve(impl, x.device)
+    fn = _resolve(impl, x, gate_weight)
     return fn(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
