@@ -198,3 +198,16 @@ def test_auto_falls_back_to_reference_where_triton_cannot_run():
         got = swiglu_mlp_backward(*inp.as_tuple(), impl="auto")
         for g, r in zip(got, reference_backward(*inp.as_tuple())):
             assert torch.equal(g, r)
+
+
+def test_expanded_zero_stride_grad_output(device):
+    """An upstream gradient broadcast over tokens (row stride 0) gives the same result as its copy."""
+    seed = _seed()
+    inp = make_inputs(1, 24, 64, 136, seed=seed, device=device)
+    inp.grad_output = inp.grad_output[:, :1].expand(1, 24, 64)
+    assert inp.grad_output.stride(1) == 0
+    got = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
+    inp.grad_output = inp.grad_output.contiguous()
+    want = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
+    for name, g, w in zip(NAMES, got, want):
+        assert torch.equal(g, w), f"{name} differs for an expanded grad_output, seed={seed}"

@@ -117,6 +117,7 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     t2 = t.reshape(-1, t.shape[-1])
     ok = (
         t2.stride(-1) == 1
+        and t2.stride(0) >= t2.shape[-1]  # no overlapping rows (an expanded, zero-stride tensor is copied)
         and (t2.stride(0) * t2.element_size()) % 16 == 0
         and t2.data_ptr() % 16 == 0
     )
