@@ -27,16 +27,14 @@ def available_impls() -> list[str]:
     return sorted(set(_IMPLS) | set(_LAZY))
 
 
-def _resolve(impl: str, x: torch.Tensor, gate_weight: torch.Tensor) -> BackwardFn:
-    if impl == "auto":
-        from .ops import resolve_backward_impl  # one rule for "auto", shared with SwiGLUMLP
-
-        impl = resolve_backward_impl("auto", x, gate_weight)
-    if impl not in _IMPLS and impl in _LAZY:
-        importlib.import_module(_LAZY[impl])
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {['auto'] + available_impls()}, got {impl!r}")
-    return _IMPLS[impl]
+def get_impl(name: str) -> BackwardFn:
+    """The implementation registered as ``name`` (importing a lazily registered one, e.g.
+    "triton"). Raises ``ValueError`` for an unknown name; an import failure propagates."""
+    if name not in _IMPLS and name in _LAZY:
+        importlib.import_module(_LAZY[name])
+    if name not in _IMPLS:
+        raise ValueError(f"impl must be one of {['auto'] + available_impls()}, got {name!r}")
+    return _IMPLS[name]
 
 
 def swiglu_mlp_backward(
@@ -83,5 +81,9 @@ def swiglu_mlp_backward(
     validate_backward_inputs(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight
     )
-    fn = _resolve(impl, x, gate_weight)
+    if impl == "auto":
+        from .ops import resolve_backward_impl  # one rule for "auto", shared with SwiGLUMLP
+
+        impl = resolve_backward_impl("auto", x, gate_weight)
+    fn = get_impl(impl)
     return fn(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)

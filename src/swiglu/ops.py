@@ -21,10 +21,11 @@ without graph breaks. Backward dispatch (``backward_impl``): ``"triton"`` is
 
 import contextlib
 import importlib
-import os
 
 import torch
 import torch.nn.functional as F
+
+from .reference import reference_backward
 
 BACKWARD_IMPLS = ("auto", "reference", "triton")
 # Under torch.autocast on these devices the forward op runs in bfloat16 (our kernels' dtype).
@@ -88,76 +89,10 @@ def validate_forward_inputs(
 def _triton_problem(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
     """Why the Triton backward cannot run on these tensors (None when it can). Imports
     ``swiglu.triton_backward`` (an ImportError propagates)."""
-    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return f"needs CUDA tensors (got {x.device}) or TRITON_INTERPRET=1 set before swiglu.triton_backward is imported"
-    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
-        return f"needs an sm_90+ GPU (TMA), got {torch.cuda.get_device_name(x.device)}"
-    align = importlib.import_module(_TRITON_MODULE).ALIGN_ELEMENTS
-    inter, hidden = gate_weight.shape
-    if hidden % align or inter % align:
-        return f"needs hidden_size and intermediate_size multiples of {align} (TMA rows), got {hidden} and {inter}"
-    return None
+    return importlib.import_module(_TRITON_MODULE).unsupported_reason(x, gate_weight)
 
 
 # --------------------------------------------------------------------------- backward kernels
-
-
-def _gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    # One indirection so tests can count the reference's GEMMs (frozen weights skip theirs).
-    return a @ b
-
-
-def partial_reference_backward(
-    grad_output: torch.Tensor,
-    x: torch.Tensor,
-    gate_output: torch.Tensor,
-    up_output: torch.Tensor,
-    activated_gate: torch.Tensor,
-    gate_weight: torch.Tensor,
-    up_weight: torch.Tensor,
-    down_weight: torch.Tensor,
-    *,
-    need_grad_x: bool = True,
-    need_grad_gate_weight: bool = True,
-    need_grad_up_weight: bool = True,
-    need_grad_down_weight: bool = True,
-) -> tuple[torch.Tensor | None, ...]:
-    """``swiglu.reference.reference_backward`` computing only the requested gradients.
-
-    Same steps in the same order as the reference (``shared/spec/problem.md``, "The reference
-    computation"); a step whose result no requested gradient uses is skipped, so e.g. a frozen
-    ``gate_weight`` costs no ``d_gate.T @ x`` GEMM. Only difference: the sigmoid factor is
-    computed in ``promote_types(dtype, float32)`` instead of float32, so float64 inputs stay in
-    float64 (identical for bf16/fp16/fp32).
-
-    Shapes: activations [..., H] / [..., I] sharing leading dims, weights [I, H], [I, H], [H, I].
-    Returns ``(grad_x, grad_gate_weight, grad_up_weight, grad_down_weight)`` in the inputs'
-    dtype, ``None`` for each gradient not requested; grad_x has x's shape. No validation.
-    """
-    flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-    go, xf = flat(grad_output), flat(x)
-    gate, up, act = flat(gate_output), flat(up_output), flat(activated_gate)
-    need_d_gate = need_grad_x or need_grad_gate_weight
-    need_d_up = need_grad_x or need_grad_up_weight
-    grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = d_gate = d_up = None
-    g = _gemm(go, down_weight) if (need_d_gate or need_d_up) else None
-    if need_grad_down_weight:
-        h = act * up
-        grad_down_weight = _gemm(go.t(), h)
-    if need_d_gate:
-        d_act = g * up
-    if need_d_up:
-        d_up = g * act
-    if need_d_gate:
-        s = torch.sigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32)))
-        d_gate = (d_act.to(s.dtype) * s * (1 + gate * (1 - s))).to(x.dtype)
-    if need_grad_x:
-        grad_x = (_gemm(d_gate, gate_weight) + _gemm(d_up, up_weight)).reshape(x.shape)
-    if need_grad_gate_weight:
-        grad_gate_weight = _gemm(d_gate.t(), xf)
-    if need_grad_up_weight:
-        grad_up_weight = _gemm(d_up.t(), xf)
-    return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 
 def resolve_backward_impl(backward_impl: str, x: torch.Tensor, gate_weight: torch.Tensor) -> str:
@@ -201,7 +136,7 @@ def run_backward(
     )
     impl = resolve_backward_impl(impl, x, gate_weight)
     if impl == "reference":
-        return partial_reference_backward(
+        return reference_backward(
             grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, **needs
         )
     if impl != "triton":

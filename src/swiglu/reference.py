@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import torch
 
-Gradients = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+Gradients = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # entries None only when not requested
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
+
+
+def _gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # One indirection so tests can count the GEMMs (a gradient not requested skips its GEMMs).
+    return a @ b
 
 
 def reference_backward(
@@ -32,26 +37,46 @@ def reference_backward(
     gate_weight: torch.Tensor,
     up_weight: torch.Tensor,
     down_weight: torch.Tensor,
+    *,
+    need_grad_x: bool = True,
+    need_grad_gate_weight: bool = True,
+    need_grad_up_weight: bool = True,
+    need_grad_down_weight: bool = True,
 ) -> Gradients:
     """The benchmark's reference, operation for operation, in the inputs' dtype (bf16 there).
 
     Shapes as in ``swiglu.swiglu_mlp_backward``; no validation here (the public entry point
     validates). Returns ``(grad_x [*, H], grad_gate_weight [I, H], grad_up_weight [I, H],
     grad_down_weight [H, I])`` in the inputs' dtype; ``grad_x`` keeps ``x``'s leading dims.
+
+    A gradient whose ``need_*`` flag is False comes back as None, and every step only it uses is
+    skipped (a frozen gate_weight costs no ``d_gate.T @ x``), as the autograd op needs. The
+    sigmoid factor is computed in ``promote_types(dtype, float32)``: float32 for bf16, fp16 and
+    fp32 inputs, as the benchmark does, and float64 for float64 inputs.
     """
     go, xf = _flat(grad_output), _flat(x)
     gate, up, act = _flat(gate_output), _flat(up_output), _flat(activated_gate)
-    g = go @ down_weight
-    h = act * up
-    grad_down_weight = go.t() @ h
-    d_act = g * up
-    d_up = g * act
-    s = torch.sigmoid(gate.float())
-    d_gate = (d_act.float() * s * (1 + gate * (1 - s))).to(x.dtype)
-    grad_x = d_gate @ gate_weight + d_up @ up_weight
-    grad_gate_weight = d_gate.t() @ xf
-    grad_up_weight = d_up.t() @ xf
-    return grad_x.reshape(x.shape), grad_gate_weight, grad_up_weight, grad_down_weight
+    need_d_gate = need_grad_x or need_grad_gate_weight
+    need_d_up = need_grad_x or need_grad_up_weight
+    grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = d_gate = d_up = None
+    g = _gemm(go, down_weight) if (need_d_gate or need_d_up) else None
+    if need_grad_down_weight:
+        h = act * up
+        grad_down_weight = _gemm(go.t(), h)
+    if need_d_gate:
+        d_act = g * up
+    if need_d_up:
+        d_up = g * act
+    if need_d_gate:
+        s = torch.sigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32)))
+        d_gate = (d_act.to(s.dtype) * s * (1 + gate * (1 - s))).to(x.dtype)
+    if need_grad_x:
+        grad_x = (_gemm(d_gate, gate_weight) + _gemm(d_up, up_weight)).reshape(x.shape)
+    if need_grad_gate_weight:
+        grad_gate_weight = _gemm(d_gate.t(), xf)
+    if need_grad_up_weight:
+        grad_up_weight = _gemm(d_up.t(), xf)
+    return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 
 def float64_backward(

@@ -130,23 +130,23 @@ def _launch_kwargs(cfg: KernelConfig) -> dict:
                 EPI_SPLIT=cfg.EPI_SPLIT, UPCAST=INTERPRET)
 
 
-def _check_device_and_sizes(x: torch.Tensor, hidden: int, inter: int) -> None:
+def unsupported_reason(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
+    """Why the Triton backward cannot run for these tensors (None when it can): the device
+    (CUDA sm_90+ for TMA, or any device under TRITON_INTERPRET=1 set before this module was
+    imported) and the sizes (hidden_size and intermediate_size multiples of 8, so that every row
+    is 16-byte aligned for TMA). Also the rule ``impl="auto"`` follows."""
     if x.device.type != "cuda" and not INTERPRET:
-        raise ValueError(
-            f"impl='triton' needs CUDA tensors (got device {x.device}); on a CPU use impl='reference', "
-            "or set TRITON_INTERPRET=1 before importing swiglu to run the kernels in Triton's interpreter"
-        )
+        return (f"needs CUDA tensors (got device {x.device}); on a CPU use impl='reference', or set "
+                "TRITON_INTERPRET=1 before importing swiglu to run the kernels in Triton's interpreter")
     if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
-        raise ValueError(
-            f"impl='triton' needs an sm_90+ GPU (TMA descriptors); {torch.cuda.get_device_name(x.device)} "
-            "is older: use impl='reference'"
-        )
+        return f"needs an sm_90+ GPU (TMA descriptors); {torch.cuda.get_device_name(x.device)} is older"
+    inter, hidden = gate_weight.shape
     for label, size in (("hidden_size", hidden), ("intermediate_size", inter)):
         if size % ALIGN_ELEMENTS:
-            raise ValueError(
-                f"impl='triton' needs {label} to be a multiple of {ALIGN_ELEMENTS} (TMA needs 16-byte "
-                f"aligned rows), got {size}; use impl='reference' for this shape"
-            )
+            return (f"needs {label} to be a multiple of {ALIGN_ELEMENTS}, got {size} (hidden_size and "
+                    f"intermediate_size must be multiples of {ALIGN_ELEMENTS}: TMA needs 16-byte aligned rows); "
+                    "use impl='reference' for this shape")
+    return None
 
 
 def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> None:
@@ -252,7 +252,9 @@ def triton_swiglu_backward(
         dtypes=(torch.bfloat16,),
     )
     T, H, I = problem.tokens, problem.hidden_size, problem.intermediate_size
-    _check_device_and_sizes(x, H, I)
+    reason = unsupported_reason(x, gate_weight)
+    if reason:
+        raise ValueError(f"impl='triton' {reason}")
     configs = configs or {}
     cfg_d = configs.get("dswiglu") or config_for("dswiglu", T)
     cfg_w = configs.get("grad_weights") or config_for("grad_weights", T)

@@ -161,7 +161,7 @@ def impl_available(name: str) -> tuple[bool, str]:
     if name not in api.available_impls():
         return False, f"not registered (have {api.available_impls()})"
     try:
-        api._resolve(name, torch.device("cpu"))
+        api.get_impl(name)
     except Exception as exc:  # noqa: BLE001 - any failure means unavailable
         return False, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     return True, ""
