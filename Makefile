@@ -8,10 +8,13 @@ STAMP := $(VENV)/.installed
 # A GPU means nvidia-smi lists one: then pip takes the CUDA build of torch; otherwise the CPU
 # wheel torch==2.13.0 (with its triton 3.7.1), never a multi-GB CUDA download.
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+# The CPU build comes from PyTorch's CPU index: plain PyPI serves the CUDA build even for
+# torch==2.13.0. Its triton (for the interpreter) comes from PyPI.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 ifeq ($(HAS_GPU),1)
-TORCH_SPEC := torch triton
+INSTALL_TORCH = $(PY) -m pip install -q torch triton
 else
-TORCH_SPEC := torch==2.13.0 triton==3.7.1
+INSTALL_TORCH = $(PY) -m pip install -q --index-url $(TORCH_CPU_INDEX) torch==2.13.0 && $(PY) -m pip install -q triton==3.7.1
 endif
 NOTEBOOK_ARGS ?=
 BENCH_ARGS ?=
@@ -23,7 +26,7 @@ help:  ## list the targets
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(INSTALL_TORCH)
 	$(PY) -m pip install -q -e '.[notebooks,dev]'
 	touch $(STAMP)
 

@@ -74,6 +74,11 @@ def save(fig: Figure, name: str, figures_dir: str | Path, formats: Sequence[str]
     return paths
 
 
+# matplotlib draws SVG element ids from a random salt unless one is set: fix it, so a redrawn
+# figure of the same data is byte-identical (figures are committed).
+plt.rcParams["svg.hashsalt"] = "swiglu"
+
+
 def _metadata(fmt: str) -> dict | None:
     # Fixed metadata keeps vector files byte-stable between runs (no date, no version string).
     if fmt == "svg":
@@ -233,8 +238,10 @@ def error_ratio_plot(rows: pd.DataFrame, factor: float = 2.0, footer: str = "",
     (``validate_case`` rows with status ok), with the acceptance line at ``factor``."""
     ok = rows[rows["status"] == "ok"]
     outputs = list(dict.fromkeys(rows["output"]))
-    fig, axes = plt.subplots(1, len(outputs), figsize=(3.2 * len(outputs), 3.8), sharey=True, squeeze=False)
     cases = list(dict.fromkeys(rows.sort_values("tokens")["case"]))
+    # Wide enough for one readable tick label per case (18 at full size).
+    panel_width = max(3.2, 0.28 * len(cases) + 1.0)
+    fig, axes = plt.subplots(1, len(outputs), figsize=(panel_width * len(outputs), 3.8), sharey=True, squeeze=False)
     for ax, output in zip(axes.flat, outputs):
         for k, impl in enumerate(dict.fromkeys(rows["impl"])):
             t = ok[(ok["output"] == output) & (ok["impl"] == impl)].groupby("case")["ratio"].max()
@@ -361,7 +368,7 @@ def gmean_plot(summary: pd.DataFrame, footer: str = "", title: str = "Geometric 
         sol = float(s["gmean_sol_ms"].max())
         ax.axvline(sol, color="#2ca02c", lw=1.5, label=f"H200 SOL (datasheet), {sol:.2f} ms")
         ax.legend(fontsize=8, loc="lower right")
-    ax.set_xlim(0, float(s["gmean_ms"].max()) * 2.3 if len(s) else 1)
+    ax.set_xlim(0, float(s["gmean_ms"].max()) * 3.2 if len(s) else 1)
     ax.set_xlabel("geometric-mean median latency over the cases (ms)")
     ax.set_title(title)
     fig.tight_layout()
