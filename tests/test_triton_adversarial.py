@@ -11,7 +11,8 @@ out= buffers packed into one allocation.
 Accuracy is judged as in test_triton_cpu.py: the benchmark criterion against the bf16 reference
 and ``rel_err(triton) <= 2 * rel_err(reference) + 1e-6`` against the float64 formula. Outputs are
 written into views of larger NaN-filled buffers (the interpreter does not catch out-of-bounds
-stores). Tests marked xfail(strict) document bugs found in the current code (see each reason).
+stores). The last group pins bugs this file found (misaligned inputs, aliased or misaligned out=
+buffers, grad_down_weight alone under autograd, unvalidated KernelConfig), all fixed.
 """
 
 from __future__ import annotations
@@ -370,7 +371,7 @@ def test_unusual_configs(device, cfg):
     _check(inp, got, seed)
 
 
-# --------------------------------------------------------------------------- bugs (xfail, strict)
+# --------------------------------------------------------------------------- regressions: bugs found by this file, fixed
 
 
 def _misaligned(t):
@@ -382,11 +383,6 @@ def _misaligned(t):
     return view
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _tma_ready copies a misaligned input with t2.contiguous(), a no-op for a contiguous "
-    "view, so TensorDescriptor raises AssertionError('base must be 16-byte aligned')",
-)
 @pytest.mark.parametrize("index", range(8), ids=["grad_output", "x", "gate_output", "up_output", "activated_gate",
                                                  "gate_weight", "up_weight", "down_weight"])
 def test_misaligned_contiguous_input(device, index):
@@ -400,7 +396,6 @@ def test_misaligned_contiguous_input(device, index):
         assert torch.equal(g, w), f"{name}: a misaligned input changed the result"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the public entry point inherits the misaligned-input failure")
 def test_misaligned_input_public_entry_point(device):
     inp = make_inputs(1, 9, 16, 24, seed=_seed(), device=device)
     args = list(inp.as_tuple())
@@ -410,11 +405,6 @@ def test_misaligned_input_public_entry_point(device):
         assert torch.equal(g, r)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _check_out rejects out= buffers overlapping inputs but not each other; "
-    "aliased outputs are silently overwritten (spec: outputs never alias each other)",
-)
 @pytest.mark.parametrize("pair", [(1, 2), (1, 3), (0, 1)], ids=["gate_up", "gate_down", "x_gate"])
 def test_out_buffers_aliasing_each_other_are_rejected(device, pair):
     T = H = I = 64  # all four outputs have the same size, so any two can share one buffer
@@ -426,11 +416,6 @@ def test_out_buffers_aliasing_each_other_are_rejected(device, pair):
         triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS, out=tuple(out))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a contiguous but not 16-byte-aligned out= buffer fails with a bare AssertionError "
-    "from TensorDescriptor instead of a ValueError naming the argument",
-)
 def test_misaligned_out_buffer_is_a_clear_error_or_works(device):
     seed = _seed()
     inp = make_inputs(1, 9, 16, 24, seed=seed, device=device)
@@ -445,11 +430,6 @@ def test_misaligned_out_buffer_is_a_clear_error_or_works(device):
     _check(inp, got, seed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: need_grad_down_weight alone with inputs that require grad: torch.mul(act, up, out=h) "
-    "raises 'functions with out=... arguments don't support automatic differentiation'",
-)
 def test_down_weight_only_with_inputs_requiring_grad(device):
     seed = _seed()
     inp = make_inputs(1, 9, 16, 24, seed=seed, device=device)
@@ -459,11 +439,6 @@ def test_down_weight_only_with_inputs_requiring_grad(device):
     _check(inp, got, seed, **needs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: KernelConfig is not validated; GROUP_M=0 divides by zero in _tile_mn and silently "
-    "gives wrong gradients instead of a ValueError",
-)
 @pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")
 def test_invalid_group_m_is_rejected(device):
     inp = make_inputs(1, 40, 64, 136, seed=_seed(), device=device)

@@ -46,6 +46,23 @@ class KernelConfig:
     # Weight-gradient kernel only: False stores C with plain (non-TMA) stores.
     tma_store: bool = True
 
+    def __post_init__(self) -> None:
+        def pow2(v: int) -> bool:
+            return v > 0 and v & (v - 1) == 0
+
+        for name in ("BM", "BN", "BK"):
+            v = getattr(self, name)
+            if not pow2(v) or not 16 <= v <= 256:
+                raise ValueError(f"KernelConfig.{name} must be a power of two in [16, 256] (tl.dot, TMA box), got {v}")
+        if self.GROUP_M < 1:
+            raise ValueError(f"KernelConfig.GROUP_M must be >= 1, got {self.GROUP_M}")
+        if self.EPI_SPLIT not in (1, 2, 4) or self.BN // self.EPI_SPLIT < 8:
+            raise ValueError(f"KernelConfig.EPI_SPLIT must be 1, 2 or 4 with BN // EPI_SPLIT >= 8, got "
+                             f"{self.EPI_SPLIT} for BN={self.BN}")
+        if self.num_stages < 1 or self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"KernelConfig needs num_stages >= 1 and num_warps in 1..16 (a power of two), got "
+                             f"{self.num_stages} and {self.num_warps}")
+
 
 # Token buckets: a bucket applies to T <= its bound.
 TOKEN_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 1 << 62)
@@ -121,7 +138,8 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
         and (t2.stride(0) * t2.element_size()) % 16 == 0
         and t2.data_ptr() % 16 == 0
     )
-    return t2 if ok else t2.contiguous()
+    # A fresh allocation, not .contiguous(): that returns a contiguous but misaligned view as is.
+    return t2 if ok else torch.empty(t2.shape, dtype=t2.dtype, device=t2.device).copy_(t2)
 
 
 def _launch_kwargs(cfg: KernelConfig) -> dict:
@@ -270,7 +288,8 @@ def triton_swiglu_backward(
     if need_d:
         launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
     elif need_grad_down_weight:
-        torch.mul(act, up, out=h)  # only grad_down_weight wanted: h alone, no g GEMM
+        with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
+            torch.mul(act, up, out=h)  # only grad_down_weight wanted: h alone, no g GEMM
 
     outs = _check_out(out, (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
                             down_weight), [(T, H), (I, H), (I, H), (H, I)], dev)
@@ -308,13 +327,26 @@ def _check_out(out, inputs, shapes, dev) -> list:
         if buf.numel() != shape[0] * shape[1] or not buf.is_contiguous():
             raise ValueError(f"out[{name}] must be contiguous with {shape[0] * shape[1]} elements {list(shape)}, "
                              f"got shape {list(buf.shape)}")
-        lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
-        for t in inputs:
-            t_lo = t.data_ptr()
-            t_hi = t_lo + (t.numel() and (sum((d - 1) * st for d, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
-            if lo < t_hi and t_lo < hi:
-                raise ValueError(f"out[{name}] overlaps an input; outputs must not alias inputs")
+        if buf.data_ptr() % 16:
+            raise ValueError(f"out[{name}] must start at a 16-byte aligned address (TMA), got {buf.data_ptr():#x}")
+        if any(_overlap(buf, t) for t in inputs):
+            raise ValueError(f"out[{name}] overlaps an input; outputs must not alias inputs")
+    given = [(n, b) for n, b in zip(names, out) if b is not None]
+    for i, (n1, b1) in enumerate(given):
+        for n2, b2 in given[i + 1:]:
+            if _overlap(b1, b2):
+                raise ValueError(f"out[{n1}] and out[{n2}] overlap; outputs must not alias each other")
     return list(out)
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of a and b intersect (conservative for strided views)."""
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        extent = t.numel() and sum((d - 1) * st for d, st in zip(t.shape, t.stride())) + 1
+        return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+    (a_lo, a_hi), (b_lo, b_hi) = span(a), span(b)
+    return a_lo < b_hi and b_lo < a_hi
 
 
 def _triton_impl(*inputs: torch.Tensor):
