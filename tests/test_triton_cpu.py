@@ -211,3 +211,9 @@ def test_expanded_zero_stride_grad_output(device):
     want = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
     for name, g, w in zip(NAMES, got, want):
         assert torch.equal(g, w), f"{name} differs for an expanded grad_output, seed={seed}"
+
+
+def test_unknown_config_key_is_an_error():
+    inp = make_inputs(1, 4, 64, 136, seed=1)
+    with pytest.raises(ValueError, match="configs keys"):
+        triton_swiglu_backward(*inp.as_tuple(), configs={"gradx": SMALL})

@@ -274,6 +274,9 @@ def triton_swiglu_backward(
     if reason:
         raise ValueError(f"impl='triton' {reason}")
     configs = configs or {}
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        raise ValueError(f"configs keys must be among {sorted(CONFIGS)}, got {sorted(unknown)}")
     cfg_d = configs.get("dswiglu") or config_for("dswiglu", T)
     cfg_w = configs.get("grad_weights") or config_for("grad_weights", T)
     cfg_x = configs.get("grad_x") or config_for("grad_x", T)
