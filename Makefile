@@ -9,12 +9,13 @@ STAMP := $(VENV)/.installed
 # wheel torch==2.13.0 (with its triton 3.7.1), never a multi-GB CUDA download.
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 # The CPU build comes from PyTorch's CPU index: plain PyPI serves the CUDA build even for
-# torch==2.13.0. Its triton (for the interpreter) comes from PyPI.
+# torch==2.13.0. Its triton (for the interpreter) comes from PyPI. Short timeout and few retries: where
+# that index is unreachable, pip falls back to wheels it finds locally (--find-links) quickly.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 ifeq ($(HAS_GPU),1)
 INSTALL_TORCH = $(PY) -m pip install -q torch triton
 else
-INSTALL_TORCH = $(PY) -m pip install -q --index-url $(TORCH_CPU_INDEX) torch==2.13.0 && $(PY) -m pip install -q triton==3.7.1
+INSTALL_TORCH = $(PY) -m pip install -q --timeout 15 --retries 2 --index-url $(TORCH_CPU_INDEX) torch==2.13.0 && $(PY) -m pip install -q triton==3.7.1
 endif
 NOTEBOOK_ARGS ?=
 BENCH_ARGS ?=
