@@ -40,10 +40,10 @@ class KernelConfig:
     num_warps: int = 8
     warp_specialize: bool = False
     flatten: bool = False
-    # False: one program per tile (several resident per SM, so one's stores overlap another's
-    # loads: what write-bound weight gradients at small T need); True: one program per SM.
+    # False: one program per tile (several resident per SM, so one's stores could overlap
+    # another's loads); True: one program per SM. Sweeps 3-4 (data/tuning/): persistent won everywhere.
     persistent: bool = True
-    # Weight-gradient kernel only: False stores C with plain (non-TMA) stores.
+    # Weight-gradient kernel only: False stores C with plain (non-TMA) stores (never won either).
     tma_store: bool = True
 
     def __post_init__(self) -> None:
