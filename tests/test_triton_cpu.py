@@ -10,49 +10,23 @@ another's missing tiles.
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import pytest
 import torch
 
-from swiglu import benchmark_criterion, float64_backward, make_inputs, reference_backward, relative_error
-from swiglu.triton_backward import CONFIGS, KernelConfig, triton_swiglu_backward
+from swiglu import make_inputs, reference_backward
+from swiglu.triton_backward import CONFIGS, triton_swiglu_backward
 
-NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
-FACTOR, FLOOR = 2.0, 1e-6
-PAD = 64
-# Small tiles keep interpreter runs short and give many tiles (and partial edge tiles) per shape.
-SMALL = KernelConfig(BM=64, BN=64, BK=64, EPI_SPLIT=2)
-SMALL_CONFIGS = {"dswiglu": SMALL, "grad_weights": SMALL, "grad_x": SMALL}
-
-
-def _seed() -> int:
-    return random.SystemRandom().randrange(1 << 31)
-
-
-def _guarded_outputs(T, H, I, device):
-    """NaN buffers with PAD elements before and after each output; returns (outs, buffers)."""
-    bufs, outs = [], []
-    for shape in [(T, H), (I, H), (I, H), (H, I)]:
-        n = shape[0] * shape[1]
-        buf = torch.full((n + 2 * PAD,), float("nan"), device=device, dtype=torch.bfloat16)
-        bufs.append(buf)
-        outs.append(buf[PAD : PAD + n])
-    return tuple(outs), bufs
-
-
-def _check(inp, got, case_atol=0.13, seed=None):
-    ref = reference_backward(*inp.as_tuple())
-    oracle = float64_backward(*inp.as_tuple())
-    for name, g, r, o in zip(NAMES, got, ref, oracle):
-        g = g.reshape(r.shape)
-        assert torch.isfinite(g).all(), f"{name}: NaN/Inf in output (unwritten tile?), seed={seed}"
-        crit = benchmark_criterion(g, r, case_atol)
-        assert crit.passed, f"{name}: benchmark criterion failed {crit}, seed={seed}"
-        e_t, e_r = relative_error(g, o), relative_error(r, o)
-        assert e_t <= FACTOR * e_r + FLOOR, f"{name}: rel error {e_t:.3e} > {FACTOR} x reference {e_r:.3e}, seed={seed}"
-        assert float(o.norm()) > 1e3 * FLOOR, f"{name}: oracle too small to test against"
+from triton_checks import (  # noqa: E402  (shared with test_triton_adversarial.py)
+    NAMES,
+    PAD,
+    SMALL,
+    SMALL_CONFIGS,
+    check,
+    fresh_seed as _seed,
+    guarded_outputs as _guarded_outputs,
+)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +49,7 @@ def test_odd_shapes_against_float64(device, batch_size, seq_len, hidden_size, in
     for g, o in zip(got, outs):
         assert g.data_ptr() == o.data_ptr(), "out= buffer was not used"
     assert got[0].shape == inp.x.shape
-    _check(inp, got, seed=seed)
+    check(inp, got, seed)
 
 
 def _distinct_configs():
@@ -101,7 +75,7 @@ def test_each_tuned_config_on_its_own(device, kernel, cfg):
     got = triton_swiglu_backward(*inp.as_tuple(), configs={**SMALL_CONFIGS, kernel: cfg}, out=outs)
     for b in bufs:
         assert torch.isnan(b[:PAD]).all() and torch.isnan(b[-PAD:]).all(), f"store outside its output, seed={seed}"
-    _check(inp, got, seed=seed)
+    check(inp, got, seed)
 
 
 @pytest.mark.parametrize("variant", [{"persistent": False}, {"tma_store": False}, {"flatten": True}, {"EPI_SPLIT": 4},
@@ -111,7 +85,7 @@ def test_config_options(device, variant):
     cfg = replace(SMALL, **variant)
     inp = make_inputs(1, 77, 128, 264, seed=seed, device=device)
     got = triton_swiglu_backward(*inp.as_tuple(), configs={"dswiglu": cfg, "grad_weights": cfg, "grad_x": cfg})
-    _check(inp, got, seed=seed)
+    check(inp, got, seed)
 
 
 @pytest.mark.parametrize("flags", [(1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 1), (0, 1, 1, 0), (1, 0, 0, 1)])
@@ -145,7 +119,7 @@ def test_saturated_gate_values(device):
     seed = _seed()
     inp = make_inputs(1, 50, 64, 136, seed=seed, device=device)
     inp.gate_output = (inp.gate_output * 15).clamp(-30, 30)
-    _check(inp, triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS), seed=seed)
+    check(inp, triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS), seed)
 
 
 def test_non_contiguous_inputs_match_contiguous(device):
