@@ -24,36 +24,65 @@ import triton
 from triton.testing import do_bench
 
 from swiglu import make_inputs, reference_backward
-from swiglu.triton_backward import TOKEN_BUCKETS, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x, stacked_d_buffers
+from swiglu.triton_backward import TOKEN_BUCKETS, TUNED_CONFIGS_PATH, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x, stacked_d_buffers
 
 K = KernelConfig
-# Round 5 (the last sweep behind tuned_configs.json): the previous winners plus flattened and
-# warp-specialized variants around them. Earlier rounds' candidates and times: data/tuning/.
+# Round 6: the small-token buckets. Weight gradients with the resident-A kernel (whole K in one
+# tile, BK >= tokens) against the round-5 winner, and dSwiGLU with 128-column tiles (at T = 256,
+# 128x256 tiles make 416 tiles = 3.15 waves on 132 SMs). Earlier rounds' candidates and times:
+# data/tuning/ (round 5 chose the non-resident entries below).
 CANDIDATES = {
     "dswiglu": [
-        K(128, 256, 64, 8, 4, 3, 8),
-        K(128, 256, 64, 8, 4, 3, 8, warp_specialize=True, flatten=True),
-        K(128, 256, 64, 8, 4, 3, 8, flatten=True),
         K(128, 256, 64, 32, 4, 3, 8, flatten=True),
-        K(64, 256, 64, 8, 4, 3, 4),
+        K(128, 256, 64, 8, 4, 3, 8),
+        K(128, 128, 64, 8, 2, 4, 8),
+        K(128, 128, 64, 32, 2, 4, 8, flatten=True),
+        K(64, 256, 64, 8, 4, 4, 4),
     ],
     "grad_weights": [
         K(128, 256, 64, 32, 2, 3, 8, flatten=True),
-        K(128, 256, 64, 16, 2, 3, 8),
         K(128, 256, 64, 32, 2, 3, 8, warp_specialize=True, flatten=True),
-        K(128, 256, 64, 64, 2, 3, 8, flatten=True),
-        K(128, 256, 64, 32, 4, 3, 8, flatten=True),
-        K(128, 256, 64, 16, 2, 3, 8, flatten=True),
+        K(128, 128, 128, EPI_SPLIT=1, num_stages=3, num_warps=8, resident=True, n_split=4),
+        K(128, 128, 128, EPI_SPLIT=1, num_stages=3, num_warps=8, resident=True, n_split=8),
+        K(128, 128, 128, EPI_SPLIT=1, num_stages=3, num_warps=4, resident=True, n_split=4),
+        K(128, 256, 128, EPI_SPLIT=2, num_stages=2, num_warps=8, resident=True, n_split=4),
+        K(256, 128, 128, EPI_SPLIT=2, num_stages=3, num_warps=8, resident=True, n_split=4),
+        K(128, 128, 256, EPI_SPLIT=2, num_stages=2, num_warps=8, resident=True, n_split=4),
+        K(128, 128, 256, EPI_SPLIT=2, num_stages=2, num_warps=8, resident=True, n_split=8),
+        K(128, 64, 256, EPI_SPLIT=1, num_stages=3, num_warps=4, resident=True, n_split=4),
     ],
     "grad_x": [
         K(64, 256, 64, 8, 1, 4, 4),
-        K(128, 256, 64, 8, 2, 3, 8),
-        K(128, 256, 64, 16, 2, 3, 8),
         K(128, 256, 64, 8, 2, 3, 8, warp_specialize=True),
         K(128, 256, 64, 8, 2, 3, 8, flatten=True),
-        K(64, 256, 64, 8, 1, 3, 4, flatten=True),
     ],
 }
+
+
+def applicable(c: KernelConfig, kernel: str, tokens: int) -> bool:
+    """A resident weight-gradient config takes tokens <= BK only; skip one that is far too big
+    for ``tokens`` too (BK > 2 * tokens wastes most of the tile on zeros)."""
+    if kernel == "grad_weights" and c.resident:
+        return c.BK >= tokens and c.BK <= 2 * max(tokens, 64)
+    return True
+
+
+def measure_ceilings() -> list[dict]:
+    """Memory ceilings this run's numbers are read against: write-only (fill), read-only (sum)
+    and copy bandwidth over 4 GiB, GB/s counting every byte moved."""
+    n = 1 << 31  # bf16 elements: 4 GiB
+    a = torch.empty(n, device="cuda", dtype=torch.bfloat16).normal_()
+    b = torch.empty_like(a)
+    rows = []
+    for name, fn, nbytes in (("write (fill_)", lambda: b.fill_(1.0), 2 * n), ("read (sum)", lambda: a.sum(), 2 * n),
+                             ("copy", lambda: b.copy_(a), 4 * n)):
+        ms = do_bench(fn, rep=200, return_mode="median")
+        rows.append(dict(tokens=0, kernel="ceiling", config=name, config_dict={}, cublas_ms=ms, ms=ms,
+                         tflops=float("nan"), err=0.0, compile_s=0.0, note=f"{nbytes / ms / 1e6:.0f} GB/s"))
+        print(rows[-1], flush=True)
+    del a, b
+    torch.cuda.empty_cache()
+    return rows
 
 
 def write_best(rows: list[dict], path: str) -> None:
@@ -61,21 +90,24 @@ def write_best(rows: list[dict], path: str) -> None:
     each measured T falls in."""
     best: dict[str, dict[str, dict]] = {}
     for r in rows:
-        if r["config"] == "cublas" or not (r["err"] < 1e-2) or not (r["ms"] > 0):
+        if r["config"] == "cublas" or r["kernel"] == "ceiling" or not (r["err"] < 1e-2) or not (r["ms"] > 0):
             continue
         bucket = str(next(b for b in TOKEN_BUCKETS if r["tokens"] <= b))
         cur = best.setdefault(r["kernel"], {}).get(bucket)
         if cur is None or r["ms"] < cur["ms"]:
             best[r["kernel"]][bucket] = dict(r)
-    table = {
-        k: {b: dict(config=r["config_dict"], measured_tokens=r["tokens"], ms=round(r["ms"], 4),
-                    tflops=round(r["tflops"], 1), cublas_ms=round(r["cublas_ms"], 4))
-            for b, r in v.items()}
-        for k, v in best.items()
-    }
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                protocol="scripts/tune_kernels.py: triton.testing.do_bench median, L2 flushed by do_bench")
+    utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    # Merge: buckets this run did not measure keep their earlier entry (and its utc).
+    base = path if os.path.exists(path) else TUNED_CONFIGS_PATH
+    with open(base) as f:
+        table = json.load(f)["configs"]
+    for k, v in best.items():
+        for b, r in v.items():
+            table.setdefault(k, {})[b] = dict(config=r["config_dict"], measured_tokens=r["tokens"], ms=round(r["ms"], 4),
+                                              tflops=round(r["tflops"], 1), cublas_ms=round(r["cublas_ms"], 4), utc=utc)
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, utc=utc,
+                protocol="scripts/tune_kernels.py: triton.testing.do_bench median, L2 flushed by do_bench; "
+                         "entries without their own utc come from the run of 2026-11-29T16:52:02Z")
     with open(path, "w") as f:
         json.dump(dict(meta=meta, configs=table), f, indent=1)
 
@@ -94,9 +126,10 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--write-best", default=None, help="write the fastest correct config per kernel and "
                     "token bucket to this JSON (the format of swiglu/tuned_configs.json)")
+    ap.add_argument("--ceilings", action="store_true", help="also measure write/read/copy bandwidth first")
     args = ap.parse_args(argv)
     H, I = args.hidden_size, args.intermediate_size
-    rows = []
+    rows = measure_ceilings() if args.ceilings else []
     for T in [int(t) for t in args.tokens.split(",")]:
         inp = make_inputs(1, T, H, I, device="cuda", seed=T)
         go, x = inp.grad_output.view(T, H), inp.x.view(T, H)
@@ -137,7 +170,7 @@ def main(argv=None) -> None:
             ms = cublas_ms = do_bench(cublas, rep=args.rep, return_mode="median")
             rows.append(dict(tokens=T, kernel=kernel, config="cublas", config_dict={}, cublas_ms=ms, ms=ms,
                              tflops=kflops / ms / 1e9, err=0.0, compile_s=0.0, note=""))
-            for c in CANDIDATES[kernel]:
+            for c in [c for c in CANDIDATES[kernel] if applicable(c, kernel, T)]:
                 row = dict(tokens=T, kernel=kernel, config=str(tuple(asdict(c).values())), config_dict=asdict(c),
                            cublas_ms=cublas_ms)
                 try:
