@@ -213,16 +213,19 @@ def grad_weight_resident_kernel(
         pid_m = (item // N_SPLIT) % num_m
         p = item // (N_SPLIT * num_m)
         off_m = pid_m * BM
+        # The output descriptor is chosen before the loop: two store sites inside the pipelined
+        # loop make Triton 3.6's pipeliner fail (TritonGPUPipeline, seen on the H200 in tuning
+        # round 6), and two copies of the loop would allocate its shared memory twice.
+        c_desc = c0_desc
+        if p != 0:
+            c_desc = c1_desc
         a = tl.trans(a_desc.load([p * K_PAD, off_m]))  # [BM, K_PAD], stays on chip for the chunk
         n_lo = chunk * per_chunk
         n_hi = tl.minimum(n_lo + per_chunk, num_n)
         for pid_n in tl.range(n_lo, n_hi):  # software-pipelined: B loads run num_stages ahead
             off_n = pid_n * BN
             acc = _dot(a, b_desc.load([0, off_n]), tl.zeros((BM, BN), dtype=tl.float32), UPCAST)
-            if p == 0:
-                _store_split(c0_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
-            else:
-                _store_split(c1_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+            _store_split(c_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
 
 
 @triton.jit
