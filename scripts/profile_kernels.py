@@ -1,10 +1,13 @@
 """Run the Triton backward at one token count, so that a profiler can read its kernels.
 
-On the GPU, under Nsight Compute (the first call compiles, the second is profiled):
-  ncu --clock-control none --launch-skip 4 --launch-count 4 --section SpeedOfLight \
-      --section MemoryWorkloadAnalysis python3 scripts/profile_kernels.py --tokens 128
+On the GPU, under Nsight Compute (the first call compiles, the second is profiled; -k keeps the
+input generation's kernels out of the skip/count):
+  ncu --clock-control none -k 'regex:dswiglu|grad_weight|grad_x' --launch-skip 4 --launch-count 4 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --csv --page details \
+      python3 scripts/profile_kernels.py --tokens 128
 ``--configs`` overrides the table per kernel with a JSON object of KernelConfig fields, e.g.
-'{"grad_weights": {"BM": 128, "BN": 128, "BK": 128, "resident": true, "n_split": 4}}'.
+'{"grad_weights": {"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 16, "flatten": true}}'.
+Profiles taken this way: data/profiles/.
 """
 
 from __future__ import annotations

@@ -27,44 +27,30 @@ from swiglu import make_inputs, reference_backward
 from swiglu.triton_backward import TOKEN_BUCKETS, TUNED_CONFIGS_PATH, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x, stacked_d_buffers
 
 K = KernelConfig
-# Round 6: the small-token buckets. Weight gradients with the resident-A kernel (whole K in one
-# tile, BK >= tokens) against the round-5 winner, and dSwiGLU with 128-column tiles (at T = 256,
-# 128x256 tiles make 416 tiles = 3.15 waves on 132 SMs). Earlier rounds' candidates and times:
-# data/tuning/ (round 5 chose the non-resident entries below).
+# The winners behind tuned_configs.json and their nearest rivals, for a re-run after a kernel
+# change. Every round's candidates and times: data/tuning/ (NOTES.md summarizes them). Round 6 tried
+# a resident-A weight-gradient kernel for T <= 256 (whole K in one tile, commit 2b88070): 1.94 ms
+# against 2.02 at T = 128 and 3.3-4.7 ms against 3.05 at T = 256 (run6b), so it was not kept.
 CANDIDATES = {
     "dswiglu": [
         K(128, 256, 64, 32, 4, 3, 8, flatten=True),
         K(128, 256, 64, 8, 4, 3, 8),
+        K(128, 256, 64, 8, 4, 3, 8, warp_specialize=True, flatten=True),
         K(128, 128, 64, 8, 2, 4, 8),
-        K(128, 128, 64, 32, 2, 4, 8, flatten=True),
-        K(64, 256, 64, 8, 4, 4, 4),
     ],
     "grad_weights": [
         K(128, 256, 64, 32, 2, 3, 8, flatten=True),
         K(128, 256, 64, 32, 2, 3, 8, warp_specialize=True, flatten=True),
-        K(128, 128, 128, EPI_SPLIT=1, num_stages=3, num_warps=8, resident=True, n_split=4),
-        K(128, 128, 128, EPI_SPLIT=1, num_stages=3, num_warps=8, resident=True, n_split=8),
-        K(128, 128, 128, EPI_SPLIT=1, num_stages=3, num_warps=4, resident=True, n_split=4),
-        K(128, 256, 128, EPI_SPLIT=2, num_stages=2, num_warps=8, resident=True, n_split=4),
-        K(256, 128, 128, EPI_SPLIT=2, num_stages=3, num_warps=8, resident=True, n_split=4),
-        K(128, 128, 256, EPI_SPLIT=2, num_stages=2, num_warps=8, resident=True, n_split=4),
-        K(128, 128, 256, EPI_SPLIT=2, num_stages=2, num_warps=8, resident=True, n_split=8),
-        K(128, 64, 256, EPI_SPLIT=1, num_stages=3, num_warps=4, resident=True, n_split=4),
+        K(128, 256, 64, 16, 2, 3, 8, flatten=True),
+        K(128, 256, 64, 16, 2, 3, 8),
     ],
     "grad_x": [
         K(64, 256, 64, 8, 1, 4, 4),
+        K(128, 256, 64, 8, 2, 3, 8),
         K(128, 256, 64, 8, 2, 3, 8, warp_specialize=True),
         K(128, 256, 64, 8, 2, 3, 8, flatten=True),
     ],
 }
-
-
-def applicable(c: KernelConfig, kernel: str, tokens: int) -> bool:
-    """A resident weight-gradient config takes tokens <= BK only; skip one that is far too big
-    for ``tokens`` too (BK > 2 * tokens wastes most of the tile on zeros)."""
-    if kernel == "grad_weights" and c.resident:
-        return c.BK >= tokens and c.BK <= 2 * max(tokens, 64)
-    return True
 
 
 def measure_ceilings() -> list[dict]:
@@ -170,7 +156,7 @@ def main(argv=None) -> None:
             ms = cublas_ms = do_bench(cublas, rep=args.rep, return_mode="median")
             rows.append(dict(tokens=T, kernel=kernel, config="cublas", config_dict={}, cublas_ms=ms, ms=ms,
                              tflops=kflops / ms / 1e9, err=0.0, compile_s=0.0, note=""))
-            for c in [c for c in CANDIDATES[kernel] if applicable(c, kernel, T)]:
+            for c in CANDIDATES[kernel]:
                 row = dict(tokens=T, kernel=kernel, config=str(tuple(asdict(c).values())), config_dict=asdict(c),
                            cublas_ms=cublas_ms)
                 try:

@@ -42,8 +42,6 @@ H200_SHARED_MEMORY_BYTES = 232448
 H200_SMS = 132
 TARGET = ("cuda", 90, 32)  # GPUTarget(backend, arch, warp_size): sm_90
 KERNEL_NAMES = {"dswiglu": "dswiglu_gemm_kernel", "grad_weights": "grad_weight_kernel", "grad_x": "grad_x_kernel"}
-#: Every kernel the launchers can call (resident weight-gradient configs use their own kernel).
-RECORDED = (*KERNEL_NAMES.values(), "grad_weight_resident_kernel")
 #: Past the largest token bucket's bound, a token count for the unbounded bucket.
 LAST_BUCKET_TOKENS = 2 * TOKEN_BUCKETS[-2]
 #: Deliberately too big: 4 stages of a 256x128 A tile and a 128x256 B tile in bf16 = 512 KiB.
@@ -113,7 +111,7 @@ def record_launches(tokens: int, configs: dict | None = None, **need) -> list[di
     compile specs, without running anything."""
     launches: list[dict] = []
     with pytest.MonkeyPatch.context() as mp:
-        for name in RECORDED:
+        for name in KERNEL_NAMES.values():
             mp.setattr(kernels, name, _Recorder(name, getattr(kernels, name).fn, launches))
         # Meta tensors pass the device check only as "interpreted"; UPCAST is reset in _launch_spec.
         mp.setattr(triton_backward, "INTERPRET", True)
@@ -136,9 +134,6 @@ def _label(spec: dict) -> str:
     extra = f"-problems{c['NUM_PROBLEMS']}" if "NUM_PROBLEMS" in c else ""
     ints = [n for n in ("T", "K_PAD", "NUM_PROGRAMS") if n in spec["divisible_by_16"]]  # varies with T
     ints = f"-div16:{'+'.join(ints)}" if ints else ""
-    if "K_PAD" in c:  # resident kernel: the whole K in one tile, N split in N_SPLIT chunks
-        return (f"{spec['kernel']}-{c['BM']}x{c['BN']}x{c['K_PAD']}-s{o['num_stages']}w{o['num_warps']}"
-                f"-N{c['N_SPLIT']}-E{c['EPI_SPLIT']}{ints}")
     return (f"{spec['kernel']}-{c['BM']}x{c['BN']}x{c['BK']}-s{o['num_stages']}w{o['num_warps']}"
             f"-G{c['GROUP_M']}-E{c['EPI_SPLIT']}{flags}{extra}{ints}")
 
@@ -246,17 +241,11 @@ def test_every_config_is_launched():
     specs = [s for s in _specs() if "oversized" not in s["uses"]]
     for kernel, table in CONFIGS.items():
         for cfg in set(table.values()):
-            name = KERNEL_NAMES[kernel]
-            if cfg.resident:
-                name = "grad_weight_resident_kernel"
-                want = {"BM": cfg.BM, "BN": cfg.BN, "K_PAD": cfg.BK, "N_SPLIT": cfg.n_split,
-                        "EPI_SPLIT": cfg.EPI_SPLIT, "UPCAST": False}
-            else:
-                want = {"BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "GROUP_M": cfg.GROUP_M, "EPI_SPLIT": cfg.EPI_SPLIT,
-                        "WARP_SPECIALIZE": cfg.warp_specialize, "FLATTEN": cfg.flatten, "UPCAST": False}
-            if kernel == "grad_weights" and not cfg.resident:
+            want = {"BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "GROUP_M": cfg.GROUP_M, "EPI_SPLIT": cfg.EPI_SPLIT,
+                    "WARP_SPECIALIZE": cfg.warp_specialize, "FLATTEN": cfg.flatten, "UPCAST": False}
+            if kernel == "grad_weights":
                 want["TMA_STORE"] = cfg.tma_store
-            hits = [s for s in specs if s["kernel"] == name
+            hits = [s for s in specs if s["kernel"] == KERNEL_NAMES[kernel]
                     and want.items() <= s["constexprs"].items()
                     and s["options"] == {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}]
             assert hits, f"{kernel} config {cfg} is never launched by the recorded calls"
@@ -268,9 +257,6 @@ def test_every_config_is_launched():
             assert sig["go_desc"] == f"tensordesc<bf16{[c['BM'], c['BK']]}>" and sig["h_desc"] == piece
         elif s["kernel"] == "grad_weight_kernel":
             assert sig["a_desc"] == f"tensordesc<bf16{[c['BK'], c['BM']]}>" and sig["c0_desc"] == piece
-        elif s["kernel"] == "grad_weight_resident_kernel":
-            assert sig["a_desc"] == f"tensordesc<bf16{[c['K_PAD'], c['BM']]}>" and sig["c0_desc"] == piece
-            assert sig["b_desc"] == f"tensordesc<bf16{[c['K_PAD'], c['BN']]}>"
         else:
             assert sig["gw_desc"] == f"tensordesc<bf16{[c['BK'], c['BN']]}>" and sig["gx_desc"] == piece
 

@@ -191,44 +191,6 @@ def grad_weight_kernel(
 
 
 @triton.jit
-def grad_weight_resident_kernel(
-    a_desc,  # A of every problem, stacked along K: [NUM_PROBLEMS * K_PAD, M], used transposed
-    b_desc,  # B [K, N], shared by the problems (rows >= K read as zeros)
-    c0_desc, c1_desc,  # outputs [M, N] of problem 0 and 1 (c1 is not touched with one problem)
-    M, N, NUM_PROBLEMS, NUM_PROGRAMS,
-    BM: tl.constexpr, BN: tl.constexpr, K_PAD: tl.constexpr, N_SPLIT: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, UPCAST: tl.constexpr,
-):
-    """C_p = A_p.T @ B for a small K (tokens <= K_PAD <= 256): the whole K fits one tile, so each
-    work item loads its [K_PAD, BM] block of A once and keeps it on chip while it sweeps one of
-    N_SPLIT chunks of N, streaming only B tiles. The tiled kernel reloads both operands for every
-    output tile: (BM + BN) * K * 2 bytes per tile against BN * K * 2 here, which matters because
-    at these K the kernel is bound by moving bytes (writing C), not by the tensor cores."""
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    per_chunk = tl.cdiv(num_n, N_SPLIT)
-    items = NUM_PROBLEMS * num_m * N_SPLIT
-    for item in range(tl.program_id(0), items, NUM_PROGRAMS):
-        chunk = item % N_SPLIT
-        pid_m = (item // N_SPLIT) % num_m
-        p = item // (N_SPLIT * num_m)
-        off_m = pid_m * BM
-        # The output descriptor is chosen before the loop: two store sites inside the pipelined
-        # loop make Triton 3.6's pipeliner fail (TritonGPUPipeline, seen on the H200 in tuning
-        # round 6), and two copies of the loop would allocate its shared memory twice.
-        c_desc = c0_desc
-        if p != 0:
-            c_desc = c1_desc
-        a = tl.trans(a_desc.load([p * K_PAD, off_m]))  # [BM, K_PAD], stays on chip for the chunk
-        n_lo = chunk * per_chunk
-        n_hi = tl.minimum(n_lo + per_chunk, num_n)
-        for pid_n in tl.range(n_lo, n_hi):  # software-pipelined: B loads run num_stages ahead
-            off_n = pid_n * BN
-            acc = _dot(a, b_desc.load([0, off_n]), tl.zeros((BM, BN), dtype=tl.float32), UPCAST)
-            _store_split(c_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
-
-
-@triton.jit
 def grad_x_kernel(
     dgate_desc, dup_desc,  # [T, I]
     gw_desc, uw_desc,  # gate_weight, up_weight [I, H]

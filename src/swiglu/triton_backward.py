@@ -45,11 +45,6 @@ class KernelConfig:
     persistent: bool = True
     # Weight-gradient kernel only: False stores C with plain (non-TMA) stores (never won either).
     tma_store: bool = True
-    # Weight-gradient kernel only, for tokens <= BK: the whole K (tokens) in one tile, each A block
-    # loaded once and kept on chip while the program sweeps one of n_split chunks of N
-    # (grad_weight_resident_kernel); n_split sets how many work items fill the SMs.
-    resident: bool = False
-    n_split: int = 1
 
     def __post_init__(self) -> None:
         def pow2(v: int) -> bool:
@@ -64,8 +59,6 @@ class KernelConfig:
         if self.EPI_SPLIT not in (1, 2, 4) or self.BN // self.EPI_SPLIT < 8:
             raise ValueError(f"KernelConfig.EPI_SPLIT must be 1, 2 or 4 with BN // EPI_SPLIT >= 8, got "
                              f"{self.EPI_SPLIT} for BN={self.BN}")
-        if self.n_split < 1:
-            raise ValueError(f"KernelConfig.n_split must be >= 1, got {self.n_split}")
         if self.num_stages < 1 or self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"KernelConfig needs num_stages >= 1 and num_warps in 1..16 (a power of two), got "
                              f"{self.num_stages} and {self.num_warps}")
@@ -206,9 +199,6 @@ def launch_grad_weights(stacked_d, h, x, go, grad_gate_weight, grad_up_weight, g
     from ``stacked_d_buffers`` with the same config."""
     _, t_pad, I = stacked_d.shape
     T, H = x.shape
-    if c.resident:
-        _launch_grad_weights_resident(stacked_d, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight, c)
-        return
     out_block = [c.BM, c.BN // c.EPI_SPLIT]
     gu = [g for g in (grad_gate_weight, grad_up_weight) if g is not None]
     if gu:
@@ -228,34 +218,6 @@ def launch_grad_weights(stacked_d, h, x, go, grad_gate_weight, grad_up_weight, g
         kernels.grad_weight_kernel[(nprog,)](
             _desc(go, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]), c_dn, c_dn, grad_down_weight, grad_down_weight,
             H, I, T, 1, nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
-        )
-
-
-def _launch_grad_weights_resident(stacked_d, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
-                                  c: KernelConfig) -> None:
-    """``launch_grad_weights`` through ``grad_weight_resident_kernel`` (tokens <= c.BK)."""
-    _, t_pad, I = stacked_d.shape
-    T, H = x.shape
-    if T > c.BK or t_pad != c.BK:
-        raise ValueError(f"a resident weight-gradient config needs tokens <= BK (the whole K in one tile), "
-                         f"got tokens={T} with BK={c.BK}")
-    out_block = [c.BM, c.BN // c.EPI_SPLIT]
-    kw = dict(num_warps=c.num_warps, num_stages=c.num_stages, BM=c.BM, BN=c.BN, K_PAD=c.BK, N_SPLIT=c.n_split,
-              EPI_SPLIT=c.EPI_SPLIT, UPCAST=INTERPRET)
-    gu = [g for g in (grad_gate_weight, grad_up_weight) if g is not None]
-    if gu:
-        rows = stacked_d.view(2 * t_pad, I)[(t_pad if grad_gate_weight is None else 0):]
-        items = len(gu) * triton.cdiv(I, c.BM) * c.n_split
-        nprog = _num_programs(x.device, items)
-        kernels.grad_weight_resident_kernel[(nprog,)](
-            _desc(rows, [c.BK, c.BM]), _desc(x, [c.BK, c.BN]), _desc(gu[0], out_block), _desc(gu[-1], out_block),
-            I, H, len(gu), nprog, **kw,
-        )
-    if grad_down_weight is not None:
-        c_dn = _desc(grad_down_weight, out_block)
-        nprog = _num_programs(x.device, triton.cdiv(H, c.BM) * c.n_split)
-        kernels.grad_weight_resident_kernel[(nprog,)](
-            _desc(go, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]), c_dn, c_dn, H, I, 1, nprog, **kw,
         )
 
 
