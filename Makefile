@@ -17,6 +17,11 @@ INSTALL_TORCH = $(PY) -m pip install -q torch triton
 else
 INSTALL_TORCH = $(PY) -m pip install -q --timeout 15 --retries 2 --index-url $(TORCH_CPU_INDEX) torch==2.13.0 && $(PY) -m pip install -q triton==3.7.1
 endif
+# The GPU machine's Triton (the H200 image has triton 3.6.0: .library/device/KINDS.md), installed beside
+# the venv's own: tests/test_triton_compile.py compiles every kernel with both, so a kernel that only
+# the CPU wheel's Triton can build fails here, not on the GPU (it happened in tuning round 6).
+GPU_TRITON_VERSION ?= 3.6.0
+GPU_TRITON_DIR := $(VENV)/triton-$(GPU_TRITON_VERSION)
 NOTEBOOK_ARGS ?=
 BENCH_ARGS ?=
 
@@ -33,8 +38,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)  ## create or update the virtual environment .venv
 
-test: $(STAMP)  ## run the test suite (CPU; GPU tests skip without a GPU)
-	$(PY) -m pytest -q
+$(GPU_TRITON_DIR)/.installed: | $(STAMP)
+	$(PY) -m pip install -q --no-deps --target $(GPU_TRITON_DIR) triton==$(GPU_TRITON_VERSION)
+	touch $@
+
+test: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## run the test suite (CPU; GPU tests skip without a GPU)
+	SWIGLU_EXTRA_TRITON_DIR=$(GPU_TRITON_DIR) $(PY) -m pytest -q
 
 test-gpu: $(STAMP)  ## run only the full-size GPU tests (needs a CUDA GPU)
 	$(PY) -m pytest -q -m gpu

@@ -10,9 +10,11 @@ What gets compiled is recorded, not rewritten by hand: ``triton_swiglu_backward`
 full-size meta tensors (no memory, no compute) with its three kernels replaced by recorders,
 for every token count in ``CASES`` and one per token bucket, so block shapes, constexprs,
 num_warps/num_stages and Triton's integer specialization are exactly what the launchers pass.
-The distinct specializations are compiled in one subprocess without ``TRITON_INTERPRET``
-(conftest sets it on CPU, and ``@triton.jit`` then yields interpreter functions), with a fresh
-Triton cache and one thread per core. ``python tests/test_triton_compile.py`` prints the table.
+The distinct specializations are compiled in one subprocess (tests/compile_worker.py) without
+``TRITON_INTERPRET`` (conftest sets it on CPU, and ``@triton.jit`` then yields interpreter
+functions), with a fresh Triton cache and one thread per core: once with the installed Triton and
+once more with the GPU machine's release when ``SWIGLU_EXTRA_TRITON_DIR`` names it (``make test``
+does). ``python tests/test_triton_compile.py`` prints the table.
 """
 
 from __future__ import annotations
@@ -23,13 +25,10 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from swiglu import kernels, triton_backward
@@ -40,7 +39,6 @@ from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
 #: fails to load with OutOfResources.
 H200_SHARED_MEMORY_BYTES = 232448
 H200_SMS = 132
-TARGET = ("cuda", 90, 32)  # GPUTarget(backend, arch, warp_size): sm_90
 KERNEL_NAMES = {"dswiglu": "dswiglu_gemm_kernel", "grad_weights": "grad_weight_kernel", "grad_x": "grad_x_kernel"}
 #: Past the largest token bucket's bound, a token count for the unbounded bucket.
 LAST_BUCKET_TOKENS = 2 * TOKEN_BUCKETS[-2]
@@ -162,42 +160,29 @@ def oversized_spec() -> dict:
 
 # ---------------------------------------------------------------- compiling (subprocess side)
 
-
-def _compile_one(spec: dict) -> dict:
-    fn = getattr(kernels, spec["kernel"])
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in spec["divisible_by_16"]}
-    start = time.perf_counter()
-    try:
-        compiled = triton.compile(ASTSource(fn=fn, signature=spec["signature"], constexprs=spec["constexprs"],
-                                            attrs=attrs), target=GPUTarget(*TARGET), options=spec["options"])
-    except Exception as err:  # reported per spec; the test fails on it with the message
-        return {"error": f"{type(err).__name__}: {err}"[-4000:], "seconds": time.perf_counter() - start}
-    ptx = compiled.asm["ptx"]
-    return {"error": None, "seconds": time.perf_counter() - start, "shared": compiled.metadata.shared,
-            "num_warps": compiled.metadata.num_warps, "cubin_bytes": len(compiled.asm["cubin"]),
-            "wgmma_mma_async": ptx.count("wgmma.mma_async"), "target": ".target sm_90" in ptx}
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
+#: A folder holding a second Triton release (``pip install --target``), compiled against as well:
+#: ``make test`` sets it to the GPU machine's release (Makefile GPU_TRITON_VERSION), because a
+#: kernel that builds with the CPU wheel's Triton can still fail with the GPU's (tuning round 6:
+#: a pipeliner failure in 3.6.0 that 3.7.1 did not have).
+EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
 
 
-def _worker(results_path: str) -> None:
-    """Read specs (JSON list) on stdin, write one result per spec (JSON list) to ``results_path``."""
-    assert isinstance(kernels.grad_x_kernel, triton.JITFunction), "TRITON_INTERPRET leaked into the worker"
-    specs = json.load(sys.stdin)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # triton.compile releases the GIL
-        results = list(pool.map(_compile_one, specs))
-    with open(results_path, "w") as f:
-        json.dump(results, f)
-
-
-def compile_specs(specs: list[dict], cache_dir) -> list[dict]:
-    """Compile ``specs`` for sm_90 in a subprocess with TRITON_INTERPRET unset and a fresh cache."""
+def compile_specs(specs: list[dict], cache_dir, triton_dir: str | None = None) -> tuple[str, list[dict]]:
+    """Compile ``specs`` for sm_90 in a subprocess with TRITON_INTERPRET unset and a fresh cache,
+    with this interpreter's Triton or the one installed in ``triton_dir``. Returns (Triton
+    version used, one result per spec)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(cache_dir)
+    if triton_dir:
+        env["PYTHONPATH"] = os.pathsep.join([triton_dir, env.get("PYTHONPATH", "")])
     results_path = os.path.join(cache_dir, "results.json")
-    proc = subprocess.run([sys.executable, __file__, "--worker", results_path], input=json.dumps(specs), env=env,
+    proc = subprocess.run([sys.executable, WORKER, results_path], input=json.dumps(specs), env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"compile worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     with open(results_path) as f:
-        return json.load(f)
+        out = json.load(f)
+    return out["triton"], out["results"]
 
 
 def problems(result: dict) -> list[str]:
@@ -226,13 +211,22 @@ def _specs() -> list[dict]:
     return _SPECS
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory) -> dict[str, dict]:
+TRITONS = ["installed"] + (["extra"] if EXTRA_TRITON_DIR else [])
+
+
+@pytest.fixture(scope="module", params=TRITONS)
+def compiled(request, tmp_path_factory) -> dict[str, dict]:
+    """Every spec compiled with the installed Triton, and again with SWIGLU_EXTRA_TRITON_DIR's."""
+    triton_dir = EXTRA_TRITON_DIR if request.param == "extra" else None
+    if triton_dir and not os.path.isdir(os.path.join(triton_dir, "triton")):
+        pytest.fail(f"SWIGLU_EXTRA_TRITON_DIR={triton_dir} holds no triton package (make test installs it)")
     specs = _specs()
     start = time.perf_counter()
-    results = compile_specs(specs, tmp_path_factory.mktemp("triton_cache"))
-    print(f"\ncompiled {len(specs)} kernels for sm_90 in {time.perf_counter() - start:.1f} s")
-    return {_spec_key(s): r for s, r in zip(specs, results)}
+    version, results = compile_specs(specs, tmp_path_factory.mktemp("triton_cache"), triton_dir)
+    if triton_dir:
+        assert version != triton.__version__, f"{triton_dir} did not shadow the installed triton {version}"
+    print(f"\ncompiled {len(specs)} kernels for sm_90 with triton {version} in {time.perf_counter() - start:.1f} s")
+    return {_spec_key(s): {**r, "triton": version} for s, r in zip(specs, results)}
 
 
 def test_every_config_is_launched():
@@ -265,7 +259,7 @@ def test_every_config_is_launched():
 def test_builds_for_sm90_within_h200_limits(spec, compiled):
     """Compiles to an sm_90 cubin using wgmma and fits the H200's shared memory."""
     result = compiled[_spec_key(spec)]
-    assert not problems(result), f"{_label(spec)} (tokens {spec['uses']}): {problems(result)}"
+    assert not problems(result), f"{_label(spec)} (tokens {spec['uses']}, triton {result['triton']}): {problems(result)}"
 
 
 def test_oversized_config_is_reported(compiled):
@@ -276,17 +270,15 @@ def test_oversized_config_is_reported(compiled):
     assert result["shared"] > 2 * H200_SHARED_MEMORY_BYTES
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        _worker(sys.argv[2])
-    else:  # the table: python tests/test_triton_compile.py
-        import tempfile
+if __name__ == "__main__":  # the table: python tests/test_triton_compile.py
+    import tempfile
 
-        specs = _specs()
+    specs = _specs()
+    for triton_dir in [None] + ([EXTRA_TRITON_DIR] if EXTRA_TRITON_DIR else []):
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as cache:
-            results = compile_specs(specs, cache)
+            version, results = compile_specs(specs, cache, triton_dir)
         for spec, res in zip(specs, results):
             print(f"{_label(spec):62s} shared {res.get('shared', '-'):>7} wgmma {res.get('wgmma_mma_async', '-'):>4} "
                   f"{res['seconds']:5.1f} s  tokens {spec['uses']}  {'; '.join(problems(res)) or 'ok'}")
-        print(f"{len(specs)} kernels compiled in {time.perf_counter() - start:.1f} s")
+        print(f"{len(specs)} kernels compiled with triton {version} in {time.perf_counter() - start:.1f} s")

@@ -1,0 +1,61 @@
+"""Compile kernel specs for sm_90 with whatever Triton this interpreter imports (subprocess side of
+tests/test_triton_compile.py).
+
+Imports only Triton and ``src/swiglu/kernels.py`` (loaded by path, no torch), so the same specs can
+be compiled by a second Triton release put first on PYTHONPATH: the GPU machine's (3.6.0), next to
+the CPU wheel's. Reads specs (JSON list) on stdin, writes ``{"triton": version, "results": [...]}``
+to the path given as the only argument.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+TARGET = ("cuda", 90, 32)  # GPUTarget(backend, arch, warp_size): sm_90
+KERNELS_PY = Path(__file__).resolve().parents[1] / "src" / "swiglu" / "kernels.py"
+
+
+def _load_kernels():
+    spec = importlib.util.spec_from_file_location("swiglu_kernels_for_compile", KERNELS_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_one(kernels, spec: dict) -> dict:
+    fn = getattr(kernels, spec["kernel"])
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in spec["divisible_by_16"]}
+    start = time.perf_counter()
+    try:
+        compiled = triton.compile(ASTSource(fn=fn, signature=spec["signature"], constexprs=spec["constexprs"],
+                                            attrs=attrs), target=GPUTarget(*TARGET), options=spec["options"])
+    except Exception as err:  # reported per spec; the test fails on it with the message
+        return {"error": f"{type(err).__name__}: {err}"[-4000:], "seconds": time.perf_counter() - start}
+    ptx = compiled.asm["ptx"]
+    return {"error": None, "seconds": time.perf_counter() - start, "shared": compiled.metadata.shared,
+            "num_warps": compiled.metadata.num_warps, "cubin_bytes": len(compiled.asm["cubin"]),
+            "wgmma_mma_async": ptx.count("wgmma.mma_async"), "target": ".target sm_90" in ptx}
+
+
+def main(results_path: str) -> None:
+    kernels = _load_kernels()
+    assert isinstance(kernels.grad_x_kernel, triton.JITFunction), "TRITON_INTERPRET leaked into the worker"
+    specs = json.load(sys.stdin)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # triton.compile releases the GIL
+        results = list(pool.map(lambda s: compile_one(kernels, s), specs))
+    with open(results_path, "w") as f:
+        json.dump({"triton": triton.__version__, "results": results}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
