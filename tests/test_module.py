@@ -478,10 +478,10 @@ def test_triton_path_frozen_weights(request, monkeypatch, triton_backward, devic
     )
 
 
-def test_triton_path_errors_at_forward(monkeypatch, triton_backward):
-    x = torch.randn(3, 44, dtype=torch.bfloat16)
+def test_triton_path_errors_at_forward(monkeypatch, triton_backward, device):
+    x = torch.randn(3, 44, dtype=torch.bfloat16, device=device)
     with pytest.raises(ValueError, match="multiples of 8"):
-        swiglu.SwiGLUMLP(44, I, backward_impl="triton", dtype=torch.bfloat16)(x)
+        swiglu.SwiGLUMLP(44, I, backward_impl="triton", dtype=torch.bfloat16).to(device)(x)
     # The kernels were decorated for the interpreter at import; switching it off is what a
     # process without TRITON_INTERPRET=1 sees.
     monkeypatch.setattr(triton_backward, "INTERPRET", False)

@@ -42,6 +42,7 @@ H200_SMS = 132
 KERNEL_NAMES = {"dswiglu": "dswiglu_gemm_kernel", "grad_weights": "grad_weight_kernel", "grad_x": "grad_x_kernel"}
 #: Past the largest token bucket's bound, a token count for the unbounded bucket.
 LAST_BUCKET_TOKENS = 2 * TOKEN_BUCKETS[-2]
+SMALL_TOKENS = {1, 7}
 #: Deliberately too big: 4 stages of a 256x128 A tile and a 128x256 B tile in bf16 = 512 KiB.
 OVERSIZED = KernelConfig(BM=256, BN=256, BK=128, GROUP_M=8, EPI_SPLIT=2, num_stages=4, num_warps=8)
 TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -138,9 +139,11 @@ def _label(spec: dict) -> str:
 
 def launch_specs() -> list[dict]:
     """Every distinct compile spec the package launches: all three kernels at every token count of
-    ``CASES`` and of each token bucket (so every configuration in ``CONFIGS`` is reached), with all
+    ``CASES``, of each token bucket (so every configuration in ``CONFIGS`` is reached) and 1 and 7, with all
     four gradients and with a weight gradient alone (a one-problem launch)."""
-    token_counts = sorted({c.tokens for c in CASES} | set(TOKEN_BUCKETS[:-1]) | {LAST_BUCKET_TOKENS})
+    # Plus tiny token counts: an int argument equal to 1 is specialized as a constexpr, which once
+    # broke Triton 3.6's pipeliner (T = 1, seen on the H200; the tests run T = 1 and 7).
+    token_counts = sorted({c.tokens for c in CASES} | set(TOKEN_BUCKETS[:-1]) | {LAST_BUCKET_TOKENS} | SMALL_TOKENS)
     unique: dict[str, dict] = {}
     for tokens in token_counts:
         for need in ({}, dict(need_grad_x=False, need_grad_up_weight=False, need_grad_down_weight=False)):

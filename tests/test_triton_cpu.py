@@ -187,7 +187,7 @@ def test_expanded_zero_stride_grad_output(device):
         assert torch.equal(g, w), f"{name} differs for an expanded grad_output, seed={seed}"
 
 
-def test_unknown_config_key_is_an_error():
-    inp = make_inputs(1, 4, 64, 136, seed=1)
+def test_unknown_config_key_is_an_error(device):
+    inp = make_inputs(1, 4, 64, 136, seed=1, device=device)
     with pytest.raises(ValueError, match="configs keys"):
         triton_swiglu_backward(*inp.as_tuple(), configs={"gradx": SMALL})

@@ -215,9 +215,11 @@ def launch_grad_weights(stacked_d, h, x, go, grad_gate_weight, grad_up_weight, g
     if grad_down_weight is not None:
         c_dn = _desc(grad_down_weight, out_block)
         nprog = _num_programs(x.device, triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN), c.persistent)
+        # K = t_pad, not T: the descriptors zero-fill rows >= T, and T = 1 would be specialized as
+        # a constexpr, which Triton 3.6's pipeliner fails on (seen on the H200).
         kernels.grad_weight_kernel[(nprog,)](
             _desc(go, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]), c_dn, c_dn, grad_down_weight, grad_down_weight,
-            H, I, T, 1, nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
+            H, I, t_pad, 1, nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
         )
 
 
