@@ -1,13 +1,15 @@
 """Shared checks for the Triton tests (test_triton_cpu.py, test_triton_adversarial.py).
 
 An output is accepted when it passes the benchmark's criterion against the bf16 reference and its
-float64 relative error is at most FACTOR x the reference's own (plus FLOOR). Outputs go into views
+float64 relative error is at most FACTOR x the reference's own (plus FLOOR and a sampling-noise
+floor that matters only for outputs of a few elements: ``noise_floor``). Outputs go into views
 of larger NaN-filled buffers: an unwritten tile stays NaN and a store outside its output changes
 the padding (the interpreter does not catch out-of-bounds stores itself).
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 from swiglu import benchmark_criterion, float64_backward, reference_backward, relative_error
@@ -22,6 +24,15 @@ PAD = 64  # guard elements around each output (128 bytes: keeps the output 16-by
 # Small tiles keep interpreter runs short and give many tiles (and partial edge tiles) per shape.
 SMALL = KernelConfig(BM=64, BN=64, BK=64, EPI_SPLIT=2)
 SMALL_CONFIGS = {"dswiglu": SMALL, "grad_weights": SMALL, "grad_x": SMALL}
+
+
+def noise_floor(numel: int) -> float:
+    """Three standard deviations of a relative error's sampling noise over ``numel`` elements: each
+    bf16 output element carries up to one rounding step (2**-8 relative), so on an 8-element output
+    one element rounded the other way moves the norm-relative error by ~2**-8 / sqrt(8). Without it
+    the FACTOR rule failed 1 in ~1200 checks at T = 1, H = I = 8 (one element one ulp off where the
+    reference's extra roundings happened to cancel); at 1000+ elements it adds < 4e-4."""
+    return 3 * 2.0**-8 / math.sqrt(numel)
 
 
 def fresh_seed() -> int:
@@ -58,7 +69,8 @@ def check(inp, got, seed, atol=0.13, **needs):
         crit = benchmark_criterion(g, r, atol)
         assert crit.passed, f"{name}: benchmark criterion failed {crit}, seed={seed}"
         e_t, e_r = relative_error(g, o), relative_error(r, o)
-        assert e_t <= FACTOR * e_r + FLOOR, f"{name}: rel error {e_t:.3e} > {FACTOR} x reference {e_r:.3e}, seed={seed}"
+        bound = FACTOR * e_r + FLOOR + noise_floor(g.numel())
+        assert e_t <= bound, f"{name}: rel error {e_t:.3e} > {FACTOR} x reference {e_r:.3e} + floors, seed={seed}"
         assert float(o.norm()) > 1e3 * FLOOR, f"{name}: oracle too small to test against"
 
 
