@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -208,6 +209,12 @@ def test_git_info_falls_back_to_env(tmp_path, monkeypatch):
     monkeypatch.setenv("SWIGLU_GIT_DIRTY", "1")
     info = environment.git_info(tmp_path)
     assert info["commit"] == "abc1234" and info["dirty"] is True
+    # The env var also wins inside a working git checkout (a stale .git must not override it).
+    repo = Path(environment.__file__).resolve().parent
+    assert environment.git_info(repo)["source"] == "env SWIGLU_GIT_COMMIT"
+    monkeypatch.delenv("SWIGLU_GIT_COMMIT")
+    monkeypatch.delenv("GIT_CEILING_DIRECTORIES")
+    assert environment.git_info(repo)["source"] in ("git", "unknown")  # unknown: a copy without .git
     assert re.fullmatch(r"\d{8}T\d{6}Z-abc1234", environment.make_run_id(environment.utc_now(), "abc1234"))
 
 

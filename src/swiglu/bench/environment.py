@@ -40,10 +40,17 @@ def _run(cmd: list[str], cwd: str | Path | None = None) -> str | None:
 
 
 def git_info(repo_dir: str | Path | None = None) -> dict:
-    """``{"commit", "dirty", "source"}`` of the source tree: from git when it works (dirty =
-    a tracked file modified, or an untracked file under src/, code that ran but is not
-    committed), else from the env vars ``SWIGLU_GIT_COMMIT`` / ``SWIGLU_GIT_DIRTY`` ("1"/"true"
-    means dirty), else ``"unknown"``."""
+    """``{"commit", "dirty", "source"}`` of the source tree: from the env vars
+    ``SWIGLU_GIT_COMMIT`` / ``SWIGLU_GIT_DIRTY`` ("1"/"true" means dirty) when the first is set,
+    else from git when it works (dirty = a tracked file modified, or an untracked file under
+    src/, code that ran but is not committed), else ``"unknown"``. The env vars win because a copy
+    of the tree on another machine can carry a stale .git (seen on the lent GPU machine: git there
+    named a commit several behind the files)."""
+    env_commit = os.environ.get("SWIGLU_GIT_COMMIT")
+    if env_commit:
+        dirty_env = os.environ.get("SWIGLU_GIT_DIRTY")
+        dirty = "unknown" if dirty_env is None else dirty_env.strip().lower() in ("1", "true", "yes")
+        return {"commit": env_commit.strip(), "dirty": dirty, "source": "env SWIGLU_GIT_COMMIT"}
     repo_dir = repo_dir or Path(__file__).resolve().parent
     top = _run(["git", "rev-parse", "--show-toplevel"], cwd=repo_dir)
     commit = _run(["git", "rev-parse", "--short=7", "HEAD"], cwd=repo_dir)
@@ -54,11 +61,6 @@ def git_info(repo_dir: str | Path | None = None) -> dict:
             if line.strip() and (not line.startswith("??") or line[3:].startswith("src/"))
         ]
         return {"commit": commit.strip(), "dirty": bool(changed), "source": "git"}
-    env_commit = os.environ.get("SWIGLU_GIT_COMMIT")
-    if env_commit:
-        dirty_env = os.environ.get("SWIGLU_GIT_DIRTY")
-        dirty = "unknown" if dirty_env is None else dirty_env.strip().lower() in ("1", "true", "yes")
-        return {"commit": env_commit.strip(), "dirty": dirty, "source": "env SWIGLU_GIT_COMMIT"}
     return {"commit": "unknown", "dirty": "unknown", "source": "unknown"}
 
 
