@@ -78,3 +78,28 @@ def test_triton_full_size(case):
             failures.append(f"{row['output']}: rel error {e_t:.3e} > {ERROR_FACTOR} x reference's {e_r:.3e}")
     _record(rows)
     assert not failures, f"seed={seed}: " + "; ".join(failures)
+
+
+@pytest.mark.parametrize("need_down", [True, False])
+def test_intermediates_are_released_early(need_down):
+    """Peak memory of one call: d_gate/d_up (2*T*I) are released before grad_down_weight's output
+    is allocated, so the peak is d + h + grad_x + the two gate/up weight gradients, not every
+    buffer at once (launch order in triton_swiglu_backward). Exact byte accounting, 2 MiB slack
+    for the allocator's rounding."""
+    from swiglu.triton_backward import config_for, triton_swiglu_backward
+
+    T, H, I = 1000, 1024, 4096
+    inp = make_inputs(1, T, H, I, device="cuda", seed=random.SystemRandom().randrange(1 << 31))
+    t_pad = -(-T // config_for("grad_weights", T).BK) * config_for("grad_weights", T).BK
+    d, h, gx, w = 2 * 2 * t_pad * I, 2 * T * I, 2 * T * H, 2 * I * H
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    got = triton_swiglu_backward(*inp.as_tuple(), need_grad_down_weight=need_down)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak <= d + h + gx + 2 * w + (2 << 20), f"peak {peak} B > d + h + grad_x + 2 weight grads"
+    all_at_once = d + h + gx + (3 if need_down else 2) * w
+    if need_down:
+        assert peak < all_at_once - w // 2, f"peak {peak} B: d_gate/d_up were not released before grad_down_weight"
+    assert all(g is not None for g in got[:3]) and (got[3] is not None) == need_down
