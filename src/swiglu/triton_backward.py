@@ -316,9 +316,10 @@ def triton_swiglu_backward(
     # Order for memory, not speed (the launches are independent once d_gate, d_up and h exist):
     # grad_x, then gate/up, which are the last readers of d_gate/d_up, so their 2*T*I buffer is
     # released before grad_down_weight's output is allocated; h goes last. Peak at T = 8192:
-    # 6.4 GB of intermediates and outputs instead of 8.1 when every buffer lived to the end (bench
-    # peak_mem_gb; torch.compile 6.4). Freeing is safe with launches still queued: the caching
-    # allocator reuses memory only for later work on the same stream.
+    # 6.38 GB of intermediates and outputs, as torch.compile, instead of 8.12 when every buffer
+    # lived to the end (bench peak_mem_gb, runs 20261129T182915Z-d465888 and -180943Z-643a0c9).
+    # Freeing is safe with launches still queued: the caching allocator reuses memory only for
+    # later work on the same stream.
     grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = None
     if need_grad_x:
         grad_x = _alloc(outs[0], (T, H), dev)
