@@ -86,14 +86,17 @@ def write_best(rows: list[dict], path: str) -> None:
     # Merge: buckets this run did not measure keep their earlier entry (and its utc).
     base = path if os.path.exists(path) else TUNED_CONFIGS_PATH
     with open(base) as f:
-        table = json.load(f)["configs"]
+        old = json.load(f)
+    table = old["configs"]
+    for entries in table.values():
+        for entry in entries.values():
+            entry.setdefault("utc", old["meta"]["utc"])
     for k, v in best.items():
         for b, r in v.items():
             table.setdefault(k, {})[b] = dict(config=r["config_dict"], measured_tokens=r["tokens"], ms=round(r["ms"], 4),
                                               tflops=round(r["tflops"], 1), cublas_ms=round(r["cublas_ms"], 4), utc=utc)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, utc=utc,
-                protocol="scripts/tune_kernels.py: triton.testing.do_bench median, L2 flushed by do_bench; "
-                         "entries without their own utc come from the run of 2026-11-29T16:52:02Z")
+                protocol="scripts/tune_kernels.py: triton.testing.do_bench median, L2 flushed by do_bench")
     with open(path, "w") as f:
         json.dump(dict(meta=meta, configs=table), f, indent=1)
 

@@ -86,11 +86,11 @@ def test_intermediates_are_released_early(need_down):
     is allocated, so the peak is d + h + grad_x + the two gate/up weight gradients, not every
     buffer at once (launch order in triton_swiglu_backward). Exact byte accounting, 2 MiB slack
     for the allocator's rounding."""
-    from swiglu.triton_backward import config_for, triton_swiglu_backward
+    from swiglu.triton_backward import config_for, padded_tokens, triton_swiglu_backward
 
     T, H, I = 1000, 1024, 4096
     inp = make_inputs(1, T, H, I, device="cuda", seed=random.SystemRandom().randrange(1 << 31))
-    t_pad = -(-T // config_for("grad_weights", T).BK) * config_for("grad_weights", T).BK
+    t_pad = padded_tokens(T, config_for("grad_weights", T))
     d, h, gx, w = 2 * 2 * t_pad * I, 2 * T * I, 2 * T * H, 2 * I * H
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -181,11 +181,16 @@ def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> N
     )
 
 
+def padded_tokens(T: int, cfg_w: KernelConfig) -> int:
+    """T rounded up to the weight-gradient kernel's BK: the K extent of its launches."""
+    return triton.cdiv(T, cfg_w.BK) * cfg_w.BK
+
+
 def stacked_d_buffers(T: int, I: int, cfg_w: KernelConfig, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """d_gate and d_up as the two halves of one [2, T_pad, I] buffer, T_pad = T rounded up to
     the weight-gradient kernel's BK, padding rows zeroed: the gate/up weight-gradient launch reads
     both through one descriptor and the padding adds exact zeros. Returns (stacked, d_gate, d_up)."""
-    t_pad = triton.cdiv(T, cfg_w.BK) * cfg_w.BK
+    t_pad = padded_tokens(T, cfg_w)
     stacked = torch.empty((2, t_pad, I), device=device, dtype=torch.bfloat16)
     if t_pad > T:
         stacked[:, T:].zero_()
@@ -219,7 +224,7 @@ def launch_grad_down(go, h, grad_down_weight, c: KernelConfig) -> None:
     I = h.shape[1]
     # K = T rounded up to BK, not T: the descriptors zero-fill rows >= T, and T = 1 would be
     # specialized as a constexpr, which Triton 3.6's pipeliner fails on (seen on the H200).
-    t_pad = triton.cdiv(T, c.BK) * c.BK
+    t_pad = padded_tokens(T, c)
     c_dn = _desc(grad_down_weight, [c.BM, c.BN // c.EPI_SPLIT])
     nprog = _num_programs(go.device, triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN), c.persistent)
     kernels.grad_weight_kernel[(nprog,)](
