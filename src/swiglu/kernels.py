@@ -96,7 +96,7 @@ def _store_split(c_desc, acc, off_m, off_n, BN: tl.constexpr, EPI_SPLIT: tl.cons
 
 @triton.jit
 def _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n,
-                   UPCAST: tl.constexpr):
+                   UPCAST: tl.constexpr, WRITE_H: tl.constexpr = True):
     """SwiGLU backward on one [BM, BN/EPI_SPLIT] piece of g, in the reference's bf16 rounding
     order (shared/spec/problem.md steps 2-4): g, d_act, d_up, d_gate and h are each rounded to
     bf16 where the reference's bf16 tensors are."""
@@ -108,7 +108,8 @@ def _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_de
     dup_desc.store([off_m, off_n], _bf16(g * act, UPCAST))
     s = tl.sigmoid(gate)
     dgate_desc.store([off_m, off_n], _bf16(d_act * s * (1.0 + gate * (1.0 - s)), UPCAST))
-    h_desc.store([off_m, off_n], _bf16(act * up, UPCAST))
+    if WRITE_H:
+        h_desc.store([off_m, off_n], _bf16(act * up, UPCAST))
 
 
 @triton.jit
@@ -119,7 +120,7 @@ def dswiglu_gemm_kernel(
     T, H, I,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    FLATTEN: tl.constexpr, UPCAST: tl.constexpr, WRITE_H: tl.constexpr = True,
 ):
     num_m = tl.cdiv(T, BM)
     num_n = tl.cdiv(I, BN)
@@ -131,23 +132,23 @@ def dswiglu_gemm_kernel(
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = _mainloop(go_desc, dw_desc, off_m, off_n, H, acc, False, BM, BN, BK, UPCAST)
         if EPI_SPLIT == 1:
-            _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST)
+            _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, WRITE_H)
         else:
             a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
             if EPI_SPLIT == 2:
-                _dswiglu_piece(a0, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST)
+                _dswiglu_piece(a0, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, WRITE_H)
                 _dswiglu_piece(a1, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + BN // 2, UPCAST)
+                               off_n + BN // 2, UPCAST, WRITE_H)
             else:
                 a00, a01 = tl.split(tl.permute(tl.reshape(a0, (BM, 2, BN // 4)), (0, 2, 1)))
                 a10, a11 = tl.split(tl.permute(tl.reshape(a1, (BM, 2, BN // 4)), (0, 2, 1)))
-                _dswiglu_piece(a00, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST)
+                _dswiglu_piece(a00, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, WRITE_H)
                 _dswiglu_piece(a01, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + BN // 4, UPCAST)
+                               off_n + BN // 4, UPCAST, WRITE_H)
                 _dswiglu_piece(a10, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + BN // 2, UPCAST)
+                               off_n + BN // 2, UPCAST, WRITE_H)
                 _dswiglu_piece(a11, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + 3 * BN // 4, UPCAST)
+                               off_n + 3 * BN // 4, UPCAST, WRITE_H)
 
 
 @triton.jit
