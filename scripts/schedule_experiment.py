@@ -49,18 +49,42 @@ def tuned(T):
     return {k: config_for(k, T) for k in ("dswiglu", "grad_weights", "grad_x")}
 
 
+def weights(T, cfg):
+    from dataclasses import replace
+    t = tuned(T)
+    t["grad_weights"] = cfg
+    return t
+
+
 def variants(T):
     t = tuned(T)
     return [
         ("serial-tuned", False, None),
-        ("streams-tuned", True, None),
-        ("streams-coresA", True, CORES_A),
-        ("streams-coresB", True, CORES_B),
-        ("streams-coresC", True, CORES_C),
-        ("streams-split66", True, split(t, 66, 66)),
-        ("streams-split44", True, split(t, 44, 88)),
-        ("serial-coresA", False, CORES_A),
+        ("cublas-weights", False, "cublas"),
+        ("w-bk128-e4-s2", False, weights(T, K(128, 256, 128, 32, 4, 2, 8, flatten=True))),
+        ("w-e4-s3", False, weights(T, K(128, 256, 64, 32, 4, 3, 8, flatten=True))),
+        ("w-e2-s2", False, weights(T, K(128, 256, 64, 32, 2, 2, 8, flatten=True))),
+        ("w-256x128", False, weights(T, K(256, 128, 64, 32, 2, 3, 8, flatten=True))),
+        ("w-e1-s2", False, weights(T, K(128, 256, 64, 32, 1, 2, 8, flatten=True))),
     ]
+
+
+def cublas_weights_backward(go, x, gate, up, act, gw, uw, dw, out=None):
+    """Our dswiglu and grad_x kernels, cuBLAS (torch.mm) for the three weight gradients."""
+    from swiglu.triton_backward import config_for, launch_dswiglu, launch_grad_x
+    T, H = go.shape[-2] * (go.numel() // (go.shape[-1] * go.shape[-2])), go.shape[-1]
+    go, x = go.reshape(T, H), x.reshape(T, H)
+    I = gw.shape[0]
+    gate, up, act = (t.reshape(T, I) for t in (gate, up, act))
+    d_gate, d_up, h = (torch.empty((T, I), device=go.device, dtype=torch.bfloat16) for _ in range(3))
+    launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, config_for("dswiglu", T))
+    out = out or (None,) * 4
+    grad_x = out[0] if out[0] is not None else torch.empty((T, H), device=go.device, dtype=torch.bfloat16)
+    launch_grad_x(d_gate, d_up, gw, uw, grad_x, config_for("grad_x", T))
+    ggw = torch.mm(d_gate.t(), x, out=out[1]) if out[1] is not None else torch.mm(d_gate.t(), x)
+    guw = torch.mm(d_up.t(), x, out=out[2]) if out[2] is not None else torch.mm(d_up.t(), x)
+    gdw = torch.mm(go.t(), h, out=out[3]) if out[3] is not None else torch.mm(go.t(), h)
+    return grad_x, ggw, guw, gdw
 
 
 class Power:
@@ -117,24 +141,6 @@ def main(argv=None):
     H, I = 16384, 53248
     flush = torch.empty(256 * 1024 * 1024 // 4, device="cuda", dtype=torch.float32)
     rows = []
-    # Resources of the co-resident configs (compiled-kernel metadata), at a small T.
-    inp = make_inputs(1, 128, H, I, device="cuda", seed=1)
-    go, x = inp.grad_output.view(128, H), inp.x.view(128, H)
-    gate, up, act = (t.view(128, I) for t in (inp.gate_output, inp.up_output, inp.activated_gate))
-    d = [torch.empty_like(gate) for _ in range(3)]
-    for name, cfgs in (("A", CORES_A), ("B", CORES_B), ("C", CORES_C)):
-        launches = (("dswiglu", lambda c: launch_dswiglu(go, inp.down_weight, gate, up, act, d[0], d[1], None, c)),
-                    ("grad_weights", lambda c: launch_grad_down(go, d[2], torch.empty_like(inp.down_weight), c)),
-                    ("grad_x", lambda c: launch_grad_x(d[0], d[1], inp.gate_weight, inp.up_weight, torch.empty_like(go), c)))
-        for kn, launch in launches:
-            try:
-                k = launch(cfgs[kn])
-                print(f"cores{name} {kn}: shared {k.metadata.shared} B, regs {k.n_regs}, spills {k.n_spills}", flush=True)
-            except Exception as e:  # noqa: BLE001
-                print(f"cores{name} {kn}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-    del inp, go, x, gate, up, act, d
-    torch.cuda.empty_cache()
-
     for T in [int(t) for t in args.tokens.split(",")]:
         inp = make_inputs(1, T, H, I, device="cuda", seed=T)
         tensors = (inp.grad_output, inp.x, inp.gate_output, inp.up_output, inp.activated_gate,
@@ -144,14 +150,18 @@ def main(argv=None):
             if args.only and name not in args.only.split(","):
                 continue
             row = dict(tokens=T, variant=name, streams=streams,
-                       configs={k: asdict(v) for k, v in (cfgs or {}).items()})
+                       configs=cfgs if isinstance(cfgs, str) else {k: asdict(v) for k, v in (cfgs or {}).items()})
             try:
                 outs = (torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16),
                         torch.full((I, H), float("nan"), device="cuda", dtype=torch.bfloat16),
                         torch.full((I, H), float("nan"), device="cuda", dtype=torch.bfloat16),
                         torch.full((H, I), float("nan"), device="cuda", dtype=torch.bfloat16))
                 t0 = time.time()
-                grads = triton_swiglu_backward(*tensors, configs=cfgs, streams=streams, out=outs)
+                if cfgs == "cublas":
+                    call = lambda out=None: cublas_weights_backward(*tensors, out=out)  # noqa: E731
+                else:
+                    call = lambda out=None: triton_swiglu_backward(*tensors, configs=cfgs, streams=streams, out=out)  # noqa: E731
+                grads = call(outs)
                 torch.cuda.synchronize()
                 row["first_call_s"] = round(time.time() - t0, 2)
                 grads = [g.clone() for g in grads]
@@ -161,7 +171,7 @@ def main(argv=None):
                 row["max_rel_err_vs_serial"] = max(relative_error(g, b) for g, b in zip(grads, base))
                 row["all_finite"] = all(bool(torch.isfinite(g).all()) for g in grads)
                 del grads, outs
-                fn = lambda: triton_swiglu_backward(*tensors, configs=cfgs, streams=streams)  # noqa: E731
+                fn = call
                 for _ in range(args.warmup):
                     fn()
                 times = []
