@@ -168,16 +168,17 @@ def unsupported_reason(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None
 
 
 def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> None:
-    """``g = go @ dw`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up, h [T, I]."""
+    """``g = go @ dw`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up, h [T, I].
+    ``act`` None: activated_gate is recomputed from gate in the epilogue (memory-lean mode)."""
     T, H = go.shape
     I = dw.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
     nprog = _num_programs(go.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN))
     kernels.dswiglu_gemm_kernel[(nprog,)](
         _desc(go, [c.BM, c.BK]), _desc(dw, [c.BK, c.BN]),
-        _desc(gate, piece), _desc(up, piece), _desc(act, piece),
+        _desc(gate, piece), _desc(up, piece), _desc(gate if act is None else act, piece),
         _desc(d_gate, piece), _desc(d_up, piece), _desc(h, piece),
-        T, H, I, NUM_PROGRAMS=nprog, **_launch_kwargs(c),
+        T, H, I, NUM_PROGRAMS=nprog, RECOMPUTE_ACT=act is None, **_launch_kwargs(c),
     )
 
 
@@ -259,7 +260,7 @@ def triton_swiglu_backward(
     x: torch.Tensor,
     gate_output: torch.Tensor,
     up_output: torch.Tensor,
-    activated_gate: torch.Tensor,
+    activated_gate: torch.Tensor | None,
     gate_weight: torch.Tensor,
     up_weight: torch.Tensor,
     down_weight: torch.Tensor,
@@ -282,12 +283,17 @@ def triton_swiglu_backward(
     grad_down_weight [H, I])``, contiguous bf16 on the inputs' device (None entries are allocated);
     they are overwritten, never read, and must not overlap an input.
 
+    ``activated_gate=None`` (the memory-lean mode of ``swiglu_mlp``): it is recomputed as
+    ``bf16(silu(gate_output))`` inside the dSwiGLU epilogue with the formula of
+    ``swiglu.forward``'s kernels (``kernels._activated_gate``), bitwise what they produced.
+
     Raises: TypeError for a non-bf16 input; ValueError for bad shapes (see
     ``validate_backward_inputs``), an unsupported device or unaligned sizes.
     """
+    recompute = activated_gate is None
     problem = validate_backward_inputs(
-        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
-        dtypes=(torch.bfloat16,),
+        grad_output, x, gate_output, up_output, gate_output if recompute else activated_gate,
+        gate_weight, up_weight, down_weight, dtypes=(torch.bfloat16,),
     )
     T, H, I = problem.tokens, problem.hidden_size, problem.intermediate_size
     reason = unsupported_reason(x, gate_weight)
@@ -302,11 +308,12 @@ def triton_swiglu_backward(
     cfg_x = configs.get("grad_x") or config_for("grad_x", T)
     dev = x.device
     go, xf = _tma_ready(grad_output), _tma_ready(x)
-    gate, up, act = _tma_ready(gate_output), _tma_ready(up_output), _tma_ready(activated_gate)
+    gate, up = _tma_ready(gate_output), _tma_ready(up_output)
+    act = None if recompute else _tma_ready(activated_gate)
     gw, uw, dw = _tma_ready(gate_weight), _tma_ready(up_weight), _tma_ready(down_weight)
 
-    outs = _check_out(out, (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                            down_weight), [(T, H), (I, H), (I, H), (H, I)], dev)
+    inputs = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
+    outs = _check_out(out, [t for t in inputs if t is not None], [(T, H), (I, H), (I, H), (H, I)], dev)
     need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight
     stacked_d = d_gate = d_up = h = None
     if need_d:
@@ -315,8 +322,13 @@ def triton_swiglu_backward(
         launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
     elif need_grad_down_weight:
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
-        with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
-            torch.mul(act, up, out=h)  # only grad_down_weight wanted: h alone, no g GEMM
+        if recompute:  # only grad_down_weight wanted: h alone, no g GEMM
+            from .forward import launch_swiglu_product  # (forward imports this module)
+
+            launch_swiglu_product(gate, up, h)
+        else:
+            with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
+                torch.mul(act, up, out=h)
 
     # Order for memory, not speed (the launches are independent once d_gate, d_up and h exist):
     # grad_x, then gate/up, which are the last readers of d_gate/d_up, so their 2*T*I buffer is
