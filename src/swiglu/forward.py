@@ -91,6 +91,11 @@ def launch_swiglu_product(gate, up, h, act=None) -> None:
     )
 
 
+def _empty(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    # Every kernel output is allocated here (tests fill them with NaN to catch unwritten tiles).
+    return torch.empty(shape, device=device, dtype=torch.bfloat16)
+
+
 def triton_swiglu_forward(
     x: torch.Tensor,
     gate_weight: torch.Tensor,
@@ -113,12 +118,12 @@ def triton_swiglu_forward(
 
     Returns:
         ``(out [..., H], gate_output [..., I], up_output [..., I])`` (plus activated_gate [..., I]
-        when asked), fresh contiguous bf16 tensors. ``h`` is freed on return. The error against
+        when asked), fresh contiguous bf16 tensors (empty ones for T = 0). ``h`` is freed on return. The error against
         float64 is that of the nn.Linear module's bf16 forward (same roundings; the fused GEMM's
         summation order differs); activated_gate may differ from ``F.silu``'s by one bf16 ulp.
 
     Raises:
-        TypeError: a non-bf16 tensor. ValueError: mismatched shapes, no tokens, an unsupported
+        TypeError: a non-bf16 tensor. ValueError: mismatched shapes, an empty size, an unsupported
         device or unaligned sizes, a bad ``config``.
     """
     tensors = {"x": x, "gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
@@ -131,8 +136,9 @@ def triton_swiglu_forward(
     if gate_weight.dim() != 2 or tuple(up_weight.shape) != (inter, hidden) or tuple(down_weight.shape) != (hidden, inter):
         raise ValueError(f"gate_weight and up_weight must be [I, H] and down_weight [H, I], got "
                          f"{list(gate_weight.shape)}, {list(up_weight.shape)}, {list(down_weight.shape)}")
-    if x.dim() < 1 or x.shape[-1] != hidden or x.numel() == 0:
-        raise ValueError(f"x must have shape [..., {hidden}] with at least one token, got {list(x.shape)}")
+    if x.dim() < 1 or x.shape[-1] != hidden or 0 in (inter, hidden):
+        raise ValueError(f"x must have shape [..., {hidden}] and the weights no empty size, got x {list(x.shape)}, "
+                         f"gate_weight {list(gate_weight.shape)}")
     reason = unsupported_reason(x, gate_weight)
     if reason:
         raise ValueError(f"the Triton forward {reason}")
@@ -143,15 +149,17 @@ def triton_swiglu_forward(
     if cfg is not None and not isinstance(cfg, KernelConfig):
         raise ValueError(f"config must be 'auto', None or a KernelConfig, got {config!r}")
     dev = x.device
-    act = torch.empty((T, inter), device=dev, dtype=torch.bfloat16) if return_activated_gate else None
-    h = torch.empty((T, inter), device=dev, dtype=torch.bfloat16)
-    if cfg is None:
+    act = _empty((T, inter), dev) if return_activated_gate else None
+    h = _empty((T, inter), dev)
+    if T == 0:  # no tokens: no launches (a zero-size grid is an error)
+        gate, up = _empty((0, inter), dev), _empty((0, inter), dev)
+        act = act if act is None else _empty((0, inter), dev)
+    elif cfg is None:
         gate = F.linear(xf, gate_weight)
         up = F.linear(xf, up_weight)
         launch_swiglu_product(gate, up, h, act)
     else:
-        gate = torch.empty((T, inter), device=dev, dtype=torch.bfloat16)
-        up = torch.empty((T, inter), device=dev, dtype=torch.bfloat16)
+        gate, up = _empty((T, inter), dev), _empty((T, inter), dev)
         launch_fused_forward(xf, _tma_ready(gate_weight), _tma_ready(up_weight), gate, up, act, h, cfg)
     out = F.linear(h, down_weight)
     result = (out.reshape(lead + (hidden,)), gate.reshape(lead + (inter,)), up.reshape(lead + (inter,)))
