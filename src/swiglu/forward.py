@@ -18,6 +18,7 @@ measured choice (``forward_configs.json``, loaded from next to this file when pr
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,7 +33,13 @@ from .triton_backward import INTERPRET, TOKEN_BUCKETS, KernelConfig, _desc, _num
 FUSED_BIG = KernelConfig(BM=128, BN=128, BK=64, GROUP_M=8, EPI_SPLIT=2, num_stages=3, num_warps=8)
 #: 64-row tiles: twice the tiles at small T, so more of the 132 SMs have work.
 FUSED_SMALL = KernelConfig(BM=64, BN=128, BK=64, GROUP_M=8, EPI_SPLIT=2, num_stages=4, num_warps=4)
-FUSED_CANDIDATES = {"fused_128": FUSED_BIG, "fused_64": FUSED_SMALL}
+FUSED_CANDIDATES = {
+    "fused_128": FUSED_BIG,
+    "fused_128_s4": replace(FUSED_BIG, num_stages=4),
+    # As the backward's tuned dSwiGLU GEMM at large T: a warp-specialized, flattened tile loop.
+    "fused_128_ws": replace(FUSED_BIG, warp_specialize=True, flatten=True),
+    "fused_64": FUSED_SMALL,
+}
 
 #: Per token bucket (``TOKEN_BUCKETS``, as the backward's table): a KernelConfig runs the fused
 #: kernel, None the cuBLAS path. Overridden by ``forward_configs.json`` when present.
