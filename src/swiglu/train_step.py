@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -43,21 +44,36 @@ FORWARD_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192)
 # ------------------------------------------------------------------ timing helpers
 
 
-def _median_ms(fn, warmup: int, iters: int) -> float:
+def _median_ms(fn, warmup: int, iters: int, device: str = "cuda") -> float:
+    """Median wall time of fn() in ms: CUDA events on a GPU, perf_counter elsewhere (CPU tests)."""
     times = []
     for i in range(warmup + iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            ms = (time.perf_counter() - t0) * 1e3
         if i >= warmup:
-            times.append(start.elapsed_time(end))
+            times.append(ms)
     return statistics.median(times)
 
 
-def _iters(tokens: int) -> tuple[int, int]:
-    return (2, 5) if tokens >= 4096 else (3, 10)
+def _memory(device: str) -> tuple:
+    """(allocated, reset_peak, max_allocated) for CUDA; zeros elsewhere (no allocator statistics)."""
+    if device == "cuda":
+        return torch.cuda.memory_allocated, torch.cuda.reset_peak_memory_stats, torch.cuda.max_memory_allocated
+    return (lambda: 0), (lambda: None), (lambda: 0)
+
+
+def _iters(tokens: int, given: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(warmup, timed iterations): ``given``, else fewer at large T (each step is 50-200 ms)."""
+    return given or ((2, 5) if tokens >= 4096 else (3, 10))
 
 
 # ------------------------------------------------------------------ 1. checks
@@ -127,24 +143,25 @@ def run_checks() -> list[dict]:
 # ------------------------------------------------------------------ 2. forward table
 
 
-def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS) -> tuple[list[dict], dict]:
+def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS, *, device: str = "cuda",
+                 candidates: dict | None = None, iters: tuple[int, int] | None = None) -> tuple[list[dict], dict]:
     """Time the forward (all of it: gate/up, product, down_proj) per candidate and T. Returns the
     rows and the table {bucket: (candidate name, KernelConfig or None, ms)}, fastest per bucket."""
     from . import forward
     from .triton_backward import TOKEN_BUCKETS
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    w = [torch.randn(s, generator=gen, device="cuda", dtype=torch.bfloat16) / s[1] ** 0.5
+    gen = torch.Generator(device=device).manual_seed(0)
+    w = [torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5
          for s in ((intermediate_size, hidden_size), (intermediate_size, hidden_size), (hidden_size, intermediate_size))]
-    candidates = {"cublas": None, **forward.FUSED_CANDIDATES}
+    candidates = candidates if candidates is not None else {"cublas": None, **forward.FUSED_CANDIDATES}
     rows, table = [], {}
     for T in tokens:
-        x = torch.randn(T, hidden_size, generator=gen, device="cuda", dtype=torch.bfloat16)
-        warmup, iters = _iters(T)
+        x = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16)
+        warmup, n = _iters(T, iters)
         plain_ms = _median_ms(lambda: torch.nn.functional.linear(
-            torch.nn.functional.silu(x @ w[0].t()) * (x @ w[1].t()), w[2]), warmup, iters)
+            torch.nn.functional.silu(x @ w[0].t()) * (x @ w[1].t()), w[2]), warmup, n, device)
         for name, cfg in candidates.items():
-            ms = _median_ms(lambda: forward.triton_swiglu_forward(x, *w, config=cfg), warmup, iters)
+            ms = _median_ms(lambda: forward.triton_swiglu_forward(x, *w, config=cfg), warmup, n, device)
             rows.append(dict(tokens=T, candidate=name, ms=ms, plain_ms=plain_ms, speedup_vs_plain=plain_ms / ms,
                              config=None if cfg is None else asdict(cfg)))
         best = min((r for r in rows if r["tokens"] == T), key=lambda r: r["ms"])
@@ -173,23 +190,30 @@ def _step(module, x, go):
     module(x).backward(go)
 
 
-def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, *, lean_cublas: bool) -> list[dict]:
-    """Step time, peak memory and saved activations per variant and T (module docstring)."""
+def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, *, variants=VARIANTS,
+                  device: str = "cuda", iters: tuple[int, int] | None = None) -> list[dict]:
+    """Step time, peak memory and saved activations per variant and T (module docstring); the
+    "lean_cublas" variant runs only where the forward table picks the fused kernel. Off CUDA
+    (CPU tests) the memory columns are 0 and times are perf_counter's."""
     from . import forward
     from .memory import saved_activations
     from .module import PlainSwiGLUMLP, SwiGLUMLP
 
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    if "plain" not in variants:
+        raise ValueError(f"variants must include 'plain' (the reference of speedups), got {variants}")
+    allocated, reset_peak, max_allocated = _memory(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    gen = torch.Generator(device=device).manual_seed(1)
     names = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
     shapes = ((intermediate_size, hidden_size), (intermediate_size, hidden_size), (hidden_size, intermediate_size))
-    state = {n: torch.randn(s, generator=gen, device="cuda", dtype=torch.bfloat16) / s[1] ** 0.5 for n, s in zip(names, shapes)}
+    state = {n: torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5 for n, s in zip(names, shapes)}
     rows = []
     for T in tokens:
-        x = torch.randn(T, hidden_size, generator=gen, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        go = torch.randn(T, hidden_size, generator=gen, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16, requires_grad=True)
+        go = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16)
         fused_here = forward.forward_config_for(T) is not None
-        for variant in VARIANTS:
-            if variant == "lean_cublas" and not (lean_cublas and fused_here):
+        for variant in variants:
+            if variant == "lean_cublas" and not fused_here:
                 continue
             if variant in ("plain", "compile"):
                 module = PlainSwiGLUMLP(hidden_size, intermediate_size, device="meta", dtype=torch.bfloat16)
@@ -205,18 +229,17 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
                 forward.FORWARD_CONFIGS.update({b: None for b in forward.FORWARD_CONFIGS})
             try:
                 saved = saved_activations(module, x)
-                warmup, iters = _iters(T)
-                ms = _median_ms(lambda: _step(module, x, go), warmup, iters)
-                _step(module, x, go)  # one more, for the peak alone
-                torch.cuda.synchronize()
+                warmup, n = _iters(T, iters)
+                ms = _median_ms(lambda: _step(module, x, go), warmup, n, device)
+                sync()
                 for p in module.parameters():
                     p.grad = None
                 x.grad = None
-                base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-                _step(module, x, go)
-                torch.cuda.synchronize()
-                peak = torch.cuda.max_memory_allocated()
+                base = allocated()
+                reset_peak()
+                _step(module, x, go)  # one more, for the peak alone
+                sync()
+                peak = max_allocated()
             finally:
                 forward.FORWARD_CONFIGS.update(saved_table)
             rows.append(dict(tokens=T, variant=variant, label=LABELS[variant], ms=ms, peak_bytes=peak,
@@ -225,18 +248,31 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
                              tflops=18 * T * hidden_size * intermediate_size / (ms * 1e-3) / 1e12,
                              forward="fused" if variant == "lean" and fused_here else "cublas"))
             del module
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
         plain_ms = next(r["ms"] for r in rows if r["tokens"] == T and r["variant"] == "plain")
         plain_peak = next(r["peak_bytes"] for r in rows if r["tokens"] == T and r["variant"] == "plain")
         for r in rows:
             if r["tokens"] == T:
                 r["speedup_vs_plain"] = plain_ms / r["ms"]
-                r["peak_vs_plain"] = r["peak_bytes"] / plain_peak
+                r["peak_vs_plain"] = r["peak_bytes"] / plain_peak if plain_peak else float("nan")
         del x, go
     return rows
 
 
-# ------------------------------------------------------------------ reading back, plotting
+# ------------------------------------------------------------------ writing, reading back, plotting
+
+
+def write_run(run: dict, out: str | Path) -> None:
+    """``train_step.json`` (everything), ``forward_configs.json`` and three CSVs into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_step.json").write_text(json.dumps(run, indent=1, default=str))
+    (out / "forward_configs.json").write_text(json.dumps(run["forward_configs"], indent=1))
+    pd.DataFrame(run["steps"]).to_csv(out / "train_step.csv", index=False)
+    pd.DataFrame(run["forward"]).drop(columns="config").to_csv(out / "forward_tuning.csv", index=False)
+    pd.DataFrame(run["checks"] or [{}]).to_csv(out / "checks.csv", index=False)
+
 
 
 def load_run(path: str | Path) -> dict | None:
@@ -307,17 +343,11 @@ def main(argv: list[str] | None = None) -> dict:
     fwd_rows, table = tune_forward(H, I, args.forward_tokens)
     for b, (name, cfg, ms, T) in table.items():
         forward.FORWARD_CONFIGS[b] = cfg
-    steps = measure_steps(H, I, args.step_tokens, lean_cublas=True)
+    steps = measure_steps(H, I, args.step_tokens)
     run = dict(meta=meta, checks=checks, forward=fwd_rows, steps=steps,
                forward_configs=forward_configs_json(table, {k: meta[k] for k in ("utc", "run_id")}))
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "train_step.json").write_text(json.dumps(run, indent=1, default=str))
-        (out / "forward_configs.json").write_text(json.dumps(run["forward_configs"], indent=1))
-        pd.DataFrame(steps).to_csv(out / "train_step.csv", index=False)
-        pd.DataFrame(fwd_rows).drop(columns="config").to_csv(out / "forward_tuning.csv", index=False)
-        pd.DataFrame(checks or [{}]).to_csv(out / "checks.csv", index=False)
+        write_run(run, args.out)
     pd.set_option("display.width", 160)
     f = pd.DataFrame(fwd_rows).pivot(index="tokens", columns="candidate", values="ms")
     print("\nforward ms (whole forward incl. down_proj; chosen per bucket ->", {b: v[0] for b, v in table.items()}, ")")
