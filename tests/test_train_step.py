@@ -5,8 +5,10 @@ round-trips through forward_configs.json, and a written run reads back and plots
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import matplotlib
+import pandas as pd
 import pytest
 
 from swiglu import forward, train_step
@@ -44,13 +46,30 @@ def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
         assert [got[T, v]["saved_TxI"] for v in ("plain", "saved", "lean")] == [4, 3, 2]
         assert got[T, "lean"]["saved_bytes"] == 2 * (T * H + 2 * T * I)
     assert got[3, "lean"]["forward"] == "fused" and got[130, "lean"]["forward"] == "cublas"
-    run = dict(meta={"utc": "x"}, checks=[], forward=rows, steps=steps, forward_configs=doc)
+    meta = dict(utc="2026-11-30T00:00:00Z", run_id="20261130T000000Z-test", gpu={"name": "CPU"},
+                software={"torch": "x", "triton": "y"}, hidden_size=H, intermediate_size=I)
+    run = dict(meta=meta, checks=[], forward=rows, steps=steps, forward_configs=doc)
     train_step.write_run(run, tmp_path / "run")
     back = train_step.load_run(tmp_path / "run")
     assert len(back["steps"]) == len(steps) and set(train_step.summary_table(back["steps"]).variant) >= {"lean"}
     fig = train_step.plot_train_step(back["steps"])
     assert len(fig.axes) == 2 and len(fig.axes[1].lines) == 4
     assert train_step.load_run(tmp_path / "missing") is None
+    _run_notebook_06(tmp_path)
+
+
+def _run_notebook_06(tmp_path):
+    """notebooks/06 on the run just written (its code cells, parameters overridden)."""
+    book = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "06_training_memory.ipynb").read_text())
+    cells = ["".join(c["source"]) for c in book["cells"] if c["cell_type"] == "code"]
+    ns: dict = {}
+    exec(cells[0], ns)
+    ns.update(train_step_dir=str(tmp_path / "run"), figures_dir=str(tmp_path / "fig"), derived_dir=str(tmp_path / "derived"))
+    for cell in cells[1:]:
+        exec(cell, ns)
+    summary = pd.read_csv(tmp_path / "derived" / "train_step_summary.csv")
+    assert set(summary.variant) == {"plain", "saved", "lean", "lean_cublas"}
+    assert (tmp_path / "fig" / "06_training_memory.png").stat().st_size > 1000
 
 
 def test_measure_steps_needs_plain():

@@ -18,7 +18,8 @@ One process, on one H200 (``scripts/train_step_gpu.py`` calls ``main``; < 5 min)
 Writes ``train_step.csv``, ``forward_tuning.csv``, ``checks.csv``, ``train_step.json`` (all rows
 and metadata: GPU, torch, triton, commit from env SWIGLU_GIT_COMMIT) and
 ``forward_configs.json`` to ``--out`` or $OUT when set; prints a short table last.
-``load_run`` and ``plot_train_step`` read such a run back (notebooks/06_training_memory.ipynb).
+``latest_run``/``load_run`` and ``plot_train_step`` read such a run back from data/train_step/
+(notebooks/06_training_memory.ipynb).
 """
 
 from __future__ import annotations
@@ -286,6 +287,14 @@ def load_run(path: str | Path) -> dict | None:
     run = json.loads(path.read_text())
     return {"meta": run["meta"], "steps": pd.DataFrame(run["steps"]), "forward": pd.DataFrame(run["forward"]),
             "checks": pd.DataFrame(run["checks"])}
+
+
+def latest_run(folder: str | Path) -> dict | None:
+    """The most recent run (by its metadata's utc) among the ``train_step.json`` files under
+    ``folder``, read with ``load_run``; None when there is none."""
+    paths = sorted(Path(folder).glob("**/train_step.json")) if Path(folder).is_dir() else []
+    runs = [load_run(p) for p in paths]
+    return max(runs, key=lambda r: str(r["meta"].get("utc", "")), default=None)
 
 
 def summary_table(steps: pd.DataFrame) -> pd.DataFrame:
