@@ -259,3 +259,21 @@ def test_modes_triton_autocast(mode, device):
     for g, p, o in zip(got, want, oracle):
         assert g.dtype == torch.float32
         assert relative_error(g, o) <= 2 * relative_error(p, o) + 1e-3
+
+
+def test_opcheck_lean_ops():
+    """The custom ops' schemas, fake implementations and autograd hold in the lean mode too
+    (activated_gate comes back empty from the forward and is None in the backward)."""
+    from swiglu import ops
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    x = torch.randn(2, 5, 48, generator=gen, dtype=torch.float64).requires_grad_(True)
+    w = [(torch.randn(s, generator=gen, dtype=torch.float64) / s[1] ** 0.5).requires_grad_(True)
+         for s in ((80, 48), (80, 48), (48, 80))]
+    torch.library.opcheck(ops.mlp_forward, (x, *w, "reference", False))
+    out, gate, up, act = ops.mlp_forward(x, *w, "reference", False)
+    assert act.shape == (0,)
+    go = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    for needs in [(True, True, True, True), (False, False, True, False)]:
+        torch.library.opcheck(ops.mlp_backward, (go, x.detach(), gate, up, None, *(t.detach() for t in w), *needs,
+                                                 "reference"))

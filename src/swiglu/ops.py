@@ -188,7 +188,8 @@ def mlp_forward(
     if not save_activated_gate and resolve_backward_impl(backward_impl, x, gate_weight) == "triton":
         from .forward import triton_swiglu_forward
 
-        out, gate_output, up_output = triton_swiglu_forward(x, gate_weight, up_weight, down_weight)
+        with _no_autocast(x):
+            out, gate_output, up_output = triton_swiglu_forward(x, gate_weight, up_weight, down_weight)
         return out, gate_output, up_output, x.new_empty(0)
     with _no_autocast(x):
         gate_output = F.linear(x, gate_weight)
