@@ -346,13 +346,17 @@ def main(argv: list[str] | None = None) -> dict:
     git = git_info()
     meta = dict(utc=when.strftime("%Y-%m-%dT%H:%M:%SZ"), run_id=make_run_id(when, git["commit"]), git=git,
                 gpu=gpu_info(torch.device("cuda")), software=software_info(), hidden_size=H, intermediate_size=I)
+    t0 = time.perf_counter()
     checks = [] if args.skip_checks else run_checks()
+    print(f"[{time.perf_counter() - t0:.0f} s] checks done", flush=True)
     for c in checks:
         print(f"check {c['check']:18s} {c['variant']:16s} {'ok' if c['passed'] else 'FAILED'}  {c['detail']}", flush=True)
     fwd_rows, table = tune_forward(H, I, args.forward_tokens)
     for b, (name, cfg, ms, T) in table.items():
         forward.FORWARD_CONFIGS[b] = cfg
+    print(f"[{time.perf_counter() - t0:.0f} s] forward table done", flush=True)
     steps = measure_steps(H, I, args.step_tokens)
+    print(f"[{time.perf_counter() - t0:.0f} s] training steps done", flush=True)
     run = dict(meta=meta, checks=checks, forward=fwd_rows, steps=steps,
                forward_configs=forward_configs_json(table, {k: meta[k] for k in ("utc", "run_id")}))
     if args.out:
