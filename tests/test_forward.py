@@ -277,3 +277,19 @@ def test_opcheck_lean_ops():
     for needs in [(True, True, True, True), (False, False, True, False)]:
         torch.library.opcheck(ops.mlp_backward, (go, x.detach(), gate, up, None, *(t.detach() for t in w), *needs,
                                                  "reference"))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_modes_triton_checkpointing_is_bitwise(mode, device):
+    """Triton path (interpreter on CPU): activation checkpointing reruns the forward, so the
+    gradients are bitwise those without it, in both modes."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    x = torch.randn(2, 7, 48, generator=gen).bfloat16().to(device)
+    go = torch.randn(2, 7, 48, generator=gen).bfloat16().to(device)
+    ours, _ = _same_weights(MODES[mode], torch.bfloat16, "triton", device)
+    plain_grads = _grads(ours, x, go)
+    for p in ours.parameters():
+        p.grad = None
+    checkpoint = lambda m, x: torch.utils.checkpoint.checkpoint(m, x, use_reentrant=False)  # noqa: E731
+    for g, r in zip(_grads(ours, x, go, checkpoint), plain_grads):
+        assert torch.equal(g, r)

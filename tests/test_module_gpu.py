@@ -127,11 +127,12 @@ class Residual(torch.nn.Module):
         return x + self.mlp(x * 0.5)
 
 
-def test_torch_compile_inductor_matches_eager():
+@pytest.mark.parametrize("mode", ["lean", "saved"])
+def test_torch_compile_inductor_matches_eager(mode):
     """fullgraph=True with inductor (no graph break); inductor may fuse the surrounding
     elementwise ops differently, so compare to eager within bf16 rounding (a wrong gradient
     would be off by ~1)."""
-    ours, _, _ = _models(seed=6)
+    ours, _, _ = _models(seed=6, save_activated_gate=mode == "saved")
     model = Residual(ours)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
