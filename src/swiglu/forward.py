@@ -26,7 +26,8 @@ import torch.nn.functional as F
 import triton
 
 from . import kernels
-from .triton_backward import INTERPRET, TOKEN_BUCKETS, KernelConfig, _desc, _num_programs, _tma_ready, unsupported_reason
+from .triton_backward import (INTERPRET, TOKEN_BUCKETS, KernelConfig, _desc, _num_programs, _tma_ready,
+                              unsupported_reason)
 
 #: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
 #: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
@@ -140,7 +141,8 @@ def triton_swiglu_forward(
         if t.dtype != torch.bfloat16:
             raise TypeError(f"{name} must be bfloat16 for the Triton forward, got {t.dtype}")
     inter, hidden = gate_weight.shape if gate_weight.dim() == 2 else (None, None)
-    if gate_weight.dim() != 2 or tuple(up_weight.shape) != (inter, hidden) or tuple(down_weight.shape) != (hidden, inter):
+    if (gate_weight.dim() != 2 or tuple(up_weight.shape) != (inter, hidden)
+            or tuple(down_weight.shape) != (hidden, inter)):
         raise ValueError(f"gate_weight and up_weight must be [I, H] and down_weight [H, I], got "
                          f"{list(gate_weight.shape)}, {list(up_weight.shape)}, {list(down_weight.shape)}")
     if x.dim() < 1 or x.shape[-1] != hidden or 0 in (inter, hidden):

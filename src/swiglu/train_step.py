@@ -207,7 +207,8 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
     gen = torch.Generator(device=device).manual_seed(1)
     names = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
     shapes = ((intermediate_size, hidden_size), (intermediate_size, hidden_size), (hidden_size, intermediate_size))
-    state = {n: torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5 for n, s in zip(names, shapes)}
+    state = {n: torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5
+             for n, s in zip(names, shapes)}
     rows = []
     for T in tokens:
         x = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16, requires_grad=True)
