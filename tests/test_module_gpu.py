@@ -32,9 +32,10 @@ def _init_state(seed, hidden_size=H, intermediate_size=I):
     return {k: torch.randn(s, generator=gen, device="cuda", dtype=torch.float64) / math.sqrt(s[1]) for k, s in shapes.items()}
 
 
-def _models(seed, backward_impl="triton"):
+def _models(seed, backward_impl="triton", save_activated_gate=False):
     state = _init_state(seed)
-    ours = swiglu.SwiGLUMLP(H, I, backward_impl=backward_impl, device="cuda", dtype=torch.bfloat16)
+    ours = swiglu.SwiGLUMLP(H, I, backward_impl=backward_impl, save_activated_gate=save_activated_gate, device="cuda",
+                            dtype=torch.bfloat16)
     plain = PlainSwiGLUMLP(H, I, device="cuda", dtype=torch.bfloat16)
     plain64 = PlainSwiGLUMLP(H, I, device="cuda", dtype=torch.float64)
     ours.load_state_dict({k: v.bfloat16() for k, v in state.items()})
@@ -53,8 +54,9 @@ def test_auto_is_triton_on_hopper():
 
 @pytest.mark.parametrize("leading", [(T,), (4, T // 4)], ids=str)
 @pytest.mark.parametrize("frozen", [(), ("gate_proj.weight",), ("x", "down_proj.weight")], ids=str)
-def test_gradients_within_bf16_tolerance(leading, frozen):
-    ours, plain, plain64 = _models(seed=1)
+@pytest.mark.parametrize("mode", ["lean", "saved"])
+def test_gradients_within_bf16_tolerance(leading, frozen, mode):
+    ours, plain, plain64 = _models(seed=1, save_activated_gate=mode == "saved")
     for m in (ours, plain, plain64):
         for n, p in m.named_parameters():
             p.requires_grad_(n not in frozen)
@@ -125,11 +127,12 @@ class Residual(torch.nn.Module):
         return x + self.mlp(x * 0.5)
 
 
-def test_torch_compile_inductor_matches_eager():
+@pytest.mark.parametrize("mode", ["lean", "saved"])
+def test_torch_compile_inductor_matches_eager(mode):
     """fullgraph=True with inductor (no graph break); inductor may fuse the surrounding
     elementwise ops differently, so compare to eager within bf16 rounding (a wrong gradient
     would be off by ~1)."""
-    ours, _, _ = _models(seed=6)
+    ours, _, _ = _models(seed=6, save_activated_gate=mode == "saved")
     model = Residual(ours)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)

@@ -24,6 +24,7 @@ EXPECTED_FIGURES = {
     "02_validation": ["02_validation_errors_cpu", "02_validation_ratio_cpu"],
     "03_latency": ["03_latency_per_case", "03_speedup", "03_sol_fraction", "03_gmean"],
     "04_history": ["04_history"],
+    "06_training_memory": ["06_training_memory"],
 }
 
 

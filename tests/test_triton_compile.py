@@ -6,8 +6,9 @@ whole pipeline (TTIR, TTGIR, LLVM, PTX, then ptxas to a cubin) on the CPU
 beyond the H200's 227 KiB opt-in limit (the OutOfResources seen on the GPU), dot shapes the
 Hopper tensor cores (wgmma) cannot take, layout and lowering errors.
 
-What gets compiled is recorded, not rewritten by hand: ``triton_swiglu_backward`` runs on
-full-size meta tensors (no memory, no compute) with its three kernels replaced by recorders,
+What gets compiled is recorded, not rewritten by hand: ``triton_swiglu_backward`` (and, for the
+memory-lean mode, ``triton_swiglu_forward`` and the backward with activated_gate recomputed) runs
+on full-size meta tensors (no memory, no compute) with its kernels replaced by recorders,
 for every token count in ``CASES`` and one per token bucket, so block shapes, constexprs,
 num_warps/num_stages and Triton's integer specialization are exactly what the launchers pass.
 The distinct specializations are compiled in one subprocess (tests/compile_worker.py) without
@@ -31,7 +32,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from swiglu import kernels, triton_backward
+from swiglu import forward, kernels, triton_backward
 from swiglu.triton_backward import CONFIGS, TOKEN_BUCKETS, KernelConfig
 from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
 
@@ -40,6 +41,8 @@ from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
 H200_SHARED_MEMORY_BYTES = 232448
 H200_SMS = 132
 KERNEL_NAMES = {"dswiglu": "dswiglu_gemm_kernel", "grad_weights": "grad_weight_kernel", "grad_x": "grad_x_kernel"}
+#: The memory-lean mode's forward kernels (swiglu.forward), recorded from triton_swiglu_forward.
+FORWARD_KERNELS = ("swiglu_forward_kernel", "swiglu_product_kernel")
 #: Past the largest token bucket's bound, a token count for the unbounded bucket.
 LAST_BUCKET_TOKENS = 2 * TOKEN_BUCKETS[-2]
 SMALL_TOKENS = {1, 7}
@@ -105,20 +108,31 @@ def _meta_inputs(tokens: int) -> list[torch.Tensor]:
     return [torch.empty(s, dtype=torch.bfloat16, device="meta") for s in shapes]
 
 
-def record_launches(tokens: int, configs: dict | None = None, **need) -> list[dict]:
+def record_launches(tokens: int, configs: dict | None = None, *, lean: bool = False,
+                    forward_config="no forward", **need) -> list[dict]:
     """The kernel launches of ``triton_swiglu_backward`` at ``tokens`` on the H200 (132 SMs), as
-    compile specs, without running anything."""
+    compile specs, without running anything. ``lean``: activated_gate is recomputed (None);
+    ``forward_config`` (``"auto"``, None or a KernelConfig): record ``triton_swiglu_forward``'s
+    launches with it instead of the backward's."""
     launches: list[dict] = []
     with pytest.MonkeyPatch.context() as mp:
-        for name in KERNEL_NAMES.values():
+        for name in (*KERNEL_NAMES.values(), *FORWARD_KERNELS):
             mp.setattr(kernels, name, _Recorder(name, getattr(kernels, name).fn, launches))
         # Meta tensors pass the device check only as "interpreted"; UPCAST is reset in _launch_spec.
         mp.setattr(triton_backward, "INTERPRET", True)
         mp.setattr(triton_backward, "_num_sms", lambda index: H200_SMS)
         num_programs = triton_backward._num_programs
-        mp.setattr(triton_backward, "_num_programs",
-                   lambda device, tiles, persistent=True: num_programs(torch.device("cuda", 0), tiles, persistent))
-        triton_backward.triton_swiglu_backward(*_meta_inputs(tokens), configs=configs, **need)
+        on_h200 = lambda device, tiles, persistent=True: num_programs(torch.device("cuda", 0), tiles, persistent)  # noqa: E731
+        mp.setattr(triton_backward, "_num_programs", on_h200)
+        mp.setattr(forward, "_num_programs", on_h200)
+        inputs = _meta_inputs(tokens)
+        if not (isinstance(forward_config, str) and forward_config == "no forward"):
+            x, weights = inputs[1], inputs[5:]
+            forward.triton_swiglu_forward(x, *weights, config=forward_config)
+        else:
+            if lean:
+                inputs[4] = None
+            triton_backward.triton_swiglu_backward(*inputs, configs=configs, **need)
     return launches
 
 
@@ -131,8 +145,11 @@ def _label(spec: dict) -> str:
     flags = "".join(f"-{f}" for f, on in (("ws", c.get("WARP_SPECIALIZE")), ("flat", c.get("FLATTEN")),
                                           ("plainstore", c.get("TMA_STORE") is False)) if on)
     extra = f"-problems{c['NUM_PROBLEMS']}" if "NUM_PROBLEMS" in c else ""
-    ints = [n for n in ("T", "K_PAD", "NUM_PROGRAMS") if n in spec["divisible_by_16"]]  # varies with T
+    ints = [n for n in ("T", "K_PAD", "NUM_PROGRAMS", "numel") if n in spec["divisible_by_16"]]  # varies with T
     ints = f"-div16:{'+'.join(ints)}" if ints else ""
+    if spec["kernel"] == "swiglu_product_kernel":
+        return f"{spec['kernel']}-B{c['BLOCK']}-w{o['num_warps']}{ints}"
+    extra += "-recompute" if c.get("RECOMPUTE_ACT") else ""
     return (f"{spec['kernel']}-{c['BM']}x{c['BN']}x{c['BK']}-s{o['num_stages']}w{o['num_warps']}"
             f"-G{c['GROUP_M']}-E{c['EPI_SPLIT']}{flags}{extra}{ints}")
 
@@ -145,9 +162,14 @@ def launch_specs() -> list[dict]:
     # broke Triton 3.6's pipeliner (T = 1, seen on the H200; the tests run T = 1 and 7).
     token_counts = sorted({c.tokens for c in CASES} | set(TOKEN_BUCKETS[:-1]) | {LAST_BUCKET_TOKENS} | SMALL_TOKENS)
     unique: dict[str, dict] = {}
+    # The memory-lean mode: the backward with RECOMPUTE_ACT (all gradients, and grad_down_weight
+    # alone: the product kernel), the forward's table and every fused candidate.
+    calls = [{}, dict(need_grad_x=False, need_grad_up_weight=False, need_grad_down_weight=False), dict(lean=True),
+             dict(lean=True, need_grad_x=False, need_grad_gate_weight=False, need_grad_up_weight=False),
+             dict(forward_config="auto"), *(dict(forward_config=c) for c in forward.FUSED_CANDIDATES.values())]
     for tokens in token_counts:
-        for need in ({}, dict(need_grad_x=False, need_grad_up_weight=False, need_grad_down_weight=False)):
-            for spec in record_launches(tokens, **need):
+        for call in calls:
+            for spec in record_launches(tokens, **call):
                 uses = unique.setdefault(_spec_key(spec), {**spec, "uses": []})["uses"]
                 uses += [] if tokens in uses else [tokens]
     return sorted(unique.values(), key=_label)
@@ -188,14 +210,15 @@ def compile_specs(specs: list[dict], cache_dir, triton_dir: str | None = None) -
     return out["triton"], out["results"]
 
 
-def problems(result: dict) -> list[str]:
-    """What stops this compiled kernel from running well on the H200 (empty: nothing)."""
+def problems(result: dict, dots: bool = True) -> list[str]:
+    """What stops this compiled kernel from running well on the H200 (empty: nothing). ``dots``
+    False: an elementwise kernel (no wgmma expected)."""
     if result["error"]:
         return [f"does not compile for sm_90: {result['error']}"]
     found = []
     if result["shared"] > H200_SHARED_MEMORY_BYTES:
         found.append(f"needs {result['shared']} bytes of shared memory, the H200 allows {H200_SHARED_MEMORY_BYTES}")
-    if not result["wgmma_mma_async"]:
+    if dots and not result["wgmma_mma_async"]:
         found.append("no wgmma.mma_async in the PTX: the dots do not use Hopper's tensor-core path")
     if not result["target"] or not result["cubin_bytes"]:
         found.append("no sm_90 cubin")
@@ -249,20 +272,34 @@ def test_every_config_is_launched():
     # dswiglu's piece descriptors are [BM, BN // EPI_SPLIT]; grad_weight reads A transposed [BK, BM].
     for s in specs:
         c, sig = s["constexprs"], s["signature"]
+        if s["kernel"] == "swiglu_product_kernel":  # elementwise, plain pointers
+            continue
         piece = f"tensordesc<bf16{[c['BM'], c['BN'] // c['EPI_SPLIT']]}>"
         if s["kernel"] == "dswiglu_gemm_kernel":
             assert sig["go_desc"] == f"tensordesc<bf16{[c['BM'], c['BK']]}>" and sig["h_desc"] == piece
         elif s["kernel"] == "grad_weight_kernel":
             assert sig["a_desc"] == f"tensordesc<bf16{[c['BK'], c['BM']]}>" and sig["c0_desc"] == piece
-        else:
+        elif s["kernel"] == "grad_x_kernel":
             assert sig["gw_desc"] == f"tensordesc<bf16{[c['BK'], c['BN']]}>" and sig["gx_desc"] == piece
+        elif s["kernel"] == "swiglu_forward_kernel":  # weights read K-major: [BN, BK] boxes of [I, H]
+            assert sig["gw_desc"] == f"tensordesc<bf16{[c['BN'], c['BK']]}>" and sig["h_desc"] == piece
+    # The lean mode's kernels are among the compiled: the recompute epilogue, both forward paths,
+    # and every fused candidate of the forward's table.
+    kinds = {(s["kernel"], s["constexprs"].get("RECOMPUTE_ACT")) for s in specs}
+    assert {("dswiglu_gemm_kernel", True), ("dswiglu_gemm_kernel", False), ("swiglu_product_kernel", None),
+            ("swiglu_forward_kernel", None)} <= kinds
+    fused = [s for s in specs if s["kernel"] == "swiglu_forward_kernel"]
+    for cfg in {*forward.FUSED_CANDIDATES.values(), *(c for c in forward.FORWARD_CONFIGS.values() if c)}:
+        assert any(s["constexprs"]["BM"] == cfg.BM and s["constexprs"]["BN"] == cfg.BN
+                   and s["options"] == {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages} for s in fused), cfg
 
 
 @pytest.mark.parametrize("spec", [s for s in _specs() if "oversized" not in s["uses"]], ids=_label)
 def test_builds_for_sm90_within_h200_limits(spec, compiled):
     """Compiles to an sm_90 cubin using wgmma and fits the H200's shared memory."""
     result = compiled[_spec_key(spec)]
-    assert not problems(result), f"{_label(spec)} (tokens {spec['uses']}, triton {result['triton']}): {problems(result)}"
+    found = problems(result, dots=spec["kernel"] != "swiglu_product_kernel")
+    assert not found, f"{_label(spec)} (tokens {spec['uses']}, triton {result['triton']}): {found}"
 
 
 def test_oversized_config_is_reported(compiled):
@@ -283,5 +320,6 @@ if __name__ == "__main__":  # the table: python tests/test_triton_compile.py
             version, results = compile_specs(specs, cache, triton_dir)
         for spec, res in zip(specs, results):
             print(f"{_label(spec):62s} shared {res.get('shared', '-'):>7} wgmma {res.get('wgmma_mma_async', '-'):>4} "
-                  f"{res['seconds']:5.1f} s  tokens {spec['uses']}  {'; '.join(problems(res)) or 'ok'}")
+                  f"{res['seconds']:5.1f} s  tokens {spec['uses']}  "
+                  f"{'; '.join(problems(res, spec['kernel'] != 'swiglu_product_kernel')) or 'ok'}")
         print(f"{len(specs)} kernels compiled with triton {version} in {time.perf_counter() - start:.1f} s")

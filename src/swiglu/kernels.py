@@ -95,21 +95,32 @@ def _store_split(c_desc, acc, off_m, off_n, BN: tl.constexpr, EPI_SPLIT: tl.cons
 
 
 @triton.jit
+def _activated_gate(gate, UPCAST: tl.constexpr):
+    """activated_gate = bf16(silu(gate)) from fp32 gate values (themselves bf16-exact). The one
+    silu formula of the Triton path: the forward epilogues and the memory-lean backward both call
+    it, so the backward's recomputed values are bitwise the forward's."""
+    return _bf16(gate * tl.sigmoid(gate), UPCAST)
+
+
+@triton.jit
 def _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n,
-                   UPCAST: tl.constexpr, WRITE_H: tl.constexpr = True):
+                   UPCAST: tl.constexpr, RECOMPUTE_ACT: tl.constexpr = False):
     """SwiGLU backward on one [BM, BN/EPI_SPLIT] piece of g, in the reference's bf16 rounding
     order (shared/spec/problem.md steps 2-4): g, d_act, d_up, d_gate and h are each rounded to
-    bf16 where the reference's bf16 tensors are."""
+    bf16 where the reference's bf16 tensors are. RECOMPUTE_ACT: activated_gate is not read
+    (act_desc unused) but recomputed from the gate values loaded here (memory-lean mode)."""
     g = _bf16(acc, UPCAST).to(tl.float32)
     gate = gate_desc.load([off_m, off_n]).to(tl.float32)
     up = up_desc.load([off_m, off_n]).to(tl.float32)
-    act = act_desc.load([off_m, off_n]).to(tl.float32)
+    if RECOMPUTE_ACT:
+        act = _activated_gate(gate, UPCAST).to(tl.float32)
+    else:
+        act = act_desc.load([off_m, off_n]).to(tl.float32)
     d_act = _bf16(g * up, UPCAST).to(tl.float32)
     dup_desc.store([off_m, off_n], _bf16(g * act, UPCAST))
     s = tl.sigmoid(gate)
     dgate_desc.store([off_m, off_n], _bf16(d_act * s * (1.0 + gate * (1.0 - s)), UPCAST))
-    if WRITE_H:
-        h_desc.store([off_m, off_n], _bf16(act * up, UPCAST))
+    h_desc.store([off_m, off_n], _bf16(act * up, UPCAST))
 
 
 @triton.jit
@@ -120,7 +131,7 @@ def dswiglu_gemm_kernel(
     T, H, I,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    FLATTEN: tl.constexpr, UPCAST: tl.constexpr, WRITE_H: tl.constexpr = True,
+    FLATTEN: tl.constexpr, UPCAST: tl.constexpr, RECOMPUTE_ACT: tl.constexpr = False,
 ):
     num_m = tl.cdiv(T, BM)
     num_n = tl.cdiv(I, BN)
@@ -132,23 +143,26 @@ def dswiglu_gemm_kernel(
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = _mainloop(go_desc, dw_desc, off_m, off_n, H, acc, False, BM, BN, BK, UPCAST)
         if EPI_SPLIT == 1:
-            _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, WRITE_H)
+            _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
+                           RECOMPUTE_ACT)
         else:
             a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
             if EPI_SPLIT == 2:
-                _dswiglu_piece(a0, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, WRITE_H)
+                _dswiglu_piece(a0, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
+                               RECOMPUTE_ACT)
                 _dswiglu_piece(a1, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + BN // 2, UPCAST, WRITE_H)
+                               off_n + BN // 2, UPCAST, RECOMPUTE_ACT)
             else:
                 a00, a01 = tl.split(tl.permute(tl.reshape(a0, (BM, 2, BN // 4)), (0, 2, 1)))
                 a10, a11 = tl.split(tl.permute(tl.reshape(a1, (BM, 2, BN // 4)), (0, 2, 1)))
-                _dswiglu_piece(a00, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, WRITE_H)
+                _dswiglu_piece(a00, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
+                               RECOMPUTE_ACT)
                 _dswiglu_piece(a01, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + BN // 4, UPCAST, WRITE_H)
+                               off_n + BN // 4, UPCAST, RECOMPUTE_ACT)
                 _dswiglu_piece(a10, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + BN // 2, UPCAST, WRITE_H)
+                               off_n + BN // 2, UPCAST, RECOMPUTE_ACT)
                 _dswiglu_piece(a11, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + 3 * BN // 4, UPCAST, WRITE_H)
+                               off_n + 3 * BN // 4, UPCAST, RECOMPUTE_ACT)
 
 
 @triton.jit
@@ -211,3 +225,79 @@ def grad_x_kernel(
         acc = _mainloop(dgate_desc, gw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
         acc = _mainloop(dup_desc, uw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
         _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+
+
+# --------------------------------------------------------------------------- forward
+#
+# The forward's gate/up projections and the SwiGLU product, for the memory-lean training mode:
+# ``swiglu.forward`` launches these (down_proj stays a cuBLAS GEMM). Both epilogues compute
+# activated_gate with ``_activated_gate``, the formula the backward's RECOMPUTE_ACT epilogue uses.
+
+
+@triton.jit
+def _swiglu_forward_piece(acc_gate, acc_up, gate_desc, up_desc, act_desc, h_desc, off_m, off_n,
+                          STORE_ACT: tl.constexpr, UPCAST: tl.constexpr):
+    """Round the two fp32 projections to bf16, store them (saved for the backward), and store
+    h = bf16(bf16(silu(gate)) * up), the nn.Linear module's rounding order; activated_gate too
+    when STORE_ACT."""
+    gate = _bf16(acc_gate, UPCAST)
+    up = _bf16(acc_up, UPCAST)
+    gate_desc.store([off_m, off_n], gate)
+    up_desc.store([off_m, off_n], up)
+    act = _activated_gate(gate.to(tl.float32), UPCAST)
+    if STORE_ACT:
+        act_desc.store([off_m, off_n], act)
+    h_desc.store([off_m, off_n], _bf16(act.to(tl.float32) * up.to(tl.float32), UPCAST))
+
+
+@triton.jit
+def swiglu_forward_kernel(
+    x_desc,  # x [T, H], block [BM, BK]
+    gw_desc, uw_desc,  # gate_weight, up_weight [I, H], block [BN, BK] (B = W.T, read K-major)
+    gate_desc, up_desc, act_desc, h_desc,  # outputs [T, I], block [BM, BN // EPI_SPLIT]
+    T, H, I, NUM_PROGRAMS,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, STORE_ACT: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """gate_output = x @ gate_weight.T and up_output = x @ up_weight.T for one [BM, BN] tile
+    each (two fp32 accumulators sharing the x tile), then ``_swiglu_forward_piece``
+    (activated_gate is written only when STORE_ACT; act_desc is unused otherwise)."""
+    num_m = tl.cdiv(T, BM)
+    num_n = tl.cdiv(I, BN)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in tl.range(0, tl.cdiv(H, BK)):
+            off_k = k * BK
+            a = x_desc.load([off_m, off_k])
+            acc_g = _dot(a, tl.trans(gw_desc.load([off_n, off_k])), acc_g, UPCAST)
+            acc_u = _dot(a, tl.trans(uw_desc.load([off_n, off_k])), acc_u, UPCAST)
+        if EPI_SPLIT == 1:
+            _swiglu_forward_piece(acc_g, acc_u, gate_desc, up_desc, act_desc, h_desc, off_m, off_n, STORE_ACT, UPCAST)
+        else:
+            g0, g1 = tl.split(tl.permute(tl.reshape(acc_g, (BM, 2, BN // 2)), (0, 2, 1)))
+            u0, u1 = tl.split(tl.permute(tl.reshape(acc_u, (BM, 2, BN // 2)), (0, 2, 1)))
+            _swiglu_forward_piece(g0, u0, gate_desc, up_desc, act_desc, h_desc, off_m, off_n, STORE_ACT, UPCAST)
+            _swiglu_forward_piece(g1, u1, gate_desc, up_desc, act_desc, h_desc, off_m, off_n + BN // 2,
+                                  STORE_ACT, UPCAST)
+
+
+@triton.jit
+def swiglu_product_kernel(gate_ptr, up_ptr, act_ptr, h_ptr, numel, BLOCK: tl.constexpr, STORE_ACT: tl.constexpr,
+                          UPCAST: tl.constexpr):
+    """h = bf16(bf16(silu(gate)) * up) elementwise over contiguous [T, I] bf16 tensors: the
+    forward's cuBLAS path (where the fused kernel does not win), same formula as its epilogue;
+    activated_gate is written too when STORE_ACT."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    act = _activated_gate(gate, UPCAST)
+    if STORE_ACT:
+        tl.store(act_ptr + offs, act, mask=mask)
+    tl.store(h_ptr + offs, _bf16(act.to(tl.float32) * up, UPCAST), mask=mask)

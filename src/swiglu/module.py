@@ -34,6 +34,9 @@ class SwiGLUMLP(nn.Module):
     Args:
         hidden_size: H. intermediate_size: I. Positive ints.
         backward_impl: ``"auto"`` | ``"reference"`` | ``"triton"`` (see ``swiglu.swiglu_mlp``).
+        save_activated_gate: False (default): memory-lean, 2 saved [T, I] activations, activated_gate
+            recomputed in the backward; True: 3 saved, the forward bit for bit nn.Linear's
+            (see ``swiglu.swiglu_mlp``).
         device, dtype: of the weights; the input must match them.
 
     forward(x): x [..., H] -> [..., H]. Errors as ``swiglu.swiglu_mlp``.
@@ -45,6 +48,7 @@ class SwiGLUMLP(nn.Module):
         intermediate_size: int,
         *,
         backward_impl: str = "auto",
+        save_activated_gate: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -56,7 +60,10 @@ class SwiGLUMLP(nn.Module):
             raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {backward_impl!r}")
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
+        if not isinstance(save_activated_gate, bool):
+            raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
         self.backward_impl = backward_impl
+        self.save_activated_gate = save_activated_gate
         kw = dict(bias=False, device=device, dtype=dtype)
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
@@ -64,11 +71,13 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return swiglu_mlp(
-            x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, backward_impl=self.backward_impl
+            x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, backward_impl=self.backward_impl,
+            save_activated_gate=self.save_activated_gate,
         )
 
     def extra_repr(self) -> str:
-        return f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, backward_impl={self.backward_impl!r}"
+        return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+                f"backward_impl={self.backward_impl!r}, save_activated_gate={self.save_activated_gate}")
 
 
 class PlainSwiGLUMLP(nn.Module):

@@ -2,9 +2,13 @@
 
 ``out = down_proj(silu(gate_proj(x)) * up_proj(x))`` (Llama/Hermes MLP, no biases).
 
-* ``swiglu::mlp_forward(x, gate_weight, up_weight, down_weight, backward_impl)`` returns
-  ``(out, gate_output, up_output, activated_gate)``; the last three are what the backward needs
-  (they are marked non-differentiable: only ``out`` carries a gradient).
+* ``swiglu::mlp_forward(x, gate_weight, up_weight, down_weight, backward_impl, save_activated_gate)``
+  returns ``(out, gate_output, up_output, activated_gate)``; the last three are what the backward
+  needs (they are marked non-differentiable: only ``out`` carries a gradient). Memory-lean mode
+  (``save_activated_gate=False``, the default of ``swiglu_mlp``): activated_gate comes back empty
+  (``[0]``), is not saved, and the backward recomputes it from gate_output with the forward's
+  formula (``reference.activated_gate_of`` on the PyTorch path; ``kernels._activated_gate`` in the
+  Triton forward, ``swiglu.forward``, and in the Triton backward's epilogue).
 * ``swiglu::mlp_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight,
   up_weight, down_weight, need_grad_x, need_grad_gate_weight, need_grad_up_weight,
   need_grad_down_weight, impl)`` returns the four gradients. A custom op cannot return ``None``,
@@ -17,6 +21,7 @@ without graph breaks. Backward dispatch (``backward_impl``): ``"triton"`` is
 ``TRITON_INTERPRET=1``); ``"reference"`` is the benchmark's order of operations
 (``swiglu.reference``) with the GEMMs of unneeded gradients skipped, in the inputs' dtype;
 ``"auto"`` picks triton for bf16 CUDA tensors on sm_90+ and the reference otherwise.
+``swiglu::mlp_backward`` takes ``activated_gate=None`` for the memory-lean mode.
 """
 
 import contextlib
@@ -25,7 +30,7 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from .reference import reference_backward
+from .reference import activated_gate_of, reference_backward
 
 BACKWARD_IMPLS = ("auto", "reference", "triton")
 # Under torch.autocast on these devices the forward op runs in bfloat16 (our kernels' dtype).
@@ -115,7 +120,7 @@ def run_backward(
     x: torch.Tensor,
     gate_output: torch.Tensor,
     up_output: torch.Tensor,
-    activated_gate: torch.Tensor,
+    activated_gate: torch.Tensor | None,
     gate_weight: torch.Tensor,
     up_weight: torch.Tensor,
     down_weight: torch.Tensor,
@@ -127,7 +132,8 @@ def run_backward(
     impl: str,
 ) -> tuple[torch.Tensor | None, ...]:
     """Dispatch the backward to ``impl`` (see ``resolve_backward_impl``); ``None`` for each
-    gradient not requested. The eager body of ``swiglu::mlp_backward``."""
+    gradient not requested. The eager body of ``swiglu::mlp_backward``. ``activated_gate`` None:
+    recomputed from gate_output with the formula the forward used (memory-lean mode)."""
     needs = dict(
         need_grad_x=need_grad_x,
         need_grad_gate_weight=need_grad_gate_weight,
@@ -136,13 +142,16 @@ def run_backward(
     )
     impl = resolve_backward_impl(impl, x, gate_weight)
     if impl == "reference":
+        if activated_gate is None:
+            activated_gate = activated_gate_of(gate_output)
         return reference_backward(
             grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, **needs
         )
     if impl != "triton":
         raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {impl!r}")
     # The Triton launcher takes [T, *] or [B, S, *]: flatten any leading dims (views when possible).
-    flat = [t.reshape(-1, t.shape[-1]) for t in (grad_output, x, gate_output, up_output, activated_gate)]
+    flat = [None if t is None else t.reshape(-1, t.shape[-1])
+            for t in (grad_output, x, gate_output, up_output, activated_gate)]
     fn = importlib.import_module(_TRITON_MODULE).triton_swiglu_backward
     grad_x, *grad_weights = fn(*flat, gate_weight, up_weight, down_weight, **needs)
     return (None if grad_x is None else grad_x.reshape(x.shape), *grad_weights)
@@ -164,28 +173,39 @@ def mlp_forward(
     up_weight: torch.Tensor,
     down_weight: torch.Tensor,
     backward_impl: str,
+    save_activated_gate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out, gate_output, up_output, activated_gate)`` of the SwiGLU MLP, as ``nn.Linear``
-    computes it (same ops, same order, same bits). ``backward_impl`` is only checked here
-    (the Triton path must be runnable) and stored for the backward."""
+    computes it (same ops, same order, same bits). ``backward_impl`` is checked here (the Triton
+    path must be runnable) and stored for the backward. ``save_activated_gate=False``: the
+    fourth output is an empty ``[0]`` tensor, and where the backward resolves to Triton the
+    forward is ``swiglu.forward.triton_swiglu_forward`` (its silu formula is the one the Triton
+    backward recomputes with; activated_gate may then differ from F.silu's by one bf16 ulp)."""
     if backward_impl == "triton":
         problem = _triton_problem(x, gate_weight)
         if problem:
             raise ValueError(f"backward_impl='triton' {problem}")
+    if not save_activated_gate and resolve_backward_impl(backward_impl, x, gate_weight) == "triton":
+        from .forward import triton_swiglu_forward
+
+        with _no_autocast(x):
+            out, gate_output, up_output = triton_swiglu_forward(x, gate_weight, up_weight, down_weight)
+        return out, gate_output, up_output, x.new_empty(0)
     with _no_autocast(x):
         gate_output = F.linear(x, gate_weight)
-        activated_gate = F.silu(gate_output)
+        activated_gate = activated_gate_of(gate_output)
         up_output = F.linear(x, up_weight)
         out = F.linear(activated_gate * up_output, down_weight)
-    return out, gate_output, up_output, activated_gate
+    return out, gate_output, up_output, activated_gate if save_activated_gate else x.new_empty(0)
 
 
 @mlp_forward.register_fake
-def _mlp_forward_fake(x, gate_weight, up_weight, down_weight, backward_impl):
+def _mlp_forward_fake(x, gate_weight, up_weight, down_weight, backward_impl, save_activated_gate=True):
     lead = tuple(x.shape[:-1])
     inter, hidden = gate_weight.shape
     out = x.new_empty(lead + (hidden,))
-    return out, x.new_empty(lead + (inter,)), x.new_empty(lead + (inter,)), x.new_empty(lead + (inter,))
+    act = x.new_empty(lead + (inter,)) if save_activated_gate else x.new_empty(0)
+    return out, x.new_empty(lead + (inter,)), x.new_empty(lead + (inter,)), act
 
 
 @torch.library.custom_op("swiglu::mlp_backward", mutates_args=())
@@ -194,7 +214,7 @@ def mlp_backward(
     x: torch.Tensor,
     gate_output: torch.Tensor,
     up_output: torch.Tensor,
-    activated_gate: torch.Tensor,
+    activated_gate: torch.Tensor | None,
     gate_weight: torch.Tensor,
     up_weight: torch.Tensor,
     down_weight: torch.Tensor,
@@ -204,7 +224,8 @@ def mlp_backward(
     need_grad_down_weight: bool,
     impl: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The four gradients (contiguous); a gradient not requested is an empty ``[0]`` tensor."""
+    """The four gradients (contiguous); a gradient not requested is an empty ``[0]`` tensor.
+    ``activated_gate`` None: recomputed from gate_output (memory-lean mode)."""
     needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
     with _no_autocast(x):
         grads = run_backward(
@@ -230,9 +251,12 @@ def _mlp_backward_fake(
 
 
 def _setup_context(ctx, inputs, output):
-    x, gate_weight, up_weight, down_weight, backward_impl = inputs
+    x, gate_weight, up_weight, down_weight, backward_impl = inputs[:5]
+    save_activated_gate = inputs[5] if len(inputs) > 5 else True
     _, gate_output, up_output, activated_gate = output
-    ctx.save_for_backward(x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
+    # Memory-lean mode: two [T, I] activations saved, activated_gate recomputed in the backward.
+    saved_act = activated_gate if save_activated_gate else None
+    ctx.save_for_backward(x, gate_output, up_output, saved_act, gate_weight, up_weight, down_weight)
     ctx.mark_non_differentiable(gate_output, up_output, activated_gate)
     # No zero-filled [T, I] gradients for the three saved activations (never used).
     ctx.set_materialize_grads(False)
@@ -242,13 +266,13 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_output, *unused_grads):
     needs = tuple(bool(n) for n in ctx.needs_input_grad[:4])
     if grad_output is None or not any(needs):
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = ctx.saved_tensors
     grads = mlp_backward(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
         *needs, ctx.backward_impl,
     )
-    return tuple(g if need else None for g, need in zip(grads, needs)) + (None,)
+    return tuple(g if need else None for g, need in zip(grads, needs)) + (None, None)
 
 
 mlp_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -268,6 +292,7 @@ def swiglu_mlp(
     down_weight: torch.Tensor,
     *,
     backward_impl: str = "auto",
+    save_activated_gate: bool = False,
 ) -> torch.Tensor:
     """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with our backward, differentiable in all four.
 
@@ -278,17 +303,25 @@ def swiglu_mlp(
         backward_impl: ``"auto"`` (Triton for bf16 on CUDA sm_90+, else the reference),
             ``"reference"`` (PyTorch, the benchmark's order of operations, in the inputs' dtype;
             float64 works) or ``"triton"`` (bf16 only; CUDA or ``TRITON_INTERPRET=1``).
+        save_activated_gate: False (default, memory-lean): the forward saves x, the weights,
+            gate_output and up_output (2 [T, I] tensors) and the backward recomputes
+            activated_gate = silu(gate_output) with the forward's own formula (bitwise the same
+            values); with the Triton backward the forward is ``swiglu.forward``'s (fused kernel
+            or cuBLAS per token bucket). True: activated_gate is saved too (3 [T, I] tensors) and
+            the forward is nn.Linear's ops, bit for bit.
 
-    Returns: ``out`` [..., H] in x's dtype. The forward saves x, the weights, gate_output,
-    up_output and activated_gate (3 [T, I] tensors). Gradients accumulate into ``.grad`` as
+    Returns: ``out`` [..., H] in x's dtype. Gradients accumulate into ``.grad`` as
     usual; inputs that do not require grad skip their GEMMs. No double backward. Under
     ``torch.autocast`` (cuda or cpu) x and the weights are cast to bfloat16, whatever dtype
     autocast was given: out is bf16, float32 weights get float32 gradients.
 
     Raises:
-        TypeError: a non-tensor, non-floating or mismatched dtype; ``"triton"`` with non-bf16.
+        TypeError: a non-tensor, non-floating or mismatched dtype; ``"triton"`` with non-bf16;
+            a non-bool ``save_activated_gate``.
         ValueError: mismatched shapes or devices, empty input, unknown ``backward_impl``, or
             ``"triton"`` where it cannot run.
     """
     validate_forward_inputs(x, gate_weight, up_weight, down_weight, backward_impl)
-    return mlp_forward(x, gate_weight, up_weight, down_weight, backward_impl)[0]
+    if not isinstance(save_activated_gate, bool):
+        raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
+    return mlp_forward(x, gate_weight, up_weight, down_weight, backward_impl, save_activated_gate)[0]

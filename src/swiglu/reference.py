@@ -15,8 +15,18 @@ which transcribes SOL-ExecBench L2/005's reference. With ``go`` [T, H], ``x`` [T
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 Gradients = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # entries None only when not requested
+
+
+def activated_gate_of(gate_output: torch.Tensor) -> torch.Tensor:
+    """``activated_gate = silu(gate_output)`` in gate_output's dtype and shape (``F.silu``, as the
+    nn.Linear module computes it). The one silu formula of the PyTorch path: ``swiglu_mlp``'s
+    forward and its memory-lean backward (which recomputes activated_gate) both call it, so the
+    recomputed values are bitwise the forward's. The Triton path's counterpart is
+    ``swiglu.kernels._activated_gate``."""
+    return F.silu(gate_output)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from pathlib import Path
 from .analysis import repo_root
 
 #: The notebooks, in execution order (file stems under notebooks/).
-NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history")
+NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history", "06_training_memory")
 
 #: Parameters the ``--smoke`` configuration overrides, per notebook (tiny sizes, few samples).
 SMOKE_PARAMETERS = {

@@ -45,9 +45,6 @@ class KernelConfig:
     persistent: bool = True
     # Weight-gradient kernel only: False stores C with plain (non-TMA) stores (never won either).
     tma_store: bool = True
-    # Persistent grid size: 0 = one program per SM; n > 0 caps it at n programs (leaves SMs to a
-    # kernel running beside this one on another stream).
-    max_programs: int = 0
 
     def __post_init__(self) -> None:
         def pow2(v: int) -> bool:
@@ -62,8 +59,6 @@ class KernelConfig:
         if self.EPI_SPLIT not in (1, 2, 4) or self.BN // self.EPI_SPLIT < 8:
             raise ValueError(f"KernelConfig.EPI_SPLIT must be 1, 2 or 4 with BN // EPI_SPLIT >= 8, got "
                              f"{self.EPI_SPLIT} for BN={self.BN}")
-        if self.max_programs < 0:
-            raise ValueError(f"KernelConfig.max_programs must be >= 0 (0: one per SM), got {self.max_programs}")
         if self.num_stages < 1 or self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"KernelConfig needs num_stages >= 1 and num_warps in 1..16 (a power of two), got "
                              f"{self.num_stages} and {self.num_warps}")
@@ -97,26 +92,13 @@ TUNED_CONFIGS_PATH = Path(__file__).with_name("tuned_configs.json")
 def _load_tuned(path: Path) -> None:
     if not path.exists():
         return
-    data = json.loads(path.read_text())
-    for bucket, entry in data.get("schedules", {}).items():
-        SCHEDULES[int(bucket)] = entry["schedule"]
-    table = data["configs"]
+    table = json.loads(path.read_text())["configs"]
     for kernel, buckets in table.items():
         for bucket, entry in buckets.items():
             CONFIGS[kernel][int(bucket)] = KernelConfig(**entry["config"])
 
 
 _load_tuned(TUNED_CONFIGS_PATH)
-
-
-#: Launch schedule per token bucket: "serial" (one stream) or "streams" (two streams, read-bound
-#: and write-bound kernels side by side). Overridden by tuned_configs.json's "schedules".
-SCHEDULES: dict[int, str] = {b: "serial" for b in TOKEN_BUCKETS}
-
-
-def schedule_for(tokens: int) -> str:
-    """The launch schedule ("serial" or "streams") the backward uses at ``tokens``."""
-    return SCHEDULES[next(b for b in TOKEN_BUCKETS if tokens <= b)]
 
 
 def config_for(kernel: str, tokens: int) -> KernelConfig:
@@ -133,14 +115,12 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _num_programs(device: torch.device, tiles: int, persistent: bool = True, max_programs: int = 0) -> int:
+def _num_programs(device: torch.device, tiles: int, persistent: bool = True) -> int:
     # The interpreter runs programs one after another: a few programs still exercise the
     # persistent loop (several tiles per program).
     if not persistent:
         return tiles
     sms = 3 if device.type != "cuda" else _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    if max_programs:
-        sms = min(sms, max_programs)
     return max(1, min(sms, tiles))
 
 
@@ -187,18 +167,18 @@ def unsupported_reason(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None
     return None
 
 
-def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig):
-    """``g = go @ dw`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up and, unless
-    ``h`` is None, h [T, I]. Returns Triton's compiled-kernel handle."""
+def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> None:
+    """``g = go @ dw`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up, h [T, I].
+    ``act`` None: activated_gate is recomputed from gate in the epilogue (memory-lean mode)."""
     T, H = go.shape
     I = dw.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
-    nprog = _num_programs(go.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN), True, c.max_programs)
-    return kernels.dswiglu_gemm_kernel[(nprog,)](
+    nprog = _num_programs(go.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN))
+    kernels.dswiglu_gemm_kernel[(nprog,)](
         _desc(go, [c.BM, c.BK]), _desc(dw, [c.BK, c.BN]),
-        _desc(gate, piece), _desc(up, piece), _desc(act, piece),
-        _desc(d_gate, piece), _desc(d_up, piece), _desc(d_up if h is None else h, piece),
-        T, H, I, NUM_PROGRAMS=nprog, WRITE_H=h is not None, **_launch_kwargs(c),
+        _desc(gate, piece), _desc(up, piece), _desc(gate if act is None else act, piece),
+        _desc(d_gate, piece), _desc(d_up, piece), _desc(h, piece),
+        T, H, I, NUM_PROGRAMS=nprog, RECOMPUTE_ACT=act is None, **_launch_kwargs(c),
     )
 
 
@@ -218,7 +198,7 @@ def stacked_d_buffers(T: int, I: int, cfg_w: KernelConfig, device) -> tuple[torc
     return stacked, stacked[0, :T], stacked[1, :T]
 
 
-def launch_grad_gate_up(stacked_d, x, grad_gate_weight, grad_up_weight, c: KernelConfig):
+def launch_grad_gate_up(stacked_d, x, grad_gate_weight, grad_up_weight, c: KernelConfig) -> None:
     """grad_gate_weight = d_gate.T @ x and grad_up_weight = d_up.T @ x ([I, H]) in one launch (a
     None output is skipped). ``stacked_d`` comes from ``stacked_d_buffers`` with the same config."""
     _, t_pad, I = stacked_d.shape
@@ -232,14 +212,14 @@ def launch_grad_gate_up(stacked_d, x, grad_gate_weight, grad_up_weight, c: Kerne
     c0 = _desc(gu[0], out_block)
     c1 = _desc(gu[-1], out_block)
     tiles = len(gu) * triton.cdiv(I, c.BM) * triton.cdiv(H, c.BN)
-    nprog = _num_programs(x.device, tiles, c.persistent, c.max_programs)
-    return kernels.grad_weight_kernel[(nprog,)](
+    nprog = _num_programs(x.device, tiles, c.persistent)
+    kernels.grad_weight_kernel[(nprog,)](
         _desc(rows, [c.BK, c.BM]), _desc(x, [c.BK, c.BN]), c0, c1, gu[0], gu[-1],
         I, H, t_pad, len(gu), nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
     )
 
 
-def launch_grad_down(go, h, grad_down_weight, c: KernelConfig):
+def launch_grad_down(go, h, grad_down_weight, c: KernelConfig) -> None:
     """grad_down_weight = go.T @ h ([H, I])."""
     T, H = go.shape
     I = h.shape[1]
@@ -247,8 +227,8 @@ def launch_grad_down(go, h, grad_down_weight, c: KernelConfig):
     # specialized as a constexpr, which Triton 3.6's pipeliner fails on (seen on the H200).
     t_pad = padded_tokens(T, c)
     c_dn = _desc(grad_down_weight, [c.BM, c.BN // c.EPI_SPLIT])
-    nprog = _num_programs(go.device, triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN), c.persistent, c.max_programs)
-    return kernels.grad_weight_kernel[(nprog,)](
+    nprog = _num_programs(go.device, triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN), c.persistent)
+    kernels.grad_weight_kernel[(nprog,)](
         _desc(go, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]), c_dn, c_dn, grad_down_weight, grad_down_weight,
         H, I, t_pad, 1, nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
     )
@@ -262,12 +242,12 @@ def launch_grad_weights(stacked_d, h, x, go, grad_gate_weight, grad_up_weight, g
         launch_grad_down(go, h, grad_down_weight, c)
 
 
-def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig):
+def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig) -> None:
     """grad_x = d_gate @ gate_weight + d_up @ up_weight [T, H], one fp32 accumulator."""
     T, I = d_gate.shape
     H = gate_weight.shape[1]
-    nprog = _num_programs(d_gate.device, triton.cdiv(T, c.BM) * triton.cdiv(H, c.BN), c.persistent, c.max_programs)
-    return kernels.grad_x_kernel[(nprog,)](
+    nprog = _num_programs(d_gate.device, triton.cdiv(T, c.BM) * triton.cdiv(H, c.BN), c.persistent)
+    kernels.grad_x_kernel[(nprog,)](
         _desc(d_gate, [c.BM, c.BK]), _desc(d_up, [c.BM, c.BK]),
         _desc(gate_weight, [c.BK, c.BN]), _desc(up_weight, [c.BK, c.BN]),
         _desc(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
@@ -280,7 +260,7 @@ def triton_swiglu_backward(
     x: torch.Tensor,
     gate_output: torch.Tensor,
     up_output: torch.Tensor,
-    activated_gate: torch.Tensor,
+    activated_gate: torch.Tensor | None,
     gate_weight: torch.Tensor,
     up_weight: torch.Tensor,
     down_weight: torch.Tensor,
@@ -291,7 +271,6 @@ def triton_swiglu_backward(
     need_grad_down_weight: bool = True,
     configs: dict[str, KernelConfig] | None = None,
     out: tuple[torch.Tensor | None, ...] | None = None,
-    streams: bool | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The backward through the three Triton kernels (module docstring of ``swiglu.kernels``).
 
@@ -302,16 +281,19 @@ def triton_swiglu_backward(
     "grad_weights", "grad_x"), e.g. to test one configuration on its own. ``out`` gives
     preallocated outputs ``(grad_x [T, H], grad_gate_weight [I, H], grad_up_weight [I, H],
     grad_down_weight [H, I])``, contiguous bf16 on the inputs' device (None entries are allocated);
-    they are overwritten, never read, and must not overlap an input. ``streams`` runs the
-    launches on two CUDA streams (``_backward_two_streams``); None takes the table's choice for T
-    (``schedule_for``); ignored off CUDA.
+    they are overwritten, never read, and must not overlap an input.
+
+    ``activated_gate=None`` (the memory-lean mode of ``swiglu_mlp``): it is recomputed as
+    ``bf16(silu(gate_output))`` inside the dSwiGLU epilogue with the formula of
+    ``swiglu.forward``'s kernels (``kernels._activated_gate``), bitwise what they produced.
 
     Raises: TypeError for a non-bf16 input; ValueError for bad shapes (see
     ``validate_backward_inputs``), an unsupported device or unaligned sizes.
     """
+    recompute = activated_gate is None
     problem = validate_backward_inputs(
-        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
-        dtypes=(torch.bfloat16,),
+        grad_output, x, gate_output, up_output, gate_output if recompute else activated_gate,
+        gate_weight, up_weight, down_weight, dtypes=(torch.bfloat16,),
     )
     T, H, I = problem.tokens, problem.hidden_size, problem.intermediate_size
     reason = unsupported_reason(x, gate_weight)
@@ -326,26 +308,27 @@ def triton_swiglu_backward(
     cfg_x = configs.get("grad_x") or config_for("grad_x", T)
     dev = x.device
     go, xf = _tma_ready(grad_output), _tma_ready(x)
-    gate, up, act = _tma_ready(gate_output), _tma_ready(up_output), _tma_ready(activated_gate)
+    gate, up = _tma_ready(gate_output), _tma_ready(up_output)
+    act = None if recompute else _tma_ready(activated_gate)
     gw, uw, dw = _tma_ready(gate_weight), _tma_ready(up_weight), _tma_ready(down_weight)
 
-    outs = _check_out(out, (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                            down_weight), [(T, H), (I, H), (I, H), (H, I)], dev)
-    if streams is None:
-        streams = schedule_for(T) == "streams"
-    if streams and dev.type == "cuda":
-        return _backward_two_streams(go, xf, gate, up, act, gw, uw, dw, outs, cfg_d, cfg_w, cfg_x, T, H, I, x.shape,
-                                     need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
+    inputs = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
+    outs = _check_out(out, [t for t in inputs if t is not None], [(T, H), (I, H), (I, H), (H, I)], dev)
     need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight
     stacked_d = d_gate = d_up = h = None
-    if need_grad_down_weight:
-        h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
     if need_d:
         stacked_d, d_gate, d_up = stacked_d_buffers(T, I, cfg_w, dev)
-        launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)  # h written by the epilogue
+        h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)  # written by the epilogue
+        launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
     elif need_grad_down_weight:
-        with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
-            torch.mul(act, up, out=h)  # only grad_down_weight wanted: h alone, no g GEMM
+        h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
+        if recompute:  # only grad_down_weight wanted: h alone, no g GEMM
+            from .forward import launch_swiglu_product  # (forward imports this module)
+
+            launch_swiglu_product(gate, up, h)
+        else:
+            with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
+                torch.mul(act, up, out=h)
 
     # Order for memory, not speed (the launches are independent once d_gate, d_up and h exist):
     # grad_x, then gate/up, which are the last readers of d_gate/d_up, so their 2*T*I buffer is
@@ -367,56 +350,6 @@ def triton_swiglu_backward(
     if need_grad_down_weight:
         grad_down_weight = _alloc(outs[3], (H, I), dev)
         launch_grad_down(go, h, grad_down_weight, cfg_w)
-    return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
-
-
-@lru_cache(maxsize=None)
-def _side_stream(device_index: int) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device=device_index)
-
-
-def _backward_two_streams(go, xf, gate, up, act, gw, uw, dw, outs, cfg_d, cfg_w, cfg_x, T, H, I, x_shape,
-                          need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight):
-    """The same launches on two streams, so kernels bound by reading device memory run beside
-    kernels bound by writing it (small T: the weights are read by dswiglu and grad_x, the weight
-    gradients written by the weight-gradient launches; the bytes are the same, the kernels overlap):
-
-        current stream: dswiglu (no h) -> grad_x
-        side stream:    h = act * up -> grad_down_weight -> (waits for dswiglu) -> grad_gate/up_weight
-
-    h comes from an elementwise product (bitwise the epilogue's: one bf16 rounding of an fp32
-    product) so grad_down_weight needs nothing from dswiglu. The current stream waits for the side
-    stream before returning, and every buffer stays referenced until then, so the caching
-    allocator cannot hand a side-stream buffer to later work early. Every intermediate lives until
-    the return: used only at small T, where they are small."""
-    dev = go.device
-    main = torch.cuda.current_stream(dev)
-    side = _side_stream(dev.index if dev.index is not None else torch.cuda.current_device())
-    side.wait_stream(main)
-    need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight
-    grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = h = None
-    if need_grad_down_weight:
-        h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
-        grad_down_weight = _alloc(outs[3], (H, I), dev)
-        with torch.cuda.stream(side), torch.no_grad():
-            torch.mul(act, up, out=h)
-            launch_grad_down(go, h, grad_down_weight, cfg_w)
-    stacked_d = None
-    if need_d:
-        stacked_d, d_gate, d_up = stacked_d_buffers(T, I, cfg_w, dev)
-        launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, None, cfg_d)
-        if need_grad_gate_weight or need_grad_up_weight:
-            grad_gate_weight = _alloc(outs[1], (I, H), dev) if need_grad_gate_weight else None
-            grad_up_weight = _alloc(outs[2], (I, H), dev) if need_grad_up_weight else None
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                launch_grad_gate_up(stacked_d, xf, grad_gate_weight, grad_up_weight, cfg_w)
-        if need_grad_x:
-            grad_x = _alloc(outs[0], (T, H), dev)
-            launch_grad_x(d_gate, d_up, gw, uw, grad_x, cfg_x)
-            grad_x = grad_x.reshape(x_shape)
-    main.wait_stream(side)
-    del stacked_d, h  # referenced until the join above
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 

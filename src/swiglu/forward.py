@@ -1,0 +1,175 @@
+"""The forward of the memory-lean training mode: ``triton_swiglu_forward``.
+
+``out = down_proj(silu(gate_proj(x)) * up_proj(x))``, returning ``(out, gate_output, up_output)``:
+the two [T, I] activations the memory-lean backward needs (it recomputes activated_gate from
+gate_output with the same Triton formula, ``kernels._activated_gate``, so bitwise the same values).
+Per token bucket (``FORWARD_CONFIGS``) the gate/up projections run either
+
+* fused: ``kernels.swiglu_forward_kernel``, one persistent launch computing
+  ``x @ [gate_weight; up_weight].T`` (two fp32 accumulators per output tile) whose epilogue writes
+  gate_output, up_output and ``h = bf16(bf16(silu(gate)) * up)``; or
+* cuBLAS: two ``F.linear`` GEMMs, then ``kernels.swiglu_product_kernel`` for h (one elementwise pass).
+
+down_proj is always cuBLAS (``F.linear(h, down_weight)``). The table's default is cuBLAS
+everywhere; ``scripts/train_step_gpu.py`` times both per bucket on the H200 and writes the
+measured choice (``forward_configs.json``, loaded from next to this file when present).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from . import kernels
+from .triton_backward import (INTERPRET, TOKEN_BUCKETS, KernelConfig, _desc, _num_programs, _tma_ready,
+                              unsupported_reason)
+
+#: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
+#: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
+FUSED_BIG = KernelConfig(BM=128, BN=128, BK=64, GROUP_M=8, EPI_SPLIT=2, num_stages=3, num_warps=8)
+#: 64-row tiles: twice the tiles at small T, so more of the 132 SMs have work.
+FUSED_SMALL = KernelConfig(BM=64, BN=128, BK=64, GROUP_M=8, EPI_SPLIT=2, num_stages=4, num_warps=4)
+FUSED_CANDIDATES = {
+    "fused_128": FUSED_BIG,
+    "fused_128_s4": replace(FUSED_BIG, num_stages=4),
+    # As the backward's tuned dSwiGLU GEMM at large T: a warp-specialized, flattened tile loop.
+    "fused_128_ws": replace(FUSED_BIG, warp_specialize=True, flatten=True),
+    "fused_64": FUSED_SMALL,
+}
+
+#: Per token bucket (``TOKEN_BUCKETS``, as the backward's table): a KernelConfig runs the fused
+#: kernel, None the cuBLAS path. Overridden by ``forward_configs.json`` when present.
+FORWARD_CONFIGS: dict[int, KernelConfig | None] = {b: None for b in TOKEN_BUCKETS}
+FORWARD_CONFIGS_PATH = Path(__file__).with_name("forward_configs.json")
+PRODUCT_BLOCK = 2048
+
+
+def _load_forward_configs(path: Path) -> None:
+    if not path.exists():
+        return
+    for bucket, entry in json.loads(path.read_text())["configs"].items():
+        FORWARD_CONFIGS[int(bucket)] = None if entry["config"] is None else KernelConfig(**entry["config"])
+
+
+_load_forward_configs(FORWARD_CONFIGS_PATH)
+
+
+def forward_config_for(tokens: int) -> KernelConfig | None:
+    """The fused kernel's configuration at ``tokens``, or None where cuBLAS is chosen."""
+    for bound in TOKEN_BUCKETS:
+        if tokens <= bound:
+            return FORWARD_CONFIGS[bound]
+    raise AssertionError("unreachable: the last bucket is unbounded")
+
+
+def _check_fused_config(c: KernelConfig) -> None:
+    if c.EPI_SPLIT not in (1, 2):
+        raise ValueError(f"the fused forward takes EPI_SPLIT 1 or 2, got {c.EPI_SPLIT}")
+
+
+def launch_fused_forward(x, gate_weight, up_weight, gate, up, act, h, c: KernelConfig) -> None:
+    """gate = x @ gate_weight.T, up = x @ up_weight.T and h (and act unless None) [T, I] in one
+    persistent launch. All 2-D, TMA-ready bf16."""
+    _check_fused_config(c)
+    T, H = x.shape
+    I = gate_weight.shape[0]
+    piece = [c.BM, c.BN // c.EPI_SPLIT]
+    nprog = _num_programs(x.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN), c.persistent)
+    kernels.swiglu_forward_kernel[(nprog,)](
+        _desc(x, [c.BM, c.BK]), _desc(gate_weight, [c.BN, c.BK]), _desc(up_weight, [c.BN, c.BK]),
+        _desc(gate, piece), _desc(up, piece), _desc(h if act is None else act, piece), _desc(h, piece),
+        T, H, I, nprog, BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
+        WARP_SPECIALIZE=c.warp_specialize, FLATTEN=c.flatten, STORE_ACT=act is not None, UPCAST=INTERPRET,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+
+
+def launch_swiglu_product(gate, up, h, act=None) -> None:
+    """h = bf16(bf16(silu(gate)) * up) (and act = bf16(silu(gate)) unless None); contiguous bf16
+    tensors of one shape."""
+    n = gate.numel()
+    kernels.swiglu_product_kernel[(triton.cdiv(n, PRODUCT_BLOCK),)](
+        gate, up, h if act is None else act, h, n, BLOCK=PRODUCT_BLOCK, STORE_ACT=act is not None, UPCAST=INTERPRET,
+        num_warps=4,
+    )
+
+
+def _empty(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    # Every kernel output is allocated here (tests fill them with NaN to catch unwritten tiles).
+    return torch.empty(shape, device=device, dtype=torch.bfloat16)
+
+
+def triton_swiglu_forward(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    *,
+    config: KernelConfig | None | str = "auto",
+    return_activated_gate: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """The SwiGLU MLP forward with the Triton silu formula (module docstring).
+
+    Args:
+        x: [..., H] bf16 (any strides; copied once when not TMA-usable).
+        gate_weight, up_weight: [I, H]; down_weight: [H, I]; bf16, x's device (CUDA sm_90+, or any
+            device under ``TRITON_INTERPRET=1``), hidden_size and intermediate_size multiples of 8.
+        config: ``"auto"`` (``forward_config_for(T)``), None (cuBLAS + elementwise) or a
+            ``KernelConfig`` for the fused kernel (EPI_SPLIT 1 or 2).
+        return_activated_gate: also return ``activated_gate = bf16(silu(gate_output))`` (tests,
+            and the saved mode's values from this formula).
+
+    Returns:
+        ``(out [..., H], gate_output [..., I], up_output [..., I])`` (plus activated_gate [..., I]
+        when asked), fresh contiguous bf16 tensors (empty ones for T = 0). ``h`` is freed on return. The error against
+        float64 is that of the nn.Linear module's bf16 forward (same roundings; the fused GEMM's
+        summation order differs); activated_gate may differ from ``F.silu``'s by one bf16 ulp.
+
+    Raises:
+        TypeError: a non-bf16 tensor. ValueError: mismatched shapes, an empty size, an unsupported
+        device or unaligned sizes, a bad ``config``.
+    """
+    tensors = {"x": x, "gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name} must be bfloat16 for the Triton forward, got {t.dtype}")
+    inter, hidden = gate_weight.shape if gate_weight.dim() == 2 else (None, None)
+    if (gate_weight.dim() != 2 or tuple(up_weight.shape) != (inter, hidden)
+            or tuple(down_weight.shape) != (hidden, inter)):
+        raise ValueError(f"gate_weight and up_weight must be [I, H] and down_weight [H, I], got "
+                         f"{list(gate_weight.shape)}, {list(up_weight.shape)}, {list(down_weight.shape)}")
+    if x.dim() < 1 or x.shape[-1] != hidden or 0 in (inter, hidden):
+        raise ValueError(f"x must have shape [..., {hidden}] and the weights no empty size, got x {list(x.shape)}, "
+                         f"gate_weight {list(gate_weight.shape)}")
+    reason = unsupported_reason(x, gate_weight)
+    if reason:
+        raise ValueError(f"the Triton forward {reason}")
+    lead = tuple(x.shape[:-1])
+    xf = _tma_ready(x)
+    T = xf.shape[0]
+    cfg = forward_config_for(T) if isinstance(config, str) and config == "auto" else config
+    if cfg is not None and not isinstance(cfg, KernelConfig):
+        raise ValueError(f"config must be 'auto', None or a KernelConfig, got {config!r}")
+    dev = x.device
+    act = _empty((T, inter), dev) if return_activated_gate else None
+    h = _empty((T, inter), dev)
+    if T == 0:  # no tokens: no launches (a zero-size grid is an error)
+        gate, up = _empty((0, inter), dev), _empty((0, inter), dev)
+        act = act if act is None else _empty((0, inter), dev)
+    elif cfg is None:
+        gate = F.linear(xf, gate_weight)
+        up = F.linear(xf, up_weight)
+        launch_swiglu_product(gate, up, h, act)
+    else:
+        gate, up = _empty((T, inter), dev), _empty((T, inter), dev)
+        launch_fused_forward(xf, _tma_ready(gate_weight), _tma_ready(up_weight), gate, up, act, h, cfg)
+    out = F.linear(h, down_weight)
+    result = (out.reshape(lead + (hidden,)), gate.reshape(lead + (inter,)), up.reshape(lead + (inter,)))
+    return result + ((act.reshape(lead + (inter,)),) if return_activated_gate else ())
