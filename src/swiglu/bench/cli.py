@@ -23,7 +23,7 @@ from ..workloads import MODEL_SHAPES, select_cases
 from . import environment
 from .impls import IMPLS, ORDER, unavailable_reason
 from .runner import PROTOCOLS, BenchConfig, pick_hardware, run_benchmark
-from .stats import per_case_table, summary_table
+from .stats import per_case_table, power_summary, summary_table
 from .storage import RunWriter, rebuild_index
 
 #: CPU smoke defaults: a tiny shape and two small cases.
@@ -106,6 +106,16 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
         f"speed of light, gmean: datasheet {gm(sol['sol_ms']):.3f} ms, measured ceilings "
         f"{gm(sol['sol_ms_measured']):.3f} ms",
     ]
+    power = power_summary(rows)
+    record = metadata.get("power") or {}
+    if power is None:
+        lines.append(f"power: not recorded ({record.get('status', 'no power data')})")
+    else:
+        lines += ["", f"power per case: J = energy per backward (L2 flush subtracted), W = mean board power, "
+                  f"MHz = mean SM clock (max {record.get('max_sm_clock_mhz') or '?'}); {record.get('backend')}, "
+                  f"{record.get('power_source')}; energy: {record.get('energy_source')}",
+                  power.reset_index().rename(columns={"index": "case"}).to_string(
+                      index=False, float_format=lambda v: f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}", na_rep="-")]
     if protocol["name"] != "full":
         lines.append(f"NOTE: protocol {protocol['name'].upper()}: not the benchmark protocol.")
     return "\n".join(lines)
