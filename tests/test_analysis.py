@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from bench_fixtures import FACTORS, write_synthetic_run
+from bench_fixtures import CLOCK_MHZ, FACTORS, POWER_W, write_synthetic_run
 from swiglu import CASES, analysis, reproduce, roofline
 
 
@@ -146,3 +146,61 @@ def test_tables_and_figures_survive_a_failed_implementation(tmp_path):
         assert all(p.stat().st_size > 1000 for p in paths)
     with pytest.raises(ValueError, match="format"):
         plots.save(plots.placeholder("t", "m"), "x", tmp_path, formats=("docx",))
+
+
+def test_power_table_energy_and_sustained_clock(tmp_path):
+    write_synthetic_run(tmp_path, power=True)
+    run = analysis.load_run(tmp_path)
+    assert analysis.has_power_data(run.rows)
+    table = analysis.power_table(run.rows)
+    assert len(table) == len(CASES) * len(FACTORS)
+    r = table[(table["case"] == "s128_b64") & (table["impl"] == "triton")].iloc[0]
+    sol_ms = roofline.sol_time_s(8192) * 1e3
+    assert r["energy_per_backward_j"] == pytest.approx(POWER_W["triton"] * sol_ms * FACTORS["triton"] / 1e3)
+    assert r["gflop_per_j"] == pytest.approx(roofline.flops(8192) / 1e9 / r["energy_per_backward_j"])
+    expected = (POWER_W["triton"] * FACTORS["triton"]) / (POWER_W["compile"] * FACTORS["compile"])
+    assert r["energy_vs_compile"] == pytest.approx(expected)
+    assert (table.loc[table["impl"] == "compile", "energy_vs_compile"] == 1.0).all()
+    # Sustained clock: mean over the compute-bound cases (all but T=128) of every impl's clock.
+    assert analysis.sustained_sm_clock_mhz(run.rows) == pytest.approx(sum(CLOCK_MHZ.values()) / 4)
+    idle = run.rows.assign(sm_clock_mhz=run.rows["sm_clock_mhz"].where(run.rows["tokens"] != 128, 1980.0))
+    assert analysis.sustained_sm_clock_mhz(idle) == pytest.approx(sum(CLOCK_MHZ.values()) / 4)  # T=128 left out
+    assert analysis.sustained_sm_clock_mhz(idle[idle["tokens"] == 128]) == 1980.0  # only memory-bound: all rows
+    assert analysis.max_sm_clock_mhz(run.meta) == 1980.0 and analysis.power_limit_w(run.meta) == 700.0
+    hw = analysis.sustained_hardware(run.rows, run.meta)
+    assert hw.peak_tflops == pytest.approx(989.4 * sum(CLOCK_MHZ.values()) / 4 / 1980) and hw.peak_tbps == 4.8
+
+
+def test_runs_without_power_data(tmp_path):
+    write_synthetic_run(tmp_path)
+    run = analysis.load_run(tmp_path)
+    assert not analysis.has_power_data(run.rows) and not analysis.has_power_data(None)
+    table = analysis.power_table(run.rows)
+    assert len(table) == len(run.rows) and table["energy_per_backward_j"].isna().all()
+    assert math.isnan(analysis.sustained_sm_clock_mhz(run.rows))
+    assert analysis.sustained_hardware(run.rows, run.meta) is None
+    assert analysis.max_sm_clock_mhz(run.meta) is None
+    # Older runs still name the maximum clock and power limit through nvidia-smi's strings.
+    meta = {"gpu": {"nvidia_smi": {"clocks.max.sm": "1980 MHz", "power.limit": "700.00 W"}}}
+    assert analysis.max_sm_clock_mhz(meta) == 1980.0 and analysis.power_limit_w(meta) == 700.0
+    assert analysis.max_sm_clock_mhz({"gpu": {"nvidia_smi": {"clocks.max.sm": "[N/A]"}}}) is None
+
+
+def test_power_figures(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from swiglu import plots
+
+    write_synthetic_run(tmp_path, power=True)
+    run = analysis.load_run(tmp_path)
+    table = analysis.power_table(run.rows)
+    hw = {**analysis.hardware_table(), "H200-sustained": analysis.sustained_hardware(run.rows, run.meta)}
+    for name, fig in {
+        "energy": plots.energy_plot(table, "f"),
+        "clock": plots.clock_power_plot(table, "f", max_clock_mhz=1980.0, power_limit_w=700.0),
+        "energy_no_compile": plots.energy_plot(table[table["impl"] != "compile"], "f"),
+        "roof": plots.roofline_plot(hw, analysis.roofline_table(hardware=hw), None, "f"),
+    }.items():
+        paths = plots.save(fig, name, tmp_path / "fig", formats=("png",))
+        assert all(p.stat().st_size > 1000 for p in paths)
