@@ -382,7 +382,8 @@ def clock_power_plot(table: pd.DataFrame, footer: str = "", title: str = "SM clo
     ):
         _per_case_lines(ax, table, column, impls)
         if limit:
-            ax.axhline(limit, color="#b00000", lw=1.2, ls="--", label=f"{limit_label}, {limit:.0f}")
+            unit = "MHz" if column == "sm_clock_mhz" else "W"
+            ax.axhline(limit, color="#b00000", lw=1.2, ls="--", label=f"{limit_label}, {limit:.0f} {unit}")
         ax.set_ylim(0, max(float(np.nanmax(table[column].to_numpy(float), initial=0.0)), limit or 0) * 1.08 or 1)
         ax.set_ylabel(label, fontsize=9)
         ax.legend(fontsize=7.5, loc="lower right")
