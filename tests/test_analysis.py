@@ -204,3 +204,38 @@ def test_power_figures(tmp_path):
     }.items():
         paths = plots.save(fig, name, tmp_path / "fig", formats=("png",))
         assert all(p.stat().st_size > 1000 for p in paths)
+
+
+@pytest.mark.parametrize("name,loaded,clock", [("dmon_20261129T180943Z-643a0c9.txt", 173, 1430.12),
+                                               ("dmon_20261129T182915Z-d465888.txt", 165, 1448.45)])
+def test_recorded_dmon_traces_match_their_readme(name, loaded, clock):
+    # data/power/README.md states these figures (from awk); the parser must agree.
+    trace = analysis.read_dmon(analysis.repo_root() / "data" / "power" / name)
+    assert list(trace.columns) == ["sample", *analysis.DMON_COLUMNS] and trace["power_w"].notna().all()
+    s = analysis.dmon_summary(trace)
+    assert s["loaded_samples"] == loaded and s["loaded_mean_sm_clock_mhz"] == pytest.approx(clock, abs=0.01)
+    assert 650 < s["max_power_w"] <= 710 and s["loaded_max_sm_clock_mhz"] <= 1980
+
+
+def test_read_dmon_rejects_other_files(tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_text("# a b\n1 2 3\n")
+    with pytest.raises(ValueError, match="nvidia-smi dmon"):
+        analysis.read_dmon(path)
+
+
+def test_sustained_roof_sources(tmp_path):
+    write_synthetic_run(tmp_path / "bench", run_id="20261201T000000Z-power", power=True)
+    hw, why = analysis.sustained_roof(analysis.load_run(tmp_path / "bench", "20261201T000000Z-power"), tmp_path)
+    assert hw.peak_tflops == pytest.approx(989.4 * sum(CLOCK_MHZ.values()) / 4 / 1980) and "per-case" in why
+    # A run without power columns: the clock of its dmon trace's loaded samples (> 650 W).
+    write_synthetic_run(tmp_path / "bench", run_id="20261201T010000Z-old", utc="2026-12-01T01:00:00Z")
+    old = analysis.load_run(tmp_path / "bench", "20261201T010000Z-old")
+    assert analysis.sustained_roof(old, tmp_path)[0] is None
+    (tmp_path / "dmon_20261201T010000Z-old.txt").write_text(
+        "# gpu    pwr  gtemp  mtemp   mclk   pclk\n# Idx      W      C      C    MHz    MHz\n"
+        "    0     82     37     40   3201   1980\n    0    690     57     47   3201   1400\n"
+        "    0    700     58     48   3201   1500\n")
+    hw, why = analysis.sustained_roof(old, tmp_path)
+    assert hw.peak_tflops == pytest.approx(989.4 * 1450 / 1980) and "2 of 3 samples above 650 W" in why
+    assert analysis.sustained_roof(None, tmp_path)[0] is None

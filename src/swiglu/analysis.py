@@ -562,3 +562,68 @@ def power_limit_w(meta: dict | None) -> float | None:
         if number is not None:
             return number
     return None
+
+
+#: Columns of ``nvidia-smi dmon -s pc`` (power and clocks), as the traces in data/power/ hold them.
+DMON_COLUMNS = ("gpu", "power_w", "gpu_temp_c", "mem_temp_c", "mem_clock_mhz", "sm_clock_mhz")
+
+
+def read_dmon(path: str | Path) -> pd.DataFrame:
+    """An ``nvidia-smi dmon -s pc`` trace (one sample a second, ``#`` header lines repeated) as a
+    frame with ``DMON_COLUMNS`` plus ``sample`` (0, 1, ... in file order). Raises ``ValueError``
+    when a data line does not have the six columns."""
+    frame = pd.read_csv(path, sep=r"\s+", comment="#", header=None, engine="python")
+    if frame.shape[1] != len(DMON_COLUMNS):
+        raise ValueError(f"{path}: expected the {len(DMON_COLUMNS)} columns of `nvidia-smi dmon -s pc` "
+                         f"({', '.join(DMON_COLUMNS)}), got {frame.shape[1]}")
+    frame.columns = list(DMON_COLUMNS)
+    frame = frame.apply(pd.to_numeric, errors="coerce")
+    frame.insert(0, "sample", range(len(frame)))
+    return frame
+
+
+def dmon_summary(trace: pd.DataFrame, loaded_above_w: float = 650.0) -> dict:
+    """Samples of a ``read_dmon`` trace, those drawing more than ``loaded_above_w`` W (under
+    load at the power cap), their mean / min / max SM clock (MHz) and the largest power (W)."""
+    loaded = trace[trace["power_w"] > loaded_above_w]
+    clock = loaded["sm_clock_mhz"]
+    return {
+        "samples": int(len(trace)),
+        "loaded_samples": int(len(loaded)),
+        "loaded_above_w": loaded_above_w,
+        "loaded_mean_sm_clock_mhz": float(clock.mean()) if len(loaded) else math.nan,
+        "loaded_min_sm_clock_mhz": float(clock.min()) if len(loaded) else math.nan,
+        "loaded_max_sm_clock_mhz": float(clock.max()) if len(loaded) else math.nan,
+        "max_power_w": float(trace["power_w"].max()) if len(trace) else math.nan,
+    }
+
+
+def dmon_trace(power_dir: str | Path, run_id: str) -> Path | None:
+    """The ``nvidia-smi dmon`` trace recorded beside run ``run_id`` (``<power_dir>/dmon_<run_id>.txt``,
+    the naming of data/power/), or None."""
+    path = Path(power_dir) / f"dmon_{run_id}.txt"
+    return path if path.is_file() else None
+
+
+def sustained_roof(run: BenchRun | None, power_dir: str | Path, base: str = "H200-SXM",
+                   loaded_above_w: float = 650.0) -> tuple[roofline.Hardware | None, str]:
+    """The roof at the SM clock a run sustained, and a line saying where the clock comes from:
+    the run's per-case clocks (``sustained_hardware``), else the mean SM clock of the samples
+    above ``loaded_above_w`` W in its ``dmon_trace`` (runs recorded before the harness sampled
+    power), else ``(None, why)``."""
+    if run is None:
+        return None, "no recorded run: no roof at the sustained SM clock"
+    hw = sustained_hardware(run.rows, run.meta, base)
+    if hw is not None:
+        return hw, f"{hw.name}: {hw.peak_tflops:.1f} TFLOP/s (per-case SM clocks of run {run.run_id})"
+    trace = dmon_trace(power_dir, run.run_id)
+    if trace is not None:
+        s = dmon_summary(read_dmon(trace), loaded_above_w)
+        if s["loaded_samples"]:
+            clock, top = s["loaded_mean_sm_clock_mhz"], max_sm_clock_mhz(run.meta) or H200_MAX_SM_CLOCK_MHZ
+            name = f"{roofline.HARDWARE[base].name} at the sustained SM clock ({clock:.0f} of {top:.0f} MHz, dmon)"
+            hw = roofline.at_sm_clock(base, clock, top, name)
+            return hw, (f"{hw.name}: {hw.peak_tflops:.1f} TFLOP/s (mean SM clock of the {s['loaded_samples']} of "
+                        f"{s['samples']} samples above {loaded_above_w:.0f} W in {trace.name})")
+    return None, (f"no power data recorded in run {run.run_id} and no dmon trace for it: "
+                  "no roof at the sustained SM clock")
