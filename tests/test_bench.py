@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import sys
 import time
 import types
 from datetime import datetime
@@ -505,3 +507,30 @@ def test_max_autotune_is_opt_in():
     cpu = torch.device("cpu")
     assert "compile-max-autotune" in IMPLS and "max-autotune" in IMPLS["compile-max-autotune"].note
     assert "compile-max-autotune" not in default_impls(cpu, max_autotune=False)
+
+
+def test_nvidia_smi_fallback_with_a_fake_nvidia_smi(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import datetime, sys, time\n"
+        "assert '--query-gpu=timestamp,power.draw,clocks.sm' in sys.argv, sys.argv\n"
+        "print('timestamp, power.draw [W], clocks.sm [MHz]', flush=True)\n"
+        "while True:\n"
+        "    print(datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3] + ', 321.5, 1755', flush=True)\n"
+        "    time.sleep(0.005)\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monitor = power.PowerMonitor(power._NvidiaSmiBackend("0", 0.005), interval_s=0.005)
+    try:
+        time.sleep(0.5)  # the child starts
+        window = monitor.open_window()
+        time.sleep(0.2)
+        cols = monitor.close_window(window, 4)
+        assert "nvidia-smi" in monitor.describe()["backend"]
+    finally:
+        monitor.close()
+    assert cols["power_samples"] >= 5
+    assert cols["power_w"] == pytest.approx(321.5) and cols["sm_clock_mhz"] == pytest.approx(1755.0)
+    # No energy counter: mean power x window duration, per iteration.
+    assert cols["energy_j"] == pytest.approx(321.5 * cols["energy_window_s"] / 4)

@@ -32,7 +32,7 @@ from .workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, Case
 IMPL_LABELS = {
     "eager": "eager reference (PyTorch)",
     "compile": "torch.compile (default)",
-    "compile-max-autotune": "torch.compile (max-autotune)",
+    "compile-max-autotune": "torch.compile (max-autotune, no CUDA graphs)",
     "cublas-gemms": "cuBLAS GEMMs only (lower bound, no elementwise)",
     "liger": "Liger SiLU-mul + cuBLAS",
     "triton": "swiglu Triton (ours)",

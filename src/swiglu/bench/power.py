@@ -302,8 +302,8 @@ class PowerMonitor:
             "min_window_s": self.min_window_s,
             "energy_definition": "energy_j: energy over the window / energy_iters (timed iterations plus "
             "untimed ones that stretch the window to min_window_s), L2 flush before every iteration included; "
-            "flush_energy_j: a flush-only loop of the same buffer, per flush, measured per case; "
-            "energy_per_backward_j = energy_j - flush_energy_j",
+            "untimed per-iteration preparation (liger's clones) included; flush_energy_j: a flush-only loop "
+            "of the same buffer, per flush, measured per case; energy_per_backward_j = energy_j - flush_energy_j",
         }
 
     def close(self) -> None:

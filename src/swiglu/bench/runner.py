@@ -272,7 +272,8 @@ def run_benchmark(
     else:
         why = "given by the caller" if monitor is not None else "no monitor (monitor=None)"
     power_record = {**monitor.describe(), "status": why} if monitor is not None else {"backend": None, "status": why}
-    log(f"power: {why}")
+    log(f"power: {why}" + (f"; {power_record['power_source']}; energy: {power_record['energy_source']}"
+                           if monitor is not None else ""))
     try:
         return _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, power_record, progress, log,
                     on_start, on_case)
