@@ -470,12 +470,24 @@ def test_cpu_run_leaves_power_columns_empty(tmp_path):
 def test_run_with_fake_nvml_fills_power_columns():
     nvml = FakeNvml()
     monitor = fake_monitor(nvml, min_window_s=0.05)
+    calls = []
+
+    def fails_in_timing(*args):
+        calls.append(1)
+        if len(calls) > 1:  # the first call passes, the timed loop raises inside the window
+            raise RuntimeError("late failure")
+        return reference_backward(*args)
+
+    impls = {**IMPLS, "late": BenchImpl("late", "raises in the timed loop", lambda d: fails_in_timing)}
     try:
-        result = run_benchmark(_cpu_config(["eager", "cublas-gemms"]), progress=False, log=lambda s: None,
-                               monitor=monitor)
+        result = run_benchmark(_cpu_config(["eager", "late", "cublas-gemms"]), impls=impls, progress=False,
+                               log=lambda s: None, monitor=monitor)
     finally:
         monitor.close()
     rows = result.rows.set_index("impl")
+    assert rows.loc["late", "note"].startswith("ERROR in timing") and rows.loc["late", list(power.POWER_COLUMNS)].isna().all()
+    text = format_summary(result.rows, dict(result.metadata, run_id="x"))
+    assert "power per case" in text and "max 1980 MHz" in text and "J eager" in text
     assert result.metadata["power"]["backend"].startswith("nvml") and result.metadata["max_sm_clock_mhz"] == 1980
     for impl in ("eager", "cublas-gemms"):
         r = rows.loc[impl]

@@ -114,8 +114,9 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
     if power is None:
         lines.append(f"power: not recorded ({record.get('status', 'no power data')})")
     else:
+        top = f"{record['max_sm_clock_mhz']:.0f} MHz" if record.get("max_sm_clock_mhz") else "?"
         lines += ["", f"power per case: J = energy per backward (L2 flush subtracted), W = mean board power, "
-                  f"MHz = mean SM clock (max {record.get('max_sm_clock_mhz') or '?'}); {record.get('backend')}, "
+                  f"MHz = mean SM clock (max {top}); {record.get('backend')}, "
                   f"{record.get('power_source')}; energy: {record.get('energy_source')}",
                   power.reset_index().rename(columns={"index": "case"}).to_string(
                       index=False, float_format=lambda v: f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}", na_rep="-")]

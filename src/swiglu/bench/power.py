@@ -203,7 +203,7 @@ class _NvidiaSmiBackend:
     def __init__(self, target: str, interval_s: float):
         self.target, self.samples = target, []
         cmd = ["nvidia-smi", "--query-gpu=timestamp,power.draw,clocks.sm", "--format=csv,noheader,nounits",
-               f"-lms={max(1, round(interval_s * 1e3))}", "-i", target]
+               "-lms", str(max(1, round(interval_s * 1e3))), "-i", target]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -292,6 +292,10 @@ class PowerMonitor:
         columns = window_columns(self._samples, window.t0, t1, delta, iterations)
         self._samples[:] = [s for s in self._samples if s.t > t1]
         return columns
+
+    def cancel(self) -> None:
+        """Stop sampling without a result (the loop of an open window raised)."""
+        self._active.clear()
 
     def describe(self) -> dict:
         """The metadata record: backend, sources, sampling period, minimum window, max SM

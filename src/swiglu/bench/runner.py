@@ -167,6 +167,8 @@ def measure_impl(
                 result["note"] += f"; {text}"
         del out, args, fn
     except Exception as exc:  # noqa: BLE001 - one failing impl must not end the run
+        if monitor is not None:
+            monitor.cancel()
         message = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
         result["note"] = f"ERROR in {stage}: {message}; {impl.note}"
         if impl.checks_correctness:
@@ -307,7 +309,7 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
         for name in config.impls:
             bar.set_postfix_str(f"{case.name} {name}")
             measured = measure_impl(impls[name], sets, reference, case, device, warmup, iters, flush, monitor)
-            if monitor is not None:
+            if math.isfinite(measured["energy_j"]):
                 measured = with_flush_energy(measured, flush_energy_j)
             _cleanup(device)
             row = {
