@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
 
@@ -165,8 +165,11 @@ class _NvmlBackend:
             "energy_source": "nvmlDeviceGetTotalEnergyConsumption delta (mJ counter)" if self.has_counter
             else "mean sampled power x window duration (no energy counter)",
         }
-        for key, call in (("max_sm_clock_mhz", lambda: self.nvml.nvmlDeviceGetMaxClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)),
-                          ("power_limit_w", lambda: self.nvml.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1e3)):
+        nvml, handle = self.nvml, self.handle
+        for key, call in (
+            ("max_sm_clock_mhz", lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            ("power_limit_w", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3),  # mW -> W
+        ):
             try:
                 info[key] = float(call())
             except Exception:  # noqa: BLE001 - metadata detail only
@@ -238,7 +241,6 @@ class Window:
 
     t0: float
     energy0_mj: float | None
-    extra: dict = field(default_factory=dict)
 
     def elapsed_s(self) -> float:
         return time.time() - self.t0

@@ -38,7 +38,8 @@ from ..reference import reference_backward
 from ..workloads import Case
 from . import environment
 from .impls import IMPLS, BenchImpl
-from .power import PowerMonitor, empty_power_columns, extension_iterations, measure_flush_energy, open_monitor, with_flush_energy
+from .power import (PowerMonitor, empty_power_columns, extension_iterations, measure_flush_energy, open_monitor,
+                    with_flush_energy)
 from .schema import coerce, rows_to_frame
 from .stats import Ceilings, add_speedups, nan_stats, sol_columns, time_stats
 from .timing import L2Flusher, alternating, measure_ceilings, synchronize, time_iterations
@@ -286,6 +287,7 @@ def run_benchmark(
 
 def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, power_record, progress, log,
          on_start, on_case) -> BenchResult:
+    """The body of ``run_benchmark``, apart so that the monitor it opened is closed on any exit."""
     ceilings, ceiling_record = Ceilings(), {"skipped": True}
     if config.measure_ceilings:
         ceilings, ceiling_record = measure_ceilings(device, quick=config.protocol != "full", flush=flush)
