@@ -146,9 +146,13 @@ def measure_impl(
         result.update(time_stats(time_iterations(fn, make_args, iters, device, flush)))
         if window is not None:
             stage = "power window"
-            extra = extension_iterations(window.elapsed_s(), result["median_ms"], monitor.min_window_s)
-            if extra:
-                time_iterations(fn, make_args, extra, device, flush)  # untimed: energy only
+            extra = 0
+            for _ in range(5):  # untimed, energy only; the median only estimates the rounds' length
+                more = extension_iterations(window.elapsed_s(), result["median_ms"], monitor.min_window_s)
+                if not more:
+                    break
+                time_iterations(fn, make_args, more, device, flush)
+                extra += more
             result.update(monitor.close_window(window, iters + extra))
         stage = "correctness call"
         args = impl.prepare(sets[0])
