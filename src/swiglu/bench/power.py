@@ -127,7 +127,8 @@ class _NvmlBackend:
     def __init__(self, pynvml, handle):
         self.nvml, self.handle = pynvml, handle
         self.field = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", NVML_FI_DEV_POWER_INSTANT)
-        self.instant = self._instant_mw() is not None
+        first = self._instant_mw()
+        self.instant = first is not None and first > 0  # a board never draws 0 W: 0 means unsupported
         try:
             pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
             self.has_counter = True
