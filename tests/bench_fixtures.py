@@ -16,6 +16,13 @@ from swiglu import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, roofline
 
 #: Synthetic latency = factor x H200 datasheet SOL time.
 FACTORS = {"eager": 1.65, "compile": 1.55, "cublas-gemms": 1.52, "triton": 1.3}
+#: With ``power=True``: board power (W) and SM clock (MHz) per implementation, the same in every
+#: case; energy per iteration = power x latency; one L2 flush costs FLUSH_J.
+POWER_W = {"eager": 600.0, "compile": 650.0, "cublas-gemms": 660.0, "triton": 640.0}
+CLOCK_MHZ = {"eager": 1500.0, "compile": 1450.0, "cublas-gemms": 1440.0, "triton": 1480.0}
+FLUSH_J = 0.01
+POWER_COLUMNS = ["power_w", "sm_clock_mhz", "power_samples", "energy_j", "flush_energy_j",
+                 "energy_per_backward_j", "energy_iters", "energy_window_s"]
 
 COLUMNS = [
     "run_id", "case", "seq_len", "batch_size", "tokens", "hidden_size", "intermediate_size", "impl",
@@ -32,8 +39,11 @@ def write_synthetic_run(
     utc: str = "2026-12-01T00:00:00Z",
     factors: dict[str, float] = FACTORS,
     cases=CASES,
+    power: bool = False,
 ) -> Path:
-    """Write ``<run_id>.csv`` + ``.json`` (and append ``runs.csv``) into ``bench_dir``."""
+    """Write ``<run_id>.csv`` + ``.json`` (and append ``runs.csv``) into ``bench_dir``. Without
+    ``power`` the CSV has the columns of runs recorded before power was sampled (none of
+    ``POWER_COLUMNS``); with it, those columns too (``POWER_W``, ``CLOCK_MHZ``, ``FLUSH_J``)."""
     bench_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for case in cases:
@@ -54,14 +64,24 @@ def write_synthetic_run(
                 "peak_mem_gb": 1.0, "correct": None if impl == "cublas-gemms" else True,
                 "min_match_fraction": 1.0, "note": "SYNTHETIC test fixture",
             })
+            if power:
+                w = POWER_W.get(impl, 500.0)
+                energy = w * ms / 1e3 + FLUSH_J
+                rows[-1].update({"power_w": w, "sm_clock_mhz": CLOCK_MHZ.get(impl, 1500.0), "power_samples": 40,
+                                 "energy_j": energy, "flush_energy_j": FLUSH_J, "energy_per_backward_j": energy - FLUSH_J,
+                                 "energy_iters": 50, "energy_window_s": 1.0})
     csv = bench_dir / f"{run_id}.csv"
-    pd.DataFrame(rows, columns=COLUMNS).to_csv(csv, index=False)
+    columns = COLUMNS[:-1] + POWER_COLUMNS + COLUMNS[-1:] if power else COLUMNS
+    pd.DataFrame(rows, columns=columns).to_csv(csv, index=False)
     meta = {
         "run_id": run_id, "gpu_name": "SYNTHETIC H200", "sm_count": 132, "driver": "000.00", "cuda": "13.0",
         "torch": "2.11.0", "triton": "3.6.0", "python": "3.12", "git_commit": "0" * 40, "git_dirty": False,
         "utc": utc, "complete": True, "protocol": {"name": protocol, "warmup": 10, "iters": 50},
         "ceilings": {"copy_tbps": 4.2, "gemm_tflops": 750.0},
     }
+    if power:
+        meta.update(max_sm_clock_mhz=1980.0, power_limit_w=700.0,
+                    power={"backend": "SYNTHETIC", "max_sm_clock_mhz": 1980.0, "power_limit_w": 700.0})
     (bench_dir / f"{run_id}.json").write_text(json.dumps(meta, indent=1))
     index = bench_dir / "runs.csv"
     entry = pd.DataFrame([{"run_id": run_id, "utc": utc, "gpu": meta["gpu_name"], "protocol": protocol,

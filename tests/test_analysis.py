@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from bench_fixtures import FACTORS, write_synthetic_run
+from bench_fixtures import CLOCK_MHZ, FACTORS, POWER_W, write_synthetic_run
 from swiglu import CASES, analysis, reproduce, roofline
 
 
@@ -146,3 +146,96 @@ def test_tables_and_figures_survive_a_failed_implementation(tmp_path):
         assert all(p.stat().st_size > 1000 for p in paths)
     with pytest.raises(ValueError, match="format"):
         plots.save(plots.placeholder("t", "m"), "x", tmp_path, formats=("docx",))
+
+
+def test_power_table_energy_and_sustained_clock(tmp_path):
+    write_synthetic_run(tmp_path, power=True)
+    run = analysis.load_run(tmp_path)
+    assert analysis.has_power_data(run.rows)
+    table = analysis.power_table(run.rows)
+    assert len(table) == len(CASES) * len(FACTORS)
+    r = table[(table["case"] == "s128_b64") & (table["impl"] == "triton")].iloc[0]
+    sol_ms = roofline.sol_time_s(8192) * 1e3
+    assert r["energy_per_backward_j"] == pytest.approx(POWER_W["triton"] * sol_ms * FACTORS["triton"] / 1e3)
+    assert r["gflop_per_j"] == pytest.approx(roofline.flops(8192) / 1e9 / r["energy_per_backward_j"])
+    expected = (POWER_W["triton"] * FACTORS["triton"]) / (POWER_W["compile"] * FACTORS["compile"])
+    assert r["energy_vs_compile"] == pytest.approx(expected)
+    assert (table.loc[table["impl"] == "compile", "energy_vs_compile"] == 1.0).all()
+    # Sustained clock: mean over the compute-bound cases (all but T=128) of every impl's clock.
+    assert analysis.sustained_sm_clock_mhz(run.rows) == pytest.approx(sum(CLOCK_MHZ.values()) / 4)
+    idle = run.rows.assign(sm_clock_mhz=run.rows["sm_clock_mhz"].where(run.rows["tokens"] != 128, 1980.0))
+    assert analysis.sustained_sm_clock_mhz(idle) == pytest.approx(sum(CLOCK_MHZ.values()) / 4)  # T=128 left out
+    assert analysis.sustained_sm_clock_mhz(idle[idle["tokens"] == 128]) == 1980.0  # only memory-bound: all rows
+    assert analysis.max_sm_clock_mhz(run.meta) == 1980.0 and analysis.power_limit_w(run.meta) == 700.0
+    hw = analysis.sustained_hardware(run.rows, run.meta)
+    assert hw.peak_tflops == pytest.approx(989.4 * sum(CLOCK_MHZ.values()) / 4 / 1980) and hw.peak_tbps == 4.8
+
+
+def test_runs_without_power_data(tmp_path):
+    write_synthetic_run(tmp_path)
+    run = analysis.load_run(tmp_path)
+    assert not analysis.has_power_data(run.rows) and not analysis.has_power_data(None)
+    table = analysis.power_table(run.rows)
+    assert len(table) == len(run.rows) and table["energy_per_backward_j"].isna().all()
+    assert math.isnan(analysis.sustained_sm_clock_mhz(run.rows))
+    assert analysis.sustained_hardware(run.rows, run.meta) is None
+    assert analysis.max_sm_clock_mhz(run.meta) is None
+    # Older runs still name the maximum clock and power limit through nvidia-smi's strings.
+    meta = {"gpu": {"nvidia_smi": {"clocks.max.sm": "1980 MHz", "power.limit": "700.00 W"}}}
+    assert analysis.max_sm_clock_mhz(meta) == 1980.0 and analysis.power_limit_w(meta) == 700.0
+    assert analysis.max_sm_clock_mhz({"gpu": {"nvidia_smi": {"clocks.max.sm": "[N/A]"}}}) is None
+
+
+def test_power_figures(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from swiglu import plots
+
+    write_synthetic_run(tmp_path, power=True)
+    run = analysis.load_run(tmp_path)
+    table = analysis.power_table(run.rows)
+    hw = {**analysis.hardware_table(), "H200-sustained": analysis.sustained_hardware(run.rows, run.meta)}
+    for name, fig in {
+        "energy": plots.energy_plot(table, "f"),
+        "clock": plots.clock_power_plot(table, "f", max_clock_mhz=1980.0, power_limit_w=700.0),
+        "energy_no_compile": plots.energy_plot(table[table["impl"] != "compile"], "f"),
+        "roof": plots.roofline_plot(hw, analysis.roofline_table(hardware=hw), None, "f"),
+    }.items():
+        paths = plots.save(fig, name, tmp_path / "fig", formats=("png",))
+        assert all(p.stat().st_size > 1000 for p in paths)
+
+
+@pytest.mark.parametrize("name,loaded,clock", [("dmon_20261129T180943Z-643a0c9.txt", 173, 1430.12),
+                                               ("dmon_20261129T182915Z-d465888.txt", 165, 1448.45)])
+def test_recorded_dmon_traces_match_their_readme(name, loaded, clock):
+    # data/power/README.md states these figures (from awk); the parser must agree.
+    trace = analysis.read_dmon(analysis.repo_root() / "data" / "power" / name)
+    assert list(trace.columns) == ["sample", *analysis.DMON_COLUMNS] and trace["power_w"].notna().all()
+    s = analysis.dmon_summary(trace)
+    assert s["loaded_samples"] == loaded and s["loaded_mean_sm_clock_mhz"] == pytest.approx(clock, abs=0.01)
+    assert 650 < s["max_power_w"] <= 710 and s["loaded_max_sm_clock_mhz"] <= 1980
+
+
+def test_read_dmon_rejects_other_files(tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_text("# a b\n1 2 3\n")
+    with pytest.raises(ValueError, match="nvidia-smi dmon"):
+        analysis.read_dmon(path)
+
+
+def test_sustained_roof_sources(tmp_path):
+    write_synthetic_run(tmp_path / "bench", run_id="20261201T000000Z-power", power=True)
+    hw, why = analysis.sustained_roof(analysis.load_run(tmp_path / "bench", "20261201T000000Z-power"), tmp_path)
+    assert hw.peak_tflops == pytest.approx(989.4 * sum(CLOCK_MHZ.values()) / 4 / 1980) and "per-case" in why
+    # A run without power columns: the clock of its dmon trace's loaded samples (> 650 W).
+    write_synthetic_run(tmp_path / "bench", run_id="20261201T010000Z-old", utc="2026-12-01T01:00:00Z")
+    old = analysis.load_run(tmp_path / "bench", "20261201T010000Z-old")
+    assert analysis.sustained_roof(old, tmp_path)[0] is None
+    (tmp_path / "dmon_20261201T010000Z-old.txt").write_text(
+        "# gpu    pwr  gtemp  mtemp   mclk   pclk\n# Idx      W      C      C    MHz    MHz\n"
+        "    0     82     37     40   3201   1980\n    0    690     57     47   3201   1400\n"
+        "    0    700     58     48   3201   1500\n")
+    hw, why = analysis.sustained_roof(old, tmp_path)
+    assert hw.peak_tflops == pytest.approx(989.4 * 1450 / 1980) and "2 of 3 samples above 650 W" in why
+    assert analysis.sustained_roof(None, tmp_path)[0] is None

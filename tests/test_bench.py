@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import sys
+import time
+import types
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -15,12 +20,13 @@ import pytest
 import torch
 
 from swiglu import make_inputs, reference_backward
-from swiglu.bench import environment
-from swiglu.bench.cli import main
-from swiglu.bench.impls import IMPLS, BenchImpl, cublas_gemms, liger_prepare, make_liger_backward, unavailable_reason
+from swiglu.bench import environment, power
+from swiglu.bench.cli import format_summary, main
+from swiglu.bench.impls import IMPLS, BenchImpl, cublas_gemms, default_impls, liger_prepare, make_liger_backward, unavailable_reason
 from swiglu.bench.runner import BenchConfig, check_outputs, pick_hardware, run_benchmark
 from swiglu.bench.schema import COLUMNS, check_row, coerce, read_rows, rows_to_frame
-from swiglu.bench.stats import Ceilings, add_speedups, per_case_table, sol_columns, summary_table, time_stats
+from swiglu.bench.stats import (Ceilings, add_speedups, per_case_table, power_summary, sol_columns, summary_table,
+                                time_stats)
 from swiglu.bench.storage import INDEX_COLUMNS, RunWriter, write_run
 from swiglu.bench.timing import L2Flusher, alternating, time_iterations
 from swiglu.workloads import select_cases
@@ -84,6 +90,7 @@ def fake_row(case: str, impl: str, median_ms: float, correct=True, tokens: int =
         "first_call_s": 0.5, "hardware": "H200-SXM", "speedup_vs_eager": math.nan,
         "speedup_vs_compile": math.nan, "peak_mem_gb": 1.5, "correct": correct,
         "min_match_fraction": 0.999 if correct is True else math.nan, "note": f"{impl} note",
+        **power.empty_power_columns(),
         **sol_columns(tokens, H, I, median_ms, "H200-SXM", Ceilings(4.0, 760.0)),
     }
 
@@ -107,6 +114,8 @@ def test_schema_columns_and_dtypes():
         series = frame[column]
         if kind == "int":
             assert pd.api.types.is_integer_dtype(series), column
+        elif kind == "int?":
+            assert str(series.dtype) == "Int64", column
         elif kind == "float":
             assert pd.api.types.is_float_dtype(series), column
         elif kind == "bool?":
@@ -343,3 +352,197 @@ def test_cli_refuses_without_gpu(monkeypatch, capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(["--device", "cpu", *bad])
         assert exit_info.value.code == 2
+
+
+# ------------------------------------------------------------------------------ power and energy
+class FakeNvml(types.SimpleNamespace):
+    """A stand-in for pynvml: 400 W instantaneous power (field 186), 1500 MHz SM clock, max 1980,
+    and an energy counter that advances by exactly 1000 mJ per read."""
+
+    NVML_CLOCK_SM = 1
+    NVML_FI_DEV_POWER_INSTANT = 186
+
+    def __init__(self, instant=True):
+        super().__init__(energy_reads=0, instant=instant, shut=False)
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return ("handle", index)
+
+    def nvmlDeviceGetFieldValues(self, handle, fields):
+        assert fields == [186]
+        if not self.instant:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return [types.SimpleNamespace(nvmlReturn=0, valueType=1, value=types.SimpleNamespace(uiVal=400_000))]
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 250_000  # mW
+
+    def nvmlDeviceGetClockInfo(self, handle, kind):
+        assert kind == self.NVML_CLOCK_SM
+        return 1500
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, kind):
+        return 1980
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return 700_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        self.energy_reads += 1
+        return 5_000_000 + 1000 * self.energy_reads
+
+
+def fake_monitor(nvml: FakeNvml, min_window_s: float = 0.0) -> power.PowerMonitor:
+    backend = power._NvmlBackend(nvml, nvml.nvmlDeviceGetHandleByIndex(0))
+    return power.PowerMonitor(backend, interval_s=0.002, min_window_s=min_window_s)
+
+
+def test_window_columns_arithmetic():
+    samples = [power.Sample(t, p, c) for t, p, c in [(0.5, 999, 999), (1.0, 300, 1400), (1.5, 500, 1600),
+                                                    (2.0, 400, 1500), (2.5, 999, 999)]]
+    cols = power.window_columns(samples, 1.0, 2.0, 12_000.0, 40)  # 12 J over 40 iterations
+    assert cols["power_w"] == pytest.approx(400.0) and cols["sm_clock_mhz"] == pytest.approx(1500.0)
+    assert cols["power_samples"] == 3 and cols["energy_iters"] == 40
+    assert cols["energy_j"] == pytest.approx(0.3) and cols["energy_window_s"] == pytest.approx(1.0)
+    assert math.isnan(cols["flush_energy_j"]) and math.isnan(cols["energy_per_backward_j"])
+    full = power.with_flush_energy(cols, 0.05)
+    assert full["energy_per_backward_j"] == pytest.approx(0.25) and full["flush_energy_j"] == 0.05
+    # No energy counter: mean power x duration, per iteration (400 W x 1 s / 40).
+    assert power.window_columns(samples, 1.0, 2.0, None, 40)["energy_j"] == pytest.approx(10.0)
+    empty = power.window_columns([], 1.0, 2.0, None, 4)
+    assert empty["power_samples"] == 0 and math.isnan(empty["power_w"]) and math.isnan(empty["energy_j"])
+    with pytest.raises(ValueError, match="iterations"):
+        power.window_columns(samples, 1.0, 2.0, 1.0, 0)
+    with pytest.raises(ValueError, match="ends before"):
+        power.window_columns(samples, 2.0, 1.0, 1.0, 1)
+    assert power.extension_iterations(0.25, 5.0, 1.0) == 150  # 0.75 s more at 5 ms each
+    assert power.extension_iterations(1.5, 5.0, 1.0) == 0 and power.extension_iterations(0.1, math.nan, 1.0) == 0
+
+
+def test_nvidia_smi_line_parsing():
+    s = power.parse_nvidia_smi_line("2026/11/30 13:47:56.250, 512.34, 1980\n")
+    assert s.power_w == pytest.approx(512.34) and s.sm_clock_mhz == 1980.0
+    assert s.t == pytest.approx(datetime(2026, 11, 30, 13, 47, 56, 250000).timestamp())
+    for bad in ("timestamp, power.draw [W], clocks.sm [MHz]", "2026/11/30 13:47:56.250, [N/A], 1980", ""):
+        assert power.parse_nvidia_smi_line(bad) is None
+
+
+@pytest.mark.parametrize("instant", [True, False])
+def test_fake_nvml_monitor_reads_power_clock_and_energy(instant):
+    nvml = FakeNvml(instant=instant)
+    monitor = fake_monitor(nvml)
+    try:
+        window = monitor.open_window()
+        time.sleep(0.05)
+        cols = monitor.close_window(window, 10)
+        info = monitor.describe()
+    finally:
+        monitor.close()
+    assert nvml.shut
+    assert cols["power_samples"] > 0
+    assert cols["power_w"] == pytest.approx(400.0 if instant else 250.0)
+    assert cols["sm_clock_mhz"] == pytest.approx(1500.0)
+    assert cols["energy_j"] == pytest.approx(1.0 / 10)  # one counter step (1000 mJ) over 10 iterations
+    assert info["max_sm_clock_mhz"] == 1980 and info["power_limit_w"] == 700
+    assert ("INSTANT" in info["power_source"]) is instant and "TotalEnergy" in info["energy_source"]
+
+
+def test_cpu_run_leaves_power_columns_empty(tmp_path):
+    assert power.open_monitor(torch.device("cpu"))[0] is None
+    result = run_benchmark(_cpu_config(["eager"]), progress=False, log=lambda s: None)
+    assert result.metadata["power"]["backend"] is None and "CPU" in result.metadata["power"]["status"]
+    rows = result.rows
+    for column in power.POWER_COLUMNS:
+        assert column in rows.columns and rows[column].isna().all(), column
+    _, csv_path, _ = write_run(rows, result.metadata, tmp_path, "20261130T000000Z-abc1234")
+    text = csv_path.read_text().splitlines()
+    header, line = text[0].split(","), text[1].split(",")
+    assert all(line[header.index(c)] == "" for c in power.POWER_COLUMNS)  # empty, not 0
+    assert read_rows(csv_path)[list(power.POWER_COLUMNS)].isna().all().all()
+
+
+def test_run_with_fake_nvml_fills_power_columns():
+    nvml = FakeNvml()
+    monitor = fake_monitor(nvml, min_window_s=0.05)
+    calls = []
+
+    def fails_in_timing(*args):
+        calls.append(1)
+        if len(calls) > 1:  # the first call passes, the timed loop raises inside the window
+            raise RuntimeError("late failure")
+        return reference_backward(*args)
+
+    impls = {**IMPLS, "late": BenchImpl("late", "raises in the timed loop", lambda d: fails_in_timing)}
+    try:
+        result = run_benchmark(_cpu_config(["eager", "late", "cublas-gemms"]), impls=impls, progress=False,
+                               log=lambda s: None, monitor=monitor)
+    finally:
+        monitor.close()
+    rows = result.rows.set_index("impl")
+    assert rows.loc["late", "note"].startswith("ERROR in timing") and rows.loc["late", list(power.POWER_COLUMNS)].isna().all()
+    text = format_summary(result.rows, dict(result.metadata, run_id="x"))
+    assert "power per case" in text and "max 1980 MHz" in text and "J eager" in text
+    assert result.metadata["power"]["backend"].startswith("nvml") and result.metadata["max_sm_clock_mhz"] == 1980
+    for impl in ("eager", "cublas-gemms"):
+        r = rows.loc[impl]
+        assert r["power_w"] == pytest.approx(400.0) and r["sm_clock_mhz"] == pytest.approx(1500.0)
+        assert r["power_samples"] > 0 and r["energy_window_s"] >= 0.05
+        assert r["energy_iters"] >= r["iters"]  # stretched to min_window_s with untimed iterations
+        # Every window sees exactly one counter step of 1 J: per iteration, minus the flush's share.
+        assert r["energy_j"] == pytest.approx(1.0 / r["energy_iters"])
+        assert r["energy_per_backward_j"] == pytest.approx(r["energy_j"] - r["flush_energy_j"])
+    flush = rows["flush_energy_j"]
+    assert flush.nunique() == 1 and 0 < flush.iloc[0] <= 1.0 / 50  # one step over >= 50 flushes
+
+
+def test_runs_recorded_without_power_columns_still_read(tmp_path):
+    frame = fake_frame()
+    legacy = frame.drop(columns=list(power.POWER_COLUMNS))
+    path = tmp_path / "old.csv"
+    legacy.to_csv(path, index=False)
+    back = read_rows(path)
+    assert list(back.columns) == list(COLUMNS) and back[list(power.POWER_COLUMNS)].isna().all().all()
+    assert power_summary(back) is None
+    assert "power: not recorded" in format_summary(back, {
+        "protocol": {"name": "full", "warmup": 10, "iters": 50}, "gpu": {"name": "x"},
+        "hardware": {"name": "H200", "peak_tflops": 989.4, "peak_tbps": 4.8},
+        "shape": {"hidden_size": H, "intermediate_size": I}, "power": {"backend": None, "status": "CPU run"}})
+
+
+def test_max_autotune_is_opt_in():
+    cpu = torch.device("cpu")
+    assert "compile-max-autotune" in IMPLS and "max-autotune" in IMPLS["compile-max-autotune"].note
+    assert "compile-max-autotune" not in default_impls(cpu, max_autotune=False)
+
+
+def test_nvidia_smi_fallback_with_a_fake_nvidia_smi(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import datetime, sys, time\n"
+        "assert '--query-gpu=timestamp,power.draw,clocks.sm' in sys.argv, sys.argv\n"
+        "print('timestamp, power.draw [W], clocks.sm [MHz]', flush=True)\n"
+        "while True:\n"
+        "    print(datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3] + ', 321.5, 1755', flush=True)\n"
+        "    time.sleep(0.005)\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monitor = power.PowerMonitor(power._NvidiaSmiBackend("0", 0.005), interval_s=0.005)
+    try:
+        time.sleep(0.5)  # the child starts
+        window = monitor.open_window()
+        time.sleep(0.2)
+        cols = monitor.close_window(window, 4)
+        assert "nvidia-smi" in monitor.describe()["backend"]
+    finally:
+        monitor.close()
+    assert cols["power_samples"] >= 5
+    assert cols["power_w"] == pytest.approx(321.5) and cols["sm_clock_mhz"] == pytest.approx(1755.0)
+    # No energy counter: mean power x window duration, per iteration.
+    assert cols["energy_j"] == pytest.approx(321.5 * cols["energy_window_s"] / 4)

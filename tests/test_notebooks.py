@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench_fixtures import FACTORS, write_synthetic_run
+from bench_fixtures import FACTORS, FLUSH_J, POWER_W, write_synthetic_run
 from swiglu import CASES, reproduce
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXPECTED_FIGURES = {
     "01_roofline": ["01_roofline", "01_sol_per_case"],
     "02_validation": ["02_validation_errors_cpu", "02_validation_ratio_cpu"],
-    "03_latency": ["03_latency_per_case", "03_speedup", "03_sol_fraction", "03_gmean"],
+    "03_latency": ["03_latency_per_case", "03_speedup", "03_sol_fraction", "03_gmean", "03_energy", "03_clock_power"],
     "04_history": ["04_history"],
     "06_training_memory": ["06_training_memory"],
 }
@@ -132,6 +132,34 @@ def test_smoke_latency_tables_match_the_recorded_run(smoke):
     assert len(per_case) == len(CASES) * len(FACTORS)
     history = pd.read_csv(tmp / "derived" / "history.csv")
     assert set(history["impl"]) == set(FACTORS) and history["run_id"].nunique() == 1
+
+
+def test_smoke_run_without_power_data_says_so(smoke):
+    tmp, results = smoke
+    texts = {r.name: _outputs_text(r.output) for r in results}
+    assert "no power data recorded in run" in texts["03_latency"]
+    assert "no roof at the sustained SM clock" in texts["01_roofline"]
+    assert not (tmp / "derived" / "power_per_case.csv").exists()
+
+
+def test_power_notebooks_with_a_run_that_recorded_power(tmp_path):
+    pytest.importorskip("papermill")
+    write_synthetic_run(tmp_path / "bench", power=True)
+    results = reproduce.run(
+        "01,03", smoke=True, device="cpu", bench_dir=tmp_path / "bench", figures_dir=tmp_path / "figures",
+        derived_dir=tmp_path / "derived", build_dir=tmp_path / "notebooks", engine="papermill", progress=False,
+    )
+    assert [r.ok for r in results] == [True, True], [r.error for r in results]
+    texts = {r.name: _outputs_text(r.output) for r in results}
+    assert "at the sustained SM clock (1468 of 1980 MHz)" in texts["01_roofline"]  # mean of CLOCK_MHZ
+    assert "no power data" not in texts["03_latency"]
+    power = pd.read_csv(tmp_path / "derived" / "power_per_case.csv")
+    assert len(power) == len(CASES) * len(FACTORS)
+    r = power[(power["case"] == "s4096_b1") & (power["impl"] == "eager")].iloc[0]
+    assert r["energy_per_backward_j"] == pytest.approx(r["energy_j"] - FLUSH_J)
+    assert r["energy_per_backward_j"] == pytest.approx(POWER_W["eager"] * r["median_ms"] / 1e3)
+    for name in ("03_energy", "03_clock_power", "01_roofline"):
+        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 1000
 
 
 def test_latency_notebook_without_recorded_run(tmp_path):

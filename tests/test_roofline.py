@@ -153,3 +153,13 @@ def test_geometric_mean():
     for bad in ([], [1.0, 0.0], [1.0, -2.0], [float("nan")]):
         with pytest.raises(ValueError):
             geometric_mean(bad)
+
+
+def test_peak_at_a_lower_sm_clock():
+    hw = roofline.at_sm_clock("H200-SXM", 1485.0, 1980.0)
+    assert hw.peak_tflops == pytest.approx(989.4 * 0.75) and hw.peak_tbps == 4.8
+    assert "1485 of 1980 MHz" in hw.name and hw.ridge_intensity == pytest.approx(989.4 * 0.75 / 4.8)
+    assert roofline.at_sm_clock(HARDWARE["H100-SXM"], 1980, 1980).peak_tflops == pytest.approx(989.4)
+    for bad in ((0.0, 1980.0), (1500.0, 0.0), (float("nan"), 1980.0)):
+        with pytest.raises(ValueError, match="positive"):
+            roofline.at_sm_clock("H200-SXM", *bad)

@@ -32,7 +32,7 @@ from .workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, Case
 IMPL_LABELS = {
     "eager": "eager reference (PyTorch)",
     "compile": "torch.compile (default)",
-    "compile-max-autotune": "torch.compile (max-autotune)",
+    "compile-max-autotune": "torch.compile (max-autotune, no CUDA graphs)",
     "cublas-gemms": "cuBLAS GEMMs only (lower bound, no elementwise)",
     "liger": "Liger SiLU-mul + cuBLAS",
     "triton": "swiglu Triton (ours)",
@@ -447,3 +447,183 @@ def measure_live(
 def slug(text: str) -> str:
     """A file-name-safe lowercase form of ``text`` ("NVIDIA H200" -> "nvidia_h200")."""
     return re.sub(r"[^a-z0-9]+", "_", str(text).lower()).strip("_") or "unknown"
+
+
+# ------------------------------------------------------------------------------ power and energy
+#: Per-row power columns ``swiglu.bench`` records since it samples power (absent in older runs).
+POWER_COLUMNS = ("power_w", "sm_clock_mhz", "power_samples", "energy_j", "flush_energy_j",
+                 "energy_per_backward_j", "energy_iters", "energy_window_s")
+
+#: The H200's maximum SM clock (MHz; nvidia-smi ``clocks.max.sm``), when a run does not record it.
+H200_MAX_SM_CLOCK_MHZ = 1980.0
+
+
+def has_power_data(rows: pd.DataFrame | None) -> bool:
+    """True when ``rows`` (a run's rows) hold at least one measured energy per backward."""
+    return (rows is not None and "energy_per_backward_j" in rows
+            and pd.to_numeric(rows["energy_per_backward_j"], errors="coerce").notna().any())
+
+
+def power_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per case x implementation: ``case, seq_len, batch_size, tokens, impl, median_ms,
+    power_w, sm_clock_mhz, power_samples, energy_j, flush_energy_j, energy_per_backward_j,
+    energy_iters, energy_window_s, gflop_per_j, energy_vs_compile``, sorted like
+    ``latency_table``; power columns NaN where the run has none.
+
+    energy_per_backward_j = energy per iteration minus one L2 flush's (``swiglu.bench.power``);
+    gflop_per_j = 12*T*H*I / 1e9 / energy_per_backward_j; energy_vs_compile = energy_per_backward_j
+    over torch.compile's on the same case (NaN where compile has none). Raises ``ValueError``
+    when ``case, tokens, impl`` are missing."""
+    missing = {"case", "tokens", "impl"} - set(rows.columns)
+    if missing:
+        raise ValueError(f"bench rows lack columns {sorted(missing)}")
+    df = rows.copy()
+    for column in POWER_COLUMNS:
+        df[column] = pd.to_numeric(df[column], errors="coerce") if column in df else math.nan
+    for column, default in (("hidden_size", HIDDEN_SIZE), ("intermediate_size", INTERMEDIATE_SIZE)):
+        if column not in df:
+            df[column] = default
+    gflop = [roofline.flops(int(t), int(h), int(i)) / 1e9
+             for t, h, i in zip(df["tokens"], df["hidden_size"], df["intermediate_size"])]
+    df["gflop_per_j"] = gflop / df["energy_per_backward_j"]
+    base = df[df["impl"] == "compile"].set_index("case")["energy_per_backward_j"]
+    df["energy_vs_compile"] = df["energy_per_backward_j"] / df["case"].map(base)
+    keep = [c for c in ("case", "seq_len", "batch_size", "tokens", "impl", "median_ms") if c in df]
+    keep += list(POWER_COLUMNS) + ["gflop_per_j", "energy_vs_compile"]
+    rank = {impl: k for k, impl in enumerate(order_impls(df["impl"]))}
+    df = df.assign(_rank=df["impl"].map(rank)).sort_values(["tokens", "case", "_rank"])
+    return df[keep].reset_index(drop=True)
+
+
+def _number(value) -> float | None:
+    """A positive number from ``1980``, ``1980.0`` or ``"1980 MHz"``, else None."""
+    if isinstance(value, str):
+        match = re.match(r"\s*([0-9.]+)", value)
+        value = match.group(1) if match else None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 and math.isfinite(number) else None
+
+
+def max_sm_clock_mhz(meta: dict | None) -> float | None:
+    """The GPU's maximum SM clock (MHz) a run's metadata records: ``max_sm_clock_mhz`` (NVML),
+    ``power.max_sm_clock_mhz``, or nvidia-smi's ``clocks.max.sm`` ("1980 MHz"); None if absent."""
+    meta = meta or {}
+    gpu = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
+    smi = gpu.get("nvidia_smi") if isinstance(gpu.get("nvidia_smi"), dict) else {}
+    record = meta.get("power") if isinstance(meta.get("power"), dict) else {}
+    for value in (meta.get("max_sm_clock_mhz"), record.get("max_sm_clock_mhz"), smi.get("clocks.max.sm")):
+        number = _number(value)
+        if number is not None:
+            return number
+    return None
+
+
+def sustained_sm_clock_mhz(rows: pd.DataFrame, hardware: str = "H200-SXM") -> float:
+    """The SM clock the card sustains under the heaviest load of a run (MHz): the mean of the
+    rows' mean SM clocks over the cases that are compute-bound on ``hardware`` (where the power
+    cap binds), over every implementation measured there; over all rows when no compute-bound
+    case has a clock; NaN without power data."""
+    if "sm_clock_mhz" not in rows:
+        return math.nan
+    df = rows.assign(sm_clock_mhz=pd.to_numeric(rows["sm_clock_mhz"], errors="coerce"))
+    df = df[df["sm_clock_mhz"].notna()]
+    if df.empty:
+        return math.nan
+    shape = zip(df["tokens"], df.get("hidden_size", pd.Series(HIDDEN_SIZE, index=df.index)),
+                df.get("intermediate_size", pd.Series(INTERMEDIATE_SIZE, index=df.index)))
+    compute = [roofline.bound(int(t), hardware, int(h), int(i)) == "compute" for t, h, i in shape]
+    heavy = df[compute]
+    return float((heavy if len(heavy) else df)["sm_clock_mhz"].mean())
+
+
+def sustained_hardware(rows: pd.DataFrame, meta: dict | None, base: str = "H200-SXM") -> roofline.Hardware | None:
+    """``base``'s roof at the run's sustained SM clock (``roofline.at_sm_clock``: datasheet
+    peak x sustained / maximum clock, ``max_sm_clock_mhz(meta)`` or 1980 MHz for the H200), or
+    None when the run has no SM clock data."""
+    clock = sustained_sm_clock_mhz(rows, base)
+    if not clock > 0:
+        return None
+    top = max_sm_clock_mhz(meta) or H200_MAX_SM_CLOCK_MHZ
+    hw = roofline.HARDWARE[base]
+    return roofline.at_sm_clock(hw, clock, top, f"{hw.name} at the sustained SM clock ({clock:.0f} of {top:.0f} MHz)")
+
+
+def power_limit_w(meta: dict | None) -> float | None:
+    """The board power limit (W) a run's metadata records: ``power_limit_w`` (NVML) or
+    nvidia-smi's ``power.limit`` ("700.00 W"); None if absent."""
+    meta = meta or {}
+    gpu = meta.get("gpu") if isinstance(meta.get("gpu"), dict) else {}
+    smi = gpu.get("nvidia_smi") if isinstance(gpu.get("nvidia_smi"), dict) else {}
+    for value in (meta.get("power_limit_w"), smi.get("power.limit")):
+        number = _number(value)
+        if number is not None:
+            return number
+    return None
+
+
+#: Columns of ``nvidia-smi dmon -s pc`` (power and clocks), as the traces in data/power/ hold them.
+DMON_COLUMNS = ("gpu", "power_w", "gpu_temp_c", "mem_temp_c", "mem_clock_mhz", "sm_clock_mhz")
+
+
+def read_dmon(path: str | Path) -> pd.DataFrame:
+    """An ``nvidia-smi dmon -s pc`` trace (one sample a second, ``#`` header lines repeated) as a
+    frame with ``DMON_COLUMNS`` plus ``sample`` (0, 1, ... in file order). Raises ``ValueError``
+    when a data line does not have the six columns."""
+    frame = pd.read_csv(path, sep=r"\s+", comment="#", header=None, engine="python")
+    if frame.shape[1] != len(DMON_COLUMNS):
+        raise ValueError(f"{path}: expected the {len(DMON_COLUMNS)} columns of `nvidia-smi dmon -s pc` "
+                         f"({', '.join(DMON_COLUMNS)}), got {frame.shape[1]}")
+    frame.columns = list(DMON_COLUMNS)
+    frame = frame.apply(pd.to_numeric, errors="coerce")
+    frame.insert(0, "sample", range(len(frame)))
+    return frame
+
+
+def dmon_summary(trace: pd.DataFrame, loaded_above_w: float = 650.0) -> dict:
+    """Samples of a ``read_dmon`` trace, those drawing more than ``loaded_above_w`` W (under
+    load at the power cap), their mean / min / max SM clock (MHz) and the largest power (W)."""
+    loaded = trace[trace["power_w"] > loaded_above_w]
+    clock = loaded["sm_clock_mhz"]
+    return {
+        "samples": int(len(trace)),
+        "loaded_samples": int(len(loaded)),
+        "loaded_above_w": loaded_above_w,
+        "loaded_mean_sm_clock_mhz": float(clock.mean()) if len(loaded) else math.nan,
+        "loaded_min_sm_clock_mhz": float(clock.min()) if len(loaded) else math.nan,
+        "loaded_max_sm_clock_mhz": float(clock.max()) if len(loaded) else math.nan,
+        "max_power_w": float(trace["power_w"].max()) if len(trace) else math.nan,
+    }
+
+
+def dmon_trace(power_dir: str | Path, run_id: str) -> Path | None:
+    """The ``nvidia-smi dmon`` trace recorded beside run ``run_id`` (``<power_dir>/dmon_<run_id>.txt``,
+    the naming of data/power/), or None."""
+    path = Path(power_dir) / f"dmon_{run_id}.txt"
+    return path if path.is_file() else None
+
+
+def sustained_roof(run: BenchRun | None, power_dir: str | Path, base: str = "H200-SXM",
+                   loaded_above_w: float = 650.0) -> tuple[roofline.Hardware | None, str]:
+    """The roof at the SM clock a run sustained, and a line saying where the clock comes from:
+    the run's per-case clocks (``sustained_hardware``), else the mean SM clock of the samples
+    above ``loaded_above_w`` W in its ``dmon_trace`` (runs recorded before the harness sampled
+    power), else ``(None, why)``."""
+    if run is None:
+        return None, "no recorded run: no roof at the sustained SM clock"
+    hw = sustained_hardware(run.rows, run.meta, base)
+    if hw is not None:
+        return hw, f"{hw.name}: {hw.peak_tflops:.1f} TFLOP/s (per-case SM clocks of run {run.run_id})"
+    trace = dmon_trace(power_dir, run.run_id)
+    if trace is not None:
+        s = dmon_summary(read_dmon(trace), loaded_above_w)
+        if s["loaded_samples"]:
+            clock, top = s["loaded_mean_sm_clock_mhz"], max_sm_clock_mhz(run.meta) or H200_MAX_SM_CLOCK_MHZ
+            name = f"{roofline.HARDWARE[base].name} at the sustained SM clock ({clock:.0f} of {top:.0f} MHz, dmon)"
+            hw = roofline.at_sm_clock(base, clock, top, name)
+            return hw, (f"{hw.name}: {hw.peak_tflops:.1f} TFLOP/s (mean SM clock of the {s['loaded_samples']} of "
+                        f"{s['samples']} samples above {loaded_above_w:.0f} W in {trace.name})")
+    return None, (f"no power data recorded in run {run.run_id} and no dmon trace for it: "
+                  "no roof at the sustained SM clock")

@@ -35,6 +35,7 @@ HARDWARE_STYLE = {
     "H100-SXM": ("#7f7f7f", ":"),
     "H200-SXM": ("#2ca02c", "-"),
     "H200-measured": ("#98df8a", "--"),
+    "H200-sustained": ("#006400", "-."),
     "B200-HGX": ("#bcbd22", ":"),
     "B200-benchmark": ("#8c564b", "-."),
 }
@@ -338,6 +339,56 @@ def sol_fraction_plot(table: pd.DataFrame, footer: str = "", title: str = "Fract
         ax.legend(fontsize=7.5, loc="lower right")
     axes.flat[0].set_title(title)
     axes.flat[-1].set_xlabel("case (sorted by tokens T)")
+    fig.tight_layout()
+    add_footer(fig, footer)
+    return fig
+
+
+def energy_plot(table: pd.DataFrame, footer: str = "", title: str = "Energy per backward") -> Figure:
+    """Two panels per case: energy per backward (J, log scale; board energy with one L2 flush's
+    subtracted) for every implementation, and that energy over torch.compile's (x; below 1: less
+    energy). ``table``: ``analysis.power_table`` output."""
+    fig, axes = plt.subplots(2, 1, figsize=(12, 8), sharex=True)
+    impls = order_impls(table["impl"])
+    _per_case_lines(axes[0], table, "energy_per_backward_j", impls)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("energy per backward (J, log scale)")
+    axes[0].set_title(title)
+    axes[0].legend(fontsize=7.5)
+    if table["energy_vs_compile"].notna().any():
+        _per_case_lines(axes[1], table, "energy_vs_compile", [i for i in impls if i != "compile"])
+        axes[1].legend(fontsize=7.5)
+    else:
+        axes[1].text(0.5, 0.5, "no torch.compile energy in this run", ha="center", transform=axes[1].transAxes)
+        _per_case_lines(axes[1], table, "energy_vs_compile", [])
+    axes[1].axhline(1.0, color="black", lw=0.8)
+    axes[1].set_ylabel("energy / torch.compile's (x)", fontsize=9)
+    axes[1].set_xlabel("case (sorted by tokens T)")
+    fig.tight_layout()
+    add_footer(fig, footer)
+    return fig
+
+
+def clock_power_plot(table: pd.DataFrame, footer: str = "", title: str = "SM clock and board power",
+                     max_clock_mhz: float | None = None, power_limit_w: float | None = None) -> Figure:
+    """Two panels per case: the mean SM clock (MHz) and mean board power (W) each
+    implementation ran at during its timed loop, with the maximum clock and the power limit as
+    lines when known. ``table``: ``analysis.power_table`` output."""
+    fig, axes = plt.subplots(2, 1, figsize=(12, 8), sharex=True)
+    impls = order_impls(table["impl"])
+    for ax, column, label, limit, limit_label in (
+        (axes[0], "sm_clock_mhz", "mean SM clock (MHz)", max_clock_mhz, "maximum SM clock"),
+        (axes[1], "power_w", "mean board power (W)", power_limit_w, "power limit"),
+    ):
+        _per_case_lines(ax, table, column, impls)
+        if limit:
+            unit = "MHz" if column == "sm_clock_mhz" else "W"
+            ax.axhline(limit, color="#b00000", lw=1.2, ls="--", label=f"{limit_label}, {limit:.0f} {unit}")
+        ax.set_ylim(0, max(float(np.nanmax(table[column].to_numpy(float), initial=0.0)), limit or 0) * 1.08 or 1)
+        ax.set_ylabel(label, fontsize=9)
+        ax.legend(fontsize=7.5, loc="lower right")
+    axes[0].set_title(title)
+    axes[1].set_xlabel("case (sorted by tokens T)")
     fig.tight_layout()
     add_footer(fig, footer)
     return fig

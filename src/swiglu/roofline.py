@@ -60,6 +60,25 @@ HARDWARE: dict[str, Hardware] = {
 }
 
 
+def at_sm_clock(hardware: Hardware | str, sm_clock_mhz: float, max_sm_clock_mhz: float, name: str | None = None) -> Hardware:
+    """``hardware`` with its tensor-core peak scaled to an SM clock: ``peak_tflops * sm_clock_mhz /
+    max_sm_clock_mhz`` (the datasheet peak assumes the maximum boost clock; the tensor cores'
+    rate is proportional to the SM clock). The memory bandwidth is kept (HBM has its own clock).
+
+    Raises ``ValueError`` unless ``0 < sm_clock_mhz`` and ``0 < max_sm_clock_mhz``.
+    """
+    hw = HARDWARE[hardware] if isinstance(hardware, str) else hardware
+    if not (sm_clock_mhz > 0 and max_sm_clock_mhz > 0):
+        raise ValueError(f"clocks must be positive, got sm_clock_mhz={sm_clock_mhz}, max_sm_clock_mhz={max_sm_clock_mhz}")
+    scale = sm_clock_mhz / max_sm_clock_mhz
+    return Hardware(
+        name or f"{hw.name} at {sm_clock_mhz:.0f} of {max_sm_clock_mhz:.0f} MHz SM clock",
+        hw.peak_tflops * scale,
+        hw.peak_tbps,
+        f"{hw.source}; tensor-core peak x {sm_clock_mhz:.0f} / {max_sm_clock_mhz:.0f} MHz",
+    )
+
+
 def flops(tokens: int, hidden_size: int = HIDDEN_SIZE, intermediate_size: int = INTERMEDIATE_SIZE) -> int:
     """Floating-point operations of the backward: ``12 * T * H * I`` (six T x H x I GEMMs)."""
     return 12 * tokens * hidden_size * intermediate_size

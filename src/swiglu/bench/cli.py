@@ -23,7 +23,7 @@ from ..workloads import MODEL_SHAPES, select_cases
 from . import environment
 from .impls import IMPLS, ORDER, unavailable_reason
 from .runner import PROTOCOLS, BenchConfig, pick_hardware, run_benchmark
-from .stats import per_case_table, summary_table
+from .stats import per_case_table, power_summary, summary_table
 from .storage import RunWriter, rebuild_index
 
 #: CPU smoke defaults: a tiny shape and two small cases.
@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         "benchmark's protocol (SOL-ExecBench L2/005): 10 warm-ups, 50 timed iterations, median, L2 "
         "flushed before every iteration, CUDA events around each call, no CUDA graphs. Writes "
         "<out>/<run_id>.csv (one row per case x impl), <out>/<run_id>.json (run metadata) and a line "
-        "in <out>/runs.csv; never overwrites an earlier run.",
+        "in <out>/runs.csv; never overwrites an earlier run. On a GPU it also records mean board power, "
+        "mean SM clock and energy per backward beside every timed loop (NVML via nvidia-ml-py, else "
+        "nvidia-smi; see swiglu.bench.power).",
         epilog=f"Implementations: {', '.join(ORDER)}. Default: all available except "
         "compile-max-autotune. 'cublas-gemms' is a lower bound (the six GEMMs alone), not an "
         "implementation. 'liger' needs liger-kernel installed.",
@@ -66,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"development mode: {PROTOCOLS['quick'][0]} warm-ups, {PROTOCOLS['quick'][1]} "
                    "iterations, marked protocol=quick")
     p.add_argument("--max-autotune", action="store_true",
-                   help='also run torch.compile(mode="max-autotune-no-cudagraphs") (minutes per case)')
+                   help='also run torch.compile(mode="max-autotune-no-cudagraphs"): max-autotune\'s GEMM and Triton '
+                   "autotuning without the CUDA graphs the protocol excludes (minutes per case, in first_call_s)")
     p.add_argument("--hardware", choices=sorted(roofline.HARDWARE), default=None,
                    help="datasheet for sol_ms (default from the GPU name: H100 -> H100-SXM, else H200-SXM)")
     p.add_argument("--seed", type=int, default=BENCHMARK_SEED, help=f"input seed (default {BENCHMARK_SEED})")
@@ -106,6 +109,17 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
         f"speed of light, gmean: datasheet {gm(sol['sol_ms']):.3f} ms, measured ceilings "
         f"{gm(sol['sol_ms_measured']):.3f} ms",
     ]
+    power = power_summary(rows)
+    record = metadata.get("power") or {}
+    if power is None:
+        lines.append(f"power: not recorded ({record.get('status', 'no power data')})")
+    else:
+        top = f"{record['max_sm_clock_mhz']:.0f} MHz" if record.get("max_sm_clock_mhz") else "?"
+        lines += ["", f"power per case: J = energy per backward (L2 flush subtracted), W = mean board power, "
+                  f"MHz = mean SM clock (max {top}); {record.get('backend')}, "
+                  f"{record.get('power_source')}; energy: {record.get('energy_source')}",
+                  power.reset_index().rename(columns={"index": "case"}).to_string(
+                      index=False, float_format=lambda v: f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}", na_rep="-")]
     if protocol["name"] != "full":
         lines.append(f"NOTE: protocol {protocol['name'].upper()}: not the benchmark protocol.")
     return "\n".join(lines)

@@ -157,8 +157,8 @@ IMPLS: dict[str, BenchImpl] = {
         ),
         BenchImpl(
             "compile-max-autotune",
-            'torch.compile(reference_backward, dynamic=False, mode="max-autotune-no-cudagraphs"); '
-            "autotune time in first_call_s",
+            'torch.compile(reference_backward, dynamic=False, mode="max-autotune-no-cudagraphs"): '
+            "max-autotune without the CUDA graphs the protocol excludes; autotune time in first_call_s",
             _build_compile("max-autotune-no-cudagraphs"),
         ),
         BenchImpl(

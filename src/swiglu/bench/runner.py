@@ -12,6 +12,11 @@ more call on set 0 under ``torch.cuda.max_memory_allocated`` (``peak_mem_gb``: t
 allocations, outputs included) whose outputs are checked against the reference with the
 benchmark's criterion. An implementation that raises yields a row with NaN timings,
 ``correct = False`` and the error in ``note``; the run goes on.
+
+Power (GPU runs, ``swiglu.bench.power``): per case, a flush-only loop gives the energy of one L2
+flush; per implementation, a window around the timed iterations (stretched with untimed
+iterations of the same call to the monitor's ``min_window_s``) gives mean board power, mean SM
+clock, sample count and energy per iteration. CPU runs leave these columns NaN.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from ..reference import reference_backward
 from ..workloads import Case
 from . import environment
 from .impls import IMPLS, BenchImpl
+from .power import (PowerMonitor, empty_power_columns, extension_iterations, measure_flush_energy, open_monitor,
+                    with_flush_energy)
 from .schema import coerce, rows_to_frame
 from .stats import Ceilings, add_speedups, nan_stats, sol_columns, time_stats
 from .timing import L2Flusher, alternating, measure_ceilings, synchronize, time_iterations
@@ -112,10 +119,12 @@ def measure_impl(
     warmup: int,
     iters: int,
     flush: Callable[[], None],
+    monitor: PowerMonitor | None = None,
 ) -> dict:
-    """Build, first call, warm-ups, timed iterations, memory and correctness of one impl on one
-    case (see the module docstring). Never raises: errors end up in the returned ``note``."""
-    result = {**nan_stats(), "first_call_s": math.nan, "peak_mem_gb": math.nan,
+    """Build, first call, warm-ups, timed iterations (with a power window when ``monitor`` is
+    given), memory and correctness of one impl on one case (see the module docstring). Never
+    raises: errors end up in the returned ``note``."""
+    result = {**nan_stats(), **empty_power_columns(), "first_call_s": math.nan, "peak_mem_gb": math.nan,
               "correct": pd.NA if not impl.checks_correctness else False,
               "min_match_fraction": math.nan, "note": impl.note}
     stage = "build"
@@ -132,8 +141,19 @@ def measure_impl(
         stage = "timing"
         cycle = alternating(sets[1:] + sets[:1])  # the first call used set 0
         make_args = lambda: impl.prepare(cycle())  # noqa: E731
-        time_iterations(fn, make_args, warmup, device, flush)
+        time_iterations(fn, make_args, warmup, device, flush)  # ends synchronized
+        window = monitor.open_window() if monitor is not None else None
         result.update(time_stats(time_iterations(fn, make_args, iters, device, flush)))
+        if window is not None:
+            stage = "power window"
+            extra = 0
+            for _ in range(5):  # untimed, energy only; the median only estimates the rounds' length
+                more = extension_iterations(window.elapsed_s(), result["median_ms"], monitor.min_window_s)
+                if not more:
+                    break
+                time_iterations(fn, make_args, more, device, flush)
+                extra += more
+            result.update(monitor.close_window(window, iters + extra))
         stage = "correctness call"
         args = impl.prepare(sets[0])
         synchronize(device)
@@ -152,6 +172,8 @@ def measure_impl(
                 result["note"] += f"; {text}"
         del out, args, fn
     except Exception as exc:  # noqa: BLE001 - one failing impl must not end the run
+        if monitor is not None:
+            monitor.cancel()
         message = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
         result["note"] = f"ERROR in {stage}: {message}; {impl.note}"
         if impl.checks_correctness:
@@ -160,7 +182,7 @@ def measure_impl(
 
 
 def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, flush_nbytes: int,
-                   ceiling_record: dict) -> dict:
+                   ceiling_record: dict, power_record: dict | None = None) -> dict:
     """The run's metadata record: flat summary keys (``gpu_name``, ``git_commit``, ... as
     ``swiglu.analysis`` reads them), then GPU, software, git, protocol, shape, cases, impls,
     datasheet and measured ceilings."""
@@ -168,6 +190,7 @@ def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, fl
     warmup, iters = PROTOCOLS[config.protocol]
     gpu, software, git = environment.gpu_info(device), environment.software_info(), environment.git_info()
     hw = roofline.HARDWARE[config.hardware]
+    power_record = power_record or {"backend": None}
     return {
         "gpu_name": gpu["name"],
         "sm_count": gpu.get("sm_count"),
@@ -178,6 +201,8 @@ def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, fl
         "python": software["python"],
         "git_commit": git["commit"],
         "git_dirty": git["dirty"],
+        "max_sm_clock_mhz": power_record.get("max_sm_clock_mhz"),
+        "power_limit_w": power_record.get("power_limit_w"),
         "utc": started.strftime(environment.UTC_FORMAT),
         "finished_utc": None,
         "gpu": gpu,
@@ -207,6 +232,7 @@ def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, fl
         "hardware": {"key": config.hardware, "name": hw.name, "peak_tflops": hw.peak_tflops,
                      "peak_tbps": hw.peak_tbps, "source": hw.source},
         "ceilings": ceiling_record,
+        "power": power_record,
     }
 
 
@@ -218,6 +244,7 @@ def run_benchmark(
     log: Callable[[str], None] = tqdm.write,
     on_start: Callable[[dict], None] | None = None,
     on_case: Callable[[pd.DataFrame], None] | None = None,
+    monitor: PowerMonitor | None | str = "auto",
 ) -> BenchResult:
     """Measure the ceilings, then every case x implementation of ``config``.
 
@@ -227,6 +254,8 @@ def run_benchmark(
         on_start: called with the metadata once the ceilings are measured (``finished_utc``
             still None). on_case: called with each finished case's rows (speed-ups filled), so
             a caller can save them before the next case.
+        monitor: "auto" opens ``power.open_monitor(config.device)`` (None on CPU) and closes it
+            at the end; a ``PowerMonitor`` is used as given (and left open); None: no power data.
 
     Returns: ``BenchResult`` (rows in case-major order, metadata without ``run_id``/argv).
 
@@ -242,12 +271,33 @@ def run_benchmark(
     flush = L2Flusher(device)
     started = environment.utc_now()
 
+    own_monitor = isinstance(monitor, str)
+    if own_monitor:
+        if monitor != "auto":
+            raise ValueError(f"monitor must be 'auto', a PowerMonitor or None, got {monitor!r}")
+        monitor, why = open_monitor(device)
+    else:
+        why = "given by the caller" if monitor is not None else "no monitor (monitor=None)"
+    power_record = {**monitor.describe(), "status": why} if monitor is not None else {"backend": None, "status": why}
+    log(f"power: {why}" + (f"; {power_record['power_source']}; energy: {power_record['energy_source']}"
+                           if monitor is not None else ""))
+    try:
+        return _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, power_record, progress, log,
+                    on_start, on_case)
+    finally:
+        if own_monitor and monitor is not None:
+            monitor.close()
+
+
+def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, power_record, progress, log,
+         on_start, on_case) -> BenchResult:
+    """The body of ``run_benchmark``, apart so that the monitor it opened is closed on any exit."""
     ceilings, ceiling_record = Ceilings(), {"skipped": True}
     if config.measure_ceilings:
         ceilings, ceiling_record = measure_ceilings(device, quick=config.protocol != "full", flush=flush)
         log(f"ceilings: copy {ceilings.copy_tbps:.3f} TB/s, bf16 GEMM {ceilings.gemm_tflops:.1f} TFLOP/s "
             f"at {ceiling_record['gemm_shape'][0]}^3")
-    metadata = build_metadata(config, impls, started, flush.nbytes, ceiling_record)
+    metadata = build_metadata(config, impls, started, flush.nbytes, ceiling_record, power_record)
     if on_start is not None:
         on_start(dict(metadata))
 
@@ -260,10 +310,13 @@ def run_benchmark(
         del set0
         reference = reference_backward(*sets[0])
         synchronize(device)
+        flush_energy_j = measure_flush_energy(monitor, flush, device) if monitor is not None else math.nan
         rows = []
         for name in config.impls:
             bar.set_postfix_str(f"{case.name} {name}")
-            measured = measure_impl(impls[name], sets, reference, case, device, warmup, iters, flush)
+            measured = measure_impl(impls[name], sets, reference, case, device, warmup, iters, flush, monitor)
+            if math.isfinite(measured["energy_j"]):
+                measured = with_flush_energy(measured, flush_energy_j)
             _cleanup(device)
             row = {
                 "run_id": "",
@@ -286,6 +339,8 @@ def run_benchmark(
             rows.append(row)
             log(f"{case.name:>10} {name:<22} median {row['median_ms']:9.3f} ms  "
                 f"SOL {row['sol_fraction']:.3f}  correct {'n/a' if row['correct'] is pd.NA else row['correct']}"
+                + (f"  {row['power_w']:.0f} W {row['sm_clock_mhz']:.0f} MHz {row['energy_per_backward_j']:.3f} J"
+                   if math.isfinite(row["power_w"]) else "")
                 + ("  ERROR" if row["note"].startswith("ERROR") else ""))
             bar.update()
         del sets, reference

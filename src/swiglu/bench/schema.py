@@ -10,7 +10,8 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-#: Column name -> kind ("str", "int", "float", "bool?": True/False/<NA>), in CSV order.
+#: Column name -> kind ("str", "int", "int?": integer or <NA>, "float", "bool?": True/False/<NA>),
+#: in CSV order.
 COLUMNS: dict[str, str] = {
     "run_id": "str",
     "case": "str",
@@ -41,10 +42,25 @@ COLUMNS: dict[str, str] = {
     "peak_mem_gb": "float",  # the call's own extra memory, 1e9 bytes
     "correct": "bool?",  # <NA>: not applicable (the GEMM-only lower bound)
     "min_match_fraction": "float",
+    # Power and energy (swiglu.bench.power), NaN / empty on CPU and where no backend worked:
+    "power_w": "float",  # mean sampled board power over the energy window, W
+    "sm_clock_mhz": "float",  # mean sampled SM clock over the energy window, MHz
+    "power_samples": "int?",  # readings in the window
+    "energy_j": "float",  # board energy per iteration, J, L2 flush included
+    "flush_energy_j": "float",  # one L2 flush alone, J (flush-only loop, same case)
+    "energy_per_backward_j": "float",  # energy_j - flush_energy_j
+    "energy_iters": "int?",  # iterations in the energy window (timed + untimed extension)
+    "energy_window_s": "float",  # the window's duration, s
     "note": "str",
 }
 
-_PANDAS_DTYPES = {"str": object, "int": "int64", "float": "float64", "bool?": "boolean"}
+#: Columns added after the first recorded runs; a CSV without them reads back with them empty.
+LATER_COLUMNS = (
+    "power_w", "sm_clock_mhz", "power_samples", "energy_j", "flush_energy_j", "energy_per_backward_j",
+    "energy_iters", "energy_window_s",
+)
+
+_PANDAS_DTYPES = {"str": object, "int": "int64", "int?": "Int64", "float": "float64", "bool?": "boolean"}
 
 
 def check_row(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,11 +98,14 @@ def coerce(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_rows(path: str | Path) -> pd.DataFrame:
-    """Read a run's CSV back with the schema's dtypes.
+    """Read a run's CSV back with the schema's dtypes. A run recorded before ``LATER_COLUMNS``
+    existed (no power columns) reads back with those columns empty (NaN / <NA>).
 
-    Raises: ``ValueError`` when the file's columns are not the schema's.
+    Raises: ``ValueError`` when the file's columns are not the schema's (nor its earlier form).
     """
     frame = pd.read_csv(path, dtype={c: str for c, k in COLUMNS.items() if k == "str"}, keep_default_na=True)
+    if list(frame.columns) == [c for c in COLUMNS if c not in LATER_COLUMNS]:
+        frame = frame.reindex(columns=list(COLUMNS))
     if list(frame.columns) != list(COLUMNS):
         raise ValueError(f"{path}: columns {list(frame.columns)} are not the schema's {list(COLUMNS)}")
     return coerce(frame)

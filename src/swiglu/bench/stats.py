@@ -169,3 +169,19 @@ def per_case_table(df: pd.DataFrame) -> pd.DataFrame:
     wide["sol_ms"] = first["sol_ms"].reindex(cases)
     wide.columns.name = None
     return wide
+
+
+def power_summary(df: pd.DataFrame) -> pd.DataFrame | None:
+    """Per case x implementation: ``energy_per_backward_j`` (J), ``power_w`` (W) and
+    ``sm_clock_mhz`` (MHz) as one wide table (columns ``(quantity, impl)``, rows in run order),
+    or None when the rows hold no power data (CPU run, run recorded without power columns)."""
+    columns = ["energy_per_backward_j", "power_w", "sm_clock_mhz"]
+    if not set(columns) <= set(df.columns) or df[columns].notna().sum().sum() == 0:
+        return None
+    cases = list(dict.fromkeys(df["case"]))
+    impls = list(dict.fromkeys(df["impl"]))
+    wide = df.set_index(["case", "impl"])[columns].unstack("impl").reindex(index=cases)
+    wide = wide.reindex(columns=pd.MultiIndex.from_product([columns, impls]))
+    wide.columns = [f"{'J' if q.startswith('energy') else 'W' if q == 'power_w' else 'MHz'} {impl}"
+                    for q, impl in wide.columns]
+    return wide
