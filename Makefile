@@ -24,6 +24,8 @@ GPU_TRITON_VERSION ?= 3.6.0
 GPU_TRITON_DIR := $(VENV)/triton-$(GPU_TRITON_VERSION)
 NOTEBOOK_ARGS ?=
 BENCH_ARGS ?=
+# Jupyter refuses to start as root (containers, cloud shells) unless told --allow-root.
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: help venv test test-gpu reproduce lab bench clean
 
@@ -45,7 +47,9 @@ $(GPU_TRITON_DIR)/.installed: | $(STAMP)
 test: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## run the test suite (CPU; GPU tests skip without a GPU)
 	SWIGLU_EXTRA_TRITON_DIR=$(GPU_TRITON_DIR) $(PY) -m pytest -q
 
-test-gpu: $(STAMP)  ## run only the full-size GPU tests (needs a CUDA GPU)
+test-gpu: $(STAMP)  ## run only the full-size GPU tests (fails without a CUDA GPU)
+	@$(PY) -c 'import torch; raise SystemExit(0 if torch.cuda.is_available() else 1)' || \
+	  { echo "make test-gpu: no CUDA GPU found (torch.cuda.is_available() is False); the gpu tests need one" >&2; exit 1; }
 	$(PY) -m pytest -q -m gpu
 
 reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate figures/ and data/
@@ -54,8 +58,8 @@ reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate fig
 bench: $(STAMP)  ## benchmark every implementation on the GPU (BENCH_ARGS="--quick ...")
 	$(PY) -m swiglu.bench $(BENCH_ARGS)
 
-lab: $(STAMP)  ## open the notebooks in JupyterLab
-	$(VENV)/bin/jupyter lab notebooks/
+lab: $(STAMP)  ## open the notebooks in JupyterLab (LAB_ARGS="..."; --allow-root when run as root)
+	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ARGS)
 
 clean:  ## remove the virtual environment, build outputs and caches
 	rm -rf $(VENV) build .pytest_cache src/*.egg-info
