@@ -268,9 +268,10 @@ def order_impls(impls: Iterable[str]) -> list[str]:
 def latency_table(rows: pd.DataFrame, ceilings: dict | None = None) -> pd.DataFrame:
     """Per case x impl latency with SOL and speed-ups recomputed from ``median_ms``.
 
-    Adds ``tflops`` (12*T*H*I / median), ``sol_ms`` / ``sol_fraction`` (H200 datasheet),
-    ``sol_ms_measured`` / ``sol_fraction_measured`` (the measured ceilings, or the spec's when
-    the run has none), and ``speedup_vs_eager`` / ``speedup_vs_compile`` (eager or compile median
+    Adds ``tflops`` (12*T*H*I / median), ``sol_ms`` / ``sol_fraction`` (the datasheet named in
+    the rows' ``hardware`` column, H200-SXM when there is no such column),
+    ``sol_ms_measured`` / ``sol_fraction_measured`` (the measured ceilings, or the H200 spec's
+    when an H200 run has none), and ``speedup_vs_eager`` / ``speedup_vs_compile`` (eager or compile median
     over this median, NaN when that implementation was not measured). Rows are sorted by tokens,
     then case name, then implementation order. Raises ``ValueError`` when a needed column
     (``case, tokens, impl, median_ms``) is missing."""
@@ -284,11 +285,16 @@ def latency_table(rows: pd.DataFrame, ceilings: dict | None = None) -> pd.DataFr
     if "intermediate_size" not in df:
         df["intermediate_size"] = INTERMEDIATE_SIZE
     measured = hardware_table(ceilings)["H200-measured"]
-    shape = list(zip(df["tokens"], df["hidden_size"], df["intermediate_size"]))
-    df["gflop"] = [roofline.flops(int(t), int(h), int(i)) / 1e9 for t, h, i in shape]
+    # Only the datasheet of the hardware a row ran on: none for a CPU run or an unlisted GPU
+    # (hardware ""), whose SOL columns stay NaN.
+    keys = df["hardware"] if "hardware" in df else pd.Series("H200-SXM", index=df.index)
+    keys = [k if isinstance(k, str) and k in roofline.HARDWARE else "" for k in keys]
+    shape = list(zip(df["tokens"], df["hidden_size"], df["intermediate_size"], keys))
+    df["gflop"] = [roofline.flops(int(t), int(h), int(i)) / 1e9 for t, h, i, _ in shape]
     df["tflops"] = df["gflop"] / df["median_ms"]  # GFLOP / ms = TFLOP/s
-    df["sol_ms"] = [roofline.sol_time_s(int(t), "H200-SXM", int(h), int(i)) * 1e3 for t, h, i in shape]
-    df["sol_ms_measured"] = [roofline.sol_time_s(int(t), measured, int(h), int(i)) * 1e3 for t, h, i in shape]
+    df["sol_ms"] = [roofline.sol_time_s(int(t), k, int(h), int(i)) * 1e3 if k else math.nan for t, h, i, k in shape]
+    df["sol_ms_measured"] = [roofline.sol_time_s(int(t), measured, int(h), int(i)) * 1e3
+                             if ceilings is not None or k == "H200-SXM" else math.nan for t, h, i, k in shape]
     df["sol_fraction"] = df["sol_ms"] / df["median_ms"]
     df["sol_fraction_measured"] = df["sol_ms_measured"] / df["median_ms"]
     for base in ("eager", "compile"):

@@ -70,7 +70,7 @@ def sol_columns(
     hidden_size: int,
     intermediate_size: int,
     median_ms: float,
-    hardware: roofline.Hardware | str,
+    hardware: roofline.Hardware | str | None,
     ceilings: Ceilings | None = None,
 ) -> dict[str, float]:
     """Throughput and speed-of-light columns of one row.
@@ -78,7 +78,9 @@ def sol_columns(
     Args:
         tokens, hidden_size, intermediate_size: T, H, I of the case.
         median_ms: the row's median latency in ms (NaN gives NaN rates and fractions).
-        hardware: datasheet peak rates (``roofline.HARDWARE`` key or ``Hardware``).
+        hardware: datasheet peak rates (``roofline.HARDWARE`` key or ``Hardware``) of the device
+            the run was made on; ``""`` or ``None`` (no datasheet, e.g. a CPU run) gives NaN
+            ``sol_ms`` and ``sol_fraction``.
         ceilings: measured ceilings; ``None`` or NaN fields give NaN measured-SOL columns.
 
     Returns:
@@ -91,7 +93,7 @@ def sol_columns(
     ceilings = ceilings or Ceilings()
     f = roofline.flops(tokens, hidden_size, intermediate_size)
     b = roofline.min_bytes(tokens, hidden_size, intermediate_size)
-    sol_ms = roofline.sol_time_s(tokens, hardware, hidden_size, intermediate_size) * 1e3
+    sol_ms = roofline.sol_time_s(tokens, hardware, hidden_size, intermediate_size) * 1e3 if hardware else math.nan
     sol_measured_ms = max(f / (ceilings.gemm_tflops * 1e12), b / (ceilings.copy_tbps * 1e12)) * 1e3
     ok = math.isfinite(median_ms) and median_ms > 0
     seconds = median_ms * 1e-3
