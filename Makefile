@@ -21,6 +21,9 @@ endif
 # the venv's own: tests/test_triton_compile.py compiles every kernel with both, so a kernel that only
 # the CPU wheel's Triton can build fails here, not on the GPU (it happened in tuning round 6).
 GPU_TRITON_VERSION ?= 3.6.0
+# The committed figures are byte for byte what this matplotlib release draws: with another one,
+# `make reproduce` would rewrite every figure.
+MATPLOTLIB_VERSION ?= 3.11.2
 GPU_TRITON_DIR := $(VENV)/triton-$(GPU_TRITON_VERSION)
 NOTEBOOK_ARGS ?=
 BENCH_ARGS ?=
@@ -35,7 +38,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(INSTALL_TORCH)
-	$(PY) -m pip install -q -e '.[notebooks,dev]'
+	$(PY) -m pip install -q -e '.[notebooks,dev]' matplotlib==$(MATPLOTLIB_VERSION)
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create or update the virtual environment .venv

@@ -388,7 +388,9 @@ def run_footer(meta: dict | None, run_id: str | None = None) -> str:
 
 
 def environment_footer(device: str | None = None) -> str:
-    """One line naming this machine's device and software (for figures computed here)."""
+    """One line naming this machine's device and software (for figures computed here). On a CPU
+    it names only what the numbers depend on (torch, triton: pinned by the Makefile), not the
+    processor or the Python version, so a committed CPU figure redraws identically elsewhere."""
     import platform
 
     import torch
@@ -405,7 +407,7 @@ def environment_footer(device: str | None = None) -> str:
         name = torch.cuda.get_device_name(torch.device(device))
         where = f"{name} | CUDA {torch.version.cuda} | driver {_driver_version()}"
     else:
-        where = f"CPU ({platform.processor() or platform.machine()})"
+        return f"CPU, Triton interpreter | torch {torch.__version__} | triton {triton_version}"
     return f"{where} | torch {torch.__version__} | triton {triton_version} | Python {platform.python_version()}"
 
 
