@@ -9,7 +9,7 @@ Reads what ``swiglu.bench`` records under ``data/bench/``:
 * ``runs.csv``: an index of runs (``run_id, utc, gpu, protocol, commit, n_rows``).
 
 Everything here is plain pandas (no papermill/jupyter), so the GPU machine can run it as well.
-SOL formulas come from ``swiglu.roofline`` (``shared/spec/problem.md``).
+SOL formulas come from ``swiglu.roofline`` (``docs/problem.md``).
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ IMPL_LABELS = {
     "triton": "swiglu Triton (ours)",
 }
 
-#: The H200 ceilings measured on 2026-11-29 (``shared/spec/problem.md``, "Measured on one H200"):
+#: The H200 ceilings measured on 2026-11-29 (``docs/problem.md``, "Measured on one H200"):
 #: device-to-device copy 4.18 TB/s (read + write), cuBLAS bf16 GEMM 760 TFLOP/s at 8192^3.
 #: Used only when no recorded run carries its own ceilings.
 SPEC_H200_CEILINGS = {
     "copy_tbps": 4.18,
     "gemm_tflops": 760.0,
-    "source": "shared/spec/problem.md, H200 measured 2026-11-29",
+    "source": "docs/problem.md, H200 measured 2026-11-29",
 }
 
 

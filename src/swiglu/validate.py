@@ -1,6 +1,6 @@
 """Gradient validation: every implementation against the float64 oracle and the benchmark's check.
 
-Two acceptance rules, both from ``shared/spec/problem.md`` and ``shared/notes/prior-art.md``:
+Two acceptance rules, both from ``docs/problem.md`` and ``docs/prior-art.md``:
 
 * float64: ``relative_error(out, oracle) <= factor * relative_error(bf16 reference, oracle)``
   per output (``factor`` = 2, flash-attention's habit), with the Frobenius relative error of

@@ -3,7 +3,7 @@
 Nothing here touches a device, so all of it is tested on CPU (tests/test_bench.py).
 
 Sources: SOL time ``T_SOL = max(FLOPs / peak_flops, bytes / peak_bandwidth)`` and the geometric
-mean over cases are SOL-ExecBench's (``shared/spec/problem.md``); FLOPs ``12*T*H*I`` and minimum
+mean over cases are SOL-ExecBench's (``docs/problem.md``); FLOPs ``12*T*H*I`` and minimum
 bytes ``2*(4*T*H + 3*T*I + 6*I*H)`` come from ``swiglu.roofline``.
 """
 
@@ -131,7 +131,7 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     ``speedup_vs_eager`` / ``speedup_vs_compile`` (geometric mean of the per-case speed-ups, i.e.
     the ratio of geometric means over the shared cases), ``sol_fraction`` and
     ``sol_fraction_measured`` (gmean SOL time / gmean latency over the same cases, as
-    shared/spec/problem.md defines it), ``all_correct`` (True when every row passed the
+    docs/problem.md defines it), ``all_correct`` (True when every row passed the
     benchmark's criterion, False when one did not or errored, ``<NA>`` when correctness does
     not apply, e.g. the GEMM-only lower bound).
     """
