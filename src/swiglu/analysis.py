@@ -347,7 +347,8 @@ def _truthy(value) -> bool:
 
 def run_history(bench_dir: str | Path, protocol: str | None = "full") -> pd.DataFrame:
     """Geometric-mean latency per implementation for every finished run (optionally only one
-    protocol), oldest first: ``run_id, utc, gpu, protocol, impl, cases, gmean_ms, sol_fraction``.
+    protocol), oldest first: ``run_id, utc, gpu, protocol, impl, cases, gmean_ms, sol_fraction,
+    all_correct`` (``latency_summary``'s: None where not applicable).
     Each gmean is over the cases that run measured (runs with fewer cases are not comparable;
     the ``cases`` column says how many)."""
     runs = list_runs(bench_dir)
@@ -362,9 +363,11 @@ def run_history(bench_dir: str | Path, protocol: str | None = "full") -> pd.Data
         summary.insert(1, "utc", r["utc"])
         summary.insert(2, "gpu", r["gpu"])
         summary.insert(3, "protocol", r["protocol"])
-        frames.append(summary[["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction"]])
+        frames.append(summary[["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction",
+                               "all_correct"]])
     if not frames:
-        return pd.DataFrame(columns=["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction"])
+        return pd.DataFrame(columns=["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction",
+                                     "all_correct"])
     return pd.concat(frames, ignore_index=True)
 
 
