@@ -91,6 +91,9 @@ def test_cpu_table_and_ratio_figure_are_the_same_bytes_on_another_machine(seed):
 
 def test_machine_dependent_figures_are_written_under_build_and_not_committed():
     assert reproduce.notebook_parameters("02_validation")["scratch_figures_dir"].startswith("build")
-    tracked = subprocess.run(["git", "ls-files", "figures"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(["git", "ls-files", "figures"], cwd=ROOT, capture_output=True, text=True)
+    if listing.returncode != 0:
+        pytest.skip("not a git checkout (a copied tree): nothing is tracked")
+    tracked = listing.stdout
     assert "02_validation_ratio_cpu.png" in tracked
     assert "02_validation_errors_cpu" not in tracked
