@@ -17,13 +17,18 @@ INSTALL_TORCH = $(PY) -m pip install -q torch triton
 else
 INSTALL_TORCH = $(PY) -m pip install -q --timeout 15 --retries 2 --index-url $(TORCH_CPU_INDEX) torch==2.13.0 && $(PY) -m pip install -q triton==3.7.1
 endif
-# The GPU machine's Triton (the H200 image has triton 3.6.0: .library/device/KINDS.md), installed beside
+# The GPU machine's Triton (the H200 machine has triton 3.6.0, README "Results on the H200"), installed beside
 # the venv's own: tests/test_triton_compile.py compiles every kernel with both, so a kernel that only
 # the CPU wheel's Triton can build fails here, not on the GPU (it happened in tuning round 6).
 GPU_TRITON_VERSION ?= 3.6.0
+# The committed figures are byte for byte what this matplotlib release draws: with another one,
+# `make reproduce` would rewrite every figure.
+MATPLOTLIB_VERSION ?= 3.11.2
 GPU_TRITON_DIR := $(VENV)/triton-$(GPU_TRITON_VERSION)
 NOTEBOOK_ARGS ?=
 BENCH_ARGS ?=
+# Jupyter refuses to start as root (containers, cloud shells) unless told --allow-root.
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: help venv test test-gpu reproduce lab bench clean
 
@@ -33,7 +38,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(INSTALL_TORCH)
-	$(PY) -m pip install -q -e '.[notebooks,dev]'
+	$(PY) -m pip install -q -e '.[notebooks,dev]' matplotlib==$(MATPLOTLIB_VERSION)
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create or update the virtual environment .venv
@@ -45,7 +50,9 @@ $(GPU_TRITON_DIR)/.installed: | $(STAMP)
 test: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## run the test suite (CPU; GPU tests skip without a GPU)
 	SWIGLU_EXTRA_TRITON_DIR=$(GPU_TRITON_DIR) $(PY) -m pytest -q
 
-test-gpu: $(STAMP)  ## run only the full-size GPU tests (needs a CUDA GPU)
+test-gpu: $(STAMP)  ## run only the full-size GPU tests (fails without a CUDA GPU)
+	@$(PY) -c 'import torch; raise SystemExit(0 if torch.cuda.is_available() else 1)' || \
+	  { echo "make test-gpu: no CUDA GPU found (torch.cuda.is_available() is False); the gpu tests need one" >&2; exit 1; }
 	$(PY) -m pytest -q -m gpu
 
 reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate figures/ and data/
@@ -54,8 +61,8 @@ reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate fig
 bench: $(STAMP)  ## benchmark every implementation on the GPU (BENCH_ARGS="--quick ...")
 	$(PY) -m swiglu.bench $(BENCH_ARGS)
 
-lab: $(STAMP)  ## open the notebooks in JupyterLab
-	$(VENV)/bin/jupyter lab notebooks/
+lab: $(STAMP)  ## open the notebooks in JupyterLab (LAB_ARGS="..."; --allow-root when run as root)
+	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ARGS)
 
 clean:  ## remove the virtual environment, build outputs and caches
 	rm -rf $(VENV) build .pytest_cache src/*.egg-info

@@ -1,7 +1,7 @@
 """Test set-up: run Triton kernels through the CPU interpreter when no GPU is present.
 
 TRITON_INTERPRET is read when ``@triton.jit`` decorates a kernel, so it must be set before any
-kernel module is imported (see shared/notes/triton-on-cpu.md).
+kernel module is imported (see docs/triton-on-cpu.md).
 """
 
 import os

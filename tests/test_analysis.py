@@ -85,6 +85,21 @@ def test_latency_table_and_summary(tmp_path):
         analysis.latency_table(run.rows.drop(columns="median_ms"))
 
 
+def test_latency_table_uses_only_the_datasheet_of_the_hardware_the_run_was_made_on(tmp_path):
+    write_synthetic_run(tmp_path)
+    rows = analysis.load_run(tmp_path).rows
+    h200 = analysis.latency_table(rows)
+    h100 = analysis.latency_table(rows.assign(hardware="H100-SXM"))
+    # Same 989 TFLOP/s, lower bandwidth: the memory-bound cases get the H100's longer SOL.
+    assert (h100["sol_ms"] >= h200["sol_ms"]).all() and (h100["sol_ms"] > h200["sol_ms"]).any()
+    cpu = analysis.latency_table(rows.assign(hardware=""))  # a CPU run: no GPU's SOL at all
+    assert cpu["sol_ms"].isna().all() and cpu["sol_fraction"].isna().all()
+    assert cpu["sol_fraction_measured"].isna().all()  # no ceilings measured: no spec H200 stand-in
+    assert cpu["tflops"].notna().all()
+    own = analysis.latency_table(rows.assign(hardware=""), {"copy_tbps": 0.02, "gemm_tflops": 1.0})
+    assert (own["sol_fraction_measured"] > 0).all()  # the run's own measured ceilings still count
+
+
 def test_run_history(tmp_path):
     assert analysis.run_history(tmp_path).empty
     write_synthetic_run(tmp_path, run_id="a", utc="2026-12-01T00:00:00Z", factors={"eager": 2.0, "triton": 1.5})

@@ -78,7 +78,26 @@ def test_sol_columns_memory_bound_case_and_nan_median():
 def test_pick_hardware():
     assert pick_hardware("NVIDIA H100 80GB HBM3") == "H100-SXM"
     assert pick_hardware("NVIDIA H200") == "H200-SXM"
-    assert pick_hardware("NVIDIA A100-SXM4-80GB") == "H200-SXM"
+    assert pick_hardware("NVIDIA B200") == "B200-HGX"
+    # Another GPU or none: no datasheet, rather than a fraction of a card the run was not made on.
+    assert pick_hardware("NVIDIA A100-SXM4-80GB") == ""
+    assert pick_hardware("") == ""
+
+
+def test_sol_columns_without_a_datasheet_are_nan():
+    cols = sol_columns(128, H, I, 5.0, "", Ceilings(copy_tbps=0.02, gemm_tflops=1.0))
+    assert math.isnan(cols["sol_ms"]) and math.isnan(cols["sol_fraction"])
+    assert cols["sol_ms_measured"] > 0 and cols["sol_fraction_measured"] > 0  # this machine's own ceilings
+    assert cols["tflops"] > 0
+
+
+def test_a_cpu_run_gets_no_gpu_datasheet():
+    cases = select_cases("s128_b1")
+    assert BenchConfig(cases=cases, hidden_size=64, intermediate_size=96, impls=["eager"],
+                       device=torch.device("cpu")).hardware == ""
+    with pytest.raises(ValueError, match="hardware='H200-SXM' for a cpu run"):
+        BenchConfig(cases=cases, hidden_size=64, intermediate_size=96, impls=["eager"],
+                    device=torch.device("cpu"), hardware="H200-SXM")
 
 
 # ------------------------------------------------------------------------------- schema, summaries
@@ -332,14 +351,41 @@ def test_cli_cpu_smoke_end_to_end(tmp_path, capsys):
         r = rows.loc[impl]
         assert 0 < r["min_ms"] <= r["p20_ms"] <= r["median_ms"] <= r["p80_ms"]
         assert r["first_call_s"] > 0 and r["sol_ms_measured"] > 0
+        assert pd.isna(r["sol_ms"]) and pd.isna(r["sol_fraction"])  # no H200 SOL for a CPU run
     assert rows.loc["eager", "speedup_vs_eager"] == pytest.approx(1.0)
     meta = json.loads(csvs[0].with_suffix(".json").read_text())
     assert meta["run_id"] == csvs[0].stem
     assert meta["protocol"]["name"] == "cpu-smoke" and meta["ceilings"]["gemm_tflops"] > 0
     assert {"gpu", "software", "git", "command", "hardware", "gpu_name", "git_commit", "utc"} <= set(meta)
     assert meta["git_commit"] == meta["git"]["commit"] and csvs[0].stem.endswith(meta["git_commit"][:7])
+    assert meta["hardware"]["key"] == "" and meta["hardware"]["peak_tflops"] is None
     assert "CPU-SMOKE" in out
     assert out.index("SUMMARY") > out.index("wrote") and out.rstrip().endswith("not the benchmark protocol.")
+
+
+def test_cli_cpu_run_goes_under_build_by_default(tmp_path, monkeypatch, capsys):
+    (tmp_path / "data" / "bench").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--device", "cpu", "--impls", "eager", "--cases", "s128_b1", "--hidden-size", "64",
+                 "--intermediate-size", "96", "--no-progress"]) == 0
+    assert "writing to build/bench" in capsys.readouterr().out
+    assert len(list((tmp_path / "build" / "bench").glob("*.json"))) == 1
+    assert (tmp_path / "build" / "bench" / "runs.csv").is_file()
+    assert not any((tmp_path / "data" / "bench").iterdir())
+
+
+def test_cli_refuses_a_cpu_run_in_the_committed_runs(tmp_path, capsys):
+    committed = Path(__file__).resolve().parents[1] / "data" / "bench"
+    before = sorted((p.name, p.stat().st_size) for p in committed.iterdir())
+    for out in (committed, committed / "sub"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--device", "cpu", "--impls", "eager", "--cases", "s128_b1", "--out", str(out), "--no-progress"])
+        assert exit_info.value.code == 2
+        assert "GPU measurements only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--hardware", "H200-SXM", "--out", str(tmp_path), "--no-progress"])
+    assert "--hardware H200-SXM with --device cpu" in capsys.readouterr().err
+    assert sorted((p.name, p.stat().st_size) for p in committed.iterdir()) == before
 
 
 def test_cli_refuses_without_gpu(monkeypatch, capsys):

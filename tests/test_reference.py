@@ -75,7 +75,7 @@ def test_leading_dims_and_flattened_give_the_same_bits(request):
 
 
 def _documented_order(go, x, gate, up, act, gate_weight, up_weight, down_weight):
-    """shared/spec/problem.md, "The reference computation", written out again step by step."""
+    """docs/problem.md, "The reference computation", written out again step by step."""
     go, x = go.reshape(-1, go.shape[-1]), x.reshape(-1, x.shape[-1])
     gate, up, act = (t.reshape(-1, t.shape[-1]) for t in (gate, up, act))
     g = torch.mm(go, down_weight)  # 1. bf16 GEMM

@@ -2,7 +2,7 @@
 
 No GPU needed: ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` runs the
 whole pipeline (TTIR, TTGIR, LLVM, PTX, then ptxas to a cubin) on the CPU
-(shared/notes/triton-on-cpu.md). It catches what the interpreter lets through: shared memory
+(docs/triton-on-cpu.md). It catches what the interpreter lets through: shared memory
 beyond the H200's 227 KiB opt-in limit (the OutOfResources seen on the GPU), dot shapes the
 Hopper tensor cores (wgmma) cannot take, layout and lowering errors.
 

@@ -1,6 +1,6 @@
 """Accuracy metrics: the benchmark's per-element criterion and float64 relative errors.
 
-* Benchmark criterion (SOL-ExecBench, ``shared/spec/problem.md``): in fp32, any NaN/Inf fails;
+* Benchmark criterion (SOL-ExecBench, ``docs/problem.md``): in fp32, any NaN/Inf fails;
   an element matches if ``|out - ref| <= atol + rtol * |ref|``; at least 99% must match.
 * Relative error against the float64 oracle: ``||out - oracle||_F / ||oracle||_F``. A fast
   implementation is accepted when its error is at most ``factor`` (2) times the bf16

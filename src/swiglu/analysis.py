@@ -9,7 +9,7 @@ Reads what ``swiglu.bench`` records under ``data/bench/``:
 * ``runs.csv``: an index of runs (``run_id, utc, gpu, protocol, commit, n_rows``).
 
 Everything here is plain pandas (no papermill/jupyter), so the GPU machine can run it as well.
-SOL formulas come from ``swiglu.roofline`` (``shared/spec/problem.md``).
+SOL formulas come from ``swiglu.roofline`` (``docs/problem.md``).
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ IMPL_LABELS = {
     "triton": "swiglu Triton (ours)",
 }
 
-#: The H200 ceilings measured on 2026-11-29 (``shared/spec/problem.md``, "Measured on one H200"):
+#: The H200 ceilings measured on 2026-11-29 (``docs/problem.md``, "Measured on one H200"):
 #: device-to-device copy 4.18 TB/s (read + write), cuBLAS bf16 GEMM 760 TFLOP/s at 8192^3.
 #: Used only when no recorded run carries its own ceilings.
 SPEC_H200_CEILINGS = {
     "copy_tbps": 4.18,
     "gemm_tflops": 760.0,
-    "source": "shared/spec/problem.md, H200 measured 2026-11-29",
+    "source": "docs/problem.md, H200 measured 2026-11-29",
 }
 
 
@@ -268,9 +268,10 @@ def order_impls(impls: Iterable[str]) -> list[str]:
 def latency_table(rows: pd.DataFrame, ceilings: dict | None = None) -> pd.DataFrame:
     """Per case x impl latency with SOL and speed-ups recomputed from ``median_ms``.
 
-    Adds ``tflops`` (12*T*H*I / median), ``sol_ms`` / ``sol_fraction`` (H200 datasheet),
-    ``sol_ms_measured`` / ``sol_fraction_measured`` (the measured ceilings, or the spec's when
-    the run has none), and ``speedup_vs_eager`` / ``speedup_vs_compile`` (eager or compile median
+    Adds ``tflops`` (12*T*H*I / median), ``sol_ms`` / ``sol_fraction`` (the datasheet named in
+    the rows' ``hardware`` column, H200-SXM when there is no such column),
+    ``sol_ms_measured`` / ``sol_fraction_measured`` (the measured ceilings, or the H200 spec's
+    when an H200 run has none), and ``speedup_vs_eager`` / ``speedup_vs_compile`` (eager or compile median
     over this median, NaN when that implementation was not measured). Rows are sorted by tokens,
     then case name, then implementation order. Raises ``ValueError`` when a needed column
     (``case, tokens, impl, median_ms``) is missing."""
@@ -284,11 +285,16 @@ def latency_table(rows: pd.DataFrame, ceilings: dict | None = None) -> pd.DataFr
     if "intermediate_size" not in df:
         df["intermediate_size"] = INTERMEDIATE_SIZE
     measured = hardware_table(ceilings)["H200-measured"]
-    shape = list(zip(df["tokens"], df["hidden_size"], df["intermediate_size"]))
-    df["gflop"] = [roofline.flops(int(t), int(h), int(i)) / 1e9 for t, h, i in shape]
+    # Only the datasheet of the hardware a row ran on: none for a CPU run or an unlisted GPU
+    # (hardware ""), whose SOL columns stay NaN.
+    keys = df["hardware"] if "hardware" in df else pd.Series("H200-SXM", index=df.index)
+    keys = [k if isinstance(k, str) and k in roofline.HARDWARE else "" for k in keys]
+    shape = list(zip(df["tokens"], df["hidden_size"], df["intermediate_size"], keys))
+    df["gflop"] = [roofline.flops(int(t), int(h), int(i)) / 1e9 for t, h, i, _ in shape]
     df["tflops"] = df["gflop"] / df["median_ms"]  # GFLOP / ms = TFLOP/s
-    df["sol_ms"] = [roofline.sol_time_s(int(t), "H200-SXM", int(h), int(i)) * 1e3 for t, h, i in shape]
-    df["sol_ms_measured"] = [roofline.sol_time_s(int(t), measured, int(h), int(i)) * 1e3 for t, h, i in shape]
+    df["sol_ms"] = [roofline.sol_time_s(int(t), k, int(h), int(i)) * 1e3 if k else math.nan for t, h, i, k in shape]
+    df["sol_ms_measured"] = [roofline.sol_time_s(int(t), measured, int(h), int(i)) * 1e3
+                             if ceilings is not None or k == "H200-SXM" else math.nan for t, h, i, k in shape]
     df["sol_fraction"] = df["sol_ms"] / df["median_ms"]
     df["sol_fraction_measured"] = df["sol_ms_measured"] / df["median_ms"]
     for base in ("eager", "compile"):
@@ -341,7 +347,8 @@ def _truthy(value) -> bool:
 
 def run_history(bench_dir: str | Path, protocol: str | None = "full") -> pd.DataFrame:
     """Geometric-mean latency per implementation for every finished run (optionally only one
-    protocol), oldest first: ``run_id, utc, gpu, protocol, impl, cases, gmean_ms, sol_fraction``.
+    protocol), oldest first: ``run_id, utc, gpu, protocol, impl, cases, gmean_ms, sol_fraction,
+    all_correct`` (``latency_summary``'s: None where not applicable).
     Each gmean is over the cases that run measured (runs with fewer cases are not comparable;
     the ``cases`` column says how many)."""
     runs = list_runs(bench_dir)
@@ -356,9 +363,11 @@ def run_history(bench_dir: str | Path, protocol: str | None = "full") -> pd.Data
         summary.insert(1, "utc", r["utc"])
         summary.insert(2, "gpu", r["gpu"])
         summary.insert(3, "protocol", r["protocol"])
-        frames.append(summary[["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction"]])
+        frames.append(summary[["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction",
+                               "all_correct"]])
     if not frames:
-        return pd.DataFrame(columns=["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction"])
+        return pd.DataFrame(columns=["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction",
+                                     "all_correct"])
     return pd.concat(frames, ignore_index=True)
 
 
@@ -382,7 +391,9 @@ def run_footer(meta: dict | None, run_id: str | None = None) -> str:
 
 
 def environment_footer(device: str | None = None) -> str:
-    """One line naming this machine's device and software (for figures computed here)."""
+    """One line naming this machine's device and software (for figures computed here). On a CPU
+    it names only what the numbers depend on (torch, triton: pinned by the Makefile), not the
+    processor or the Python version, so a committed CPU figure redraws identically elsewhere."""
     import platform
 
     import torch
@@ -399,7 +410,7 @@ def environment_footer(device: str | None = None) -> str:
         name = torch.cuda.get_device_name(torch.device(device))
         where = f"{name} | CUDA {torch.version.cuda} | driver {_driver_version()}"
     else:
-        where = f"CPU ({platform.processor() or platform.machine()})"
+        return f"CPU, Triton interpreter | torch {torch.__version__} | triton {triton_version}"
     return f"{where} | torch {torch.__version__} | triton {triton_version} | Python {platform.python_version()}"
 
 

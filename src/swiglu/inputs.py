@@ -1,6 +1,6 @@
 """Input generation for the backward, as the public benchmark draws it or from a real forward.
 
-Benchmark mode (``shared/spec/problem.md``, "How the public benchmark judges it"): the five
+Benchmark mode (``docs/problem.md``, "How the public benchmark judges it"): the five
 activation tensors are ``randn`` (N(0, 1)) in bf16, drawn independently of each other, and each
 weight is ``randn / sqrt(fan_in)`` with fan_in its last dimension. Forward mode draws ``x``,
 ``grad_output`` and the weights the same way, then computes ``gate_output``, ``up_output`` and

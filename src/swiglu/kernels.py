@@ -18,7 +18,7 @@ No atomics: every output element is written once by one program, so results are 
 reproducible.
 
 Under ``TRITON_INTERPRET=1`` (CPU tests) bf16 arithmetic is wrong in the interpreter
-(shared/notes/triton-on-cpu.md), so the ``UPCAST`` constexpr converts every tile to fp32 before
+(docs/triton-on-cpu.md), so the ``UPCAST`` constexpr converts every tile to fp32 before
 ``tl.dot``; compiled GPU code keeps bf16 operands.
 """
 
@@ -106,7 +106,7 @@ def _activated_gate(gate, UPCAST: tl.constexpr):
 def _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n,
                    UPCAST: tl.constexpr, RECOMPUTE_ACT: tl.constexpr = False):
     """SwiGLU backward on one [BM, BN/EPI_SPLIT] piece of g, in the reference's bf16 rounding
-    order (shared/spec/problem.md steps 2-4): g, d_act, d_up, d_gate and h are each rounded to
+    order (docs/problem.md steps 2-4): g, d_act, d_up, d_gate and h are each rounded to
     bf16 where the reference's bf16 tensors are. RECOMPUTE_ACT: activated_gate is not read
     (act_desc unused) but recomputed from the gate values loaded here (memory-lean mode)."""
     g = _bf16(acc, UPCAST).to(tl.float32)

@@ -137,9 +137,12 @@ def roofline_plot(
     for v in np.unique(ai):
         ax.axvline(v, color="0.85", lw=0.6, zorder=0)
     ticks = cases.drop_duplicates("tokens").sort_values("tokens")
-    for t, v in zip(ticks["tokens"], ticks["flop_per_byte"]):
-        ax.annotate(f"T={t}", (v, 1.0), xycoords=("data", "axes fraction"), xytext=(0, -3),
-                    textcoords="offset points", rotation=90, fontsize=6.5, color="0.4", ha="right", va="top")
+    rows = _label_rows([(math.log10(v) - math.log10(lo)) / math.log10(hi / lo) for v in ticks["flop_per_byte"]],
+                       [f"T={t}" for t in ticks["tokens"]], fig.get_figwidth() * 72 * 0.775, fontsize=7)
+    for t, v, row in zip(ticks["tokens"], ticks["flop_per_byte"], rows):
+        ax.annotate(f"T={t}", (v, 1.0), xycoords=("data", "axes fraction"), xytext=(0, 3 + 11 * row),
+                    textcoords="offset points", fontsize=7, color="0.35", ha="center", va="bottom",
+                    arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5, "shrinkA": 0, "shrinkB": 0})
     if points is not None and len(points):
         for k, impl in enumerate(order_impls(points["impl"])):
             p = points[(points["impl"] == impl) & points["tflops"].notna()]
@@ -158,11 +161,28 @@ def roofline_plot(
     ax.set_xlim(lo, hi)
     ax.set_xlabel("arithmetic intensity of the minimum traffic (FLOP/byte)")
     ax.set_ylabel("attainable / achieved bf16 TFLOP/s")
-    ax.set_title(title)
+    # The T= labels sit above the axes (grey lines mark the cases): leave them room.
+    ax.set_title(title, pad=7 + 11 * (max(rows, default=0) + 1))
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
     ax.legend(fontsize=7.5, loc="lower right")
     add_footer(fig, footer)
     return fig
+
+
+def _label_rows(positions: Sequence[float], texts: Sequence[str], width_pt: float, fontsize: float) -> list[int]:
+    """Row index (0 = nearest the axes) for horizontal labels centred at ``positions`` (axes
+    fraction, increasing) on an axes ``width_pt`` points wide: each label takes the first row
+    where it clears the previous label of that row (text width estimated at 0.6 em a character)."""
+    ends: list[float] = []
+    rows = []
+    for x, text in zip(positions, texts):
+        half = 0.6 * fontsize * (len(text) + 2) / 2 / width_pt
+        row = next((k for k, end in enumerate(ends) if x - half > end), len(ends))
+        if row == len(ends):
+            ends.append(x + half)
+        ends[row] = x + half
+        rows.append(row)
+    return rows
 
 
 def sol_bar_plot(table: pd.DataFrame, footer: str = "", title: str = "Speed-of-light time per case") -> Figure:
@@ -182,11 +202,19 @@ def sol_bar_plot(table: pd.DataFrame, footer: str = "", title: str = "Speed-of-l
             if b == "memory":
                 bar.set_hatch("///")
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xticks(x, labels, rotation=40, ha="right", rotation_mode="anchor", fontsize=7.5)
     ax.set_ylabel("speed-of-light time (ms, log scale)")
     ax.set_title(title + " (hatched: memory-bound)")
     ax.grid(True, axis="y", which="both", lw=0.3, alpha=0.5)
-    ax.legend(fontsize=8, ncol=len(hws))
+    # Plain swatches per hardware (the hatch of a legend entry would come from its first bar,
+    # which may be memory-bound), and one hatched swatch that says what hatching means.
+    handles = [matplotlib.patches.Patch(facecolor=HARDWARE_STYLE.get(hw, (_FALLBACK_COLORS[k % len(_FALLBACK_COLORS)],))[0],
+                                        alpha=0.9, label=hw) for k, hw in enumerate(hws)]
+    handles.append(matplotlib.patches.Patch(facecolor="0.55", edgecolor="white", hatch="///", label="memory-bound"))
+    ax.legend(handles=handles, fontsize=8, ncol=len(handles), loc="upper left")
     add_footer(fig, footer)
     return fig
 
@@ -239,24 +267,29 @@ def error_ratio_plot(rows: pd.DataFrame, factor: float = 2.0, footer: str = "",
     (``validate_case`` rows with status ok), with the acceptance line at ``factor``."""
     ok = rows[rows["status"] == "ok"]
     outputs = list(dict.fromkeys(rows["output"]))
-    cases = list(dict.fromkeys(rows.sort_values("tokens")["case"]))
-    # Wide enough for one readable tick label per case (18 at full size).
-    panel_width = max(3.2, 0.28 * len(cases) + 1.0)
-    fig, axes = plt.subplots(1, len(outputs), figsize=(panel_width * len(outputs), 3.8), sharey=True, squeeze=False)
+    cases = list(dict.fromkeys(rows.sort_values("tokens", kind="stable")["case"]))
+    # One output per row, all sharing the case axis: 18 case labels need the whole width.
+    width = max(7.0, 0.5 * len(cases) + 2.0)
+    fig, axes = plt.subplots(len(outputs), 1, figsize=(width, 1.55 * len(outputs) + 1.6), sharex=True,
+                             sharey=True, squeeze=False)
     for ax, output in zip(axes.flat, outputs):
         for k, impl in enumerate(dict.fromkeys(rows["impl"])):
             t = ok[(ok["output"] == output) & (ok["impl"] == impl)].groupby("case")["ratio"].max()
             t = t.reindex(cases)
             color, marker = impl_style(impl, k)
-            ax.plot(range(len(cases)), t.to_numpy(float), marker=marker, color=color, ls="none", label=impl)
+            # The reference's ratio is 1 by definition: a hollow ring, so a point at 1.0 shows through.
+            hollow = impl == "reference"
+            ax.plot(range(len(cases)), t.to_numpy(float), marker=marker, color=color, ls="none", label=impl,
+                    markerfacecolor="none" if hollow else color, markersize=9 if hollow else 6)
         ax.axhline(factor, color="red", lw=1, ls="--", label=f"accept <= {factor:g}")
-        ax.set_xticks(range(len(cases)), cases, rotation=40, ha="right", rotation_mode="anchor", fontsize=7.5)
-        ax.set_title(output, fontsize=10)
+        ax.text(0.005, 0.94, output, transform=ax.transAxes, fontsize=9, fontweight="bold", va="top")
+        ax.set_ylabel("ratio", fontsize=8)
         ax.grid(True, lw=0.3, alpha=0.5)
-    axes.flat[0].set_ylabel("rel. error ratio (worst round)")
+    axes.flat[-1].set_xticks(range(len(cases)), cases, rotation=40, ha="right", rotation_mode="anchor", fontsize=8)
+    axes.flat[-1].set_xlabel("case (sorted by tokens T)")
     axes.flat[0].set_ylim(0, max(2.5, float(np.nanmax(ok["ratio"].to_numpy(float), initial=0)) * 1.1))
-    axes.flat[-1].legend(fontsize=7)
-    fig.suptitle(title)
+    axes.flat[0].legend(fontsize=7.5, ncol=3, loc="lower right")
+    fig.suptitle(title + "\n(relative error against float64, worst round, per output)", fontsize=10)
     fig.tight_layout()
     add_footer(fig, footer)
     return fig
@@ -395,36 +428,69 @@ def clock_power_plot(table: pd.DataFrame, footer: str = "", title: str = "SM clo
 
 
 def gmean_plot(summary: pd.DataFrame, footer: str = "", title: str = "Geometric mean over the cases") -> Figure:
-    """Horizontal bars of the geometric-mean latency (ms) per implementation
-    (``analysis.latency_summary``), annotated with speed-ups and SOL fraction, and the
-    geometric-mean SOL time as a line."""
-    s = summary[summary["gmean_ms"].notna()].iloc[::-1]
-    fig, ax = plt.subplots(figsize=(10, 0.6 * len(s) + 1.8))
-    colors = [impl_style(i, k)[0] for k, i in enumerate(s["impl"])]
-    ax.barh(s["label"], s["gmean_ms"], color=colors, alpha=0.9)
-    for y, (_, r) in enumerate(s.iterrows()):
-        parts = [f"{r['gmean_ms']:.2f} ms", f"SOL {r['sol_fraction']:.2f}"]
-        for base in ("eager", "compile"):
+    """Geometric-mean latency (ms) per implementation (``analysis.latency_summary``) as dots on
+    an axis that spans the data (the differences are tenths of a ms out of ~34), with a top
+    axis in speed-ups over torch.compile when it was measured, and each row's ms, speed-ups and SOL
+    fraction written above its line. The geometric-mean SOL time, far to the left, is named in
+    the axis label instead of drawn."""
+    s = summary[summary["gmean_ms"].notna()].iloc[::-1].reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(10, 0.7 * len(s) + 1.9))
+    if s.empty:
+        ax.text(0.5, 0.5, "no implementation has a latency", ha="center", transform=ax.transAxes)
+        ax.set_title(title)
+        add_footer(fig, footer)
+        return fig
+    values = s["gmean_ms"].to_numpy(float)
+    span = max(float(values.max() - values.min()), 0.01 * float(values.max()))
+    lo, hi = float(values.min()) - 0.12 * span, float(values.max()) + 0.12 * span
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(-0.5, len(s) - 0.2)
+    fails = [r.get("all_correct") is False or str(r.get("all_correct")) == "False" for _, r in s.iterrows()]
+    for y, ((_, r), failed) in enumerate(zip(s.iterrows(), fails)):
+        color, marker = impl_style(r["impl"], y)
+        ax.axhline(y, color="0.85", lw=0.6, zorder=0)  # a row guide (no bar: the axis does not start at 0)
+        ax.scatter([r["gmean_ms"]], [y], color="white" if failed else color, edgecolor=color, marker=marker,
+                   s=90, zorder=3, linewidth=1.5)
+        parts = [f"{r['gmean_ms']:.2f} ms"]
+        for base in ("compile", "eager"):
             v = r.get(f"gmean_speedup_vs_{base}")
             if pd.notna(v) and r["impl"] != base:
                 parts.append(f"{v:.3f}x vs {base}")
+        if pd.notna(r.get("sol_fraction")):
+            parts.append(f"SOL {r['sol_fraction']:.2f}")
         if pd.notna(r.get("cases")):
             parts.append(f"{int(r['cases'])} cases")
-        if r.get("all_correct") is False or str(r.get("all_correct")) == "False":
+        if failed:
             # A fast wrong answer must not read as a result (Liger recomputes silu(gate_output)).
             parts.append("FAILS the correctness check")
-        ax.text(r["gmean_ms"], y, "  " + ", ".join(parts), va="center", fontsize=8,
-                color="#b00000" if "FAILS the correctness check" in parts else "black")
-    if len(s) and s["gmean_sol_ms"].notna().any():
-        sol = float(s["gmean_sol_ms"].max())
-        ax.axvline(sol, color="#2ca02c", lw=1.5, label=f"H200 SOL (datasheet), {sol:.2f} ms")
-        ax.legend(fontsize=8, loc="lower right")
-    ax.set_xlim(0, float(s["gmean_ms"].max()) * 3.2 if len(s) else 1)
-    ax.set_xlabel("geometric-mean median latency over the cases (ms)")
+        ax.text(lo + 0.005 * (hi - lo), y + 0.36, ", ".join(parts), va="center", fontsize=8,
+                color="#b00000" if failed else "black")
+    ax.set_yticks(range(len(s)), s["label"])
+    ax.grid(True, axis="x", lw=0.3, alpha=0.5)
+    label = "geometric-mean median latency over the cases (ms)"
+    if s["gmean_sol_ms"].notna().any():
+        label += f"\nH200 speed of light (datasheet): {float(s['gmean_sol_ms'].max()):.2f} ms, off the axis to the left"
+    ax.set_xlabel(label)
+    compile_ms = s.loc[s["impl"] == "compile", "gmean_ms"]
+    if len(compile_ms):
+        c = float(compile_ms.iloc[0])
+        ax.axvline(c, color=impl_style("compile")[0], lw=0.8, ls=":")
+        top = ax.secondary_xaxis("top", functions=(_over(c), _over(c)))
+        top.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2fx"))
+        top.set_xlabel("speed-up over torch.compile (x; faster to the left)", fontsize=8)
+        top.tick_params(labelsize=8)
     ax.set_title(title)
     fig.tight_layout()
     add_footer(fig, footer)
     return fig
+
+
+def _over(c: float):
+    """x -> c / x (its own inverse), quiet at 0 where matplotlib probes the transform."""
+    def f(x):
+        with np.errstate(divide="ignore"):
+            return c / np.asarray(x, float)
+    return f
 
 
 def history_plot(history: pd.DataFrame, footer: str = "", title: str = "Geometric-mean latency across recorded runs") -> Figure:
@@ -433,9 +499,22 @@ def history_plot(history: pd.DataFrame, footer: str = "", title: str = "Geometri
     runs = list(dict.fromkeys(history["run_id"]))
     fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(runs) + 4), 5))
     for k, impl in enumerate(order_impls(history["impl"])):
-        t = history[history["impl"] == impl].set_index("run_id")["gmean_ms"].reindex(runs)
+        h = history[history["impl"] == impl].set_index("run_id").reindex(runs)
+        t = h["gmean_ms"]
         color, marker = impl_style(impl, k)
-        ax.plot(range(len(runs)), t.to_numpy(float), marker=marker, color=color, label=IMPL_LABELS.get(impl, impl))
+        failed = (h["all_correct"].astype(str) == "False").to_numpy() if "all_correct" in h else np.zeros(len(runs), bool)
+        label = IMPL_LABELS.get(impl, impl)
+        if failed.all() and t.notna().any():
+            label += " (FAILS the correctness check)"
+        elif failed.any():
+            label += " (open: fails the correctness check)"
+        ax.plot(range(len(runs)), t.to_numpy(float), color=color, label=label, marker=marker,
+                markerfacecolor="none" if failed.all() else color)
+        for x in np.flatnonzero(failed & t.notna().to_numpy()):
+            # Open marker and a note at the point: a fast wrong answer must not read as a result.
+            ax.plot([x], [t.iloc[x]], marker=marker, color=color, markerfacecolor="white", ls="none")
+            ax.annotate("fails the correctness check", (x, t.iloc[x]), xytext=(8, 0), textcoords="offset points",
+                        fontsize=7.5, color="#b00000", va="center")
     ax.set_xticks(range(len(runs)), runs, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("geometric-mean median latency (ms)")
     ax.set_xlabel("recorded run (oldest left)")

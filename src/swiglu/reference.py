@@ -1,6 +1,6 @@
 """The reference backward (the benchmark's bf16 order of operations) and its float64 oracle.
 
-Formula and order of operations: ``shared/spec/problem.md``, section "The reference computation",
+Formula and order of operations: ``docs/problem.md``, section "The reference computation",
 which transcribes SOL-ExecBench L2/005's reference. With ``go`` [T, H], ``x`` [T, H] and the
 [T, I] activations flattened:
 

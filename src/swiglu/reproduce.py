@@ -7,7 +7,9 @@
     python -m swiglu.reproduce --strip-outputs # clear outputs of notebooks saved from JupyterLab
 
 Executed notebooks go to ``build/notebooks/`` (``build/smoke/notebooks/`` with ``--smoke``),
-figures (PNG + SVG) to ``figures/``, derived tables (CSV) to ``data/derived/``.
+figures (PNG + SVG) to ``figures/``, derived tables (CSV) to ``data/derived/``; figures whose
+pixels depend on the machine (CPU error histograms) to ``build/figures/``, so that a run on any
+machine leaves the committed files unchanged.
 
 Engines: papermill (a Jupyter kernel per notebook; the executed notebooks keep their outputs) or,
 where papermill is not installed (the GPU machine), ``python``: the notebook's code cells run
@@ -79,6 +81,7 @@ def notebook_parameters(
     protocol: str = "full",
     figures_dir: str | Path = "figures",
     derived_dir: str | Path = "data/derived",
+    scratch_figures_dir: str | Path = "build/figures",
     declared: list[str] | None = None,
 ) -> dict:
     """The papermill parameters for notebook ``name``, restricted to those it declares."""
@@ -89,6 +92,7 @@ def notebook_parameters(
         "protocol": protocol,
         "figures_dir": str(figures_dir),
         "derived_dir": str(derived_dir),
+        "scratch_figures_dir": str(scratch_figures_dir),
     }
     if name == "03_latency":
         params["live"] = bool(live)
@@ -222,7 +226,8 @@ def run(
 ) -> list[Result]:
     """Execute the selected notebooks; returns one ``Result`` each (failures do not stop the rest).
 
-    Output folders default to ``figures/``, ``data/derived/``, ``build/notebooks/`` and, with
+    Output folders default to ``figures/``, ``data/derived/``, ``build/notebooks/`` (and
+    ``build/figures/`` for the machine-dependent CPU error histograms) and, with
     ``smoke``, to ``build/smoke/{figures,derived,notebooks}`` so a smoke run never overwrites the
     real figures. Relative paths are relative to the repository root. ``verbose`` echoes the
     cells' printed output (python engine). Raises ``ValueError`` for
@@ -235,8 +240,10 @@ def run(
     figures_dir = Path(figures_dir) if figures_dir else base / "figures"
     derived_dir = Path(derived_dir) if derived_dir else base / ("derived" if smoke else "data/derived")
     build_dir = Path(build_dir) if build_dir else (base / "notebooks" if smoke else Path("build/notebooks"))
+    scratch_figures_dir = figures_dir if smoke else Path("build/figures")
     absolute = {k: (p if p.is_absolute() else root / p) for k, p in
-                {"figures": figures_dir, "derived": derived_dir, "build": build_dir, "bench": Path(bench_dir)}.items()}
+                {"figures": figures_dir, "derived": derived_dir, "build": build_dir, "bench": Path(bench_dir),
+                 "scratch": scratch_figures_dir}.items()}
     if engine == "auto":
         engine = "papermill" if _papermill_available() else "python"
     if engine not in ("papermill", "python"):
@@ -257,7 +264,8 @@ def run(
         out = absolute["build"] / src.name
         params = notebook_parameters(
             src.stem, smoke=smoke, live=live, device=device, bench_dir=absolute["bench"], run_id=run_id,
-            protocol=protocol, figures_dir=absolute["figures"], derived_dir=absolute["derived"], declared=parameter_names(src),
+            protocol=protocol, figures_dir=absolute["figures"], derived_dir=absolute["derived"],
+            scratch_figures_dir=absolute["scratch"], declared=parameter_names(src),
         )
         start = time.perf_counter()
         try:

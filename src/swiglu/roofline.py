@@ -1,6 +1,6 @@
 """Roofline and speed-of-light (SOL) figures for the SwiGLU MLP backward.
 
-Formulas (``shared/spec/problem.md``):
+Formulas (``docs/problem.md``):
 
 * FLOPs: six GEMMs of T x H x I, each ``2*T*H*I``: ``12 * T * H * I``.
 * Minimum bytes (each input read once, each output written once, bf16 = 2 bytes):
@@ -51,11 +51,11 @@ HARDWARE: dict[str, Hardware] = {
     "B200-HGX": Hardware(
         "B200 (HGX, datasheet)", 2250.0, 7.7,
         "NVIDIA HGX B200 datasheet: 4.5 PFLOPS bf16 per GPU with sparsity (2.25 dense); 7.7 TB/s "
-        "as shared/spec/problem.md quotes it",
+        "as docs/problem.md quotes it",
     ),
     "B200-benchmark": Hardware(
         "B200 (SOL-ExecBench, 1.5 GHz lock)", 1811.0, 7.67,
-        "SOL-ExecBench peak rates for B200 with the SM clock locked at 1.5 GHz (shared/spec/problem.md)",
+        "SOL-ExecBench peak rates for B200 with the SM clock locked at 1.5 GHz (docs/problem.md)",
     ),
 }
 

@@ -1,6 +1,6 @@
 """Gradient validation: every implementation against the float64 oracle and the benchmark's check.
 
-Two acceptance rules, both from ``shared/spec/problem.md`` and ``shared/notes/prior-art.md``:
+Two acceptance rules, both from ``docs/problem.md`` and ``docs/prior-art.md``:
 
 * float64: ``relative_error(out, oracle) <= factor * relative_error(bf16 reference, oracle)``
   per output (``factor`` = 2, flash-attention's habit), with the Frobenius relative error of
@@ -13,6 +13,7 @@ Used by notebooks/02_validation.ipynb, the tests and the GPU scripts; needs only
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
@@ -229,3 +230,37 @@ def run_validation(
             bar.update(1)
     bar.close()
     return pd.DataFrame(rows)
+
+
+#: Error measures whose last digits depend on the machine: the interpreter's fp32 sums (numpy's
+#: BLAS) run in a CPU-specific order, and two x86 machines gave relative errors 3e-5 apart.
+#: ``stable_table`` rounds them to ``STABLE_DIGITS`` significant digits (a step of 1-10%, so a
+#: value lands on the other side of a rounding boundary with odds of about 1e-3).
+ROUNDED_COLUMNS = ("rel_err_bf16_ref", "oracle_rms", "rel_err", "ratio")
+STABLE_DIGITS = 2
+#: Columns no precision makes machine-independent: one element rounding to the neighbouring bf16
+#: value turns a max_abs_err of 0 into 2.4e-4. ``stable_table`` drops them.
+UNSTABLE_COLUMNS = ("max_abs_err",)
+
+
+def significant(value: float, digits: int = STABLE_DIGITS) -> float:
+    """``value`` rounded to ``digits`` significant digits (decimal, through its exact ``%e``
+    text, so the same on every machine); NaN and infinities unchanged. Raises ``ValueError``
+    for ``digits < 1``."""
+    if digits < 1:
+        raise ValueError(f"digits must be at least 1, got {digits}")
+    value = float(value)
+    return float(f"{value:.{digits - 1}e}") if math.isfinite(value) else value
+
+
+def stable_table(results: "pd.DataFrame", digits: int = STABLE_DIGITS) -> "pd.DataFrame":
+    """The validation table (``run_validation``) as ``make reproduce`` stores and plots it on a
+    CPU, so that every machine writes the same bytes: ``ROUNDED_COLUMNS`` rounded to ``digits``
+    significant digits, ``UNSTABLE_COLUMNS`` and ``seconds`` (wall clock) dropped; other columns
+    (pass/fail, counts, match fractions, tolerances) as they are. Returns a new frame; the input
+    is not modified."""
+    out = results.drop(columns=[*UNSTABLE_COLUMNS, "seconds"], errors="ignore").copy()
+    for column in ROUNDED_COLUMNS:
+        if column in out:
+            out[column] = [significant(v, digits) for v in out[column]]
+    return out

@@ -1,6 +1,6 @@
 """The 18 workload cases of SOL-ExecBench L2/005 and the model shapes we check against.
 
-Source: ``shared/spec/problem.md`` (the benchmark's case table, its per-case ``atol`` and the
+Source: ``docs/problem.md`` (the benchmark's case table, its per-case ``atol`` and the
 common ``rtol = 0.05``), which mirrors NVIDIA SOL-ExecBench problem L2/005
 (``005_swiglu_mlp_backward``, model hermes-4-405b).
 """

@@ -1,5 +1,5 @@
 """Benchmark harness: every implementation of the SwiGLU MLP backward side by side under the
-public benchmark's protocol (SOL-ExecBench L2/005, ``shared/spec/problem.md``).
+public benchmark's protocol (SOL-ExecBench L2/005, ``docs/problem.md``).
 
 CLI: ``python -m swiglu.bench --help`` (``make bench BENCH_ARGS=...``). Python API:
 

@@ -4,7 +4,10 @@ Examples:
     python -m swiglu.bench                          # all 18 cases, every available impl, full protocol
     python -m swiglu.bench --quick --cases s128_b8,4096 --impls eager,triton
     python -m swiglu.bench --max-autotune --cases s211_b16
-    python -m swiglu.bench --device cpu             # tiny CPU smoke run (no GPU needed)
+    python -m swiglu.bench --device cpu             # tiny CPU smoke run (no GPU needed), into build/bench
+
+GPU runs are written to data/bench/ (committed measurements); a run not made on a GPU goes to
+build/bench/ (untracked scratch) and is refused in data/bench/.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 from .. import roofline
+from ..analysis import repo_root
 from ..inputs import BENCHMARK_SEED
 from ..workloads import MODEL_SHAPES, select_cases
 from . import environment
@@ -29,6 +34,10 @@ from .storage import RunWriter, rebuild_index
 #: CPU smoke defaults: a tiny shape and two small cases.
 CPU_SHAPE = (256, 512)
 CPU_CASES = "s128_b1,s256_b2"
+#: Where runs go by default (relative to the repository root): GPU measurements are committed,
+#: anything else is scratch.
+GPU_OUT = "data/bench"
+SCRATCH_OUT = "build/bench"
 
 BANNERS = {
     "full": "protocol FULL: {w} warm-ups, {n} timed iterations, median; L2 flushed before every "
@@ -63,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model shape (default hermes-4-405b: H=16384, I=53248)")
     p.add_argument("--hidden-size", type=int, default=None, help="H, overrides --model")
     p.add_argument("--intermediate-size", type=int, default=None, help="I, overrides --model")
-    p.add_argument("--out", default="data/bench", help="output folder (default data/bench)")
+    p.add_argument("--out", default=None,
+                   help=f"output folder (default: {GPU_OUT} for a GPU run, {SCRATCH_OUT} otherwise; a run not made "
+                   f"on a GPU is refused in {GPU_OUT})")
     p.add_argument("--quick", action="store_true",
                    help=f"development mode: {PROTOCOLS['quick'][0]} warm-ups, {PROTOCOLS['quick'][1]} "
                    "iterations, marked protocol=quick")
@@ -71,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='also run torch.compile(mode="max-autotune-no-cudagraphs"): max-autotune\'s GEMM and Triton '
                    "autotuning without the CUDA graphs the protocol excludes (minutes per case, in first_call_s)")
     p.add_argument("--hardware", choices=sorted(roofline.HARDWARE), default=None,
-                   help="datasheet for sol_ms (default from the GPU name: H100 -> H100-SXM, else H200-SXM)")
+                   help="datasheet for sol_ms (default from the GPU name: H100, H200, B200; none for another "
+                   "GPU or a CPU run, whose SOL columns stay empty)")
     p.add_argument("--seed", type=int, default=BENCHMARK_SEED, help=f"input seed (default {BENCHMARK_SEED})")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="cuda (default when a GPU is present) or cpu: a tiny smoke run "
@@ -92,7 +104,8 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
     protocol = metadata["protocol"]
     hw = metadata["hardware"]
     lines = ["", "per-case median latency (ms); sol_ms = datasheet SOL "
-             f"({hw['name']}: {hw['peak_tflops']} TFLOP/s, {hw['peak_tbps']} TB/s)"]
+             + (f"({hw['name']}: {hw['peak_tflops']} TFLOP/s, {hw['peak_tbps']} TB/s)" if hw.get("key")
+                else "(none: no datasheet for the device this ran on)")]
     lines.append(per_case_table(rows).reset_index().rename(columns={"index": "case"}).to_string(
         index=False, float_format=lambda v: f"{v:.3f}", na_rep="-"))
     summary = summary_table(rows)
@@ -133,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     argv_text = " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
 
     if args.reindex:
-        print(f"rebuilt {rebuild_index(args.out)}")
+        print(f"rebuilt {rebuild_index(args.out or GPU_OUT)}")
         return 0
     if args.device is None:
         if not torch.cuda.is_available():
@@ -143,6 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no CUDA GPU (use --device cpu for the smoke mode)")
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    out = args.out or (GPU_OUT if device.type == "cuda" else SCRATCH_OUT)
+    committed = (repo_root() / GPU_OUT).resolve()
+    if device.type != "cuda" and committed in (Path(out).resolve(), *Path(out).resolve().parents):
+        parser.error(f"--out {out}: {GPU_OUT}/ holds GPU measurements only; a {device.type} run goes to "
+                     f"{SCRATCH_OUT}/ (the default) or another folder")
+    if device.type != "cuda" and args.hardware:
+        parser.error(f"--hardware {args.hardware} with --device {device.type}: the speed of light of a GPU the "
+                     "run was not made on would mislead")
 
     if args.model:
         default_h, default_i = MODEL_SHAPES[args.model].hidden_size, MODEL_SHAPES[args.model].intermediate_size
@@ -175,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"nothing to run: {skipped}")
 
     protocol = "cpu-smoke" if device.type == "cpu" else ("quick" if args.quick else "full")
-    hardware = args.hardware or pick_hardware(torch.cuda.get_device_name(device) if device.type == "cuda" else "")
+    hardware = args.hardware or (pick_hardware(torch.cuda.get_device_name(device)) if device.type == "cuda" else "")
     warmup, iters = PROTOCOLS[protocol]
     print(BANNERS[protocol].format(w=warmup, n=iters))
     print(f"device {device} | H={hidden} I={inter} | {len(cases)} cases | impls {','.join(impls)} | "
-          f"datasheet {hardware}")
+          f"datasheet {hardware or 'none (SOL columns empty)'} | writing to {out}")
     for name, reason in skipped.items():
         print(f"note: skipping {name}: {reason}")
 
@@ -189,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     writer: list[RunWriter] = []
 
     def on_start(metadata: dict) -> None:  # reserve the run id; rows are saved case by case
-        writer.append(RunWriter(args.out, environment.make_run_id(metadata["utc"], metadata["git_commit"])))
+        writer.append(RunWriter(out, environment.make_run_id(metadata["utc"], metadata["git_commit"])))
         writer[0].write_metadata(dict(metadata, command=command), complete=False)
         tqdm.write(f"writing {writer[0].csv_path} (case by case) and {writer[0].json_path.name}")
 

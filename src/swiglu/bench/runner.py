@@ -53,7 +53,9 @@ OUTPUT_NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weigh
 class BenchConfig:
     """What to run. ``impls`` are names in ``impls.IMPLS`` (or in the ``impls`` mapping given to
     ``run_benchmark``), run in the given order; ``protocol`` is a ``PROTOCOLS`` key; ``hardware`` a
-    ``roofline.HARDWARE`` key for the datasheet SOL."""
+    ``roofline.HARDWARE`` key for the datasheet SOL, ``None`` for the device's own (``pick_hardware``
+    of a CUDA GPU's name) or ``""`` for none: a run is only compared with the datasheet of the
+    hardware it ran on, so a CPU run has no datasheet SOL (``ValueError`` if one is named)."""
 
     cases: list[Case]
     hidden_size: int
@@ -62,15 +64,20 @@ class BenchConfig:
     device: torch.device
     protocol: str = "full"
     seed: int = BENCHMARK_SEED
-    hardware: str = "H200-SXM"
+    hardware: str | None = None
     measure_ceilings: bool = True
     skipped: dict[str, str] = field(default_factory=dict)  # impl -> why it is not run
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {self.protocol!r}")
-        if self.hardware not in roofline.HARDWARE:
-            raise ValueError(f"hardware must be one of {list(roofline.HARDWARE)}, got {self.hardware!r}")
+        if self.hardware is None:
+            self.hardware = pick_hardware(torch.cuda.get_device_name(self.device)) if self.device.type == "cuda" else ""
+        if self.hardware and self.hardware not in roofline.HARDWARE:
+            raise ValueError(f"hardware must be one of {list(roofline.HARDWARE)} or '', got {self.hardware!r}")
+        if self.hardware and self.device.type != "cuda":
+            raise ValueError(f"hardware={self.hardware!r} for a {self.device.type} run: a GPU's speed of light "
+                             "says nothing about a run that was not made on it (leave hardware unset)")
         if not self.cases:
             raise ValueError("cases must not be empty")
 
@@ -84,9 +91,14 @@ class BenchResult:
 
 
 def pick_hardware(gpu_name: str) -> str:
-    """Datasheet entry for a GPU name: H100 -> H100-SXM, H200 -> H200-SXM, anything else ->
-    H200-SXM (the project's target)."""
-    return "H100-SXM" if "H100" in gpu_name.upper() else "H200-SXM"
+    """Datasheet entry for a GPU name: H100 -> H100-SXM, H200 -> H200-SXM, B200 -> B200-HGX,
+    anything else (another GPU, ``""`` for no GPU) -> ``""``: no datasheet SOL, since a fraction
+    of another card's speed of light would mislead."""
+    name = gpu_name.upper()
+    for tag, key in (("H100", "H100-SXM"), ("H200", "H200-SXM"), ("B200", "B200-HGX")):
+        if tag in name and key in roofline.HARDWARE:
+            return key
+    return ""
 
 
 def _cleanup(device: torch.device) -> None:
@@ -189,7 +201,7 @@ def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, fl
     device = config.device
     warmup, iters = PROTOCOLS[config.protocol]
     gpu, software, git = environment.gpu_info(device), environment.software_info(), environment.git_info()
-    hw = roofline.HARDWARE[config.hardware]
+    hw = roofline.HARDWARE.get(config.hardware)
     power_record = power_record or {"backend": None}
     return {
         "gpu_name": gpu["name"],
@@ -229,8 +241,10 @@ def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, fl
         "impls": list(config.impls),
         "impl_notes": {n: impls[n].note for n in config.impls},
         "skipped_impls": dict(config.skipped),
-        "hardware": {"key": config.hardware, "name": hw.name, "peak_tflops": hw.peak_tflops,
-                     "peak_tbps": hw.peak_tbps, "source": hw.source},
+        "hardware": ({"key": config.hardware, "name": hw.name, "peak_tflops": hw.peak_tflops,
+                      "peak_tbps": hw.peak_tbps, "source": hw.source} if hw else
+                     {"key": "", "name": "none (no datasheet for this device: SOL columns empty)",
+                      "peak_tflops": None, "peak_tbps": None, "source": ""}),
         "ceilings": ceiling_record,
         "power": power_record,
     }

@@ -3,7 +3,7 @@
 Nothing here touches a device, so all of it is tested on CPU (tests/test_bench.py).
 
 Sources: SOL time ``T_SOL = max(FLOPs / peak_flops, bytes / peak_bandwidth)`` and the geometric
-mean over cases are SOL-ExecBench's (``shared/spec/problem.md``); FLOPs ``12*T*H*I`` and minimum
+mean over cases are SOL-ExecBench's (``docs/problem.md``); FLOPs ``12*T*H*I`` and minimum
 bytes ``2*(4*T*H + 3*T*I + 6*I*H)`` come from ``swiglu.roofline``.
 """
 
@@ -70,7 +70,7 @@ def sol_columns(
     hidden_size: int,
     intermediate_size: int,
     median_ms: float,
-    hardware: roofline.Hardware | str,
+    hardware: roofline.Hardware | str | None,
     ceilings: Ceilings | None = None,
 ) -> dict[str, float]:
     """Throughput and speed-of-light columns of one row.
@@ -78,7 +78,9 @@ def sol_columns(
     Args:
         tokens, hidden_size, intermediate_size: T, H, I of the case.
         median_ms: the row's median latency in ms (NaN gives NaN rates and fractions).
-        hardware: datasheet peak rates (``roofline.HARDWARE`` key or ``Hardware``).
+        hardware: datasheet peak rates (``roofline.HARDWARE`` key or ``Hardware``) of the device
+            the run was made on; ``""`` or ``None`` (no datasheet, e.g. a CPU run) gives NaN
+            ``sol_ms`` and ``sol_fraction``.
         ceilings: measured ceilings; ``None`` or NaN fields give NaN measured-SOL columns.
 
     Returns:
@@ -91,7 +93,7 @@ def sol_columns(
     ceilings = ceilings or Ceilings()
     f = roofline.flops(tokens, hidden_size, intermediate_size)
     b = roofline.min_bytes(tokens, hidden_size, intermediate_size)
-    sol_ms = roofline.sol_time_s(tokens, hardware, hidden_size, intermediate_size) * 1e3
+    sol_ms = roofline.sol_time_s(tokens, hardware, hidden_size, intermediate_size) * 1e3 if hardware else math.nan
     sol_measured_ms = max(f / (ceilings.gemm_tflops * 1e12), b / (ceilings.copy_tbps * 1e12)) * 1e3
     ok = math.isfinite(median_ms) and median_ms > 0
     seconds = median_ms * 1e-3
@@ -129,7 +131,7 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     ``speedup_vs_eager`` / ``speedup_vs_compile`` (geometric mean of the per-case speed-ups, i.e.
     the ratio of geometric means over the shared cases), ``sol_fraction`` and
     ``sol_fraction_measured`` (gmean SOL time / gmean latency over the same cases, as
-    shared/spec/problem.md defines it), ``all_correct`` (True when every row passed the
+    docs/problem.md defines it), ``all_correct`` (True when every row passed the
     benchmark's criterion, False when one did not or errored, ``<NA>`` when correctness does
     not apply, e.g. the GEMM-only lower bound).
     """

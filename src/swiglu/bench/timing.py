@@ -1,6 +1,6 @@
 """Device timing: the L2 flush, per-iteration timers, and the device ceilings.
 
-Protocol (SOL-ExecBench's, ``shared/spec/problem.md``): before every iteration a buffer of twice
+Protocol (SOL-ExecBench's, ``docs/problem.md``): before every iteration a buffer of twice
 the L2 size is zeroed; the latency of an iteration is the time between CUDA events recorded on
 the current stream right before and right after the call, so it spans all GPU work the call
 enqueues on that stream, gaps included. Implementations may use side streams but must join the

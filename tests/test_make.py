@@ -1,0 +1,54 @@
+"""The documented make targets: command lines checked with ``make -n`` (nothing is run), and
+``make test-gpu`` without a GPU. ``-o .venv/.installed`` keeps make from (re)building the venv."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+
+
+def make(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", *args], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def lab_command(*args: str) -> str:
+    result = make("-n", "lab", *args)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "jupyter lab" in line]
+    assert len(lines) == 1, result.stdout
+    return lines[0]
+
+
+def test_lab_passes_allow_root_exactly_when_run_as_root():
+    # Jupyter refuses to run as root without --allow-root; as another user the flag is not needed.
+    assert ("--allow-root" in lab_command().split()) == (os.geteuid() == 0)
+
+
+def test_lab_args_replace_the_default():
+    assert lab_command("LAB_ARGS=--port=8899 --no-browser").split()[-2:] == ["--port=8899", "--no-browser"]
+    assert "--allow-root" not in lab_command("LAB_ARGS=--port=8899")
+
+
+def test_help_names_lab_args_and_the_gpu_requirement():
+    out = make("help").stdout
+    lab = next(line for line in out.splitlines() if line.split()[1] == "lab")
+    assert "LAB_ARGS" in lab and "--allow-root" in lab
+    assert "fails without a CUDA GPU" in next(line for line in out.splitlines() if line.split()[1] == "test-gpu")
+
+
+def test_test_gpu_fails_clearly_without_a_gpu():
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so this checks the no-GPU path on every machine.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    result = make("test-gpu", f"PY={sys.executable}", env=env)
+    assert result.returncode != 0
+    assert "no CUDA GPU found" in result.stderr
+    assert "pytest" not in result.stdout  # stopped before running (and skipping) every test

@@ -1,0 +1,69 @@
+"""The README as a user reads it: every ```python block runs as written (CPU, small shapes) unless
+its first line marks it as a sketch (``# sketch: <why>``), and its install story matches the
+Makefile and environment.yml."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+SKETCH = "# sketch:"
+
+
+def python_blocks(text: str) -> list[tuple[int, str]]:
+    """(line number, code) of each ```python block."""
+    return [(text[: m.start()].count("\n") + 2, m.group(1))
+            for m in re.finditer(r"^```python\n(.*?)^```", text, flags=re.S | re.M)]
+
+
+BLOCKS = python_blocks(README)
+RUNNABLE = [(line, code) for line, code in BLOCKS if not code.startswith(SKETCH)]
+
+
+def test_blocks_are_found_and_sketches_say_why():
+    assert len(BLOCKS) >= 3 and len(RUNNABLE) >= 2
+    for line, code in BLOCKS:
+        if code.startswith(SKETCH):
+            assert len(code.splitlines()[0]) > len(SKETCH) + 5, f"README line {line}: say why it is a sketch"
+
+
+@pytest.mark.parametrize("line,code", RUNNABLE, ids=[f"line{line}" for line, _ in RUNNABLE])
+def test_readme_python_block_runs_as_written(line, code):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__readme__"})
+    assert out.getvalue().strip(), "a README example should show its result"
+
+
+def test_a_block_that_does_not_run_fails():
+    code = "import swiglu\nswiglu.SwiGLUMLP(hidden_size, 2816)\n"  # the kind of slip the issue found
+    with pytest.raises(NameError):
+        exec(compile(code, "example", "exec"), {})
+
+
+def _makefile_value(name: str, text: str) -> str:
+    return re.search(rf"^{name} \?= (\S+)", text, flags=re.M).group(1)
+
+
+def test_one_story_for_where_the_cpu_build_of_torch_comes_from():
+    makefile = (ROOT / "Makefile").read_text()
+    index = _makefile_value("TORCH_CPU_INDEX", makefile)
+    torch_version = re.search(r"--index-url \$\(TORCH_CPU_INDEX\) torch==(\S+)", makefile).group(1)
+    triton_version = re.search(r"pip install -q triton==(\S+)", makefile).group(1)
+    matplotlib_version = _makefile_value("MATPLOTLIB_VERSION", makefile)
+    env = (ROOT / "environment.yml").read_text()
+    for line in (f"- --extra-index-url {index}", f"- torch=={torch_version}+cpu", f"- triton=={triton_version}",
+                 f"- matplotlib=={matplotlib_version}"):
+        assert line in env, f"environment.yml lacks {line!r} (the Makefile's CPU install)"
+    conda = README[README.index("### Conda"):README.index("## Using the package")]
+    for text in (index, f"torch=={torch_version}+cpu", f"triton=={triton_version}"):
+        assert text in conda, f"README's conda section lacks {text!r}"
+    install = README[README.index("## Two commands"):README.index("## Other make targets")]
+    for text in (index, f"torch=={torch_version}", f"triton=={triton_version}"):
+        assert text in install, f"README's install section lacks {text!r}"
