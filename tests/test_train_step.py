@@ -59,7 +59,7 @@ def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
 
 
 def _run_notebook_06(tmp_path):
-    """notebooks/06 on the run just written (its code cells, parameters overridden)."""
+    """notebooks/06_training_memory.ipynb on the run just written (its code cells, parameters overridden)."""
     book = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "06_training_memory.ipynb").read_text())
     cells = ["".join(c["source"]) for c in book["cells"] if c["cell_type"] == "code"]
     ns: dict = {}
