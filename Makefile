@@ -24,8 +24,9 @@ GPU_TRITON_VERSION ?= 3.6.0
 GPU_TRITON_DIR := $(VENV)/triton-$(GPU_TRITON_VERSION)
 NOTEBOOK_ARGS ?=
 BENCH_ARGS ?=
+TP ?= 2
 
-.PHONY: help venv test test-gpu reproduce lab bench clean
+.PHONY: help venv test test-gpu reproduce lab bench bench-tp clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -53,6 +54,9 @@ reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate fig
 
 bench: $(STAMP)  ## benchmark every implementation on the GPU (BENCH_ARGS="--quick ...")
 	$(PY) -m swiglu.bench $(BENCH_ARGS)
+
+bench-tp: $(STAMP)  ## tensor-parallel checks and timings on TP GPUs (torchrun; TP=2, BENCH_ARGS="--parts ...")
+	$(PY) -m torch.distributed.run --nproc-per-node $(TP) -m swiglu.bench --tp $(TP) $(BENCH_ARGS)
 
 lab: $(STAMP)  ## open the notebooks in JupyterLab
 	$(VENV)/bin/jupyter lab notebooks/
