@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench_fixtures import FACTORS, write_synthetic_run
+from bench_fixtures import FACTORS, write_synthetic_run, write_synthetic_tp_run
 from swiglu import CASES, reproduce
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +24,7 @@ EXPECTED_FIGURES = {
     "02_validation": ["02_validation_errors_cpu", "02_validation_ratio_cpu"],
     "03_latency": ["03_latency_per_case", "03_speedup", "03_sol_fraction", "03_gmean"],
     "04_history": ["04_history"],
+    "05_tensor_parallel": ["05_tp_measured", "05_tp_model"],
 }
 
 
@@ -146,6 +147,38 @@ def test_latency_notebook_without_recorded_run(tmp_path):
     for name in EXPECTED_FIGURES["03_latency"]:
         assert (tmp_path / "figures" / f"{name}.png").is_file()
     assert not (tmp_path / "derived" / "latency_summary.csv").exists()
+
+
+def test_smoke_tensor_parallel_without_a_tp_run(smoke):
+    tmp, results = smoke
+    text = _outputs_text(next(r.output for r in results if r.name == "05_tensor_parallel"))
+    assert "No recorded tensor-parallel run" in text and "NO TP RUN" in text
+    model = pd.read_csv(tmp / "derived" / "tp_model.csv")
+    assert sorted(set(model["tp"])) == [2, 4, 8] and len(model) == 3 * len(CASES)
+    assert not (tmp / "derived" / "tp_measured.csv").exists()
+
+
+def test_tensor_parallel_notebook_with_a_recorded_run(tmp_path):
+    pytest.importorskip("papermill")
+    write_synthetic_run(tmp_path / "bench")
+    write_synthetic_tp_run(tmp_path / "tp", bus_gbps=300.0, latency_ms=0.02, hidden=0.5)
+    results = reproduce.run(
+        "05", smoke=True, device="cpu", bench_dir=tmp_path / "bench", tp_dir=tmp_path / "tp",
+        figures_dir=tmp_path / "figures", derived_dir=tmp_path / "derived", build_dir=tmp_path / "notebooks",
+        engine="papermill", progress=False,
+    )
+    assert results[0].ok, results[0].error
+    text = _outputs_text(results[0].output)
+    assert "72/72 outputs pass" in text and "measured in TP run" in text
+    measured = pd.read_csv(tmp_path / "derived" / "tp_measured.csv")
+    assert len(measured) == len(CASES)
+    assert measured["overlap"].tolist() == pytest.approx([0.5] * len(CASES))
+    assert (measured["efficiency"] < 1).all() and (measured["efficiency"] > 0.9).all()
+    model = pd.read_csv(tmp_path / "derived" / "tp_model.csv")
+    assert model["source"].str.startswith("measured").all()
+    assert len(pd.read_csv(tmp_path / "derived" / "tp_overlap.csv")) == len(CASES)
+    for name in EXPECTED_FIGURES["05_tensor_parallel"]:
+        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 1000
 
 
 def test_python_engine_runs_a_notebook_without_jupyter(tmp_path):

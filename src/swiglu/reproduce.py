@@ -31,7 +31,7 @@ from pathlib import Path
 from .analysis import repo_root
 
 #: The notebooks, in execution order (file stems under notebooks/).
-NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history")
+NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history", "05_tensor_parallel")
 
 #: Parameters the ``--smoke`` configuration overrides, per notebook (tiny sizes, few samples).
 SMOKE_PARAMETERS = {
@@ -80,11 +80,13 @@ def notebook_parameters(
     figures_dir: str | Path = "figures",
     derived_dir: str | Path = "data/derived",
     declared: list[str] | None = None,
+    tp_dir: str | Path = "data/tp",
 ) -> dict:
     """The papermill parameters for notebook ``name``, restricted to those it declares."""
     params = {
         "device": device,
         "bench_dir": str(bench_dir),
+        "tp_dir": str(tp_dir),
         "run_id": run_id,
         "protocol": protocol,
         "figures_dir": str(figures_dir),
@@ -215,6 +217,7 @@ def run(
     figures_dir: str | Path | None = None,
     derived_dir: str | Path | None = None,
     build_dir: str | Path | None = None,
+    tp_dir: str | Path = "data/tp",
     engine: str = "auto",
     root: str | Path | None = None,
     progress: bool = True,
@@ -236,7 +239,8 @@ def run(
     derived_dir = Path(derived_dir) if derived_dir else base / ("derived" if smoke else "data/derived")
     build_dir = Path(build_dir) if build_dir else (base / "notebooks" if smoke else Path("build/notebooks"))
     absolute = {k: (p if p.is_absolute() else root / p) for k, p in
-                {"figures": figures_dir, "derived": derived_dir, "build": build_dir, "bench": Path(bench_dir)}.items()}
+                {"figures": figures_dir, "derived": derived_dir, "build": build_dir, "bench": Path(bench_dir),
+                 "tp": Path(tp_dir)}.items()}
     if engine == "auto":
         engine = "papermill" if _papermill_available() else "python"
     if engine not in ("papermill", "python"):
@@ -258,6 +262,7 @@ def run(
         params = notebook_parameters(
             src.stem, smoke=smoke, live=live, device=device, bench_dir=absolute["bench"], run_id=run_id,
             protocol=protocol, figures_dir=absolute["figures"], derived_dir=absolute["derived"], declared=parameter_names(src),
+            tp_dir=absolute["tp"],
         )
         start = time.perf_counter()
         try:
@@ -294,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", default="", help="recorded bench run to plot (default: the latest full-protocol run)")
     parser.add_argument("--protocol", default="full", help="plot the latest run of this bench protocol: full (default), quick, cpu-smoke")
     parser.add_argument("--bench-dir", default="data/bench", help="recorded bench runs (default: data/bench)")
+    parser.add_argument("--tp-dir", default="data/tp", help="recorded tensor-parallel runs (default: data/tp)")
     parser.add_argument("--figures-dir", default=None, help="default: figures/ (build/smoke/figures/ with --smoke)")
     parser.add_argument("--derived-dir", default=None, help="default: data/derived/ (build/smoke/derived/ with --smoke)")
     parser.add_argument("--build-dir", default=None, help="executed notebooks; default: build/notebooks/")
@@ -317,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run(args.only, smoke=args.smoke, live=args.live, device=args.device, bench_dir=args.bench_dir,
                       run_id=args.run_id, protocol=args.protocol, figures_dir=args.figures_dir, derived_dir=args.derived_dir,
-                      build_dir=args.build_dir, engine=args.engine, root=root, verbose=args.verbose)
+                      build_dir=args.build_dir, tp_dir=args.tp_dir, engine=args.engine, root=root, verbose=args.verbose)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
