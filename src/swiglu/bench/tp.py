@@ -150,6 +150,14 @@ def metadata(args, device, H, I, cases, protocol) -> dict:
 
 
 # ----------------------------------------------------------------------------------------- sharding
+def same_everywhere(tensors, group=None):
+    """Broadcast ``tensors`` from rank 0 in place (every rank drew them from the same seed, but a
+    replicated input must be bitwise the same everywhere for the sums to be right); returns them."""
+    for t in tensors:
+        dist.broadcast(t, src=0, group=group)
+    return tensors
+
+
 def shard(inputs: tuple, rank: int, tp: int) -> tuple:
     """This rank's local backward inputs (contiguous): grad_output and x whole; the [.., I]
     activations' and the weights' slice of I."""
@@ -308,7 +316,7 @@ def part_check(cases, H, I, device, mesh, impl, seed) -> list[dict]:
 
     rank, tp, rows = mesh.get_local_rank(), mesh.size(), []
     for case in cases:
-        inputs = make_inputs(case.batch_size, case.seq_len, H, I, seed=seed, device=device).as_tuple()
+        inputs = same_everywhere(make_inputs(case.batch_size, case.seq_len, H, I, seed=seed, device=device).as_tuple())
         local = shard(inputs, rank, tp)
         first = tp_backward(local, mesh, impl)
         again = tp_backward(local, mesh, impl)
@@ -359,8 +367,8 @@ def part_train(H, I, device, mesh, steps, seed) -> dict:
     tp.load_state_dict(start)
     swiglu.parallelize(tp, mesh)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
-    batches = [(torch.randn(*tokens, H, generator=gen, device=device, dtype=dtype),
-                torch.randn(*tokens, H, generator=gen, device=device, dtype=dtype)) for _ in range(steps)]
+    batches = [tuple(same_everywhere([torch.randn(*tokens, H, generator=gen, device=device, dtype=dtype)
+                                      for _ in range(2)])) for _ in range(steps)]
 
     def train(module):
         lr = 0.05  # relative update ~ lr * |grad| / |w|: several bf16 ulps per step
@@ -433,7 +441,7 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
     swiglu.parallelize(plain, mesh)
     swiglu.parallelize(ours, mesh)
     for case in cases:
-        inputs = make_inputs(case.batch_size, case.seq_len, H, I, seed=seed, device=device).as_tuple()
+        inputs = same_everywhere(make_inputs(case.batch_size, case.seq_len, H, I, seed=seed, device=device).as_tuple())
         sets = _sets(shard(inputs, rank, tp))
         del inputs
         common = (case, H, I, tp, I // tp)
@@ -452,8 +460,9 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
         del sets, bufs, work
         gen = torch.Generator(device=device).manual_seed(seed)  # same x and grad_output on every rank
         shape = (case.batch_size, case.seq_len, H)
-        x = [torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16).requires_grad_() for _ in range(2)]
-        go = torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
+        x = same_everywhere([torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16) for _ in range(2)])
+        x = [t.requires_grad_() for t in x]
+        go = same_everywhere([torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)])[0]
         for name, module in (("tp_ours_module", ours), ("tp_plain_module", plain)):
             j = {"i": 0}
 
@@ -498,7 +507,7 @@ def part_overlap(cases, H, I, device, mesh, protocol, seed, reserves, rows) -> N
     timer = Timer(device, mesh)
     variants = [("tp_serial", None), ("tp_early", 0)] + [(f"tp_early_reserve{k}", k) for k in reserves]
     for case in cases:
-        inputs = make_inputs(case.batch_size, case.seq_len, H, I, seed=seed, device=device).as_tuple()
+        inputs = same_everywhere(make_inputs(case.batch_size, case.seq_len, H, I, seed=seed, device=device).as_tuple())
         sets = _sets(shard(inputs, rank, tp))
         del inputs
         serial = [t.clone() for t in overlapped_backward(sets[0], group, None)]
