@@ -210,6 +210,15 @@ def scenario_frozen(mesh):
     _check_weight_grads(tp, oracle)
     assert tp.gate_proj.weight.grad is None and tp.down_proj.weight.grad is None
     assert spy.calls[0]["needs"] == [True, False, True, False], spy.calls
+    # Unfrozen again, same shapes: DTensor must not reuse the frozen call's output shapes.
+    for module in (tp, oracle):
+        module.gate_proj.weight.requires_grad_(True)
+        module.down_proj.weight.requires_grad_(True)
+        module.zero_grad(set_to_none=True)
+    tp(x).backward(go)
+    oracle(x).backward(go)
+    _check_weight_grads(tp, oracle)
+    assert tp.gate_proj.weight.grad is not None and tp.down_proj.weight.grad is not None
     return {}
 
 
@@ -235,6 +244,75 @@ def scenario_bf16_training(mesh):
     for name, p in tp.state_dict().items():
         _close(f"bf16 {name} after 2 steps", p.full_tensor().double(), oracle.state_dict()[name].double(), tol=2e-2)
     return {}
+
+
+def scenario_plan_in_a_model(mesh):
+    """``tensor_parallel_plan("mlp")`` applied by ``parallelize_module`` to a model holding the MLP."""
+    import swiglu
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    tp_mlp, oracle_mlp = _pair(mesh, seed=17)
+    torch.manual_seed(17)
+    fresh = swiglu.SwiGLUMLP(H, I, dtype=F64, backward_impl="reference")
+    fresh.load_state_dict(oracle_mlp.state_dict())
+    model = torch.nn.Sequential()
+    model.add_module("norm", torch.nn.LayerNorm(H, dtype=F64))
+    model.add_module("mlp", fresh)
+    oracle = torch.nn.Sequential()
+    oracle.add_module("norm", torch.nn.LayerNorm(H, dtype=F64))
+    oracle.add_module("mlp", oracle_mlp)
+    oracle.norm.load_state_dict(model.norm.state_dict())
+    plan = swiglu.tensor_parallel_plan("mlp")
+    parallelize_module(model, mesh, plan)
+    x, go = _draw(2, 3, H, seed=18), _draw(2, 3, H, seed=19)
+    x_tp, x_or = x.clone().requires_grad_(), x.clone().requires_grad_()
+    model(x_tp).backward(go)
+    oracle(x_or).backward(go)
+    _close("model grad_x", x_tp.grad, x_or.grad)
+    _close("norm.weight.grad", model.norm.weight.grad, oracle.norm.weight.grad)
+    _check_weight_grads(model.mlp, oracle.mlp)
+    return {}
+
+
+def scenario_plain_module(mesh):
+    """The baseline: PlainSwiGLUMLP (nn.Linear autograd) through the same ``parallelize``
+    (torchtitan's plan): correct, and grad_x is all-reduced twice (one per column-parallel layer)."""
+    import swiglu
+    from swiglu.module import PlainSwiGLUMLP
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    n, rank = mesh.size(), mesh.get_local_rank()
+    _, oracle = _pair(mesh, seed=21)
+    plain = PlainSwiGLUMLP(H, I, dtype=F64)
+    plain.load_state_dict(oracle.state_dict())
+    swiglu.parallelize(plain, mesh)
+    x, go = _draw(2, 3, H, seed=22), _draw(2, 3, H, seed=23)
+    x_tp, x_or = x.clone().requires_grad_(), x.clone().requires_grad_()
+    comm = CommDebugMode()
+    with comm:
+        out = plain(x_tp)
+        out.backward(go)
+    counts = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
+    oracle(x_or).backward(go)
+    _close("plain out", out, oracle(x))
+    _close("plain grad_x", x_tp.grad, x_or.grad)
+    _check_weight_grads(plain, oracle)
+    assert counts == {"all_reduce": 3}, counts
+    plain, oracle = PlainSwiGLUMLP(H, I, dtype=F64), oracle
+    plain.load_state_dict(oracle.state_dict())
+    oracle.zero_grad(set_to_none=True)
+    swiglu.parallelize(plain, mesh, sequence_parallel=True)
+    x, go = _draw(2, 2 * n, H, seed=24), _draw(2, 2 * n, H, seed=25)
+    mine = slice(2 * rank, 2 * rank + 2)
+    x_tp, x_or = x[:, mine].clone().requires_grad_(), x.clone().requires_grad_()
+    out = plain(x_tp)
+    out.backward(go[:, mine])
+    ref = oracle(x_or)
+    ref.backward(go)
+    _close("plain SP out", out, ref[:, mine])
+    _close("plain SP grad_x", x_tp.grad, x_or.grad[:, mine])
+    _check_weight_grads(plain, oracle)
+    return {"comm_counts": counts}
 
 
 def scenario_uneven(mesh):

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .module import SwiGLUMLP
-from .ops import mlp_backward, mlp_forward
+from . import ops  # noqa: F401 - defines torch.ops.swiglu.mlp_forward / mlp_backward
 
 AVAILABLE = dist.is_available()
 # swiglu.triton_backward.ALIGN_ELEMENTS, not imported here (that imports Triton): TMA's 16-byte rows.
@@ -59,7 +59,7 @@ if AVAILABLE:
     # One entry per op argument (None for non-tensors), outputs first. Two choices each: the
     # tensor-parallel layout, and everything replicated (DTensors that are not sharded). DTensor
     # picks the one needing the least redistribution of the inputs it is given.
-    @register_sharding(mlp_forward._opoverload)
+    @register_sharding(torch.ops.swiglu.mlp_forward.default)
     def _forward_sharding(x, gate_weight, up_weight, down_weight, backward_impl):
         last = x.ndim - 1
         tp = ([Partial(), Shard(last), Shard(last), Shard(last)],
@@ -67,18 +67,32 @@ if AVAILABLE:
         replicated = ([Replicate()] * 4, [Replicate()] * 4 + [None])
         return [tp, replicated]
 
-    @register_sharding(mlp_backward._opoverload)
+    @register_sharding(torch.ops.swiglu.mlp_backward.default)
     def _backward_sharding(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
                            down_weight, need_grad_x, need_grad_gate_weight, need_grad_up_weight,
                            need_grad_down_weight, impl):
-        # The need_* flags are not part of DTensor's sharding cache key, so the layout must not
-        # depend on them: a gradient not requested is an empty tensor that autograd drops.
         last = x.ndim - 1
         tp = ([Partial(), Shard(0), Shard(0), Shard(1)],
               [Replicate(), Replicate(), Shard(last), Shard(last), Shard(last), Shard(0), Shard(0), Shard(1)]
               + [None] * 5)
         replicated = ([Replicate()] * 4, [Replicate()] * 8 + [None] * 5)
         return [tp, replicated]
+
+    def _hash_flags(op, first_flag: int) -> None:
+        # DTensor caches each op's output layout AND shape by its tensor arguments only (for
+        # register_sharding ops, bool/str arguments are not hashed). The backward's output shapes
+        # depend on the need_grad_* flags (an unneeded gradient is an empty [0] tensor), so a
+        # cached call with a frozen weight would give a later call that needs it the wrong global
+        # shape (seen: "got [0] but expected shape [48, 16]"). Hash the arguments from the first flag
+        # on, as DTensor does for its own ops with shape-changing ints (RuntimeSchemaInfo.static_argnum).
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+
+        DTensor._op_dispatcher.sharding_propagator.op_to_schema_info[op] = RuntimeSchemaInfo(
+            static_argnum=first_flag, needs_pytree=True)
+
+    _hash_flags(torch.ops.swiglu.mlp_backward.default, 8)  # need_grad_x, ..., impl
+    _hash_flags(torch.ops.swiglu.mlp_forward.default, 4)  # backward_impl (cheap, and exact)
 
 
 def _check_sequence_dim(sequence_dim: int) -> None:
