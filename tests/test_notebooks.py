@@ -207,3 +207,28 @@ def test_strip_outputs_restores_the_committed_form(tmp_path):
     assert reproduce.strip_outputs([dirty]) == [dirty]
     assert dirty.read_text() == src.read_text()
     assert reproduce.strip_outputs([dirty]) == []
+
+
+def test_tp_runs_recorded_by_two_commands_are_merged(tmp_path):
+    from swiglu import tp_model, tp_report
+
+    write_synthetic_tp_run(tmp_path, run_id="20261201T000000Z-first")
+    csv = write_synthetic_tp_run(tmp_path, run_id="20261201T010000Z-second", hidden=1.0)
+    second = pd.read_csv(csv)
+    pd.concat([second[second["impl"] == "tp_ours"].assign(median_ms=1.0)]).to_csv(csv, index=False)
+    run = tp_report.load_tp_run(tmp_path)
+    assert run.run_id == "20261201T000000Z-first+20261201T010000Z-second"
+    assert (run.rows[run.rows["impl"] == "tp_ours"]["median_ms"] == 1.0).all()  # the later run wins
+    assert (run.rows["impl"] == "tp_allreduce").sum() == len(CASES)  # kept from the first
+    only = tp_report.load_tp_run(tmp_path, "20261201T000000Z-first")
+    assert (only.rows[only.rows["impl"] == "tp_ours"]["median_ms"] != 1.0).all()
+    with pytest.raises(ValueError, match="no tensor-parallel run"):
+        tp_report.load_tp_run(tmp_path, "nope")
+    # Without a one-GPU timing in the TP run, the efficiency comes from the bench run, said so.
+    no_single = tp_model.case_table(run.rows[run.rows["local_intermediate_size"] != run.rows["intermediate_size"]])
+    table, source = tp_report.single_gpu_source(no_single, tmp_path / "none")
+    assert "no one-GPU time" in source and table["single_ms"].isna().all()
+    write_synthetic_run(tmp_path / "bench")
+    table, source = tp_report.single_gpu_source(no_single, tmp_path / "bench")
+    assert source.startswith("one-GPU time from bench run") and table["single_ms"].notna().all()
+    assert table["efficiency"].tolist() == pytest.approx((table["single_ms"] / (2 * table["tp_ours_ms"])).tolist())

@@ -35,22 +35,61 @@ class TPRun:
 
 
 def load_tp_run(tp_dir: str | Path, run_id: str = "") -> TPRun | None:
-    """The run ``run_id`` (``tp_<run_id>.csv``), or the latest one (run ids start with their UTC
-    time), or None when ``tp_dir`` holds none. Raises ``ValueError`` for an unknown ``run_id``."""
+    """The recorded tensor-parallel measurements, or None when ``tp_dir`` holds none.
+
+    ``run_id`` empty: every run in ``tp_dir`` with the latest run's TP size and shape merged (the
+    parts are usually recorded by separate commands), a later run's row replacing an earlier one
+    for the same case, impl and local I; correctness rows from the latest run that has them.
+    ``run_id`` given (comma-separated for several): those runs only, merged the same way; the
+    ``run_id`` of the result names every merged run. Raises ``ValueError`` for an unknown id."""
     tp_dir = Path(tp_dir)
     csvs = sorted(p for p in tp_dir.glob("tp_*.csv") if not p.name.endswith("_check.csv")) if tp_dir.is_dir() else []
+    ids = [p.stem[len("tp_"):] for p in csvs]
     if run_id:
-        csvs = [p for p in csvs if p.stem == f"tp_{run_id}"]
-        if not csvs:
-            raise ValueError(f"no tensor-parallel run {run_id!r} in {tp_dir}")
+        wanted = [r.strip() for r in run_id.split(",") if r.strip()]
+        missing = [r for r in wanted if r not in ids]
+        if missing:
+            raise ValueError(f"no tensor-parallel run {missing} in {tp_dir}; have {ids}")
+        csvs = [p for p, i in zip(csvs, ids) if i in wanted]
     if not csvs:
         return None
-    csv = csvs[-1]
-    rid = csv.stem[len("tp_"):]
-    check = csv.with_name(f"tp_{rid}_check.csv")
-    meta_path = csv.with_suffix(".json")
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    return TPRun(rid, pd.read_csv(csv), pd.read_csv(check) if check.is_file() else pd.DataFrame(), meta)
+    frames = {p.stem[len("tp_"):]: pd.read_csv(p) for p in csvs}
+    latest = frames[list(frames)[-1]]
+    key = ["tp", "hidden_size", "intermediate_size"]
+    if not run_id and not latest.empty:
+        target = latest[key].iloc[0].tolist()
+        frames = {k: f for k, f in frames.items() if not f.empty and f[key].iloc[0].tolist() == target}
+    rows = pd.concat(list(frames.values()), ignore_index=True)
+    rows = rows.drop_duplicates(["case", "impl", "local_intermediate_size"], keep="last").reset_index(drop=True)
+    checks, meta, train = pd.DataFrame(), {}, {}
+    for rid in frames:  # oldest first: the latest run's records win
+        check = tp_dir / f"tp_{rid}_check.csv"
+        if check.is_file():
+            checks = pd.read_csv(check)
+        meta_path = tp_dir / f"tp_{rid}.json"
+        if meta_path.is_file():
+            meta = json.loads(meta_path.read_text())
+            train = meta.get("train") or train
+    meta = dict(meta, train=train, merged_runs=list(frames))
+    return TPRun("+".join(frames), rows, checks, meta)
+
+
+def single_gpu_source(table: pd.DataFrame, bench_dir: str | Path) -> tuple[pd.DataFrame, str]:
+    """``tp_model.case_table`` with ``single_ms`` (and the efficiencies) filled from the latest full
+    bench run's one-GPU Triton medians where the TP run did not time one GPU; says which source."""
+    if table.empty or table["single_ms"].notna().all():
+        return table, "one-GPU time measured in the same TP run (ours at I on each GPU, slowest rank)"
+    bench = analysis.load_run(bench_dir, None, "full")
+    if bench is None:
+        return table, "no one-GPU time: not measured in the TP run and no full bench run recorded"
+    ours = bench.rows[bench.rows["impl"] == "triton"].set_index("case")["median_ms"]
+    t = table.copy()
+    t["single_ms"] = t["single_ms"].fillna(t["case"].map(ours))
+    n = t["tp"]
+    t["efficiency"] = t["single_ms"] / (n * t["tp_ours_ms"])
+    t["efficiency_module_ours"] = t["single_ms"] / (n * t["tp_ours_module_ms"])
+    t["efficiency_module_plain"] = t["single_ms"] / (n * t["tp_plain_module_ms"])
+    return t, f"one-GPU time from bench run {bench.run_id} (another session: clocks differ by ~1.5% between runs)"
 
 
 def model_inputs(run: TPRun | None, bench_dir: str | Path) -> tuple[pd.DataFrame, float, float, str]:
