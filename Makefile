@@ -29,8 +29,9 @@ NOTEBOOK_ARGS ?=
 BENCH_ARGS ?=
 # Jupyter refuses to start as root (containers, cloud shells) unless told --allow-root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
+TP ?= 2
 
-.PHONY: help venv test test-gpu reproduce lab bench clean
+.PHONY: help venv test test-gpu reproduce lab bench bench-tp clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -60,6 +61,9 @@ reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate fig
 
 bench: $(STAMP)  ## benchmark every implementation on the GPU (BENCH_ARGS="--quick ...")
 	$(PY) -m swiglu.bench $(BENCH_ARGS)
+
+bench-tp: $(STAMP)  ## tensor-parallel checks and timings on TP GPUs (torchrun; TP=2, BENCH_ARGS="--parts ...")
+	$(PY) -m torch.distributed.run --nproc-per-node $(TP) -m swiglu.bench --tp $(TP) $(BENCH_ARGS)
 
 lab: $(STAMP)  ## open the notebooks in JupyterLab (LAB_ARGS="..."; --allow-root when run as root)
 	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ARGS)

@@ -88,3 +88,45 @@ def write_synthetic_run(
                            "commit": meta["git_commit"], "n_rows": len(rows)}])
     entry.to_csv(index, mode="a", header=not index.exists(), index=False)
     return csv
+
+
+def write_synthetic_tp_run(tp_dir: Path, run_id: str = "20261201T000000Z-synthetic", tp: int = 2,
+                           bus_gbps: float = 300.0, latency_ms: float = 0.02, hidden: float = 0.5) -> Path:
+    """A SYNTHETIC ``swiglu.bench.tp`` run: one-GPU time = triton factor x SOL, compute at I/N =
+    one-GPU / N x 1.02, the all-reduce exactly ``latency + bus bytes / bus_gbps``, ``tp_ours`` with
+    the fraction ``hidden`` of it overlapped. Writes ``tp_<run_id>.csv``, ``_check.csv``, ``.json``."""
+    from swiglu import tp_model
+
+    tp_dir.mkdir(parents=True, exist_ok=True)
+    rows, checks = [], []
+    H, I = HIDDEN_SIZE, INTERMEDIATE_SIZE
+    for case in CASES:
+        single = roofline.sol_time_s(case.tokens, "H200-SXM") * 1e3 * FACTORS["triton"]
+        comm = latency_ms + float(tp_model.bus_bytes(case.tokens, H, tp)) / (bus_gbps * 1e9) * 1e3
+        compute = single / tp * 1.02
+
+        def add(impl, ms, local=I // tp):
+            rows.append(dict(run_id=run_id, case=case.name, seq_len=case.seq_len, batch_size=case.batch_size,
+                             tokens=case.tokens, hidden_size=H, intermediate_size=I, tp=tp,
+                             local_intermediate_size=local, impl=impl, protocol="full", warmup=10, iters=50,
+                             median_ms=ms, p20_ms=ms, p80_ms=ms, mean_ms=ms, min_ms=ms, note="SYNTHETIC"))
+
+        for n in (1, tp, 4, 8):
+            add("ours_local_compute", single if n == 1 else single / n * 1.02, I // n)
+        add("tp_allreduce", comm)
+        add("tp_ours", compute + (1 - hidden) * comm)
+        add("tp_ours_module", compute * 1.01 + comm)
+        add("tp_plain_module", compute * 1.08 + 2 * comm)
+        add("tp_serial", compute + comm)
+        add("tp_early", compute + 0.5 * comm)
+        for name in ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight"):
+            checks.append(dict(case=case.name, tokens=case.tokens, output=name, passed=True, match_fraction=1.0,
+                               nonfinite=0, bitwise_repeatable=True, run_id=run_id))
+    csv = tp_dir / f"tp_{run_id}.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    pd.DataFrame(checks).to_csv(tp_dir / f"tp_{run_id}_check.csv", index=False)
+    meta = {"run_id": run_id, "tp": tp, "gpu": {"name": "SYNTHETIC H200"}, "nccl_version": "0.0.0",
+            "software": {"torch": "2.11.0", "triton": "3.6.0"}, "git_commit": "synthetic", "parts": ["all"],
+            "protocol": {"name": "full"}, "train": {"passed": True}}
+    (tp_dir / f"tp_{run_id}.json").write_text(json.dumps(meta, indent=1))
+    return csv

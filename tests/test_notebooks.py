@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench_fixtures import FACTORS, FLUSH_J, POWER_W, write_synthetic_run
+from bench_fixtures import FACTORS, FLUSH_J, POWER_W, write_synthetic_run, write_synthetic_tp_run
 from swiglu import CASES, reproduce
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +25,7 @@ EXPECTED_FIGURES = {
     "03_latency": ["03_latency_per_case", "03_speedup", "03_sol_fraction", "03_gmean", "03_energy", "03_clock_power"],
     "04_history": ["04_history"],
     "06_training_memory": ["06_training_memory"],
+    "05_tensor_parallel": ["05_tp_measured", "05_tp_model"],
 }
 
 
@@ -177,6 +178,38 @@ def test_latency_notebook_without_recorded_run(tmp_path):
     assert not (tmp_path / "derived" / "latency_summary.csv").exists()
 
 
+def test_smoke_tensor_parallel_without_a_tp_run(smoke):
+    tmp, results = smoke
+    text = _outputs_text(next(r.output for r in results if r.name == "05_tensor_parallel"))
+    assert "No recorded tensor-parallel run" in text and "NO TP RUN" in text
+    model = pd.read_csv(tmp / "derived" / "tp_model.csv")
+    assert sorted(set(model["tp"])) == [2, 4, 8] and len(model) == 3 * len(CASES)
+    assert not (tmp / "derived" / "tp_measured.csv").exists()
+
+
+def test_tensor_parallel_notebook_with_a_recorded_run(tmp_path):
+    pytest.importorskip("papermill")
+    write_synthetic_run(tmp_path / "bench")
+    write_synthetic_tp_run(tmp_path / "tp", bus_gbps=300.0, latency_ms=0.02, hidden=0.5)
+    results = reproduce.run(
+        "05", smoke=True, device="cpu", bench_dir=tmp_path / "bench", tp_dir=tmp_path / "tp",
+        figures_dir=tmp_path / "figures", derived_dir=tmp_path / "derived", build_dir=tmp_path / "notebooks",
+        engine="papermill", progress=False,
+    )
+    assert results[0].ok, results[0].error
+    text = _outputs_text(results[0].output)
+    assert "72/72 outputs pass" in text and "measured in TP run" in text
+    measured = pd.read_csv(tmp_path / "derived" / "tp_measured.csv")
+    assert len(measured) == len(CASES)
+    assert measured["overlap"].tolist() == pytest.approx([0.5] * len(CASES))
+    assert (measured["efficiency"] < 1).all() and (measured["efficiency"] > 0.9).all()
+    model = pd.read_csv(tmp_path / "derived" / "tp_model.csv")
+    assert model["source"].str.startswith("measured").all()
+    assert len(pd.read_csv(tmp_path / "derived" / "tp_overlap.csv")) == len(CASES)
+    for name in EXPECTED_FIGURES["05_tensor_parallel"]:
+        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 1000
+
+
 def test_python_engine_runs_a_notebook_without_jupyter(tmp_path):
     # The GPU machine has no papermill: the same notebooks run in-process there.
     write_synthetic_run(tmp_path / "bench")
@@ -203,3 +236,28 @@ def test_strip_outputs_restores_the_committed_form(tmp_path):
     assert reproduce.strip_outputs([dirty]) == [dirty]
     assert dirty.read_text() == src.read_text()
     assert reproduce.strip_outputs([dirty]) == []
+
+
+def test_tp_runs_recorded_by_two_commands_are_merged(tmp_path):
+    from swiglu import tp_model, tp_report
+
+    write_synthetic_tp_run(tmp_path, run_id="20261201T000000Z-first")
+    csv = write_synthetic_tp_run(tmp_path, run_id="20261201T010000Z-second", hidden=1.0)
+    second = pd.read_csv(csv)
+    pd.concat([second[second["impl"] == "tp_ours"].assign(median_ms=1.0)]).to_csv(csv, index=False)
+    run = tp_report.load_tp_run(tmp_path)
+    assert run.run_id == "20261201T000000Z-first+20261201T010000Z-second"
+    assert (run.rows[run.rows["impl"] == "tp_ours"]["median_ms"] == 1.0).all()  # the later run wins
+    assert (run.rows["impl"] == "tp_allreduce").sum() == len(CASES)  # kept from the first
+    only = tp_report.load_tp_run(tmp_path, "20261201T000000Z-first")
+    assert (only.rows[only.rows["impl"] == "tp_ours"]["median_ms"] != 1.0).all()
+    with pytest.raises(ValueError, match="no tensor-parallel run"):
+        tp_report.load_tp_run(tmp_path, "nope")
+    # Without a one-GPU timing in the TP run, the efficiency comes from the bench run, said so.
+    no_single = tp_model.case_table(run.rows[run.rows["local_intermediate_size"] != run.rows["intermediate_size"]])
+    table, source = tp_report.single_gpu_source(no_single, tmp_path / "none")
+    assert "no one-GPU time" in source and table["single_ms"].isna().all()
+    write_synthetic_run(tmp_path / "bench")
+    table, source = tp_report.single_gpu_source(no_single, tmp_path / "bench")
+    assert source.startswith("one-GPU time from bench run") and table["single_ms"].notna().all()
+    assert table["efficiency"].tolist() == pytest.approx((table["single_ms"] / (2 * table["tp_ours_ms"])).tolist())

@@ -5,6 +5,8 @@ Public API:
                         gate_weight, up_weight, down_weight, *, impl="auto")
     SwiGLUMLP(hidden_size, intermediate_size)  -- training-ready nn.Module with our backward
     swiglu_mlp(x, gate_weight, up_weight, down_weight)  -- its functional form (custom ops)
+    parallelize(module, mesh, *, sequence_parallel=False)  -- tensor parallelism (DTensor)
+    tensor_parallel_plan(prefix, ...)      -- the same plan for parallelize_module on a whole model
     reference_backward, float64_backward   -- the benchmark's bf16 reference and its fp64 oracle
     make_inputs, BackwardInputs            -- inputs as the benchmark draws them
     CASES, select_cases, HIDDEN_SIZE, INTERMEDIATE_SIZE, MODEL_SHAPES
@@ -22,6 +24,21 @@ from .workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, MODEL_SHAPES, Case
 
 __version__ = "0.1.0"
 
+# Imported on first use: torch.distributed.tensor adds ~1 s to `import swiglu`.
+_LAZY = {"parallelize": "parallel", "tensor_parallel_plan": "parallel"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 __all__ = [
     "BackwardInputs",
     "CASES",
@@ -34,6 +51,7 @@ __all__ = [
     "benchmark_criterion",
     "float64_backward",
     "make_inputs",
+    "parallelize",
     "reference_backward",
     "register_impl",
     "relative_error",
@@ -41,4 +59,5 @@ __all__ = [
     "select_cases",
     "swiglu_mlp",
     "swiglu_mlp_backward",
+    "tensor_parallel_plan",
 ]

@@ -33,7 +33,7 @@ from pathlib import Path
 from .analysis import repo_root
 
 #: The notebooks, in execution order (file stems under notebooks/).
-NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history", "06_training_memory")
+NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history", "05_tensor_parallel", "06_training_memory")
 
 #: Parameters the ``--smoke`` configuration overrides, per notebook (tiny sizes, few samples).
 SMOKE_PARAMETERS = {
@@ -83,11 +83,13 @@ def notebook_parameters(
     derived_dir: str | Path = "data/derived",
     scratch_figures_dir: str | Path = "build/figures",
     declared: list[str] | None = None,
+    tp_dir: str | Path = "data/tp",
 ) -> dict:
     """The papermill parameters for notebook ``name``, restricted to those it declares."""
     params = {
         "device": device,
         "bench_dir": str(bench_dir),
+        "tp_dir": str(tp_dir),
         "run_id": run_id,
         "protocol": protocol,
         "figures_dir": str(figures_dir),
@@ -219,6 +221,7 @@ def run(
     figures_dir: str | Path | None = None,
     derived_dir: str | Path | None = None,
     build_dir: str | Path | None = None,
+    tp_dir: str | Path = "data/tp",
     engine: str = "auto",
     root: str | Path | None = None,
     progress: bool = True,
@@ -243,7 +246,7 @@ def run(
     scratch_figures_dir = figures_dir if smoke else Path("build/figures")
     absolute = {k: (p if p.is_absolute() else root / p) for k, p in
                 {"figures": figures_dir, "derived": derived_dir, "build": build_dir, "bench": Path(bench_dir),
-                 "scratch": scratch_figures_dir}.items()}
+                 "scratch": scratch_figures_dir, "tp": Path(tp_dir)}.items()}
     if engine == "auto":
         engine = "papermill" if _papermill_available() else "python"
     if engine not in ("papermill", "python"):
@@ -266,6 +269,7 @@ def run(
             src.stem, smoke=smoke, live=live, device=device, bench_dir=absolute["bench"], run_id=run_id,
             protocol=protocol, figures_dir=absolute["figures"], derived_dir=absolute["derived"],
             scratch_figures_dir=absolute["scratch"], declared=parameter_names(src),
+            tp_dir=absolute["tp"],
         )
         start = time.perf_counter()
         try:
@@ -302,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", default="", help="recorded bench run to plot (default: the latest full-protocol run)")
     parser.add_argument("--protocol", default="full", help="plot the latest run of this bench protocol: full (default), quick, cpu-smoke")
     parser.add_argument("--bench-dir", default="data/bench", help="recorded bench runs (default: data/bench)")
+    parser.add_argument("--tp-dir", default="data/tp", help="recorded tensor-parallel runs (default: data/tp)")
     parser.add_argument("--figures-dir", default=None, help="default: figures/ (build/smoke/figures/ with --smoke)")
     parser.add_argument("--derived-dir", default=None, help="default: data/derived/ (build/smoke/derived/ with --smoke)")
     parser.add_argument("--build-dir", default=None, help="executed notebooks; default: build/notebooks/")
@@ -325,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run(args.only, smoke=args.smoke, live=args.live, device=args.device, bench_dir=args.bench_dir,
                       run_id=args.run_id, protocol=args.protocol, figures_dir=args.figures_dir, derived_dir=args.derived_dir,
-                      build_dir=args.build_dir, engine=args.engine, root=root, verbose=args.verbose)
+                      build_dir=args.build_dir, tp_dir=args.tp_dir, engine=args.engine, root=root, verbose=args.verbose)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -115,13 +115,20 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+#: SMs the persistent kernels leave idle (CUDA only), e.g. for NCCL kernels running beside them
+#: under tensor parallelism (swiglu.bench.tp measures it). 0: one program per SM.
+RESERVED_SMS = 0
+
+
 def _num_programs(device: torch.device, tiles: int, persistent: bool = True) -> int:
     # The interpreter runs programs one after another: a few programs still exercise the
     # persistent loop (several tiles per program).
     if not persistent:
         return tiles
-    sms = 3 if device.type != "cuda" else _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(sms, tiles))
+    if device.type != "cuda":
+        return max(1, min(3, tiles))
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, min(sms - RESERVED_SMS, tiles))
 
 
 def _desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:

@@ -5,6 +5,7 @@ Examples:
     python -m swiglu.bench --quick --cases s128_b8,4096 --impls eager,triton
     python -m swiglu.bench --max-autotune --cases s211_b16
     python -m swiglu.bench --device cpu             # tiny CPU smoke run (no GPU needed), into build/bench
+    torchrun --nproc-per-node 2 -m swiglu.bench --tp 2   # tensor parallel on 2 GPUs (swiglu.bench.tp)
 
 GPU runs are written to data/bench/ (committed measurements); a run not made on a GPU goes to
 build/bench/ (untracked scratch) and is refused in data/bench/.
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         "nvidia-smi; see swiglu.bench.power).",
         epilog=f"Implementations: {', '.join(ORDER)}. Default: all available except "
         "compile-max-autotune. 'cublas-gemms' is a lower bound (the six GEMMs alone), not an "
-        "implementation. 'liger' needs liger-kernel installed.",
+        "implementation. 'liger' needs liger-kernel installed. Tensor parallel: torchrun --nproc-per-node N "
+        "-m swiglu.bench --tp N --help (swiglu.bench.tp).",
     )
     p.add_argument("--cases", default=None,
                    help="comma-separated case names (s128_b8) and/or token counts (4096 = every case with "
@@ -141,6 +143,11 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 usage error such as no GPU without
     ``--device cpu``)."""
+    raw = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--tp" or a.startswith("--tp=") for a in raw):  # tensor parallel: its own CLI (swiglu.bench.tp)
+        from .tp import main as tp_main
+
+        return tp_main(raw)
     parser = build_parser()
     args = parser.parse_args(argv)
     argv_text = " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
