@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .reference import reference_backward
+from .validation import check_mlp_shapes
 
 BACKWARD_IMPLS = ("auto", "reference", "triton")
 # Under torch.autocast on these devices the forward op runs in bfloat16 (our kernels' dtype).
@@ -42,13 +43,20 @@ def validate_forward_inputs(
     up_weight: torch.Tensor,
     down_weight: torch.Tensor,
     backward_impl: str = "auto",
+    *,
+    hidden_size: int | None = None,
+    intermediate_size: int | None = None,
 ) -> None:
     """Check ``swiglu_mlp``'s arguments; raise ``TypeError``/``ValueError`` naming the argument.
 
-    Expected: ``x`` [..., H] with at least one token; ``gate_weight`` and ``up_weight`` [I, H];
-    ``down_weight`` [H, I]; one floating dtype and one device for all four; ``backward_impl`` one
-    of ``BACKWARD_IMPLS`` (``"triton"`` needs bfloat16). Inside an autocast region on x's
-    device the dtypes need not match (autocast casts all four to bfloat16).
+    Expected: ``x`` [..., H] (any number of tokens, zero included); ``gate_weight`` and
+    ``up_weight`` [I, H]; ``down_weight`` [H, I]; one floating dtype and one device for all four;
+    ``backward_impl`` one of ``BACKWARD_IMPLS`` (``"triton"`` needs bfloat16). Inside an autocast
+    region on x's device the dtypes need not match (autocast casts all four to bfloat16).
+    ``hidden_size`` and ``intermediate_size``, when given (``SwiGLUMLP`` gives its own), are the
+    declared H and I that x and the weights are checked against; otherwise H is x's and I the
+    weights' (see ``swiglu.validation.check_mlp_shapes``: the argument named in a shape error is
+    the one inconsistent with x and the declared sizes).
     """
     tensors = {"x": x, "gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
     for name, t in tensors.items():
@@ -62,24 +70,8 @@ def validate_forward_inputs(
             raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; x and the weights must share one dtype")
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}; x and the weights must share one device")
-    for name in ("gate_weight", "up_weight", "down_weight"):
-        if tensors[name].dim() != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {list(tensors[name].shape)}")
-    inter, hidden = gate_weight.shape
-    if tuple(up_weight.shape) != (inter, hidden):
-        raise ValueError(
-            f"up_weight must have shape {[inter, hidden]} like gate_weight "
-            f"([intermediate_size, hidden_size]), got {list(up_weight.shape)}"
-        )
-    if tuple(down_weight.shape) != (hidden, inter):
-        raise ValueError(
-            f"down_weight must have shape {[hidden, inter]} ([hidden_size, intermediate_size] for "
-            f"gate_weight {list(gate_weight.shape)}), got {list(down_weight.shape)}"
-        )
-    if x.dim() < 1 or x.shape[-1] != hidden:
-        raise ValueError(f"x must have shape [..., {hidden}] (hidden_size last), got {list(x.shape)}")
-    if x.numel() == 0 or inter == 0 or hidden == 0:
-        raise ValueError(f"x {list(x.shape)} and the weights must be non-empty (no tokens or an empty size)")
+    check_mlp_shapes(x, gate_weight, up_weight, down_weight, hidden_size=hidden_size,
+                     intermediate_size=intermediate_size)
     if backward_impl not in BACKWARD_IMPLS:
         raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {backward_impl!r}")
     if backward_impl == "triton" and x.dtype != torch.bfloat16 and not autocast:
