@@ -264,7 +264,8 @@ def swiglu_mlp(
     """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with our backward, differentiable in all four.
 
     Args:
-        x: [..., H] (e.g. [batch_size, seq_len, H] or [tokens, H]), any strides.
+        x: [..., H] (e.g. [batch_size, seq_len, H] or [tokens, H]), any strides. Zero tokens are
+            fine (empty out, zero weight gradients, no kernel launch), as with ``nn.Linear``.
         gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` / Llama checkpoint
             layout). Same floating dtype and device as ``x``.
         backward_impl: ``"auto"`` (Triton for bf16 on CUDA sm_90+, else the reference),
@@ -279,7 +280,8 @@ def swiglu_mlp(
 
     Raises:
         TypeError: a non-tensor, non-floating or mismatched dtype; ``"triton"`` with non-bf16.
-        ValueError: mismatched shapes or devices, empty input, unknown ``backward_impl``, or
+        ValueError: mismatched shapes (naming the argument inconsistent with x) or devices, an
+            empty hidden_size or intermediate_size, unknown ``backward_impl``, or
             ``"triton"`` where it cannot run.
     """
     validate_forward_inputs(x, gate_weight, up_weight, down_weight, backward_impl)

@@ -307,6 +307,15 @@ def triton_swiglu_backward(
 
     outs = _check_out(out, (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
                             down_weight), [(T, H), (I, H), (I, H), (H, I)], dev)
+    if T == 0:
+        # No tokens (e.g. an MoE expert that got none this step): nothing to launch; the weight
+        # gradients are sums over zero tokens, so zeros, and grad_x is empty, as nn.Linear gives.
+        needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
+        grads = [_alloc(buf, shape, dev).zero_() if need else None
+                 for buf, shape, need in zip(outs, [(T, H), (I, H), (I, H), (H, I)], needs)]
+        if grads[0] is not None:
+            grads[0] = grads[0].reshape(x.shape)
+        return tuple(grads)
     need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight
     stacked_d = d_gate = d_up = h = None
     if need_d:
