@@ -17,6 +17,10 @@ without graph breaks. Backward dispatch (``backward_impl``): ``"triton"`` is
 ``TRITON_INTERPRET=1``); ``"reference"`` is the benchmark's order of operations
 (``swiglu.reference``) with the GEMMs of unneeded gradients skipped, in the inputs' dtype;
 ``"auto"`` picks triton for bf16 CUDA tensors on sm_90+ and the reference otherwise.
+
+Double backward: under ``create_graph=True`` the autograd formula does not call
+``swiglu::mlp_backward`` (which has no derivative of its own) but the reference formula in plain
+differentiable ops, on gate/up activations recomputed from the saved x and weights.
 """
 
 import contextlib
@@ -236,6 +240,19 @@ def _backward(ctx, grad_output, *unused_grads):
     if grad_output is None or not any(needs):
         return None, None, None, None, None
     x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        # create_graph=True (double backward): the reference formula in differentiable PyTorch ops,
+        # on activations recomputed from x and the weights (the saved ones are non-differentiable
+        # outputs of the custom op, so the graph would not reach x through them).
+        with _no_autocast(x):
+            gate_output = F.linear(x, gate_weight)
+            up_output = F.linear(x, up_weight)
+            grads = reference_backward(
+                grad_output, x, gate_output, up_output, F.silu(gate_output), gate_weight, up_weight, down_weight,
+                need_grad_x=needs[0], need_grad_gate_weight=needs[1], need_grad_up_weight=needs[2],
+                need_grad_down_weight=needs[3],
+            )
+        return tuple(grads) + (None,)
     grads = mlp_backward(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
         *needs, ctx.backward_impl,
@@ -274,7 +291,10 @@ def swiglu_mlp(
 
     Returns: ``out`` [..., H] in x's dtype. The forward saves x, the weights, gate_output,
     up_output and activated_gate (3 [T, I] tensors). Gradients accumulate into ``.grad`` as
-    usual; inputs that do not require grad skip their GEMMs. No double backward. Under
+    usual; inputs that do not require grad skip their GEMMs. Double backward
+    (``create_graph=True``, e.g. a gradient penalty) works: the gradients are then the reference
+    formula in differentiable PyTorch ops on activations recomputed from x and the weights,
+    whatever ``backward_impl`` (no Triton kernel; two more [T, I] GEMMs). Under
     ``torch.autocast`` (cuda or cpu) x and the weights are cast to bfloat16, whatever dtype
     autocast was given: out is bf16, float32 weights get float32 gradients.
 
