@@ -20,6 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import kernels
 from .api import register_impl
+from .shared_memory import check_shared_memory
 from .validation import validate_backward_inputs
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -283,7 +284,8 @@ def triton_swiglu_backward(
     they are overwritten, never read, and must not overlap an input.
 
     Raises: TypeError for a non-bf16 input; ValueError for bad shapes (see
-    ``validate_backward_inputs``), an unsupported device or unaligned sizes.
+    ``validate_backward_inputs``), an unsupported device or unaligned sizes, or a config whose
+    estimated shared memory exceeds the device's (``swiglu.shared_memory``), before any launch.
     """
     problem = validate_backward_inputs(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
@@ -301,6 +303,13 @@ def triton_swiglu_backward(
     cfg_w = configs.get("grad_weights") or config_for("grad_weights", T)
     cfg_x = configs.get("grad_x") or config_for("grad_x", T)
     dev = x.device
+    # Before any launch: a config too big for shared memory is a ValueError naming it, not
+    # Triton's OutOfResources from deep inside the launcher.
+    need_w = need_grad_gate_weight or need_grad_up_weight or need_grad_down_weight
+    for kernel, cfg, launched in (("dswiglu", cfg_d, need_grad_x or need_grad_gate_weight or need_grad_up_weight),
+                                  ("grad_weights", cfg_w, need_w), ("grad_x", cfg_x, need_grad_x)):
+        if launched and T > 0:
+            check_shared_memory(kernel, cfg, dev)
     go, xf = _tma_ready(grad_output), _tma_ready(x)
     gate, up, act = _tma_ready(gate_output), _tma_ready(up_output), _tma_ready(activated_gate)
     gw, uw, dw = _tma_ready(gate_weight), _tma_ready(up_weight), _tma_ready(down_weight)
