@@ -37,7 +37,7 @@ def test_gradcheck_and_gradgradcheck(request, leading, frozen):
     assert torch.autograd.gradgradcheck(f, inputs)
 
 
-def _pair(request, dtype, impl):
+def _pair(request, dtype, impl, device="cpu"):
     gen = _gen(request)
     plain = PlainSwiGLUMLP(H, I, dtype=dtype)
     with torch.no_grad():
@@ -45,9 +45,9 @@ def _pair(request, dtype, impl):
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / p.shape[1] ** 0.5)
     ours = swiglu.SwiGLUMLP(H, I, backward_impl=impl, dtype=dtype)
     ours.load_state_dict(plain.state_dict())
-    x = torch.randn(2, 5, H, generator=gen, dtype=torch.float64).to(dtype)
-    go = torch.randn(2, 5, H, generator=gen, dtype=torch.float64).to(dtype)
-    return ours, plain, x, go
+    x = torch.randn(2, 5, H, generator=gen, dtype=torch.float64).to(device, dtype)
+    go = torch.randn(2, 5, H, generator=gen, dtype=torch.float64).to(device, dtype)
+    return ours.to(device), plain.to(device), x, go
 
 
 def _gradient_penalty(module, x, go):
@@ -66,7 +66,7 @@ def test_gradient_penalty_matches_plain_float64(request):
 
 
 @pytest.mark.parametrize("impl", ["triton", "auto"])
-def test_double_backward_uses_the_reference_formula(request, monkeypatch, impl):
+def test_double_backward_uses_the_reference_formula(request, monkeypatch, impl, device):
     """Whatever backward_impl, create_graph=True gives the reference formula's gradients (bf16,
     bit for bit) and launches no Triton kernel."""
     pytest.importorskip("swiglu.triton_backward")
@@ -77,8 +77,8 @@ def test_double_backward_uses_the_reference_formula(request, monkeypatch, impl):
 
     for name in ("dswiglu_gemm_kernel", "grad_weight_kernel", "grad_x_kernel"):
         monkeypatch.setattr(kernels, name, _NoLaunch())
-    ours, _, x, go = _pair(request, torch.bfloat16, impl)
-    ref = swiglu.SwiGLUMLP(H, I, backward_impl="reference", dtype=torch.bfloat16)
+    ours, _, x, go = _pair(request, torch.bfloat16, impl, device)
+    ref = swiglu.SwiGLUMLP(H, I, backward_impl="reference", dtype=torch.bfloat16).to(device)
     ref.load_state_dict(ours.state_dict())
     for name, a, b in zip(("grad_x", "x.grad") + PARAM_NAMES, _gradient_penalty(ours, x, go),
                           _gradient_penalty(ref, x, go)):

@@ -33,7 +33,7 @@ def _round_kernel(src, dst, n, BLOCK: tl.constexpr):
 
 def _launch(kernel, src, dst_dtype):
     dst = torch.full(src.shape, float("nan"), dtype=dst_dtype, device=src.device)
-    block = 1 << 16
+    block = 4096
     kernel[(triton.cdiv(src.numel(), block),)](src, dst, src.numel(), BLOCK=block)
     return dst
 

@@ -2,7 +2,8 @@
 
 ``SwiGLUMLP``, ``swiglu_mlp`` and ``swiglu_mlp_backward`` accept T = 0 (x [0, H], [0, S, H] or
 [B, 0, H]) on every implementation, as ``nn.Linear`` does: empty outputs and grad_x of x's shape,
-weight gradients exactly zero, and no Triton kernel launched.
+weight gradients exactly zero, and no Triton kernel launched. On the GPU when there is one (the
+"auto" impl is then Triton), else on the CPU with the Triton interpreter.
 """
 
 import zlib
@@ -36,7 +37,7 @@ def _dtypes(impl):
     return [torch.bfloat16] if impl == "triton" else [torch.bfloat16, torch.float64]
 
 
-def _pair(request, dtype, impl):
+def _pair(request, dtype, impl, device):
     gen = torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
     plain = PlainSwiGLUMLP(H, I, dtype=dtype)
     with torch.no_grad():
@@ -44,7 +45,7 @@ def _pair(request, dtype, impl):
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / p.shape[1] ** 0.5)
     ours = swiglu.SwiGLUMLP(H, I, backward_impl=impl, dtype=dtype)
     ours.load_state_dict(plain.state_dict())
-    return ours, plain
+    return ours.to(device), plain.to(device)
 
 
 def _step(module, x, poison=False):
@@ -59,10 +60,10 @@ def _step(module, x, poison=False):
 
 @pytest.mark.parametrize("leading", LEADING, ids=str)
 @pytest.mark.parametrize("impl", IMPLS)
-def test_module_matches_nn_linear(request, no_kernel_launch, impl, leading):
+def test_module_matches_nn_linear(request, no_kernel_launch, impl, leading, device):
     for dtype in _dtypes(impl):
-        ours, plain = _pair(request, dtype, impl)
-        x = torch.randn(leading + (H,), dtype=dtype)
+        ours, plain = _pair(request, dtype, impl, device)
+        x = torch.randn(leading + (H,), dtype=dtype, device=device)
         out, grads = _step(ours, x)
         plain_out, plain_grads = _step(plain, x)
         assert out.shape == plain_out.shape == leading + (H,) and out.dtype == dtype
@@ -76,18 +77,18 @@ def test_module_matches_nn_linear(request, no_kernel_launch, impl, leading):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_module_frozen_weight(request, no_kernel_launch, impl):
-    ours, _ = _pair(request, torch.bfloat16, impl)
+def test_module_frozen_weight(request, no_kernel_launch, impl, device):
+    ours, _ = _pair(request, torch.bfloat16, impl, device)
     ours.up_proj.weight.requires_grad_(False)
-    _, grads = _step(ours, torch.randn(0, H, dtype=torch.bfloat16))
+    _, grads = _step(ours, torch.randn(0, H, dtype=torch.bfloat16, device=device))
     assert grads[2] is None
     assert grads[0].shape == (0, H) and not grads[1].count_nonzero() and not grads[3].count_nonzero()
 
 
 @pytest.mark.parametrize("leading", LEADING, ids=str)
 @pytest.mark.parametrize("impl", IMPLS)
-def test_backward_entry_point(no_kernel_launch, impl, leading):
-    bf = dict(dtype=torch.bfloat16)
+def test_backward_entry_point(no_kernel_launch, impl, leading, device):
+    bf = dict(dtype=torch.bfloat16, device=device)
     args = [torch.randn(leading + (H,), **bf), torch.randn(leading + (H,), **bf)]
     args += [torch.randn(leading + (I,), **bf) for _ in range(3)]
     args += [torch.randn(I, H, **bf), torch.randn(I, H, **bf), torch.randn(H, I, **bf)]
@@ -99,11 +100,11 @@ def test_backward_entry_point(no_kernel_launch, impl, leading):
     assert all(torch.equal(a, b) for a, b in zip(args, before))
 
 
-def test_triton_fills_out_buffers_with_zeros(no_kernel_launch):
+def test_triton_fills_out_buffers_with_zeros(no_kernel_launch, device):
     """Preallocated outputs, NaN-poisoned, are overwritten with the zero weight gradients."""
     from swiglu.triton_backward import triton_swiglu_backward
 
-    bf = dict(dtype=torch.bfloat16)
+    bf = dict(dtype=torch.bfloat16, device=device)
     args = [torch.randn(0, H, **bf), torch.randn(0, H, **bf)] + [torch.randn(0, I, **bf) for _ in range(3)]
     args += [torch.randn(I, H, **bf), torch.randn(I, H, **bf), torch.randn(H, I, **bf)]
     out = (torch.empty(0, H, **bf), torch.full((I, H), float("nan"), **bf), None, torch.full((H, I), float("nan"), **bf))
