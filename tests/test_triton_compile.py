@@ -21,6 +21,7 @@ does). ``python tests/test_triton_compile.py`` prints the table.
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import os
 import subprocess
@@ -33,6 +34,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from swiglu import forward, kernels, triton_backward
+from swiglu.shared_memory import SM90_SHARED_MEMORY_BYTES, estimate_shared_memory
 from swiglu.triton_backward import CONFIGS, TOKEN_BUCKETS, KernelConfig
 from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
 
@@ -108,14 +110,17 @@ def _meta_inputs(tokens: int) -> list[torch.Tensor]:
     return [torch.empty(s, dtype=torch.bfloat16, device="meta") for s in shapes]
 
 
-def record_launches(tokens: int, configs: dict | None = None, *, lean: bool = False,
+def record_launches(tokens: int, configs: dict | None = None, check_shared: bool = True, *, lean: bool = False,
                     forward_config="no forward", **need) -> list[dict]:
     """The kernel launches of ``triton_swiglu_backward`` at ``tokens`` on the H200 (132 SMs), as
     compile specs, without running anything. ``lean``: activated_gate is recomputed (None);
     ``forward_config`` (``"auto"``, None or a KernelConfig): record ``triton_swiglu_forward``'s
-    launches with it instead of the backward's."""
+    launches with it instead of the backward's. ``check_shared=False`` lets a config past the shared
+    memory estimate through (to compile it anyway)."""
     launches: list[dict] = []
     with pytest.MonkeyPatch.context() as mp:
+        if not check_shared:
+            mp.setattr(triton_backward, "check_shared_memory", lambda kernel, cfg, device: None)
         for name in (*KERNEL_NAMES.values(), *FORWARD_KERNELS):
             mp.setattr(kernels, name, _Recorder(name, getattr(kernels, name).fn, launches))
         # Meta tensors pass the device check only as "interpreted"; UPCAST is reset in _launch_spec.
@@ -177,10 +182,55 @@ def launch_specs() -> list[dict]:
 
 def oversized_spec() -> dict:
     """grad_x's launch with ``OVERSIZED``: must be reported as over the shared memory limit."""
-    launches = record_launches(4096, configs={"grad_x": OVERSIZED}, need_grad_gate_weight=False,
+    launches = record_launches(4096, configs={"grad_x": OVERSIZED}, check_shared=False, need_grad_gate_weight=False,
                                need_grad_up_weight=False, need_grad_down_weight=False)
     (spec,) = [s for s in launches if s["kernel"] == KERNEL_NAMES["grad_x"]]
     return spec
+
+
+#: Issue 13's example: 128x256x64 tiles, 3 stages, unsplit epilogue, flattened warp-specialized
+#: loop: 279576 bytes of shared memory against the H200's 232448.
+ISSUE_EXAMPLE = ("dswiglu", KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8,
+                                         warp_specialize=True, flatten=True))
+
+
+def _calibration_configs() -> list[tuple[str, KernelConfig]]:
+    """Configurations around the tuned ones, compiled only to check ``swiglu.shared_memory``'s
+    estimate (never launched by the table): every epilogue split, loop kind and store kind, the
+    4-warp warp-specialized variants and 64-row tiles."""
+    out = [ISSUE_EXAMPLE]
+    for kernel in KERNEL_NAMES:
+        for epi, ws, flat in itertools.product((1, 2, 4), (False, True), (False, True)):
+            out.append((kernel, KernelConfig(EPI_SPLIT=epi, warp_specialize=ws, flatten=flat)))
+        for epi, ws, flat in itertools.product((1, 4), (False, True), (False, True)):
+            out.append((kernel, KernelConfig(BM=64, BN=256, num_stages=4, num_warps=8, EPI_SPLIT=epi,
+                                             warp_specialize=ws, flatten=flat)))
+        for ws in (False, True):
+            out.append((kernel, KernelConfig(BM=64, BN=128, num_stages=3, num_warps=4, EPI_SPLIT=2, warp_specialize=ws)))
+    for flat in (False, True):
+        out.append(("grad_weights", KernelConfig(BN=128, num_stages=4, tma_store=False, flatten=flat)))
+    return out
+
+
+def _config_of(spec: dict) -> tuple[str, KernelConfig]:
+    """(launcher kernel key, KernelConfig) a compile spec was recorded with."""
+    c, o = spec["constexprs"], spec["options"]
+    kernel = {v: k for k, v in KERNEL_NAMES.items()}[spec["kernel"]]
+    return kernel, KernelConfig(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], EPI_SPLIT=c["EPI_SPLIT"],
+                                num_stages=o["num_stages"], num_warps=o["num_warps"],
+                                warp_specialize=c["WARP_SPECIALIZE"], flatten=c["FLATTEN"],
+                                tma_store=c.get("TMA_STORE", True))
+
+
+def calibration_specs() -> list[dict]:
+    """The launches of ``_calibration_configs`` (the kernel under test only), deduplicated against
+    nothing: a spec the table also launches is compiled twice, which costs little."""
+    specs = []
+    for kernel, cfg in _calibration_configs():
+        for spec in record_launches(4096, configs={kernel: cfg}, check_shared=False):
+            if spec["kernel"] == KERNEL_NAMES[kernel]:
+                specs.append({**spec, "uses": ["calibration"]})
+    return specs
 
 
 # ---------------------------------------------------------------- compiling (subprocess side)
@@ -234,6 +284,7 @@ def _specs() -> list[dict]:
     if not _SPECS:
         _SPECS.extend(launch_specs())
         _SPECS.append({**oversized_spec(), "uses": ["oversized"]})
+        _SPECS.extend(calibration_specs())
     return _SPECS
 
 
@@ -258,7 +309,7 @@ def compiled(request, tmp_path_factory) -> dict[str, dict]:
 def test_every_config_is_launched():
     """The recorded launches reach every distinct KernelConfig of CONFIGS (else a config would go
     unchecked), and the recorder sees what the launchers pass."""
-    specs = [s for s in _specs() if "oversized" not in s["uses"]]
+    specs = _table_specs()
     for kernel, table in CONFIGS.items():
         for cfg in set(table.values()):
             want = {"BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "GROUP_M": cfg.GROUP_M, "EPI_SPLIT": cfg.EPI_SPLIT,
@@ -294,7 +345,12 @@ def test_every_config_is_launched():
                    and s["options"] == {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages} for s in fused), cfg
 
 
-@pytest.mark.parametrize("spec", [s for s in _specs() if "oversized" not in s["uses"]], ids=_label)
+def _table_specs() -> list[dict]:
+    """The launches the package makes with its own table (not the oversized or calibration ones)."""
+    return [s for s in _specs() if not {"oversized", "calibration"} & set(map(str, s["uses"]))]
+
+
+@pytest.mark.parametrize("spec", _table_specs(), ids=_label)
 def test_builds_for_sm90_within_h200_limits(spec, compiled):
     """Compiles to an sm_90 cubin using wgmma and fits the H200's shared memory."""
     result = compiled[_spec_key(spec)]
@@ -308,6 +364,37 @@ def test_oversized_config_is_reported(compiled):
     result = compiled[_spec_key(spec)]
     assert any("shared memory" in p for p in problems(result)), result
     assert result["shared"] > 2 * H200_SHARED_MEMORY_BYTES
+
+
+def test_shared_memory_estimate_matches_triton(compiled):
+    """swiglu.shared_memory's estimate is never below Triton's figure for sm_90, for every launch of
+    the table and every calibration config; within 1.1 KiB of it for the table's; it rejects no
+    config that fits (no false rejection) and rejects every config that does not."""
+    assert SM90_SHARED_MEMORY_BYTES == H200_SHARED_MEMORY_BYTES
+    checked = 0
+    for spec in _specs():
+        result = compiled[_spec_key(spec)]
+        if result["error"]:
+            assert "calibration" in spec["uses"], f"{_label(spec)}: {result['error']}"
+            continue  # a calibration config Triton cannot build at all (no figure to compare)
+        kernel, cfg = _config_of(spec)
+        est, real = estimate_shared_memory(kernel, cfg), result["shared"]
+        where = f"{_label(spec)} {cfg} (triton {result['triton']}): estimate {est}, Triton {real}"
+        assert est >= real, where
+        if spec in _table_specs():
+            assert est - real <= 1100, where
+        assert (est > H200_SHARED_MEMORY_BYTES) == (real > H200_SHARED_MEMORY_BYTES), where
+        checked += 1
+    assert checked >= 60
+
+
+def test_issue_example_needs_more_than_the_h200_has(compiled):
+    """The config of issue 13 (279576 bytes per Triton) is over the limit, and so is its estimate."""
+    kernel, cfg = ISSUE_EXAMPLE
+    (spec,) = {_spec_key(s): s for s in _specs() if "calibration" in s["uses"] and _config_of(s) == ISSUE_EXAMPLE}.values()
+    real = compiled[_spec_key(spec)]["shared"]
+    assert real == 279576, real
+    assert estimate_shared_memory(kernel, cfg) >= real > H200_SHARED_MEMORY_BYTES
 
 
 if __name__ == "__main__":  # the table: python tests/test_triton_compile.py

@@ -66,7 +66,9 @@ def swiglu_mlp_backward(
     Returns:
         ``(grad_x, grad_gate_weight, grad_up_weight, grad_down_weight)``: grad_x shaped like x,
         the weight gradients shaped like their weights, all in the inputs' dtype, freshly
-        allocated (never aliasing an input). Inputs are never modified.
+        allocated (never aliasing an input). Inputs are never modified. Zero tokens (x [0, H],
+        [0, S, H] or [B, 0, H]) work on every impl: empty grad_x, zero weight gradients, no
+        kernel launch.
 
     Strides: any strides are accepted. The reference works on views; the Triton path copies an
     input to a contiguous buffer only when its layout is not usable by TMA (last-dim stride 1,
@@ -74,8 +76,8 @@ def swiglu_mlp_backward(
 
     Raises:
         TypeError: a non-tensor argument or a dtype mismatch (triton: not bfloat16).
-        ValueError: wrong ranks, mismatched shapes, different devices, an empty dimension, or an
-            unknown ``impl``; triton also rejects unsupported devices or sizes (see
+        ValueError: wrong ranks, mismatched shapes (naming the argument inconsistent with x),
+            different devices, an empty hidden_size or intermediate_size, or an unknown ``impl``; triton also rejects unsupported devices or sizes (see
             ``swiglu.triton_backward``).
     """
     validate_backward_inputs(

@@ -29,20 +29,32 @@ import triton.language as tl
 
 
 @triton.jit
+def _f32(x, UPCAST: tl.constexpr):
+    """bf16 -> fp32 (exact). The interpreter converts bf16 subnormals (|v| < 2**-126) wrongly, so
+    there the bits are moved instead: a bf16 is the top half of the fp32 with the same value."""
+    if UPCAST:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _dot(a, b, acc, UPCAST: tl.constexpr):
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+        return tl.dot(_f32(a, UPCAST), _f32(b, UPCAST), acc)
     return tl.dot(a, b, acc)
 
 
 @triton.jit
 def _bf16(x, UPCAST: tl.constexpr):
-    """fp32 -> bf16, round to nearest even. The interpreter truncates plain casts, so there the
-    rounding is done on the bit pattern first (the cast of a rounded value is then exact)."""
+    """fp32 -> bf16, round to nearest even. The interpreter truncates plain casts and converts
+    subnormals wrongly, so there the whole conversion is done on the bit pattern: adding 0x7FFF
+    plus the kept part's lowest bit rounds to nearest even for normals, subnormals (same linear
+    bit layout in both formats) and overflow to inf alike; NaN is kept a (quiet) NaN."""
     if UPCAST:
         bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
+        rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+        bits = tl.where(x == x, rounded, bits | 0x400000) >> 16
+        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     return x.to(tl.bfloat16)
 
 
@@ -109,14 +121,14 @@ def _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_de
     order (docs/problem.md steps 2-4): g, d_act, d_up, d_gate and h are each rounded to
     bf16 where the reference's bf16 tensors are. RECOMPUTE_ACT: activated_gate is not read
     (act_desc unused) but recomputed from the gate values loaded here (memory-lean mode)."""
-    g = _bf16(acc, UPCAST).to(tl.float32)
-    gate = gate_desc.load([off_m, off_n]).to(tl.float32)
-    up = up_desc.load([off_m, off_n]).to(tl.float32)
+    g = _f32(_bf16(acc, UPCAST), UPCAST)
+    gate = _f32(gate_desc.load([off_m, off_n]), UPCAST)
+    up = _f32(up_desc.load([off_m, off_n]), UPCAST)
     if RECOMPUTE_ACT:
-        act = _activated_gate(gate, UPCAST).to(tl.float32)
+        act = _f32(_activated_gate(gate, UPCAST), UPCAST)
     else:
-        act = act_desc.load([off_m, off_n]).to(tl.float32)
-    d_act = _bf16(g * up, UPCAST).to(tl.float32)
+        act = _f32(act_desc.load([off_m, off_n]), UPCAST)
+    d_act = _f32(_bf16(g * up, UPCAST), UPCAST)
     dup_desc.store([off_m, off_n], _bf16(g * act, UPCAST))
     s = tl.sigmoid(gate)
     dgate_desc.store([off_m, off_n], _bf16(d_act * s * (1.0 + gate * (1.0 - s)), UPCAST))

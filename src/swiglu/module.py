@@ -20,7 +20,7 @@ import statistics
 import torch
 from torch import nn
 
-from .ops import BACKWARD_IMPLS, resolve_backward_impl, swiglu_mlp
+from .ops import BACKWARD_IMPLS, resolve_backward_impl, swiglu_mlp, validate_forward_inputs
 from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 
@@ -39,7 +39,9 @@ class SwiGLUMLP(nn.Module):
             (see ``swiglu.swiglu_mlp``).
         device, dtype: of the weights; the input must match them.
 
-    forward(x): x [..., H] -> [..., H]. Errors as ``swiglu.swiglu_mlp``.
+    forward(x): x [..., H] -> [..., H] (zero tokens give an empty output and zero weight
+    gradients, as nn.Linear). Errors as ``swiglu.swiglu_mlp``, with x and the weights checked
+    against the declared hidden_size and intermediate_size.
     """
 
     def __init__(
@@ -70,6 +72,10 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Against the declared sizes first, so a bad x (or a replaced weight) is the one blamed.
+        validate_forward_inputs(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                                self.backward_impl, hidden_size=self.hidden_size,
+                                intermediate_size=self.intermediate_size)
         return swiglu_mlp(
             x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, backward_impl=self.backward_impl,
             save_activated_gate=self.save_activated_gate,

@@ -22,6 +22,10 @@ without graph breaks. Backward dispatch (``backward_impl``): ``"triton"`` is
 (``swiglu.reference``) with the GEMMs of unneeded gradients skipped, in the inputs' dtype;
 ``"auto"`` picks triton for bf16 CUDA tensors on sm_90+ and the reference otherwise.
 ``swiglu::mlp_backward`` takes ``activated_gate=None`` for the memory-lean mode.
+
+Double backward: under ``create_graph=True`` the autograd formula does not call
+``swiglu::mlp_backward`` (which has no derivative of its own) but the reference formula in plain
+differentiable ops, on gate/up activations recomputed from the saved x and weights.
 """
 
 import contextlib
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .reference import activated_gate_of, reference_backward
+from .validation import check_mlp_shapes
 
 BACKWARD_IMPLS = ("auto", "reference", "triton")
 # Under torch.autocast on these devices the forward op runs in bfloat16 (our kernels' dtype).
@@ -47,13 +52,20 @@ def validate_forward_inputs(
     up_weight: torch.Tensor,
     down_weight: torch.Tensor,
     backward_impl: str = "auto",
+    *,
+    hidden_size: int | None = None,
+    intermediate_size: int | None = None,
 ) -> None:
     """Check ``swiglu_mlp``'s arguments; raise ``TypeError``/``ValueError`` naming the argument.
 
-    Expected: ``x`` [..., H] with at least one token; ``gate_weight`` and ``up_weight`` [I, H];
-    ``down_weight`` [H, I]; one floating dtype and one device for all four; ``backward_impl`` one
-    of ``BACKWARD_IMPLS`` (``"triton"`` needs bfloat16). Inside an autocast region on x's
-    device the dtypes need not match (autocast casts all four to bfloat16).
+    Expected: ``x`` [..., H] (any number of tokens, zero included); ``gate_weight`` and
+    ``up_weight`` [I, H]; ``down_weight`` [H, I]; one floating dtype and one device for all four;
+    ``backward_impl`` one of ``BACKWARD_IMPLS`` (``"triton"`` needs bfloat16). Inside an autocast
+    region on x's device the dtypes need not match (autocast casts all four to bfloat16).
+    ``hidden_size`` and ``intermediate_size``, when given (``SwiGLUMLP`` gives its own), are the
+    declared H and I that x and the weights are checked against; otherwise H is x's and I the
+    weights' (see ``swiglu.validation.check_mlp_shapes``: the argument named in a shape error is
+    the one inconsistent with x and the declared sizes).
     """
     tensors = {"x": x, "gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
     for name, t in tensors.items():
@@ -67,24 +79,8 @@ def validate_forward_inputs(
             raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; x and the weights must share one dtype")
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}; x and the weights must share one device")
-    for name in ("gate_weight", "up_weight", "down_weight"):
-        if tensors[name].dim() != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {list(tensors[name].shape)}")
-    inter, hidden = gate_weight.shape
-    if tuple(up_weight.shape) != (inter, hidden):
-        raise ValueError(
-            f"up_weight must have shape {[inter, hidden]} like gate_weight "
-            f"([intermediate_size, hidden_size]), got {list(up_weight.shape)}"
-        )
-    if tuple(down_weight.shape) != (hidden, inter):
-        raise ValueError(
-            f"down_weight must have shape {[hidden, inter]} ([hidden_size, intermediate_size] for "
-            f"gate_weight {list(gate_weight.shape)}), got {list(down_weight.shape)}"
-        )
-    if x.dim() < 1 or x.shape[-1] != hidden:
-        raise ValueError(f"x must have shape [..., {hidden}] (hidden_size last), got {list(x.shape)}")
-    if x.numel() == 0 or inter == 0 or hidden == 0:
-        raise ValueError(f"x {list(x.shape)} and the weights must be non-empty (no tokens or an empty size)")
+    check_mlp_shapes(x, gate_weight, up_weight, down_weight, hidden_size=hidden_size,
+                     intermediate_size=intermediate_size)
     if backward_impl not in BACKWARD_IMPLS:
         raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {backward_impl!r}")
     if backward_impl == "triton" and x.dtype != torch.bfloat16 and not autocast:
@@ -268,6 +264,19 @@ def _backward(ctx, grad_output, *unused_grads):
     if grad_output is None or not any(needs):
         return None, None, None, None, None, None
     x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        # create_graph=True (double backward): the reference formula in differentiable PyTorch ops,
+        # on activations recomputed from x and the weights (the saved ones are non-differentiable
+        # outputs of the custom op, so the graph would not reach x through them).
+        with _no_autocast(x):
+            gate_output = F.linear(x, gate_weight)
+            up_output = F.linear(x, up_weight)
+            grads = reference_backward(
+                grad_output, x, gate_output, up_output, F.silu(gate_output), gate_weight, up_weight, down_weight,
+                need_grad_x=needs[0], need_grad_gate_weight=needs[1], need_grad_up_weight=needs[2],
+                need_grad_down_weight=needs[3],
+            )
+        return tuple(grads) + (None,)
     grads = mlp_backward(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
         *needs, ctx.backward_impl,
@@ -297,7 +306,8 @@ def swiglu_mlp(
     """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with our backward, differentiable in all four.
 
     Args:
-        x: [..., H] (e.g. [batch_size, seq_len, H] or [tokens, H]), any strides.
+        x: [..., H] (e.g. [batch_size, seq_len, H] or [tokens, H]), any strides. Zero tokens are
+            fine (empty out, zero weight gradients, no kernel launch), as with ``nn.Linear``.
         gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` / Llama checkpoint
             layout). Same floating dtype and device as ``x``.
         backward_impl: ``"auto"`` (Triton for bf16 on CUDA sm_90+, else the reference),
@@ -311,14 +321,18 @@ def swiglu_mlp(
             the forward is nn.Linear's ops, bit for bit.
 
     Returns: ``out`` [..., H] in x's dtype. Gradients accumulate into ``.grad`` as
-    usual; inputs that do not require grad skip their GEMMs. No double backward. Under
+    usual; inputs that do not require grad skip their GEMMs. Double backward
+    (``create_graph=True``, e.g. a gradient penalty) works: the gradients are then the reference
+    formula in differentiable PyTorch ops on activations recomputed from x and the weights,
+    whatever ``backward_impl`` (no Triton kernel; two more [T, I] GEMMs). Under
     ``torch.autocast`` (cuda or cpu) x and the weights are cast to bfloat16, whatever dtype
     autocast was given: out is bf16, float32 weights get float32 gradients.
 
     Raises:
         TypeError: a non-tensor, non-floating or mismatched dtype; ``"triton"`` with non-bf16;
             a non-bool ``save_activated_gate``.
-        ValueError: mismatched shapes or devices, empty input, unknown ``backward_impl``, or
+        ValueError: mismatched shapes (naming the argument inconsistent with x) or devices, an
+            empty hidden_size or intermediate_size, unknown ``backward_impl``, or
             ``"triton"`` where it cannot run.
     """
     validate_forward_inputs(x, gate_weight, up_weight, down_weight, backward_impl)

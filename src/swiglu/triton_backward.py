@@ -20,6 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import kernels
 from .api import register_impl
+from .shared_memory import check_shared_memory
 from .validation import validate_backward_inputs
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -295,7 +296,8 @@ def triton_swiglu_backward(
     ``swiglu.forward``'s kernels (``kernels._activated_gate``), bitwise what they produced.
 
     Raises: TypeError for a non-bf16 input; ValueError for bad shapes (see
-    ``validate_backward_inputs``), an unsupported device or unaligned sizes.
+    ``validate_backward_inputs``), an unsupported device or unaligned sizes, or a config whose
+    estimated shared memory exceeds the device's (``swiglu.shared_memory``), before any launch.
     """
     recompute = activated_gate is None
     problem = validate_backward_inputs(
@@ -314,6 +316,13 @@ def triton_swiglu_backward(
     cfg_w = configs.get("grad_weights") or config_for("grad_weights", T)
     cfg_x = configs.get("grad_x") or config_for("grad_x", T)
     dev = x.device
+    # Before any launch: a config too big for shared memory is a ValueError naming it, not
+    # Triton's OutOfResources from deep inside the launcher.
+    need_w = need_grad_gate_weight or need_grad_up_weight or need_grad_down_weight
+    for kernel, cfg, launched in (("dswiglu", cfg_d, need_grad_x or need_grad_gate_weight or need_grad_up_weight),
+                                  ("grad_weights", cfg_w, need_w), ("grad_x", cfg_x, need_grad_x)):
+        if launched and T > 0:
+            check_shared_memory(kernel, cfg, dev)
     go, xf = _tma_ready(grad_output), _tma_ready(x)
     gate, up = _tma_ready(gate_output), _tma_ready(up_output)
     act = None if recompute else _tma_ready(activated_gate)
@@ -321,6 +330,15 @@ def triton_swiglu_backward(
 
     inputs = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
     outs = _check_out(out, [t for t in inputs if t is not None], [(T, H), (I, H), (I, H), (H, I)], dev)
+    if T == 0:
+        # No tokens (e.g. an MoE expert that got none this step): nothing to launch; the weight
+        # gradients are sums over zero tokens, so zeros, and grad_x is empty, as nn.Linear gives.
+        needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
+        grads = [_alloc(buf, shape, dev).zero_() if need else None
+                 for buf, shape, need in zip(outs, [(T, H), (I, H), (I, H), (H, I)], needs)]
+        if grads[0] is not None:
+            grads[0] = grads[0].reshape(x.shape)
+        return tuple(grads)
     need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight
     stacked_d = d_gate = d_up = h = None
     if need_d:

@@ -1,7 +1,7 @@
 """Input validation shared by every implementation of the backward.
 
 Every check raises ``TypeError`` (not a tensor, wrong dtype) or ``ValueError`` (rank, shape,
-device, empty size) naming the argument and what was expected. Nothing here copies or mutates a
+device, empty hidden or intermediate size) naming the argument and what was expected. Nothing here copies or mutates a
 tensor; callers decide how to handle strides (see ``swiglu.api``).
 """
 
@@ -49,13 +49,16 @@ def validate_backward_inputs(
     """Check the eight backward inputs and return the problem sizes.
 
     Activations are [batch_size, seq_len, size] or flattened [tokens, size]; all five share their
-    leading dimensions. Weights: gate_weight and up_weight [I, H], down_weight [H, I]. All tensors
-    share one floating dtype (one of ``dtypes`` when given) and one device.
+    leading dimensions, which may be 0 (no tokens). Weights: gate_weight and up_weight [I, H],
+    down_weight [H, I]. All tensors share one floating dtype (one of ``dtypes`` when given) and
+    one device. Shapes are checked by ``check_mlp_shapes`` (H and the leading dims from x), so a
+    shape error names the argument inconsistent with x and the majority of the others.
 
     Raises:
         TypeError: an argument is not a tensor, or has a non-floating / disallowed dtype, or the
             dtypes differ.
-        ValueError: wrong rank, mismatched shapes, different devices, or an empty dimension.
+        ValueError: wrong rank, mismatched shapes, different devices, or an empty hidden_size or
+            intermediate_size.
     """
     tensors = dict(
         zip(
@@ -81,40 +84,100 @@ def validate_backward_inputs(
         if t.device != device:
             raise ValueError(f"{name} is on {t.device} but x is on {device}; all inputs must share one device")
 
-    for name in ("gate_weight", "up_weight", "down_weight"):
-        if tensors[name].dim() != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {tuple(tensors[name].shape)}")
-    inter, hidden = gate_weight.shape
-    for name, expected in (("up_weight", (inter, hidden)), ("down_weight", (hidden, inter))):
-        if tuple(tensors[name].shape) != expected:
-            raise ValueError(
-                f"{name} must have shape {list(expected)} to match gate_weight {list(gate_weight.shape)} "
-                f"([intermediate_size, hidden_size]), got {list(tensors[name].shape)}"
-            )
-
     if x.dim() not in (2, 3):
         raise ValueError(
             f"x must be [tokens, hidden_size] or [batch_size, seq_len, hidden_size], got shape {tuple(x.shape)}"
         )
+    hidden, inter = check_mlp_shapes(
+        x, gate_weight, up_weight, down_weight,
+        like_x={"grad_output": grad_output},
+        activations={"gate_output": gate_output, "up_output": up_output, "activated_gate": activated_gate},
+    )
     leading = tuple(x.shape[:-1])
-    for name, last in (
-        ("x", hidden),
-        ("grad_output", hidden),
-        ("gate_output", inter),
-        ("up_output", inter),
-        ("activated_gate", inter),
-    ):
-        expected = leading + (last,)
-        if tuple(tensors[name].shape) != expected:
-            raise ValueError(
-                f"{name} must have shape {list(expected)} (leading dims of x {list(x.shape)}, sizes of "
-                f"gate_weight {list(gate_weight.shape)}), got {list(tensors[name].shape)}"
-            )
-
     tokens = 1
     for d in leading:
         tokens *= d
-    for label, size in (("tokens (batch_size * seq_len)", tokens), ("hidden_size", hidden), ("intermediate_size", inter)):
-        if size <= 0:
-            raise ValueError(f"{label} must be positive, got {size} (empty inputs are not supported)")
     return Problem(tokens, hidden, inter, leading)
+
+
+def _describe(sizes: dict[str, int], declared: str | None) -> str:
+    return declared or "from " + " and ".join(sizes)
+
+
+def check_mlp_shapes(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    *,
+    like_x: dict[str, torch.Tensor] | None = None,
+    activations: dict[str, torch.Tensor] | None = None,
+    hidden_size: int | None = None,
+    intermediate_size: int | None = None,
+) -> tuple[int, int]:
+    """Check the shapes of the MLP's tensors and return ``(hidden_size, intermediate_size)``.
+
+    Expected: ``x`` [..., H]; ``like_x`` tensors (e.g. grad_output) exactly x's shape;
+    ``gate_weight`` and ``up_weight`` [I, H]; ``down_weight`` [H, I]; ``activations`` (name ->
+    tensor, e.g. gate_output) [*x.shape[:-1], I]. Tensors must be tensors already (no type check).
+
+    The sizes come first, so that an error names the argument that is actually wrong: H is the
+    declared ``hidden_size`` when given (then x itself is checked against it), else x's last
+    dimension; I is the declared ``intermediate_size`` when given, else the value most of the
+    I-carrying dimensions agree on (weights, then activations; a tie goes to gate_weight's). Then
+    every argument is compared with its expected shape, x first, and the first mismatch is
+    reported with where H and I came from. A bad gate_weight [128, 32] with x [..., 64] is
+    reported as gate_weight's error, not as up_weight's mismatch with it.
+
+    Raises:
+        ValueError: a weight that is not 2-D, x with no dimension, a shape that differs from the
+            expected one (naming that argument), or an empty hidden_size or intermediate_size.
+    """
+    like_x = like_x or {}
+    activations = activations or {}
+    weights = {"gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
+    for name, t in weights.items():
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {list(t.shape)}")
+    if x.dim() < 1:
+        raise ValueError("x must have shape [..., hidden_size], got a 0-d tensor")
+    for name, t in activations.items():
+        if t.dim() < 1:
+            raise ValueError(f"{name} must have shape [..., intermediate_size], got a 0-d tensor")
+
+    declared_h = None if hidden_size is None else f"declared hidden_size {hidden_size}"
+    hidden = x.shape[-1] if hidden_size is None else hidden_size
+    h_from = declared_h or f"hidden_size {hidden} from x"
+    if intermediate_size is None:
+        votes = {"gate_weight": gate_weight.shape[0], "up_weight": up_weight.shape[0],
+                 "down_weight": down_weight.shape[1], **{n: t.shape[-1] for n, t in activations.items()}}
+        counts = [list(votes.values()).count(v) for v in votes.values()]
+        inter = list(votes.values())[counts.index(max(counts))]  # first of the most common
+        agreeing = [n for n, v in votes.items() if v == inter]
+        i_from = f"intermediate_size {inter} from {', '.join(agreeing)}"
+    else:
+        inter = intermediate_size
+        i_from = f"declared intermediate_size {inter}"
+
+    leading = list(x.shape[:-1])
+    expected = {"x": (leading + [hidden], f"[..., hidden_size]: {h_from}")}
+    for name in like_x:
+        expected[name] = (list(x.shape), "the shape of x")
+    expected["gate_weight"] = ([inter, hidden], f"[intermediate_size, hidden_size]: {h_from}, {i_from}")
+    expected["up_weight"] = expected["gate_weight"]
+    expected["down_weight"] = ([hidden, inter], f"[hidden_size, intermediate_size]: {h_from}, {i_from}")
+    for name in activations:
+        expected[name] = (leading + [inter], f"[*leading dims of x {list(x.shape)}, intermediate_size]: {i_from}")
+    tensors = {"x": x, **like_x, **weights, **activations}
+    for name, (shape, why) in expected.items():
+        if list(tensors[name].shape) != shape:
+            hint = ""
+            weight_h = {gate_weight.shape[1], up_weight.shape[1], down_weight.shape[0]}
+            if hidden_size is None and len(weight_h) == 1 and hidden not in weight_h:
+                hint = f"; the three weights agree on hidden_size {weight_h.pop()}: is x {list(x.shape)} the wrong one?"
+            raise ValueError(f"{name} must have shape {shape} ({why}), got {list(tensors[name].shape)}{hint}")
+    for label, size in (("hidden_size", hidden), ("intermediate_size", inter)):
+        if size <= 0:
+            raise ValueError(f"{label} must be positive, got {size} (x {list(x.shape)}, gate_weight "
+                             f"{list(gate_weight.shape)}); zero tokens are supported, an empty {label} is not")
+    return hidden, inter
