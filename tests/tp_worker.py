@@ -114,7 +114,9 @@ def scenario_replicated(mesh):
     assert type(out) is torch.Tensor and type(x_tp.grad) is torch.Tensor, "outputs must be local tensors"
     assert len(spy.calls) == 1, spy.calls
     call = spy.calls[0]
-    assert call["types"] == {"Tensor"}, f"the backward saw {call['types']}, not local tensors"
+    # activated_gate is None in the memory-lean mode (the default): recomputed, not passed.
+    assert call["types"] <= {"Tensor", "NoneType"} and "Tensor" in call["types"], \
+        f"the backward saw {call['types']}, not local tensors"
     assert call["gate_weight"] == [I // n, H] and call["down_weight"] == [H, I // n], call
     assert call["x"] == [2, 5, H] and call["needs"] == [True] * 4, call
     # forward: out all-reduced; backward: grad_x all-reduced; nothing else.

@@ -60,11 +60,13 @@ if AVAILABLE:
     # tensor-parallel layout, and everything replicated (DTensors that are not sharded). DTensor
     # picks the one needing the least redistribution of the inputs it is given.
     @register_sharding(torch.ops.swiglu.mlp_forward.default)
-    def _forward_sharding(x, gate_weight, up_weight, down_weight, backward_impl):
+    def _forward_sharding(x, gate_weight, up_weight, down_weight, backward_impl, save_activated_gate=True):
         last = x.ndim - 1
-        tp = ([Partial(), Shard(last), Shard(last), Shard(last)],
-              [Replicate(), Shard(0), Shard(0), Shard(1), None])
-        replicated = ([Replicate()] * 4, [Replicate()] * 4 + [None])
+        # Memory-lean mode: activated_gate comes back as an empty [0] tensor, replicated.
+        act = Shard(last) if save_activated_gate else Replicate()
+        tp = ([Partial(), Shard(last), Shard(last), act],
+              [Replicate(), Shard(0), Shard(0), Shard(1), None, None])
+        replicated = ([Replicate()] * 4, [Replicate()] * 4 + [None, None])
         return [tp, replicated]
 
     @register_sharding(torch.ops.swiglu.mlp_backward.default)
@@ -72,10 +74,12 @@ if AVAILABLE:
                            down_weight, need_grad_x, need_grad_gate_weight, need_grad_up_weight,
                            need_grad_down_weight, impl):
         last = x.ndim - 1
+        act = None if activated_gate is None else Shard(last)  # None: recomputed (memory-lean mode)
         tp = ([Partial(), Shard(0), Shard(0), Shard(1)],
-              [Replicate(), Replicate(), Shard(last), Shard(last), Shard(last), Shard(0), Shard(0), Shard(1)]
+              [Replicate(), Replicate(), Shard(last), Shard(last), act, Shard(0), Shard(0), Shard(1)]
               + [None] * 5)
-        replicated = ([Replicate()] * 4, [Replicate()] * 8 + [None] * 5)
+        replicated = ([Replicate()] * 4, [Replicate()] * 4 + [None if activated_gate is None else Replicate()]
+                      + [Replicate()] * 3 + [None] * 5)
         return [tp, replicated]
 
     def _hash_flags(op, first_flag: int) -> None:
