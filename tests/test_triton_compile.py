@@ -373,6 +373,8 @@ def test_shared_memory_estimate_matches_triton(compiled):
     assert SM90_SHARED_MEMORY_BYTES == H200_SHARED_MEMORY_BYTES
     checked = 0
     for spec in _specs():
+        if spec["kernel"] not in KERNEL_NAMES.values():
+            continue  # the forward's kernels: not launched through the backward's check
         result = compiled[_spec_key(spec)]
         if result["error"]:
             assert "calibration" in spec["uses"], f"{_label(spec)}: {result['error']}"
@@ -381,8 +383,8 @@ def test_shared_memory_estimate_matches_triton(compiled):
         est, real = estimate_shared_memory(kernel, cfg), result["shared"]
         where = f"{_label(spec)} {cfg} (triton {result['triton']}): estimate {est}, Triton {real}"
         assert est >= real, where
-        if spec in _table_specs():
-            assert est - real <= 1100, where
+        if spec in _table_specs() and not spec["constexprs"].get("RECOMPUTE_ACT"):
+            assert est - real <= 1100, where  # the lean epilogue loads one tile fewer: below the estimate
         assert (est > H200_SHARED_MEMORY_BYTES) == (real > H200_SHARED_MEMORY_BYTES), where
         checked += 1
     assert checked >= 60
