@@ -276,7 +276,7 @@ def _backward(ctx, grad_output, *unused_grads):
                 need_grad_x=needs[0], need_grad_gate_weight=needs[1], need_grad_up_weight=needs[2],
                 need_grad_down_weight=needs[3],
             )
-        return tuple(grads) + (None,)
+        return tuple(grads) + (None, None)  # backward_impl, save_activated_gate
     grads = mlp_backward(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
         *needs, ctx.backward_impl,
