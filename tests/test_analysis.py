@@ -63,6 +63,11 @@ def test_load_run_picks_latest_of_a_protocol(tmp_path):
     assert analysis.load_run(tmp_path).run_id == "r2-full"
     assert analysis.load_run(tmp_path, complete=False).run_id == "r4-partial"
     assert analysis.load_run(tmp_path, run_id="r4-partial").run_id == "r4-partial"
+    # A later run of a few cases (the max-autotune peer) does not replace the last run of all 18.
+    write_synthetic_run(tmp_path, run_id="r5-three-cases", utc="2026-12-05T00:00:00Z", cases=CASES[:3])
+    assert analysis.load_run(tmp_path).run_id == "r2-full"
+    assert analysis.load_run(tmp_path, run_id="r5-three-cases").run_id == "r5-three-cases"
+    assert list(analysis.list_runs(tmp_path)["n_cases"]) == [len(CASES)] * 4 + [3]
 
 
 def test_latency_table_and_summary(tmp_path):

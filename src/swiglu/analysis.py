@@ -108,16 +108,16 @@ def _run_csvs(bench_dir: Path) -> list[Path]:
 
 def list_runs(bench_dir: str | Path) -> pd.DataFrame:
     """Every recorded run under ``bench_dir``, oldest first: columns ``run_id, utc, gpu,
-    protocol, n_rows, complete, csv``. Built from the run files themselves (``runs.csv`` may lag);
+    protocol, n_rows, n_cases, complete, csv``. Built from the run files themselves (``runs.csv`` may lag);
     an empty DataFrame when the folder is missing or holds no run."""
     bench_dir = Path(bench_dir)
-    cols = ["run_id", "utc", "gpu", "protocol", "n_rows", "complete", "csv"]
+    cols = ["run_id", "utc", "gpu", "protocol", "n_rows", "n_cases", "complete", "csv"]
     if not bench_dir.is_dir():
         return pd.DataFrame(columns=cols)
     records = []
     for csv in _run_csvs(bench_dir):
         try:
-            head = pd.read_csv(csv, usecols=lambda c: c in {"run_id", "protocol", "impl"})
+            head = pd.read_csv(csv, usecols=lambda c: c in {"run_id", "protocol", "impl", "case"})
         except (pd.errors.EmptyDataError, ValueError):
             continue
         if "impl" not in head:  # not a bench run file
@@ -132,6 +132,7 @@ def list_runs(bench_dir: str | Path) -> pd.DataFrame:
                 "gpu": str(meta.get("gpu_name", "")),
                 "protocol": protocol,
                 "n_rows": len(head),
+                "n_cases": int(head["case"].nunique()) if "case" in head else 0,
                 # swiglu.bench writes complete=false until a run finishes (a killed run stays so).
                 "complete": bool(meta.get("complete", True)),
                 "csv": str(csv),
@@ -147,7 +148,8 @@ def load_run(
 ) -> BenchRun | None:
     """Load run ``run_id``, or when ``run_id`` is ``None`` the latest run whose protocol is
     ``protocol`` (any protocol when ``protocol`` is ``None``) among the finished runs (all runs
-    with ``complete=False``). Returns ``None`` when no run matches. Raises ``ValueError`` when a
+    with ``complete=False``) that time the most cases: a later run of a few cases (e.g. the
+    max-autotune peer) does not replace the last run of all 18. Returns ``None`` when no run matches. Raises ``ValueError`` when a
     given ``run_id`` is not recorded there."""
     runs = list_runs(bench_dir)
     if run_id:
@@ -162,7 +164,7 @@ def load_run(
             runs = runs[runs["complete"]]
         if runs.empty:
             return None
-        row = runs.iloc[-1]
+        row = runs[runs["n_cases"] == runs["n_cases"].max()].iloc[-1]
     csv = Path(row["csv"])
     meta = _read_meta(csv.with_suffix(".json"))
     meta.setdefault("run_id", str(row["run_id"]))
