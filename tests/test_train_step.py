@@ -53,7 +53,10 @@ def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
     back = train_step.load_run(tmp_path / "run")
     assert len(back["steps"]) == len(steps) and set(train_step.summary_table(back["steps"]).variant) >= {"lean"}
     fig = train_step.plot_train_step(back["steps"])
-    assert len(fig.axes) == 2 and len(fig.axes[1].lines) == 4
+    # speed-up, saved bytes, peak memory: one line per variant in each (plus the 1.0x line)
+    assert len(fig.axes) == 3 and [len(ax.lines) for ax in fig.axes] == [5, 4, 4]
+    plain = fig.axes[0].lines[0]
+    assert list(plain.get_ydata()) == [1.0] * len(plain.get_ydata())
     assert train_step.load_run(tmp_path / "missing") is None
     _run_notebook_06(tmp_path)
 
