@@ -256,10 +256,10 @@ def _swiglu_forward_piece(acc_gate, acc_up, gate_desc, up_desc, act_desc, h_desc
     up = _bf16(acc_up, UPCAST)
     gate_desc.store([off_m, off_n], gate)
     up_desc.store([off_m, off_n], up)
-    act = _activated_gate(gate.to(tl.float32), UPCAST)
+    act = _activated_gate(_f32(gate, UPCAST), UPCAST)
     if STORE_ACT:
         act_desc.store([off_m, off_n], act)
-    h_desc.store([off_m, off_n], _bf16(act.to(tl.float32) * up.to(tl.float32), UPCAST))
+    h_desc.store([off_m, off_n], _bf16(_f32(act, UPCAST) * _f32(up, UPCAST), UPCAST))
 
 
 @triton.jit
@@ -307,9 +307,9 @@ def swiglu_product_kernel(gate_ptr, up_ptr, act_ptr, h_ptr, numel, BLOCK: tl.con
     activated_gate is written too when STORE_ACT."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    gate = _f32(tl.load(gate_ptr + offs, mask=mask, other=0.0), UPCAST)
+    up = _f32(tl.load(up_ptr + offs, mask=mask, other=0.0), UPCAST)
     act = _activated_gate(gate, UPCAST)
     if STORE_ACT:
         tl.store(act_ptr + offs, act, mask=mask)
-    tl.store(h_ptr + offs, _bf16(act.to(tl.float32) * up, UPCAST), mask=mask)
+    tl.store(h_ptr + offs, _bf16(_f32(act, UPCAST) * up, UPCAST), mask=mask)
