@@ -120,6 +120,9 @@ def test_run_footer_names_gpu_and_versions(tmp_path):
     text = analysis.run_footer(meta)
     for part in ("SYNTHETIC H200", "CUDA 13.0", "torch 2.11.0", "triton 3.6.0", meta["run_id"]):
         assert part in text
+    # Dirty only when the run recorded a dirty tree, not for an unknown state (SWIGLU_GIT_COMMIT).
+    for dirty, suffix in ((True, "abc1234+dirty"), (False, "abc1234 "), ("unknown", "abc1234 "), (None, "abc1234 ")):
+        assert suffix in analysis.run_footer({**meta, "git_commit": "abc1234", "git_dirty": dirty}) + " "
 
 
 def test_select_notebooks(tmp_path):

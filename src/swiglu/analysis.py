@@ -388,7 +388,9 @@ def run_footer(meta: dict | None, run_id: str | None = None) -> str:
         parts.append(str(meta["utc"]))
     commit = meta.get("git_commit")
     if commit:
-        parts.append(f"commit {str(commit)[:10]}{'+dirty' if meta.get('git_dirty') else ''}")
+        # "+dirty" only when the run said so: a commit given through SWIGLU_GIT_COMMIT records
+        # git_dirty "unknown" (a truthy string), which is not a dirty tree.
+        parts.append(f"commit {str(commit)[:10]}{'+dirty' if meta.get('git_dirty') is True else ''}")
     return " | ".join(str(p) for p in parts)
 
 

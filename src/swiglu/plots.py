@@ -267,7 +267,7 @@ def error_ratio_plot(rows: pd.DataFrame, factor: float = 2.0, footer: str = "",
     (``validate_case`` rows with status ok), with the acceptance line at ``factor``."""
     ok = rows[rows["status"] == "ok"]
     outputs = list(dict.fromkeys(rows["output"]))
-    cases = list(dict.fromkeys(rows.sort_values("tokens", kind="stable")["case"]))
+    cases, labels = _case_labels(rows)  # the order and "(T=...)" labels of the latency figures
     # One output per row, all sharing the case axis: 18 case labels need the whole width.
     width = max(7.0, 0.5 * len(cases) + 2.0)
     fig, axes = plt.subplots(len(outputs), 1, figsize=(width, 1.55 * len(outputs) + 1.6), sharex=True,
@@ -285,7 +285,7 @@ def error_ratio_plot(rows: pd.DataFrame, factor: float = 2.0, footer: str = "",
         ax.text(0.005, 0.94, output, transform=ax.transAxes, fontsize=9, fontweight="bold", va="top")
         ax.set_ylabel("ratio", fontsize=8)
         ax.grid(True, lw=0.3, alpha=0.5)
-    axes.flat[-1].set_xticks(range(len(cases)), cases, rotation=40, ha="right", rotation_mode="anchor", fontsize=8)
+    axes.flat[-1].set_xticks(range(len(cases)), labels, rotation=40, ha="right", rotation_mode="anchor", fontsize=8)
     axes.flat[-1].set_xlabel("case (sorted by tokens T)")
     axes.flat[0].set_ylim(0, max(2.5, float(np.nanmax(ok["ratio"].to_numpy(float), initial=0)) * 1.1))
     axes.flat[0].legend(fontsize=7.5, ncol=3, loc="lower right")
