@@ -285,7 +285,7 @@ def error_ratio_plot(rows: pd.DataFrame, factor: float = 2.0, footer: str = "",
         ax.text(0.005, 0.94, output, transform=ax.transAxes, fontsize=9, fontweight="bold", va="top")
         ax.set_ylabel("ratio", fontsize=8)
         ax.grid(True, lw=0.3, alpha=0.5)
-    axes.flat[-1].set_xticks(range(len(cases)), labels, rotation=40, ha="right", rotation_mode="anchor", fontsize=8)
+    axes.flat[-1].set_xticks(range(len(cases)), labels, rotation=90, fontsize=8)
     axes.flat[-1].set_xlabel("case (sorted by tokens T)")
     axes.flat[0].set_ylim(0, max(2.5, float(np.nanmax(ok["ratio"].to_numpy(float), initial=0)) * 1.1))
     axes.flat[0].legend(fontsize=7.5, ncol=3, loc="lower right")
