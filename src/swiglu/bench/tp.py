@@ -65,6 +65,7 @@ TIMING_COLUMNS = ("run_id", "case", "seq_len", "batch_size", "tokens", "hidden_s
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``torchrun ... -m swiglu.bench --tp N`` (``--help`` lists it)."""
     p = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m swiglu.bench --tp N", description=__doc__.split("\n")[0])
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel size: must equal torchrun's world size")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)} (default: all)")
@@ -113,6 +114,7 @@ def init(args) -> tuple:
 
 
 def log(*parts) -> None:
+    """Print on rank 0 only (every rank runs the same script)."""
     if dist.get_rank() == 0:
         print(*parts, flush=True)
 
@@ -428,6 +430,8 @@ def _cycle(sets):
 
 
 def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
+    """The ``timing`` part (module docstring): appends one row per case x impl to ``rows``
+    (median ms, slowest rank per iteration)."""
     import swiglu
     from ..api import swiglu_mlp_backward
     from ..module import PlainSwiGLUMLP
@@ -488,6 +492,8 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
 
 
 def part_model(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
+    """The ``model`` part: our one-GPU backward at local I = I, I/4 and I/8 per case (the scaling
+    model's inputs, ``swiglu.tp_model``), appended to ``rows``."""
     from ..api import swiglu_mlp_backward
 
     tp = mesh.size()
@@ -503,6 +509,8 @@ def part_model(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
 
 
 def part_overlap(cases, H, I, device, mesh, protocol, seed, reserves, rows) -> None:
+    """The ``overlap`` part: ``tp_serial``, ``tp_early`` and ``tp_early_reserve<k>`` for k in
+    ``reserves`` per case, each checked bitwise against ``tp_serial``, appended to ``rows``."""
     rank, tp, group = mesh.get_local_rank(), mesh.size(), mesh.get_group()
     timer = Timer(device, mesh)
     variants = [("tp_serial", None), ("tp_early", 0)] + [(f"tp_early_reserve{k}", k) for k in reserves]
@@ -525,6 +533,7 @@ def part_overlap(cases, H, I, device, mesh, protocol, seed, reserves, rows) -> N
 
 # ----------------------------------------------------------------------------------------- main
 def summary_text(rows: pd.DataFrame, checks: pd.DataFrame, train: dict) -> str:
+    """The closing table printed by rank 0: correctness, training, per-case times and overlap."""
     from .. import tp_model
 
     lines = []
@@ -549,6 +558,8 @@ def summary_text(rows: pd.DataFrame, checks: pd.DataFrame, train: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the parts asked for on this rank; rank 0 writes ``tp_<run_id>.*`` to ``--out``.
+    Returns the exit status (non-zero when a correctness check failed)."""
     args = build_parser().parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
@@ -612,4 +623,6 @@ def main(argv: list[str] | None = None) -> int:
         print(summary_text(pd.DataFrame(rows), pd.DataFrame(checks), train))
     dist.barrier()
     dist.destroy_process_group()
-    return 0
+    # A failed check must fail the command (rank 0 holds the results; the other ranks exit 0).
+    failed = any(not (c["passed"] and c["bitwise_repeatable"]) for c in checks) or (train and not train.get("passed"))
+    return 1 if failed else 0
