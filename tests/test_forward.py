@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 
 import swiglu
-from swiglu import CASES, benchmark_criterion, make_inputs, relative_error
+from swiglu import CASES, make_inputs, relative_error
 from swiglu import forward as fwd
 from swiglu.memory import saved_activations
 from swiglu.module import PlainSwiGLUMLP
 from swiglu.triton_backward import KernelConfig, triton_swiglu_backward
 
-from triton_checks import FACTOR, FLOOR, NAMES, SMALL_CONFIGS, fresh_seed, noise_floor
+from triton_checks import NAMES, SMALL_CONFIGS, check_output, fresh_seed
 
 # Small tiles: several tiles and partial edge tiles per shape, two K steps at H = 64.
 FUSED_SMALL = KernelConfig(BM=64, BN=64, BK=32, EPI_SPLIT=2)
@@ -69,14 +69,8 @@ def test_forward_against_float64_and_plain_bf16(device, nan_outputs, config, bat
     plain = _plain_forward(*args)
     oracle = _plain_forward(*(t.double() for t in args))
     for name, g, p, o in zip(("out", "gate_output", "up_output", "activated_gate"), got, plain, oracle):
-        assert g.shape == p.shape and g.dtype == torch.bfloat16 and g.is_contiguous(), name
-        assert torch.isfinite(g).all(), f"{name}: NaN left (unwritten tile?), seed={seed}"
-        crit = benchmark_criterion(g, p, ATOL)
-        assert crit.passed, f"{name}: benchmark criterion against nn.Linear failed {crit}, seed={seed}"
-        err, plain_err = relative_error(g, o), relative_error(p, o)
-        bound = FACTOR * plain_err + FLOOR + noise_floor(g.numel())
-        assert err <= bound, f"{name}: rel error {err:.3e} > {FACTOR} x plain bf16 {plain_err:.3e} + floors, seed={seed}"
-        assert float(o.norm()) > 1e3 * FLOOR, name
+        assert g.dtype == torch.bfloat16 and g.is_contiguous(), name
+        check_output(name, g, p, o, ATOL, seed)  # the plain bf16 forward is the reference here
 
 
 @pytest.mark.parametrize("config", list(FORWARD_CONFIGS), ids=str)
