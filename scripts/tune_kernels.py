@@ -24,7 +24,7 @@ import triton
 from triton.testing import do_bench
 
 from swiglu import make_inputs, reference_backward
-from swiglu.triton_backward import TOKEN_BUCKETS, TUNED_CONFIGS_PATH, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x, stacked_d_buffers
+from swiglu.triton_backward import TUNED_CONFIGS_PATH, bucket_for, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x, stacked_d_buffers
 
 K = KernelConfig
 # The winners behind tuned_configs.json and their nearest rivals, for a re-run after a kernel
@@ -78,7 +78,7 @@ def write_best(rows: list[dict], path: str) -> None:
     for r in rows:
         if r["config"] == "cublas" or r["kernel"] == "ceiling" or not (r["err"] < 1e-2) or not (r["ms"] > 0):
             continue
-        bucket = str(next(b for b in TOKEN_BUCKETS if r["tokens"] <= b))
+        bucket = str(bucket_for(r["tokens"]))
         cur = best.setdefault(r["kernel"], {}).get(bucket)
         if cur is None or r["ms"] < cur["ms"]:
             best[r["kernel"]][bucket] = dict(r)

@@ -13,7 +13,8 @@ import torch
 
 import swiglu
 from swiglu import kernels
-from swiglu.module import PlainSwiGLUMLP
+
+from mlp_pairs import mlp_pair
 
 H, I = 8, 16
 PARAM_NAMES = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
@@ -39,15 +40,10 @@ def test_gradcheck_and_gradgradcheck(request, leading, frozen):
 
 def _pair(request, dtype, impl, device="cpu"):
     gen = _gen(request)
-    plain = PlainSwiGLUMLP(H, I, dtype=dtype)
-    with torch.no_grad():
-        for p in plain.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / p.shape[1] ** 0.5)
-    ours = swiglu.SwiGLUMLP(H, I, backward_impl=impl, dtype=dtype)
-    ours.load_state_dict(plain.state_dict())
+    ours, plain = mlp_pair(gen, H, I, dtype, impl, device)
     x = torch.randn(2, 5, H, generator=gen, dtype=torch.float64).to(device, dtype)
     go = torch.randn(2, 5, H, generator=gen, dtype=torch.float64).to(device, dtype)
-    return ours.to(device), plain.to(device), x, go
+    return ours, plain, x, go
 
 
 def _gradient_penalty(module, x, go):

@@ -13,7 +13,8 @@ import torch
 
 import swiglu
 from swiglu import kernels
-from swiglu.module import PlainSwiGLUMLP
+
+from mlp_pairs import mlp_pair
 
 H, I = 16, 24  # multiples of 8, so impl="triton" accepts them
 LEADING = [(0,), (0, 5), (3, 0)]
@@ -39,13 +40,7 @@ def _dtypes(impl):
 
 def _pair(request, dtype, impl, device):
     gen = torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
-    plain = PlainSwiGLUMLP(H, I, dtype=dtype)
-    with torch.no_grad():
-        for p in plain.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / p.shape[1] ** 0.5)
-    ours = swiglu.SwiGLUMLP(H, I, backward_impl=impl, dtype=dtype)
-    ours.load_state_dict(plain.state_dict())
-    return ours.to(device), plain.to(device)
+    return mlp_pair(gen, H, I, dtype, impl, device)
 
 
 def _step(module, x, poison=False):

@@ -27,7 +27,7 @@ import triton
 
 from . import kernels
 from .triton_backward import (INTERPRET, TOKEN_BUCKETS, KernelConfig, _desc, _num_programs, _tma_ready,
-                              unsupported_reason)
+                              bucket_for, unsupported_reason)
 
 #: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
 #: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
@@ -61,10 +61,7 @@ _load_forward_configs(FORWARD_CONFIGS_PATH)
 
 def forward_config_for(tokens: int) -> KernelConfig | None:
     """The fused kernel's configuration at ``tokens``, or None where cuBLAS is chosen."""
-    for bound in TOKEN_BUCKETS:
-        if tokens <= bound:
-            return FORWARD_CONFIGS[bound]
-    raise AssertionError("unreachable: the last bucket is unbounded")
+    return FORWARD_CONFIGS[bucket_for(tokens)]
 
 
 def _check_fused_config(c: KernelConfig) -> None:

@@ -149,7 +149,7 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
     """Time the forward (all of it: gate/up, product, down_proj) per candidate and T. Returns the
     rows and the table {bucket: (candidate name, KernelConfig or None, ms)}, fastest per bucket."""
     from . import forward
-    from .triton_backward import TOKEN_BUCKETS
+    from .triton_backward import bucket_for
 
     gen = torch.Generator(device=device).manual_seed(0)
     w = [torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5
@@ -166,7 +166,7 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
             rows.append(dict(tokens=T, candidate=name, ms=ms, plain_ms=plain_ms, speedup_vs_plain=plain_ms / ms,
                              config=None if cfg is None else asdict(cfg)))
         best = min((r for r in rows if r["tokens"] == T), key=lambda r: r["ms"])
-        bucket = next(b for b in TOKEN_BUCKETS if T <= b)
+        bucket = bucket_for(T)
         # The largest T measured in a bucket decides it; buckets never measured keep their entry.
         table[bucket] = (best["candidate"], candidates[best["candidate"]], best["ms"], T)
         del x

@@ -102,13 +102,17 @@ def _load_tuned(path: Path) -> None:
 _load_tuned(TUNED_CONFIGS_PATH)
 
 
-def config_for(kernel: str, tokens: int) -> KernelConfig:
-    """The configuration ``kernel`` ("dswiglu", "grad_weights", "grad_x") uses at ``tokens``."""
-    table = CONFIGS[kernel]
+def bucket_for(tokens: int) -> int:
+    """The token bucket (a ``TOKEN_BUCKETS`` bound) that ``tokens`` falls in: the first bound >= it."""
     for bound in TOKEN_BUCKETS:
         if tokens <= bound:
-            return table[bound]
+            return bound
     raise AssertionError("unreachable: the last bucket is unbounded")
+
+
+def config_for(kernel: str, tokens: int) -> KernelConfig:
+    """The configuration ``kernel`` ("dswiglu", "grad_weights", "grad_x") uses at ``tokens``."""
+    return CONFIGS[kernel][bucket_for(tokens)]
 
 
 @lru_cache(maxsize=None)
@@ -318,9 +322,10 @@ def triton_swiglu_backward(
     dev = x.device
     # Before any launch: a config too big for shared memory is a ValueError naming it, not
     # Triton's OutOfResources from deep inside the launcher.
+    need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight  # dswiglu runs (d_gate, d_up)
     need_w = need_grad_gate_weight or need_grad_up_weight or need_grad_down_weight
-    for kernel, cfg, launched in (("dswiglu", cfg_d, need_grad_x or need_grad_gate_weight or need_grad_up_weight),
-                                  ("grad_weights", cfg_w, need_w), ("grad_x", cfg_x, need_grad_x)):
+    for kernel, cfg, launched in (("dswiglu", cfg_d, need_d), ("grad_weights", cfg_w, need_w),
+                                  ("grad_x", cfg_x, need_grad_x)):
         if launched and T > 0:
             check_shared_memory(kernel, cfg, dev)
     go, xf = _tma_ready(grad_output), _tma_ready(x)
@@ -339,7 +344,6 @@ def triton_swiglu_backward(
         if grads[0] is not None:
             grads[0] = grads[0].reshape(x.shape)
         return tuple(grads)
-    need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight
     stacked_d = d_gate = d_up = h = None
     if need_d:
         stacked_d, d_gate, d_up = stacked_d_buffers(T, I, cfg_w, dev)
