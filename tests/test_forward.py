@@ -98,6 +98,73 @@ def test_recomputed_activation_is_bitwise_the_forwards(device, config):
     assert torch.equal(down_only[3], given[3]), f"grad_down_weight alone differs, seed={seed}"
 
 
+@pytest.mark.parametrize("needs", [(True, True, True, True), (True, False, False, False), (False, True, False, True),
+                                   (False, False, True, False), (False, False, False, True)], ids=str)
+def test_overwrite_activations_is_bitwise_and_writes_only_gate_up(device, needs):
+    """overwrite_activations=True (the lean autograd path): d_gate/d_up go into the given gate/up
+    buffers; every gradient is bitwise the default's, which leaves its inputs as they were; no
+    other input is written; gate/up are left unchanged where dSwiGLU does not run (only
+    grad_down_weight wanted). release_activations=True besides: the same gradients, and the
+    storage of a tensor that is all of its storage is freed (a view into a larger one is not)."""
+    seed = fresh_seed()
+    inp = make_inputs(1, 45, 64, 136, seed=seed, device=device)
+    gate, up = inp.gate_output, inp.up_output
+    others = [inp.grad_output, inp.x, *_weights(inp)]
+    before = [t.clone() for t in (*others, gate, up)]
+    flags = dict(zip(("need_grad_x", "need_grad_gate_weight", "need_grad_up_weight", "need_grad_down_weight"),
+                     needs))
+    want = triton_swiglu_backward(inp.grad_output, inp.x, gate, up, None, *_weights(inp), configs=SMALL_CONFIGS,
+                                  **flags)
+    for t, b in zip((*others, gate, up), before):
+        assert torch.equal(t, b), "the default backward wrote an input"
+    g2, u2 = gate.clone(), up.clone()
+    got = triton_swiglu_backward(inp.grad_output, inp.x, g2, u2, None, *_weights(inp), configs=SMALL_CONFIGS,
+                                 overwrite_activations=True, **flags)
+    for name, a, b, need in zip(NAMES, got, want, needs):
+        assert (a is None) == (b is None) == (not need), name
+        if need:
+            assert torch.equal(a, b), f"{name} differs when overwriting, seed={seed}"
+    for t, b in zip(others, before):
+        assert torch.equal(t, b), "overwrite_activations wrote an input other than gate/up"
+    dswiglu_ran = any(needs[:3])
+    assert torch.equal(g2, gate) != dswiglu_ran and torch.equal(u2, up) != dswiglu_ran
+    with pytest.raises(ValueError, match="separate memory"):
+        triton_swiglu_backward(inp.grad_output, inp.x, g2, g2, None, *_weights(inp), configs=SMALL_CONFIGS,
+                               overwrite_activations=True)
+    # release_activations: same gradients; gate/up's own storage freed, a view of a larger buffer kept.
+    g3 = gate.clone()
+    both = torch.stack([up, up])
+    got = triton_swiglu_backward(inp.grad_output, inp.x, g3, both[0], None, *_weights(inp), configs=SMALL_CONFIGS,
+                                 overwrite_activations=True, release_activations=True, **flags)
+    for name, a, b, need in zip(NAMES, got, want, needs):
+        assert not need or torch.equal(a, b), f"{name} differs when releasing, seed={seed}"
+    assert g3.untyped_storage().nbytes() == 0, "gate_output's storage was not released"
+    assert both.untyped_storage().nbytes() == both.numel() * 2 and torch.equal(both[1], up)
+    with pytest.raises(ValueError, match="needs overwrite_activations"):
+        triton_swiglu_backward(inp.grad_output, inp.x, gate, up, None, *_weights(inp), release_activations=True)
+
+
+def test_lean_retain_graph_is_a_clear_error_and_saved_mode_allows_it(device):
+    """The lean Triton backward overwrites the saved gate/up, so a second backward through the
+    graph is a RuntimeError naming the remedy; the saved mode backpropagates twice (gradients
+    accumulate to exactly twice the first)."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    x = torch.randn(9, 48, generator=gen).bfloat16().to(device)
+    go = torch.randn(9, 48, generator=gen).bfloat16().to(device)
+    for save in (False, True):
+        mlp = swiglu.SwiGLUMLP(48, 80, backward_impl="triton", save_activated_gate=save, device=device,
+                               dtype=torch.bfloat16)
+        out = mlp(x)
+        out.backward(go, retain_graph=True)
+        first = mlp.down_proj.weight.grad.clone()
+        if save:
+            out.backward(go)
+            assert torch.equal(mlp.down_proj.weight.grad, first * 2)
+        else:
+            with pytest.raises(RuntimeError, match="retain_graph=True.*save_activated_gate=True"):
+                out.backward(go)
+
+
 def test_lean_module_on_triton_is_the_backward_of_its_forward(device):
     """SwiGLUMLP(backward_impl="triton") in the lean mode: out is the Triton forward's, and the
     gradients are bitwise the Triton backward's given that forward's activated_gate."""
@@ -271,6 +338,8 @@ def test_opcheck_lean_ops():
     for needs in [(True, True, True, True), (False, False, True, False)]:
         torch.library.opcheck(ops.mlp_backward, (go, x.detach(), gate, up, None, *(t.detach() for t in w), *needs,
                                                  "reference"))
+        torch.library.opcheck(ops.mlp_backward_lean, (go, x.detach(), gate.clone(), up.clone(),
+                                                      *(t.detach() for t in w), *needs, "reference"))
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -80,26 +80,40 @@ def test_triton_full_size(case):
     assert not failures, f"seed={seed}: " + "; ".join(failures)
 
 
+@pytest.mark.parametrize("mode", ["default", "overwrite", "release"])
 @pytest.mark.parametrize("need_down", [True, False])
-def test_intermediates_are_released_early(need_down):
-    """Peak memory of one call: d_gate/d_up (2*T*I) are released before grad_down_weight's output
-    is allocated, so the peak is d + h + grad_x + the two gate/up weight gradients, not every
-    buffer at once (launch order in triton_swiglu_backward). Exact byte accounting, 2 MiB slack
-    for the allocator's rounding."""
-    from swiglu.triton_backward import config_for, padded_tokens, triton_swiglu_backward
+def test_intermediates_are_released_early(need_down, mode):
+    """Peak memory of one call follows the launch order of triton_swiglu_backward: d_gate, d_up, h
+    (h alone when overwriting gate/up), grad_down_weight, h freed, grad_x, grad_gate_weight,
+    d_gate freed (gate_output's storage with release_activations), grad_up_weight. Exact byte
+    accounting (the peak over that sequence), 2 MiB slack for the allocator's rounding; and never
+    every buffer at once."""
+    from swiglu.triton_backward import triton_swiglu_backward
 
     T, H, I = 1000, 1024, 4096
     inp = make_inputs(1, T, H, I, device="cuda", seed=random.SystemRandom().randrange(1 << 31))
-    t_pad = padded_tokens(T, config_for("grad_weights", T))
-    d, h, gx, w = 2 * 2 * t_pad * I, 2 * T * I, 2 * T * H, 2 * I * H
+    D, gx, w = 2 * T * I, 2 * T * H, 2 * I * H
+    live = 0 if mode != "default" else 2 * D
+    steps = [live + D]  # + h
+    if need_down:
+        steps.append(live + D + w)
+    grads = w if need_down else 0
+    steps += [live + grads + gx, live + grads + gx + w]  # h freed; grad_x; grad_gate_weight
+    live = {"default": D, "overwrite": 0, "release": -D}[mode]  # d_gate (or gate_output itself) freed
+    steps.append(live + grads + gx + 2 * w)  # grad_up_weight
+    expected = max(steps)
+    args = list(inp.as_tuple())
+    args[4] = None  # the lean mode's backward (activated_gate recomputed), as autograd calls it
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    got = triton_swiglu_backward(*inp.as_tuple(), need_grad_down_weight=need_down)
+    got = triton_swiglu_backward(*args, need_grad_down_weight=need_down, overwrite_activations=mode != "default",
+                                 release_activations=mode == "release")
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
-    assert peak <= d + h + gx + 2 * w + (2 << 20), f"peak {peak} B > d + h + grad_x + 2 weight grads"
-    all_at_once = d + h + gx + (3 if need_down else 2) * w
-    if need_down:
-        assert peak < all_at_once - w // 2, f"peak {peak} B: d_gate/d_up were not released before grad_down_weight"
+    assert expected - (2 << 20) <= peak <= expected + (2 << 20), f"peak {peak} B, launch order gives {expected} B"
+    all_at_once = (0 if mode != "default" else 2 * D) + D + gx + (3 if need_down else 2) * w
+    assert peak < all_at_once - w // 2
     assert all(g is not None for g in got[:3]) and (got[3] is not None) == need_down
+    if mode == "release":
+        assert torch.cuda.memory_allocated() - base == gx + (3 if need_down else 2) * w - 2 * D

@@ -5,9 +5,8 @@ Three launches compute the four gradients (T tokens, H = hidden_size, I = interm
 1. ``dswiglu_gemm_kernel``: ``g = grad_output @ down_weight`` [T, I] with the SwiGLU backward in
    its epilogue; ``g`` never touches memory. Writes ``d_gate``, ``d_up`` and
    ``h = activated_gate * up_output`` (the B operand of grad_down_weight), all [T, I] bf16.
-2. ``grad_weight_kernel``, launched twice: ``grad_gate_weight = d_gate.T @ x`` and
-   ``grad_up_weight = d_up.T @ x`` ([I, H]) in one launch (one tile space over both problems,
-   d_gate and d_up stacked in one buffer), then ``grad_down_weight = grad_output.T @ h`` ([H, I]).
+2. ``grad_weight_kernel``, launched three times: ``grad_down_weight = grad_output.T @ h``
+   ([H, I]), then ``grad_gate_weight = d_gate.T @ x`` and ``grad_up_weight = d_up.T @ x`` ([I, H]).
 3. ``grad_x_kernel``: ``grad_x = d_gate @ gate_weight + d_up @ up_weight`` [T, H], one fp32
    accumulator over both products (two K loops), no concatenated tensors.
 
@@ -73,13 +72,12 @@ def _tile_mn(tile, num_m, num_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _mainloop(a_desc, b_desc, off_m, off_n, K, acc,
               A_TRANS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              UPCAST: tl.constexpr, a_k0=0):
-    """acc += A[off_m:off_m+BM, :K] @ B[:K, off_n:off_n+BN]; A is stored [K, M] when A_TRANS,
-    starting at row a_k0 of a_desc (problems stacked along K)."""
+              UPCAST: tl.constexpr):
+    """acc += A[off_m:off_m+BM, :K] @ B[:K, off_n:off_n+BN]; A is stored [K, M] when A_TRANS."""
     for k in tl.range(0, tl.cdiv(K, BK)):
         off_k = k * BK
         if A_TRANS:
-            a = tl.trans(a_desc.load([a_k0 + off_k, off_m]))
+            a = tl.trans(a_desc.load([off_k, off_m]))
         else:
             a = a_desc.load([off_m, off_k])
         b = b_desc.load([off_k, off_n])
@@ -179,38 +177,31 @@ def dswiglu_gemm_kernel(
 
 @triton.jit
 def grad_weight_kernel(
-    a_desc,  # A of every problem, stacked along K: [NUM_PROBLEMS * K_PAD, M], used transposed
-    b_desc,  # B [K, N], shared by the problems (rows >= K read as zeros)
-    c0_desc, c1_desc,  # outputs [M, N] of problem 0 and 1 (c1 is not touched with one problem)
-    c0_ptr, c1_ptr,  # the same outputs as pointers (row stride N), for TMA_STORE=False
-    M, N, K_PAD, NUM_PROBLEMS, NUM_PROGRAMS,
+    a_desc,  # A [K, M] (d_gate, d_up or grad_output), used transposed; rows >= K read as zeros
+    b_desc,  # B [K, N] (x or h); rows >= K read as zeros
+    c_desc,  # output C [M, N]
+    c_ptr,  # the same output as a pointer (row stride N), for TMA_STORE=False
+    M, N, K_PAD, NUM_PROGRAMS,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """C_p = A_p.T @ B for p < NUM_PROBLEMS (weight gradients: K = tokens). One mainloop call site
-    serves every problem (the problem index only moves A's row offset), so the pipeline's shared
-    memory is allocated once; rows of A past the real K are zeros written by the launcher."""
+    """C = A.T @ B (a weight gradient: K = tokens, rounded up to BK by the launcher; the
+    descriptors zero-fill the rows past the real K)."""
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
-    tiles = num_m * num_n
-    for tile in tl.range(tl.program_id(0), NUM_PROBLEMS * tiles, NUM_PROGRAMS, flatten=FLATTEN,
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
-        p = tile // tiles
-        pid_m, pid_n = _tile_mn(tile - p * tiles, num_m, num_n, GROUP_M)
+        pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
         off_m = pid_m * BM
         off_n = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _mainloop(a_desc, b_desc, off_m, off_n, K_PAD, acc, True, BM, BN, BK, UPCAST, p * K_PAD)
+        acc = _mainloop(a_desc, b_desc, off_m, off_n, K_PAD, acc, True, BM, BN, BK, UPCAST)
         if TMA_STORE:
-            if p == 0:
-                _store_split(c0_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
-            else:
-                _store_split(c1_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+            _store_split(c_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
         else:
             # Plain stores do not wait for completion: the next tile's loads start at once, which
             # matters when K (tokens) is small and the kernel is bound by writing C.
-            c_ptr = c0_ptr if p == 0 else c1_ptr
             rm = off_m + tl.arange(0, BM)
             rn = off_n + tl.arange(0, BN)
             ptrs = c_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]

@@ -35,8 +35,9 @@ class SwiGLUMLP(nn.Module):
         hidden_size: H. intermediate_size: I. Positive ints.
         backward_impl: ``"auto"`` | ``"reference"`` | ``"triton"`` (see ``swiglu.swiglu_mlp``).
         save_activated_gate: False (default): memory-lean, 2 saved [T, I] activations, activated_gate
-            recomputed in the backward; True: 3 saved, the forward bit for bit nn.Linear's
-            (see ``swiglu.swiglu_mlp``).
+            recomputed in the backward, whose d_gate/d_up overwrite the saved gate/up on the Triton
+            path (so one backward per graph: ``retain_graph=True`` then needs True); True: 3 saved,
+            the forward bit for bit nn.Linear's, never overwritten (see ``swiglu.swiglu_mlp``).
         device, dtype: of the weights; the input must match them.
 
     forward(x): x [..., H] -> [..., H] (zero tokens give an empty output and zero weight

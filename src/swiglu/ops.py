@@ -9,6 +9,8 @@
   (``[0]``), is not saved, and the backward recomputes it from gate_output with the forward's
   formula (``reference.activated_gate_of`` on the PyTorch path; ``kernels._activated_gate`` in the
   Triton forward, ``swiglu.forward``, and in the Triton backward's epilogue).
+* ``swiglu::mlp_backward_lean`` (same arguments less activated_gate): the memory-lean backward on
+  the Triton path, writing d_gate/d_up over the saved gate_output/up_output (declared mutated).
 * ``swiglu::mlp_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight,
   up_weight, down_weight, need_grad_x, need_grad_gate_weight, need_grad_up_weight,
   need_grad_down_weight, impl)`` returns the four gradients. A custom op cannot return ``None``,
@@ -126,10 +128,15 @@ def run_backward(
     need_grad_up_weight: bool,
     need_grad_down_weight: bool,
     impl: str,
+    overwrite_activations: bool = False,
+    release_activations: bool = False,
 ) -> tuple[torch.Tensor | None, ...]:
     """Dispatch the backward to ``impl`` (see ``resolve_backward_impl``); ``None`` for each
     gradient not requested. The eager body of ``swiglu::mlp_backward``. ``activated_gate`` None:
-    recomputed from gate_output with the formula the forward used (memory-lean mode)."""
+    recomputed from gate_output with the formula the forward used (memory-lean mode).
+    ``overwrite_activations`` / ``release_activations``: the Triton backward writes d_gate/d_up
+    over gate_output and up_output, then frees their storage after its last read
+    (``swiglu::mlp_backward_lean``); the reference leaves them as they are."""
     needs = dict(
         need_grad_x=need_grad_x,
         need_grad_gate_weight=need_grad_gate_weight,
@@ -149,7 +156,9 @@ def run_backward(
     flat = [None if t is None else t.reshape(-1, t.shape[-1])
             for t in (grad_output, x, gate_output, up_output, activated_gate)]
     fn = importlib.import_module(_TRITON_MODULE).triton_swiglu_backward
-    grad_x, *grad_weights = fn(*flat, gate_weight, up_weight, down_weight, **needs)
+    grad_x, *grad_weights = fn(*flat, gate_weight, up_weight, down_weight, **needs,
+                               overwrite_activations=overwrite_activations,
+                               release_activations=release_activations)
     return (None if grad_x is None else grad_x.reshape(x.shape), *grad_weights)
 
 
@@ -246,6 +255,58 @@ def _mlp_backward_fake(
     return tuple(x.new_empty(shape if need else (0,)) for shape, need in zip(shapes, needs))
 
 
+@torch.library.custom_op("swiglu::mlp_backward_lean", mutates_args=("gate_output", "up_output"))
+def mlp_backward_lean(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    gate_output: torch.Tensor,
+    up_output: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    need_grad_x: bool,
+    need_grad_gate_weight: bool,
+    need_grad_up_weight: bool,
+    need_grad_down_weight: bool,
+    impl: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``swiglu::mlp_backward`` of the memory-lean mode (activated_gate recomputed) that consumes
+    gate_output and up_output on the Triton path: d_gate/d_up are written over them (one [T, I]
+    buffer allocated instead of three) and their storage is freed after its last read (so they
+    are not held beside the weight gradients; ``triton_swiglu_backward``'s
+    ``release_activations``); the reference path leaves them as they are. Declared as mutating
+    both, so their version counters move: a second backward through the same graph
+    (``retain_graph=True``) is a RuntimeError (the autograd formula says why), never a silent
+    read of gradients as activations."""
+    with _no_autocast(x):
+        grads = run_backward(
+            grad_output, x, gate_output, up_output, None, gate_weight, up_weight, down_weight,
+            need_grad_x=need_grad_x,
+            need_grad_gate_weight=need_grad_gate_weight,
+            need_grad_up_weight=need_grad_up_weight,
+            need_grad_down_weight=need_grad_down_weight,
+            impl=impl,
+            overwrite_activations=True,
+            release_activations=True,
+        )
+    needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
+    return tuple(g.contiguous() if need else x.new_empty(0) for g, need in zip(grads, needs))
+
+
+@mlp_backward_lean.register_fake
+def _mlp_backward_lean_fake(grad_output, x, gate_output, up_output, gate_weight, up_weight, down_weight,
+                            need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight, impl):
+    return _mlp_backward_fake(grad_output, x, gate_output, up_output, None, gate_weight, up_weight, down_weight,
+                              need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight, impl)
+
+
+def _overwrite_ok(gate_output: torch.Tensor) -> bool:
+    # The overwriting op only where it saves memory (the Triton path on plain tensors) and outside
+    # torch.compile's tracing (the compiled graph plans its own buffers; a mutation there would
+    # only add copies).
+    return type(gate_output) is torch.Tensor and not torch.compiler.is_compiling()
+
+
 def _setup_context(ctx, inputs, output):
     x, gate_weight, up_weight, down_weight, backward_impl = inputs[:5]
     save_activated_gate = inputs[5] if len(inputs) > 5 else True
@@ -257,12 +318,18 @@ def _setup_context(ctx, inputs, output):
     # No zero-filled [T, I] gradients for the three saved activations (never used).
     ctx.set_materialize_grads(False)
     ctx.backward_impl = backward_impl
+    ctx.activations_overwritten = False
 
 
 def _backward(ctx, grad_output, *unused_grads):
     needs = tuple(bool(n) for n in ctx.needs_input_grad[:4])
     if grad_output is None or not any(needs):
         return None, None, None, None, None, None
+    if ctx.activations_overwritten:
+        raise RuntimeError(
+            "swiglu: a second backward through the same graph (retain_graph=True) in the memory-lean mode: "
+            "the first one wrote its gradients over the saved gate/up activations. Use "
+            "save_activated_gate=True (SwiGLUMLP or swiglu_mlp) where a graph is backpropagated more than once")
     x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = ctx.saved_tensors
     if torch.is_grad_enabled():
         # create_graph=True (double backward): the reference formula in differentiable PyTorch ops,
@@ -277,10 +344,17 @@ def _backward(ctx, grad_output, *unused_grads):
                 need_grad_down_weight=needs[3],
             )
         return tuple(grads) + (None, None)  # backward_impl, save_activated_gate
-    grads = mlp_backward(
-        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
-        *needs, ctx.backward_impl,
-    )
+    if activated_gate is None and _overwrite_ok(gate_output) and \
+            resolve_backward_impl(ctx.backward_impl, x, gate_weight) == "triton":
+        # Memory-lean mode: the saved gate/up buffers are dead after this backward; d_gate/d_up go there.
+        grads = mlp_backward_lean(grad_output, x, gate_output, up_output, gate_weight, up_weight, down_weight,
+                                  *needs, ctx.backward_impl)
+        ctx.activations_overwritten = True
+    else:
+        grads = mlp_backward(
+            grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
+            *needs, ctx.backward_impl,
+        )
     return tuple(g if need else None for g, need in zip(grads, needs)) + (None, None)
 
 
@@ -317,8 +391,12 @@ def swiglu_mlp(
             gate_output and up_output (2 [T, I] tensors) and the backward recomputes
             activated_gate = silu(gate_output) with the forward's own formula (bitwise the same
             values); with the Triton backward the forward is ``swiglu.forward``'s (fused kernel
-            or cuBLAS per token bucket). True: activated_gate is saved too (3 [T, I] tensors) and
-            the forward is nn.Linear's ops, bit for bit.
+            or cuBLAS per token bucket), and the backward writes d_gate/d_up over the saved
+            gate/up buffers (one more [T, I] buffer, h, instead of three), so a second backward
+            through the same graph (``retain_graph=True``) raises a RuntimeError saying so: use
+            True there. True: activated_gate is saved too
+            (3 [T, I] tensors), the forward is nn.Linear's ops, bit for bit, and the saved tensors
+            are never written.
 
     Returns: ``out`` [..., H] in x's dtype. Gradients accumulate into ``.grad`` as
     usual; inputs that do not require grad skip their GEMMs. Double backward
@@ -334,6 +412,8 @@ def swiglu_mlp(
         ValueError: mismatched shapes (naming the argument inconsistent with x) or devices, an
             empty hidden_size or intermediate_size, unknown ``backward_impl``, or
             ``"triton"`` where it cannot run.
+        RuntimeError: (at backward) a second backward through one graph in the memory-lean mode
+            on the Triton path (its first backward overwrote the saved activations).
     """
     validate_forward_inputs(x, gate_weight, up_weight, down_weight, backward_impl)
     if not isinstance(save_activated_gate, bool):

@@ -13,7 +13,8 @@ The estimate (bytes, bf16 operands) models what Triton allocates for ``swiglu.ke
 * epilogue: ``pieces * BM * (BN // EPI_SPLIT) * 2``, the TMA store staging of the output pieces:
   1 piece; 2 for ``dswiglu_gemm_kernel`` with a flattened tile loop or 4-warp warp specialization;
   two more with 64-row tiles, 8 warps, a flattened loop and EPI_SPLIT > 1 (layout-conversion
-  scratch); ``grad_weight_kernel`` with plain pointer stores (``tma_store=False``) needs instead
+  scratch); one more for ``grad_weight_kernel`` with 4-warp warp specialization (since its
+  one-problem form, 2026-11-30: 90208 bytes at 64x128x64, 3 stages, EPI_SPLIT 2); ``grad_weight_kernel`` with plain pointer stores (``tma_store=False``) needs instead
   a conversion scratch of at most ``min(BM * BN * 2, 32 KiB)``. ``dswiglu_gemm_kernel`` needs at
   least two pieces even when the mainloop buffers are reused;
 * with one stage (no pipelining) the epilogue reuses the mainloop's buffers: the larger of the two;
@@ -69,7 +70,7 @@ def estimate_shared_memory(kernel: str, cfg) -> int:
         pieces = (2 if cfg.flatten or ws4 else 1) + narrow_flat
         floor = 2 * piece
     elif kernel == "grad_weights":
-        pieces += 2 * narrow_flat
+        pieces += 2 * narrow_flat + ws4
     if kernel == "grad_weights" and not cfg.tma_store:
         epilogue = min(bm * bn * 2, 32768)
     else:

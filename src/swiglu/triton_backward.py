@@ -199,59 +199,26 @@ def padded_tokens(T: int, cfg_w: KernelConfig) -> int:
     return triton.cdiv(T, cfg_w.BK) * cfg_w.BK
 
 
-def stacked_d_buffers(T: int, I: int, cfg_w: KernelConfig, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """d_gate and d_up as the two halves of one [2, T_pad, I] buffer, T_pad = T rounded up to
-    the weight-gradient kernel's BK, padding rows zeroed: the gate/up weight-gradient launch reads
-    both through one descriptor and the padding adds exact zeros. Returns (stacked, d_gate, d_up)."""
-    t_pad = padded_tokens(T, cfg_w)
-    stacked = torch.empty((2, t_pad, I), device=device, dtype=torch.bfloat16)
-    if t_pad > T:
-        stacked[:, T:].zero_()
-    return stacked, stacked[0, :T], stacked[1, :T]
-
-
-def launch_grad_gate_up(stacked_d, x, grad_gate_weight, grad_up_weight, c: KernelConfig) -> None:
-    """grad_gate_weight = d_gate.T @ x and grad_up_weight = d_up.T @ x ([I, H]) in one launch (a
-    None output is skipped). ``stacked_d`` comes from ``stacked_d_buffers`` with the same config."""
-    _, t_pad, I = stacked_d.shape
-    H = x.shape[1]
-    gu = [g for g in (grad_gate_weight, grad_up_weight) if g is not None]
-    if not gu:
-        return
-    out_block = [c.BM, c.BN // c.EPI_SPLIT]
-    # Only up wanted: start at problem 1's rows by viewing the buffer from there.
-    rows = stacked_d.view(2 * t_pad, I)[(t_pad if grad_gate_weight is None else 0):]
-    c0 = _desc(gu[0], out_block)
-    c1 = _desc(gu[-1], out_block)
-    tiles = len(gu) * triton.cdiv(I, c.BM) * triton.cdiv(H, c.BN)
-    nprog = _num_programs(x.device, tiles, c.persistent)
-    kernels.grad_weight_kernel[(nprog,)](
-        _desc(rows, [c.BK, c.BM]), _desc(x, [c.BK, c.BN]), c0, c1, gu[0], gu[-1],
-        I, H, t_pad, len(gu), nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
-    )
-
-
-def launch_grad_down(go, h, grad_down_weight, c: KernelConfig) -> None:
-    """grad_down_weight = go.T @ h ([H, I])."""
-    T, H = go.shape
-    I = h.shape[1]
+def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
+    """out = a.T @ b: a [T, M], b [T, N], out [M, N] (a weight gradient, K = tokens)."""
+    T, M = a.shape
+    N = b.shape[1]
     # K = T rounded up to BK, not T: the descriptors zero-fill rows >= T, and T = 1 would be
     # specialized as a constexpr, which Triton 3.6's pipeliner fails on (seen on the H200).
-    t_pad = padded_tokens(T, c)
-    c_dn = _desc(grad_down_weight, [c.BM, c.BN // c.EPI_SPLIT])
-    nprog = _num_programs(go.device, triton.cdiv(H, c.BM) * triton.cdiv(I, c.BN), c.persistent)
+    nprog = _num_programs(a.device, triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN), c.persistent)
     kernels.grad_weight_kernel[(nprog,)](
-        _desc(go, [c.BK, c.BM]), _desc(h, [c.BK, c.BN]), c_dn, c_dn, grad_down_weight, grad_down_weight,
-        H, I, t_pad, 1, nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
+        _desc(a, [c.BK, c.BM]), _desc(b, [c.BK, c.BN]), _desc(out, [c.BM, c.BN // c.EPI_SPLIT]), out,
+        M, N, padded_tokens(T, c), nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
     )
 
 
-def launch_grad_weights(stacked_d, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
+def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
                         c: KernelConfig) -> None:
-    """``launch_grad_gate_up`` then ``launch_grad_down`` (a None output is skipped)."""
-    launch_grad_gate_up(stacked_d, x, grad_gate_weight, grad_up_weight, c)
-    if grad_down_weight is not None:
-        launch_grad_down(go, h, grad_down_weight, c)
+    """grad_down_weight = go.T @ h, grad_gate_weight = d_gate.T @ x, grad_up_weight = d_up.T @ x
+    (a None output is skipped; its input may then be None too)."""
+    for a, b, out in ((go, h, grad_down_weight), (d_gate, x, grad_gate_weight), (d_up, x, grad_up_weight)):
+        if out is not None:
+            launch_grad_weight(a, b, out, c)
 
 
 def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig) -> None:
@@ -283,6 +250,8 @@ def triton_swiglu_backward(
     need_grad_down_weight: bool = True,
     configs: dict[str, KernelConfig] | None = None,
     out: tuple[torch.Tensor | None, ...] | None = None,
+    overwrite_activations: bool = False,
+    release_activations: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The backward through the three Triton kernels (module docstring of ``swiglu.kernels``).
 
@@ -298,6 +267,18 @@ def triton_swiglu_backward(
     ``activated_gate=None`` (the memory-lean mode of ``swiglu_mlp``): it is recomputed as
     ``bf16(silu(gate_output))`` inside the dSwiGLU epilogue with the formula of
     ``swiglu.forward``'s kernels (``kernels._activated_gate``), bitwise what they produced.
+
+    ``overwrite_activations=True`` (the memory-lean autograd path, whose saved gate_output and
+    up_output are dead after the backward): d_gate and d_up are written over gate_output and
+    up_output (when these are contiguous and 16-byte aligned; otherwise into the copies
+    ``_tma_ready`` makes), so the backward allocates one [T, I] buffer (h) instead of three.
+    Every dSwiGLU epilogue piece loads its gate/up values before it stores d_gate/d_up at the same
+    place, and no other program touches that piece, so the results are bitwise those of the
+    default (tested on the H200 and in the interpreter). ``release_activations=True`` besides
+    (needs overwrite_activations): gate_output's and up_output's storage is freed (resized to 0
+    bytes; only where a tensor is the whole of its storage) right after its last reader is
+    launched, so they are not held beside the weight gradients; afterwards they are unusable.
+    The default never writes an input.
 
     Raises: TypeError for a non-bf16 input; ValueError for bad shapes (see
     ``validate_backward_inputs``), an unsupported device or unaligned sizes, or a config whose
@@ -328,6 +309,8 @@ def triton_swiglu_backward(
                                   ("grad_x", cfg_x, need_grad_x)):
         if launched and T > 0:
             check_shared_memory(kernel, cfg, dev)
+    if release_activations and not overwrite_activations:
+        raise ValueError("release_activations=True needs overwrite_activations=True")
     go, xf = _tma_ready(grad_output), _tma_ready(x)
     gate, up = _tma_ready(gate_output), _tma_ready(up_output)
     act = None if recompute else _tma_ready(activated_gate)
@@ -344,9 +327,14 @@ def triton_swiglu_backward(
         if grads[0] is not None:
             grads[0] = grads[0].reshape(x.shape)
         return tuple(grads)
-    stacked_d = d_gate = d_up = h = None
+    d_gate = d_up = h = None
     if need_d:
-        stacked_d, d_gate, d_up = stacked_d_buffers(T, I, cfg_w, dev)
+        if overwrite_activations:
+            if _overlap(gate, up):
+                raise ValueError("overwrite_activations needs gate_output and up_output in separate memory")
+            d_gate, d_up = gate, up
+        else:
+            d_gate, d_up = (torch.empty((T, I), device=dev, dtype=torch.bfloat16) for _ in range(2))
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)  # written by the epilogue
         launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
     elif need_grad_down_weight:
@@ -358,28 +346,49 @@ def triton_swiglu_backward(
         else:
             with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
                 torch.mul(act, up, out=h)
+    # Storage that may be freed after its last reader (release_activations): gate's, then up's.
+    releasable = [t for t in (gate_output, up_output) if release_activations and _whole_storage(t)]
+    del gate, up, act
 
     # Order for memory, not speed (the launches are independent once d_gate, d_up and h exist):
-    # grad_x, then gate/up, which are the last readers of d_gate/d_up, so their 2*T*I buffer is
-    # released before grad_down_weight's output is allocated; h lives until the return. Peak at T = 8192:
-    # 6.38 GB of intermediates and outputs, as torch.compile, instead of 8.12 when every buffer
-    # lived to the end (bench peak_mem_gb, runs 20261129T182915Z-d465888 and -180943Z-643a0c9).
-    # Freeing is safe with launches still queued: the caching allocator reuses memory only for
-    # later work on the same stream.
+    # grad_down_weight first, so h is released before anything else is allocated; grad_x (the
+    # one reader of both d buffers); then each of gate/up, after which its d buffer is released.
+    # Live [T, I] buffers: h + 2 d while grad_down_weight's output exists, then at most one d
+    # beside all three weight gradients (with overwrite_activations: h alone, and none beside
+    # them). Freeing is safe with launches still queued: the caching allocator reuses memory only
+    # for later work on the same stream.
     grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = None
+    if need_grad_down_weight:
+        grad_down_weight = _alloc(outs[3], (H, I), dev)
+        launch_grad_weight(go, h, grad_down_weight, cfg_w)
+    del h
     if need_grad_x:
         grad_x = _alloc(outs[0], (T, H), dev)
         launch_grad_x(d_gate, d_up, gw, uw, grad_x, cfg_x)
         grad_x = grad_x.reshape(x.shape)
-    if need_grad_gate_weight or need_grad_up_weight:
-        grad_gate_weight = _alloc(outs[1], (I, H), dev) if need_grad_gate_weight else None
-        grad_up_weight = _alloc(outs[2], (I, H), dev) if need_grad_up_weight else None
-        launch_grad_gate_up(stacked_d, xf, grad_gate_weight, grad_up_weight, cfg_w)
-    del stacked_d, d_gate, d_up
-    if need_grad_down_weight:
-        grad_down_weight = _alloc(outs[3], (H, I), dev)
-        launch_grad_down(go, h, grad_down_weight, cfg_w)
+    if need_grad_gate_weight:
+        grad_gate_weight = _alloc(outs[1], (I, H), dev)
+        launch_grad_weight(d_gate, xf, grad_gate_weight, cfg_w)
+    del d_gate
+    if releasable and releasable[0] is gate_output:
+        _release(releasable.pop(0))
+    if need_grad_up_weight:
+        grad_up_weight = _alloc(outs[2], (I, H), dev)
+        launch_grad_weight(d_up, xf, grad_up_weight, cfg_w)
+    for t in releasable:
+        _release(t)
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
+
+
+def _whole_storage(t: torch.Tensor) -> bool:
+    """Whether t is all of its storage (nothing else can be viewing the rest of it)."""
+    return t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def _release(t: torch.Tensor) -> None:
+    # Back to the caching allocator now, as a deleted tensor's memory would be: reused only by
+    # work queued later on this stream, so the launches already queued still read valid memory.
+    t.untyped_storage().resize_(0)
 
 
 def _alloc(buf: torch.Tensor | None, shape: tuple[int, int], dev: torch.device) -> torch.Tensor:

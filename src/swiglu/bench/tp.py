@@ -198,8 +198,7 @@ def overlapped_backward(local: tuple, group, reserve_sms: int | None) -> tuple:
     I = gw.shape[0]
     dev = go.device
     cfg_d, cfg_w, cfg_x = (tb.config_for(k, T) for k in ("dswiglu", "grad_weights", "grad_x"))
-    stacked, d_gate, d_up = tb.stacked_d_buffers(T, I, cfg_w, dev)
-    h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
+    d_gate, d_up, h = (torch.empty((T, I), device=dev, dtype=torch.bfloat16) for _ in range(3))
     tb.launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
     grad_x = torch.empty((T, H), device=dev, dtype=torch.bfloat16)
     tb.launch_grad_x(d_gate, d_up, gw, uw, grad_x, cfg_x)
@@ -207,12 +206,9 @@ def overlapped_backward(local: tuple, group, reserve_sms: int | None) -> tuple:
     old = tb.RESERVED_SMS
     tb.RESERVED_SMS = reserve_sms or 0
     try:
-        ggw = torch.empty((I, H), device=dev, dtype=torch.bfloat16)
-        guw = torch.empty((I, H), device=dev, dtype=torch.bfloat16)
-        tb.launch_grad_gate_up(stacked, x, ggw, guw, cfg_w)
-        del stacked, d_gate, d_up
+        ggw, guw = (torch.empty((I, H), device=dev, dtype=torch.bfloat16) for _ in range(2))
         gdw = torch.empty((H, I), device=dev, dtype=torch.bfloat16)
-        tb.launch_grad_down(go, h, gdw, cfg_w)
+        tb.launch_grad_weights(d_gate, d_up, h, x, go, ggw, guw, gdw, cfg_w)
     finally:
         tb.RESERVED_SMS = old
     if work is None:
