@@ -471,7 +471,7 @@ def test_triton_path_frozen_weights(request, monkeypatch, triton_backward, devic
     _, plain_grads = _run(plain, x, go)
     _, oracle = _float64_oracle(plain, x, go)
     assert calls == [dict(need_grad_x=True, need_grad_gate_weight=False, need_grad_up_weight=True, need_grad_down_weight=True,
-                          overwrite_activations=True)]  # the lean mode writes d_gate/d_up over the saved gate/up
+                          overwrite_activations=True, release_activations=True)]  # lean: consumes the saved gate/up
     assert grads[1] is None and plain_grads[1] is None
     keep = [0, 2, 3]
     _assert_bf16_close(

@@ -46,6 +46,7 @@ def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
         assert [got[T, v]["saved_TxI"] for v in ("plain", "saved", "lean")] == [4, 3, 2]
         assert got[T, "lean"]["saved_bytes"] == 2 * (T * H + 2 * T * I)
     assert got[3, "lean"]["forward"] == "fused" and got[130, "lean"]["forward"] == "cublas"
+    assert all(pd.isna(r["floor_bytes"]) for r in steps)  # no allocator statistics off the GPU
     meta = dict(utc="2026-11-30T00:00:00Z", run_id="20261130T000000Z-test", gpu={"name": "CPU"},
                 software={"torch": "x", "triton": "y"}, hidden_size=H, intermediate_size=I)
     run = dict(meta=meta, checks=[], forward=rows, steps=steps, forward_configs=doc)
@@ -84,3 +85,24 @@ def test_buckets_cover_the_forward_tokens():
     """Every default forward token count falls in a distinct bucket (each bucket gets measured)."""
     buckets = [next(b for b in TOKEN_BUCKETS if t <= b) for t in train_step.FORWARD_TOKENS]
     assert len(set(buckets)) == len(buckets) == len(TOKEN_BUCKETS)
+
+
+def test_step_floor_bytes():
+    """At Hermes size, T = 4096: weights 3 * 16384 * 53248 * 2 B start the step with x and
+    grad_output; the floor adds as much again (gradients), the output, grad_x and one [T, I]."""
+    w = 3 * 16384 * 53248 * 2
+    start = w + 2 * 4096 * 16384 * 2
+    assert train_step.step_floor_bytes(start, w, 4096, 16384, 53248) == start + w + 2 * 4096 * 16384 * 2 + 4096 * 53248 * 2
+
+
+def test_recorded_peaks_respect_the_floor():
+    """Every recorded step peak is at least its floor (a peak below it would mean the floor's
+    argument is wrong), and the memory-lean mode peaks no higher than the plain module."""
+    run = train_step.latest_run(Path(__file__).resolve().parents[1] / "data" / "train_step")
+    steps = run["steps"]
+    if "floor_bytes" not in steps:
+        pytest.skip("the latest recorded run predates the floor column")
+    assert (steps.peak_bytes >= steps.floor_bytes).all()
+    by = steps.set_index(["tokens", "variant"]).peak_bytes
+    for T in set(steps.tokens):
+        assert by[T, "lean"] <= by[T, "plain"], T

@@ -116,4 +116,5 @@ def test_intermediates_are_released_early(need_down, mode):
     assert peak < all_at_once - w // 2
     assert all(g is not None for g in got[:3]) and (got[3] is not None) == need_down
     if mode == "release":
-        assert torch.cuda.memory_allocated() - base == gx + (3 if need_down else 2) * w - 2 * D
+        after = torch.cuda.memory_allocated() - base  # gate_output's and up_output's storage gone
+        assert abs(after - (gx + (3 if need_down else 2) * w - 2 * D)) <= 2 << 20, after

@@ -13,7 +13,12 @@ One process, on one H200 (``scripts/train_step_gpu.py`` calls ``main``; < 5 min)
    T = 1024, 4096, 8192 for: PlainSwiGLUMLP, torch.compile(PlainSwiGLUMLP), ours saved
    (``save_activated_gate=True``), ours lean (the default), plus ours lean with the cuBLAS forward
    where the table chose the fused one; saved activation bytes per layer from the saved tensors
-   (``swiglu.memory.saved_activations``).
+   (``swiglu.memory.saved_activations``). Beside each peak, the floor no implementation that
+   materializes bf16 weight gradients can go below (``floor_bytes``): what the step starts with
+   (weights, x, grad_output), the module's output (held by the step), grad_x, the three weight
+   gradients, and one [T, I] tensor: every weight-gradient GEMM reads a [T, I] operand (d_gate,
+   d_up or h) while its output exists, and grad_x needs two of them, so the last of these four
+   GEMMs has at least one [T, I] tensor live beside all the gradients.
 
 Writes ``train_step.csv``, ``forward_tuning.csv``, ``checks.csv``, ``train_step.json`` (all rows
 and metadata: GPU, torch, triton, commit from env SWIGLU_GIT_COMMIT) and
@@ -191,6 +196,14 @@ def _step(module, x, go):
     module(x).backward(go)
 
 
+def step_floor_bytes(start_bytes: int, grad_bytes: int, tokens: int, hidden_size: int, intermediate_size: int) -> int:
+    """The least peak memory (bytes) of one forward + backward of the MLP that materializes bf16
+    gradients, given what the step starts with (``start_bytes``: weights, x, grad_output) and the
+    weight gradients' bytes: plus the output and grad_x ([T, H] each) and one [T, I] tensor (the
+    operand of the last gradient GEMM; module docstring). bf16 (2 bytes per element)."""
+    return start_bytes + grad_bytes + 2 * (2 * tokens * hidden_size) + 2 * tokens * intermediate_size
+
+
 def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, *, variants=VARIANTS,
                   device: str = "cuda", iters: tuple[int, int] | None = None) -> list[dict]:
     """Step time, peak memory and saved activations per variant and T (module docstring); the
@@ -244,7 +257,11 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
                 peak = max_allocated()
             finally:
                 forward.FORWARD_CONFIGS.update(saved_table)
+            grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+            floor = step_floor_bytes(base, grad_bytes, T, hidden_size, intermediate_size) if device == "cuda" \
+                else float("nan")
             rows.append(dict(tokens=T, variant=variant, label=LABELS[variant], ms=ms, peak_bytes=peak,
+                             floor_bytes=floor, peak_vs_floor=peak / floor,
                              peak_over_start_bytes=peak - base, start_bytes=base, saved_bytes=saved.bytes,
                              saved_TxI=saved.count((T, intermediate_size)),
                              tflops=18 * T * hidden_size * intermediate_size / (ms * 1e-3) / 1e12,
@@ -299,14 +316,20 @@ def latest_run(folder: str | Path) -> dict | None:
 
 
 def summary_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per T and variant: saved MB per layer, peak GB, ms, speedup and peak relative to plain."""
+    """Per T and variant: saved MB per layer, peak GB (and the floor, ``floor_GB``, where the run
+    recorded it), ms, speedup and peak relative to plain."""
     t = steps.assign(saved_MB=steps.saved_bytes / 1e6, peak_GB=steps.peak_bytes / 1e9)
-    return t[["tokens", "variant", "saved_TxI", "saved_MB", "peak_GB", "peak_vs_plain", "ms", "speedup_vs_plain"]]
+    cols = ["tokens", "variant", "saved_TxI", "saved_MB", "peak_GB", "peak_vs_plain", "ms", "speedup_vs_plain"]
+    if "floor_bytes" in t:
+        t = t.assign(floor_GB=t.floor_bytes / 1e9)
+        cols.insert(cols.index("peak_vs_plain"), "floor_GB")
+    return t[cols]
 
 
 def plot_train_step(steps: pd.DataFrame):
     """Three panels over T, one line per variant: step time relative to the plain nn.Linear module
-    (speed-up, x), saved activations per layer (GB) and peak memory of the step (GB). Ratios, not
+    (speed-up, x), saved activations per layer (GB) and peak memory of the step (GB), with the
+    floor no implementation can go below (dashed; runs that recorded it). Ratios, not
     milliseconds: the variants differ by a few percent, which a ms axis from 25 to 190 hides."""
     import matplotlib.pyplot as plt
 
@@ -318,6 +341,11 @@ def plot_train_step(steps: pd.DataFrame):
         ax_t.plot(d.tokens, d.speedup_vs_plain, **kw)
         ax_m.plot(d.tokens, d.saved_bytes / 1e9, **kw)
         ax_p.plot(d.tokens, d.peak_bytes / 1e9, **kw)
+    if "floor_bytes" in steps and steps.floor_bytes.notna().any():
+        floor = steps[steps.variant == "plain"].sort_values("tokens")
+        ax_p.plot(floor.tokens, floor.floor_bytes / 1e9, color="k", ls="--", lw=1,
+                  label="floor: weights, inputs, output, all gradients + one [T, I]")
+        ax_p.legend(fontsize=8)
     for ax, ylabel in ((ax_t, "step speed-up over nn.Linear (x, forward + backward)"),
                        (ax_m, "saved activations per layer (GB)"), (ax_p, "peak memory of the step (GB)")):
         ax.set_xscale("log", base=2)

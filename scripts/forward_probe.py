@@ -1,0 +1,37 @@
+"""Where the memory-lean forward's time goes against nn.Linear's at small T (H200, Hermes size).
+
+    PYTHONPATH=src python3 scripts/forward_probe.py
+
+Interleaved per call (plain, ours cuBLAS path, ours per the table, the three GEMMs alone), L2 not
+flushed, as ``swiglu.train_step`` times the forward; then torch.profiler's kernel times at T = 256
+and 512. Recorded: data/train_step/20261130T154448Z-fec056d/forward_probe.log (the kernels of
+ours take no longer than nn.Linear's; the gap per call is host time before the first GEMM).
+"""
+import torch, torch.nn.functional as F, statistics
+from swiglu import forward as fwd
+H, I = 16384, 53248
+g = torch.Generator(device="cuda").manual_seed(0)
+w = [torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16) / s[1] ** 0.5 for s in ((I, H), (I, H), (H, I))]
+def plain(x): return F.linear(F.silu(F.linear(x, w[0])) * F.linear(x, w[1]), w[2])
+def ours_cublas(x): return fwd.triton_swiglu_forward(x, *w, config=None)
+def ours_auto(x): return fwd.triton_swiglu_forward(x, *w)
+def gemms_only(x):
+    a = F.linear(x, w[0]); b = F.linear(x, w[1]); return F.linear(a, w[2])
+fns = dict(plain=plain, ours_cublas=ours_cublas, ours_auto=ours_auto, gemms_only=gemms_only)
+for T in (128, 256, 512, 1024, 4096):
+    x = torch.randn(T, H, generator=g, device="cuda", dtype=torch.bfloat16)
+    times = {k: [] for k in fns}
+    for it in range(40):
+        for k, f in fns.items():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(); s.record(); f(x); e.record(); e.synchronize()
+            if it >= 10: times[k].append(s.elapsed_time(e))
+    print(f"T={T:5d} " + "  ".join(f"{k} {statistics.median(v):.3f}" for k, v in times.items()), flush=True)
+    if T in (256, 512):
+        from torch.profiler import profile, ProfilerActivity
+        for k in ("plain", "ours_cublas"):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5): fns[k](x)
+                torch.cuda.synchronize()
+            print(f"-- {k} T={T}")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6, max_name_column_width=60))
