@@ -250,6 +250,18 @@ def test_tp_runs_recorded_by_two_commands_are_merged(tmp_path):
     assert run.run_id == "20261201T000000Z-first+20261201T010000Z-second"
     assert (run.rows[run.rows["impl"] == "tp_ours"]["median_ms"] == 1.0).all()  # the later run wins
     assert (run.rows["impl"] == "tp_allreduce").sum() == len(CASES)  # kept from the first
+    # A later run of the check part alone (an empty timing CSV): its correctness records are the
+    # latest, the timing rows stay numeric and come from the runs that timed.
+    csv = write_synthetic_tp_run(tmp_path, run_id="20261201T020000Z-check")
+    pd.read_csv(csv).iloc[:0].to_csv(csv, index=False)
+    checks = pd.read_csv(tmp_path / "tp_20261201T020000Z-check_check.csv")
+    checks.assign(max_abs_error=0.5).to_csv(tmp_path / "tp_20261201T020000Z-check_check.csv", index=False)
+    merged = tp_report.load_tp_run(tmp_path)
+    assert merged.run_id.endswith("+20261201T020000Z-check") and (merged.checks["max_abs_error"] == 0.5).all()
+    assert merged.rows["median_ms"].dtype == float and len(merged.rows) == len(run.rows)
+    tp_model.fit_allreduce(merged.rows)  # the notebook's fit (object columns broke it)
+    for suffix in (".csv", "_check.csv", ".json"):
+        (tmp_path / f"tp_20261201T020000Z-check{suffix}").unlink()
     only = tp_report.load_tp_run(tmp_path, "20261201T000000Z-first")
     assert (only.rows[only.rows["impl"] == "tp_ours"]["median_ms"] != 1.0).all()
     with pytest.raises(ValueError, match="no tensor-parallel run"):

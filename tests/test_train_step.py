@@ -46,7 +46,8 @@ def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
         assert [got[T, v]["saved_TxI"] for v in ("plain", "saved", "lean")] == [4, 3, 2]
         assert got[T, "lean"]["saved_bytes"] == 2 * (T * H + 2 * T * I)
     assert got[3, "lean"]["forward"] == "fused" and got[130, "lean"]["forward"] == "cublas"
-    assert all(pd.isna(r["floor_bytes"]) for r in steps)  # no allocator statistics off the GPU
+    for r in steps:  # allocator statistics on the GPU only
+        assert r["peak_bytes"] >= r["floor_bytes"] if device == "cuda" else pd.isna(r["floor_bytes"])
     meta = dict(utc="2026-11-30T00:00:00Z", run_id="20261130T000000Z-test", gpu={"name": "CPU"},
                 software={"torch": "x", "triton": "y"}, hidden_size=H, intermediate_size=I)
     run = dict(meta=meta, checks=[], forward=rows, steps=steps, forward_configs=doc)

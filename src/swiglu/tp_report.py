@@ -54,12 +54,18 @@ def load_tp_run(tp_dir: str | Path, run_id: str = "") -> TPRun | None:
     if not csvs:
         return None
     frames = {p.stem[len("tp_"):]: pd.read_csv(p) for p in csvs}
-    latest = frames[list(frames)[-1]]
+    # A run of the check part alone times nothing (an empty CSV): it contributes its correctness
+    # records, never rows (an empty frame would turn every merged column into objects).
+    timed = {k: f for k, f in frames.items() if not f.empty}
     key = ["tp", "hidden_size", "intermediate_size"]
-    if not run_id and not latest.empty:
-        target = latest[key].iloc[0].tolist()
-        frames = {k: f for k, f in frames.items() if not f.empty and f[key].iloc[0].tolist() == target}
-    rows = pd.concat(list(frames.values()), ignore_index=True)
+    if not run_id and timed:
+        target = timed[list(timed)[-1]][key].iloc[0].tolist()
+        tp_of = lambda rid: json.loads((tp_dir / f"tp_{rid}.json").read_text()).get("tp")  # noqa: E731
+        frames = {k: f for k, f in frames.items()
+                  if (f[key].iloc[0].tolist() == target if not f.empty
+                      else (tp_dir / f"tp_{k}.json").is_file() and tp_of(k) == target[0])}
+        timed = {k: f for k, f in timed.items() if k in frames}
+    rows = pd.concat(list(timed.values()) or list(frames.values()), ignore_index=True)
     rows = rows.drop_duplicates(["case", "impl", "local_intermediate_size"], keep="last").reset_index(drop=True)
     checks, meta, train = pd.DataFrame(), {}, {}
     for rid in frames:  # oldest first: the latest run's records win
