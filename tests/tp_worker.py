@@ -342,6 +342,46 @@ def scenario_uneven(mesh):
     return {}
 
 
+def scenario_lean_triton(mesh):
+    """bf16 on the Triton path (the interpreter on CPU) in the memory-lean mode: the backward that
+    consumes the saved gate/up shards (``swiglu::mlp_backward_lean`` on DTensors) gives bitwise the
+    gradients of the one that leaves them as they are, and a second backward through the graph is
+    the clear RuntimeError."""
+    import swiglu
+    import swiglu.ops as ops
+
+    x = _draw(2, 4, H, seed=60).bfloat16()
+    go = _draw(2, 4, H, seed=61).bfloat16()
+    grads, lean_calls = {}, []
+    original_ok, original_lean = ops._overwrite_ok, ops.mlp_backward_lean
+    ops.mlp_backward_lean = lambda *a: lean_calls.append(1) or original_lean(*a)
+    try:
+        for overwrite in (True, False):
+            ops._overwrite_ok = original_ok if overwrite else (lambda t: False)
+            torch.manual_seed(17)  # the same weights both times
+            tp = swiglu.SwiGLUMLP(H, I, dtype=torch.bfloat16, backward_impl="triton")
+            swiglu.parallelize(tp, mesh)
+            xr = x.clone().requires_grad_(True)
+            out = tp(xr)
+            out.backward(go, retain_graph=True)
+            grads[overwrite] = [xr.grad] + [p.grad.full_tensor() for p in tp.parameters()]
+            if overwrite:
+                assert lean_calls == [1], lean_calls
+                try:
+                    out.backward(go)
+                except RuntimeError as e:
+                    assert "save_activated_gate=True" in str(e), e
+                else:
+                    raise AssertionError("a second backward through the lean graph did not raise")
+    finally:
+        ops._overwrite_ok, ops.mlp_backward_lean = original_ok, original_lean
+    assert lean_calls == [1], lean_calls
+    for name, a, b in zip(("grad_x", "gate", "up", "down"), grads[True], grads[False]):
+        assert torch.equal(a, b), f"{name}: consuming the saved shards changed the gradient"
+        assert a.abs().max() > 0, name
+    return {}
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 

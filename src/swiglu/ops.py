@@ -32,6 +32,7 @@ differentiable ops, on gate/up activations recomputed from the saved x and weigh
 
 import contextlib
 import importlib
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -301,10 +302,14 @@ def _mlp_backward_lean_fake(grad_output, x, gate_output, up_output, gate_weight,
 
 
 def _overwrite_ok(gate_output: torch.Tensor) -> bool:
-    # The overwriting op only where it saves memory (the Triton path on plain tensors) and outside
-    # torch.compile's tracing (the compiled graph plans its own buffers; a mutation there would
-    # only add copies).
-    return type(gate_output) is torch.Tensor and not torch.compiler.is_compiling()
+    # The overwriting op on plain tensors and on DTensors (tensor parallelism: each rank consumes
+    # its own shards; sharding rule in swiglu.parallel), not on other tensor subclasses, and not
+    # under torch.compile's tracing (the compiled graph plans its own buffers; a mutation there
+    # would only add copies).
+    if torch.compiler.is_compiling():
+        return False
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return type(gate_output) is torch.Tensor or (dtensor is not None and type(gate_output) is dtensor.DTensor)
 
 
 def _setup_context(ctx, inputs, output):

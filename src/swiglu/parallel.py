@@ -82,6 +82,18 @@ if AVAILABLE:
                       + [Replicate()] * 3 + [None] * 5)
         return [tp, replicated]
 
+    @register_sharding(torch.ops.swiglu.mlp_backward_lean.default)
+    def _backward_lean_sharding(grad_output, x, gate_output, up_output, gate_weight, up_weight, down_weight,
+                                need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight,
+                                impl):
+        # As mlp_backward's without activated_gate; each rank overwrites (and frees) its own
+        # shards of gate_output/up_output.
+        last = x.ndim - 1
+        tp = ([Partial(), Shard(0), Shard(0), Shard(1)],
+              [Replicate(), Replicate(), Shard(last), Shard(last), Shard(0), Shard(0), Shard(1)] + [None] * 5)
+        replicated = ([Replicate()] * 4, [Replicate()] * 7 + [None] * 5)
+        return [tp, replicated]
+
     def _hash_flags(op, first_flag: int) -> None:
         # DTensor caches each op's output layout AND shape by its tensor arguments only (for
         # register_sharding ops, bool/str arguments are not hashed). The backward's output shapes
@@ -96,6 +108,7 @@ if AVAILABLE:
             static_argnum=first_flag, needs_pytree=True)
 
     _hash_flags(torch.ops.swiglu.mlp_backward.default, 8)  # need_grad_x, ..., impl
+    _hash_flags(torch.ops.swiglu.mlp_backward_lean.default, 7)
     _hash_flags(torch.ops.swiglu.mlp_forward.default, 4)  # backward_impl (cheap, and exact)
 
 
