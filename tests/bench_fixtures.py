@@ -125,7 +125,8 @@ def write_synthetic_tp_run(tp_dir: Path, run_id: str = "20261201T000000Z-synthet
     csv = tp_dir / f"tp_{run_id}.csv"
     pd.DataFrame(rows).to_csv(csv, index=False)
     pd.DataFrame(checks).to_csv(tp_dir / f"tp_{run_id}_check.csv", index=False)
-    meta = {"run_id": run_id, "tp": tp, "gpu": {"name": "SYNTHETIC H200"}, "nccl_version": "0.0.0",
+    meta = {"run_id": run_id, "tp": tp, "shape": {"hidden_size": H, "intermediate_size": I, "local_intermediate_size": I // tp},
+            "gpu": {"name": "SYNTHETIC H200"}, "nccl_version": "0.0.0",
             "software": {"torch": "2.11.0", "triton": "3.6.0"}, "git_commit": "synthetic", "parts": ["all"],
             "protocol": {"name": "full"}, "train": {"passed": True}}
     (tp_dir / f"tp_{run_id}.json").write_text(json.dumps(meta, indent=1))

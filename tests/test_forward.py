@@ -342,6 +342,26 @@ def test_opcheck_lean_ops():
                                                       *(t.detach() for t in w), *needs, "reference"))
 
 
+def test_opcheck_lean_backward_on_triton(device):
+    """The consuming backward where it really writes gate/up (Triton; interpreter on CPU): its
+    schema (both declared mutated), fake implementation and tracing agree with what it does.
+    Without release_activations: the op's own contract (the storage release is for the eager
+    autograd formula only)."""
+    from swiglu import ops
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    x = torch.randn(2, 5, 48, generator=gen).bfloat16().to(device)
+    w = [(torch.randn(s, generator=gen) / s[1] ** 0.5).bfloat16().to(device) for s in ((80, 48), (80, 48), (48, 80))]
+    out, gate, up, _ = ops.mlp_forward(x, *w, "triton", False)
+    go = torch.randn(out.shape, generator=gen).bfloat16().to(device)
+    for needs in [(True, True, True, True), (False, True, False, True)]:
+        args = (go, x, gate.clone(), up.clone(), *w, *needs, "triton")
+        torch.library.opcheck(ops.mlp_backward_lean, args)
+        before = args[2].clone()
+        ops.mlp_backward_lean(*args)
+        assert not torch.equal(args[2], before), "gate_output was not overwritten with d_gate"
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 def test_modes_triton_checkpointing_is_bitwise(mode, device):
     """Triton path (interpreter on CPU): activation checkpointing reruns the forward, so the

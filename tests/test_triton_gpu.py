@@ -118,3 +118,31 @@ def test_intermediates_are_released_early(need_down, mode):
     if mode == "release":
         after = torch.cuda.memory_allocated() - base  # gate_output's and up_output's storage gone
         assert abs(after - (gx + (3 if need_down else 2) * w - 2 * D)) <= 2 << 20, after
+
+
+def test_release_waits_for_the_queued_kernels_when_gate_up_come_from_another_stream():
+    """An activation offloader may bring gate/up back on a side stream (torchtune's
+    OffloadActivations): their release must not let that stream reuse the memory while the
+    backward's kernels, queued on the current stream behind a 2 s sleep, still read it. Found by
+    review: all four gradients came out NaN before _release recorded the current stream."""
+    from swiglu.triton_backward import triton_swiglu_backward
+
+    T, H, I = 4096, 2048, 8192
+    gen = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(1 << 31))
+    r = lambda *s, k=1.0: (torch.randn(*s, generator=gen, device="cuda") * k).bfloat16()  # noqa: E731
+    go, x, g0, u0 = r(T, H), r(T, H), r(T, I, k=3), r(T, I)
+    w = (r(I, H, k=0.02), r(I, H, k=0.02), r(H, I, k=0.02))
+    want = triton_swiglu_backward(go, x, g0, u0, None, *w)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        gate, up = g0.clone(), u0.clone()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9))  # hold the current stream's queue back
+    got = triton_swiglu_backward(go, x, gate, up, None, *w, overwrite_activations=True, release_activations=True)
+    del gate, up
+    with torch.cuda.stream(side):  # the offloader's next allocations, filled at once
+        junk = [torch.full((T, I), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    torch.cuda.synchronize()
+    del junk
+    for name, g, ref in zip(("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight"), got, want):
+        assert torch.equal(g, ref), name

@@ -270,13 +270,16 @@ def mlp_backward_lean(
     need_grad_up_weight: bool,
     need_grad_down_weight: bool,
     impl: str,
+    release_activations: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``swiglu::mlp_backward`` of the memory-lean mode (activated_gate recomputed) that consumes
     gate_output and up_output on the Triton path: d_gate/d_up are written over them (one [T, I]
-    buffer allocated instead of three) and their storage is freed after its last read (so they
-    are not held beside the weight gradients; ``triton_swiglu_backward``'s
-    ``release_activations``); the reference path leaves them as they are. Declared as mutating
-    both, so their version counters move: a second backward through the same graph
+    buffer allocated instead of three); with ``release_activations`` their storage is also freed
+    after its last read (so they are not held beside the weight gradients;
+    ``triton_swiglu_backward``'s ``release_activations``), which the schema cannot express: only
+    the eager autograd formula asks for it (a traced graph that runs the op on copies and copies
+    them back would read freed memory). The reference path leaves both as they are. Declared as
+    mutating both, so their version counters move: a second backward through the same graph
     (``retain_graph=True``) is a RuntimeError (the autograd formula says why), never a silent
     read of gradients as activations."""
     with _no_autocast(x):
@@ -288,7 +291,7 @@ def mlp_backward_lean(
             need_grad_down_weight=need_grad_down_weight,
             impl=impl,
             overwrite_activations=True,
-            release_activations=True,
+            release_activations=release_activations,
         )
     needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
     return tuple(g.contiguous() if need else x.new_empty(0) for g, need in zip(grads, needs))
@@ -296,7 +299,8 @@ def mlp_backward_lean(
 
 @mlp_backward_lean.register_fake
 def _mlp_backward_lean_fake(grad_output, x, gate_output, up_output, gate_weight, up_weight, down_weight,
-                            need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight, impl):
+                            need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight, impl,
+                            release_activations=False):
     return _mlp_backward_fake(grad_output, x, gate_output, up_output, None, gate_weight, up_weight, down_weight,
                               need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight, impl)
 
@@ -330,11 +334,12 @@ def _backward(ctx, grad_output, *unused_grads):
     needs = tuple(bool(n) for n in ctx.needs_input_grad[:4])
     if grad_output is None or not any(needs):
         return None, None, None, None, None, None
-    if ctx.activations_overwritten:
+    if ctx.activations_overwritten:  # before unpacking: the overwritten gate/up would fail it
         raise RuntimeError(
             "swiglu: a second backward through the same graph (retain_graph=True) in the memory-lean mode: "
             "the first one wrote its gradients over the saved gate/up activations. Use "
-            "save_activated_gate=True (SwiGLUMLP or swiglu_mlp) where a graph is backpropagated more than once")
+            "save_activated_gate=True (SwiGLUMLP or swiglu_mlp) where a graph is backpropagated more than once "
+            "(also for split backward passes, e.g. autograd.grad of x first and of the weights later)")
     x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = ctx.saved_tensors
     if torch.is_grad_enabled():
         # create_graph=True (double backward): the reference formula in differentiable PyTorch ops,
@@ -351,10 +356,11 @@ def _backward(ctx, grad_output, *unused_grads):
         return tuple(grads) + (None, None)  # backward_impl, save_activated_gate
     if activated_gate is None and _overwrite_ok(gate_output) and \
             resolve_backward_impl(ctx.backward_impl, x, gate_weight) == "triton":
-        # Memory-lean mode: the saved gate/up buffers are dead after this backward; d_gate/d_up go there.
-        grads = mlp_backward_lean(grad_output, x, gate_output, up_output, gate_weight, up_weight, down_weight,
-                                  *needs, ctx.backward_impl)
+        # Memory-lean mode: the saved gate/up buffers are dead after this backward; d_gate/d_up go
+        # there. Flagged first: a failure after the overwrite must not let a retry read them.
         ctx.activations_overwritten = True
+        grads = mlp_backward_lean(grad_output, x, gate_output, up_output, gate_weight, up_weight, down_weight,
+                                  *needs, ctx.backward_impl, True)
     else:
         grads = mlp_backward(
             grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,

@@ -85,13 +85,13 @@ if AVAILABLE:
     @register_sharding(torch.ops.swiglu.mlp_backward_lean.default)
     def _backward_lean_sharding(grad_output, x, gate_output, up_output, gate_weight, up_weight, down_weight,
                                 need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight,
-                                impl):
+                                impl, release_activations=False):
         # As mlp_backward's without activated_gate; each rank overwrites (and frees) its own
         # shards of gate_output/up_output.
         last = x.ndim - 1
         tp = ([Partial(), Shard(0), Shard(0), Shard(1)],
-              [Replicate(), Replicate(), Shard(last), Shard(last), Shard(0), Shard(0), Shard(1)] + [None] * 5)
-        replicated = ([Replicate()] * 4, [Replicate()] * 7 + [None] * 5)
+              [Replicate(), Replicate(), Shard(last), Shard(last), Shard(0), Shard(0), Shard(1)] + [None] * 6)
+        replicated = ([Replicate()] * 4, [Replicate()] * 7 + [None] * 6)
         return [tp, replicated]
 
     def _hash_flags(op, first_flag: int) -> None:

@@ -60,10 +60,13 @@ def load_tp_run(tp_dir: str | Path, run_id: str = "") -> TPRun | None:
     key = ["tp", "hidden_size", "intermediate_size"]
     if not run_id and timed:
         target = timed[list(timed)[-1]][key].iloc[0].tolist()
-        tp_of = lambda rid: json.loads((tp_dir / f"tp_{rid}.json").read_text()).get("tp")  # noqa: E731
-        frames = {k: f for k, f in frames.items()
-                  if (f[key].iloc[0].tolist() == target if not f.empty
-                      else (tp_dir / f"tp_{k}.json").is_file() and tp_of(k) == target[0])}
+        def key_of(rid: str) -> list:  # a check-only run's TP size and shape, from its metadata
+            path = tp_dir / f"tp_{rid}.json"
+            meta = json.loads(path.read_text()) if path.is_file() else {}
+            shape = meta.get("shape") or {}
+            return [meta.get("tp"), shape.get("hidden_size"), shape.get("intermediate_size")]
+
+        frames = {k: f for k, f in frames.items() if (f[key].iloc[0].tolist() if not f.empty else key_of(k)) == target}
         timed = {k: f for k, f in timed.items() if k in frames}
     rows = pd.concat(list(timed.values()) or list(frames.values()), ignore_index=True)
     rows = rows.drop_duplicates(["case", "impl", "local_intermediate_size"], keep="last").reset_index(drop=True)

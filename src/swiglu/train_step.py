@@ -13,8 +13,9 @@ One process, on one H200 (``scripts/train_step_gpu.py`` calls ``main``; < 5 min)
    T = 1024, 4096, 8192 for: PlainSwiGLUMLP, torch.compile(PlainSwiGLUMLP), ours saved
    (``save_activated_gate=True``), ours lean (the default), plus ours lean with the cuBLAS forward
    where the table chose the fused one; saved activation bytes per layer from the saved tensors
-   (``swiglu.memory.saved_activations``). Beside each peak, the floor no implementation that
-   materializes bf16 weight gradients can go below (``floor_bytes``): what the step starts with
+   (``swiglu.memory.saved_activations``). Beside each peak, the floor no unchunked
+   implementation that materializes bf16 weight gradients can go below (``floor_bytes``; a
+   backward chunked over tokens needs only [chunk, I] instead of [T, I]): what the step starts with
    (weights, x, grad_output), the module's output (held by the step), grad_x, the three weight
    gradients, and one [T, I] tensor: every weight-gradient GEMM reads a [T, I] operand (d_gate,
    d_up or h) while its output exists, and grad_x needs two of them, so the last of these four
@@ -197,8 +198,8 @@ def _step(module, x, go):
 
 
 def step_floor_bytes(start_bytes: int, grad_bytes: int, tokens: int, hidden_size: int, intermediate_size: int) -> int:
-    """The least peak memory (bytes) of one forward + backward of the MLP that materializes bf16
-    gradients, given what the step starts with (``start_bytes``: weights, x, grad_output) and the
+    """The least peak memory (bytes) of one unchunked forward + backward of the MLP that
+    materializes bf16 gradients, given what the step starts with (``start_bytes``: weights, x, grad_output) and the
     weight gradients' bytes: plus the output and grad_x ([T, H] each) and one [T, I] tensor (the
     operand of the last gradient GEMM; module docstring). bf16 (2 bytes per element)."""
     return start_bytes + grad_bytes + 2 * (2 * tokens * hidden_size) + 2 * tokens * intermediate_size

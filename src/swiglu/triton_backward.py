@@ -347,6 +347,7 @@ def triton_swiglu_backward(
             with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
                 torch.mul(act, up, out=h)
     # Storage that may be freed after its last reader (release_activations): gate's, then up's.
+    # (Freeing with launches still queued is safe: _release records the current stream.)
     releasable = [t for t in (gate_output, up_output) if release_activations and _whole_storage(t)]
     del gate, up, act
 
@@ -381,13 +382,20 @@ def triton_swiglu_backward(
 
 
 def _whole_storage(t: torch.Tensor) -> bool:
-    """Whether t is all of its storage (nothing else can be viewing the rest of it)."""
+    """Whether t spans all of its storage (no view into a larger buffer that others use). Other
+    tensors may still share that whole storage (e.g. one a caller kept); after the release they
+    raise "data is not allocated" when read, never return stale values."""
     return t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _release(t: torch.Tensor) -> None:
-    # Back to the caching allocator now, as a deleted tensor's memory would be: reused only by
-    # work queued later on this stream, so the launches already queued still read valid memory.
+    # Back to the caching allocator now, as a deleted tensor's memory would be. The allocator
+    # reuses a block at once only on the stream that allocated it; an activation offloader may
+    # have allocated gate/up on a side stream (torchtune's OffloadActivations), so the current
+    # stream, where the launches that read it are queued, is recorded first (without it a
+    # reviewer's H200 repro reused the block on the side stream under our kernels: NaN gradients).
+    if t.is_cuda:
+        t.record_stream(torch.cuda.current_stream(t.device))
     t.untyped_storage().resize_(0)
 
 
