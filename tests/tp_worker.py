@@ -87,11 +87,32 @@ def _check_weight_grads(tp, oracle, scale=1.0):
         _close(f"{name}.weight.grad", p.grad.full_tensor(), q.grad * scale)
 
 
+def _step_against_oracle(module, oracle, x, go, mine=None, label=""):
+    """One forward + backward of the parallelized ``module`` on this rank's input (all of x, or
+    its sequence slice ``mine`` of dim 1 under sequence parallelism) and of the unsharded
+    ``oracle`` on all of x; checks out, grad_x and the weight gradients against the oracle's.
+    Returns (out, the rank's x leaf, the collectives CommDebugMode counted in ``module``'s step)."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    part = slice(None) if mine is None else mine
+    x_tp, x_or = x[:, part].clone().requires_grad_(), x.clone().requires_grad_()
+    comm = CommDebugMode()
+    with comm:
+        out = module(x_tp)
+        out.backward(go[:, part])
+    counts = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
+    ref = oracle(x_or)
+    ref.backward(go)
+    _close(f"{label}out", out, ref[:, part])
+    _close(f"{label}grad_x", x_tp.grad, x_or.grad[:, part])
+    _check_weight_grads(module, oracle)
+    return out, x_tp, counts
+
+
 def scenario_replicated(mesh):
     """No sequence parallel: every output, x's gradient and every weight gradient, plus the layouts,
     the shard shapes the backward saw and the collectives issued."""
     from torch.distributed.tensor import DTensor, Shard
-    from torch.distributed.tensor.debug import CommDebugMode
 
     n = mesh.size()
     tp, oracle = _pair(mesh)
@@ -100,16 +121,8 @@ def scenario_replicated(mesh):
     assert list(tp.gate_proj.weight.to_local().shape) == [I // n, H]
     assert all(isinstance(p, DTensor) for p in tp.parameters())
     x, go = _draw(2, 5, H, seed=1), _draw(2, 5, H, seed=2)
-    x_tp, x_or = x.clone().requires_grad_(), x.clone().requires_grad_()
-    comm = CommDebugMode()
-    with _Spy() as spy, comm:
-        out = tp(x_tp)
-        out.backward(go)
-    counts = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
-    oracle(x_or).backward(go)
-    _close("out", out, oracle(x))
-    _close("grad_x", x_tp.grad, x_or.grad)
-    _check_weight_grads(tp, oracle)
+    with _Spy() as spy:  # the oracle (nn.Linear autograd) never reaches swiglu's backward
+        out, x_tp, counts = _step_against_oracle(tp, oracle, x, go)
     assert torch.equal(x_tp.detach(), x), "x was modified"
     assert type(out) is torch.Tensor and type(x_tp.grad) is torch.Tensor, "outputs must be local tensors"
     assert len(spy.calls) == 1, spy.calls
@@ -126,26 +139,13 @@ def scenario_replicated(mesh):
 
 def scenario_sequence_parallel(mesh):
     """x and out sharded along the sequence (dim 1 of [B, S, H]); grad_x reduce-scattered."""
-    from torch.distributed.tensor.debug import CommDebugMode
-
     n, rank = mesh.size(), mesh.get_local_rank()
     tp, oracle = _pair(mesh, seed=3, sequence_parallel=True)
     seq = 3 * n
     x, go = _draw(2, seq, H, seed=4), _draw(2, seq, H, seed=5)
-    mine = slice(rank * 3, rank * 3 + 3)
-    x_tp = x[:, mine].clone().requires_grad_()
-    x_or = x.clone().requires_grad_()
-    comm = CommDebugMode()
-    with _Spy() as spy, comm:
-        out = tp(x_tp)
-        out.backward(go[:, mine])
-    counts = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
-    ref = oracle(x_or)
-    ref.backward(go)
+    with _Spy() as spy:
+        out, _, counts = _step_against_oracle(tp, oracle, x, go, slice(rank * 3, rank * 3 + 3), "shard ")
     assert list(out.shape) == [2, 3, H]
-    _close("out shard", out, ref[:, mine])
-    _close("grad_x shard", x_tp.grad, x_or.grad[:, mine])
-    _check_weight_grads(tp, oracle)
     assert spy.calls[0]["x"] == [2, seq, H] and spy.calls[0]["gate_weight"] == [I // n, H], spy.calls
     # forward: all-gather x, reduce-scatter out; backward: all-gather grad_output, reduce-scatter grad_x.
     assert counts == {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}, counts
@@ -281,7 +281,6 @@ def scenario_plain_module(mesh):
     (torchtitan's plan): correct, and grad_x is all-reduced twice (one per column-parallel layer)."""
     import swiglu
     from swiglu.module import PlainSwiGLUMLP
-    from torch.distributed.tensor.debug import CommDebugMode
 
     n, rank = mesh.size(), mesh.get_local_rank()
     _, oracle = _pair(mesh, seed=21)
@@ -289,31 +288,14 @@ def scenario_plain_module(mesh):
     plain.load_state_dict(oracle.state_dict())
     swiglu.parallelize(plain, mesh)
     x, go = _draw(2, 3, H, seed=22), _draw(2, 3, H, seed=23)
-    x_tp, x_or = x.clone().requires_grad_(), x.clone().requires_grad_()
-    comm = CommDebugMode()
-    with comm:
-        out = plain(x_tp)
-        out.backward(go)
-    counts = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
-    oracle(x_or).backward(go)
-    _close("plain out", out, oracle(x))
-    _close("plain grad_x", x_tp.grad, x_or.grad)
-    _check_weight_grads(plain, oracle)
+    _, _, counts = _step_against_oracle(plain, oracle, x, go, label="plain ")
     assert counts == {"all_reduce": 3}, counts
     plain, oracle = PlainSwiGLUMLP(H, I, dtype=F64), oracle
     plain.load_state_dict(oracle.state_dict())
     oracle.zero_grad(set_to_none=True)
     swiglu.parallelize(plain, mesh, sequence_parallel=True)
     x, go = _draw(2, 2 * n, H, seed=24), _draw(2, 2 * n, H, seed=25)
-    mine = slice(2 * rank, 2 * rank + 2)
-    x_tp, x_or = x[:, mine].clone().requires_grad_(), x.clone().requires_grad_()
-    out = plain(x_tp)
-    out.backward(go[:, mine])
-    ref = oracle(x_or)
-    ref.backward(go)
-    _close("plain SP out", out, ref[:, mine])
-    _close("plain SP grad_x", x_tp.grad, x_or.grad[:, mine])
-    _check_weight_grads(plain, oracle)
+    _step_against_oracle(plain, oracle, x, go, slice(2 * rank, 2 * rank + 2), "plain SP ")
     return {"comm_counts": counts}
 
 

@@ -214,6 +214,20 @@ def _mlp_forward_fake(x, gate_weight, up_weight, down_weight, backward_impl, sav
     return out, x.new_empty(lead + (inter,)), x.new_empty(lead + (inter,)), act
 
 
+def _op_gradients(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
+                  needs: tuple[bool, bool, bool, bool], impl: str, **flags) -> tuple[torch.Tensor, ...]:
+    """The body of both backward ops: ``run_backward`` in the inputs' dtype (``flags``: its
+    overwrite/release switches), each gradient contiguous (so the fake implementation's strides
+    always match) or an empty ``[0]`` tensor where not needed."""
+    with _no_autocast(x):
+        grads = run_backward(
+            grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
+            **dict(zip(("need_grad_x", "need_grad_gate_weight", "need_grad_up_weight", "need_grad_down_weight"), needs)),
+            impl=impl, **flags,
+        )
+    return tuple(g.contiguous() if need else x.new_empty(0) for g, need in zip(grads, needs))
+
+
 @torch.library.custom_op("swiglu::mlp_backward", mutates_args=())
 def mlp_backward(
     grad_output: torch.Tensor,
@@ -232,18 +246,10 @@ def mlp_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The four gradients (contiguous); a gradient not requested is an empty ``[0]`` tensor.
     ``activated_gate`` None: recomputed from gate_output (memory-lean mode)."""
-    needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
-    with _no_autocast(x):
-        grads = run_backward(
-            grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
-            need_grad_x=need_grad_x,
-            need_grad_gate_weight=need_grad_gate_weight,
-            need_grad_up_weight=need_grad_up_weight,
-            need_grad_down_weight=need_grad_down_weight,
-            impl=impl,
-        )
-    # Contiguous outputs so the fake implementation's strides always match.
-    return tuple(g.contiguous() if need else x.new_empty(0) for g, need in zip(grads, needs))
+    return _op_gradients(
+        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
+        (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight), impl,
+    )
 
 
 @mlp_backward.register_fake
@@ -282,19 +288,11 @@ def mlp_backward_lean(
     mutating both, so their version counters move: a second backward through the same graph
     (``retain_graph=True``) is a RuntimeError (the autograd formula says why), never a silent
     read of gradients as activations."""
-    with _no_autocast(x):
-        grads = run_backward(
-            grad_output, x, gate_output, up_output, None, gate_weight, up_weight, down_weight,
-            need_grad_x=need_grad_x,
-            need_grad_gate_weight=need_grad_gate_weight,
-            need_grad_up_weight=need_grad_up_weight,
-            need_grad_down_weight=need_grad_down_weight,
-            impl=impl,
-            overwrite_activations=True,
-            release_activations=release_activations,
-        )
-    needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
-    return tuple(g.contiguous() if need else x.new_empty(0) for g, need in zip(grads, needs))
+    return _op_gradients(
+        grad_output, x, gate_output, up_output, None, gate_weight, up_weight, down_weight,
+        (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight), impl,
+        overwrite_activations=True, release_activations=release_activations,
+    )
 
 
 @mlp_backward_lean.register_fake

@@ -346,9 +346,8 @@ def triton_swiglu_backward(
         else:
             with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
                 torch.mul(act, up, out=h)
-    # Storage that may be freed after its last reader (release_activations): gate's, then up's.
-    # (Freeing with launches still queued is safe: _release records the current stream.)
-    releasable = [t for t in (gate_output, up_output) if release_activations and _whole_storage(t)]
+    # Storage freed after its last reader (release_activations): gate's, then up's.
+    release_gate, release_up = (release_activations and _whole_storage(t) for t in (gate_output, up_output))
     del gate, up, act
 
     # Order for memory, not speed (the launches are independent once d_gate, d_up and h exist):
@@ -357,7 +356,8 @@ def triton_swiglu_backward(
     # Live [T, I] buffers: h + 2 d while grad_down_weight's output exists, then at most one d
     # beside all three weight gradients (with overwrite_activations: h alone, and none beside
     # them). Freeing is safe with launches still queued: the caching allocator reuses memory only
-    # for later work on the same stream.
+    # for later work on the same stream (and _release records the current stream for a block
+    # another stream allocated).
     grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = None
     if need_grad_down_weight:
         grad_down_weight = _alloc(outs[3], (H, I), dev)
@@ -371,13 +371,13 @@ def triton_swiglu_backward(
         grad_gate_weight = _alloc(outs[1], (I, H), dev)
         launch_grad_weight(d_gate, xf, grad_gate_weight, cfg_w)
     del d_gate
-    if releasable and releasable[0] is gate_output:
-        _release(releasable.pop(0))
+    if release_gate:
+        _release(gate_output)
     if need_grad_up_weight:
         grad_up_weight = _alloc(outs[2], (I, H), dev)
         launch_grad_weight(d_up, xf, grad_up_weight, cfg_w)
-    for t in releasable:
-        _release(t)
+    if release_up:
+        _release(up_output)
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 
