@@ -57,7 +57,7 @@ test-gpu: $(STAMP)  ## run only the full-size GPU tests (fails without a CUDA GP
 	$(PY) -m pytest -q -m gpu
 
 reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate figures/ and data/
-	$(PY) -m swiglu.reproduce $(NOTEBOOK_ARGS)
+	$(PY) -m swiglu.research.reproduce $(NOTEBOOK_ARGS)
 
 bench: $(STAMP)  ## benchmark every implementation on the GPU (BENCH_ARGS="--quick ...")
 	$(PY) -m swiglu.bench $(BENCH_ARGS)

@@ -6,7 +6,7 @@ Run on the GPU machine (about a minute, mostly Triton compiles):
 
 Writes ``check_api_gpu.json`` under ``$OUT`` when that is set. Checks:
 
-* shared memory (item 10): the device's opt-in limit as ``swiglu.shared_memory`` reads it; for
+* shared memory (item 10): the device's opt-in limit as ``swiglu.kernels.shared_memory`` reads it; for
   every configuration of the tuned table (and a few around it), the shared memory of the kernel
   Triton actually compiled and loaded against the estimate (estimate >= real); the issue's
   config rejected with a ValueError, and what Triton itself says when the check is bypassed;
@@ -28,10 +28,12 @@ from dataclasses import replace
 import torch
 
 import swiglu
-from swiglu import float64_backward, kernels, make_inputs, reference_backward, relative_error
-from swiglu import shared_memory, triton_backward
+from swiglu import float64_backward, make_inputs, reference_backward, relative_error
+from swiglu.kernels import tl_kernels as kernels
+from swiglu.kernels import shared_memory
+from swiglu.kernels import backward as triton_backward
 from swiglu.ops import resolve_backward_impl
-from swiglu.triton_backward import CONFIGS, KernelConfig, triton_swiglu_backward
+from swiglu.kernels.backward import CONFIGS, KernelConfig, triton_swiglu_backward
 
 ISSUE_EXAMPLE = KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True,
                              flatten=True)

@@ -3,12 +3,12 @@
     PYTHONPATH=src python3 scripts/forward_probe.py
 
 Interleaved per call (plain, ours cuBLAS path, ours per the table, the three GEMMs alone), L2 not
-flushed, as ``swiglu.train_step`` times the forward; then torch.profiler's kernel times at T = 256
+flushed, as ``swiglu.research.train_step`` times the forward; then torch.profiler's kernel times at T = 256
 and 512. Recorded: data/train_step/20261130T154448Z-fec056d/forward_probe.log (the kernels of
 ours take no longer than nn.Linear's; the gap per call is host time before the first GEMM).
 """
 import torch, torch.nn.functional as F, statistics
-from swiglu import forward as fwd
+from swiglu.kernels import forward as fwd
 H, I = 16384, 53248
 g = torch.Generator(device="cuda").manual_seed(0)
 w = [torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16) / s[1] ** 0.5 for s in ((I, H), (I, H), (H, I))]

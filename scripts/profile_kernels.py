@@ -18,7 +18,7 @@ import json
 import torch
 
 from swiglu import make_inputs
-from swiglu.triton_backward import KernelConfig, triton_swiglu_backward
+from swiglu.kernels.backward import KernelConfig, triton_swiglu_backward
 
 
 def main(argv=None) -> None:

@@ -1,5 +1,5 @@
 """Training step of the SwiGLU MLP on one H200: checks, the forward's per-bucket table, step time
-and memory of nn.Linear / torch.compile / ours saved / ours memory-lean (``swiglu.train_step``).
+and memory of nn.Linear / torch.compile / ours saved / ours memory-lean (``swiglu.research.train_step``).
 
     PYTHONPATH=src python3 scripts/train_step_gpu.py          # results under $OUT when set
 
@@ -8,7 +8,7 @@ Exits 1 when a correctness check fails (the table is still printed).
 
 import sys
 
-from swiglu.train_step import main
+from swiglu.research.train_step import main
 
 if __name__ == "__main__":
     run = main()

@@ -5,7 +5,7 @@ For every token count and kernel it checks the kernel's output against PyTorch (
 same inputs (relative Frobenius error of the difference) and times it with
 ``triton.testing.do_bench`` (median; do_bench zeroes a 256 MB buffer before each rep, which
 flushes L2). Writes ``tuning.csv`` to --out and prints a table. The chosen configurations go
-into ``swiglu.triton_backward.CONFIGS`` with the run that chose them.
+into ``swiglu.kernels.backward.CONFIGS`` with the run that chose them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import triton
 from triton.testing import do_bench
 
 from swiglu import make_inputs, reference_backward
-from swiglu.triton_backward import TUNED_CONFIGS_PATH, bucket_for, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x
+from swiglu.kernels.backward import TUNED_CONFIGS_PATH, bucket_for, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x
 
 K = KernelConfig
 # The winners behind tuned_configs.json and their nearest rivals, for a re-run after a kernel
@@ -114,7 +114,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--write-best", default=None, help="write the fastest correct config per kernel and "
-                    "token bucket to this JSON (the format of swiglu/tuned_configs.json)")
+                    "token bucket to this JSON (the format of swiglu/kernels/backward_configs.json)")
     ap.add_argument("--ceilings", action="store_true", help="also measure write/read/copy bandwidth first")
     args = ap.parse_args(argv)
     H, I = args.hidden_size, args.intermediate_size

@@ -95,7 +95,7 @@ def write_synthetic_tp_run(tp_dir: Path, run_id: str = "20261201T000000Z-synthet
     """A SYNTHETIC ``swiglu.bench.tp`` run: one-GPU time = triton factor x SOL, compute at I/N =
     one-GPU / N x 1.02, the all-reduce exactly ``latency + bus bytes / bus_gbps``, ``tp_ours`` with
     the fraction ``hidden`` of it overlapped. Writes ``tp_<run_id>.csv``, ``_check.csv``, ``.json``."""
-    from swiglu import tp_model
+    from swiglu.research import tp_model
 
     tp_dir.mkdir(parents=True, exist_ok=True)
     rows, checks = [], []

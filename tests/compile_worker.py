@@ -1,7 +1,7 @@
 """Compile kernel specs for sm_90 with whatever Triton this interpreter imports (subprocess side of
 tests/test_triton_compile.py).
 
-Imports only Triton and ``src/swiglu/kernels.py`` (loaded by path, no torch), so the same specs can
+Imports only Triton and ``src/swiglu/kernels/tl_kernels.py`` (loaded by path, no torch), so the same specs can
 be compiled by a second Triton release put first on PYTHONPATH: the GPU machine's (3.6.0), next to
 the CPU wheel's. Reads specs (JSON list) on stdin, writes ``{"triton": version, "results": [...]}``
 to the path given as the only argument.
@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 TARGET = ("cuda", 90, 32)  # GPUTarget(backend, arch, warp_size): sm_90
-KERNELS_PY = Path(__file__).resolve().parents[1] / "src" / "swiglu" / "kernels.py"
+KERNELS_PY = Path(__file__).resolve().parents[1] / "src" / "swiglu" / "kernels" / "tl_kernels.py"
 
 
 def _load_kernels():

@@ -1,4 +1,4 @@
-"""The memory-lean mode and the Triton forward (swiglu.forward) at small shapes: under
+"""The memory-lean mode and the Triton forward (swiglu.kernels.forward) at small shapes: under
 TRITON_INTERPRET=1 on a CPU, on the GPU when present.
 
 * The fused forward (and its cuBLAS alternative) against float64 and the plain bf16 forward: the
@@ -20,10 +20,10 @@ import torch.nn.functional as F
 
 import swiglu
 from swiglu import CASES, make_inputs, relative_error
-from swiglu import forward as fwd
+from swiglu.kernels import forward as fwd
 from swiglu.memory import saved_activations
 from swiglu.module import PlainSwiGLUMLP
-from swiglu.triton_backward import KernelConfig, triton_swiglu_backward
+from swiglu.kernels.backward import KernelConfig, triton_swiglu_backward
 
 from triton_checks import NAMES, SMALL_CONFIGS, check_output, fresh_seed
 
@@ -250,7 +250,7 @@ def test_triton_forward_no_tokens(device):
 
 def test_forward_config_table():
     """Every token bucket has an entry, and a T past the last bound uses the last one."""
-    from swiglu.triton_backward import TOKEN_BUCKETS
+    from swiglu.kernels.backward import TOKEN_BUCKETS
 
     assert set(fwd.FORWARD_CONFIGS) == set(TOKEN_BUCKETS)
     assert fwd.forward_config_for(1 << 40) is fwd.FORWARD_CONFIGS[TOKEN_BUCKETS[-1]]

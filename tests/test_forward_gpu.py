@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from swiglu import CASES, benchmark_criterion, make_inputs, relative_error
-from swiglu import forward as fwd
-from swiglu.triton_backward import triton_swiglu_backward
+from swiglu.kernels import forward as fwd
+from swiglu.kernels.backward import triton_swiglu_backward
 
 pytestmark = pytest.mark.gpu
 CANDIDATES = {"cublas": None, **fwd.FUSED_CANDIDATES}

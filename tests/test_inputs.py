@@ -8,7 +8,7 @@ import torch
 
 from swiglu import make_inputs
 from swiglu.inputs import BENCHMARK_SEED
-from swiglu.validation import ARG_NAMES, validate_backward_inputs
+from swiglu.checks import ARG_NAMES, validate_backward_inputs
 
 
 def _seed(request) -> int:

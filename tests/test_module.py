@@ -3,7 +3,7 @@
 float64 checks are tight (same formula, only summation order differs); bf16 checks bound our error
 against the float64 oracle by twice the bf16 plain module's own error plus a small floor. The
 Triton path runs under TRITON_INTERPRET=1 (set by conftest) and is skipped only when
-swiglu.triton_backward cannot be imported.
+swiglu.kernels.backward cannot be imported.
 """
 
 import itertools
@@ -438,7 +438,7 @@ def test_torch_compile_fullgraph_keeps_custom_ops(request):
 
 @pytest.fixture
 def triton_backward():
-    return pytest.importorskip("swiglu.triton_backward")
+    return pytest.importorskip("swiglu.kernels.backward")
 
 
 @pytest.mark.parametrize("leading", [(7,), (2, 5), (2, 1, 3)], ids=str)
@@ -486,7 +486,7 @@ def test_triton_path_errors_at_forward(monkeypatch, triton_backward, device):
         swiglu.SwiGLUMLP(44, I, backward_impl="triton", dtype=torch.bfloat16).to(device)(x)
     # The kernels were decorated for the interpreter at import; switching it off is what a
     # process without TRITON_INTERPRET=1 sees.
-    monkeypatch.setattr(triton_backward, "INTERPRET", False)
+    monkeypatch.setattr(pytest.importorskip("swiglu.kernels.common"), "INTERPRET", False)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs CUDA tensors"):
             swiglu.SwiGLUMLP(H, I, backward_impl="triton", dtype=torch.bfloat16)(torch.randn(3, H, dtype=torch.bfloat16))

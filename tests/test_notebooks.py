@@ -1,5 +1,5 @@
 """Notebooks: committed without outputs, and every one executes through papermill in the smoke
-configuration (``python -m swiglu.reproduce --smoke``), producing its figures and tables.
+configuration (``python -m swiglu.research.reproduce --smoke``), producing its figures and tables.
 
 The latency data here is a SYNTHETIC run written to tmp_path (tests/bench_fixtures.py).
 """
@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from bench_fixtures import FACTORS, FLUSH_J, POWER_W, write_synthetic_run, write_synthetic_tp_run
-from swiglu import CASES, reproduce
+from swiglu import CASES
+from swiglu.research import reproduce
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -40,7 +41,7 @@ def test_committed_notebook_has_no_outputs(path):
         if cell["cell_type"] != "code":
             continue
         assert cell["outputs"] == [], (
-            f"{path.name} cell {k} has stored outputs: run `python -m swiglu.reproduce --strip-outputs`")
+            f"{path.name} cell {k} has stored outputs: run `python -m swiglu.research.reproduce --strip-outputs`")
         assert cell["execution_count"] is None, f"{path.name} cell {k} has an execution count"
     assert "papermill" not in book["metadata"], f"{path.name} is an executed notebook (papermill metadata)"
 
@@ -240,7 +241,8 @@ def test_strip_outputs_restores_the_committed_form(tmp_path):
 
 
 def test_tp_runs_recorded_by_two_commands_are_merged(tmp_path):
-    from swiglu import tp_model, tp_report
+    from swiglu.research import tp_model
+    from swiglu.research import tp_report
 
     write_synthetic_tp_run(tmp_path, run_id="20261201T000000Z-first")
     csv = write_synthetic_tp_run(tmp_path, run_id="20261201T010000Z-second", hidden=1.0)

@@ -18,7 +18,9 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from bench_fixtures import write_synthetic_run  # noqa: E402
-from swiglu import analysis, plots, roofline, validate  # noqa: E402
+from swiglu import roofline  # noqa: E402
+from swiglu.research import analysis, plots  # noqa: E402
+from swiglu.research import gradient_validation as validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

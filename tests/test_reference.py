@@ -131,7 +131,7 @@ def test_inputs_unchanged_and_outputs_fresh(request, flatten):
     args = _inputs(request, 2, 7, 200, 344, flatten=flatten)
     before = [t.clone() for t in args]
     outs = swiglu.swiglu_mlp_backward(*args, impl="reference")
-    for name, t, b in zip(swiglu.validation.ARG_NAMES, args, before):
+    for name, t, b in zip(swiglu.checks.ARG_NAMES, args, before):
         # bitwise: compare the raw 16-bit patterns
         assert torch.equal(t.view(torch.int16), b.view(torch.int16)), f"{name} was modified"
     in_storages = {_storage(t) for t in args}

@@ -18,7 +18,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from swiglu import plots, reproduce, validate  # noqa: E402
+from swiglu.research import plots, reproduce  # noqa: E402
+from swiglu.research import gradient_validation as validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TABLE = ROOT / "data" / "derived" / "validation_cpu.csv"

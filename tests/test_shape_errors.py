@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import swiglu
-from swiglu.validation import ARG_NAMES
+from swiglu.checks import ARG_NAMES
 
 B, S, H, I = 2, 3, 24, 40
 WEIGHTS = ("gate_weight", "up_weight", "down_weight")

@@ -11,9 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from swiglu import kernels, make_inputs, shared_memory
-from swiglu.shared_memory import SM90_SHARED_MEMORY_BYTES, check_shared_memory, estimate_shared_memory
-from swiglu.triton_backward import CONFIGS, KernelConfig, triton_swiglu_backward
+from swiglu import make_inputs
+from swiglu.kernels import tl_kernels as kernels
+from swiglu.kernels import shared_memory
+from swiglu.kernels.shared_memory import SM90_SHARED_MEMORY_BYTES, check_shared_memory, estimate_shared_memory
+from swiglu.kernels.backward import CONFIGS, KernelConfig, triton_swiglu_backward
 
 from triton_checks import SMALL, SMALL_CONFIGS
 

@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from swiglu import float64_backward, kernels, make_inputs, reference, relative_error
+from swiglu import float64_backward, make_inputs, reference, relative_error
+from swiglu.kernels import tl_kernels as kernels
 
 from triton_checks import FACTOR, FLOOR, NAMES, SMALL_CONFIGS, fresh_seed, run_guarded
 

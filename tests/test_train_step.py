@@ -1,4 +1,4 @@
-"""swiglu.train_step off the GPU: the forward sweep and the step measurement run end to end at a
+"""swiglu.research.train_step off the GPU: the forward sweep and the step measurement run end to end at a
 tiny shape (interpreter on CPU; times are perf_counter's, memory columns 0), the measured table
 round-trips through forward_configs.json, and a written run reads back and plots."""
 
@@ -11,8 +11,9 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from swiglu import forward, train_step
-from swiglu.triton_backward import TOKEN_BUCKETS, KernelConfig
+from swiglu.kernels import forward
+from swiglu.research import train_step
+from swiglu.kernels.backward import TOKEN_BUCKETS, KernelConfig
 
 matplotlib.use("Agg")
 TINY = KernelConfig(BM=64, BN=64, BK=32, EPI_SPLIT=2)

@@ -31,7 +31,7 @@ from swiglu import (
     relative_error,
     swiglu_mlp_backward,
 )
-from swiglu.triton_backward import KernelConfig, config_for, triton_swiglu_backward
+from swiglu.kernels.backward import KernelConfig, config_for, triton_swiglu_backward
 
 from triton_checks import (  # noqa: E402  (shared with test_triton_cpu.py)
     FACTOR,

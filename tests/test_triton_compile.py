@@ -17,7 +17,7 @@ functions), with a fresh Triton cache and one thread per core: once with the ins
 once more with the GPU machine's release when ``SWIGLU_EXTRA_TRITON_DIR`` names it (``make test``
 does). ``python tests/test_triton_compile.py`` prints the table.
 
-The same compiles calibrate ``swiglu.shared_memory``'s estimate, which ``triton_swiglu_backward``
+The same compiles calibrate ``swiglu.kernels.shared_memory``'s estimate, which ``triton_swiglu_backward``
 checks before launching: it must be at least Triton's figure for every launch of the table and
 for calibration configs around it (compiled here but never launched by the table), and reject
 exactly the configs that do not fit, among them the issue-13 example (279576 bytes).
@@ -38,9 +38,12 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from swiglu import forward, kernels, triton_backward
-from swiglu.shared_memory import SM90_SHARED_MEMORY_BYTES, estimate_shared_memory
-from swiglu.triton_backward import CONFIGS, TOKEN_BUCKETS, KernelConfig
+from swiglu.kernels import forward
+from swiglu.kernels import tl_kernels as kernels
+from swiglu.kernels import backward as triton_backward
+from swiglu.kernels import common
+from swiglu.kernels.shared_memory import SM90_SHARED_MEMORY_BYTES, estimate_shared_memory
+from swiglu.kernels.backward import CONFIGS, TOKEN_BUCKETS, KernelConfig
 from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 #: cudaDevAttrMaxSharedMemoryPerBlockOptin of the H200 (227 KiB): a kernel asking for more
@@ -48,7 +51,7 @@ from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
 H200_SHARED_MEMORY_BYTES = 232448
 H200_SMS = 132
 KERNEL_NAMES = {"dswiglu": "dswiglu_gemm_kernel", "grad_weights": "grad_weight_kernel", "grad_x": "grad_x_kernel"}
-#: The memory-lean mode's forward kernels (swiglu.forward), recorded from triton_swiglu_forward.
+#: The memory-lean mode's forward kernels (swiglu.kernels.forward), recorded from triton_swiglu_forward.
 FORWARD_KERNELS = ("swiglu_forward_kernel", "swiglu_product_kernel")
 #: Past the largest token bucket's bound, a token count for the unbounded bucket.
 LAST_BUCKET_TOKENS = 2 * TOKEN_BUCKETS[-2]
@@ -129,12 +132,12 @@ def record_launches(tokens: int, configs: dict | None = None, check_shared: bool
         for name in (*KERNEL_NAMES.values(), *FORWARD_KERNELS):
             mp.setattr(kernels, name, _Recorder(name, getattr(kernels, name).fn, launches))
         # Meta tensors pass the device check only as "interpreted"; UPCAST is reset in _launch_spec.
-        mp.setattr(triton_backward, "INTERPRET", True)
-        mp.setattr(triton_backward, "_num_sms", lambda index: H200_SMS)
-        num_programs = triton_backward._num_programs
+        mp.setattr(common, "INTERPRET", True)
+        mp.setattr(common, "_num_sms", lambda index: H200_SMS)
+        num_programs = common.num_programs
         on_h200 = lambda device, tiles, persistent=True: num_programs(torch.device("cuda", 0), tiles, persistent)  # noqa: E731
-        mp.setattr(triton_backward, "_num_programs", on_h200)
-        mp.setattr(forward, "_num_programs", on_h200)
+        mp.setattr(triton_backward, "num_programs", on_h200)
+        mp.setattr(forward, "num_programs", on_h200)
         inputs = _meta_inputs(tokens)
         if not (isinstance(forward_config, str) and forward_config == "no forward"):
             x, weights = inputs[1], inputs[5:]
@@ -200,7 +203,7 @@ ISSUE_EXAMPLE = ("dswiglu", KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num
 
 
 def _calibration_configs() -> list[tuple[str, KernelConfig]]:
-    """Configurations around the tuned ones, compiled only to check ``swiglu.shared_memory``'s
+    """Configurations around the tuned ones, compiled only to check ``swiglu.kernels.shared_memory``'s
     estimate (never launched by the table): every epilogue split, loop kind and store kind, the
     4-warp warp-specialized variants and 64-row tiles."""
     out = [ISSUE_EXAMPLE]
@@ -372,7 +375,7 @@ def test_oversized_config_is_reported(compiled):
 
 
 def test_shared_memory_estimate_matches_triton(compiled):
-    """swiglu.shared_memory's estimate is never below Triton's figure for sm_90, for every launch of
+    """swiglu.kernels.shared_memory's estimate is never below Triton's figure for sm_90, for every launch of
     the table and every calibration config; within 1.1 KiB of it for the table's; it rejects no
     config that fits (no false rejection) and rejects every config that does not."""
     assert SM90_SHARED_MEMORY_BYTES == H200_SHARED_MEMORY_BYTES

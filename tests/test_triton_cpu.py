@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from swiglu import make_inputs, reference_backward
-from swiglu.triton_backward import CONFIGS, triton_swiglu_backward
+from swiglu.kernels.backward import CONFIGS, triton_swiglu_backward
 
 from triton_checks import (  # noqa: E402  (shared with test_triton_adversarial.py)
     NAMES,
@@ -156,9 +156,10 @@ def test_errors(device):
 
 
 def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):
-    import swiglu.triton_backward as tb
+    import swiglu.kernels.backward as tb
+    import swiglu.kernels.common as common
 
-    monkeypatch.setattr(tb, "INTERPRET", False)
+    monkeypatch.setattr(common, "INTERPRET", False)
     inp = make_inputs(1, 4, 64, 136, seed=1)
     with pytest.raises(ValueError, match="needs CUDA tensors.*TRITON_INTERPRET"):
         tb.triton_swiglu_backward(*inp.as_tuple())

@@ -41,7 +41,7 @@ def _record(rows: list[dict]) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_triton_full_size(case):
-    from swiglu.triton_backward import triton_swiglu_backward
+    from swiglu.kernels.backward import triton_swiglu_backward
 
     seed = random.SystemRandom().randrange(1 << 31)  # fresh inputs every run; printed on failure
     inp = make_inputs(case.batch_size, case.seq_len, device="cuda", seed=seed)
@@ -88,7 +88,7 @@ def test_intermediates_are_released_early(need_down, mode):
     d_gate freed (gate_output's storage with release_activations), grad_up_weight. Exact byte
     accounting (the peak over that sequence), 2 MiB slack for the allocator's rounding; and never
     every buffer at once."""
-    from swiglu.triton_backward import triton_swiglu_backward
+    from swiglu.kernels.backward import triton_swiglu_backward
 
     T, H, I = 1000, 1024, 4096
     inp = make_inputs(1, T, H, I, device="cuda", seed=random.SystemRandom().randrange(1 << 31))
@@ -125,7 +125,7 @@ def test_release_waits_for_the_queued_kernels_when_gate_up_come_from_another_str
     OffloadActivations): their release must not let that stream reuse the memory while the
     backward's kernels, queued on the current stream behind a 2 s sleep, still read it. Found by
     review: all four gradients came out NaN before _release recorded the current stream."""
-    from swiglu.triton_backward import triton_swiglu_backward
+    from swiglu.kernels.backward import triton_swiglu_backward
 
     T, H, I = 4096, 2048, 8192
     gen = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(1 << 31))

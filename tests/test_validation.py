@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import swiglu
-from swiglu.validation import ARG_NAMES, validate_backward_inputs
+from swiglu.checks import ARG_NAMES, validate_backward_inputs
 
 B, S, H, I = 2, 5, 24, 40
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import swiglu
-from swiglu import kernels
+from swiglu.kernels import tl_kernels as kernels
 
 from mlp_pairs import mlp_pair
 
@@ -97,7 +97,7 @@ def test_backward_entry_point(no_kernel_launch, impl, leading, device):
 
 def test_triton_fills_out_buffers_with_zeros(no_kernel_launch, device):
     """Preallocated outputs, NaN-poisoned, are overwritten with the zero weight gradients."""
-    from swiglu.triton_backward import triton_swiglu_backward
+    from swiglu.kernels.backward import triton_swiglu_backward
 
     bf = dict(dtype=torch.bfloat16, device=device)
     args = [torch.randn(0, H, **bf), torch.randn(0, H, **bf)] + [torch.randn(0, I, **bf) for _ in range(3)]

@@ -13,7 +13,7 @@ import math
 import random
 
 from swiglu import benchmark_criterion, float64_backward, reference_backward, relative_error
-from swiglu.triton_backward import KernelConfig, triton_swiglu_backward
+from swiglu.kernels.backward import KernelConfig, triton_swiglu_backward
 
 import torch
 

@@ -8,13 +8,13 @@ from typing import Callable
 import torch
 
 from .reference import Gradients, reference_backward
-from .validation import validate_backward_inputs
+from .checks import validate_backward_inputs
 
 BackwardFn = Callable[..., Gradients]
 
 _IMPLS: dict[str, BackwardFn] = {"reference": reference_backward}
-# Implementations whose module registers them on import (kept lazy: importing Triton is slow).
-_LAZY = {"triton": "swiglu.triton_backward"}
+# Implementations imported on first use (importing Triton is slow): name -> (module, function).
+_LAZY = {"triton": ("swiglu.kernels.backward", "triton_swiglu_backward")}
 
 
 def register_impl(name: str, fn: BackwardFn) -> None:
@@ -31,7 +31,8 @@ def get_impl(name: str) -> BackwardFn:
     """The implementation registered as ``name`` (importing a lazily registered one, e.g.
     "triton"). Raises ``ValueError`` for an unknown name; an import failure propagates."""
     if name not in _IMPLS and name in _LAZY:
-        importlib.import_module(_LAZY[name])
+        module, function = _LAZY[name]
+        _IMPLS[name] = getattr(importlib.import_module(module), function)
     if name not in _IMPLS:
         raise ValueError(f"impl must be one of {['auto'] + available_impls()}, got {name!r}")
     return _IMPLS[name]
@@ -78,7 +79,7 @@ def swiglu_mlp_backward(
         TypeError: a non-tensor argument or a dtype mismatch (triton: not bfloat16).
         ValueError: wrong ranks, mismatched shapes (naming the argument inconsistent with x),
             different devices, an empty hidden_size or intermediate_size, or an unknown ``impl``; triton also rejects unsupported devices or sizes (see
-            ``swiglu.triton_backward``).
+            ``swiglu.kernels.backward``).
     """
     validate_backward_inputs(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight

@@ -8,7 +8,7 @@
   (``save_activated_gate=False``, the default of ``swiglu_mlp``): activated_gate comes back empty
   (``[0]``), is not saved, and the backward recomputes it from gate_output with the forward's
   formula (``reference.activated_gate_of`` on the PyTorch path; ``kernels._activated_gate`` in the
-  Triton forward, ``swiglu.forward``, and in the Triton backward's epilogue).
+  Triton forward, ``swiglu.kernels.forward``, and in the Triton backward's epilogue).
 * ``swiglu::mlp_backward_lean`` (same arguments less activated_gate): the memory-lean backward on
   the Triton path, writing d_gate/d_up over the saved gate_output/up_output (declared mutated).
 * ``swiglu::mlp_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight,
@@ -19,7 +19,7 @@
 
 Both ops have fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces them
 without graph breaks. Backward dispatch (``backward_impl``): ``"triton"`` is
-``swiglu.triton_backward.triton_swiglu_backward`` (bf16; CUDA sm_90+, or any device under
+``swiglu.kernels.backward.triton_swiglu_backward`` (bf16; CUDA sm_90+, or any device under
 ``TRITON_INTERPRET=1``); ``"reference"`` is the benchmark's order of operations
 (``swiglu.reference``) with the GEMMs of unneeded gradients skipped, in the inputs' dtype;
 ``"auto"`` picks triton for bf16 CUDA tensors on sm_90+ and the reference otherwise.
@@ -38,12 +38,12 @@ import torch
 import torch.nn.functional as F
 
 from .reference import activated_gate_of, reference_backward
-from .validation import check_mlp_shapes
+from .checks import check_mlp_shapes
 
 BACKWARD_IMPLS = ("auto", "reference", "triton")
 # Under torch.autocast on these devices the forward op runs in bfloat16 (our kernels' dtype).
 _AUTOCAST_DEVICES = ("cuda", "cpu")
-_TRITON_MODULE = "swiglu.triton_backward"
+_TRITON_MODULE = "swiglu.kernels.backward"
 
 
 # --------------------------------------------------------------------------- validation
@@ -67,7 +67,7 @@ def validate_forward_inputs(
     region on x's device the dtypes need not match (autocast casts all four to bfloat16).
     ``hidden_size`` and ``intermediate_size``, when given (``SwiGLUMLP`` gives its own), are the
     declared H and I that x and the weights are checked against; otherwise H is x's and I the
-    weights' (see ``swiglu.validation.check_mlp_shapes``: the argument named in a shape error is
+    weights' (see ``swiglu.checks.check_mlp_shapes``: the argument named in a shape error is
     the one inconsistent with x and the declared sizes).
     """
     tensors = {"x": x, "gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
@@ -92,7 +92,7 @@ def validate_forward_inputs(
 
 def _triton_problem(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
     """Why the Triton backward cannot run on these tensors (None when it can). Imports
-    ``swiglu.triton_backward`` (an ImportError propagates)."""
+    ``swiglu.kernels.backward`` (an ImportError propagates)."""
     return importlib.import_module(_TRITON_MODULE).unsupported_reason(x, gate_weight)
 
 
@@ -101,7 +101,7 @@ def _triton_problem(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
 
 def resolve_backward_impl(backward_impl: str, x: torch.Tensor, gate_weight: torch.Tensor) -> str:
     """``"auto"`` -> ``"triton"`` for bf16 CUDA tensors on sm_90+ with hidden_size and
-    intermediate_size multiples of 8 (when ``swiglu.triton_backward`` is importable),
+    intermediate_size multiples of 8 (when ``swiglu.kernels.backward`` is importable),
     ``"reference"`` otherwise; other names are returned unchanged."""
     if backward_impl != "auto":
         return backward_impl
@@ -185,14 +185,14 @@ def mlp_forward(
     computes it (same ops, same order, same bits). ``backward_impl`` is checked here (the Triton
     path must be runnable) and stored for the backward. ``save_activated_gate=False``: the
     fourth output is an empty ``[0]`` tensor, and where the backward resolves to Triton the
-    forward is ``swiglu.forward.triton_swiglu_forward`` (its silu formula is the one the Triton
+    forward is ``swiglu.kernels.forward.triton_swiglu_forward`` (its silu formula is the one the Triton
     backward recomputes with; activated_gate may then differ from F.silu's by one bf16 ulp)."""
     if backward_impl == "triton":
         problem = _triton_problem(x, gate_weight)
         if problem:
             raise ValueError(f"backward_impl='triton' {problem}")
     if not save_activated_gate and resolve_backward_impl(backward_impl, x, gate_weight) == "triton":
-        from .forward import triton_swiglu_forward
+        from .kernels.forward import triton_swiglu_forward
 
         with _no_autocast(x):
             out, gate_output, up_output = triton_swiglu_forward(x, gate_weight, up_weight, down_weight)
@@ -399,7 +399,7 @@ def swiglu_mlp(
         save_activated_gate: False (default, memory-lean): the forward saves x, the weights,
             gate_output and up_output (2 [T, I] tensors) and the backward recomputes
             activated_gate = silu(gate_output) with the forward's own formula (bitwise the same
-            values); with the Triton backward the forward is ``swiglu.forward``'s (fused kernel
+            values); with the Triton backward the forward is ``swiglu.kernels.forward``'s (fused kernel
             or cuBLAS per token bucket), and the backward writes d_gate/d_up over the saved
             gate/up buffers (one more [T, I] buffer, h, instead of three), so a second backward
             through the same graph (``retain_graph=True``) raises a RuntimeError saying so: use

@@ -40,7 +40,7 @@ from .module import SwiGLUMLP
 from . import ops  # noqa: F401 - defines torch.ops.swiglu.mlp_forward / mlp_backward
 
 AVAILABLE = dist.is_available()
-# swiglu.triton_backward.ALIGN_ELEMENTS, not imported here (that imports Triton): TMA's 16-byte rows.
+# swiglu.kernels.backward.ALIGN_ELEMENTS, not imported here (that imports Triton): TMA's 16-byte rows.
 ALIGN_ELEMENTS = 8
 
 if AVAILABLE:

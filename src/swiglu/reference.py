@@ -25,7 +25,7 @@ def activated_gate_of(gate_output: torch.Tensor) -> torch.Tensor:
     nn.Linear module computes it). The one silu formula of the PyTorch path: ``swiglu_mlp``'s
     forward and its memory-lean backward (which recomputes activated_gate) both call it, so the
     recomputed values are bitwise the forward's. The Triton path's counterpart is
-    ``swiglu.kernels._activated_gate``."""
+    ``swiglu.kernels.tl_kernels._activated_gate``."""
     return F.silu(gate_output)
 
 

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import roofline
-from ..analysis import repo_root
+from ..research.analysis import repo_root
 from ..inputs import BENCHMARK_SEED
 from ..workloads import MODEL_SHAPES, select_cases
 from . import environment

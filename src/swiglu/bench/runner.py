@@ -196,7 +196,7 @@ def measure_impl(
 def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, flush_nbytes: int,
                    ceiling_record: dict, power_record: dict | None = None) -> dict:
     """The run's metadata record: flat summary keys (``gpu_name``, ``git_commit``, ... as
-    ``swiglu.analysis`` reads them), then GPU, software, git, protocol, shape, cases, impls,
+    ``swiglu.research.analysis`` reads them), then GPU, software, git, protocol, shape, cases, impls,
     datasheet and measured ceilings."""
     device = config.device
     warmup, iters = PROTOCOLS[config.protocol]

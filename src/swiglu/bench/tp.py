@@ -19,11 +19,11 @@ Parts (``--parts``, in this order; each writes its rows as soon as it ends):
   ``tp_allreduce`` (the collective alone), ``tp_ours_module`` / ``tp_plain_module`` (backward of
   the parallelized ``SwiGLUMLP`` / ``PlainSwiGLUMLP``, forward untimed; real-forward activations).
 * ``model``: ``ours_local_compute`` at local I = I (one GPU, the whole MLP), I/4 and I/8 on every
-  rank's own GPU (the scaling model's inputs, ``swiglu.tp_model``).
+  rank's own GPU (the scaling model's inputs, ``swiglu.research.tp_model``).
 * ``overlap``: ``tp_serial`` (backward, then all-reduce), ``tp_early`` (grad_x first, its
   all-reduce issued async on NCCL's stream while the weight-gradient kernels run) and
   ``tp_early_reserve<k>`` (the same with the weight-gradient kernels leaving k SMs to NCCL:
-  ``triton_backward.RESERVED_SMS``). NCCL channel limits: run again with ``--nccl-max-channels``.
+  ``swiglu.kernels.common.RESERVED_SMS``). NCCL channel limits: run again with ``--nccl-max-channels``.
 
 Outputs (rank 0, ``--out``, default data/tp): ``tp_<run_id>.csv`` (timings, one row per case x
 impl x local I), ``tp_<run_id>_check.csv`` (correctness per case x output), ``tp_<run_id>.json``
@@ -93,7 +93,7 @@ def init(args) -> tuple:
         os.environ["NCCL_MAX_NCHANNELS"] = str(args.nccl_max_channels)
         os.environ.setdefault("NCCL_MIN_NCHANNELS", "1")
     if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # our kernels on the CPU (before swiglu.triton_backward)
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # our kernels on the CPU (before swiglu.kernels.backward)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
             raise SystemExit(f"{name} is not set: start with `torchrun --nproc-per-node {args.tp} -m swiglu.bench --tp {args.tp}`")
@@ -191,7 +191,7 @@ def overlapped_backward(local: tuple, group, reserve_sms: int | None) -> tuple:
     """Our backward with grad_x's all-reduce started as soon as grad_x exists (async on NCCL's
     stream) while the weight-gradient kernels run; ``reserve_sms`` k leaves k SMs idle in those
     kernels (None: ``serial``, the all-reduce after everything). Returns local tensors."""
-    from .. import triton_backward as tb
+    from ..kernels import backward as tb, common
 
     go, x, gate, up, act, gw, uw, dw = (t.reshape(-1, t.shape[-1]) for t in local)
     T, H = go.shape
@@ -203,14 +203,14 @@ def overlapped_backward(local: tuple, group, reserve_sms: int | None) -> tuple:
     grad_x = torch.empty((T, H), device=dev, dtype=torch.bfloat16)
     tb.launch_grad_x(d_gate, d_up, gw, uw, grad_x, cfg_x)
     work = dist.all_reduce(grad_x, group=group, async_op=True) if reserve_sms is not None else None
-    old = tb.RESERVED_SMS
-    tb.RESERVED_SMS = reserve_sms or 0
+    old = common.RESERVED_SMS
+    common.RESERVED_SMS = reserve_sms or 0
     try:
         ggw, guw = (torch.empty((I, H), device=dev, dtype=torch.bfloat16) for _ in range(2))
         gdw = torch.empty((H, I), device=dev, dtype=torch.bfloat16)
         tb.launch_grad_weights(d_gate, d_up, h, x, go, ggw, guw, gdw, cfg_w)
     finally:
-        tb.RESERVED_SMS = old
+        common.RESERVED_SMS = old
     if work is None:
         dist.all_reduce(grad_x, group=group)
     else:
@@ -310,7 +310,7 @@ def _cleanup(device):
 # ----------------------------------------------------------------------------------------- parts
 def part_check(cases, H, I, device, mesh, impl, seed) -> list[dict]:
     """Correctness per case (module docstring); rows for rank 0's check CSV."""
-    from ..triton_backward import triton_swiglu_backward
+    from ..kernels.backward import triton_swiglu_backward
 
     rank, tp, rows = mesh.get_local_rank(), mesh.size(), []
     for case in cases:
@@ -489,7 +489,7 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
 
 def part_model(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
     """The ``model`` part: our one-GPU backward at local I = I, I/4 and I/8 per case (the scaling
-    model's inputs, ``swiglu.tp_model``), appended to ``rows``."""
+    model's inputs, ``swiglu.research.tp_model``), appended to ``rows``."""
     from ..api import swiglu_mlp_backward
 
     tp = mesh.size()
@@ -530,7 +530,7 @@ def part_overlap(cases, H, I, device, mesh, protocol, seed, reserves, rows) -> N
 # ----------------------------------------------------------------------------------------- main
 def summary_text(rows: pd.DataFrame, checks: pd.DataFrame, train: dict) -> str:
     """The closing table printed by rank 0: correctness, training, per-case times and overlap."""
-    from .. import tp_model
+    from ..research import tp_model
 
     lines = []
     if not checks.empty:

@@ -5,7 +5,7 @@ inside Triton's launcher with ``OutOfResources``; ``check_shared_memory`` turns 
 ``ValueError`` naming the kernel, the config, the estimate and the device's limit, before anything
 is compiled or launched.
 
-The estimate (bytes, bf16 operands) models what Triton allocates for ``swiglu.kernels``:
+The estimate (bytes, bf16 operands) models what Triton allocates for ``swiglu.kernels.tl_kernels``:
 
 * mainloop: ``num_stages * (BM * BK + BK * BN) * 2`` (the A and B tiles of every pipeline stage);
   doubled for ``grad_x_kernel`` when warp specialization is on with 4 warps (its two K loops are
@@ -45,14 +45,14 @@ import torch
 #: Opt-in shared memory per block on sm_90 (H100/H200, ``cudaDevAttrMaxSharedMemoryPerBlockOptin``),
 #: the limit used where no CUDA device can be queried (CPU, the interpreter, meta tensors).
 SM90_SHARED_MEMORY_BYTES = 232448
-#: Launcher kernel keys (``swiglu.triton_backward.CONFIGS``) and the Triton kernels they launch.
+#: Launcher kernel keys (``swiglu.kernels.backward.CONFIGS``) and the Triton kernels they launch.
 KERNELS = {"dswiglu": "dswiglu_gemm_kernel", "grad_weights": "grad_weight_kernel", "grad_x": "grad_x_kernel"}
 _OVERHEAD = 1088
 
 
 def estimate_shared_memory(kernel: str, cfg) -> int:
     """Bytes of shared memory Triton allocates for ``kernel`` ("dswiglu", "grad_weights" or
-    "grad_x", the keys of ``swiglu.triton_backward.CONFIGS``) launched with the ``KernelConfig``
+    "grad_x", the keys of ``swiglu.kernels.backward.CONFIGS``) launched with the ``KernelConfig``
     ``cfg`` (model in the module docstring; an upper bound of the sm_90 compiler's figure).
     Raises ``ValueError`` for an unknown kernel."""
     if kernel not in KERNELS:

@@ -1,10 +1,10 @@
 """Execute every notebook and regenerate figures/ and data/derived/: ``make reproduce``.
 
-    python -m swiglu.reproduce                 # CPU: recorded H200 data for latency, reduced sizes for validation
-    python -m swiglu.reproduce --smoke         # tiny sizes, outputs under build/smoke/ (CI)
-    python -m swiglu.reproduce --live          # on a CUDA GPU: re-measure latency, validate at full size
-    python -m swiglu.reproduce --only 02       # one notebook (name, number or part of the name)
-    python -m swiglu.reproduce --strip-outputs # clear outputs of notebooks saved from JupyterLab
+    python -m swiglu.research.reproduce                 # CPU: recorded H200 data for latency, reduced sizes for validation
+    python -m swiglu.research.reproduce --smoke         # tiny sizes, outputs under build/smoke/ (CI)
+    python -m swiglu.research.reproduce --live          # on a CUDA GPU: re-measure latency, validate at full size
+    python -m swiglu.research.reproduce --only 02       # one notebook (name, number or part of the name)
+    python -m swiglu.research.reproduce --strip-outputs # clear outputs of notebooks saved from JupyterLab
 
 Executed notebooks go to ``build/notebooks/`` (``build/smoke/notebooks/`` with ``--smoke``),
 figures (PNG + SVG) to ``figures/``, derived tables (CSV) to ``data/derived/``; figures whose
@@ -297,7 +297,7 @@ def _rel(path: Path, root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swiglu.reproduce", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m swiglu.research.reproduce", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="fast CI configuration (tiny sizes, outputs under build/smoke/)")
     parser.add_argument("--live", action="store_true", help="re-measure latency on the GPU (python -m swiglu.bench) instead of reading data/bench/")

@@ -1,7 +1,7 @@
 """Tensor-parallel runs for notebook 05: load the records ``swiglu.bench.tp`` wrote, fall back to
 one-GPU bench data for the model, and draw the two figures.
 
-Arithmetic lives in ``swiglu.tp_model``; this module reads files and plots.
+Arithmetic lives in ``swiglu.research.tp_model``; this module reads files and plots.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
-from . import analysis, tp_model
-from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
+from . import analysis
+from . import tp_model
+from ..workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 #: When no TP run is recorded: the all-reduce bus bandwidth measured by a probe on the 2-GPU H200
 #: machine (issue 11: a [4096, 16384] bf16 all-reduce, 268 MB, 297 GB/s bus bandwidth) and an

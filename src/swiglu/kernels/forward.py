@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from . import kernels
-from .triton_backward import (INTERPRET, TOKEN_BUCKETS, KernelConfig, _desc, _num_programs, _tma_ready,
-                              bucket_for, unsupported_reason)
+from . import tl_kernels as kernels
+from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, num_programs, tma_descriptor, tma_ready,
+                     unsupported_reason)
 
 #: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
 #: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
@@ -76,10 +76,10 @@ def launch_fused_forward(x, gate_weight, up_weight, gate, up, act, h, c: KernelC
     T, H = x.shape
     I = gate_weight.shape[0]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
-    nprog = _num_programs(x.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN), c.persistent)
+    nprog = num_programs(x.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN), c.persistent)
     kernels.swiglu_forward_kernel[(nprog,)](
-        _desc(x, [c.BM, c.BK]), _desc(gate_weight, [c.BN, c.BK]), _desc(up_weight, [c.BN, c.BK]),
-        _desc(gate, piece), _desc(up, piece), _desc(h if act is None else act, piece), _desc(h, piece),
+        tma_descriptor(x, [c.BM, c.BK]), tma_descriptor(gate_weight, [c.BN, c.BK]), tma_descriptor(up_weight, [c.BN, c.BK]),
+        tma_descriptor(gate, piece), tma_descriptor(up, piece), tma_descriptor(h if act is None else act, piece), tma_descriptor(h, piece),
         T, H, I, nprog, BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
         WARP_SPECIALIZE=c.warp_specialize, FLATTEN=c.flatten, STORE_ACT=act is not None, UPCAST=INTERPRET,
         num_warps=c.num_warps, num_stages=c.num_stages,
@@ -149,7 +149,7 @@ def triton_swiglu_forward(
     if reason:
         raise ValueError(f"the Triton forward {reason}")
     lead = tuple(x.shape[:-1])
-    xf = _tma_ready(x)
+    xf = tma_ready(x)
     T = xf.shape[0]
     cfg = forward_config_for(T) if isinstance(config, str) and config == "auto" else config
     if cfg is not None and not isinstance(cfg, KernelConfig):
@@ -166,7 +166,7 @@ def triton_swiglu_forward(
         launch_swiglu_product(gate, up, h, act)
     else:
         gate, up = _empty((T, inter), dev), _empty((T, inter), dev)
-        launch_fused_forward(xf, _tma_ready(gate_weight), _tma_ready(up_weight), gate, up, act, h, cfg)
+        launch_fused_forward(xf, tma_ready(gate_weight), tma_ready(up_weight), gate, up, act, h, cfg)
     out = F.linear(h, down_weight)
     result = (out.reshape(lead + (hidden,)), gate.reshape(lead + (inter,)), up.reshape(lead + (inter,)))
     return result + ((act.reshape(lead + (inter,)),) if return_activated_gate else ())

@@ -25,8 +25,8 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from . import roofline
-from .workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, Case
+from .. import roofline
+from ..workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, Case
 
 #: Display order and labels of the implementations ``swiglu.bench`` records.
 IMPL_LABELS = {

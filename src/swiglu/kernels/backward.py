@@ -1,74 +1,27 @@
-"""The Triton backward: launchers for ``swiglu.kernels`` and ``swiglu_mlp_backward(impl="triton")``.
-
-Importing this module registers ``impl="triton"``. Kernel configurations come from one small
-table (``CONFIGS``) keyed by kernel and token bucket; no autotuning happens at call time, so the
-only slow call is the first one per configuration (Triton's JIT compile, a few seconds per
-kernel), never one inside a timed loop.
+"""The Triton backward: launchers for ``swiglu.kernels.tl_kernels`` and the public
+``triton_swiglu_backward`` (``swiglu_mlp_backward(impl="triton")`` dispatches here through
+``swiglu.api``). Kernel configurations come from one small table (``CONFIGS``) keyed by kernel and
+token bucket; no autotuning happens at call time, so the only slow call is the first one per
+configuration (Triton's JIT compile, a few seconds per kernel), never one inside a timed loop.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass, replace
-from functools import lru_cache
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import kernels
-from .api import register_impl
+from ..checks import validate_backward_inputs
+from . import tl_kernels as kernels
+from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, launch_kwargs, num_programs, tma_descriptor,
+                     tma_ready, unsupported_reason)
+from .forward import launch_swiglu_product
 from .shared_memory import check_shared_memory
-from .validation import validate_backward_inputs
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# TMA needs every row stride 16-byte aligned: a bf16 row of a multiple of 8 elements.
-ALIGN_ELEMENTS = 8
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """Tile shape and launch parameters of one kernel launch."""
-
-    BM: int = 128
-    BN: int = 256
-    BK: int = 64
-    GROUP_M: int = 8
-    EPI_SPLIT: int = 1
-    num_stages: int = 3
-    num_warps: int = 8
-    warp_specialize: bool = False
-    flatten: bool = False
-    # False: one program per tile (several resident per SM, so one's stores could overlap
-    # another's loads); True: one program per SM. Sweeps 3-4 (data/tuning/): persistent won everywhere.
-    persistent: bool = True
-    # Weight-gradient kernel only: False stores C with plain (non-TMA) stores (never won either).
-    tma_store: bool = True
-
-    def __post_init__(self) -> None:
-        def pow2(v: int) -> bool:
-            return v > 0 and v & (v - 1) == 0
-
-        for name in ("BM", "BN", "BK"):
-            v = getattr(self, name)
-            if not pow2(v) or not 16 <= v <= 256:
-                raise ValueError(f"KernelConfig.{name} must be a power of two in [16, 256] (tl.dot, TMA box), got {v}")
-        if self.GROUP_M < 1:
-            raise ValueError(f"KernelConfig.GROUP_M must be >= 1, got {self.GROUP_M}")
-        if self.EPI_SPLIT not in (1, 2, 4) or self.BN // self.EPI_SPLIT < 8:
-            raise ValueError(f"KernelConfig.EPI_SPLIT must be 1, 2 or 4 with BN // EPI_SPLIT >= 8, got "
-                             f"{self.EPI_SPLIT} for BN={self.BN}")
-        if self.num_stages < 1 or self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"KernelConfig needs num_stages >= 1 and num_warps in 1..16 (a power of two), got "
-                             f"{self.num_stages} and {self.num_warps}")
-
-
-# Token buckets: a bucket applies to T <= its bound.
-TOKEN_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 1 << 62)
-
-# Defaults below; the measured choice per bucket comes from tuned_configs.json (written by
+# Defaults below; the measured choice per bucket comes from backward_configs.json (written by
 # scripts/tune_kernels.py --write-best on the H200; every candidate's time is in data/tuning/).
 # What those sweeps showed (TFLOP/s, do_bench median, L2 flushed, H200, triton 3.6):
 # - 128x256x64 tiles, 3 stages, 8 warps win nearly everywhere (dswiglu 652 at T=4096, cuBLAS's
@@ -87,7 +40,7 @@ for _b in (128, 256):
 
 #: The measured choice per kernel and token bucket (scripts/tune_kernels.py --write-best), with the
 #: time it measured; it overrides the defaults above.
-TUNED_CONFIGS_PATH = Path(__file__).with_name("tuned_configs.json")
+TUNED_CONFIGS_PATH = Path(__file__).with_name("backward_configs.json")
 
 
 def _load_tuned(path: Path) -> None:
@@ -102,81 +55,9 @@ def _load_tuned(path: Path) -> None:
 _load_tuned(TUNED_CONFIGS_PATH)
 
 
-def bucket_for(tokens: int) -> int:
-    """The token bucket (a ``TOKEN_BUCKETS`` bound) that ``tokens`` falls in: the first bound >= it."""
-    for bound in TOKEN_BUCKETS:
-        if tokens <= bound:
-            return bound
-    raise AssertionError("unreachable: the last bucket is unbounded")
-
-
 def config_for(kernel: str, tokens: int) -> KernelConfig:
     """The configuration ``kernel`` ("dswiglu", "grad_weights", "grad_x") uses at ``tokens``."""
     return CONFIGS[kernel][bucket_for(tokens)]
-
-
-@lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-#: SMs the persistent kernels leave idle (CUDA only), e.g. for NCCL kernels running beside them
-#: under tensor parallelism (swiglu.bench.tp measures it). 0: one program per SM.
-RESERVED_SMS = 0
-
-
-def _num_programs(device: torch.device, tiles: int, persistent: bool = True) -> int:
-    # The interpreter runs programs one after another: a few programs still exercise the
-    # persistent loop (several tiles per program).
-    if not persistent:
-        return tiles
-    if device.type != "cuda":
-        return max(1, min(3, tiles))
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(sms - RESERVED_SMS, tiles))
-
-
-def _desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    return TensorDescriptor.from_tensor(t, block)
-
-
-def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """A 2-D view usable by a TMA descriptor: unit last stride, 16-byte aligned base and row
-    stride. Anything else is copied once to a contiguous buffer (documented in api.py)."""
-    t2 = t.reshape(-1, t.shape[-1])
-    ok = (
-        t2.stride(-1) == 1
-        and t2.stride(0) >= t2.shape[-1]  # no overlapping rows (an expanded, zero-stride tensor is copied)
-        and (t2.stride(0) * t2.element_size()) % 16 == 0
-        and t2.data_ptr() % 16 == 0
-    )
-    # A fresh allocation, not .contiguous(): that returns a contiguous but misaligned view as is.
-    return t2 if ok else torch.empty(t2.shape, dtype=t2.dtype, device=t2.device).copy_(t2)
-
-
-def _launch_kwargs(cfg: KernelConfig) -> dict:
-    return dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize,
-                FLATTEN=cfg.flatten, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
-                EPI_SPLIT=cfg.EPI_SPLIT, UPCAST=INTERPRET)
-
-
-def unsupported_reason(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
-    """Why the Triton backward cannot run for these tensors (None when it can): the device
-    (CUDA sm_90+ for TMA, or any device under TRITON_INTERPRET=1 set before this module was
-    imported) and the sizes (hidden_size and intermediate_size multiples of 8, so that every row
-    is 16-byte aligned for TMA). Also the rule ``impl="auto"`` follows."""
-    if x.device.type != "cuda" and not INTERPRET:
-        return (f"needs CUDA tensors (got device {x.device}); on a CPU use impl='reference', or set "
-                "TRITON_INTERPRET=1 before importing swiglu to run the kernels in Triton's interpreter")
-    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
-        return f"needs an sm_90+ GPU (TMA descriptors); {torch.cuda.get_device_name(x.device)} is older"
-    inter, hidden = gate_weight.shape
-    for label, size in (("hidden_size", hidden), ("intermediate_size", inter)):
-        if size % ALIGN_ELEMENTS:
-            return (f"needs {label} to be a multiple of {ALIGN_ELEMENTS}, got {size} (hidden_size and "
-                    f"intermediate_size must be multiples of {ALIGN_ELEMENTS}: TMA needs 16-byte aligned rows); "
-                    "use impl='reference' for this shape")
-    return None
 
 
 def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> None:
@@ -185,12 +66,12 @@ def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> N
     T, H = go.shape
     I = dw.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
-    nprog = _num_programs(go.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN))
+    nprog = num_programs(go.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN))
     kernels.dswiglu_gemm_kernel[(nprog,)](
-        _desc(go, [c.BM, c.BK]), _desc(dw, [c.BK, c.BN]),
-        _desc(gate, piece), _desc(up, piece), _desc(gate if act is None else act, piece),
-        _desc(d_gate, piece), _desc(d_up, piece), _desc(h, piece),
-        T, H, I, NUM_PROGRAMS=nprog, RECOMPUTE_ACT=act is None, **_launch_kwargs(c),
+        tma_descriptor(go, [c.BM, c.BK]), tma_descriptor(dw, [c.BK, c.BN]),
+        tma_descriptor(gate, piece), tma_descriptor(up, piece), tma_descriptor(gate if act is None else act, piece),
+        tma_descriptor(d_gate, piece), tma_descriptor(d_up, piece), tma_descriptor(h, piece),
+        T, H, I, NUM_PROGRAMS=nprog, RECOMPUTE_ACT=act is None, **launch_kwargs(c),
     )
 
 
@@ -205,10 +86,10 @@ def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
     N = b.shape[1]
     # K = T rounded up to BK, not T: the descriptors zero-fill rows >= T, and T = 1 would be
     # specialized as a constexpr, which Triton 3.6's pipeliner fails on (seen on the H200).
-    nprog = _num_programs(a.device, triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN), c.persistent)
+    nprog = num_programs(a.device, triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN), c.persistent)
     kernels.grad_weight_kernel[(nprog,)](
-        _desc(a, [c.BK, c.BM]), _desc(b, [c.BK, c.BN]), _desc(out, [c.BM, c.BN // c.EPI_SPLIT]), out,
-        M, N, padded_tokens(T, c), nprog, TMA_STORE=c.tma_store, **_launch_kwargs(c),
+        tma_descriptor(a, [c.BK, c.BM]), tma_descriptor(b, [c.BK, c.BN]), tma_descriptor(out, [c.BM, c.BN // c.EPI_SPLIT]), out,
+        M, N, padded_tokens(T, c), nprog, TMA_STORE=c.tma_store, **launch_kwargs(c),
     )
 
 
@@ -225,12 +106,12 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig)
     """grad_x = d_gate @ gate_weight + d_up @ up_weight [T, H], one fp32 accumulator."""
     T, I = d_gate.shape
     H = gate_weight.shape[1]
-    nprog = _num_programs(d_gate.device, triton.cdiv(T, c.BM) * triton.cdiv(H, c.BN), c.persistent)
+    nprog = num_programs(d_gate.device, triton.cdiv(T, c.BM) * triton.cdiv(H, c.BN), c.persistent)
     kernels.grad_x_kernel[(nprog,)](
-        _desc(d_gate, [c.BM, c.BK]), _desc(d_up, [c.BM, c.BK]),
-        _desc(gate_weight, [c.BK, c.BN]), _desc(up_weight, [c.BK, c.BN]),
-        _desc(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
-        T, H, I, nprog, **_launch_kwargs(c),
+        tma_descriptor(d_gate, [c.BM, c.BK]), tma_descriptor(d_up, [c.BM, c.BK]),
+        tma_descriptor(gate_weight, [c.BK, c.BN]), tma_descriptor(up_weight, [c.BK, c.BN]),
+        tma_descriptor(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
+        T, H, I, nprog, **launch_kwargs(c),
     )
 
 
@@ -253,7 +134,7 @@ def triton_swiglu_backward(
     overwrite_activations: bool = False,
     release_activations: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """The backward through the three Triton kernels (module docstring of ``swiglu.kernels``).
+    """The backward through the three Triton kernels (module docstring of ``swiglu.kernels.tl_kernels``).
 
     Shapes as ``swiglu.swiglu_mlp_backward``; all inputs bfloat16 on one sm_90+ CUDA device (or
     any device under ``TRITON_INTERPRET=1``), hidden_size and intermediate_size multiples of 8.
@@ -266,7 +147,7 @@ def triton_swiglu_backward(
 
     ``activated_gate=None`` (the memory-lean mode of ``swiglu_mlp``): it is recomputed as
     ``bf16(silu(gate_output))`` inside the dSwiGLU epilogue with the formula of
-    ``swiglu.forward``'s kernels (``kernels._activated_gate``), bitwise what they produced.
+    ``swiglu.kernels.forward``'s kernels (``kernels._activated_gate``), bitwise what they produced.
 
     ``overwrite_activations=True`` (the memory-lean autograd path, whose saved gate_output and
     up_output are dead after the backward): d_gate and d_up are written over gate_output and
@@ -282,7 +163,7 @@ def triton_swiglu_backward(
 
     Raises: TypeError for a non-bf16 input; ValueError for bad shapes (see
     ``validate_backward_inputs``), an unsupported device or unaligned sizes, or a config whose
-    estimated shared memory exceeds the device's (``swiglu.shared_memory``), before any launch.
+    estimated shared memory exceeds the device's (``swiglu.kernels.shared_memory``), before any launch.
     """
     recompute = activated_gate is None
     problem = validate_backward_inputs(
@@ -311,10 +192,10 @@ def triton_swiglu_backward(
             check_shared_memory(kernel, cfg, dev)
     if release_activations and not overwrite_activations:
         raise ValueError("release_activations=True needs overwrite_activations=True")
-    go, xf = _tma_ready(grad_output), _tma_ready(x)
-    gate, up = _tma_ready(gate_output), _tma_ready(up_output)
-    act = None if recompute else _tma_ready(activated_gate)
-    gw, uw, dw = _tma_ready(gate_weight), _tma_ready(up_weight), _tma_ready(down_weight)
+    go, xf = tma_ready(grad_output), tma_ready(x)
+    gate, up = tma_ready(gate_output), tma_ready(up_output)
+    act = None if recompute else tma_ready(activated_gate)
+    gw, uw, dw = tma_ready(gate_weight), tma_ready(up_weight), tma_ready(down_weight)
 
     inputs = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
     outs = _check_out(out, [t for t in inputs if t is not None], [(T, H), (I, H), (I, H), (H, I)], dev)
@@ -340,8 +221,6 @@ def triton_swiglu_backward(
     elif need_grad_down_weight:
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
         if recompute:  # only grad_down_weight wanted: h alone, no g GEMM
-            from .forward import launch_swiglu_product  # (forward imports this module)
-
             launch_swiglu_product(gate, up, h)
         else:
             with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
@@ -440,9 +319,3 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     (a_lo, a_hi), (b_lo, b_hi) = span(a), span(b)
     return a_lo < b_hi and b_lo < a_hi
 
-
-def _triton_impl(*inputs: torch.Tensor):
-    return triton_swiglu_backward(*inputs)
-
-
-register_impl("triton", _triton_impl)

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from . import roofline
+from .. import roofline
 from .analysis import IMPL_LABELS, order_impls
 
 #: One color and marker per implementation (stable across figures).

@@ -8,7 +8,7 @@ One process, on one H200 (``scripts/train_step_gpu.py`` calls ``main``; < 5 min)
    against nn.Linear's bf16 output and errs <= 2x the plain bf16 forward against float64.
 2. Forward alone at full Hermes size (H=16384, I=53248), T = 128..8192: fused kernel candidates
    against cuBLAS + the product kernel; the fastest per token bucket is the forward's table
-   (written as ``forward_configs.json``, the format ``swiglu.forward`` loads) and used below.
+   (written as ``forward_configs.json``, the format ``swiglu.kernels.forward`` loads) and used below.
 3. Step (forward + backward, median of CUDA events) and ``torch.cuda.max_memory_allocated`` at
    T = 1024, 4096, 8192 for: PlainSwiGLUMLP, torch.compile(PlainSwiGLUMLP), ours saved
    (``save_activated_gate=True``), ours lean (the default), plus ours lean with the cuBLAS forward
@@ -88,9 +88,10 @@ def _iters(tokens: int, given: tuple[int, int] | None = None) -> tuple[int, int]
 
 def run_checks() -> list[dict]:
     """The GPU checks of the module docstring, one row each (``passed`` and a detail)."""
-    from . import CASES, benchmark_criterion, forward, make_inputs, relative_error
-    from .module import PlainSwiGLUMLP, SwiGLUMLP
-    from .triton_backward import triton_swiglu_backward
+    from .. import CASES, benchmark_criterion, make_inputs, relative_error
+    from ..kernels import forward
+    from ..module import PlainSwiGLUMLP, SwiGLUMLP
+    from ..kernels.backward import triton_swiglu_backward
 
     rows = []
     atol = min(c.atol for c in CASES)
@@ -154,8 +155,8 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
                  candidates: dict | None = None, iters: tuple[int, int] | None = None) -> tuple[list[dict], dict]:
     """Time the forward (all of it: gate/up, product, down_proj) per candidate and T. Returns the
     rows and the table {bucket: (candidate name, KernelConfig or None, ms)}, fastest per bucket."""
-    from . import forward
-    from .triton_backward import bucket_for
+    from ..kernels import forward
+    from ..kernels.backward import bucket_for
 
     gen = torch.Generator(device=device).manual_seed(0)
     w = [torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5
@@ -180,8 +181,8 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
 
 
 def forward_configs_json(table: dict, meta: dict) -> dict:
-    """The measured forward table in ``swiglu/forward_configs.json``'s format."""
-    return {"note": "written by swiglu.train_step (scripts/train_step_gpu.py); fastest forward per token bucket",
+    """The measured forward table in ``swiglu/kernels/forward_configs.json``'s format."""
+    return {"note": "written by swiglu.research.train_step (scripts/train_step_gpu.py); fastest forward per token bucket",
             "meta": meta,
             "configs": {str(b): {"candidate": name, "config": None if cfg is None else asdict(cfg), "ms": ms,
                                  "measured_tokens": T} for b, (name, cfg, ms, T) in sorted(table.items())}}
@@ -210,9 +211,9 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
     """Step time, peak memory and saved activations per variant and T (module docstring); the
     "lean_cublas" variant runs only where the forward table picks the fused kernel. Off CUDA
     (CPU tests) the memory columns are 0 and times are perf_counter's."""
-    from . import forward
-    from .memory import saved_activations
-    from .module import PlainSwiGLUMLP, SwiGLUMLP
+    from ..kernels import forward
+    from ..memory import saved_activations
+    from ..module import PlainSwiGLUMLP, SwiGLUMLP
 
     if "plain" not in variants:
         raise ValueError(f"variants must include 'plain' (the reference of speedups), got {variants}")
@@ -364,9 +365,9 @@ def plot_train_step(steps: pd.DataFrame):
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the three parts (module docstring) and write the results; returns the run dict."""
-    from .bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
-    from . import forward
-    from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
+    from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
+    from ..kernels import forward
+    from ..workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for the results (default: $OUT)")
@@ -377,7 +378,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip-checks", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("swiglu.train_step needs a CUDA GPU")
+        raise SystemExit("swiglu.research.train_step needs a CUDA GPU")
     H, I = args.hidden_size, args.intermediate_size
     when = utc_now()
     git = git_info()

@@ -233,7 +233,7 @@ def grad_x_kernel(
 # --------------------------------------------------------------------------- forward
 #
 # The forward's gate/up projections and the SwiGLU product, for the memory-lean training mode:
-# ``swiglu.forward`` launches these (down_proj stays a cuBLAS GEMM). Both epilogues compute
+# ``swiglu.kernels.forward`` launches these (down_proj stays a cuBLAS GEMM). Both epilogues compute
 # activated_gate with ``_activated_gate``, the formula the backward's RECOMPUTE_ACT epilogue uses.
 
 

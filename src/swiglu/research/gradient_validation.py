@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import torch
 
-from .accuracy import benchmark_criterion, relative_error
-from .api import swiglu_mlp_backward
-from .inputs import BackwardInputs
-from .reference import float64_backward, reference_backward
-from .workloads import RTOL
+from ..accuracy import benchmark_criterion, relative_error
+from ..api import swiglu_mlp_backward
+from ..inputs import BackwardInputs
+from ..reference import float64_backward, reference_backward
+from ..workloads import RTOL
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -157,7 +157,7 @@ def impl_available(name: str) -> tuple[bool, str]:
     """Whether ``swiglu_mlp_backward(impl=name)`` can be resolved here: ``(True, "")`` or
     ``(False, reason)``. Imports the implementation's module (for "triton", set
     ``TRITON_INTERPRET=1`` first on a machine without a GPU)."""
-    from . import api
+    from .. import api
 
     if name not in api.available_impls():
         return False, f"not registered (have {api.available_impls()})"
@@ -206,7 +206,7 @@ def run_validation(
     import pandas as pd
     from tqdm import tqdm  # text bar: tqdm.auto wants ipywidgets in notebooks
 
-    from .inputs import make_inputs
+    from ..inputs import make_inputs
 
     shapes = list(shapes)
     device = torch.device(device)

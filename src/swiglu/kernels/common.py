@@ -1,0 +1,130 @@
+"""What every launcher in the kernels room shares: the launch configuration, the token buckets,
+TMA descriptors and layouts, the persistent grid size, and which devices and sizes the Triton
+path supports. The forward (``forward.py``) and backward (``backward.py``) launchers and the
+Gluon kernels import this module and nothing of each other's internals.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# TMA needs every row stride 16-byte aligned: a bf16 row of a multiple of 8 elements.
+ALIGN_ELEMENTS = 8
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile shape and launch parameters of one kernel launch."""
+
+    BM: int = 128
+    BN: int = 256
+    BK: int = 64
+    GROUP_M: int = 8
+    EPI_SPLIT: int = 1
+    num_stages: int = 3
+    num_warps: int = 8
+    warp_specialize: bool = False
+    flatten: bool = False
+    # False: one program per tile (several resident per SM, so one's stores could overlap
+    # another's loads); True: one program per SM. Sweeps 3-4 (data/tuning/): persistent won everywhere.
+    persistent: bool = True
+    # Weight-gradient kernel only: False stores C with plain (non-TMA) stores (never won either).
+    tma_store: bool = True
+
+    def __post_init__(self) -> None:
+        def pow2(v: int) -> bool:
+            return v > 0 and v & (v - 1) == 0
+
+        for name in ("BM", "BN", "BK"):
+            v = getattr(self, name)
+            if not pow2(v) or not 16 <= v <= 256:
+                raise ValueError(f"KernelConfig.{name} must be a power of two in [16, 256] (tl.dot, TMA box), got {v}")
+        if self.GROUP_M < 1:
+            raise ValueError(f"KernelConfig.GROUP_M must be >= 1, got {self.GROUP_M}")
+        if self.EPI_SPLIT not in (1, 2, 4) or self.BN // self.EPI_SPLIT < 8:
+            raise ValueError(f"KernelConfig.EPI_SPLIT must be 1, 2 or 4 with BN // EPI_SPLIT >= 8, got "
+                             f"{self.EPI_SPLIT} for BN={self.BN}")
+        if self.num_stages < 1 or self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"KernelConfig needs num_stages >= 1 and num_warps in 1..16 (a power of two), got "
+                             f"{self.num_stages} and {self.num_warps}")
+
+
+# Token buckets: a bucket applies to T <= its bound.
+TOKEN_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 1 << 62)
+
+def bucket_for(tokens: int) -> int:
+    """The token bucket (a ``TOKEN_BUCKETS`` bound) that ``tokens`` falls in: the first bound >= it."""
+    for bound in TOKEN_BUCKETS:
+        if tokens <= bound:
+            return bound
+    raise AssertionError("unreachable: the last bucket is unbounded")
+
+
+@lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+#: SMs the persistent kernels leave idle (CUDA only), e.g. for NCCL kernels running beside them
+#: under tensor parallelism (swiglu.bench.tp measures it). 0: one program per SM.
+RESERVED_SMS = 0
+
+
+def num_programs(device: torch.device, tiles: int, persistent: bool = True) -> int:
+    # The interpreter runs programs one after another: a few programs still exercise the
+    # persistent loop (several tiles per program).
+    if not persistent:
+        return tiles
+    if device.type != "cuda":
+        return max(1, min(3, tiles))
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, min(sms - RESERVED_SMS, tiles))
+
+
+def tma_descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """A 2-D view usable by a TMA descriptor: unit last stride, 16-byte aligned base and row
+    stride. Anything else is copied once to a contiguous buffer (documented in swiglu.api)."""
+    t2 = t.reshape(-1, t.shape[-1])
+    ok = (
+        t2.stride(-1) == 1
+        and t2.stride(0) >= t2.shape[-1]  # no overlapping rows (an expanded, zero-stride tensor is copied)
+        and (t2.stride(0) * t2.element_size()) % 16 == 0
+        and t2.data_ptr() % 16 == 0
+    )
+    # A fresh allocation, not .contiguous(): that returns a contiguous but misaligned view as is.
+    return t2 if ok else torch.empty(t2.shape, dtype=t2.dtype, device=t2.device).copy_(t2)
+
+
+def launch_kwargs(cfg: KernelConfig) -> dict:
+    return dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize,
+                FLATTEN=cfg.flatten, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
+                EPI_SPLIT=cfg.EPI_SPLIT, UPCAST=INTERPRET)
+
+
+def unsupported_reason(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
+    """Why the Triton backward cannot run for these tensors (None when it can): the device
+    (CUDA sm_90+ for TMA, or any device under TRITON_INTERPRET=1 set before this module was
+    imported) and the sizes (hidden_size and intermediate_size multiples of 8, so that every row
+    is 16-byte aligned for TMA). Also the rule ``impl="auto"`` follows."""
+    if x.device.type != "cuda" and not INTERPRET:
+        return (f"needs CUDA tensors (got device {x.device}); on a CPU use impl='reference', or set "
+                "TRITON_INTERPRET=1 before importing swiglu to run the kernels in Triton's interpreter")
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+        return f"needs an sm_90+ GPU (TMA descriptors); {torch.cuda.get_device_name(x.device)} is older"
+    inter, hidden = gate_weight.shape
+    for label, size in (("hidden_size", hidden), ("intermediate_size", inter)):
+        if size % ALIGN_ELEMENTS:
+            return (f"needs {label} to be a multiple of {ALIGN_ELEMENTS}, got {size} (hidden_size and "
+                    f"intermediate_size must be multiples of {ALIGN_ELEMENTS}: TMA needs 16-byte aligned rows); "
+                    "use impl='reference' for this shape")
+    return None
