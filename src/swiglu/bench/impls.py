@@ -145,6 +145,17 @@ def _build_triton(device: torch.device) -> BackwardFn:
     return functools.partial(swiglu_mlp_backward, impl="triton")
 
 
+def _build_triton_tl(device: torch.device) -> BackwardFn:
+    from ..kernels.backward import config_for, triton_swiglu_backward
+
+    def triton_tl(*args):
+        # An explicit grad_weights config selects the tl weight-gradient kernel (its table entry).
+        tokens = args[1].numel() // args[1].shape[-1]
+        return triton_swiglu_backward(*args, configs={"grad_weights": config_for("grad_weights", tokens)})
+
+    return triton_tl
+
+
 # -------------------------------------------------------------------------------------- registry
 IMPLS: dict[str, BenchImpl] = {
     impl.name: impl
@@ -177,6 +188,12 @@ IMPLS: dict[str, BenchImpl] = {
             prepare=liger_prepare,
         ),
         BenchImpl("triton", 'swiglu.swiglu_mlp_backward(..., impl="triton")', _build_triton),
+        BenchImpl(
+            "triton-tl",
+            "ours with the tl weight-gradient kernel at every T (no Gluon): the same-run baseline of "
+            "the Gluon kernels (swiglu.kernels.gluon_wgrad)",
+            _build_triton_tl,
+        ),
     )
 }
 
@@ -192,7 +209,7 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
     if device.type == "cpu":
         if name in ("compile-max-autotune", "liger"):
             return f"{name} is skipped in the CPU smoke mode"
-        if name == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        if name in ("triton", "triton-tl") and os.environ.get("TRITON_INTERPRET") != "1":
             return "triton on CPU needs TRITON_INTERPRET=1 (the Triton interpreter); skipped"
     if name == "liger" and importlib.util.find_spec("liger_kernel") is None:
         return "liger_kernel is not installed (pip install liger-kernel, or the project's [liger] extra); skipped"

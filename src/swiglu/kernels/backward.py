@@ -16,8 +16,8 @@ import triton
 
 from ..checks import validate_backward_inputs
 from . import tl_kernels as kernels
-from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, launch_kwargs, num_programs, tma_descriptor,
-                     tma_ready, unsupported_reason)
+from .common import (INTERPRET, TOKEN_BUCKETS, GluonConfig, KernelConfig, bucket_for, gluon_unavailable_reason,
+                     launch_kwargs, num_programs, tma_descriptor, tma_ready, unsupported_reason)
 from .forward import launch_swiglu_product
 from .shared_memory import check_shared_memory
 
@@ -43,13 +43,21 @@ for _b in (128, 256):
 TUNED_CONFIGS_PATH = Path(__file__).with_name("backward_configs.json")
 
 
+#: Weight gradients through the Gluon kernel (``gluon_wgrad``) per token bucket where it was
+#: measured faster than the tl kernel (None: the tl kernel). Used only where
+#: ``common.gluon_unavailable_reason`` is None and no ``configs["grad_weights"]`` override is given.
+GLUON_CONFIGS: dict[int, GluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
+
+
 def _load_tuned(path: Path) -> None:
     if not path.exists():
         return
-    table = json.loads(path.read_text())["configs"]
-    for kernel, buckets in table.items():
+    table = json.loads(path.read_text())
+    for kernel, buckets in table["configs"].items():
         for bucket, entry in buckets.items():
             CONFIGS[kernel][int(bucket)] = KernelConfig(**entry["config"])
+    for bucket, entry in table.get("gluon_grad_weights", {}).items():
+        GLUON_CONFIGS[int(bucket)] = GluonConfig(**entry["config"])
 
 
 _load_tuned(TUNED_CONFIGS_PATH)
@@ -93,13 +101,35 @@ def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
     )
 
 
+def launch_grad_weight_any(a, b, out, c: KernelConfig, g: GluonConfig | None) -> None:
+    """out = a.T @ b with the Gluon kernel when ``g`` is given, else the tl kernel (``c``)."""
+    if g is None:
+        launch_grad_weight(a, b, out, c)
+        return
+    from .gluon_wgrad import launch_grad_weight_gluon  # imported only where Gluon runs (common.GLUON_TRITON)
+
+    M, N = a.shape[1], b.shape[1]
+    launch_grad_weight_gluon(a, b, out, g, num_programs(a.device, triton.cdiv(M, g.BM) * triton.cdiv(N, g.BN)))
+
+
+def gluon_config_for(tokens: int, device: torch.device) -> GluonConfig | None:
+    """The Gluon weight-gradient config at ``tokens`` on ``device``, or None for the tl kernel: no
+    table entry, Gluon unavailable here (``common.gluon_unavailable_reason``), or a config larger
+    than the device's shared memory."""
+    g = GLUON_CONFIGS[bucket_for(tokens)]
+    if g is None or gluon_unavailable_reason(device) is not None:
+        return None
+    limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    return g if g.smem_bytes() <= limit else None
+
+
 def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
-                        c: KernelConfig) -> None:
+                        c: KernelConfig, g: GluonConfig | None = None) -> None:
     """grad_down_weight = go.T @ h, grad_gate_weight = d_gate.T @ x, grad_up_weight = d_up.T @ x
-    (a None output is skipped; its input may then be None too)."""
+    (a None output is skipped; its input may then be None too); Gluon kernel when ``g`` is given."""
     for a, b, out in ((go, h, grad_down_weight), (d_gate, x, grad_gate_weight), (d_up, x, grad_up_weight)):
         if out is not None:
-            launch_grad_weight(a, b, out, c)
+            launch_grad_weight_any(a, b, out, c, g)
 
 
 def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig) -> None:
@@ -182,13 +212,16 @@ def triton_swiglu_backward(
     cfg_w = configs.get("grad_weights") or config_for("grad_weights", T)
     cfg_x = configs.get("grad_x") or config_for("grad_x", T)
     dev = x.device
+    # The Gluon weight-gradient kernel where the table has one for this bucket (an explicit
+    # configs["grad_weights"] means the tl kernel with that config).
+    cfg_g = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, dev)
     # Before any launch: a config too big for shared memory is a ValueError naming it, not
     # Triton's OutOfResources from deep inside the launcher.
     need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight  # dswiglu runs (d_gate, d_up)
     need_w = need_grad_gate_weight or need_grad_up_weight or need_grad_down_weight
     for kernel, cfg, launched in (("dswiglu", cfg_d, need_d), ("grad_weights", cfg_w, need_w),
                                   ("grad_x", cfg_x, need_grad_x)):
-        if launched and T > 0:
+        if launched and T > 0 and not (kernel == "grad_weights" and cfg_g is not None):
             check_shared_memory(kernel, cfg, dev)
     if release_activations and not overwrite_activations:
         raise ValueError("release_activations=True needs overwrite_activations=True")
@@ -240,7 +273,7 @@ def triton_swiglu_backward(
     grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = None
     if need_grad_down_weight:
         grad_down_weight = _alloc(outs[3], (H, I), dev)
-        launch_grad_weight(go, h, grad_down_weight, cfg_w)
+        launch_grad_weight_any(go, h, grad_down_weight, cfg_w, cfg_g)
     del h
     if need_grad_x:
         grad_x = _alloc(outs[0], (T, H), dev)
@@ -248,13 +281,13 @@ def triton_swiglu_backward(
         grad_x = grad_x.reshape(x.shape)
     if need_grad_gate_weight:
         grad_gate_weight = _alloc(outs[1], (I, H), dev)
-        launch_grad_weight(d_gate, xf, grad_gate_weight, cfg_w)
+        launch_grad_weight_any(d_gate, xf, grad_gate_weight, cfg_w, cfg_g)
     del d_gate
     if release_gate:
         _release(gate_output)
     if need_grad_up_weight:
         grad_up_weight = _alloc(outs[2], (I, H), dev)
-        launch_grad_weight(d_up, xf, grad_up_weight, cfg_w)
+        launch_grad_weight_any(d_up, xf, grad_up_weight, cfg_w, cfg_g)
     if release_up:
         _release(up_output)
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight

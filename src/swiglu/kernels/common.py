@@ -55,6 +55,50 @@ class KernelConfig:
                              f"{self.num_stages} and {self.num_warps}")
 
 
+@dataclass(frozen=True)
+class GluonConfig:
+    """Tile shape and launch parameters of the Gluon weight-gradient kernel (``gluon_wgrad``)."""
+
+    BM: int = 128
+    BN: int = 256
+    BK: int = 64
+    STAGES: int = 3
+    NC: int = 1  # output smem buffers: TMA stores in flight
+    GROUP_M: int = 32
+    num_warps: int = 8
+    maxnreg: int = 168  # a WS kernel otherwise assumes 256 registers for every warp (08-warp-specialization.py)
+    load_regs: int = 40
+    store_regs: int = 40
+
+    def smem_bytes(self) -> int:
+        """Shared memory the kernel allocates (bytes): operand ring, output ring, barriers. Triton's
+        own figure (sm_90, triton 3.6.0) is at most this: tests/test_gluon.py compiles each table entry."""
+        return self.STAGES * (self.BK * self.BM + self.BK * self.BN) * 2 + self.NC * self.BM * self.BN * 2 + 1024
+
+
+#: The triton minor release the Gluon kernels are written for: Gluon's API moves between minor
+#: releases (warp_specialize's signature changed in 3.5 and 3.6; the TMA calls are renamed in 3.9).
+#: With any other release the tl kernels run instead.
+GLUON_TRITON = "3.6"
+
+
+def gluon_unavailable_reason(device: torch.device) -> str | None:
+    """Why the Gluon kernels cannot run on ``device`` in this process (None when they can): they
+    need a CUDA sm_90 device, triton ``GLUON_TRITON``.x, no interpreter, and SWIGLU_GLUON unset or
+    not "0" (the switch that measures the tl kernels alone)."""
+    import triton
+
+    if os.environ.get("SWIGLU_GLUON", "1") == "0":
+        return "SWIGLU_GLUON=0"
+    if INTERPRET or device.type != "cuda":
+        return "Gluon kernels run on CUDA devices only (not in the Triton interpreter)"
+    if not triton.__version__.startswith(GLUON_TRITON + "."):
+        return f"Gluon kernels are written for triton {GLUON_TRITON}.x; this is triton {triton.__version__}"
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return "Gluon kernels are written for sm_90 (Hopper)"
+    return None
+
+
 # Token buckets: a bucket applies to T <= its bound.
 TOKEN_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 1 << 62)
 

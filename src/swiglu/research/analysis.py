@@ -35,6 +35,8 @@ IMPL_LABELS = {
     "compile-max-autotune": "torch.compile (max-autotune, no CUDA graphs)",
     "cublas-gemms": "cuBLAS GEMMs only (lower bound, no elementwise)",
     "liger": "Liger SiLU-mul + cuBLAS",
+    "quack": "quack-kernels (CuTe-DSL, tuned)",
+    "triton-tl": "swiglu, tl kernels only (no Gluon)",
     "triton": "swiglu Triton (ours)",
 }
 

@@ -1,0 +1,241 @@
+"""Gluon weight-gradient GEMM for Hopper (sm_90), written for triton 3.6 (``common.GLUON_TRITON``).
+
+    out[M, N] = A^T @ B,  A [K, M] row-major (d_gate, d_up or grad_output),  B [K, N] row-major (x or h),
+    out bf16 [M, N], fp32 accumulation, K = tokens (any K >= 1: the descriptors carry the real K and
+    TMA zero-fills the rows past it).
+
+Why Gluon: at small K this GEMM is bound by writing ``out`` (1.74 GB at 53248 x 16384) and every
+tile has only K/64 short wgmma steps. In tl-level Triton each TMA store waits for the previous one
+and the MMA warps wait for their own store (one store in flight per SM, never overlapped with the
+next tile's MMAs; docs/gluon-hopper.md). Here three warp-specialized partitions
+(triton python/tutorials/gluon/08-warp-specialization.py's structure, with 3.6's
+``gl.warp_specialize([(fn, args), ...], worker_num_warps, worker_num_regs)``):
+
+* a 1-warp TMA loader: STAGES-deep ring of A/B tiles with ready/empty mbarriers and one step
+  counter over all of the program's tiles, so it loads the next tile while this one finishes;
+* the default partition (``num_warps`` warps, two warpgroups on one BM x BN tile): async wgmma
+  (05-wgmma.py; A fed as a permuted view of its [BK, BM] tile), one group in flight, releasing a
+  stage once the wgmma that read it is done; its epilogue only writes the bf16 tile into a ring of
+  NC output buffers;
+* a 1-warp TMA storer: issues the store of each tile, ``store_wait(pendings=NC-1)``, and frees the
+  buffer of NC-1 tiles ago, so stores drain while the MMA warps work on the next tiles.
+
+Persistent grid (one program per SM), grouped tile order (``GROUP_M``, as ``tl_kernels._tile_mn``).
+mbarrier arrive runs on thread 0 of a partition, so the default partition calls
+``gl.thread_barrier()`` before each arrive (both warpgroups past their wgmma wait / smem stores).
+
+Measured (H200, one weight gradient, L2 flushed, median of 20; data/tuning/gluon_wgrad_probe_*.csv):
+T = 512: 1.40 / 1.33 ms (53248 x 16384 / 16384 x 53248, 128x256x32, 4 stages, NC 2) against the tl
+kernel's 1.54 / 1.60 and cuBLAS 1.37-1.57; a variant without warp specialization (loads run ahead
+across tiles, NC output buffers, 07-persistence.py) was 1.5-1.9x slower everywhere and was dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .common import GluonConfig
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@gluon.constexpr_function
+def _warps_per_cta(BM, num_warps):
+    # 05-wgmma.py get_warps_per_cta: tile the [4, 1] atom along M while M has rows left, then along N.
+    w = [4, 1]
+    while w[0] * w[1] != num_warps:
+        if BM > 16 * w[0]:
+            w[0] *= 2
+        else:
+            w[1] *= 2
+    return w
+
+
+@gluon.constexpr_function
+def _instr_n(BM, BN, num_warps):
+    # 05-wgmma.py get_instr_shape_n
+    m_reps = triton.cdiv(BM, 16)
+    n_reps = triton.cdiv(num_warps, m_reps)
+    max_n = max(BN // n_reps, 8)
+    n = 256
+    while n > max_n or BN % n != 0:
+        n -= 8
+    return n
+
+
+@gluon.constexpr_function
+def _mma_layout(BM, BN, num_warps):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=_warps_per_cta(BM, num_warps),
+                                     instr_shape=[16, _instr_n(BM, BN, num_warps), 16])
+
+
+@gluon.jit
+def _tile_mn(tile, num_m, num_n, GROUP_M: gl.constexpr):
+    """Grouped tile order (the repo's _tile_mn): GROUP_M row-tiles sweep the columns together."""
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    group_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % group_m
+    pid_n = (tile % per_group) // group_m
+    return pid_m, pid_n
+
+
+# ----------------------------------------------------------------------------- kernel
+
+
+@gluon.jit
+def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                       GROUP_M: gl.constexpr):
+    BK: gl.constexpr = a_desc.block_type.shape[0]
+    BM: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    K = a_desc.shape[0]
+    num_m = gl.cdiv(c_desc.shape[0], BM)
+    num_n = gl.cdiv(c_desc.shape[1], BN)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+    k_tiles = gl.cdiv(K, BK)
+    p = 0
+    for t in range(num_tiles):
+        pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
+        for kk in range(k_tiles):
+            s = p % STAGES
+            # Fresh barriers: waiting on parity 1 passes at once (08-warp-specialization.py).
+            mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BN], bar, b_bufs.index(s))
+            p += 1
+
+
+@gluon.jit
+def _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                        GROUP_M: gl.constexpr):
+    BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN: gl.constexpr = c_desc.block_type.shape[1]
+    NC: gl.constexpr = c_bufs.type.shape[0]
+    num_m = gl.cdiv(c_desc.shape[0], BM)
+    num_n = gl.cdiv(c_desc.shape[1], BN)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+    for t in range(num_tiles):
+        pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
+        buf = t % NC
+        mbarrier.wait(c_ready.index(buf), (t // NC) & 1)
+        tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BN], c_bufs.index(buf))
+        # At most NC-1 stores left pending: the stores of tiles <= t-(NC-1) have been read out of
+        # smem, so the buffer of tile t-(NC-1), index (t+1) % NC, is free (NC=1: this tile's own).
+        tma.store_wait(pendings=NC - 1)
+        mbarrier.arrive(c_empty.index((t + 1) % NC), pred=t >= NC - 1)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                      GROUP_M: gl.constexpr):
+    BK: gl.constexpr = a_desc.block_type.shape[0]
+    BM: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    NC: gl.constexpr = c_bufs.type.shape[0]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = c_desc.dtype
+    K = a_desc.shape[0]
+    num_m = gl.cdiv(c_desc.shape[0], BM)
+    num_n = gl.cdiv(c_desc.shape[1], BN)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+    k_tiles = gl.cdiv(K, BK)
+
+    mma_layout: gl.constexpr = _mma_layout(BM, BN, NUM_WARPS)
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
+    c = 0
+    for t in range(num_tiles):
+        for kk in range(k_tiles):
+            s = c % STAGES
+            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0,
+                                is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            # wgmma of step c-1 is done in this warpgroup; sync the partition (both warpgroups) before
+            # thread 0 releases its stage to the loader.
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
+            c += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
+
+        buf = t % NC
+        c_buf = c_bufs.index(buf)
+        mbarrier.wait(c_empty.index(buf), ((t // NC) & 1) ^ 1)
+        c_buf.store(acc.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(c_ready.index(buf))
+
+
+@gluon.jit
+def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
+                 LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr):
+    BK: gl.constexpr = a_desc.block_type.shape[0]
+    BM: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[1]
+    dtype: gl.constexpr = c_desc.dtype
+
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK, BM], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK, BN], b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
+    c_empty = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(NC):
+        mbarrier.init(c_ready.index(i), count=1)
+        mbarrier.init(c_empty.index(i), count=1)
+
+    args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M)
+    gl.warp_specialize([
+        (_mma_partition, args),
+        (_load_partition, args),
+        (_store_partition, args),
+    ], [1, 1], [LOAD_REGS, STORE_REGS])
+
+
+# ----------------------------------------------------------------------------- launcher
+
+
+def _layout(block):
+    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+
+
+def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
+                             num_programs: int) -> None:
+    """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
+    (``common.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
+    contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory."""
+    a_desc = TensorDescriptor.from_tensor(a, [cfg.BK, cfg.BM], _layout([cfg.BK, cfg.BM]))
+    b_desc = TensorDescriptor.from_tensor(b, [cfg.BK, cfg.BN], _layout([cfg.BK, cfg.BN]))
+    c_desc = TensorDescriptor.from_tensor(out, [cfg.BM, cfg.BN], _layout([cfg.BM, cfg.BN]))
+    wgrad_kernel[(num_programs,)](a_desc, b_desc, c_desc, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs,
+                                  cfg.store_regs, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
