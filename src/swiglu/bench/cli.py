@@ -27,7 +27,7 @@ from ..research.analysis import repo_root
 from ..inputs import BENCHMARK_SEED
 from ..workloads import MODEL_SHAPES, select_cases
 from . import environment
-from .impls import IMPLS, ORDER, unavailable_reason
+from .impls import EXPLICIT_ONLY, IMPLS, ORDER, unavailable_reason
 from .runner import PROTOCOLS, BenchConfig, pick_hardware, run_benchmark
 from .stats import per_case_table, power_summary, summary_table
 from .storage import RunWriter, rebuild_index
@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         "mean SM clock and energy per backward beside every timed loop (NVML via nvidia-ml-py, else "
         "nvidia-smi; see swiglu.bench.power).",
         epilog=f"Implementations: {', '.join(ORDER)}. Default: all available except "
-        "compile-max-autotune. 'cublas-gemms' is a lower bound (the six GEMMs alone), not an "
-        "implementation. 'liger' needs liger-kernel installed. Tensor parallel: torchrun --nproc-per-node N "
+        "compile-max-autotune and quack (name them). 'cublas-gemms' is a lower bound (the six GEMMs alone), not an "
+        "implementation. 'liger' needs liger-kernel installed; 'quack' the [quack] extra (tuned configs: "
+        "scripts/tune_quack.py). Tensor parallel: torchrun --nproc-per-node N "
         "-m swiglu.bench --tp N --help (swiglu.bench.tp).",
     )
     p.add_argument("--cases", default=None,
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_autotune and "compile-max-autotune" not in requested:
             requested.append("compile-max-autotune")
     else:
-        requested = [n for n in ORDER if n != "compile-max-autotune" or args.max_autotune]
+        requested = [n for n in ORDER if (n != "compile-max-autotune" or args.max_autotune) and n not in EXPLICIT_ONLY]
     requested = [n for n in ORDER if n in requested]  # run order: eager first
     skipped = {n: r for n in requested if (r := unavailable_reason(n, device))}
     impls = [n for n in requested if n not in skipped]

@@ -112,12 +112,15 @@ def software_info() -> dict:
         liger_version = version("liger-kernel")
     except Exception:  # noqa: BLE001
         liger_version = None
+    from .quack_peer import versions as quack_versions
+
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "triton": triton_version,
         "liger_kernel": liger_version,
+        **quack_versions(),  # quack_kernels, nvidia_cutlass_dsl (CuTe-DSL) and the quack peer's tuning settings
         "python": sys.version.split()[0],
         "platform": platform.platform(),
     }

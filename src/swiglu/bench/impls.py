@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from ..reference import reference_backward
+from . import quack_peer
 
 BackwardFn = Callable[..., tuple[torch.Tensor, ...]]
 
@@ -194,8 +195,13 @@ IMPLS: dict[str, BenchImpl] = {
             "the Gluon kernels (swiglu.kernels.gluon_wgrad)",
             _build_triton_tl,
         ),
+        BenchImpl("quack", quack_peer.NOTE, quack_peer.build, prepare=quack_peer.to_quack_layout),
     )
 }
+
+#: Implementations run only when named in ``--impls`` (never by default): quack autotunes for
+#: minutes on a shape its tuning cache lacks.
+EXPLICIT_ONLY = ("quack",)
 
 #: Run order (eager first: the speed-ups divide by it).
 ORDER = tuple(IMPLS)
@@ -211,12 +217,15 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
             return f"{name} is skipped in the CPU smoke mode"
         if name in ("triton", "triton-tl") and os.environ.get("TRITON_INTERPRET") != "1":
             return "triton on CPU needs TRITON_INTERPRET=1 (the Triton interpreter); skipped"
+    if name == "quack":
+        return quack_peer.unavailable_reason(device)
     if name == "liger" and importlib.util.find_spec("liger_kernel") is None:
         return "liger_kernel is not installed (pip install liger-kernel, or the project's [liger] extra); skipped"
     return None
 
 
 def default_impls(device: torch.device, max_autotune: bool = False) -> list[str]:
-    """Every implementation that can run on ``device``; compile-max-autotune only when asked."""
-    names = [n for n in ORDER if n != "compile-max-autotune" or max_autotune]
+    """Every implementation that can run on ``device``; compile-max-autotune only when asked,
+    ``EXPLICIT_ONLY`` ones never."""
+    names = [n for n in ORDER if (n != "compile-max-autotune" or max_autotune) and n not in EXPLICIT_ONLY]
     return [n for n in names if unavailable_reason(n, device) is None]
