@@ -127,6 +127,8 @@ def configure(space: str | None = None, cache_dir: str | Path | None = None,
     (``quack.gemm_interface.gemm_tuned.configs``) and of the epilogue-mod tuners
     (``quack.gemm_runtime.autotune._config_space``, which builds the dgated tuner's list).
     """
+    if _configured and space is None and cache_dir is None and kernel_dir is None:
+        return dict(_configured)  # build() after an explicit configure (scripts/tune_quack.py)
     space = space or search_space()
     if space not in SEARCH_SPACES:
         raise ValueError(f"space must be one of {SEARCH_SPACES}, got {space!r}")
