@@ -13,7 +13,7 @@ four GEMMs (gemm_dgated, dW2, dx, dW1) and writes the winners as ``<fn>.autotune
 ``--cache-dir`` (quack's QUACK_CACHE_DIR). The search is ``swiglu.bench.quack_peer``'s (default
 "reduced"; the bench must use the same, since quack's cache key hashes the candidate list). The
 time bound: a shape is not started when the elapsed time plus an estimate of its own (the
-previous shape's time x 1.3) would pass ``--max-minutes``; each finished GEMM is already on disk.
+previous shape's time x max(1.3, 0.8 x the token ratio)) would pass ``--max-minutes``; each finished GEMM is already on disk.
 
 Tuning-only speed-up (does not change what is cached): each candidate is benched with
 ``--bench-calls`` timed calls after ``--bench-warmup-ms`` of warm-up instead of quack's 200 and
@@ -115,7 +115,8 @@ def main(argv=None) -> int:
     last = None
     for T in sorted(set(args.tokens)):
         elapsed = time.perf_counter() - t_start
-        estimate = 1.3 * last if last is not None else 0.0
+        # the sweep's bench time grows with T; the first shape also paid the compiles
+        estimate = last[1] * max(1.3, 0.8 * T / last[0]) if last is not None else 0.0
         if elapsed + estimate > budget_s:
             print(f"tune_quack: T={T} skipped: {elapsed:.0f}s elapsed + ~{estimate:.0f}s estimate > "
                   f"{budget_s:.0f}s budget", flush=True)
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
         del out, inputs
         torch.cuda.empty_cache()
         new = {k: v for k, v in choices().items() if k not in before}
-        last = took
+        last = (T, took)
         print(f"tune_quack: T={T} tuned in {took:.1f}s (second call {again * 1e3:.1f} ms host, total "
               f"{time.perf_counter() - t_start:.0f}s); {len(new)} new choices:", flush=True)
         for (name, key), cfg in new.items():

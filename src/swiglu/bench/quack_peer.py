@@ -142,12 +142,12 @@ def configure(space: str | None = None, cache_dir: str | Path | None = None,
     if _configured:
         return dict(_configured)
 
-    import quack.cache
+    import quack.cache as quack_cache
     import quack.gemm_interface as gi
     import quack.gemm_runtime.autotune as rt
 
     kernel_dir.mkdir(parents=True, exist_ok=True)
-    quack.cache.CACHE_DIR = str(kernel_dir)
+    quack_cache.CACHE_DIR = str(kernel_dir)
     tuner = gi.gemm_tuned
     tuner.configs = [c for c in tuner.configs if keep_config(c.kwargs["config"], space)]
     if rt._MOD_TUNERS:
