@@ -226,10 +226,30 @@ def make_quack_backward(dact_linear_backward: Callable, dgated_ops, linear_act_b
     return quack_backward
 
 
+def check_install_location() -> None:
+    """Raise when CuTe-DSL is installed outside a ``site-packages``/``dist-packages`` folder.
+
+    quack 0.6.5 fingerprints its epilogue functions for its caches
+    (``quack.gemm_runtime.identity``) and treats functions from files outside such folders as
+    its own: it recurses into CuTe-DSL's module globals and fails ("... has no fail-closed
+    semantic key", on a Logger, ContextVar or method descriptor). A tree unpacked into a plain
+    folder on PYTHONPATH hits this; ``.quack/install{1,2}.sh`` unpack into ``<root>/site-packages``.
+    """
+    import cutlass.cute as cute
+    from quack.gemm_runtime.identity import _is_extern_function
+
+    if not _is_extern_function(cute.make_layout):
+        raise RuntimeError(
+            f"nvidia-cutlass-dsl is imported from {cute.__file__}, outside a site-packages/dist-packages "
+            "folder: quack 0.6.5's epilogue fingerprint then recurses into CuTe-DSL's globals and fails; "
+            "install it under a folder named site-packages")
+
+
 def build(device: torch.device) -> Callable:
     """The bench impl's ``build``: configure quack (tuning cache, search space), return the
     backward over ``to_quack_layout``'s operands."""
     configure()
+    check_install_location()
     from quack.linear import DActLinearFunc, LinearActFunc, _DGatedLinearOps, _LinearGatedOps
 
     return make_quack_backward(DActLinearFunc.backward, _DGatedLinearOps, LinearActFunc.backward, _LinearGatedOps)
