@@ -351,3 +351,23 @@ def test_quack_peer_on_gpu(tmp_path):
     for o, r in zip(out, ref):
         assert benchmark_criterion(o, r, 0.13).passed
     assert list(Path(tmp_path / "tune").rglob("*.autotune.json"))
+
+
+@pytest.mark.parametrize("extern", [True, False])
+def test_check_install_location(monkeypatch, extern):
+    cutlass, cute = types.ModuleType("cutlass"), types.ModuleType("cutlass.cute")
+    cute.make_layout, cute.__file__ = (lambda: None), "/somewhere/cutlass/cute/__init__.py"
+    cutlass.__path__, cutlass.cute = [], cute
+    identity = types.ModuleType("quack.gemm_runtime.identity")
+    identity._is_extern_function = lambda fn: extern
+    quack, runtime = types.ModuleType("quack"), types.ModuleType("quack.gemm_runtime")
+    quack.__path__, runtime.__path__ = [], []
+    quack.gemm_runtime, runtime.identity = runtime, identity
+    for name, module in (("cutlass", cutlass), ("cutlass.cute", cute), ("quack", quack),
+                         ("quack.gemm_runtime", runtime), ("quack.gemm_runtime.identity", identity)):
+        monkeypatch.setitem(sys.modules, name, module)
+    if extern:
+        quack_peer.check_install_location()
+    else:
+        with pytest.raises(RuntimeError, match="site-packages"):
+            quack_peer.check_install_location()
