@@ -35,11 +35,32 @@ H, I = 16384, 53248
 
 
 # ------------------------------------------------------------------------------------- statistics
-def test_time_stats_known_values():
-    s = time_stats([5.0, 1.0, 4.0, 2.0, 3.0])
-    # numpy linear interpolation on sorted [1..5]: position 0.2*4 = 0.8 -> 1.8, 0.8*4 = 3.2 -> 4.2
-    assert s == pytest.approx({"median_ms": 3.0, "p20_ms": 1.8, "p80_ms": 4.2, "mean_ms": 3.0, "min_ms": 1.0})
-    assert time_stats([7.5])["median_ms"] == 7.5
+# Percentiles by hand: numpy.percentile's default method "linear" (Hyndman and Fan 1996, type 7):
+# sort the n times as x[0..n-1]; the q-th percentile sits at position h = (n - 1) q / 100 and is
+# x[floor h] + (h - floor h) (x[floor h + 1] - x[floor h]). The median is the 50th percentile.
+# The samples are skewed, so median, mean, p20 and p80 all differ (a median computed as a mean, or
+# a percentile taken at the wrong position or by nearest rank, gives another number).
+STATS_CASES = [
+    # sorted [1, 2, 3, 5, 8, 13, 40], n = 7: median x[3] = 5; mean 72 / 7;
+    # p20 at h = 1.2: 2 + 0.2 (3 - 2) = 2.2; p80 at h = 4.8: 8 + 0.8 (13 - 8) = 12.
+    ([13.0, 2.0, 40.0, 5.0, 1.0, 8.0, 3.0], {"median_ms": 5.0, "p20_ms": 2.2, "p80_ms": 12.0, "mean_ms": 72 / 7,
+                                            "min_ms": 1.0}),
+    # sorted [0.5, 0.75, 1, 4], n = 4 (even: the median interpolates): median at h = 1.5:
+    # 0.75 + 0.5 (1 - 0.75) = 0.875; mean 6.25 / 4 = 1.5625;
+    # p20 at h = 0.6: 0.5 + 0.6 (0.75 - 0.5) = 0.65; p80 at h = 2.4: 1 + 0.4 (4 - 1) = 2.2.
+    ([4.0, 1.0, 0.5, 0.75], {"median_ms": 0.875, "p20_ms": 0.65, "p80_ms": 2.2, "mean_ms": 1.5625, "min_ms": 0.5}),
+]
+
+
+@pytest.mark.parametrize("times,want", STATS_CASES, ids=["n7", "n4"])
+def test_time_stats_known_values(times, want):
+    assert len(set(want.values())) == len(want), "the case must tell the statistics apart"
+    assert time_stats(times) == pytest.approx(want, rel=1e-12)
+    assert time_stats(times[::-1]) == pytest.approx(want, rel=1e-12)  # order of the samples does not matter
+
+
+def test_time_stats_single_time():
+    assert time_stats([7.5]) == {"median_ms": 7.5, "p20_ms": 7.5, "p80_ms": 7.5, "mean_ms": 7.5, "min_ms": 7.5}
 
 
 @pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [1.0, -0.5], [float("inf")]])
@@ -102,7 +123,9 @@ def test_a_cpu_run_gets_no_gpu_datasheet():
 
 # ------------------------------------------------------------------------------- schema, summaries
 def fake_row(case: str, impl: str, median_ms: float, correct=True, tokens: int = 4096) -> dict:
-    stats = {k: median_ms for k in ("median_ms", "p20_ms", "p80_ms", "mean_ms", "min_ms")}
+    # The other statistics differ from the median, so a summary that reads the wrong one fails.
+    stats = {"median_ms": median_ms, "p20_ms": 0.9 * median_ms, "p80_ms": 1.2 * median_ms,
+             "mean_ms": 1.3 * median_ms, "min_ms": 0.8 * median_ms}
     return {
         "run_id": "", "case": case, "seq_len": tokens, "batch_size": 1, "tokens": tokens, "hidden_size": H,
         "intermediate_size": I, "impl": impl, "protocol": "full", "warmup": 10, "iters": 50, **stats,

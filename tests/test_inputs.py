@@ -72,10 +72,19 @@ def test_benchmark_activations_are_independent(request):
 
 
 def test_forward_mode_is_a_real_forward_pass(request):
+    """gate_output, up_output and activated_gate are the forward pass over x, checked against the
+    same formula in float64 (not make_inputs' own bf16 expressions): each element the correctly
+    rounded bf16 of the exact value, up to the fp32 summation-order bound and an ulp (ulp oracle)."""
+    from ulp_oracle import check_ulps, fp32_order_allowance
+
     inp = make_inputs(2, 9, 72, 40, mode="forward", seed=_seed(request))
-    assert torch.equal(inp.gate_output, inp.x @ inp.gate_weight.t())
-    assert torch.equal(inp.up_output, inp.x @ inp.up_weight.t())
-    assert torch.equal(inp.activated_gate, torch.nn.functional.silu(inp.gate_output))
+    x = inp.x.double().reshape(-1, 72)
+    for name, w in (("gate_output", inp.gate_weight), ("up_output", inp.up_weight)):
+        exact = x @ w.double().t()
+        check_ulps(name, getattr(inp, name).reshape(-1, 40), exact.to(torch.bfloat16), _seed(request),
+                   fp32_order_allowance([(x, w.double().t())]))
+    g = inp.gate_output.double()
+    check_ulps("activated_gate", inp.activated_gate, (g / (1 + torch.exp(-g))).to(torch.bfloat16), _seed(request))
     assert not torch.equal(inp.gate_output, inp.up_output)
     assert not torch.equal(inp.grad_output, inp.x)
 

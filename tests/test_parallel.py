@@ -2,7 +2,9 @@
 
 Every scenario lives in tests/tp_worker.py and compares the parallelized module (reference
 backward on each rank's shard, float64) with the unsharded MLP; one spawn per world size runs them
-all (process start-up dominates on the 2-core CI machine), each scenario reported as its own test.
+all (process start-up dominates on the 2-core CI machine), each scenario reported as its own test
+(only the scenarios a world size runs are collected). A rank that raises or exits non-zero fails
+the spawn, whether or not it wrote its results first.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 import tp_worker
 
@@ -35,8 +38,9 @@ def _free_port() -> int:
 
 
 def spawn(world_size: int, names: list[str], out_dir) -> list[dict]:
-    """Run ``tp_worker.run`` on ``world_size`` processes; returns each rank's results. Kills the
-    processes and fails when they outlive ``TIMEOUT_S``."""
+    """Run ``tp_worker.run`` on ``world_size`` processes; returns each rank's results. Fails when a
+    rank raises or exits non-zero (even after writing its results: a crash in teardown is a
+    crash), and kills the processes and fails when they outlive ``TIMEOUT_S``."""
     ctx = mp.start_processes(tp_worker.run, args=(world_size, _free_port(), str(out_dir), names),
                              nprocs=world_size, join=False, start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
@@ -45,32 +49,38 @@ def spawn(world_size: int, names: list[str], out_dir) -> list[dict]:
             try:
                 if ctx.join(timeout=1):
                     break
-            except mp.ProcessExitedException:
-                # A rank that died after writing its results (a teardown abort in gloo) has still
-                # reported every scenario; one that died before has no file, and fails below.
-                if not all((out_dir / f"rank{r}.json").exists() for r in range(world_size)):
-                    raise
-                break
+            except ProcessException as e:
+                pytest.fail(f"TP={world_size}: rank {e.error_index} failed (pid {e.error_pid}): {e}")
             if time.monotonic() > deadline:
                 pytest.fail(f"{world_size} ranks did not finish within {TIMEOUT_S} s")
     finally:
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
+    codes = [p.exitcode for p in ctx.processes]
+    assert codes == [0] * world_size, f"TP={world_size}: rank exit codes {codes}"
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
-@pytest.fixture(scope="module", params=sorted(WORLD_SCENARIOS), ids=lambda n: f"tp{n}")
-def ranks(request, tmp_path_factory):
-    world = request.param
-    return world, spawn(world, WORLD_SCENARIOS[world], tmp_path_factory.mktemp(f"tp{world}"))
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """``ranks(world)``: the results of one spawn per world size (run on first use)."""
+    done = {}
+
+    def get(world):
+        if world not in done:
+            done[world] = spawn(world, WORLD_SCENARIOS[world], tmp_path_factory.mktemp(f"tp{world}"))
+        return done[world]
+
+    return get
 
 
-@pytest.mark.parametrize("scenario", list(tp_worker.SCENARIOS))
-def test_scenario(ranks, scenario):
-    world, results = ranks
-    if scenario not in WORLD_SCENARIOS[world]:
-        pytest.skip(f"{scenario} runs at TP=2 only (CPU time)")
+@pytest.mark.parametrize("world,scenario", [(w, s) for w, names in WORLD_SCENARIOS.items() for s in names],
+                         ids=lambda v: f"tp{v}" if isinstance(v, int) else v)
+def test_scenario(ranks, world, scenario):
+    """Only the scenarios each world size runs are collected (TP = 4 runs four; the others at TP = 2
+    only, for CPU time): no test that always skips."""
+    results = ranks(world)
     for rank, result in enumerate(results):
         assert scenario in result, f"rank {rank} did not run {scenario}"
         assert result[scenario]["ok"], f"TP={world} rank {rank}:\n{result[scenario]['error']}"

@@ -103,15 +103,16 @@ def test_skipped_gradients(device, flags):
             assert g is None, f"{name} was computed although not needed"
 
 
-def test_deterministic_and_fresh_outputs(device):
+def test_fresh_outputs(device):
+    """Each call returns new tensors, none aliasing an input or another output. (Run-to-run
+    determinism cannot fail in the interpreter; the GPU test test_triton_gpu.py checks it.)"""
     inp = make_inputs(2, 29, 64, 136, seed=_seed(), device=device)
     a = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
     b = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
-    for x, y in zip(a, b):
-        assert torch.equal(x, y)
-        assert x.data_ptr() != y.data_ptr()
+    storages = [t.untyped_storage().data_ptr() for t in (*a, *b)]
+    assert len(set(storages)) == 8, "outputs share storage"
     ptrs = {t.untyped_storage().data_ptr() for t in inp.as_tuple()}
-    assert not ptrs & {t.untyped_storage().data_ptr() for t in a}, "an output aliases an input"
+    assert not ptrs & set(storages), "an output aliases an input"
 
 
 def test_saturated_gate_values(device):

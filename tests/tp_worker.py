@@ -325,12 +325,15 @@ def scenario_uneven(mesh):
 
 
 def scenario_lean_triton(mesh):
-    """bf16 on the Triton path (the interpreter on CPU) in the memory-lean mode: the backward that
-    consumes the saved gate/up shards (``swiglu::mlp_backward_lean`` on DTensors) gives bitwise the
-    gradients of the one that leaves them as they are, and a second backward through the graph is
-    the clear RuntimeError."""
+    """bf16 on the Triton path (the interpreter on CPU) in the memory-lean mode: each rank's local
+    backward passes the ulp oracle (tests/ulp_oracle.py), the backward that consumes the saved
+    gate/up shards (``swiglu::mlp_backward_lean`` on DTensors) gives bitwise the gradients of the
+    one that leaves them as they are, and a second backward through the graph is the clear
+    RuntimeError."""
     import swiglu
     import swiglu.ops as ops
+
+    from ulp_oracle import BackwardSpy
 
     x = _draw(2, 4, H, seed=60).bfloat16()
     go = _draw(2, 4, H, seed=61).bfloat16()
@@ -345,7 +348,11 @@ def scenario_lean_triton(mesh):
             swiglu.parallelize(tp, mesh)
             xr = x.clone().requires_grad_(True)
             out = tp(xr)
-            out.backward(go, retain_graph=True)
+            with BackwardSpy() as spy:
+                out.backward(go, retain_graph=True)
+            # This rank's backward on its shard (before the all-reduce of grad_x) passes the ulp
+            # oracle against the same-rounding reference on the same local inputs.
+            spy.check_own(seed=f"rank {mesh.get_local_rank()}")
             grads[overwrite] = [xr.grad] + [p.grad.full_tensor() for p in tp.parameters()]
             if overwrite:
                 assert lean_calls == [1], lean_calls
