@@ -11,6 +11,13 @@
   Triton forward, ``swiglu.kernels.forward``, and in the Triton backward's epilogue).
 * ``swiglu::mlp_backward_lean`` (same arguments less activated_gate): the memory-lean backward on
   the Triton path, writing d_gate/d_up over the saved gate_output/up_output (declared mutated).
+  The autograd formula calls it only on buffers nothing else can reach: the node saves its own
+  aliases of the forward's gate/up outputs, and the backward consumes them only when no other
+  tensor shares their storage and nothing else holds them (``_sole_owner``: a caller that kept
+  the op's outputs, a view or ``.detach()`` of them, a saved-tensor hook such as an offloader
+  or ``save_on_cpu`` or non-reentrant checkpointing, ``grad_fn.saved_tensors`` kept). Otherwise
+  it runs ``swiglu::mlp_backward``, which leaves them as they are: the same gradients, bit for
+  bit, one more [T, I] buffer at the peak.
 * ``swiglu::mlp_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight,
   up_weight, down_weight, need_grad_x, need_grad_gate_weight, need_grad_up_weight,
   need_grad_down_weight, impl)`` returns the four gradients. A custom op cannot return ``None``,
@@ -314,18 +321,95 @@ def _overwrite_ok(gate_output: torch.Tensor) -> bool:
     return type(gate_output) is torch.Tensor or (dtensor is not None and type(gate_output) is dtensor.DTensor)
 
 
+def _hooks_active() -> bool:
+    # A saved-tensor hook (torch.autograd.graph.saved_tensors_hooks: offloaders, save_on_cpu,
+    # non-reentrant checkpointing, loggers) sees what we save and may keep it or hand back a tensor
+    # it still holds: we cannot prove the buffers private then.
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
 def _setup_context(ctx, inputs, output):
     x, gate_weight, up_weight, down_weight, backward_impl = inputs[:5]
     save_activated_gate = inputs[5] if len(inputs) > 5 else True
     _, gate_output, up_output, activated_gate = output
-    # Memory-lean mode: two [T, I] activations saved, activated_gate recomputed in the backward.
+    saved_gate, saved_up = gate_output, up_output
+    # Memory-lean mode: two [T, I] activations saved, activated_gate recomputed in the backward,
+    # which may consume them (write d_gate/d_up over them, then free them). The op's outputs go to
+    # its caller, so the node saves its own aliases (new tensors over the same storage): the
+    # backward consumes them only when nothing else references that storage (_sole_owner).
+    ctx.may_consume = not save_activated_gate and not _hooks_active()
+    if ctx.may_consume:
+        saved_gate, saved_up = gate_output.detach(), up_output.detach()
     saved_act = activated_gate if save_activated_gate else None
-    ctx.save_for_backward(x, gate_output, up_output, saved_act, gate_weight, up_weight, down_weight)
+    ctx.save_for_backward(x, saved_gate, saved_up, saved_act, gate_weight, up_weight, down_weight)
     ctx.mark_non_differentiable(gate_output, up_output, activated_gate)
     # No zero-filled [T, I] gradients for the three saved activations (never used).
     ctx.set_materialize_grads(False)
     ctx.backward_impl = backward_impl
     ctx.activations_overwritten = False
+
+
+def _local_counts(t) -> tuple[int, int]:
+    # A DTensor's shard on this rank: (Python references, tensors over its storage).
+    local = t._local_tensor
+    return sys.getrefcount(local), torch._C._storage_Use_Count(local.untyped_storage()._cdata)
+
+
+def _references(t: torch.Tensor) -> tuple[int, ...]:
+    """(Python references to t, tensors over its storage) as counted from ``_sole_owner``; for a
+    DTensor, (Python references to t, ``_local_counts``)."""
+    if hasattr(t, "_local_tensor"):  # a DTensor wrapper has no storage of its own
+        return (sys.getrefcount(t),) + _local_counts(t)
+    return sys.getrefcount(t), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class _Probe(torch.autograd.Function):
+    # The counts of a buffer that nothing but the node holds, measured once with this torch and
+    # Python through the same path as _backward's (a non-differentiable output, an alias of it
+    # saved, unpacked into a local name, passed to _sole_owner).
+    @staticmethod
+    def forward(x):
+        return x.clone(), torch.empty(4)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output[1].detach())
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        (saved,) = ctx.saved_tensors
+        ctx.counts = _sole_owner(saved, calibrate=True)
+        return grad
+
+
+class _Shard:
+    __slots__ = ("_local_tensor",)  # as DTensor holds its local tensor
+
+
+def _private_counts() -> tuple[int, ...]:
+    x = torch.zeros(1, requires_grad=True)
+    with torch.enable_grad():
+        out = _Probe.apply(x)[0]
+        node = out.grad_fn
+        out.sum().backward()
+    shard = _Shard()
+    shard._local_tensor = torch.empty(4)
+    return node.counts + _local_counts(shard)
+
+
+def _sole_owner(t: torch.Tensor, calibrate: bool = False):
+    """Whether the saved ``t`` (unpacked into a local name of ``_backward``) is the only tensor
+    over its storage and nothing but autograd holds it: no op output a caller kept, no view or
+    alias (``.detach()``, ``.data``, ``to_local()``), no ``grad_fn.saved_tensors`` kept. For a
+    DTensor: the wrapper so, and its local tensor held by the wrapper alone."""
+    counts = _references(t)
+    if calibrate:
+        return counts
+    return counts == (_PRIVATE[:2] if len(counts) == 2 else _PRIVATE[:1] + _PRIVATE[2:])
+
+
+_PRIVATE = _private_counts()
 
 
 def _backward(ctx, grad_output, *unused_grads):
@@ -352,10 +436,13 @@ def _backward(ctx, grad_output, *unused_grads):
                 need_grad_down_weight=needs[3],
             )
         return tuple(grads) + (None, None)  # backward_impl, save_activated_gate
-    if activated_gate is None and _overwrite_ok(gate_output) and \
-            resolve_backward_impl(ctx.backward_impl, x, gate_weight) == "triton":
-        # Memory-lean mode: the saved gate/up buffers are dead after this backward; d_gate/d_up go
-        # there. Flagged first: a failure after the overwrite must not let a retry read them.
+    if activated_gate is None and ctx.may_consume and _overwrite_ok(gate_output) and \
+            resolve_backward_impl(ctx.backward_impl, x, gate_weight) == "triton" and \
+            _sole_owner(gate_output) and _sole_owner(up_output):
+        # Memory-lean mode: the saved gate/up buffers are private and dead after this backward;
+        # d_gate/d_up go there. Otherwise (a caller, hook or logger holds them) the backward
+        # that leaves them as they are: the same gradients, bit for bit, one more [T, I] buffer.
+        # Flagged first: a failure after the overwrite must not let a retry read them.
         ctx.activations_overwritten = True
         grads = mlp_backward_lean(grad_output, x, gate_output, up_output, gate_weight, up_weight, down_weight,
                                   *needs, ctx.backward_impl, True)
@@ -403,7 +490,9 @@ def swiglu_mlp(
             or cuBLAS per token bucket), and the backward writes d_gate/d_up over the saved
             gate/up buffers (one more [T, I] buffer, h, instead of three), so a second backward
             through the same graph (``retain_graph=True``) raises a RuntimeError saying so: use
-            True there. True: activated_gate is saved too
+            True there. Only buffers that nothing else references are consumed: under a
+            saved-tensor hook (offloading, ``save_on_cpu``, checkpointing) or with the custom
+            op's gate/up outputs kept, the backward leaves them intact (same gradients). True: activated_gate is saved too
             (3 [T, I] tensors), the forward is nn.Linear's ops, bit for bit, and the saved tensors
             are never written.
 
