@@ -26,10 +26,12 @@
 
 Both ops have fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces them
 without graph breaks. Backward dispatch (``backward_impl``): ``"triton"`` is
-``swiglu.kernels.backward.triton_swiglu_backward`` (bf16; CUDA sm_90+, or any device under
-``TRITON_INTERPRET=1``); ``"reference"`` is the benchmark's order of operations
+``swiglu.kernels.backward.triton_swiglu_backward`` (bf16; an NVIDIA sm_90+ GPU whose shared memory
+fits the tables, not ROCm, or any device under ``TRITON_INTERPRET=1``); ``"reference"`` is the benchmark's order of operations
 (``swiglu.reference``) with the GEMMs of unneeded gradients skipped, in the inputs' dtype;
-``"auto"`` picks triton for bf16 CUDA tensors on sm_90+ and the reference otherwise.
+``"auto"`` picks triton for bf16 CUDA tensors on a GPU the configuration tables were tuned for
+(sm_90) whose shared memory fits them, and the reference otherwise (``auto_reason``;
+``swiglu.backend_reason`` is its public form).
 ``swiglu::mlp_backward`` takes ``activated_gate=None`` for the memory-lean mode.
 
 Double backward: under ``create_graph=True`` the autograd formula does not call
@@ -39,6 +41,7 @@ differentiable ops, on gate/up activations recomputed from the saved x and weigh
 
 import contextlib
 import importlib
+import logging
 import sys
 
 import torch
@@ -51,6 +54,7 @@ BACKWARD_IMPLS = ("auto", "reference", "triton")
 # Under torch.autocast on these devices the forward op runs in bfloat16 (our kernels' dtype).
 _AUTOCAST_DEVICES = ("cuda", "cpu")
 _TRITON_MODULE = "swiglu.kernels.backward"
+_log = logging.getLogger("swiglu")
 
 
 # --------------------------------------------------------------------------- validation
@@ -106,19 +110,44 @@ def _triton_problem(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
 # --------------------------------------------------------------------------- backward kernels
 
 
+def auto_reason(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, gate_weight: torch.Tensor | None = None,
+                x: torch.Tensor | None = None) -> str | None:
+    """Why ``backward_impl="auto"`` takes the reference rather than the Triton path for inputs of
+    ``dtype`` on ``device`` (None: it takes Triton). Triton needs all of: a CUDA device (the
+    interpreter is for explicit ``"triton"`` only), bfloat16 (the kernels' dtype: float16
+    takes the reference), an NVIDIA sm_90+ GPU whose shared memory fits the configuration
+    tables and whose architecture they were tuned for (``swiglu.kernels.common.device_reason``
+    and ``untuned_reason``: sm_90 today), Triton installed, and, given the tensors, hidden_size
+    and intermediate_size multiples of 8. Imports Triton only for a bf16 CUDA device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"impl='auto' takes the Triton path only on CUDA GPUs (got device {device}); " \
+               "under TRITON_INTERPRET=1 ask for the 'triton' implementation explicitly"
+    if dtype != torch.bfloat16:
+        return f"the Triton kernels compute in bfloat16 (got {dtype}); cast to bfloat16 or use torch.autocast"
+    try:
+        common = importlib.import_module("swiglu.kernels.common")
+    except ModuleNotFoundError as e:
+        if e.name not in ("triton", "swiglu.kernels", "swiglu.kernels.common") and not (e.name or "").startswith("triton"):
+            raise
+        return f"Triton is not installed ({e})"
+    reason = common.device_reason(device) or common.untuned_reason(device)
+    if reason is None and x is not None and gate_weight is not None:
+        reason = _triton_problem(x, gate_weight)
+    return reason
+
+
 def resolve_backward_impl(backward_impl: str, x: torch.Tensor, gate_weight: torch.Tensor) -> str:
-    """``"auto"`` -> ``"triton"`` for bf16 CUDA tensors on sm_90+ with hidden_size and
-    intermediate_size multiples of 8 (when ``swiglu.kernels.backward`` is importable),
-    ``"reference"`` otherwise; other names are returned unchanged."""
+    """``"auto"`` -> ``"triton"`` where ``auto_reason`` finds nothing against it (bf16 CUDA tensors
+    on a tuned NVIDIA GPU that fits, sizes multiples of 8), ``"reference"`` otherwise, with the
+    reason logged at DEBUG level (logger ``swiglu``); other names are returned unchanged."""
     if backward_impl != "auto":
         return backward_impl
-    if x.device.type == "cuda" and x.dtype == torch.bfloat16:
-        try:
-            return "reference" if _triton_problem(x, gate_weight) else "triton"
-        except ModuleNotFoundError as e:
-            if e.name != _TRITON_MODULE:
-                raise
-    return "reference"
+    reason = auto_reason(x.device, x.dtype, gate_weight, x)
+    if reason:
+        _log.debug("backward_impl='auto' -> 'reference': %s", reason)
+        return "reference"
+    return "triton"
 
 
 def run_backward(
@@ -197,7 +226,8 @@ def mlp_forward(
     if backward_impl == "triton":
         problem = _triton_problem(x, gate_weight)
         if problem:
-            raise ValueError(f"backward_impl='triton' {problem}")
+            # The kernels room names its argument impl=; here it is backward_impl=.
+            raise ValueError(f"backward_impl='triton' {problem}".replace(" impl='", " backward_impl='"))
     if not save_activated_gate and resolve_backward_impl(backward_impl, x, gate_weight) == "triton":
         from .kernels.forward import triton_swiglu_forward
 
@@ -480,7 +510,8 @@ def swiglu_mlp(
             fine (empty out, zero weight gradients, no kernel launch), as with ``nn.Linear``.
         gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` / Llama checkpoint
             layout). Same floating dtype and device as ``x``.
-        backward_impl: ``"auto"`` (Triton for bf16 on CUDA sm_90+, else the reference),
+        backward_impl: ``"auto"`` (Triton for bf16 on a tuned NVIDIA GPU, sm_90, whose shared
+            memory fits the tables; else the reference: ``swiglu.backend_reason`` says why),
             ``"reference"`` (PyTorch, the benchmark's order of operations, in the inputs' dtype;
             float64 works) or ``"triton"`` (bf16 only; CUDA or ``TRITON_INTERPRET=1``).
         save_activated_gate: False (default, memory-lean): the forward saves x, the weights,
