@@ -46,7 +46,8 @@ def _triton_device_reason(device: torch.device) -> str | None:
         # Without importing Triton (slow): the kernels' own rule, common.device_reason, says the same.
         return f"needs CUDA tensors (got device {device}) or TRITON_INTERPRET=1"
     try:
-        return importlib.import_module("swiglu.kernels.common").device_reason(device)
+        # swiglu.kernels.backward, not .common: importing it registers its table's shared memory.
+        return importlib.import_module("swiglu.kernels.backward").device_reason(device)
     except ImportError as e:
         return f"Triton is not importable ({e})"
 

@@ -126,9 +126,9 @@ def auto_reason(device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
     if dtype != torch.bfloat16:
         return f"the Triton kernels compute in bfloat16 (got {dtype}); cast to bfloat16 or use torch.autocast"
     try:
-        common = importlib.import_module("swiglu.kernels.common")
+        common = importlib.import_module(_TRITON_MODULE)  # registers its table's shared memory
     except ModuleNotFoundError as e:
-        if e.name not in ("triton", "swiglu.kernels", "swiglu.kernels.common") and not (e.name or "").startswith("triton"):
+        if not (e.name or "").startswith("triton"):
             raise
         return f"Triton is not installed ({e})"
     reason = common.device_reason(device) or common.untuned_reason(device)

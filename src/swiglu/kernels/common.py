@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -118,14 +119,10 @@ def launch_kwargs(cfg: KernelConfig) -> dict:
 TUNED_ARCHS = ((9, 0),)
 
 
-def _table_shared_memory() -> int:
-    """The largest shared-memory estimate (``swiglu.kernels.shared_memory``, calibrated against
-    Triton's own figures for the backward kernels) over every configuration of the backward's
-    table (all kernels and token buckets)."""
-    from .backward import CONFIGS
-    from .shared_memory import estimate_shared_memory
-
-    return max(estimate_shared_memory(k, c) for k, table in CONFIGS.items() for c in table.values())
+#: Shared memory (bytes per block) each configuration table needs at most, one function per
+#: table, registered by the launcher module that owns it (``backward.py``) when it is imported:
+#: this module cannot import the launchers (they import it).
+TABLE_SHARED_MEMORY: dict[str, Callable[[], int]] = {}
 
 
 def device_reason(device: torch.device | str) -> str | None:
@@ -133,8 +130,9 @@ def device_reason(device: torch.device | str) -> str | None:
     NVIDIA (not ROCm: HIP reports capability 9.x but has no TMA descriptors or wgmma), sm_90 or
     newer (TMA), with enough opt-in shared memory per block for every configuration in the
     backward's table (``shared_memory_per_block_optin``; consumer Blackwell, sm_120, has ~99 KiB against
-    the H200's 227 KiB); or any device under TRITON_INTERPRET=1 (set before this module was
-    imported). Reads ``torch.cuda.get_device_properties`` (monkeypatched in the CPU tests)."""
+    the H200's 227 KiB; the tables registered in ``TABLE_SHARED_MEMORY``, so callers import
+    ``swiglu.kernels.backward`` first); or any device under TRITON_INTERPRET=1 (set before this
+    module was imported). Reads ``torch.cuda.get_device_properties`` (monkeypatched in the CPU tests)."""
     device = torch.device(device)
     if device.type != "cuda":
         if INTERPRET:
@@ -148,7 +146,7 @@ def device_reason(device: torch.device | str) -> str | None:
     if props.major < 9:
         return f"needs an sm_90+ GPU (TMA descriptors); {props.name} is sm_{props.major}{props.minor}"
     limit = getattr(props, "shared_memory_per_block_optin", None)
-    need = _table_shared_memory()
+    need = max((f() for f in TABLE_SHARED_MEMORY.values()), default=0)
     if limit is not None and need > limit:
         return (f"needs {need} bytes of shared memory per block for its kernel configurations (tuned for the "
                 f"H200, sm_90); {props.name} (sm_{props.major}{props.minor}) allows {limit}: use impl='reference'")
