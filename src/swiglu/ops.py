@@ -533,7 +533,11 @@ def swiglu_mlp(
     formula in differentiable PyTorch ops on activations recomputed from x and the weights,
     whatever ``backward_impl`` (no Triton kernel; two more [T, I] GEMMs). Under
     ``torch.autocast`` (cuda or cpu) x and the weights are cast to bfloat16, whatever dtype
-    autocast was given: out is bf16, float32 weights get float32 gradients.
+    autocast was given: out is bf16, float32 weights get float32 gradients. Under ``torch.func``
+    transforms (``torch.func.grad`` / ``vmap`` / ``jacrev``, e.g. of
+    ``functional_call(SwiGLUMLP(...), params, x)``) the same formula runs in plain PyTorch ops
+    (nn.Linear's forward and PyTorch's autograd, no custom op): torch.library's autograd
+    registration does not support functorch transforms.
 
     Raises:
         TypeError: a non-tensor, non-floating or mismatched dtype; ``"triton"`` with non-bf16;
@@ -547,4 +551,9 @@ def swiglu_mlp(
     validate_forward_inputs(x, gate_weight, up_weight, down_weight, backward_impl)
     if not isinstance(save_activated_gate, bool):
         raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
+    if torch._C._are_functorch_transforms_active():
+        # torch.func (grad, vmap, jacrev...): torch.library's register_autograd has no functorch
+        # rule ("must override the setup_context staticmethod"), so the same formula in plain
+        # differentiable ops, which every transform supports.
+        return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
     return mlp_forward(x, gate_weight, up_weight, down_weight, backward_impl, save_activated_gate)[0]
