@@ -148,7 +148,9 @@ def scenario_sequence_parallel(mesh):
     assert list(out.shape) == [2, 3, H]
     assert spy.calls[0]["x"] == [2, seq, H] and spy.calls[0]["gate_weight"] == [I // n, H], spy.calls
     # forward: all-gather x, reduce-scatter out; backward: all-gather grad_output, reduce-scatter grad_x.
-    assert counts == {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}, counts
+    # Plus one all-gather of the ranks' sequence lengths (one int64 each; c10d's _allgather_base_):
+    # swiglu.parallel._SequenceShards.
+    assert counts == {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2, "_allgather_base_": 1}, counts
     return {"comm_counts": counts}
 
 
@@ -371,6 +373,32 @@ def scenario_lean_triton(mesh):
     return {}
 
 
+def scenario_uneven_sequence(mesh):
+    """Issue 19 item 2: x [2, 5, H] as 3 + 2 tokens (torch.chunk's split, what DTensor shards
+    unevenly) works against the oracle; 4 + 1 is a ValueError on every rank naming the lengths,
+    and the next call still works (no abort, no hang)."""
+    n, rank = mesh.size(), mesh.get_local_rank()
+    tp, oracle = _pair(mesh, seed=70, sequence_parallel=True)
+    seq = 2 * n + 1
+    x, go = _draw(2, seq, H, seed=71), _draw(2, seq, H, seed=72)
+    chunk = -(-seq // n)
+    mine = slice(rank * chunk, min(seq, (rank + 1) * chunk))
+    out, _, _ = _step_against_oracle(tp, oracle, x, go, mine, "uneven ")
+    assert out.shape[1] == mine.stop - mine.start
+    # Rank 0 all but n - 1 tokens, the others one each (4 + 1 at TP=2): not torch.chunk's split.
+    bad = slice(0, seq - n + 1) if rank == 0 else slice(seq - n + rank, seq - n + rank + 1)
+    try:
+        tp(x[:, bad].clone())
+    except ValueError as exc:
+        assert "local lengths" in str(exc) and f"global length {seq}" in str(exc), exc
+    else:
+        raise AssertionError("a split that is not torch.chunk's did not raise")
+    oracle.zero_grad(set_to_none=True)
+    tp.zero_grad(set_to_none=True)
+    _step_against_oracle(tp, oracle, x, go, mine, "after the error ")
+    return {}
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
@@ -397,4 +425,50 @@ def run(rank: int, world_size: int, port: int, out_dir: str, names: list[str]) -
     # Leave without the interpreter's teardown: gloo's threads have aborted it there now and then
     # under load ("terminate called without an active exception", SIGABRT after the results were
     # written; seen once in ~10 full-suite runs on the 2-core machine).
+    os._exit(0)
+
+
+def run_nccl_uneven(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """GPU entry point (tests/test_parallel_gpu.py): issue 19 item 2 on NCCL, one GPU per rank,
+    bf16 with the default backward (Triton on the H200): 3 + 2 tokens of x [2, 5, 64] match the
+    unsharded float64 MLP within bf16 rounding; 4 + 1 is a ValueError on every rank; the next
+    call works."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timedelta(seconds=120),
+                            device_id=torch.device("cuda", rank))
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import swiglu
+    from swiglu.module import PlainSwiGLUMLP
+
+    mesh = init_device_mesh("cuda", (world_size,), mesh_dim_names=("tp",))["tp"]
+    result = {}
+    try:
+        hidden, inter, seq = 64, 128, 2 * world_size + 1
+        torch.manual_seed(80)
+        oracle = PlainSwiGLUMLP(hidden, inter, dtype=F64, device="cuda")
+        tp = swiglu.SwiGLUMLP(hidden, inter, dtype=torch.bfloat16, device="cuda")
+        tp.load_state_dict({k: v.bfloat16() for k, v in oracle.state_dict().items()})
+        swiglu.parallelize(tp, mesh, sequence_parallel=True)
+        x = _draw(2, seq, hidden, seed=81).cuda()
+        chunk = -(-seq // world_size)
+        mine = slice(rank * chunk, min(seq, (rank + 1) * chunk))
+        for attempt in ("first", "after the error"):
+            out = tp(x[:, mine].bfloat16())
+            _close(f"{attempt} out", out.double(), oracle(x)[:, mine], tol=3e-2)
+            if attempt == "first":
+                bad = slice(0, seq - world_size + 1) if rank == 0 else slice(seq - world_size + rank, seq - world_size + rank + 1)
+                try:
+                    tp(x[:, bad].bfloat16())
+                except ValueError as exc:
+                    assert "local lengths" in str(exc), exc
+                else:
+                    raise AssertionError("a split that is not torch.chunk's did not raise")
+        result = {"ok": True}
+    except Exception:  # noqa: BLE001
+        result = {"ok": False, "error": traceback.format_exc()}
+    finally:
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"uneven_nccl": result}))
+        dist.destroy_process_group()
     os._exit(0)

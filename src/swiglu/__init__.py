@@ -7,6 +7,7 @@ Public API:
     swiglu_mlp(x, gate_weight, up_weight, down_weight)  -- its functional form (custom ops)
     parallelize(module, mesh, *, sequence_parallel=False)  -- tensor parallelism (DTensor)
     tensor_parallel_plan(prefix, ...)      -- the same plan for parallelize_module on a whole model
+    available_impls(device), backend_reason(device, dtype) -- impls usable here; why "auto" is not Triton
     reference_backward, float64_backward   -- the benchmark's bf16 reference and its fp64 oracle
     make_inputs, BackwardInputs            -- inputs as the benchmark draws them
     CASES, select_cases, HIDDEN_SIZE, INTERMEDIATE_SIZE, MODEL_SHAPES
@@ -15,7 +16,7 @@ Public API:
 
 from . import roofline
 from .accuracy import benchmark_criterion, relative_error
-from .api import available_impls, register_impl, swiglu_mlp_backward
+from .api import available_impls, backend_reason, register_impl, swiglu_mlp_backward
 from .inputs import BackwardInputs, make_inputs
 from .module import SwiGLUMLP
 from .ops import swiglu_mlp
@@ -48,6 +49,7 @@ __all__ = [
     "MODEL_SHAPES",
     "SwiGLUMLP",
     "available_impls",
+    "backend_reason",
     "benchmark_criterion",
     "float64_backward",
     "make_inputs",

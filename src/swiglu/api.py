@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Callable
 
 import torch
@@ -22,9 +23,46 @@ def register_impl(name: str, fn: BackwardFn) -> None:
     _IMPLS[name] = fn
 
 
-def available_impls() -> list[str]:
-    """Names accepted by ``swiglu_mlp_backward(impl=...)`` (besides ``"auto"``)."""
-    return sorted(set(_IMPLS) | set(_LAZY))
+def _default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def available_impls(device: torch.device | str | None = None) -> list[str]:
+    """Names ``swiglu_mlp_backward(impl=...)`` can run on ``device`` (default: the current CUDA
+    device when there is one, else the CPU), besides ``"auto"``: ``"reference"`` and any
+    registered implementation everywhere; ``"triton"`` only where its kernels can run (an NVIDIA
+    sm_90+ GPU whose shared memory fits the tables, or any device under TRITON_INTERPRET=1, and
+    Triton installed: ``swiglu.kernels.common.device_reason``). ``backend_reason`` says why
+    ``"auto"`` does or does not take it."""
+    device = _default_device() if device is None else torch.device(device)
+    names = set(_IMPLS) | set(_LAZY)
+    if _triton_device_reason(device):
+        names.discard("triton")
+    return sorted(names)
+
+
+def _triton_device_reason(device: torch.device) -> str | None:
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        # Without importing Triton (slow): the kernels' own rule, common.device_reason, says the same.
+        return f"needs CUDA tensors (got device {device}) or TRITON_INTERPRET=1"
+    try:
+        # swiglu.kernels.backward, not .common: importing it registers its table's shared memory.
+        return importlib.import_module("swiglu.kernels.backward").device_reason(device)
+    except ImportError as e:
+        return f"Triton is not importable ({e})"
+
+
+def backend_reason(device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why ``impl="auto"`` (``swiglu_mlp_backward``, ``swiglu_mlp``, ``SwiGLUMLP``) takes the
+    PyTorch reference rather than the Triton kernels for ``dtype`` inputs on ``device`` (default
+    as ``available_impls``); None when it takes Triton. Triton needs a CUDA, NVIDIA (not ROCm),
+    sm_90+ GPU whose opt-in shared memory per block fits every tuned configuration, an
+    architecture the tables were tuned for (sm_90: H100/H200; sm_100 and sm_120 are not), and
+    bfloat16; at call time also hidden_size and intermediate_size multiples of 8. The same
+    reason is logged at DEBUG level (logger ``swiglu``) when "auto" resolves."""
+    from .ops import auto_reason
+
+    return auto_reason(_default_device() if device is None else device, dtype)
 
 
 def get_impl(name: str) -> BackwardFn:
@@ -34,7 +72,7 @@ def get_impl(name: str) -> BackwardFn:
         module, function = _LAZY[name]
         _IMPLS[name] = getattr(importlib.import_module(module), function)
     if name not in _IMPLS:
-        raise ValueError(f"impl must be one of {['auto'] + available_impls()}, got {name!r}")
+        raise ValueError(f"impl must be one of {['auto'] + sorted(set(_IMPLS) | set(_LAZY))}, got {name!r}")
     return _IMPLS[name]
 
 
@@ -60,9 +98,11 @@ def swiglu_mlp_backward(
             ``gate_output``), as in the benchmark's reference.
         gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` / checkpoint layout).
         impl: ``"reference"`` (PyTorch, the benchmark's bf16 order of operations), ``"triton"``
-            (our Hopper kernels; bf16 CUDA tensors on sm_90+, or any device under
-            ``TRITON_INTERPRET=1``), or ``"auto"``: triton for bf16 CUDA tensors on sm_90+ with
-            hidden_size and intermediate_size multiples of 8, the reference otherwise.
+            (our Hopper kernels; bf16 tensors on an NVIDIA sm_90+ GPU whose shared memory fits
+            the tables, or any device under ``TRITON_INTERPRET=1``), or ``"auto"``: triton for
+            bf16 CUDA tensors on a GPU the tables were tuned for (sm_90) with hidden_size and
+            intermediate_size multiples of 8, the reference otherwise (``backend_reason`` says
+            why).
 
     Returns:
         ``(grad_x, grad_gate_weight, grad_up_weight, grad_down_weight)``: grad_x shaped like x,

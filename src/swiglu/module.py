@@ -16,9 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 from .ops import BACKWARD_IMPLS, resolve_backward_impl, swiglu_mlp, validate_forward_inputs
 from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
@@ -43,6 +46,20 @@ class SwiGLUMLP(nn.Module):
     forward(x): x [..., H] -> [..., H] (zero tokens give an empty output and zero weight
     gradients, as nn.Linear). Errors as ``swiglu.swiglu_mlp``, with x and the weights checked
     against the declared hidden_size and intermediate_size.
+
+    The fused op reads the three weights directly, so the projections' own forward never runs.
+    Where that would change the result, the module runs the plain PyTorch formula instead,
+    calling ``gate_proj``, ``up_proj`` and ``down_proj`` as modules (their hooks and adapters
+    run, adapters get gradients), and warns once per module instance (``UserWarning`` naming the
+    projection and the reason): a projection that is not exactly ``nn.Linear`` (a LoRA/PEFT
+    wrapper, a quantized or float8 Linear, any subclass), one with a bias, with forward,
+    forward-pre or backward hooks (those of DTensor's parallel styles excepted: ``swiglu.parallel``
+    prepares the MLP's input and output itself), or with parametrizations other than of its
+    weight (a parametrized weight is read through its parametrization and stays on the fused
+    path). Global module hooks (``torch.nn.modules.module.register_module_forward_hook``,
+    used by debugging tools) see the MLP, not its projections. Under ``torch.func`` transforms
+    (``grad``, ``vmap``, ``jacrev`` of ``functional_call``) the plain formula runs without a
+    warning: ``swiglu.swiglu_mlp`` says why.
     """
 
     def __init__(
@@ -71,8 +88,24 @@ class SwiGLUMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+        self._plain_path_warned = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``down_proj(silu(gate_proj(x)) * up_proj(x))`` for x [..., hidden_size] in the weights'
+        dtype and device (or under ``torch.autocast``); returns [..., hidden_size]. The fused
+        custom op with our backward (``swiglu.swiglu_mlp``), or the projections called as
+        modules where hooks or adapters need them (class docstring; one UserWarning). Raises
+        ``TypeError``/``ValueError`` as ``swiglu.swiglu_mlp``, naming the argument."""
+        reason = _plain_path_reason(self)
+        if reason:
+            if not getattr(self, "_plain_path_warned", False):
+                self._plain_path_warned = True
+                warnings.warn(f"SwiGLUMLP runs the plain PyTorch formula (its projections called as modules, "
+                              f"no fused backward): {reason}", UserWarning, stacklevel=2)
+            if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.hidden_size:
+                raise ValueError(f"x must be a tensor of shape [..., {self.hidden_size}] (hidden_size), got "
+                                 f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         # Against the declared sizes first, so a bad x (or a replaced weight) is the one blamed.
         validate_forward_inputs(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
                                 self.backward_impl, hidden_size=self.hidden_size,
@@ -85,6 +118,34 @@ class SwiGLUMLP(nn.Module):
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
                 f"backward_impl={self.backward_impl!r}, save_activated_gate={self.save_activated_gate}")
+
+
+def _is_parallel_style_hook(fn) -> bool:
+    # DTensor's ColwiseParallel/RowwiseParallel (distribute_module) hooks on the projections: the
+    # fused plan replaces them with the MLP-level preparation (swiglu.parallel).
+    fn = getattr(fn, "func", fn)  # functools.partial
+    path = getattr(getattr(fn, "__code__", None), "co_filename", "").replace("\\", "/")
+    return "torch/distributed/tensor/" in path
+
+
+def _plain_path_reason(mlp: "SwiGLUMLP") -> str | None:
+    """Why the fused op would bypass something ``mlp``'s projections do (None: it would not)."""
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        proj = getattr(mlp, name)
+        kind = parametrize.type_before_parametrizations(proj)
+        if kind is not nn.Linear:
+            return (f"{name} is a {kind.__module__}.{kind.__qualname__}, not nn.Linear (an adapter, quantized or "
+                    "float8 Linear, or a wrapper computes more than x @ weight.T)")
+        if parametrize.is_parametrized(proj) and set(proj.parametrizations) - {"weight"}:
+            return f"{name} has parametrizations of {sorted(set(proj.parametrizations) - {'weight'})}"
+        if proj.bias is not None:
+            return f"{name} has a bias"
+        for kind_, hooks in (("forward pre-hook", proj._forward_pre_hooks), ("forward hook", proj._forward_hooks),
+                             ("backward hook", proj._backward_hooks),
+                             ("backward pre-hook", proj._backward_pre_hooks)):
+            if any(not _is_parallel_style_hook(h) for h in hooks.values()):
+                return f"{name} has a {kind_}"
+    return None
 
 
 class PlainSwiGLUMLP(nn.Module):

@@ -11,6 +11,13 @@
   Triton forward, ``swiglu.kernels.forward``, and in the Triton backward's epilogue).
 * ``swiglu::mlp_backward_lean`` (same arguments less activated_gate): the memory-lean backward on
   the Triton path, writing d_gate/d_up over the saved gate_output/up_output (declared mutated).
+  The autograd formula calls it only on buffers nothing else can reach: the node saves its own
+  aliases of the forward's gate/up outputs, and the backward consumes them only when no other
+  tensor shares their storage and nothing else holds them (``_sole_owner``: a caller that kept
+  the op's outputs, a view or ``.detach()`` of them, a saved-tensor hook such as an offloader
+  or ``save_on_cpu`` or non-reentrant checkpointing, ``grad_fn.saved_tensors`` kept). Otherwise
+  it runs ``swiglu::mlp_backward``, which leaves them as they are: the same gradients, bit for
+  bit, one more [T, I] buffer at the peak.
 * ``swiglu::mlp_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight,
   up_weight, down_weight, need_grad_x, need_grad_gate_weight, need_grad_up_weight,
   need_grad_down_weight, impl)`` returns the four gradients. A custom op cannot return ``None``,
@@ -19,10 +26,12 @@
 
 Both ops have fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces them
 without graph breaks. Backward dispatch (``backward_impl``): ``"triton"`` is
-``swiglu.kernels.backward.triton_swiglu_backward`` (bf16; CUDA sm_90+, or any device under
-``TRITON_INTERPRET=1``); ``"reference"`` is the benchmark's order of operations
+``swiglu.kernels.backward.triton_swiglu_backward`` (bf16; an NVIDIA sm_90+ GPU whose shared memory
+fits the tables, not ROCm, or any device under ``TRITON_INTERPRET=1``); ``"reference"`` is the benchmark's order of operations
 (``swiglu.reference``) with the GEMMs of unneeded gradients skipped, in the inputs' dtype;
-``"auto"`` picks triton for bf16 CUDA tensors on sm_90+ and the reference otherwise.
+``"auto"`` picks triton for bf16 CUDA tensors on a GPU the configuration tables were tuned for
+(sm_90) whose shared memory fits them, and the reference otherwise (``auto_reason``;
+``swiglu.backend_reason`` is its public form).
 ``swiglu::mlp_backward`` takes ``activated_gate=None`` for the memory-lean mode.
 
 Double backward: under ``create_graph=True`` the autograd formula does not call
@@ -32,6 +41,7 @@ differentiable ops, on gate/up activations recomputed from the saved x and weigh
 
 import contextlib
 import importlib
+import logging
 import sys
 
 import torch
@@ -44,6 +54,7 @@ BACKWARD_IMPLS = ("auto", "reference", "triton")
 # Under torch.autocast on these devices the forward op runs in bfloat16 (our kernels' dtype).
 _AUTOCAST_DEVICES = ("cuda", "cpu")
 _TRITON_MODULE = "swiglu.kernels.backward"
+_log = logging.getLogger("swiglu")
 
 
 # --------------------------------------------------------------------------- validation
@@ -99,19 +110,44 @@ def _triton_problem(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
 # --------------------------------------------------------------------------- backward kernels
 
 
+def auto_reason(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, gate_weight: torch.Tensor | None = None,
+                x: torch.Tensor | None = None) -> str | None:
+    """Why ``backward_impl="auto"`` takes the reference rather than the Triton path for inputs of
+    ``dtype`` on ``device`` (None: it takes Triton). Triton needs all of: a CUDA device (the
+    interpreter is for explicit ``"triton"`` only), bfloat16 (the kernels' dtype: float16
+    takes the reference), an NVIDIA sm_90+ GPU whose shared memory fits the configuration
+    tables and whose architecture they were tuned for (``swiglu.kernels.common.device_reason``
+    and ``untuned_reason``: sm_90 today), Triton installed, and, given the tensors, hidden_size
+    and intermediate_size multiples of 8. Imports Triton only for a bf16 CUDA device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"impl='auto' takes the Triton path only on CUDA GPUs (got device {device}); " \
+               "under TRITON_INTERPRET=1 ask for the 'triton' implementation explicitly"
+    if dtype != torch.bfloat16:
+        return f"the Triton kernels compute in bfloat16 (got {dtype}); cast to bfloat16 or use torch.autocast"
+    try:
+        common = importlib.import_module(_TRITON_MODULE)  # registers its table's shared memory
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("triton"):
+            raise
+        return f"Triton is not installed ({e})"
+    reason = common.device_reason(device) or common.untuned_reason(device)
+    if reason is None and x is not None and gate_weight is not None:
+        reason = _triton_problem(x, gate_weight)
+    return reason
+
+
 def resolve_backward_impl(backward_impl: str, x: torch.Tensor, gate_weight: torch.Tensor) -> str:
-    """``"auto"`` -> ``"triton"`` for bf16 CUDA tensors on sm_90+ with hidden_size and
-    intermediate_size multiples of 8 (when ``swiglu.kernels.backward`` is importable),
-    ``"reference"`` otherwise; other names are returned unchanged."""
+    """``"auto"`` -> ``"triton"`` where ``auto_reason`` finds nothing against it (bf16 CUDA tensors
+    on a tuned NVIDIA GPU that fits, sizes multiples of 8), ``"reference"`` otherwise, with the
+    reason logged at DEBUG level (logger ``swiglu``); other names are returned unchanged."""
     if backward_impl != "auto":
         return backward_impl
-    if x.device.type == "cuda" and x.dtype == torch.bfloat16:
-        try:
-            return "reference" if _triton_problem(x, gate_weight) else "triton"
-        except ModuleNotFoundError as e:
-            if e.name != _TRITON_MODULE:
-                raise
-    return "reference"
+    reason = auto_reason(x.device, x.dtype, gate_weight, x)
+    if reason:
+        _log.debug("backward_impl='auto' -> 'reference': %s", reason)
+        return "reference"
+    return "triton"
 
 
 def run_backward(
@@ -190,7 +226,8 @@ def mlp_forward(
     if backward_impl == "triton":
         problem = _triton_problem(x, gate_weight)
         if problem:
-            raise ValueError(f"backward_impl='triton' {problem}")
+            # The kernels room names its argument impl=; here it is backward_impl=.
+            raise ValueError(f"backward_impl='triton' {problem}".replace(" impl='", " backward_impl='"))
     if not save_activated_gate and resolve_backward_impl(backward_impl, x, gate_weight) == "triton":
         from .kernels.forward import triton_swiglu_forward
 
@@ -314,18 +351,95 @@ def _overwrite_ok(gate_output: torch.Tensor) -> bool:
     return type(gate_output) is torch.Tensor or (dtensor is not None and type(gate_output) is dtensor.DTensor)
 
 
+def _hooks_active() -> bool:
+    # A saved-tensor hook (torch.autograd.graph.saved_tensors_hooks: offloaders, save_on_cpu,
+    # non-reentrant checkpointing, loggers) sees what we save and may keep it or hand back a tensor
+    # it still holds: we cannot prove the buffers private then.
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
 def _setup_context(ctx, inputs, output):
     x, gate_weight, up_weight, down_weight, backward_impl = inputs[:5]
     save_activated_gate = inputs[5] if len(inputs) > 5 else True
     _, gate_output, up_output, activated_gate = output
-    # Memory-lean mode: two [T, I] activations saved, activated_gate recomputed in the backward.
+    saved_gate, saved_up = gate_output, up_output
+    # Memory-lean mode: two [T, I] activations saved, activated_gate recomputed in the backward,
+    # which may consume them (write d_gate/d_up over them, then free them). The op's outputs go to
+    # its caller, so the node saves its own aliases (new tensors over the same storage): the
+    # backward consumes them only when nothing else references that storage (_sole_owner).
+    ctx.may_consume = not save_activated_gate and not _hooks_active()
+    if ctx.may_consume:
+        saved_gate, saved_up = gate_output.detach(), up_output.detach()
     saved_act = activated_gate if save_activated_gate else None
-    ctx.save_for_backward(x, gate_output, up_output, saved_act, gate_weight, up_weight, down_weight)
+    ctx.save_for_backward(x, saved_gate, saved_up, saved_act, gate_weight, up_weight, down_weight)
     ctx.mark_non_differentiable(gate_output, up_output, activated_gate)
     # No zero-filled [T, I] gradients for the three saved activations (never used).
     ctx.set_materialize_grads(False)
     ctx.backward_impl = backward_impl
     ctx.activations_overwritten = False
+
+
+def _local_counts(t) -> tuple[int, int]:
+    # A DTensor's shard on this rank: (Python references, tensors over its storage).
+    local = t._local_tensor
+    return sys.getrefcount(local), torch._C._storage_Use_Count(local.untyped_storage()._cdata)
+
+
+def _references(t: torch.Tensor) -> tuple[int, ...]:
+    """(Python references to t, tensors over its storage) as counted from ``_sole_owner``; for a
+    DTensor, (Python references to t, ``_local_counts``)."""
+    if hasattr(t, "_local_tensor"):  # a DTensor wrapper has no storage of its own
+        return (sys.getrefcount(t),) + _local_counts(t)
+    return sys.getrefcount(t), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class _Probe(torch.autograd.Function):
+    # The counts of a buffer that nothing but the node holds, measured once with this torch and
+    # Python through the same path as _backward's (a non-differentiable output, an alias of it
+    # saved, unpacked into a local name, passed to _sole_owner).
+    @staticmethod
+    def forward(x):
+        return x.clone(), torch.empty(4)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output[1].detach())
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        (saved,) = ctx.saved_tensors
+        ctx.counts = _sole_owner(saved, calibrate=True)
+        return grad
+
+
+class _Shard:
+    __slots__ = ("_local_tensor",)  # as DTensor holds its local tensor
+
+
+def _private_counts() -> tuple[int, ...]:
+    x = torch.zeros(1, requires_grad=True)
+    with torch.enable_grad():
+        out = _Probe.apply(x)[0]
+        node = out.grad_fn
+        out.sum().backward()
+    shard = _Shard()
+    shard._local_tensor = torch.empty(4)
+    return node.counts + _local_counts(shard)
+
+
+def _sole_owner(t: torch.Tensor, calibrate: bool = False):
+    """Whether the saved ``t`` (unpacked into a local name of ``_backward``) is the only tensor
+    over its storage and nothing but autograd holds it: no op output a caller kept, no view or
+    alias (``.detach()``, ``.data``, ``to_local()``), no ``grad_fn.saved_tensors`` kept. For a
+    DTensor: the wrapper so, and its local tensor held by the wrapper alone."""
+    counts = _references(t)
+    if calibrate:
+        return counts
+    return counts == (_PRIVATE[:2] if len(counts) == 2 else _PRIVATE[:1] + _PRIVATE[2:])
+
+
+_PRIVATE = _private_counts()
 
 
 def _backward(ctx, grad_output, *unused_grads):
@@ -352,10 +466,13 @@ def _backward(ctx, grad_output, *unused_grads):
                 need_grad_down_weight=needs[3],
             )
         return tuple(grads) + (None, None)  # backward_impl, save_activated_gate
-    if activated_gate is None and _overwrite_ok(gate_output) and \
-            resolve_backward_impl(ctx.backward_impl, x, gate_weight) == "triton":
-        # Memory-lean mode: the saved gate/up buffers are dead after this backward; d_gate/d_up go
-        # there. Flagged first: a failure after the overwrite must not let a retry read them.
+    if activated_gate is None and ctx.may_consume and _overwrite_ok(gate_output) and \
+            resolve_backward_impl(ctx.backward_impl, x, gate_weight) == "triton" and \
+            _sole_owner(gate_output) and _sole_owner(up_output):
+        # Memory-lean mode: the saved gate/up buffers are private and dead after this backward;
+        # d_gate/d_up go there. Otherwise (a caller, hook or logger holds them) the backward
+        # that leaves them as they are: the same gradients, bit for bit, one more [T, I] buffer.
+        # Flagged first: a failure after the overwrite must not let a retry read them.
         ctx.activations_overwritten = True
         grads = mlp_backward_lean(grad_output, x, gate_output, up_output, gate_weight, up_weight, down_weight,
                                   *needs, ctx.backward_impl, True)
@@ -393,7 +510,8 @@ def swiglu_mlp(
             fine (empty out, zero weight gradients, no kernel launch), as with ``nn.Linear``.
         gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` / Llama checkpoint
             layout). Same floating dtype and device as ``x``.
-        backward_impl: ``"auto"`` (Triton for bf16 on CUDA sm_90+, else the reference),
+        backward_impl: ``"auto"`` (Triton for bf16 on a tuned NVIDIA GPU, sm_90, whose shared
+            memory fits the tables; else the reference: ``swiglu.backend_reason`` says why),
             ``"reference"`` (PyTorch, the benchmark's order of operations, in the inputs' dtype;
             float64 works) or ``"triton"`` (bf16 only; CUDA or ``TRITON_INTERPRET=1``).
         save_activated_gate: False (default, memory-lean): the forward saves x, the weights,
@@ -403,7 +521,9 @@ def swiglu_mlp(
             or cuBLAS per token bucket), and the backward writes d_gate/d_up over the saved
             gate/up buffers (one more [T, I] buffer, h, instead of three), so a second backward
             through the same graph (``retain_graph=True``) raises a RuntimeError saying so: use
-            True there. True: activated_gate is saved too
+            True there. Only buffers that nothing else references are consumed: under a
+            saved-tensor hook (offloading, ``save_on_cpu``, checkpointing) or with the custom
+            op's gate/up outputs kept, the backward leaves them intact (same gradients). True: activated_gate is saved too
             (3 [T, I] tensors), the forward is nn.Linear's ops, bit for bit, and the saved tensors
             are never written.
 
@@ -413,7 +533,11 @@ def swiglu_mlp(
     formula in differentiable PyTorch ops on activations recomputed from x and the weights,
     whatever ``backward_impl`` (no Triton kernel; two more [T, I] GEMMs). Under
     ``torch.autocast`` (cuda or cpu) x and the weights are cast to bfloat16, whatever dtype
-    autocast was given: out is bf16, float32 weights get float32 gradients.
+    autocast was given: out is bf16, float32 weights get float32 gradients. Under ``torch.func``
+    transforms (``torch.func.grad`` / ``vmap`` / ``jacrev``, e.g. of
+    ``functional_call(SwiGLUMLP(...), params, x)``) the same formula runs in plain PyTorch ops
+    (nn.Linear's forward and PyTorch's autograd, no custom op): torch.library's autograd
+    registration does not support functorch transforms.
 
     Raises:
         TypeError: a non-tensor, non-floating or mismatched dtype; ``"triton"`` with non-bf16;
@@ -427,4 +551,9 @@ def swiglu_mlp(
     validate_forward_inputs(x, gate_weight, up_weight, down_weight, backward_impl)
     if not isinstance(save_activated_gate, bool):
         raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
+    if torch._C._are_functorch_transforms_active():
+        # torch.func (grad, vmap, jacrev...): torch.library's register_autograd has no functorch
+        # rule ("must override the setup_context staticmethod"), so the same formula in plain
+        # differentiable ops, which every transform supports.
+        return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
     return mlp_forward(x, gate_weight, up_weight, down_weight, backward_impl, save_activated_gate)[0]

@@ -206,8 +206,10 @@ def parallelize(
     (e.g. ``PlainSwiGLUMLP``: the baseline). The weights are taken from rank 0 (DTensor's
     ``distribute_tensor`` scatters them) and become ``DTensor`` parameters. Afterwards the module
     takes and returns plain local tensors: x [..., H] replicated on every rank (the same tensor
-    everywhere), or with ``sequence_parallel`` this rank's equal-sized shard of the sequence
-    dimension ``sequence_dim``; the output has the same layout as x. Gradients of x come back
+    everywhere), or with ``sequence_parallel`` this rank's shard of the sequence dimension
+    ``sequence_dim``: equal shards, or uneven ones in ``torch.chunk``'s split (ceil(S / N) per
+    rank, the last ranks fewer; each forward then all-gathers the ranks' lengths, one int64
+    each, to learn the global length); the output has the same layout as x. Gradients of x come back
     summed over the ranks (all-reduce; reduce-scatter under sequence parallel). See the module
     docstring for the communication and ``tensor_parallel_plan`` for the layouts.
 
@@ -216,6 +218,8 @@ def parallelize(
         ValueError: a mesh that is not 1-D; intermediate_size not divisible by the mesh size; for
             ``SwiGLUMLP`` with the Triton backward (``backward_impl="triton"``, or ``"auto"`` on a
             CUDA mesh) a local intermediate size that is not a multiple of 8; a bad sequence_dim.
+            At forward, on every rank: sequence shards of plain tensors that are neither equal
+            nor torch.chunk's split, naming the local and global lengths.
     """
     _require_distributed()
     names = ("gate_proj", "up_proj", "down_proj")
@@ -234,4 +238,52 @@ def parallelize(
     if root is not None:  # applied directly: older PyTorch has no "" key in plans
         parallelize_module(module, mesh, root)
     parallelize_module(module, mesh, plan)
+    if sequence_parallel:
+        # Before the plan's own input preparation (which assumes equal shards).
+        module.register_forward_pre_hook(_SequenceShards(mesh, sequence_dim), prepend=True)
     return module
+
+
+class _SequenceShards:
+    """Forward pre-hook of a sequence-parallel MLP: learns every rank's local sequence length (one
+    all-gather of a single int64 per forward) and, when they differ, hands the plan a DTensor that
+    knows the global shape, so uneven shards work where they are DTensor's (``torch.chunk``'s)
+    split: ``ceil(S / N)`` tokens per rank, the last ranks fewer. Any other split is a
+    ValueError on every rank naming the local and global lengths, before the activations'
+    collectives (which would otherwise abort inside the backend: gloo "data size doesn't match").
+    DTensor inputs pass through (they carry their global shape)."""
+
+    def __init__(self, mesh: "DeviceMesh", sequence_dim: int) -> None:
+        self.mesh, self.sequence_dim = mesh, sequence_dim
+
+    def __call__(self, module, args):
+        from torch.distributed.tensor import DTensor
+
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or isinstance(x, DTensor):
+            return None
+        dim, n = self.sequence_dim, self.mesh.size()
+        if x.dim() <= dim:
+            raise ValueError(f"x must have a sequence dimension {dim} (sequence_dim), got shape {list(x.shape)}")
+        device = x.device if self.mesh.device_type != "cpu" else torch.device("cpu")
+        mine = torch.tensor([x.shape[dim]], dtype=torch.int64, device=device)
+        lengths = torch.empty(n, dtype=torch.int64, device=device)
+        # all_gather_into_tensor is deprecated for all_gather_single in recent torch.
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(lengths, mine, group=self.mesh.get_group())
+        lengths = lengths.tolist()
+        if len(set(lengths)) == 1:
+            return None  # equal shards: the plan's path as it is
+        total = sum(lengths)
+        chunk = -(-total // n)
+        expected = [max(0, min(chunk, total - r * chunk)) for r in range(n)]
+        if lengths != expected:
+            raise ValueError(
+                f"sequence-parallel shards of x along dim {dim} have local lengths {lengths} (this rank, "
+                f"{self.mesh.get_local_rank()}: {x.shape[dim]}) for a global length {total}; uneven shards must "
+                f"follow torch.chunk's split, {expected} (ceil({total} / {n}) = {chunk} per rank, the last ranks "
+                f"fewer), or pass x as a DTensor")
+        shape = list(x.shape)
+        shape[dim] = total
+        stride = torch.empty(shape, device="meta").stride()
+        return (DTensor.from_local(x, self.mesh, [Shard(dim)], run_check=False, shape=torch.Size(shape),
+                                   stride=stride),) + tuple(args[1:])

@@ -16,10 +16,11 @@ import triton
 
 from ..checks import validate_backward_inputs
 from . import tl_kernels as kernels
-from .common import (INTERPRET, TOKEN_BUCKETS, GluonConfig, KernelConfig, bucket_for, gluon_unavailable_reason,
-                     launch_kwargs, num_programs, tma_descriptor, tma_ready, unsupported_reason)
+from .common import (INTERPRET, TABLE_SHARED_MEMORY, TOKEN_BUCKETS, GluonConfig, KernelConfig, bucket_for,  # noqa: F401
+                     device_reason, gluon_unavailable_reason, launch_kwargs, num_programs, tma_descriptor, tma_ready,
+                     unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
-from .shared_memory import check_shared_memory
+from .shared_memory import check_shared_memory, estimate_shared_memory
 
 # Defaults below; the measured choice per bucket comes from backward_configs.json (written by
 # scripts/tune_kernels.py --write-best on the H200; every candidate's time is in data/tuning/).
@@ -61,6 +62,15 @@ def _load_tuned(path: Path) -> None:
 
 
 _load_tuned(TUNED_CONFIGS_PATH)
+
+
+def _table_shared_memory() -> int:
+    # The largest estimate over the live table (all kernels and token buckets): what a device
+    # must offer for impl="triton" to run at every T (swiglu.kernels.common.device_reason).
+    return max(estimate_shared_memory(k, c) for k, table in CONFIGS.items() for c in table.values())
+
+
+TABLE_SHARED_MEMORY["backward"] = _table_shared_memory
 
 
 def config_for(kernel: str, tokens: int) -> KernelConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -155,16 +156,69 @@ def launch_kwargs(cfg: KernelConfig) -> dict:
                 EPI_SPLIT=cfg.EPI_SPLIT, UPCAST=INTERPRET)
 
 
+#: GPU architectures (compute capability) whose kernel configurations were chosen by measurement:
+#: the tables (backward_configs.json, forward_configs.json) were tuned on the H200 (sm_90).
+#: ``impl="auto"`` takes the Triton path only on these; ``impl="triton"`` runs the sm_90 tables on
+#: any other CUDA sm_90+ device whose shared memory fits them.
+TUNED_ARCHS = ((9, 0),)
+
+
+#: Shared memory (bytes per block) each configuration table needs at most, one function per
+#: table, registered by the launcher module that owns it (``backward.py``) when it is imported:
+#: this module cannot import the launchers (they import it).
+TABLE_SHARED_MEMORY: dict[str, Callable[[], int]] = {}
+
+
+def device_reason(device: torch.device | str) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` (None when they can): a CUDA device that is
+    NVIDIA (not ROCm: HIP reports capability 9.x but has no TMA descriptors or wgmma), sm_90 or
+    newer (TMA), with enough opt-in shared memory per block for every configuration in the
+    backward's table (``shared_memory_per_block_optin``; consumer Blackwell, sm_120, has ~99 KiB against
+    the H200's 227 KiB; the tables registered in ``TABLE_SHARED_MEMORY``, so callers import
+    ``swiglu.kernels.backward`` first); or any device under TRITON_INTERPRET=1 (set before this
+    module was imported). Reads ``torch.cuda.get_device_properties`` (monkeypatched in the CPU tests)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        if INTERPRET:
+            return None
+        return (f"needs CUDA tensors (got device {device}); on a CPU use impl='reference', or set "
+                "TRITON_INTERPRET=1 before importing swiglu to run the kernels in Triton's interpreter")
+    if torch.version.hip:
+        return (f"needs an NVIDIA GPU (TMA descriptors, Hopper's wgmma); this is a ROCm build (HIP "
+                f"{torch.version.hip}): use impl='reference'")
+    props = torch.cuda.get_device_properties(device)
+    if props.major < 9:
+        return f"needs an sm_90+ GPU (TMA descriptors); {props.name} is sm_{props.major}{props.minor}"
+    limit = getattr(props, "shared_memory_per_block_optin", None)
+    need = max((f() for f in TABLE_SHARED_MEMORY.values()), default=0)
+    if limit is not None and need > limit:
+        return (f"needs {need} bytes of shared memory per block for its kernel configurations (tuned for the "
+                f"H200, sm_90); {props.name} (sm_{props.major}{props.minor}) allows {limit}: use impl='reference'")
+    return None
+
+
+def untuned_reason(device: torch.device | str) -> str | None:
+    """Why ``impl="auto"`` does not pick the Triton path on a CUDA ``device`` the kernels can run
+    on (None when it does): no configuration was tuned for its architecture (``TUNED_ARCHS``)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    if (props.major, props.minor) not in TUNED_ARCHS:
+        tuned = ", ".join(f"sm_{a}{b}" for a, b in TUNED_ARCHS)
+        return (f"no kernel configuration was tuned for {props.name} (sm_{props.major}{props.minor}; tables "
+                f"exist for {tuned}); impl='triton' runs the sm_90 tables there anyway")
+    return None
+
+
 def unsupported_reason(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
     """Why the Triton backward cannot run for these tensors (None when it can): the device
-    (CUDA sm_90+ for TMA, or any device under TRITON_INTERPRET=1 set before this module was
-    imported) and the sizes (hidden_size and intermediate_size multiples of 8, so that every row
-    is 16-byte aligned for TMA). Also the rule ``impl="auto"`` follows."""
-    if x.device.type != "cuda" and not INTERPRET:
-        return (f"needs CUDA tensors (got device {x.device}); on a CPU use impl='reference', or set "
-                "TRITON_INTERPRET=1 before importing swiglu to run the kernels in Triton's interpreter")
-    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
-        return f"needs an sm_90+ GPU (TMA descriptors); {torch.cuda.get_device_name(x.device)} is older"
+    (``device_reason``) and the sizes (hidden_size and intermediate_size multiples of 8, so that
+    every row is 16-byte aligned for TMA). ``impl="triton"`` raises ValueError with it;
+    ``impl="auto"`` also needs a tuned architecture (``untuned_reason``) and bfloat16."""
+    reason = device_reason(x.device)
+    if reason:
+        return reason
     inter, hidden = gate_weight.shape
     for label, size in (("hidden_size", hidden), ("intermediate_size", inter)):
         if size % ALIGN_ELEMENTS:

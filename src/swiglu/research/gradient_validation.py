@@ -160,6 +160,8 @@ def impl_available(name: str) -> tuple[bool, str]:
     from .. import api
 
     if name not in api.available_impls():
+        if name == "triton":
+            return False, api._triton_device_reason(api._default_device())
         return False, f"not registered (have {api.available_impls()})"
     try:
         api.get_impl(name)
