@@ -23,6 +23,7 @@ from torch import nn
 H, I = 16, 48  # multiples of 8 (Triton's TMA rows), I / 2 = 24 for TP = 2
 TOKENS = 6  # per rank and sequence; global batch [2 * 2, TOKENS, H]
 STEPS, LR = 3, 0.2
+DEVICE = torch.device("cpu")  # run() sets cuda:<rank> for the NCCL runs (tests/test_fsdp.py, gpu)
 
 
 class Stack(nn.Module):
@@ -51,14 +52,14 @@ def _stacks(dtype, backward_impl="reference", save_activated_gate=False, seed=0)
     ours = Stack(lambda: swiglu.SwiGLUMLP(H, I, dtype=dtype, backward_impl=backward_impl,
                                           save_activated_gate=save_activated_gate))
     ours.load_state_dict(oracle.state_dict())
-    return ours, oracle
+    return ours.to(DEVICE), oracle.to(DEVICE)
 
 
 def _batch(step, dtype):
     g = torch.Generator().manual_seed(100 + step)  # the same global batch on every rank
     x = torch.randn(4, TOKENS, H, generator=g, dtype=torch.float64)
     target = torch.randn(4, TOKENS, H, generator=g, dtype=torch.float64)
-    return x.to(dtype), target.to(dtype)
+    return x.to(DEVICE, dtype), target.to(DEVICE, dtype)
 
 
 def _full(t):
@@ -141,6 +142,7 @@ def _within_plain(report, mesh, rank, world, dtype, compute_dtype=None, **fsdp_k
     _, oracle = _stacks(dtype)  # fresh: the same weights
     plain = Stack(lambda: PlainSwiGLUMLP(H, I, dtype=dtype))
     plain.load_state_dict(oracle.state_dict())
+    plain.to(DEVICE)
     baseline = _compare(_fsdp(plain, mesh, **fsdp_kw), oracle, rank, world, dtype, compute_dtype)
     bad = {k: (v, baseline[k]) for k, v in report.items() if not v <= 2 * baseline[k] + 1e-3}
     assert not bad, f"errors above 2 x nn.Linear's + 1e-3 (ours, nn.Linear's): {bad}"
@@ -162,7 +164,7 @@ def scenario_fsdp_float32(rank, world):
     from torch.distributed.tensor import DTensor
 
     ours, oracle = _stacks(torch.float32)
-    _fsdp(ours, init_device_mesh("cpu", (world,)))
+    _fsdp(ours, init_device_mesh(DEVICE.type, (world,)))
     assert isinstance(ours.layers[0].gate_proj.weight, DTensor)
     assert ours.layers[0].gate_proj.weight.to_local().shape[0] == I // world  # really sharded
     return _check(_compare(ours, oracle, rank, world, torch.float32), 1e-5)
@@ -174,7 +176,7 @@ def scenario_fsdp_bf16_fp32_reduce(rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     ours, oracle = _stacks(torch.float32)
     _fsdp(ours, mesh, mp_policy=mp)
@@ -194,7 +196,7 @@ def scenario_fsdp_lean_triton(rank, world):
     real = ops.mlp_backward_lean
     ops.mlp_backward_lean = lambda *a: calls.append(a[-2]) or real(*a)
     try:
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(DEVICE.type, (world,))
         ours, oracle = _stacks(torch.bfloat16, backward_impl="triton")
         _fsdp(ours, mesh, reshard_after_forward=True)
         report = _compare(ours, oracle, rank, world, torch.bfloat16)
@@ -211,7 +213,7 @@ def _scenario_2d(rank, world, dp, tp):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(DEVICE.type, (dp, tp), mesh_dim_names=("dp", "tp"))
     ours, oracle = _stacks(torch.float32)
     parallelize_module(ours, mesh["tp"], swiglu.tensor_parallel_plan("layers.*"))
     _fsdp(ours, mesh["dp"])
@@ -228,15 +230,65 @@ def scenario_fsdp_tp_2x1(rank, world):
     return _scenario_2d(rank, world, world, 1)
 
 
+def scenario_fsdp_hf_llama(rank, world):
+    """A tiny Hugging Face Llama patched by ``swiglu.integrations.transformers.apply``, one FSDP
+    unit per decoder layer (float32): the first step's gradients match the unsharded unpatched
+    model's on the whole batch, and the op ran in every layer."""
+    try:
+        import transformers
+    except ImportError:
+        return {"skipped": "transformers is not installed"}
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from swiglu.integrations import transformers as swiglu_hf
+
+    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=1, head_dim=8, vocab_size=64, pad_token_id=0,
+                                      bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    oracle = transformers.LlamaForCausalLM(config).to(DEVICE)
+    with torch.no_grad():
+        for p in oracle.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    model = copy.deepcopy(oracle)
+    assert swiglu_hf.apply(model) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(DEVICE.type, (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    calls = []
+    real = swiglu_hf.swiglu_mlp
+    swiglu_hf.swiglu_mlp = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        ids = torch.randint(3, 64, (2 * world, 8), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        mine = ids[2 * rank: 2 * rank + 2]  # equal token counts: the mean of rank means is the global mean
+        model(mine, labels=mine).loss.backward()
+    finally:
+        swiglu_hf.swiglu_mlp = real
+    assert len(calls) == 2, calls
+    oracle(ids, labels=ids).loss.backward()
+    want = dict(oracle.named_parameters())
+    return _check({n: _rel(_full(p.grad), want[n].grad) for n, p in model.named_parameters()}, 1e-5)
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
-def run(rank: int, world_size: int, port: int, out_dir: str, names: list[str]) -> None:
-    """Entry point (torch.multiprocessing.start_processes): init gloo, run ``names``, write the
-    outcomes to ``<out_dir>/rank<rank>.json``."""
+def run(rank: int, world_size: int, port: int, out_dir: str, names: list[str], device_type: str = "cpu") -> None:
+    """Entry point (torch.multiprocessing.start_processes): init gloo (``device_type`` "cpu") or
+    NCCL ("cuda", one GPU per rank), run ``names``, write the outcomes to ``<out_dir>/rank<rank>.json``."""
+    global DEVICE
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    if device_type == "cuda":
+        DEVICE = torch.device("cuda", rank)
+        torch.cuda.set_device(DEVICE)
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=60),
+                            device_id=DEVICE if device_type == "cuda" else None)
     results = {}
     try:
         for name in names:
