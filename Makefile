@@ -12,8 +12,14 @@ HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 # torch==2.13.0. Its triton (for the interpreter) comes from PyPI. Short timeout and few retries: where
 # that index is unreachable, pip falls back to wheels it finds locally (--find-links) quickly.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# CONSTRAINTS=constraints/h200-2026-11.txt (GPU machine): exactly the torch and triton that produced
+# the recorded results (pip -c), with TORCH_GPU_INDEX=https://download.pytorch.org/whl/cu130 for
+# their CUDA 13.0 build. Empty: pip's choice.
+CONSTRAINTS ?=
+TORCH_GPU_INDEX ?=
+PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 ifeq ($(HAS_GPU),1)
-INSTALL_TORCH = $(PY) -m pip install -q torch triton
+INSTALL_TORCH = $(PY) -m pip install -q $(if $(TORCH_GPU_INDEX),--index-url $(TORCH_GPU_INDEX)) $(PIP_CONSTRAINTS) torch triton
 else
 INSTALL_TORCH = $(PY) -m pip install -q --timeout 15 --retries 2 --index-url $(TORCH_CPU_INDEX) torch==2.13.0 && $(PY) -m pip install -q triton==3.7.1
 endif
@@ -24,6 +30,12 @@ GPU_TRITON_VERSION ?= 3.6.0
 # The committed figures are byte for byte what this matplotlib release draws: with another one,
 # `make reproduce` would rewrite every figure.
 MATPLOTLIB_VERSION ?= 3.11.2
+# The package's extras the venv gets: all of them (the library itself needs only torch and triton).
+EXTRAS ?= notebooks,dev,hf
+# Everything the install depends on besides pyproject.toml and the constraints file: a change of any
+# of these re-installs (the settings file is rewritten only when its content changes).
+INSTALL_SETTINGS := $(INSTALL_TORCH) | $(PIP_CONSTRAINTS) | $(EXTRAS) | matplotlib==$(MATPLOTLIB_VERSION)
+SETTINGS_FILE := $(VENV)/.install-settings
 GPU_TRITON_DIR := $(VENV)/triton-$(GPU_TRITON_VERSION)
 NOTEBOOK_ARGS ?=
 BENCH_ARGS ?=
@@ -31,15 +43,18 @@ BENCH_ARGS ?=
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 TP ?= 2
 
-.PHONY: help venv test test-gpu reproduce lab bench bench-tp clean
+.PHONY: help venv test test-gpu reproduce lab bench bench-tp clean FORCE
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(SETTINGS_FILE): FORCE
+	@mkdir -p $(VENV) && if [ "$$(cat $@ 2>/dev/null)" != '$(INSTALL_SETTINGS)' ]; then echo '$(INSTALL_SETTINGS)' > $@; fi
+
+$(STAMP): pyproject.toml $(CONSTRAINTS) $(SETTINGS_FILE)
 	$(PYTHON) -m venv $(VENV)
 	$(INSTALL_TORCH)
-	$(PY) -m pip install -q -e '.[notebooks,dev]' matplotlib==$(MATPLOTLIB_VERSION)
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[$(EXTRAS)]' matplotlib==$(MATPLOTLIB_VERSION)
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create or update the virtual environment .venv

@@ -1,0 +1,323 @@
+"""Hugging Face transformers: the SwiGLU MLPs of Llama, Mistral, Qwen2, Qwen3 and their kin on our op.
+
+Two calls (docs/huggingface.md has the recipe)::
+
+    from swiglu.integrations import transformers as swiglu_hf
+
+    swiglu_hf.patch_classes()                    # before loading: LlamaMLP, MistralMLP, Qwen2MLP, Qwen3MLP
+    model = AutoModelForCausalLM.from_pretrained(...)   # built with the patched classes
+
+    names = swiglu_hf.apply(model)               # or after loading/building, on any model
+
+Either way each MLP module keeps its class's ``__init__``, parameters and state-dict names
+(``mlp.gate_proj.weight`` ...): only ``forward`` changes, to ``swiglu.swiglu_mlp(x, gate_proj.weight,
+up_proj.weight, down_proj.weight, ...)`` (our fused custom-op backward; Triton on Hopper in bf16).
+``apply`` swaps each module's class for a subclass that overrides ``forward`` (Liger-style
+instance patch); ``patch_classes`` registers the same subclasses with transformers' own patch
+mapping (``transformers.monkey_patching.register_patch_mapping``, transformers >= 5.3), which
+``from_pretrained`` and ``from_config`` apply while they build the model (or
+``with transformers.monkey_patching.apply_patches():`` around a plain constructor).
+
+Why not the kernel hub (``transformers.integrations.hub_kernels`` / the ``kernels`` package's
+``use_kernel_forward_from_hub`` + ``kernelize``): in transformers 5.24 the MLP classes are not
+decorated with ``use_kernel_forward_from_hub`` (RMSNorm, rotary embeddings, SiLU and a few MoE
+blocks are), so there is no layer name for ``kernelize`` to map, and the hub path downloads
+kernels, which CI and the GPU machines cannot.
+
+Which modules: those whose class's ``forward`` is, as written in its source,
+``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked on the AST: 145 MLP classes in
+transformers 5.24, among them LlamaMLP, MistralMLP, Qwen2MLP, Qwen3MLP; not SeedOss's (dropout),
+BitNet's (norm), Falcon-H1's (multipliers)), whose three projections are plain ``nn.Linear`` without
+bias and whose ``act_fn`` is SiLU (``hidden_act`` "silu" or "swish"). Everything else is left
+alone with a ``UserWarning`` naming the modules and the reason: a bias (``mlp_bias=True``), a packed
+``gate_up_proj`` (Phi-3, fused MoE experts), another activation (Gemma's GELU), another forward,
+adapters or quantized layers on the projections (a PEFT LoRA layer is not an ``nn.Linear``) and
+hooks on them (HF or torchtitan tensor-parallel plans on the projections, accelerate's offload
+hooks): the fused op reads the weights directly, so those would be bypassed. The same check runs
+at every forward, so hooks or adapters added after patching make the module fall back to its
+original forward (with a warning) instead of silently skipping them.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import inspect
+import textwrap
+import warnings
+
+import torch
+from torch import nn
+
+from ..ops import BACKWARD_IMPLS, swiglu_mlp
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+#: ``patch_classes``' default: the transformers model types (``transformers.models.<type>``).
+DEFAULT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: Minimum transformers for ``patch_classes`` (``transformers.monkey_patching``).
+MIN_TRANSFORMERS = "5.3"
+
+_SUBCLASSES: dict[type, type] = {}  # original MLP class -> its swiglu subclass
+_REGISTERED: dict[str, type] = {}  # class name -> subclass registered with transformers
+
+
+# --------------------------------------------------------------------------- what can be served
+
+
+@functools.cache
+def computes_swiglu(cls: type) -> bool:
+    """True when ``cls.forward``'s source is ``return self.down_proj(self.act_fn(self.gate_proj(x)) *
+    self.up_proj(x))`` (or that expression assigned to one name which is returned), for its single
+    argument ``x`` of any name, undecorated. False when the source cannot be read."""
+    cls = getattr(cls, "_swiglu_base", cls)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward))).body[0]
+    except (OSError, TypeError, SyntaxError, AttributeError):
+        return False
+    args = tree.args if isinstance(tree, ast.FunctionDef) else None
+    if args is None or tree.decorator_list or len(args.args) != 2 or args.posonlyargs or args.kwonlyargs \
+            or args.vararg or args.kwarg or args.defaults:
+        return False
+    x = args.args[1].arg
+    formula = f"self.down_proj(self.act_fn(self.gate_proj({x})) * self.up_proj({x}))"
+    expected = ast.dump(ast.parse(formula, mode="eval").body)
+    body = [s for s in tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
+        return ast.dump(body[0].value) == expected
+    if len(body) == 2 and isinstance(body[0], ast.Assign) and isinstance(body[1], ast.Return):
+        (target,) = body[0].targets if len(body[0].targets) == 1 else (None,)
+        returned = body[1].value
+        return (isinstance(target, ast.Name) and isinstance(returned, ast.Name) and target.id == returned.id
+                and ast.dump(body[0].value) == expected)
+    return False
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def _is_silu(act) -> bool:
+    # transformers' ACT2FN: "silu" -> transformers.activations.SiLUActivation, "swish" -> nn.SiLU.
+    return isinstance(act, nn.SiLU) or (type(act).__name__ == "SiLUActivation"
+                                        and type(act).__module__.startswith("transformers."))
+
+
+def _runtime_reason(module: nn.Module) -> str | None:
+    """Why the fused op cannot stand in for this module's forward right now (None when it can).
+    Cheap: types, biases and hook dictionaries only, so it runs at every forward."""
+    for name in PROJECTIONS:
+        proj = getattr(module, name, None)
+        if type(proj) is not nn.Linear:
+            return (f"{name} is a {type(proj).__name__}, not a plain nn.Linear (an adapter, quantized or "
+                    f"parametrized layer would be bypassed by the fused op)")
+        if proj.bias is not None:
+            return f"{name} has a bias (e.g. mlp_bias=True); the fused op has none"
+        if _has_hooks(proj):
+            return (f"{name} has hooks registered (e.g. a tensor-parallel plan, accelerate offloading, PEFT); "
+                    f"the fused op reads the weights directly, so they would not run")
+    act = getattr(module, "act_fn", None)
+    if not _is_silu(act):
+        hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
+        return f"act_fn is {type(act).__name__} (hidden_act={hidden_act!r}), not SiLU"
+    if _has_hooks(act):
+        return "act_fn has hooks registered; the fused op would not run them"
+    if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+        return "global module forward hooks are registered; the fused op would not run them on the projections"
+    return None
+
+
+def unsupported_reason(module: nn.Module) -> str | None:
+    """Why ``apply`` leaves ``module`` alone (None when it patches it). Reasons: a packed
+    ``gate_up_proj``; a forward other than ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``;
+    projections that are not bias-free plain ``nn.Linear`` or carry hooks; an activation other
+    than SiLU."""
+    if hasattr(module, "gate_up_proj"):
+        return ("packed gate_up_proj (one [2 * intermediate_size, hidden_size] projection, e.g. Phi-3 or fused "
+                "MoE experts); the op needs separate gate_proj and up_proj")
+    if not computes_swiglu(type(module)):
+        return (f"its forward ({type(module).__qualname__}.forward) is not "
+                f"down_proj(act_fn(gate_proj(x)) * up_proj(x))")
+    return _runtime_reason(module)
+
+
+def _looks_like_mlp(module: nn.Module) -> bool:
+    return hasattr(module, "down_proj") and (hasattr(module, "gate_up_proj")
+                                             or (hasattr(module, "gate_proj") and hasattr(module, "up_proj")))
+
+
+# --------------------------------------------------------------------------- the patched forward
+
+
+class _SwigluForward(nn.Module):
+    """Mixin placed before the original MLP class: its ``__init__``, parameters and state dict stay."""
+
+    swiglu_backward_impl = "auto"
+    swiglu_save_activated_gate = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        reason = _runtime_reason(self)  # built under patch_classes: say so now, not at the first forward
+        if reason is not None:
+            warnings.warn(f"swiglu: {type(self).__qualname__} will run its original forward: {reason}", stacklevel=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        reason = _runtime_reason(self)
+        if reason is not None:
+            warnings.warn(f"swiglu: {type(self).__qualname__} runs its original forward: {reason}", stacklevel=2)
+            return super().forward(x)
+        return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                          backward_impl=self.swiglu_backward_impl,
+                          save_activated_gate=self.swiglu_save_activated_gate)
+
+
+def swiglu_class(cls: type) -> type:
+    """The subclass of MLP class ``cls`` whose forward is our op (one per class, cached)."""
+    if issubclass(cls, _SwigluForward):
+        return cls
+    sub = _SUBCLASSES.get(cls)
+    if sub is None:
+        sub = type(f"Swiglu{cls.__name__}", (_SwigluForward, cls),
+                   {"__module__": __name__, "__qualname__": f"Swiglu{cls.__qualname__}", "_swiglu_base": cls})
+        _SUBCLASSES[cls] = sub
+    return sub
+
+
+def _check_options(backward_impl, save_activated_gate) -> None:
+    if backward_impl not in BACKWARD_IMPLS:
+        raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {backward_impl!r}")
+    if not isinstance(save_activated_gate, bool):
+        raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
+
+
+def _short(names: list[str], n: int = 3) -> str:
+    shown = ", ".join(repr(x) for x in names[:n])
+    return shown + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+# --------------------------------------------------------------------------- public calls
+
+
+def apply(model: nn.Module, *, backward_impl: str = "auto", save_activated_gate: bool = False) -> list[str]:
+    """Patch every SwiGLU MLP inside ``model`` (in place) to run ``swiglu.swiglu_mlp``.
+
+    Args:
+        model: any ``nn.Module`` (a transformers ``PreTrainedModel``, or a module of one).
+        backward_impl, save_activated_gate: as ``swiglu.swiglu_mlp`` (``"auto"``: Triton for bf16
+            on CUDA sm_90+, the PyTorch reference otherwise; False: the memory-lean mode).
+
+    Returns: the qualified names of the patched modules (e.g. ``"model.layers.0.mlp"``), in
+    ``named_modules`` order; modules patched before are included (their options updated).
+    Module classes become ``Swiglu<Class>`` subclasses; parameters, buffers, state-dict names and
+    ``save_pretrained`` output are unchanged. ``unpatch(model)`` undoes it.
+
+    Modules with ``gate_proj``/``up_proj``/``down_proj`` (or ``gate_up_proj``) that cannot be
+    served are left alone, one ``UserWarning`` per class and reason naming them (see
+    ``unsupported_reason``).
+
+    Raises: TypeError (model not an nn.Module, non-bool save_activated_gate), ValueError
+    (unknown backward_impl).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _check_options(backward_impl, save_activated_gate)
+    patched, skipped = [], {}
+    for name, module in model.named_modules():
+        if not isinstance(module, _SwigluForward):
+            if not _looks_like_mlp(module):
+                continue
+            reason = unsupported_reason(module)
+            if reason is not None:
+                skipped.setdefault((type(module).__qualname__, reason), []).append(name)
+                continue
+            module.__class__ = swiglu_class(type(module))
+        module.swiglu_backward_impl = backward_impl
+        module.swiglu_save_activated_gate = save_activated_gate
+        patched.append(name)
+    for (cls, reason), names in skipped.items():
+        warnings.warn(f"swiglu: left {len(names)} {cls} module(s) unpatched ({_short(names)}): {reason}",
+                      stacklevel=2)
+    return patched
+
+
+def unpatch(model: nn.Module) -> list[str]:
+    """Give every module ``apply`` patched its original class back; returns their names."""
+    names = []
+    for name, module in model.named_modules():
+        if isinstance(module, _SwigluForward):
+            for attr in ("swiglu_backward_impl", "swiglu_save_activated_gate"):
+                module.__dict__.pop(attr, None)
+            module.__class__ = type(module)._swiglu_base
+            names.append(name)
+    return names
+
+
+def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, backward_impl: str = "auto",
+                  save_activated_gate: bool = False) -> list[str]:
+    """Register our subclasses of these model types' SwiGLU MLP classes with transformers' patch
+    mapping, so that ``from_pretrained`` / ``from_config`` (and code inside
+    ``transformers.monkey_patching.apply_patches()``) build models with them. Call before loading.
+
+    Args:
+        model_types: names under ``transformers.models`` (default ``DEFAULT_MODEL_TYPES``:
+            llama, mistral, qwen2, qwen3); every class of ``modeling_<type>`` whose forward is the
+            SwiGLU formula is registered (e.g. ``LlamaMLP``).
+        backward_impl, save_activated_gate: the defaults of the modules built (``apply`` can
+            change them per module afterwards).
+
+    Returns: the registered class names. Instances whose configuration the op cannot serve
+    (``mlp_bias=True``, another ``hidden_act``) warn when built and run their original forward.
+    ``unpatch_classes()`` removes the registrations.
+
+    Raises: ImportError (transformers missing or older than 5.3), ValueError (an unknown model
+    type or one without such a class, an unknown backward_impl, a class name already mapped by
+    someone else), TypeError (non-bool save_activated_gate).
+    """
+    _check_options(backward_impl, save_activated_gate)
+    if isinstance(model_types, str):
+        model_types = (model_types,)
+    try:
+        from transformers import monkey_patching
+    except ImportError as exc:
+        raise ImportError(f"swiglu.integrations.transformers.patch_classes needs transformers>={MIN_TRANSFORMERS} "
+                          f"(pip install 'swiglu[hf]'): {exc}") from exc
+    mapping = {}
+    for model_type in model_types:
+        try:
+            module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"model_types: transformers has no model type {model_type!r} ({exc})") from exc
+        found = [obj for obj in vars(module).values()
+                 if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__ == module.__name__
+                 and computes_swiglu(obj)]
+        if not found:
+            raise ValueError(f"model_types: transformers.models.{model_type} has no MLP class computing "
+                             f"down_proj(act_fn(gate_proj(x)) * up_proj(x))")
+        for cls in found:
+            sub = swiglu_class(cls)
+            sub.swiglu_backward_impl = backward_impl
+            sub.swiglu_save_activated_gate = save_activated_gate
+            mapping[cls.__name__] = sub
+    current = monkey_patching.get_patch_mapping()
+    taken = sorted(n for n in mapping if n in current and current[n] is not _REGISTERED.get(n))
+    if taken:
+        raise ValueError(f"transformers' patch mapping already replaces {taken} with another class; "
+                         f"unregister it first (transformers.monkey_patching.unregister_patch_mapping)")
+    monkey_patching.register_patch_mapping(mapping, overwrite=True)
+    _REGISTERED.update(mapping)
+    return sorted(mapping)
+
+
+def unpatch_classes() -> list[str]:
+    """Remove the registrations ``patch_classes`` made; returns their class names. Models already
+    built keep their patched modules (``unpatch(model)`` restores those)."""
+    if not _REGISTERED:
+        return []
+    from transformers import monkey_patching
+
+    names = sorted(n for n, sub in _REGISTERED.items() if monkey_patching.get_patch_mapping().get(n) is sub)
+    if names:
+        monkey_patching.unregister_patch_mapping(names)
+    _REGISTERED.clear()
+    return names
