@@ -48,7 +48,7 @@ def _gmean(values) -> float:
     return float(np.exp(np.log(v).mean())) if len(v) else float("nan")
 
 
-def _run_line(run_id: str, bench_dir: Path, cases: int) -> str:
+def _run_line(run_id: str, bench_dir: Path, cases: int, spread: str) -> str:
     run = load_run(bench_dir, run_id) if bench_dir is not None and (Path(bench_dir) / f"{run_id}.csv").is_file() else None
     meta = run.meta if run is not None else {}
     proto = meta.get("protocol") if isinstance(meta.get("protocol"), dict) else {}
@@ -56,8 +56,7 @@ def _run_line(run_id: str, bench_dir: Path, cases: int) -> str:
     return (f"Run `{run_id}` ({meta.get('gpu_name', 'GPU ?')}, {meta.get('utc', '?')[:10]}, commit "
             f"{str(meta.get('git_commit', '?'))[:7]}; torch {meta.get('torch', '?')}, triton {meta.get('triton', '?')}): "
             f"{cases} cases, {proto.get('warmup', '?')} warm-ups and {iters} timed iterations per case and implementation, "
-            "median, L2 flushed before each iteration. Geometric means over the cases; p20-p80: the same over "
-            "each case's 20th and 80th percentile.")
+            "median, L2 flushed before each iteration. " + spread)
 
 
 def headline(derived_dir: Path, bench_dir: Path) -> str:
@@ -68,7 +67,9 @@ def headline(derived_dir: Path, bench_dir: Path) -> str:
     if s is None or s.empty:
         return "(no recorded full-protocol run: `make bench` on the GPU, then `make reproduce`)\n"
     cases = int(s["cases"].max())
-    lines = [_run_line(str(s["run_id"].iloc[0]), bench_dir, cases), "",
+    spread = ("Geometric means over the cases; p20-p80: the same over each case's 20th and 80th percentile "
+              "(a speed-up's: this implementation's, torch.compile at its median).")
+    lines = [_run_line(str(s["run_id"].iloc[0]), bench_dir, cases, spread), "",
              "| implementation | ms (p20-p80) | speed-up over torch.compile (p20-p80) | over eager | fraction of H200 SOL "
              f"| correct on all {cases} cases |",
              "|---|---|---|---|---|---|"]
@@ -104,7 +105,8 @@ def per_case(derived_dir: Path, bench_dir: Path) -> str:
     if power is not None:
         head += ["J per backward, ours / torch.compile", "ours' board power, SM clock"]
     head.append("H200 SOL (datasheet)")
-    lines = [_run_line(str(t["run_id"].iloc[0]), bench_dir, t["case"].nunique()), "",
+    spread = "Ours over torch.compile: the ratio of medians; p20-p80: ours' 20th and 80th percentile over compile's median."
+    lines = [_run_line(str(t["run_id"].iloc[0]), bench_dir, t["case"].nunique(), spread), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (T, case), g in t.groupby(["tokens", "case"], sort=False):
         g = g.set_index("impl")

@@ -492,8 +492,8 @@ def speedup_plot(table: pd.DataFrame, footer: str = "", title: str = "Speed-up p
     gets no panel, and the title says so), p20-p80 whiskers (``analysis.latency_table``'s
     ``speedup_vs_<base>_lo/_hi``)."""
     cases, labels = _case_labels(table)
-    bases = [b for b in ("eager", "compile")
-             if f"speedup_vs_{b}" in table and table.loc[table["impl"] != b, f"speedup_vs_{b}"].notna().any()]
+    bases = [b for b in ("eager", "compile") if b in set(table["impl"])
+             and f"speedup_vs_{b}" in table and table.loc[table["impl"] != b, f"speedup_vs_{b}"].notna().any()]
     missing = [IMPL_LABELS.get(b, b) for b in ("eager", "compile") if b not in bases]
     if not bases:
         return placeholder(title, f"No baseline to compare with: neither {' nor '.join(missing)} is among the "
@@ -839,8 +839,21 @@ def show(obj) -> None:
         plt.close(obj)
 
 
+#: When set, ``finish`` also writes each figure's ``fig.plotted`` there as ``<name>.csv``: the
+#: notebook tests read what every figure drew (the figures themselves live in a Jupyter kernel).
+PLOTTED_DIR_ENV = "SWIGLU_PLOTTED_DIR"
+
+
 def finish(fig: Figure, name: str, figures_dir: str | Path, formats: Sequence[str] = ("png", "svg")) -> None:
-    """``save``, print where, then ``show`` (which closes the figure)."""
+    """``save``, print where, then ``show`` (which closes the figure). With the environment
+    variable ``SWIGLU_PLOTTED_DIR`` set, also write ``fig.plotted`` to ``<that folder>/<name>.csv``."""
+    import os
+
+    plotted_dir = os.environ.get(PLOTTED_DIR_ENV)
+    if plotted_dir:
+        Path(plotted_dir).mkdir(parents=True, exist_ok=True)
+        getattr(fig, "plotted", pd.DataFrame(columns=PLOTTED_COLUMNS)).to_csv(Path(plotted_dir) / f"{name}.csv",
+                                                                              index=False)
     paths = save(fig, name, figures_dir, formats)
     print(f"saved {name}.{{{','.join(p.suffix[1:] for p in paths)}}} in {Path(figures_dir)}")
     show(fig)
