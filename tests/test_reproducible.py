@@ -207,3 +207,27 @@ def test_the_documented_memory_import_works_as_written():
 
     saved = namespace["saved_activations"](swiglu.SwiGLUMLP(64, 128), torch.randn(2, 8, 64))
     assert len(saved.shapes) == 3  # x, gate_output, up_output: the memory-lean mode
+
+
+def test_reproduce_redraws_the_committed_figures_and_tables_byte_for_byte(tmp_path):
+    # make reproduce run again (here in-process, the notebooks that read recorded GPU data) writes
+    # exactly the committed files: figures, derived tables, and from them the README and docs.
+    import re
+
+    pinned = re.search(r"^MATPLOTLIB_VERSION \?= (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    if matplotlib.__version__ != pinned:
+        pytest.skip(f"matplotlib {matplotlib.__version__}, not the pinned {pinned}: figures differ by design")
+    results = reproduce.run("03,04,05,06", figures_dir=tmp_path / "figures", derived_dir=tmp_path / "derived",
+                            build_dir=tmp_path / "notebooks", engine="python", progress=False, root=ROOT)
+    assert all(r.ok for r in results), [r.error for r in results]
+    drawn = sorted((tmp_path / "figures").iterdir())
+    assert len(drawn) == 2 * 10  # 03: six figures, 04, 05: two, 06
+    for path in drawn:
+        assert path.read_bytes() == (ROOT / "figures" / path.name).read_bytes(), f"figures/{path.name} differs"
+    for path in sorted((tmp_path / "derived").iterdir()):
+        assert path.read_bytes() == (DERIVED / path.name).read_bytes(), f"data/derived/{path.name} differs"
+    from swiglu.research import docs_tables
+
+    changed = docs_tables.update(ROOT, tmp_path / "derived", ROOT / "data" / "bench", tmp_path / "docs")
+    for path in changed:
+        assert path.read_bytes() == (ROOT / path.relative_to(tmp_path / "docs")).read_bytes()

@@ -708,13 +708,12 @@ def history_plot(history: pd.DataFrame, footer: str = "", title: str = "Geometri
         xs = np.arange(len(runs)) + (k - (len(impls) - 1) / 2) * (0.5 / max(1, len(impls)))
         ax.plot(xs, y, color=color, lw=0.8, alpha=0.5, zorder=2)  # the same code path over time
         err = np.vstack([np.where(np.isnan(lo), 0, y - lo), np.where(np.isnan(hi), 0, hi - y)])
+        all_failed = measured.any() and failed[measured].all()
         ax.errorbar(xs, y, yerr=err, ls="none", marker=marker, color=color, ms=7 if marker == "*" else 5,
-                    mfc=color, mec=color, elinewidth=1.2, label=label, zorder=3)
+                    mfc="white" if all_failed else color, mec=color, elinewidth=1.2, label=label, zorder=3)
         for x in np.flatnonzero(failed & np.isfinite(y)):
-            # Open marker and a note at the point: a fast wrong answer must not read as a result.
+            # An open marker where it fails: a fast wrong answer must not read as a result.
             ax.plot([xs[x]], [y[x]], marker=marker, color=color, mfc="white", ls="none", zorder=4)
-            ax.annotate("fails correctness", (xs[x], y[x]), xytext=(6, 0), textcoords="offset points",
-                        fontsize=MIN_FONT_PT, color="#b00000", va="center")
         records += [{"panel": "history", "series": impl, "x": r, "y": float(v), "lo": float(a), "hi": float(b)}
                     for r, v, a, b in zip(runs, y, lo, hi) if np.isfinite(v)]
     ticks = []

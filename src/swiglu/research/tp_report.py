@@ -229,6 +229,7 @@ def model_plot(model: pd.DataFrame, measured: pd.DataFrame | None = None, footer
     ax.set_ylabel("scaling efficiency\none GPU / (N x TP time)")
     ax2.set_ylabel("all-reduce time / per-rank compute")
     ax2.set_yscale("log")
+    ax2.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax2.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title(title)
