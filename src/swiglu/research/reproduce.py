@@ -285,7 +285,7 @@ def run(
     base = Path("build/smoke") if smoke else (SUBSET_DIR if subset and not overwrite else Path())
     figures_dir = Path(figures_dir) if figures_dir else base / "figures"
     derived_dir = Path(derived_dir) if derived_dir else base / ("data/derived" if base == Path() else "derived")
-    # The committed folders: only then do the documents in the clone follow (else build/.../docs).
+    # The committed folders: only then do the documents in the clone follow (else the docs folder under build).
     committed = all((p if p.is_absolute() else root / p).resolve() == (root / q).resolve()
                     for p, q in ((figures_dir, "figures"), (derived_dir, "data/derived")))
     docs_target = root if committed else root / (base if base != Path() else SUBSET_DIR) / "docs"
