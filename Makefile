@@ -30,17 +30,22 @@ GPU_TRITON_VERSION ?= 3.6.0
 # The committed figures are byte for byte what this matplotlib release draws: with another one,
 # `make reproduce` would rewrite every figure.
 MATPLOTLIB_VERSION ?= 3.11.2
+# The derived tables and figures also depend on numpy's and pandas' arithmetic and formatting.
+NUMPY_VERSION ?= 2.4.6
+PANDAS_VERSION ?= 3.1.1
 # The package's extras the venv gets: all of them (the library itself needs only torch and triton).
 EXTRAS ?= notebooks,dev,hf
 # Everything the install depends on besides pyproject.toml and the constraints file: a change of any
 # of these re-installs (the settings file is rewritten only when its content changes).
-INSTALL_SETTINGS := $(INSTALL_TORCH) | $(PIP_CONSTRAINTS) | $(EXTRAS) | matplotlib==$(MATPLOTLIB_VERSION)
+INSTALL_SETTINGS := $(INSTALL_TORCH) | $(PIP_CONSTRAINTS) | $(EXTRAS) | matplotlib==$(MATPLOTLIB_VERSION) | numpy==$(NUMPY_VERSION) | pandas==$(PANDAS_VERSION)
 SETTINGS_FILE := $(VENV)/.install-settings
 GPU_TRITON_DIR := $(VENV)/triton-$(GPU_TRITON_VERSION)
 NOTEBOOK_ARGS ?=
 BENCH_ARGS ?=
-# Jupyter refuses to start as root (containers, cloud shells) unless told --allow-root.
-LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
+# Jupyter refuses to start as root (containers, cloud shells) unless told --allow-root: added
+# whatever LAB_ARGS holds.
+LAB_ARGS ?=
+LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 TP ?= 2
 
 .PHONY: help venv test test-gpu reproduce lab bench bench-tp clean FORCE
@@ -54,7 +59,7 @@ $(SETTINGS_FILE): FORCE
 $(STAMP): pyproject.toml $(CONSTRAINTS) $(SETTINGS_FILE)
 	$(PYTHON) -m venv $(VENV)
 	$(INSTALL_TORCH)
-	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[$(EXTRAS)]' matplotlib==$(MATPLOTLIB_VERSION)
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[$(EXTRAS)]' matplotlib==$(MATPLOTLIB_VERSION) numpy==$(NUMPY_VERSION) pandas==$(PANDAS_VERSION)
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create or update the virtual environment .venv
@@ -78,10 +83,12 @@ bench: $(STAMP)  ## benchmark every implementation on the GPU (BENCH_ARGS="--qui
 	$(PY) -m swiglu.bench $(BENCH_ARGS)
 
 bench-tp: $(STAMP)  ## tensor-parallel checks and timings on TP GPUs (torchrun; TP=2, BENCH_ARGS="--parts ...")
+	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.device_count() >= $(TP) else 1)' || \
+	  { echo "make bench-tp: TP=$(TP) needs $(TP) CUDA GPUs, torch sees $$($(PY) -c 'import torch; print(torch.cuda.device_count())')" >&2; exit 1; }
 	$(PY) -m torch.distributed.run --nproc-per-node $(TP) -m swiglu.bench --tp $(TP) $(BENCH_ARGS)
 
 lab: $(STAMP)  ## open the notebooks in JupyterLab (LAB_ARGS="..."; --allow-root when run as root)
-	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
 clean:  ## remove the virtual environment, build outputs and caches
 	rm -rf $(VENV) build .pytest_cache src/*.egg-info

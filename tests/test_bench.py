@@ -384,6 +384,9 @@ def test_cli_cpu_smoke_end_to_end(tmp_path, capsys):
     assert meta["hardware"]["key"] == "" and meta["hardware"]["peak_tflops"] is None
     assert "CPU-SMOKE" in out
     assert out.index("SUMMARY") > out.index("wrote") and out.rstrip().endswith("not the benchmark protocol.")
+    # A CPU row is not cuBLAS and has no datasheet SOL: neither is printed as if it were.
+    assert "cublas-gemms" not in out and "gemms-only" in out
+    assert "SOL nan" not in out and "datasheet nan" not in out
 
 
 def test_cli_cpu_run_goes_under_build_by_default(tmp_path, monkeypatch, capsys):

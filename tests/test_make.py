@@ -33,9 +33,11 @@ def test_lab_passes_allow_root_exactly_when_run_as_root():
     assert ("--allow-root" in lab_command().split()) == (os.geteuid() == 0)
 
 
-def test_lab_args_replace_the_default():
-    assert lab_command("LAB_ARGS=--port=8899 --no-browser").split()[-2:] == ["--port=8899", "--no-browser"]
-    assert "--allow-root" not in lab_command("LAB_ARGS=--port=8899")
+def test_lab_args_add_to_allow_root():
+    # Setting LAB_ARGS used to drop --allow-root, and Jupyter then refused to start as root.
+    command = lab_command("LAB_ARGS=--port=8899 --no-browser").split()
+    assert command[-2:] == ["--port=8899", "--no-browser"]
+    assert ("--allow-root" in command) == (os.geteuid() == 0)
 
 
 def test_help_names_lab_args_and_the_gpu_requirement():
@@ -52,3 +54,21 @@ def test_test_gpu_fails_clearly_without_a_gpu():
     assert result.returncode != 0
     assert "no CUDA GPU found" in result.stderr
     assert "pytest" not in result.stdout  # stopped before running (and skipping) every test
+
+
+def test_bench_tp_says_clearly_when_there_are_too_few_gpus():
+    # Without TP GPUs torchrun printed a raw traceback per rank; make bench-tp now stops first.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    result = make("bench-tp", "TP=2", f"PY={sys.executable}", env=env)
+    assert result.returncode != 0
+    assert "TP=2 needs 2 CUDA GPUs, torch sees 0" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout and "torch.distributed.run" not in result.stdout
+
+
+def test_the_libraries_derived_files_depend_on_are_pinned():
+    # make reproduce's bytes depend on matplotlib, numpy and pandas: the venv gets the pinned ones.
+    text = (ROOT / "Makefile").read_text()
+    install = next(line for line in text.splitlines() if "pip install -q -e" in line)
+    for name in ("MATPLOTLIB", "NUMPY", "PANDAS"):
+        assert f"{name}_VERSION ?= " in text
+        assert f"{name.lower()}==$({name}_VERSION)" in install, install

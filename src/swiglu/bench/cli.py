@@ -28,7 +28,7 @@ from ..inputs import BENCHMARK_SEED
 from ..workloads import MODEL_SHAPES, select_cases
 from . import environment
 from .impls import EXPLICIT_ONLY, IMPLS, ORDER, unavailable_reason
-from .runner import PROTOCOLS, BenchConfig, pick_hardware, run_benchmark
+from .runner import display_name, PROTOCOLS, BenchConfig, pick_hardware, run_benchmark
 from .stats import per_case_table, power_summary, summary_table
 from .storage import RunWriter, rebuild_index
 
@@ -103,15 +103,23 @@ def _fmt(frame: pd.DataFrame) -> str:
 
 
 def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
-    """The closing report: per-case medians, then geometric means per implementation (last)."""
+    """The closing report: per-case medians, then geometric means per implementation (last). A
+    CPU run shows the GEMM-only lower bound as "gemms-only" (torch.matmul there, not cuBLAS) and
+    no SOL columns (no datasheet for a CPU)."""
     protocol = metadata["protocol"]
     hw = metadata["hardware"]
+    cpu = protocol["name"] == "cpu-smoke"
+    if cpu:
+        rows = rows.assign(impl=rows["impl"].replace("cublas-gemms", "gemms-only"))
     lines = ["", "per-case median latency (ms); sol_ms = datasheet SOL "
              + (f"({hw['name']}: {hw['peak_tflops']} TFLOP/s, {hw['peak_tbps']} TB/s)" if hw.get("key")
                 else "(none: no datasheet for the device this ran on)")]
-    lines.append(per_case_table(rows).reset_index().rename(columns={"index": "case"}).to_string(
-        index=False, float_format=lambda v: f"{v:.3f}", na_rep="-"))
+    per_case = per_case_table(rows).reset_index().rename(columns={"index": "case"})
     summary = summary_table(rows)
+    if cpu:  # no datasheet: the SOL columns would be all NaN
+        per_case = per_case.drop(columns=[c for c in per_case if c.startswith("sol")])
+        summary = summary.drop(columns=[c for c in summary if c == "sol_fraction"])
+    lines.append(per_case.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-"))
     sol = rows.drop_duplicates("case")
     gm = lambda s: roofline.geometric_mean(s.dropna()) if s.notna().any() else float("nan")  # noqa: E731
     lines += [
@@ -120,9 +128,12 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
         f"{protocol['name'].upper()} ({protocol['warmup']} warm-ups, {protocol['iters']} iterations) | "
         f"{len(sol)} cases | H={metadata['shape']['hidden_size']} I={metadata['shape']['intermediate_size']}",
         "geometric means over the cases each impl timed; sol_fraction = gmean SOL / gmean latency "
-        "(datasheet; _measured: from this run's copy/GEMM ceilings); cublas-gemms is a LOWER BOUND",
+        "(datasheet; _measured: from this run's copy/GEMM ceilings); "
+        + ("gemms-only is a LOWER BOUND (the six GEMMs alone, torch.matmul on the CPU)" if cpu
+           else "cublas-gemms is a LOWER BOUND"),
         _fmt(summary),
-        f"speed of light, gmean: datasheet {gm(sol['sol_ms']):.3f} ms, measured ceilings "
+        ("speed of light, gmean: datasheet none (CPU run)" if cpu else
+         f"speed of light, gmean: datasheet {gm(sol['sol_ms']):.3f} ms") + ", measured ceilings "
         f"{gm(sol['sol_ms_measured']):.3f} ms",
     ]
     power = power_summary(rows)
@@ -207,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     hardware = args.hardware or (pick_hardware(torch.cuda.get_device_name(device)) if device.type == "cuda" else "")
     warmup, iters = PROTOCOLS[protocol]
     print(BANNERS[protocol].format(w=warmup, n=iters))
-    print(f"device {device} | H={hidden} I={inter} | {len(cases)} cases | impls {','.join(impls)} | "
+    print(f"device {device} | H={hidden} I={inter} | {len(cases)} cases | "
+          f"impls {','.join(display_name(n, device) for n in impls)} | "
           f"datasheet {hardware or 'none (SOL columns empty)'} | writing to {out}")
     for name, reason in skipped.items():
         print(f"note: skipping {name}: {reason}")

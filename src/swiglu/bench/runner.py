@@ -101,6 +101,12 @@ def pick_hardware(gpu_name: str) -> str:
     return ""
 
 
+def display_name(impl: str, device: torch.device) -> str:
+    """The name printed for ``impl``: on a CPU the GEMM-only lower bound runs torch.matmul, not
+    cuBLAS, so it is shown as "gemms-only" (the recorded ``impl`` stays "cublas-gemms")."""
+    return "gemms-only" if impl == "cublas-gemms" and torch.device(device).type != "cuda" else impl
+
+
 def _cleanup(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -351,8 +357,9 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
                 **sol_columns(case.tokens, H, I, measured["median_ms"], config.hardware, ceilings),
             }
             rows.append(row)
-            log(f"{case.name:>10} {name:<22} median {row['median_ms']:9.3f} ms  "
-                f"SOL {row['sol_fraction']:.3f}  correct {'n/a' if row['correct'] is pd.NA else row['correct']}"
+            sol = f"SOL {row['sol_fraction']:.3f}  " if math.isfinite(row["sol_fraction"]) else ""  # none on a CPU
+            log(f"{case.name:>10} {display_name(name, config.device):<22} median {row['median_ms']:9.3f} ms  "
+                f"{sol}correct {'n/a' if row['correct'] is pd.NA else row['correct']}"
                 + (f"  {row['power_w']:.0f} W {row['sm_clock_mhz']:.0f} MHz {row['energy_per_backward_j']:.3f} J"
                    if math.isfinite(row["power_w"]) else "")
                 + ("  ERROR" if row["note"].startswith("ERROR") else ""))

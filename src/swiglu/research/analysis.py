@@ -95,6 +95,19 @@ def display_path(path: str | Path, root: str | Path | None = None) -> str:
         return str(path)
 
 
+#: Significant digits of the floats in the derived tables (data/derived/): timings carry about
+#: three, and the last bits of a geometric mean or a least-squares fit differ between machines.
+TABLE_DIGITS = 6
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, *, index: bool = False, digits: int = TABLE_DIGITS) -> Path:
+    """Write ``frame`` as CSV with floats at ``digits`` significant digits (``%g``), so the same
+    data gives the same bytes on every machine. Returns the path."""
+    path = Path(path)
+    frame.to_csv(path, index=index, float_format=f"%.{digits}g")
+    return path
+
+
 def _read_meta(json_path: Path) -> dict:
     if not json_path.is_file():
         return {}
@@ -276,7 +289,9 @@ def latency_table(rows: pd.DataFrame, ceilings: dict | None = None) -> pd.DataFr
     the rows' ``hardware`` column, H200-SXM when there is no such column),
     ``sol_ms_measured`` / ``sol_fraction_measured`` (the measured ceilings, or the H200 spec's
     when an H200 run has none), and ``speedup_vs_eager`` / ``speedup_vs_compile`` (eager or compile median
-    over this median, NaN when that implementation was not measured). Rows are sorted by tokens,
+    over this median, NaN when that implementation was not measured) with their spread
+    ``speedup_vs_<base>_lo`` / ``_hi`` (base median / this p80, base median / this p20: this
+    implementation's p20-p80; NaN without p20/p80 columns). Rows are sorted by tokens,
     then case name, then implementation order. Raises ``ValueError`` when a needed column
     (``case, tokens, impl, median_ms``) is missing."""
     need = {"case", "tokens", "impl", "median_ms"}
@@ -301,9 +316,14 @@ def latency_table(rows: pd.DataFrame, ceilings: dict | None = None) -> pd.DataFr
                              if ceilings is not None or k == "H200-SXM" else math.nan for t, h, i, k in shape]
     df["sol_fraction"] = df["sol_ms"] / df["median_ms"]
     df["sol_fraction_measured"] = df["sol_ms_measured"] / df["median_ms"]
+    has_spread = {"p20_ms", "p80_ms"} <= set(df.columns)
     for base in ("eager", "compile"):
-        ref = df[df["impl"] == base].set_index("case")["median_ms"]
-        df[f"speedup_vs_{base}"] = df["case"].map(ref) / df["median_ms"]
+        ref = df[df["impl"] == base].set_index("case")
+        df[f"speedup_vs_{base}"] = df["case"].map(ref["median_ms"]) / df["median_ms"]
+        # The ratio's spread from this implementation's p20-p80 (the baseline at its median; the
+        # baseline's own row shows its spread around 1).
+        df[f"speedup_vs_{base}_lo"] = df["case"].map(ref["median_ms"]) / df["p80_ms"] if has_spread else math.nan
+        df[f"speedup_vs_{base}_hi"] = df["case"].map(ref["median_ms"]) / df["p20_ms"] if has_spread else math.nan
     impl_rank = {impl: k for k, impl in enumerate(order_impls(df["impl"]))}
     df = df.assign(_rank=df["impl"].map(impl_rank))
     return df.sort_values(["tokens", "case", "_rank"]).drop(columns="_rank").reset_index(drop=True)
@@ -316,8 +336,11 @@ def _gmean(values: pd.Series) -> float:
 
 def latency_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Geometric means per implementation over the cases it was measured on (the benchmark's
-    aggregation): ``impl, label, cases, gmean_ms, gmean_sol_ms, sol_fraction (gmean T_SOL /
-    gmean T), gmean_speedup_vs_eager, gmean_speedup_vs_compile, all_correct``.
+    aggregation): ``impl, label, cases, gmean_ms, gmean_p20_ms, gmean_p80_ms (the spread of the
+    timed iterations, per case, then the geometric mean), gmean_sol_ms, sol_fraction (gmean T_SOL /
+    gmean T), gmean_speedup_vs_eager, gmean_speedup_vs_compile, their spread
+    gmean_speedup_vs_<base>_lo / _hi (``latency_table``'s, geometric mean), iters (timed
+    iterations per case), all_correct``.
 
     ``table`` is ``latency_table``'s output. gmean_sol_ms is over the same cases as gmean_ms, so
     an implementation missing some cases is still compared fairly."""
@@ -333,10 +356,16 @@ def latency_summary(table: pd.DataFrame) -> pd.DataFrame:
                 "label": IMPL_LABELS.get(impl, impl),
                 "cases": int(t["case"].nunique()),
                 "gmean_ms": gm,
+                "gmean_p20_ms": _gmean(t["p20_ms"]) if "p20_ms" in t else math.nan,
+                "gmean_p80_ms": _gmean(t["p80_ms"]) if "p80_ms" in t else math.nan,
                 "gmean_sol_ms": gsol,
                 "sol_fraction": gsol / gm if gm > 0 else math.nan,
                 "gmean_speedup_vs_eager": _gmean(t["speedup_vs_eager"]),
                 "gmean_speedup_vs_compile": _gmean(t["speedup_vs_compile"]),
+                **{f"gmean_speedup_vs_{base}_{end}": _gmean(t[f"speedup_vs_{base}_{end}"])
+                   if f"speedup_vs_{base}_{end}" in t else math.nan
+                   for base in ("eager", "compile") for end in ("lo", "hi")},
+                "iters": int(t["iters"].max()) if "iters" in t and t["iters"].notna().any() else None,
                 "all_correct": bool(correct.map(_truthy).all()) if len(correct) else None,
             }
         )
@@ -351,8 +380,8 @@ def _truthy(value) -> bool:
 
 def run_history(bench_dir: str | Path, protocol: str | None = "full") -> pd.DataFrame:
     """Geometric-mean latency per implementation for every finished run (optionally only one
-    protocol), oldest first: ``run_id, utc, gpu, protocol, impl, cases, gmean_ms, sol_fraction,
-    all_correct`` (``latency_summary``'s: None where not applicable).
+    protocol), oldest first: ``run_id, utc, gpu, protocol, commit, impl, cases, gmean_ms, gmean_p20_ms,
+    gmean_p80_ms, sol_fraction, all_correct`` (``latency_summary``'s: None where not applicable).
     Each gmean is over the cases that run measured (runs with fewer cases are not comparable;
     the ``cases`` column says how many)."""
     runs = list_runs(bench_dir)
@@ -367,12 +396,16 @@ def run_history(bench_dir: str | Path, protocol: str | None = "full") -> pd.Data
         summary.insert(1, "utc", r["utc"])
         summary.insert(2, "gpu", r["gpu"])
         summary.insert(3, "protocol", r["protocol"])
-        frames.append(summary[["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction",
-                               "all_correct"]])
+        summary.insert(4, "commit", str(run.meta.get("git_commit") or "")[:7])
+        frames.append(summary[HISTORY_COLUMNS])
     if not frames:
-        return pd.DataFrame(columns=["run_id", "utc", "gpu", "protocol", "impl", "cases", "gmean_ms", "sol_fraction",
-                                     "all_correct"])
+        return pd.DataFrame(columns=HISTORY_COLUMNS)
     return pd.concat(frames, ignore_index=True)
+
+
+#: Columns of ``run_history`` (data/derived/history.csv).
+HISTORY_COLUMNS = ["run_id", "utc", "gpu", "protocol", "commit", "impl", "cases", "gmean_ms", "gmean_p20_ms",
+                   "gmean_p80_ms", "sol_fraction", "all_correct"]
 
 
 def run_footer(meta: dict | None, run_id: str | None = None) -> str:
@@ -484,7 +517,8 @@ def has_power_data(rows: pd.DataFrame | None) -> bool:
 def power_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per case x implementation: ``case, seq_len, batch_size, tokens, impl, median_ms,
     power_w, sm_clock_mhz, power_samples, energy_j, flush_energy_j, energy_per_backward_j,
-    energy_iters, energy_window_s, gflop_per_j, energy_vs_compile``, sorted like
+    energy_iters, energy_window_s, gflop_per_j, energy_vs_compile`` (and ``correct`` when the
+    rows have it), sorted like
     ``latency_table``; power columns NaN where the run has none.
 
     energy_per_backward_j = energy per iteration minus one L2 flush's (``swiglu.bench.power``);
@@ -506,7 +540,7 @@ def power_table(rows: pd.DataFrame) -> pd.DataFrame:
     base = df[df["impl"] == "compile"].set_index("case")["energy_per_backward_j"]
     df["energy_vs_compile"] = df["energy_per_backward_j"] / df["case"].map(base)
     keep = [c for c in ("case", "seq_len", "batch_size", "tokens", "impl", "median_ms") if c in df]
-    keep += list(POWER_COLUMNS) + ["gflop_per_j", "energy_vs_compile"]
+    keep += list(POWER_COLUMNS) + ["gflop_per_j", "energy_vs_compile"] + (["correct"] if "correct" in df else [])
     rank = {impl: k for k, impl in enumerate(order_impls(df["impl"]))}
     df = df.assign(_rank=df["impl"].map(rank)).sort_values(["tokens", "case", "_rank"])
     return df[keep].reset_index(drop=True)

@@ -1,13 +1,26 @@
-"""The project's figures: roofline, validation errors, latency, speed-up, SOL fraction, history.
+"""The project's figures: roofline, validation errors, latency, speed-up, SOL fraction, energy,
+history, training step.
 
 Every function returns a matplotlib ``Figure`` with a title, axes with units and a footer line
 (GPU and software versions); ``save`` writes it as PNG and a vector format. Works with any
 backend (the notebooks' inline one, or Agg when run as plain Python).
+
+Conventions, so that a figure reads right at the width the README shows it (about 800 px):
+
+* every figure is at most ``MAX_WIDTH_IN`` inches wide and no text is smaller than
+  ``MIN_FONT_PT`` points (tests/test_plots.py measures both on the saved PNG);
+* a comparison shows its spread: whiskers over the p20-p80 of the timed iterations (or min-max
+  over recorded runs), and the figure says which and over how many iterations and runs; where no
+  spread was recorded, the figure says that instead;
+* cases and token counts are categories: markers side by side, never joined by lines;
+* ``fig.plotted`` holds what was drawn as a DataFrame (``PLOTTED_COLUMNS``: panel, series,
+  x, y, lo, hi), so tests can check a figure's values against the data it was given.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -20,6 +33,12 @@ from matplotlib.figure import Figure
 from .. import roofline
 from .analysis import IMPL_LABELS, order_impls
 
+#: Widest figure (inches at 150 dpi: 1500 px, shown at ~800 px) and smallest type (points).
+MAX_WIDTH_IN = 10.0
+MIN_FONT_PT = 8.0
+#: Columns of ``fig.plotted``: one row per drawn point (y) with its whisker (lo, hi; NaN: none).
+PLOTTED_COLUMNS = ["panel", "series", "x", "y", "lo", "hi"]
+
 #: One color and marker per implementation (stable across figures).
 IMPL_STYLE = {
     "eager": ("#4d4d4d", "o"),
@@ -27,6 +46,7 @@ IMPL_STYLE = {
     "compile-max-autotune": ("#17becf", "D"),
     "cublas-gemms": ("#9467bd", "v"),
     "liger": ("#ff7f0e", "^"),
+    "quack": ("#8c564b", "P"),
     "triton": ("#d62728", "*"),
     "reference": ("#4d4d4d", "o"),
     "bf16 reference": ("#4d4d4d", "o"),
@@ -41,22 +61,32 @@ HARDWARE_STYLE = {
 }
 _FALLBACK_COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
+# Type sizes (points) for everything drawn here; nothing below MIN_FONT_PT.
+plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8,
+                     "ytick.labelsize": 8, "legend.fontsize": 8, "figure.titlesize": 10.5})
+
 
 def impl_style(impl: str, k: int = 0) -> tuple[str, str]:
     """(color, marker) for ``impl``; unknown names get a cycle color and a dot."""
-    return IMPL_STYLE.get(impl, (_FALLBACK_COLORS[k % len(_FALLBACK_COLORS)], "."))
+    return IMPL_STYLE.get(impl, (_FALLBACK_COLORS[k % len(_FALLBACK_COLORS)], "o"))
 
 
 def add_footer(fig: Figure, text: str) -> None:
-    """Write ``text`` (GPU, software, run id) in small grey type under everything drawn so far
-    (call it last; ``save`` uses a tight bounding box, so the footer is kept)."""
+    """Write ``text`` (GPU, software, run id) in small grey type under everything drawn so far,
+    wrapped to the figure's width (call it last; ``save`` uses a tight bounding box, so the
+    footer is kept)."""
     if not text:
         return
     fig.draw_without_rendering()  # lay out tick labels first (tight_layout moved the axes)
     renderer = fig.canvas.get_renderer()
     bottoms = [ax.get_tightbbox(renderer).y0 for ax in fig.axes if ax.get_visible()]
+    bottoms += [t.get_window_extent(renderer).y0 for t in fig.texts if t.get_text()]
+    bottoms += [lg.get_window_extent(renderer).y0 for lg in fig.legends]
     y = (min(bottoms) / fig.bbox.height if bottoms else 0.0) - 0.01
-    fig.text(0.01, y, text, fontsize=7, color="0.35", ha="left", va="top")
+    # ~0.62 em per character: a line never runs past the figure's right edge.
+    chars = max(40, int(fig.get_figwidth() * 72 / (0.62 * MIN_FONT_PT)) - 2)
+    wrapped = "\n".join(textwrap.wrap(text, chars, break_on_hyphens=False))
+    fig.text(0.01, y, wrapped, fontsize=MIN_FONT_PT, color="0.35", ha="left", va="top")
 
 
 def save(fig: Figure, name: str, figures_dir: str | Path, formats: Sequence[str] = ("png", "svg")) -> list[Path]:
@@ -92,11 +122,13 @@ def _metadata(fmt: str) -> dict | None:
 
 
 def placeholder(title: str, message: str, footer: str = "") -> Figure:
-    """A figure that says, in words, why there is nothing to plot."""
-    fig, ax = plt.subplots(figsize=(9, 3.2))
+    """A figure that says, in words, why there is nothing to plot (``fig.plotted`` is empty)."""
+    fig, ax = plt.subplots(figsize=(8, 2.8))
     ax.axis("off")
-    ax.set_title(title, fontsize=12, fontweight="bold")
-    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=11, wrap=True, transform=ax.transAxes)
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=10.5, fontweight="bold")
+    ax.text(0.5, 0.5, "\n".join(textwrap.wrap(message, 90)), ha="center", va="center", fontsize=9,
+            transform=ax.transAxes)
+    fig.plotted = pd.DataFrame(columns=PLOTTED_COLUMNS)
     add_footer(fig, footer)
     return fig
 
@@ -108,7 +140,93 @@ def _case_labels(table: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 
 def _case_ticks(ax, labels: Sequence[str]) -> None:
-    ax.set_xticks(range(len(labels)), labels, rotation=40, ha="right", rotation_mode="anchor", fontsize=7.5)
+    ax.set_xticks(range(len(labels)), labels, rotation=40, ha="right", rotation_mode="anchor", fontsize=MIN_FONT_PT)
+
+
+def _column(frame: pd.DataFrame, column: str) -> np.ndarray:
+    return frame[column].to_numpy(float) if column in frame else np.full(len(frame), np.nan)
+
+
+def _dodged(ax, categories: Sequence, series: Sequence[dict], records: list, panel: str,
+            width: float = 0.72, horizontal: bool = False) -> None:
+    """Markers side by side within each category (x = 0, 1, ...), one group per ``series`` item:
+    ``dict(key, label, y, lo, hi, color, marker, hollow)`` with y/lo/hi aligned to ``categories``
+    (NaN: no point / no whisker). Appends one ``PLOTTED_COLUMNS`` record per drawn point."""
+    n = max(1, len(series))
+    step = width / n if n > 1 else 0.0
+    for k, s in enumerate(series):
+        y = np.asarray(s["y"], float)
+        lo = np.asarray(s.get("lo", np.full(len(y), np.nan)), float)
+        hi = np.asarray(s.get("hi", np.full(len(y), np.nan)), float)
+        pos = np.arange(len(categories)) + (k - (n - 1) / 2) * step
+        err = np.vstack([np.where(np.isnan(lo), 0, y - lo), np.where(np.isnan(hi), 0, hi - y)])
+        has_err = not (np.isnan(lo).all() and np.isnan(hi).all())
+        color, marker = s["color"], s["marker"]
+        kw = dict(ls="none", marker=marker, color=color, ms=6 if marker != "*" else 8, elinewidth=1.3,
+                  mfc="white" if s.get("hollow") else color, mec=color, label=s["label"], zorder=3)
+        if horizontal:
+            ax.errorbar(y, pos, xerr=err if has_err else None, **kw)
+        else:
+            ax.errorbar(pos, y, yerr=err if has_err else None, **kw)
+        for c, yy, l, h in zip(categories, y, lo, hi):
+            if not np.isnan(yy):
+                records.append({"panel": panel, "series": s["key"], "x": c, "y": float(yy), "lo": float(l), "hi": float(h)})
+
+
+def _impl_series(table: pd.DataFrame, cases: Sequence[str], impls: Iterable[str], column: str,
+                 lo: str | None = None, hi: str | None = None) -> list[dict]:
+    """``_dodged`` series per implementation: ``column`` (and whisker columns) per case."""
+    out = []
+    for k, impl in enumerate(impls):
+        t = table[table["impl"] == impl].set_index("case").reindex(cases)
+        if column not in t or t[column].notna().sum() == 0:
+            continue
+        color, marker = impl_style(impl, k)
+        label = IMPL_LABELS.get(impl, impl)
+        failed = "correct" in table and (table.loc[table["impl"] == impl, "correct"].astype(str) == "False").any()
+        if failed:
+            label += " (FAILS correctness)"
+        out.append(dict(key=impl, label=label, y=_column(t, column), lo=_column(t, lo) if lo else None,
+                        hi=_column(t, hi) if hi else None, color=color, marker=marker, hollow=failed))
+    for s in out:
+        if s["lo"] is None:
+            s.pop("lo"), s.pop("hi")
+    return out
+
+
+def _spread_note(table: pd.DataFrame, what: str = "timed iterations") -> str:
+    """'whiskers: p20-p80 of the 50 timed iterations, one run' from the rows' ``iters``."""
+    iters = int(table["iters"].max()) if "iters" in table and table["iters"].notna().any() else None
+    runs = table["run_id"].nunique() if "run_id" in table else 1
+    n = f"{iters} " if iters else ""
+    return f"whiskers: p20-p80 of the {n}{what} per case; {runs} run{'s' if runs != 1 else ''}"
+
+
+def _finish_panels(fig: Figure, records: list, footer: str, legend_axes=None, ncol: int = 3,
+                   note: str = "") -> Figure:
+    """One legend for the figure under the panels (from ``legend_axes``' handles), a note line,
+    the footer, and ``fig.plotted``."""
+    if legend_axes is not None:
+        handles, labels = [], []
+        for ax in (legend_axes if isinstance(legend_axes, (list, tuple, np.ndarray)) else [legend_axes]):
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+        if handles:
+            fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), ncol=ncol, frameon=False,
+                       fontsize=MIN_FONT_PT)
+    if note:
+        chars = max(40, int(fig.get_figwidth() * 72 / (0.55 * MIN_FONT_PT)) - 2)
+        note = "\n".join(line for part in note.split("\n") for line in textwrap.wrap(part, chars))
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        bottoms = [ax.get_tightbbox(renderer).y0 for ax in fig.axes] + \
+                  [lg.get_window_extent(renderer).y0 for lg in fig.legends]
+        fig.text(0.01, min(bottoms) / fig.bbox.height - 0.01, note, fontsize=MIN_FONT_PT, va="top", ha="left")
+    fig.plotted = pd.DataFrame(records, columns=PLOTTED_COLUMNS)
+    add_footer(fig, footer)
+    return fig
 
 
 def roofline_plot(
@@ -126,7 +244,8 @@ def roofline_plot(
         cases: rows with ``case, tokens, flop_per_byte`` (``analysis.roofline_table``).
         points: optional measured rows with ``impl, flop_per_byte, tflops`` (and ``correct``).
     """
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig, ax = plt.subplots(figsize=(8.5, 6.2))
+    records: list = []
     ai = cases.drop_duplicates("case")["flop_per_byte"].to_numpy(float)
     lo, hi = max(1.0, ai.min() / 4), ai.max() * 4
     x = np.logspace(math.log10(lo), math.log10(hi), 400)
@@ -136,13 +255,18 @@ def roofline_plot(
                 label=f"{hw.name}: {hw.peak_tflops:.0f} TFLOP/s, {hw.peak_tbps:.2f} TB/s")
     for v in np.unique(ai):
         ax.axvline(v, color="0.85", lw=0.6, zorder=0)
+    # The token counts on a top axis at their intensities: powers of two first, then the others
+    # where they fit (grey lines mark every case), so no two labels touch.
     ticks = cases.drop_duplicates("tokens").sort_values("tokens")
-    rows = _label_rows([(math.log10(v) - math.log10(lo)) / math.log10(hi / lo) for v in ticks["flop_per_byte"]],
-                       [f"T={t}" for t in ticks["tokens"]], fig.get_figwidth() * 72 * 0.775, fontsize=7)
-    for t, v, row in zip(ticks["tokens"], ticks["flop_per_byte"], rows):
-        ax.annotate(f"T={t}", (v, 1.0), xycoords=("data", "axes fraction"), xytext=(0, 3 + 11 * row),
-                    textcoords="offset points", fontsize=7, color="0.35", ha="center", va="bottom",
-                    arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5, "shrinkA": 0, "shrinkB": 0})
+    width_pt = fig.get_figwidth() * 72 * 0.775
+    where = {int(t): (math.log10(v) - math.log10(lo)) / math.log10(hi / lo)
+             for t, v in zip(ticks["tokens"], ticks["flop_per_byte"])}
+    chosen: list[int] = []
+    for t in sorted(where, key=lambda t: (t & (t - 1) != 0, t)):
+        half = lambda n: 0.65 * MIN_FONT_PT * (len(str(n)) + 2) / 2 / width_pt  # noqa: E731
+        if all(abs(where[t] - where[c]) > half(t) + half(c) for c in chosen):
+            chosen.append(t)
+    chosen.sort()
     if points is not None and len(points):
         for k, impl in enumerate(order_impls(points["impl"])):
             p = points[(points["impl"] == impl) & points["tflops"].notna()]
@@ -150,71 +274,76 @@ def roofline_plot(
                 continue
             color, marker = impl_style(impl, k)
             ok = p["correct"].fillna(True).astype(bool) if "correct" in p else pd.Series(True, index=p.index)
-            ax.scatter(p.loc[ok, "flop_per_byte"], p.loc[ok, "tflops"], color=color, marker=marker, s=36,
-                       label=IMPL_LABELS.get(impl, impl), zorder=3, edgecolor="white", linewidth=0.4)
-            if (~ok).any():
-                ax.scatter(p.loc[~ok, "flop_per_byte"], p.loc[~ok, "tflops"], facecolor="none",
-                           edgecolor=color, marker=marker, s=36, zorder=3,
-                           label=f"{IMPL_LABELS.get(impl, impl)} (failed correctness)")
+            label = IMPL_LABELS.get(impl, impl)
+            # One legend entry per implementation, hollow when its points fail the correctness check.
+            for sel, failed in ((ok, False), (~ok, True)):
+                if not sel.any():
+                    continue
+                ax.scatter(p.loc[sel, "flop_per_byte"], p.loc[sel, "tflops"], marker=marker, s=40, zorder=3,
+                           facecolor="none" if failed else color, edgecolor=color if failed else "white",
+                           linewidth=1.0 if failed else 0.4,
+                           label=label + (" (FAILS correctness)" if failed else ""))
+                records += [{"panel": "roofline", "series": impl, "x": float(a), "y": float(b), "lo": math.nan,
+                             "hi": math.nan} for a, b in zip(p.loc[sel, "flop_per_byte"], p.loc[sel, "tflops"])]
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_xlabel("arithmetic intensity of the minimum traffic (FLOP/byte)")
+    top = ax.secondary_xaxis("top")
+    intensity = dict(zip(ticks["tokens"].astype(int), ticks["flop_per_byte"]))
+    top.set_ticks([intensity[t] for t in chosen], [str(t) for t in chosen], fontsize=MIN_FONT_PT)
+    top.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    top.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    others = [str(t) for t in where if t not in chosen]
+    top.set_xlabel("tokens T of the cases (grey lines)" + (f"; also {', '.join(others)} between" if others else ""),
+                   fontsize=MIN_FONT_PT)
     ax.set_ylabel("attainable / achieved bf16 TFLOP/s")
-    # The T= labels sit above the axes (grey lines mark the cases): leave them room.
-    ax.set_title(title, pad=7 + 11 * (max(rows, default=0) + 1))
+    ax.set_title(title)
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
-    ax.legend(fontsize=7.5, loc="lower right")
+    ax.legend(fontsize=MIN_FONT_PT, loc="lower right")
+    fig.plotted = pd.DataFrame(records, columns=PLOTTED_COLUMNS)
     add_footer(fig, footer)
     return fig
 
 
-def _label_rows(positions: Sequence[float], texts: Sequence[str], width_pt: float, fontsize: float) -> list[int]:
-    """Row index (0 = nearest the axes) for horizontal labels centred at ``positions`` (axes
-    fraction, increasing) on an axes ``width_pt`` points wide: each label takes the first row
-    where it clears the previous label of that row (text width estimated at 0.6 em a character)."""
-    ends: list[float] = []
-    rows = []
-    for x, text in zip(positions, texts):
-        half = 0.6 * fontsize * (len(text) + 2) / 2 / width_pt
-        row = next((k for k, end in enumerate(ends) if x - half > end), len(ends))
-        if row == len(ends):
-            ends.append(x + half)
-        ends[row] = x + half
-        rows.append(row)
-    return rows
-
-
 def sol_bar_plot(table: pd.DataFrame, footer: str = "", title: str = "Speed-of-light time per case") -> Figure:
-    """SOL time (ms, log scale) per case for each hardware entry of ``analysis.roofline_table``,
-    hatched where the case is memory-bound on that hardware."""
+    """SOL time (ms, log scale) per case for each hardware entry of ``analysis.roofline_table``:
+    markers side by side (a log axis has no zero for bars to start from), hollow where the case
+    is memory-bound on that hardware."""
     cases, labels = _case_labels(table)
     hws = list(dict.fromkeys(table["hardware"]))
-    fig, ax = plt.subplots(figsize=(12, 5))
-    width = 0.8 / max(1, len(hws))
-    x = np.arange(len(cases))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    records: list = []
+    series = []
     for k, hw in enumerate(hws):
-        t = table[table["hardware"] == hw].set_index("case").loc[cases]
+        t = table[table["hardware"] == hw].set_index("case").reindex(cases)
         color, _ = HARDWARE_STYLE.get(hw, (_FALLBACK_COLORS[k % len(_FALLBACK_COLORS)], "-"))
-        bars = ax.bar(x + (k - (len(hws) - 1) / 2) * width, t["sol_ms"], width, color=color,
-                      alpha=0.9, label=hw, edgecolor="white", linewidth=0.3)
-        for bar, b in zip(bars, t["bound"]):
-            if b == "memory":
-                bar.set_hatch("///")
+        series.append(dict(key=hw, label=hw, y=_column(t, "sol_ms"), color=color, marker="o"))
+    _dodged(ax, cases, series, records, "sol")
+    # Hollow markers for memory-bound cases: redraw those on top in white.
+    n = len(hws)
+    for k, hw in enumerate(hws):
+        t = table[table["hardware"] == hw].set_index("case").reindex(cases)
+        mem = (t["bound"] == "memory").to_numpy()
+        pos = np.arange(len(cases)) + (k - (n - 1) / 2) * (0.72 / n if n > 1 else 0)
+        color = series[k]["color"]
+        ax.plot(pos[mem], t["sol_ms"].to_numpy(float)[mem], ls="none", marker="o", ms=6, mfc="white", mec=color,
+                zorder=4)
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xticks(x, labels, rotation=40, ha="right", rotation_mode="anchor", fontsize=7.5)
+    _case_ticks(ax, labels)
+    ax.set_xlim(-0.6, len(cases) - 0.4)
     ax.set_ylabel("speed-of-light time (ms, log scale)")
-    ax.set_title(title + " (hatched: memory-bound)")
+    ax.set_title(title + " (hollow: memory-bound)")
     ax.grid(True, axis="y", which="both", lw=0.3, alpha=0.5)
-    # Plain swatches per hardware (the hatch of a legend entry would come from its first bar,
-    # which may be memory-bound), and one hatched swatch that says what hatching means.
-    handles = [matplotlib.patches.Patch(facecolor=HARDWARE_STYLE.get(hw, (_FALLBACK_COLORS[k % len(_FALLBACK_COLORS)],))[0],
-                                        alpha=0.9, label=hw) for k, hw in enumerate(hws)]
-    handles.append(matplotlib.patches.Patch(facecolor="0.55", edgecolor="white", hatch="///", label="memory-bound"))
-    ax.legend(handles=handles, fontsize=8, ncol=len(handles), loc="upper left")
+    handles, names = ax.get_legend_handles_labels()
+    handles.append(matplotlib.lines.Line2D([], [], ls="none", marker="o", mfc="white", mec="0.3", ms=6))
+    names.append("memory-bound (hollow)")
+    ax.legend(handles, names, fontsize=MIN_FONT_PT, ncol=3, loc="upper left")
+    fig.tight_layout()
+    fig.plotted = pd.DataFrame(records, columns=PLOTTED_COLUMNS)
     add_footer(fig, footer)
     return fig
 
@@ -233,7 +362,8 @@ def error_histograms(
         impl, output = key[-2], key[-1]
         pooled.setdefault((impl, output), []).append(np.asarray(values, dtype=float))
     impls = list(dict.fromkeys(k[0] for k in pooled))
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
+    records: list = []
     for ax, output in zip(axes.flat, outputs):
         data = {i: np.concatenate(pooled[(i, output)]) for i in impls if (i, output) in pooled}
         positive = np.concatenate([d[d > 0] for d in data.values()]) if data else np.array([])
@@ -248,15 +378,18 @@ def error_histograms(
             label = f"{impl} ({d.size:,} elements{f', {zeros:,} exact' if zeros else ''})"
             ax.hist(d[d > 0], bins=bins, histtype="step", lw=1.4, color=color, label=label,
                     ls="--" if impl == "bf16 reference" else "-")
+            records.append({"panel": output, "series": impl, "x": "median", "y": float(np.median(d)),
+                            "lo": float(np.quantile(d, 0.2)), "hi": float(np.quantile(d, 0.8))})
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(output)
-        ax.set_xlabel("|out - float64| / rms(float64)  (dimensionless)")
+        ax.set_xlabel("|out - float64| / rms(float64)")
         ax.set_ylabel("elements (count)")
         ax.grid(True, which="both", lw=0.3, alpha=0.5)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=MIN_FONT_PT)
     fig.suptitle(title)
     fig.tight_layout()
+    fig.plotted = pd.DataFrame(records, columns=PLOTTED_COLUMNS)
     add_footer(fig, footer)
     return fig
 
@@ -264,142 +397,188 @@ def error_histograms(
 def error_ratio_plot(rows: pd.DataFrame, factor: float = 2.0, footer: str = "",
                      title: str = "Relative error / bf16 reference's own relative error") -> Figure:
     """Per shape (x) and output (panel): the float64 relative-error ratio of each implementation
-    (``validate_case`` rows with status ok), with the acceptance line at ``factor``."""
+    (``validate_case`` rows with status ok; the worst round), with the acceptance line at
+    ``factor``. Rows whose status is not ok are listed under the figure, not drawn."""
     ok = rows[rows["status"] == "ok"]
     outputs = list(dict.fromkeys(rows["output"]))
     cases, labels = _case_labels(rows)  # the order and "(T=...)" labels of the latency figures
-    # One output per row, all sharing the case axis: 18 case labels need the whole width.
-    width = max(7.0, 0.5 * len(cases) + 2.0)
-    fig, axes = plt.subplots(len(outputs), 1, figsize=(width, 1.55 * len(outputs) + 1.6), sharex=True,
+    width = min(MAX_WIDTH_IN, max(6.0, 0.45 * len(cases) + 2.5))
+    fig, axes = plt.subplots(len(outputs), 1, figsize=(width, 1.5 * len(outputs) + 1.8), sharex=True,
                              sharey=True, squeeze=False)
+    records: list = []
+    impls = list(dict.fromkeys(rows["impl"]))
     for ax, output in zip(axes.flat, outputs):
-        for k, impl in enumerate(dict.fromkeys(rows["impl"])):
-            t = ok[(ok["output"] == output) & (ok["impl"] == impl)].groupby("case")["ratio"].max()
-            t = t.reindex(cases)
+        series = []
+        for k, impl in enumerate(impls):
+            t = ok[(ok["output"] == output) & (ok["impl"] == impl)].groupby("case")["ratio"].max().reindex(cases)
             color, marker = impl_style(impl, k)
             # The reference's ratio is 1 by definition: a hollow ring, so a point at 1.0 shows through.
-            hollow = impl == "reference"
-            ax.plot(range(len(cases)), t.to_numpy(float), marker=marker, color=color, ls="none", label=impl,
-                    markerfacecolor="none" if hollow else color, markersize=9 if hollow else 6)
+            series.append(dict(key=impl, label=impl, y=t.to_numpy(float), color=color, marker=marker,
+                               hollow=impl == "reference"))
+        _dodged(ax, cases, series, records, output, width=0.4)
         ax.axhline(factor, color="red", lw=1, ls="--", label=f"accept <= {factor:g}")
         ax.text(0.005, 0.94, output, transform=ax.transAxes, fontsize=9, fontweight="bold", va="top")
-        ax.set_ylabel("ratio", fontsize=8)
+        ax.set_ylabel("ratio")
         ax.grid(True, lw=0.3, alpha=0.5)
-    axes.flat[-1].set_xticks(range(len(cases)), labels, rotation=90, fontsize=8)
+    _case_ticks(axes.flat[-1], labels)
     axes.flat[-1].set_xlabel("case (sorted by tokens T)")
     axes.flat[0].set_ylim(0, max(2.5, float(np.nanmax(ok["ratio"].to_numpy(float), initial=0)) * 1.1))
-    axes.flat[0].legend(fontsize=7.5, ncol=3, loc="lower right")
-    fig.suptitle(title + "\n(relative error against float64, worst round, per output)", fontsize=10)
+    axes.flat[0].legend(fontsize=MIN_FONT_PT, ncol=3, loc="lower right")
+    fig.suptitle(title + "\n(relative error against float64, worst round, per output)")
     fig.tight_layout()
-    add_footer(fig, footer)
-    return fig
+    bad = rows[rows["status"] != "ok"]
+    note = ""
+    if len(bad):
+        note = "not drawn (status not ok): " + "; ".join(
+            f"{i}: {s}" for (i, s), _ in bad.groupby(["impl", "status"], sort=False))
+    return _finish_panels(fig, records, footer, note="\n".join(textwrap.wrap(note, 120)))
 
 
-def _per_case_lines(ax, table: pd.DataFrame, column: str, impls: Iterable[str]) -> list[str]:
-    cases, labels = _case_labels(table)
-    for k, impl in enumerate(impls):
-        t = table[table["impl"] == impl].set_index("case")[column].reindex(cases)
-        if t.notna().sum() == 0:
-            continue
-        color, marker = impl_style(impl, k)
-        label = IMPL_LABELS.get(impl, impl)
-        if "correct" in table and (table.loc[table["impl"] == impl, "correct"].astype(str) == "False").any():
-            label += " (fails correctness)"
-        ax.plot(range(len(cases)), t.to_numpy(float), marker=marker, color=color, lw=1.2, ms=6, label=label)
-    _case_ticks(ax, labels)
-    ax.grid(True, which="both", lw=0.3, alpha=0.5)
-    return cases
+def _token_groups(table: pd.DataFrame) -> list[tuple[int, list[str]]]:
+    cases = table.drop_duplicates("case").sort_values(["tokens", "case"])
+    return [(int(t), list(g["case"])) for t, g in cases.groupby("tokens", sort=True)]
 
 
 def latency_plot(table: pd.DataFrame, footer: str = "", title: str = "Latency per case") -> Figure:
-    """Median latency (ms, log scale) per case for every implementation, with the H200 SOL
-    (datasheet, and measured ceilings when present) as shaded references.
+    """Median latency (ms) per case for every implementation, one panel per token count T (each
+    with its own linear axis: the implementations differ by a few percent, which one log axis
+    over 3-130 ms hides), p20-p80 whiskers, the H200 datasheet SOL time in each panel's title.
     ``table``: ``analysis.latency_table`` output."""
-    fig, ax = plt.subplots(figsize=(12, 5.5))
-    cases = _per_case_lines(ax, table, "median_ms", order_impls(table["impl"]))
-    sol = table.drop_duplicates("case").set_index("case").reindex(cases)
-    ax.plot(range(len(cases)), sol["sol_ms"].to_numpy(float), color="#2ca02c", lw=2, ls="-",
-            label="H200 SOL (datasheet)")
-    if "sol_ms_measured" in sol and sol["sol_ms_measured"].notna().any():
-        ax.plot(range(len(cases)), sol["sol_ms_measured"].to_numpy(float), color="#2ca02c", lw=1.5,
-                ls="--", label="H200 SOL (measured ceilings)")
-    ax.set_yscale("log")
-    ax.set_ylabel("median latency (ms, log scale)")
-    ax.set_xlabel("case (sorted by tokens T)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    add_footer(fig, footer)
-    return fig
+    groups = _token_groups(table)
+    impls = order_impls(table["impl"])
+    # Two rows of panels, split where half of the cases are placed; widths follow the case counts.
+    total = sum(len(c) for _, c in groups)
+    split, count = len(groups), 0
+    for k, (_, c) in enumerate(groups):
+        count += len(c)
+        if count >= total / 2:
+            split = k + 1
+            break
+    layout = [groups[:split], groups[split:]] if split < len(groups) else [groups]
+    fig = plt.figure(figsize=(MAX_WIDTH_IN, 3.6 * len(layout) + 0.8))
+    outer = fig.add_gridspec(len(layout), 1, hspace=0.6)
+    records: list = []
+    first = None
+    sol = table.drop_duplicates("case").set_index("case")
+    for r, row_groups in enumerate(layout):
+        inner = outer[r].subgridspec(1, len(row_groups), width_ratios=[len(c) + 0.6 for _, c in row_groups],
+                                     wspace=0.55)
+        for k, (T, cases) in enumerate(row_groups):
+            ax = fig.add_subplot(inner[k])
+            first = first or ax
+            _dodged(ax, cases, _impl_series(table, cases, impls, "median_ms", "p20_ms", "p80_ms"), records, f"T={T}")
+            ax.set_xticks(range(len(cases)), cases, rotation=40, ha="right", rotation_mode="anchor")
+            ax.set_xlim(-0.6, len(cases) - 0.4)
+            s = sol.loc[cases[0], "sol_ms"] if "sol_ms" in sol else math.nan
+            ax.set_title(f"T={T}" + (f"\nSOL {s:.1f} ms" if pd.notna(s) else ""), fontsize=9)
+            ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
+            ax.grid(True, axis="y", lw=0.3, alpha=0.5)
+            if k == 0:
+                ax.set_ylabel("median latency (ms)")
+    fig.suptitle(title, y=1.0)
+    return _finish_panels(fig, records, footer, first, ncol=2,
+                          note=_spread_note(table) + "; SOL: the H200 datasheet speed of light of the case")
+
+
+def _speedup_series(table: pd.DataFrame, base: str, cases: Sequence[str]) -> list[dict]:
+    impls = [i for i in order_impls(table["impl"]) if i != base]
+    col = f"speedup_vs_{base}"
+    return _impl_series(table, cases, impls, col, f"{col}_lo", f"{col}_hi")
 
 
 def speedup_plot(table: pd.DataFrame, footer: str = "", title: str = "Speed-up per case") -> Figure:
-    """Two panels: speed-up over the eager reference and over torch.compile (x, log scale),
-    per case, for every implementation but the baseline itself."""
-    fig, axes = plt.subplots(2, 1, figsize=(12, 8), sharex=True)
-    for ax, base in zip(axes, ("eager", "compile")):
-        col = f"speedup_vs_{base}"
-        impls = [i for i in order_impls(table["impl"]) if i != base]
-        if col not in table or table[col].notna().sum() == 0:
-            ax.text(0.5, 0.5, f"no '{base}' measurement in this run", ha="center", transform=ax.transAxes)
-            _per_case_lines(ax, table.assign(**{col: np.nan}), col, [])
-        else:
-            _per_case_lines(ax, table, col, impls)
+    """Speed-up (x, linear) per case over the eager reference and over torch.compile, one panel
+    per baseline present in ``table`` (a baseline that is not among the plotted implementations
+    gets no panel, and the title says so), p20-p80 whiskers (``analysis.latency_table``'s
+    ``speedup_vs_<base>_lo/_hi``)."""
+    cases, labels = _case_labels(table)
+    bases = [b for b in ("eager", "compile") if b in set(table["impl"])
+             and f"speedup_vs_{b}" in table and table.loc[table["impl"] != b, f"speedup_vs_{b}"].notna().any()]
+    missing = [IMPL_LABELS.get(b, b) for b in ("eager", "compile") if b not in bases]
+    if not bases:
+        return placeholder(title, f"No baseline to compare with: neither {' nor '.join(missing)} is among the "
+                           "plotted implementations.", footer)
+    fig, axes = plt.subplots(len(bases), 1, figsize=(MAX_WIDTH_IN, 3.3 * len(bases) + 1.2), sharex=True,
+                             squeeze=False)
+    records: list = []
+    for ax, base in zip(axes.flat, bases):
+        _dodged(ax, cases, _speedup_series(table, base, cases), records, f"over {base}")
         ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2fx"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2fx"))
-        ax.set_ylabel(f"speed-up over {IMPL_LABELS.get(base, base)} (x)", fontsize=9)
-        ax.legend(fontsize=7.5)
-    axes[0].set_title(title)
-    axes[1].set_xlabel("case (sorted by tokens T)")
+        ax.set_ylabel(f"speed-up over\n{IMPL_LABELS.get(base, base)} (x)")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.grid(True, axis="y", lw=0.3, alpha=0.5)
+        ax.set_xlim(-0.6, len(cases) - 0.4)
+    _case_ticks(axes.flat[-1], labels)
+    axes.flat[-1].set_xlabel("case (sorted by tokens T)")
+    axes.flat[0].set_title(title + (f"\n(no {', '.join(missing)} among the plotted implementations: no panel over it)"
+                                    if missing else ""))
     fig.tight_layout()
-    add_footer(fig, footer)
-    return fig
+    return _finish_panels(fig, records, footer, list(axes.flat), note=_spread_note(table, "timed iterations")
+                          + " (the baseline at its median)")
 
 
 def sol_fraction_plot(table: pd.DataFrame, footer: str = "", title: str = "Fraction of the H200 speed of light") -> Figure:
-    """SOL time / latency per case (1.0 = at the speed of light): datasheet SOL (solid) and,
-    when present, measured ceilings (panel 2)."""
+    """SOL time / latency per case (1.0 = at the speed of light), datasheet SOL and, when
+    present, measured ceilings (second panel); p20-p80 whiskers."""
     measured = "sol_fraction_measured" in table and table["sol_fraction_measured"].notna().any()
-    fig, axes = plt.subplots(2 if measured else 1, 1, figsize=(12, 8 if measured else 4.5), sharex=True, squeeze=False)
+    cases, labels = _case_labels(table)
+    fig, axes = plt.subplots(2 if measured else 1, 1, figsize=(MAX_WIDTH_IN, 7.5 if measured else 4.5), sharex=True,
+                             squeeze=False)
+    records: list = []
+    t = table.copy()
+    for col, sol in (("sol_fraction", "sol_ms"), ("sol_fraction_measured", "sol_ms_measured")):
+        if sol in t and "p20_ms" in t:
+            t[f"{col}_lo"], t[f"{col}_hi"] = t[sol] / t["p80_ms"], t[sol] / t["p20_ms"]
     for ax, (col, what) in zip(axes.flat, [("sol_fraction", "datasheet 989 TFLOP/s, 4.8 TB/s"),
                                            ("sol_fraction_measured", "measured ceilings")]):
-        _per_case_lines(ax, table, col, order_impls(table["impl"]))
+        series = _impl_series(t, cases, order_impls(t["impl"]), col, f"{col}_lo" if f"{col}_lo" in t else None,
+                              f"{col}_hi" if f"{col}_hi" in t else None)
+        _dodged(ax, cases, series, records, col)
         ax.axhline(1.0, color="#2ca02c", lw=1.2)
-        top = float(np.nanmax(table[col].to_numpy(float), initial=1.0)) if col in table else 1.0
+        top = float(np.nanmax(t[col].to_numpy(float), initial=1.0)) if col in t else 1.0
         ax.set_ylim(0, max(1.05, top * 1.05))
-        ax.set_ylabel(f"SOL time / latency\n({what})", fontsize=9)
-        ax.legend(fontsize=7.5, loc="lower right")
+        ax.set_ylabel(f"SOL time / latency\n({what})")
+        ax.grid(True, axis="y", lw=0.3, alpha=0.5)
+        ax.set_xlim(-0.6, len(cases) - 0.4)
     axes.flat[0].set_title(title)
+    _case_ticks(axes.flat[-1], labels)
     axes.flat[-1].set_xlabel("case (sorted by tokens T)")
     fig.tight_layout()
-    add_footer(fig, footer)
-    return fig
+    return _finish_panels(fig, records, footer, axes.flat[0], note=_spread_note(table))
+
+
+_NO_POWER_SPREAD = ("no spread recorded: one reading per case and implementation (means over the timed loop; "
+                    "energy from the board's energy counter), one run")
 
 
 def energy_plot(table: pd.DataFrame, footer: str = "", title: str = "Energy per backward") -> Figure:
-    """Two panels per case: energy per backward (J, log scale; board energy with one L2 flush's
-    subtracted) for every implementation, and that energy over torch.compile's (x; below 1: less
-    energy). ``table``: ``analysis.power_table`` output."""
-    fig, axes = plt.subplots(2, 1, figsize=(12, 8), sharex=True)
+    """Two panels per case: energy efficiency (GFLOP per joule of board energy, one L2 flush's
+    energy subtracted; linear, comparable across cases) for every implementation, and the energy
+    per backward over torch.compile's (x; below 1: less energy). ``table``:
+    ``analysis.power_table`` output. The run records one energy reading per case: no whiskers,
+    and the figure says so."""
+    cases, labels = _case_labels(table)
+    fig, axes = plt.subplots(2, 1, figsize=(MAX_WIDTH_IN, 7.2), sharex=True)
+    records: list = []
     impls = order_impls(table["impl"])
-    _per_case_lines(axes[0], table, "energy_per_backward_j", impls)
-    axes[0].set_yscale("log")
-    axes[0].set_ylabel("energy per backward (J, log scale)")
+    _dodged(axes[0], cases, _impl_series(table, cases, impls, "gflop_per_j"), records, "gflop_per_j")
+    axes[0].set_ylabel("GFLOP per joule\n(12*T*H*I / energy per backward)")
     axes[0].set_title(title)
-    axes[0].legend(fontsize=7.5)
     if table["energy_vs_compile"].notna().any():
-        _per_case_lines(axes[1], table, "energy_vs_compile", [i for i in impls if i != "compile"])
-        axes[1].legend(fontsize=7.5)
+        _dodged(axes[1], cases, _impl_series(table, cases, [i for i in impls if i != "compile"], "energy_vs_compile"),
+                records, "energy_vs_compile")
     else:
-        axes[1].text(0.5, 0.5, "no torch.compile energy in this run", ha="center", transform=axes[1].transAxes)
-        _per_case_lines(axes[1], table, "energy_vs_compile", [])
+        axes[1].text(0.5, 0.5, "no torch.compile energy among the plotted implementations", ha="center",
+                     transform=axes[1].transAxes)
     axes[1].axhline(1.0, color="black", lw=0.8)
-    axes[1].set_ylabel("energy / torch.compile's (x)", fontsize=9)
+    axes[1].set_ylabel("energy per backward /\ntorch.compile's (x)")
+    for ax in axes:
+        ax.grid(True, axis="y", lw=0.3, alpha=0.5)
+        ax.set_xlim(-0.6, len(cases) - 0.4)
+    _case_ticks(axes[1], labels)
     axes[1].set_xlabel("case (sorted by tokens T)")
     fig.tight_layout()
-    add_footer(fig, footer)
-    return fig
+    return _finish_panels(fig, records, footer, axes[0], note=_NO_POWER_SPREAD)
 
 
 def clock_power_plot(table: pd.DataFrame, footer: str = "", title: str = "SM clock and board power",
@@ -407,123 +586,235 @@ def clock_power_plot(table: pd.DataFrame, footer: str = "", title: str = "SM clo
     """Two panels per case: the mean SM clock (MHz) and mean board power (W) each
     implementation ran at during its timed loop, with the maximum clock and the power limit as
     lines when known. ``table``: ``analysis.power_table`` output."""
-    fig, axes = plt.subplots(2, 1, figsize=(12, 8), sharex=True)
+    cases, labels = _case_labels(table)
+    fig, axes = plt.subplots(2, 1, figsize=(MAX_WIDTH_IN, 7.2), sharex=True)
+    records: list = []
     impls = order_impls(table["impl"])
     for ax, column, label, limit, limit_label in (
         (axes[0], "sm_clock_mhz", "mean SM clock (MHz)", max_clock_mhz, "maximum SM clock"),
         (axes[1], "power_w", "mean board power (W)", power_limit_w, "power limit"),
     ):
-        _per_case_lines(ax, table, column, impls)
+        _dodged(ax, cases, _impl_series(table, cases, impls, column), records, column)
         if limit:
             unit = "MHz" if column == "sm_clock_mhz" else "W"
-            ax.axhline(limit, color="#b00000", lw=1.2, ls="--", label=f"{limit_label}, {limit:.0f} {unit}")
-        ax.set_ylim(0, max(float(np.nanmax(table[column].to_numpy(float), initial=0.0)), limit or 0) * 1.08 or 1)
-        ax.set_ylabel(label, fontsize=9)
-        ax.legend(fontsize=7.5, loc="lower right")
+            ax.axhline(limit, color="#b00000", lw=1.2, ls="--")
+            ax.text(len(cases) - 0.45, limit, f"{limit_label}, {limit:.0f} {unit}", color="#b00000", ha="right",
+                    va="bottom", fontsize=MIN_FONT_PT)
+        values = table[column].to_numpy(float) if column in table else np.array([])
+        top = max(float(np.nanmax(values, initial=0.0)), limit or 0)
+        ax.set_ylim(0.5 * float(np.nanmin(values, initial=top)) if values.size else 0, top * 1.06 or 1)
+        ax.set_ylabel(label)
+        ax.grid(True, axis="y", lw=0.3, alpha=0.5)
+        ax.set_xlim(-0.6, len(cases) - 0.4)
     axes[0].set_title(title)
+    _case_ticks(axes[1], labels)
     axes[1].set_xlabel("case (sorted by tokens T)")
     fig.tight_layout()
-    add_footer(fig, footer)
-    return fig
+    return _finish_panels(fig, records, footer, axes[0], note=_NO_POWER_SPREAD)
 
 
 def gmean_plot(summary: pd.DataFrame, footer: str = "", title: str = "Geometric mean over the cases") -> Figure:
-    """Geometric-mean latency (ms) per implementation (``analysis.latency_summary``) as dots on
-    an axis that spans the data (the differences are tenths of a ms out of ~34), with a top
-    axis in speed-ups over torch.compile when it was measured, and each row's ms, speed-ups and SOL
-    fraction written above its line. The geometric-mean SOL time, far to the left, is named in
-    the axis label instead of drawn."""
-    s = summary[summary["gmean_ms"].notna()].iloc[::-1].reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(10, 0.7 * len(s) + 1.9))
+    """The headline: per implementation (``analysis.latency_summary``), the geometric-mean
+    speed-up over torch.compile (over the eager reference when compile is absent; geometric-mean
+    ms when neither is) with its p20-p80 whisker, each row's milliseconds written above it.
+    Rows that fail the correctness check are hollow and say so."""
+    s = summary[summary["gmean_ms"].notna()].reset_index(drop=True)
     if s.empty:
-        ax.text(0.5, 0.5, "no implementation has a latency", ha="center", transform=ax.transAxes)
-        ax.set_title(title)
-        add_footer(fig, footer)
-        return fig
-    values = s["gmean_ms"].to_numpy(float)
-    span = max(float(values.max() - values.min()), 0.01 * float(values.max()))
-    lo, hi = float(values.min()) - 0.12 * span, float(values.max()) + 0.12 * span
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(-0.5, len(s) - 0.2)
-    fails = [r.get("all_correct") is False or str(r.get("all_correct")) == "False" for _, r in s.iterrows()]
-    for y, ((_, r), failed) in enumerate(zip(s.iterrows(), fails)):
-        color, marker = impl_style(r["impl"], y)
-        ax.axhline(y, color="0.85", lw=0.6, zorder=0)  # a row guide (no bar: the axis does not start at 0)
-        ax.scatter([r["gmean_ms"]], [y], color="white" if failed else color, edgecolor=color, marker=marker,
-                   s=90, zorder=3, linewidth=1.5)
+        return placeholder(title, "no implementation has a latency", footer)
+    base = next((b for b in ("compile", "eager") if b in set(s["impl"])
+                 and s[f"gmean_speedup_vs_{b}"].notna().any()), None)
+    if base:
+        col = f"gmean_speedup_vs_{base}"
+        x, lo, hi = _column(s, col), _column(s, f"{col}_lo"), _column(s, f"{col}_hi")
+        xlabel = f"speed-up over {IMPL_LABELS.get(base, base)} (x, geometric mean; right = faster)"
+    else:
+        x, lo, hi = _column(s, "gmean_ms"), _column(s, "gmean_p20_ms"), _column(s, "gmean_p80_ms")
+        xlabel = "geometric-mean median latency (ms; left = faster)"
+    n = len(s)
+    fig, ax = plt.subplots(figsize=(8, 0.62 * n + 1.5))
+    records: list = []
+    fails = [str(r.get("all_correct")) == "False" for _, r in s.iterrows()]
+    span = np.nanmax(np.r_[x, hi]) - np.nanmin(np.r_[x, lo])
+    left, right = np.nanmin(np.r_[x, lo]) - 0.08 * span, np.nanmax(np.r_[x, hi]) + 0.08 * span
+    if base:
+        left, right = min(left, 1 - 0.08 * span), max(right, 1 + 0.08 * span)
+    ax.set_xlim(left, right)
+    for k, ((_, r), failed) in enumerate(zip(s.iterrows(), fails)):
+        y = n - 1 - k  # first implementation on top
+        color, marker = impl_style(r["impl"], k)
+        ax.axhline(y, color="0.9", lw=0.6, zorder=0)
+        err = None if np.isnan(lo[k]) else [[x[k] - lo[k]], [hi[k] - x[k]]]
+        ax.errorbar([x[k]], [y], xerr=err, ls="none", marker=marker, ms=9 if marker == "*" else 7, color=color,
+                    mfc="white" if failed else color, mec=color, elinewidth=1.6, capsize=3, zorder=3)
+        records.append({"panel": "gmean", "series": r["impl"], "x": r["impl"], "y": float(x[k]),
+                        "lo": float(lo[k]), "hi": float(hi[k])})
         parts = [f"{r['gmean_ms']:.2f} ms"]
-        for base in ("compile", "eager"):
-            v = r.get(f"gmean_speedup_vs_{base}")
-            if pd.notna(v) and r["impl"] != base:
-                parts.append(f"{v:.3f}x vs {base}")
-        if pd.notna(r.get("sol_fraction")):
-            parts.append(f"SOL {r['sol_fraction']:.2f}")
-        if pd.notna(r.get("cases")):
-            parts.append(f"{int(r['cases'])} cases")
+        if pd.notna(r.get("gmean_p20_ms")):
+            parts[0] += f" (p20-p80 {r['gmean_p20_ms']:.2f}-{r['gmean_p80_ms']:.2f})"
+        if base and r["impl"] != base:
+            parts.append(f"{x[k]:.3f}x")
         if failed:
             # A fast wrong answer must not read as a result (Liger recomputes silu(gate_output)).
             parts.append("FAILS the correctness check")
-        ax.text(lo + 0.005 * (hi - lo), y + 0.36, ", ".join(parts), va="center", fontsize=8,
+        ax.text(left + 0.005 * (right - left), y + 0.3, ", ".join(parts), va="center", fontsize=MIN_FONT_PT,
                 color="#b00000" if failed else "black")
-    ax.set_yticks(range(len(s)), s["label"])
+    if base:
+        ax.axvline(1.0, color=impl_style(base)[0], lw=0.8, ls=":")
+    ax.set_yticks(range(n), [textwrap.fill(label, 28) for label in s["label"][::-1]])
+    ax.set_ylim(-0.5, n - 0.2)
     ax.grid(True, axis="x", lw=0.3, alpha=0.5)
-    label = "geometric-mean median latency over the cases (ms)"
-    if s["gmean_sol_ms"].notna().any():
-        label += f"\nH200 speed of light (datasheet): {float(s['gmean_sol_ms'].max()):.2f} ms, off the axis to the left"
-    ax.set_xlabel(label)
-    compile_ms = s.loc[s["impl"] == "compile", "gmean_ms"]
-    if len(compile_ms):
-        c = float(compile_ms.iloc[0])
-        ax.axvline(c, color=impl_style("compile")[0], lw=0.8, ls=":")
-        top = ax.secondary_xaxis("top", functions=(_over(c), _over(c)))
-        top.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2fx"))
-        top.set_xlabel("speed-up over torch.compile (x; faster to the left)", fontsize=8)
-        top.tick_params(labelsize=8)
+    iters = int(s["iters"].max()) if "iters" in s and s["iters"].notna().any() else None
+    cases = int(s["cases"].max()) if "cases" in s else 0
+    note = (f"whiskers: each implementation's p20-p80 of {f'{iters} ' if iters else ''}timed iterations per case "
+            f"(the baseline at its median), geometric mean over {cases} cases; one run")
+    if "gmean_sol_ms" in s and s["gmean_sol_ms"].notna().any():
+        note += f"\nH200 speed of light (datasheet), geometric mean: {float(s['gmean_sol_ms'].max()):.2f} ms"
+    ax.set_xlabel(xlabel)
     ax.set_title(title)
     fig.tight_layout()
-    add_footer(fig, footer)
-    return fig
-
-
-def _over(c: float):
-    """x -> c / x (its own inverse), quiet at 0 where matplotlib probes the transform."""
-    def f(x):
-        with np.errstate(divide="ignore"):
-            return c / np.asarray(x, float)
-    return f
+    return _finish_panels(fig, records, footer, note=note)
 
 
 def history_plot(history: pd.DataFrame, footer: str = "", title: str = "Geometric-mean latency across recorded runs") -> Figure:
     """Geometric-mean latency (ms) per implementation for each recorded run, oldest left
-    (``analysis.run_history``)."""
-    runs = list(dict.fromkeys(history["run_id"]))
-    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(runs) + 4), 5))
-    for k, impl in enumerate(order_impls(history["impl"])):
-        h = history[history["impl"] == impl].set_index("run_id").reindex(runs)
-        t = h["gmean_ms"]
+    (``analysis.run_history``), with p20-p80 whiskers. Runs that timed fewer cases than the most
+    any run timed are left out (a geometric mean over other cases is not comparable) and listed
+    under the figure."""
+    h = history.copy()
+    if "cases" not in h:
+        h["cases"] = 0
+    per_run = h.groupby("run_id", sort=False)["cases"].max()
+    full = per_run[per_run == per_run.max()].index.tolist()
+    partial = per_run[per_run < per_run.max()]
+    h = h[h["run_id"].isin(full)]
+    runs = list(dict.fromkeys(h["run_id"]))
+    fig, ax = plt.subplots(figsize=(min(MAX_WIDTH_IN, 1.0 * len(runs) + 3.5), 4.8))
+    records: list = []
+    first = h.drop_duplicates("run_id").set_index("run_id")
+    impls = order_impls(h["impl"])
+    for k, impl in enumerate(impls):
+        t = h[h["impl"] == impl].set_index("run_id").reindex(runs)
+        y = _column(t, "gmean_ms")
+        lo, hi = _column(t, "gmean_p20_ms"), _column(t, "gmean_p80_ms")
         color, marker = impl_style(impl, k)
-        failed = (h["all_correct"].astype(str) == "False").to_numpy() if "all_correct" in h else np.zeros(len(runs), bool)
+        failed = (t["all_correct"].astype(str) == "False").to_numpy() if "all_correct" in t else np.zeros(len(runs), bool)
         label = IMPL_LABELS.get(impl, impl)
-        if failed.all() and t.notna().any():
+        measured = np.isfinite(y)
+        if measured.any() and failed[measured].all():
             label += " (FAILS the correctness check)"
         elif failed.any():
             label += " (open: fails the correctness check)"
-        ax.plot(range(len(runs)), t.to_numpy(float), color=color, label=label, marker=marker,
-                markerfacecolor="none" if failed.all() else color)
-        for x in np.flatnonzero(failed & t.notna().to_numpy()):
-            # Open marker and a note at the point: a fast wrong answer must not read as a result.
-            ax.plot([x], [t.iloc[x]], marker=marker, color=color, markerfacecolor="white", ls="none")
-            ax.annotate("fails the correctness check", (x, t.iloc[x]), xytext=(8, 0), textcoords="offset points",
-                        fontsize=7.5, color="#b00000", va="center")
-    ax.set_xticks(range(len(runs)), runs, rotation=30, ha="right", fontsize=7)
+        # Side by side within a run, so whiskers do not hide each other.
+        xs = np.arange(len(runs)) + (k - (len(impls) - 1) / 2) * (0.5 / max(1, len(impls)))
+        ax.plot(xs, y, color=color, lw=0.8, alpha=0.5, zorder=2)  # the same code path over time
+        err = np.vstack([np.where(np.isnan(lo), 0, y - lo), np.where(np.isnan(hi), 0, hi - y)])
+        all_failed = measured.any() and failed[measured].all()
+        ax.errorbar(xs, y, yerr=err, ls="none", marker=marker, color=color, ms=7 if marker == "*" else 5,
+                    mfc="white" if all_failed else color, mec=color, elinewidth=1.2, label=label, zorder=3)
+        for x in np.flatnonzero(failed & np.isfinite(y)):
+            # An open marker where it fails: a fast wrong answer must not read as a result.
+            ax.plot([xs[x]], [y[x]], marker=marker, color=color, mfc="white", ls="none", zorder=4)
+        records += [{"panel": "history", "series": impl, "x": r, "y": float(v), "lo": float(a), "hi": float(b)}
+                    for r, v, a, b in zip(runs, y, lo, hi) if np.isfinite(v)]
+    ticks = []
+    for r in runs:
+        utc = str(first.loc[r, "utc"]) if "utc" in first and pd.notna(first.loc[r, "utc"]) else ""
+        commit = str(first.loc[r, "commit"]) if "commit" in first and pd.notna(first.loc[r, "commit"]) else ""
+        ticks.append(f"{utc[:10]}\n{utc[11:16]} {commit}".strip() if utc else r)
+    ax.set_xticks(range(len(runs)), ticks, fontsize=MIN_FONT_PT)
+    ax.set_xlim(-0.5, len(runs) - 0.5)
     ax.set_ylabel("geometric-mean median latency (ms)")
-    ax.set_xlabel("recorded run (oldest left)")
+    ax.set_xlabel("recorded run (UTC start, commit; oldest left)")
     ax.set_title(title)
-    ax.grid(True, lw=0.3, alpha=0.5)
-    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", lw=0.3, alpha=0.5)
     fig.tight_layout()
-    add_footer(fig, footer)
-    return fig
+    note = (f"each point: geometric mean over the {int(per_run.max())} cases of one run; whiskers: p20-p80 of "
+            "the timed iterations per case (geometric mean); one run per point")
+    if len(partial):
+        note += "\nleft out (fewer cases, not comparable): " + ", ".join(
+            f"{r} ({int(c)} cases)" for r, c in partial.items())
+    return _finish_panels(fig, records, footer, ax, ncol=2, note=note)
+
+
+#: Labels of the training-step variants (``swiglu.research.train_step``'s names).
+STEP_LABELS = {"plain": "nn.Linear (eager)", "compile": "torch.compile(nn.Linear)",
+               "saved": "ours, activated_gate saved", "lean": "ours, memory-lean",
+               "lean_cublas": "ours, memory-lean, cuBLAS forward"}
+STEP_STYLE = {"plain": ("#4d4d4d", "o"), "compile": ("#1f77b4", "s"), "saved": ("#ff7f0e", "D"),
+              "lean": ("#d62728", "*"), "lean_cublas": ("#9467bd", "v")}
+
+
+def training_step_plot(steps: pd.DataFrame, runs: pd.DataFrame | None = None, footer: str = "",
+                       title: str = "Training step (forward + backward) of one MLP layer") -> Figure:
+    """Three panels over the token counts T (categories), one marker per variant side by side:
+    step speed-up over nn.Linear (x) with min-max whiskers over the recorded ``runs`` (all
+    runs' step rows with a ``run_id`` column; none: no whiskers), saved activations per layer
+    (GB) and the step's peak memory (GB) with the floor no implementation can go below (black
+    dash per T; runs that recorded it). ``steps``: the latest run's rows (``train_step``'s
+    ``tokens, variant, ms, saved_bytes, peak_bytes, floor_bytes, speedup_vs_plain``)."""
+    tokens = sorted(set(int(t) for t in steps["tokens"]))
+    variants = [v for v in STEP_LABELS if v in set(steps["variant"])]
+    variants += sorted(set(steps["variant"]) - set(variants))
+    fig, axes = plt.subplots(1, 3, figsize=(MAX_WIDTH_IN, 4.0))
+    records: list = []
+    n_runs = runs["run_id"].nunique() if runs is not None and len(runs) else 1
+
+    def series(column: str, scale: float = 1.0, spread: bool = False) -> list[dict]:
+        out = []
+        for v in variants:
+            d = steps[steps["variant"] == v].set_index("tokens").reindex(tokens)
+            y = d[column].to_numpy(float) * scale
+            color, marker = STEP_STYLE.get(v, ("0.4", "o"))
+            label = STEP_LABELS.get(v, v)
+            missing = [t for t, val in zip(tokens, y) if np.isnan(val)]
+            if missing:
+                label += f" (not run at T={', '.join(map(str, missing))}"
+                lean = steps[(steps["variant"] == "lean") & steps["tokens"].isin(missing)]
+                if v == "lean_cublas" and "forward" in lean and (lean["forward"] == "cublas").all() and len(lean):
+                    label += ", where memory-lean's forward is cuBLAS already"
+                label += ")"
+            s = dict(key=v, label=label, y=y, color=color, marker=marker)
+            if spread and runs is not None and n_runs > 1:
+                g = runs[runs["variant"] == v].groupby("tokens")[column]
+                s["lo"] = g.min().reindex(tokens).to_numpy(float) * scale
+                s["hi"] = g.max().reindex(tokens).to_numpy(float) * scale
+            out.append(s)
+        return out
+
+    ax_t, ax_m, ax_p = axes
+    _dodged(ax_t, tokens, series("speedup_vs_plain", spread=True), records, "speed-up")
+    ax_t.axhline(1.0, color="0.5", lw=0.8)
+    ax_t.set_title("step speed-up over nn.Linear")
+    ax_t.set_ylabel("speed-up (x)")
+    _dodged(ax_m, tokens, series("saved_bytes", 1e-9), records, "saved")
+    ax_m.set_title("saved activations per layer")
+    ax_m.set_ylabel("GB")
+    ax_m.set_ylim(bottom=0)
+    _dodged(ax_p, tokens, series("peak_bytes", 1e-9), records, "peak")
+    ax_p.set_title("peak memory of the step")
+    ax_p.set_ylabel("GB")
+    if "floor_bytes" in steps and steps["floor_bytes"].notna().any():
+        floor = steps.groupby("tokens")["floor_bytes"].max().reindex(tokens).to_numpy(float) / 1e9
+        ax_p.hlines(floor, np.arange(len(tokens)) - 0.45, np.arange(len(tokens)) + 0.45, color="k", lw=1.2,
+                    label="floor: weights, inputs, output, all gradients + one [T, I]", zorder=2)
+        records += [{"panel": "peak", "series": "floor", "x": t, "y": float(f), "lo": math.nan, "hi": math.nan}
+                    for t, f in zip(tokens, floor)]
+    for ax in axes:
+        ax.set_xticks(range(len(tokens)), [f"T={t}" for t in tokens])
+        ax.set_xlim(-0.6, len(tokens) - 0.4)
+        ax.grid(True, axis="y", lw=0.3, alpha=0.5)
+    fig.suptitle(title)
+    fig.tight_layout()
+    handles, labels = ax_t.get_legend_handles_labels()
+    h2, l2 = ax_p.get_legend_handles_labels()
+    handles += [h for h, lab in zip(h2, l2) if lab.startswith("floor")]
+    labels += [lab for lab in l2 if lab.startswith("floor")]
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), ncol=2, frameon=False,
+               fontsize=MIN_FONT_PT)
+    note = (f"speed-up whiskers: min-max over the {n_runs} recorded runs (their code differs: see each run's commit); "
+            "marker: the latest run" if n_runs > 1 else "one run: no spread recorded (medians of the timed steps)")
+    note += "; memory: the allocator's exact peak and saved bytes of the latest run (no spread)"
+    return _finish_panels(fig, records, footer, note="\n".join(textwrap.wrap(note, 130)))
 
 
 def _in_notebook() -> bool:
@@ -547,8 +838,21 @@ def show(obj) -> None:
         plt.close(obj)
 
 
+#: When set, ``finish`` also writes each figure's ``fig.plotted`` there as ``<name>.csv``: the
+#: notebook tests read what every figure drew (the figures themselves live in a Jupyter kernel).
+PLOTTED_DIR_ENV = "SWIGLU_PLOTTED_DIR"
+
+
 def finish(fig: Figure, name: str, figures_dir: str | Path, formats: Sequence[str] = ("png", "svg")) -> None:
-    """``save``, print where, then ``show`` (which closes the figure)."""
+    """``save``, print where, then ``show`` (which closes the figure). With the environment
+    variable ``SWIGLU_PLOTTED_DIR`` set, also write ``fig.plotted`` to ``<that folder>/<name>.csv``."""
+    import os
+
+    plotted_dir = os.environ.get(PLOTTED_DIR_ENV)
+    if plotted_dir:
+        Path(plotted_dir).mkdir(parents=True, exist_ok=True)
+        getattr(fig, "plotted", pd.DataFrame(columns=PLOTTED_COLUMNS)).to_csv(Path(plotted_dir) / f"{name}.csv",
+                                                                              index=False)
     paths = save(fig, name, figures_dir, formats)
     print(f"saved {name}.{{{','.join(p.suffix[1:] for p in paths)}}} in {Path(figures_dir)}")
     show(fig)

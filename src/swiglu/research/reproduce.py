@@ -7,9 +7,17 @@
     python -m swiglu.research.reproduce --strip-outputs # clear outputs of notebooks saved from JupyterLab
 
 Executed notebooks go to ``build/notebooks/`` (``build/smoke/notebooks/`` with ``--smoke``),
-figures (PNG + SVG) to ``figures/``, derived tables (CSV) to ``data/derived/``; figures whose
-pixels depend on the machine (CPU error histograms) to ``build/figures/``, so that a run on any
-machine leaves the committed files unchanged.
+figures (PNG + SVG) to ``figures/``, derived tables (CSV) to ``data/derived/``, and the tables of
+numbers in README.md and docs/ are regenerated from those (``swiglu.research.docs_tables``);
+figures whose pixels depend on the machine (CPU error histograms) go to ``build/figures/``, so
+that a run on any machine leaves the committed files unchanged.
+
+A run that picks a subset or other data (``--only``, ``--run-id``, ``--protocol``,
+``--bench-dir``, ``--tp-dir``) writes its figures, tables and documents under
+``build/reproduce/`` instead, unless ``--overwrite`` is given: the committed files always come
+from one run over all notebooks and the recorded data. Before a notebook runs, the derived tables
+it writes (``DERIVED``) are removed from the target folder, so tables of two runs never mix (a
+run without power data leaves no stale ``power_per_case.csv`` of another).
 
 Engines: papermill (a Jupyter kernel per notebook; the executed notebooks keep their outputs) or,
 where papermill is not installed (the GPU machine), ``python``: the notebook's code cells run
@@ -34,6 +42,20 @@ from .analysis import repo_root
 
 #: The notebooks, in execution order (file stems under notebooks/).
 NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history", "05_tensor_parallel", "06_training_memory")
+
+#: The derived tables each notebook writes from the run it plots (removed before it runs).
+#: 02_validation writes validation_<device>.csv for the device it runs on and reads the recorded
+#: validation_cuda.csv on a CPU, so it removes nothing.
+DERIVED = {
+    "01_roofline": ("roofline_table.csv",),
+    "02_validation": (),
+    "03_latency": ("latency_per_case.csv", "latency_summary.csv", "power_per_case.csv"),
+    "04_history": ("history.csv",),
+    "05_tensor_parallel": ("tp_measured.csv", "tp_model.csv", "tp_overlap.csv"),
+    "06_training_memory": ("train_step_summary.csv",),
+}
+#: Where a subset run writes unless told to overwrite (see the module docstring).
+SUBSET_DIR = Path("build/reproduce")
 
 #: Parameters the ``--smoke`` configuration overrides, per notebook (tiny sizes, few samples).
 SMOKE_PARAMETERS = {
@@ -150,12 +172,24 @@ def _papermill_available() -> bool:
 
 def execute_papermill(src: Path, out: Path, params: dict, cwd: Path) -> None:
     """Run ``src`` with papermill in a fresh ``python3`` kernel (this environment's Python)."""
-    import papermill
+    import tempfile
 
-    papermill.execute_notebook(
-        str(src), str(out), parameters=params, kernel_name="python3", cwd=str(cwd),
-        progress_bar=False, log_output=False,
-    )
+    import papermill
+    from jupyter_client.manager import AsyncKernelManager
+
+    # The kernel talks to papermill over Unix sockets in a temporary folder, not TCP (over TCP
+    # ipykernel warns, once per notebook, that the traffic is unencrypted).
+    with tempfile.TemporaryDirectory(prefix="swiglu-kernel-") as sockets:
+        class IPCKernelManager(AsyncKernelManager):
+            def __init__(self, **kwargs):
+                super().__init__(**kwargs)
+                self.transport = "ipc"
+                self.ip = str(Path(sockets) / "kernel")
+
+        papermill.execute_notebook(
+            str(src), str(out), parameters=params, kernel_name="python3", cwd=str(cwd),
+            progress_bar=False, log_output=False, kernel_manager_class=IPCKernelManager,
+        )
 
 
 class _Tee(io.TextIOBase):
@@ -226,22 +260,35 @@ def run(
     root: str | Path | None = None,
     progress: bool = True,
     verbose: bool = False,
+    overwrite: bool = False,
+    docs: bool | None = None,
 ) -> list[Result]:
     """Execute the selected notebooks; returns one ``Result`` each (failures do not stop the rest).
 
     Output folders default to ``figures/``, ``data/derived/``, ``build/notebooks/`` (and
     ``build/figures/`` for the machine-dependent CPU error histograms) and, with
     ``smoke``, to ``build/smoke/{figures,derived,notebooks}`` so a smoke run never overwrites the
-    real figures. Relative paths are relative to the repository root. ``verbose`` echoes the
-    cells' printed output (python engine). Raises ``ValueError`` for
+    real figures. A subset run (``only``, ``run_id``, a ``protocol`` other than full, another
+    ``bench_dir`` or ``tp_dir``) defaults to ``build/reproduce/{figures,derived,docs}`` unless
+    ``overwrite``. ``docs`` (default: when every notebook ran into the committed folders, or
+    ``overwrite``) regenerates the tables of numbers in README.md and docs/ from the derived
+    tables (``docs_tables.update``); a subset run without ``overwrite`` writes its copies under
+    ``build/reproduce/docs``. Relative paths are relative to the repository root. ``verbose``
+    echoes the cells' printed output (python engine). Raises ``ValueError`` for
     an unknown engine or notebook and ``RuntimeError`` for ``live`` without a CUDA GPU or
     ``engine="papermill"`` without papermill installed."""
     from tqdm import tqdm
 
     root = Path(root) if root else repo_root()
-    base = Path("build/smoke") if smoke else Path()
+    subset = bool(only or run_id or protocol != "full" or Path(bench_dir) != Path("data/bench")
+                  or Path(tp_dir) != Path("data/tp"))
+    base = Path("build/smoke") if smoke else (SUBSET_DIR if subset and not overwrite else Path())
     figures_dir = Path(figures_dir) if figures_dir else base / "figures"
-    derived_dir = Path(derived_dir) if derived_dir else base / ("derived" if smoke else "data/derived")
+    derived_dir = Path(derived_dir) if derived_dir else base / ("data/derived" if base == Path() else "derived")
+    # The committed folders: only then do the documents in the clone follow (else the docs folder under build).
+    committed = all((p if p.is_absolute() else root / p).resolve() == (root / q).resolve()
+                    for p, q in ((figures_dir, "figures"), (derived_dir, "data/derived")))
+    docs_target = root if committed else root / (base if base != Path() else SUBSET_DIR) / "docs"
     build_dir = Path(build_dir) if build_dir else (base / "notebooks" if smoke else Path("build/notebooks"))
     scratch_figures_dir = figures_dir if smoke else Path("build/figures")
     absolute = {k: (p if p.is_absolute() else root / p) for k, p in
@@ -271,6 +318,8 @@ def run(
             scratch_figures_dir=absolute["scratch"], declared=parameter_names(src),
             tp_dir=absolute["tp"],
         )
+        for name in DERIVED.get(src.stem, ()):  # this notebook's tables of an earlier run
+            (absolute["derived"] / name).unlink(missing_ok=True)
         start = time.perf_counter()
         try:
             if engine == "papermill":
@@ -286,6 +335,14 @@ def run(
         bar.write(f"{'ok  ' if r.ok else 'FAIL'} {r.name:15s} {r.seconds:7.1f} s  -> {_rel(out, root)}"
                   + (f"\n     {r.error}" if r.error else ""))
     bar.close()
+    if docs is None:
+        docs = not smoke and committed and (overwrite or len(notebooks) == len(NOTEBOOKS))
+    if docs and all(r.ok for r in results):
+        from . import docs_tables
+
+        changed = docs_tables.update(root, absolute["derived"], absolute["bench"], docs_target)
+        print(f"docs: {len(changed)} file(s) updated from {_rel(absolute['derived'], root)}"
+              + (f": {', '.join(_rel(p, root) for p in changed)}" if changed else ""))
     return results
 
 
@@ -307,12 +364,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", default="full", help="plot the latest run of this bench protocol: full (default), quick, cpu-smoke")
     parser.add_argument("--bench-dir", default="data/bench", help="recorded bench runs (default: data/bench)")
     parser.add_argument("--tp-dir", default="data/tp", help="recorded tensor-parallel runs (default: data/tp)")
-    parser.add_argument("--figures-dir", default=None, help="default: figures/ (build/smoke/figures/ with --smoke)")
-    parser.add_argument("--derived-dir", default=None, help="default: data/derived/ (build/smoke/derived/ with --smoke)")
+    parser.add_argument("--figures-dir", default=None,
+                        help="default: figures/ (build/smoke/figures/ with --smoke, build/reproduce/figures/ for a subset)")
+    parser.add_argument("--derived-dir", default=None,
+                        help="default: data/derived/ (build/smoke/derived/ with --smoke, build/reproduce/derived/ for a subset)")
     parser.add_argument("--build-dir", default=None, help="executed notebooks; default: build/notebooks/")
     parser.add_argument("--engine", default="auto", choices=["auto", "papermill", "python"],
                         help="papermill when installed, else python (cells run in this process)")
     parser.add_argument("--verbose", action="store_true", help="python engine: also print each cell's output here")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="with --only/--run-id/--protocol/--bench-dir/--tp-dir: write into figures/, data/derived/ "
+                        "and the docs anyway (default: build/reproduce/)")
     parser.add_argument("--strip-outputs", action="store_true",
                         help="clear outputs in notebooks/*.ipynb (before committing), run nothing")
     parser.add_argument("--list", action="store_true", help="list the notebooks and their parameters, run nothing")
@@ -330,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run(args.only, smoke=args.smoke, live=args.live, device=args.device, bench_dir=args.bench_dir,
                       run_id=args.run_id, protocol=args.protocol, figures_dir=args.figures_dir, derived_dir=args.derived_dir,
-                      build_dir=args.build_dir, tp_dir=args.tp_dir, engine=args.engine, root=root, verbose=args.verbose)
+                      build_dir=args.build_dir, tp_dir=args.tp_dir, engine=args.engine, root=root, verbose=args.verbose,
+                      overwrite=args.overwrite)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

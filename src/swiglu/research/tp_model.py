@@ -35,11 +35,13 @@ def bus_bytes(tokens, hidden_size: int, tp: int):
     return 2 * (tp - 1) / tp * np.asarray(tokens, dtype=float) * hidden_size * BYTES_PER_ELEMENT
 
 
-def _median(rows: pd.DataFrame, impl: str, tp_local: int | None = None) -> pd.Series:
+def _median(rows: pd.DataFrame, impl: str, tp_local: int | None = None, column: str = "median_ms") -> pd.Series:
     sel = rows[rows["impl"] == impl]
     if tp_local is not None:
         sel = sel[sel["local_intermediate_size"] == tp_local]
-    return sel.groupby("case")["median_ms"].median()
+    if column not in sel:
+        return pd.Series(dtype=float)
+    return sel.groupby("case")[column].median()
 
 
 def fit_allreduce(rows: pd.DataFrame) -> tuple[float, float]:
@@ -52,12 +54,27 @@ def fit_allreduce(rows: pd.DataFrame) -> tuple[float, float]:
         raise ValueError(f"need tp_allreduce rows at >= 2 token counts to fit bandwidth, got {len(sel)}")
     x = bus_bytes(sel.index.values, int(sel["hidden"].iloc[0]), int(sel["tp"].iloc[0]))
     slope, intercept = np.polyfit(x, sel["t"].values, 1)
-    return float(intercept), float(1e-9 / (slope * 1e-3)) if slope > 0 else float("inf")
+    bw = float(1e-9 / (slope * 1e-3)) if slope > 0 else float("inf")
+    # Rounded to the digits that carry meaning (timings have ~3): the least-squares solve differs
+    # between machines in the last bits, and the model's table is committed (byte-stable).
+    return significant(float(intercept), FIT_DIGITS), significant(bw, FIT_DIGITS)
+
+
+#: Significant digits kept of the fitted latency and bandwidth.
+FIT_DIGITS = 6
+
+
+def significant(value: float, digits: int) -> float:
+    """``value`` rounded to ``digits`` significant digits (0, NaN and inf unchanged)."""
+    if value == 0 or not np.isfinite(value):
+        return value
+    return float(f"{value:.{digits}g}")
 
 
 def case_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per case, measured at the run's TP (``tp`` column): single_ms, compute_ms, allreduce_ms,
-    tp_ours_ms, tp_plain_module_ms, tp_ours_module_ms, overlap, efficiency (ours, DTensor op
+    tp_ours_ms, tp_plain_module_ms, tp_ours_module_ms, tp_ours_p20_ms / tp_ours_p80_ms (the
+    spread of ours' timed iterations), overlap, efficiency (ours, DTensor op
     path), efficiency_module_ours and efficiency_module_plain. Missing measurements are NaN."""
     if rows.empty:
         return pd.DataFrame()
@@ -71,6 +88,8 @@ def case_table(rows: pd.DataFrame) -> pd.DataFrame:
         tp_ours_ms=_median(rows, TP_OURS),
         tp_plain_module_ms=_median(rows, TP_PLAIN_MODULE),
         tp_ours_module_ms=_median(rows, TP_OURS_MODULE),
+        tp_ours_p20_ms=_median(rows, TP_OURS, column="p20_ms"),
+        tp_ours_p80_ms=_median(rows, TP_OURS, column="p80_ms"),
     )
     t["overlap"] = (t["compute_ms"] + t["allreduce_ms"] - t["tp_ours_ms"]) / t["allreduce_ms"]
     t["efficiency"] = t["single_ms"] / (tp * t["tp_ours_ms"])

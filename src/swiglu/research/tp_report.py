@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import matplotlib
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
@@ -134,73 +135,112 @@ def model_inputs(run: TPRun | None, bench_dir: str | Path) -> tuple[pd.DataFrame
 
 
 def measured_plot(table: pd.DataFrame, footer: str = "", title: str = "Tensor parallel, measured") -> Figure:
-    """Per case: milliseconds (ideal one-GPU/N, ours, the module variants, the collective) and
-    efficiency / overlap, from ``tp_model.case_table``."""
-    t = table.sort_values(["tokens", "case"])
-    x = range(len(t))
-    n = int(t["tp"].iloc[0])
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 7.5), sharex=True, height_ratios=[3, 2])
-    series = [("single_ms", f"one GPU / {n} (ideal)", "0.5", "--"), ("tp_ours_ms", f"ours, TP={n} (op + all-reduce)", "#d62728", "-"),
-              ("tp_ours_module_ms", f"SwiGLUMLP module, TP={n}", "#ff9896", "-"),
-              ("tp_plain_module_ms", f"nn.Linear module, TP={n}", "#4d4d4d", "-"),
-              ("allreduce_ms", "grad_x all-reduce alone", "#1f77b4", ":")]
-    for col, label, color, ls in series:
-        if col in t and t[col].notna().any():
-            y = t[col] / n if col == "single_ms" else t[col]
-            ax.plot(list(x), y, ls, color=color, marker="o", ms=4, label=label)
-    if {"tp_ours_ms", "compute_ms"} <= set(t) and t["compute_ms"].notna().any():
-        # What the TP op costs over its local compute: the all-reduce where it is not hidden, plus the
-        # wait for the slower rank. Above the all-reduce alone = nothing hidden (overlap < 0 in the table).
-        ax.plot(list(x), t["tp_ours_ms"] - t["compute_ms"], "--s", color="#1f77b4", ms=4,
-                label=f"ours, TP={n} minus its local compute (exposed communication)")
-    ax.set_yscale("log")
-    ax.set_ylabel("backward time per rank (ms, log)")
-    ax.legend(fontsize=8)
-    ax.set_title(title)
-    ax2.plot(list(x), t["efficiency"], "-o", color="#d62728", ms=4, label="scaling efficiency, ours")
-    if t["efficiency_module_plain"].notna().any():
-        ax2.plot(list(x), t["efficiency_module_plain"], "-o", color="#4d4d4d", ms=4, label="efficiency, nn.Linear module")
-    ax2.axhline(1.0, color="0.7", lw=0.8)
-    ax2.set_ylim(0, 1.05)
-    ax2.set_ylabel("one-GPU time / (N x TP time)")
-    ax2.set_xticks(list(x), [f"{c}\nT={tok}" for c, tok in zip(t["case"], t["tokens"])], rotation=90, fontsize=7)
-    ax2.legend(fontsize=8)
-    fig.tight_layout()
-    from .plots import add_footer
+    """Per case (categories, markers side by side): the scaling efficiency ``one-GPU time / (N x TP
+    time)`` of our TP op (p20-p80 whiskers of its timed iterations), the parallelized SwiGLUMLP
+    module and the same sharded nn.Linear module; and what the TP op costs over its local compute
+    (exposed communication and waiting) against the grad_x all-reduce alone (ms). From
+    ``tp_model.case_table`` (with ``single_gpu_source``'s one-GPU time)."""
+    from .plots import MAX_WIDTH_IN, _dodged, _finish_panels
 
-    add_footer(fig, footer)
-    return fig
+    t = table.sort_values(["tokens", "case"]).reset_index(drop=True)
+    cases = list(t["case"])
+    n = int(t["tp"].iloc[0])
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(MAX_WIDTH_IN, 7.5), sharex=True, height_ratios=[3, 2])
+    records: list = []
+    eff = []
+    for col, key, label, color, marker in (
+            ("tp_ours_ms", "ours", f"ours, TP={n} (op + all-reduce)", "#d62728", "*"),
+            ("tp_ours_module_ms", "ours_module", f"SwiGLUMLP module, TP={n}", "#ff9896", "o"),
+            ("tp_plain_module_ms", "plain_module", f"nn.Linear module, TP={n} (all-reduces grad_x twice)", "#4d4d4d", "s")):
+        if col not in t or t[col].isna().all():
+            continue
+        s = dict(key=key, label=label, y=(t["single_ms"] / (n * t[col])).to_numpy(float), color=color, marker=marker)
+        if key == "ours" and {"tp_ours_p20_ms", "tp_ours_p80_ms"} <= set(t):
+            s["lo"] = (t["single_ms"] / (n * t["tp_ours_p80_ms"])).to_numpy(float)
+            s["hi"] = (t["single_ms"] / (n * t["tp_ours_p20_ms"])).to_numpy(float)
+        eff.append(s)
+    _dodged(ax, cases, eff, records, "efficiency")
+    ax.axhline(1.0, color="0.6", lw=0.8)
+    ax.set_ylabel("scaling efficiency\none GPU / (N x TP time)")
+    ax.set_title(title)
+    ax.grid(True, axis="y", lw=0.3, alpha=0.5)
+    ax.legend(loc="lower right", fontsize=8)
+    comm = [dict(key="allreduce", label="grad_x all-reduce alone", y=t["allreduce_ms"].to_numpy(float),
+                 color="#1f77b4", marker="o")]
+    if "compute_ms" in t and t["compute_ms"].notna().any():
+        comm.append(dict(key="exposed", label=f"ours, TP={n} minus its local compute (exposed + waiting)",
+                         y=(t["tp_ours_ms"] - t["compute_ms"]).to_numpy(float), color="#d62728", marker="D"))
+    _dodged(ax2, cases, comm, records, "communication")
+    ax2.set_yscale("log")
+    ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax2.set_ylabel("ms per backward (log)")
+    ax2.grid(True, axis="y", which="both", lw=0.3, alpha=0.5)
+    ax2.legend(loc="upper left", fontsize=8)
+    ax2.set_xticks(range(len(cases)), [f"{c} (T={tok})" for c, tok in zip(t["case"], t["tokens"])], rotation=40,
+                   ha="right", rotation_mode="anchor", fontsize=8)
+    ax2.set_xlim(-0.6, len(cases) - 0.4)
+    fig.tight_layout()
+    note = ("whiskers (ours): p20-p80 of the timed iterations of the TP backward (an iteration's time is the "
+            "slower rank's); the modules and the all-reduce: medians, no whiskers; one run per case")
+    return _finish_panels(fig, records, footer, note=note)
 
 
 def model_plot(model: pd.DataFrame, measured: pd.DataFrame | None = None, footer: str = "",
                title: str = "Tensor-parallel scaling model") -> Figure:
-    """Efficiency per token count for each TP size (serial: collective after the backward;
-    hidden: collective fully overlapped), measured points beside; and the collective's share of
-    the serial time against the window it could hide behind."""
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-    colors = {2: "#d62728", 4: "#1f77b4", 8: "#2ca02c"}
-    for n, g in model.groupby("tp"):
-        g = g.groupby("tokens").median(numeric_only=True).reset_index()
-        c = colors.get(n, "0.4")
-        ax.plot(g["tokens"], g["efficiency_serial"], "-", color=c, label=f"TP={n} model, serial")
-        ax.plot(g["tokens"], g["efficiency_hidden"], "--", color=c, label=f"TP={n} model, all-reduce hidden")
-        ax2.plot(g["tokens"], g["comm_ms"] / g["compute_ms"], "-o", color=c, ms=3, label=f"TP={n}: all-reduce / compute")
-    if measured is not None and not measured.empty:
-        m = measured.groupby("tokens").median(numeric_only=True).reset_index()
-        n = int(measured["tp"].iloc[0])
-        ax.plot(m["tokens"], m["efficiency"], "*", color=colors.get(n, "k"), ms=10, label=f"TP={n} measured")
-    ax2.axhline(0.5, color="0.5", ls=":", label="hide window (weight-gradient GEMMs, 3 of 6)")
-    for a in (ax, ax2):
-        a.set_xscale("log", base=2)
-        a.set_xlabel("tokens T")
-        a.legend(fontsize=7)
-    ax.set_ylabel("scaling efficiency = one GPU / (N x TP time)")
-    ax2.set_ylabel("all-reduce time / per-rank compute time")
-    ax2.set_yscale("log")
-    ax.set_title(title, fontsize=10)
-    ax2.set_title("Where the all-reduce stops fitting behind the weight gradients", fontsize=10)
-    fig.tight_layout()
-    from .plots import add_footer
+    """Left: modelled efficiency per token count T (categories) for each TP size, serial
+    (all-reduce after the backward) and hidden (all-reduce fully overlapped), with the measured
+    TP points beside. Right: the all-reduce's time over the per-rank compute against the window
+    it could hide behind (0.5: the weight-gradient GEMMs, 3 of the 6). ``model``:
+    ``tp_model.model_table``; medians over the cases of each T."""
+    from .plots import MIN_FONT_PT, _dodged, _finish_panels
 
-    add_footer(fig, footer)
-    return fig
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4.6))
+    records: list = []
+    colors = {2: "#d62728", 4: "#1f77b4", 8: "#2ca02c"}
+    markers = {2: "o", 4: "s", 8: "D"}
+    tokens = sorted(set(int(t) for t in model["tokens"]))
+    g = model.groupby(["tp", "tokens"]).median(numeric_only=True)
+    eff, ratio = [], []
+    for n in sorted(set(model["tp"])):
+        m = g.loc[n].reindex(tokens)
+        c = colors.get(n, "0.4")
+        eff.append(dict(key=f"TP={n} serial", label=f"TP={n} model, serial", y=m["efficiency_serial"].to_numpy(float),
+                        color=c, marker=markers.get(n, "o")))
+        eff.append(dict(key=f"TP={n} hidden", label=f"TP={n} model, all-reduce hidden",
+                        y=m["efficiency_hidden"].to_numpy(float), color=c, marker=markers.get(n, "o"), hollow=True))
+        ratio.append(dict(key=f"TP={n}", label=f"TP={n}", y=(m["comm_ms"] / m["compute_ms"]).to_numpy(float),
+                          color=c, marker=markers.get(n, "o")))
+    if measured is not None and not measured.empty:
+        mm = measured.groupby("tokens").median(numeric_only=True).reindex(tokens)
+        n = int(measured["tp"].iloc[0])
+        eff.append(dict(key=f"TP={n} measured", label=f"TP={n} measured", y=mm["efficiency"].to_numpy(float),
+                        color="k", marker="*"))
+    _dodged(ax, tokens, eff, records, "efficiency", width=0.8)
+    _dodged(ax2, tokens, ratio, records, "all-reduce / compute", width=0.6)
+    ax.axhline(1.0, color="0.6", lw=0.8)
+    ax2.axhline(0.5, color="0.3", ls=":", lw=1.2)
+    ax2.text(len(tokens) - 0.5, 0.45, "hide window: the weight-gradient\nGEMMs (3 of 6) = 0.5", ha="right",
+             va="top", fontsize=MIN_FONT_PT, color="0.3")
+    for a in (ax, ax2):
+        a.set_xticks(range(len(tokens)), [str(t) for t in tokens], rotation=40, ha="right", rotation_mode="anchor")
+        a.set_xlim(-0.6, len(tokens) - 0.4)
+        a.set_xlabel("tokens T")
+        a.grid(True, axis="y", lw=0.3, alpha=0.5)
+    ax.set_ylabel("scaling efficiency\none GPU / (N x TP time)")
+    ax2.set_ylabel("all-reduce time / per-rank compute")
+    ax2.set_yscale("log")
+    ax2.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax2.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_title(title)
+    ax2.set_title("Where the all-reduce stops fitting behind the weight gradients")
+    fig.tight_layout()
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), ncol=4, frameon=False,
+               fontsize=MIN_FONT_PT)
+    note = ("No spread: one modelled value per case (medians over the cases of each T). Efficiency above 1: one GPU ran "
+            "the I/N shard in less than 1/N of the whole backward's time (measured per-rank compute), and the "
+            "model adds nothing but the all-reduce.")
+    import textwrap
+
+    return _finish_panels(fig, records, footer, note="\n".join(textwrap.wrap(note, 125)))
