@@ -68,7 +68,7 @@ def test_bench_tp_says_clearly_when_there_are_too_few_gpus():
 def test_the_libraries_derived_files_depend_on_are_pinned():
     # make reproduce's bytes depend on matplotlib, numpy and pandas: the venv gets the pinned ones.
     text = (ROOT / "Makefile").read_text()
-    install = next(line for line in text.splitlines() if "pip install -q -e" in line)
+    install = next(line for line in text.splitlines() if "pip install -q" in line and " -e " in line)
     for name in ("MATPLOTLIB", "NUMPY", "PANDAS"):
         assert f"{name}_VERSION ?= " in text
         assert f"{name.lower()}==$({name}_VERSION)" in install, install
