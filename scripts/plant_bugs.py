@@ -68,8 +68,8 @@ BUGS = {
     ),
     "tp_rank_exits_nonzero": (
         "tests/tp_worker.py",
-        "    os._exit(0)",
-        "    os._exit(0 if rank else 3)",
+        "on the 2-core machine).\n    os._exit(0)",
+        "on the 2-core machine).\n    os._exit(0 if rank else 3)",
         ["tests/test_parallel.py::test_scenario"],
         "rank 0 exits with status 3 after writing its results (a crash in teardown)",
     ),
