@@ -31,8 +31,31 @@ def scanned_files() -> list[Path]:
     return [p for p in files if p.is_file() and "__pycache__" not in p.parts and p != Path(__file__).resolve()]
 
 
-def dangling(text: str, root: Path = ROOT) -> list[str]:
-    """The path tokens in ``text`` that do not resolve under ``root``, and any that leave it."""
+#: A Markdown link or image target (up to an anchor or a title).
+MD_LINK = re.compile(r"\]\(([^)\s#]*)(?:#[^)\s]*)?(?:\s+\"[^\"]*\")?\)")
+
+
+def link_problems(text: str, base: Path, root: Path = ROOT) -> list[str]:
+    """Markdown link targets in ``text`` (a file in folder ``base``) that a local viewer cannot
+    follow: root-absolute (``/figures/x.png`` works on GitHub only), missing, or outside ``root``."""
+    bad = []
+    for match in MD_LINK.finditer(text):
+        target = match.group(1)
+        if not target or re.match(r"[a-z]+:", target):  # an anchor in the same file, or a URL
+            continue
+        resolved = (base / target).resolve()
+        if target.startswith("/") or not resolved.exists() or not resolved.is_relative_to(root.resolve()):
+            bad.append(target)
+    return bad
+
+
+def dangling(text: str, root: Path = ROOT, base: Path | None = None) -> list[str]:
+    """The path tokens in ``text`` that do not resolve under ``root``, and any that leave it.
+    With ``base`` (the folder of the Markdown file the text is from), relative link targets that
+    resolve inside ``root`` (``../figures/x.png`` from docs/) are allowed."""
+    if base is not None:
+        text = MD_LINK.sub(lambda m: "]()" if m.group(1) and not link_problems(m.group(0), base, root) else m.group(0),
+                           text)
     bad = []
     for match in TOKEN.finditer(text):
         token = match.group(1).rstrip(".,:;")
@@ -62,4 +85,18 @@ def test_scan_covers_the_documented_places():
 
 @pytest.mark.parametrize("path", scanned_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_cited_path_resolves_inside_the_repository(path):
-    assert dangling(path.read_text(errors="replace")) == []
+    markdown = path.suffix in {".md", ".ipynb"}
+    text = path.read_text(errors="replace")
+    assert dangling(text, base=path.parent if markdown else None) == []
+    if markdown:
+        assert link_problems(text, path.parent) == [], "links must be relative to the file (local viewers)"
+
+
+def test_links_are_checked_relative_to_their_file(tmp_path):
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "a.png").write_text("x")
+    (tmp_path / "docs").mkdir()
+    text = "![a](../figures/a.png) ![b](/figures/a.png) [c](figures/a.png) [d](../../out.md) [e](https://x.org/y) [f](#top)"
+    assert link_problems(text, tmp_path / "docs", tmp_path) == ["/figures/a.png", "figures/a.png", "../../out.md"]
+    assert dangling("![a](../figures/a.png)", tmp_path, base=tmp_path / "docs") == []
+    assert dangling("![a](../figures/a.png)", tmp_path) == ["../"]

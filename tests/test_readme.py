@@ -1,6 +1,6 @@
-"""The README as a user reads it: every ```python block runs as written (CPU, small shapes) unless
-its first line marks it as a sketch (``# sketch: <why>``), and its install story matches the
-Makefile and environment.yml."""
+"""The README and docs/ as a user reads them: every ```python block runs as written (CPU, small
+shapes) unless its first line marks it as a sketch (``# sketch: <why>``), and the install story
+matches the Makefile and environment.yml."""
 
 from __future__ import annotations
 
@@ -22,23 +22,25 @@ def python_blocks(text: str) -> list[tuple[int, str]]:
             for m in re.finditer(r"^```python\n(.*?)^```", text, flags=re.S | re.M)]
 
 
-BLOCKS = python_blocks(README)
-RUNNABLE = [(line, code) for line, code in BLOCKS if not code.startswith(SKETCH)]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCKS = [(str(doc.relative_to(ROOT)), line, code) for doc in DOCUMENTS for line, code in python_blocks(doc.read_text())]
+RUNNABLE = [(name, line, code) for name, line, code in BLOCKS if not code.startswith(SKETCH)]
 
 
 def test_blocks_are_found_and_sketches_say_why():
-    assert len(BLOCKS) >= 3 and len(RUNNABLE) >= 2
-    for line, code in BLOCKS:
+    assert len([b for b in BLOCKS if b[0] == "README.md"]) >= 3 and len(RUNNABLE) >= 4
+    assert {name for name, _, _ in RUNNABLE} >= {"README.md", "docs/usage.md"}
+    for name, line, code in BLOCKS:
         if code.startswith(SKETCH):
-            assert len(code.splitlines()[0]) > len(SKETCH) + 5, f"README line {line}: say why it is a sketch"
+            assert len(code.splitlines()[0]) > len(SKETCH) + 5, f"{name} line {line}: say why it is a sketch"
 
 
-@pytest.mark.parametrize("line,code", RUNNABLE, ids=[f"line{line}" for line, _ in RUNNABLE])
-def test_readme_python_block_runs_as_written(line, code):
+@pytest.mark.parametrize("name,line,code", RUNNABLE, ids=[f"{name}:{line}" for name, line, _ in RUNNABLE])
+def test_documented_python_block_runs_as_written(name, line, code):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__readme__"})
-    assert out.getvalue().strip(), "a README example should show its result"
+        exec(compile(code, f"{name}:{line}", "exec"), {"__name__": "__readme__"})
+    assert out.getvalue().strip(), "a documented example should show its result"
 
 
 def test_a_block_that_does_not_run_fails():

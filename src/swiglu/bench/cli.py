@@ -118,7 +118,7 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
     summary = summary_table(rows)
     if cpu:  # no datasheet: the SOL columns would be all NaN
         per_case = per_case.drop(columns=[c for c in per_case if c.startswith("sol")])
-        summary = summary.drop(columns=[c for c in summary if c == "sol_fraction"])
+        summary = summary.drop(columns=[c for c in summary if c.startswith("sol_fraction")])
     lines.append(per_case.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-"))
     sol = rows.drop_duplicates("case")
     gm = lambda s: roofline.geometric_mean(s.dropna()) if s.notna().any() else float("nan")  # noqa: E731
@@ -127,14 +127,14 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
         f"SUMMARY run {metadata.get('run_id', '')} | {metadata['gpu']['name']} | protocol "
         f"{protocol['name'].upper()} ({protocol['warmup']} warm-ups, {protocol['iters']} iterations) | "
         f"{len(sol)} cases | H={metadata['shape']['hidden_size']} I={metadata['shape']['intermediate_size']}",
-        "geometric means over the cases each impl timed; sol_fraction = gmean SOL / gmean latency "
-        "(datasheet; _measured: from this run's copy/GEMM ceilings); "
+        "geometric means over the cases each impl timed; "
         + ("gemms-only is a LOWER BOUND (the six GEMMs alone, torch.matmul on the CPU)" if cpu
-           else "cublas-gemms is a LOWER BOUND"),
+           else "sol_fraction = gmean SOL / gmean latency (datasheet; _measured: from this run's copy/GEMM "
+                "ceilings); cublas-gemms is a LOWER BOUND"),
         _fmt(summary),
-        ("speed of light, gmean: datasheet none (CPU run)" if cpu else
-         f"speed of light, gmean: datasheet {gm(sol['sol_ms']):.3f} ms") + ", measured ceilings "
-        f"{gm(sol['sol_ms_measured']):.3f} ms",
+        ("speed of light: none (CPU run)" if cpu else
+         f"speed of light, gmean: datasheet {gm(sol['sol_ms']):.3f} ms, measured ceilings "
+         f"{gm(sol['sol_ms_measured']):.3f} ms"),
     ]
     power = power_summary(rows)
     record = metadata.get("power") or {}
