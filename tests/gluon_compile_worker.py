@@ -111,4 +111,4 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(sys.argv[2:3]), [int(i) for i in sys.argv[3:]])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "wgrad", [int(i) for i in sys.argv[3:]])
