@@ -1,10 +1,15 @@
-"""Compile the Gluon weight-gradient kernel's table configs for sm_90 (subprocess side of
-tests/test_gluon.py; no GPU needed).
+"""Compile Gluon kernels for sm_90 (subprocess side of tests/test_gluon.py; no GPU needed).
+
+    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...]]
+
+wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``).
+dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CONFIGS``, all or the given
+indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
+int argument equal to 1 as a constexpr).
 
 Run with triton ``common.GLUON_TRITON``.x first on PYTHONPATH (make test installs the GPU machine's
 3.6.0 under .venv/triton-3.6.0) and src/ after it. Writes ``{"triton": version, "results": [...]}``
-(one entry per distinct config: shared memory, registers, spills, key PTX instructions) to the path
-given as the only argument.
+(one entry per compile: shared memory, registers, spills, key PTX instructions) to OUT.json.
 """
 
 from __future__ import annotations
@@ -20,13 +25,30 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from swiglu.kernels import gluon_wgrad
+from swiglu.kernels import gluon_dswiglu, gluon_wgrad
 from swiglu.kernels.backward import GLUON_CONFIGS
 
 
+def desc(block):
+    return f"tensordesc<bf16{list(block)},{gluon_wgrad._layout(list(block))!r}>"
+
+
+def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
+    """(registers, spill-store bytes) from ptxas -v (the metadata has them only after loading on a GPU)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+            f.write(ptx)
+        info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                              capture_output=True, text=True).stderr
+        os.unlink(f.name)
+        return int(re.search(r"Used (\d+) registers", info).group(1)), int(re.search(r"(\d+) bytes spill stores", info).group(1))
+    except Exception:
+        return None, None
+
+
 def compile_one(cfg) -> dict:
-    def desc(block):
-        return f"tensordesc<bf16{list(block)},{gluon_wgrad._layout(list(block))!r}>"
 
     sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
@@ -38,28 +60,55 @@ def compile_one(cfg) -> dict:
     except Exception as err:  # reported per config; the test fails on it with the message
         return {"config": cfg.__dict__, "error": f"{type(err).__name__}: {err}"[-4000:]}
     ptx = k.asm["ptx"]
-    regs = spills = None
-    try:  # ptxas -v for registers and spills (the metadata has them only after loading on a GPU)
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-            f.write(ptx)
-        info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
-                              capture_output=True, text=True).stderr
-        regs = int(re.search(r"Used (\d+) registers", info).group(1))
-        spills = int(re.search(r"(\d+) bytes spill stores", info).group(1))
-    except Exception:
-        pass
+    regs, spills = ptxas_info(ptx)
     return {"config": cfg.__dict__, "error": None, "shared": k.metadata.shared, "regs": regs, "spills": spills,
             "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
             "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg")}
 
 
-def main(path: str) -> None:
-    configs = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
+def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False) -> dict:
+    cfg = gluon_dswiglu.CONFIGS[index]
+    sig = {"go_desc": desc([cfg.BM, cfg.BK]), "dw_desc": desc([cfg.BK, cfg.BN])}
+    sig.update({p: "*bf16" for p in ("gate_ptr", "up_ptr", "act_ptr", "dgate_ptr", "dup_ptr", "h_ptr")})
+    sig.update({s: "i32" for s in ("T", "I", "stride_in", "stride_out")})
+    constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NG": cfg.NG, "EPI_M": cfg.EPI_M, "EPI_N": cfg.EPI_N,
+                  "RECOMPUTE_ACT": recompute, "EPI_WARPS": cfg.epi_warps, "LOAD_REGS": cfg.load_regs,
+                  "EPI_REGS": cfg.epi_regs}
+    if t_is_one:
+        constexprs["T"] = 1
+    sig.update({k: "constexpr" for k in constexprs})
+    # As the launch at the full shapes: 16-aligned pointers, I and strides multiples of 16 (T too, unless 1).
+    args = [n for n in gluon_dswiglu.dswiglu_gluon_kernel.arg_names if sig[n] in ("*bf16", "i32")]
+    attrs = {(gluon_dswiglu.dswiglu_gluon_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in args}
+    entry = {"index": index, "config": cfg.__dict__, "recompute": recompute, "T_is_one": t_is_one}
+    try:
+        k = triton.compile(GluonASTSource(gluon_dswiglu.dswiglu_gluon_kernel, sig, constexprs, attrs),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg})
+    except Exception as err:  # reported per config; the test fails on it with the message
+        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    ptx = k.asm["ptx"]
+    regs, spills = ptxas_info(ptx)
+    return {**entry, "error": None, "shared": k.metadata.shared, "regs": regs, "spills": spills,
+            "wgmma": ptx.count("wgmma.mma_async"), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
+            "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"), "setmaxnreg": ptx.count("setmaxnreg"),
+            "ld_global_v4": len(re.findall(r"ld\.global[.\w]*\.v4", ptx)),
+            "st_global_v4": len(re.findall(r"st\.global[.\w]*\.v4", ptx))}
+
+
+def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> None:
+    if kind == "wgrad":
+        configs = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
+        results = [compile_one(c) for c in configs]
+    elif kind == "dswiglu":
+        indices = range(len(gluon_dswiglu.CONFIGS)) if not indices else indices
+        results = [compile_dswiglu(i, r) for i in indices for r in (False, True)]
+        if 0 in indices:
+            results.append(compile_dswiglu(0, False, t_is_one=True))
+    else:
+        raise SystemExit(f"unknown kernel {kind!r} (wgrad or dswiglu)")
     with open(path, "w") as f:
-        json.dump({"triton": triton.__version__, "results": [compile_one(c) for c in configs]}, f)
+        json.dump({"triton": triton.__version__, "results": results}, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "wgrad", [int(i) for i in sys.argv[3:]])

@@ -1,0 +1,447 @@
+"""EXPERIMENTAL Gluon dSwiGLU GEMM for Hopper (sm_90), written for triton 3.6 (``common.GLUON_TRITON``).
+
+Status: compiles for sm_90 with triton 3.6.0 on a CPU (tests/test_gluon.py compiles every
+``CONFIGS`` entry, both RECOMPUTE_ACT variants), but it has NOT yet run on a GPU: neither its
+results nor its speed have been checked, and ``swiglu``'s backward does not use it (it always
+runs the tl kernel, ``backward.launch_dswiglu``). To validate it on the H200:
+
+    python3 -m pytest -q -m gpu tests/test_gluon.py                     # bitwise vs the tl kernel
+    OUT=$OUT PYTHONPATH=src python3 scripts/probe_gluon_dswiglu.py       # time per config, CSV
+
+What it computes (the contract of ``backward.launch_dswiglu``):
+
+    g = grad_output [T, H] @ down_weight [H, I]   (fp32 accumulation, K = H)
+    d_gate, d_up, h [T, I] bf16 from g and gate, up, act [T, I] bf16, in the tl kernel's
+    (tl_kernels._dswiglu_piece) rounding order:
+        g = bf16(acc); d_act = bf16(g*up); d_up = bf16(g*act); s = sigmoid(gate)
+        d_gate = bf16(d_act * s * (1 + gate*(1-s))); h = bf16(act*up)
+    RECOMPUTE_ACT: act = bf16(gate * sigmoid(gate)) is recomputed (act is not read).
+    sigmoid(x) = 1 / (1 + exp(-x)): the body of tl.sigmoid in triton 3.6 (triton/language/standard.py),
+    with the same ops in the same order. Compiled here, both kernels lower the epilogue to the same
+    PTX ops (ex2.approx.f32, div.full.f32, one fma.rn.f32, cvt.rn.bf16) and both accumulate over K in
+    the same order of m64nNk16 wgmma steps, so the outputs are expected to be bitwise the tl
+    kernel's. Expected, not shown: the GPU test checks it.
+
+Why: the tl kernel's epilogue (3 tile loads + 3 tile stores of bf16) runs in the MMA warps,
+serialized with the next tile's wgmma (6-11% behind a bare cuBLAS GEMM on the H200). Here the
+epilogue runs in its own warps while the MMA warps are already on the next tile.
+
+Partitions (``gl.warp_specialize``, triton 3.6 signature):
+
+* default, ``num_warps`` (8 = two warpgroups on one BM x BN tile): async wgmma over K from a
+  STAGES ring (one wgmma group in flight, a stage released once the wgmma that read it is done;
+  gluon_wgrad's structure). At tile end: wait ``g_empty[buf]``, store bf16(acc) into the g
+  ring buffer ``buf = t % NG`` ([BM, BN] bf16, NVMMA-swizzled smem), arrive ``g_ready[buf]``, and go
+  on with the next tile's mainloop (its loads are already in flight: the loader runs ahead).
+* worker 0, 1 warp: TMA loader of grad_output [BM, BK] and down_weight [BK, BN] tiles.
+* worker 1, ``epi_warps`` warps: the SwiGLU epilogue, in [EPI_M, EPI_N] pieces of the tile,
+  with plain (16-byte, masked) global loads of gate/up/act and plain global stores of
+  d_gate/d_up/h, so no shared memory beyond the g ring (128x256x64, 3 stages + one g tile is
+  208 KB of 227 KB: no room to stage six more tiles for TMA). The inputs of the next piece (and
+  of the first piece of the next tile, before its g is waited for) are loaded before the current
+  piece is computed. g_empty is released once the last piece of g is in registers. The piece
+  loop runs at runtime over a [NG * NP, EPI_M, 64] view of the g ring (unrolled, 16 pieces gave
+  14k SASS lines and 3.4 KB of spills).
+
+mbarrier arrive runs on one thread, so each partition of more than one warp calls
+``gl.thread_barrier()`` (a named barrier for that partition's warps) before it arrives.
+Barrier phases: ring slot i of a ring of n is used the (c // n)-th time at counter c; consumers wait
+parity (c // n) & 1 on *_ready, producers wait parity ((c // n) & 1) ^ 1 on *_empty (fresh barriers
+pass a parity-1 wait at once).
+
+Compiled (triton 3.6.0, sm_90a, ptxas -v; tests/gluon_compile_worker.py; the same with and without
+RECOMPUTE_ACT unless noted), index into ``CONFIGS``:
+
+    0  128x256x64 S3 NG1 epi 16x64, 8+1+2 warps, maxnreg 168: 168 regs, 0 spills, 213292 B smem
+    1  as 0 with epi 32x64:                                    168 regs, 60 B spills (24 B recompute)
+    2  128x256x32 S6 NG1 epi 16x64:                            168 regs, 0 spills, 213324 B
+    3  128x128x64 S4 NG2 epi 32x64, 8+1+4 warps, maxnreg 128:  128 regs, 0 spills, 196920 B
+    4  as 3 on one MMA warpgroup, 4+1+4 warps, maxnreg 168:    168 regs, 0 spills, 196920 B
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .common import num_programs as default_num_programs
+from .gluon_wgrad import _layout, _mma_layout, _tile_mn
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class DswigluGluonConfig:
+    """Tile shape and launch parameters of the Gluon dSwiGLU kernel.
+
+    Registers: ptxas compiles the whole kernel under ``maxnreg`` (a setmaxnreg.inc in a partition
+    does not let ptxas use more: 128 fails on the m64n256 wgmma with "Insufficient registers (128)
+    ... target of 154"), so a 128x256 tile on 8 MMA warps needs maxnreg >= ~160, hence at most
+    12 warps in all (65536 / (12 * 32) = 170): 8 MMA + [loader 1 + epilogue 2 + 1 padding].
+    The workers share one warpgroup when 1 + epi_warps <= 4 (its setmaxnreg is the larger request)."""
+
+    BM: int = 128
+    BN: int = 256
+    BK: int = 64
+    STAGES: int = 3
+    NG: int = 1  # g ring buffers ([BM, BN] bf16 each)
+    EPI_M: int = 16  # epilogue piece [EPI_M, EPI_N]
+    EPI_N: int = 64
+    GROUP_M: int = 8
+    num_warps: int = 8  # MMA (default) partition
+    epi_warps: int = 2
+    maxnreg: int = 168  # launch registers per thread; total_warps() x 32 x maxnreg <= 65536
+    load_regs: int = 24
+    epi_regs: int = 168
+
+    def name(self) -> str:
+        return (f"{self.BM}x{self.BN}x{self.BK} S{self.STAGES} NG{self.NG} epi{self.EPI_M}x{self.EPI_N} "
+                f"G{self.GROUP_M} w{self.num_warps}+1+{self.epi_warps} r{self.maxnreg}/{self.epi_regs}")
+
+    def smem_bytes(self) -> int:
+        return self.STAGES * (self.BM * self.BK + self.BK * self.BN) * 2 + self.NG * self.BM * self.BN * 2 + 1024
+
+    def total_warps(self) -> int:
+        return self.num_warps + -(-(1 + self.epi_warps) // 4) * 4
+
+    def mma_regs(self) -> int:
+        """setmaxnreg of the default partition (triton's AllocateWarpGroups arithmetic, worker
+        partitions placed largest first)."""
+        if 1 + self.epi_warps <= 4:
+            groups = [(max(self.epi_regs, self.load_regs), 4)]
+        else:
+            groups = [(self.epi_regs, self.epi_warps), (max(self.load_regs, 16), 4)]
+        budget = self.maxnreg * self.num_warps * 32
+        budget += sum((self.maxnreg - -(-r // 8) * 8) * 4 * 32 for r, _ in groups)
+        return budget // (self.num_warps * 32) // 8 * 8
+
+    def __post_init__(self) -> None:
+        if self.EPI_N != 64 or self.BM % self.EPI_M or self.BN % self.EPI_N or self.EPI_M % 8:
+            raise ValueError(f"{self.name()}: pieces are [EPI_M, 64] with EPI_M a multiple of 8 dividing BM "
+                             "(one 128-byte-swizzled column block of the g tile, see the kernel)")
+        if self.total_warps() * 32 * self.maxnreg > 65536:
+            raise ValueError(f"{self.name()}: {self.total_warps()} warps x 32 x {self.maxnreg} registers > 65536")
+        if not 24 <= self.mma_regs() <= 256:
+            raise ValueError(f"{self.name()}: MMA partition would get {self.mma_regs()} registers (24..256)")
+
+
+#: Candidates, none measured (index = scripts/probe_gluon_dswiglu.py --configs). With 12 warps every
+#: partition can hold 168 registers (12 x 32 x 168 = 64512), and ptxas caps every partition at maxnreg
+#: anyway, so the 12-warp configs give the epilogue 168 too (32x64 pieces spilled at 152).
+CONFIGS = [
+    DswigluGluonConfig(),  # 0: 128x256x64 S3, g x1, 2 epilogue warps, pieces 16x64 (no spills)
+    DswigluGluonConfig(EPI_M=32),  # 1: bigger pieces (fewer, longer epilogue steps; 24-60 B of spills)
+    DswigluGluonConfig(BK=32, STAGES=6),  # 2: 128x256x32, 6 stages (smaller TMA steps, same smem)
+    # 3: 128x128 tiles, 8 MMA warps (64 acc regs/thread), 4 epilogue warps, 2 g buffers, 4 stages
+    DswigluGluonConfig(BN=128, STAGES=4, NG=2, EPI_M=32, epi_warps=4, maxnreg=128, epi_regs=128),
+    # 4: 128x128 tiles on one MMA warpgroup (128 acc regs/thread), 4 epilogue warps
+    DswigluGluonConfig(BN=128, STAGES=4, NG=2, EPI_M=32, num_warps=4, epi_warps=4, maxnreg=168, epi_regs=232),
+]
+
+
+# ----------------------------------------------------------------------------- helpers
+# (_mma_layout, _tile_mn and _layout are gluon_wgrad's)
+
+
+@gluon.constexpr_function
+def _epi_layout(EPI_N, num_warps):
+    # 8 bf16 (16 bytes) per thread along a row; a warp covers 32 // (EPI_N // 8) rows.
+    tpw_n = min(EPI_N // 8, 32)
+    return gl.BlockedLayout([1, 8], [32 // tpw_n, tpw_n], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _sigmoid(x):
+    # tl.sigmoid in triton 3.6 (language/standard.py): 1 / (1 + math.exp(-x))
+    return 1 / (1 + gl.exp(-x))
+
+
+# ----------------------------------------------------------------------------- partitions
+
+
+@gluon.jit
+def _load_partition(go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
+                    gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out,
+                    GROUP_M: gl.constexpr, EPI_M: gl.constexpr, EPI_N: gl.constexpr, RECOMPUTE_ACT: gl.constexpr):
+    BM: gl.constexpr = go_desc.block_type.shape[0]
+    BK: gl.constexpr = go_desc.block_type.shape[1]
+    BN: gl.constexpr = dw_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    K = go_desc.shape[1]
+    num_m = gl.cdiv(T, BM)
+    num_n = gl.cdiv(I, BN)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+    k_tiles = gl.cdiv(K, BK)
+    p = 0
+    for t in range(num_tiles):
+        pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
+        for kk in range(k_tiles):
+            s = p % STAGES
+            mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, go_desc.block_type.nbytes + dw_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(go_desc, [pid_m * BM, kk * BK], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(dw_desc, [kk * BK, pid_n * BN], bar, b_bufs.index(s))
+            p += 1
+
+
+@gluon.jit
+def _piece_base(t, p, pid, nprog, num_m, num_n, T, I, stride_in, stride_out,
+                BM: gl.constexpr, BN: gl.constexpr, EPI_M: gl.constexpr, EPI_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """Piece p of the program's tile t: int64 element offsets of its first element in the input
+    and output tensors, and how many of its rows and columns lie inside [T, I]. Pieces are
+    column-major in the tile (p = pn * NPM + pm), the order of the g piece views."""
+    NPM: gl.constexpr = BM // EPI_M
+    pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
+    row0 = pid_m * BM + (p % NPM) * EPI_M
+    col0 = pid_n * BN + (p // NPM) * EPI_N
+    base_in = row0.to(gl.int64) * stride_in + col0
+    base_out = row0.to(gl.int64) * stride_out + col0
+    return base_in, base_out, T - row0, I - col0
+
+
+@gluon.jit
+def _epilogue_partition(go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
+                        gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out,
+                        GROUP_M: gl.constexpr, EPI_M: gl.constexpr, EPI_N: gl.constexpr,
+                        RECOMPUTE_ACT: gl.constexpr):
+    # g_bufs here is the [NG * NP, EPI_M, EPI_N] piece view of the g ring (see the kernel).
+    BM: gl.constexpr = go_desc.block_type.shape[0]
+    BN: gl.constexpr = dw_desc.block_type.shape[1]
+    NPM: gl.constexpr = BM // EPI_M
+    NPN: gl.constexpr = BN // EPI_N
+    NP: gl.constexpr = NPM * NPN
+    NG: gl.constexpr = g_bufs.type.shape[0] // NP
+    layout: gl.constexpr = _epi_layout(EPI_N, gl.num_warps())
+    num_m = gl.cdiv(T, BM)
+    num_n = gl.cdiv(I, BN)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+
+    # In-piece offsets (int32) and coordinates, shared by every piece.
+    r = gl.expand_dims(gl.arange(0, EPI_M, layout=gl.SliceLayout(1, layout)), 1)
+    c = gl.expand_dims(gl.arange(0, EPI_N, layout=gl.SliceLayout(0, layout)), 0)
+    offs_in = r * stride_in + c
+    offs_out = r * stride_out + c
+
+    # Prefetch: inputs of piece 0 of tile 0.
+    base_in, base_out, rows_left, cols_left = _piece_base(0, 0, pid, nprog, num_m, num_n, T, I, stride_in,
+                                                          stride_out, BM, BN, EPI_M, EPI_N, GROUP_M)
+    mask = (r < rows_left) & (c < cols_left) & (num_tiles > 0)
+    nx_gate = gl.load(gate_ptr + base_in + offs_in, mask=mask)
+    nx_up = gl.load(up_ptr + base_in + offs_in, mask=mask)
+    if RECOMPUTE_ACT:
+        nx_act = nx_gate
+    else:
+        nx_act = gl.load(act_ptr + base_in + offs_in, mask=mask)
+
+    for t in range(num_tiles):
+        buf = t % NG
+        mbarrier.wait(g_ready.index(buf), (t // NG) & 1)
+        for p in range(NP):
+            gate_bf = nx_gate
+            up_bf = nx_up
+            act_bf = nx_act
+            g_bf = g_bufs.index(buf * NP + p).load(layout)
+            # After the last piece of g is in registers, hand the buffer back to the MMA warps.
+            gl.thread_barrier()
+            mbarrier.arrive(g_empty.index(buf), pred=p == NP - 1)
+
+            # Prefetch the next piece's inputs (piece 0 of the next tile after the last piece).
+            nt = t + (p + 1) // NP
+            npc = (p + 1) % NP
+            nbase_in, nbase_out, nrows, ncols = _piece_base(nt, npc, pid, nprog, num_m, num_n, T, I, stride_in,
+                                                            stride_out, BM, BN, EPI_M, EPI_N, GROUP_M)
+            mask = (r < nrows) & (c < ncols) & (nt < num_tiles)
+            nx_gate = gl.load(gate_ptr + nbase_in + offs_in, mask=mask)
+            nx_up = gl.load(up_ptr + nbase_in + offs_in, mask=mask)
+            if RECOMPUTE_ACT:
+                nx_act = nx_gate
+            else:
+                nx_act = gl.load(act_ptr + nbase_in + offs_in, mask=mask)
+
+            # The tl kernel's _dswiglu_piece, op for op.
+            g = g_bf.to(gl.float32)
+            gate = gate_bf.to(gl.float32)
+            up = up_bf.to(gl.float32)
+            if RECOMPUTE_ACT:
+                act = (gate * _sigmoid(gate)).to(gl.bfloat16).to(gl.float32)
+            else:
+                act = act_bf.to(gl.float32)
+            d_act = (g * up).to(gl.bfloat16).to(gl.float32)
+            d_up = (g * act).to(gl.bfloat16)
+            s = _sigmoid(gate)
+            d_gate = (d_act * s * (1.0 + gate * (1.0 - s))).to(gl.bfloat16)
+            h = (act * up).to(gl.bfloat16)
+
+            o_mask = (r < rows_left) & (c < cols_left)
+            gl.store(dup_ptr + base_out + offs_out, d_up, mask=o_mask)
+            gl.store(dgate_ptr + base_out + offs_out, d_gate, mask=o_mask)
+            gl.store(h_ptr + base_out + offs_out, h, mask=o_mask)
+            base_out = nbase_out
+            rows_left = nrows
+            cols_left = ncols
+
+
+@gluon.jit
+def _mma_partition(go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I,
+                   GROUP_M: gl.constexpr):
+    BM: gl.constexpr = go_desc.block_type.shape[0]
+    BK: gl.constexpr = go_desc.block_type.shape[1]
+    BN: gl.constexpr = dw_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    NG: gl.constexpr = g_bufs.type.shape[0]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    K = go_desc.shape[1]
+    num_m = gl.cdiv(T, BM)
+    num_n = gl.cdiv(I, BN)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+    k_tiles = gl.cdiv(K, BK)
+
+    mma_layout: gl.constexpr = _mma_layout(BM, BN, NUM_WARPS)
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
+    c = 0
+    for t in range(num_tiles):
+        for kk in range(k_tiles):
+            s = c % STAGES
+            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            # The wgmma of step c-1 is done in this warpgroup; sync both warpgroups before thread 0
+            # releases its stage to the loader.
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
+            c += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
+
+        buf = t % NG
+        mbarrier.wait(g_empty.index(buf), ((t // NG) & 1) ^ 1)
+        g_bufs.index(buf).store(acc.to(gl.bfloat16))
+        gl.thread_barrier()
+        mbarrier.arrive(g_ready.index(buf))
+
+
+# ----------------------------------------------------------------------------- kernel
+
+
+@gluon.jit
+def dswiglu_gluon_kernel(go_desc, dw_desc, gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr,
+                         T, I, stride_in, stride_out,
+                         GROUP_M: gl.constexpr, STAGES: gl.constexpr, NG: gl.constexpr,
+                         EPI_M: gl.constexpr, EPI_N: gl.constexpr, RECOMPUTE_ACT: gl.constexpr,
+                         EPI_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, EPI_REGS: gl.constexpr):
+    BM: gl.constexpr = go_desc.block_type.shape[0]
+    BK: gl.constexpr = go_desc.block_type.shape[1]
+    BN: gl.constexpr = dw_desc.block_type.shape[1]
+    gl.static_assert(BM % EPI_M == 0)
+    gl.static_assert(BN % EPI_N == 0)
+    gl.static_assert(EPI_N == 64)  # a g piece is one 128-byte-swizzled column block (see below)
+    gl.static_assert(EPI_M % 8 == 0)
+
+    a_bufs = gl.allocate_shared_memory(go_desc.dtype, [STAGES, BM, BK], go_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dw_desc.dtype, [STAGES, BK, BN], dw_desc.layout)
+    g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.bfloat16)
+    g_bufs = gl.allocate_shared_memory(gl.bfloat16, [NG, BM, BN], g_layout)
+    # The epilogue's view of the same bytes: [NG * NP, EPI_M, 64] pieces. A [BM, BN] bf16 NVMMA tile with
+    # 128-byte swizzle is stored as BN // 64 consecutive [BM, 64] column blocks (the TMA box; triton's
+    # nvmmaSharedToLinearLayout), each BM rows of 128 bytes whose swizzle repeats every 8 rows, so the
+    # [EPI_M, 64] piece (pm, pn) is the 128-byte-swizzled [EPI_M, 64] tile at byte offset
+    # (pn * BM + pm * EPI_M) * 128: piece index pn * (BM // EPI_M) + pm.
+    NP: gl.constexpr = (BM // EPI_M) * (BN // EPI_N)
+    piece_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([EPI_M, EPI_N], gl.bfloat16)
+    g_pieces = g_bufs._reinterpret(gl.bfloat16, [NG * NP, EPI_M, EPI_N], piece_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    g_ready = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
+    g_empty = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(NG):
+        mbarrier.init(g_ready.index(i), count=1)
+        mbarrier.init(g_empty.index(i), count=1)
+
+    # The worker argument tuples are written inline: a tuple assigned to a name first turns its
+    # constexpr entries into tensors (code_generator.visit_Assign), and EPI_M etc. must stay constexpr.
+    gl.warp_specialize([
+        (_mma_partition, (go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I, GROUP_M)),
+        (_load_partition, (go_desc, dw_desc, a_bufs, b_bufs, g_pieces, ready, empty, g_ready, g_empty, gate_ptr, up_ptr,
+                           act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out, GROUP_M, EPI_M, EPI_N,
+                           RECOMPUTE_ACT)),
+        (_epilogue_partition, (go_desc, dw_desc, a_bufs, b_bufs, g_pieces, ready, empty, g_ready, g_empty, gate_ptr,
+                               up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out, GROUP_M, EPI_M,
+                               EPI_N, RECOMPUTE_ACT)),
+    ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
+
+
+# ----------------------------------------------------------------------------- launcher
+
+
+def _check_2d(name, t, shape):
+    if tuple(t.shape) != tuple(shape) or t.stride(-1) != 1 or t.dtype != torch.bfloat16:
+        raise ValueError(f"{name}: expected a bf16 [{shape[0]}, {shape[1]}] tensor with unit last stride, got "
+                         f"{t.dtype} {tuple(t.shape)} strides {t.stride()}")
+
+
+def _prepare(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, num_programs: int | None):
+    """Checked launch arguments (grid, positional, keyword) for ``dswiglu_gluon_kernel``."""
+    T = go.shape[0]
+    I = dw.shape[1]
+    ins = [gate, up] + ([] if act is None else [act])
+    outs = [d_gate, d_up, h]
+    for name, t in zip(("gate", "up", "act"), ins):
+        _check_2d(name, t, (T, I))
+    for name, t in zip(("d_gate", "d_up", "h"), outs):
+        _check_2d(name, t, (T, I))
+    # The epilogue addresses the three inputs (and the three outputs) with one row stride each.
+    stride_in, stride_out = gate.stride(0), d_gate.stride(0)
+    if any(t.stride(0) != stride_in for t in ins) or any(t.stride(0) != stride_out for t in outs):
+        raise ValueError("gate/up/act (and d_gate/d_up/h) must share one row stride")
+    if num_programs is None:
+        num_programs = default_num_programs(go.device, triton.cdiv(T, cfg.BM) * triton.cdiv(I, cfg.BN))
+    go_desc = TensorDescriptor.from_tensor(go, [cfg.BM, cfg.BK], _layout([cfg.BM, cfg.BK]))
+    dw_desc = TensorDescriptor.from_tensor(dw, [cfg.BK, cfg.BN], _layout([cfg.BK, cfg.BN]))
+    args = (go_desc, dw_desc, gate, up, gate if act is None else act, d_gate, d_up, h, T, I, stride_in, stride_out,
+            cfg.GROUP_M, cfg.STAGES, cfg.NG, cfg.EPI_M, cfg.EPI_N, act is None, cfg.epi_warps, cfg.load_regs,
+            cfg.epi_regs)
+    return (num_programs,), args, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+
+
+def launch_dswiglu_gluon(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig = CONFIGS[0],
+                         num_programs: int | None = None) -> None:
+    """The contract of ``backward.launch_dswiglu``: ``g = go @ dw`` [T, I] with the SwiGLU backward
+    epilogue, writes d_gate, d_up, h [T, I]; ``act`` None: activated_gate recomputed from gate.
+    go [T, H], dw [H, I] bf16 CUDA sm_90 tensors usable by TMA (``common.tma_ready``); gate/up/act
+    share one row stride, and so do d_gate/d_up/h (plain pointer accesses: any row stride >= I).
+    ``num_programs`` persistent programs, default one per SM. NOT validated on a GPU (module docstring)."""
+    grid, args, kw = _prepare(go, dw, gate, up, act, d_gate, d_up, h, cfg, num_programs)
+    dswiglu_gluon_kernel[grid](*args, **kw)
+
+
+def make_launch(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, num_programs: int | None = None):
+    """A zero-argument launch with the descriptors built once (for timing)."""
+    grid, args, kw = _prepare(go, dw, gate, up, act, d_gate, d_up, h, cfg, num_programs)
+
+    def run():
+        dswiglu_gluon_kernel[grid](*args, **kw)
+
+    return run
