@@ -341,3 +341,28 @@ def test_import_is_lean():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_patched_model_pickles_and_loads_patched(op_calls, tmp_path):
+    """torch.save(model) pickles the whole model: the run-time subclass pickles as its original
+    class and is patched again on load (with its options), in this process and in a fresh one."""
+    import pickle
+
+    plain = build("llama")
+    ours = copy.deepcopy(plain)
+    swiglu_hf.apply(ours, backward_impl="reference", save_activated_gate=True)
+    loaded = pickle.loads(pickle.dumps(ours))
+    mlp = loaded.model.layers[0].mlp
+    assert isinstance(mlp, swiglu_hf._SwigluForward) and type(mlp) is type(ours.model.layers[0].mlp)
+    assert mlp.swiglu_save_activated_gate is True and mlp.swiglu_backward_impl == "reference"
+    ids = batch(3)
+    assert_same(step(loaded, ids), step(plain, ids), F64_TOL)
+    assert len(op_calls) == SMALL["num_hidden_layers"]
+    path = tmp_path / "model.pt"
+    torch.save(ours, path)
+    code = ("import torch, sys; from swiglu.integrations import transformers as h; "
+            f"m = torch.load({str(path)!r}, weights_only=False); "
+            "print(type(m.model.layers[0].mlp).__name__, isinstance(m.model.layers[0].mlp, h._SwigluForward))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["SwigluLlamaMLP", "True"]

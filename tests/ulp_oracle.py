@@ -227,12 +227,16 @@ def intermediate_flips(args, g_ref, g_sum, g_allowance, recomputed_act):
     d_gate = d_up = ref_gate = None
     if g_ref is not None:
         s = torch.sigmoid(gate.float())
-        factor = s * (1 + gate * (1 - s))
-        ref_gate = ((g_ref * up).float() * factor).to(torch.bfloat16)
+        slope = 1 + gate * (1 - s)  # the reference's expression, multiplied in its order below
+
+        def pre_round(g):
+            return (g * up).float() * s * slope
+
+        ref_gate = pre_round(g_ref).to(torch.bfloat16)
 
         def gate_candidates():
             for g in gs:
-                v = (g * up).float() * factor
+                v = pre_round(g)
                 yield v.to(torch.bfloat16)
                 yield from _neighbours(v, v.abs() * TRANSCENDENTAL_EPS)
 

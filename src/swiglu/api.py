@@ -27,14 +27,30 @@ def _default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def _device_arg(device) -> torch.device:
+    """``device`` as a torch.device (None: ``_default_device()``); TypeError/ValueError naming it."""
+    if device is None:
+        return _default_device()
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a torch.device or a str such as 'cuda:0', got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must name a torch device ('cpu', 'cuda', 'cuda:1'), got {device!r}") from None
+
+
 def available_impls(device: torch.device | str | None = None) -> list[str]:
     """Names ``swiglu_mlp_backward(impl=...)`` can run on ``device`` (default: the current CUDA
     device when there is one, else the CPU), besides ``"auto"``: ``"reference"`` and any
     registered implementation everywhere; ``"triton"`` only where its kernels can run (an NVIDIA
     sm_90+ GPU whose shared memory fits the tables, or any device under TRITON_INTERPRET=1, and
     Triton installed: ``swiglu.kernels.common.device_reason``). ``backend_reason`` says why
-    ``"auto"`` does or does not take it."""
-    device = _default_device() if device is None else torch.device(device)
+    ``"auto"`` does or does not take it. A device this machine lacks (``"cuda"`` without a GPU)
+    is answered, not raised on. Raises TypeError for a ``device`` that is not a torch.device or
+    str, ValueError for a str that names no device."""
+    device = _device_arg(device)
     names = set(_IMPLS) | set(_LAZY)
     if _triton_device_reason(device):
         names.discard("triton")
@@ -59,15 +75,21 @@ def backend_reason(device: torch.device | str | None = None, dtype: torch.dtype 
     sm_90+ GPU whose opt-in shared memory per block fits every tuned configuration, an
     architecture the tables were tuned for (sm_90: H100/H200; sm_100 and sm_120 are not), and
     bfloat16; at call time also hidden_size and intermediate_size multiples of 8. The same
-    reason is logged at DEBUG level (logger ``swiglu``) when "auto" resolves."""
+    reason is logged at DEBUG level (logger ``swiglu``) when "auto" resolves. Raises as
+    ``available_impls`` for a bad ``device``, TypeError for a ``dtype`` that is not a torch.dtype."""
     from .ops import auto_reason
 
-    return auto_reason(_default_device() if device is None else device, dtype)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    return auto_reason(_device_arg(device), dtype)
 
 
 def get_impl(name: str) -> BackwardFn:
     """The implementation registered as ``name`` (importing a lazily registered one, e.g.
     "triton"). Raises ``ValueError`` for an unknown name; an import failure propagates."""
+    if not isinstance(name, str):
+        raise TypeError(f"impl must be a str, one of {['auto'] + sorted(set(_IMPLS) | set(_LAZY))}, got "
+                        f"{type(name).__name__}")
     if name not in _IMPLS and name in _LAZY:
         module, function = _LAZY[name]
         _IMPLS[name] = getattr(importlib.import_module(module), function)
@@ -116,7 +138,8 @@ def swiglu_mlp_backward(
     16-byte-aligned base and row stride).
 
     Raises:
-        TypeError: a non-tensor argument or a dtype mismatch (triton: not bfloat16).
+        TypeError: a non-tensor or sparse argument, a dtype other than float16, bfloat16, float32
+            or float64, a dtype mismatch (triton: not bfloat16), or an ``impl`` that is not a str.
         ValueError: wrong ranks, mismatched shapes (naming the argument inconsistent with x),
             different devices, an empty hidden_size or intermediate_size, or an unknown ``impl``; triton also rejects unsupported devices or sizes (see
             ``swiglu.kernels.backward``).
@@ -129,4 +152,7 @@ def swiglu_mlp_backward(
 
         impl = resolve_backward_impl("auto", x, gate_weight)
     fn = get_impl(impl)
+    if impl == "triton" and x.device.type == "meta":  # the interpreter would accept the device
+        raise ValueError("impl='triton' got meta tensors, which hold no data: use impl='reference' "
+                         "(it propagates shapes)")
     return fn(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)

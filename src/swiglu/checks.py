@@ -34,6 +34,11 @@ class Problem:
     leading_shape: tuple[int, ...]
 
 
+#: The dtypes the op computes in (float8 types are floating point too, but torch's matmul and
+#: type promotion do not take them).
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def validate_backward_inputs(
     grad_output: torch.Tensor,
     x: torch.Tensor,
@@ -69,10 +74,12 @@ def validate_backward_inputs(
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     # Per-tensor dtype checks before the comparison with x, so a bad x is blamed on x.
     for name, t in tensors.items():
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must have a floating dtype ({', '.join(map(str, FLOAT_DTYPES))}), got {t.dtype}")
         if dtypes is not None and t.dtype not in dtypes:
             raise TypeError(f"{name} must have dtype in {list(dtypes)}, got {t.dtype}")
     dtype = x.dtype

@@ -66,7 +66,8 @@ def make_inputs(
     Returns: ``BackwardInputs`` with activations [batch_size, seq_len, *] and weights [I, H],
     [I, H], [H, I]; weights have std ``1/sqrt(fan_in)`` (1/128 and 1/sqrt(53248) at full size).
 
-    Raises: ``ValueError`` for a non-positive size or an unknown mode.
+    Raises: ``ValueError`` for a non-positive size, an unknown mode or device, or the meta
+    device; ``TypeError`` for a dtype other than float16, bfloat16, float32 or float64.
     """
     for label, size in (
         ("batch_size", batch_size),
@@ -78,7 +79,16 @@ def make_inputs(
             raise ValueError(f"{label} must be a positive int, got {size!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    device = torch.device(device)
+    from .checks import FLOAT_DTYPES
+
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {list(FLOAT_DTYPES)}, got {dtype!r}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must name a torch device ('cpu', 'cuda', 'cuda:1'), got {device!r}") from None
+    if device.type == "meta":
+        raise ValueError("device='meta' holds no values to draw; make the inputs on a real device")
     if generator is None and seed is not None:
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)

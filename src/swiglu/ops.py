@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from .reference import activated_gate_of, reference_backward
-from .checks import check_mlp_shapes
+from .checks import FLOAT_DTYPES, check_mlp_shapes, validate_backward_inputs
 
 BACKWARD_IMPLS = ("auto", "reference", "triton")
 # Under torch.autocast on these devices the forward op runs in bfloat16 (our kernels' dtype).
@@ -85,10 +85,12 @@ def validate_forward_inputs(
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     autocast = x.device.type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(x.device.type)
     for name, t in tensors.items():
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must have a floating dtype ({', '.join(map(str, FLOAT_DTYPES))}), got {t.dtype}")
         if t.dtype != x.dtype and not autocast:
             raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; x and the weights must share one dtype")
         if t.device != x.device:
@@ -228,6 +230,7 @@ def mlp_forward(
         if problem:
             # The kernels room names its argument impl=; here it is backward_impl=.
             raise ValueError(f"backward_impl='triton' {problem}".replace(" impl='", " backward_impl='"))
+    validate_forward_inputs(x, gate_weight, up_weight, down_weight, backward_impl)  # also for the raw op
     if not save_activated_gate and resolve_backward_impl(backward_impl, x, gate_weight) == "triton":
         from .kernels.forward import triton_swiglu_forward
 
@@ -256,6 +259,13 @@ def _op_gradients(grad_output, x, gate_output, up_output, activated_gate, gate_w
     """The body of both backward ops: ``run_backward`` in the inputs' dtype (``flags``: its
     overwrite/release switches), each gradient contiguous (so the fake implementation's strides
     always match) or an empty ``[0]`` tensor where not needed."""
+    # The raw ops are callable on their own (torch.ops.swiglu.*): the same checks as the public entry
+    # points, on [tokens, size] views (the module passes x of any rank; no view: no copy, no check).
+    acts = [grad_output, x, gate_output, up_output, gate_output if activated_gate is None else activated_gate]
+    flat = [t.view(-1, t.shape[-1]) if isinstance(t, torch.Tensor) and t.dim() > 3 and t.is_contiguous() else t
+            for t in acts]
+    if all(not isinstance(t, torch.Tensor) or t.dim() <= 3 for t in flat):
+        validate_backward_inputs(*flat, gate_weight, up_weight, down_weight)
     with _no_autocast(x):
         grads = run_backward(
             grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
@@ -448,10 +458,10 @@ def _backward(ctx, grad_output, *unused_grads):
         return None, None, None, None, None, None
     if ctx.activations_overwritten:  # before unpacking: the overwritten gate/up would fail it
         raise RuntimeError(
-            "swiglu: a second backward through the same graph (retain_graph=True) in the memory-lean mode: "
-            "the first one wrote its gradients over the saved gate/up activations. Use "
-            "save_activated_gate=True (SwiGLUMLP or swiglu_mlp) where a graph is backpropagated more than once "
-            "(also for split backward passes, e.g. autograd.grad of x first and of the weights later)")
+            "swiglu: a second backward through the same graph in the memory-lean mode: the first one wrote its "
+            "gradients over the saved gate/up activations. To backpropagate a graph more than once (also split "
+            "backward passes, e.g. autograd.grad of x first and of the weights later), use "
+            "save_activated_gate=True (SwiGLUMLP or swiglu_mlp) and pass retain_graph=True to every backward but the last")
     x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = ctx.saved_tensors
     if torch.is_grad_enabled():
         # create_graph=True (double backward): the reference formula in differentiable PyTorch ops,

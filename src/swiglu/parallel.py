@@ -152,9 +152,12 @@ def tensor_parallel_plan(
     (and, fused, output) preparation. Weight layouts: gate/up ``Shard(0)`` of [I, H], down
     ``Shard(1)`` of [H, I].
 
-    Raises: ValueError for a bad ``sequence_dim``; RuntimeError without torch.distributed.
+    Raises: TypeError for a ``prefix`` that is not a str; ValueError for a bad ``sequence_dim``;
+    RuntimeError without torch.distributed.
     """
     _require_distributed()
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str (a module path such as 'layers.*.mlp'), got {type(prefix).__name__}")
     _check_sequence_dim(sequence_dim)
     outer = Shard(sequence_dim) if sequence_parallel else Replicate()
     key = (lambda name: f"{prefix}.{name}" if prefix else name)
@@ -214,7 +217,7 @@ def parallelize(
     docstring for the communication and ``tensor_parallel_plan`` for the layouts.
 
     Raises:
-        TypeError: ``module`` lacks the three Linear submodules.
+        TypeError: ``module`` lacks the three Linear submodules, or ``mesh`` is not a DeviceMesh.
         ValueError: a mesh that is not 1-D; intermediate_size not divisible by the mesh size; for
             ``SwiGLUMLP`` with the Triton backward (``backward_impl="triton"``, or ``"auto"`` on a
             CUDA mesh) a local intermediate size that is not a multiple of 8; a bad sequence_dim.
@@ -225,6 +228,11 @@ def parallelize(
     names = ("gate_proj", "up_proj", "down_proj")
     if not all(isinstance(getattr(module, n, None), nn.Linear) for n in names):
         raise TypeError(f"module must have nn.Linear submodules {names} (a SwiGLU MLP), got {type(module).__name__}")
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"mesh must be a torch.distributed.device_mesh.DeviceMesh (e.g. mesh['tp']), got "
+                        f"{type(mesh).__name__}")
     if mesh.ndim != 1:
         raise ValueError(f"mesh must be 1-D (the tensor-parallel dimension, e.g. mesh['tp']), got {mesh.ndim}-D")
     _check_sequence_dim(sequence_dim)

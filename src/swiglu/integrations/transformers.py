@@ -162,6 +162,11 @@ class _SwigluForward(nn.Module):
         if reason is not None:
             warnings.warn(f"swiglu: {type(self).__qualname__} will run its original forward: {reason}", stacklevel=2)
 
+    def __reduce__(self):
+        # The subclass is made at run time, so pickle (torch.save(model)) cannot find it by name:
+        # pickle the original class, which it can, and patch again when loading.
+        return _unpickle, (self._swiglu_base, self.__getstate__())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         reason = _runtime_reason(self)
         if reason is not None:
@@ -170,6 +175,13 @@ class _SwigluForward(nn.Module):
         return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
                           backward_impl=self.swiglu_backward_impl,
                           save_activated_gate=self.swiglu_save_activated_gate)
+
+
+def _unpickle(base: type, state: dict) -> nn.Module:
+    cls = swiglu_class(base)
+    module = cls.__new__(cls)
+    module.__setstate__(state)
+    return module
 
 
 def swiglu_class(cls: type) -> type:

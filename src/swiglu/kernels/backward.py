@@ -256,6 +256,13 @@ def triton_swiglu_backward(
         if overwrite_activations:
             if _overlap(gate, up):
                 raise ValueError("overwrite_activations needs gate_output and up_output in separate memory")
+            # They are written (d_gate, d_up) while the others are still read: no shared memory.
+            for name, t in (("gate_output", gate), ("up_output", up)):
+                for other, u in (("grad_output", go), ("x", xf), ("gate_weight", gw), ("up_weight", uw),
+                                 ("down_weight", dw)):
+                    if _overlap(t, u):
+                        raise ValueError(f"overwrite_activations writes over {name}, which shares memory with "
+                                         f"{other}: pass a tensor of its own (e.g. {name}.clone())")
             d_gate, d_up = gate, up
         else:
             d_gate, d_up = (torch.empty((T, I), device=dev, dtype=torch.bfloat16) for _ in range(2))

@@ -169,6 +169,15 @@ TUNED_ARCHS = ((9, 0),)
 TABLE_SHARED_MEMORY: dict[str, Callable[[], int]] = {}
 
 
+def _cuda_properties(device: torch.device):
+    """``torch.cuda.get_device_properties(device)``, or why there are none (a str): a torch built
+    without CUDA, no GPU, or no device of that index (torch raises AssertionError/RuntimeError)."""
+    try:
+        return torch.cuda.get_device_properties(device)
+    except (AssertionError, RuntimeError) as e:
+        return f"no CUDA device {device} here ({' '.join(str(e).split())}): use impl='reference'"
+
+
 def device_reason(device: torch.device | str) -> str | None:
     """Why the Triton kernels cannot run on ``device`` (None when they can): a CUDA device that is
     NVIDIA (not ROCm: HIP reports capability 9.x but has no TMA descriptors or wgmma), sm_90 or
@@ -186,7 +195,9 @@ def device_reason(device: torch.device | str) -> str | None:
     if torch.version.hip:
         return (f"needs an NVIDIA GPU (TMA descriptors, Hopper's wgmma); this is a ROCm build (HIP "
                 f"{torch.version.hip}): use impl='reference'")
-    props = torch.cuda.get_device_properties(device)
+    props = _cuda_properties(device)
+    if isinstance(props, str):
+        return props
     if props.major < 9:
         return f"needs an sm_90+ GPU (TMA descriptors); {props.name} is sm_{props.major}{props.minor}"
     limit = getattr(props, "shared_memory_per_block_optin", None)
@@ -203,7 +214,9 @@ def untuned_reason(device: torch.device | str) -> str | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    props = torch.cuda.get_device_properties(device)
+    props = _cuda_properties(device)
+    if isinstance(props, str):
+        return props
     if (props.major, props.minor) not in TUNED_ARCHS:
         tuned = ", ".join(f"sm_{a}{b}" for a, b in TUNED_ARCHS)
         return (f"no kernel configuration was tuned for {props.name} (sm_{props.major}{props.minor}; tables "
