@@ -251,21 +251,44 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worke
 EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
 
 
-def compile_specs(specs: list[dict], cache_dir, triton_dir: str | None = None) -> tuple[str, list[dict]]:
-    """Compile ``specs`` for sm_90 in a subprocess with TRITON_INTERPRET unset and a fresh cache,
-    with this interpreter's Triton or the one installed in ``triton_dir``. Returns (Triton
-    version used, one result per spec)."""
+def start_compile(specs: list[dict], cache_dir, triton_dir: str | None = None):
+    """Start compiling ``specs`` for sm_90 in a subprocess with TRITON_INTERPRET unset and a fresh
+    cache, with this interpreter's Triton or the one installed in ``triton_dir``; ``finish_compile``
+    waits for it. (Two Triton releases compile side by side: CI has two cores.)"""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(cache_dir)
     if triton_dir:
         env["PYTHONPATH"] = os.pathsep.join([triton_dir, env.get("PYTHONPATH", "")])
     results_path = os.path.join(cache_dir, "results.json")
-    proc = subprocess.run([sys.executable, WORKER, results_path], input=json.dumps(specs), env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"compile worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    # Output to files, not pipes: a pipe nobody reads yet could fill and stall the worker.
+    logs = [open(os.path.join(cache_dir, name), "w+") for name in ("stdout.txt", "stderr.txt")]
+    proc = subprocess.Popen([sys.executable, WORKER, results_path], stdin=subprocess.PIPE, stdout=logs[0],
+                            stderr=logs[1], env=env, text=True)
+    proc.stdin.write(json.dumps(specs))
+    proc.stdin.close()
+    return proc, results_path, logs
+
+
+def finish_compile(started) -> tuple[str, list[dict]]:
+    """(Triton version used, one result per spec) of a ``start_compile``."""
+    proc, results_path, logs = started
+    try:
+        proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    out, err = (f.seek(0) or f.read() for f in logs)
+    for f in logs:
+        f.close()
+    assert proc.returncode == 0, f"compile worker failed:\n{out[-3000:]}\n{err[-6000:]}"
     with open(results_path) as f:
-        out = json.load(f)
-    return out["triton"], out["results"]
+        result = json.load(f)
+    return result["triton"], result["results"]
+
+
+def compile_specs(specs: list[dict], cache_dir, triton_dir: str | None = None) -> tuple[str, list[dict]]:
+    """``start_compile`` and wait: (Triton version used, one result per spec)."""
+    return finish_compile(start_compile(specs, cache_dir, triton_dir))
 
 
 def problems(result: dict, dots: bool = True) -> list[str]:
@@ -299,15 +322,39 @@ def _specs() -> list[dict]:
 TRITONS = ["installed"] + (["extra"] if EXTRA_TRITON_DIR else [])
 
 
+_STARTED: dict[str, tuple] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_unused_compiles():
+    """A compile started for a Triton release no selected test used is stopped with the module."""
+    yield
+    for proc, _, logs in _STARTED.values():
+        proc.kill()
+        proc.wait()
+        for f in logs:
+            f.close()
+    _STARTED.clear()
+
+
+def _triton_dir(name: str) -> str | None:
+    return EXTRA_TRITON_DIR if name == "extra" else None
+
+
 @pytest.fixture(scope="module", params=TRITONS)
 def compiled(request, tmp_path_factory) -> dict[str, dict]:
-    """Every spec compiled with the installed Triton, and again with SWIGLU_EXTRA_TRITON_DIR's."""
-    triton_dir = EXTRA_TRITON_DIR if request.param == "extra" else None
+    """Every spec compiled with the installed Triton, and again with SWIGLU_EXTRA_TRITON_DIR's
+    (both started at the first use, so they run side by side)."""
+    triton_dir = _triton_dir(request.param)
     if triton_dir and not os.path.isdir(os.path.join(triton_dir, "triton")):
         pytest.fail(f"SWIGLU_EXTRA_TRITON_DIR={triton_dir} holds no triton package (make test installs it)")
     specs = _specs()
     start = time.perf_counter()
-    version, results = compile_specs(specs, tmp_path_factory.mktemp("triton_cache"), triton_dir)
+    if not _STARTED:
+        for name in TRITONS:
+            if name == "installed" or os.path.isdir(os.path.join(_triton_dir(name), "triton")):
+                _STARTED[name] = start_compile(specs, tmp_path_factory.mktemp("triton_cache"), _triton_dir(name))
+    version, results = finish_compile(_STARTED.pop(request.param))
     if triton_dir:
         assert version != triton.__version__, f"{triton_dir} did not shadow the installed triton {version}"
     print(f"\ncompiled {len(specs)} kernels for sm_90 with triton {version} in {time.perf_counter() - start:.1f} s")
