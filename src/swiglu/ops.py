@@ -184,6 +184,13 @@ def run_backward(
     )
     impl = resolve_backward_impl(impl, x, gate_weight)
     if impl == "reference":
+        # The raw ops reach this without the public entry points' checks (the Triton launcher has its
+        # own): check on [tokens, size] views (the module passes x of any rank; no view: no copy, no check).
+        acts = [grad_output, x, gate_output, up_output, gate_output if activated_gate is None else activated_gate]
+        flat = [t.view(-1, t.shape[-1]) if isinstance(t, torch.Tensor) and t.dim() > 3 and t.is_contiguous() else t
+                for t in acts]
+        if all(not isinstance(t, torch.Tensor) or t.dim() <= 3 for t in flat):
+            validate_backward_inputs(*flat, gate_weight, up_weight, down_weight)
         if activated_gate is None:
             activated_gate = activated_gate_of(gate_output)
         return reference_backward(
@@ -259,13 +266,6 @@ def _op_gradients(grad_output, x, gate_output, up_output, activated_gate, gate_w
     """The body of both backward ops: ``run_backward`` in the inputs' dtype (``flags``: its
     overwrite/release switches), each gradient contiguous (so the fake implementation's strides
     always match) or an empty ``[0]`` tensor where not needed."""
-    # The raw ops are callable on their own (torch.ops.swiglu.*): the same checks as the public entry
-    # points, on [tokens, size] views (the module passes x of any rank; no view: no copy, no check).
-    acts = [grad_output, x, gate_output, up_output, gate_output if activated_gate is None else activated_gate]
-    flat = [t.view(-1, t.shape[-1]) if isinstance(t, torch.Tensor) and t.dim() > 3 and t.is_contiguous() else t
-            for t in acts]
-    if all(not isinstance(t, torch.Tensor) or t.dim() <= 3 for t in flat):
-        validate_backward_inputs(*flat, gate_weight, up_weight, down_weight)
     with _no_autocast(x):
         grads = run_backward(
             grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
