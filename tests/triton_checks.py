@@ -23,7 +23,6 @@ from ulp_oracle import (  # noqa: F401  (re-exported for the test files)
     check_output,
     check_ulps,
     same_rounding_fp32,
-    same_rounding_reference,
     ulp_norm,
     ulp_stats,
 )

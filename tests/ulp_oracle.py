@@ -309,12 +309,6 @@ def same_rounding_fp32(args, **needs):
     return sums, allowances
 
 
-def same_rounding_reference(args, **needs):
-    """``(refs, allowances)``: ``same_rounding_fp32``'s sums rounded once to bf16."""
-    sums, allowances = same_rounding_fp32(args, **needs)
-    return [None if s is None else s.to(torch.bfloat16) for s in sums], allowances
-
-
 def ulp_norm(o: torch.Tensor) -> float:
     """||bf16 ulp at every element of o|| / ||o||: one rounding step everywhere, relative."""
     return float(bf16_ulp(o).double().norm() / o.double().norm())
