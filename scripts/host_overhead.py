@@ -1,0 +1,335 @@
+"""Host overhead per call: wall time of one synchronized call at shapes where the device work is
+negligible, for ``swiglu.SwiGLUMLP`` against the same block from three ``nn.Linear``. A benchmark,
+not a test.
+
+    python scripts/host_overhead.py                      # CPU: --shape overhead, 1 thread
+    python scripts/host_overhead.py --device cuda        # GPU: --shape tiny
+    python scripts/host_overhead.py --profile            # + cProfile of SwiGLUMLP fwd+bwd
+
+Rows: ``swiglu.SwiGLUMLP`` forward+backward; ``swiglu.module.PlainSwiGLUMLP`` (three
+``nn.Linear``, PyTorch autograd) forward+backward; ``swiglu.swiglu_mlp_backward`` with
+``impl="reference"``; with ``impl="triton"`` where ``swiglu.available_impls(device)`` lists it.
+Shapes: ``tiny`` H=256, I=512, T=16 (default on CUDA); ``overhead`` H=16, I=32, T=2 (default on
+the CPU, where any real shape measures the arithmetic). bf16 unless ``--dtype``.
+
+Protocol: inputs and modules built once; the modules' and x's gradients set to None outside the
+timed region before each call (as ``zero_grad(set_to_none=True)``); each call timed alone with
+``time.perf_counter_ns`` around the call and ``torch.cuda.synchronize()`` (CUDA), so on a GPU the
+number is the host cost plus one launch-to-completion latency. ``--warmup`` untimed calls per
+implementation, then ``--iters`` timed calls split into ``--rounds`` blocks taken in turn over the
+implementations (slow drift of the machine hits all alike); Python's garbage collector off during
+the timed blocks (as ``timeit``). Reported: median, 20th and 80th percentile in microseconds, and
+the median's ratio to the ``nn.Linear`` block's. On the CPU ``torch.set_num_threads(--threads)``
+(default 1), restored afterwards. Writes ``host_overhead.csv`` and ``host_overhead.json``
+(metadata) to ``--out`` (default ``$OUT`` when set, else build/host_overhead).
+
+``--profile``: cProfile over ``--iters`` SwiGLUMLP forward+backward calls, top 15 functions by
+tottime. On CUDA the backward's Python runs in autograd's device thread, which cProfile does not
+follow: there the profile shows the forward and the launch of the backward only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import csv
+import gc
+import io
+import json
+import math
+import os
+import platform
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+import torch  # noqa: E402
+
+import swiglu  # noqa: E402
+from swiglu.module import PlainSwiGLUMLP  # noqa: E402
+
+SHAPES = {"tiny": dict(H=256, I=512, T=16), "overhead": dict(H=16, I=32, T=2)}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+BASELINE = "nn_linear_fwd_bwd"
+CSV_FIELDS = ["implementation", "description", "us_median", "us_p20", "us_p80", "us_min", "calls",
+              "ratio_to_nn_linear"]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    """SWIGLU_GIT_COMMIT when set (a copied tree can carry a stale .git), else git's short HEAD."""
+    if os.environ.get("SWIGLU_GIT_COMMIT"):
+        return os.environ["SWIGLU_GIT_COMMIT"].strip()
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def nvml_info(device: torch.device) -> dict:
+    """Driver, clocks, power and temperature of ``device`` through pynvml (nvidia-ml-py), or why not."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - metadata only, never fail the run on it
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    info: dict = {}
+    try:
+        index = torch.cuda.current_device() if device.index is None else device.index
+        try:
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        except Exception:  # noqa: BLE001 - older torch has no uuid; CUDA_VISIBLE_DEVICES may renumber
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        queries = {
+            "driver": lambda: pynvml.nvmlSystemGetDriverVersion(),
+            "name": lambda: pynvml.nvmlDeviceGetName(handle),
+            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            "power_limit_w": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
+            "power_draw_w": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+            "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+            "pstate": lambda: pynvml.nvmlDeviceGetPerformanceState(handle),
+        }
+        for key, query in queries.items():
+            try:
+                value = query()
+                info[key] = value.decode() if isinstance(value, bytes) else value
+            except Exception as exc:  # noqa: BLE001
+                info[key] = f"unavailable ({type(exc).__name__})"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return info
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def build_calls(device: torch.device, dtype: torch.dtype, H: int, I: int, T: int) -> dict:
+    """name -> (description, call, reset): ``reset`` runs untimed before each ``call``."""
+    torch.manual_seed(0)
+    fused = swiglu.SwiGLUMLP(H, I, device=device, dtype=dtype)
+    plain = PlainSwiGLUMLP(H, I, device=device, dtype=dtype)
+    plain.load_state_dict(fused.state_dict())
+    x = torch.randn(T, H, device=device, dtype=dtype, requires_grad=True)
+    grad_output = torch.randn(T, H, device=device, dtype=dtype)
+    inputs = swiglu.make_inputs(1, T, H, I, seed=0, device=device, dtype=dtype).as_tuple()
+
+    def step(module):
+        def call():
+            module(x).backward(grad_output)
+
+        def reset():
+            for p in module.parameters():
+                p.grad = None
+            x.grad = None
+
+        return call, reset
+
+    def noop():
+        pass
+
+    calls = {
+        "swiglu_SwiGLUMLP_fwd_bwd": ("swiglu.SwiGLUMLP forward+backward", *step(fused)),
+        BASELINE: ("PlainSwiGLUMLP (3x nn.Linear) forward+backward", *step(plain)),
+        "backward_reference": ('swiglu_mlp_backward(impl="reference")',
+                               lambda: swiglu.swiglu_mlp_backward(*inputs, impl="reference"), noop),
+    }
+    if "triton" in swiglu.available_impls(device):
+        calls["backward_triton"] = ('swiglu_mlp_backward(impl="triton")',
+                                    lambda: swiglu.swiglu_mlp_backward(*inputs, impl="triton"), noop)
+    return calls
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def measure(calls: dict, device: torch.device, warmup: int, iters: int, rounds: int) -> dict[str, list[float]]:
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _, call, reset in calls.values():
+        for _ in range(warmup):
+            reset()
+            call()
+        sync()
+    rounds = max(1, min(rounds, iters))
+    blocks = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=rounds * len(calls), desc="host overhead", unit="block", disable=None, leave=False)
+    except ImportError:
+        bar = None
+    clock = time.perf_counter_ns
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r, n in enumerate(blocks):
+            names = list(calls)
+            names = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+            for name in names:
+                _, call, reset = calls[name]
+                out = samples[name]
+                for _ in range(n):
+                    reset()
+                    start = clock()
+                    call()
+                    sync()
+                    out.append((clock() - start) / 1000)
+                if bar is not None:
+                    bar.update()
+    finally:
+        if was_enabled:
+            gc.enable()
+        if bar is not None:
+            bar.close()
+    return samples
+
+
+def summarize(calls: dict, samples: dict[str, list[float]]) -> list[dict]:
+    rows = []
+    for name, values in samples.items():
+        values = sorted(values)
+        rows.append(dict(implementation=name, description=calls[name][0], us_median=statistics.median(values),
+                         us_p20=_percentile(values, 0.2), us_p80=_percentile(values, 0.8), us_min=values[0],
+                         calls=len(values)))
+    base = next(r["us_median"] for r in rows if r["implementation"] == BASELINE)
+    for row in rows:
+        row["ratio_to_nn_linear"] = row["us_median"] / base
+    return rows
+
+
+def profile(calls: dict, iters: int, top: int = 15) -> str:
+    _, call, reset = calls["swiglu_SwiGLUMLP_fwd_bwd"]
+    profiler = cProfile.Profile()
+    for _ in range(iters):
+        reset()
+        profiler.enable()
+        call()
+        profiler.disable()
+    stream = io.StringIO()
+    pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(top)
+    return stream.getvalue().rstrip()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default=None, help="cpu or cuda[:n] (default: cuda when available)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                        help="tiny: H=256 I=512 T=16; overhead: H=16 I=32 T=2 (default: tiny on CUDA, overhead on CPU)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads on the CPU (default 1)")
+    parser.add_argument("--warmup", type=int, default=50, help="untimed calls per implementation")
+    parser.add_argument("--iters", type=int, default=2000, help="timed calls per implementation")
+    parser.add_argument("--rounds", type=int, default=5, help="blocks the timed calls are split into")
+    parser.add_argument("--profile", action="store_true", help="also cProfile SwiGLUMLP fwd+bwd (top 15 by tottime)")
+    parser.add_argument("--out", default=os.environ.get("OUT") or "build/host_overhead")
+    args = parser.parse_args(argv)
+    if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
+        parser.error("--iters and --rounds must be >= 1, --warmup >= 0")
+    return args
+
+
+def main(argv=None) -> dict:
+    """Run, write the CSV and JSON, print the table; returns ``{"rows", "csv", "json"}``."""
+    args = parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA GPU here")
+    shape_name = args.shape or ("tiny" if device.type == "cuda" else "overhead")
+    shape = SHAPES[shape_name]
+    dtype = DTYPES[args.dtype]
+    threads_before = torch.get_num_threads()
+    threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else None)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        calls = build_calls(device, dtype, shape["H"], shape["I"], shape["T"])
+        started = datetime.now(timezone.utc)
+        samples = measure(calls, device, args.warmup, args.iters, args.rounds)
+        rows = summarize(calls, samples)
+        profile_text = profile(calls, args.iters) if args.profile else None
+    finally:
+        torch.set_num_threads(threads_before)
+
+    meta = dict(
+        script="scripts/host_overhead.py",
+        date_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        device=str(device), device_name=device_name(device),
+        torch=torch.__version__, triton=_version("triton"), python=platform.python_version(),
+        swiglu=swiglu.__version__, git_commit=git_commit(), platform=platform.platform(),
+        shape=dict(name=shape_name, **shape), dtype=args.dtype,
+        warmup=args.warmup, iters=args.iters, rounds=args.rounds,
+        torch_threads=torch.get_num_threads() if threads is None else threads,
+        triton_interpret=os.environ.get("TRITON_INTERPRET"),
+        auto_backend_reason=swiglu.backend_reason(device, dtype),
+        implementations=list(calls), baseline=BASELINE,
+        protocol=__doc__.split("Protocol: ", 1)[1].split("\n\n")[0].replace("\n", " "),
+    )
+    if device.type == "cuda":
+        meta["nvml"] = nvml_info(device)
+        meta["cuda"] = torch.version.cuda
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out / "host_overhead.csv", out / "host_overhead.json"
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    json_path.write_text(json.dumps(meta, indent=2) + "\n")
+
+    if profile_text is not None:
+        print(f"cProfile, SwiGLUMLP forward+backward, {args.iters} calls, top 15 by tottime:")
+        print(profile_text)
+    print(f"\nhost overhead per call, {meta['device_name']} ({device}), {shape_name} H={shape['H']} "
+          f"I={shape['I']} T={shape['T']} {args.dtype}, threads {meta['torch_threads']}, "
+          f"median of {args.iters} (warm-up {args.warmup}); torch {torch.__version__}, commit {meta['git_commit']}\n")
+    width = max(len(r["implementation"]) for r in rows)
+    print(f"{'implementation':<{width}}  {'us median':>10}  {'p20-p80':>17}  {'x nn.Linear':>11}")
+    for r in rows:
+        print(f"{r['implementation']:<{width}}  {r['us_median']:>10.1f}  "
+              f"{r['us_p20']:>8.1f}-{r['us_p80']:<8.1f}  {r['ratio_to_nn_linear']:>10.2f}x")
+    print(f"\nCSV: {csv_path}\nJSON: {json_path}")
+    return dict(rows=rows, csv=csv_path, json=json_path)
+
+
+if __name__ == "__main__":
+    main()
