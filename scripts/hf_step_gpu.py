@@ -1,19 +1,38 @@
 """Step time and peak memory of a Llama-shaped Hugging Face model: unpatched, patched with
-``swiglu.integrations.transformers.apply`` and patched with Liger's ``apply_liger_kernel_to_llama``
-(its SwiGLU MLP only, so the three differ in the MLP alone), in the same run on one GPU.
+``swiglu.integrations.transformers.apply``, patched with Liger's ``apply_liger_kernel_to_llama``
+(its SwiGLU MLP only, so the three differ in the MLP alone) and the swiglu-patched model under
+``torch.compile(mode="reduce-overhead")``, in the same run on one GPU.
 
     python scripts/hf_step_gpu.py                       # Llama-3-8B layer shape, 4 layers, bf16
     python scripts/hf_step_gpu.py --layers 2 --seq 4096 --out build/hf_step
+    python scripts/hf_step_gpu.py --variants unpatched,swiglu,unpatched+compile,swiglu+compile
+
+Variants (``--variants``, comma-separated; default: all but ``unpatched+compile``):
+``unpatched``; ``swiglu`` (``apply``); ``liger`` (only when ``liger_kernel`` imports, else
+recorded as skipped with the reason); ``swiglu+compile`` (the patched model under
+``torch.compile(model, mode="reduce-overhead")``: Inductor plus CUDA graphs);
+``unpatched+compile`` (the same compile of the unpatched model, on request only: a second
+compile costs about as long as the rest of the run). A failure of ``liger`` or of a compiled
+variant prints the traceback and is recorded as a failed row; the run goes on.
 
 Model: ``LlamaConfig(hidden_size=4096, intermediate_size=14336, 32 heads, 8 KV heads,
 vocab 32000)`` with ``--layers`` decoder layers, random weights, bf16 parameters, SDPA attention.
 Step = forward with labels (the LM loss) + backward, gradients set to None before each step (as
 ``zero_grad(set_to_none=True)``), no optimizer; timed with CUDA events, median of ``--iters``
-after ``--warmup``; peak = ``torch.cuda.max_memory_allocated`` over the timed steps, minus the
-memory held before the first step (parameters). Each variant is a fresh model built from the same
-seed, so the first step's losses agree (checked: relative difference printed). Writes
-``hf_step.csv`` to ``--out`` (default ``$OUT`` when set, else build/hf_step) and prints a
-Markdown table. Runs in about a minute on an H200.
+after ``--warmup`` (at least 3 for compiled variants: CUDA graph trees run eagerly once, record
+once, then replay; ``torch.compiler.cudagraph_mark_step_begin()`` before each of their steps);
+peak = ``torch.cuda.max_memory_allocated`` over the timed steps, minus the memory held before
+the first step (parameters; a compiled variant's CUDA graph pool counts in the peak).
+``first_step_s``: wall time of the first step (compilation included). Each variant is a fresh
+model built from the same seed, so the first step's losses agree (checked: relative difference
+to the reference row, ``unpatched`` when measured, printed); with no optimizer every step sees
+the same weights, so ``last_loss`` (the last timed step's) and the norm of all parameter
+gradients after it check the replayed steps and the backward the same way. Compiled variants run
+after the others, and ``torch._dynamo.reset()`` follows each. Writes ``hf_step.csv`` and
+``hf_step.json`` (GPU, driver, power limit and SM clock through pynvml when importable, before
+and after the runs; versions, git commit, arguments, this protocol) to ``--out`` (default
+``$OUT`` when set, else build/hf_step) and prints a Markdown table last. About a minute on an
+H200 for the eager variants, plus the compile.
 """
 
 from __future__ import annotations
@@ -21,12 +40,34 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import json
+import math
 import os
+import platform
 import statistics
+import subprocess
 import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+#: Every variant, in the order they run (compiled ones last: their CUDA graph pools and compiled
+#: code are released by torch._dynamo.reset(), which should not run between eager rows).
+VARIANTS = ("unpatched", "swiglu", "liger", "swiglu+compile", "unpatched+compile")
+DEFAULT_VARIANTS = ("unpatched", "swiglu", "liger", "swiglu+compile")
+#: Variants whose failure is recorded instead of ending the run (peers and compiled variants).
+GUARDED = ("liger", "swiglu+compile", "unpatched+compile")
+CSV_FIELDS = ["variant", "status", "error", "mlp_forward", "ms_median", "ms_min", "ms_p20", "ms_p80", "peak_gib",
+              "first_step_s", "first_loss", "last_loss", "grad_norm", "speedup", "peak_saved_gib", "loss_rel_diff",
+              "last_loss_rel_diff", "grad_norm_rel_diff", "reference", "layers", "hidden_size", "intermediate_size",
+              "tokens", "device", "torch", "transformers", "swiglu"]
 
 
 def build(args):
@@ -44,12 +85,13 @@ def build(args):
 
 
 def patch(model, variant: str):
-    if variant == "swiglu":
+    base = variant.split("+")[0]
+    if base == "swiglu":
         from swiglu.integrations import transformers as swiglu_hf
 
         names = swiglu_hf.apply(model)
         assert len(names) == model.config.num_hidden_layers, names
-    elif variant == "liger":
+    elif base == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
         apply_liger_kernel_to_llama(rope=False, cross_entropy=False, fused_linear_cross_entropy=False,
@@ -57,38 +99,142 @@ def patch(model, variant: str):
     return model
 
 
+def _quantile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    pos = (len(values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
 def measure(variant: str, args) -> dict:
+    compiled = variant.endswith("+compile")
     model = patch(build(args), variant)
+    run = torch.compile(model, mode="reduce-overhead") if compiled else model
+    warmup = max(args.warmup, 3) if compiled else args.warmup
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda",
                         generator=torch.Generator("cuda").manual_seed(1))
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     times, losses = [], []
-    for i in range(args.warmup + args.iters):
+    first_step_s = None
+    for i in range(warmup + args.iters):
         model.zero_grad(set_to_none=True)
-        if i == args.warmup:
+        if i == warmup:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+        if compiled:
+            torch.compiler.cudagraph_mark_step_begin()
+        wall = time.perf_counter()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        loss = model(ids, labels=ids).loss
+        loss = run(ids, labels=ids).loss
         loss.backward()
         end.record()
         end.synchronize()
+        if i == 0:
+            first_step_s = time.perf_counter() - wall
         losses.append(loss.item())
-        if i >= args.warmup:
+        if i >= warmup:
             times.append(start.elapsed_time(end))
     peak = torch.cuda.max_memory_allocated() - base
+    grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
+    grad_norm = torch.linalg.vector_norm(torch.stack(grads)).item() if grads else float("nan")
     forward = model.model.layers[0].mlp.forward  # Liger binds its forward on the instance
-    del model, loss
+    func = getattr(forward, "__func__", forward)
+    return dict(variant=variant, status="ok", error="", mlp_forward=f"{func.__module__}.{func.__qualname__}",
+                ms_median=statistics.median(times), ms_min=min(times), ms_p20=_quantile(times, 0.2),
+                ms_p80=_quantile(times, 0.8), peak_gib=peak / 2**30, first_step_s=first_step_s,
+                first_loss=losses[0], last_loss=losses[-1], grad_norm=grad_norm)
+
+
+def release(compiled: bool) -> None:
     gc.collect()
+    if compiled:
+        import torch._dynamo
+
+        torch._dynamo.reset()  # compiled code and CUDA graph trees (their memory pools)
+        gc.collect()
     torch.cuda.empty_cache()
-    return dict(variant=variant, mlp_forward=f"{forward.__func__.__module__}.{forward.__func__.__qualname__}", ms_median=statistics.median(times),
-                ms_min=min(times), peak_gib=peak / 2**30, first_loss=losses[0])
+
+
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
+def git_commit() -> str | None:
+    """SWIGLU_GIT_COMMIT when set (a copied tree can carry a stale .git), else git's short HEAD."""
+    if os.environ.get("SWIGLU_GIT_COMMIT"):
+        return os.environ["SWIGLU_GIT_COMMIT"].strip()
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def nvml_info() -> dict:
+    """Driver, clocks, power and temperature of the current GPU through pynvml, or why not."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - metadata only, never fail the run on it
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    info: dict = {}
+    try:
+        index = torch.cuda.current_device()
+        try:
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        except Exception:  # noqa: BLE001 - older torch has no uuid; CUDA_VISIBLE_DEVICES may renumber
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        queries = {
+            "driver": lambda: pynvml.nvmlSystemGetDriverVersion(),
+            "name": lambda: pynvml.nvmlDeviceGetName(handle),
+            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            "power_limit_w": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
+            "power_draw_w": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+            "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+        }
+        for key, query in queries.items():
+            try:
+                value = query()
+                info[key] = value.decode() if isinstance(value, bytes) else value
+            except Exception as exc:  # noqa: BLE001
+                info[key] = f"unavailable ({type(exc).__name__})"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return info
+
+
+def parse_variants(text: str, parser: argparse.ArgumentParser) -> list[str]:
+    if text in ("", "default"):
+        return list(DEFAULT_VARIANTS)
+    if text == "all":
+        return list(VARIANTS)
+    asked = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in asked if v not in VARIANTS]
+    if unknown or not asked:
+        parser.error(f"--variants: unknown {unknown or text!r}; choose from {', '.join(VARIANTS)} (or all, default)")
+    return [v for v in VARIANTS if v in asked]  # run order: eager first, compiled last
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="variants: " + ", ".join(VARIANTS) + "; default: "
+                                     + ",".join(DEFAULT_VARIANTS))
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden-size", type=int, default=4096)
     parser.add_argument("--intermediate-size", type=int, default=14336)
@@ -96,53 +242,96 @@ def main(argv=None):
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--variants", default="default",
+                        help="comma-separated subset of the variants below, 'all', or 'default' (the default)")
     parser.add_argument("--out", default=os.environ.get("OUT", "build/hf_step"))
     args = parser.parse_args(argv)
+    variants = parse_variants(args.variants, parser)
+    if args.iters < 1 or args.warmup < 0:
+        parser.error("--iters must be >= 1 and --warmup >= 0")
     if not torch.cuda.is_available():
         sys.exit("hf_step_gpu.py needs a CUDA GPU")
     import transformers
 
     import swiglu
 
-    variants = ["unpatched", "swiglu"]
-    try:
-        import liger_kernel  # noqa: F401
-
-        variants.append("liger")
-    except ImportError as exc:
-        print(f"liger_kernel not importable ({exc}): Liger row skipped", file=sys.stderr)
+    started = datetime.now(timezone.utc)
+    nvml_before = nvml_info()
     rows = []
     for variant in variants:
+        if variant.startswith("liger"):
+            try:
+                import liger_kernel  # noqa: F401
+            except ImportError as exc:
+                reason = f"liger_kernel not importable ({exc})"
+                print(f"{reason}: Liger row skipped", file=sys.stderr)
+                rows.append(dict(variant=variant, status="skipped", error=reason))
+                continue
+        print(f"--- {variant}", file=sys.stderr, flush=True)
         try:
             rows.append(measure(variant, args))
-        except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, not fatal
-            if variant == "liger":
-                print(f"liger failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-                continue
-            raise
-    ref = rows[0]
+        except Exception as exc:  # noqa: BLE001 - a peer or a compiled variant that fails is reported, not fatal
+            if variant not in GUARDED:
+                raise
+            print(f"{variant} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            message = f"{type(exc).__name__}: {exc}".strip().splitlines()
+            rows.append(dict(variant=variant, status="failed", error=(message[0] if message else "")[:300]))
+        release(variant.endswith("+compile"))
+    nvml_after = nvml_info()
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    ref = next((r for r in ok if r["variant"] == "unpatched"), ok[0] if ok else None)
     tokens = args.batch * args.seq
+    common = dict(layers=args.layers, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
+                  tokens=tokens, device=torch.cuda.get_device_name(), torch=torch.__version__,
+                  transformers=transformers.__version__, swiglu=swiglu.__version__)
     for row in rows:
-        row.update(speedup=ref["ms_median"] / row["ms_median"], peak_saved_gib=ref["peak_gib"] - row["peak_gib"],
+        row.update(common)
+        if row["status"] != "ok":
+            continue
+        row.update(reference=ref["variant"], speedup=ref["ms_median"] / row["ms_median"],
+                   peak_saved_gib=ref["peak_gib"] - row["peak_gib"],
                    loss_rel_diff=abs(row["first_loss"] - ref["first_loss"]) / abs(ref["first_loss"]),
-                   layers=args.layers, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-                   tokens=tokens, device=torch.cuda.get_device_name(), torch=torch.__version__,
-                   transformers=transformers.__version__, swiglu=swiglu.__version__)
+                   last_loss_rel_diff=abs(row["last_loss"] - ref["first_loss"]) / abs(ref["first_loss"]),
+                   grad_norm_rel_diff=abs(row["grad_norm"] - ref["grad_norm"]) / abs(ref["grad_norm"]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "hf_step.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, restval="")
         writer.writeheader()
         writer.writerows(rows)
+    meta = dict(
+        script="scripts/hf_step_gpu.py", date_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        gpu=torch.cuda.get_device_name(), nvml_before=nvml_before, nvml_after=nvml_after,
+        cuda=torch.version.cuda, torch=torch.__version__, triton=_version("triton"),
+        transformers=transformers.__version__, liger_kernel=_version("liger-kernel", "liger_kernel"),
+        swiglu=swiglu.__version__, python=platform.python_version(), git_commit=git_commit(),
+        args=vars(args), variants_requested=variants, reference=ref["variant"] if ref else None,
+        status={r["variant"]: r["status"] + (f": {r['error']}" if r.get("error") else "") for r in rows},
+        protocol=__doc__,
+    )
+    (out / "hf_step.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+    suspect = [r["variant"] for r in ok if max(r["loss_rel_diff"], r["last_loss_rel_diff"], r["grad_norm_rel_diff"]) > 1e-2]
+    if suspect:
+        print(f"\nWARNING: loss or gradient norm more than 1% off {ref['variant']}'s: {', '.join(suspect)}")
+    print(f"\nCSV: {out / 'hf_step.csv'}, metadata: {out / 'hf_step.json'}")
     print(f"\nLlama-shaped, {args.layers} layers, H={args.hidden_size}, I={args.intermediate_size}, "
-          f"{args.batch}x{args.seq} tokens, bf16, {rows[0]['device']}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}\n")
-    print("| MLP | step ms (median) | speedup | peak GiB above weights | saved GiB | first loss rel. diff |")
-    print("|---|---:|---:|---:|---:|---:|")
+          f"{args.batch}x{args.seq} tokens, bf16, {common['device']}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, commit {meta['git_commit']}; rel. diffs against "
+          f"{ref['variant'] if ref else '-'}\n")
+    print("| MLP | step ms (median) | speedup | peak GiB above weights | saved GiB | first loss rel. diff "
+          "| grad norm rel. diff |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
+        if row["status"] != "ok":
+            error = row["error"][:80].replace("|", "\\|")
+            print(f"| {row['variant']} | {row['status']}: {error} | | | | | |")
+            continue
         print(f"| {row['variant']} | {row['ms_median']:.1f} | {row['speedup']:.3f} | {row['peak_gib']:.2f} | "
-              f"{row['peak_saved_gib']:.2f} | {row['loss_rel_diff']:.1e} |")
-    print(f"\nCSV: {out / 'hf_step.csv'}")
+              f"{row['peak_saved_gib']:.2f} | {row['loss_rel_diff']:.1e} | {row['grad_norm_rel_diff']:.1e} |")
+    if not ok:
+        sys.exit("every variant failed")
 
 
 if __name__ == "__main__":
