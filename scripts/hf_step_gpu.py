@@ -151,9 +151,9 @@ def measure(variant: str, args) -> dict:
 def release(compiled: bool) -> None:
     gc.collect()
     if compiled:
-        import torch._dynamo
+        import torch._dynamo as dynamo  # (a plain `import torch._dynamo` would make torch local here)
 
-        torch._dynamo.reset()  # compiled code and CUDA graph trees (their memory pools)
+        dynamo.reset()  # compiled code and CUDA graph trees (their memory pools)
         gc.collect()
     torch.cuda.empty_cache()
 

@@ -24,8 +24,9 @@ the median's ratio to the ``nn.Linear`` block's. On the CPU ``torch.set_num_thre
 (metadata) to ``--out`` (default ``$OUT`` when set, else build/host_overhead).
 
 ``--profile``: cProfile over ``--iters`` SwiGLUMLP forward+backward calls, top 15 functions by
-tottime. On CUDA the backward's Python runs in autograd's device thread, which cProfile does not
-follow: there the profile shows the forward and the launch of the backward only.
+tottime. On CUDA the backward's Python runs in autograd's device thread: Python 3.12's cProfile
+(on sys.monitoring) sees it (checked on the H200 machine), older Pythons' may show only the
+forward and the wait in ``run_backward``.
 """
 
 from __future__ import annotations
