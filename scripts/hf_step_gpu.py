@@ -22,7 +22,9 @@ Step = forward with labels (the LM loss) + backward, gradients set to None befor
 after ``--warmup`` (at least 3 for compiled variants: CUDA graph trees run eagerly once, record
 once, then replay; ``torch.compiler.cudagraph_mark_step_begin()`` before each of their steps);
 peak = ``torch.cuda.max_memory_allocated`` over the timed steps, minus the memory held before
-the first step (parameters; a compiled variant's CUDA graph pool counts in the peak).
+the first step (parameters); for compiled variants over all steps, the CUDA graph recording
+included: replays allocate from the graph's private pool, and their peak alone read ~0 (H200,
+torch 2.11).
 ``first_step_s``: wall time of the first step (compilation included). Each variant is a fresh
 model built from the same seed, so the first step's losses agree (checked: relative difference
 to the reference row, ``unpatched`` when measured, printed); with no optimizer every step sees
@@ -81,6 +83,9 @@ def build(args):
     with torch.device("cuda"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.train()
+    mlp = type(model.model.layers[0].mlp)
+    if mlp.__module__ != "transformers.models.llama.modeling_llama":  # a class-level patch leaked in
+        raise RuntimeError(f"a fresh model was built with MLP class {mlp.__module__}.{mlp.__qualname__}")
     return model
 
 
@@ -93,9 +98,20 @@ def patch(model, variant: str):
         assert len(names) == model.config.num_hidden_layers, names
     elif base == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
+        from transformers.models.llama import modeling_llama
 
-        apply_liger_kernel_to_llama(rope=False, cross_entropy=False, fused_linear_cross_entropy=False,
-                                    rms_norm=False, swiglu=True, model=model)
+        # Liger patches this model's MLP instances and also sets modeling_llama.LlamaMLP to its class,
+        # which would make every later model (the compiled variants') a Liger model: undone at once.
+        saved = dict(vars(modeling_llama))
+        try:
+            apply_liger_kernel_to_llama(rope=False, cross_entropy=False, fused_linear_cross_entropy=False,
+                                        rms_norm=False, swiglu=True, model=model)
+        finally:
+            for name in set(vars(modeling_llama)) - set(saved):
+                delattr(modeling_llama, name)
+            for name, value in saved.items():
+                if getattr(modeling_llama, name, None) is not value:
+                    setattr(modeling_llama, name, value)
     return model
 
 
@@ -120,7 +136,7 @@ def measure(variant: str, args) -> dict:
     first_step_s = None
     for i in range(warmup + args.iters):
         model.zero_grad(set_to_none=True)
-        if i == warmup:
+        if i == (0 if compiled else warmup):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         if compiled:
