@@ -29,3 +29,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Each test starts from no cached backend decision or launch plan (tests fake device
+    properties and switch kernel tables, which the caches would otherwise remember)."""
+    import swiglu.ops
+
+    swiglu.ops.clear_plans()
+    yield

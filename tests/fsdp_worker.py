@@ -39,7 +39,7 @@ class Stack(nn.Module):
         return x
 
 
-def _stacks(dtype, backward_impl="reference", save_activated_gate=False, seed=0):
+def _stacks(dtype, impl="reference", save_activated_gate=False, seed=0):
     """(ours: SwiGLUMLP blocks, oracle: PlainSwiGLUMLP blocks in float64), same weights."""
     import swiglu
     from swiglu.module import PlainSwiGLUMLP
@@ -49,7 +49,7 @@ def _stacks(dtype, backward_impl="reference", save_activated_gate=False, seed=0)
     with torch.no_grad():
         for p in oracle.parameters():
             p.copy_((torch.randn_like(p) / p.shape[1] ** 0.5).to(dtype))  # values exact in dtype
-    ours = Stack(lambda: swiglu.SwiGLUMLP(H, I, dtype=dtype, backward_impl=backward_impl,
+    ours = Stack(lambda: swiglu.SwiGLUMLP(H, I, dtype=dtype, impl=backward_impl,
                                           save_activated_gate=save_activated_gate))
     ours.load_state_dict(oracle.state_dict())
     return ours.to(DEVICE), oracle.to(DEVICE)
@@ -186,7 +186,7 @@ def scenario_fsdp_bf16_fp32_reduce(rank, world):
 
 
 def scenario_fsdp_lean_triton(rank, world):
-    """bf16 parameters, backward_impl="triton" in the memory-lean mode (the Triton forward, then
+    """bf16 parameters, impl="triton" in the memory-lean mode (the Triton forward, then
     the backward writing d_gate/d_up over the saved activations), under FSDP2's unsharding and
     resharding after forward (TRITON_INTERPRET=1 on CPU)."""
     import swiglu.ops as ops
@@ -197,7 +197,7 @@ def scenario_fsdp_lean_triton(rank, world):
     ops.mlp_backward_lean = lambda *a: calls.append(a[-2]) or real(*a)
     try:
         mesh = init_device_mesh(DEVICE.type, (world,))
-        ours, oracle = _stacks(torch.bfloat16, backward_impl="triton")
+        ours, oracle = _stacks(torch.bfloat16, impl="triton")
         _fsdp(ours, mesh, reshard_after_forward=True)
         report = _compare(ours, oracle, rank, world, torch.bfloat16)
     finally:

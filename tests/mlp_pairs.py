@@ -13,6 +13,6 @@ def mlp_pair(gen: torch.Generator, hidden_size: int, intermediate_size: int, dty
     with torch.no_grad():
         for p in plain.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / p.shape[1] ** 0.5)
-    ours = swiglu.SwiGLUMLP(hidden_size, intermediate_size, backward_impl=backward_impl, dtype=dtype)
+    ours = swiglu.SwiGLUMLP(hidden_size, intermediate_size, impl=backward_impl, dtype=dtype)
     ours.load_state_dict(plain.state_dict())
     return ours.to(device), plain.to(device)

@@ -11,6 +11,7 @@ import torch
 
 import swiglu
 from swiglu import float64_backward, relative_error
+from swiglu.kernels.backward import triton_swiglu_backward
 
 H = I = 64  # H == I: gate_output can then be the same tensor as x or grad_output
 
@@ -30,14 +31,14 @@ def test_lean_op_refuses_gate_output_that_shares_memory_with_a_read_input(shared
     go, x = t["go"].clone(), t["x"].clone()
     gate = x if shared == "x" else go
     with pytest.raises(ValueError, match=f"gate_output, which shares memory with {shared}"):
-        torch.ops.swiglu.mlp_backward_lean(go, x, gate, t["up"].clone(), t["gw"], t["uw"], t["dw"],
-                                           True, True, True, True, "triton")
+        triton_swiglu_backward(go, x, gate, t["up"].clone(), None, t["gw"], t["uw"], t["dw"],
+                               overwrite_activations=True)
     # The same values in memory of their own: right (the check blocks aliasing, not the values).
     gate = gate.clone()
     want = float64_backward(go, x, gate, t["up"], torch.nn.functional.silu(gate.float()).bfloat16(),
                             t["gw"], t["uw"], t["dw"])
-    got = torch.ops.swiglu.mlp_backward_lean(go, x, gate, t["up"].clone(), t["gw"], t["uw"], t["dw"],
-                                             True, True, True, True, "triton")
+    got = triton_swiglu_backward(go, x, gate, t["up"].clone(), None, t["gw"], t["uw"], t["dw"],
+                                 overwrite_activations=True)
     for g, w in zip(got, want):
         assert relative_error(g.reshape(w.shape), w) < 2e-2
 
@@ -60,7 +61,7 @@ def test_raw_ops_check_their_arguments():
     x, gw, uw, dw, up, go = t["x"], t["gw"], t["uw"], t["dw"], t["up"], t["go"]
     with pytest.raises(ValueError, match="gate_weight must have shape"):
         torch.ops.swiglu.mlp_forward(x, gw[:, :32], uw, dw, "reference", True)
-    with pytest.raises(ValueError, match="backward_impl must be one of"):
+    with pytest.raises(ValueError, match="impl must be one of"):
         torch.ops.swiglu.mlp_forward(x, gw, uw, dw, "bogus", True)
     with pytest.raises(ValueError, match="gate_output must have shape"):
         torch.ops.swiglu.mlp_backward(go, x, up[:4], up, up, gw, uw, dw, True, True, True, True, "reference")
@@ -103,8 +104,8 @@ def test_parallel_and_inputs_arguments():
 
 
 def test_second_lean_backward_message_names_both_remedies():
-    mlp = swiglu.SwiGLUMLP(H, I, dtype=torch.bfloat16, backward_impl="triton")
+    mlp = swiglu.SwiGLUMLP(H, I, dtype=torch.bfloat16, impl="triton", reuse_saved_buffers=True)
     out = mlp(_inputs()["x"].requires_grad_())
-    out.sum().backward()
+    out.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="save_activated_gate=True.*retain_graph=True"):
         out.sum().backward()

@@ -45,7 +45,7 @@ def test_the_h200_takes_triton(fake_gpu):
     fake_gpu(H200)
     assert common.device_reason(CUDA) is None and common.untuned_reason(CUDA) is None
     assert swiglu.backend_reason(CUDA) is None
-    assert ops.resolve_backward_impl("auto", *_tensors()) == "triton"
+    assert ops.resolve_impl("auto", *_tensors()) == "triton"
     assert "triton" in swiglu.available_impls(CUDA)
 
 
@@ -55,21 +55,20 @@ def test_consumer_blackwell_without_the_shared_memory_takes_the_reference(fake_g
     reason = common.device_reason(CUDA)
     assert reason and "shared memory" in reason and "101376" in reason and "sm_120" in reason, reason
     with caplog.at_level(logging.DEBUG, logger="swiglu"):
-        assert ops.resolve_backward_impl("auto", *_tensors()) == "reference"
+        assert ops.resolve_impl("auto", *_tensors()) == "reference"
     assert any("101376" in r.getMessage() for r in caplog.records), caplog.records
     assert swiglu.backend_reason(CUDA) == reason
     assert swiglu.available_impls(CUDA) == ["reference"]
-    x, w = _tensors()
-    with pytest.raises(ValueError, match="backward_impl='triton' needs .* bytes of shared memory"):
-        ops.mlp_forward._init_fn(x, w, w, w.T, "triton", False)  # the op's body: checked before any launch
+    with pytest.raises(ValueError, match="impl='triton' needs .* bytes of shared memory"):
+        ops.resolve_impl("triton", *_tensors())  # where every entry decides: before any launch
 
 
 def test_b200_is_untuned_auto_takes_the_reference_explicit_triton_runs(fake_gpu):
     fake_gpu(B200)
     assert common.device_reason(CUDA) is None  # the sm_90 tables fit and the kernels run there
     assert "sm_100" in swiglu.backend_reason(CUDA) and "tuned" in swiglu.backend_reason(CUDA)
-    assert ops.resolve_backward_impl("auto", *_tensors()) == "reference"
-    assert ops.resolve_backward_impl("triton", *_tensors()) == "triton"
+    assert ops.resolve_impl("auto", *_tensors()) == "reference"
+    assert ops.resolve_impl("triton", *_tensors()) == "triton"
     assert "triton" in swiglu.available_impls(CUDA)
 
 
@@ -77,17 +76,16 @@ def test_rocm_reporting_capability_9_is_not_hopper(fake_gpu):
     fake_gpu(MI300, hip="6.2.41133")
     reason = common.device_reason(CUDA)
     assert reason and "ROCm" in reason, reason
-    assert ops.resolve_backward_impl("auto", *_tensors()) == "reference"
+    assert ops.resolve_impl("auto", *_tensors()) == "reference"
     assert swiglu.available_impls(CUDA) == ["reference"]
-    x, w = _tensors()
     with pytest.raises(ValueError, match="ROCm"):
-        ops.mlp_forward._init_fn(x, w, w, w.T, "triton", False)
+        ops.resolve_impl("triton", *_tensors())
 
 
 def test_pre_hopper(fake_gpu):
     fake_gpu(A100)
     assert "sm_80" in common.device_reason(CUDA)
-    assert ops.resolve_backward_impl("auto", *_tensors()) == "reference"
+    assert ops.resolve_impl("auto", *_tensors()) == "reference"
 
 
 def test_fp16_says_why_it_takes_the_reference(fake_gpu, caplog):
@@ -95,13 +93,13 @@ def test_fp16_says_why_it_takes_the_reference(fake_gpu, caplog):
     reason = swiglu.backend_reason(CUDA, torch.float16)
     assert reason and "bfloat16" in reason and "float16" in reason, reason
     with caplog.at_level(logging.DEBUG, logger="swiglu"):
-        assert ops.resolve_backward_impl("auto", *_tensors(torch.float16)) == "reference"
+        assert ops.resolve_impl("auto", *_tensors(torch.float16)) == "reference"
     assert any("bfloat16" in r.getMessage() for r in caplog.records)
 
 
 def test_unaligned_sizes_on_the_h200_take_the_reference(fake_gpu):
     fake_gpu(H200)
-    assert ops.resolve_backward_impl("auto", *_tensors(inter=44)) == "reference"
+    assert ops.resolve_impl("auto", *_tensors(inter=44)) == "reference"
 
 
 def test_available_impls_on_this_cpu(monkeypatch):
@@ -119,12 +117,12 @@ def test_available_impls_on_this_cpu(monkeypatch):
 def test_auto_takes_the_reference_on_unfit_gpus(fake_gpu, props, hip):
     """The issue's inputs, through the API that existed before (auto took Triton on all three)."""
     fake_gpu(props, hip)
-    assert ops.resolve_backward_impl("auto", *_tensors()) == "reference"
+    assert ops.resolve_impl("auto", *_tensors()) == "reference"
 
 
-def test_module_errors_name_backward_impl():
-    """SwiGLUMLP / swiglu_mlp take ``backward_impl``; their errors say so (issue 21)."""
-    mlp = swiglu.SwiGLUMLP(16, 44, backward_impl="triton", dtype=torch.bfloat16)
+def test_module_errors_name_impl():
+    """SwiGLUMLP, swiglu_mlp and swiglu_mlp_backward take ``impl``; their errors say so."""
+    mlp = swiglu.SwiGLUMLP(16, 44, impl="triton", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 8") as err:
         mlp(torch.randn(3, 16, dtype=torch.bfloat16))
-    assert "backward_impl='reference'" in str(err.value) and " impl='reference'" not in str(err.value), err.value
+    assert str(err.value).startswith("impl='triton'") and "use impl='reference'" in str(err.value), err.value

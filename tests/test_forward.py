@@ -157,7 +157,7 @@ def test_lean_retain_graph_is_a_clear_error_and_saved_mode_allows_it(device):
     x = torch.randn(9, 48, generator=gen).bfloat16().to(device)
     go = torch.randn(9, 48, generator=gen).bfloat16().to(device)
     for save in (False, True):
-        mlp = swiglu.SwiGLUMLP(48, 80, backward_impl="triton", save_activated_gate=save, device=device,
+        mlp = swiglu.SwiGLUMLP(48, 80, impl="triton", save_activated_gate=save, device=device,
                                dtype=torch.bfloat16)
         out = mlp(x)
         out.backward(go, retain_graph=True)
@@ -171,11 +171,11 @@ def test_lean_retain_graph_is_a_clear_error_and_saved_mode_allows_it(device):
 
 
 def test_lean_module_on_triton_is_the_backward_of_its_forward(device):
-    """SwiGLUMLP(backward_impl="triton") in the lean mode: out is the Triton forward's, and the
+    """SwiGLUMLP(impl="triton") in the lean mode: out is the Triton forward's, and the
     gradients are bitwise the Triton backward's given that forward's activated_gate."""
     seed = fresh_seed()
     inp = make_inputs(2, 7, 64, 136, seed=seed, device=device)
-    mlp = swiglu.SwiGLUMLP(64, 136, backward_impl="triton", device=device, dtype=torch.bfloat16)
+    mlp = swiglu.SwiGLUMLP(64, 136, impl="triton", device=device, dtype=torch.bfloat16)
     with torch.no_grad():
         for p, w in zip((mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight), _weights(inp)):
             p.copy_(w)
@@ -200,7 +200,7 @@ def test_lean_equals_saved_on_the_reference_path(dtype):
     results = []
     for save in (False, True):
         torch.manual_seed(seed)  # the same fresh weights for both modes
-        mlp = swiglu.SwiGLUMLP(48, 80, backward_impl="reference", save_activated_gate=save, dtype=dtype)
+        mlp = swiglu.SwiGLUMLP(48, 80, impl="reference", save_activated_gate=save, dtype=dtype)
         x = torch.randn(3, 5, 48, generator=torch.Generator().manual_seed(seed)).to(dtype).requires_grad_(True)
         out = mlp(x)
         out.backward(torch.ones_like(out))
@@ -274,9 +274,9 @@ def _grads(module, x, go, wrap=lambda m, x: m(x)):
     return [xl.grad] + [p.grad for p in module.parameters()]
 
 
-def _same_weights(save, dtype=torch.float64, backward_impl="reference", device="cpu"):
+def _same_weights(save, dtype=torch.float64, impl="reference", device="cpu"):
     torch.manual_seed(3)
-    ours = swiglu.SwiGLUMLP(48, 80, backward_impl=backward_impl, save_activated_gate=save, dtype=dtype, device=device)
+    ours = swiglu.SwiGLUMLP(48, 80, impl=backward_impl, save_activated_gate=save, dtype=dtype, device=device)
     plain = PlainSwiGLUMLP(48, 80, dtype=dtype, device=device)
     plain.load_state_dict(ours.state_dict())
     return ours, plain

@@ -92,7 +92,7 @@ def assert_same(ours, theirs, tol, label=""):
 def test_float64_logits_and_gradients_match(family, op_calls):
     plain = build(family)
     ours = copy.deepcopy(plain)
-    names = swiglu_hf.apply(ours, backward_impl="reference")
+    names = swiglu_hf.apply(ours, impl="reference")
     assert names == [f"model.layers.{i}.mlp" for i in range(SMALL["num_hidden_layers"])]
     assert type(ours.model.layers[0].mlp).__name__.startswith("Swiglu")
     assert ours.state_dict().keys() == plain.state_dict().keys()
@@ -105,7 +105,7 @@ def test_float64_check_catches_a_planted_error(monkeypatch):
     """A 0.1% error in the op's output fails the float64 comparison."""
     plain = build("llama")
     ours = copy.deepcopy(plain)
-    swiglu_hf.apply(ours, backward_impl="reference")
+    swiglu_hf.apply(ours, impl="reference")
     real = swiglu_hf.swiglu_mlp
     monkeypatch.setattr(swiglu_hf, "swiglu_mlp", lambda *a, **k: real(*a, **k) * 1.001)
     ids = batch(1)
@@ -122,7 +122,7 @@ def test_bf16_within_bound_of_the_float64_model(family, backward_impl, op_calls)
     plain = build(family, dtype=torch.bfloat16)
     ours = copy.deepcopy(plain)
     oracle = copy.deepcopy(plain).double()
-    swiglu_hf.apply(ours, backward_impl=backward_impl)
+    swiglu_hf.apply(ours, impl=backward_impl)
     ids = batch(2)
     (lo, go), (lp, gp), (lr, gr) = step(ours, ids), step(plain, ids), step(oracle, ids)
     assert len(op_calls) == SMALL["num_hidden_layers"]
@@ -187,8 +187,8 @@ def test_patch_classes_errors(registered):
         swiglu_hf.patch_classes(("no_such_model",))
     with pytest.raises(ValueError, match="phi3 has no MLP class"):
         swiglu_hf.patch_classes(("phi3",))
-    with pytest.raises(ValueError, match="backward_impl"):
-        swiglu_hf.patch_classes(backward_impl="cuda")
+    with pytest.raises(ValueError, match="impl"):
+        swiglu_hf.patch_classes(impl="cuda")
     from transformers import monkey_patching
 
     monkey_patching.register_patch_mapping({"MistralMLP": nn.Identity})
@@ -213,7 +213,7 @@ def test_torch_compile_traces_the_op(op_calls):
 
     plain = build("llama", num_hidden_layers=1)
     ours = copy.deepcopy(plain)
-    swiglu_hf.apply(ours, backward_impl="reference")
+    swiglu_hf.apply(ours, impl="reference")
     torch._dynamo.reset()
     compiled = torch.compile(ours, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
     ids = batch(4)
@@ -226,7 +226,7 @@ def test_torch_compile_traces_the_op(op_calls):
 def test_gradient_checkpointing(op_calls):
     plain = build("qwen2")
     ours = copy.deepcopy(plain)
-    swiglu_hf.apply(ours, backward_impl="reference")
+    swiglu_hf.apply(ours, impl="reference")
     # transformers >= 5.24 renames it activation_checkpointing_enable (the old name warns).
     getattr(ours, "activation_checkpointing_enable", ours.gradient_checkpointing_enable)()
     ours.train()
@@ -297,8 +297,8 @@ def test_apply_arguments_and_unpatch():
     model = build("llama")
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         swiglu_hf.apply(model.state_dict())
-    with pytest.raises(ValueError, match="backward_impl must be one of"):
-        swiglu_hf.apply(model, backward_impl="fast")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        swiglu_hf.apply(model, impl="fast")
     with pytest.raises(TypeError, match="save_activated_gate must be a bool"):
         swiglu_hf.apply(model, save_activated_gate=1)
     assert swiglu_hf.apply(model.model.layers[0]) == ["mlp"]
@@ -350,11 +350,11 @@ def test_a_patched_model_pickles_and_loads_patched(op_calls, tmp_path):
 
     plain = build("llama")
     ours = copy.deepcopy(plain)
-    swiglu_hf.apply(ours, backward_impl="reference", save_activated_gate=True)
+    swiglu_hf.apply(ours, impl="reference", save_activated_gate=True)
     loaded = pickle.loads(pickle.dumps(ours))
     mlp = loaded.model.layers[0].mlp
     assert isinstance(mlp, swiglu_hf._SwigluForward) and type(mlp) is type(ours.model.layers[0].mlp)
-    assert mlp.swiglu_save_activated_gate is True and mlp.swiglu_backward_impl == "reference"
+    assert mlp.swiglu_save_activated_gate is True and mlp.swiglu_impl == "reference"
     ids = batch(3)
     assert_same(step(loaded, ids), step(plain, ids), F64_TOL)
     assert len(op_calls) == SMALL["num_hidden_layers"]

@@ -1,12 +1,11 @@
-"""The memory-lean backward consumes (overwrites, then frees) the saved gate/up activations only
-when nothing user code can reach aliases them (issue 19, item 1).
+"""The memory-lean backward never writes the saved gate/up activations unless asked
+(``reuse_saved_buffers=True``), and then only the forward's own tensors, handed back unchanged.
 
-A caller that kept the op's outputs, a view or alias of them, a saved-tensor hook that stores what
-autograd saves, or ``grad_fn.saved_tensors`` kept: the backward leaves them as they are (the
-same gradients, bit for bit) and they still read back the forward's values. Before the fix the
-first of these read freed storage (SIGSEGV on the CPU; an illegal memory access on the H200), so
-each runs in a child process (tests/lean_ownership_worker.py). The normal path (``swiglu_mlp`` /
-``SwiGLUMLP``, nothing else holding them) still consumes them: the memory saving stays.
+Anything user code can reach (the raw op's outputs, views or aliases of them, what a saved-tensor
+hook stored, ``grad_fn.saved_tensors``) reads back the forward's values after a default backward,
+with the gradients bit for bit those of the raw op. The kept-reference cases run in a child
+process (tests/lean_ownership_worker.py): a read of freed storage kills a process (SIGSEGV on the
+CPU, an illegal memory access on a GPU), which must fail one test, not the whole run.
 """
 
 from __future__ import annotations
@@ -41,16 +40,21 @@ def test_reachable_activations_are_never_consumed(device):
 
 
 class _LeanSpy:
+    """Records, per Triton backward, whether it wrote over the saved gate/up."""
+
     def __init__(self):
         self.calls = []
 
     def __enter__(self):
-        self.original = ops.mlp_backward_lean
-        ops.mlp_backward_lean = lambda *a: self.calls.append(a[-1]) or self.original(*a)
+        import swiglu.kernels.backward as module
+
+        self.module, self.original = module, module.launch_backward
+        module.launch_backward = lambda *a, **kw: self.calls.append(kw["overwrite_activations"]) or \
+            self.original(*a, **kw)
         return self
 
     def __exit__(self, *exc):
-        ops.mlp_backward_lean = self.original
+        self.module.launch_backward = self.original
 
 
 def _bf16(*shape, gen):
@@ -58,46 +62,42 @@ def _bf16(*shape, gen):
 
 
 @pytest.mark.parametrize("shape", [(4, 16), (2, 3, 16)])
-def test_the_normal_path_still_consumes(device, shape):
-    """swiglu_mlp and SwiGLUMLP: nothing but autograd holds gate/up, so the consuming backward runs
-    (with the storage release) and gives the gradients of the one that does not."""
+def test_reuse_consumes_and_gives_the_same_gradients(device, shape):
+    """SwiGLUMLP(reuse_saved_buffers=True): nothing but autograd holds gate/up, so the backward
+    writes over them (and frees them), bitwise the gradients of the default, which does not."""
     gen = torch.Generator().manual_seed(3)
     x = _bf16(*shape, gen=gen).to(device)
-    mlp = swiglu.SwiGLUMLP(16, 48, backward_impl="triton", dtype=torch.bfloat16, device=device)
+    mlp = swiglu.SwiGLUMLP(16, 48, impl="triton", dtype=torch.bfloat16, device=device)
     grads = {}
-    for consume in (True, False):
+    for reuse in (True, False):
+        mlp.reuse_saved_buffers = reuse
         xr = x.clone().requires_grad_()
         mlp.zero_grad(set_to_none=True)
-        original = ops._overwrite_ok
-        if not consume:
-            ops._overwrite_ok = lambda t: False
-        try:
-            with _LeanSpy() as spy:
-                mlp(xr).float().sum().backward()
-        finally:
-            ops._overwrite_ok = original
-        assert spy.calls == ([True] if consume else []), spy.calls
-        grads[consume] = [xr.grad] + [p.grad for p in mlp.parameters()]
+        with _LeanSpy() as spy:
+            mlp(xr).float().sum().backward()
+        assert spy.calls == [reuse], spy.calls
+        grads[reuse] = [xr.grad] + [p.grad for p in mlp.parameters()]
     for a, b in zip(grads[True], grads[False]):
         assert torch.equal(a, b) and a.abs().max() > 0
 
 
-def test_hooks_and_held_outputs_take_the_non_consuming_backward(device):
-    """In process, without reading anything freed: who holds a reference decides the path."""
+def test_who_may_be_consumed(device):
+    """In process, without reading anything freed: the raw op and the default never write the
+    saved tensors; reuse_saved_buffers does, unless a saved-tensor hook replaced them."""
     gen = torch.Generator().manual_seed(4)
     x = _bf16(4, 16, gen=gen).to(device).requires_grad_()
     w = [_bf16(*s, gen=gen).to(device).requires_grad_() for s in ((48, 16), (48, 16), (16, 48))]
     with _LeanSpy() as spy:
         out, gate, up, _ = ops.mlp_forward(x, *w, "triton", False)
         out.sum().backward()
-        assert spy.calls == [], "consumed the gate/up the caller holds"
-        del gate, up
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-            out = swiglu.swiglu_mlp(x, *w, backward_impl="triton")
+        swiglu.swiglu_mlp(x, *w, impl="triton").sum().backward()
+        assert spy.calls == [False, False], "the raw op or the default wrote over the saved gate/up"
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+            out = swiglu.swiglu_mlp(x, *w, impl="triton", reuse_saved_buffers=True)
         out.sum().backward()
-        assert spy.calls == [], "consumed under a saved-tensor hook"
-        swiglu.swiglu_mlp(x, *w, backward_impl="triton").sum().backward()
-        assert spy.calls == [True], "the normal path no longer consumes"
+        assert spy.calls[-1] is False, "consumed tensors a saved-tensor hook handed back"
+        swiglu.swiglu_mlp(x, *w, impl="triton", reuse_saved_buffers=True).sum().backward()
+        assert spy.calls[-1] is True, "reuse_saved_buffers no longer consumes"
 
 
 def test_opcheck_every_op_in_every_mode(device):

@@ -34,9 +34,9 @@ def _init_state(seed, hidden_size=H, intermediate_size=I):
     return {k: torch.randn(s, generator=gen, device="cuda", dtype=torch.float64) / math.sqrt(s[1]) for k, s in shapes.items()}
 
 
-def _models(seed, backward_impl="triton", save_activated_gate=False):
+def _models(seed, impl="triton", save_activated_gate=False):
     state = _init_state(seed)
-    ours = swiglu.SwiGLUMLP(H, I, backward_impl=backward_impl, save_activated_gate=save_activated_gate, device="cuda",
+    ours = swiglu.SwiGLUMLP(H, I, impl=backward_impl, save_activated_gate=save_activated_gate, device="cuda",
                             dtype=torch.bfloat16)
     plain = PlainSwiGLUMLP(H, I, device="cuda", dtype=torch.bfloat16)
     plain64 = PlainSwiGLUMLP(H, I, device="cuda", dtype=torch.float64)
@@ -51,7 +51,7 @@ def test_auto_is_triton_on_hopper():
     w = torch.randn(I, H, device="cuda", dtype=torch.bfloat16)
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("Triton backward needs sm_90+")
-    assert ops.resolve_backward_impl("auto", x, w) == "triton"
+    assert ops.resolve_impl("auto", x, w) == "triton"
 
 
 @pytest.mark.parametrize("leading", [(T,), (4, T // 4)], ids=str)
@@ -159,6 +159,6 @@ def test_torch_compile_inductor_matches_eager(mode):
 
 def test_measure_step_time_runs():
     r = measure_step_time(H, I, T, warmup=1, iters=3)
-    assert r["backward_impl"] == "triton"
+    assert r["impl"] == "triton"
     for k in ("ms_swiglu", "ms_plain", "tflops_swiglu", "tflops_plain"):
         assert math.isfinite(r[k]) and r[k] > 0, (k, r)

@@ -25,7 +25,7 @@ F64 = torch.float64
 
 def _pair(seed=0):
     torch.manual_seed(seed)
-    ours = swiglu.SwiGLUMLP(H, I, dtype=F64, backward_impl="reference")
+    ours = swiglu.SwiGLUMLP(H, I, dtype=F64, impl="reference")
     with torch.no_grad():
         for p in ours.parameters():
             p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)

@@ -64,7 +64,7 @@ def _pair(mesh, seed=0, sequence_parallel=False, sequence_dim=1, inter=I):
     with torch.no_grad():  # weights of the benchmark's scale, not nn.Linear's tiny init
         for p in oracle.parameters():
             p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
-    tp = swiglu.SwiGLUMLP(H, inter, dtype=F64, backward_impl="reference")
+    tp = swiglu.SwiGLUMLP(H, inter, dtype=F64, impl="reference")
     tp.load_state_dict(oracle.state_dict())
     swiglu.parallelize(tp, mesh, sequence_parallel=sequence_parallel, sequence_dim=sequence_dim)
     return tp, oracle
@@ -234,7 +234,7 @@ def scenario_bf16_training(mesh):
 
     torch.manual_seed(16)
     oracle = PlainSwiGLUMLP(H, I, dtype=torch.bfloat16)
-    tp = swiglu.SwiGLUMLP(H, I, dtype=torch.bfloat16, backward_impl="reference")
+    tp = swiglu.SwiGLUMLP(H, I, dtype=torch.bfloat16, impl="reference")
     tp.load_state_dict(oracle.state_dict())
     swiglu.parallelize(tp, mesh)
     opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (tp, oracle)]
@@ -257,7 +257,7 @@ def scenario_plan_in_a_model(mesh):
 
     tp_mlp, oracle_mlp = _pair(mesh, seed=17)
     torch.manual_seed(17)
-    fresh = swiglu.SwiGLUMLP(H, I, dtype=F64, backward_impl="reference")
+    fresh = swiglu.SwiGLUMLP(H, I, dtype=F64, impl="reference")
     fresh.load_state_dict(oracle_mlp.state_dict())
     model = torch.nn.Sequential()
     model.add_module("norm", torch.nn.LayerNorm(H, dtype=F64))
@@ -306,7 +306,7 @@ def scenario_uneven(mesh):
     import swiglu
 
     n = mesh.size()
-    bad = swiglu.SwiGLUMLP(H, 8 * n + 1, dtype=F64, backward_impl="reference")
+    bad = swiglu.SwiGLUMLP(H, 8 * n + 1, dtype=F64, impl="reference")
     try:
         swiglu.parallelize(bad, mesh)
     except ValueError as exc:
@@ -316,7 +316,7 @@ def scenario_uneven(mesh):
     from torch.distributed.tensor import DTensor
 
     assert not isinstance(bad.gate_proj.weight, DTensor), "weights were sharded before the error"
-    unaligned = swiglu.SwiGLUMLP(H, 12 * n, dtype=torch.bfloat16, backward_impl="triton")  # local I = 12
+    unaligned = swiglu.SwiGLUMLP(H, 12 * n, dtype=torch.bfloat16, impl="triton")  # local I = 12
     try:
         swiglu.parallelize(unaligned, mesh)
     except ValueError as exc:
@@ -346,7 +346,7 @@ def scenario_lean_triton(mesh):
         for overwrite in (True, False):
             ops._overwrite_ok = original_ok if overwrite else (lambda t: False)
             torch.manual_seed(17)  # the same weights both times
-            tp = swiglu.SwiGLUMLP(H, I, dtype=torch.bfloat16, backward_impl="triton")
+            tp = swiglu.SwiGLUMLP(H, I, dtype=torch.bfloat16, impl="triton")
             swiglu.parallelize(tp, mesh)
             xr = x.clone().requires_grad_(True)
             out = tp(xr)

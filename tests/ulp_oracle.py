@@ -355,15 +355,16 @@ def check_args(args, got, seed, atol=0.13, **needs):
 
 
 class BackwardSpy:
-    """Wraps ``swiglu.kernels.backward.triton_swiglu_backward`` (which ``swiglu.ops`` looks up at each
-    call) and records each call's inputs as they were before it (clones: the lean path overwrites
-    gate/up), its keyword arguments and its outputs. Use as a context manager or with
-    ``monkeypatch.setattr(backward_module, "triton_swiglu_backward", spy)``."""
+    """Wraps ``swiglu.kernels.backward.launch_backward`` (the launcher every Triton backward goes
+    through; ``swiglu.ops`` looks it up at each call) and records each call's inputs as they were
+    before it (clones: a consuming backward overwrites gate/up), its keyword arguments and its
+    outputs. Use as a context manager or with ``monkeypatch.setattr(backward_module,
+    "launch_backward", spy)``."""
 
     def __init__(self):
         import swiglu.kernels.backward as module
 
-        self.module, self.real, self.calls = module, module.triton_swiglu_backward, []
+        self.module, self.real, self.calls = module, module.launch_backward, []
 
     def __call__(self, *args, **kw):
         before = [None if a is None else a.detach().clone() for a in args]
@@ -372,22 +373,22 @@ class BackwardSpy:
         return out
 
     def __enter__(self):
-        self.module.triton_swiglu_backward = self
+        self.module.launch_backward = self
         return self
 
     def __exit__(self, *exc):
-        self.module.triton_swiglu_backward = self.real
+        self.module.launch_backward = self.real
 
     def check_own(self, seed, atol=0.13):
         """Every recorded call's outputs against its own inputs (e.g. a rank's local backward
         under tensor parallelism, before the all-reduce)."""
-        assert self.calls, "triton_swiglu_backward was not called"
+        assert self.calls, "launch_backward was not called"
         for args, kw, out in self.calls:
             check_args(args, out, seed, atol, **{k: kw.get(k, True) for k in NEEDS})
 
     def check(self, got, seed, atol=0.13):
         """The one recorded call's inputs against ``got`` (the gradients as the caller received
         them, e.g. x.grad and the parameters' .grad, in NAMES order; None where not computed)."""
-        assert len(self.calls) == 1, f"{len(self.calls)} calls of triton_swiglu_backward, expected 1"
+        assert len(self.calls) == 1, f"{len(self.calls)} calls of launch_backward, expected 1"
         args, kw, _ = self.calls[0]
         check_args(args, got, seed, atol, **{k: kw.get(k, True) for k in NEEDS})

@@ -3,8 +3,8 @@
 Public API:
     swiglu_mlp_backward(grad_output, x, gate_output, up_output, activated_gate,
                         gate_weight, up_weight, down_weight, *, impl="auto")
-    SwiGLUMLP(hidden_size, intermediate_size)  -- training-ready nn.Module with our backward
-    swiglu_mlp(x, gate_weight, up_weight, down_weight)  -- its functional form (custom ops)
+    SwiGLUMLP(hidden_size, intermediate_size, *, impl="auto")  -- training-ready nn.Module with our backward
+    swiglu_mlp(x, gate_weight, up_weight, down_weight, *, impl="auto")  -- its functional form
     parallelize(module, mesh, *, sequence_parallel=False)  -- tensor parallelism (DTensor)
     tensor_parallel_plan(prefix, ...)      -- the same plan for parallelize_module on a whole model
     available_impls(device), backend_reason(device, dtype) -- impls usable here; why "auto" is not Triton
@@ -16,7 +16,7 @@ Public API:
 
 from . import roofline
 from .accuracy import benchmark_criterion, relative_error
-from .api import available_impls, backend_reason, register_impl, swiglu_mlp_backward
+from .api import available_impls, backend_reason, swiglu_mlp_backward
 from .inputs import BackwardInputs, make_inputs
 from .module import SwiGLUMLP
 from .ops import swiglu_mlp
@@ -55,7 +55,6 @@ __all__ = [
     "make_inputs",
     "parallelize",
     "reference_backward",
-    "register_impl",
     "relative_error",
     "roofline",
     "select_cases",

@@ -188,3 +188,34 @@ def check_mlp_shapes(
             raise ValueError(f"{label} must be positive, got {size} (x {list(x.shape)}, gate_weight "
                              f"{list(gate_weight.shape)}); zero tokens are supported, an empty {label} is not")
     return hidden, inter
+
+
+_FLOAT_SET = frozenset(FLOAT_DTYPES)
+
+
+def inputs_look_valid(x, gate_weight, up_weight, down_weight, *activations, like_x=(), hidden_size=None,
+                      intermediate_size=None, ranks=None) -> bool:
+    """True when the tensors are surely what the validators above accept (the common case, in a
+    few comparisons: one dense floating dtype, one device, x [..., H] (rank in ``ranks`` when
+    given), ``like_x`` tensors x's shape, weights [I, H] / [I, H] / [H, I], ``activations``
+    [*x.shape[:-1], I], H and I positive and equal to the declared sizes when given). False
+    means only "not proven": the caller runs the full validator, which raises naming the
+    argument or accepts."""
+    tensors = (x, gate_weight, up_weight, down_weight, *activations, *like_x)
+    dtype, device = getattr(x, "dtype", None), getattr(x, "device", None)
+    if dtype not in _FLOAT_SET:
+        return False
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.layout != torch.strided or t.device != device:
+            return False
+    if gate_weight.dim() != 2 or x.dim() < 1 or (ranks is not None and x.dim() not in ranks):
+        return False
+    inter, hidden = gate_weight.shape
+    if hidden <= 0 or inter <= 0 or x.shape[-1] != hidden or up_weight.shape != gate_weight.shape \
+            or down_weight.shape != (hidden, inter):
+        return False
+    if (hidden_size is not None and hidden_size != hidden) or (intermediate_size is not None and intermediate_size != inter):
+        return False
+    shape = x.shape
+    act_shape = shape[:-1] + (inter,)
+    return all(t.shape == shape for t in like_x) and all(t.shape == act_shape for t in activations)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from .ops import BACKWARD_IMPLS, resolve_backward_impl, swiglu_mlp, validate_forward_inputs
+from .ops import IMPLS, _check_impl, _renamed, _swiglu_mlp, resolve_impl
 from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 
@@ -36,11 +36,13 @@ class SwiGLUMLP(nn.Module):
 
     Args:
         hidden_size: H. intermediate_size: I. Positive ints.
-        backward_impl: ``"auto"`` | ``"reference"`` | ``"triton"`` (see ``swiglu.swiglu_mlp``).
+        impl: ``"auto"`` | ``"reference"`` | ``"triton"`` (see ``swiglu.swiglu_mlp``);
+            ``backward_impl`` is its former name (DeprecationWarning).
         save_activated_gate: False (default): memory-lean, 2 saved [T, I] activations, activated_gate
-            recomputed in the backward, whose d_gate/d_up overwrite the saved gate/up on the Triton
-            path (so one backward per graph: ``retain_graph=True`` then needs True); True: 3 saved,
-            the forward bit for bit nn.Linear's, never overwritten (see ``swiglu.swiglu_mlp``).
+            recomputed in the backward; True: 3 saved, the forward bit for bit nn.Linear's.
+        reuse_saved_buffers: the backward writes d_gate/d_up over the saved gate/up and frees
+            them (lean mode, eager Triton path; two [T, I] fewer at the backward's peak). Not
+            with a saved-tensor hook that keeps what it packs (``swiglu.swiglu_mlp``).
         device, dtype: of the weights; the input must match them.
 
     forward(x): x [..., H] -> [..., H] (zero tokens give an empty output and zero weight
@@ -67,23 +69,29 @@ class SwiGLUMLP(nn.Module):
         hidden_size: int,
         intermediate_size: int,
         *,
-        backward_impl: str = "auto",
+        impl: str = "auto",
         save_activated_gate: bool = False,
+        reuse_saved_buffers: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        backward_impl: str | None = None,
     ) -> None:
         super().__init__()
         for label, size in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
             if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
                 raise ValueError(f"{label} must be a positive int, got {size!r}")
-        if backward_impl not in BACKWARD_IMPLS:
-            raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {backward_impl!r}")
+        if backward_impl is not None:
+            impl = _renamed(backward_impl, impl)
+        _check_impl(impl)
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         if not isinstance(save_activated_gate, bool):
             raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
-        self.backward_impl = backward_impl
+        self.impl = impl
         self.save_activated_gate = save_activated_gate
+        if not isinstance(reuse_saved_buffers, bool):
+            raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
+        self.reuse_saved_buffers = reuse_saved_buffers
         kw = dict(bias=False, device=device, dtype=dtype)
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
@@ -96,28 +104,33 @@ class SwiGLUMLP(nn.Module):
         custom op with our backward (``swiglu.swiglu_mlp``), or the projections called as
         modules where hooks or adapters need them (class docstring; one UserWarning). Raises
         ``TypeError``/``ValueError`` as ``swiglu.swiglu_mlp``, naming the argument."""
-        reason = _plain_path_reason(self)
-        if reason:
-            if not getattr(self, "_plain_path_warned", False):
-                self._plain_path_warned = True
-                warnings.warn(f"SwiGLUMLP runs the plain PyTorch formula (its projections called as modules, "
-                              f"no fused backward): {reason}", UserWarning, stacklevel=2)
-            if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.hidden_size:
-                raise ValueError(f"x must be a tensor of shape [..., {self.hidden_size}] (hidden_size), got "
-                                 f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        # Against the declared sizes first, so a bad x (or a replaced weight) is the one blamed.
-        validate_forward_inputs(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
-                                self.backward_impl, hidden_size=self.hidden_size,
-                                intermediate_size=self.intermediate_size)
-        return swiglu_mlp(
-            x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, backward_impl=self.backward_impl,
-            save_activated_gate=self.save_activated_gate,
-        )
+        gate_proj, up_proj, down_proj = self.gate_proj, self.up_proj, self.down_proj
+        if not (_fusable_fast(gate_proj) and _fusable_fast(up_proj) and _fusable_fast(down_proj)):
+            reason = _plain_path_reason(self)
+            if reason:
+                return self._plain_forward(x, reason)
+        return _swiglu_mlp(x, gate_proj.weight, up_proj.weight, down_proj.weight, self.impl,
+                           self.save_activated_gate, getattr(self, "reuse_saved_buffers", False), self.hidden_size,
+                           self.intermediate_size)
+
+    def _plain_forward(self, x: torch.Tensor, reason: str) -> torch.Tensor:
+        if not getattr(self, "_plain_path_warned", False):
+            self._plain_path_warned = True
+            warnings.warn(f"SwiGLUMLP runs the plain PyTorch formula (its projections called as modules, "
+                          f"no fused backward): {reason}", UserWarning, stacklevel=3)
+        if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"x must be a tensor of shape [..., {self.hidden_size}] (hidden_size), got "
+                             f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    @property
+    def backward_impl(self) -> str:
+        """The former name of ``impl`` (read-only)."""
+        return self.impl
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
-                f"backward_impl={self.backward_impl!r}, save_activated_gate={self.save_activated_gate}")
+                f"impl={self.impl!r}, save_activated_gate={self.save_activated_gate}")
 
 
 def _is_parallel_style_hook(fn) -> bool:
@@ -126,6 +139,13 @@ def _is_parallel_style_hook(fn) -> bool:
     fn = getattr(fn, "func", fn)  # functools.partial
     path = getattr(getattr(fn, "__code__", None), "co_filename", "").replace("\\", "/")
     return "torch/distributed/tensor/" in path
+
+
+def _fusable_fast(proj: nn.Module) -> bool:
+    # The common case in a few attribute reads: a plain nn.Linear without bias or hooks. False
+    # only means "ask _plain_path_reason" (parallel-style hooks and parametrized weights pass there).
+    return type(proj) is nn.Linear and proj.bias is None and not (
+        proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
 
 
 def _plain_path_reason(mlp: "SwiGLUMLP") -> str | None:
@@ -186,7 +206,7 @@ def measure_step_time(
     *,
     warmup: int = 3,
     iters: int = 10,
-    backward_impl: str = "auto",
+    impl: str = "auto",
     device: str = "cuda",
     seed: int = 0,
 ) -> dict:
@@ -198,7 +218,7 @@ def measure_step_time(
     only its own gradients (weights are shared). Memory at full size (H=16384, I=53248,
     T=4096): 5.2 GB of weights + 5.2 GB of gradients plus ~2 GB of activations.
 
-    Returns a dict: hidden_size, intermediate_size, tokens, backward_impl (resolved name used),
+    Returns a dict: hidden_size, intermediate_size, tokens, impl (the resolved backend),
     ms_swiglu, ms_plain, speedup (ms_plain / ms_swiglu), tflops_swiglu, tflops_plain (the
     step's 3 forward + 6 backward GEMMs: 18 * T * H * I FLOPs), device name, torch version.
 
@@ -210,10 +230,10 @@ def measure_step_time(
         raise ValueError(f"tokens must be positive, got {tokens}")
     torch.manual_seed(seed)
     dtype = torch.bfloat16
-    ours = SwiGLUMLP(hidden_size, intermediate_size, backward_impl=backward_impl, device=device, dtype=dtype)
+    ours = SwiGLUMLP(hidden_size, intermediate_size, impl=impl, device=device, dtype=dtype)
     x = torch.randn(tokens, hidden_size, device=device, dtype=dtype, requires_grad=True)
     grad_output = torch.randn(tokens, hidden_size, device=device, dtype=dtype)
-    resolved = resolve_backward_impl(backward_impl, x, ours.gate_proj.weight)
+    resolved = resolve_impl(impl, x, ours.gate_proj.weight)
     ms_swiglu = _median_step_ms(ours, x, grad_output, warmup, iters)
     state = ours.state_dict()
     del ours
@@ -226,7 +246,7 @@ def measure_step_time(
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         tokens=tokens,
-        backward_impl=resolved,
+        impl=resolved,
         ms_swiglu=ms_swiglu,
         ms_plain=ms_plain,
         speedup=ms_plain / ms_swiglu,
@@ -246,11 +266,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--backward-impl", default="auto", choices=BACKWARD_IMPLS)
+    parser.add_argument("--impl", default="auto", choices=IMPLS)
     args = parser.parse_args(argv)
     result = measure_step_time(
         args.hidden_size, args.intermediate_size, args.tokens,
-        warmup=args.warmup, iters=args.iters, backward_impl=args.backward_impl,
+        warmup=args.warmup, iters=args.iters, impl=args.impl,
     )
     print(json.dumps(result, indent=2))
 

@@ -60,7 +60,7 @@ if AVAILABLE:
     # tensor-parallel layout, and everything replicated (DTensors that are not sharded). DTensor
     # picks the one needing the least redistribution of the inputs it is given.
     @register_sharding(torch.ops.swiglu.mlp_forward.default)
-    def _forward_sharding(x, gate_weight, up_weight, down_weight, backward_impl, save_activated_gate=True):
+    def _forward_sharding(x, gate_weight, up_weight, down_weight, impl, save_activated_gate=True):
         last = x.ndim - 1
         # Memory-lean mode: activated_gate comes back as an empty [0] tensor, replicated.
         act = Shard(last) if save_activated_gate else Replicate()
@@ -82,18 +82,6 @@ if AVAILABLE:
                       + [Replicate()] * 3 + [None] * 5)
         return [tp, replicated]
 
-    @register_sharding(torch.ops.swiglu.mlp_backward_lean.default)
-    def _backward_lean_sharding(grad_output, x, gate_output, up_output, gate_weight, up_weight, down_weight,
-                                need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight,
-                                impl, release_activations=False):
-        # As mlp_backward's without activated_gate; each rank overwrites (and frees) its own
-        # shards of gate_output/up_output.
-        last = x.ndim - 1
-        tp = ([Partial(), Shard(0), Shard(0), Shard(1)],
-              [Replicate(), Replicate(), Shard(last), Shard(last), Shard(0), Shard(0), Shard(1)] + [None] * 6)
-        replicated = ([Replicate()] * 4, [Replicate()] * 7 + [None] * 6)
-        return [tp, replicated]
-
     def _hash_flags(op, first_flag: int) -> None:
         # DTensor caches each op's output layout AND shape by its tensor arguments only (for
         # register_sharding ops, bool/str arguments are not hashed). The backward's output shapes
@@ -108,8 +96,7 @@ if AVAILABLE:
             static_argnum=first_flag, needs_pytree=True)
 
     _hash_flags(torch.ops.swiglu.mlp_backward.default, 8)  # need_grad_x, ..., impl
-    _hash_flags(torch.ops.swiglu.mlp_backward_lean.default, 7)
-    _hash_flags(torch.ops.swiglu.mlp_forward.default, 4)  # backward_impl (cheap, and exact)
+    _hash_flags(torch.ops.swiglu.mlp_forward.default, 4)  # impl (cheap, and exact)
 
 
 def _check_sequence_dim(sequence_dim: int) -> None:
@@ -192,7 +179,7 @@ def check_shardable(hidden_size: int, intermediate_size: int, tp: int, *, need_t
         raise ValueError(
             f"local intermediate_size {intermediate_size} / {tp} = {local} is not a multiple of "
             f"{ALIGN_ELEMENTS}: the Triton backward needs 16-byte aligned rows (use an intermediate_size "
-            f"divisible by {ALIGN_ELEMENTS * tp}, or backward_impl='reference')")
+            f"divisible by {ALIGN_ELEMENTS * tp}, or impl='reference')")
 
 
 def parallelize(
@@ -219,7 +206,7 @@ def parallelize(
     Raises:
         TypeError: ``module`` lacks the three Linear submodules, or ``mesh`` is not a DeviceMesh.
         ValueError: a mesh that is not 1-D; intermediate_size not divisible by the mesh size; for
-            ``SwiGLUMLP`` with the Triton backward (``backward_impl="triton"``, or ``"auto"`` on a
+            ``SwiGLUMLP`` with the Triton backward (``impl="triton"``, or ``"auto"`` on a
             CUDA mesh) a local intermediate size that is not a multiple of 8; a bad sequence_dim.
             At forward, on every rank: sequence shards of plain tensors that are neither equal
             nor torch.chunk's split, naming the local and global lengths.
@@ -238,8 +225,8 @@ def parallelize(
     _check_sequence_dim(sequence_dim)
     inter, hidden = module.gate_proj.weight.shape
     fused = isinstance(module, SwiGLUMLP)
-    need_triton = fused and (module.backward_impl == "triton"
-                             or (module.backward_impl == "auto" and mesh.device_type == "cuda"))
+    need_triton = fused and (module.impl == "triton"
+                             or (module.impl == "auto" and mesh.device_type == "cuda"))
     check_shardable(hidden, inter, mesh.size(), need_triton=need_triton)
     plan = tensor_parallel_plan(fused=fused, sequence_parallel=sequence_parallel, sequence_dim=sequence_dim)
     root = plan.pop("", None)

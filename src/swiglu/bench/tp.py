@@ -436,7 +436,7 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
     timer = Timer(device, mesh)
     torch.manual_seed(seed)
     plain = PlainSwiGLUMLP(H, I, device=device, dtype=torch.bfloat16)
-    ours = swiglu.SwiGLUMLP(H, I, device=device, dtype=torch.bfloat16, backward_impl=impl)
+    ours = swiglu.SwiGLUMLP(H, I, device=device, dtype=torch.bfloat16, impl=impl)
     ours.load_state_dict(plain.state_dict())
     swiglu.parallelize(plain, mesh)
     swiglu.parallelize(ours, mesh)

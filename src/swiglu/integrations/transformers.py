@@ -50,7 +50,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..ops import BACKWARD_IMPLS, swiglu_mlp
+from ..ops import _check_impl, _renamed, _swiglu_mlp
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 #: ``patch_classes``' default: the transformers model types (``transformers.models.<type>``).
@@ -153,7 +153,7 @@ def _looks_like_mlp(module: nn.Module) -> bool:
 class _SwigluForward(nn.Module):
     """Mixin placed before the original MLP class: its ``__init__``, parameters and state dict stay."""
 
-    swiglu_backward_impl = "auto"
+    swiglu_impl = "auto"
     swiglu_save_activated_gate = False
 
     def __init__(self, *args, **kwargs) -> None:
@@ -172,9 +172,8 @@ class _SwigluForward(nn.Module):
         if reason is not None:
             warnings.warn(f"swiglu: {type(self).__qualname__} runs its original forward: {reason}", stacklevel=2)
             return super().forward(x)
-        return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
-                          backward_impl=self.swiglu_backward_impl,
-                          save_activated_gate=self.swiglu_save_activated_gate)
+        return _swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, self.swiglu_impl,
+                           self.swiglu_save_activated_gate)
 
 
 def _unpickle(base: type, state: dict) -> nn.Module:
@@ -196,9 +195,8 @@ def swiglu_class(cls: type) -> type:
     return sub
 
 
-def _check_options(backward_impl, save_activated_gate) -> None:
-    if backward_impl not in BACKWARD_IMPLS:
-        raise ValueError(f"backward_impl must be one of {BACKWARD_IMPLS}, got {backward_impl!r}")
+def _check_options(impl, save_activated_gate) -> None:
+    _check_impl(impl)
     if not isinstance(save_activated_gate, bool):
         raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
 
@@ -211,12 +209,13 @@ def _short(names: list[str], n: int = 3) -> str:
 # --------------------------------------------------------------------------- public calls
 
 
-def apply(model: nn.Module, *, backward_impl: str = "auto", save_activated_gate: bool = False) -> list[str]:
+def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = False,
+          backward_impl: str | None = None) -> list[str]:
     """Patch every SwiGLU MLP inside ``model`` (in place) to run ``swiglu.swiglu_mlp``.
 
     Args:
         model: any ``nn.Module`` (a transformers ``PreTrainedModel``, or a module of one).
-        backward_impl, save_activated_gate: as ``swiglu.swiglu_mlp`` (``"auto"``: Triton for bf16
+        impl, save_activated_gate: as ``swiglu.swiglu_mlp`` (``backward_impl``: impl's former name) (``"auto"``: Triton for bf16
             on CUDA sm_90+, the PyTorch reference otherwise; False: the memory-lean mode).
 
     Returns: the qualified names of the patched modules (e.g. ``"model.layers.0.mlp"``), in
@@ -229,11 +228,13 @@ def apply(model: nn.Module, *, backward_impl: str = "auto", save_activated_gate:
     ``unsupported_reason``).
 
     Raises: TypeError (model not an nn.Module, non-bool save_activated_gate), ValueError
-    (unknown backward_impl).
+    (unknown impl).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    _check_options(backward_impl, save_activated_gate)
+    if backward_impl is not None:
+        impl = _renamed(backward_impl, impl)
+    _check_options(impl, save_activated_gate)
     patched, skipped = [], {}
     for name, module in model.named_modules():
         if not isinstance(module, _SwigluForward):
@@ -244,7 +245,7 @@ def apply(model: nn.Module, *, backward_impl: str = "auto", save_activated_gate:
                 skipped.setdefault((type(module).__qualname__, reason), []).append(name)
                 continue
             module.__class__ = swiglu_class(type(module))
-        module.swiglu_backward_impl = backward_impl
+        module.swiglu_impl = impl
         module.swiglu_save_activated_gate = save_activated_gate
         patched.append(name)
     for (cls, reason), names in skipped.items():
@@ -258,14 +259,14 @@ def unpatch(model: nn.Module) -> list[str]:
     names = []
     for name, module in model.named_modules():
         if isinstance(module, _SwigluForward):
-            for attr in ("swiglu_backward_impl", "swiglu_save_activated_gate"):
+            for attr in ("swiglu_impl", "swiglu_save_activated_gate"):
                 module.__dict__.pop(attr, None)
             module.__class__ = type(module)._swiglu_base
             names.append(name)
     return names
 
 
-def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, backward_impl: str = "auto",
+def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, impl: str = "auto", backward_impl: str | None = None,
                   save_activated_gate: bool = False) -> list[str]:
     """Register our subclasses of these model types' SwiGLU MLP classes with transformers' patch
     mapping, so that ``from_pretrained`` / ``from_config`` (and code inside
@@ -275,7 +276,7 @@ def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, backward_impl: str = "auto
         model_types: names under ``transformers.models`` (default ``DEFAULT_MODEL_TYPES``:
             llama, mistral, qwen2, qwen3); every class of ``modeling_<type>`` whose forward is the
             SwiGLU formula is registered (e.g. ``LlamaMLP``).
-        backward_impl, save_activated_gate: the defaults of the modules built (``apply`` can
+        impl, save_activated_gate: the defaults of the modules built (``apply`` can
             change them per module afterwards).
 
     Returns: the registered class names. Instances whose configuration the op cannot serve
@@ -283,10 +284,12 @@ def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, backward_impl: str = "auto
     ``unpatch_classes()`` removes the registrations.
 
     Raises: ImportError (transformers missing or older than 5.3), ValueError (an unknown model
-    type or one without such a class, an unknown backward_impl, a class name already mapped by
+    type or one without such a class, an unknown impl, a class name already mapped by
     someone else), TypeError (non-bool save_activated_gate).
     """
-    _check_options(backward_impl, save_activated_gate)
+    if backward_impl is not None:
+        impl = _renamed(backward_impl, impl)
+    _check_options(impl, save_activated_gate)
     if isinstance(model_types, str):
         model_types = (model_types,)
     try:
@@ -308,7 +311,7 @@ def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, backward_impl: str = "auto
                              f"down_proj(act_fn(gate_proj(x)) * up_proj(x))")
         for cls in found:
             sub = swiglu_class(cls)
-            sub.swiglu_backward_impl = backward_impl
+            sub.swiglu_impl = impl
             sub.swiglu_save_activated_gate = save_activated_gate
             mapping[cls.__name__] = sub
     current = monkey_patching.get_patch_mapping()

@@ -8,7 +8,8 @@ configuration (Triton's JIT compile, a few seconds per kernel), never one inside
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ import triton
 from ..checks import validate_backward_inputs
 from . import tl_kernels as kernels
 from .common import (INTERPRET, TABLE_SHARED_MEMORY, TOKEN_BUCKETS, GluonConfig, KernelConfig, bucket_for,  # noqa: F401
-                     device_reason, gluon_unavailable_reason, launch_kwargs, num_programs, tma_descriptor, tma_ready,
+                     device_reason, gluon_unavailable_reason, launch_kwargs, num_programs, sizes_reason, tma_descriptor, tma_ready,
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
 from .shared_memory import check_shared_memory, estimate_shared_memory
@@ -122,15 +123,21 @@ def launch_grad_weight_any(a, b, out, c: KernelConfig, g: GluonConfig | None) ->
     launch_grad_weight_gluon(a, b, out, g, num_programs(a.device, triton.cdiv(M, g.BM) * triton.cdiv(N, g.BN)))
 
 
-def gluon_config_for(tokens: int, device: torch.device) -> GluonConfig | None:
-    """The Gluon weight-gradient config at ``tokens`` on ``device``, or None for the tl kernel: no
-    table entry, Gluon unavailable here (``common.gluon_unavailable_reason``), or a config larger
-    than the device's shared memory."""
-    g = GLUON_CONFIGS[bucket_for(tokens)]
+@lru_cache(maxsize=64)
+def _gluon_config_for_bucket(bucket: int, device: torch.device) -> GluonConfig | None:
+    g = GLUON_CONFIGS[bucket]
     if g is None or gluon_unavailable_reason(device) is not None:
         return None
     limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
     return g if g.smem_bytes() <= limit else None
+
+
+def gluon_config_for(tokens: int, device: torch.device) -> GluonConfig | None:
+    """The Gluon weight-gradient config at ``tokens`` on ``device``, or None for the tl kernel: no
+    table entry, Gluon unavailable here (``common.gluon_unavailable_reason``), or a config larger
+    than the device's shared memory."""
+    return _gluon_config_for_bucket(bucket_for(tokens), device)
+
 
 
 def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
@@ -153,6 +160,68 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig)
         tma_descriptor(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
         T, H, I, nprog, **launch_kwargs(c),
     )
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """What one backward launches at a given (tokens, hidden_size, intermediate_size, device):
+    the tl configurations per kernel, the Gluon weight-gradient configuration (None: the tl
+    kernel), with the shared-memory check already passed. Built once per key by
+    ``backward_plan``; a call then only prepares its tensors and launches."""
+
+    tokens: int
+    hidden_size: int
+    intermediate_size: int
+    dswiglu: KernelConfig
+    grad_weights: KernelConfig
+    grad_x: KernelConfig
+    gluon_grad_weights: GluonConfig | None
+
+
+def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, KernelConfig]) -> BackwardPlan:
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        raise ValueError(f"configs keys must be among {sorted(CONFIGS)}, got {sorted(unknown)}")
+    cfg_d = configs.get("dswiglu") or config_for("dswiglu", T)
+    cfg_w = configs.get("grad_weights") or config_for("grad_weights", T)
+    cfg_x = configs.get("grad_x") or config_for("grad_x", T)
+    # The Gluon weight-gradient kernel where the table has one for this bucket (an explicit
+    # configs["grad_weights"] means the tl kernel with that config).
+    cfg_g = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, device)
+    # Before any launch: a config too big for shared memory is a ValueError naming it, not
+    # Triton's OutOfResources from deep inside the launcher.
+    if T > 0:
+        for kernel, cfg in (("dswiglu", cfg_d), ("grad_weights", cfg_w), ("grad_x", cfg_x)):
+            if not (kernel == "grad_weights" and cfg_g is not None):
+                check_shared_memory(kernel, cfg, device)
+    return BackwardPlan(T, H, I, cfg_d, cfg_w, cfg_x, cfg_g)
+
+
+@lru_cache(maxsize=1024)
+def _cached_plan(T: int, H: int, I: int, device: torch.device) -> BackwardPlan:
+    return _make_plan(T, H, I, device, {})
+
+
+def backward_plan(tokens: int, hidden_size: int, intermediate_size: int, device: torch.device,
+                  configs: dict[str, KernelConfig] | None = None) -> BackwardPlan:
+    """The ``BackwardPlan`` for these sizes on ``device`` (a CUDA device with its index, or the
+    CPU under the interpreter). Without ``configs`` it comes from a bounded cache keyed by the
+    sizes and the device (the tables, the triton release and ``SWIGLU_GLUON`` are fixed for the
+    process; ``clear_plans`` empties it); ``configs`` overrides the table per kernel
+    ("dswiglu", "grad_weights", "grad_x") and is planned afresh. Raises ValueError for an unknown
+    ``configs`` key or a configuration larger than the device's shared memory."""
+    if configs:
+        return _make_plan(tokens, hidden_size, intermediate_size, device, configs)
+    return _cached_plan(tokens, hidden_size, intermediate_size, device)
+
+
+def clear_plans() -> None:
+    """Forget every cached plan and device answer (after changing ``CONFIGS``/``GLUON_CONFIGS``,
+    the environment switches, or faked device properties in tests)."""
+    _cached_plan.cache_clear()
+    device_reason.cache_clear()
+    untuned_reason.cache_clear()
+    _gluon_config_for_bucket.cache_clear()
 
 
 def triton_swiglu_backward(
@@ -180,77 +249,91 @@ def triton_swiglu_backward(
     any device under ``TRITON_INTERPRET=1``), hidden_size and intermediate_size multiples of 8.
     A gradient whose ``need_*`` flag is False is not computed (its GEMMs are skipped) and comes
     back as None. ``configs`` overrides the table's choice per kernel ("dswiglu",
-    "grad_weights", "grad_x"), e.g. to test one configuration on its own. ``out`` gives
-    preallocated outputs ``(grad_x [T, H], grad_gate_weight [I, H], grad_up_weight [I, H],
-    grad_down_weight [H, I])``, contiguous bf16 on the inputs' device (None entries are allocated);
-    they are overwritten, never read, and must not overlap an input.
+    "grad_weights", "grad_x"). ``out`` gives preallocated outputs ``(grad_x [T, H],
+    grad_gate_weight [I, H], grad_up_weight [I, H], grad_down_weight [H, I])``, contiguous bf16
+    on the inputs' device (None entries are allocated); overwritten, never read, never
+    overlapping an input.
 
-    ``activated_gate=None`` (the memory-lean mode of ``swiglu_mlp``): it is recomputed as
-    ``bf16(silu(gate_output))`` inside the dSwiGLU epilogue with the formula of
-    ``swiglu.kernels.forward``'s kernels (``kernels._activated_gate``), bitwise what they produced.
+    ``activated_gate=None`` (memory-lean mode): recomputed as ``bf16(silu(gate_output))`` in the
+    dSwiGLU epilogue with ``swiglu.kernels.forward``'s formula, bitwise what it produced.
+    ``overwrite_activations=True``: d_gate and d_up are written over gate_output and up_output
+    (one [T, I] buffer allocated instead of three; bitwise the same gradients: each epilogue
+    piece reads its gate/up values before it stores there). ``release_activations=True`` besides:
+    their storage is freed (resized to 0 bytes, where a tensor spans all of it) after its last
+    reader is launched; afterwards they are unusable. The default never writes an input.
 
-    ``overwrite_activations=True`` (the memory-lean autograd path, whose saved gate_output and
-    up_output are dead after the backward): d_gate and d_up are written over gate_output and
-    up_output (when these are contiguous and 16-byte aligned; otherwise into the copies
-    ``_tma_ready`` makes), so the backward allocates one [T, I] buffer (h) instead of three.
-    Every dSwiGLU epilogue piece loads its gate/up values before it stores d_gate/d_up at the same
-    place, and no other program touches that piece, so the results are bitwise those of the
-    default (tested on the H200 and in the interpreter). ``release_activations=True`` besides
-    (needs overwrite_activations): gate_output's and up_output's storage is freed (resized to 0
-    bytes; only where a tensor is the whole of its storage) right after its last reader is
-    launched, so they are not held beside the weight gradients; afterwards they are unusable.
-    The default never writes an input.
-
-    Raises: TypeError for a non-bf16 input; ValueError for bad shapes (see
-    ``validate_backward_inputs``), an unsupported device or unaligned sizes, or a config whose
-    estimated shared memory exceeds the device's (``swiglu.kernels.shared_memory``), before any launch.
+    Raises: TypeError for a non-bf16 input; ValueError for bad shapes (``validate_backward_inputs``),
+    an unsupported device or unaligned sizes, or a configuration larger than the device's shared
+    memory (``swiglu.kernels.shared_memory``), before any launch.
     """
     recompute = activated_gate is None
     problem = validate_backward_inputs(
         grad_output, x, gate_output, up_output, gate_output if recompute else activated_gate,
         gate_weight, up_weight, down_weight, dtypes=(torch.bfloat16,),
     )
-    T, H, I = problem.tokens, problem.hidden_size, problem.intermediate_size
     reason = unsupported_reason(x, gate_weight)
     if reason:
         raise ValueError(f"impl='triton' {reason}")
-    configs = configs or {}
-    unknown = set(configs) - set(CONFIGS)
-    if unknown:
-        raise ValueError(f"configs keys must be among {sorted(CONFIGS)}, got {sorted(unknown)}")
-    cfg_d = configs.get("dswiglu") or config_for("dswiglu", T)
-    cfg_w = configs.get("grad_weights") or config_for("grad_weights", T)
-    cfg_x = configs.get("grad_x") or config_for("grad_x", T)
-    dev = x.device
-    # The Gluon weight-gradient kernel where the table has one for this bucket (an explicit
-    # configs["grad_weights"] means the tl kernel with that config).
-    cfg_g = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, dev)
-    # Before any launch: a config too big for shared memory is a ValueError naming it, not
-    # Triton's OutOfResources from deep inside the launcher.
-    need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight  # dswiglu runs (d_gate, d_up)
-    need_w = need_grad_gate_weight or need_grad_up_weight or need_grad_down_weight
-    for kernel, cfg, launched in (("dswiglu", cfg_d, need_d), ("grad_weights", cfg_w, need_w),
-                                  ("grad_x", cfg_x, need_grad_x)):
-        if launched and T > 0 and not (kernel == "grad_weights" and cfg_g is not None):
-            check_shared_memory(kernel, cfg, dev)
     if release_activations and not overwrite_activations:
         raise ValueError("release_activations=True needs overwrite_activations=True")
-    go, xf = tma_ready(grad_output), tma_ready(x)
-    gate, up = tma_ready(gate_output), tma_ready(up_output)
-    act = None if recompute else tma_ready(activated_gate)
-    gw, uw, dw = tma_ready(gate_weight), tma_ready(up_weight), tma_ready(down_weight)
-
+    plan = backward_plan(problem.tokens, problem.hidden_size, problem.intermediate_size, plan_device(x.device),
+                         configs)
     inputs = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
-    outs = _check_out(out, [t for t in inputs if t is not None], [(T, H), (I, H), (I, H), (H, I)], dev)
+    T, H, I = plan.tokens, plan.hidden_size, plan.intermediate_size
+    outs = _check_out(out, [t for t in inputs if t is not None], [(T, H), (I, H), (I, H), (H, I)], x.device)
+    flat = [None if t is None else t.reshape(-1, t.shape[-1]) for t in inputs[:5]]
+    grad_x, *grad_weights = launch_backward(
+        *flat, gate_weight, up_weight, down_weight, plan=plan, need_grad_x=need_grad_x,
+        need_grad_gate_weight=need_grad_gate_weight, need_grad_up_weight=need_grad_up_weight,
+        need_grad_down_weight=need_grad_down_weight, overwrite_activations=overwrite_activations,
+        release_activations=release_activations, out=outs)
+    return (None if grad_x is None else grad_x.reshape(x.shape), *grad_weights)
+
+
+def plan_device(device: torch.device) -> torch.device:
+    """``device`` with its index (``cuda`` -> ``cuda:<current>``): the plan cache's key."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def launch_backward(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    gate_output: torch.Tensor,
+    up_output: torch.Tensor,
+    activated_gate: torch.Tensor | None,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    *,
+    plan: BackwardPlan,
+    need_grad_x: bool,
+    need_grad_gate_weight: bool,
+    need_grad_up_weight: bool,
+    need_grad_down_weight: bool,
+    overwrite_activations: bool = False,
+    release_activations: bool = False,
+    out: list | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """``triton_swiglu_backward`` without its checks: the callers (``swiglu.ops``, the public
+    function above) validated the inputs and made ``plan`` for them. Activations [T, *], weights
+    as given; returns grad_x [T, H] and the weight gradients (None where not needed)."""
+    T, H, I = plan.tokens, plan.hidden_size, plan.intermediate_size
+    dev = x.device
+    outs = out or (None, None, None, None)
     if T == 0:
         # No tokens (e.g. an MoE expert that got none this step): nothing to launch; the weight
         # gradients are sums over zero tokens, so zeros, and grad_x is empty, as nn.Linear gives.
         needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
-        grads = [_alloc(buf, shape, dev).zero_() if need else None
-                 for buf, shape, need in zip(outs, [(T, H), (I, H), (I, H), (H, I)], needs)]
-        if grads[0] is not None:
-            grads[0] = grads[0].reshape(x.shape)
-        return tuple(grads)
+        return tuple(_alloc(buf, shape, dev).zero_() if need else None
+                     for buf, shape, need in zip(outs, [(T, H), (I, H), (I, H), (H, I)], needs))
+    cfg_w, cfg_g = plan.grad_weights, plan.gluon_grad_weights
+    need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight  # dswiglu runs (d_gate, d_up)
+    go, xf = tma_ready(grad_output), tma_ready(x)
+    gate, up = tma_ready(gate_output), tma_ready(up_output)
+    act = None if activated_gate is None else tma_ready(activated_gate)
+    gw, uw, dw = tma_ready(gate_weight), tma_ready(up_weight), tma_ready(down_weight)
     d_gate = d_up = h = None
     if need_d:
         if overwrite_activations:
@@ -267,10 +350,10 @@ def triton_swiglu_backward(
         else:
             d_gate, d_up = (torch.empty((T, I), device=dev, dtype=torch.bfloat16) for _ in range(2))
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)  # written by the epilogue
-        launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
+        launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, plan.dswiglu)
     elif need_grad_down_weight:
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
-        if recompute:  # only grad_down_weight wanted: h alone, no g GEMM
+        if act is None:  # only grad_down_weight wanted: h alone, no g GEMM
             launch_swiglu_product(gate, up, h)
         else:
             with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
@@ -294,8 +377,7 @@ def triton_swiglu_backward(
     del h
     if need_grad_x:
         grad_x = _alloc(outs[0], (T, H), dev)
-        launch_grad_x(d_gate, d_up, gw, uw, grad_x, cfg_x)
-        grad_x = grad_x.reshape(x.shape)
+        launch_grad_x(d_gate, d_up, gw, uw, grad_x, plan.grad_x)
     if need_grad_gate_weight:
         grad_gate_weight = _alloc(outs[1], (I, H), dev)
         launch_grad_weight_any(d_gate, xf, grad_gate_weight, cfg_w, cfg_g)

@@ -1,4 +1,4 @@
-"""What every launcher in the kernels room shares: the launch configuration, the token buckets,
+"""What every launcher shares: the launch configuration, the token buckets,
 TMA descriptors and layouts, the persistent grid size, and which devices and sizes the Triton
 path supports. The forward (``forward.py``) and backward (``backward.py``) launchers and the
 Gluon kernels import this module and nothing of each other's internals.
@@ -178,6 +178,7 @@ def _cuda_properties(device: torch.device):
         return f"no CUDA device {device} here ({' '.join(str(e).split())}): use impl='reference'"
 
 
+@lru_cache(maxsize=64)
 def device_reason(device: torch.device | str) -> str | None:
     """Why the Triton kernels cannot run on ``device`` (None when they can): a CUDA device that is
     NVIDIA (not ROCm: HIP reports capability 9.x but has no TMA descriptors or wgmma), sm_90 or
@@ -185,7 +186,8 @@ def device_reason(device: torch.device | str) -> str | None:
     backward's table (``shared_memory_per_block_optin``; consumer Blackwell, sm_120, has ~99 KiB against
     the H200's 227 KiB; the tables registered in ``TABLE_SHARED_MEMORY``, so callers import
     ``swiglu.kernels.backward`` first); or any device under TRITON_INTERPRET=1 (set before this
-    module was imported). Reads ``torch.cuda.get_device_properties`` (monkeypatched in the CPU tests)."""
+    module was imported). Reads ``torch.cuda.get_device_properties`` once per device (cached:
+    ``swiglu.kernels.backward.clear_plans`` forgets the answers)."""
     device = torch.device(device)
     if device.type != "cuda":
         if INTERPRET:
@@ -208,6 +210,7 @@ def device_reason(device: torch.device | str) -> str | None:
     return None
 
 
+@lru_cache(maxsize=64)
 def untuned_reason(device: torch.device | str) -> str | None:
     """Why ``impl="auto"`` does not pick the Triton path on a CUDA ``device`` the kernels can run
     on (None when it does): no configuration was tuned for its architecture (``TUNED_ARCHS``)."""
@@ -224,18 +227,20 @@ def untuned_reason(device: torch.device | str) -> str | None:
     return None
 
 
-def unsupported_reason(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
-    """Why the Triton backward cannot run for these tensors (None when it can): the device
-    (``device_reason``) and the sizes (hidden_size and intermediate_size multiples of 8, so that
-    every row is 16-byte aligned for TMA). ``impl="triton"`` raises ValueError with it;
-    ``impl="auto"`` also needs a tuned architecture (``untuned_reason``) and bfloat16."""
-    reason = device_reason(x.device)
-    if reason:
-        return reason
-    inter, hidden = gate_weight.shape
-    for label, size in (("hidden_size", hidden), ("intermediate_size", inter)):
+def sizes_reason(hidden_size: int, intermediate_size: int) -> str | None:
+    """Why the Triton kernels cannot take these sizes (None when they can): hidden_size and
+    intermediate_size must be multiples of ``ALIGN_ELEMENTS`` (16-byte aligned rows for TMA)."""
+    for label, size in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
         if size % ALIGN_ELEMENTS:
             return (f"needs {label} to be a multiple of {ALIGN_ELEMENTS}, got {size} (hidden_size and "
                     f"intermediate_size must be multiples of {ALIGN_ELEMENTS}: TMA needs 16-byte aligned rows); "
                     "use impl='reference' for this shape")
     return None
+
+
+def unsupported_reason(x: torch.Tensor, gate_weight: torch.Tensor) -> str | None:
+    """Why the Triton backward cannot run for these tensors (None when it can): the device
+    (``device_reason``) and the sizes (``sizes_reason``). ``impl="triton"`` raises ValueError
+    with it; ``impl="auto"`` also needs a tuned architecture (``untuned_reason``) and bfloat16."""
+    inter, hidden = gate_weight.shape
+    return device_reason(x.device) or sizes_reason(hidden, inter)

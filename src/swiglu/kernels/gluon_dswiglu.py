@@ -418,8 +418,8 @@ def _prepare(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, nu
         raise ValueError("gate/up/act (and d_gate/d_up/h) must share one row stride")
     if num_programs is None:
         num_programs = default_num_programs(go.device, triton.cdiv(T, cfg.BM) * triton.cdiv(I, cfg.BN))
-    go_desc = TensorDescriptor.from_tensor(go, [cfg.BM, cfg.BK], _layout([cfg.BM, cfg.BK]))
-    dw_desc = TensorDescriptor.from_tensor(dw, [cfg.BK, cfg.BN], _layout([cfg.BK, cfg.BN]))
+    go_desc = TensorDescriptor.from_tensor(go, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
+    dw_desc = TensorDescriptor.from_tensor(dw, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
     args = (go_desc, dw_desc, gate, up, gate if act is None else act, d_gate, d_up, h, T, I, stride_in, stride_out,
             cfg.GROUP_M, cfg.STAGES, cfg.NG, cfg.EPI_M, cfg.EPI_N, act is None, cfg.epi_warps, cfg.load_regs,
             cfg.epi_regs)

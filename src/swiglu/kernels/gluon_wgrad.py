@@ -32,6 +32,8 @@ across tiles, NC output buffers, 07-persistence.py) was 1.5-1.9x slower everywhe
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -225,8 +227,10 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
 # ----------------------------------------------------------------------------- launcher
 
 
-def _layout(block):
-    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+@lru_cache(maxsize=None)
+def _layout(block: tuple[int, int]):
+    # Built once per block shape: get_default_for costs host time on every launch otherwise.
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
 
 
 def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
@@ -234,8 +238,8 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory."""
-    a_desc = TensorDescriptor.from_tensor(a, [cfg.BK, cfg.BM], _layout([cfg.BK, cfg.BM]))
-    b_desc = TensorDescriptor.from_tensor(b, [cfg.BK, cfg.BN], _layout([cfg.BK, cfg.BN]))
-    c_desc = TensorDescriptor.from_tensor(out, [cfg.BM, cfg.BN], _layout([cfg.BM, cfg.BN]))
+    a_desc = TensorDescriptor.from_tensor(a, [cfg.BK, cfg.BM], _layout((cfg.BK, cfg.BM)))
+    b_desc = TensorDescriptor.from_tensor(b, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
+    c_desc = TensorDescriptor.from_tensor(out, [cfg.BM, cfg.BN], _layout((cfg.BM, cfg.BN)))
     wgrad_kernel[(num_programs,)](a_desc, b_desc, c_desc, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs,
                                   cfg.store_regs, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
