@@ -32,7 +32,7 @@ from swiglu import float64_backward, make_inputs, reference_backward, relative_e
 from swiglu.kernels import tl_kernels as kernels
 from swiglu.kernels import shared_memory
 from swiglu.kernels import backward as triton_backward
-from swiglu.ops import resolve_backward_impl
+from swiglu.ops import resolve_impl
 from swiglu.kernels.backward import CONFIGS, KernelConfig, triton_swiglu_backward
 
 ISSUE_EXAMPLE = KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True,
@@ -120,7 +120,7 @@ def zero_token_checks(dev) -> None:
             setattr(kernels, n, _Capture(n, fn, launches))
         for impl in ("auto", "triton"):
             for lead in ((0,), (3, 0)):
-                mlp = swiglu.SwiGLUMLP(256, 512, backward_impl=impl, device=dev, dtype=torch.bfloat16)
+                mlp = swiglu.SwiGLUMLP(256, 512, impl=impl, device=dev, dtype=torch.bfloat16)
                 x = torch.randn(*lead, 256, device=dev, dtype=torch.bfloat16, requires_grad=True)
                 mlp(x).backward(torch.ones(*lead, 256, device=dev, dtype=torch.bfloat16))
                 grads = [p.grad for p in mlp.parameters()]
@@ -135,7 +135,7 @@ def zero_token_checks(dev) -> None:
 def double_backward_check(dev) -> None:
     torch.manual_seed(0)
     ours = swiglu.SwiGLUMLP(256, 512, device=dev, dtype=torch.bfloat16)
-    ref = swiglu.SwiGLUMLP(256, 512, backward_impl="reference", device=dev, dtype=torch.bfloat16)
+    ref = swiglu.SwiGLUMLP(256, 512, impl="reference", device=dev, dtype=torch.bfloat16)
     ref.load_state_dict(ours.state_dict())
     x0 = torch.randn(64, 256, device=dev, dtype=torch.bfloat16)
     got = []
@@ -145,7 +145,7 @@ def double_backward_check(dev) -> None:
         gx.square().sum().backward()
         got.append([x.grad] + [p.grad for p in m.parameters()])
     ok = all(torch.equal(a, b) and torch.isfinite(a).all() for a, b in zip(*got))
-    record("double backward (auto) == reference", ok, f"auto resolves to {resolve_backward_impl('auto', x0, ours.gate_proj.weight)}")
+    record("double backward (auto) == reference", ok, f"auto resolves to {resolve_impl('auto', x0, ours.gate_proj.weight)}")
 
 
 def subnormal_check(dev) -> None:

@@ -23,6 +23,13 @@ the median's ratio to the ``nn.Linear`` block's. On the CPU ``torch.set_num_thre
 (default 1), restored afterwards. Writes ``host_overhead.csv`` and ``host_overhead.json``
 (metadata) to ``--out`` (default ``$OUT`` when set, else build/host_overhead).
 
+``--idle T1,T2,...`` (CUDA): the GPU time a backward leaves idle in the benchmark's protocol
+(L2 flushed, then the timed call; ``swiglu.bench.timing``), per token count, at Hermes' size
+(``--idle-hidden``/``--idle-intermediate``): the median span between CUDA events around one eager
+``swiglu_mlp_backward(impl="triton")`` call minus the median span of the same launches replayed
+from a CUDA graph (no host work between them), each iteration synchronized. Writes
+``idle_gap.csv``.
+
 ``--profile``: cProfile over ``--iters`` SwiGLUMLP forward+backward calls, top 15 functions by
 tottime. On CUDA the backward's Python runs in autograd's device thread: Python 3.12's cProfile
 (on sys.monitoring) sees it (checked on the H200 machine), older Pythons' may show only the
@@ -236,6 +243,59 @@ def summarize(calls: dict, samples: dict[str, list[float]]) -> list[dict]:
     return rows
 
 
+IDLE_FIELDS = ["tokens", "hidden_size", "intermediate_size", "eager_ms_median", "graph_ms_median", "idle_ms",
+               "eager_ms_p20", "eager_ms_p80", "graph_ms_p20", "graph_ms_p80", "iters"]
+
+
+def measure_idle(device: torch.device, tokens: list[int], H: int, I: int, iters: int) -> list[dict]:
+    """Per T: eager and CUDA-graph-replayed spans of one Triton backward, L2 flushed before each."""
+    from swiglu.bench.timing import L2Flusher
+
+    flush = L2Flusher(device)
+    rows = []
+    for T in tokens:
+        args = swiglu.make_inputs(1, T, H, I, seed=0, device=device).as_tuple()
+
+        def call():
+            return swiglu.swiglu_mlp_backward(*args, impl="triton")
+
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            call()  # warm the side stream's allocator pool before capture
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = call()
+        spans = {"eager": [], "graph": []}
+        for i in range(2 * iters):
+            kind = "eager" if i % 2 == 0 else "graph"
+            flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            if kind == "eager":
+                out = call()
+            else:
+                graph.replay()
+            end.record()
+            end.synchronize()
+            spans[kind].append(start.elapsed_time(end))
+            if kind == "eager":
+                del out
+        del static_out, graph, args
+        e, g = sorted(spans["eager"]), sorted(spans["graph"])
+        rows.append(dict(tokens=T, hidden_size=H, intermediate_size=I, eager_ms_median=statistics.median(e),
+                         graph_ms_median=statistics.median(g),
+                         idle_ms=statistics.median(e) - statistics.median(g),
+                         eager_ms_p20=_percentile(e, 0.2), eager_ms_p80=_percentile(e, 0.8),
+                         graph_ms_p20=_percentile(g, 0.2), graph_ms_p80=_percentile(g, 0.8), iters=iters))
+        torch.cuda.empty_cache()
+    return rows
+
+
 def profile(calls: dict, iters: int, top: int = 15) -> str:
     _, call, reset = calls["swiglu_SwiGLUMLP_fwd_bwd"]
     profiler = cProfile.Profile()
@@ -261,6 +321,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=2000, help="timed calls per implementation")
     parser.add_argument("--rounds", type=int, default=5, help="blocks the timed calls are split into")
     parser.add_argument("--profile", action="store_true", help="also cProfile SwiGLUMLP fwd+bwd (top 15 by tottime)")
+    parser.add_argument("--idle", default="", help="CUDA: token counts for the idle-gap measurement, e.g. 128,2048")
+    parser.add_argument("--idle-hidden", type=int, default=16384)
+    parser.add_argument("--idle-intermediate", type=int, default=53248)
+    parser.add_argument("--idle-iters", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT") or "build/host_overhead")
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
@@ -287,6 +351,9 @@ def main(argv=None) -> dict:
         samples = measure(calls, device, args.warmup, args.iters, args.rounds)
         rows = summarize(calls, samples)
         profile_text = profile(calls, args.iters) if args.profile else None
+        idle_tokens = [int(t) for t in args.idle.split(",") if t.strip()]
+        idle_rows = measure_idle(device, idle_tokens, args.idle_hidden, args.idle_intermediate, args.idle_iters) \
+            if idle_tokens and device.type == "cuda" else []
     finally:
         torch.set_num_threads(threads_before)
 
@@ -316,6 +383,11 @@ def main(argv=None) -> dict:
         writer.writeheader()
         writer.writerows(rows)
     json_path.write_text(json.dumps(meta, indent=2) + "\n")
+    if idle_rows:
+        with open(out / "idle_gap.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=IDLE_FIELDS)
+            writer.writeheader()
+            writer.writerows(idle_rows)
 
     if profile_text is not None:
         print(f"cProfile, SwiGLUMLP forward+backward, {args.iters} calls, top 15 by tottime:")
@@ -328,6 +400,11 @@ def main(argv=None) -> dict:
     for r in rows:
         print(f"{r['implementation']:<{width}}  {r['us_median']:>10.1f}  "
               f"{r['us_p20']:>8.1f}-{r['us_p80']:<8.1f}  {r['ratio_to_nn_linear']:>10.2f}x")
+    if idle_rows:
+        print("\nidle GPU time per backward (eager minus CUDA-graph replay, L2 flushed, medians, ms):")
+        for r in idle_rows:
+            print(f"  T={r['tokens']:>5}  eager {r['eager_ms_median']:.3f}  graph {r['graph_ms_median']:.3f}  "
+                  f"idle {r['idle_ms']:.3f}")
     print(f"\nCSV: {csv_path}\nJSON: {json_path}")
     return dict(rows=rows, csv=csv_path, json=json_path)
 

@@ -39,7 +39,7 @@ class Stack(nn.Module):
         return x
 
 
-def _stacks(dtype, impl="reference", save_activated_gate=False, seed=0):
+def _stacks(dtype, impl="reference", save_activated_gate=False, seed=0, reuse_saved_buffers=False):
     """(ours: SwiGLUMLP blocks, oracle: PlainSwiGLUMLP blocks in float64), same weights."""
     import swiglu
     from swiglu.module import PlainSwiGLUMLP
@@ -49,8 +49,8 @@ def _stacks(dtype, impl="reference", save_activated_gate=False, seed=0):
     with torch.no_grad():
         for p in oracle.parameters():
             p.copy_((torch.randn_like(p) / p.shape[1] ** 0.5).to(dtype))  # values exact in dtype
-    ours = Stack(lambda: swiglu.SwiGLUMLP(H, I, dtype=dtype, impl=backward_impl,
-                                          save_activated_gate=save_activated_gate))
+    ours = Stack(lambda: swiglu.SwiGLUMLP(H, I, dtype=dtype, impl=impl, save_activated_gate=save_activated_gate,
+                                          reuse_saved_buffers=reuse_saved_buffers))
     ours.load_state_dict(oracle.state_dict())
     return ours.to(DEVICE), oracle.to(DEVICE)
 
@@ -186,23 +186,23 @@ def scenario_fsdp_bf16_fp32_reduce(rank, world):
 
 
 def scenario_fsdp_lean_triton(rank, world):
-    """bf16 parameters, impl="triton" in the memory-lean mode (the Triton forward, then
-    the backward writing d_gate/d_up over the saved activations), under FSDP2's unsharding and
-    resharding after forward (TRITON_INTERPRET=1 on CPU)."""
-    import swiglu.ops as ops
+    """bf16 parameters, impl="triton" in the memory-lean mode with reuse_saved_buffers (the
+    Triton forward, then the backward writing d_gate/d_up over the saved activations), under
+    FSDP2's unsharding and resharding after forward (TRITON_INTERPRET=1 on CPU)."""
+    import swiglu.kernels.backward as backward
     from torch.distributed.device_mesh import init_device_mesh
 
     calls = []
-    real = ops.mlp_backward_lean
-    ops.mlp_backward_lean = lambda *a: calls.append(a[-2]) or real(*a)
+    real = backward.launch_backward
+    backward.launch_backward = lambda *a, **kw: calls.append(kw["overwrite_activations"]) or real(*a, **kw)
     try:
         mesh = init_device_mesh(DEVICE.type, (world,))
-        ours, oracle = _stacks(torch.bfloat16, impl="triton")
+        ours, oracle = _stacks(torch.bfloat16, impl="triton", reuse_saved_buffers=True)
         _fsdp(ours, mesh, reshard_after_forward=True)
         report = _compare(ours, oracle, rank, world, torch.bfloat16)
     finally:
-        ops.mlp_backward_lean = real
-    assert calls == ["triton"] * (2 * STEPS), calls  # every backward took the lean Triton op
+        backward.launch_backward = real
+    assert calls == [True] * (2 * STEPS), calls  # every backward consumed its saved gate/up
     return _within_plain(report, mesh, rank, world, torch.bfloat16)
 
 
@@ -260,14 +260,14 @@ def scenario_fsdp_hf_llama(rank, world):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     calls = []
-    real = swiglu_hf.swiglu_mlp
-    swiglu_hf.swiglu_mlp = lambda *a, **k: calls.append(1) or real(*a, **k)
+    real = swiglu_hf._swiglu_mlp
+    swiglu_hf._swiglu_mlp = lambda *a, **k: calls.append(1) or real(*a, **k)
     try:
         ids = torch.randint(3, 64, (2 * world, 8), generator=torch.Generator().manual_seed(5)).to(DEVICE)
         mine = ids[2 * rank: 2 * rank + 2]  # equal token counts: the mean of rank means is the global mean
         model(mine, labels=mine).loss.backward()
     finally:
-        swiglu_hf.swiglu_mlp = real
+        swiglu_hf._swiglu_mlp = real
     assert len(calls) == 2, calls
     oracle(ids, labels=ids).loss.backward()
     want = dict(oracle.named_parameters())

@@ -30,7 +30,7 @@ from swiglu.kernels.backward import GLUON_CONFIGS
 
 
 def desc(block):
-    return f"tensordesc<bf16{list(block)},{gluon_wgrad._layout(list(block))!r}>"
+    return f"tensordesc<bf16{list(block)},{gluon_wgrad._layout(tuple(block))!r}>"
 
 
 def ptxas_info(ptx: str) -> tuple[int | None, int | None]:

@@ -107,5 +107,5 @@ def test_second_lean_backward_message_names_both_remedies():
     mlp = swiglu.SwiGLUMLP(H, I, dtype=torch.bfloat16, impl="triton", reuse_saved_buffers=True)
     out = mlp(_inputs()["x"].requires_grad_())
     out.sum().backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="save_activated_gate=True.*retain_graph=True"):
+    with pytest.raises(RuntimeError, match="reuse_saved_buffers=False.*retain_graph=True"):
         out.sum().backward()

@@ -149,24 +149,24 @@ def test_overwrite_activations_is_bitwise_and_writes_only_gate_up(device, needs)
         triton_swiglu_backward(inp.grad_output, inp.x, gate, up, None, *_weights(inp), release_activations=True)
 
 
-def test_lean_retain_graph_is_a_clear_error_and_saved_mode_allows_it(device):
-    """The lean Triton backward overwrites the saved gate/up, so a second backward through the
-    graph is a RuntimeError naming the remedy; the saved mode backpropagates twice (gradients
-    accumulate to exactly twice the first)."""
+def test_retain_graph_backpropagates_twice_unless_buffers_are_reused(device):
+    """Lean and saved modes backpropagate twice (gradients accumulate to exactly twice the
+    first); with reuse_saved_buffers=True the first backward wrote over the saved gate/up, so a
+    second one is a RuntimeError naming the remedy."""
     gen = torch.Generator().manual_seed(fresh_seed())
     x = torch.randn(9, 48, generator=gen).bfloat16().to(device)
     go = torch.randn(9, 48, generator=gen).bfloat16().to(device)
-    for save in (False, True):
-        mlp = swiglu.SwiGLUMLP(48, 80, impl="triton", save_activated_gate=save, device=device,
-                               dtype=torch.bfloat16)
+    for save, reuse in ((False, False), (True, False), (False, True)):
+        mlp = swiglu.SwiGLUMLP(48, 80, impl="triton", save_activated_gate=save, reuse_saved_buffers=reuse,
+                               device=device, dtype=torch.bfloat16)
         out = mlp(x)
         out.backward(go, retain_graph=True)
         first = mlp.down_proj.weight.grad.clone()
-        if save:
+        if not reuse:
             out.backward(go)
             assert torch.equal(mlp.down_proj.weight.grad, first * 2)
         else:
-            with pytest.raises(RuntimeError, match="save_activated_gate=True.*retain_graph=True"):
+            with pytest.raises(RuntimeError, match="reuse_saved_buffers=False.*retain_graph=True"):
                 out.backward(go)
 
 
@@ -276,7 +276,7 @@ def _grads(module, x, go, wrap=lambda m, x: m(x)):
 
 def _same_weights(save, dtype=torch.float64, impl="reference", device="cpu"):
     torch.manual_seed(3)
-    ours = swiglu.SwiGLUMLP(48, 80, impl=backward_impl, save_activated_gate=save, dtype=dtype, device=device)
+    ours = swiglu.SwiGLUMLP(48, 80, impl=impl, save_activated_gate=save, dtype=dtype, device=device)
     plain = PlainSwiGLUMLP(48, 80, dtype=dtype, device=device)
     plain.load_state_dict(ours.state_dict())
     return ours, plain
@@ -349,28 +349,6 @@ def test_opcheck_lean_ops():
     for needs in [(True, True, True, True), (False, False, True, False)]:
         torch.library.opcheck(ops.mlp_backward, (go, x.detach(), gate, up, None, *(t.detach() for t in w), *needs,
                                                  "reference"))
-        torch.library.opcheck(ops.mlp_backward_lean, (go, x.detach(), gate.clone(), up.clone(),
-                                                      *(t.detach() for t in w), *needs, "reference"))
-
-
-def test_opcheck_lean_backward_on_triton(device):
-    """The consuming backward where it really writes gate/up (Triton; interpreter on CPU): its
-    schema (both declared mutated), fake implementation and tracing agree with what it does.
-    Without release_activations: the op's own contract (the storage release is for the eager
-    autograd formula only)."""
-    from swiglu import ops
-
-    gen = torch.Generator().manual_seed(fresh_seed())
-    x = torch.randn(2, 5, 48, generator=gen).bfloat16().to(device)
-    w = [(torch.randn(s, generator=gen) / s[1] ** 0.5).bfloat16().to(device) for s in ((80, 48), (80, 48), (48, 80))]
-    out, gate, up, _ = ops.mlp_forward(x, *w, "triton", False)
-    go = torch.randn(out.shape, generator=gen).bfloat16().to(device)
-    for needs in [(True, True, True, True), (False, True, False, True)]:
-        args = (go, x, gate.clone(), up.clone(), *w, *needs, "triton")
-        torch.library.opcheck(ops.mlp_backward_lean, args)
-        before = args[2].clone()
-        ops.mlp_backward_lean(*args)
-        assert not torch.equal(args[2], before), "gate_output was not overwritten with d_gate"
 
 
 @pytest.mark.parametrize("mode", list(MODES))

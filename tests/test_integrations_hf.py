@@ -67,15 +67,15 @@ def step(model: nn.Module, ids: torch.Tensor, run=None):
 
 @pytest.fixture
 def op_calls(monkeypatch):
-    """Counts the integration's calls of swiglu.swiglu_mlp (proves the op ran, not a fallback)."""
+    """Counts the integration's calls of the fused op (proves the op ran, not a fallback)."""
     calls = []
-    real = swiglu_hf.swiglu_mlp
+    real = swiglu_hf._swiglu_mlp
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(swiglu_hf, "swiglu_mlp", spy)
+    monkeypatch.setattr(swiglu_hf, "_swiglu_mlp", spy)
     return calls
 
 
@@ -106,8 +106,8 @@ def test_float64_check_catches_a_planted_error(monkeypatch):
     plain = build("llama")
     ours = copy.deepcopy(plain)
     swiglu_hf.apply(ours, impl="reference")
-    real = swiglu_hf.swiglu_mlp
-    monkeypatch.setattr(swiglu_hf, "swiglu_mlp", lambda *a, **k: real(*a, **k) * 1.001)
+    real = swiglu_hf._swiglu_mlp
+    monkeypatch.setattr(swiglu_hf, "_swiglu_mlp", lambda *a, **k: real(*a, **k) * 1.001)
     ids = batch(1)
     with pytest.raises(AssertionError, match="relative errors"):
         assert_same(step(ours, ids), step(plain, ids), F64_TOL)

@@ -317,23 +317,25 @@ def test_inputs_unchanged_and_outputs_fresh(request):
         assert t.untyped_storage().data_ptr() not in storages
 
 
-def test_autocast_float32_weights(request):
-    """Mixed precision: float32 weights under torch.autocast(bf16) compute in bf16 and return
-    float32 gradients, within the bf16 tolerance of the plain module under the same autocast."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_autocast_float32_weights(request, dtype):
+    """Mixed precision: float32 weights under torch.autocast(dtype) compute in autocast's dtype,
+    return it, and give float32 gradients within the tolerance of the plain module under the same
+    autocast (float16: the reference path in float16; the kernels are bf16-only)."""
     ours, plain = _pair(request, torch.float32)
     gen = _gen(request)
-    x, go = _randn(gen, (2, 5, H), torch.float32), _randn(gen, (2, 5, H), torch.bfloat16)
+    x, go = _randn(gen, (2, 5, H), torch.float32), _randn(gen, (2, 5, H), dtype)
     results = []
     for module in (ours, plain):
         xl = x.clone().requires_grad_(True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=dtype):
             out = module(xl)
-        assert out.dtype == torch.bfloat16
+        assert out.dtype == dtype
         out.backward(go)
         results.append([xl.grad] + [dict(module.named_parameters())[n].grad for n in PARAM_NAMES])
-    plain_bf16 = PlainMLP(H, I, torch.bfloat16)
-    plain_bf16.load_state_dict(plain.state_dict())  # the bf16 weights autocast computes with
-    _, oracle = _float64_oracle(plain_bf16, x.bfloat16(), go)
+    plain_low = PlainMLP(H, I, dtype)
+    plain_low.load_state_dict(plain.state_dict())  # the weights autocast computes with
+    _, oracle = _float64_oracle(plain_low, x.to(dtype), go)
     for name, o, p, r in zip(("grad_x",) + PARAM_NAMES, *results, oracle):
         assert o.dtype == torch.float32, name
         err, plain_err = relative_error(o, r), relative_error(p, r)

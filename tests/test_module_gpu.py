@@ -162,3 +162,24 @@ def test_measure_step_time_runs():
     assert r["impl"] == "triton"
     for k in ("ms_swiglu", "ms_plain", "tflops_swiglu", "tflops_plain"):
         assert math.isfinite(r[k]) and r[k] > 0, (k, r)
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["default", "reuse_saved_buffers"])
+@pytest.mark.parametrize("tokens", [1, 300], ids=str)
+def test_training_step_never_synchronizes(reuse, tokens):
+    """Forward and backward enqueue their work without one host-device synchronization
+    (``torch.cuda.set_sync_debug_mode("error")`` raises on any), once compiled and planned."""
+    mlp = swiglu.SwiGLUMLP(H, I, impl="triton", reuse_saved_buffers=reuse, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    go = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+    mlp(x).backward(go)  # Triton compiles and the plan is made (both may synchronize)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):
+            mlp.zero_grad(set_to_none=True)
+            x.grad = None
+            mlp(x).backward(go)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.isfinite(x.grad.float()).all() and x.grad.abs().max() > 0

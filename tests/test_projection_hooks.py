@@ -174,8 +174,8 @@ def test_plain_module_takes_the_fused_op(monkeypatch):
     import swiglu.ops as ops
 
     calls = []
-    original = ops.mlp_forward
-    monkeypatch.setattr(ops, "mlp_forward", lambda *a: calls.append(1) or original(*a))
+    original = ops._forward
+    monkeypatch.setattr(ops, "_forward", lambda *a: calls.append(1) or original(*a))
     ours, plain = _pair()
     _check_same(ours, plain, _x(), expect_warning=False)
     assert calls, "the fused op did not run"

@@ -244,10 +244,11 @@ def _forward(x, gate_weight, up_weight, down_weight, impl: str, save_activated_g
 
 
 _SECOND_BACKWARD = (
-    "swiglu: a second backward through the same graph in the memory-lean mode: the first one wrote its "
+    "swiglu: a second backward through a graph made with reuse_saved_buffers=True: the first one wrote its "
     "gradients over the saved gate/up activations. To backpropagate a graph more than once (also split "
     "backward passes, e.g. autograd.grad of x first and of the weights later), use "
-    "save_activated_gate=True (SwiGLUMLP or swiglu_mlp) and pass retain_graph=True to every backward but the last")
+    "reuse_saved_buffers=False (the default; SwiGLUMLP or swiglu_mlp) and pass retain_graph=True to every "
+    "backward but the last")
 
 
 def _double_backward(grad_output, x, gate_weight, up_weight, down_weight, needs):
