@@ -36,7 +36,7 @@ def _init_state(seed, hidden_size=H, intermediate_size=I):
 
 def _models(seed, impl="triton", save_activated_gate=False):
     state = _init_state(seed)
-    ours = swiglu.SwiGLUMLP(H, I, impl=backward_impl, save_activated_gate=save_activated_gate, device="cuda",
+    ours = swiglu.SwiGLUMLP(H, I, impl=impl, save_activated_gate=save_activated_gate, device="cuda",
                             dtype=torch.bfloat16)
     plain = PlainSwiGLUMLP(H, I, device="cuda", dtype=torch.bfloat16)
     plain64 = PlainSwiGLUMLP(H, I, device="cuda", dtype=torch.float64)

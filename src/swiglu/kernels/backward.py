@@ -13,11 +13,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-import triton
 
 from ..checks import validate_backward_inputs
 from . import tl_kernels as kernels
-from .common import (INTERPRET, TABLE_SHARED_MEMORY, TOKEN_BUCKETS, GluonConfig, KernelConfig, bucket_for,  # noqa: F401
+from .common import (INTERPRET, TABLE_SHARED_MEMORY, TOKEN_BUCKETS, GluonConfig, KernelConfig, bucket_for, cdiv,  # noqa: F401
                      device_reason, gluon_unavailable_reason, launch_kwargs, num_programs, sizes_reason, tma_descriptor, tma_ready,
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
@@ -85,7 +84,7 @@ def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> N
     T, H = go.shape
     I = dw.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
-    nprog = num_programs(go.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN))
+    nprog = num_programs(go.device, cdiv(T, c.BM) * cdiv(I, c.BN))
     kernels.dswiglu_gemm_kernel[(nprog,)](
         tma_descriptor(go, [c.BM, c.BK]), tma_descriptor(dw, [c.BK, c.BN]),
         tma_descriptor(gate, piece), tma_descriptor(up, piece), tma_descriptor(gate if act is None else act, piece),
@@ -96,7 +95,7 @@ def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> N
 
 def padded_tokens(T: int, cfg_w: KernelConfig) -> int:
     """T rounded up to the weight-gradient kernel's BK: the K extent of its launches."""
-    return triton.cdiv(T, cfg_w.BK) * cfg_w.BK
+    return cdiv(T, cfg_w.BK) * cfg_w.BK
 
 
 def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
@@ -105,7 +104,7 @@ def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
     N = b.shape[1]
     # K = T rounded up to BK, not T: the descriptors zero-fill rows >= T, and T = 1 would be
     # specialized as a constexpr, which Triton 3.6's pipeliner fails on (seen on the H200).
-    nprog = num_programs(a.device, triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN), c.persistent)
+    nprog = num_programs(a.device, cdiv(M, c.BM) * cdiv(N, c.BN), c.persistent)
     kernels.grad_weight_kernel[(nprog,)](
         tma_descriptor(a, [c.BK, c.BM]), tma_descriptor(b, [c.BK, c.BN]), tma_descriptor(out, [c.BM, c.BN // c.EPI_SPLIT]), out,
         M, N, padded_tokens(T, c), nprog, TMA_STORE=c.tma_store, **launch_kwargs(c),
@@ -120,7 +119,7 @@ def launch_grad_weight_any(a, b, out, c: KernelConfig, g: GluonConfig | None) ->
     from .gluon_wgrad import launch_grad_weight_gluon  # imported only where Gluon runs (common.GLUON_TRITON)
 
     M, N = a.shape[1], b.shape[1]
-    launch_grad_weight_gluon(a, b, out, g, num_programs(a.device, triton.cdiv(M, g.BM) * triton.cdiv(N, g.BN)))
+    launch_grad_weight_gluon(a, b, out, g, num_programs(a.device, cdiv(M, g.BM) * cdiv(N, g.BN)))
 
 
 @lru_cache(maxsize=64)
@@ -153,7 +152,7 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig)
     """grad_x = d_gate @ gate_weight + d_up @ up_weight [T, H], one fp32 accumulator."""
     T, I = d_gate.shape
     H = gate_weight.shape[1]
-    nprog = num_programs(d_gate.device, triton.cdiv(T, c.BM) * triton.cdiv(H, c.BN), c.persistent)
+    nprog = num_programs(d_gate.device, cdiv(T, c.BM) * cdiv(H, c.BN), c.persistent)
     kernels.grad_x_kernel[(nprog,)](
         tma_descriptor(d_gate, [c.BM, c.BK]), tma_descriptor(d_up, [c.BM, c.BK]),
         tma_descriptor(gate_weight, [c.BK, c.BN]), tma_descriptor(up_weight, [c.BK, c.BN]),
