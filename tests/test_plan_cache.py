@@ -149,3 +149,35 @@ def test_auto_decision_follows_dtype_and_sizes(device):
     want = "triton" if torch.cuda.is_available() and swiglu.backend_reason(x.device) is None else "reference"
     assert ops.resolve_impl("auto", x, w16) == want
     assert ops.resolve_impl("auto", x.float(), w16.float()) == "reference"
+
+
+def test_launch_reuses_the_compiled_kernel_with_the_same_arguments(monkeypatch):
+    """common.launch: Triton's path once per key, then the compiled kernel's runner with every
+    argument in signature order (positional, then keyword constexprs); another key compiles again."""
+    from swiglu.kernels import common
+
+    monkeypatch.setattr(common, "INTERPRET", False)
+    monkeypatch.setattr(common, "_LAUNCHES", {})
+    jit_calls, runner_calls = [], []
+
+    class Compiled:
+        packed_metadata = object()
+
+        def __getitem__(self, grid):
+            return lambda *args: runner_calls.append((grid, args))
+
+    class Kernel:
+        arg_names = ["a", "b", "n", "BLOCK", "FLAG"]
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                jit_calls.append((grid, args, kwargs))
+                return Compiled()
+            return run
+
+    k = Kernel()
+    common.launch(k, (3,), ("k", 10), "A", "B", 10, BLOCK=64, FLAG=True, num_warps=4)
+    common.launch(k, (3,), ("k", 10), "A2", "B2", 10, BLOCK=64, FLAG=True, num_warps=4)
+    common.launch(k, (5,), ("k", 20), "A3", "B3", 20, BLOCK=64, FLAG=True, num_warps=4)
+    assert [c[0] for c in jit_calls] == [(3,), (5,)]
+    assert runner_calls == [((3,), ("A2", "B2", 10, 64, True))]

@@ -163,9 +163,7 @@ def resolve_impl(impl: str, x: torch.Tensor, gate_weight: torch.Tensor) -> str:
     intermediate_size) and cached (``clear_plans`` forgets)."""
     _check_impl(impl)
     inter, hidden = gate_weight.shape
-    # Traced by torch.compile: the decision becomes part of the graph, so no cache lookup there.
-    resolve = _resolve.__wrapped__ if torch.compiler.is_compiling() else _resolve
-    return resolve(impl, x.device, x.dtype, hidden, inter)
+    return _resolve(impl, x.device, x.dtype, hidden, inter)
 
 
 def clear_plans() -> None:
@@ -385,7 +383,7 @@ def _setup_context(ctx, inputs, output):
                           gate_weight, up_weight, down_weight)
     ctx.mark_non_differentiable(gate_output, up_output, activated_gate)
     ctx.set_materialize_grads(False)  # no zero-filled [T, I] gradients for the three activations
-    ctx.impl = impl
+    ctx.impl = impl  # as given under torch.compile; mlp_backward's body resolves it (cached)
 
 
 def _op_backward(ctx, grad_output, *unused_grads):
@@ -476,14 +474,18 @@ def _swiglu_mlp(x, gate_weight, up_weight, down_weight, impl, save_activated_gat
         # float32 gradients to float32 master weights).
         dtype = torch.get_autocast_dtype(x.device.type)
         x, gate_weight, up_weight, down_weight = (t.to(dtype) for t in (x, gate_weight, up_weight, down_weight))
+    if torch.compiler.is_compiling():
+        # The custom ops resolve impl in their bodies, at run time (the device queries behind
+        # the decision are not traceable); the cached decision costs nothing there.
+        _check_impl(impl)
+        return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]
     impl = resolve_impl(impl, x, gate_weight)
     if torch._C._are_functorch_transforms_active():
         # torch.func (grad, vmap, jacrev...): the same formula in plain differentiable ops, which
         # every transform supports (the kernels cannot read functorch's wrapped tensors).
         return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
     with torch.autocast(x.device.type, enabled=False) if autocast else contextlib.nullcontext():
-        if _plain(x) and _plain(gate_weight) and _plain(up_weight) and _plain(down_weight) \
-                and not torch.compiler.is_compiling():
+        if _plain(x) and _plain(gate_weight) and _plain(up_weight) and _plain(down_weight):
             return _SwiGLUFunction.apply(x, gate_weight, up_weight, down_weight, impl, save_activated_gate,
                                          reuse_saved_buffers)
         return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]

@@ -17,7 +17,7 @@ import torch
 from ..checks import validate_backward_inputs
 from . import tl_kernels as kernels
 from .common import (INTERPRET, TABLE_SHARED_MEMORY, TOKEN_BUCKETS, GluonConfig, KernelConfig, bucket_for, cdiv,  # noqa: F401
-                     device_reason, gluon_unavailable_reason, launch_kwargs, num_programs, sizes_reason, tma_descriptor, tma_ready,
+                     device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, tma_descriptor, tma_ready,
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
 from .shared_memory import check_shared_memory, estimate_shared_memory
@@ -85,7 +85,8 @@ def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> N
     I = dw.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
     nprog = num_programs(go.device, cdiv(T, c.BM) * cdiv(I, c.BN))
-    kernels.dswiglu_gemm_kernel[(nprog,)](
+    launch(
+        kernels.dswiglu_gemm_kernel, (nprog,), ("dswiglu", go.device, T, H, I, nprog, act is None, c),
         tma_descriptor(go, [c.BM, c.BK]), tma_descriptor(dw, [c.BK, c.BN]),
         tma_descriptor(gate, piece), tma_descriptor(up, piece), tma_descriptor(gate if act is None else act, piece),
         tma_descriptor(d_gate, piece), tma_descriptor(d_up, piece), tma_descriptor(h, piece),
@@ -105,9 +106,11 @@ def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
     # K = T rounded up to BK, not T: the descriptors zero-fill rows >= T, and T = 1 would be
     # specialized as a constexpr, which Triton 3.6's pipeliner fails on (seen on the H200).
     nprog = num_programs(a.device, cdiv(M, c.BM) * cdiv(N, c.BN), c.persistent)
-    kernels.grad_weight_kernel[(nprog,)](
+    K = padded_tokens(T, c)
+    launch(
+        kernels.grad_weight_kernel, (nprog,), ("grad_weight", a.device, M, N, K, nprog, c),
         tma_descriptor(a, [c.BK, c.BM]), tma_descriptor(b, [c.BK, c.BN]), tma_descriptor(out, [c.BM, c.BN // c.EPI_SPLIT]), out,
-        M, N, padded_tokens(T, c), nprog, TMA_STORE=c.tma_store, **launch_kwargs(c),
+        M, N, K, nprog, TMA_STORE=c.tma_store, **launch_kwargs(c),
     )
 
 
@@ -153,7 +156,8 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig)
     T, I = d_gate.shape
     H = gate_weight.shape[1]
     nprog = num_programs(d_gate.device, cdiv(T, c.BM) * cdiv(H, c.BN), c.persistent)
-    kernels.grad_x_kernel[(nprog,)](
+    launch(
+        kernels.grad_x_kernel, (nprog,), ("grad_x", d_gate.device, T, H, I, nprog, c),
         tma_descriptor(d_gate, [c.BM, c.BK]), tma_descriptor(d_up, [c.BM, c.BK]),
         tma_descriptor(gate_weight, [c.BK, c.BN]), tma_descriptor(up_weight, [c.BK, c.BN]),
         tma_descriptor(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),

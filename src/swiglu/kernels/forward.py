@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import tl_kernels as kernels
-from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, num_programs, tma_descriptor, tma_ready,
+from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, launch, num_programs, tma_descriptor, tma_ready,
                      unsupported_reason)
 
 #: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
@@ -76,7 +76,8 @@ def launch_fused_forward(x, gate_weight, up_weight, gate, up, act, h, c: KernelC
     I = gate_weight.shape[0]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
     nprog = num_programs(x.device, cdiv(T, c.BM) * cdiv(I, c.BN), c.persistent)
-    kernels.swiglu_forward_kernel[(nprog,)](
+    launch(
+        kernels.swiglu_forward_kernel, (nprog,), ("swiglu_forward", x.device, T, H, I, nprog, act is not None, c),
         tma_descriptor(x, [c.BM, c.BK]), tma_descriptor(gate_weight, [c.BN, c.BK]), tma_descriptor(up_weight, [c.BN, c.BK]),
         tma_descriptor(gate, piece), tma_descriptor(up, piece), tma_descriptor(h if act is None else act, piece), tma_descriptor(h, piece),
         T, H, I, nprog, BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
@@ -89,7 +90,9 @@ def launch_swiglu_product(gate, up, h, act=None) -> None:
     """h = bf16(bf16(silu(gate)) * up) (and act = bf16(silu(gate)) unless None); contiguous bf16
     tensors of one shape."""
     n = gate.numel()
-    kernels.swiglu_product_kernel[(cdiv(n, PRODUCT_BLOCK),)](
+    grid = (cdiv(n, PRODUCT_BLOCK),)
+    launch(
+        kernels.swiglu_product_kernel, grid, ("swiglu_product", gate.device, n, act is not None),
         gate, up, h if act is None else act, h, n, BLOCK=PRODUCT_BLOCK, STORE_ACT=act is not None, UPCAST=INTERPRET,
         num_warps=4,
     )
