@@ -180,4 +180,4 @@ def test_launch_reuses_the_compiled_kernel_with_the_same_arguments(monkeypatch):
     common.launch(k, (3,), ("k", 10), "A2", "B2", 10, BLOCK=64, FLAG=True, num_warps=4)
     common.launch(k, (5,), ("k", 20), "A3", "B3", 20, BLOCK=64, FLAG=True, num_warps=4)
     assert [c[0] for c in jit_calls] == [(3,), (5,)]
-    assert runner_calls == [((3,), ("A2", "B2", 10, 64, True))]
+    assert runner_calls == [((3, 1, 1), ("A2", "B2", 10, 64, True))]

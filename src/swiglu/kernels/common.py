@@ -190,7 +190,7 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
         names = kernel.arg_names
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
-        _LAUNCHES[key] = (compiled[grid], names[len(args):])
+        _LAUNCHES[key] = (compiled[tuple(grid) + (1,) * (3 - len(grid))], names[len(args):])  # runner takes 3-D
         return
     runner, rest = entry
     runner(*args, *[kwargs[name] for name in rest])
