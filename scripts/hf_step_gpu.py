@@ -62,7 +62,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 #: Every variant, in the order they run (compiled ones last: their CUDA graph pools and compiled
 #: code are released by torch._dynamo.reset(), which should not run between eager rows).
-VARIANTS = ("unpatched", "swiglu", "liger", "swiglu+compile", "unpatched+compile")
+VARIANTS = ("unpatched", "swiglu", "swiglu_reuse", "liger", "swiglu+compile", "unpatched+compile")
 DEFAULT_VARIANTS = ("unpatched", "swiglu", "liger", "swiglu+compile")
 #: Variants whose failure is recorded instead of ending the run (peers and compiled variants).
 GUARDED = ("liger", "swiglu+compile", "unpatched+compile")
@@ -91,10 +91,10 @@ def build(args):
 
 def patch(model, variant: str):
     base = variant.split("+")[0]
-    if base == "swiglu":
+    if base in ("swiglu", "swiglu_reuse"):
         from swiglu.integrations import transformers as swiglu_hf
 
-        names = swiglu_hf.apply(model)
+        names = swiglu_hf.apply(model, reuse_saved_buffers=base == "swiglu_reuse")
         assert len(names) == model.config.num_hidden_layers, names
     elif base == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama

@@ -47,6 +47,7 @@ def _check(got, want, label):
         if g is None:
             continue
         assert g.shape == o.shape, f"{label} {name}: shape {list(g.shape)} != {list(o.shape)}"
+        o = o.cpu()
         err = (g.double().cpu() - o).norm() / max(o.norm(), 1e-30)
         assert err < 3e-2 or o.norm() == 0, f"{label} {name}: relative error {err:.3g}"
 

@@ -155,6 +155,7 @@ class _SwigluForward(nn.Module):
 
     swiglu_impl = "auto"
     swiglu_save_activated_gate = False
+    swiglu_reuse_saved_buffers = False
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -173,7 +174,7 @@ class _SwigluForward(nn.Module):
             warnings.warn(f"swiglu: {type(self).__qualname__} runs its original forward: {reason}", stacklevel=2)
             return super().forward(x)
         return _swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, self.swiglu_impl,
-                           self.swiglu_save_activated_gate)
+                           self.swiglu_save_activated_gate, self.swiglu_reuse_saved_buffers)
 
 
 def _unpickle(base: type, state: dict) -> nn.Module:
@@ -195,10 +196,11 @@ def swiglu_class(cls: type) -> type:
     return sub
 
 
-def _check_options(impl, save_activated_gate) -> None:
+def _check_options(impl, save_activated_gate, reuse_saved_buffers=False) -> None:
     _check_impl(impl)
-    if not isinstance(save_activated_gate, bool):
-        raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
+    for name, flag in (("save_activated_gate", save_activated_gate), ("reuse_saved_buffers", reuse_saved_buffers)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
 
 
 def _short(names: list[str], n: int = 3) -> str:
@@ -210,13 +212,13 @@ def _short(names: list[str], n: int = 3) -> str:
 
 
 def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = False,
-          backward_impl: str | None = None) -> list[str]:
+          reuse_saved_buffers: bool = False, backward_impl: str | None = None) -> list[str]:
     """Patch every SwiGLU MLP inside ``model`` (in place) to run ``swiglu.swiglu_mlp``.
 
     Args:
         model: any ``nn.Module`` (a transformers ``PreTrainedModel``, or a module of one).
-        impl, save_activated_gate: as ``swiglu.swiglu_mlp`` (``backward_impl``: impl's former name) (``"auto"``: Triton for bf16
-            on CUDA sm_90+, the PyTorch reference otherwise; False: the memory-lean mode).
+        impl, save_activated_gate, reuse_saved_buffers: as ``swiglu.swiglu_mlp`` (``"auto"``: Triton
+            for bf16 on CUDA sm_90+, the reference otherwise); ``backward_impl``: impl's former name.
 
     Returns: the qualified names of the patched modules (e.g. ``"model.layers.0.mlp"``), in
     ``named_modules`` order; modules patched before are included (their options updated).
@@ -234,7 +236,7 @@ def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = F
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if backward_impl is not None:
         impl = _renamed(backward_impl, impl)
-    _check_options(impl, save_activated_gate)
+    _check_options(impl, save_activated_gate, reuse_saved_buffers)
     patched, skipped = [], {}
     for name, module in model.named_modules():
         if not isinstance(module, _SwigluForward):
@@ -247,6 +249,7 @@ def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = F
             module.__class__ = swiglu_class(type(module))
         module.swiglu_impl = impl
         module.swiglu_save_activated_gate = save_activated_gate
+        module.swiglu_reuse_saved_buffers = reuse_saved_buffers
         patched.append(name)
     for (cls, reason), names in skipped.items():
         warnings.warn(f"swiglu: left {len(names)} {cls} module(s) unpatched ({_short(names)}): {reason}",
@@ -259,7 +262,7 @@ def unpatch(model: nn.Module) -> list[str]:
     names = []
     for name, module in model.named_modules():
         if isinstance(module, _SwigluForward):
-            for attr in ("swiglu_impl", "swiglu_save_activated_gate"):
+            for attr in ("swiglu_impl", "swiglu_save_activated_gate", "swiglu_reuse_saved_buffers"):
                 module.__dict__.pop(attr, None)
             module.__class__ = type(module)._swiglu_base
             names.append(name)
