@@ -129,7 +129,7 @@ def fake_row(case: str, impl: str, median_ms: float, correct=True, tokens: int =
     return {
         "run_id": "", "case": case, "seq_len": tokens, "batch_size": 1, "tokens": tokens, "hidden_size": H,
         "intermediate_size": I, "impl": impl, "protocol": "full", "warmup": 10, "iters": 50, **stats,
-        "first_call_s": 0.5, "hardware": "H200-SXM", "speedup_vs_eager": math.nan,
+        "first_call_s": 0.5, "host_ms": 0.35, "hardware": "H200-SXM", "speedup_vs_eager": math.nan,
         "speedup_vs_compile": math.nan, "peak_mem_gb": 1.5, "correct": correct,
         "min_match_fraction": 0.999 if correct is True else math.nan, "note": f"{impl} note",
         **power.empty_power_columns(),
@@ -373,7 +373,7 @@ def test_cli_cpu_smoke_end_to_end(tmp_path, capsys):
     for impl in rows.index:
         r = rows.loc[impl]
         assert 0 < r["min_ms"] <= r["p20_ms"] <= r["median_ms"] <= r["p80_ms"]
-        assert r["first_call_s"] > 0
+        assert r["first_call_s"] > 0 and 0 < r["host_ms"] <= r["p80_ms"]  # CPU: host time is the latency
         # No speed of light for a CPU run: no datasheet, and a CPU's copy/GEMM rates bound nothing.
         assert pd.isna(r["sol_ms"]) and pd.isna(r["sol_fraction"]) and pd.isna(r["sol_ms_measured"])
     assert rows.loc["eager", "speedup_vs_eager"] == pytest.approx(1.0)
@@ -575,9 +575,19 @@ def test_run_with_fake_nvml_fills_power_columns():
     assert flush.nunique() == 1 and 0 < flush.iloc[0] <= 1.0 / 50  # one step over >= 50 flushes
 
 
+def test_runs_recorded_without_host_time_still_read(tmp_path):
+    """Runs from before the host_ms column (with power columns) read back with it empty."""
+    legacy = fake_frame().drop(columns=["host_ms"])
+    path = tmp_path / "older.csv"
+    legacy.to_csv(path, index=False)
+    back = read_rows(path)
+    assert list(back.columns) == list(COLUMNS) and back["host_ms"].isna().all()
+    assert (back["power_w"].notna() == legacy["power_w"].notna()).all()
+
+
 def test_runs_recorded_without_power_columns_still_read(tmp_path):
     frame = fake_frame()
-    legacy = frame.drop(columns=list(power.POWER_COLUMNS))
+    legacy = frame.drop(columns=list(power.POWER_COLUMNS) + ["host_ms"])
     path = tmp_path / "old.csv"
     legacy.to_csv(path, index=False)
     back = read_rows(path)

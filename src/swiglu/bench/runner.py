@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -142,7 +143,8 @@ def measure_impl(
     """Build, first call, warm-ups, timed iterations (with a power window when ``monitor`` is
     given), memory and correctness of one impl on one case (see the module docstring). Never
     raises: errors end up in the returned ``note``."""
-    result = {**nan_stats(), **empty_power_columns(), "first_call_s": math.nan, "peak_mem_gb": math.nan,
+    result = {**nan_stats(), **empty_power_columns(), "first_call_s": math.nan, "host_ms": math.nan,
+              "peak_mem_gb": math.nan,
               "correct": pd.NA if not impl.checks_correctness else False,
               "min_match_fraction": math.nan, "note": impl.note}
     stage = "build"
@@ -161,7 +163,9 @@ def measure_impl(
         make_args = lambda: impl.prepare(cycle())  # noqa: E731
         time_iterations(fn, make_args, warmup, device, flush)  # ends synchronized
         window = monitor.open_window() if monitor is not None else None
-        result.update(time_stats(time_iterations(fn, make_args, iters, device, flush)))
+        host_ms: list[float] = []
+        result.update(time_stats(time_iterations(fn, make_args, iters, device, flush, host_ms)))
+        result["host_ms"] = statistics.median(host_ms)
         if window is not None:
             stage = "power window"
             extra = 0

@@ -30,6 +30,7 @@ COLUMNS: dict[str, str] = {
     "mean_ms": "float",
     "min_ms": "float",
     "first_call_s": "float",  # first call incl. compile / autotune, host wall clock
+    "host_ms": "float",  # median host time to enqueue one timed call (wall clock around the call), ms
     "tflops": "float",  # FLOPs / median, TFLOP/s
     "gbps": "float",  # minimum bytes / median, GB/s
     "hardware": "str",  # roofline.HARDWARE key behind sol_ms
@@ -59,6 +60,8 @@ LATER_COLUMNS = (
     "power_w", "sm_clock_mhz", "power_samples", "energy_j", "flush_energy_j", "energy_per_backward_j",
     "energy_iters", "energy_window_s",
 )
+#: Added after the power columns: runs recorded before read back with it empty.
+HOST_COLUMNS = ("host_ms",)
 
 _PANDAS_DTYPES = {"str": object, "int": "int64", "int?": "Int64", "float": "float64", "bool?": "boolean"}
 
@@ -99,13 +102,14 @@ def coerce(frame: pd.DataFrame) -> pd.DataFrame:
 
 def read_rows(path: str | Path) -> pd.DataFrame:
     """Read a run's CSV back with the schema's dtypes. A run recorded before ``LATER_COLUMNS``
-    existed (no power columns) reads back with those columns empty (NaN / <NA>).
+    or ``HOST_COLUMNS`` existed reads back with those columns empty (NaN / <NA>).
 
     Raises: ``ValueError`` when the file's columns are not the schema's (nor its earlier form).
     """
     frame = pd.read_csv(path, dtype={c: str for c, k in COLUMNS.items() if k == "str"}, keep_default_na=True)
-    if list(frame.columns) == [c for c in COLUMNS if c not in LATER_COLUMNS]:
-        frame = frame.reindex(columns=list(COLUMNS))
+    for absent in (LATER_COLUMNS + HOST_COLUMNS, HOST_COLUMNS):
+        if list(frame.columns) == [c for c in COLUMNS if c not in absent]:
+            frame = frame.reindex(columns=list(COLUMNS))
     if list(frame.columns) != list(COLUMNS):
         raise ValueError(f"{path}: columns {list(frame.columns)} are not the schema's {list(COLUMNS)}")
     return coerce(frame)

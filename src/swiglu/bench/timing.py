@@ -41,8 +41,11 @@ def time_iterations(
     iters: int,
     device: torch.device,
     flush: Callable[[], None] = lambda: None,
+    host_ms: list[float] | None = None,
 ) -> list[float]:
     """Run ``call(*make_args())`` ``iters`` times; return each iteration's latency in ms.
+    ``host_ms``, when given, receives each call's host wall time (entering the call to its
+    return: the time the host needs to enqueue it), ms.
 
     ``make_args`` and ``flush`` run before each iteration, outside the timed span. On CUDA the
     span is between events on the current stream (one synchronize at the end, so the host may
@@ -57,6 +60,8 @@ def time_iterations(
             t0 = time.perf_counter()
             out = call(*args)
             times.append((time.perf_counter() - t0) * 1e3)
+            if host_ms is not None:
+                host_ms.append(times[-1])
             del out, args
         return times
     stream = torch.cuda.current_stream(device)
@@ -66,7 +71,10 @@ def time_iterations(
         args = make_args()
         flush()
         start.record(stream)
+        t0 = time.perf_counter()
         out = call(*args)
+        if host_ms is not None:
+            host_ms.append((time.perf_counter() - t0) * 1e3)
         end.record(stream)
         del out, args
     torch.cuda.synchronize(device)
