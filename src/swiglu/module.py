@@ -141,11 +141,19 @@ def _is_parallel_style_hook(fn) -> bool:
     return "torch/distributed/tensor/" in path
 
 
+def forward_replaced(module: nn.Module) -> bool:
+    """Whether ``module``'s forward is replaced on the instance (``module.forward = ...``), as
+    accelerate's hooks do (``add_hook_to_module``: offloading, ``device_map``, ``cpu_offload``)
+    instead of registering torch hooks: the fused op, reading the weights directly, would skip it."""
+    return "forward" in module.__dict__ or "_hf_hook" in module.__dict__
+
+
 def _fusable_fast(proj: nn.Module) -> bool:
     # The common case in a few attribute reads: a plain nn.Linear without bias or hooks. False
     # only means "ask _plain_path_reason" (parallel-style hooks and parametrized weights pass there).
-    return type(proj) is nn.Linear and proj.bias is None and not (
-        proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
+    return type(proj) is nn.Linear and proj.bias is None and "forward" not in proj.__dict__ \
+        and "_hf_hook" not in proj.__dict__ and not (
+            proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
 
 
 def _plain_path_reason(mlp: "SwiGLUMLP") -> str | None:
@@ -165,6 +173,9 @@ def _plain_path_reason(mlp: "SwiGLUMLP") -> str | None:
                              ("backward pre-hook", proj._backward_pre_hooks)):
             if any(not _is_parallel_style_hook(h) for h in hooks.values()):
                 return f"{name} has a {kind_}"
+        if forward_replaced(proj):
+            return (f"{name}'s forward is replaced on the instance (e.g. accelerate's offload or device hooks, "
+                    "which load the weight when it runs)")
     return None
 
 

@@ -45,11 +45,13 @@ import functools
 import importlib
 import inspect
 import textwrap
+import types
 import warnings
 
 import torch
 from torch import nn
 
+from ..module import forward_replaced
 from ..ops import _check_impl, _renamed, _swiglu_mlp
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -117,6 +119,9 @@ def _runtime_reason(module: nn.Module) -> str | None:
         if _has_hooks(proj):
             return (f"{name} has hooks registered (e.g. a tensor-parallel plan, accelerate offloading, PEFT); "
                     f"the fused op reads the weights directly, so they would not run")
+        if forward_replaced(proj):
+            return (f"{name}'s forward is replaced on the instance (e.g. accelerate's offload or device hooks, "
+                    f"which load the weight when it runs); the fused op reads the weights directly")
     act = getattr(module, "act_fn", None)
     if not _is_silu(act):
         hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
@@ -139,6 +144,8 @@ def unsupported_reason(module: nn.Module) -> str | None:
     if not computes_swiglu(type(module)):
         return (f"its forward ({type(module).__qualname__}.forward) is not "
                 f"down_proj(act_fn(gate_proj(x)) * up_proj(x))")
+    if "forward" in module.__dict__ and "_old_forward" not in module.__dict__:
+        return "its forward is replaced on the instance (module.forward = ...), so a patched class would not run"
     return _runtime_reason(module)
 
 
@@ -165,8 +172,10 @@ class _SwigluForward(nn.Module):
 
     def __reduce__(self):
         # The subclass is made at run time, so pickle (torch.save(model)) cannot find it by name:
-        # pickle the original class, which it can, and patch again when loading.
-        return _unpickle, (self._swiglu_base, self.__getstate__())
+        # pickle the original class, which it can, and patch again when loading. The state goes
+        # third, applied after the object exists, so a state that refers back to the module (an
+        # instance forward bound to it, accelerate's hook) copies and pickles without recursion.
+        return _unpickle, (self._swiglu_base,), self.__getstate__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         reason = _runtime_reason(self)
@@ -177,10 +186,11 @@ class _SwigluForward(nn.Module):
                            self.swiglu_save_activated_gate, self.swiglu_reuse_saved_buffers)
 
 
-def _unpickle(base: type, state: dict) -> nn.Module:
+def _unpickle(base: type, state: dict | None = None) -> nn.Module:
     cls = swiglu_class(base)
     module = cls.__new__(cls)
-    module.__setstate__(state)
+    if state is not None:  # pickles written before the state moved to the reduce tuple's third item
+        module.__setstate__(state)
     return module
 
 
@@ -247,6 +257,10 @@ def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = F
                 skipped.setdefault((type(module).__qualname__, reason), []).append(name)
                 continue
             module.__class__ = swiglu_class(type(module))
+            if "_old_forward" in module.__dict__ and "forward" in module.__dict__:
+                # accelerate's hook on the MLP itself (e.g. io_same_device, an offloaded layer):
+                # its wrapper calls _old_forward, bound to the old class; bind ours instead.
+                module._old_forward = types.MethodType(type(module).forward, module)
         module.swiglu_impl = impl
         module.swiglu_save_activated_gate = save_activated_gate
         module.swiglu_reuse_saved_buffers = reuse_saved_buffers
