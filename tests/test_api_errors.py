@@ -109,3 +109,29 @@ def test_second_lean_backward_message_names_both_remedies():
     out.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="reuse_saved_buffers=False.*retain_graph=True"):
         out.sum().backward()
+
+
+def test_the_reference_and_the_oracle_check_their_inputs():
+    """The exported reference_backward and float64_backward name the argument at fault (before:
+    a mixed dtype gave torch's matmul error, or float64_backward silently upcast it)."""
+    t = _inputs()
+    args = [t["go"], t["x"], t["up"].clone(), t["up"], t["up"].clone(), t["gw"], t["uw"], t["dw"]]
+    for fn in (swiglu.reference_backward, swiglu.float64_backward):
+        bad = list(args)
+        bad[6] = bad[6].float()
+        with pytest.raises(TypeError, match="up_weight has dtype torch.float32"):
+            fn(*bad)
+        bad = list(args)
+        bad[2] = bad[2][:, :-8]
+        with pytest.raises(ValueError, match="gate_output must have shape"):
+            fn(*bad)
+        assert all(g is not None for g in fn(*args))
+
+
+def test_cuda_devices_on_a_machine_without_cuda_are_value_errors():
+    if torch.cuda.is_available():
+        pytest.skip("checks a machine without CUDA")
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        swiglu.SwiGLUMLP(16, 32, device="cuda")
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        swiglu.make_inputs(1, 2, 16, 16, device="cuda")

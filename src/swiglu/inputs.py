@@ -87,6 +87,9 @@ def make_inputs(
         device = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device must name a torch device ('cpu', 'cuda', 'cuda:1'), got {device!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but torch finds no CUDA GPU here (torch.cuda.is_available() is "
+                         "False); use device='cpu'")
     if device.type == "meta":
         raise ValueError("device='meta' holds no values to draw; make the inputs on a real device")
     if generator is None and seed is not None:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES, check_mlp_shapes, inputs_look_valid, validate_backward_inputs
-from .reference import activated_gate_of, reference_backward
+from .reference import activated_gate_of, reference_gradients
 
 #: The backends: ``impl=`` of ``swiglu_mlp``, ``SwiGLUMLP`` and ``swiglu_mlp_backward``.
 IMPLS = ("auto", "reference", "triton")
@@ -204,8 +204,8 @@ def run_backward(
     if impl == "reference":
         if activated_gate is None:
             activated_gate = activated_gate_of(gate_output)
-        return reference_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                                  down_weight, **flags)
+        return reference_gradients(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
+                                   down_weight, **flags)
     backend = _triton()
     flat = [None if t is None else t.reshape(-1, t.shape[-1]) for t in (grad_output, x, gate_output, up_output,
                                                                          activated_gate)]
@@ -245,8 +245,8 @@ _SECOND_BACKWARD = (
     "swiglu: a second backward through a graph made with reuse_saved_buffers=True: the first one wrote its "
     "gradients over the saved gate/up activations. To backpropagate a graph more than once (also split "
     "backward passes, e.g. autograd.grad of x first and of the weights later), use "
-    "reuse_saved_buffers=False (the default; SwiGLUMLP or swiglu_mlp) and pass retain_graph=True to every "
-    "backward but the last")
+    "reuse_saved_buffers=False (the default of SwiGLUMLP, swiglu_mlp and swiglu.integrations.transformers.apply) "
+    "and pass retain_graph=True to every backward but the last")
 
 
 def _double_backward(grad_output, x, gate_weight, up_weight, down_weight, needs):
@@ -255,8 +255,8 @@ def _double_backward(grad_output, x, gate_weight, up_weight, down_weight, needs)
     with _no_autocast(x):
         gate_output = F.linear(x, gate_weight)
         up_output = F.linear(x, up_weight)
-        return reference_backward(grad_output, x, gate_output, up_output, F.silu(gate_output), gate_weight,
-                                  up_weight, down_weight, **dict(zip(_NEEDS, needs)))
+        return reference_gradients(grad_output, x, gate_output, up_output, F.silu(gate_output), gate_weight,
+                                   up_weight, down_weight, **dict(zip(_NEEDS, needs)))
 
 
 class _SwiGLUFunction(torch.autograd.Function):

@@ -38,6 +38,17 @@ def _gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b
 
 
+def _checked(tensors: tuple) -> None:
+    # The public functions' inputs, checked once (a few comparisons; the full validator words
+    # the error). Internal callers use reference_gradients, which trusts them.
+    from .checks import inputs_look_valid, validate_backward_inputs
+
+    go, x, gate, up, act, gw, uw, dw = tensors
+    if not inputs_look_valid(x, gw, uw, dw, gate, up, act, like_x=(go,)):
+        flat = [t.reshape(-1, t.shape[-1]) if isinstance(t, torch.Tensor) and t.dim() > 3 else t for t in tensors[:5]]
+        validate_backward_inputs(*flat, gw, uw, dw)
+
+
 def reference_backward(
     grad_output: torch.Tensor,
     x: torch.Tensor,
@@ -55,8 +66,36 @@ def reference_backward(
 ) -> Gradients:
     """The benchmark's reference, operation for operation, in the inputs' dtype (bf16 there).
 
-    Shapes as in ``swiglu.swiglu_mlp_backward``; no validation here (the public entry point
-    validates). Returns ``(grad_x [*, H], grad_gate_weight [I, H], grad_up_weight [I, H],
+    Shapes as in ``swiglu.swiglu_mlp_backward`` (activations [..., size]). Returns ``(grad_x
+    [*, H], grad_gate_weight [I, H], grad_up_weight [I, H], grad_down_weight [H, I])`` in the
+    inputs' dtype; ``grad_x`` keeps ``x``'s leading dims. A gradient whose ``need_*`` flag is False
+    comes back as None and every step only it uses is skipped. The sigmoid factor is computed in
+    ``promote_types(dtype, float32)`` (float32 for bf16, fp16, fp32 inputs, as the benchmark does).
+
+    Raises: TypeError/ValueError naming the argument, as ``swiglu.swiglu_mlp_backward``.
+    """
+    tensors = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
+    _checked(tensors)
+    return reference_gradients(*tensors, need_grad_x=need_grad_x, need_grad_gate_weight=need_grad_gate_weight,
+                               need_grad_up_weight=need_grad_up_weight, need_grad_down_weight=need_grad_down_weight)
+
+
+def reference_gradients(
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    gate_output: torch.Tensor,
+    up_output: torch.Tensor,
+    activated_gate: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    *,
+    need_grad_x: bool = True,
+    need_grad_gate_weight: bool = True,
+    need_grad_up_weight: bool = True,
+    need_grad_down_weight: bool = True,
+) -> Gradients:
+    """``reference_backward`` without its input check, for callers that validated already. Returns ``(grad_x [*, H], grad_gate_weight [I, H], grad_up_weight [I, H],
     grad_down_weight [H, I])`` in the inputs' dtype; ``grad_x`` keeps ``x``'s leading dims.
 
     A gradient whose ``need_*`` flag is False comes back as None, and every step only it uses is
@@ -101,8 +140,10 @@ def float64_backward(
 ) -> Gradients:
     """The same formula with every input upcast to float64 and every step in float64: the
     accuracy oracle. Runs on the inputs' device; returns float64 tensors shaped as
-    ``reference_backward``'s. Memory: about 4x the bf16 inputs plus float64 outputs.
+    ``reference_backward``'s. Memory: about 4x the bf16 inputs plus float64 outputs (~40 GB at
+    Hermes' size with T = 8192). Raises as ``reference_backward`` (mixed dtypes included).
     """
+    _checked((grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight))
     up64 = [t.double() for t in (grad_output, x, gate_output, up_output, activated_gate)]
     go, xf, gate, up, act = (_flat(t) for t in up64)
     gw, uw, dw = gate_weight.double(), up_weight.double(), down_weight.double()
