@@ -47,7 +47,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -59,6 +58,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
+from swiglu.bench.environment import git_info, nvml_info  # noqa: E402
 
 #: Every variant, in the order they run (compiled ones last: their CUDA graph pools and compiled
 #: code are released by torch._dynamo.reset(), which should not run between eager rows).
@@ -183,58 +184,6 @@ def _version(*dists: str) -> str | None:
     return None
 
 
-def git_commit() -> str | None:
-    """SWIGLU_GIT_COMMIT when set (a copied tree can carry a stale .git), else git's short HEAD."""
-    if os.environ.get("SWIGLU_GIT_COMMIT"):
-        return os.environ["SWIGLU_GIT_COMMIT"].strip()
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
-
-
-def nvml_info() -> dict:
-    """Driver, clocks, power and temperature of the current GPU through pynvml, or why not."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001 - metadata only, never fail the run on it
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    info: dict = {}
-    try:
-        index = torch.cuda.current_device()
-        try:
-            uuid = str(torch.cuda.get_device_properties(index).uuid)
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        except Exception:  # noqa: BLE001 - older torch has no uuid; CUDA_VISIBLE_DEVICES may renumber
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        queries = {
-            "driver": lambda: pynvml.nvmlSystemGetDriverVersion(),
-            "name": lambda: pynvml.nvmlDeviceGetName(handle),
-            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-            "power_limit_w": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
-            "power_draw_w": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
-            "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
-        }
-        for key, query in queries.items():
-            try:
-                value = query()
-                info[key] = value.decode() if isinstance(value, bytes) else value
-            except Exception as exc:  # noqa: BLE001
-                info[key] = f"unavailable ({type(exc).__name__})"
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
-    return info
-
-
 def parse_variants(text: str, parser: argparse.ArgumentParser) -> list[str]:
     if text in ("", "default"):
         return list(DEFAULT_VARIANTS)
@@ -272,7 +221,7 @@ def main(argv=None):
     import swiglu
 
     started = datetime.now(timezone.utc)
-    nvml_before = nvml_info()
+    nvml_before = nvml_info(torch.device("cuda"))
     rows = []
     for variant in variants:
         if variant.startswith("liger"):
@@ -293,7 +242,7 @@ def main(argv=None):
             message = f"{type(exc).__name__}: {exc}".strip().splitlines()
             rows.append(dict(variant=variant, status="failed", error=(message[0] if message else "")[:300]))
         release(variant.endswith("+compile"))
-    nvml_after = nvml_info()
+    nvml_after = nvml_info(torch.device("cuda"))
 
     ok = [r for r in rows if r["status"] == "ok"]
     ref = next((r for r in ok if r["variant"] == "unpatched"), ok[0] if ok else None)
@@ -321,7 +270,7 @@ def main(argv=None):
         gpu=torch.cuda.get_device_name(), nvml_before=nvml_before, nvml_after=nvml_after,
         cuda=torch.version.cuda, torch=torch.__version__, triton=_version("triton"),
         transformers=transformers.__version__, liger_kernel=_version("liger-kernel", "liger_kernel"),
-        swiglu=swiglu.__version__, python=platform.python_version(), git_commit=git_commit(),
+        swiglu=swiglu.__version__, python=platform.python_version(), git_commit=git_info()["commit"],
         args=vars(args), variants_requested=variants, reference=ref["variant"] if ref else None,
         status={r["variant"]: r["status"] + (f": {r['error']}" if r.get("error") else "") for r in rows},
         protocol=__doc__,

@@ -49,7 +49,6 @@ import os
 import platform
 import pstats
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -62,6 +61,7 @@ sys.path.insert(0, str(REPO / "src"))
 import torch  # noqa: E402
 
 import swiglu  # noqa: E402
+from swiglu.bench.environment import git_info, nvml_info  # noqa: E402
 from swiglu.module import PlainSwiGLUMLP  # noqa: E402
 
 SHAPES = {"tiny": dict(H=256, I=512, T=16), "overhead": dict(H=16, I=32, T=2)}
@@ -76,59 +76,6 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-
-
-def git_commit() -> str | None:
-    """SWIGLU_GIT_COMMIT when set (a copied tree can carry a stale .git), else git's short HEAD."""
-    if os.environ.get("SWIGLU_GIT_COMMIT"):
-        return os.environ["SWIGLU_GIT_COMMIT"].strip()
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
-
-
-def nvml_info(device: torch.device) -> dict:
-    """Driver, clocks, power and temperature of ``device`` through pynvml (nvidia-ml-py), or why not."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001 - metadata only, never fail the run on it
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    info: dict = {}
-    try:
-        index = torch.cuda.current_device() if device.index is None else device.index
-        try:
-            uuid = str(torch.cuda.get_device_properties(index).uuid)
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        except Exception:  # noqa: BLE001 - older torch has no uuid; CUDA_VISIBLE_DEVICES may renumber
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        queries = {
-            "driver": lambda: pynvml.nvmlSystemGetDriverVersion(),
-            "name": lambda: pynvml.nvmlDeviceGetName(handle),
-            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-            "power_limit_w": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
-            "power_draw_w": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
-            "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
-            "pstate": lambda: pynvml.nvmlDeviceGetPerformanceState(handle),
-        }
-        for key, query in queries.items():
-            try:
-                value = query()
-                info[key] = value.decode() if isinstance(value, bytes) else value
-            except Exception as exc:  # noqa: BLE001
-                info[key] = f"unavailable ({type(exc).__name__})"
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
-    return info
 
 
 def device_name(device: torch.device) -> str:
@@ -362,7 +309,7 @@ def main(argv=None) -> dict:
         date_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         device=str(device), device_name=device_name(device),
         torch=torch.__version__, triton=_version("triton"), python=platform.python_version(),
-        swiglu=swiglu.__version__, git_commit=git_commit(), platform=platform.platform(),
+        swiglu=swiglu.__version__, git_commit=git_info()["commit"], platform=platform.platform(),
         shape=dict(name=shape_name, **shape), dtype=args.dtype,
         warmup=args.warmup, iters=args.iters, rounds=args.rounds,
         torch_threads=torch.get_num_threads() if threads is None else threads,

@@ -1,4 +1,4 @@
-"""Which GPUs ``impl="auto"`` trusts with the Triton kernels (issue 19, item 5), on the CPU with
+"""Which GPUs ``impl="auto"`` trusts with the Triton kernels, on the CPU with
 faked device properties (``torch.cuda.get_device_properties``, ``torch.version.hip``).
 
 auto takes Triton only on an NVIDIA GPU whose architecture the tables were tuned for (sm_90) and
@@ -103,7 +103,7 @@ def test_unaligned_sizes_on_the_h200_take_the_reference(fake_gpu):
 
 
 def test_available_impls_on_this_cpu(monkeypatch):
-    """Without the interpreter the CPU cannot run the kernels: "triton" is not listed (issue 21);
+    """Without the interpreter the CPU cannot run the kernels: "triton" is not listed;
     with TRITON_INTERPRET=1 (as these tests run) it is."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert swiglu.available_impls("cpu") == ["reference"]

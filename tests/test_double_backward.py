@@ -1,4 +1,4 @@
-"""Double backward through swiglu_mlp / SwiGLUMLP (issue 13 item 9).
+"""Double backward through swiglu_mlp / SwiGLUMLP.
 
 ``create_graph=True`` used to fail with PyTorch's "no autograd formula was registered"; the
 autograd formula now falls back to the reference formula in differentiable ops. Checked with

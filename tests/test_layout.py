@@ -1,4 +1,4 @@
-"""The package's rooms and their import rules, checked from the source (AST), so they stay true.
+"""The package's parts and their import rules, checked from the source (AST), so they stay true.
 
 Rooms (README "Layout"):
 - kernels  ``swiglu.kernels.*``: Triton kernels, launchers, config tables. May import only each
@@ -10,7 +10,7 @@ Rooms (README "Layout"):
 
 Every import counts, also one inside a function (a lazy import still ties the modules together),
 and the graph of swiglu modules has no cycle. The library and the kernels import no third-party
-package but torch and triton, so ``pip install swiglu`` needs nothing else (issue 20's lean
+package but torch and triton, so ``pip install swiglu`` needs nothing else (the lean
 install); ``import swiglu`` imports none of them but torch.
 """
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism on NCCL (2 GPUs): uneven sequence-parallel shards (issue 19, item 2)."""
+"""Tensor parallelism on NCCL (2 GPUs): uneven sequence-parallel shards."""
 
 from __future__ import annotations
 

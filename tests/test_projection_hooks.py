@@ -1,4 +1,4 @@
-"""Hooks, adapters and wrapped projections are never bypassed (issue 19, item 3), and torch.func
+"""Hooks, adapters and wrapped projections are never bypassed, and torch.func
 transforms work (item 4).
 
 ``SwiGLUMLP``'s fused op reads the three weights directly; where a projection's own forward would

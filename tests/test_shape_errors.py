@@ -1,6 +1,6 @@
 """A shape error names the argument that is actually inconsistent with x and the declared sizes.
 
-Issue 13 item 7: gate_weight [128, 32] with x [..., 64] was reported as "up_weight must have
+gate_weight [128, 32] with x [..., 64] was reported as "up_weight must have
 shape [128, 32] to match gate_weight" because gate_weight was taken as the source of the sizes.
 Every argument of swiglu_mlp_backward, swiglu_mlp and SwiGLUMLP is made wrong in each of its
 dimensions (and transposed, for the weights), and the error must start with that argument's name.

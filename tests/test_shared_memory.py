@@ -1,4 +1,4 @@
-"""A KernelConfig too big for shared memory is a ValueError before any launch (issue 13 item 10).
+"""A KernelConfig too big for shared memory is a ValueError before any launch.
 
 The estimate itself is checked against Triton's figure for sm_90 in tests/test_triton_compile.py
 (it compiles every launch); here: the table passes, the issue's config is rejected by

@@ -1,4 +1,4 @@
-"""bf16 subnormals (|v| < 2**-126) through impl="triton" (issue 13 item 11).
+"""bf16 subnormals (|v| < 2**-126) through impl="triton".
 
 Triton's interpreter converts bf16 subnormals wrongly in both directions, so under
 TRITON_INTERPRET=1 (UPCAST) the kernels convert on bit patterns (``kernels._f32``, ``kernels._bf16``).

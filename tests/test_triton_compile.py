@@ -196,7 +196,7 @@ def oversized_spec() -> dict:
     return spec
 
 
-#: Issue 13's example: 128x256x64 tiles, 3 stages, unsplit epilogue, flattened warp-specialized
+#: The example that once failed deep inside Triton: 128x256x64 tiles, 3 stages, unsplit epilogue, flattened warp-specialized
 #: loop: 279576 bytes of shared memory with triton 3.6-3.7, against the H200's 232448.
 ISSUE_EXAMPLE = ("dswiglu", KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8,
                                          warp_specialize=True, flatten=True))
@@ -446,7 +446,7 @@ def test_shared_memory_estimate_matches_triton(compiled):
 
 
 def test_issue_example_needs_more_than_the_h200_has(compiled):
-    """The config of issue 13 is over the limit by Triton's own figure (279576 bytes with triton
+    """That config is over the limit by Triton's own figure (279576 bytes with triton
     3.6-3.7; the exact number is the release's business, not pinned here), and so is its estimate."""
     kernel, cfg = ISSUE_EXAMPLE
     (spec,) = {_spec_key(s): s for s in _specs() if "calibration" in s["uses"] and _config_of(s) == ISSUE_EXAMPLE}.values()

@@ -1,4 +1,4 @@
-"""Zero tokens (issue 13 item 8): an MoE expert that gets no tokens in a step.
+"""Zero tokens: an MoE expert that gets no tokens in a step.
 
 ``SwiGLUMLP``, ``swiglu_mlp`` and ``swiglu_mlp_backward`` accept T = 0 (x [0, H], [0, S, H] or
 [B, 0, H]) on every implementation, as ``nn.Linear`` does: empty outputs and grad_x of x's shape,

@@ -357,7 +357,7 @@ def scenario_lean_triton(mesh):
 
 
 def scenario_uneven_sequence(mesh):
-    """Issue 19 item 2: x [2, 5, H] as 3 + 2 tokens (torch.chunk's split, what DTensor shards
+    """x [2, 5, H] as 3 + 2 tokens (torch.chunk's split, what DTensor shards
     unevenly) works against the oracle; 4 + 1 is a ValueError on every rank naming the lengths,
     and the next call still works (no abort, no hang)."""
     n, rank = mesh.size(), mesh.get_local_rank()
@@ -412,7 +412,7 @@ def run(rank: int, world_size: int, port: int, out_dir: str, names: list[str]) -
 
 
 def run_nccl_uneven(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """GPU entry point (tests/test_parallel_gpu.py): issue 19 item 2 on NCCL, one GPU per rank,
+    """GPU entry point (tests/test_parallel_gpu.py): uneven shards on NCCL, one GPU per rank,
     bf16 with the default backward (Triton on the H200): 3 + 2 tokens of x [2, 5, 64] match the
     unsharded float64 MLP within bf16 rounding; 4 + 1 is a ValueError on every rank; the next
     call works."""

@@ -142,3 +142,45 @@ def make_run_id(when: datetime | str, commit: str) -> str:
         when = datetime.strptime(when, UTC_FORMAT).replace(tzinfo=timezone.utc)
     stamp = when.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return f"{stamp}-{commit[:7] if commit != 'unknown' else 'unknown'}"
+
+
+def nvml_info(device: torch.device) -> dict:
+    """Driver, clocks, power, temperature and P-state of ``device`` through pynvml (nvidia-ml-py),
+    or ``{"error": ...}`` when NVML cannot be used (metadata only: never raises)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - metadata only, never fail the run on it
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    info: dict = {}
+    try:
+        index = torch.cuda.current_device() if device.index is None else device.index
+        try:
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        except Exception:  # noqa: BLE001 - older torch has no uuid; CUDA_VISIBLE_DEVICES may renumber
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        queries = {
+            "driver": lambda: pynvml.nvmlSystemGetDriverVersion(),
+            "name": lambda: pynvml.nvmlDeviceGetName(handle),
+            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            "power_limit_w": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000,
+            "power_draw_w": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+            "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+            "pstate": lambda: pynvml.nvmlDeviceGetPerformanceState(handle),
+        }
+        for key, query in queries.items():
+            try:
+                value = query()
+                info[key] = value.decode() if isinstance(value, bytes) else value
+            except Exception as exc:  # noqa: BLE001
+                info[key] = f"unavailable ({type(exc).__name__})"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return info

@@ -1,4 +1,4 @@
-"""The kernels room: every Triton kernel of the project, its launcher and its configuration table.
+"""Every Triton kernel of the project, its launcher and its configuration table.
 
 - ``tl_kernels``: the tl-level ``@triton.jit`` kernels (dSwiGLU GEMM, weight gradients, grad_x,
   the fused forward and the SwiGLU product).

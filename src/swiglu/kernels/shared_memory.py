@@ -1,4 +1,4 @@
-"""Shared memory of a kernel launch, estimated before launching (issue 13 item 10).
+"""Shared memory of a kernel launch, estimated before launching.
 
 A ``KernelConfig`` whose tiles and stages do not fit in an SM's shared memory used to fail deep
 inside Triton's launcher with ``OutOfResources``; ``check_shared_memory`` turns that into a

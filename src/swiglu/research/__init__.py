@@ -1,4 +1,4 @@
-"""The research room: what the notebooks and the benchmark use, never a training job.
+"""What the notebooks and the benchmark use, never a training job.
 
 - ``analysis``: load recorded runs from ``data/``, derive tables (speed-ups, SOL fractions, history).
 - ``plots``: every figure in ``figures/``.

@@ -20,7 +20,7 @@ from . import tp_model
 from ..workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 #: When no TP run is recorded: the all-reduce bus bandwidth measured by a probe on the 2-GPU H200
-#: machine (issue 11: a [4096, 16384] bf16 all-reduce, 268 MB, 297 GB/s bus bandwidth) and an
+#: machine (a [4096, 16384] bf16 all-reduce, 268 MB, 297 GB/s bus bandwidth) and an
 #: assumed fixed latency. Only used, and labelled as such, without a measured run.
 ASSUMED_BUS_GBPS = 297.0
 ASSUMED_LATENCY_MS = 0.02
@@ -116,7 +116,7 @@ def model_inputs(run: TPRun | None, bench_dir: str | Path) -> tuple[pd.DataFrame
             source = f"measured in TP run {run.run_id}: compute per rank at I/N on one GPU, all-reduce fit"
         except ValueError:
             latency, bw = ASSUMED_LATENCY_MS, ASSUMED_BUS_GBPS
-            source = f"TP run {run.run_id} (compute); all-reduce ASSUMED ({bw:.0f} GB/s, issue 11's probe)"
+            source = f"TP run {run.run_id} (compute); all-reduce ASSUMED ({bw:.0f} GB/s, the 2-GPU probe)"
         return rows, latency, bw, source
     bench = analysis.load_run(bench_dir, None, "full")
     if bench is None:

@@ -1,4 +1,4 @@
-"""Training step of the SwiGLU MLP on the GPU: time, peak memory and saved activations (issue 14).
+"""Training step of the SwiGLU MLP on the GPU: time, peak memory and saved activations.
 
 One process, on one H200 (``scripts/train_step_gpu.py`` calls ``main``; < 5 min):
 
