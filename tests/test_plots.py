@@ -336,3 +336,15 @@ def test_a_line_joining_cases_would_be_caught(table):
     ax = fig.axes[0]
     ax.add_line(Line2D([0, 1, 2], [1.0, 2.0, 1.5]))
     assert joined_categories(fig)
+
+
+def test_every_benchmark_implementation_has_a_colour_of_its_own():
+    """One colour per implementation in every figure: a name without an entry took a cycle colour
+    that depended on its position (triton-tl drew as Liger in one figure, as cuBLAS in another)."""
+    from swiglu.bench.impls import IMPLS
+    from swiglu.research.plots import IMPL_STYLE
+
+    missing = sorted(set(IMPLS) - set(IMPL_STYLE))
+    assert not missing, f"no IMPL_STYLE entry for {missing}"
+    colours = [IMPL_STYLE[name][0] for name in IMPLS]
+    assert len(set(colours)) == len(colours), dict(zip(IMPLS, colours))

@@ -48,6 +48,7 @@ IMPL_STYLE = {
     "liger": ("#ff7f0e", "^"),
     "quack": ("#8c564b", "P"),
     "triton": ("#d62728", "*"),
+    "triton-tl": ("#e377c2", "X"),
     "reference": ("#4d4d4d", "o"),
     "bf16 reference": ("#4d4d4d", "o"),
 }
