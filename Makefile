@@ -46,6 +46,8 @@ BENCH_ARGS ?=
 # whatever LAB_ARGS holds.
 LAB_ARGS ?=
 LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
+# Saving from the Lab writes the committed form of a notebook (no outputs, no volatile metadata).
+LAB_SAVE_HOOK := swiglu.research.notebook_save.strip_for_git
 TP ?= 2
 
 .PHONY: help venv test test-gpu reproduce lab bench bench-tp clean FORCE
@@ -87,8 +89,8 @@ bench-tp: $(STAMP)  ## tensor-parallel checks and timings on TP GPUs (torchrun; 
 	  { echo "make bench-tp: TP=$(TP) needs $(TP) CUDA GPUs, torch sees $$($(PY) -c 'import torch; print(torch.cuda.device_count())')" >&2; exit 1; }
 	$(PY) -m torch.distributed.run --nproc-per-node $(TP) -m swiglu.bench --tp $(TP) $(BENCH_ARGS)
 
-lab: $(STAMP)  ## open the notebooks in JupyterLab (LAB_ARGS="..."; --allow-root when run as root)
-	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ROOT_ARGS) $(LAB_ARGS)
+lab: $(STAMP)  ## open the notebooks in JupyterLab, saving them without outputs (LAB_ARGS="..."; --allow-root when run as root)
+	$(VENV)/bin/jupyter lab notebooks/ --ContentsManager.pre_save_hook=$(LAB_SAVE_HOOK) $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
 clean:  ## remove the virtual environment, build outputs and caches
 	rm -rf $(VENV) build .pytest_cache src/*.egg-info

@@ -72,3 +72,12 @@ def test_the_libraries_derived_files_depend_on_are_pinned():
     for name in ("MATPLOTLIB", "NUMPY", "PANDAS"):
         assert f"{name}_VERSION ?= " in text
         assert f"{name.lower()}==$({name}_VERSION)" in install, install
+
+
+def test_lab_saves_notebooks_in_their_committed_form():
+    """make lab installs the pre-save hook (tests/test_notebook_save.py checks what it writes)."""
+    import importlib
+
+    hook = next(a.split("=", 1)[1] for a in lab_command().split() if a.startswith("--ContentsManager.pre_save_hook="))
+    module, name = hook.rsplit(".", 1)
+    assert callable(getattr(importlib.import_module(module), name))

@@ -1,0 +1,57 @@
+"""Saving a notebook from JupyterLab (``make lab``'s pre-save hook) writes its committed form:
+a notebook run and saved interactively, outputs, execution counts, the kernel's language_info
+and cell timing metadata included, is written byte for byte as the repository holds it."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+manager_module = pytest.importorskip("jupyter_server.services.contents.filemanager")
+
+from swiglu.research.notebook_save import clean_notebook  # noqa: E402
+
+NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
+HOOK = "swiglu.research.notebook_save.strip_for_git"
+
+
+def _as_lab_leaves_it(nb):
+    """What a Run All and a save in JupyterLab add (seen with JupyterLab 4 and ipykernel)."""
+    nb = copy.deepcopy(nb)
+    nb.metadata["language_info"] = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+                                    "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+                                    "pygments_lexer": "ipython3", "version": "3.11.7"}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    for k, cell in enumerate(nb.cells):
+        cell.metadata["execution"] = {"iopub.execute_input": "2026-12-01T09:00:00.000Z"}
+        cell.metadata["scrolled"] = True
+        if cell.cell_type == "code":
+            cell.execution_count = k + 1
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n")]
+    return nb
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_lab_save_writes_the_committed_notebook(path, tmp_path):
+    committed = path.read_text()
+    nb = nbformat.reads(committed, as_version=nbformat.NO_CONVERT)
+    dirty = _as_lab_leaves_it(nb)
+    shutil.copy(path, tmp_path / path.name)
+    manager = manager_module.FileContentsManager(root_dir=str(tmp_path), pre_save_hook=HOOK)
+    manager.save({"type": "notebook", "format": "json", "content": dirty}, path.name)
+    assert (tmp_path / path.name).read_text() == committed
+    # Without the hook the same save changes the file: the test can fail.
+    plain = manager_module.FileContentsManager(root_dir=str(tmp_path))
+    plain.save({"type": "notebook", "format": "json", "content": _as_lab_leaves_it(nb)}, path.name)
+    assert (tmp_path / path.name).read_text() != committed
+
+
+def test_clean_keeps_what_papermill_and_the_kernel_choice_need():
+    nb = nbformat.reads(NOTEBOOKS[0].read_text(), as_version=nbformat.NO_CONVERT)
+    clean_notebook(nb)
+    assert nb.metadata["kernelspec"]["name"] and nb.metadata["language_info"] == {"name": "python"}
+    assert any("parameters" in c.metadata.get("tags", []) for c in nb.cells)
