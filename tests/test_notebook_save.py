@@ -55,3 +55,24 @@ def test_clean_keeps_what_papermill_and_the_kernel_choice_need():
     clean_notebook(nb)
     assert nb.metadata["kernelspec"]["name"] and nb.metadata["language_info"] == {"name": "python"}
     assert any("parameters" in c.metadata.get("tags", []) for c in nb.cells)
+
+
+def test_a_run_with_other_choices_writes_under_build(capsys):
+    """One rule for make reproduce and an interactive run: changing a choice in a notebook's
+    parameters (a subset of cases, another run) sends its figures and tables to
+    build/reproduce/ unless overwrite = True; explicit folders are kept. Before, a notebook run
+    with two cases rewrote the committed figures, the README's headline among them."""
+    from swiglu.research import analysis
+
+    root = Path(__file__).parents[1]
+    defaults = analysis.parameter_defaults("03_latency", root)
+    assert analysis.output_dirs("03_latency", defaults, root) == (root / "figures", root / "data" / "derived")
+    subset = {**defaults, "cases": "s128_b1,s256_b1"}
+    assert analysis.output_dirs("03_latency", subset, root) == (root / "build/reproduce/figures",
+                                                                 root / "build/reproduce/derived")
+    assert "cases differ" in capsys.readouterr().out
+    assert analysis.output_dirs("03_latency", {**subset, "overwrite": True}, root)[0] == root / "figures"
+    mine = {**subset, "figures_dir": "build/mine", "derived_dir": "build/mine"}
+    assert analysis.output_dirs("03_latency", mine, root) == (root / "build/mine", root / "build/mine")
+    for name in ("01_roofline", "02_validation", "04_history", "05_tensor_parallel", "06_training_memory"):
+        assert analysis.parameter_defaults(name, root)["overwrite"] is False

@@ -87,6 +87,44 @@ def resolve_path(path: str | Path, root: str | Path | None = None) -> Path:
     return p if p.is_absolute() else Path(root or repo_root()) / p
 
 
+#: Notebook parameters that say where results go (or in what format), not which results.
+OUTPUT_PARAMETERS = ("figures_dir", "derived_dir", "scratch_figures_dir", "figure_formats", "overwrite")
+#: Where a notebook run with other choices than its defaults writes, as ``make reproduce`` does.
+SUBSET_OUTPUT = ("build/reproduce/figures", "build/reproduce/derived")
+
+
+def parameter_defaults(notebook: str, root: str | Path | None = None) -> dict:
+    """The values assigned in ``notebooks/<notebook>.ipynb``'s cell tagged ``parameters`` (the
+    committed defaults, read from the file). Raises ``ValueError`` when there is no such cell."""
+    import ast
+
+    book = json.loads(resolve_path(f"notebooks/{notebook}.ipynb", root).read_text())
+    for cell in book["cells"]:
+        if cell["cell_type"] == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            tree = ast.parse("".join(cell["source"]))
+            return {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)}
+    raise ValueError(f"notebooks/{notebook}.ipynb has no cell tagged 'parameters'")
+
+
+def output_dirs(notebook: str, values: dict, root: str | Path | None = None) -> tuple[Path, Path]:
+    """(figures folder, derived-tables folder) for a run of ``notebook`` with parameter ``values``
+    (the notebook's ``globals()``): the committed ``figures/`` and ``data/derived/`` only when every
+    choice is the notebook's default (``parameter_defaults``) or ``overwrite`` is True; a run
+    with another choice (a subset of cases, another run, a live measurement) that still points at
+    the committed folders writes under ``build/reproduce/`` and says so, the rule ``make
+    reproduce`` follows. Folders given explicitly (not the defaults) are used as given."""
+    defaults = parameter_defaults(notebook, root)
+    changed = sorted(k for k, v in defaults.items() if k not in OUTPUT_PARAMETERS and values.get(k, v) != v)
+    figures, derived = values["figures_dir"], values["derived_dir"]
+    committed = (figures, derived) == (defaults["figures_dir"], defaults["derived_dir"])
+    if changed and committed and not values.get("overwrite", False):
+        figures, derived = SUBSET_OUTPUT
+        print(f"{', '.join(changed)} differ from this notebook's defaults: figures and tables go to "
+              f"{figures}/ and {derived}/, not the committed folders (overwrite = True writes those)")
+    return resolve_path(figures, root), resolve_path(derived, root)
+
+
 def display_path(path: str | Path, root: str | Path | None = None) -> str:
     """``path`` relative to ``root`` (default: ``repo_root()``) when inside it, else as given."""
     try:

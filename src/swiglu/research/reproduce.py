@@ -106,6 +106,7 @@ def notebook_parameters(
     scratch_figures_dir: str | Path = "build/figures",
     declared: list[str] | None = None,
     tp_dir: str | Path = "data/tp",
+    overwrite: bool = False,
 ) -> dict:
     """The papermill parameters for notebook ``name``, restricted to those it declares."""
     params = {
@@ -117,6 +118,7 @@ def notebook_parameters(
         "figures_dir": str(figures_dir),
         "derived_dir": str(derived_dir),
         "scratch_figures_dir": str(scratch_figures_dir),
+        "overwrite": bool(overwrite),
     }
     if name == "03_latency":
         params["live"] = bool(live)
@@ -316,7 +318,7 @@ def run(
             src.stem, smoke=smoke, live=live, device=device, bench_dir=absolute["bench"], run_id=run_id,
             protocol=protocol, figures_dir=absolute["figures"], derived_dir=absolute["derived"],
             scratch_figures_dir=absolute["scratch"], declared=parameter_names(src),
-            tp_dir=absolute["tp"],
+            tp_dir=absolute["tp"], overwrite=overwrite,
         )
         for name in DERIVED.get(src.stem, ()):  # this notebook's tables of an earlier run
             (absolute["derived"] / name).unlink(missing_ok=True)
