@@ -76,3 +76,20 @@ def test_a_run_with_other_choices_writes_under_build(capsys):
     assert analysis.output_dirs("03_latency", mine, root) == (root / "build/mine", root / "build/mine")
     for name in ("01_roofline", "02_validation", "04_history", "05_tensor_parallel", "06_training_memory"):
         assert analysis.parameter_defaults(name, root)["overwrite"] is False
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_kernel_without_swiglu_is_told_how_to_set_up(path):
+    """A plain JupyterLab's python3 kernel, outside the clone's .venv, used to fail at
+    ``import swiglu`` with no hint; the cell after the parameters says what to run."""
+    import subprocess
+    import sys
+
+    nb = nbformat.reads(path.read_text(), as_version=nbformat.NO_CONVERT)
+    check = next(c for c in nb.cells if c.get("id") == "setup-check")
+    # -S: no site-packages, so neither the editable install nor any swiglu is importable.
+    done = subprocess.run([sys.executable, "-S", "-c", check.source], capture_output=True, text=True, timeout=60,
+                          cwd="/")
+    assert done.returncode != 0 and "make lab" in done.stderr and "ModuleNotFoundError" in done.stderr, done.stderr
+    ok = subprocess.run([sys.executable, "-c", check.source], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
