@@ -135,3 +135,18 @@ def test_cuda_devices_on_a_machine_without_cuda_are_value_errors():
         swiglu.SwiGLUMLP(16, 32, device="cuda")
     with pytest.raises(ValueError, match="no CUDA GPU"):
         swiglu.make_inputs(1, 2, 16, 16, device="cuda")
+
+
+def test_interpreter_switched_on_after_triton_was_imported_is_named():
+    """TRITON_INTERPRET=1 set after ``import triton``: Triton's own functions stay compiled, and
+    the interpreted kernels used to fail with an opaque InterpreterError."""
+    import subprocess
+    import sys
+
+    code = ("import os, triton; os.environ['TRITON_INTERPRET'] = '1'; import swiglu\n"
+            "inp = swiglu.make_inputs(1, 4, 16, 48, seed=0)\n"
+            "try:\n    swiglu.swiglu_mlp_backward(*inp.as_tuple(), impl='triton')\n"
+            "except ValueError as e:\n    print(e)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert "set before triton is imported" in done.stdout, (done.stdout, done.stderr[-2000:])

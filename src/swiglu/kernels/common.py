@@ -15,6 +15,20 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _triton_interprets() -> bool:
+    # Triton decides when it is imported: its own @jit library functions are interpreted then or
+    # never (TRITON_INTERPRET set later leaves them compiled, and our interpreted kernels fail
+    # calling them with an opaque InterpreterError).
+    import triton.language.standard as standard
+
+    fn = getattr(standard, "sigmoid", None)
+    return INTERPRET if fn is None else type(fn).__name__ == "InterpretedFunction"
+
+
+#: Whether Triton itself runs in its interpreter (TRITON_INTERPRET=1 when triton was imported).
+TRITON_INTERPRETS = _triton_interprets()
 # TMA needs every row stride 16-byte aligned: a bf16 row of a multiple of 8 elements.
 ALIGN_ELEMENTS = 8
 
@@ -236,6 +250,9 @@ def device_reason(device: torch.device | str) -> str | None:
     ``swiglu.kernels.backward.clear_plans`` forgets the answers)."""
     device = torch.device(device)
     if device.type != "cuda":
+        if INTERPRET and not TRITON_INTERPRETS:
+            return ("needs TRITON_INTERPRET=1 set before triton is imported (it was set later, so Triton's own "
+                    "functions are compiled for a GPU): set it in the environment or at the top of the script")
         if INTERPRET:
             return None
         return (f"needs CUDA tensors (got device {device}); on a CPU use impl='reference', or set "
