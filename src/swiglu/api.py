@@ -8,7 +8,7 @@ import os
 import torch
 
 from . import ops
-from .checks import inputs_look_valid, validate_backward_inputs
+from .checks import check_backward_inputs
 from .reference import Gradients
 
 
@@ -108,10 +108,7 @@ def swiglu_mlp_backward(
             different devices, an empty hidden_size or intermediate_size, an unknown ``impl``,
             or ``"triton"`` on a device or at sizes it cannot run (meta tensors included).
     """
-    if not inputs_look_valid(x, gate_weight, up_weight, down_weight, gate_output, up_output, activated_gate,
-                             like_x=(grad_output,), ranks=(2, 3)):
-        validate_backward_inputs(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                                 down_weight)
+    check_backward_inputs(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
     impl = ops.resolve_impl(impl, x, gate_weight)
     return ops.run_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
                             down_weight, (True, True, True, True), impl)

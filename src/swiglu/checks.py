@@ -219,3 +219,25 @@ def inputs_look_valid(x, gate_weight, up_weight, down_weight, *activations, like
     shape = x.shape
     act_shape = shape[:-1] + (inter,)
     return all(t.shape == shape for t in like_x) and all(t.shape == act_shape for t in activations)
+
+
+def check_backward_inputs(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
+                          down_weight, *, any_rank: bool = False) -> None:
+    """The eight backward inputs checked once: ``inputs_look_valid`` (a few comparisons), and
+    only when that does not prove them valid, ``validate_backward_inputs`` for the verdict and a
+    message naming the argument. ``any_rank``: activations of any rank >= 1 (validated as their
+    [tokens, size] flattening), as the reference and the raw op take; otherwise x is [T, H] or
+    [B, S, H], as ``swiglu_mlp_backward`` documents."""
+    acts = (grad_output, x, gate_output, up_output, activated_gate)
+    if inputs_look_valid(x, gate_weight, up_weight, down_weight, gate_output, up_output, activated_gate,
+                         like_x=(grad_output,), ranks=None if any_rank else (2, 3)):
+        return
+    if any_rank:
+        acts = tuple(t.reshape(-1, t.shape[-1]) if isinstance(t, torch.Tensor) and t.dim() > 3 else t for t in acts)
+    validate_backward_inputs(*acts, gate_weight, up_weight, down_weight)
+
+
+def spans_whole_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` spans all of its storage (no view into a larger buffer that others use):
+    what may be written over and freed without touching anyone else's data."""
+    return t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()

@@ -154,9 +154,8 @@ def forward_replaced(module: nn.Module) -> bool:
 def _fusable_fast(proj: nn.Module) -> bool:
     # The common case in a few attribute reads: a plain nn.Linear without bias or hooks. False
     # only means "ask _plain_path_reason" (parallel-style hooks and parametrized weights pass there).
-    return type(proj) is nn.Linear and proj.bias is None and "forward" not in proj.__dict__ \
-        and "_hf_hook" not in proj.__dict__ and not (
-            proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
+    return type(proj) is nn.Linear and proj.bias is None and not forward_replaced(proj) and not (
+        proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
 
 
 def _plain_path_reason(mlp: "SwiGLUMLP") -> str | None:

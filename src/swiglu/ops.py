@@ -35,7 +35,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .checks import FLOAT_DTYPES, check_mlp_shapes, inputs_look_valid, validate_backward_inputs
+from .checks import FLOAT_DTYPES, check_backward_inputs, check_mlp_shapes, inputs_look_valid, spans_whole_storage
 from .reference import activated_gate_of, reference_gradients
 
 #: The backends: ``impl=`` of ``swiglu_mlp``, ``SwiGLUMLP`` and ``swiglu_mlp_backward``.
@@ -288,16 +288,12 @@ class _SwiGLUFunction(torch.autograd.Function):
             return (*grads, None, None, None)
         owned = ctx.owned
         consume = owned is not None and gate_output is owned[0]() and up_output is owned[1]() \
-            and _spans_storage(gate_output) and _spans_storage(up_output)
+            and spans_whole_storage(gate_output) and spans_whole_storage(up_output)
         ctx.consumed = consume  # before the launch: a failure after the overwrite must not let a retry read them
         with _no_autocast(x):
             grads = run_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
                                  down_weight, needs, ctx.impl, consume)
         return (*grads, None, None, None)
-
-
-def _spans_storage(t: torch.Tensor) -> bool:
-    return t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 # --------------------------------------------------------------------------- custom ops
@@ -352,11 +348,10 @@ def mlp_backward(
     """The four gradients (contiguous); a gradient not requested is an empty ``[0]`` tensor (a
     custom op cannot return None) and its GEMMs never run. ``activated_gate`` None: recomputed
     from gate_output (memory-lean mode). Never writes an input."""
-    acts = [grad_output, x, gate_output, up_output, gate_output if activated_gate is None else activated_gate]
     # A cheap check for direct callers (the autograd formula's inputs pass it at once).
-    if not inputs_look_valid(x, gate_weight, up_weight, down_weight, *acts[2:], like_x=(grad_output,), ranks=(2, 3)):
-        flat = [t.reshape(-1, t.shape[-1]) if isinstance(t, torch.Tensor) and t.dim() > 3 else t for t in acts]
-        validate_backward_inputs(*flat, gate_weight, up_weight, down_weight)
+    check_backward_inputs(grad_output, x, gate_output, up_output,
+                          gate_output if activated_gate is None else activated_gate, gate_weight, up_weight,
+                          down_weight, any_rank=True)
     impl = resolve_impl(impl, x, gate_weight)
     needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
     with _no_autocast(x):

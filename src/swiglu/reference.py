@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .checks import check_backward_inputs
+
 Gradients = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # entries None only when not requested
 
 
@@ -36,17 +38,6 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 def _gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # One indirection so tests can count the GEMMs (a gradient not requested skips its GEMMs).
     return a @ b
-
-
-def _checked(tensors: tuple) -> None:
-    # The public functions' inputs, checked once (a few comparisons; the full validator words
-    # the error). Internal callers use reference_gradients, which trusts them.
-    from .checks import inputs_look_valid, validate_backward_inputs
-
-    go, x, gate, up, act, gw, uw, dw = tensors
-    if not inputs_look_valid(x, gw, uw, dw, gate, up, act, like_x=(go,)):
-        flat = [t.reshape(-1, t.shape[-1]) if isinstance(t, torch.Tensor) and t.dim() > 3 else t for t in tensors[:5]]
-        validate_backward_inputs(*flat, gw, uw, dw)
 
 
 def reference_backward(
@@ -75,7 +66,7 @@ def reference_backward(
     Raises: TypeError/ValueError naming the argument, as ``swiglu.swiglu_mlp_backward``.
     """
     tensors = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
-    _checked(tensors)
+    check_backward_inputs(*tensors, any_rank=True)
     return reference_gradients(*tensors, need_grad_x=need_grad_x, need_grad_gate_weight=need_grad_gate_weight,
                                need_grad_up_weight=need_grad_up_weight, need_grad_down_weight=need_grad_down_weight)
 
@@ -143,7 +134,8 @@ def float64_backward(
     ``reference_backward``'s. Memory: about 4x the bf16 inputs plus float64 outputs (~40 GB at
     Hermes' size with T = 8192). Raises as ``reference_backward`` (mixed dtypes included).
     """
-    _checked((grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight))
+    check_backward_inputs(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
+                          any_rank=True)
     up64 = [t.double() for t in (grad_output, x, gate_output, up_output, activated_gate)]
     go, xf, gate, up, act = (_flat(t) for t in up64)
     gw, uw, dw = gate_weight.double(), up_weight.double(), down_weight.double()

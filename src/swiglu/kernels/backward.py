@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..checks import validate_backward_inputs
+from ..checks import spans_whole_storage, validate_backward_inputs
 from . import tl_kernels as kernels
 from .common import (INTERPRET, TABLE_SHARED_MEMORY, TOKEN_BUCKETS, GluonConfig, KernelConfig, bucket_for, cdiv,  # noqa: F401
                      device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, tma_descriptor, tma_ready,
@@ -362,7 +362,7 @@ def launch_backward(
             with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
                 torch.mul(act, up, out=h)
     # Storage freed after its last reader (release_activations): gate's, then up's.
-    release_gate, release_up = (release_activations and _whole_storage(t) for t in (gate_output, up_output))
+    release_gate, release_up = (release_activations and spans_whole_storage(t) for t in (gate_output, up_output))
     del gate, up, act
 
     # Order for memory, not speed (the launches are independent once d_gate, d_up and h exist):
@@ -393,13 +393,6 @@ def launch_backward(
     if release_up:
         _release(up_output)
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
-
-
-def _whole_storage(t: torch.Tensor) -> bool:
-    """Whether t spans all of its storage (no view into a larger buffer that others use). Other
-    tensors may still share that whole storage (e.g. one a caller kept); after the release they
-    raise "data is not allocated" when read, never return stale values."""
-    return t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _release(t: torch.Tensor) -> None:
