@@ -72,6 +72,7 @@ def gluon_recorded(monkeypatch):
 
     monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
+    monkeypatch.setattr(backward, "GLUON_DSWIGLU", {b: None for b in common.TOKEN_BUCKETS})  # tl dSwiGLU here
     real_any = backward.launch_grad_weight_any
     monkeypatch.setattr(backward, "launch_grad_weight_any",
                         lambda a, b, out, c, g: fake_any(a, b, out, c, g) if g is not None else real_any(a, b, out, c, g))
@@ -176,9 +177,80 @@ def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
     assert torch.equal(out, again)
 
 
-# --------------------------------------------------------------------------- experimental dSwiGLU kernel
-# swiglu.kernels.gluon_dswiglu: compiled here, never run on a GPU yet, not used by the backward. The
-# GPU test below is its first check; scripts/probe_gluon_dswiglu.py times it.
+# --------------------------------------------------------------------------- Gluon dSwiGLU kernel
+# swiglu.kernels.gluon_dswiglu: compiled here; on the GPU bitwise the tl kernel's (below) and
+# dispatched per token bucket from backward_configs.json (scripts/probe_gluon_dswiglu.py times it).
+
+
+def test_dswiglu_table_entries():
+    """Gluon dSwiGLU from T = 129 up (the tl kernel won at T <= 128), each entry one of the compiled
+    candidates, within the H200's shared memory, and measured faster than the tl kernel."""
+    from swiglu.kernels import gluon_dswiglu
+
+    table = json.loads(backward.TUNED_CONFIGS_PATH.read_text())["gluon_dswiglu"]
+    chosen = {b: g for b, g in backward.GLUON_DSWIGLU.items() if g is not None}
+    assert set(chosen) == set(common.TOKEN_BUCKETS) - {128}
+    for bucket, g in chosen.items():
+        entry = table[str(bucket)]
+        assert g == gluon_dswiglu.CONFIGS[entry["candidate"]]
+        assert g.smem_bytes() <= 232448
+        assert entry["ms"] < entry["tl_ms"], entry
+
+
+@pytest.fixture
+def dswiglu_recorded(monkeypatch):
+    """Gluon 'available' for dSwiGLU only, its launch replaced by the tl kernel (interpreted) that
+    records the config it was given: the CPU check of the backward's dispatch."""
+    from swiglu.kernels import gluon_dswiglu
+
+    calls = []
+
+    def fake(go, dw, gate, up, act, d_gate, d_up, h, cfg, nprog):
+        calls.append(cfg)
+        backward.launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, backward.config_for("dswiglu", go.shape[0]))
+
+    monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
+    monkeypatch.setattr(backward, "GLUON_CONFIGS", {b: None for b in common.TOKEN_BUCKETS})
+    monkeypatch.setattr(gluon_dswiglu, "launch_dswiglu_gluon_trusted", fake)
+    backward.clear_plans()
+    yield calls
+    backward.clear_plans()
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_backward_takes_gluon_dswiglu_for_table_buckets(dswiglu_recorded, recompute):
+    inp = make_inputs(1, 130, 16, 48, seed=11)
+    args = list(inp.as_tuple())
+    if recompute:
+        args[4] = None
+    want = backward.triton_swiglu_backward(*args, configs={"dswiglu": backward.config_for("dswiglu", 130)})
+    assert dswiglu_recorded == []
+    got = backward.triton_swiglu_backward(*args)
+    assert dswiglu_recorded == [backward.GLUON_DSWIGLU[256]]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_backward_keeps_tl_dswiglu_where_gluon_cannot_run(dswiglu_recorded):
+    inp = make_inputs(1, 100, 16, 48, seed=12)  # bucket 128: no Gluon entry
+    backward.triton_swiglu_backward(*inp.as_tuple())
+    assert dswiglu_recorded == []
+    # Row strides the Gluon kernel cannot address (one for gate/up/act, one for d_gate/d_up/h): gate
+    # a view of a wider buffer (2I) beside a contiguous up; and, written over
+    # (overwrite_activations), both such views, so d_gate's row stride (2I) is not h's (I).
+    inp = make_inputs(1, 130, 16, 48, seed=13)
+    args = list(inp.as_tuple())
+    want = backward.triton_swiglu_backward(*args)
+    assert len(dswiglu_recorded) == 1
+    def wide(t):  # the same values, each row inside a row twice as long
+        return torch.cat([t, torch.randn_like(t)], dim=-1)[..., :t.shape[-1]]
+
+    for gate, up, overwrite in ((wide(args[2]), args[3], False), (wide(args[2]), wide(args[3]), True)):
+        got = backward.triton_swiglu_backward(*args[:2], gate, up, *args[4:], overwrite_activations=overwrite)
+        assert len(dswiglu_recorded) == 1, (gate.stride(), up.stride())
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
 
 #: CONFIGS indices that compile without spills (triton 3.6.0, ptxas -v, with and without RECOMPUTE_ACT);
 #: config 1 (32x64 epilogue pieces) spills 60 B (24 B recomputing act), so nothing is asserted on it.
@@ -347,3 +419,33 @@ def test_gluon_dswiglu_bitwise_tl(index, T, H, I, recompute):
             report.append(f"{name}: {same.float().mean().item():.6f} bitwise equal, {torch.isnan(g).sum().item()} NaN, "
                           f"max abs diff {diff.max().item():.3g}")
     assert not report, f"config {index} ({cfg.name()}), T={T} H={H} I={I} recompute={recompute}: " + "; ".join(report)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["act", "recompute", "overwrite"])
+@pytest.mark.parametrize("T, H, I", [(129, 1000, 1176), (300, 1000, 1176), (700, 384, 2056), (1500, 1000, 1176),
+                                     (2984, 520, 1176), (5000, 384, 520), (300, 16384, 53248)])
+def test_backward_with_gluon_dswiglu_bitwise_tl(T, H, I, mode):
+    """The whole backward as dispatched (Gluon dSwiGLU from the table) against the same backward
+    with the tl dSwiGLU kernel: all four gradients bitwise equal, NaN-poisoned outputs, in each
+    table bucket (odd T), with activated_gate given or recomputed, and writing over gate/up."""
+    _gluon_or_skip()
+    assert backward.gluon_dswiglu_config_for(T, torch.device("cuda")) is not None
+    inp = make_inputs(1, T, H, I, device="cuda", seed=T + I)
+    args = list(inp.as_tuple())
+    if mode == "recompute":
+        args[4] = None
+    tl = {"dswiglu": backward.config_for("dswiglu", T)}
+    shapes = [(T, H), (I, H), (I, H), (H, I)]
+    results = []
+    for configs in (None, tl):
+        a = list(args)
+        if mode == "overwrite":
+            a[2], a[3] = a[2].clone(), a[3].clone()
+        out = tuple(torch.full(s, float("nan"), device="cuda", dtype=torch.bfloat16) for s in shapes)
+        results.append(backward.triton_swiglu_backward(*a, configs=configs, out=out,
+                                                       overwrite_activations=mode == "overwrite"))
+    torch.cuda.synchronize()
+    for name, g, w in zip(("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight"), *results):
+        assert not torch.isnan(w).any(), f"{name}: the tl path left NaN"
+        assert torch.equal(g.view(torch.int16), w.view(torch.int16)), f"{name} differs, T={T} H={H} I={I} {mode}"

@@ -150,9 +150,9 @@ def _build_triton_tl(device: torch.device) -> BackwardFn:
     from ..kernels.backward import config_for, triton_swiglu_backward
 
     def triton_tl(*args):
-        # An explicit grad_weights config selects the tl weight-gradient kernel (its table entry).
+        # An explicit config selects the tl kernel (its table entry) for dSwiGLU and the weight gradients.
         tokens = args[1].numel() // args[1].shape[-1]
-        return triton_swiglu_backward(*args, configs={"grad_weights": config_for("grad_weights", tokens)})
+        return triton_swiglu_backward(*args, configs={k: config_for(k, tokens) for k in ("dswiglu", "grad_weights")})
 
     return triton_tl
 
@@ -191,8 +191,8 @@ IMPLS: dict[str, BenchImpl] = {
         BenchImpl("triton", 'swiglu.swiglu_mlp_backward(..., impl="triton")', _build_triton),
         BenchImpl(
             "triton-tl",
-            "ours with the tl weight-gradient kernel at every T (no Gluon): the same-run baseline of "
-            "the Gluon kernels (swiglu.kernels.gluon_wgrad)",
+            "ours with the tl kernels at every T (no Gluon): the same-run baseline of the Gluon "
+            "kernels (swiglu.kernels.gluon_wgrad, swiglu.kernels.gluon_dswiglu)",
             _build_triton_tl,
         ),
         BenchImpl("quack", quack_peer.NOTE, quack_peer.build, prepare=quack_peer.to_quack_layout),

@@ -16,7 +16,8 @@ import torch
 
 from ..checks import spans_whole_storage, validate_backward_inputs
 from . import tl_kernels as kernels
-from .common import (INTERPRET, TABLE_SHARED_MEMORY, TOKEN_BUCKETS, GluonConfig, KernelConfig, bucket_for, cdiv,  # noqa: F401
+from .common import (INTERPRET, TABLE_SHARED_MEMORY, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig,  # noqa: F401
+                     bucket_for, cdiv,
                      device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, tma_descriptor, tma_ready,
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
@@ -49,6 +50,11 @@ TUNED_CONFIGS_PATH = Path(__file__).with_name("backward_configs.json")
 #: ``common.gluon_unavailable_reason`` is None and no ``configs["grad_weights"]`` override is given.
 GLUON_CONFIGS: dict[int, GluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
 
+#: dSwiGLU through the Gluon kernel (``gluon_dswiglu``, epilogue in its own warps) per token bucket
+#: where it was measured faster than the tl kernel (None: the tl kernel); same conditions as above
+#: with ``configs["dswiglu"]``, and the activations' row strides must agree (``launch_backward``).
+GLUON_DSWIGLU: dict[int, DswigluGluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
+
 
 def _load_tuned(path: Path) -> None:
     if not path.exists():
@@ -59,6 +65,8 @@ def _load_tuned(path: Path) -> None:
             CONFIGS[kernel][int(bucket)] = KernelConfig(**entry["config"])
     for bucket, entry in table.get("gluon_grad_weights", {}).items():
         GLUON_CONFIGS[int(bucket)] = GluonConfig(**entry["config"])
+    for bucket, entry in table.get("gluon_dswiglu", {}).items():
+        GLUON_DSWIGLU[int(bucket)] = DswigluGluonConfig(**entry["config"])
 
 
 _load_tuned(TUNED_CONFIGS_PATH)
@@ -126,8 +134,8 @@ def launch_grad_weight_any(a, b, out, c: KernelConfig, g: GluonConfig | None) ->
 
 
 @lru_cache(maxsize=64)
-def _gluon_config_for_bucket(bucket: int, device: torch.device) -> GluonConfig | None:
-    g = GLUON_CONFIGS[bucket]
+def _gluon_config_for_bucket(bucket: int, device: torch.device, kernel: str = "grad_weights"):
+    g = (GLUON_CONFIGS if kernel == "grad_weights" else GLUON_DSWIGLU)[bucket]
     if g is None or gluon_unavailable_reason(device) is not None:
         return None
     limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
@@ -140,6 +148,11 @@ def gluon_config_for(tokens: int, device: torch.device) -> GluonConfig | None:
     than the device's shared memory."""
     return _gluon_config_for_bucket(bucket_for(tokens), device)
 
+
+def gluon_dswiglu_config_for(tokens: int, device: torch.device) -> DswigluGluonConfig | None:
+    """The Gluon dSwiGLU config at ``tokens`` on ``device``, or None for the tl kernel (the same
+    conditions as ``gluon_config_for``)."""
+    return _gluon_config_for_bucket(bucket_for(tokens), device, "dswiglu")
 
 
 def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
@@ -179,6 +192,7 @@ class BackwardPlan:
     grad_weights: KernelConfig
     grad_x: KernelConfig
     gluon_grad_weights: GluonConfig | None
+    gluon_dswiglu: DswigluGluonConfig | None = None
 
 
 def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, KernelConfig]) -> BackwardPlan:
@@ -191,13 +205,16 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     # The Gluon weight-gradient kernel where the table has one for this bucket (an explicit
     # configs["grad_weights"] means the tl kernel with that config).
     cfg_g = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, device)
+    cfg_gd = None if "dswiglu" in configs or T == 0 else gluon_dswiglu_config_for(T, device)
     # Before any launch: a config too big for shared memory is a ValueError naming it, not
     # Triton's OutOfResources from deep inside the launcher.
     if T > 0:
         for kernel, cfg in (("dswiglu", cfg_d), ("grad_weights", cfg_w), ("grad_x", cfg_x)):
             if not (kernel == "grad_weights" and cfg_g is not None):
                 check_shared_memory(kernel, cfg, device)
-    return BackwardPlan(T, H, I, cfg_d, cfg_w, cfg_x, cfg_g)
+    # (The tl dSwiGLU config is checked even where Gluon's is planned: it runs when the strides
+    # rule Gluon out, launch_backward.)
+    return BackwardPlan(T, H, I, cfg_d, cfg_w, cfg_x, cfg_g, cfg_gd)
 
 
 @lru_cache(maxsize=1024)
@@ -353,7 +370,16 @@ def launch_backward(
         else:
             d_gate, d_up = (torch.empty((T, I), device=dev, dtype=torch.bfloat16) for _ in range(2))
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)  # written by the epilogue
-        launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, plan.dswiglu)
+        gd = plan.gluon_dswiglu
+        # The Gluon kernel addresses gate/up/act with one row stride and d_gate/d_up/h with another.
+        if (gd is not None and gate.stride(0) == up.stride(0) and (act is None or act.stride(0) == up.stride(0))
+                and d_gate.stride(0) == d_up.stride(0) == h.stride(0)):
+            from .gluon_dswiglu import launch_dswiglu_gluon_trusted  # imported only where Gluon runs
+
+            launch_dswiglu_gluon_trusted(go, dw, gate, up, act, d_gate, d_up, h, gd,
+                                         num_programs(dev, cdiv(T, gd.BM) * cdiv(I, gd.BN)))
+        else:
+            launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, plan.dswiglu)
     elif need_grad_down_weight:
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
         if act is None:  # only grad_down_weight wanted: h alone, no g GEMM

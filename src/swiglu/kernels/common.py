@@ -91,6 +91,61 @@ class GluonConfig:
         return self.STAGES * (self.BK * self.BM + self.BK * self.BN) * 2 + self.NC * self.BM * self.BN * 2 + 1024
 
 
+@dataclass(frozen=True)
+class DswigluGluonConfig:
+    """Tile shape and launch parameters of the Gluon dSwiGLU kernel.
+
+    Registers: ptxas compiles the whole kernel under ``maxnreg`` (a setmaxnreg.inc in a partition
+    does not let ptxas use more: 128 fails on the m64n256 wgmma with "Insufficient registers (128)
+    ... target of 154"), so a 128x256 tile on 8 MMA warps needs maxnreg >= ~160, hence at most
+    12 warps in all (65536 / (12 * 32) = 170): 8 MMA + [loader 1 + epilogue 2 + 1 padding].
+    The workers share one warpgroup when 1 + epi_warps <= 4 (its setmaxnreg is the larger request)."""
+
+    BM: int = 128
+    BN: int = 256
+    BK: int = 64
+    STAGES: int = 3
+    NG: int = 1  # g ring buffers ([BM, BN] bf16 each)
+    EPI_M: int = 16  # epilogue piece [EPI_M, EPI_N]
+    EPI_N: int = 64
+    GROUP_M: int = 8
+    num_warps: int = 8  # MMA (default) partition
+    epi_warps: int = 2
+    maxnreg: int = 168  # launch registers per thread; total_warps() x 32 x maxnreg <= 65536
+    load_regs: int = 24
+    epi_regs: int = 168
+
+    def name(self) -> str:
+        return (f"{self.BM}x{self.BN}x{self.BK} S{self.STAGES} NG{self.NG} epi{self.EPI_M}x{self.EPI_N} "
+                f"G{self.GROUP_M} w{self.num_warps}+1+{self.epi_warps} r{self.maxnreg}/{self.epi_regs}")
+
+    def smem_bytes(self) -> int:
+        return self.STAGES * (self.BM * self.BK + self.BK * self.BN) * 2 + self.NG * self.BM * self.BN * 2 + 1024
+
+    def total_warps(self) -> int:
+        return self.num_warps + -(-(1 + self.epi_warps) // 4) * 4
+
+    def mma_regs(self) -> int:
+        """setmaxnreg of the default partition (triton's AllocateWarpGroups arithmetic, worker
+        partitions placed largest first)."""
+        if 1 + self.epi_warps <= 4:
+            groups = [(max(self.epi_regs, self.load_regs), 4)]
+        else:
+            groups = [(self.epi_regs, self.epi_warps), (max(self.load_regs, 16), 4)]
+        budget = self.maxnreg * self.num_warps * 32
+        budget += sum((self.maxnreg - -(-r // 8) * 8) * 4 * 32 for r, _ in groups)
+        return budget // (self.num_warps * 32) // 8 * 8
+
+    def __post_init__(self) -> None:
+        if self.EPI_N != 64 or self.BM % self.EPI_M or self.BN % self.EPI_N or self.EPI_M % 8:
+            raise ValueError(f"{self.name()}: pieces are [EPI_M, 64] with EPI_M a multiple of 8 dividing BM "
+                             "(one 128-byte-swizzled column block of the g tile, see the kernel)")
+        if self.total_warps() * 32 * self.maxnreg > 65536:
+            raise ValueError(f"{self.name()}: {self.total_warps()} warps x 32 x {self.maxnreg} registers > 65536")
+        if not 24 <= self.mma_regs() <= 256:
+            raise ValueError(f"{self.name()}: MMA partition would get {self.mma_regs()} registers (24..256)")
+
+
 #: The triton minor release the Gluon kernels are written for: Gluon's API moves between minor
 #: releases (warp_specialize's signature changed in 3.5 and 3.6; the TMA calls are renamed in 3.9).
 #: With any other release the tl kernels run instead.
