@@ -24,6 +24,7 @@ import triton
 from triton.testing import do_bench
 
 from swiglu import make_inputs, reference_backward
+from swiglu.kernels.configs import bucket_key  # noqa: E402
 from swiglu.kernels.backward import TUNED_CONFIGS_PATH, bucket_for, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x
 
 K = KernelConfig
@@ -78,7 +79,7 @@ def write_best(rows: list[dict], path: str) -> None:
     for r in rows:
         if r["config"] == "cublas" or r["kernel"] == "ceiling" or not (r["err"] < 1e-2) or not (r["ms"] > 0):
             continue
-        bucket = str(bucket_for(r["tokens"]))
+        bucket = bucket_key(bucket_for(r["tokens"]))
         cur = best.setdefault(r["kernel"], {}).get(bucket)
         if cur is None or r["ms"] < cur["ms"]:
             best[r["kernel"]][bucket] = dict(r)
@@ -97,8 +98,9 @@ def write_best(rows: list[dict], path: str) -> None:
                                               tflops=round(r["tflops"], 1), cublas_ms=round(r["cublas_ms"], 4), utc=utc)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, utc=utc,
                 protocol="scripts/tune_kernels.py: triton.testing.do_bench median, L2 flushed by do_bench")
+    # The other sections (the Gluon kernels' entries) are kept as they are.
     with open(path, "w") as f:
-        json.dump(dict(meta=meta, configs=table), f, indent=1)
+        json.dump({**old, "meta": {**old["meta"], **meta}, "configs": table}, f, indent=1)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

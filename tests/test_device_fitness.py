@@ -17,7 +17,7 @@ import torch
 
 import swiglu
 from swiglu import ops
-from swiglu.kernels import backward, common  # noqa: F401 - backward registers its table's shared memory
+from swiglu.kernels import common
 
 H200 = dict(name="NVIDIA H200", major=9, minor=0, shared_memory_per_block_optin=232448)
 B200 = dict(name="NVIDIA B200", major=10, minor=0, shared_memory_per_block_optin=232448)

@@ -1,5 +1,5 @@
-"""The Gluon weight-gradient kernel (swiglu.kernels.gluon_wgrad): where it runs, that the backward
-dispatches to it per token bucket, that every table config compiles for sm_90, and (GPU) that it
+"""The Gluon kernels (swiglu.kernels.gluon_wgrad, gluon_dswiglu): where they run, that the backward
+dispatches to them per token bucket, that every table config compiles for sm_90, and (GPU) that it
 is right at full size and odd shapes.
 
 Gluon kernels cannot run in the Triton interpreter, so the CPU tests check the dispatch with the
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from swiglu import make_inputs, reference_backward
-from swiglu.kernels import backward, common
+from swiglu.kernels import backward, common, configs
 from swiglu.kernels.common import GLUON_TRITON, GluonConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,7 +191,7 @@ def test_dswiglu_table_entries():
     chosen = {b: g for b, g in backward.GLUON_DSWIGLU.items() if g is not None}
     assert set(chosen) == set(common.TOKEN_BUCKETS) - {128}
     for bucket, g in chosen.items():
-        entry = table[str(bucket)]
+        entry = table[configs.bucket_key(bucket)]
         assert g == gluon_dswiglu.CONFIGS[entry["candidate"]]
         assert g.smem_bytes() <= 232448
         assert entry["ms"] < entry["tl_ms"], entry
@@ -394,10 +394,9 @@ def _dswiglu_runs_or_fail(index: int) -> None:
                                      (512, 16384, 53248)])
 @pytest.mark.parametrize("index", range(5))
 def test_gluon_dswiglu_bitwise_tl(index, T, H, I, recompute):
-    """The experimental Gluon dSwiGLU kernel (config ``index``) against the tl kernel
-    (backward.launch_dswiglu): d_gate, d_up and h bitwise equal, every element written (outputs
-    NaN-poisoned). Expected because both round at the same points with the same PTX ops and
-    accumulate over K in the same order (gluon_dswiglu docstring); never run before."""
+    """The Gluon dSwiGLU kernel (candidate ``index``) against the tl kernel (backward.launch_dswiglu):
+    d_gate, d_up and h bitwise equal, every element written (outputs NaN-poisoned): both round at
+    the same points with the same PTX ops and accumulate over K in the same order (docs/kernels.md)."""
     _gluon_or_skip()
     from swiglu.kernels import gluon_dswiglu
 

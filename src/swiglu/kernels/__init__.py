@@ -2,10 +2,12 @@
 
 - ``tl_kernels``: the tl-level ``@triton.jit`` kernels (dSwiGLU GEMM, weight gradients, grad_x,
   the fused forward and the SwiGLU product).
-- ``common``: what the launchers share (``KernelConfig``, token buckets, TMA descriptors, the
-  persistent grid size, supported devices and sizes).
-- ``backward``: the backward launchers and ``triton_swiglu_backward``; table
-  ``backward_configs.json``.
+- ``configs``: the configuration dataclasses, the token buckets and the backward's one table
+  (``backward_configs.json``: tl and Gluon kernels, each entry with the time it measured).
+- ``common``: what the launchers share (TMA descriptors, the persistent grid size, cached launches,
+  supported devices and sizes).
+- ``backward``: the backward launchers and ``triton_swiglu_backward``.
+- ``gluon_wgrad``, ``gluon_dswiglu``: the warp-specialized Gluon kernels (sm_90, triton 3.6).
 - ``forward``: the fused forward launcher; table ``forward_configs.json``.
 - ``shared_memory``: the shared-memory estimate checked before a launch.
 

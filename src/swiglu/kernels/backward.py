@@ -1,89 +1,30 @@
 """The Triton backward: launchers for ``swiglu.kernels.tl_kernels`` and the public
 ``triton_swiglu_backward`` (``swiglu_mlp_backward(impl="triton")`` dispatches here through
-``swiglu.api``). Kernel configurations come from one small table (``CONFIGS``) keyed by kernel and
-token bucket; no autotuning happens at call time, so the only slow call is the first one per
+``swiglu.api``). Kernel configurations come from one table (``configs.CONFIGS``, backward_configs.json) keyed by
+kernel and token bucket; no autotuning happens at call time, so the only slow call is the first one per
 configuration (Triton's JIT compile, a few seconds per kernel), never one inside a timed loop.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 
 from ..checks import spans_whole_storage, validate_backward_inputs
 from . import tl_kernels as kernels
-from .common import (INTERPRET, TABLE_SHARED_MEMORY, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig,  # noqa: F401
-                     bucket_for, cdiv,
+from .common import (INTERPRET, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig, bucket_for, cdiv,  # noqa: F401
                      device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, tma_descriptor, tma_ready,
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
-from .shared_memory import check_shared_memory, estimate_shared_memory
-
-# Defaults below; the measured choice per bucket comes from backward_configs.json (written by
-# scripts/tune_kernels.py --write-best on the H200; every candidate's time is in data/tuning/).
-# What those sweeps showed (TFLOP/s, do_bench median, L2 flushed, H200, triton 3.6):
-# - 128x256x64 tiles, 3 stages, 8 warps win nearly everywhere (dswiglu 652 at T=4096, cuBLAS's
-#   bare GEMM 664; grad_x 710 vs cuBLAS 665); 128x128 tiles lose 8-15%.
-# - Weight gradients at T <= 2048 want GROUP_M=32 and a flattened tile loop (the next tile's loads
-#   overlap this tile's epilogue): 1.99 ms at T=128 against 2.6 ms unflattened (cuBLAS 1.86).
-# - grad_x at T=128 needs 64-row tiles to fill 132 SMs (0.85 ms against 1.08 with 128 rows).
-_BIG = KernelConfig()
-CONFIGS: dict[str, dict[int, KernelConfig]] = {
-    "dswiglu": {b: replace(_BIG, EPI_SPLIT=4) for b in TOKEN_BUCKETS},
-    "grad_weights": {b: replace(_BIG, EPI_SPLIT=2) for b in TOKEN_BUCKETS},
-    "grad_x": {b: replace(_BIG, EPI_SPLIT=2) for b in TOKEN_BUCKETS},
-}
-for _b in (128, 256):
-    CONFIGS["grad_x"][_b] = KernelConfig(BM=64, BN=256, BK=64, EPI_SPLIT=1, num_stages=4, num_warps=4)
-
-#: The measured choice per kernel and token bucket (scripts/tune_kernels.py --write-best), with the
-#: time it measured; it overrides the defaults above.
-TUNED_CONFIGS_PATH = Path(__file__).with_name("backward_configs.json")
-
-
-#: Weight gradients through the Gluon kernel (``gluon_wgrad``) per token bucket where it was
-#: measured faster than the tl kernel (None: the tl kernel). Used only where
-#: ``common.gluon_unavailable_reason`` is None and no ``configs["grad_weights"]`` override is given.
-GLUON_CONFIGS: dict[int, GluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
-
-#: dSwiGLU through the Gluon kernel (``gluon_dswiglu``, epilogue in its own warps) per token bucket
-#: where it was measured faster than the tl kernel (None: the tl kernel); same conditions as above
-#: with ``configs["dswiglu"]``, and the activations' row strides must agree (``launch_backward``).
-GLUON_DSWIGLU: dict[int, DswigluGluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
-
-
-def _load_tuned(path: Path) -> None:
-    if not path.exists():
-        return
-    table = json.loads(path.read_text())
-    for kernel, buckets in table["configs"].items():
-        for bucket, entry in buckets.items():
-            CONFIGS[kernel][int(bucket)] = KernelConfig(**entry["config"])
-    for bucket, entry in table.get("gluon_grad_weights", {}).items():
-        GLUON_CONFIGS[int(bucket)] = GluonConfig(**entry["config"])
-    for bucket, entry in table.get("gluon_dswiglu", {}).items():
-        GLUON_DSWIGLU[int(bucket)] = DswigluGluonConfig(**entry["config"])
-
-
-_load_tuned(TUNED_CONFIGS_PATH)
-
-
-def _table_shared_memory() -> int:
-    # The largest estimate over the live table (all kernels and token buckets): what a device
-    # must offer for impl="triton" to run at every T (swiglu.kernels.common.device_reason).
-    return max(estimate_shared_memory(k, c) for k, table in CONFIGS.items() for c in table.values())
-
-
-TABLE_SHARED_MEMORY["backward"] = _table_shared_memory
-
+from .configs import CONFIGS, GLUON_CONFIGS, GLUON_DSWIGLU, TUNED_CONFIGS_PATH  # noqa: F401 (the table)
+from .shared_memory import check_shared_memory
 
 def config_for(kernel: str, tokens: int) -> KernelConfig:
-    """The configuration ``kernel`` ("dswiglu", "grad_weights", "grad_x") uses at ``tokens``."""
-    return CONFIGS[kernel][bucket_for(tokens)]
+    """The configuration ``kernel`` ("dswiglu", "grad_weights", "grad_x") uses at ``tokens``: the
+    table's entry for its bucket, ``KernelConfig()`` where the table has none."""
+    return CONFIGS[kernel].get(bucket_for(tokens)) or KernelConfig()
 
 
 def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> None:

@@ -7,12 +7,13 @@ Gluon kernels import this module and nothing of each other's internals.
 from __future__ import annotations
 
 import os
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, fields
 from functools import lru_cache
-from typing import Callable
-
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .configs import (TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig, bucket_for,  # noqa: F401 (re-exported)
+                      table_shared_memory)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -31,119 +32,6 @@ def _triton_interprets() -> bool:
 TRITON_INTERPRETS = _triton_interprets()
 # TMA needs every row stride 16-byte aligned: a bf16 row of a multiple of 8 elements.
 ALIGN_ELEMENTS = 8
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """Tile shape and launch parameters of one kernel launch."""
-
-    BM: int = 128
-    BN: int = 256
-    BK: int = 64
-    GROUP_M: int = 8
-    EPI_SPLIT: int = 1
-    num_stages: int = 3
-    num_warps: int = 8
-    warp_specialize: bool = False
-    flatten: bool = False
-    # False: one program per tile (several resident per SM, so one's stores could overlap
-    # another's loads); True: one program per SM. Sweeps 3-4 (data/tuning/): persistent won everywhere.
-    persistent: bool = True
-    # Weight-gradient kernel only: False stores C with plain (non-TMA) stores (never won either).
-    tma_store: bool = True
-
-    def __post_init__(self) -> None:
-        def pow2(v: int) -> bool:
-            return v > 0 and v & (v - 1) == 0
-
-        for name in ("BM", "BN", "BK"):
-            v = getattr(self, name)
-            if not pow2(v) or not 16 <= v <= 256:
-                raise ValueError(f"KernelConfig.{name} must be a power of two in [16, 256] (tl.dot, TMA box), got {v}")
-        if self.GROUP_M < 1:
-            raise ValueError(f"KernelConfig.GROUP_M must be >= 1, got {self.GROUP_M}")
-        if self.EPI_SPLIT not in (1, 2, 4) or self.BN // self.EPI_SPLIT < 8:
-            raise ValueError(f"KernelConfig.EPI_SPLIT must be 1, 2 or 4 with BN // EPI_SPLIT >= 8, got "
-                             f"{self.EPI_SPLIT} for BN={self.BN}")
-        if self.num_stages < 1 or self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"KernelConfig needs num_stages >= 1 and num_warps in 1..16 (a power of two), got "
-                             f"{self.num_stages} and {self.num_warps}")
-
-
-@dataclass(frozen=True)
-class GluonConfig:
-    """Tile shape and launch parameters of the Gluon weight-gradient kernel (``gluon_wgrad``)."""
-
-    BM: int = 128
-    BN: int = 256
-    BK: int = 64
-    STAGES: int = 3
-    NC: int = 1  # output smem buffers: TMA stores in flight
-    GROUP_M: int = 32
-    num_warps: int = 8
-    maxnreg: int = 168  # a WS kernel otherwise assumes 256 registers for every warp (08-warp-specialization.py)
-    load_regs: int = 40
-    store_regs: int = 40
-
-    def smem_bytes(self) -> int:
-        """Shared memory the kernel allocates (bytes): operand ring, output ring, barriers. Triton's
-        own figure (sm_90, triton 3.6.0) is at most this: tests/test_gluon.py compiles each table entry."""
-        return self.STAGES * (self.BK * self.BM + self.BK * self.BN) * 2 + self.NC * self.BM * self.BN * 2 + 1024
-
-
-@dataclass(frozen=True)
-class DswigluGluonConfig:
-    """Tile shape and launch parameters of the Gluon dSwiGLU kernel.
-
-    Registers: ptxas compiles the whole kernel under ``maxnreg`` (a setmaxnreg.inc in a partition
-    does not let ptxas use more: 128 fails on the m64n256 wgmma with "Insufficient registers (128)
-    ... target of 154"), so a 128x256 tile on 8 MMA warps needs maxnreg >= ~160, hence at most
-    12 warps in all (65536 / (12 * 32) = 170): 8 MMA + [loader 1 + epilogue 2 + 1 padding].
-    The workers share one warpgroup when 1 + epi_warps <= 4 (its setmaxnreg is the larger request)."""
-
-    BM: int = 128
-    BN: int = 256
-    BK: int = 64
-    STAGES: int = 3
-    NG: int = 1  # g ring buffers ([BM, BN] bf16 each)
-    EPI_M: int = 16  # epilogue piece [EPI_M, EPI_N]
-    EPI_N: int = 64
-    GROUP_M: int = 8
-    num_warps: int = 8  # MMA (default) partition
-    epi_warps: int = 2
-    maxnreg: int = 168  # launch registers per thread; total_warps() x 32 x maxnreg <= 65536
-    load_regs: int = 24
-    epi_regs: int = 168
-
-    def name(self) -> str:
-        return (f"{self.BM}x{self.BN}x{self.BK} S{self.STAGES} NG{self.NG} epi{self.EPI_M}x{self.EPI_N} "
-                f"G{self.GROUP_M} w{self.num_warps}+1+{self.epi_warps} r{self.maxnreg}/{self.epi_regs}")
-
-    def smem_bytes(self) -> int:
-        return self.STAGES * (self.BM * self.BK + self.BK * self.BN) * 2 + self.NG * self.BM * self.BN * 2 + 1024
-
-    def total_warps(self) -> int:
-        return self.num_warps + -(-(1 + self.epi_warps) // 4) * 4
-
-    def mma_regs(self) -> int:
-        """setmaxnreg of the default partition (triton's AllocateWarpGroups arithmetic, worker
-        partitions placed largest first)."""
-        if 1 + self.epi_warps <= 4:
-            groups = [(max(self.epi_regs, self.load_regs), 4)]
-        else:
-            groups = [(self.epi_regs, self.epi_warps), (max(self.load_regs, 16), 4)]
-        budget = self.maxnreg * self.num_warps * 32
-        budget += sum((self.maxnreg - -(-r // 8) * 8) * 4 * 32 for r, _ in groups)
-        return budget // (self.num_warps * 32) // 8 * 8
-
-    def __post_init__(self) -> None:
-        if self.EPI_N != 64 or self.BM % self.EPI_M or self.BN % self.EPI_N or self.EPI_M % 8:
-            raise ValueError(f"{self.name()}: pieces are [EPI_M, 64] with EPI_M a multiple of 8 dividing BM "
-                             "(one 128-byte-swizzled column block of the g tile, see the kernel)")
-        if self.total_warps() * 32 * self.maxnreg > 65536:
-            raise ValueError(f"{self.name()}: {self.total_warps()} warps x 32 x {self.maxnreg} registers > 65536")
-        if not 24 <= self.mma_regs() <= 256:
-            raise ValueError(f"{self.name()}: MMA partition would get {self.mma_regs()} registers (24..256)")
 
 
 #: The triton minor release the Gluon kernels are written for: Gluon's API moves between minor
@@ -167,17 +55,6 @@ def gluon_unavailable_reason(device: torch.device) -> str | None:
     if torch.cuda.get_device_capability(device) != (9, 0):
         return "Gluon kernels are written for sm_90 (Hopper)"
     return None
-
-
-# Token buckets: a bucket applies to T <= its bound.
-TOKEN_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 1 << 62)
-
-def bucket_for(tokens: int) -> int:
-    """The token bucket (a ``TOKEN_BUCKETS`` bound) that ``tokens`` falls in: the first bound >= it."""
-    for bound in TOKEN_BUCKETS:
-        if tokens <= bound:
-            return bound
-    raise AssertionError("unreachable: the last bucket is unbounded")
 
 
 @lru_cache(maxsize=None)
@@ -278,12 +155,6 @@ def launch_kwargs(cfg: KernelConfig) -> dict:
 TUNED_ARCHS = ((9, 0),)
 
 
-#: Shared memory (bytes per block) each configuration table needs at most, one function per
-#: table, registered by the launcher module that owns it (``backward.py``) when it is imported:
-#: this module cannot import the launchers (they import it).
-TABLE_SHARED_MEMORY: dict[str, Callable[[], int]] = {}
-
-
 def _cuda_properties(device: torch.device):
     """``torch.cuda.get_device_properties(device)``, or why there are none (a str): a torch built
     without CUDA, no GPU, or no device of that index (torch raises AssertionError/RuntimeError)."""
@@ -299,8 +170,7 @@ def device_reason(device: torch.device | str) -> str | None:
     NVIDIA (not ROCm: HIP reports capability 9.x but has no TMA descriptors or wgmma), sm_90 or
     newer (TMA), with enough opt-in shared memory per block for every configuration in the
     backward's table (``shared_memory_per_block_optin``; consumer Blackwell, sm_120, has ~99 KiB against
-    the H200's 227 KiB; the tables registered in ``TABLE_SHARED_MEMORY``, so callers import
-    ``swiglu.kernels.backward`` first); or any device under TRITON_INTERPRET=1 (set before this
+    the H200's 227 KiB; ``configs.table_shared_memory``); or any device under TRITON_INTERPRET=1 (set before this
     module was imported). Reads ``torch.cuda.get_device_properties`` once per device (cached:
     ``swiglu.kernels.backward.clear_plans`` forgets the answers)."""
     device = torch.device(device)
@@ -321,7 +191,7 @@ def device_reason(device: torch.device | str) -> str | None:
     if props.major < 9:
         return f"needs an sm_90+ GPU (TMA descriptors); {props.name} is sm_{props.major}{props.minor}"
     limit = getattr(props, "shared_memory_per_block_optin", None)
-    need = max((f() for f in TABLE_SHARED_MEMORY.values()), default=0)
+    need = table_shared_memory()
     if limit is not None and need > limit:
         return (f"needs {need} bytes of shared memory per block for its kernel configurations (tuned for the "
                 f"H200, sm_90); {props.name} (sm_{props.major}{props.minor}) allows {limit}: use impl='reference'")

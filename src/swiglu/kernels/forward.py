@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from . import tl_kernels as kernels
 from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, launch, num_programs, tma_descriptor, tma_ready,
                      unsupported_reason)
+from .configs import parse_bucket
 
 #: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
 #: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
@@ -52,7 +53,7 @@ def _load_forward_configs(path: Path) -> None:
     if not path.exists():
         return
     for bucket, entry in json.loads(path.read_text())["configs"].items():
-        FORWARD_CONFIGS[int(bucket)] = None if entry["config"] is None else KernelConfig(**entry["config"])
+        FORWARD_CONFIGS[parse_bucket(bucket)] = None if entry["config"] is None else KernelConfig(**entry["config"])
 
 
 _load_forward_configs(FORWARD_CONFIGS_PATH)

@@ -1,62 +1,10 @@
-"""EXPERIMENTAL Gluon dSwiGLU GEMM for Hopper (sm_90), written for triton 3.6 (``common.GLUON_TRITON``).
-
-Status: compiles for sm_90 with triton 3.6.0 on a CPU (tests/test_gluon.py compiles every
-``CONFIGS`` entry, both RECOMPUTE_ACT variants), but it has NOT yet run on a GPU: neither its
-results nor its speed have been checked, and ``swiglu``'s backward does not use it (it always
-runs the tl kernel, ``backward.launch_dswiglu``). To validate it on the H200:
-
-    python3 -m pytest -q -m gpu tests/test_gluon.py                     # bitwise vs the tl kernel
-    OUT=$OUT PYTHONPATH=src python3 scripts/probe_gluon_dswiglu.py       # time per config, CSV
-
-What it computes (the contract of ``backward.launch_dswiglu``):
-
-    g = grad_output [T, H] @ down_weight [H, I]   (fp32 accumulation, K = H)
-    d_gate, d_up, h [T, I] bf16 from g and gate, up, act [T, I] bf16, in the tl kernel's
-    (tl_kernels._dswiglu_piece) rounding order:
-        g = bf16(acc); d_act = bf16(g*up); d_up = bf16(g*act); s = sigmoid(gate)
-        d_gate = bf16(d_act * s * (1 + gate*(1-s))); h = bf16(act*up)
-    RECOMPUTE_ACT: act = bf16(gate * sigmoid(gate)) is recomputed (act is not read).
-    sigmoid(x) = 1 / (1 + exp(-x)): the body of tl.sigmoid in triton 3.6 (triton/language/standard.py),
-    with the same ops in the same order. Compiled here, both kernels lower the epilogue to the same
-    PTX ops (ex2.approx.f32, div.full.f32, one fma.rn.f32, cvt.rn.bf16) and both accumulate over K in
-    the same order of m64nNk16 wgmma steps, so the outputs are expected to be bitwise the tl
-    kernel's. Expected, not shown: the GPU test checks it.
-
-Why: the tl kernel's epilogue (3 tile loads + 3 tile stores of bf16) runs in the MMA warps,
-serialized with the next tile's wgmma (6-11% behind a bare cuBLAS GEMM on the H200). Here the
-epilogue runs in its own warps while the MMA warps are already on the next tile.
-
-Partitions (``gl.warp_specialize``, triton 3.6 signature):
-
-* default, ``num_warps`` (8 = two warpgroups on one BM x BN tile): async wgmma over K from a
-  STAGES ring (one wgmma group in flight, a stage released once the wgmma that read it is done;
-  gluon_wgrad's structure). At tile end: wait ``g_empty[buf]``, store bf16(acc) into the g
-  ring buffer ``buf = t % NG`` ([BM, BN] bf16, NVMMA-swizzled smem), arrive ``g_ready[buf]``, and go
-  on with the next tile's mainloop (its loads are already in flight: the loader runs ahead).
-* worker 0, 1 warp: TMA loader of grad_output [BM, BK] and down_weight [BK, BN] tiles.
-* worker 1, ``epi_warps`` warps: the SwiGLU epilogue, in [EPI_M, EPI_N] pieces of the tile,
-  with plain (16-byte, masked) global loads of gate/up/act and plain global stores of
-  d_gate/d_up/h, so no shared memory beyond the g ring (128x256x64, 3 stages + one g tile is
-  208 KB of 227 KB: no room to stage six more tiles for TMA). The inputs of the next piece (and
-  of the first piece of the next tile, before its g is waited for) are loaded before the current
-  piece is computed. g_empty is released once the last piece of g is in registers. The piece
-  loop runs at runtime over a [NG * NP, EPI_M, 64] view of the g ring (unrolled, 16 pieces gave
-  14k SASS lines and 3.4 KB of spills).
-
-mbarrier arrive runs on one thread, so each partition of more than one warp calls
-``gl.thread_barrier()`` (a named barrier for that partition's warps) before it arrives.
-Barrier phases: ring slot i of a ring of n is used the (c // n)-th time at counter c; consumers wait
-parity (c // n) & 1 on *_ready, producers wait parity ((c // n) & 1) ^ 1 on *_empty (fresh barriers
-pass a parity-1 wait at once).
-
-Compiled (triton 3.6.0, sm_90a, ptxas -v; tests/gluon_compile_worker.py; the same with and without
-RECOMPUTE_ACT unless noted), index into ``CONFIGS``:
-
-    0  128x256x64 S3 NG1 epi 16x64, 8+1+2 warps, maxnreg 168: 168 regs, 0 spills, 213292 B smem
-    1  as 0 with epi 32x64:                                    168 regs, 60 B spills (24 B recompute)
-    2  128x256x32 S6 NG1 epi 16x64:                            168 regs, 0 spills, 213324 B
-    3  128x128x64 S4 NG2 epi 32x64, 8+1+4 warps, maxnreg 128:  128 regs, 0 spills, 196920 B
-    4  as 3 on one MMA warpgroup, 4+1+4 warps, maxnreg 168:    168 regs, 0 spills, 196920 B
+"""Gluon dSwiGLU GEMM for Hopper (sm_90), written for triton 3.6 (``common.GLUON_TRITON``): the
+contract of ``backward.launch_dswiglu`` (``g = grad_output @ down_weight`` with the SwiGLU backward
+in the epilogue, writing d_gate, d_up, h), with the epilogue in its own warps while the MMA warps
+run the next tile. Bitwise the tl kernel's outputs (same rounding points, same PTX ops, same K
+order); dispatched per token bucket from backward_configs.json where it measured faster (T > 128).
+Its limit: gate/up/act must share one row stride, and d_gate/d_up/h another.
+Design, partitions, barrier phases and measurements: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -81,7 +29,7 @@ from .gluon_wgrad import _layout, _mma_layout, _tile_mn
 # ----------------------------------------------------------------------------- config
 
 
-#: Candidates, none measured (index = scripts/probe_gluon_dswiglu.py --configs). With 12 warps every
+#: Candidates (index = scripts/probe_gluon_dswiglu.py --configs; measured: docs/kernels.md). With 12 warps every
 #: partition can hold 168 registers (12 x 32 x 168 = 64512), and ptxas caps every partition at maxnreg
 #: anyway, so the 12-warp configs give the epilogue 168 too (32x64 pieces spilled at 152).
 CONFIGS = [
@@ -376,7 +324,7 @@ def launch_dswiglu_gluon(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGlu
     epilogue, writes d_gate, d_up, h [T, I]; ``act`` None: activated_gate recomputed from gate.
     go [T, H], dw [H, I] bf16 CUDA sm_90 tensors usable by TMA (``common.tma_ready``); gate/up/act
     share one row stride, and so do d_gate/d_up/h (plain pointer accesses: any row stride >= I).
-    ``num_programs`` persistent programs, default one per SM. NOT validated on a GPU (module docstring)."""
+    ``num_programs`` persistent programs, default one per SM. Checks its tensors (ValueError)."""
     grid, args, kw = _prepare(go, dw, gate, up, act, d_gate, d_up, h, cfg, num_programs)
     dswiglu_gluon_kernel[grid](*args, **kw)
 

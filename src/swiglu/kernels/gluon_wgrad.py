@@ -1,33 +1,12 @@
 """Gluon weight-gradient GEMM for Hopper (sm_90), written for triton 3.6 (``common.GLUON_TRITON``).
 
     out[M, N] = A^T @ B,  A [K, M] row-major (d_gate, d_up or grad_output),  B [K, N] row-major (x or h),
-    out bf16 [M, N], fp32 accumulation, K = tokens (any K >= 1: the descriptors carry the real K and
-    TMA zero-fills the rows past it).
+    out bf16 [M, N], fp32 accumulation, K = tokens (any K >= 1: TMA zero-fills past K).
 
-Why Gluon: at small K this GEMM is bound by writing ``out`` (1.74 GB at 53248 x 16384) and every
-tile has only K/64 short wgmma steps. In tl-level Triton each TMA store waits for the previous one
-and the MMA warps wait for their own store (one store in flight per SM, never overlapped with the
-next tile's MMAs; docs/gluon-hopper.md). Here three warp-specialized partitions
-(triton python/tutorials/gluon/08-warp-specialization.py's structure, with 3.6's
-``gl.warp_specialize([(fn, args), ...], worker_num_warps, worker_num_regs)``):
-
-* a 1-warp TMA loader: STAGES-deep ring of A/B tiles with ready/empty mbarriers and one step
-  counter over all of the program's tiles, so it loads the next tile while this one finishes;
-* the default partition (``num_warps`` warps, two warpgroups on one BM x BN tile): async wgmma
-  (05-wgmma.py; A fed as a permuted view of its [BK, BM] tile), one group in flight, releasing a
-  stage once the wgmma that read it is done; its epilogue only writes the bf16 tile into a ring of
-  NC output buffers;
-* a 1-warp TMA storer: issues the store of each tile, ``store_wait(pendings=NC-1)``, and frees the
-  buffer of NC-1 tiles ago, so stores drain while the MMA warps work on the next tiles.
-
-Persistent grid (one program per SM), grouped tile order (``GROUP_M``, as ``tl_kernels._tile_mn``).
-mbarrier arrive runs on thread 0 of a partition, so the default partition calls
-``gl.thread_barrier()`` before each arrive (both warpgroups past their wgmma wait / smem stores).
-
-Measured (H200, one weight gradient, L2 flushed, median of 20; data/tuning/gluon_wgrad_probe_*.csv):
-T = 512: 1.40 / 1.33 ms (53248 x 16384 / 16384 x 53248, 128x256x32, 4 stages, NC 2) against the tl
-kernel's 1.54 / 1.60 and cuBLAS 1.37-1.57; a variant without warp specialization (loads run ahead
-across tiles, NC output buffers, 07-persistence.py) was 1.5-1.9x slower everywhere and was dropped.
+At small K this GEMM is bound by writing ``out``; a TMA loader, two MMA warpgroups and a TMA storer
+with NC stores in flight overlap the stores with the next tiles' MMAs, which tl-level Triton cannot.
+Faster than the tl kernel at T <= 1024 only (dispatched there from backward_configs.json).
+Design and measurements: docs/kernels.md.
 """
 
 from __future__ import annotations

@@ -182,9 +182,11 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
 
 def forward_configs_json(table: dict, meta: dict) -> dict:
     """The measured forward table in ``swiglu/kernels/forward_configs.json``'s format."""
+    from ..kernels.configs import bucket_key
+
     return {"note": "written by swiglu.research.train_step (scripts/train_step_gpu.py); fastest forward per token bucket",
             "meta": meta,
-            "configs": {str(b): {"candidate": name, "config": None if cfg is None else asdict(cfg), "ms": ms,
+            "configs": {bucket_key(b): {"candidate": name, "config": None if cfg is None else asdict(cfg), "ms": ms,
                                  "measured_tokens": T} for b, (name, cfg, ms, T) in sorted(table.items())}}
 
 

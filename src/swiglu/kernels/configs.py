@@ -1,0 +1,184 @@
+"""The kernels' configurations: the dataclasses, the token buckets and the backward's one table,
+``backward_configs.json`` (the measured choice per kernel and bucket, with its time; written by
+scripts/tune_kernels.py and the Gluon probes, read here once at import). Data only: the launchers
+(``backward``, ``forward``) and the device checks (``common``) import it, it imports none of them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .shared_memory import estimate_shared_memory
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile shape and launch parameters of one kernel launch."""
+
+    BM: int = 128
+    BN: int = 256
+    BK: int = 64
+    GROUP_M: int = 8
+    EPI_SPLIT: int = 1
+    num_stages: int = 3
+    num_warps: int = 8
+    warp_specialize: bool = False
+    flatten: bool = False
+    # False: one program per tile (several resident per SM, so one's stores could overlap
+    # another's loads); True: one program per SM. Sweeps 3-4 (data/tuning/): persistent won everywhere.
+    persistent: bool = True
+    # Weight-gradient kernel only: False stores C with plain (non-TMA) stores (never won either).
+    tma_store: bool = True
+
+    def __post_init__(self) -> None:
+        def pow2(v: int) -> bool:
+            return v > 0 and v & (v - 1) == 0
+
+        for name in ("BM", "BN", "BK"):
+            v = getattr(self, name)
+            if not pow2(v) or not 16 <= v <= 256:
+                raise ValueError(f"KernelConfig.{name} must be a power of two in [16, 256] (tl.dot, TMA box), got {v}")
+        if self.GROUP_M < 1:
+            raise ValueError(f"KernelConfig.GROUP_M must be >= 1, got {self.GROUP_M}")
+        if self.EPI_SPLIT not in (1, 2, 4) or self.BN // self.EPI_SPLIT < 8:
+            raise ValueError(f"KernelConfig.EPI_SPLIT must be 1, 2 or 4 with BN // EPI_SPLIT >= 8, got "
+                             f"{self.EPI_SPLIT} for BN={self.BN}")
+        if self.num_stages < 1 or self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"KernelConfig needs num_stages >= 1 and num_warps in 1..16 (a power of two), got "
+                             f"{self.num_stages} and {self.num_warps}")
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """Tile shape and launch parameters of the Gluon weight-gradient kernel (``gluon_wgrad``)."""
+
+    BM: int = 128
+    BN: int = 256
+    BK: int = 64
+    STAGES: int = 3
+    NC: int = 1  # output smem buffers: TMA stores in flight
+    GROUP_M: int = 32
+    num_warps: int = 8
+    maxnreg: int = 168  # a WS kernel otherwise assumes 256 registers for every warp (08-warp-specialization.py)
+    load_regs: int = 40
+    store_regs: int = 40
+
+    def smem_bytes(self) -> int:
+        """Shared memory the kernel allocates (bytes): operand ring, output ring, barriers. Triton's
+        own figure (sm_90, triton 3.6.0) is at most this: tests/test_gluon.py compiles each table entry."""
+        return self.STAGES * (self.BK * self.BM + self.BK * self.BN) * 2 + self.NC * self.BM * self.BN * 2 + 1024
+
+
+@dataclass(frozen=True)
+class DswigluGluonConfig:
+    """Tile shape and launch parameters of the Gluon dSwiGLU kernel.
+
+    Registers: ptxas compiles the whole kernel under ``maxnreg`` (a setmaxnreg.inc in a partition
+    does not let ptxas use more: 128 fails on the m64n256 wgmma with "Insufficient registers (128)
+    ... target of 154"), so a 128x256 tile on 8 MMA warps needs maxnreg >= ~160, hence at most
+    12 warps in all (65536 / (12 * 32) = 170): 8 MMA + [loader 1 + epilogue 2 + 1 padding].
+    The workers share one warpgroup when 1 + epi_warps <= 4 (its setmaxnreg is the larger request)."""
+
+    BM: int = 128
+    BN: int = 256
+    BK: int = 64
+    STAGES: int = 3
+    NG: int = 1  # g ring buffers ([BM, BN] bf16 each)
+    EPI_M: int = 16  # epilogue piece [EPI_M, EPI_N]
+    EPI_N: int = 64
+    GROUP_M: int = 8
+    num_warps: int = 8  # MMA (default) partition
+    epi_warps: int = 2
+    maxnreg: int = 168  # launch registers per thread; total_warps() x 32 x maxnreg <= 65536
+    load_regs: int = 24
+    epi_regs: int = 168
+
+    def name(self) -> str:
+        return (f"{self.BM}x{self.BN}x{self.BK} S{self.STAGES} NG{self.NG} epi{self.EPI_M}x{self.EPI_N} "
+                f"G{self.GROUP_M} w{self.num_warps}+1+{self.epi_warps} r{self.maxnreg}/{self.epi_regs}")
+
+    def smem_bytes(self) -> int:
+        return self.STAGES * (self.BM * self.BK + self.BK * self.BN) * 2 + self.NG * self.BM * self.BN * 2 + 1024
+
+    def total_warps(self) -> int:
+        return self.num_warps + -(-(1 + self.epi_warps) // 4) * 4
+
+    def mma_regs(self) -> int:
+        """setmaxnreg of the default partition (triton's AllocateWarpGroups arithmetic, worker
+        partitions placed largest first)."""
+        if 1 + self.epi_warps <= 4:
+            groups = [(max(self.epi_regs, self.load_regs), 4)]
+        else:
+            groups = [(self.epi_regs, self.epi_warps), (max(self.load_regs, 16), 4)]
+        budget = self.maxnreg * self.num_warps * 32
+        budget += sum((self.maxnreg - -(-r // 8) * 8) * 4 * 32 for r, _ in groups)
+        return budget // (self.num_warps * 32) // 8 * 8
+
+    def __post_init__(self) -> None:
+        if self.EPI_N != 64 or self.BM % self.EPI_M or self.BN % self.EPI_N or self.EPI_M % 8:
+            raise ValueError(f"{self.name()}: pieces are [EPI_M, 64] with EPI_M a multiple of 8 dividing BM "
+                             "(one 128-byte-swizzled column block of the g tile, see the kernel)")
+        if self.total_warps() * 32 * self.maxnreg > 65536:
+            raise ValueError(f"{self.name()}: {self.total_warps()} warps x 32 x {self.maxnreg} registers > 65536")
+        if not 24 <= self.mma_regs() <= 256:
+            raise ValueError(f"{self.name()}: MMA partition would get {self.mma_regs()} registers (24..256)")
+
+
+#: Token buckets: a bucket applies to T <= its bound; the last is unbounded ("open" in the JSON).
+TOKEN_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 1 << 62)
+OPEN_BUCKET = TOKEN_BUCKETS[-1]
+
+
+def bucket_for(tokens: int) -> int:
+    """The token bucket (a ``TOKEN_BUCKETS`` bound) that ``tokens`` falls in: the first bound >= it."""
+    for bound in TOKEN_BUCKETS:
+        if tokens <= bound:
+            return bound
+    raise AssertionError("unreachable: the last bucket is unbounded")
+
+
+def bucket_key(bucket: int) -> str:
+    """A bucket's key in the JSON tables: its bound, or "open" for the unbounded one."""
+    return "open" if bucket == OPEN_BUCKET else str(bucket)
+
+
+def parse_bucket(key: str) -> int:
+    """The bucket a JSON key names (``bucket_key``'s inverse; a bound must be a ``TOKEN_BUCKETS`` one)."""
+    bucket = OPEN_BUCKET if key == "open" else int(key)
+    if bucket not in TOKEN_BUCKETS:
+        raise ValueError(f"token bucket {key!r} is not one of {[bucket_key(b) for b in TOKEN_BUCKETS]}")
+    return bucket
+
+
+TUNED_CONFIGS_PATH = Path(__file__).with_name("backward_configs.json")
+KERNELS = ("dswiglu", "grad_weights", "grad_x")
+
+#: The tl kernels' configuration per kernel and bucket (``backward.config_for``; a bucket without an
+#: entry takes ``KernelConfig()``).
+CONFIGS: dict[str, dict[int, KernelConfig]] = {k: {} for k in KERNELS}
+#: The Gluon weight-gradient kernel (``gluon_wgrad``) per bucket where it measured faster than the
+#: tl kernel; None: the tl kernel.
+GLUON_CONFIGS: dict[int, GluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
+#: The Gluon dSwiGLU kernel (``gluon_dswiglu``) per bucket where it measured faster; None: tl.
+GLUON_DSWIGLU: dict[int, DswigluGluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
+
+
+def _load(path: Path) -> None:
+    table = json.loads(path.read_text())
+    for kernel, buckets in table["configs"].items():
+        for key, entry in buckets.items():
+            CONFIGS[kernel][parse_bucket(key)] = KernelConfig(**entry["config"])
+    for key, entry in table.get("gluon_grad_weights", {}).items():
+        GLUON_CONFIGS[parse_bucket(key)] = GluonConfig(**entry["config"])
+    for key, entry in table.get("gluon_dswiglu", {}).items():
+        GLUON_DSWIGLU[parse_bucket(key)] = DswigluGluonConfig(**entry["config"])
+
+
+_load(TUNED_CONFIGS_PATH)
+
+
+def table_shared_memory() -> int:
+    """The largest shared-memory estimate over the tl table (bytes per block): what a device must
+    offer for impl="triton" to run at every T (``common.device_reason``)."""
+    return max((estimate_shared_memory(k, c) for k, table in CONFIGS.items() for c in table.values()), default=0)
