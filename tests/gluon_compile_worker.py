@@ -68,7 +68,7 @@ def compile_one(cfg) -> dict:
 
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False) -> dict:
     cfg = gluon_dswiglu.CONFIGS[index]
-    sig = {"go_desc": desc([cfg.BM, cfg.BK]), "dw_desc": desc([cfg.BK, cfg.BN])}
+    sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
     sig.update({p: "*bf16" for p in ("gate_ptr", "up_ptr", "act_ptr", "dgate_ptr", "dup_ptr", "h_ptr")})
     sig.update({s: "i32" for s in ("T", "I", "stride_in", "stride_out")})
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NG": cfg.NG, "EPI_M": cfg.EPI_M, "EPI_N": cfg.EPI_N,

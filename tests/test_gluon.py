@@ -73,8 +73,8 @@ def gluon_recorded(monkeypatch):
     monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
     monkeypatch.setattr(backward, "GLUON_DSWIGLU", {b: None for b in common.TOKEN_BUCKETS})  # tl dSwiGLU here
-    real_any = backward.launch_grad_weight_any
-    monkeypatch.setattr(backward, "launch_grad_weight_any",
+    real_any = backward.launch_weight_gradient
+    monkeypatch.setattr(backward, "launch_weight_gradient",
                         lambda a, b, out, c, g: fake_any(a, b, out, c, g) if g is not None else real_any(a, b, out, c, g))
     return calls
 
@@ -163,7 +163,7 @@ def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    backward.launch_grad_weight_any(a, b, out, backward.config_for("grad_weights", K), g)
+    backward.launch_weight_gradient(a, b, out, backward.config_for("grad_weights", K), g)
     want = (a.float().T @ b.float())
     assert torch.isfinite(out).all()
     err = (out.float() - want).abs()
@@ -173,7 +173,7 @@ def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
     rel = ((out.float() - want) / want.abs().clamp_min(1e-3)).flatten()
     assert rel.mean().abs() <= 4 * rel.std() / rel.numel() ** 0.5 + 1e-6
     again = torch.full_like(out, float("nan"))
-    backward.launch_grad_weight_any(a, b, again, backward.config_for("grad_weights", K), g)
+    backward.launch_weight_gradient(a, b, again, backward.config_for("grad_weights", K), g)
     assert torch.equal(out, again)
 
 

@@ -27,25 +27,25 @@ def config_for(kernel: str, tokens: int) -> KernelConfig:
     return CONFIGS[kernel].get(bucket_for(tokens)) or KernelConfig()
 
 
-def launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> None:
-    """``g = go @ dw`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up, h [T, I].
+def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> None:
+    """``g = go @ down_w`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up, h [T, I].
     ``act`` None: activated_gate is recomputed from gate in the epilogue (memory-lean mode)."""
     T, H = go.shape
-    I = dw.shape[1]
+    I = down_w.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
     nprog = num_programs(go.device, cdiv(T, c.BM) * cdiv(I, c.BN))
     launch(
         kernels.dswiglu_gemm_kernel, (nprog,), ("dswiglu", go.device, T, H, I, nprog, act is None, c),
-        tma_descriptor(go, [c.BM, c.BK]), tma_descriptor(dw, [c.BK, c.BN]),
+        tma_descriptor(go, [c.BM, c.BK]), tma_descriptor(down_w, [c.BK, c.BN]),
         tma_descriptor(gate, piece), tma_descriptor(up, piece), tma_descriptor(gate if act is None else act, piece),
         tma_descriptor(d_gate, piece), tma_descriptor(d_up, piece), tma_descriptor(h, piece),
         T, H, I, NUM_PROGRAMS=nprog, RECOMPUTE_ACT=act is None, **launch_kwargs(c),
     )
 
 
-def padded_tokens(T: int, cfg_w: KernelConfig) -> int:
+def padded_tokens(T: int, wgrad_cfg: KernelConfig) -> int:
     """T rounded up to the weight-gradient kernel's BK: the K extent of its launches."""
-    return cdiv(T, cfg_w.BK) * cfg_w.BK
+    return cdiv(T, wgrad_cfg.BK) * wgrad_cfg.BK
 
 
 def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
@@ -63,7 +63,7 @@ def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
     )
 
 
-def launch_grad_weight_any(a, b, out, c: KernelConfig, g: GluonConfig | None) -> None:
+def launch_weight_gradient(a, b, out, c: KernelConfig, g: GluonConfig | None) -> None:
     """out = a.T @ b with the Gluon kernel when ``g`` is given, else the tl kernel (``c``)."""
     if g is None:
         launch_grad_weight(a, b, out, c)
@@ -102,7 +102,7 @@ def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight
     (a None output is skipped; its input may then be None too); Gluon kernel when ``g`` is given."""
     for a, b, out in ((go, h, grad_down_weight), (d_gate, x, grad_gate_weight), (d_up, x, grad_up_weight)):
         if out is not None:
-            launch_grad_weight_any(a, b, out, c, g)
+            launch_weight_gradient(a, b, out, c, g)
 
 
 def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig) -> None:
@@ -140,22 +140,22 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     unknown = set(configs) - set(CONFIGS)
     if unknown:
         raise ValueError(f"configs keys must be among {sorted(CONFIGS)}, got {sorted(unknown)}")
-    cfg_d = configs.get("dswiglu") or config_for("dswiglu", T)
-    cfg_w = configs.get("grad_weights") or config_for("grad_weights", T)
-    cfg_x = configs.get("grad_x") or config_for("grad_x", T)
+    dswiglu_cfg = configs.get("dswiglu") or config_for("dswiglu", T)
+    wgrad_cfg = configs.get("grad_weights") or config_for("grad_weights", T)
+    grad_x_cfg = configs.get("grad_x") or config_for("grad_x", T)
     # The Gluon weight-gradient kernel where the table has one for this bucket (an explicit
     # configs["grad_weights"] means the tl kernel with that config).
-    cfg_g = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, device)
-    cfg_gd = None if "dswiglu" in configs or T == 0 else gluon_dswiglu_config_for(T, device)
+    gluon_wgrad_cfg = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, device)
+    gluon_dswiglu_cfg = None if "dswiglu" in configs or T == 0 else gluon_dswiglu_config_for(T, device)
     # Before any launch: a config too big for shared memory is a ValueError naming it, not
     # Triton's OutOfResources from deep inside the launcher.
     if T > 0:
-        for kernel, cfg in (("dswiglu", cfg_d), ("grad_weights", cfg_w), ("grad_x", cfg_x)):
-            if not (kernel == "grad_weights" and cfg_g is not None):
+        for kernel, cfg in (("dswiglu", dswiglu_cfg), ("grad_weights", wgrad_cfg), ("grad_x", grad_x_cfg)):
+            if not (kernel == "grad_weights" and gluon_wgrad_cfg is not None):
                 check_shared_memory(kernel, cfg, device)
     # (The tl dSwiGLU config is checked even where Gluon's is planned: it runs when the strides
     # rule Gluon out, launch_backward.)
-    return BackwardPlan(T, H, I, cfg_d, cfg_w, cfg_x, cfg_g, cfg_gd)
+    return BackwardPlan(T, H, I, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg)
 
 
 @lru_cache(maxsize=1024)
@@ -289,12 +289,12 @@ def launch_backward(
         needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
         return tuple(_alloc(buf, shape, dev).zero_() if need else None
                      for buf, shape, need in zip(outs, [(T, H), (I, H), (I, H), (H, I)], needs))
-    cfg_w, cfg_g = plan.grad_weights, plan.gluon_grad_weights
+    wgrad_cfg, gluon_wgrad_cfg = plan.grad_weights, plan.gluon_grad_weights
     need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight  # dswiglu runs (d_gate, d_up)
     go, xf = tma_ready(grad_output), tma_ready(x)
     gate, up = tma_ready(gate_output), tma_ready(up_output)
     act = None if activated_gate is None else tma_ready(activated_gate)
-    gw, uw, dw = tma_ready(gate_weight), tma_ready(up_weight), tma_ready(down_weight)
+    gate_w, up_w, down_w = tma_ready(gate_weight), tma_ready(up_weight), tma_ready(down_weight)
     d_gate = d_up = h = None
     if need_d:
         if overwrite_activations:
@@ -302,8 +302,8 @@ def launch_backward(
                 raise ValueError("overwrite_activations needs gate_output and up_output in separate memory")
             # They are written (d_gate, d_up) while the others are still read: no shared memory.
             for name, t in (("gate_output", gate), ("up_output", up)):
-                for other, u in (("grad_output", go), ("x", xf), ("gate_weight", gw), ("up_weight", uw),
-                                 ("down_weight", dw)):
+                for other, u in (("grad_output", go), ("x", xf), ("gate_weight", gate_w), ("up_weight", up_w),
+                                 ("down_weight", down_w)):
                     if _overlap(t, u):
                         raise ValueError(f"overwrite_activations writes over {name}, which shares memory with "
                                          f"{other}: pass a tensor of its own (e.g. {name}.clone())")
@@ -317,10 +317,10 @@ def launch_backward(
                 and d_gate.stride(0) == d_up.stride(0) == h.stride(0)):
             from .gluon_dswiglu import launch_dswiglu_gluon_trusted  # imported only where Gluon runs
 
-            launch_dswiglu_gluon_trusted(go, dw, gate, up, act, d_gate, d_up, h, gd,
+            launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, gd,
                                          num_programs(dev, cdiv(T, gd.BM) * cdiv(I, gd.BN)))
         else:
-            launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, plan.dswiglu)
+            launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, plan.dswiglu)
     elif need_grad_down_weight:
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
         if act is None:  # only grad_down_weight wanted: h alone, no g GEMM
@@ -343,20 +343,20 @@ def launch_backward(
     grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = None
     if need_grad_down_weight:
         grad_down_weight = _alloc(outs[3], (H, I), dev)
-        launch_grad_weight_any(go, h, grad_down_weight, cfg_w, cfg_g)
+        launch_weight_gradient(go, h, grad_down_weight, wgrad_cfg, gluon_wgrad_cfg)
     del h
     if need_grad_x:
         grad_x = _alloc(outs[0], (T, H), dev)
-        launch_grad_x(d_gate, d_up, gw, uw, grad_x, plan.grad_x)
+        launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x)
     if need_grad_gate_weight:
         grad_gate_weight = _alloc(outs[1], (I, H), dev)
-        launch_grad_weight_any(d_gate, xf, grad_gate_weight, cfg_w, cfg_g)
+        launch_weight_gradient(d_gate, xf, grad_gate_weight, wgrad_cfg, gluon_wgrad_cfg)
     del d_gate
     if release_gate:
         _release(gate_output)
     if need_grad_up_weight:
         grad_up_weight = _alloc(outs[2], (I, H), dev)
-        launch_grad_weight_any(d_up, xf, grad_up_weight, cfg_w, cfg_g)
+        launch_weight_gradient(d_up, xf, grad_up_weight, wgrad_cfg, gluon_wgrad_cfg)
     if release_up:
         _release(up_output)
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight

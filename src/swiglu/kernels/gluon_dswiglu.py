@@ -64,12 +64,12 @@ def _sigmoid(x):
 
 
 @gluon.jit
-def _load_partition(go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
+def _load_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
                     gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out,
                     GROUP_M: gl.constexpr, EPI_M: gl.constexpr, EPI_N: gl.constexpr, RECOMPUTE_ACT: gl.constexpr):
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BK: gl.constexpr = go_desc.block_type.shape[1]
-    BN: gl.constexpr = dw_desc.block_type.shape[1]
+    BN: gl.constexpr = down_desc.block_type.shape[1]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     K = go_desc.shape[1]
     num_m = gl.cdiv(T, BM)
@@ -85,9 +85,9 @@ def _load_partition(go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_re
             s = p % STAGES
             mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            mbarrier.expect(bar, go_desc.block_type.nbytes + dw_desc.block_type.nbytes)
+            mbarrier.expect(bar, go_desc.block_type.nbytes + down_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(go_desc, [pid_m * BM, kk * BK], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(dw_desc, [kk * BK, pid_n * BN], bar, b_bufs.index(s))
+            tma.async_copy_global_to_shared(down_desc, [kk * BK, pid_n * BN], bar, b_bufs.index(s))
             p += 1
 
 
@@ -107,13 +107,13 @@ def _piece_base(t, p, pid, nprog, num_m, num_n, T, I, stride_in, stride_out,
 
 
 @gluon.jit
-def _epilogue_partition(go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
+def _epilogue_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
                         gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out,
                         GROUP_M: gl.constexpr, EPI_M: gl.constexpr, EPI_N: gl.constexpr,
                         RECOMPUTE_ACT: gl.constexpr):
     # g_bufs here is the [NG * NP, EPI_M, EPI_N] piece view of the g ring (see the kernel).
     BM: gl.constexpr = go_desc.block_type.shape[0]
-    BN: gl.constexpr = dw_desc.block_type.shape[1]
+    BN: gl.constexpr = down_desc.block_type.shape[1]
     NPM: gl.constexpr = BM // EPI_M
     NPN: gl.constexpr = BN // EPI_N
     NP: gl.constexpr = NPM * NPN
@@ -191,11 +191,11 @@ def _epilogue_partition(go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, 
 
 
 @gluon.jit
-def _mma_partition(go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I,
+def _mma_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I,
                    GROUP_M: gl.constexpr):
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BK: gl.constexpr = go_desc.block_type.shape[1]
-    BN: gl.constexpr = dw_desc.block_type.shape[1]
+    BN: gl.constexpr = down_desc.block_type.shape[1]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     NG: gl.constexpr = g_bufs.type.shape[0]
     NUM_WARPS: gl.constexpr = gl.num_warps()
@@ -236,21 +236,21 @@ def _mma_partition(go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_rea
 
 
 @gluon.jit
-def dswiglu_gluon_kernel(go_desc, dw_desc, gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr,
+def dswiglu_gluon_kernel(go_desc, down_desc, gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr,
                          T, I, stride_in, stride_out,
                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, NG: gl.constexpr,
                          EPI_M: gl.constexpr, EPI_N: gl.constexpr, RECOMPUTE_ACT: gl.constexpr,
                          EPI_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, EPI_REGS: gl.constexpr):
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BK: gl.constexpr = go_desc.block_type.shape[1]
-    BN: gl.constexpr = dw_desc.block_type.shape[1]
+    BN: gl.constexpr = down_desc.block_type.shape[1]
     gl.static_assert(BM % EPI_M == 0)
     gl.static_assert(BN % EPI_N == 0)
     gl.static_assert(EPI_N == 64)  # a g piece is one 128-byte-swizzled column block (see below)
     gl.static_assert(EPI_M % 8 == 0)
 
     a_bufs = gl.allocate_shared_memory(go_desc.dtype, [STAGES, BM, BK], go_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dw_desc.dtype, [STAGES, BK, BN], dw_desc.layout)
+    b_bufs = gl.allocate_shared_memory(down_desc.dtype, [STAGES, BK, BN], down_desc.layout)
     g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.bfloat16)
     g_bufs = gl.allocate_shared_memory(gl.bfloat16, [NG, BM, BN], g_layout)
     # The epilogue's view of the same bytes: [NG * NP, EPI_M, 64] pieces. A [BM, BN] bf16 NVMMA tile with
@@ -275,11 +275,11 @@ def dswiglu_gluon_kernel(go_desc, dw_desc, gate_ptr, up_ptr, act_ptr, dgate_ptr,
     # The worker argument tuples are written inline: a tuple assigned to a name first turns its
     # constexpr entries into tensors (code_generator.visit_Assign), and EPI_M etc. must stay constexpr.
     gl.warp_specialize([
-        (_mma_partition, (go_desc, dw_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I, GROUP_M)),
-        (_load_partition, (go_desc, dw_desc, a_bufs, b_bufs, g_pieces, ready, empty, g_ready, g_empty, gate_ptr, up_ptr,
+        (_mma_partition, (go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I, GROUP_M)),
+        (_load_partition, (go_desc, down_desc, a_bufs, b_bufs, g_pieces, ready, empty, g_ready, g_empty, gate_ptr, up_ptr,
                            act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out, GROUP_M, EPI_M, EPI_N,
                            RECOMPUTE_ACT)),
-        (_epilogue_partition, (go_desc, dw_desc, a_bufs, b_bufs, g_pieces, ready, empty, g_ready, g_empty, gate_ptr,
+        (_epilogue_partition, (go_desc, down_desc, a_bufs, b_bufs, g_pieces, ready, empty, g_ready, g_empty, gate_ptr,
                                up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out, GROUP_M, EPI_M,
                                EPI_N, RECOMPUTE_ACT)),
     ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
@@ -294,10 +294,10 @@ def _check_2d(name, t, shape):
                          f"{t.dtype} {tuple(t.shape)} strides {t.stride()}")
 
 
-def _prepare(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, num_programs: int | None):
+def _prepare(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, num_programs: int | None):
     """Checked launch arguments (grid, positional, keyword) for ``dswiglu_gluon_kernel``."""
     T = go.shape[0]
-    I = dw.shape[1]
+    I = down_w.shape[1]
     ins = [gate, up] + ([] if act is None else [act])
     outs = [d_gate, d_up, h]
     for name, t in zip(("gate", "up", "act"), ins):
@@ -311,27 +311,27 @@ def _prepare(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, nu
     if num_programs is None:
         num_programs = default_num_programs(go.device, triton.cdiv(T, cfg.BM) * triton.cdiv(I, cfg.BN))
     go_desc = TensorDescriptor.from_tensor(go, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
-    dw_desc = TensorDescriptor.from_tensor(dw, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
-    args = (go_desc, dw_desc, gate, up, gate if act is None else act, d_gate, d_up, h, T, I, stride_in, stride_out,
+    down_desc = TensorDescriptor.from_tensor(down_w, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
+    args = (go_desc, down_desc, gate, up, gate if act is None else act, d_gate, d_up, h, T, I, stride_in, stride_out,
             cfg.GROUP_M, cfg.STAGES, cfg.NG, cfg.EPI_M, cfg.EPI_N, act is None, cfg.epi_warps, cfg.load_regs,
             cfg.epi_regs)
     return (num_programs,), args, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
 
 
-def launch_dswiglu_gluon(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig = CONFIGS[0],
+def launch_dswiglu_gluon(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig = CONFIGS[0],
                          num_programs: int | None = None) -> None:
-    """The contract of ``backward.launch_dswiglu``: ``g = go @ dw`` [T, I] with the SwiGLU backward
+    """The contract of ``backward.launch_dswiglu``: ``g = go @ down_w`` [T, I] with the SwiGLU backward
     epilogue, writes d_gate, d_up, h [T, I]; ``act`` None: activated_gate recomputed from gate.
-    go [T, H], dw [H, I] bf16 CUDA sm_90 tensors usable by TMA (``common.tma_ready``); gate/up/act
+    go [T, H], down_w [H, I] bf16 CUDA sm_90 tensors usable by TMA (``common.tma_ready``); gate/up/act
     share one row stride, and so do d_gate/d_up/h (plain pointer accesses: any row stride >= I).
     ``num_programs`` persistent programs, default one per SM. Checks its tensors (ValueError)."""
-    grid, args, kw = _prepare(go, dw, gate, up, act, d_gate, d_up, h, cfg, num_programs)
+    grid, args, kw = _prepare(go, down_w, gate, up, act, d_gate, d_up, h, cfg, num_programs)
     dswiglu_gluon_kernel[grid](*args, **kw)
 
 
-def make_launch(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, num_programs: int | None = None):
+def make_launch(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, num_programs: int | None = None):
     """A zero-argument launch with the descriptors built once (for timing)."""
-    grid, args, kw = _prepare(go, dw, gate, up, act, d_gate, d_up, h, cfg, num_programs)
+    grid, args, kw = _prepare(go, down_w, gate, up, act, d_gate, d_up, h, cfg, num_programs)
 
     def run():
         dswiglu_gluon_kernel[grid](*args, **kw)
@@ -339,19 +339,19 @@ def make_launch(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig,
     return run
 
 
-def launch_dswiglu_gluon_trusted(go, dw, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig,
+def launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig,
                                  num_programs: int) -> None:
     """``launch_dswiglu_gluon`` without its checks, for ``backward.launch_backward``: the caller
     made every tensor TMA-ready (``common.tma_ready``) and checked that gate/up/act share one row
     stride and d_gate/d_up/h another. The compiled kernel is looked up per key after the first
     launch (``common.launch``)."""
-    T, I = go.shape[0], dw.shape[1]
+    T, I = go.shape[0], down_w.shape[1]
     stride_in, stride_out = gate.stride(0), d_gate.stride(0)
     recompute = act is None
     launch(dswiglu_gluon_kernel, (num_programs,),
            ("gluon_dswiglu", go.device, T, I, go.shape[1], stride_in, stride_out, num_programs, recompute, cfg),
            tma_descriptor(go, [cfg.BM, cfg.BK], TensorDescriptor, layout=_layout((cfg.BM, cfg.BK))),
-           tma_descriptor(dw, [cfg.BK, cfg.BN], TensorDescriptor, layout=_layout((cfg.BK, cfg.BN))),
+           tma_descriptor(down_w, [cfg.BK, cfg.BN], TensorDescriptor, layout=_layout((cfg.BK, cfg.BN))),
            gate, up, gate if recompute else act, d_gate, d_up, h, T, I, stride_in, stride_out,
            cfg.GROUP_M, cfg.STAGES, cfg.NG, cfg.EPI_M, cfg.EPI_N, recompute, cfg.epi_warps, cfg.load_regs,
            cfg.epi_regs, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)

@@ -135,7 +135,7 @@ def _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_de
 
 @triton.jit
 def dswiglu_gemm_kernel(
-    go_desc, dw_desc,  # grad_output [T, H], down_weight [H, I]
+    go_desc, down_desc,  # grad_output [T, H], down_weight [H, I]
     gate_desc, up_desc, act_desc,  # gate_output, up_output, activated_gate [T, I]
     dgate_desc, dup_desc, h_desc,  # outputs [T, I]
     T, H, I,
@@ -151,7 +151,7 @@ def dswiglu_gemm_kernel(
         off_m = pid_m * BM
         off_n = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _mainloop(go_desc, dw_desc, off_m, off_n, H, acc, False, BM, BN, BK, UPCAST)
+        acc = _mainloop(go_desc, down_desc, off_m, off_n, H, acc, False, BM, BN, BK, UPCAST)
         if EPI_SPLIT == 1:
             _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
                            RECOMPUTE_ACT)
