@@ -47,7 +47,7 @@ BENCH_ARGS ?=
 LAB_ARGS ?=
 LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 # Saving from the Lab writes the committed form of a notebook (no outputs, no volatile metadata).
-LAB_SAVE_HOOK := swiglu.research.notebook_save.strip_for_git
+LAB_SAVE_HOOK := swiglu_lab.research.notebook_save.strip_for_git
 TP ?= 2
 
 .PHONY: help venv test test-gpu reproduce lab bench bench-tp clean FORCE
@@ -79,15 +79,15 @@ test-gpu: $(STAMP)  ## run only the full-size GPU tests (fails without a CUDA GP
 	$(PY) -m pytest -q -m gpu
 
 reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate figures/ and data/
-	$(PY) -m swiglu.research.reproduce $(NOTEBOOK_ARGS)
+	$(PY) -m swiglu_lab.research.reproduce $(NOTEBOOK_ARGS)
 
 bench: $(STAMP)  ## benchmark every implementation on the GPU (BENCH_ARGS="--quick ...")
-	$(PY) -m swiglu.bench $(BENCH_ARGS)
+	$(PY) -m swiglu_lab.bench $(BENCH_ARGS)
 
 bench-tp: $(STAMP)  ## tensor-parallel checks and timings on TP GPUs (torchrun; TP=2, BENCH_ARGS="--parts ...")
 	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.device_count() >= $(TP) else 1)' || \
 	  { echo "make bench-tp: TP=$(TP) needs $(TP) CUDA GPUs, torch sees $$($(PY) -c 'import torch; print(torch.cuda.device_count())')" >&2; exit 1; }
-	$(PY) -m torch.distributed.run --nproc-per-node $(TP) -m swiglu.bench --tp $(TP) $(BENCH_ARGS)
+	$(PY) -m torch.distributed.run --nproc-per-node $(TP) -m swiglu_lab.bench --tp $(TP) $(BENCH_ARGS)
 
 lab: $(STAMP)  ## open the notebooks in JupyterLab, saving them without outputs (LAB_ARGS="..."; --allow-root when run as root)
 	$(VENV)/bin/jupyter lab notebooks/ --ContentsManager.pre_save_hook=$(LAB_SAVE_HOOK) $(LAB_ROOT_ARGS) $(LAB_ARGS)

@@ -3,7 +3,7 @@
     PYTHONPATH=src python3 scripts/forward_probe.py
 
 Interleaved per call (plain, ours cuBLAS path, ours per the table, the three GEMMs alone), L2 not
-flushed, as ``swiglu.research.train_step`` times the forward; then torch.profiler's kernel times at T = 256
+flushed, as ``swiglu_lab.research.train_step`` times the forward; then torch.profiler's kernel times at T = 256
 and 512. Recorded: data/train_step/20261130T154448Z-fec056d/forward_probe.log (the kernels of
 ours take no longer than nn.Linear's; the gap per call is host time before the first GEMM).
 """

@@ -57,9 +57,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
-from swiglu.bench.environment import git_info, nvml_info  # noqa: E402
+from swiglu_lab.bench.environment import git_info, nvml_info  # noqa: E402
 
 #: Every variant, in the order they run (compiled ones last: their CUDA graph pools and compiled
 #: code are released by torch._dynamo.reset(), which should not run between eager rows).

@@ -24,7 +24,7 @@ the median's ratio to the ``nn.Linear`` block's. On the CPU ``torch.set_num_thre
 (metadata) to ``--out`` (default ``$OUT`` when set, else build/host_overhead).
 
 ``--idle T1,T2,...`` (CUDA): the GPU time a backward leaves idle in the benchmark's protocol
-(L2 flushed, then the timed call; ``swiglu.bench.timing``), per token count, at Hermes' size
+(L2 flushed, then the timed call; ``swiglu_lab.bench.timing``), per token count, at Hermes' size
 (``--idle-hidden``/``--idle-intermediate``): the median span between CUDA events around one eager
 ``swiglu_mlp_backward(impl="triton")`` call minus the median span of the same launches replayed
 from a CUDA graph (no host work between them), each iteration synchronized. Writes
@@ -56,12 +56,12 @@ from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 import torch  # noqa: E402
 
 import swiglu  # noqa: E402
-from swiglu.bench.environment import git_info, nvml_info  # noqa: E402
+from swiglu_lab.bench.environment import git_info, nvml_info  # noqa: E402
 from swiglu.module import PlainSwiGLUMLP  # noqa: E402
 
 SHAPES = {"tiny": dict(H=256, I=512, T=16), "overhead": dict(H=16, I=32, T=2)}
@@ -196,7 +196,7 @@ IDLE_FIELDS = ["tokens", "hidden_size", "intermediate_size", "eager_ms_median", 
 
 def measure_idle(device: torch.device, tokens: list[int], H: int, I: int, iters: int) -> list[dict]:
     """Per T: eager and CUDA-graph-replayed spans of one Triton backward, L2 flushed before each."""
-    from swiglu.bench.timing import L2Flusher
+    from swiglu_lab.bench.timing import L2Flusher
 
     flush = L2Flusher(device)
     rows = []

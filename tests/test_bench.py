@@ -1,4 +1,4 @@
-"""Tests of the benchmark harness (swiglu.bench): its pure logic on CPU (statistics, SOL math,
+"""Tests of the benchmark harness (swiglu_lab.bench): its pure logic on CPU (statistics, SOL math,
 CSV schema, append-only storage, summaries), error handling, and one end-to-end CPU smoke run of
 the CLI. Speed itself is measured by the harness on the GPU, never asserted here."""
 
@@ -20,15 +20,15 @@ import pytest
 import torch
 
 from swiglu import make_inputs, reference_backward
-from swiglu.bench import environment, power
-from swiglu.bench.cli import format_summary, main
-from swiglu.bench.impls import IMPLS, BenchImpl, cublas_gemms, default_impls, liger_prepare, make_liger_backward, unavailable_reason
-from swiglu.bench.runner import BenchConfig, check_outputs, pick_hardware, run_benchmark
-from swiglu.bench.schema import COLUMNS, check_row, coerce, read_rows, rows_to_frame
-from swiglu.bench.stats import (Ceilings, add_speedups, per_case_table, power_summary, sol_columns, summary_table,
+from swiglu_lab.bench import environment, power
+from swiglu_lab.bench.cli import format_summary, main
+from swiglu_lab.bench.impls import IMPLS, BenchImpl, cublas_gemms, default_impls, liger_prepare, make_liger_backward, unavailable_reason
+from swiglu_lab.bench.runner import BenchConfig, check_outputs, pick_hardware, run_benchmark
+from swiglu_lab.bench.schema import COLUMNS, check_row, coerce, read_rows, rows_to_frame
+from swiglu_lab.bench.stats import (Ceilings, add_speedups, per_case_table, power_summary, sol_columns, summary_table,
                                 time_stats)
-from swiglu.bench.storage import INDEX_COLUMNS, RunWriter, write_run
-from swiglu.bench.timing import L2Flusher, alternating, time_iterations
+from swiglu_lab.bench.storage import INDEX_COLUMNS, RunWriter, write_run
+from swiglu_lab.bench.timing import L2Flusher, alternating, time_iterations
 from swiglu.workloads import select_cases
 
 H, I = 16384, 53248

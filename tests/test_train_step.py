@@ -1,4 +1,4 @@
-"""swiglu.research.train_step off the GPU: the forward sweep and the step measurement run end to end at a
+"""swiglu_lab.research.train_step off the GPU: the forward sweep and the step measurement run end to end at a
 tiny shape (interpreter on CPU; times are perf_counter's, memory columns 0), the measured table
 round-trips through forward_configs.json, and a written run reads back and plots."""
 
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from swiglu.kernels import forward
-from swiglu.research import train_step
+from swiglu_lab.research import train_step
 from swiglu.kernels.backward import TOKEN_BUCKETS, KernelConfig
 
 matplotlib.use("Agg")

@@ -1,4 +1,4 @@
-"""``python -m swiglu.bench``: see ``swiglu.bench.cli``."""
+"""``python -m swiglu_lab.bench``: see ``swiglu_lab.bench.cli``."""
 
 from .cli import main
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from .quack_peer import versions as quack_versions
+
 #: Fields asked of ``nvidia-smi --query-gpu`` (all standard fields; see ``nvidia-smi --help-query-gpu``).
 NVIDIA_SMI_FIELDS = (
     "name",
@@ -43,7 +45,7 @@ def git_info(repo_dir: str | Path | None = None) -> dict:
     """``{"commit", "dirty", "source"}`` of the source tree: from the env vars
     ``SWIGLU_GIT_COMMIT`` / ``SWIGLU_GIT_DIRTY`` ("1"/"true" means dirty) when the first is set,
     else from git when it works (dirty = a tracked file modified, or an untracked file under
-    src/, code that ran but is not committed), else ``"unknown"``. The env vars win because a copy
+    src/ or lab/, code that ran but is not committed), else ``"unknown"``. The env vars win because a copy
     of the tree on another machine can carry a stale .git (seen on the lent GPU machine: git there
     named a commit several behind the files)."""
     env_commit = os.environ.get("SWIGLU_GIT_COMMIT")
@@ -58,7 +60,7 @@ def git_info(repo_dir: str | Path | None = None) -> dict:
     if commit and status is not None:
         changed = [
             line for line in status.splitlines()
-            if line.strip() and (not line.startswith("??") or line[3:].startswith("src/"))
+            if line.strip() and (not line.startswith("??") or line[3:].startswith(("src/", "lab/")))
         ]
         return {"commit": commit.strip(), "dirty": bool(changed), "source": "git"}
     return {"commit": "unknown", "dirty": "unknown", "source": "unknown"}
@@ -112,8 +114,6 @@ def software_info() -> dict:
         liger_version = version("liger-kernel")
     except Exception:  # noqa: BLE001
         liger_version = None
-    from .quack_peer import versions as quack_versions
-
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -41,6 +41,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from swiglu import CASES, benchmark_criterion, make_inputs, relative_error
+from swiglu.memory import saved_activations
+from swiglu.module import PlainSwiGLUMLP, SwiGLUMLP
+from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
+
+from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
+
 VARIANTS = ("plain", "compile", "saved", "lean", "lean_cublas")
 LABELS = {"plain": "nn.Linear (eager)", "compile": "torch.compile(nn.Linear)", "saved": "ours, saved act",
           "lean": "ours, memory-lean", "lean_cublas": "ours, lean + cuBLAS forward"}
@@ -88,10 +95,8 @@ def _iters(tokens: int, given: tuple[int, int] | None = None) -> tuple[int, int]
 
 def run_checks() -> list[dict]:
     """The GPU checks of the module docstring, one row each (``passed`` and a detail)."""
-    from .. import CASES, benchmark_criterion, make_inputs, relative_error
-    from ..kernels import forward
-    from ..module import PlainSwiGLUMLP, SwiGLUMLP
-    from ..kernels.backward import triton_swiglu_backward
+    from swiglu.kernels import forward
+    from swiglu.kernels.backward import triton_swiglu_backward
 
     rows = []
     atol = min(c.atol for c in CASES)
@@ -155,8 +160,8 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
                  candidates: dict | None = None, iters: tuple[int, int] | None = None) -> tuple[list[dict], dict]:
     """Time the forward (all of it: gate/up, product, down_proj) per candidate and T. Returns the
     rows and the table {bucket: (candidate name, KernelConfig or None, ms)}, fastest per bucket."""
-    from ..kernels import forward
-    from ..kernels.backward import bucket_for
+    from swiglu.kernels import forward
+    from swiglu.kernels.backward import bucket_for
 
     gen = torch.Generator(device=device).manual_seed(0)
     w = [torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5
@@ -182,7 +187,7 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
 
 def forward_configs_json(table: dict, meta: dict) -> dict:
     """The measured forward table in ``swiglu/kernels/forward_configs.json``'s format."""
-    return {"note": "written by swiglu.research.train_step (scripts/train_step_gpu.py); fastest forward per token bucket",
+    return {"note": "written by swiglu_lab.research.train_step (scripts/train_step_gpu.py); fastest forward per token bucket",
             "meta": meta,
             "configs": {str(b): {"candidate": name, "config": None if cfg is None else asdict(cfg), "ms": ms,
                                  "measured_tokens": T} for b, (name, cfg, ms, T) in sorted(table.items())}}
@@ -211,9 +216,7 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
     """Step time, peak memory and saved activations per variant and T (module docstring); the
     "lean_cublas" variant runs only where the forward table picks the fused kernel. Off CUDA
     (CPU tests) the memory columns are 0 and times are perf_counter's."""
-    from ..kernels import forward
-    from ..memory import saved_activations
-    from ..module import PlainSwiGLUMLP, SwiGLUMLP
+    from swiglu.kernels import forward
 
     if "plain" not in variants:
         raise ValueError(f"variants must include 'plain' (the reference of speedups), got {variants}")
@@ -365,9 +368,7 @@ def plot_train_step(steps: pd.DataFrame):
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the three parts (module docstring) and write the results; returns the run dict."""
-    from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
-    from ..kernels import forward
-    from ..workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
+    from swiglu.kernels import forward
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for the results (default: $OUT)")
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip-checks", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("swiglu.research.train_step needs a CUDA GPU")
+        raise SystemExit("swiglu_lab.research.train_step needs a CUDA GPU")
     H, I = args.hidden_size, args.intermediate_size
     when = utc_now()
     git = git_info()
