@@ -33,11 +33,13 @@ MATPLOTLIB_VERSION ?= 3.11.2
 # The derived tables and figures also depend on numpy's and pandas' arithmetic and formatting.
 NUMPY_VERSION ?= 2.4.6
 PANDAS_VERSION ?= 3.1.1
-# The package's extras the venv gets: all of them (the library itself needs only torch and triton).
-EXTRAS ?= notebooks,dev,hf
+# The library's extras the venv gets (the library itself needs only torch and triton), and the lab's
+# (lab/pyproject.toml: swiglu-lab, the benchmark harness and the notebooks; not in the swiglu wheel).
+EXTRAS ?= dev,hf
+LAB_EXTRAS ?= notebooks
 # Everything the install depends on besides pyproject.toml and the constraints file: a change of any
 # of these re-installs (the settings file is rewritten only when its content changes).
-INSTALL_SETTINGS := $(INSTALL_TORCH) | $(PIP_CONSTRAINTS) | $(EXTRAS) | matplotlib==$(MATPLOTLIB_VERSION) | numpy==$(NUMPY_VERSION) | pandas==$(PANDAS_VERSION)
+INSTALL_SETTINGS := $(INSTALL_TORCH) | $(PIP_CONSTRAINTS) | $(EXTRAS) | $(LAB_EXTRAS) | matplotlib==$(MATPLOTLIB_VERSION) | numpy==$(NUMPY_VERSION) | pandas==$(PANDAS_VERSION)
 SETTINGS_FILE := $(VENV)/.install-settings
 GPU_TRITON_DIR := $(VENV)/triton-$(GPU_TRITON_VERSION)
 NOTEBOOK_ARGS ?=
@@ -58,10 +60,10 @@ help:  ## list the targets
 $(SETTINGS_FILE): FORCE
 	@mkdir -p $(VENV) && if [ "$$(cat $@ 2>/dev/null)" != '$(INSTALL_SETTINGS)' ]; then echo '$(INSTALL_SETTINGS)' > $@; fi
 
-$(STAMP): pyproject.toml $(CONSTRAINTS) $(SETTINGS_FILE)
+$(STAMP): pyproject.toml lab/pyproject.toml $(CONSTRAINTS) $(SETTINGS_FILE)
 	$(PYTHON) -m venv $(VENV)
 	$(INSTALL_TORCH)
-	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[$(EXTRAS)]' matplotlib==$(MATPLOTLIB_VERSION) numpy==$(NUMPY_VERSION) pandas==$(PANDAS_VERSION)
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[$(EXTRAS)]' -e './lab[$(LAB_EXTRAS)]' matplotlib==$(MATPLOTLIB_VERSION) numpy==$(NUMPY_VERSION) pandas==$(PANDAS_VERSION)
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create or update the virtual environment .venv
@@ -93,5 +95,5 @@ lab: $(STAMP)  ## open the notebooks in JupyterLab, saving them without outputs 
 	$(VENV)/bin/jupyter lab notebooks/ --ContentsManager.pre_save_hook=$(LAB_SAVE_HOOK) $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
 clean:  ## remove the virtual environment, build outputs and caches
-	rm -rf $(VENV) build .pytest_cache src/*.egg-info
+	rm -rf $(VENV) build .pytest_cache src/*.egg-info lab/*.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,7 +1,7 @@
 """Tune quack-kernels' SwiGLU MLP backward (the bench's "quack" peer) for given token counts and
 persist quack's autotune choices, then optionally check and time it against eager.
 
-GPU only (SM90). Run with quack importable: the project's [quack] extra, or on the lent GPU
+GPU only (SM90). Run with quack importable: the lab's [quack] extra, or on the lent GPU
 machine ``. .quack/install2.sh`` after ``.quack/install1.sh`` (PYTHONPATH=/tmp/site/site-packages
 plus its nvidia_cutlass_dsl/dsl_packages; a folder named site-packages on purpose, see
 ``quack_peer.check_install_location``):

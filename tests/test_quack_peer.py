@@ -83,8 +83,8 @@ def test_unavailable_reasons(monkeypatch):
     assert quack_peer.unavailable_reason(cuda) is None
 
 
-def test_pins_match_pyproject():
-    text = (REPO / "pyproject.toml").read_text()
+def test_pins_match_the_lab_pyproject():
+    text = (REPO / "lab" / "pyproject.toml").read_text()
     assert f'"quack-kernels=={quack_peer.QUACK_VERSION}"' in text
     assert f'"nvidia-cutlass-dsl[cu13]=={quack_peer.CUTLASS_DSL_VERSION}"' in text
 

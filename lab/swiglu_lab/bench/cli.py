@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         "nvidia-smi; see swiglu_lab.bench.power).",
         epilog=f"Implementations: {', '.join(ORDER)}. Default: all available except "
         "compile-max-autotune and quack (name them). 'cublas-gemms' is a lower bound (the six GEMMs alone), not an "
-        "implementation. 'liger' needs liger-kernel installed; 'quack' the [quack] extra (tuned configs: "
+        "implementation. 'liger' needs liger-kernel installed; 'quack' the lab's [quack] extra (tuned configs: "
         "scripts/tune_quack.py). Tensor parallel: torchrun --nproc-per-node N "
         "-m swiglu_lab.bench --tp N --help (swiglu_lab.bench.tp).",
     )

@@ -220,7 +220,7 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
     if name == "quack":
         return quack_peer.unavailable_reason(device)
     if name == "liger" and importlib.util.find_spec("liger_kernel") is None:
-        return "liger_kernel is not installed (pip install liger-kernel, or the project's [liger] extra); skipped"
+        return "liger_kernel is not installed (pip install liger-kernel, or the lab's [liger] extra); skipped"
     return None
 
 
