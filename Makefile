@@ -72,7 +72,8 @@ $(GPU_TRITON_DIR)/.installed: | $(STAMP)
 	$(PY) -m pip install -q --no-deps --target $(GPU_TRITON_DIR) triton==$(GPU_TRITON_VERSION)
 	touch $@
 
-test: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## run the test suite (CPU; GPU tests skip without a GPU)
+test: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## lint (ruff) and run the test suite (CPU; GPU tests skip without a GPU)
+	$(PY) -m ruff check .
 	SWIGLU_EXTRA_TRITON_DIR=$(GPU_TRITON_DIR) $(PY) -m pytest -q
 
 test-gpu: $(STAMP)  ## run only the full-size GPU tests (fails without a CUDA GPU)

@@ -7,7 +7,11 @@ flushed, as ``swiglu_lab.research.train_step`` times the forward; then torch.pro
 and 512. Recorded: data/train_step/20261130T154448Z-fec056d/forward_probe.log (the kernels of
 ours take no longer than nn.Linear's; the gap per call is host time before the first GEMM).
 """
-import torch, torch.nn.functional as F, statistics
+import statistics
+
+import torch
+import torch.nn.functional as F
+
 from swiglu.kernels import forward as fwd
 H, I = 16384, 53248
 g = torch.Generator(device="cuda").manual_seed(0)
@@ -16,7 +20,7 @@ def plain(x): return F.linear(F.silu(F.linear(x, w[0])) * F.linear(x, w[1]), w[2
 def ours_cublas(x): return fwd.triton_swiglu_forward(x, *w, config=None)
 def ours_auto(x): return fwd.triton_swiglu_forward(x, *w)
 def gemms_only(x):
-    a = F.linear(x, w[0]); b = F.linear(x, w[1]); return F.linear(a, w[2])
+    a = F.linear(x, w[0]); F.linear(x, w[1]); return F.linear(a, w[2])
 fns = dict(plain=plain, ours_cublas=ours_cublas, ours_auto=ours_auto, gemms_only=gemms_only)
 for T in (128, 256, 512, 1024, 4096):
     x = torch.randn(T, H, generator=g, device="cuda", dtype=torch.bfloat16)

@@ -232,7 +232,8 @@ def measure_idle(device: torch.device, tokens: list[int], H: int, I: int, iters:
             spans[kind].append(start.elapsed_time(end))
             if kind == "eager":
                 del out
-        del static_out, graph, args
+        del static_out, graph
+        args = None  # freed (call closes over it)
         e, g = sorted(spans["eager"]), sorted(spans["graph"])
         rows.append(dict(tokens=T, hidden_size=H, intermediate_size=I, eager_ms_median=statistics.median(e),
                          graph_ms_median=statistics.median(g),

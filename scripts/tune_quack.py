@@ -199,7 +199,7 @@ def verify(fn, args, device, quack_peer) -> list[dict]:
                 print(f"verify T={T} median ms: eager {row['eager_median_ms']:.3f}, quack {row['quack_median_ms']:.3f} "
                       f"(x{row['eager_median_ms'] / row['quack_median_ms']:.2f} vs eager)", flush=True)
                 del prepared
-            del inputs
+            inputs = None  # freed (the lambdas above close over it)
             torch.cuda.empty_cache()
         results.append(row)
     return results

@@ -456,7 +456,7 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
             return (work[k["i"] % 2].copy_(bufs[k["i"] % 2]),)
 
         _timed(rows, timer, *common, "tp_allreduce", protocol, lambda b: dist.all_reduce(b, group=mesh.get_group()), fresh)
-        del sets, bufs, work
+        sets = bufs = work = None  # freed (fresh and the lambdas above close over them)
         gen = torch.Generator(device=device).manual_seed(seed)  # same x and grad_output on every rank
         shape = (case.batch_size, case.seq_len, H)
         x = same_everywhere([torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16) for _ in range(2)])
@@ -480,7 +480,7 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
                 return xi.grad  # settled by the timer: its all-reduce counts
 
             _timed(rows, timer, *common, name, protocol, backward, forward)
-        del x, go
+        x = go = None  # freed (forward closes over them)
         _cleanup(device)
     del plain, ours
     _cleanup(device)

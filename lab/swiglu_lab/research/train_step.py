@@ -181,7 +181,7 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
         bucket = bucket_for(T)
         # The largest T measured in a bucket decides it; buckets never measured keep their entry.
         table[bucket] = (best["candidate"], candidates[best["candidate"]], best["ms"], T)
-        del x
+        x = None  # freed (the timed lambdas close over it)
     return rows, table
 
 
@@ -271,7 +271,7 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
                              saved_TxI=saved.count((T, intermediate_size)),
                              tflops=18 * T * hidden_size * intermediate_size / (ms * 1e-3) / 1e12,
                              forward="fused" if variant == "lean" and fused_here else "cublas"))
-            del module
+            module = None  # freed (the timed lambda closes over it)
             if device == "cuda":
                 torch.cuda.empty_cache()
         plain_ms = next(r["ms"] for r in rows if r["tokens"] == T and r["variant"] == "plain")
@@ -280,7 +280,7 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
             if r["tokens"] == T:
                 r["speedup_vs_plain"] = plain_ms / r["ms"]
                 r["peak_vs_plain"] = r["peak_bytes"] / plain_peak if plain_peak else float("nan")
-        del x, go
+        x = go = None
     return rows
 
 
