@@ -24,8 +24,8 @@ One process, on one H200 (``scripts/train_step_gpu.py`` calls ``main``; < 5 min)
 Writes ``train_step.csv``, ``forward_tuning.csv``, ``checks.csv``, ``train_step.json`` (all rows
 and metadata: GPU, torch, triton, commit from env SWIGLU_GIT_COMMIT) and
 ``forward_configs.json`` to ``--out`` or $OUT when set; prints a short table last.
-``latest_run``/``load_run`` and ``plot_train_step`` read such a run back from data/train_step/
-(notebooks/06_training_memory.ipynb).
+``latest_run``/``load_run`` read such a run back from data/train_step/ (notebooks/06_training_memory.ipynb
+draws it with ``plots.training_step_plot``).
 """
 
 from __future__ import annotations
@@ -329,41 +329,6 @@ def summary_table(steps: pd.DataFrame) -> pd.DataFrame:
         t = t.assign(floor_GB=t.floor_bytes / 1e9)
         cols.insert(cols.index("peak_vs_plain"), "floor_GB")
     return t[cols]
-
-
-def plot_train_step(steps: pd.DataFrame):
-    """Three panels over T, one line per variant: step time relative to the plain nn.Linear module
-    (speed-up, x), saved activations per layer (GB) and peak memory of the step (GB), with the
-    floor no implementation can go below (dashed; runs that recorded it). Ratios, not
-    milliseconds: the variants differ by a few percent, which a ms axis from 25 to 190 hides."""
-    import matplotlib.pyplot as plt
-
-    fig, (ax_t, ax_m, ax_p) = plt.subplots(1, 3, figsize=(14, 4))
-    markers = dict(zip(VARIANTS, "osD^vx"))
-    for variant in [v for v in VARIANTS if v in set(steps.variant)]:
-        d = steps[steps.variant == variant].sort_values("tokens")
-        kw = dict(marker=markers.get(variant, "o"), label=LABELS[variant], alpha=0.85)
-        ax_t.plot(d.tokens, d.speedup_vs_plain, **kw)
-        ax_m.plot(d.tokens, d.saved_bytes / 1e9, **kw)
-        ax_p.plot(d.tokens, d.peak_bytes / 1e9, **kw)
-    if "floor_bytes" in steps and steps.floor_bytes.notna().any():
-        floor = steps[steps.variant == "plain"].sort_values("tokens")
-        ax_p.plot(floor.tokens, floor.floor_bytes / 1e9, color="k", ls="--", lw=1,
-                  label="floor: weights, inputs, output, all gradients + one [T, I]")
-        ax_p.legend(fontsize=8)
-    for ax, ylabel in ((ax_t, "step speed-up over nn.Linear (x, forward + backward)"),
-                       (ax_m, "saved activations per layer (GB)"), (ax_p, "peak memory of the step (GB)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("tokens T")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-    ax_t.axhline(1.0, color="0.5", lw=0.8)
-    ax_m.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-# ------------------------------------------------------------------ main
 
 
 def main(argv: list[str] | None = None) -> dict:
