@@ -52,7 +52,6 @@ import statistics
 import sys
 import time
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +60,7 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 import torch  # noqa: E402
 
 import swiglu  # noqa: E402
-from swiglu_lab.bench.environment import git_info, nvml_info  # noqa: E402
+from swiglu_lab.bench.environment import dist_version, git_info, nvml_info  # noqa: E402
 from swiglu.module import PlainSwiGLUMLP  # noqa: E402
 
 SHAPES = {"tiny": dict(H=256, I=512, T=16), "overhead": dict(H=16, I=32, T=2)}
@@ -69,13 +68,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 BASELINE = "nn_linear_fwd_bwd"
 CSV_FIELDS = ["implementation", "description", "us_median", "us_p20", "us_p80", "us_min", "calls",
               "ratio_to_nn_linear"]
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def device_name(device: torch.device) -> str:
@@ -309,7 +301,7 @@ def main(argv=None) -> dict:
         script="scripts/host_overhead.py",
         date_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         device=str(device), device_name=device_name(device),
-        torch=torch.__version__, triton=_version("triton"), python=platform.python_version(),
+        torch=torch.__version__, triton=dist_version("triton"), python=platform.python_version(),
         swiglu=swiglu.__version__, git_commit=git_info()["commit"], platform=platform.platform(),
         shape=dict(name=shape_name, **shape), dtype=args.dtype,
         warmup=args.warmup, iters=args.iters, rounds=args.rounds,

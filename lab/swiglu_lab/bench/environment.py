@@ -10,6 +10,7 @@ import platform
 import subprocess
 import sys
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -100,6 +101,16 @@ def gpu_info(device: torch.device) -> dict:
     }
 
 
+def dist_version(*dists: str) -> str | None:
+    """The installed version of the first of ``dists`` (distribution names) that is installed, else None."""
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
 def software_info() -> dict:
     """Versions of torch, CUDA (torch's build), triton, Python, and the platform string."""
     try:
@@ -108,18 +119,12 @@ def software_info() -> dict:
         triton_version = triton.__version__
     except Exception as exc:  # noqa: BLE001 - record why, never fail a run on it
         triton_version = f"unavailable ({type(exc).__name__})"
-    try:
-        from importlib.metadata import version
-
-        liger_version = version("liger-kernel")
-    except Exception:  # noqa: BLE001
-        liger_version = None
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "triton": triton_version,
-        "liger_kernel": liger_version,
+        "liger_kernel": dist_version("liger-kernel"),
         **quack_versions(),  # quack_kernels, nvidia_cutlass_dsl (CuTe-DSL) and the quack peer's tuning settings
         "python": sys.version.split()[0],
         "platform": platform.platform(),
