@@ -630,3 +630,12 @@ def test_nvidia_smi_fallback_with_a_fake_nvidia_smi(tmp_path, monkeypatch):
     assert cols["power_w"] == pytest.approx(321.5) and cols["sm_clock_mhz"] == pytest.approx(1755.0)
     # No energy counter: mean power x window duration, per iteration.
     assert cols["energy_j"] == pytest.approx(321.5 * cols["energy_window_s"] / 4)
+
+
+def test_median_step_ms_times_after_the_warmup_on_cpu():
+    """The step timers' helper (train_step, forward_probe): warm-up calls untimed, then the median."""
+    from swiglu_lab.bench.timing import median_step_ms
+
+    calls = []
+    ms = median_step_ms(lambda: calls.append(1), 2, 5, "cpu")
+    assert len(calls) == 7 and 0 <= ms < 1000

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -47,6 +46,7 @@ from swiglu.module import PlainSwiGLUMLP, SwiGLUMLP
 from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
+from ..bench.timing import median_step_ms
 
 VARIANTS = ("plain", "compile", "saved", "lean", "lean_cublas")
 LABELS = {"plain": "nn.Linear (eager)", "compile": "torch.compile(nn.Linear)", "saved": "ours, saved act",
@@ -56,26 +56,6 @@ FORWARD_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 # ------------------------------------------------------------------ timing helpers
-
-
-def _median_ms(fn, warmup: int, iters: int, device: str = "cuda") -> float:
-    """Median wall time of fn() in ms: CUDA events on a GPU, perf_counter elsewhere (CPU tests)."""
-    times = []
-    for i in range(warmup + iters):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            ms = (time.perf_counter() - t0) * 1e3
-        if i >= warmup:
-            times.append(ms)
-    return statistics.median(times)
 
 
 def _memory(device: str) -> tuple:
@@ -171,10 +151,10 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
     for T in tokens:
         x = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16)
         warmup, n = _iters(T, iters)
-        plain_ms = _median_ms(lambda: torch.nn.functional.linear(
+        plain_ms = median_step_ms(lambda: torch.nn.functional.linear(
             torch.nn.functional.silu(x @ w[0].t()) * (x @ w[1].t()), w[2]), warmup, n, device)
         for name, cfg in candidates.items():
-            ms = _median_ms(lambda: forward.triton_swiglu_forward(x, *w, config=cfg), warmup, n, device)
+            ms = median_step_ms(lambda: forward.triton_swiglu_forward(x, *w, config=cfg), warmup, n, device)
             rows.append(dict(tokens=T, candidate=name, ms=ms, plain_ms=plain_ms, speedup_vs_plain=plain_ms / ms,
                              config=None if cfg is None else asdict(cfg)))
         best = min((r for r in rows if r["tokens"] == T), key=lambda r: r["ms"])
@@ -250,7 +230,7 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
             try:
                 saved = saved_activations(module, x)
                 warmup, n = _iters(T, iters)
-                ms = _median_ms(lambda: _step(module, x, go), warmup, n, device)
+                ms = median_step_ms(lambda: _step(module, x, go), warmup, n, device)
                 sync()
                 for p in module.parameters():
                     p.grad = None
