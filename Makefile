@@ -25,7 +25,7 @@ INSTALL_TORCH = $(PY) -m pip install -q --timeout 15 --retries 2 --index-url $(T
 endif
 # The GPU machine's Triton (the H200 machine has triton 3.6.0, README "Results on the H200"), installed beside
 # the venv's own: tests/test_triton_compile.py compiles every kernel with both, so a kernel that only
-# the CPU wheel's Triton can build fails here, not on the GPU (it happened in tuning round 6).
+# the CPU wheel's Triton can build fails here, not on the GPU.
 GPU_TRITON_VERSION ?= 3.6.0
 # The committed figures are byte for byte what this matplotlib release draws: with another one,
 # `make reproduce` would rewrite every figure.

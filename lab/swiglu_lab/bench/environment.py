@@ -47,8 +47,7 @@ def git_info(repo_dir: str | Path | None = None) -> dict:
     ``SWIGLU_GIT_COMMIT`` / ``SWIGLU_GIT_DIRTY`` ("1"/"true" means dirty) when the first is set,
     else from git when it works (dirty = a tracked file modified, or an untracked file under
     src/ or lab/, code that ran but is not committed), else ``"unknown"``. The env vars win because a copy
-    of the tree on another machine can carry a stale .git (seen on the lent GPU machine: git there
-    named a commit several behind the files)."""
+    of the tree on another machine can carry a stale .git (naming an older commit than its files)."""
     env_commit = os.environ.get("SWIGLU_GIT_COMMIT")
     if env_commit:
         dirty_env = os.environ.get("SWIGLU_GIT_DIRTY")

@@ -42,7 +42,7 @@ IMPL_LABELS = {
     "triton": "swiglu Triton (ours)",
 }
 
-#: The H200 ceilings measured on 2026-11-29 (``docs/problem.md``, "Measured on one H200"):
+#: The H200 ceilings of the spec (``docs/problem.md``, "Measured on one H200"):
 #: device-to-device copy 4.18 TB/s (read + write), cuBLAS bf16 GEMM 760 TFLOP/s at 8192^3.
 #: Used only when no recorded run carries its own ceilings.
 SPEC_H200_CEILINGS = {
