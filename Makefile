@@ -25,7 +25,7 @@ INSTALL_TORCH = $(PY) -m pip install -q --timeout 15 --retries 2 --index-url $(T
 endif
 # The GPU machine's Triton (the H200 machine has triton 3.6.0, README "Results on the H200"), installed beside
 # the venv's own: tests/test_triton_compile.py compiles every kernel with both, so a kernel that only
-# the CPU wheel's Triton can build fails here, not on the GPU (it happened in tuning round 6).
+# the CPU wheel's Triton can build fails here, not on the GPU.
 GPU_TRITON_VERSION ?= 3.6.0
 # The committed figures are byte for byte what this matplotlib release draws: with another one,
 # `make reproduce` would rewrite every figure.
@@ -33,11 +33,13 @@ MATPLOTLIB_VERSION ?= 3.11.2
 # The derived tables and figures also depend on numpy's and pandas' arithmetic and formatting.
 NUMPY_VERSION ?= 2.4.6
 PANDAS_VERSION ?= 3.1.1
-# The package's extras the venv gets: all of them (the library itself needs only torch and triton).
-EXTRAS ?= notebooks,dev,hf
+# The library's extras the venv gets (the library itself needs only torch and triton), and the lab's
+# (lab/pyproject.toml: swiglu-lab, the benchmark harness and the notebooks; not in the swiglu wheel).
+EXTRAS ?= dev,hf
+LAB_EXTRAS ?= notebooks
 # Everything the install depends on besides pyproject.toml and the constraints file: a change of any
 # of these re-installs (the settings file is rewritten only when its content changes).
-INSTALL_SETTINGS := $(INSTALL_TORCH) | $(PIP_CONSTRAINTS) | $(EXTRAS) | matplotlib==$(MATPLOTLIB_VERSION) | numpy==$(NUMPY_VERSION) | pandas==$(PANDAS_VERSION)
+INSTALL_SETTINGS := $(INSTALL_TORCH) | $(PIP_CONSTRAINTS) | $(EXTRAS) | $(LAB_EXTRAS) | matplotlib==$(MATPLOTLIB_VERSION) | numpy==$(NUMPY_VERSION) | pandas==$(PANDAS_VERSION)
 SETTINGS_FILE := $(VENV)/.install-settings
 GPU_TRITON_DIR := $(VENV)/triton-$(GPU_TRITON_VERSION)
 NOTEBOOK_ARGS ?=
@@ -47,7 +49,7 @@ BENCH_ARGS ?=
 LAB_ARGS ?=
 LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 # Saving from the Lab writes the committed form of a notebook (no outputs, no volatile metadata).
-LAB_SAVE_HOOK := swiglu.research.notebook_save.strip_for_git
+LAB_SAVE_HOOK := swiglu_lab.research.notebook_save.strip_for_git
 TP ?= 2
 
 .PHONY: help venv test test-gpu reproduce lab bench bench-tp clean FORCE
@@ -58,10 +60,10 @@ help:  ## list the targets
 $(SETTINGS_FILE): FORCE
 	@mkdir -p $(VENV) && if [ "$$(cat $@ 2>/dev/null)" != '$(INSTALL_SETTINGS)' ]; then echo '$(INSTALL_SETTINGS)' > $@; fi
 
-$(STAMP): pyproject.toml $(CONSTRAINTS) $(SETTINGS_FILE)
+$(STAMP): pyproject.toml lab/pyproject.toml $(CONSTRAINTS) $(SETTINGS_FILE)
 	$(PYTHON) -m venv $(VENV)
 	$(INSTALL_TORCH)
-	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[$(EXTRAS)]' matplotlib==$(MATPLOTLIB_VERSION) numpy==$(NUMPY_VERSION) pandas==$(PANDAS_VERSION)
+	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[$(EXTRAS)]' -e './lab[$(LAB_EXTRAS)]' matplotlib==$(MATPLOTLIB_VERSION) numpy==$(NUMPY_VERSION) pandas==$(PANDAS_VERSION)
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create or update the virtual environment .venv
@@ -70,7 +72,8 @@ $(GPU_TRITON_DIR)/.installed: | $(STAMP)
 	$(PY) -m pip install -q --no-deps --target $(GPU_TRITON_DIR) triton==$(GPU_TRITON_VERSION)
 	touch $@
 
-test: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## run the test suite (CPU; GPU tests skip without a GPU)
+test: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## lint (ruff) and run the test suite (CPU; GPU tests skip without a GPU)
+	$(PY) -m ruff check .
 	SWIGLU_EXTRA_TRITON_DIR=$(GPU_TRITON_DIR) $(PY) -m pytest -q
 
 test-gpu: $(STAMP)  ## run only the full-size GPU tests (fails without a CUDA GPU)
@@ -79,19 +82,19 @@ test-gpu: $(STAMP)  ## run only the full-size GPU tests (fails without a CUDA GP
 	$(PY) -m pytest -q -m gpu
 
 reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate figures/ and data/
-	$(PY) -m swiglu.research.reproduce $(NOTEBOOK_ARGS)
+	$(PY) -m swiglu_lab.research.reproduce $(NOTEBOOK_ARGS)
 
 bench: $(STAMP)  ## benchmark every implementation on the GPU (BENCH_ARGS="--quick ...")
-	$(PY) -m swiglu.bench $(BENCH_ARGS)
+	$(PY) -m swiglu_lab.bench $(BENCH_ARGS)
 
 bench-tp: $(STAMP)  ## tensor-parallel checks and timings on TP GPUs (torchrun; TP=2, BENCH_ARGS="--parts ...")
 	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.device_count() >= $(TP) else 1)' || \
 	  { echo "make bench-tp: TP=$(TP) needs $(TP) CUDA GPUs, torch sees $$($(PY) -c 'import torch; print(torch.cuda.device_count())')" >&2; exit 1; }
-	$(PY) -m torch.distributed.run --nproc-per-node $(TP) -m swiglu.bench --tp $(TP) $(BENCH_ARGS)
+	$(PY) -m torch.distributed.run --nproc-per-node $(TP) -m swiglu_lab.bench --tp $(TP) $(BENCH_ARGS)
 
 lab: $(STAMP)  ## open the notebooks in JupyterLab, saving them without outputs (LAB_ARGS="..."; --allow-root when run as root)
 	$(VENV)/bin/jupyter lab notebooks/ --ContentsManager.pre_save_hook=$(LAB_SAVE_HOOK) $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
 clean:  ## remove the virtual environment, build outputs and caches
-	rm -rf $(VENV) build .pytest_cache src/*.egg-info
+	rm -rf $(VENV) build .pytest_cache src/*.egg-info lab/*.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,4 +1,5 @@
-"""GPU checks of the API fixes of issue 13 (items 8-11), in one process; prints a table last.
+"""GPU checks of the shared-memory check, zero tokens, double backward and subnormals, in one process;
+prints a table last.
 
 Run on the GPU machine (about a minute, mostly Triton compiles):
 
@@ -6,15 +7,15 @@ Run on the GPU machine (about a minute, mostly Triton compiles):
 
 Writes ``check_api_gpu.json`` under ``$OUT`` when that is set. Checks:
 
-* shared memory (item 10): the device's opt-in limit as ``swiglu.kernels.shared_memory`` reads it; for
+* shared memory: the device's opt-in limit as ``swiglu.kernels.shared_memory`` reads it; for
   every configuration of the tuned table (and a few around it), the shared memory of the kernel
-  Triton actually compiled and loaded against the estimate (estimate >= real); the issue's
-  config rejected with a ValueError, and what Triton itself says when the check is bypassed;
-* zero tokens (item 8): ``SwiGLUMLP`` with x [0, H] and [3, 0, H], impl auto (Triton) and
+  Triton actually compiled and loaded against the estimate (estimate >= real); the oversized
+  example config rejected with a ValueError, and what Triton itself says when the check is bypassed;
+* zero tokens: ``SwiGLUMLP`` with x [0, H] and [3, 0, H], impl auto (Triton) and
   triton: no kernel launch, empty grad_x, zero weight gradients;
-* double backward (item 9): a gradient penalty through ``SwiGLUMLP`` (auto) equals the
+* double backward: a gradient penalty through ``SwiGLUMLP`` (auto) equals the
   reference implementation's, bit for bit;
-* subnormals (item 11): the compiled kernels with every down_weight element subnormal
+* subnormals: the compiled kernels with every down_weight element subnormal
   (x 2**-125, grad_output x 2**125), float64 error against the reference's.
 """
 
@@ -35,7 +36,7 @@ from swiglu.kernels import backward as triton_backward
 from swiglu.ops import resolve_impl
 from swiglu.kernels.backward import CONFIGS, KernelConfig, triton_swiglu_backward
 
-ISSUE_EXAMPLE = KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True,
+OVERSIZED_EXAMPLE = KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True,
                              flatten=True)
 KERNEL_KEYS = {v: k for k, v in shared_memory.KERNELS.items()}
 rows: list[dict] = []
@@ -96,18 +97,18 @@ def shared_memory_checks(dev) -> None:
         for n, fn in originals.items():
             setattr(kernels, n, fn)
     try:
-        triton_swiglu_backward(*inp.as_tuple(), configs={"dswiglu": ISSUE_EXAMPLE})
-        record("issue example rejected", False, "no error")
+        triton_swiglu_backward(*inp.as_tuple(), configs={"dswiglu": OVERSIZED_EXAMPLE})
+        record("oversized example rejected", False, "no error")
     except ValueError as e:
-        record("issue example rejected", "dswiglu_gemm_kernel" in str(e), str(e)[:160])
+        record("oversized example rejected", "dswiglu_gemm_kernel" in str(e), str(e)[:160])
     real_check = triton_backward.check_shared_memory
     triton_backward.check_shared_memory = lambda kernel, cfg, device: None
     try:
-        triton_swiglu_backward(*inp.as_tuple(), configs={"dswiglu": ISSUE_EXAMPLE})
+        triton_swiglu_backward(*inp.as_tuple(), configs={"dswiglu": OVERSIZED_EXAMPLE})
         torch.cuda.synchronize()
-        record("issue example without the check", False, "Triton launched it")
+        record("oversized example without the check", False, "Triton launched it")
     except Exception as e:  # what the check now pre-empts: Triton's OutOfResources
-        record("issue example without the check", "shared memory" in str(e), f"{type(e).__name__}: {str(e)[:120]}")
+        record("oversized example without the check", "shared memory" in str(e), f"{type(e).__name__}: {str(e)[:120]}")
     finally:
         triton_backward.check_shared_memory = real_check
 

@@ -1,6 +1,6 @@
-"""Check the bench's power measurement on the GPU (swiglu.bench.power), in one process.
+"""Check the bench's power measurement on the GPU (swiglu_lab.bench.power), in one process.
 
-    PYTHONPATH=src python3 scripts/check_power.py
+    PYTHONPATH=src:lab python3 scripts/check_power.py
 
 Which backend and power source the harness gets, and whether its two energy figures agree:
 for an idle window, a window of back-to-back bf16 GEMMs (8192^3, ~2 s) and a window of L2
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from swiglu.bench.power import measure_flush_energy, open_monitor
-from swiglu.bench.timing import L2Flusher
+from swiglu_lab.bench.power import measure_flush_energy, open_monitor
+from swiglu_lab.bench.timing import L2Flusher
 
 
 def _row(name: str, columns: dict, iterations: int) -> dict:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The lean install, checked (CI runs it after `make test`): build the wheel, check that its only
-# required dependencies are torch and triton, install it without extras into a fresh venv that
-# holds nothing but the dependency closure of torch and triton, and run scripts/wheel_smoke.py there.
+# The lean install, checked (CI runs it after `make test`): build the wheel, check that it holds the
+# library only (swiglu/..., no lab file) and that its only required dependencies are torch and
+# triton, install it without extras into a fresh venv that holds nothing but the dependency closure
+# of torch and triton, and run scripts/wheel_smoke.py there.
 #
 # The closure is linked in from the project venv, not downloaded (a CPU torch is ~200 MB): the
 # distributions that torch's and triton's metadata require, recursively, and nothing else (pip check
@@ -34,7 +35,14 @@ except ImportError:  # pip's own copy
 
 wheel, target = sys.argv[1], Path(sys.argv[2])
 with zipfile.ZipFile(wheel) as z:
-    meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    names = z.namelist()
+    meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+# The library alone: swiglu/... and the wheel's own metadata, no lab file (lab/, swiglu_lab).
+foreign = [n for n in names if not (n.startswith("swiglu/") or re.match(r"swiglu-[^/]+\.dist-info/", n))]
+assert not foreign, f"the wheel holds files outside swiglu/: {foreign[:10]}"
+assert not [n for n in names if "swiglu_lab" in n or n.startswith(("swiglu/bench/", "swiglu/research/"))], names
+assert "swiglu/kernels/backward_configs.json" in names, "the kernels' config table is missing from the wheel"
+print(f"{Path(wheel).name}: {len(names)} files, all under swiglu/ (no lab file)")
 requires = [Requirement(line.split(":", 1)[1].strip()) for line in meta.splitlines() if line.startswith("Requires-Dist:")]
 required = sorted(r.name for r in requires if not (r.marker and "extra" in str(r.marker)))
 assert required == ["torch", "triton"], f"the wheel requires {required}; the library's dependencies are torch and triton"

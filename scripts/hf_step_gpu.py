@@ -51,15 +51,14 @@ import sys
 import time
 import traceback
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
-from swiglu.bench.environment import git_info, nvml_info  # noqa: E402
+from swiglu_lab.bench.environment import dist_version, git_info, nvml_info  # noqa: E402
 
 #: Every variant, in the order they run (compiled ones last: their CUDA graph pools and compiled
 #: code are released by torch._dynamo.reset(), which should not run between eager rows).
@@ -175,15 +174,6 @@ def release(compiled: bool) -> None:
     torch.cuda.empty_cache()
 
 
-def _version(*dists: str) -> str | None:
-    for dist in dists:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
-    return None
-
-
 def parse_variants(text: str, parser: argparse.ArgumentParser) -> list[str]:
     if text in ("", "default"):
         return list(DEFAULT_VARIANTS)
@@ -268,8 +258,8 @@ def main(argv=None):
     meta = dict(
         script="scripts/hf_step_gpu.py", date_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         gpu=torch.cuda.get_device_name(), nvml_before=nvml_before, nvml_after=nvml_after,
-        cuda=torch.version.cuda, torch=torch.__version__, triton=_version("triton"),
-        transformers=transformers.__version__, liger_kernel=_version("liger-kernel", "liger_kernel"),
+        cuda=torch.version.cuda, torch=torch.__version__, triton=dist_version("triton"),
+        transformers=transformers.__version__, liger_kernel=dist_version("liger-kernel", "liger_kernel"),
         swiglu=swiglu.__version__, python=platform.python_version(), git_commit=git_info()["commit"],
         args=vars(args), variants_requested=variants, reference=ref["variant"] if ref else None,
         status={r["variant"]: r["status"] + (f": {r['error']}" if r.get("error") else "") for r in rows},

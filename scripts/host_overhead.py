@@ -24,7 +24,7 @@ the median's ratio to the ``nn.Linear`` block's. On the CPU ``torch.set_num_thre
 (metadata) to ``--out`` (default ``$OUT`` when set, else build/host_overhead).
 
 ``--idle T1,T2,...`` (CUDA): the GPU time a backward leaves idle in the benchmark's protocol
-(L2 flushed, then the timed call; ``swiglu.bench.timing``), per token count, at Hermes' size
+(L2 flushed, then the timed call; ``swiglu_lab.bench.timing``), per token count, at Hermes' size
 (``--idle-hidden``/``--idle-intermediate``): the median span between CUDA events around one eager
 ``swiglu_mlp_backward(impl="triton")`` call minus the median span of the same launches replayed
 from a CUDA graph (no host work between them), each iteration synchronized. Writes
@@ -52,16 +52,15 @@ import statistics
 import sys
 import time
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 import torch  # noqa: E402
 
 import swiglu  # noqa: E402
-from swiglu.bench.environment import git_info, nvml_info  # noqa: E402
+from swiglu_lab.bench.environment import dist_version, git_info, nvml_info  # noqa: E402
 from swiglu.module import PlainSwiGLUMLP  # noqa: E402
 
 SHAPES = {"tiny": dict(H=256, I=512, T=16), "overhead": dict(H=16, I=32, T=2)}
@@ -69,13 +68,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 BASELINE = "nn_linear_fwd_bwd"
 CSV_FIELDS = ["implementation", "description", "us_median", "us_p20", "us_p80", "us_min", "calls",
               "ratio_to_nn_linear"]
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def device_name(device: torch.device) -> str:
@@ -196,7 +188,7 @@ IDLE_FIELDS = ["tokens", "hidden_size", "intermediate_size", "eager_ms_median", 
 
 def measure_idle(device: torch.device, tokens: list[int], H: int, I: int, iters: int) -> list[dict]:
     """Per T: eager and CUDA-graph-replayed spans of one Triton backward, L2 flushed before each."""
-    from swiglu.bench.timing import L2Flusher
+    from swiglu_lab.bench.timing import L2Flusher
 
     flush = L2Flusher(device)
     rows = []
@@ -232,7 +224,8 @@ def measure_idle(device: torch.device, tokens: list[int], H: int, I: int, iters:
             spans[kind].append(start.elapsed_time(end))
             if kind == "eager":
                 del out
-        del static_out, graph, args
+        del static_out, graph
+        args = None  # freed (call closes over it)
         e, g = sorted(spans["eager"]), sorted(spans["graph"])
         rows.append(dict(tokens=T, hidden_size=H, intermediate_size=I, eager_ms_median=statistics.median(e),
                          graph_ms_median=statistics.median(g),
@@ -308,7 +301,7 @@ def main(argv=None) -> dict:
         script="scripts/host_overhead.py",
         date_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         device=str(device), device_name=device_name(device),
-        torch=torch.__version__, triton=_version("triton"), python=platform.python_version(),
+        torch=torch.__version__, triton=dist_version("triton"), python=platform.python_version(),
         swiglu=swiglu.__version__, git_commit=git_info()["commit"], platform=platform.platform(),
         shape=dict(name=shape_name, **shape), dtype=args.dtype,
         warmup=args.warmup, iters=args.iters, rounds=args.rounds,

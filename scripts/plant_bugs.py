@@ -7,10 +7,10 @@ copy with the copy's src/ first on the path. A bug is CAUGHT when at least one o
 fails; the script exits non-zero if any bug was missed, or if a replacement no longer matches
 (the code moved: update the recipe).
 
-    PYTHONPATH=src python scripts/plant_bugs.py                  # every bug, its listed tests
-    PYTHONPATH=src python scripts/plant_bugs.py grad_x_scale     # one bug
-    PYTHONPATH=src python scripts/plant_bugs.py --list           # the bugs and their tests
-    PYTHONPATH=src python scripts/plant_bugs.py median_as_mean --tests tests/test_bench.py
+    PYTHONPATH=src:lab python scripts/plant_bugs.py                  # every bug, its listed tests
+    PYTHONPATH=src:lab python scripts/plant_bugs.py grad_x_scale     # one bug
+    PYTHONPATH=src:lab python scripts/plant_bugs.py --list           # the bugs and their tests
+    PYTHONPATH=src:lab python scripts/plant_bugs.py median_as_mean --tests tests/test_bench.py
 
 Takes about 3 minutes for all bugs on the 2-core CI machine (most of it the TP spawn).
 """
@@ -60,7 +60,7 @@ BUGS = {
         "the Triton backward raises on every call",
     ),
     "median_as_mean": (
-        "src/swiglu/bench/stats.py",
+        "lab/swiglu_lab/bench/stats.py",
         '"median_ms": float(np.median(t)),',
         '"median_ms": float(t.mean()),',
         ["tests/test_bench.py"],
@@ -99,7 +99,7 @@ def plant(dest: Path, file: str, old: str, new: str) -> None:
 
 def run_tests(dest: Path, tests: list[str]) -> tuple[int, str, list[str]]:
     """pytest in the copy; returns (exit status, summary line, failed test ids)."""
-    env = dict(os.environ, PYTHONPATH=str(dest / "src"), TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(dest / "src"), str(dest / "lab")]), TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *tests], cwd=dest,
                           env=env, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()

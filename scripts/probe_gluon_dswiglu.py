@@ -215,7 +215,7 @@ def run_worker(ci, T_list, recompute_T):
         flops = 2.0 * T * H_BIG * I_BIG
         g_out = torch.empty(T, I_BIG, device=DEVICE, dtype=torch.bfloat16)
         cub = ctx.time_fn(lambda: torch.matmul(go, dw, out=g_out))
-        del g_out
+        g_out = None  # freed (the timed lambda above closes over the name)
         rows.append(dict(kind="cublas", config="torch.matmul(go, dw)", T=T, H=H_BIG, I=I_BIG, recompute="",
                          case="big", ms=round(cub, 4), tflops=round(flops / (cub * 1e-3) / 1e12, 1), vs_cublas=1.0,
                          ok=True))

@@ -1,7 +1,11 @@
 """How long torch.compile(mode="max-autotune") of the reference backward takes to compile at one T,
 and its median time (CUDA events, L2 flushed). GPU only:  PYTHONPATH=src python3 scripts/probe_max_autotune.py 128"""
-import statistics, sys, time
+import statistics
+import sys
+import time
+
 import torch
+
 from swiglu import make_inputs, reference_backward
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 128

@@ -23,7 +23,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from swiglu import make_inputs, reference_backward
+from swiglu import make_inputs
 from swiglu.kernels.configs import bucket_key  # noqa: E402
 from swiglu.kernels.backward import TUNED_CONFIGS_PATH, bucket_for, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x
 
@@ -67,7 +67,7 @@ def measure_ceilings() -> list[dict]:
         rows.append(dict(tokens=0, kernel="ceiling", config=name, config_dict={}, cublas_ms=ms, ms=ms,
                          tflops=float("nan"), err=0.0, compile_s=0.0, note=f"{nbytes / ms / 1e6:.0f} GB/s"))
         print(rows[-1], flush=True)
-    del a, b
+    a = b = None  # freed (the timed lambdas close over the names)
     torch.cuda.empty_cache()
     return rows
 
@@ -176,7 +176,7 @@ def main(argv=None) -> None:
                     traceback.print_exc(limit=2)
                 rows.append(row)
                 print(row, flush=True)
-        del inp, go, x, gate, up, act, gw, uw, dw, d_gate_ref, d_up_ref, h_ref
+        inp = go = x = gate = up = act = gw = uw = dw = d_gate_ref = d_up_ref = h_ref = None  # freed (closures use the names)
         torch.cuda.empty_cache()
     if args.write_best:
         write_best(rows, args.write_best)

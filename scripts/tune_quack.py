@@ -1,7 +1,7 @@
 """Tune quack-kernels' SwiGLU MLP backward (the bench's "quack" peer) for given token counts and
 persist quack's autotune choices, then optionally check and time it against eager.
 
-GPU only (SM90). Run with quack importable: the project's [quack] extra, or on the lent GPU
+GPU only (SM90). Run with quack importable: the lab's [quack] extra, or on the lent GPU
 machine ``. .quack/install2.sh`` after ``.quack/install1.sh`` (PYTHONPATH=/tmp/site/site-packages
 plus its nvidia_cutlass_dsl/dsl_packages; a folder named site-packages on purpose, see
 ``quack_peer.check_install_location``):
@@ -12,7 +12,7 @@ plus its nvidia_cutlass_dsl/dsl_packages; a folder named site-packages on purpos
 For each token count T (ascending) it runs the peer's backward once at the full shape
 (H=16384, I=53248, bf16): quack's first tuned call per shape sweeps its candidate configs for the
 four GEMMs (gemm_dgated, dW2, dx, dW1) and writes the winners as ``<fn>.autotune.json`` under
-``--cache-dir`` (quack's QUACK_CACHE_DIR). The search is ``swiglu.bench.quack_peer``'s (default
+``--cache-dir`` (quack's QUACK_CACHE_DIR). The search is ``swiglu_lab.bench.quack_peer``'s (default
 "reduced"; the bench must use the same, since quack's cache key hashes the candidate list). The
 time bound: a shape is not started when the elapsed time plus an estimate of its own (the
 previous shape's time x max(1.3, 0.8 x the token ratio)) would pass ``--max-minutes``; each finished GEMM is already on disk.
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 
 def parse_args(argv=None):
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from swiglu.bench import quack_peer
+    from swiglu_lab.bench import quack_peer
     from swiglu import make_inputs
 
     device = torch.device("cuda")
@@ -165,7 +165,7 @@ def verify(fn, args, device, quack_peer) -> list[dict]:
     import torch
 
     from swiglu import benchmark_criterion
-    from swiglu.bench.timing import L2Flusher, time_iterations
+    from swiglu_lab.bench.timing import L2Flusher, time_iterations
     from swiglu import make_inputs
     from swiglu import reference_backward
 
@@ -199,7 +199,7 @@ def verify(fn, args, device, quack_peer) -> list[dict]:
                 print(f"verify T={T} median ms: eager {row['eager_median_ms']:.3f}, quack {row['quack_median_ms']:.3f} "
                       f"(x{row['eager_median_ms'] / row['quack_median_ms']:.2f} vs eager)", flush=True)
                 del prepared
-            del inputs
+            inputs = None  # freed (the lambdas above close over it)
             torch.cuda.empty_cache()
         results.append(row)
     return results

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 
 def main(argv=None) -> int:
@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     import torch
 
     import swiglu
-    from swiglu.bench.environment import git_info
-    from swiglu.research import gradient_validation as validate
+    from swiglu_lab.bench.environment import git_info
+    from swiglu_lab.research import gradient_validation as validate
 
     if not torch.cuda.is_available():
         raise SystemExit("validate_gpu.py needs a CUDA GPU (notebook 02 runs the reduced sizes on a CPU)")

@@ -1,4 +1,4 @@
-"""A SYNTHETIC recorded bench run for tests: schema of ``swiglu.bench``, made-up latencies.
+"""A SYNTHETIC recorded bench run for tests: schema of ``swiglu_lab.bench``, made-up latencies.
 
 The numbers are derived from the datasheet SOL times times fixed factors, so tests can check
 aggregates exactly. They go to a tmp folder only: never commit them under data/.
@@ -93,10 +93,10 @@ def write_synthetic_run(
 
 def write_synthetic_tp_run(tp_dir: Path, run_id: str = "20261201T000000Z-synthetic", tp: int = 2,
                            bus_gbps: float = 300.0, latency_ms: float = 0.02, hidden: float = 0.5) -> Path:
-    """A SYNTHETIC ``swiglu.bench.tp`` run: one-GPU time = triton factor x SOL, compute at I/N =
+    """A SYNTHETIC ``swiglu_lab.bench.tp`` run: one-GPU time = triton factor x SOL, compute at I/N =
     one-GPU / N x 1.02, the all-reduce exactly ``latency + bus bytes / bus_gbps``, ``tp_ours`` with
     the fraction ``hidden`` of it overlapped. Writes ``tp_<run_id>.csv``, ``_check.csv``, ``.json``."""
-    from swiglu.research import tp_model
+    from swiglu_lab.bench import tp_model
 
     tp_dir.mkdir(parents=True, exist_ok=True)
     rows, checks = [], []

@@ -101,7 +101,6 @@ def _compare(ours, oracle, dp_rank, dp_size, dtype, compute_dtype=None):
                                    compute_dtype or dtype)
     rounded = copy.deepcopy(oracle)
     want_grads = {}
-    opt = torch.optim.SGD(oracle.parameters(), lr=LR)
     for step, (x, target) in enumerate(batches):
         if compute_dtype is not None:  # compute with the master weights rounded as FSDP casts them
             with torch.no_grad():

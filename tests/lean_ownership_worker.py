@@ -47,7 +47,7 @@ def _expected(device, T, H, I):
 def run_case(case, device, T, H, I, want_grads, want_gate, want_up):
     x, w = _inputs(device, T, H, I)
     keep = []
-    if case == "op_outputs":  # the input: the caller keeps the op's gate/up
+    if case == "op_outputs":  # the caller keeps the op's gate/up
         out, gate, up, _ = torch.ops.swiglu.mlp_forward(x, *w, "triton", False)
         keep = [gate, up]
     elif case == "views":  # only views of them

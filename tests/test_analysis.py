@@ -1,4 +1,4 @@
-"""swiglu.research.analysis (recorded runs, derived tables) and swiglu.research.reproduce's pure logic."""
+"""swiglu_lab.research.analysis (recorded runs, derived tables) and swiglu_lab.research.reproduce's pure logic."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from bench_fixtures import CLOCK_MHZ, FACTORS, POWER_W, write_synthetic_run
 from swiglu import CASES, roofline
-from swiglu.research import analysis
-from swiglu.research import reproduce
+from swiglu_lab.research import analysis
+from swiglu_lab.research import reproduce
 
 
 def test_roofline_table_agrees_with_roofline_module():
@@ -149,7 +149,7 @@ def test_tables_and_figures_survive_a_failed_implementation(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from swiglu.research import plots
+    from swiglu_lab.research import plots
 
     write_synthetic_run(tmp_path)
     rows = analysis.load_run(tmp_path).rows
@@ -215,7 +215,7 @@ def test_power_figures(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from swiglu.research import plots
+    from swiglu_lab.research import plots
 
     write_synthetic_run(tmp_path, power=True)
     run = analysis.load_run(tmp_path)

@@ -1,4 +1,4 @@
-"""Tests of the benchmark harness (swiglu.bench): its pure logic on CPU (statistics, SOL math,
+"""Tests of the benchmark harness (swiglu_lab.bench): its pure logic on CPU (statistics, SOL math,
 CSV schema, append-only storage, summaries), error handling, and one end-to-end CPU smoke run of
 the CLI. Speed itself is measured by the harness on the GPU, never asserted here."""
 
@@ -20,15 +20,15 @@ import pytest
 import torch
 
 from swiglu import make_inputs, reference_backward
-from swiglu.bench import environment, power
-from swiglu.bench.cli import format_summary, main
-from swiglu.bench.impls import IMPLS, BenchImpl, cublas_gemms, default_impls, liger_prepare, make_liger_backward, unavailable_reason
-from swiglu.bench.runner import BenchConfig, check_outputs, pick_hardware, run_benchmark
-from swiglu.bench.schema import COLUMNS, check_row, coerce, read_rows, rows_to_frame
-from swiglu.bench.stats import (Ceilings, add_speedups, per_case_table, power_summary, sol_columns, summary_table,
+from swiglu_lab.bench import environment, power
+from swiglu_lab.bench.cli import format_summary, main
+from swiglu_lab.bench.impls import IMPLS, BenchImpl, cublas_gemms, default_impls, liger_prepare, make_liger_backward, unavailable_reason
+from swiglu_lab.bench.runner import BenchConfig, check_outputs, pick_hardware, run_benchmark
+from swiglu_lab.bench.schema import COLUMNS, check_row, coerce, read_rows, rows_to_frame
+from swiglu_lab.bench.stats import (Ceilings, add_speedups, per_case_table, power_summary, sol_columns, summary_table,
                                 time_stats)
-from swiglu.bench.storage import INDEX_COLUMNS, RunWriter, write_run
-from swiglu.bench.timing import L2Flusher, alternating, time_iterations
+from swiglu_lab.bench.storage import INDEX_COLUMNS, RunWriter, write_run
+from swiglu_lab.bench.timing import L2Flusher, alternating, time_iterations
 from swiglu.workloads import select_cases
 
 H, I = 16384, 53248
@@ -630,3 +630,12 @@ def test_nvidia_smi_fallback_with_a_fake_nvidia_smi(tmp_path, monkeypatch):
     assert cols["power_w"] == pytest.approx(321.5) and cols["sm_clock_mhz"] == pytest.approx(1755.0)
     # No energy counter: mean power x window duration, per iteration.
     assert cols["energy_j"] == pytest.approx(321.5 * cols["energy_window_s"] / 4)
+
+
+def test_median_step_ms_times_after_the_warmup_on_cpu():
+    """The step timers' helper (train_step, forward_probe): warm-up calls untimed, then the median."""
+    from swiglu_lab.bench.timing import median_step_ms
+
+    calls = []
+    ms = median_step_ms(lambda: calls.append(1), 2, 5, "cpu")
+    assert len(calls) == 7 and 0 <= ms < 1000

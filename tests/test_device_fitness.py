@@ -115,7 +115,7 @@ def test_available_impls_on_this_cpu(monkeypatch):
 @pytest.mark.parametrize("props,hip", [(RTX5090, None), (B200, None), (MI300, "6.2.41133")],
                          ids=["sm_120_99KiB", "sm_100", "rocm"])
 def test_auto_takes_the_reference_on_unfit_gpus(fake_gpu, props, hip):
-    """The issue's inputs, through the API that existed before (auto took Triton on all three)."""
+    """Unfit GPUs through the API (auto would take Triton on all three without the fitness check)."""
     fake_gpu(props, hip)
     assert ops.resolve_impl("auto", *_tensors()) == "reference"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swiglu.research import analysis
+from swiglu_lab.research import analysis
 
 ROOT = Path(__file__).parents[1]
 

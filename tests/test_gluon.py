@@ -437,12 +437,12 @@ def test_backward_with_gluon_dswiglu_bitwise_tl(T, H, I, mode):
     tl = {"dswiglu": backward.config_for("dswiglu", T)}
     shapes = [(T, H), (I, H), (I, H), (H, I)]
     results = []
-    for configs in (None, tl):
+    for plan_configs in (None, tl):
         a = list(args)
         if mode == "overwrite":
             a[2], a[3] = a[2].clone(), a[3].clone()
         out = tuple(torch.full(s, float("nan"), device="cuda", dtype=torch.bfloat16) for s in shapes)
-        results.append(backward.triton_swiglu_backward(*a, configs=configs, out=out,
+        results.append(backward.triton_swiglu_backward(*a, configs=plan_configs, out=out,
                                                        overwrite_activations=mode == "overwrite"))
     torch.cuda.synchronize()
     for name, g, w in zip(("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight"), *results):

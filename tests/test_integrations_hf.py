@@ -22,7 +22,6 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers", minversion="5.3")
 
-import swiglu  # noqa: E402
 from swiglu import relative_error  # noqa: E402
 from swiglu.integrations import transformers as swiglu_hf  # noqa: E402
 

@@ -35,7 +35,7 @@ def _run_worker(device, T, H, I, cases, timeout=300):
 
 
 def test_reachable_activations_are_never_consumed(device):
-    """The issue's input (x [4, 16], weights [48, 16] / [16, 48], bf16) and its kind."""
+    """A small input (x [4, 16], weights [48, 16] / [16, 48], bf16) of each kind."""
     _run_worker(device, 4, 16, 48, CASES)
 
 

@@ -81,3 +81,11 @@ def test_lab_saves_notebooks_in_their_committed_form():
     hook = next(a.split("=", 1)[1] for a in lab_command().split() if a.startswith("--ContentsManager.pre_save_hook="))
     module, name = hook.rsplit(".", 1)
     assert callable(getattr(importlib.import_module(module), name))
+
+
+def test_venv_installs_the_library_and_the_lab_in_one_pip_command():
+    """Both editable, together: pip resolves the lab's dependency on swiglu to the clone's library."""
+    text = (ROOT / "Makefile").read_text()
+    install = next(line for line in text.splitlines() if "pip install -q" in line and " -e " in line)
+    assert "-e '.[$(EXTRAS)]'" in install and "-e './lab[$(LAB_EXTRAS)]'" in install, install
+    assert "lab/pyproject.toml" in next(line for line in text.splitlines() if line.startswith("$(STAMP):"))

@@ -13,10 +13,10 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 manager_module = pytest.importorskip("jupyter_server.services.contents.filemanager")
 
-from swiglu.research.notebook_save import clean_notebook  # noqa: E402
+from swiglu_lab.research.notebook_save import clean_notebook  # noqa: E402
 
 NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
-HOOK = "swiglu.research.notebook_save.strip_for_git"
+HOOK = "swiglu_lab.research.notebook_save.strip_for_git"
 
 
 def _as_lab_leaves_it(nb):
@@ -62,7 +62,7 @@ def test_a_run_with_other_choices_writes_under_build(capsys):
     parameters (a subset of cases, another run) sends its figures and tables to
     build/reproduce/ unless overwrite = True; explicit folders are kept. Before, a notebook run
     with two cases rewrote the committed figures, the README's headline among them."""
-    from swiglu.research import analysis
+    from swiglu_lab.research import analysis
 
     root = Path(__file__).parents[1]
     defaults = analysis.parameter_defaults("03_latency", root)
@@ -82,14 +82,16 @@ def test_a_run_with_other_choices_writes_under_build(capsys):
 def test_a_kernel_without_swiglu_is_told_how_to_set_up(path):
     """A plain JupyterLab's python3 kernel, outside the clone's .venv, used to fail at
     ``import swiglu`` with no hint; the cell after the parameters says what to run."""
+    import os
     import subprocess
     import sys
 
     nb = nbformat.reads(path.read_text(), as_version=nbformat.NO_CONVERT)
     check = next(c for c in nb.cells if c.get("id") == "setup-check")
-    # -S: no site-packages, so neither the editable install nor any swiglu is importable.
+    # -S and no PYTHONPATH: no site-packages, so neither the editable installs nor any swiglu_lab is importable.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-S", "-c", check.source], capture_output=True, text=True, timeout=60,
-                          cwd="/")
+                          cwd="/", env=env)
     assert done.returncode != 0 and "make lab" in done.stderr and "ModuleNotFoundError" in done.stderr, done.stderr
     ok = subprocess.run([sys.executable, "-c", check.source], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr

@@ -1,5 +1,5 @@
 """Notebooks: committed without outputs, and every one executes through papermill in the smoke
-configuration (``python -m swiglu.research.reproduce --smoke``), producing its figures and tables.
+configuration (``python -m swiglu_lab.research.reproduce --smoke``), producing its figures and tables.
 
 The smoke run fails when an implementation fails: every implementation the validation notebook
 checks must pass (a Triton backward that raises shows up as rows with status "error ..." and
@@ -23,7 +23,7 @@ import pytest
 
 from bench_fixtures import FACTORS, FLUSH_J, POWER_W, write_synthetic_run, write_synthetic_tp_run
 from swiglu import CASES, roofline
-from swiglu.research import plots, reproduce
+from swiglu_lab.research import plots, reproduce
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -49,7 +49,7 @@ def test_committed_notebook_has_no_outputs(path):
         if cell["cell_type"] != "code":
             continue
         assert cell["outputs"] == [], (
-            f"{path.name} cell {k} has stored outputs: run `python -m swiglu.research.reproduce --strip-outputs`")
+            f"{path.name} cell {k} has stored outputs: run `python -m swiglu_lab.research.reproduce --strip-outputs`")
         assert cell["execution_count"] is None, f"{path.name} cell {k} has an execution count"
     assert "papermill" not in book["metadata"], f"{path.name} is an executed notebook (papermill metadata)"
 
@@ -312,8 +312,8 @@ def test_strip_outputs_restores_the_committed_form(tmp_path):
 
 
 def test_tp_runs_recorded_by_two_commands_are_merged(tmp_path):
-    from swiglu.research import tp_model
-    from swiglu.research import tp_report
+    from swiglu_lab.bench import tp_model
+    from swiglu_lab.research import tp_report
 
     write_synthetic_tp_run(tmp_path, run_id="20261201T000000Z-first")
     csv = write_synthetic_tp_run(tmp_path, run_id="20261201T010000Z-second", hidden=1.0)

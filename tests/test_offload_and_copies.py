@@ -80,8 +80,8 @@ def fused_calls(monkeypatch):
 
 
 def test_offloaded_projections_fall_back_to_the_original_forward(fused_calls):
-    """The issue's input: weights of the projections on meta until their hooks run. Before, the
-    fused op read the meta weights (ValueError: gate_weight is on meta but x is on cpu)."""
+    """Weights of the projections on meta until their hooks run. Without the fallback, the
+    fused op reads the meta weights (ValueError: gate_weight is on meta but x is on cpu)."""
     m, plain = _mlp(), _mlp()
     x = torch.randn(1, 8, dtype=torch.float64)
     swiglu_hf.apply(m)

@@ -126,7 +126,7 @@ def test_parallelize_rejects_a_module_without_the_linears():
 
 
 def test_bench_tp_cli_on_cpu(tmp_path):
-    """`torchrun -m swiglu.bench --tp 2` end to end on gloo (tiny shape, Triton interpreter): the
+    """`torchrun -m swiglu_lab.bench --tp 2` end to end on gloo (tiny shape, Triton interpreter): the
     correctness, training and overlap parts write their records and pass."""
     import os
     import subprocess
@@ -135,7 +135,7 @@ def test_bench_tp_cli_on_cpu(tmp_path):
     import pandas as pd
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-           "-m", "swiglu.bench", "--tp", "2", "--device", "cpu", "--parts", "check,train,overlap", "--cases", "s128_b1",
+           "-m", "swiglu_lab.bench", "--tp", "2", "--device", "cpu", "--parts", "check,train,overlap", "--cases", "s128_b1",
            "--reserve-sms", "8", "--out", str(tmp_path)]
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)

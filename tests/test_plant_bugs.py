@@ -1,6 +1,5 @@
 """scripts/plant_bugs.py's recipes still apply: each bug's text occurs exactly once in its file and
-its tests exist (a recipe that no longer matches would only show when someone reruns the script;
-one did on 2026-12-01, after tests/tp_worker.py gained a second ``os._exit(0)``)."""
+its tests exist (a recipe that no longer matches would only show when someone reruns the script)."""
 
 from __future__ import annotations
 

@@ -27,8 +27,9 @@ from PIL import Image  # noqa: E402
 
 from bench_fixtures import FACTORS, write_synthetic_run, write_synthetic_tp_run  # noqa: E402
 from swiglu import roofline  # noqa: E402
-from swiglu.research import analysis, plots, tp_model, tp_report, train_step  # noqa: E402
-from swiglu.research import gradient_validation as validate  # noqa: E402
+from swiglu_lab.bench import tp_model  # noqa: E402
+from swiglu_lab.research import analysis, plots, tp_report, train_step  # noqa: E402
+from swiglu_lab.research import gradient_validation as validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 README_WIDTH_PX = 800  # the width GitHub's README column shows a figure at, about
@@ -341,8 +342,8 @@ def test_a_line_joining_cases_would_be_caught(table):
 def test_every_benchmark_implementation_has_a_colour_of_its_own():
     """One colour per implementation in every figure: a name without an entry took a cycle colour
     that depended on its position (triton-tl drew as Liger in one figure, as cuBLAS in another)."""
-    from swiglu.bench.impls import IMPLS
-    from swiglu.research.plots import IMPL_STYLE
+    from swiglu_lab.bench.impls import IMPLS
+    from swiglu_lab.research.plots import IMPL_STYLE
 
     missing = sorted(set(IMPLS) - set(IMPL_STYLE))
     assert not missing, f"no IMPL_STYLE entry for {missing}"

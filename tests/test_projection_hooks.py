@@ -1,5 +1,5 @@
 """Hooks, adapters and wrapped projections are never bypassed, and torch.func
-transforms work (item 4).
+transforms work.
 
 ``SwiGLUMLP``'s fused op reads the three weights directly; where a projection's own forward would
 compute something else (hooks, a LoRA adapter, a Linear subclass, a bias, a parametrization that
@@ -183,7 +183,7 @@ def test_plain_module_takes_the_fused_op(monkeypatch):
 
 @pytest.mark.parametrize("save_activated_gate", [False, True])
 def test_torch_func_grad_of_functional_call(save_activated_gate):
-    """Item 4: torch.func.grad (and vmap of it) through functional_call(SwiGLUMLP) gives
+    """torch.func.grad (and vmap of it) through functional_call(SwiGLUMLP) gives
     torch.func.grad of the plain module."""
     from torch.func import functional_call, grad, vmap
 

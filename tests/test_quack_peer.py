@@ -1,4 +1,4 @@
-"""The bench's quack-kernels peer (swiglu.bench.quack_peer) without quack: registration, the
+"""The bench's quack-kernels peer (swiglu_lab.bench.quack_peer) without quack: registration, the
 unavailable reason, metadata fields, the interleaved layouts, the backward wiring against the
 reference through fakes that follow quack 0.6.5's backward contract, the search restriction and
 its configuration through fake quack modules, and scripts/tune_quack.py's CPU-side behaviour.
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from swiglu import make_inputs, reference_backward
-from swiglu.bench import environment, quack_peer
-from swiglu.bench.impls import EXPLICIT_ONLY, IMPLS, default_impls, unavailable_reason
+from swiglu_lab.bench import environment, quack_peer
+from swiglu_lab.bench.impls import EXPLICIT_ONLY, IMPLS, default_impls, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -48,7 +48,7 @@ def test_registered_opt_in_and_described():
 
 
 def test_cli_runs_quack_only_when_named(monkeypatch, tmp_path, capsys):
-    from swiglu.bench import cli
+    from swiglu_lab.bench import cli
 
     seen = []
 
@@ -83,8 +83,8 @@ def test_unavailable_reasons(monkeypatch):
     assert quack_peer.unavailable_reason(cuda) is None
 
 
-def test_pins_match_pyproject():
-    text = (REPO / "pyproject.toml").read_text()
+def test_pins_match_the_lab_pyproject():
+    text = (REPO / "lab" / "pyproject.toml").read_text()
     assert f'"quack-kernels=={quack_peer.QUACK_VERSION}"' in text
     assert f'"nvidia-cutlass-dsl[cu13]=={quack_peer.CUTLASS_DSL_VERSION}"' in text
 

@@ -46,7 +46,7 @@ def test_documented_python_block_runs_as_written(name, line, code):
 
 
 def test_a_block_that_does_not_run_fails():
-    code = "import swiglu\nswiglu.SwiGLUMLP(hidden_size, 2816)\n"  # the kind of slip the issue found
+    code = "import swiglu\nswiglu.SwiGLUMLP(hidden_size, 2816)\n"  # an undefined name, as a stale example has
     with pytest.raises(NameError):
         exec(compile(code, "example", "exec"), {})
 

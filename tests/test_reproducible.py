@@ -24,8 +24,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from swiglu.research import plots, reproduce  # noqa: E402
-from swiglu.research import gradient_validation as validate  # noqa: E402
+from swiglu_lab.research import plots, reproduce  # noqa: E402
+from swiglu_lab.research import gradient_validation as validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TABLE = ROOT / "data" / "derived" / "validation_cpu.csv"
@@ -112,7 +112,8 @@ DERIVED = ROOT / "data" / "derived"
 
 def derived_tables(out: Path) -> None:
     """The writers of notebooks 03, 04 and 05 on the recorded data, as the notebooks call them."""
-    from swiglu.research import analysis, tp_model, tp_report
+    from swiglu_lab.bench import tp_model
+    from swiglu_lab.research import analysis, tp_report
 
     run = analysis.load_run(ROOT / "data" / "bench")
     table = analysis.latency_table(run.rows, analysis.measured_ceilings(run.meta))
@@ -141,7 +142,8 @@ def test_derived_tables_are_the_same_bytes_twice_and_as_committed(tmp_path):
 
 def test_the_all_reduce_fit_is_stable_in_its_last_bits():
     # Another machine's least-squares solve differs in the last bits: the rounded fit does not.
-    from swiglu.research import tp_model, tp_report
+    from swiglu_lab.bench import tp_model
+    from swiglu_lab.research import tp_report
 
     rows = tp_report.load_tp_run(ROOT / "data" / "tp").rows
     here = tp_model.fit_allreduce(rows)
@@ -151,7 +153,7 @@ def test_the_all_reduce_fit_is_stable_in_its_last_bits():
 
 
 def test_committed_readme_and_docs_match_the_committed_data():
-    from swiglu.research import docs_tables
+    from swiglu_lab.research import docs_tables
 
     blocks = docs_tables.render(DERIVED, ROOT / "data" / "bench")
     for name in docs_tables.DOCUMENTS:
@@ -165,7 +167,7 @@ def test_committed_readme_and_docs_match_the_committed_data():
 
 
 def test_a_new_peer_gets_its_own_row_and_column(tmp_path):
-    from swiglu.research import docs_tables
+    from swiglu_lab.research import docs_tables
 
     for name in ("latency_summary.csv", "latency_per_case.csv", "history.csv"):
         frame = pd.read_csv(DERIVED / name)
@@ -231,7 +233,7 @@ def test_reproduce_redraws_the_committed_figures_and_tables_byte_for_byte(tmp_pa
         assert path.read_bytes() == (ROOT / "figures" / path.name).read_bytes(), f"figures/{path.name} differs"
     for path in sorted((tmp_path / "derived").iterdir()):
         assert path.read_bytes() == (DERIVED / path.name).read_bytes(), f"data/derived/{path.name} differs"
-    from swiglu.research import docs_tables
+    from swiglu_lab.research import docs_tables
 
     changed = docs_tables.update(ROOT, tmp_path / "derived", ROOT / "data" / "bench", tmp_path / "docs")
     for path in changed:

@@ -67,8 +67,8 @@ def test_backward_bad_x_is_reported_against_x(request, label):
         swiglu.swiglu_mlp_backward(*args, impl="reference")
 
 
-def test_issue_example_gate_weight_blamed():
-    """The reported case, word for word: gate_weight [128, 32] with x [..., 64]."""
+def test_gate_weight_of_the_wrong_width_is_blamed():
+    """gate_weight [128, 32] with x [..., 64]: the error names gate_weight, not a later operand."""
     x = torch.randn(3, 64)
     gate_weight, up_weight, down_weight = torch.randn(128, 32), torch.randn(128, 64), torch.randn(64, 128)
     with pytest.raises(ValueError, match=r"^gate_weight must have shape \[128, 64\] .*hidden_size 64 from x.*"

@@ -1,7 +1,7 @@
 """A KernelConfig too big for shared memory is a ValueError before any launch.
 
 The estimate itself is checked against Triton's figure for sm_90 in tests/test_triton_compile.py
-(it compiles every launch); here: the table passes, the issue's config is rejected by
+(it compiles every launch); here: the table passes, an oversized config is rejected by
 triton_swiglu_backward with a message naming the kernel, the config, the estimate and the limit,
 and the limit comes from the CUDA device properties when there is a device.
 """
@@ -19,7 +19,7 @@ from swiglu.kernels.backward import CONFIGS, KernelConfig, triton_swiglu_backwar
 
 from triton_checks import SMALL, SMALL_CONFIGS
 
-ISSUE_EXAMPLE = KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True,
+OVERSIZED_DSWIGLU = KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True,
                              flatten=True)
 
 
@@ -43,8 +43,8 @@ def test_every_table_config_fits(kernel):
 OVERSIZED = KernelConfig(BM=256, BN=256, BK=128, EPI_SPLIT=2, num_stages=4, num_warps=8)
 
 
-@pytest.mark.parametrize("kernel,cfg", [("dswiglu", ISSUE_EXAMPLE), ("grad_weights", OVERSIZED), ("grad_x", OVERSIZED)],
-                         ids=["dswiglu-issue_example", "grad_weights-oversized", "grad_x-oversized"])
+@pytest.mark.parametrize("kernel,cfg", [("dswiglu", OVERSIZED_DSWIGLU), ("grad_weights", OVERSIZED), ("grad_x", OVERSIZED)],
+                         ids=["dswiglu-oversized", "grad_weights-oversized", "grad_x-oversized"])
 def test_oversized_config_rejected_before_launch(device, no_kernel_launch, kernel, cfg):
     inp = make_inputs(1, 8, 16, 24, seed=0, device=device)
     configs = {**SMALL_CONFIGS, kernel: cfg}
@@ -60,7 +60,7 @@ def test_oversized_config_rejected_before_launch(device, no_kernel_launch, kerne
 def test_only_launched_kernels_are_checked(device):
     """grad_x's config does not matter when grad_x is not requested (its kernel never runs)."""
     inp = make_inputs(1, 8, 16, 24, seed=0, device=device)
-    configs = {**SMALL_CONFIGS, "grad_x": ISSUE_EXAMPLE}
+    configs = {**SMALL_CONFIGS, "grad_x": OVERSIZED_DSWIGLU}
     grads = triton_swiglu_backward(*inp.as_tuple(), configs=configs, need_grad_x=False)
     assert grads[0] is None and all(torch.isfinite(g).all() for g in grads[1:])
 

@@ -98,7 +98,7 @@ def _check_against_float64(inp, got, seed, skip=()):
 
 
 def test_subnormal_down_weight(device, gemm_without_flush):
-    """The issue's case: every down_weight element subnormal (x 2**-125) and grad_output x 2**125,
+    """Every down_weight element subnormal (x 2**-125) and grad_output x 2**125,
     so every product in g = grad_output @ down_weight is unchanged. grad_x, grad_gate_weight and
     grad_up_weight must equal bit for bit those of the unscaled problem (grad_down_weight =
     grad_output.T @ h would overflow at this scale and is not requested)."""

@@ -1,4 +1,4 @@
-"""swiglu.research.tp_model: the TP summary and scaling model on synthetic rows with known answers."""
+"""swiglu_lab.bench.tp_model: the TP summary and scaling model on synthetic rows with known answers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from swiglu.research import tp_model
+from swiglu_lab.bench import tp_model
 
 H, I = 16384, 53248
 

@@ -1,4 +1,4 @@
-"""swiglu.research.train_step off the GPU: the forward sweep and the step measurement run end to end at a
+"""swiglu_lab.research.train_step off the GPU: the forward sweep and the step measurement run end to end at a
 tiny shape (interpreter on CPU; times are perf_counter's, memory columns 0), the measured table
 round-trips through forward_configs.json, and a written run reads back and plots."""
 
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from swiglu.kernels import forward
-from swiglu.research import train_step
+from swiglu_lab.research import plots, train_step
 from swiglu.kernels.backward import TOKEN_BUCKETS, KernelConfig
 
 matplotlib.use("Agg")
@@ -55,12 +55,12 @@ def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
     train_step.write_run(run, tmp_path / "run")
     back = train_step.load_run(tmp_path / "run")
     assert len(back["steps"]) == len(steps) and set(train_step.summary_table(back["steps"]).variant) >= {"lean"}
-    fig = train_step.plot_train_step(back["steps"])
-    # speed-up, saved bytes, peak memory: one line per variant in each (plus the 1.0x line, and
-    # the floor where allocator statistics exist)
-    assert len(fig.axes) == 3 and [len(ax.lines) for ax in fig.axes] == [5, 4, 4 + (device == "cuda")]
-    plain = fig.axes[0].lines[0]
-    assert list(plain.get_ydata()) == [1.0] * len(plain.get_ydata())
+    fig = plots.training_step_plot(back["steps"])
+    # speed-up, saved bytes, peak memory: one series per variant in each, plain at 1.0x
+    assert len(fig.axes) == 3
+    speed = fig.plotted[fig.plotted["panel"] == "speed-up"]
+    assert set(speed["series"]) == {r["variant"] for r in steps}
+    assert list(speed[speed["series"] == "plain"]["y"]) == pytest.approx([1.0] * len({r["tokens"] for r in steps}))
     assert train_step.load_run(tmp_path / "missing") is None
     _run_notebook_06(tmp_path)
 

@@ -20,7 +20,7 @@ does). ``python tests/test_triton_compile.py`` prints the table.
 The same compiles calibrate ``swiglu.kernels.shared_memory``'s estimate, which ``triton_swiglu_backward``
 checks before launching: it must be at least Triton's figure for every launch of the table and
 for calibration configs around it (compiled here but never launched by the table), and reject
-exactly the configs that do not fit, among them the issue-13 example (279576 bytes).
+exactly the configs that do not fit, among them an oversized example (279576 bytes).
 """
 
 from __future__ import annotations
@@ -171,8 +171,8 @@ def launch_specs() -> list[dict]:
     """Every distinct compile spec the package launches: all three kernels at every token count of
     ``CASES``, of each token bucket (so every configuration in ``CONFIGS`` is reached) and 1 and 7, with all
     four gradients and with a weight gradient alone."""
-    # Plus tiny token counts: an int argument equal to 1 is specialized as a constexpr, which once
-    # broke Triton 3.6's pipeliner (T = 1, seen on the H200; the tests run T = 1 and 7).
+    # Plus tiny token counts: an int argument equal to 1 is specialized as a constexpr, which
+    # breaks Triton 3.6's pipeliner in some configs (T = 1; the tests run T = 1 and 7).
     token_counts = sorted({c.tokens for c in CASES} | set(TOKEN_BUCKETS[:-1]) | {LAST_BUCKET_TOKENS} | SMALL_TOKENS)
     unique: dict[str, dict] = {}
     # The memory-lean mode: the backward with RECOMPUTE_ACT (all gradients, and grad_down_weight
@@ -196,9 +196,9 @@ def oversized_spec() -> dict:
     return spec
 
 
-#: The example that once failed deep inside Triton: 128x256x64 tiles, 3 stages, unsplit epilogue, flattened warp-specialized
+#: An example that fails deep inside Triton without the check: 128x256x64 tiles, 3 stages, unsplit epilogue, flattened warp-specialized
 #: loop: 279576 bytes of shared memory with triton 3.6-3.7, against the H200's 232448.
-ISSUE_EXAMPLE = ("dswiglu", KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8,
+OVERSIZED_EXAMPLE = ("dswiglu", KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8,
                                          warp_specialize=True, flatten=True))
 
 
@@ -206,7 +206,7 @@ def _calibration_configs() -> list[tuple[str, KernelConfig]]:
     """Configurations around the tuned ones, compiled only to check ``swiglu.kernels.shared_memory``'s
     estimate (never launched by the table): every epilogue split, loop kind and store kind, the
     4-warp warp-specialized variants and 64-row tiles."""
-    out = [ISSUE_EXAMPLE]
+    out = [OVERSIZED_EXAMPLE]
     for kernel in KERNEL_NAMES:
         for epi, ws, flat in itertools.product((1, 2, 4), (False, True), (False, True)):
             out.append((kernel, KernelConfig(EPI_SPLIT=epi, warp_specialize=ws, flatten=flat)))
@@ -246,8 +246,8 @@ def calibration_specs() -> list[dict]:
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
 #: A folder holding a second Triton release (``pip install --target``), compiled against as well:
 #: ``make test`` sets it to the GPU machine's release (Makefile GPU_TRITON_VERSION), because a
-#: kernel that builds with the CPU wheel's Triton can still fail with the GPU's (tuning round 6:
-#: a pipeliner failure in 3.6.0 that 3.7.1 did not have).
+#: kernel that builds with the CPU wheel's Triton can still fail with the GPU's (a
+#: pipeliner failure in 3.6.0 that 3.7.1 does not have).
 EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
 
 
@@ -445,11 +445,11 @@ def test_shared_memory_estimate_matches_triton(compiled):
     assert checked >= 60
 
 
-def test_issue_example_needs_more_than_the_h200_has(compiled):
+def test_oversized_example_needs_more_than_the_h200_has(compiled):
     """That config is over the limit by Triton's own figure (279576 bytes with triton
     3.6-3.7; the exact number is the release's business, not pinned here), and so is its estimate."""
-    kernel, cfg = ISSUE_EXAMPLE
-    (spec,) = {_spec_key(s): s for s in _specs() if "calibration" in s["uses"] and _config_of(s) == ISSUE_EXAMPLE}.values()
+    kernel, cfg = OVERSIZED_EXAMPLE
+    (spec,) = {_spec_key(s): s for s in _specs() if "calibration" in s["uses"] and _config_of(s) == OVERSIZED_EXAMPLE}.values()
     real = compiled[_spec_key(spec)]["shared"]
     assert estimate_shared_memory(kernel, cfg) >= real > H200_SHARED_MEMORY_BYTES, (real, compiled[_spec_key(spec)]["triton"])
 

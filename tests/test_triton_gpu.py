@@ -140,8 +140,8 @@ def test_intermediates_are_released_early(need_down, mode):
 def test_release_waits_for_the_queued_kernels_when_gate_up_come_from_another_stream():
     """An activation offloader may bring gate/up back on a side stream (torchtune's
     OffloadActivations): their release must not let that stream reuse the memory while the
-    backward's kernels, queued on the current stream behind a 2 s sleep, still read it. Found by
-    review: all four gradients came out NaN before _release recorded the current stream."""
+    backward's kernels, queued on the current stream behind a 2 s sleep, still read it. Without
+    _release recording the current stream, all four gradients come out NaN."""
     from swiglu.kernels.backward import triton_swiglu_backward
 
     T, H, I = 4096, 2048, 8192

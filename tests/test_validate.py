@@ -1,4 +1,4 @@
-"""swiglu.research.gradient_validation: the float64 and benchmark checks accept the reference and catch wrong outputs."""
+"""swiglu_lab.research.gradient_validation: the float64 and benchmark checks accept the reference and catch wrong outputs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swiglu import make_inputs, reference_backward
-from swiglu.research.gradient_validation import OUTPUT_NAMES, parse_shapes, run_validation, validate_case
+from swiglu_lab.research.gradient_validation import OUTPUT_NAMES, parse_shapes, run_validation, validate_case
 
 H, I = 64, 96
 

@@ -43,8 +43,8 @@ NEEDS = ("need_grad_x", "need_grad_gate_weight", "need_grad_up_weight", "need_gr
 # activated_gate given and recomputed): at most 0.39% of elements not bitwise equal, 0.08% more
 # than 1 ulp off (up to 8 ulps at elements of heavy cancellation), all within the allowance plus
 # the final rounding (excess at most 0.996 ulp), none unexplained, |mean shift| / s.e. at most 2.8.
-# (Before the flips of g and of the transcendentals were in the allowance, the excess reached 19
-# ulps on a random seed: a CI failure of 2026-12-01, seed 1315388796 in test_config_options.)
+# (Without the flips of g and of the transcendentals in the allowance, the excess reaches 19 ulps
+# on some seeds, e.g. 1315388796 in test_config_options.)
 #
 # An output passes when (per device type, ULP_LIMITS):
 # (a) every element: |got - ref| <= max_excess_ulps * ulp + allowance, the allowance being
@@ -79,7 +79,7 @@ U_FP32 = 2.0**-24
 #: off; (a) holds as on the CPU (its allowance grows with K), and (c) is the check with teeth.
 #: (d) is recorded there (tests/test_triton_gpu.py) but not yet enforced: it assumes IEEE fp32
 #: accumulation, which Hopper's wgmma is not documented to do; the limits were set before the
-#: allowance covered flips (57 GPU tests passed with them on 2026-12-01).
+#: allowance covered flips, and the GPU tests pass with them.
 ULP_LIMITS = {
     "cpu": dict(max_excess_ulps=1.0, max_off_fraction=None, max_gt1_fraction=None, max_unexplained_fraction=0.0),
     "cuda": dict(max_excess_ulps=16.0, max_off_fraction=None, max_gt1_fraction=0.05, max_unexplained_fraction=None),

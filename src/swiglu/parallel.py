@@ -40,8 +40,6 @@ from .module import SwiGLUMLP
 from . import ops  # noqa: F401 - defines torch.ops.swiglu.mlp_forward / mlp_backward
 
 AVAILABLE = dist.is_available()
-# swiglu.kernels.backward.ALIGN_ELEMENTS, not imported here (that imports Triton): TMA's 16-byte rows.
-ALIGN_ELEMENTS = 8
 
 if AVAILABLE:
     from torch.distributed.device_mesh import DeviceMesh
@@ -175,7 +173,11 @@ def check_shardable(hidden_size: int, intermediate_size: int, tp: int, *, need_t
             f"intermediate_size={intermediate_size} is not divisible by the tensor-parallel size {tp} "
             f"(hidden_size={hidden_size} is not split): uneven shards are not supported")
     local = intermediate_size // tp
-    if need_triton and local % ALIGN_ELEMENTS:
+    if not need_triton:
+        return
+    from .kernels.common import ALIGN_ELEMENTS  # imports Triton, which need_triton means will run
+
+    if local % ALIGN_ELEMENTS:
         raise ValueError(
             f"local intermediate_size {intermediate_size} / {tp} = {local} is not a multiple of "
             f"{ALIGN_ELEMENTS}: the Triton backward needs 16-byte aligned rows (use an intermediate_size "

@@ -63,7 +63,7 @@ def _num_sms(device_index: int) -> int:
 
 
 #: SMs the persistent kernels leave idle (CUDA only), e.g. for NCCL kernels running beside them
-#: under tensor parallelism (swiglu.bench.tp measures it). 0: one program per SM.
+#: under tensor parallelism (swiglu_lab.bench.tp measures it). 0: one program per SM.
 RESERVED_SMS = 0
 
 

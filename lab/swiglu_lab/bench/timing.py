@@ -11,6 +11,7 @@ mode only) host wall-clock timers replace events and nothing is flushed.
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from typing import Callable
 
@@ -85,6 +86,17 @@ def synchronize(device: torch.device) -> None:
     """Wait for the device (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def median_step_ms(call: Callable[[], object], warmup: int, iters: int, device: torch.device | str) -> float:
+    """Median latency in ms of ``call()`` over ``iters`` iterations after ``warmup`` untimed ones,
+    the device idle before each: the step timers' protocol (training steps, forwards), where the
+    host's time to launch the call counts; no L2 flush. ``time_iterations`` underneath: CUDA
+    events on a GPU, host wall clock elsewhere."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        call()
+    return statistics.median(time_iterations(call, tuple, iters, device, flush=lambda: synchronize(device)))
 
 
 def alternating(sets: list[tuple]) -> Callable[[], tuple]:

@@ -1,7 +1,7 @@
-"""Tensor-parallel runs for notebook 05: load the records ``swiglu.bench.tp`` wrote, fall back to
+"""Tensor-parallel runs for notebook 05: load the records ``swiglu_lab.bench.tp`` wrote, fall back to
 one-GPU bench data for the model, and draw the two figures.
 
-Arithmetic lives in ``swiglu.research.tp_model``; this module reads files and plots.
+Arithmetic lives in ``swiglu_lab.bench.tp_model``; this module reads files and plots.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
+
+from ..bench import tp_model
 from . import analysis
-from . import tp_model
-from ..workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
+from .plots import MAX_WIDTH_IN, MIN_FONT_PT, _dodged, _finish_panels
 
 #: When no TP run is recorded: the all-reduce bus bandwidth measured by a probe on the 2-GPU H200
 #: machine (a [4096, 16384] bf16 all-reduce, 268 MB, 297 GB/s bus bandwidth) and an
@@ -140,8 +142,6 @@ def measured_plot(table: pd.DataFrame, footer: str = "", title: str = "Tensor pa
     module and the same sharded nn.Linear module; and what the TP op costs over its local compute
     (exposed communication and waiting) against the grad_x all-reduce alone (ms). From
     ``tp_model.case_table`` (with ``single_gpu_source``'s one-GPU time)."""
-    from .plots import MAX_WIDTH_IN, _dodged, _finish_panels
-
     t = table.sort_values(["tokens", "case"]).reset_index(drop=True)
     cases = list(t["case"])
     n = int(t["tp"].iloc[0])
@@ -192,8 +192,6 @@ def model_plot(model: pd.DataFrame, measured: pd.DataFrame | None = None, footer
     TP points beside. Right: the all-reduce's time over the per-rank compute against the window
     it could hide behind (0.5: the weight-gradient GEMMs, 3 of the 6). ``model``:
     ``tp_model.model_table``; medians over the cases of each T."""
-    from .plots import MIN_FONT_PT, _dodged, _finish_panels
-
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4.6))
     records: list = []
     colors = {2: "#d62728", 4: "#1f77b4", 8: "#2ca02c"}

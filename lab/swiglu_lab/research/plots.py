@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .. import roofline
+from swiglu import roofline
 from .analysis import IMPL_LABELS, order_impls
 
 #: Widest figure (inches at 150 dpi: 1500 px, shown at ~800 px) and smallest type (points).
@@ -737,7 +737,7 @@ def history_plot(history: pd.DataFrame, footer: str = "", title: str = "Geometri
     return _finish_panels(fig, records, footer, ax, ncol=2, note=note)
 
 
-#: Labels of the training-step variants (``swiglu.research.train_step``'s names).
+#: Labels of the training-step variants (``swiglu_lab.research.train_step``'s names).
 STEP_LABELS = {"plain": "nn.Linear (eager)", "compile": "torch.compile(nn.Linear)",
                "saved": "ours, activated_gate saved", "lean": "ours, memory-lean",
                "lean_cublas": "ours, memory-lean, cuBLAS forward"}

@@ -24,8 +24,8 @@ One process, on one H200 (``scripts/train_step_gpu.py`` calls ``main``; < 5 min)
 Writes ``train_step.csv``, ``forward_tuning.csv``, ``checks.csv``, ``train_step.json`` (all rows
 and metadata: GPU, torch, triton, commit from env SWIGLU_GIT_COMMIT) and
 ``forward_configs.json`` to ``--out`` or $OUT when set; prints a short table last.
-``latest_run``/``load_run`` and ``plot_train_step`` read such a run back from data/train_step/
-(notebooks/06_training_memory.ipynb).
+``latest_run``/``load_run`` read such a run back from data/train_step/ (notebooks/06_training_memory.ipynb
+draws it with ``plots.training_step_plot``).
 """
 
 from __future__ import annotations
@@ -33,13 +33,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 import torch
+
+from swiglu import CASES, benchmark_criterion, make_inputs, relative_error
+from swiglu.memory import saved_activations
+from swiglu.module import PlainSwiGLUMLP, SwiGLUMLP
+from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
+
+from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
+from ..bench.timing import median_step_ms
 
 VARIANTS = ("plain", "compile", "saved", "lean", "lean_cublas")
 LABELS = {"plain": "nn.Linear (eager)", "compile": "torch.compile(nn.Linear)", "saved": "ours, saved act",
@@ -49,26 +56,6 @@ FORWARD_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 # ------------------------------------------------------------------ timing helpers
-
-
-def _median_ms(fn, warmup: int, iters: int, device: str = "cuda") -> float:
-    """Median wall time of fn() in ms: CUDA events on a GPU, perf_counter elsewhere (CPU tests)."""
-    times = []
-    for i in range(warmup + iters):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            ms = (time.perf_counter() - t0) * 1e3
-        if i >= warmup:
-            times.append(ms)
-    return statistics.median(times)
 
 
 def _memory(device: str) -> tuple:
@@ -88,10 +75,8 @@ def _iters(tokens: int, given: tuple[int, int] | None = None) -> tuple[int, int]
 
 def run_checks() -> list[dict]:
     """The GPU checks of the module docstring, one row each (``passed`` and a detail)."""
-    from .. import CASES, benchmark_criterion, make_inputs, relative_error
-    from ..kernels import forward
-    from ..module import PlainSwiGLUMLP, SwiGLUMLP
-    from ..kernels.backward import triton_swiglu_backward
+    from swiglu.kernels import forward
+    from swiglu.kernels.backward import triton_swiglu_backward
 
     rows = []
     atol = min(c.atol for c in CASES)
@@ -155,8 +140,8 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
                  candidates: dict | None = None, iters: tuple[int, int] | None = None) -> tuple[list[dict], dict]:
     """Time the forward (all of it: gate/up, product, down_proj) per candidate and T. Returns the
     rows and the table {bucket: (candidate name, KernelConfig or None, ms)}, fastest per bucket."""
-    from ..kernels import forward
-    from ..kernels.backward import bucket_for
+    from swiglu.kernels import forward
+    from swiglu.kernels.backward import bucket_for
 
     gen = torch.Generator(device=device).manual_seed(0)
     w = [torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5
@@ -166,25 +151,25 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
     for T in tokens:
         x = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16)
         warmup, n = _iters(T, iters)
-        plain_ms = _median_ms(lambda: torch.nn.functional.linear(
+        plain_ms = median_step_ms(lambda: torch.nn.functional.linear(
             torch.nn.functional.silu(x @ w[0].t()) * (x @ w[1].t()), w[2]), warmup, n, device)
         for name, cfg in candidates.items():
-            ms = _median_ms(lambda: forward.triton_swiglu_forward(x, *w, config=cfg), warmup, n, device)
+            ms = median_step_ms(lambda: forward.triton_swiglu_forward(x, *w, config=cfg), warmup, n, device)
             rows.append(dict(tokens=T, candidate=name, ms=ms, plain_ms=plain_ms, speedup_vs_plain=plain_ms / ms,
                              config=None if cfg is None else asdict(cfg)))
         best = min((r for r in rows if r["tokens"] == T), key=lambda r: r["ms"])
         bucket = bucket_for(T)
         # The largest T measured in a bucket decides it; buckets never measured keep their entry.
         table[bucket] = (best["candidate"], candidates[best["candidate"]], best["ms"], T)
-        del x
+        x = None  # freed (the timed lambdas close over it)
     return rows, table
 
 
 def forward_configs_json(table: dict, meta: dict) -> dict:
     """The measured forward table in ``swiglu/kernels/forward_configs.json``'s format."""
-    from ..kernels.configs import bucket_key
+    from swiglu.kernels.configs import bucket_key
 
-    return {"note": "written by swiglu.research.train_step (scripts/train_step_gpu.py); fastest forward per token bucket",
+    return {"note": "written by swiglu_lab.research.train_step (scripts/train_step_gpu.py); fastest forward per token bucket",
             "meta": meta,
             "configs": {bucket_key(b): {"candidate": name, "config": None if cfg is None else asdict(cfg), "ms": ms,
                                  "measured_tokens": T} for b, (name, cfg, ms, T) in sorted(table.items())}}
@@ -213,9 +198,7 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
     """Step time, peak memory and saved activations per variant and T (module docstring); the
     "lean_cublas" variant runs only where the forward table picks the fused kernel. Off CUDA
     (CPU tests) the memory columns are 0 and times are perf_counter's."""
-    from ..kernels import forward
-    from ..memory import saved_activations
-    from ..module import PlainSwiGLUMLP, SwiGLUMLP
+    from swiglu.kernels import forward
 
     if "plain" not in variants:
         raise ValueError(f"variants must include 'plain' (the reference of speedups), got {variants}")
@@ -249,7 +232,7 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
             try:
                 saved = saved_activations(module, x)
                 warmup, n = _iters(T, iters)
-                ms = _median_ms(lambda: _step(module, x, go), warmup, n, device)
+                ms = median_step_ms(lambda: _step(module, x, go), warmup, n, device)
                 sync()
                 for p in module.parameters():
                     p.grad = None
@@ -270,7 +253,7 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
                              saved_TxI=saved.count((T, intermediate_size)),
                              tflops=18 * T * hidden_size * intermediate_size / (ms * 1e-3) / 1e12,
                              forward="fused" if variant == "lean" and fused_here else "cublas"))
-            del module
+            module = None  # freed (the timed lambda closes over it)
             if device == "cuda":
                 torch.cuda.empty_cache()
         plain_ms = next(r["ms"] for r in rows if r["tokens"] == T and r["variant"] == "plain")
@@ -279,7 +262,7 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
             if r["tokens"] == T:
                 r["speedup_vs_plain"] = plain_ms / r["ms"]
                 r["peak_vs_plain"] = r["peak_bytes"] / plain_peak if plain_peak else float("nan")
-        del x, go
+        x = go = None
     return rows
 
 
@@ -330,46 +313,9 @@ def summary_table(steps: pd.DataFrame) -> pd.DataFrame:
     return t[cols]
 
 
-def plot_train_step(steps: pd.DataFrame):
-    """Three panels over T, one line per variant: step time relative to the plain nn.Linear module
-    (speed-up, x), saved activations per layer (GB) and peak memory of the step (GB), with the
-    floor no implementation can go below (dashed; runs that recorded it). Ratios, not
-    milliseconds: the variants differ by a few percent, which a ms axis from 25 to 190 hides."""
-    import matplotlib.pyplot as plt
-
-    fig, (ax_t, ax_m, ax_p) = plt.subplots(1, 3, figsize=(14, 4))
-    markers = dict(zip(VARIANTS, "osD^vx"))
-    for variant in [v for v in VARIANTS if v in set(steps.variant)]:
-        d = steps[steps.variant == variant].sort_values("tokens")
-        kw = dict(marker=markers.get(variant, "o"), label=LABELS[variant], alpha=0.85)
-        ax_t.plot(d.tokens, d.speedup_vs_plain, **kw)
-        ax_m.plot(d.tokens, d.saved_bytes / 1e9, **kw)
-        ax_p.plot(d.tokens, d.peak_bytes / 1e9, **kw)
-    if "floor_bytes" in steps and steps.floor_bytes.notna().any():
-        floor = steps[steps.variant == "plain"].sort_values("tokens")
-        ax_p.plot(floor.tokens, floor.floor_bytes / 1e9, color="k", ls="--", lw=1,
-                  label="floor: weights, inputs, output, all gradients + one [T, I]")
-        ax_p.legend(fontsize=8)
-    for ax, ylabel in ((ax_t, "step speed-up over nn.Linear (x, forward + backward)"),
-                       (ax_m, "saved activations per layer (GB)"), (ax_p, "peak memory of the step (GB)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("tokens T")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-    ax_t.axhline(1.0, color="0.5", lw=0.8)
-    ax_m.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-# ------------------------------------------------------------------ main
-
-
 def main(argv: list[str] | None = None) -> dict:
     """Run the three parts (module docstring) and write the results; returns the run dict."""
-    from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
-    from ..kernels import forward
-    from ..workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
+    from swiglu.kernels import forward
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for the results (default: $OUT)")
@@ -380,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip-checks", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("swiglu.research.train_step needs a CUDA GPU")
+        raise SystemExit("swiglu_lab.research.train_step needs a CUDA GPU")
     H, I = args.hidden_size, args.intermediate_size
     when = utc_now()
     git = git_info()

@@ -10,9 +10,12 @@ import platform
 import subprocess
 import sys
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 
 import torch
+
+from .quack_peer import versions as quack_versions
 
 #: Fields asked of ``nvidia-smi --query-gpu`` (all standard fields; see ``nvidia-smi --help-query-gpu``).
 NVIDIA_SMI_FIELDS = (
@@ -43,9 +46,8 @@ def git_info(repo_dir: str | Path | None = None) -> dict:
     """``{"commit", "dirty", "source"}`` of the source tree: from the env vars
     ``SWIGLU_GIT_COMMIT`` / ``SWIGLU_GIT_DIRTY`` ("1"/"true" means dirty) when the first is set,
     else from git when it works (dirty = a tracked file modified, or an untracked file under
-    src/, code that ran but is not committed), else ``"unknown"``. The env vars win because a copy
-    of the tree on another machine can carry a stale .git (seen on the lent GPU machine: git there
-    named a commit several behind the files)."""
+    src/ or lab/, code that ran but is not committed), else ``"unknown"``. The env vars win because a copy
+    of the tree on another machine can carry a stale .git (naming an older commit than its files)."""
     env_commit = os.environ.get("SWIGLU_GIT_COMMIT")
     if env_commit:
         dirty_env = os.environ.get("SWIGLU_GIT_DIRTY")
@@ -58,7 +60,7 @@ def git_info(repo_dir: str | Path | None = None) -> dict:
     if commit and status is not None:
         changed = [
             line for line in status.splitlines()
-            if line.strip() and (not line.startswith("??") or line[3:].startswith("src/"))
+            if line.strip() and (not line.startswith("??") or line[3:].startswith(("src/", "lab/")))
         ]
         return {"commit": commit.strip(), "dirty": bool(changed), "source": "git"}
     return {"commit": "unknown", "dirty": "unknown", "source": "unknown"}
@@ -98,6 +100,16 @@ def gpu_info(device: torch.device) -> dict:
     }
 
 
+def dist_version(*dists: str) -> str | None:
+    """The installed version of the first of ``dists`` (distribution names) that is installed, else None."""
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
 def software_info() -> dict:
     """Versions of torch, CUDA (torch's build), triton, Python, and the platform string."""
     try:
@@ -106,20 +118,12 @@ def software_info() -> dict:
         triton_version = triton.__version__
     except Exception as exc:  # noqa: BLE001 - record why, never fail a run on it
         triton_version = f"unavailable ({type(exc).__name__})"
-    try:
-        from importlib.metadata import version
-
-        liger_version = version("liger-kernel")
-    except Exception:  # noqa: BLE001
-        liger_version = None
-    from .quack_peer import versions as quack_versions
-
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "triton": triton_version,
-        "liger_kernel": liger_version,
+        "liger_kernel": dist_version("liger-kernel"),
         **quack_versions(),  # quack_kernels, nvidia_cutlass_dsl (CuTe-DSL) and the quack peer's tuning settings
         "python": sys.version.split()[0],
         "platform": platform.platform(),

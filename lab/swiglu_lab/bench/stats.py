@@ -16,7 +16,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from .. import roofline
+from swiglu import roofline
 
 #: Latency statistics written per row, in milliseconds.
 STAT_COLUMNS = ("median_ms", "p20_ms", "p80_ms", "mean_ms", "min_ms")

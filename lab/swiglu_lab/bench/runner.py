@@ -13,7 +13,7 @@ allocations, outputs included) whose outputs are checked against the reference w
 benchmark's criterion. An implementation that raises yields a row with NaN timings,
 ``correct = False`` and the error in ``note``; the run goes on.
 
-Power (GPU runs, ``swiglu.bench.power``): per case, a flush-only loop gives the energy of one L2
+Power (GPU runs, ``swiglu_lab.bench.power``): per case, a flush-only loop gives the energy of one L2
 flush; per implementation, a window around the timed iterations (stretched with untimed
 iterations of the same call to the monitor's ``min_window_s``) gives mean board power, mean SM
 clock, sample count and energy per iteration. CPU runs leave these columns NaN.
@@ -32,11 +32,11 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .. import roofline
-from ..accuracy import benchmark_criterion
-from ..inputs import BENCHMARK_SEED, make_inputs
-from ..reference import reference_backward
-from ..workloads import Case
+from swiglu import roofline
+from swiglu.accuracy import benchmark_criterion
+from swiglu.inputs import BENCHMARK_SEED, make_inputs
+from swiglu.reference import reference_backward
+from swiglu.workloads import Case
 from . import environment
 from .impls import IMPLS, BenchImpl
 from .power import (PowerMonitor, empty_power_columns, extension_iterations, measure_flush_energy, open_monitor,
@@ -206,7 +206,7 @@ def measure_impl(
 def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, flush_nbytes: int,
                    ceiling_record: dict, power_record: dict | None = None) -> dict:
     """The run's metadata record: flat summary keys (``gpu_name``, ``git_commit``, ... as
-    ``swiglu.research.analysis`` reads them), then GPU, software, git, protocol, shape, cases, impls,
+    ``swiglu_lab.research.analysis`` reads them), then GPU, software, git, protocol, shape, cases, impls,
     datasheet and measured ceilings."""
     device = config.device
     warmup, iters = PROTOCOLS[config.protocol]

@@ -1,11 +1,11 @@
-"""Command line of the harness: ``python -m swiglu.bench [options]`` (``make bench BENCH_ARGS=...``).
+"""Command line of the harness: ``python -m swiglu_lab.bench [options]`` (``make bench BENCH_ARGS=...``).
 
 Examples:
-    python -m swiglu.bench                          # all 18 cases, every available impl, full protocol
-    python -m swiglu.bench --quick --cases s128_b8,4096 --impls eager,triton
-    python -m swiglu.bench --max-autotune --cases s211_b16
-    python -m swiglu.bench --device cpu             # tiny CPU smoke run (no GPU needed), into build/bench
-    torchrun --nproc-per-node 2 -m swiglu.bench --tp 2   # tensor parallel on 2 GPUs (swiglu.bench.tp)
+    python -m swiglu_lab.bench                          # all 18 cases, every available impl, full protocol
+    python -m swiglu_lab.bench --quick --cases s128_b8,4096 --impls eager,triton
+    python -m swiglu_lab.bench --max-autotune --cases s211_b16
+    python -m swiglu_lab.bench --device cpu             # tiny CPU smoke run (no GPU needed), into build/bench
+    torchrun --nproc-per-node 2 -m swiglu_lab.bench --tp 2   # tensor parallel on 2 GPUs (swiglu_lab.bench.tp)
 
 GPU runs are written to data/bench/ (committed measurements); a run not made on a GPU goes to
 build/bench/ (untracked scratch) and is refused in data/bench/.
@@ -22,15 +22,17 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .. import roofline
-from ..research.analysis import repo_root
-from ..inputs import BENCHMARK_SEED
-from ..workloads import MODEL_SHAPES, select_cases
+from swiglu import roofline
+from swiglu.inputs import BENCHMARK_SEED
+from swiglu.workloads import MODEL_SHAPES, select_cases
+
+from ..paths import repo_root
 from . import environment
 from .impls import EXPLICIT_ONLY, IMPLS, ORDER, unavailable_reason
 from .runner import display_name, PROTOCOLS, BenchConfig, pick_hardware, run_benchmark
 from .stats import per_case_table, power_summary, summary_table
 from .storage import RunWriter, rebuild_index
+from .tp import main as tp_main
 
 #: CPU smoke defaults: a tiny shape and two small cases.
 CPU_SHAPE = (256, 512)
@@ -53,19 +55,19 @@ BANNERS = {
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the CLI."""
     p = argparse.ArgumentParser(
-        prog="python -m swiglu.bench",
+        prog="python -m swiglu_lab.bench",
         description="Time the SwiGLU MLP backward implementations side by side with the public "
         "benchmark's protocol (SOL-ExecBench L2/005): 10 warm-ups, 50 timed iterations, median, L2 "
         "flushed before every iteration, CUDA events around each call, no CUDA graphs. Writes "
         "<out>/<run_id>.csv (one row per case x impl), <out>/<run_id>.json (run metadata) and a line "
         "in <out>/runs.csv; never overwrites an earlier run. On a GPU it also records mean board power, "
         "mean SM clock and energy per backward beside every timed loop (NVML via nvidia-ml-py, else "
-        "nvidia-smi; see swiglu.bench.power).",
+        "nvidia-smi; see swiglu_lab.bench.power).",
         epilog=f"Implementations: {', '.join(ORDER)}. Default: all available except "
         "compile-max-autotune and quack (name them). 'cublas-gemms' is a lower bound (the six GEMMs alone), not an "
-        "implementation. 'liger' needs liger-kernel installed; 'quack' the [quack] extra (tuned configs: "
+        "implementation. 'liger' needs liger-kernel installed; 'quack' the lab's [quack] extra (tuned configs: "
         "scripts/tune_quack.py). Tensor parallel: torchrun --nproc-per-node N "
-        "-m swiglu.bench --tp N --help (swiglu.bench.tp).",
+        "-m swiglu_lab.bench --tp N --help (swiglu_lab.bench.tp).",
     )
     p.add_argument("--cases", default=None,
                    help="comma-separated case names (s128_b8) and/or token counts (4096 = every case with "
@@ -156,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 usage error such as no GPU without
     ``--device cpu``)."""
     raw = sys.argv[1:] if argv is None else list(argv)
-    if any(a == "--tp" or a.startswith("--tp=") for a in raw):  # tensor parallel: its own CLI (swiglu.bench.tp)
-        from .tp import main as tp_main
-
+    if any(a == "--tp" or a.startswith("--tp=") for a in raw):  # tensor parallel: its own CLI (swiglu_lab.bench.tp)
         return tp_main(raw)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
     config = BenchConfig(cases=cases, hidden_size=hidden, intermediate_size=inter, impls=impls, device=device,
                          protocol=protocol, seed=args.seed, hardware=hardware, skipped=skipped)
-    command = f"python -m swiglu.bench {argv_text}".strip()
+    command = f"python -m swiglu_lab.bench {argv_text}".strip()
     writer: list[RunWriter] = []
 
     def on_start(metadata: dict) -> None:  # reserve the run id; rows are saved case by case

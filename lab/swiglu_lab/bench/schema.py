@@ -43,7 +43,7 @@ COLUMNS: dict[str, str] = {
     "peak_mem_gb": "float",  # the call's own extra memory, 1e9 bytes
     "correct": "bool?",  # <NA>: not applicable (the GEMM-only lower bound)
     "min_match_fraction": "float",
-    # Power and energy (swiglu.bench.power), NaN / empty on CPU and where no backend worked:
+    # Power and energy (swiglu_lab.bench.power), NaN / empty on CPU and where no backend worked:
     "power_w": "float",  # mean sampled board power over the energy window, W
     "sm_clock_mhz": "float",  # mean sampled SM clock over the energy window, MHz
     "power_samples": "int?",  # readings in the window

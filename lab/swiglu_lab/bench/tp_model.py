@@ -1,4 +1,4 @@
-"""Tensor-parallel results and scaling model: pure arithmetic on the rows ``swiglu.bench.tp`` writes.
+"""Tensor-parallel results and scaling model: pure arithmetic on the rows ``swiglu_lab.bench.tp`` writes.
 
 Nothing here touches a device (tested on CPU). Definitions (per case, at TP = N):
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-#: Rows of one run: impl names written by swiglu.bench.tp.
+#: Rows of one run: impl names written by swiglu_lab.bench.tp.
 COMPUTE, ALLREDUCE, TP_OURS, TP_PLAIN_MODULE, TP_OURS_MODULE = (
     "ours_local_compute", "tp_allreduce", "tp_ours", "tp_plain_module", "tp_ours_module")
 BYTES_PER_ELEMENT = 2  # bf16

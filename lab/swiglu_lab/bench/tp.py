@@ -1,4 +1,4 @@
-"""Tensor-parallel checks and timings: ``torchrun --nproc-per-node N -m swiglu.bench --tp N``.
+"""Tensor-parallel checks and timings: ``torchrun --nproc-per-node N -m swiglu_lab.bench --tp N``.
 
 One process per GPU, one NCCL process group (gloo with ``--device cpu``), a 1-D mesh of N ranks;
 ``make bench-tp TP=2``. Every rank holds the whole inputs (same seed) and takes its shard: gate/up
@@ -12,14 +12,14 @@ Parts (``--parts``, in this order; each writes its rows as soon as it ends):
   equal), and the weight-gradient shards compared bit for bit with the single-GPU Triton backward.
 * ``train``: 3 SGD steps of ``swiglu.parallelize(SwiGLUMLP)`` against the unsharded
   ``PlainSwiGLUMLP`` (and the unsharded ``SwiGLUMLP`` as the yardstick of bf16 noise).
-* ``timing``: per case (swiglu.bench protocol: warm-ups, median of CUDA-event times, L2 flushed
+* ``timing``: per case (swiglu_lab.bench protocol: warm-ups, median of CUDA-event times, L2 flushed
   before every iteration, 2 alternating input sets; ranks aligned by a 1-element all-reduce before
   each iteration; an iteration's time is the slowest rank's): ``ours_local_compute`` (our backward
   on the shard, no communication), ``tp_ours`` (the DTensor op path: compute + grad_x all-reduce),
   ``tp_allreduce`` (the collective alone), ``tp_ours_module`` / ``tp_plain_module`` (backward of
   the parallelized ``SwiGLUMLP`` / ``PlainSwiGLUMLP``, forward untimed; real-forward activations).
 * ``model``: ``ours_local_compute`` at local I = I (one GPU, the whole MLP), I/4 and I/8 on every
-  rank's own GPU (the scaling model's inputs, ``swiglu.research.tp_model``).
+  rank's own GPU (the scaling model's inputs, ``swiglu_lab.bench.tp_model``).
 * ``overlap``: ``tp_serial`` (backward, then all-reduce), ``tp_early`` (grad_x first, its
   all-reduce issued async on NCCL's stream while the weight-gradient kernels run) and
   ``tp_early_reserve<k>`` (the same with the weight-gradient kernels leaving k SMs to NCCL:
@@ -47,11 +47,18 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from ..accuracy import benchmark_criterion, relative_error
-from ..inputs import BENCHMARK_SEED, make_inputs
-from ..reference import reference_backward
-from ..workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE, select_cases
-from . import environment
+import swiglu
+import swiglu.parallel  # noqa: F401 - registers the sharding strategies
+from swiglu.accuracy import benchmark_criterion, relative_error
+from swiglu.api import swiglu_mlp_backward
+from swiglu.inputs import BENCHMARK_SEED, make_inputs
+from swiglu.module import PlainSwiGLUMLP
+from swiglu.ops import mlp_backward
+from swiglu.parallel import check_shardable
+from swiglu.reference import reference_backward
+from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE, select_cases
+
+from . import environment, tp_model
 from .runner import OUTPUT_NAMES, PROTOCOLS
 from .stats import time_stats
 from .timing import L2Flusher
@@ -65,8 +72,8 @@ TIMING_COLUMNS = ("run_id", "case", "seq_len", "batch_size", "tokens", "hidden_s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``torchrun ... -m swiglu.bench --tp N`` (``--help`` lists it)."""
-    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m swiglu.bench --tp N", description=__doc__.split("\n")[0])
+    """The command line of ``torchrun ... -m swiglu_lab.bench --tp N`` (``--help`` lists it)."""
+    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m swiglu_lab.bench --tp N", description=__doc__.split("\n")[0])
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel size: must equal torchrun's world size")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)} (default: all)")
     p.add_argument("--cases", default=None, help="case names / token counts (default: all 18; CPU: %s)" % CPU_CASES)
@@ -96,7 +103,7 @@ def init(args) -> tuple:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # our kernels on the CPU (before swiglu.kernels.backward)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
-            raise SystemExit(f"{name} is not set: start with `torchrun --nproc-per-node {args.tp} -m swiglu.bench --tp {args.tp}`")
+            raise SystemExit(f"{name} is not set: start with `torchrun --nproc-per-node {args.tp} -m swiglu_lab.bench --tp {args.tp}`")
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -147,7 +154,7 @@ def metadata(args, device, H, I, cases, protocol) -> dict:
                      "l2_flush": "2 x L2 zeroed before every iteration on every rank" if device.type == "cuda" else "none",
                      "rank_alignment": "1-element all-reduce before each iteration (outside the timed span)",
                      "input_sets": "2 alternating (benchmark-mode inputs; modules: real forward)"},
-        "command": "torchrun -m swiglu.bench " + " ".join(sys.argv[1:]),
+        "command": "torchrun -m swiglu_lab.bench " + " ".join(sys.argv[1:]),
     }
 
 
@@ -174,10 +181,7 @@ def tp_backward(local: tuple, mesh, impl: str) -> tuple:
     """The sharded backward as a parallelized SwiGLUMLP runs it: ``swiglu::mlp_backward`` on
     DTensors (our backward on the local shard), grad_x (Partial) all-reduced to Replicate.
     Returns DTensors: grad_x replicated, weight gradients sharded like the weights."""
-    import swiglu.parallel  # noqa: F401 - registers the sharding strategies
     from torch.distributed.tensor import DTensor, Replicate, Shard
-
-    from ..ops import mlp_backward
 
     go, x, gate, up, act, gw, uw, dw = local
     last = x.dim() - 1
@@ -191,7 +195,7 @@ def overlapped_backward(local: tuple, group, reserve_sms: int | None) -> tuple:
     """Our backward with grad_x's all-reduce started as soon as grad_x exists (async on NCCL's
     stream) while the weight-gradient kernels run; ``reserve_sms`` k leaves k SMs idle in those
     kernels (None: ``serial``, the all-reduce after everything). Returns local tensors."""
-    from ..kernels import backward as tb, common
+    from swiglu.kernels import backward as tb, common
 
     go, x, gate, up, act, gw, uw, dw = (t.reshape(-1, t.shape[-1]) for t in local)
     T, H = go.shape
@@ -310,7 +314,7 @@ def _cleanup(device):
 # ----------------------------------------------------------------------------------------- parts
 def part_check(cases, H, I, device, mesh, impl, seed) -> list[dict]:
     """Correctness per case (module docstring); rows for rank 0's check CSV."""
-    from ..kernels.backward import triton_swiglu_backward
+    from swiglu.kernels.backward import triton_swiglu_backward
 
     rank, tp, rows = mesh.get_local_rank(), mesh.size(), []
     for case in cases:
@@ -350,8 +354,6 @@ def part_check(cases, H, I, device, mesh, impl, seed) -> list[dict]:
 def part_train(H, I, device, mesh, steps, seed) -> dict:
     """SGD steps of the parallelized SwiGLUMLP against the unsharded PlainSwiGLUMLP (rank 0 holds
     it) and the unsharded SwiGLUMLP (the bf16 noise yardstick). Same weights, inputs, lr."""
-    import swiglu
-    from ..module import PlainSwiGLUMLP
 
     rank = mesh.get_local_rank()
     dtype, tokens = torch.bfloat16, (4, 256) if device.type == "cuda" else (2, 8)
@@ -428,9 +430,6 @@ def _cycle(sets):
 def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
     """The ``timing`` part (module docstring): appends one row per case x impl to ``rows``
     (median ms, slowest rank per iteration)."""
-    import swiglu
-    from ..api import swiglu_mlp_backward
-    from ..module import PlainSwiGLUMLP
 
     rank, tp = mesh.get_local_rank(), mesh.size()
     timer = Timer(device, mesh)
@@ -457,7 +456,7 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
             return (work[k["i"] % 2].copy_(bufs[k["i"] % 2]),)
 
         _timed(rows, timer, *common, "tp_allreduce", protocol, lambda b: dist.all_reduce(b, group=mesh.get_group()), fresh)
-        del sets, bufs, work
+        sets = bufs = work = None  # freed (fresh and the lambdas above close over them)
         gen = torch.Generator(device=device).manual_seed(seed)  # same x and grad_output on every rank
         shape = (case.batch_size, case.seq_len, H)
         x = same_everywhere([torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16) for _ in range(2)])
@@ -481,7 +480,7 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
                 return xi.grad  # settled by the timer: its all-reduce counts
 
             _timed(rows, timer, *common, name, protocol, backward, forward)
-        del x, go
+        x = go = None  # freed (forward closes over them)
         _cleanup(device)
     del plain, ours
     _cleanup(device)
@@ -489,8 +488,7 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
 
 def part_model(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
     """The ``model`` part: our one-GPU backward at local I = I, I/4 and I/8 per case (the scaling
-    model's inputs, ``swiglu.research.tp_model``), appended to ``rows``."""
-    from ..api import swiglu_mlp_backward
+    model's inputs, ``swiglu_lab.bench.tp_model``), appended to ``rows``."""
 
     tp = mesh.size()
     timer = Timer(device, mesh)
@@ -530,8 +528,6 @@ def part_overlap(cases, H, I, device, mesh, protocol, seed, reserves, rows) -> N
 # ----------------------------------------------------------------------------------------- main
 def summary_text(rows: pd.DataFrame, checks: pd.DataFrame, train: dict) -> str:
     """The closing table printed by rank 0: correctness, training, per-case times and overlap."""
-    from ..research import tp_model
-
     lines = []
     if not checks.empty:
         failed = checks[~checks["passed"].astype(bool)]
@@ -566,7 +562,6 @@ def main(argv: list[str] | None = None) -> int:
     cpu = device.type == "cpu"
     H = args.hidden_size or (CPU_SHAPE[0] if cpu else HIDDEN_SIZE)
     I = args.intermediate_size or (CPU_SHAPE[1] if cpu else INTERMEDIATE_SIZE)
-    from ..parallel import check_shardable
 
     check_shardable(H, I, args.tp, need_triton=True)
     cases = select_cases(args.cases if args.cases is not None else (CPU_CASES if cpu else None))

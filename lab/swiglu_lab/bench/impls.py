@@ -5,7 +5,7 @@ four gradients, freshly allocated. ``build(device)`` runs once per case outside 
 (``torch.compile`` resets and wraps there); ``prepare(args)`` runs before every iteration, also
 outside the timed region (Liger's in-place kernel gets fresh clones there).
 
-Timing assumption (see ``swiglu.bench.timing``): an implementation may use side streams but must
+Timing assumption (see ``swiglu_lab.bench.timing``): an implementation may use side streams but must
 join the current stream before returning; the harness records CUDA events on the current stream.
 """
 
@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from ..reference import reference_backward
+from swiglu.reference import reference_backward
 from . import quack_peer
 
 BackwardFn = Callable[..., tuple[torch.Tensor, ...]]
@@ -140,14 +140,14 @@ def _build_liger(device: torch.device) -> BackwardFn:
 
 # ------------------------------------------------------------------------------------------ triton
 def _build_triton(device: torch.device) -> BackwardFn:
-    from ..api import swiglu_mlp_backward
+    from swiglu.api import swiglu_mlp_backward
 
     importlib.import_module("swiglu.kernels.backward")  # registers impl="triton"; raises if absent
     return functools.partial(swiglu_mlp_backward, impl="triton")
 
 
 def _build_triton_tl(device: torch.device) -> BackwardFn:
-    from ..kernels.backward import config_for, triton_swiglu_backward
+    from swiglu.kernels.backward import config_for, triton_swiglu_backward
 
     def triton_tl(*args):
         # An explicit config selects the tl kernel (its table entry) for dSwiGLU and the weight gradients.
@@ -220,7 +220,7 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
     if name == "quack":
         return quack_peer.unavailable_reason(device)
     if name == "liger" and importlib.util.find_spec("liger_kernel") is None:
-        return "liger_kernel is not installed (pip install liger-kernel, or the project's [liger] extra); skipped"
+        return "liger_kernel is not installed (pip install liger-kernel, or the lab's [liger] extra); skipped"
     return None
 
 

@@ -1,6 +1,6 @@
 """Recorded benchmark runs and the tables the notebooks derive from them.
 
-Reads what ``swiglu.bench`` records under ``data/bench/``:
+Reads what ``swiglu_lab.bench`` records under ``data/bench/``:
 
 * ``<run_id>.csv``: one row per case x implementation (columns ``run_id, case, tokens,
   hidden_size, intermediate_size, impl, protocol, median_ms, p20_ms, p80_ms, correct, ...``);
@@ -25,10 +25,12 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from .. import roofline
-from ..workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, Case
+from swiglu import roofline
+from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, Case
 
-#: Display order and labels of the implementations ``swiglu.bench`` records.
+from ..paths import repo_root
+
+#: Display order and labels of the implementations ``swiglu_lab.bench`` records.
 IMPL_LABELS = {
     "eager": "eager reference (PyTorch)",
     "compile": "torch.compile (default)",
@@ -40,7 +42,7 @@ IMPL_LABELS = {
     "triton": "swiglu Triton (ours)",
 }
 
-#: The H200 ceilings measured on 2026-11-29 (``docs/problem.md``, "Measured on one H200"):
+#: The H200 ceilings of the spec (``docs/problem.md``, "Measured on one H200"):
 #: device-to-device copy 4.18 TB/s (read + write), cuBLAS bf16 GEMM 760 TFLOP/s at 8192^3.
 #: Used only when no recorded run carries its own ceilings.
 SPEC_H200_CEILINGS = {
@@ -65,20 +67,6 @@ class BenchRun:
             return str(self.rows["protocol"].iloc[0])
         proto = self.meta.get("protocol")
         return str(proto.get("name", "unknown")) if isinstance(proto, dict) else str(proto or "unknown")
-
-
-def repo_root(start: str | Path | None = None) -> Path:
-    """The repository root: the first folder at or above ``start`` (default: the current
-    directory) holding both ``pyproject.toml`` and ``src/swiglu``; else the folder above this
-    package's ``src`` when installed editable; else ``start`` itself."""
-    here = Path(start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / "pyproject.toml").is_file() and (folder / "src" / "swiglu").is_dir():
-            return folder
-    package_root = Path(__file__).resolve().parents[2]
-    if (package_root / "pyproject.toml").is_file():
-        return package_root
-    return here
 
 
 def resolve_path(path: str | Path, root: str | Path | None = None) -> Path:
@@ -186,7 +174,7 @@ def list_runs(bench_dir: str | Path) -> pd.DataFrame:
                 "protocol": protocol,
                 "n_rows": len(head),
                 "n_cases": int(head["case"].nunique()) if "case" in head else 0,
-                # swiglu.bench writes complete=false until a run finishes (a killed run stays so).
+                # swiglu_lab.bench writes complete=false until a run finishes (a killed run stays so).
                 "complete": bool(meta.get("complete", True)),
                 "csv": str(csv),
             }
@@ -508,7 +496,7 @@ def measure_live(
     impls: str | None = None,
     extra_args: Sequence[str] = (),
 ) -> BenchRun:
-    """Run ``python -m swiglu.bench --cases ... [--impls ...] --out bench_dir`` on this machine
+    """Run ``python -m swiglu_lab.bench --cases ... [--impls ...] --out bench_dir`` on this machine
     (needs a CUDA GPU) and return the run it recorded (the newest run in ``bench_dir`` after it).
 
     Raises ``RuntimeError`` when no CUDA GPU is present or the benchmark fails."""
@@ -518,7 +506,7 @@ def measure_live(
         raise RuntimeError("live measurement needs a CUDA GPU; none is visible to torch")
     bench_dir = Path(bench_dir)
     before = set(list_runs(bench_dir)["run_id"])
-    cmd = [sys.executable, "-m", "swiglu.bench", "--cases", str(cases), "--out", str(bench_dir)]
+    cmd = [sys.executable, "-m", "swiglu_lab.bench", "--cases", str(cases), "--out", str(bench_dir)]
     if impls:
         cmd += ["--impls", str(impls)]
     cmd += list(extra_args)
@@ -538,7 +526,7 @@ def slug(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------ power and energy
-#: Per-row power columns ``swiglu.bench`` records since it samples power (absent in older runs).
+#: Per-row power columns ``swiglu_lab.bench`` records since it samples power (absent in older runs).
 POWER_COLUMNS = ("power_w", "sm_clock_mhz", "power_samples", "energy_j", "flush_energy_j",
                  "energy_per_backward_j", "energy_iters", "energy_window_s")
 
@@ -559,7 +547,7 @@ def power_table(rows: pd.DataFrame) -> pd.DataFrame:
     rows have it), sorted like
     ``latency_table``; power columns NaN where the run has none.
 
-    energy_per_backward_j = energy per iteration minus one L2 flush's (``swiglu.bench.power``);
+    energy_per_backward_j = energy per iteration minus one L2 flush's (``swiglu_lab.bench.power``);
     gflop_per_j = 12*T*H*I / 1e9 / energy_per_backward_j; energy_vs_compile = energy_per_backward_j
     over torch.compile's on the same case (NaN where compile has none). Raises ``ValueError``
     when ``case, tokens, impl`` are missing."""

@@ -2,7 +2,7 @@
 
 A document holds each generated table between two markers::
 
-    <!-- generated: headline (swiglu.research.docs_tables; make reproduce) -->
+    <!-- generated: headline (swiglu_lab.research.docs_tables; make reproduce) -->
     | ... |
     <!-- end generated: headline -->
 

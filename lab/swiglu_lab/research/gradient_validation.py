@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import torch
 
-from ..accuracy import benchmark_criterion, relative_error
-from ..api import swiglu_mlp_backward
-from ..inputs import BackwardInputs
-from ..reference import float64_backward, reference_backward
-from ..workloads import RTOL
+from swiglu import api, ops
+from swiglu.accuracy import benchmark_criterion, relative_error
+from swiglu.api import swiglu_mlp_backward
+from swiglu.inputs import BackwardInputs, make_inputs
+from swiglu.reference import float64_backward, reference_backward
+from swiglu.workloads import RTOL
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -157,10 +158,6 @@ def impl_available(name: str) -> tuple[bool, str]:
     """Whether ``swiglu_mlp_backward(impl=name)`` can be resolved here: ``(True, "")`` or
     ``(False, reason)``. Imports the implementation's module (for "triton", set
     ``TRITON_INTERPRET=1`` first on a machine without a GPU)."""
-    from .. import api
-
-    from .. import ops
-
     if name not in api.available_impls():
         if name == "triton":
             return False, ops.triton_reason(api._default_device(), 8, 8) or "Triton cannot run here"
@@ -205,8 +202,6 @@ def run_validation(
     ``(label, impl, output)``."""
     import pandas as pd
     from tqdm import tqdm  # text bar: tqdm.auto wants ipywidgets in notebooks
-
-    from ..inputs import make_inputs
 
     shapes = list(shapes)
     device = torch.device(device)

@@ -47,7 +47,7 @@ from typing import Callable
 
 import torch
 
-#: The versions the ``quack`` extra pins (pyproject.toml): quack-kernels 0.6.5 requires
+#: The versions the lab's ``quack`` extra pins (lab/pyproject.toml): quack-kernels 0.6.5 requires
 #: nvidia-cutlass-dsl>=4.7 and was released when 4.7.1 was the newest CuTe-DSL; 4.8.x breaks
 #: quack 0.6.5's kernel-cache key.
 QUACK_VERSION = "0.6.5"
@@ -80,7 +80,7 @@ def unavailable_reason(device: torch.device) -> str | None:
         return "quack runs on NVIDIA GPUs only (CuTe-DSL kernels, SM90 here); skipped"
     for module, dist in (("quack", "quack-kernels"), ("cutlass", "nvidia-cutlass-dsl")):
         if importlib.util.find_spec(module) is None:
-            return (f"{dist} is not installed (the project's [quack] extra: quack-kernels=={QUACK_VERSION}, "
+            return (f"{dist} is not installed (the lab's [quack] extra: quack-kernels=={QUACK_VERSION}, "
                     f"nvidia-cutlass-dsl[cu13]=={CUTLASS_DSL_VERSION}); skipped")
     return None
 

@@ -1,14 +1,14 @@
 """Execute every notebook and regenerate figures/ and data/derived/: ``make reproduce``.
 
-    python -m swiglu.research.reproduce                 # CPU: recorded H200 data for latency, reduced sizes for validation
-    python -m swiglu.research.reproduce --smoke         # tiny sizes, outputs under build/smoke/ (CI)
-    python -m swiglu.research.reproduce --live          # on a CUDA GPU: re-measure latency, validate at full size
-    python -m swiglu.research.reproduce --only 02       # one notebook (name, number or part of the name)
-    python -m swiglu.research.reproduce --strip-outputs # clear outputs of notebooks saved from JupyterLab
+    python -m swiglu_lab.research.reproduce                 # CPU: recorded H200 data for latency, reduced sizes for validation
+    python -m swiglu_lab.research.reproduce --smoke         # tiny sizes, outputs under build/smoke/ (CI)
+    python -m swiglu_lab.research.reproduce --live          # on a CUDA GPU: re-measure latency, validate at full size
+    python -m swiglu_lab.research.reproduce --only 02       # one notebook (name, number or part of the name)
+    python -m swiglu_lab.research.reproduce --strip-outputs # clear outputs of notebooks saved from JupyterLab
 
 Executed notebooks go to ``build/notebooks/`` (``build/smoke/notebooks/`` with ``--smoke``),
 figures (PNG + SVG) to ``figures/``, derived tables (CSV) to ``data/derived/``, and the tables of
-numbers in README.md and docs/ are regenerated from those (``swiglu.research.docs_tables``);
+numbers in README.md and docs/ are regenerated from those (``swiglu_lab.research.docs_tables``);
 figures whose pixels depend on the machine (CPU error histograms) go to ``build/figures/``, so
 that a run on any machine leaves the committed files unchanged.
 
@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .analysis import repo_root
+from ..paths import repo_root
 
 #: The notebooks, in execution order (file stems under notebooks/).
 NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history", "05_tensor_parallel", "06_training_memory")
@@ -301,7 +301,7 @@ def run(
     if engine not in ("papermill", "python"):
         raise ValueError(f"engine must be 'auto', 'papermill' or 'python', got {engine!r}")
     if engine == "papermill" and not _papermill_available():
-        raise RuntimeError("papermill is not installed: pip install -e '.[notebooks]' or use --engine python")
+        raise RuntimeError("papermill is not installed: pip install -e . -e './lab[notebooks]' or use --engine python")
     if live:
         import torch
 
@@ -356,10 +356,10 @@ def _rel(path: Path, root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swiglu.research.reproduce", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m swiglu_lab.research.reproduce", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="fast CI configuration (tiny sizes, outputs under build/smoke/)")
-    parser.add_argument("--live", action="store_true", help="re-measure latency on the GPU (python -m swiglu.bench) instead of reading data/bench/")
+    parser.add_argument("--live", action="store_true", help="re-measure latency on the GPU (python -m swiglu_lab.bench) instead of reading data/bench/")
     parser.add_argument("--only", default=None, help=f"comma-separated notebooks by name, number or part: {', '.join(NOTEBOOKS)}")
     parser.add_argument("--device", default="auto", help="auto (cuda when present), cuda or cpu")
     parser.add_argument("--run-id", default="", help="recorded bench run to plot (default: the latest full-protocol run)")
