@@ -92,8 +92,9 @@ bench-tp: $(STAMP)  ## tensor-parallel checks and timings on TP GPUs (torchrun; 
 	  { echo "make bench-tp: TP=$(TP) needs $(TP) CUDA GPUs, torch sees $$($(PY) -c 'import torch; print(torch.cuda.device_count())')" >&2; exit 1; }
 	$(PY) -m torch.distributed.run --nproc-per-node $(TP) -m swiglu_lab.bench --tp $(TP) $(BENCH_ARGS)
 
+# The Lab serves the whole clone (README, docs, figures and data beside the notebooks) and opens in notebooks/.
 lab: $(STAMP)  ## open the notebooks in JupyterLab, saving them without outputs (LAB_ARGS="..."; --allow-root when run as root)
-	$(VENV)/bin/jupyter lab notebooks/ --ContentsManager.pre_save_hook=$(LAB_SAVE_HOOK) $(LAB_ROOT_ARGS) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks --ContentsManager.pre_save_hook=$(LAB_SAVE_HOOK) $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
 clean:  ## remove the virtual environment, build outputs and caches
 	rm -rf $(VENV) build .pytest_cache src/*.egg-info lab/*.egg-info

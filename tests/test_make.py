@@ -89,3 +89,13 @@ def test_venv_installs_the_library_and_the_lab_in_one_pip_command():
     install = next(line for line in text.splitlines() if "pip install -q" in line and " -e " in line)
     assert "-e '.[$(EXTRAS)]'" in install and "-e './lab[$(LAB_EXTRAS)]'" in install, install
     assert "lab/pyproject.toml" in next(line for line in text.splitlines() if line.startswith("$(STAMP):"))
+
+
+def test_lab_serves_the_whole_clone_and_opens_in_notebooks():
+    """README, docs and figures can be browsed from the Lab; it opens on the notebooks folder."""
+    args = lab_command().split()
+    root = next(a.split("=", 1)[1] for a in args if a.startswith("--ServerApp.root_dir="))
+    assert Path(root).resolve() == ROOT
+    assert "--LabApp.default_url=/lab/tree/notebooks" in args
+    assert (ROOT / "notebooks").is_dir() and "notebooks/" not in args
+
