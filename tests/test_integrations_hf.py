@@ -248,7 +248,7 @@ def _apply_warns(model, match):
     ("phi3", "packed gate_up_proj"),
     ("gemma", "not SiLU"),
     ("adapter", "not a plain nn.Linear"),
-    ("hook", "up_proj has hooks"),
+    ("hook", "up_proj has a forward hook"),
 ])
 def test_models_it_cannot_serve_are_left_alone(case, match):
     if case == "bias":
@@ -286,7 +286,7 @@ def test_a_hook_added_after_patching_falls_back_with_a_warning(op_calls):
     for model in (ours, plain):
         model.model.layers[1].mlp.down_proj.register_forward_hook(lambda mod, inp, out: seen.append(1) or out * 2)
     ids = batch(7)
-    with pytest.warns(UserWarning, match="runs its original forward: down_proj has hooks"):
+    with pytest.warns(UserWarning, match="runs its original forward: down_proj has a forward hook"):
         logits = ours(ids).logits
     torch.testing.assert_close(logits, plain(ids).logits, rtol=1e-12, atol=1e-12)
     assert len(seen) == 2 and len(op_calls) == 1  # the hook ran in both; layer 0 still used the op

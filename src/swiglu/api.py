@@ -74,39 +74,29 @@ def swiglu_mlp_backward(
     *,
     impl: str = "auto",
 ) -> Gradients:
-    """Gradients of ``out = down_proj(silu(gate_proj(x)) * up_proj(x))`` w.r.t. x and the weights.
+    """Gradients of ``out = down_proj(silu(gate_proj(x)) * up_proj(x))`` w.r.t. x and the three weights.
 
     Args:
-        grad_output: [batch_size, seq_len, H] or [tokens, H], upstream gradient of ``out``.
-        x: same shape as grad_output, the MLP input.
-        gate_output, up_output, activated_gate: [..., I] with x's leading dims, saved by the
-            forward. They are used exactly as given (``activated_gate`` is not recomputed from
-            ``gate_output``), as in the benchmark's reference.
+        grad_output, x: [..., H] (e.g. [batch_size, seq_len, H] or [tokens, H]), any strides.
+        gate_output, up_output, activated_gate: [..., I] with x's leading dims, as saved by the
+            forward; used exactly as given (activated_gate is not recomputed), as in the benchmark.
         gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` / checkpoint layout).
-        impl: ``"reference"`` (PyTorch, the benchmark's bf16 order of operations), ``"triton"``
-            (our Hopper kernels; bf16 tensors on an NVIDIA sm_90+ GPU whose shared memory fits
-            the tables, or any device under ``TRITON_INTERPRET=1``), or ``"auto"``: triton for
-            bf16 CUDA tensors on a GPU the tables were tuned for (sm_90) with hidden_size and
-            intermediate_size multiples of 8, the reference otherwise (``backend_reason`` says
-            why).
+        impl: ``"auto"`` (Triton for bf16 CUDA tensors on a GPU the tables were tuned for, sm_90,
+            with H and I multiples of 8; the reference otherwise, ``backend_reason`` says why),
+            ``"reference"`` (PyTorch, the benchmark's order of operations) or ``"triton"``.
 
     Returns:
-        ``(grad_x, grad_gate_weight, grad_up_weight, grad_down_weight)``: grad_x shaped like x,
-        the weight gradients shaped like their weights, all in the inputs' dtype, freshly
-        allocated (never aliasing an input). Inputs are never modified. Zero tokens (x [0, H],
-        [0, S, H] or [B, 0, H]) work on every impl: empty grad_x, zero weight gradients, no
-        kernel launch.
-
-    Strides: any strides are accepted. The reference works on views; the Triton path copies an
-    input to a contiguous buffer only when its layout is not usable by TMA (last-dim stride 1,
-    16-byte-aligned base and row stride).
+        ``(grad_x, grad_gate_weight, grad_up_weight, grad_down_weight)`` shaped like x and the
+        weights, in the inputs' dtype, freshly allocated; inputs are never modified. Zero tokens
+        give an empty grad_x and zero weight gradients, with no kernel launch.
 
     Raises:
-        TypeError: a non-tensor or sparse argument, a dtype other than float16, bfloat16, float32
-            or float64, a dtype mismatch (triton: not bfloat16), or an ``impl`` that is not a str.
-        ValueError: wrong ranks, mismatched shapes (naming the argument inconsistent with x),
-            different devices, an empty hidden_size or intermediate_size, an unknown ``impl``,
-            or ``"triton"`` on a device or at sizes it cannot run (meta tensors included).
+        TypeError: a non-tensor or sparse argument, a dtype that is not float16/bfloat16/float32/
+            float64 or differs between arguments (triton: bfloat16 only), a non-str ``impl``.
+        ValueError: wrong ranks, mismatched shapes (naming the argument), different devices, an
+            empty H or I, an unknown ``impl``, or ``"triton"`` where it cannot run.
+
+    Strides, copies on the Triton path and non-finite inputs: docs/usage.md.
     """
     check_backward_inputs(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
     impl = ops.resolve_impl(impl, x, gate_weight)

@@ -28,40 +28,27 @@ from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 
 class SwiGLUMLP(nn.Module):
-    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with the fused custom-op backward.
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with the fused backward, as a module.
 
-    Parameters (as in Llama/Hermes checkpoints, so their MLP state dict loads unchanged):
+    Parameters as in Llama/Hermes checkpoints (their MLP state dict loads unchanged):
     ``gate_proj.weight`` [I, H], ``up_proj.weight`` [I, H], ``down_proj.weight`` [H, I], held by
-    ``nn.Linear(bias=False)`` submodules (default ``nn.Linear`` initialisation).
+    ``nn.Linear(bias=False)`` submodules with ``nn.Linear``'s initialisation.
 
     Args:
-        hidden_size: H. intermediate_size: I. Positive ints.
-        impl: ``"auto"`` | ``"reference"`` | ``"triton"`` (see ``swiglu.swiglu_mlp``);
-            ``backward_impl`` is its former name (DeprecationWarning).
-        save_activated_gate: False (default): memory-lean, 2 saved [T, I] activations, activated_gate
-            recomputed in the backward; True: 3 saved, the forward bit for bit nn.Linear's.
-        reuse_saved_buffers: the backward writes d_gate/d_up over the saved gate/up and frees
-            them (lean mode, eager Triton path; two [T, I] fewer at the backward's peak). Not
-            with a saved-tensor hook that keeps what it packs (``swiglu.swiglu_mlp``).
+        hidden_size, intermediate_size: H and I, positive ints.
+        impl, save_activated_gate, reuse_saved_buffers: as ``swiglu.swiglu_mlp`` (``backward_impl``
+            is impl's former name, DeprecationWarning).
         device, dtype: of the weights; the input must match them.
 
-    forward(x): x [..., H] -> [..., H] (zero tokens give an empty output and zero weight
-    gradients, as nn.Linear). Errors as ``swiglu.swiglu_mlp``, with x and the weights checked
-    against the declared hidden_size and intermediate_size.
+    forward(x): [..., H] -> [..., H]; errors as ``swiglu.swiglu_mlp``, with x and the weights
+    checked against hidden_size and intermediate_size.
 
     The fused op reads the three weights directly, so the projections' own forward never runs.
-    Where that would change the result, the module runs the plain PyTorch formula instead,
-    calling ``gate_proj``, ``up_proj`` and ``down_proj`` as modules (their hooks and adapters
-    run, adapters get gradients), and warns once per module instance (``UserWarning`` naming the
-    projection and the reason): a projection that is not exactly ``nn.Linear`` (a LoRA/PEFT
-    wrapper, a quantized or float8 Linear, any subclass), one with a bias, with forward,
-    forward-pre or backward hooks (those of DTensor's parallel styles excepted: ``swiglu.parallel``
-    prepares the MLP's input and output itself), or with parametrizations other than of its
-    weight (a parametrized weight is read through its parametrization and stays on the fused
-    path). Global module hooks (``torch.nn.modules.module.register_module_forward_hook``,
-    used by debugging tools) see the MLP, not its projections. Under ``torch.func`` transforms
-    (``grad``, ``vmap``, ``jacrev`` of ``functional_call``) the plain formula runs without a
-    warning: ``swiglu.swiglu_mlp`` says why.
+    Where that would change the result (a projection that is not exactly ``nn.Linear``, has a bias,
+    hooks other than DTensor's parallel styles', or parametrizations other than of its weight) the
+    module runs the plain formula through the projections as modules and warns once per instance,
+    naming the projection and the reason; under ``torch.func`` transforms it does so silently. The
+    rules in full: docs/usage.md.
     """
 
     def __init__(
@@ -158,26 +145,36 @@ def _fusable_fast(proj: nn.Module) -> bool:
         proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
 
 
+def projection_reason(name: str, proj: nn.Module, *, parallel_style_hooks: bool = True) -> str | None:
+    """Why the fused op, which reads ``proj.weight`` directly, would bypass something projection
+    ``proj`` does (None: it would not): not exactly ``nn.Linear`` (a parametrized weight is fine),
+    parametrizations of more than its weight, a bias, hooks (DTensor parallel styles' pass when
+    ``parallel_style_hooks``: ``swiglu.parallel`` prepares the MLP's input and output itself), or
+    a forward replaced on the instance. The one check of ``SwiGLUMLP`` and the HF integration."""
+    kind = parametrize.type_before_parametrizations(proj)
+    if kind is not nn.Linear:
+        return (f"{name} is a {kind.__module__}.{kind.__qualname__}, not a plain nn.Linear (an adapter, quantized or "
+                "float8 Linear, or a wrapper computes more than x @ weight.T)")
+    if parametrize.is_parametrized(proj) and set(proj.parametrizations) - {"weight"}:
+        return f"{name} has parametrizations of {sorted(set(proj.parametrizations) - {'weight'})}"
+    if proj.bias is not None:
+        return f"{name} has a bias; the fused op has none"
+    for kind_, hooks in (("forward pre-hook", proj._forward_pre_hooks), ("forward hook", proj._forward_hooks),
+                         ("backward hook", proj._backward_hooks), ("backward pre-hook", proj._backward_pre_hooks)):
+        if any(not (parallel_style_hooks and _is_parallel_style_hook(h)) for h in hooks.values()):
+            return f"{name} has a {kind_} (e.g. a tensor-parallel plan, PEFT), which the fused op would not run"
+    if forward_replaced(proj):
+        return (f"{name}'s forward is replaced on the instance (e.g. accelerate's offload or device hooks, "
+                "which load the weight when it runs)")
+    return None
+
+
 def _plain_path_reason(mlp: "SwiGLUMLP") -> str | None:
     """Why the fused op would bypass something ``mlp``'s projections do (None: it would not)."""
     for name in ("gate_proj", "up_proj", "down_proj"):
-        proj = getattr(mlp, name)
-        kind = parametrize.type_before_parametrizations(proj)
-        if kind is not nn.Linear:
-            return (f"{name} is a {kind.__module__}.{kind.__qualname__}, not nn.Linear (an adapter, quantized or "
-                    "float8 Linear, or a wrapper computes more than x @ weight.T)")
-        if parametrize.is_parametrized(proj) and set(proj.parametrizations) - {"weight"}:
-            return f"{name} has parametrizations of {sorted(set(proj.parametrizations) - {'weight'})}"
-        if proj.bias is not None:
-            return f"{name} has a bias"
-        for kind_, hooks in (("forward pre-hook", proj._forward_pre_hooks), ("forward hook", proj._forward_hooks),
-                             ("backward hook", proj._backward_hooks),
-                             ("backward pre-hook", proj._backward_pre_hooks)):
-            if any(not _is_parallel_style_hook(h) for h in hooks.values()):
-                return f"{name} has a {kind_}"
-        if forward_replaced(proj):
-            return (f"{name}'s forward is replaced on the instance (e.g. accelerate's offload or device hooks, "
-                    "which load the weight when it runs)")
+        reason = projection_reason(name, getattr(mlp, name))
+        if reason:
+            return reason
     return None
 
 

@@ -413,31 +413,25 @@ def swiglu_mlp(
     """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with our backward, differentiable in all four.
 
     Args:
-        x: [..., H] (e.g. [batch_size, seq_len, H] or [tokens, H]), any strides. Zero tokens
-            give an empty out and zero weight gradients, no kernel launch.
-        gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` layout). Same floating
-            dtype and device as ``x`` (under ``torch.autocast`` all four are cast to its dtype).
-        impl: ``"auto"`` (Triton for bf16 on a tuned NVIDIA GPU, sm_90; else the reference:
-            ``swiglu.backend_reason`` says why), ``"reference"`` (PyTorch, the benchmark's order
-            of operations, in the inputs' dtype) or ``"triton"`` (bf16; CUDA sm_90+ or
-            ``TRITON_INTERPRET=1``). ``backward_impl``: its former name (DeprecationWarning).
-        save_activated_gate: False (memory-lean): 2 saved [T, I] tensors, activated_gate
-            recomputed with the forward's formula (on the Triton path the forward is
-            ``swiglu.kernels.forward``'s). True: 3 saved, nn.Linear's forward bit for bit.
-        reuse_saved_buffers: with the lean mode on the eager Triton path, the backward writes
-            d_gate/d_up over the saved gate/up and frees them (module docstring: not with a
-            saved-tensor hook that keeps what it packs); a second backward through such a graph
-            is then a RuntimeError. False (default): saved tensors are never written.
+        x: [..., H], any strides; zero tokens give an empty out and zero weight gradients.
+        gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` layout), x's floating
+            dtype and device (under ``torch.autocast`` all four are cast to its dtype).
+        impl: ``"auto"`` | ``"reference"`` | ``"triton"`` as ``swiglu_mlp_backward``
+            (``backward_impl``: its former name, DeprecationWarning).
+        save_activated_gate: False (memory-lean: 2 saved [T, I] tensors, activated_gate recomputed
+            with the forward's formula); True: 3 saved, ``nn.Linear``'s forward bit for bit.
+        reuse_saved_buffers: lean mode on the eager Triton path: the backward writes d_gate/d_up
+            over the saved gate/up and frees them (not with a saved-tensor hook that keeps what it
+            packs). False (default): saved tensors are never written.
 
-    Returns: ``out`` [..., H] in x's dtype (autocast's under autocast). Double backward
-    (``create_graph=True``) runs the reference formula in differentiable ops on recomputed
-    activations. Under ``torch.func`` transforms the same formula runs in plain ops.
+    Returns: out [..., H] in x's dtype (autocast's under autocast). Double backward and
+    ``torch.func`` transforms run the reference formula in differentiable ops (docs/usage.md).
 
     Raises:
         TypeError: a non-tensor, a non-floating or mismatched dtype, ``"triton"`` with a dtype
             other than bf16, a non-str ``impl`` or non-bool ``save_activated_gate``.
-        ValueError: mismatched shapes (naming the argument) or devices, an empty hidden_size or
-            intermediate_size, an unknown ``impl``, ``"triton"`` where it cannot run.
+        ValueError: mismatched shapes (naming the argument) or devices, an empty H or I, an
+            unknown ``impl``, ``"triton"`` where it cannot run.
         RuntimeError: at backward, a second backward through a graph whose buffers were reused.
     """
     if backward_impl is not None:

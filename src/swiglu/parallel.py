@@ -1,29 +1,16 @@
 """Tensor parallelism for ``SwiGLUMLP``: PyTorch's own plan (DeviceMesh, DTensor, ``parallelize_module``).
 
-Megatron-style sharding over a 1-D tensor-parallel (TP) mesh of N ranks (torchtitan's plan):
-``gate_proj`` and ``up_proj`` are ``ColwiseParallel`` (weight [I, H] split along I: ``Shard(0)``),
-``down_proj`` is ``RowwiseParallel`` (weight [H, I] split along I: ``Shard(1)``). Each rank holds
-I/N of the intermediate size and computes a partial sum of the output; H is never split.
-
-``SwiGLUMLP.forward`` calls the custom op ``swiglu::mlp_forward`` on the three weights directly,
-so the ``nn.Linear`` submodules' forward hooks (where Colwise/Rowwise move activations) never
-fire. Instead this module registers DTensor sharding strategies for both custom ops
-(``torch.distributed.tensor.experimental.register_sharding``) and the plan prepares the MLP's
-input and output at the MLP level (``PrepareModuleInputOutput``). DTensor then runs each op on the
-local shards (our backward, Triton on GPU, the reference on CPU, at local I = I/N) and autograd
-does the communication:
-
-* forward: ``out`` is ``Partial`` (a per-rank partial sum) -> all-reduce to ``Replicate``; with
-  sequence parallel, x arrives sharded along the sequence and is all-gathered first, and ``out``
-  is reduce-scattered back to sequence shards;
-* backward: grad_x is ``Partial`` -> all-reduce (reduce-scatter with sequence parallel); with
-  sequence parallel the backward of the output's reduce-scatter all-gathers grad_output (as in
-  Megatron-LM). Weight gradients stay local shards: no communication.
-
-Parameters stay ``DTensor``s (``Shard(0)``/``Shard(1)``), so optimizers, ``state_dict`` (use
-``torch.distributed.checkpoint`` or ``full_tensor()``), gradient accumulation and
+Megatron-style sharding over a 1-D TP mesh of N ranks (torchtitan's plan): ``gate_proj`` and
+``up_proj`` ``ColwiseParallel`` (weight [I, H] split along I: ``Shard(0)``), ``down_proj``
+``RowwiseParallel`` (``Shard(1)``); each rank holds I/N and computes a partial sum of the output.
+``SwiGLUMLP.forward`` is one custom op, so the Linear layers' hooks never fire: this module
+registers DTensor sharding strategies for both custom ops (``register_sharding``) and the plan
+prepares the MLP's input and output at the MLP level. The communication is then one all-reduce of
+the output in the forward and one of grad_x in the backward (sequence parallel: all-gather of x,
+reduce-scatter of the output; all-gather of grad_output, reduce-scatter of grad_x); weight
+gradients stay local shards. Parameters stay ``DTensor``s, so optimizers, ``state_dict`` and
 ``clip_grad_norm_`` work as for any parallelized module. Sources: PyTorch's tensor-parallel
-tutorial and ``torch.distributed.tensor.parallel`` docs; torchtitan's Llama plan.
+tutorial, torchtitan's Llama plan; details and measurements: docs/tensor-parallel.md.
 
 Importing this module registers the sharding strategies (``swiglu.parallelize`` and
 ``swiglu.tensor_parallel_plan`` import it); a script that builds its own DTensor weights for

@@ -1,41 +1,21 @@
 """Hugging Face transformers: the SwiGLU MLPs of Llama, Mistral, Qwen2, Qwen3 and their kin on our op.
 
-Two calls (docs/huggingface.md has the recipe)::
-
     from swiglu.integrations import transformers as swiglu_hf
 
     swiglu_hf.patch_classes()                    # before loading: LlamaMLP, MistralMLP, Qwen2MLP, Qwen3MLP
     model = AutoModelForCausalLM.from_pretrained(...)   # built with the patched classes
-
     names = swiglu_hf.apply(model)               # or after loading/building, on any model
 
-Either way each MLP module keeps its class's ``__init__``, parameters and state-dict names
-(``mlp.gate_proj.weight`` ...): only ``forward`` changes, to ``swiglu.swiglu_mlp(x, gate_proj.weight,
-up_proj.weight, down_proj.weight, ...)`` (our fused custom-op backward; Triton on Hopper in bf16).
-``apply`` swaps each module's class for a subclass that overrides ``forward`` (Liger-style
-instance patch); ``patch_classes`` registers the same subclasses with transformers' own patch
-mapping (``transformers.monkey_patching.register_patch_mapping``, transformers >= 5.3), which
-``from_pretrained`` and ``from_config`` apply while they build the model (or
-``with transformers.monkey_patching.apply_patches():`` around a plain constructor).
-
-Why not the kernel hub (``transformers.integrations.hub_kernels`` / the ``kernels`` package's
-``use_kernel_forward_from_hub`` + ``kernelize``): in transformers 5.24 the MLP classes are not
-decorated with ``use_kernel_forward_from_hub`` (RMSNorm, rotary embeddings, SiLU and a few MoE
-blocks are), so there is no layer name for ``kernelize`` to map, and the hub path downloads
-kernels, which CI and the GPU machines cannot.
-
-Which modules: those whose class's ``forward`` is, as written in its source,
-``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (checked on the AST: 145 MLP classes in
-transformers 5.24, among them LlamaMLP, MistralMLP, Qwen2MLP, Qwen3MLP; not SeedOss's (dropout),
-BitNet's (norm), Falcon-H1's (multipliers)), whose three projections are plain ``nn.Linear`` without
-bias and whose ``act_fn`` is SiLU (``hidden_act`` "silu" or "swish"). Everything else is left
-alone with a ``UserWarning`` naming the modules and the reason: a bias (``mlp_bias=True``), a packed
-``gate_up_proj`` (Phi-3, fused MoE experts), another activation (Gemma's GELU), another forward,
-adapters or quantized layers on the projections (a PEFT LoRA layer is not an ``nn.Linear``) and
-hooks on them (HF or torchtitan tensor-parallel plans on the projections, accelerate's offload
-hooks): the fused op reads the weights directly, so those would be bypassed. The same check runs
-at every forward, so hooks or adapters added after patching make the module fall back to its
-original forward (with a warning) instead of silently skipping them.
+Each MLP keeps its class's ``__init__``, parameters and state-dict names; only ``forward`` changes,
+to ``swiglu.swiglu_mlp`` on the three weights. ``apply`` swaps each module's class for a subclass
+that overrides ``forward``; ``patch_classes`` registers the same subclasses with transformers'
+patch mapping (``transformers.monkey_patching``, transformers >= 5.3). Patched: modules whose
+class's ``forward`` is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` in its source (checked on
+the AST), with plain bias-free ``nn.Linear`` projections and SiLU. Everything else (a bias, a
+packed ``gate_up_proj``, another activation or forward, adapters, quantized layers, hooks,
+accelerate's offloading) is left alone with a ``UserWarning``, also when it appears after
+patching: the check runs at every forward. Recipe, coverage and why not the kernel hub:
+docs/huggingface.md.
 """
 
 from __future__ import annotations
@@ -51,7 +31,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..module import forward_replaced
+from ..module import projection_reason
 from ..ops import _check_impl, _renamed, _swiglu_mlp
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -111,17 +91,12 @@ def _runtime_reason(module: nn.Module) -> str | None:
     Cheap: types, biases and hook dictionaries only, so it runs at every forward."""
     for name in PROJECTIONS:
         proj = getattr(module, name, None)
-        if type(proj) is not nn.Linear:
-            return (f"{name} is a {type(proj).__name__}, not a plain nn.Linear (an adapter, quantized or "
-                    f"parametrized layer would be bypassed by the fused op)")
-        if proj.bias is not None:
-            return f"{name} has a bias (e.g. mlp_bias=True); the fused op has none"
-        if _has_hooks(proj):
-            return (f"{name} has hooks registered (e.g. a tensor-parallel plan, accelerate offloading, PEFT); "
-                    f"the fused op reads the weights directly, so they would not run")
-        if forward_replaced(proj):
-            return (f"{name}'s forward is replaced on the instance (e.g. accelerate's offload or device hooks, "
-                    f"which load the weight when it runs); the fused op reads the weights directly")
+        if not isinstance(proj, nn.Module):
+            return f"{name} is {type(proj).__name__}, not an nn.Linear"
+        # Parallel styles' hooks on a projection belong to a plan the fused op does not run.
+        reason = projection_reason(name, proj, parallel_style_hooks=False)
+        if reason:
+            return reason
     act = getattr(module, "act_fn", None)
     if not _is_silu(act):
         hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)

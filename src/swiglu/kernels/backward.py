@@ -366,8 +366,9 @@ def _release(t: torch.Tensor) -> None:
     # Back to the caching allocator now, as a deleted tensor's memory would be. The allocator
     # reuses a block at once only on the stream that allocated it; an activation offloader may
     # have allocated gate/up on a side stream (torchtune's OffloadActivations), so the current
-    # stream, where the launches that read it are queued, is recorded first (without it a
-    # reviewer's H200 repro reused the block on the side stream under our kernels: NaN gradients).
+    # stream, where the launches that read it are queued, is recorded first (without it the block
+    # was reused on the side stream under our kernels on the H200: NaN gradients,
+    # tests/test_triton_gpu.py::test_release_waits_for_the_queued_kernels_when_gate_up_come_from_another_stream).
     if t.is_cuda:
         t.record_stream(torch.cuda.current_stream(t.device))
     t.untyped_storage().resize_(0)

@@ -26,7 +26,7 @@ class KernelConfig:
     warp_specialize: bool = False
     flatten: bool = False
     # False: one program per tile (several resident per SM, so one's stores could overlap
-    # another's loads); True: one program per SM. Sweeps 3-4 (data/tuning/): persistent won everywhere.
+    # another's loads); True: one program per SM. The sweeps in data/tuning/: persistent won everywhere.
     persistent: bool = True
     # Weight-gradient kernel only: False stores C with plain (non-TMA) stores (never won either).
     tma_store: bool = True
