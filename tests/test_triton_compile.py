@@ -133,6 +133,8 @@ def record_launches(tokens: int, configs: dict | None = None, check_shared: bool
             mp.setattr(kernels, name, _Recorder(name, getattr(kernels, name).fn, launches))
         # Meta tensors pass the device check only as "interpreted"; UPCAST is reset in _launch_spec.
         mp.setattr(common, "INTERPRET", True)
+        mp.setattr(common, "TRITON_INTERPRETS", True)  # also in a GPU process, where triton is compiled
+        common.device_reason.cache_clear()
         mp.setattr(common, "_num_sms", lambda index: H200_SMS)
         num_programs = common.num_programs
         on_h200 = lambda device, tiles, persistent=True: num_programs(torch.device("cuda", 0), tiles, persistent)  # noqa: E731
@@ -146,6 +148,7 @@ def record_launches(tokens: int, configs: dict | None = None, check_shared: bool
             if lean:
                 inputs[4] = None
             triton_backward.triton_swiglu_backward(*inputs, configs=configs, **need)
+    common.device_reason.cache_clear()  # answers given under the fake interpreter go with it
     return launches
 
 
