@@ -1,11 +1,11 @@
 """Time each Triton kernel of the backward alone, per candidate configuration, against cuBLAS.
 
-Run on the GPU:  PYTHONPATH=src python3 scripts/tune_kernels.py --tokens 256,4096 --out $OUT
+Run on the GPU:  PYTHONPATH=src:lab python3 scripts/tune_kernels.py --tokens 256,4096 --out $OUT
 For every token count and kernel it checks the kernel's output against PyTorch (cuBLAS) on the
 same inputs (relative Frobenius error of the difference) and times it with
 ``triton.testing.do_bench`` (median; do_bench zeroes a 256 MB buffer before each rep, which
 flushes L2). Writes ``tuning.csv`` to --out and prints a table. The chosen configurations go
-into ``swiglu.kernels.backward.CONFIGS`` with the run that chose them.
+into ``backward_configs.json`` with the time that chose them (``--write-best``, through ``swiglu_lab.bench.tables``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import triton
 from triton.testing import do_bench
 
 from swiglu import make_inputs
-from swiglu.kernels.configs import bucket_key  # noqa: E402
-from swiglu.kernels.backward import TUNED_CONFIGS_PATH, bucket_for, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x
+from swiglu_lab.bench.tables import backward_table
+from swiglu.kernels.backward import TUNED_CONFIGS_PATH, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x
 
 K = KernelConfig
 # The winners behind tuned_configs.json and their nearest rivals, for a re-run after a kernel
@@ -73,34 +73,15 @@ def measure_ceilings() -> list[dict]:
 
 
 def write_best(rows: list[dict], path: str) -> None:
-    """Fastest correct config (error < 1e-2 against cuBLAS) per kernel, keyed by the token bucket
-    each measured T falls in."""
-    best: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        if r["config"] == "cublas" or r["kernel"] == "ceiling" or not (r["err"] < 1e-2) or not (r["ms"] > 0):
-            continue
-        bucket = bucket_key(bucket_for(r["tokens"]))
-        cur = best.setdefault(r["kernel"], {}).get(bucket)
-        if cur is None or r["ms"] < cur["ms"]:
-            best[r["kernel"]][bucket] = dict(r)
+    """Fastest correct config per kernel and token bucket merged into the table at ``path`` (or
+    the package's when ``path`` does not exist yet): ``swiglu_lab.bench.tables.backward_table``."""
     utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    # Merge: buckets this run did not measure keep their earlier entry (and its utc).
-    base = path if os.path.exists(path) else TUNED_CONFIGS_PATH
-    with open(base) as f:
+    with open(path if os.path.exists(path) else TUNED_CONFIGS_PATH) as f:
         old = json.load(f)
-    table = old["configs"]
-    for entries in table.values():
-        for entry in entries.values():
-            entry.setdefault("utc", old["meta"]["utc"])
-    for k, v in best.items():
-        for b, r in v.items():
-            table.setdefault(k, {})[b] = dict(config=r["config_dict"], measured_tokens=r["tokens"], ms=round(r["ms"], 4),
-                                              tflops=round(r["tflops"], 1), cublas_ms=round(r["cublas_ms"], 4), utc=utc)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, utc=utc,
                 protocol="scripts/tune_kernels.py: triton.testing.do_bench median, L2 flushed by do_bench")
-    # The other sections (the Gluon kernels' entries) are kept as they are.
     with open(path, "w") as f:
-        json.dump({**old, "meta": {**old["meta"], **meta}, "configs": table}, f, indent=1)
+        json.dump(backward_table(rows, old, meta), f, indent=1)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -40,11 +40,10 @@ class _Spy:
         self.ops, self.calls, self.original = ops, [], ops.run_backward
 
     def __enter__(self):
-        def spy(*args, **kw):
-            self.calls.append(dict(types={type(a).__name__ for a in args[:8]}, gate_weight=list(args[5].shape),
-                                   down_weight=list(args[7].shape), x=list(args[1].shape),
-                                   needs=list(args[8])))
-            return self.original(*args, **kw)
+        def spy(tensors, needs, *args, **kw):
+            self.calls.append(dict(types={type(a).__name__ for a in tensors}, gate_weight=list(tensors[5].shape),
+                                   down_weight=list(tensors[7].shape), x=list(tensors[1].shape), needs=list(needs)))
+            return self.original(tensors, needs, *args, **kw)
 
         self.ops.run_backward = spy
         return self

@@ -357,8 +357,8 @@ def check_args(args, got, seed, atol=0.13, **needs):
 class BackwardSpy:
     """Wraps ``swiglu.kernels.backward.launch_backward`` (the launcher every Triton backward goes
     through; ``swiglu.ops`` looks it up at each call) and records each call's inputs as they were
-    before it (clones: a consuming backward overwrites gate/up), its keyword arguments and its
-    outputs. Use as a context manager or with ``monkeypatch.setattr(backward_module,
+    before it (clones: a consuming backward overwrites gate/up), its flags (need_grad_*,
+    overwrite_activations, release_activations) and its outputs. Use as a context manager or with ``monkeypatch.setattr(backward_module,
     "launch_backward", spy)``."""
 
     def __init__(self):
@@ -366,10 +366,12 @@ class BackwardSpy:
 
         self.module, self.real, self.calls = module, module.launch_backward, []
 
-    def __call__(self, *args, **kw):
-        before = [None if a is None else a.detach().clone() for a in args]
-        out = self.real(*args, **kw)
-        self.calls.append((before, kw, out))
+    def __call__(self, tensors, **kw):
+        before = [None if a is None else a.detach().clone() for a in tensors]
+        out = self.real(tensors, **kw)
+        flags = dict(zip(NEEDS, kw.get("needs", (True,) * 4)),
+                     **{k: kw.get(k, False) for k in ("overwrite_activations", "release_activations")})
+        self.calls.append((before, flags, out))
         return out
 
     def __enter__(self):
@@ -384,11 +386,11 @@ class BackwardSpy:
         under tensor parallelism, before the all-reduce)."""
         assert self.calls, "launch_backward was not called"
         for args, kw, out in self.calls:
-            check_args(args, out, seed, atol, **{k: kw.get(k, True) for k in NEEDS})
+            check_args(args, out, seed, atol, **{k: kw[k] for k in NEEDS})
 
     def check(self, got, seed, atol=0.13):
         """The one recorded call's inputs against ``got`` (the gradients as the caller received
         them, e.g. x.grad and the parameters' .grad, in NAMES order; None where not computed)."""
         assert len(self.calls) == 1, f"{len(self.calls)} calls of launch_backward, expected 1"
         args, kw, _ = self.calls[0]
-        check_args(args, got, seed, atol, **{k: kw.get(k, True) for k in NEEDS})
+        check_args(args, got, seed, atol, **{k: kw[k] for k in NEEDS})

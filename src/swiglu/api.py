@@ -8,7 +8,7 @@ import os
 import torch
 
 from . import ops
-from .checks import check_backward_inputs
+from .checks import ALL_NEEDS, check_backward_inputs
 from .reference import Gradients
 
 
@@ -98,7 +98,6 @@ def swiglu_mlp_backward(
 
     Strides, copies on the Triton path and non-finite inputs: docs/usage.md.
     """
-    check_backward_inputs(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
-    impl = ops.resolve_impl(impl, x, gate_weight)
-    return ops.run_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                            down_weight, (True, True, True, True), impl)
+    tensors = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
+    check_backward_inputs(*tensors)
+    return ops.run_backward(tensors, ALL_NEEDS, ops.resolve_impl(impl, x, gate_weight))

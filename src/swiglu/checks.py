@@ -21,6 +21,9 @@ ARG_NAMES = (
     "up_weight",
     "down_weight",
 )
+#: The four gradients, in the order every backward returns them; ``needs`` tuples follow it.
+GRAD_NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
+ALL_NEEDS = (True, True, True, True)
 
 
 @dataclass(frozen=True)
@@ -39,19 +42,8 @@ class Problem:
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def validate_backward_inputs(
-    grad_output: torch.Tensor,
-    x: torch.Tensor,
-    gate_output: torch.Tensor,
-    up_output: torch.Tensor,
-    activated_gate: torch.Tensor,
-    gate_weight: torch.Tensor,
-    up_weight: torch.Tensor,
-    down_weight: torch.Tensor,
-    *,
-    dtypes: tuple[torch.dtype, ...] | None = None,
-) -> Problem:
-    """Check the eight backward inputs and return the problem sizes.
+def validate_backward_inputs(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, ...] | None = None) -> Problem:
+    """Check the eight backward inputs (``ARG_NAMES`` order) and return the problem sizes.
 
     Activations are [batch_size, seq_len, size] or flattened [tokens, size]; all five share their
     leading dimensions, which may be 0 (no tokens). Weights: gate_weight and up_weight [I, H],
@@ -65,12 +57,10 @@ def validate_backward_inputs(
         ValueError: wrong rank, mismatched shapes, different devices, or an empty hidden_size or
             intermediate_size.
     """
-    tensors = dict(
-        zip(
-            ARG_NAMES,
-            (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight),
-        )
-    )
+    if len(tensors) != len(ARG_NAMES):
+        raise TypeError(f"the backward takes {len(ARG_NAMES)} tensors {ARG_NAMES}, got {len(tensors)}")
+    grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = tensors
+    tensors = dict(zip(ARG_NAMES, tensors))
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -221,14 +211,14 @@ def inputs_look_valid(x, gate_weight, up_weight, down_weight, *activations, like
     return all(t.shape == shape for t in like_x) and all(t.shape == act_shape for t in activations)
 
 
-def check_backward_inputs(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                          down_weight, *, any_rank: bool = False) -> None:
-    """The eight backward inputs checked once: ``inputs_look_valid`` (a few comparisons), and
+def check_backward_inputs(*tensors: torch.Tensor, any_rank: bool = False) -> None:
+    """The eight backward inputs (``ARG_NAMES`` order) checked once: ``inputs_look_valid`` (a few comparisons), and
     only when that does not prove them valid, ``validate_backward_inputs`` for the verdict and a
     message naming the argument. ``any_rank``: activations of any rank >= 1 (validated as their
     [tokens, size] flattening), as the reference and the raw op take; otherwise x is [T, H] or
     [B, S, H], as ``swiglu_mlp_backward`` documents."""
-    acts = (grad_output, x, gate_output, up_output, activated_gate)
+    grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = tensors
+    acts = tensors[:5]
     if inputs_look_valid(x, gate_weight, up_weight, down_weight, gate_output, up_output, activated_gate,
                          like_x=(grad_output,), ranks=None if any_rank else (2, 3)):
         return

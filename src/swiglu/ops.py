@@ -179,39 +179,24 @@ def clear_plans() -> None:
 # --------------------------------------------------------------------------- the backward route
 
 
-_NEEDS = ("need_grad_x", "need_grad_gate_weight", "need_grad_up_weight", "need_grad_down_weight")
-
-
-def run_backward(
-    grad_output: torch.Tensor,
-    x: torch.Tensor,
-    gate_output: torch.Tensor,
-    up_output: torch.Tensor,
-    activated_gate: torch.Tensor | None,
-    gate_weight: torch.Tensor,
-    up_weight: torch.Tensor,
-    down_weight: torch.Tensor,
-    needs: tuple[bool, bool, bool, bool],
-    impl: str,
-    consume: bool = False,
-) -> tuple[torch.Tensor | None, ...]:
+def run_backward(tensors, needs: tuple[bool, bool, bool, bool], impl: str,
+                 consume: bool = False) -> tuple[torch.Tensor | None, ...]:
     """The one route from every entry (``swiglu_mlp_backward``, the autograd formulas, the raw op)
     to the backends, for inputs already validated and ``impl`` already resolved ("reference" or
-    "triton"). ``None`` for each gradient not in ``needs``; ``activated_gate`` None: recomputed
-    from gate_output with the forward's formula. ``consume`` (Triton only): write d_gate/d_up
-    over gate_output/up_output and free them after their last reader."""
-    flags = dict(zip(_NEEDS, needs))
+    "triton"). ``tensors``: the eight inputs in ``swiglu.checks.ARG_NAMES`` order
+    (``activated_gate`` None: recomputed from gate_output with the forward's formula); ``needs``:
+    which gradients (``GRAD_NAMES`` order), None for the others. ``consume`` (Triton only): write
+    d_gate/d_up over gate_output/up_output and free them after their last reader."""
     if impl == "reference":
-        if activated_gate is None:
-            activated_gate = activated_gate_of(gate_output)
-        return reference_gradients(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                                   down_weight, **flags)
+        if tensors[4] is None:
+            tensors = (*tensors[:4], activated_gate_of(tensors[2]), *tensors[5:])
+        return reference_gradients(tensors, needs)
     backend = _triton()
-    flat = [None if t is None else t.reshape(-1, t.shape[-1]) for t in (grad_output, x, gate_output, up_output,
-                                                                         activated_gate)]
+    x, gate_weight = tensors[1], tensors[5]
+    flat = tuple(None if t is None else t.reshape(-1, t.shape[-1]) for t in tensors[:5])
     inter, hidden = gate_weight.shape
     plan = backend.backward_plan(flat[1].shape[0], hidden, inter, backend.plan_device(x.device))
-    grad_x, *grad_weights = backend.launch_backward(*flat, gate_weight, up_weight, down_weight, plan=plan, **flags,
+    grad_x, *grad_weights = backend.launch_backward((*flat, *tensors[5:]), plan=plan, needs=needs,
                                                     overwrite_activations=consume, release_activations=consume)
     return (None if grad_x is None else grad_x.reshape(x.shape), *grad_weights)
 
@@ -255,8 +240,8 @@ def _double_backward(grad_output, x, gate_weight, up_weight, down_weight, needs)
     with _no_autocast(x):
         gate_output = F.linear(x, gate_weight)
         up_output = F.linear(x, up_weight)
-        return reference_gradients(grad_output, x, gate_output, up_output, F.silu(gate_output), gate_weight,
-                                   up_weight, down_weight, **dict(zip(_NEEDS, needs)))
+        return reference_gradients((grad_output, x, gate_output, up_output, F.silu(gate_output), gate_weight,
+                                    up_weight, down_weight), needs)
 
 
 class _SwiGLUFunction(torch.autograd.Function):
@@ -291,8 +276,8 @@ class _SwiGLUFunction(torch.autograd.Function):
             and spans_whole_storage(gate_output) and spans_whole_storage(up_output)
         ctx.consumed = consume  # before the launch: a failure after the overwrite must not let a retry read them
         with _no_autocast(x):
-            grads = run_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                                 down_weight, needs, ctx.impl, consume)
+            grads = run_backward((grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
+                                  down_weight), needs, ctx.impl, consume)
         return (*grads, None, None, None)
 
 
@@ -355,8 +340,8 @@ def mlp_backward(
     impl = resolve_impl(impl, x, gate_weight)
     needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
     with _no_autocast(x):
-        grads = run_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                             down_weight, needs, impl)
+        grads = run_backward((grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
+                              down_weight), needs, impl)
     return tuple(g.contiguous() if need else x.new_empty(0) for g, need in zip(grads, needs))
 
 

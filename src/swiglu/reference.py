@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .checks import check_backward_inputs
+from .checks import ALL_NEEDS, check_backward_inputs
 
 Gradients = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # entries None only when not requested
 
@@ -67,33 +67,20 @@ def reference_backward(
     """
     tensors = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
     check_backward_inputs(*tensors, any_rank=True)
-    return reference_gradients(*tensors, need_grad_x=need_grad_x, need_grad_gate_weight=need_grad_gate_weight,
-                               need_grad_up_weight=need_grad_up_weight, need_grad_down_weight=need_grad_down_weight)
+    return reference_gradients(tensors, (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight))
 
 
-def reference_gradients(
-    grad_output: torch.Tensor,
-    x: torch.Tensor,
-    gate_output: torch.Tensor,
-    up_output: torch.Tensor,
-    activated_gate: torch.Tensor,
-    gate_weight: torch.Tensor,
-    up_weight: torch.Tensor,
-    down_weight: torch.Tensor,
-    *,
-    need_grad_x: bool = True,
-    need_grad_gate_weight: bool = True,
-    need_grad_up_weight: bool = True,
-    need_grad_down_weight: bool = True,
-) -> Gradients:
-    """``reference_backward`` without its input check, for callers that validated already. Returns ``(grad_x [*, H], grad_gate_weight [I, H], grad_up_weight [I, H],
-    grad_down_weight [H, I])`` in the inputs' dtype; ``grad_x`` keeps ``x``'s leading dims.
-
-    A gradient whose ``need_*`` flag is False comes back as None, and every step only it uses is
-    skipped (a frozen gate_weight costs no ``d_gate.T @ x``), as the autograd op needs. The
-    sigmoid factor is computed in ``promote_types(dtype, float32)``: float32 for bf16, fp16 and
-    fp32 inputs, as the benchmark does, and float64 for float64 inputs.
+def reference_gradients(tensors, needs: tuple[bool, bool, bool, bool] = ALL_NEEDS) -> Gradients:
+    """``reference_backward`` without its input check, for callers that validated already:
+    ``tensors`` the eight inputs in ``swiglu.checks.ARG_NAMES`` order, ``needs`` which of
+    (grad_x, grad_gate_weight, grad_up_weight, grad_down_weight) to compute. A gradient not needed
+    comes back as None and every step only it uses is skipped (a frozen gate_weight costs no
+    ``d_gate.T @ x``), as the autograd op needs. The sigmoid factor is computed in
+    ``promote_types(dtype, float32)``: float32 for bf16, fp16 and fp32 inputs, as the benchmark
+    does, and float64 for float64 inputs.
     """
+    grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = tensors
+    need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight = needs
     go, xf = _flat(grad_output), _flat(x)
     gate, up, act = _flat(gate_output), _flat(up_output), _flat(activated_gate)
     need_d_gate = need_grad_x or need_grad_gate_weight

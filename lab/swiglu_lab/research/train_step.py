@@ -45,6 +45,8 @@ from swiglu.memory import saved_activations
 from swiglu.module import PlainSwiGLUMLP, SwiGLUMLP
 from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
+from ..bench.tables import forward_table
+
 from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
 from ..bench.timing import median_step_ms
 
@@ -165,14 +167,7 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
     return rows, table
 
 
-def forward_configs_json(table: dict, meta: dict) -> dict:
-    """The measured forward table in ``swiglu/kernels/forward_configs.json``'s format."""
-    from swiglu.kernels.configs import bucket_key
-
-    return {"note": "written by swiglu_lab.research.train_step (scripts/train_step_gpu.py); fastest forward per token bucket",
-            "meta": meta,
-            "configs": {bucket_key(b): {"candidate": name, "config": None if cfg is None else asdict(cfg), "ms": ms,
-                                 "measured_tokens": T} for b, (name, cfg, ms, T) in sorted(table.items())}}
+forward_configs_json = forward_table  # the table's writer lives in swiglu_lab.bench.tables
 
 
 # ------------------------------------------------------------------ 3. training step

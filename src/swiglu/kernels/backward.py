@@ -244,10 +244,9 @@ def triton_swiglu_backward(
     outs = _check_out(out, [t for t in inputs if t is not None], [(T, H), (I, H), (I, H), (H, I)], x.device)
     flat = [None if t is None else t.reshape(-1, t.shape[-1]) for t in inputs[:5]]
     grad_x, *grad_weights = launch_backward(
-        *flat, gate_weight, up_weight, down_weight, plan=plan, need_grad_x=need_grad_x,
-        need_grad_gate_weight=need_grad_gate_weight, need_grad_up_weight=need_grad_up_weight,
-        need_grad_down_weight=need_grad_down_weight, overwrite_activations=overwrite_activations,
-        release_activations=release_activations, out=outs)
+        (*flat, gate_weight, up_weight, down_weight), plan=plan,
+        needs=(need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight),
+        overwrite_activations=overwrite_activations, release_activations=release_activations, out=outs)
     return (None if grad_x is None else grad_x.reshape(x.shape), *grad_weights)
 
 
@@ -259,34 +258,27 @@ def plan_device(device: torch.device) -> torch.device:
 
 
 def launch_backward(
-    grad_output: torch.Tensor,
-    x: torch.Tensor,
-    gate_output: torch.Tensor,
-    up_output: torch.Tensor,
-    activated_gate: torch.Tensor | None,
-    gate_weight: torch.Tensor,
-    up_weight: torch.Tensor,
-    down_weight: torch.Tensor,
+    tensors,
     *,
     plan: BackwardPlan,
-    need_grad_x: bool,
-    need_grad_gate_weight: bool,
-    need_grad_up_weight: bool,
-    need_grad_down_weight: bool,
+    needs: tuple[bool, bool, bool, bool],
     overwrite_activations: bool = False,
     release_activations: bool = False,
     out: list | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """``triton_swiglu_backward`` without its checks: the callers (``swiglu.ops``, the public
-    function above) validated the inputs and made ``plan`` for them. Activations [T, *], weights
-    as given; returns grad_x [T, H] and the weight gradients (None where not needed)."""
+    function above) validated the inputs and made ``plan`` for them. ``tensors``: the eight
+    inputs in ``swiglu.checks.ARG_NAMES`` order, activations [T, *], weights as given; ``needs``:
+    which gradients (``GRAD_NAMES`` order). Returns grad_x [T, H] and the weight gradients (None
+    where not needed)."""
+    grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = tensors
+    need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight = needs
     T, H, I = plan.tokens, plan.hidden_size, plan.intermediate_size
     dev = x.device
     outs = out or (None, None, None, None)
     if T == 0:
         # No tokens (e.g. an MoE expert that got none this step): nothing to launch; the weight
         # gradients are sums over zero tokens, so zeros, and grad_x is empty, as nn.Linear gives.
-        needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
         return tuple(_alloc(buf, shape, dev).zero_() if need else None
                      for buf, shape, need in zip(outs, [(T, H), (I, H), (I, H), (H, I)], needs))
     wgrad_cfg, gluon_wgrad_cfg = plan.grad_weights, plan.gluon_grad_weights
