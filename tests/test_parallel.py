@@ -127,7 +127,8 @@ def test_parallelize_rejects_a_module_without_the_linears():
 
 def test_bench_tp_cli_on_cpu(tmp_path):
     """`torchrun -m swiglu_lab.bench --tp 2` end to end on gloo (tiny shape, Triton interpreter): the
-    correctness, training and overlap parts write their records and pass."""
+    correctness, training and overlap parts write their records and pass, every overlap variant
+    (the sequence-parallel row chunks included, 3 of them uneven) bitwise equal to its serial path."""
     import os
     import subprocess
     import sys
@@ -136,7 +137,7 @@ def test_bench_tp_cli_on_cpu(tmp_path):
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
            "-m", "swiglu_lab.bench", "--tp", "2", "--device", "cpu", "--parts", "check,train,overlap", "--cases", "s128_b1",
-           "--reserve-sms", "8", "--out", str(tmp_path)]
+           "--reserve-sms", "8", "--sp-chunks", "2,3", "--out", str(tmp_path)]
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -149,6 +150,9 @@ def test_bench_tp_cli_on_cpu(tmp_path):
     assert record["nccl_env"]["NCCL_NVLS_ENABLE"] == "0"
     assert "correctness: 4/4 gathered outputs pass" in done.stdout
     rows = pd.read_csv(next(p for p in tmp_path.glob("tp_*.csv") if not p.name.endswith("_check.csv")))
-    assert list(rows["impl"]) == ["tp_serial", "tp_early", "tp_early_reserve8"]
+    assert list(rows["impl"]) == ["tp_serial", "tp_early", "tp_early_reserve8", "tp_sp_serial", "tp_sp_chunks2",
+                                  "tp_sp_chunks3"]
     assert (rows["median_ms"] > 0).all()
-    assert rows["note"].str.contains("bitwise equal to tp_serial: True").all(), rows["note"].tolist()
+    allreduce, sp = rows[~rows["impl"].str.startswith("tp_sp")], rows[rows["impl"].str.startswith("tp_sp")]
+    assert allreduce["note"].str.contains("bitwise equal to tp_serial: True").all(), allreduce["note"].tolist()
+    assert sp["note"].str.contains("bitwise equal to tp_sp_serial: True").all(), sp["note"].tolist()

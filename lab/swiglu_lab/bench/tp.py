@@ -23,7 +23,10 @@ Parts (``--parts``, in this order; each writes its rows as soon as it ends):
 * ``overlap``: ``tp_serial`` (backward, then all-reduce), ``tp_early`` (grad_x first, its
   all-reduce issued async on NCCL's stream while the weight-gradient kernels run) and
   ``tp_early_reserve<k>`` (the same with the weight-gradient kernels leaving k SMs to NCCL:
-  ``swiglu.kernels.common.RESERVED_SMS``). NCCL channel limits: run again with ``--nccl-max-channels``.
+  ``swiglu.kernels.common.RESERVED_SMS``); under sequence parallelism ``tp_sp_serial`` (grad_x,
+  then one reduce-scatter) and ``tp_sp_chunks<k>`` (grad_x in k row chunks per rank block, each
+  reduced to its rank while the next computes: ``sp_backward``); every variant checked bitwise
+  against its serial path. NCCL channel limits: run again with ``--nccl-max-channels``.
 
 Outputs (rank 0, ``--out``, default data/tp): ``tp_<run_id>.csv`` (timings, one row per case x
 impl x local I), ``tp_<run_id>_check.csv`` (correctness per case x output), ``tp_<run_id>.json``
@@ -84,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=None)
     p.add_argument("--intermediate-size", type=int, default=None)
     p.add_argument("--reserve-sms", default="8,16,32", help="overlap part: SMs left to NCCL (comma-separated)")
+    p.add_argument("--sp-chunks", default="2,4",
+                   help="overlap part: row chunks of the sequence-parallel grad_x per rank block (comma-separated; "
+                        "empty: no sequence-parallel rows)")
     p.add_argument("--nccl-max-channels", type=int, default=None,
                    help="sets NCCL_MAX_NCHANNELS (and NCCL_MIN_NCHANNELS to 1) before NCCL starts")
     p.add_argument("--train-steps", type=int, default=3)
@@ -220,6 +226,54 @@ def overlapped_backward(local: tuple, group, reserve_sms: int | None) -> tuple:
     else:
         work.wait()  # the current stream waits for NCCL's before anything reads grad_x
     return grad_x.reshape(local[1].shape), ggw, guw, gdw
+
+
+def sp_backward(local: tuple, group, chunks: int | None) -> tuple:
+    """Our backward under sequence parallelism, grad_x reduce-scattered along the tokens (rank r
+    keeps rows r*T/N .. (r+1)*T/N of the gathered sequence); ``local`` as ``shard`` gives it (x and
+    grad_output gathered, the rest this rank's I shard). ``chunks`` None: grad_x whole, then one
+    ``reduce_scatter_tensor`` (the serial reference). ``chunks`` k: each rank's block of grad_x in
+    k row chunks, computed in order, each reduced (``dist.reduce``, async) to the rank that keeps
+    it as soon as its GEMM is enqueued while the next chunk computes; the weight-gradient kernels
+    after the last chunk overlap the last reductions. Every chunk runs the serial T's grad_x
+    config, so each row has the same tiles and K order, and each element the same sum (at TP = 2:
+    a + b either way): bitwise the serial path's. Returns local tensors: this rank's grad_x rows
+    and its weight-gradient shards."""
+    from swiglu.kernels import backward as tb
+
+    go, x, gate, up, act, gw, uw, dw = (t.reshape(-1, t.shape[-1]) for t in local)
+    T, H = go.shape
+    I = gw.shape[0]
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    if T % n:
+        raise ValueError(f"sequence parallelism over {n} ranks needs tokens divisible by {n}, got {T}")
+    rows = T // n
+    dev = go.device
+    cfg_d, cfg_w, cfg_x = (tb.config_for(k, T) for k in ("dswiglu", "grad_weights", "grad_x"))
+    d_gate, d_up, h = (torch.empty((T, I), device=dev, dtype=torch.bfloat16) for _ in range(3))
+    tb.launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
+    grad_x = torch.empty((T, H), device=dev, dtype=torch.bfloat16)
+    works = []
+    if chunks is None:
+        tb.launch_grad_x(d_gate, d_up, gw, uw, grad_x, cfg_x)
+        mine = torch.empty((rows, H), device=dev, dtype=torch.bfloat16)
+        dist.reduce_scatter_tensor(mine, grad_x, group=group)
+    else:
+        cuts = [rows * j // chunks for j in range(chunks + 1)]
+        for owner in range(n):
+            for lo, hi in zip(cuts, cuts[1:]):
+                part = slice(owner * rows + lo, owner * rows + hi)
+                if hi > lo:
+                    tb.launch_grad_x(d_gate[part], d_up[part], gw, uw, grad_x[part], cfg_x)
+                    works.append(dist.reduce(grad_x[part], dst=dist.get_global_rank(group, owner), group=group,
+                                             async_op=True))
+        mine = grad_x[rank * rows:(rank + 1) * rows]
+    ggw, guw = (torch.empty((I, H), device=dev, dtype=torch.bfloat16) for _ in range(2))
+    gdw = torch.empty((H, I), device=dev, dtype=torch.bfloat16)
+    tb.launch_grad_weights(d_gate, d_up, h, x, go, ggw, guw, gdw, cfg_w)
+    for work in works:
+        work.wait()  # the current stream waits for the reductions before anything reads grad_x
+    return mine, ggw, guw, gdw
 
 
 # ----------------------------------------------------------------------------------------- timing
@@ -502,26 +556,35 @@ def part_model(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
             _cleanup(device)
 
 
-def part_overlap(cases, H, I, device, mesh, protocol, seed, reserves, rows) -> None:
+def part_overlap(cases, H, I, device, mesh, protocol, seed, reserves, rows, sp_chunks=()) -> None:
     """The ``overlap`` part: ``tp_serial``, ``tp_early`` and ``tp_early_reserve<k>`` for k in
-    ``reserves`` per case, each checked bitwise against ``tp_serial``, appended to ``rows``."""
+    ``reserves`` per case, each checked bitwise against ``tp_serial``; then, under sequence
+    parallelism, ``tp_sp_serial`` and ``tp_sp_chunks<k>`` for k in ``sp_chunks`` (``sp_backward``),
+    each checked bitwise against ``tp_sp_serial``; appended to ``rows``."""
     rank, tp, group = mesh.get_local_rank(), mesh.size(), mesh.get_group()
     timer = Timer(device, mesh)
-    variants = [("tp_serial", None), ("tp_early", 0)] + [(f"tp_early_reserve{k}", k) for k in reserves]
+    variants = [("tp_serial", "tp_serial", lambda a: overlapped_backward(a, group, None))]
+    variants += [("tp_early", "tp_serial", lambda a: overlapped_backward(a, group, 0))]
+    variants += [(f"tp_early_reserve{k}", "tp_serial", lambda a, k=k: overlapped_backward(a, group, k)) for k in reserves]
+    if sp_chunks:
+        variants += [("tp_sp_serial", "tp_sp_serial", lambda a: sp_backward(a, group, None))]
+        variants += [(f"tp_sp_chunks{k}", "tp_sp_serial", lambda a, k=k: sp_backward(a, group, k)) for k in sp_chunks]
     for case in cases:
         inputs = same_everywhere(make_inputs(case.batch_size, case.seq_len, H, I, seed=seed, device=device).as_tuple())
         sets = _sets(shard(inputs, rank, tp))
         del inputs
-        serial = [t.clone() for t in overlapped_backward(sets[0], group, None)]
-        for name, reserve in variants:
-            _timed(rows, timer, case, H, I, tp, I // tp, name, protocol,
-                   lambda *a, r=reserve: overlapped_backward(a, group, r), _cycle(sets))
-            got = overlapped_backward(sets[0], group, reserve)
-            same = torch.tensor([int(all(torch.equal(a, b) for a, b in zip(got, serial)))], device=device)
+        baselines = {}
+        for name, baseline, fn in variants:
+            if name == baseline:
+                baselines[name] = [t.clone() for t in fn(sets[0])]
+            _timed(rows, timer, case, H, I, tp, I // tp, name, protocol, lambda *a, fn=fn: fn(a), _cycle(sets))
+            got = fn(sets[0])
+            same = torch.tensor([int(all(torch.equal(a, b) for a, b in zip(got, baselines[baseline])))], device=device)
             dist.all_reduce(same, op=dist.ReduceOp.MIN)
-            rows[-1]["note"] = (rows[-1]["note"] + "; " if rows[-1]["note"] else "") + f"bitwise equal to tp_serial: {bool(same.item())}"
+            note = f"bitwise equal to {baseline}: {bool(same.item())}"
+            rows[-1]["note"] = (rows[-1]["note"] + "; " if rows[-1]["note"] else "") + note
             del got
-        del sets, serial
+        del sets, baselines
         _cleanup(device)
 
 
@@ -541,7 +604,7 @@ def summary_text(rows: pd.DataFrame, checks: pd.DataFrame, train: dict) -> str:
         cols = ["case", "tokens", "single_ms", "compute_ms", "allreduce_ms", "tp_ours_ms", "tp_ours_module_ms",
                 "tp_plain_module_ms", "overlap", "efficiency"]
         lines.append(table[[c for c in cols if c in table]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        over = rows[rows["impl"].str.startswith("tp_serial") | rows["impl"].str.startswith("tp_early")]
+        over = rows[rows["impl"].str.startswith(("tp_serial", "tp_early", "tp_sp_"))]
         if not over.empty:
             lines.append("overlap attempts, median ms:")
             lines.append(over.pivot_table(index="case", columns="impl", values="median_ms", sort=False)
@@ -606,7 +669,8 @@ def main(argv: list[str] | None = None) -> int:
             part_model(cases, H, I, device, mesh, impl, protocol, args.seed, rows)
         elif part == "overlap":
             reserves = [int(k) for k in args.reserve_sms.split(",") if k.strip()]
-            part_overlap(cases, H, I, device, mesh, protocol, args.seed, reserves, rows)
+            sp_chunks = [int(k) for k in args.sp_chunks.split(",") if k.strip()]
+            part_overlap(cases, H, I, device, mesh, protocol, args.seed, reserves, rows, sp_chunks)
         seconds[part] = round(time.perf_counter() - t0, 1)
         save()
     if rank == 0:
