@@ -136,7 +136,7 @@ def test_bench_tp_cli_on_cpu(tmp_path):
     import pandas as pd
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-           "-m", "swiglu_lab.bench", "--tp", "2", "--device", "cpu", "--parts", "check,train,overlap", "--cases", "s128_b1",
+           "-m", "swiglu_lab.bench", "--tp", "2", "--device", "cpu", "--parts", "check,train,overlap,timeline", "--cases", "s128_b1",
            "--reserve-sms", "8", "--sp-chunks", "2,3", "--out", str(tmp_path)]
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
@@ -156,3 +156,8 @@ def test_bench_tp_cli_on_cpu(tmp_path):
     allreduce, sp = rows[~rows["impl"].str.startswith("tp_sp")], rows[rows["impl"].str.startswith("tp_sp")]
     assert allreduce["note"].str.contains("bitwise equal to tp_serial: True").all(), allreduce["note"].tolist()
     assert sp["note"].str.contains("bitwise equal to tp_sp_serial: True").all(), sp["note"].tolist()
+    events = pd.read_csv(next(tmp_path.glob("tp_*_timeline.csv")))
+    assert set(events["variant"]) == {"tp_serial", "tp_early", "tp_sp_serial", "tp_sp_chunks2", "tp_sp_chunks3"}
+    assert set(events["rank"]) == {0, 1} and set(events["kind"]) == {"compute", "comm"}
+    assert (events["end_us"] >= events["start_us"]).all() and (events.groupby("variant")["start_us"].min() == 0).all()
+    assert "exposed_comm" in done.stdout

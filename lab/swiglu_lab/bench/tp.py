@@ -27,6 +27,9 @@ Parts (``--parts``, in this order; each writes its rows as soon as it ends):
   then one reduce-scatter) and ``tp_sp_chunks<k>`` (grad_x in k row chunks per rank block, each
   reduced to its rank while the next computes: ``sp_backward``); every variant checked bitwise
   against its serial path. NCCL channel limits: run again with ``--nccl-max-channels``.
+* ``timeline``: one ``torch.profiler`` trace per case and variant of the overlap part on every
+  rank, the kernels' start and end on the host's clock, aligned (``swiglu_lab.bench.timeline``):
+  where the exposed communication goes, rank by rank (``tp_<run_id>_timeline.csv``).
 
 Outputs (rank 0, ``--out``, default data/tp): ``tp_<run_id>.csv`` (timings, one row per case x
 impl x local I), ``tp_<run_id>_check.csv`` (correctness per case x output), ``tp_<run_id>.json``
@@ -66,7 +69,7 @@ from .runner import OUTPUT_NAMES, PROTOCOLS
 from .stats import time_stats
 from .timing import L2Flusher
 
-PARTS = ("check", "train", "timing", "model", "overlap")
+PARTS = ("check", "train", "timing", "model", "overlap", "timeline")
 CPU_SHAPE = (64, 128)  # --device cpu: tiny, I/8 = 16 stays a multiple of 8
 CPU_CASES = "s128_b1,s256_b2"
 TIMING_COLUMNS = ("run_id", "case", "seq_len", "batch_size", "tokens", "hidden_size", "intermediate_size", "tp",
@@ -588,6 +591,53 @@ def part_overlap(cases, H, I, device, mesh, protocol, seed, reserves, rows, sp_c
         _cleanup(device)
 
 
+def part_timeline(cases, H, I, device, mesh, seed, reserve, sp_chunks) -> list[dict]:
+    """The ``timeline`` part: per case, one profiled backward of ``tp_serial``, ``tp_early`` (with
+    ``reserve`` SMs left to NCCL), ``tp_sp_serial`` and ``tp_sp_chunks<k>`` on every rank after two
+    warm-ups, the ranks aligned by a barrier and a 1-element all-reduce first; the kernels each
+    rank ran (``timeline.profiler_events``: the device's kernels on a GPU, top-level ops on a CPU)
+    gathered on rank 0 as rows of ``timeline.TIMELINE_COLUMNS``, times aligned per backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from . import timeline
+
+    rank, tp, group = mesh.get_local_rank(), mesh.size(), mesh.get_group()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    variants = [("tp_serial", lambda a: overlapped_backward(a, group, None)),
+                ("tp_early", lambda a: overlapped_backward(a, group, reserve))]
+    if sp_chunks:
+        variants += [("tp_sp_serial", lambda a: sp_backward(a, group, None))]
+        variants += [(f"tp_sp_chunks{k}", lambda a, k=k: sp_backward(a, group, k)) for k in sp_chunks]
+    mine = []
+    for case in cases:
+        inputs = same_everywhere(make_inputs(case.batch_size, case.seq_len, H, I, seed=seed, device=device).as_tuple())
+        local = shard(inputs, rank, tp)
+        del inputs
+        for name, fn in variants:
+            for _ in range(2):
+                fn(local)
+            ping = torch.ones(1, device=device)
+            dist.barrier()
+            dist.all_reduce(ping, group=group)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            with profile(activities=activities) as prof:
+                fn(local)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            mine += [dict(case=case.name, tokens=case.tokens, variant=name, rank=rank, name=e["name"],
+                          kind=timeline.kind_of(e["name"]), start_us=e["start_us"], end_us=e["end_us"])
+                     for e in timeline.profiler_events(prof, device.type)]
+        del local
+        _cleanup(device)
+    gathered = [None] * tp if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=dist.get_global_rank(group, 0), group=group)
+    if rank != 0:
+        return []
+    events = pd.DataFrame([r for part in gathered for r in part], columns=list(timeline.TIMELINE_COLUMNS))
+    return timeline.align(events).to_dict("records") if len(events) else []
+
+
 # ----------------------------------------------------------------------------------------- main
 def summary_text(rows: pd.DataFrame, checks: pd.DataFrame, train: dict) -> str:
     """The closing table printed by rank 0: correctness, training, per-case times and overlap."""
@@ -642,6 +692,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(cases)} cases, parts {','.join(parts)}, protocol {protocol}; NCCL {meta['nccl_version']}")
     rows: list[dict] = []
     checks: list[dict] = []
+    timelines: list[dict] = []
     train: dict = {}
     seconds = {}
 
@@ -652,6 +703,9 @@ def main(argv: list[str] | None = None) -> int:
         frame[list(TIMING_COLUMNS)].to_csv(out / f"tp_{run_id}.csv", index=False, float_format="%.6g")
         if checks:
             pd.DataFrame(checks).assign(run_id=run_id).to_csv(out / f"tp_{run_id}_check.csv", index=False, float_format="%.6g")
+        if timelines:
+            pd.DataFrame(timelines).assign(run_id=run_id).to_csv(out / f"tp_{run_id}_timeline.csv", index=False,
+                                                                 float_format="%.6g")
         record = dict(meta, run_id=run_id, seconds=seconds, train=train,
                       finished_utc=environment.utc_now().strftime(environment.UTC_FORMAT))
         (out / f"tp_{run_id}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -671,11 +725,22 @@ def main(argv: list[str] | None = None) -> int:
             reserves = [int(k) for k in args.reserve_sms.split(",") if k.strip()]
             sp_chunks = [int(k) for k in args.sp_chunks.split(",") if k.strip()]
             part_overlap(cases, H, I, device, mesh, protocol, args.seed, reserves, rows, sp_chunks)
+        elif part == "timeline":
+            reserves = [int(k) for k in args.reserve_sms.split(",") if k.strip()]
+            sp_chunks = [int(k) for k in args.sp_chunks.split(",") if k.strip()]
+            timelines += part_timeline(cases, H, I, device, mesh, args.seed, reserves[0] if reserves else 0, sp_chunks)
         seconds[part] = round(time.perf_counter() - t0, 1)
         save()
     if rank == 0:
         print(f"\nwrote {out}/tp_{run_id}.csv, .json" + (", _check.csv" if checks else "") + f"; seconds per part {seconds}")
         print(summary_text(pd.DataFrame(rows), pd.DataFrame(checks), train))
+        if timelines:
+            from . import timeline
+
+            print("timeline (us per backward; exposed_comm: communication no compute covered):")
+            print(timeline.summary(pd.DataFrame(timelines)).groupby(["case", "variant"], sort=False)
+                  [["span_us", "compute_us", "comm_us", "exposed_comm_us", "idle_us"]].max()
+                  .to_string(float_format=lambda v: f"{v:.1f}"))
     dist.barrier()
     dist.destroy_process_group()
     # A failed check must fail the command (rank 0 holds the results; the other ranks exit 0).
