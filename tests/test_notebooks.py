@@ -365,3 +365,22 @@ def test_papermill_kernels_run_without_the_unencrypted_tcp_warning(tmp_path, cap
     assert "without encryption" not in captured.err + captured.out
     assert "42" in _outputs_text(tmp_path / "out.ipynb")
     assert set(tmp_path.iterdir()) == {src, tmp_path / "out.ipynb"}  # no socket files left behind
+
+
+def test_a_tp_timeline_is_loaded_beside_its_run_and_drawn(tmp_path):
+    from swiglu_lab.research import plots, tp_report
+
+    write_synthetic_tp_run(tmp_path, run_id="20261201T000000Z-first")
+    events = pd.DataFrame([
+        dict(case="s128_b1", tokens=128, variant=v, rank=r, name=n, kind=k, start_us=s, end_us=e)
+        for v in ("tp_serial", "tp_sp_chunks2") for r in (0, 1)
+        for n, k, s, e in (("dswiglu_gemm_kernel", "compute", 0, 400), ("grad_x_kernel", "compute", 400, 900),
+                           ("ncclDevKernel_AllReduce", "comm", *((900, 1100) if v == "tp_serial" else (600, 900))))])
+    events.to_csv(tmp_path / "tp_20261201T000000Z-first_timeline.csv", index=False)
+    run = tp_report.load_tp_run(tmp_path)
+    assert run.run_id == "20261201T000000Z-first"  # the timeline file is not a timing run
+    assert len(run.timeline) == len(events) and not run.rows["impl"].isna().any()
+    fig = plots.tp_timeline_plot(run.timeline, "footer")
+    titles = [ax.get_title(loc="left") for ax in fig.axes if ax.get_title(loc="left")]
+    assert titles[0].startswith("tp_serial") and "not covered by compute 0.200 ms" in titles[0], titles
+    assert "not covered by compute 0.000 ms" in titles[1], titles

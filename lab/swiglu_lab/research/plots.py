@@ -31,6 +31,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from swiglu import roofline
+from ..bench import timeline
 from .analysis import IMPL_LABELS, order_impls
 
 #: Widest figure (inches at 150 dpi: 1500 px, shown at ~800 px) and smallest type (points).
@@ -816,6 +817,38 @@ def training_step_plot(steps: pd.DataFrame, runs: pd.DataFrame | None = None, fo
             "marker: the latest run" if n_runs > 1 else "one run: no spread recorded (medians of the timed steps)")
     note += "; memory: the allocator's exact peak and saved bytes of the latest run (no spread)"
     return _finish_panels(fig, records, footer, note="\n".join(textwrap.wrap(note, 130)))
+
+
+def tp_timeline_plot(events: pd.DataFrame, footer: str = "", title: str = "Per-rank timeline of one TP backward") -> Figure:
+    """One panel per variant (``tp_serial``, ``tp_early``, ...), one row per rank: each kernel a bar
+    from its start to its end (``swiglu_lab.bench.timeline`` rows of one case, aligned), compute and
+    communication in two colours, the communication no compute covered in the panel's title."""
+    variants = list(dict.fromkeys(events["variant"]))
+    fig, axes = plt.subplots(len(variants), 1, figsize=(11, 1.1 + 1.0 * len(variants) * max(1, events["rank"].nunique()) / 2),
+                             sharex=True, squeeze=False)
+    stats = timeline.summary(events).groupby("variant")[["exposed_comm_us", "span_us"]].max()
+    colours = {"compute": "#1f77b4", "comm": "#d62728"}
+    for ax, variant in zip(axes[:, 0], variants):
+        part = events[events["variant"] == variant]
+        ranks = sorted(part["rank"].unique())
+        for i, rank in enumerate(ranks):
+            for kind, colour in colours.items():
+                rows = part[(part["rank"] == rank) & (part["kind"] == kind)]
+                spans = list(zip(rows["start_us"] / 1e3, (rows["end_us"] - rows["start_us"]) / 1e3))
+                ax.broken_barh(spans, (i + (0.05 if kind == "compute" else 0.5), 0.45), facecolors=colour,
+                               label=kind if (i == 0 and ax is axes[0, 0]) else None)
+        ax.set_yticks([i + 0.5 for i in range(len(ranks))], [f"rank {r}" for r in ranks])
+        ax.set_ylim(0, len(ranks))
+        st = stats.loc[variant]
+        ax.set_title(f"{variant}: span {st['span_us'] / 1e3:.3f} ms, communication not covered by compute "
+                     f"{st['exposed_comm_us'] / 1e3:.3f} ms (worst rank)", fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("ms from the start of the backward")
+    fig.suptitle(title)
+    fig.legend(loc="upper right", ncol=2, fontsize=8)
+    add_footer(fig, footer)
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    return fig
 
 
 def _in_notebook() -> bool:

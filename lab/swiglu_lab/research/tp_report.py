@@ -30,12 +30,14 @@ ASSUMED_LATENCY_MS = 0.02
 
 @dataclass
 class TPRun:
-    """One recorded tensor-parallel run: timing rows, correctness rows (may be empty), metadata."""
+    """One recorded tensor-parallel run: timing rows, correctness rows and per-rank timeline
+    events (``swiglu_lab.bench.timeline``; both may be empty), metadata."""
 
     run_id: str
     rows: pd.DataFrame
     checks: pd.DataFrame = field(default_factory=pd.DataFrame)
     meta: dict = field(default_factory=dict)
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def load_tp_run(tp_dir: str | Path, run_id: str = "") -> TPRun | None:
@@ -47,7 +49,8 @@ def load_tp_run(tp_dir: str | Path, run_id: str = "") -> TPRun | None:
     ``run_id`` given (comma-separated for several): those runs only, merged the same way; the
     ``run_id`` of the result names every merged run. Raises ``ValueError`` for an unknown id."""
     tp_dir = Path(tp_dir)
-    csvs = sorted(p for p in tp_dir.glob("tp_*.csv") if not p.name.endswith("_check.csv")) if tp_dir.is_dir() else []
+    csvs = sorted(p for p in tp_dir.glob("tp_*.csv") if not p.name.endswith(("_check.csv", "_timeline.csv"))) \
+        if tp_dir.is_dir() else []
     ids = [p.stem[len("tp_"):] for p in csvs]
     if run_id:
         wanted = [r.strip() for r in run_id.split(",") if r.strip()]
@@ -74,17 +77,20 @@ def load_tp_run(tp_dir: str | Path, run_id: str = "") -> TPRun | None:
         timed = {k: f for k, f in timed.items() if k in frames}
     rows = pd.concat(list(timed.values()) or list(frames.values()), ignore_index=True)
     rows = rows.drop_duplicates(["case", "impl", "local_intermediate_size"], keep="last").reset_index(drop=True)
-    checks, meta, train = pd.DataFrame(), {}, {}
+    checks, timeline, meta, train = pd.DataFrame(), pd.DataFrame(), {}, {}
     for rid in frames:  # oldest first: the latest run's records win
         check = tp_dir / f"tp_{rid}_check.csv"
         if check.is_file():
             checks = pd.read_csv(check)
+        events = tp_dir / f"tp_{rid}_timeline.csv"
+        if events.is_file():
+            timeline = pd.read_csv(events)
         meta_path = tp_dir / f"tp_{rid}.json"
         if meta_path.is_file():
             meta = json.loads(meta_path.read_text())
             train = meta.get("train") or train
     meta = dict(meta, train=train, merged_runs=list(frames))
-    return TPRun("+".join(frames), rows, checks, meta)
+    return TPRun("+".join(frames), rows, checks, meta, timeline)
 
 
 def single_gpu_source(table: pd.DataFrame, bench_dir: str | Path) -> tuple[pd.DataFrame, str]:
