@@ -43,10 +43,8 @@ import argparse
 import csv
 import gc
 import json
-import math
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -59,6 +57,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 from swiglu_lab.bench.environment import dist_version, git_info, nvml_info  # noqa: E402
+from swiglu_lab.bench.stats import time_stats  # noqa: E402
+from swiglu_lab.bench.timing import synchronize, time_iterations  # noqa: E402
 
 #: Every variant, in the order they run (compiled ones last: their CUDA graph pools and compiled
 #: code are released by torch._dynamo.reset(), which should not run between eager rows).
@@ -115,14 +115,6 @@ def patch(model, variant: str):
     return model
 
 
-def _quantile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    pos = (len(values) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
-
-
 def measure(variant: str, args) -> dict:
     compiled = variant.endswith("+compile")
     model = patch(build(args), variant)
@@ -132,35 +124,41 @@ def measure(variant: str, args) -> dict:
                         generator=torch.Generator("cuda").manual_seed(1))
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
-    times, losses = [], []
-    first_step_s = None
-    for i in range(warmup + args.iters):
+    device = torch.device("cuda", torch.cuda.current_device())
+    losses = []
+
+    def step():
         model.zero_grad(set_to_none=True)
-        if i == (0 if compiled else warmup):
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
         if compiled:
             torch.compiler.cudagraph_mark_step_begin()
-        wall = time.perf_counter()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
         loss = run(ids, labels=ids).loss
         loss.backward()
-        end.record()
-        end.synchronize()
-        if i == 0:
-            first_step_s = time.perf_counter() - wall
-        losses.append(loss.item())
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
+        losses.append(loss.detach().clone())  # a CUDA graph replay reuses its output memory
+
+    # Compiled variants: the peak over every step (replays allocate from the graph's pool).
+    if compiled:
+        torch.cuda.reset_peak_memory_stats()
+    wall = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    first_step_s = time.perf_counter() - wall
+    for _ in range(warmup - 1):
+        step()
+    synchronize(device)
+    if not compiled:
+        torch.cuda.reset_peak_memory_stats()
+    # The lab's step protocol (bench.timing.median_step_ms): CUDA events, the device idle before each step.
+    times = time_iterations(step, tuple, args.iters, device, flush=lambda: synchronize(device))
+    losses = [v.item() for v in losses]
     peak = torch.cuda.max_memory_allocated() - base
     grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
     grad_norm = torch.linalg.vector_norm(torch.stack(grads)).item() if grads else float("nan")
+    stats = time_stats(times)
     forward = model.model.layers[0].mlp.forward  # Liger binds its forward on the instance
     func = getattr(forward, "__func__", forward)
     return dict(variant=variant, status="ok", error="", mlp_forward=f"{func.__module__}.{func.__qualname__}",
-                ms_median=statistics.median(times), ms_min=min(times), ms_p20=_quantile(times, 0.2),
-                ms_p80=_quantile(times, 0.8), peak_gib=peak / 2**30, first_step_s=first_step_s,
+                ms_median=stats["median_ms"], ms_min=stats["min_ms"], ms_p20=stats["p20_ms"], ms_p80=stats["p80_ms"],
+                peak_gib=peak / 2**30, first_step_s=first_step_s,
                 first_loss=losses[0], last_loss=losses[-1], grad_norm=grad_norm)
 
 
