@@ -1,10 +1,9 @@
 """Tune quack-kernels' SwiGLU MLP backward (the bench's "quack" peer) for given token counts and
 persist quack's autotune choices, then optionally check and time it against eager.
 
-GPU only (SM90). Run with quack importable: the lab's [quack] extra, or on the lent GPU
-machine ``. .quack/install2.sh`` after ``.quack/install1.sh`` (PYTHONPATH=/tmp/site/site-packages
-plus its nvidia_cutlass_dsl/dsl_packages; a folder named site-packages on purpose, see
-``quack_peer.check_install_location``):
+GPU only (SM90). Run with quack importable: the lab's [quack] extra, or on the offline GPU machine
+what ``scripts/pack_quack.sh`` packed, installed by ``scripts/install_quack.sh`` in two back-to-back
+calls (a folder named site-packages on purpose, see ``quack_peer.check_install_location``):
 
     python scripts/tune_quack.py --tokens 128 256 512 1024 --max-minutes 6 \
         --cache-dir data/tuning/quack_cache --verify-tokens 128 1024

@@ -233,7 +233,7 @@ def check_install_location() -> None:
     (``quack.gemm_runtime.identity``) and treats functions from files outside such folders as
     its own: it recurses into CuTe-DSL's module globals and fails ("... has no fail-closed
     semantic key", on a Logger, ContextVar or method descriptor). A tree unpacked into a plain
-    folder on PYTHONPATH hits this; ``.quack/install{1,2}.sh`` unpack into ``<root>/site-packages``.
+    folder on PYTHONPATH hits this; ``scripts/install_quack.sh`` installs into ``/tmp/quack/site-packages``.
     """
     import cutlass.cute as cute
     from quack.gemm_runtime.identity import _is_extern_function
