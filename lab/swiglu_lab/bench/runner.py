@@ -169,7 +169,9 @@ def measure_impl(
         if window is not None:
             stage = "power window"
             extra = 0
-            for _ in range(5):  # untimed, energy only; the median only estimates the rounds' length
+            # Untimed, energy only. The median only estimates a round's length (a loaded host runs
+            # slower or faster than in the timed loop), so rounds repeat until the window is long enough.
+            for _ in range(1000):
                 more = extension_iterations(window.elapsed_s(), result["median_ms"], monitor.min_window_s)
                 if not more:
                     break
