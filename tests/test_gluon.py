@@ -347,6 +347,31 @@ def test_dswiglu_launcher_checks_its_tensors():
         gluon_dswiglu.launch_dswiglu_gluon(go, dw, ins[0], ins[1], ins[2], outs[0], wide, outs[2])
 
 
+def test_dswiglu_trusted_launch_passes_what_the_checked_one_does(monkeypatch):
+    """The backward's launcher (no checks, cached launch) hands the kernel the same arguments as
+    the checked one: the same tensors, sizes, row strides and constexprs, descriptors of the same
+    tensors and blocks; act None passes gate in its place."""
+    from swiglu.kernels import gluon_dswiglu
+
+    T, H, I = 5, 16, 48
+    go, dw = torch.randn(T, H).bfloat16(), torch.randn(H, I).bfloat16()
+    gate, up, act = (torch.randn(T, 2 * I).bfloat16()[:, :I] for _ in range(3))  # row stride 2I in
+    outs = [torch.empty(T, I, dtype=torch.bfloat16) for _ in range(3)]
+    seen = []
+    monkeypatch.setattr(gluon_dswiglu, "launch", lambda kernel, grid, key, *args, **kw: seen.append((grid, args, kw)))
+    for a in (act, None):
+        cfg = gluon_dswiglu.CONFIGS[3]
+        grid, want, want_kw = gluon_dswiglu._prepare(go, dw, gate, up, a, *outs, cfg, 7)
+        gluon_dswiglu.launch_dswiglu_gluon_trusted(go, dw, gate, up, a, *outs, cfg, 7)
+        got_grid, got, got_kw = seen.pop()
+        assert got_grid == grid and got_kw == want_kw and len(got) == len(want)
+        for g, w in zip(got[:2], want[:2]):  # descriptors
+            assert g.base is w.base and list(g.block_shape) == list(w.block_shape) and g.layout == w.layout
+        for g, w in zip(got[2:], want[2:]):
+            assert g is w if isinstance(w, torch.Tensor) else g == w
+        assert got[4] is (gate if a is None else act) and got[10:12] == (2 * I, I)
+
+
 def _dswiglu_inputs(T, H, I, seed):
     """go, dw, gate, up, act as the backward sees them (act = bf16(silu(gate)), the forward's)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)

@@ -312,10 +312,16 @@ def _prepare(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig
         num_programs = default_num_programs(go.device, triton.cdiv(T, cfg.BM) * triton.cdiv(I, cfg.BN))
     go_desc = TensorDescriptor.from_tensor(go, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
     down_desc = TensorDescriptor.from_tensor(down_w, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
-    args = (go_desc, down_desc, gate, up, gate if act is None else act, d_gate, d_up, h, T, I, stride_in, stride_out,
-            cfg.GROUP_M, cfg.STAGES, cfg.NG, cfg.EPI_M, cfg.EPI_N, act is None, cfg.epi_warps, cfg.load_regs,
-            cfg.epi_regs)
+    args = _kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T, I, cfg)
     return (num_programs,), args, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+
+
+def _kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T: int, I: int, cfg: DswigluGluonConfig) -> tuple:
+    """``dswiglu_gluon_kernel``'s positional arguments, constexprs included (one row stride for
+    gate/up/act, one for d_gate/d_up/h; ``act`` None: recomputed, gate passed in its place)."""
+    return (go_desc, down_desc, gate, up, gate if act is None else act, d_gate, d_up, h, T, I, gate.stride(0),
+            d_gate.stride(0), cfg.GROUP_M, cfg.STAGES, cfg.NG, cfg.EPI_M, cfg.EPI_N, act is None, cfg.epi_warps,
+            cfg.load_regs, cfg.epi_regs)
 
 
 def launch_dswiglu_gluon(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig = CONFIGS[0],
@@ -346,12 +352,10 @@ def launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, cfg
     stride and d_gate/d_up/h another. The compiled kernel is looked up per key after the first
     launch (``common.launch``)."""
     T, I = go.shape[0], down_w.shape[1]
-    stride_in, stride_out = gate.stride(0), d_gate.stride(0)
-    recompute = act is None
-    launch(dswiglu_gluon_kernel, (num_programs,),
-           ("gluon_dswiglu", go.device, T, I, go.shape[1], stride_in, stride_out, num_programs, recompute, cfg),
-           tma_descriptor(go, [cfg.BM, cfg.BK], TensorDescriptor, layout=_layout((cfg.BM, cfg.BK))),
-           tma_descriptor(down_w, [cfg.BK, cfg.BN], TensorDescriptor, layout=_layout((cfg.BK, cfg.BN))),
-           gate, up, gate if recompute else act, d_gate, d_up, h, T, I, stride_in, stride_out,
-           cfg.GROUP_M, cfg.STAGES, cfg.NG, cfg.EPI_M, cfg.EPI_N, recompute, cfg.epi_warps, cfg.load_regs,
-           cfg.epi_regs, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+    key = ("gluon_dswiglu", go.device, T, I, go.shape[1], gate.stride(0), d_gate.stride(0), num_programs, act is None,
+           cfg)
+    go_desc = tma_descriptor(go, [cfg.BM, cfg.BK], TensorDescriptor, layout=_layout((cfg.BM, cfg.BK)))
+    down_desc = tma_descriptor(down_w, [cfg.BK, cfg.BN], TensorDescriptor, layout=_layout((cfg.BK, cfg.BN)))
+    launch(dswiglu_gluon_kernel, (num_programs,), key, *_kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h,
+                                                                       T, I, cfg),
+           num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
