@@ -200,28 +200,47 @@ def tp_backward(local: tuple, mesh, impl: str) -> tuple:
     return grad_x.redistribute(mesh, [Replicate()]), ggw, guw, gdw
 
 
+class _LocalBackward:
+    """This rank's backward on its shard, in the pieces the overlap variants rearrange: built, it
+    has run dSwiGLU (``d_gate``, ``d_up``, ``h``) and allocated ``grad_x`` [T, H] unwritten; the
+    caller launches grad_x its own way, then ``weight_gradients()``. Configs from the table at T."""
+
+    def __init__(self, local: tuple):
+        from swiglu.kernels import backward as tb
+
+        self.tb = tb
+        go, x, gate, up, act, gw, uw, dw = (t.reshape(-1, t.shape[-1]) for t in local)
+        T, H = go.shape
+        I = gw.shape[0]
+        self.go, self.x, self.gw, self.uw, self.I, self.H = go, x, gw, uw, I, H
+        cfg_d, self.cfg_w, self.cfg_x = (tb.config_for(k, T) for k in ("dswiglu", "grad_weights", "grad_x"))
+        self.d_gate, self.d_up, self.h = (torch.empty((T, I), device=go.device, dtype=torch.bfloat16) for _ in range(3))
+        tb.launch_dswiglu(go, dw, gate, up, act, self.d_gate, self.d_up, self.h, cfg_d)
+        self.grad_x = torch.empty((T, H), device=go.device, dtype=torch.bfloat16)
+
+    def weight_gradients(self) -> tuple:
+        """``(grad_gate_weight, grad_up_weight, grad_down_weight)`` of the shard, launched now."""
+        dev, I, H = self.go.device, self.I, self.H
+        ggw, guw = (torch.empty((I, H), device=dev, dtype=torch.bfloat16) for _ in range(2))
+        gdw = torch.empty((H, I), device=dev, dtype=torch.bfloat16)
+        self.tb.launch_grad_weights(self.d_gate, self.d_up, self.h, self.x, self.go, ggw, guw, gdw, self.cfg_w)
+        return ggw, guw, gdw
+
+
 def overlapped_backward(local: tuple, group, reserve_sms: int | None) -> tuple:
     """Our backward with grad_x's all-reduce started as soon as grad_x exists (async on NCCL's
     stream) while the weight-gradient kernels run; ``reserve_sms`` k leaves k SMs idle in those
     kernels (None: ``serial``, the all-reduce after everything). Returns local tensors."""
     from swiglu.kernels import backward as tb, common
 
-    go, x, gate, up, act, gw, uw, dw = (t.reshape(-1, t.shape[-1]) for t in local)
-    T, H = go.shape
-    I = gw.shape[0]
-    dev = go.device
-    cfg_d, cfg_w, cfg_x = (tb.config_for(k, T) for k in ("dswiglu", "grad_weights", "grad_x"))
-    d_gate, d_up, h = (torch.empty((T, I), device=dev, dtype=torch.bfloat16) for _ in range(3))
-    tb.launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
-    grad_x = torch.empty((T, H), device=dev, dtype=torch.bfloat16)
-    tb.launch_grad_x(d_gate, d_up, gw, uw, grad_x, cfg_x)
+    step = _LocalBackward(local)
+    tb.launch_grad_x(step.d_gate, step.d_up, step.gw, step.uw, step.grad_x, step.cfg_x)
+    grad_x = step.grad_x
     work = dist.all_reduce(grad_x, group=group, async_op=True) if reserve_sms is not None else None
     old = common.RESERVED_SMS
     common.RESERVED_SMS = reserve_sms or 0
     try:
-        ggw, guw = (torch.empty((I, H), device=dev, dtype=torch.bfloat16) for _ in range(2))
-        gdw = torch.empty((H, I), device=dev, dtype=torch.bfloat16)
-        tb.launch_grad_weights(d_gate, d_up, h, x, go, ggw, guw, gdw, cfg_w)
+        ggw, guw, gdw = step.weight_gradients()
     finally:
         common.RESERVED_SMS = old
     if work is None:
@@ -244,22 +263,17 @@ def sp_backward(local: tuple, group, chunks: int | None) -> tuple:
     and its weight-gradient shards."""
     from swiglu.kernels import backward as tb
 
-    go, x, gate, up, act, gw, uw, dw = (t.reshape(-1, t.shape[-1]) for t in local)
-    T, H = go.shape
-    I = gw.shape[0]
     n, rank = dist.get_world_size(group), dist.get_rank(group)
+    T = local[1].numel() // local[1].shape[-1]
     if T % n:
         raise ValueError(f"sequence parallelism over {n} ranks needs tokens divisible by {n}, got {T}")
     rows = T // n
-    dev = go.device
-    cfg_d, cfg_w, cfg_x = (tb.config_for(k, T) for k in ("dswiglu", "grad_weights", "grad_x"))
-    d_gate, d_up, h = (torch.empty((T, I), device=dev, dtype=torch.bfloat16) for _ in range(3))
-    tb.launch_dswiglu(go, dw, gate, up, act, d_gate, d_up, h, cfg_d)
-    grad_x = torch.empty((T, H), device=dev, dtype=torch.bfloat16)
+    step = _LocalBackward(local)
+    d_gate, d_up, gw, uw, grad_x = step.d_gate, step.d_up, step.gw, step.uw, step.grad_x
     works = []
     if chunks is None:
-        tb.launch_grad_x(d_gate, d_up, gw, uw, grad_x, cfg_x)
-        mine = torch.empty((rows, H), device=dev, dtype=torch.bfloat16)
+        tb.launch_grad_x(d_gate, d_up, gw, uw, grad_x, step.cfg_x)
+        mine = grad_x.new_empty((rows, grad_x.shape[1]))
         dist.reduce_scatter_tensor(mine, grad_x, group=group)
     else:
         cuts = [rows * j // chunks for j in range(chunks + 1)]
@@ -267,13 +281,11 @@ def sp_backward(local: tuple, group, chunks: int | None) -> tuple:
             for lo, hi in zip(cuts, cuts[1:]):
                 part = slice(owner * rows + lo, owner * rows + hi)
                 if hi > lo:
-                    tb.launch_grad_x(d_gate[part], d_up[part], gw, uw, grad_x[part], cfg_x)
+                    tb.launch_grad_x(d_gate[part], d_up[part], gw, uw, grad_x[part], step.cfg_x)
                     works.append(dist.reduce(grad_x[part], dst=dist.get_global_rank(group, owner), group=group,
                                              async_op=True))
         mine = grad_x[rank * rows:(rank + 1) * rows]
-    ggw, guw = (torch.empty((I, H), device=dev, dtype=torch.bfloat16) for _ in range(2))
-    gdw = torch.empty((H, I), device=dev, dtype=torch.bfloat16)
-    tb.launch_grad_weights(d_gate, d_up, h, x, go, ggw, guw, gdw, cfg_w)
+    ggw, guw, gdw = step.weight_gradients()
     for work in works:
         work.wait()  # the current stream waits for the reductions before anything reads grad_x
     return mine, ggw, guw, gdw
@@ -690,6 +702,8 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         log(f"tensor-parallel run {run_id}: TP={args.tp} on {meta['gpu']['name']}, H={H} I={I} (local {I // args.tp}), "
             f"{len(cases)} cases, parts {','.join(parts)}, protocol {protocol}; NCCL {meta['nccl_version']}")
+    reserves = [int(k) for k in args.reserve_sms.split(",") if k.strip()]
+    sp_chunks = [int(k) for k in args.sp_chunks.split(",") if k.strip()]
     rows: list[dict] = []
     checks: list[dict] = []
     timelines: list[dict] = []
@@ -722,12 +736,8 @@ def main(argv: list[str] | None = None) -> int:
         elif part == "model":
             part_model(cases, H, I, device, mesh, impl, protocol, args.seed, rows)
         elif part == "overlap":
-            reserves = [int(k) for k in args.reserve_sms.split(",") if k.strip()]
-            sp_chunks = [int(k) for k in args.sp_chunks.split(",") if k.strip()]
             part_overlap(cases, H, I, device, mesh, protocol, args.seed, reserves, rows, sp_chunks)
         elif part == "timeline":
-            reserves = [int(k) for k in args.reserve_sms.split(",") if k.strip()]
-            sp_chunks = [int(k) for k in args.sp_chunks.split(",") if k.strip()]
             timelines += part_timeline(cases, H, I, device, mesh, args.seed, reserves[0] if reserves else 0, sp_chunks)
         seconds[part] = round(time.perf_counter() - t0, 1)
         save()
