@@ -103,7 +103,7 @@ def main(argv=None) -> int:
             "compile_workers": os.environ["QUACK_COMPILE_WORKERS"], "bench_calls": args.bench_calls,
             "bench_warmup_ms": args.bench_warmup_ms}
     print(f"tune_quack: {json.dumps(info)}", flush=True)
-    fn = quack_peer.build(device)
+    fn = quack_peer.build(device, allow_tuning=True)
     H, I = args.hidden_size, args.intermediate_size
 
     def tuners():

@@ -41,10 +41,13 @@ def write_synthetic_run(
     factors: dict[str, float] = FACTORS,
     cases=CASES,
     power: bool = False,
+    kernels: bool = False,
 ) -> Path:
     """Write ``<run_id>.csv`` + ``.json`` (and append ``runs.csv``) into ``bench_dir``. Without
     ``power`` the CSV has the columns of runs recorded before power was sampled (none of
-    ``POWER_COLUMNS``); with it, those columns too (``POWER_W``, ``CLOCK_MHZ``, ``FLUSH_J``)."""
+    ``POWER_COLUMNS``); with it, those columns too (``POWER_W``, ``CLOCK_MHZ``, ``FLUSH_J``).
+    ``kernels``: also ``kernels/<run_id>.csv``, a breakdown per case and impl: ``KERNEL_SPLIT``
+    of the median per kernel, a lead of ``LEAD_MS`` and no gaps (span = lead + busy)."""
     bench_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for case in cases:
@@ -71,6 +74,8 @@ def write_synthetic_run(
                 rows[-1].update({"power_w": w, "sm_clock_mhz": CLOCK_MHZ.get(impl, 1500.0), "power_samples": 40,
                                  "energy_j": energy, "flush_energy_j": FLUSH_J, "energy_per_backward_j": energy - FLUSH_J,
                                  "energy_iters": 50, "energy_window_s": 1.0})
+    if kernels:
+        write_synthetic_kernels(bench_dir, run_id, rows)
     csv = bench_dir / f"{run_id}.csv"
     columns = COLUMNS[:-1] + POWER_COLUMNS + COLUMNS[-1:] if power else COLUMNS
     pd.DataFrame(rows, columns=columns).to_csv(csv, index=False)
@@ -89,6 +94,27 @@ def write_synthetic_run(
                            "commit": meta["git_commit"], "n_rows": len(rows)}])
     entry.to_csv(index, mode="a", header=not index.exists(), index=False)
     return csv
+
+
+#: Synthetic breakdown: kernel (name) -> share of the row's median; the host lead before the first kernel.
+KERNEL_SPLIT = {"dswiglu_gemm_kernel": 0.2, "grad_weight_kernel": 0.5, "grad_x_kernel": 0.3}
+LEAD_MS = 0.1
+
+
+def write_synthetic_kernels(bench_dir: Path, run_id: str, rows: list[dict]) -> Path:
+    """``kernels/<run_id>.csv`` for ``rows`` (see ``write_synthetic_run``)."""
+    from swiglu_lab.bench import breakdown
+
+    out = []
+    for r in rows:
+        for position, (name, share) in enumerate(KERNEL_SPLIT.items()):
+            out.append(dict(run_id=run_id, case=r["case"], tokens=r["tokens"], impl=r["impl"], position=position,
+                            kernel=name, role=breakdown.kernel_role(name), ms=share * r["median_ms"], seen=3,
+                            busy_ms=r["median_ms"], lead_ms=LEAD_MS, span_ms=LEAD_MS + r["median_ms"], profiled_calls=3))
+    path = bench_dir / "kernels" / f"{run_id}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(out, columns=list(breakdown.COLUMNS)).to_csv(path, index=False)
+    return path
 
 
 def write_synthetic_tp_run(tp_dir: Path, run_id: str = "20261201T000000Z-synthetic", tp: int = 2,

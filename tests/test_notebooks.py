@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench_fixtures import FACTORS, FLUSH_J, POWER_W, write_synthetic_run, write_synthetic_tp_run
+from bench_fixtures import FACTORS, FLUSH_J, LEAD_MS, POWER_W, write_synthetic_run, write_synthetic_tp_run
 from swiglu import CASES, roofline
 from swiglu_lab.research import plots, reproduce
 
@@ -31,7 +31,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXPECTED_FIGURES = {
     "01_roofline": ["01_roofline", "01_sol_per_case"],
     "02_validation": ["02_validation_errors_cpu", "02_validation_ratio_cpu"],
-    "03_latency": ["03_latency_per_case", "03_speedup", "03_sol_fraction", "03_gmean", "03_energy", "03_clock_power"],
+    "03_latency": ["03_latency_per_case", "03_speedup", "03_sol_fraction", "03_gmean", "03_energy", "03_clock_power",
+                   "03_kernel_breakdown"],
     "04_history": ["04_history"],
     "05_tensor_parallel": ["05_tp_measured", "05_tp_model"],
     "06_training_memory": ["06_training_memory"],
@@ -100,7 +101,7 @@ def plotted(folder: Path, name: str) -> pd.DataFrame:
 def smoke(tmp_path_factory):
     pytest.importorskip("papermill")
     tmp = tmp_path_factory.mktemp("smoke")
-    write_synthetic_run(tmp / "bench")
+    write_synthetic_run(tmp / "bench", kernels=True)
     with plotted_into(tmp / "plotted"):
         results = reproduce.run(
             smoke=True, device="cpu", bench_dir=tmp / "bench", figures_dir=tmp / "figures",
@@ -144,6 +145,20 @@ def test_smoke_latency_figures_draw_the_recorded_run(smoke):
     history = plotted(tmp / "plotted", "04_history")
     assert set(history["series"]) == set(FACTORS) and history["x"].nunique() == 1
     assert plotted(tmp / "plotted", "03_energy").empty  # no power data: a placeholder, said in words
+
+
+def test_smoke_kernel_breakdown_draws_the_recorded_kernels(smoke):
+    tmp, _ = smoke
+    drawn = plotted(tmp / "plotted", "03_kernel_breakdown")
+    sol = {c.tokens: roofline.sol_time_s(c.tokens, "H200-SXM") * 1e3 for c in CASES}
+    for tokens, ms in sol.items():
+        bars = drawn[drawn["x"] == tokens]
+        tops = bars.assign(impl=bars["series"].str.split(":").str[0]).groupby("impl")["y"].max()
+        base = LEAD_MS + FACTORS["eager"] * ms  # no quack in the run: relative to the first impl, eager
+        for impl, factor in FACTORS.items():
+            assert tops[impl] == pytest.approx((LEAD_MS + factor * ms) / base)
+    table = pd.read_csv(tmp / "derived" / "kernel_breakdown.csv")
+    assert {"dSwiGLU GEMM", "weight-gradient GEMM", "grad_x GEMM", "lead_ms"} <= set(table.columns)
 
 
 def test_smoke_validation_figure_draws_every_implementation(smoke):

@@ -311,6 +311,14 @@ def test_configure_full_and_late(fake_quack, tmp_path, monkeypatch):
         quack_peer.configure("reduced", tmp_path / "tune", tmp_path / "k")
 
 
+def test_the_bench_refuses_to_tune_a_shape_the_cache_lacks(monkeypatch, tmp_path):
+    monkeypatch.setenv(quack_peer.CACHE_ENV, str(tmp_path / "cache"))
+    autotuner = types.SimpleNamespace(_gpu_warmup=lambda duration_ms=200: None)
+    quack_peer.refuse_tuning(autotuner)
+    with pytest.raises(RuntimeError, match=r"no tuned choice for this shape in .*cache: tune it first"):
+        autotuner._gpu_warmup()
+
+
 # ----------------------------------------------------------------------- scripts/tune_quack.py
 def _tune_script():
     spec = importlib.util.spec_from_file_location("tune_quack", REPO / "scripts" / "tune_quack.py")
@@ -344,7 +352,7 @@ def test_quack_peer_on_gpu(tmp_path):
     from swiglu import benchmark_criterion
 
     quack_peer.configure("reduced", tmp_path / "tune", tmp_path / "kernels")
-    fn = quack_peer.build(device)
+    fn = quack_peer.build(device, allow_tuning=True)
     inputs = make_inputs(2, 64, 1024, 2048, mode="forward", seed=0, device=device)
     out = fn(*quack_peer.to_quack_layout(inputs.as_tuple()))
     ref = reference_backward(*inputs.as_tuple())

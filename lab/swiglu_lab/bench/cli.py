@@ -29,6 +29,7 @@ from swiglu.workloads import MODEL_SHAPES, select_cases
 from ..paths import repo_root
 from . import environment
 from .impls import EXPLICIT_ONLY, IMPLS, ORDER, unavailable_reason
+from .breakdown import per_role
 from .runner import display_name, PROTOCOLS, BenchConfig, pick_hardware, run_benchmark
 from .stats import per_case_table, power_summary, summary_table
 from .storage import RunWriter, rebuild_index
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", choices=sorted(roofline.HARDWARE), default=None,
                    help="datasheet for sol_ms (default from the GPU name: H100, H200, B200; none for another "
                    "GPU or a CPU run, whose SOL columns stay empty)")
+    p.add_argument("--breakdown", type=int, default=None,
+                   help="profiled calls per impl and case for the per-kernel breakdown (kernels/<run_id>.csv; "
+                   "default 3 on a GPU, 0 on the CPU; 0: none)")
     p.add_argument("--seed", type=int, default=BENCHMARK_SEED, help=f"input seed (default {BENCHMARK_SEED})")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="cuda (default when a GPU is present) or cpu: a tiny smoke run "
@@ -225,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: skipping {name}: {reason}")
 
     config = BenchConfig(cases=cases, hidden_size=hidden, intermediate_size=inter, impls=impls, device=device,
-                         protocol=protocol, seed=args.seed, hardware=hardware, skipped=skipped)
+                         protocol=protocol, seed=args.seed, hardware=hardware, skipped=skipped,
+                         breakdown=(3 if device.type == "cuda" else 0) if args.breakdown is None else max(0, args.breakdown))
     command = f"python -m swiglu_lab.bench {argv_text}".strip()
     writer: list[RunWriter] = []
 
@@ -234,11 +239,17 @@ def main(argv: list[str] | None = None) -> int:
         writer[0].write_metadata(dict(metadata, command=command), complete=False)
         tqdm.write(f"writing {writer[0].csv_path} (case by case) and {writer[0].json_path.name}")
 
-    result = run_benchmark(config, progress=not args.no_progress, on_start=on_start, on_case=lambda f: writer[0].append(f))
+    result = run_benchmark(config, progress=not args.no_progress, on_start=on_start, on_case=lambda f: writer[0].append(f),
+                           on_kernels=lambda f: writer[0].append_kernels(f))
     metadata = dict(result.metadata, command=command)
     writer[0].finish(metadata)
     metadata["run_id"] = writer[0].run_id
     print(f"\nwrote {writer[0].csv_path} ({writer[0].n_rows} rows), {writer[0].json_path}; "
           f"indexed in {writer[0].out_dir / 'runs.csv'}")
     print(format_summary(result.rows, metadata))
+    if result.kernels is not None:
+        table = per_role(result.kernels)
+        print(f"\nkernel breakdown (ms per backward, median of {config.breakdown} profiled calls; lead = start of the "
+              f"call to its first kernel): {writer[0].out_dir / 'kernels' / (writer[0].run_id + '.csv')}")
+        print(_fmt(table))
     return 0

@@ -245,11 +245,30 @@ def check_install_location() -> None:
             "install it under a folder named site-packages")
 
 
-def build(device: torch.device) -> Callable:
+def refuse_tuning(autotuner_module) -> None:
+    """Make a shape without a tuned choice in the cache an error instead of quack's sweep of
+    several minutes (quack's ``Autotuner`` starts every sweep with ``_gpu_warmup``, which this
+    replaces): the bench never tunes inside a run."""
+    cache = tuning_cache_dir()
+
+    def _refuse(*args, **kwargs):
+        raise RuntimeError(f"quack has no tuned choice for this shape in {cache}: tune it first "
+                           "(scripts/tune_quack.py --tokens T); the bench does not tune")
+
+    autotuner_module._gpu_warmup = _refuse
+
+
+def build(device: torch.device, allow_tuning: bool = False) -> Callable:
     """The bench impl's ``build``: configure quack (tuning cache, search space), return the
-    backward over ``to_quack_layout``'s operands."""
+    backward over ``to_quack_layout``'s operands. Without ``allow_tuning`` (the bench), a shape
+    the cache has no choice for raises RuntimeError at its first call (``refuse_tuning``);
+    ``scripts/tune_quack.py`` passes True."""
     configure()
     check_install_location()
+    if not allow_tuning:
+        import quack.autotuner
+
+        refuse_tuning(quack.autotuner)
     from quack.linear import DActLinearFunc, LinearActFunc, _DGatedLinearOps, _LinearGatedOps
 
     return make_quack_backward(DActLinearFunc.backward, _DGatedLinearOps, LinearActFunc.backward, _LinearGatedOps)

@@ -38,6 +38,7 @@ from swiglu.inputs import BENCHMARK_SEED, make_inputs
 from swiglu.reference import reference_backward
 from swiglu.workloads import Case
 from . import environment
+from .breakdown import frame as kernel_frame, profile_calls
 from .impls import IMPLS, BenchImpl
 from .power import (PowerMonitor, empty_power_columns, extension_iterations, measure_flush_energy, open_monitor,
                     with_flush_energy)
@@ -67,6 +68,7 @@ class BenchConfig:
     seed: int = BENCHMARK_SEED
     hardware: str | None = None
     measure_ceilings: bool = True
+    breakdown: int = 0  # profiled calls per impl and case for the per-kernel breakdown (0: none)
     skipped: dict[str, str] = field(default_factory=dict)  # impl -> why it is not run
 
     def __post_init__(self):
@@ -89,6 +91,7 @@ class BenchResult:
 
     rows: pd.DataFrame
     metadata: dict
+    kernels: pd.DataFrame | None = None  # breakdown.COLUMNS rows; None without a breakdown
 
 
 def pick_hardware(gpu_name: str) -> str:
@@ -139,10 +142,12 @@ def measure_impl(
     iters: int,
     flush: Callable[[], None],
     monitor: PowerMonitor | None = None,
+    breakdown: int = 0,
 ) -> dict:
     """Build, first call, warm-ups, timed iterations (with a power window when ``monitor`` is
-    given), memory and correctness of one impl on one case (see the module docstring). Never
-    raises: errors end up in the returned ``note``."""
+    given), memory and correctness of one impl on one case (see the module docstring); with
+    ``breakdown`` > 0 also that many profiled calls (``breakdown.profile_calls``; their rows under
+    the key ``"kernels"``). Never raises: errors end up in the returned ``note``."""
     result = {**nan_stats(), **empty_power_columns(), "first_call_s": math.nan, "host_ms": math.nan,
               "peak_mem_gb": math.nan,
               "correct": pd.NA if not impl.checks_correctness else False,
@@ -178,6 +183,11 @@ def measure_impl(
                 time_iterations(fn, make_args, more, device, flush)
                 extra += more
             result.update(monitor.close_window(window, iters + extra))
+        if breakdown:
+            try:  # a profiler failure costs the breakdown, not the row's timings
+                result["kernels"] = profile_calls(fn, make_args, breakdown, device, flush)
+            except Exception as exc:  # noqa: BLE001
+                result["note"] += f"; kernel breakdown failed: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:200]}"
         stage = "correctness call"
         args = impl.prepare(sets[0])
         synchronize(device)
@@ -247,6 +257,9 @@ def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, fl
             "seed": config.seed,
             "first_call": "one call before the warm-ups, host-timed with synchronize: first_call_s",
             "side_streams": "implementations must join the current stream before returning",
+            "kernel_breakdown": (f"{config.breakdown} calls per impl and case under torch.profiler after the timed "
+                                 "iterations, each flushed and synchronized before and after "
+                                 "(swiglu_lab.bench.breakdown): kernels/<run_id>.csv") if config.breakdown else "none",
         },
         "shape": {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size},
         "cases": [c.name for c in config.cases],
@@ -271,6 +284,7 @@ def run_benchmark(
     on_start: Callable[[dict], None] | None = None,
     on_case: Callable[[pd.DataFrame], None] | None = None,
     monitor: PowerMonitor | None | str = "auto",
+    on_kernels: Callable[[pd.DataFrame], None] | None = None,
 ) -> BenchResult:
     """Measure the ceilings, then every case x implementation of ``config``.
 
@@ -279,11 +293,13 @@ def run_benchmark(
             their own). progress: show a tqdm bar over case x impl. log: one line per row.
         on_start: called with the metadata once the ceilings are measured (``finished_utc``
             still None). on_case: called with each finished case's rows (speed-ups filled), so
-            a caller can save them before the next case.
+            a caller can save them before the next case. on_kernels: the same for each case's
+            kernel breakdown (``config.breakdown`` > 0; ``breakdown.COLUMNS``).
         monitor: "auto" opens ``power.open_monitor(config.device)`` (None on CPU) and closes it
             at the end; a ``PowerMonitor`` is used as given (and left open); None: no power data.
 
-    Returns: ``BenchResult`` (rows in case-major order, metadata without ``run_id``/argv).
+    Returns: ``BenchResult`` (rows in case-major order, metadata without ``run_id``/argv, the
+    kernel breakdown when ``config.breakdown`` > 0).
 
     Raises: ``ValueError`` for an implementation name missing from ``impls``.
     """
@@ -309,14 +325,14 @@ def run_benchmark(
                            if monitor is not None else ""))
     try:
         return _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, power_record, progress, log,
-                    on_start, on_case)
+                    on_start, on_case, on_kernels)
     finally:
         if own_monitor and monitor is not None:
             monitor.close()
 
 
 def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, power_record, progress, log,
-         on_start, on_case) -> BenchResult:
+         on_start, on_case, on_kernels=None) -> BenchResult:
     """The body of ``run_benchmark``, apart so that the monitor it opened is closed on any exit."""
     ceilings, ceiling_record = Ceilings(), {"skipped": True}
     if config.measure_ceilings and device.type != "cuda":
@@ -330,7 +346,7 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
     if on_start is not None:
         on_start(dict(metadata))
 
-    frames = []
+    frames, kernel_frames = [], []
     bar = tqdm(total=len(config.cases) * len(config.impls), desc="bench", unit="run", disable=not progress)
     for case in config.cases:
         set0 = make_inputs(case.batch_size, case.seq_len, H, I, mode="benchmark", seed=config.seed, device=device)
@@ -343,7 +359,11 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
         rows = []
         for name in config.impls:
             bar.set_postfix_str(f"{case.name} {name}")
-            measured = measure_impl(impls[name], sets, reference, case, device, warmup, iters, flush, monitor)
+            measured = measure_impl(impls[name], sets, reference, case, device, warmup, iters, flush, monitor,
+                                    config.breakdown)
+            kernels = measured.pop("kernels", None)
+            if kernels:
+                kernel_frames.append(kernel_frame(kernels, run_id="", case=case.name, tokens=case.tokens, impl=name))
             if math.isfinite(measured["energy_j"]):
                 measured = with_flush_energy(measured, flush_energy_j)
             _cleanup(device)
@@ -378,6 +398,9 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
         frames.append(add_speedups(rows_to_frame(rows)))
         if on_case is not None:
             on_case(frames[-1])
+        if on_kernels is not None and kernel_frames and kernel_frames[-1]["case"].iloc[0] == case.name:
+            on_kernels(pd.concat([f for f in kernel_frames if f["case"].iloc[0] == case.name], ignore_index=True))
     bar.close()
     metadata["finished_utc"] = environment.utc_now().strftime(environment.UTC_FORMAT)
-    return BenchResult(coerce(pd.concat(frames, ignore_index=True)), metadata)
+    kernels = pd.concat(kernel_frames, ignore_index=True) if kernel_frames else None
+    return BenchResult(coerce(pd.concat(frames, ignore_index=True)), metadata, kernels)

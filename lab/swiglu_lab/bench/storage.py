@@ -1,5 +1,6 @@
 """Append-only storage of runs: ``<out>/<run_id>.csv`` (rows), ``<out>/<run_id>.json``
-(metadata) and one line per finished run in ``<out>/runs.csv``. An existing run is never
+(metadata), the optional kernel breakdown ``<out>/kernels/<run_id>.csv`` and one line per
+finished run in ``<out>/runs.csv``. An existing run is never
 overwritten: a run id already taken gets a ``-2``, ``-3``, ... suffix. Rows are written case by
 case, so an interrupted run keeps what it measured (its JSON says ``"complete": false``)."""
 
@@ -15,6 +16,8 @@ import pandas as pd
 from .schema import COLUMNS, coerce
 
 INDEX_NAME = "runs.csv"
+#: Subfolder of the per-kernel breakdowns, ``<out>/kernels/<run_id>.csv``.
+KERNELS_DIR = "kernels"
 INDEX_COLUMNS = ("run_id", "utc", "gpu", "protocol", "commit", "n_rows")
 
 
@@ -77,6 +80,18 @@ class RunWriter:
         frame = coerce(rows.assign(run_id=self.run_id))
         frame.to_csv(self.csv_path, mode="a", header=False, index=False, float_format="%.6g")
         self.n_rows += len(frame)
+
+    def append_kernels(self, kernels: pd.DataFrame) -> Path:
+        """Append a kernel breakdown (``breakdown.COLUMNS``) to ``<out>/kernels/<run_id>.csv``
+        (created with its header on the first call; a folder apart, so run listings never take it
+        for a run). Returns its path."""
+        from .breakdown import COLUMNS as KERNEL_COLUMNS
+
+        path = self.out_dir / KERNELS_DIR / f"{self.run_id}.csv"
+        path.parent.mkdir(exist_ok=True)
+        frame = kernels.assign(run_id=self.run_id)[list(KERNEL_COLUMNS)]
+        frame.to_csv(path, mode="a", header=not path.exists(), index=False, float_format="%.6g")
+        return path
 
     def write_metadata(self, metadata: dict, complete: bool = False) -> None:
         """(Re)write this run's JSON: ``metadata`` plus ``run_id``, ``csv``, ``n_rows`` and

@@ -212,6 +212,16 @@ def load_run(
     return BenchRun(str(row["run_id"]), pd.read_csv(csv), meta, csv)
 
 
+def load_kernels(run: BenchRun | None) -> pd.DataFrame | None:
+    """The per-kernel breakdown recorded with ``run`` (``<bench_dir>/kernels/<run_id>.csv``,
+    ``swiglu_lab.bench.breakdown.COLUMNS``), or None when the run has none (recorded before the
+    bench profiled kernels, or with ``--breakdown 0``)."""
+    if run is None or run.csv_path is None:
+        return None
+    path = run.csv_path.parent / "kernels" / f"{run.run_id}.csv"
+    return pd.read_csv(path) if path.is_file() else None
+
+
 def measured_ceilings(meta: dict | None) -> dict | None:
     """The measured ceilings in a run's metadata as ``{"copy_tbps", "gemm_tflops", "source"}``.
 

@@ -1,0 +1,133 @@
+"""The bench's per-kernel breakdown (swiglu_lab.bench.breakdown): the arithmetic on known
+intervals, a real profile on the CPU, the runner and the writer, and the figure's values."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from swiglu.workloads import select_cases  # noqa: E402
+from swiglu_lab.bench import breakdown  # noqa: E402
+from swiglu_lab.bench.runner import BenchConfig, run_benchmark  # noqa: E402
+from swiglu_lab.bench.storage import KERNELS_DIR, RunWriter  # noqa: E402
+from swiglu_lab.research import analysis, plots  # noqa: E402
+
+
+@pytest.mark.parametrize("name, role", [
+    ("dswiglu_gemm_kernel", "dSwiGLU GEMM"), ("dswiglu_gluon_kernel", "dSwiGLU GEMM"),
+    ("kernel_cutlass_gemm_dgated_sm90", "dSwiGLU GEMM"), ("grad_x_kernel", "grad_x GEMM"),
+    ("grad_weight_kernel", "weight-gradient GEMM"), ("wgrad_kernel", "weight-gradient GEMM"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32", "GEMM (library)"), ("aten::mm", "GEMM (library)"),
+    ("triton_poi_fused_mul_silu_0", "elementwise / other"),
+])
+def test_kernel_roles(name, role):
+    assert breakdown.kernel_role(name) == role
+
+
+def test_summarize_known_intervals():
+    # Two calls starting at 0 and 1000 us. Call 1: a [10, 110], b [100, 300] (overlapping: busy
+    # 290), c [350, 400]; call 2: a [1020, 1120], b [1120, 1320], c [1330, 1390].
+    calls = [[("a", 10, 110), ("b", 100, 300), ("c", 350, 400)],
+             [("a", 1020, 1120), ("b", 1120, 1320), ("c", 1330, 1390)]]
+    rows = breakdown.summarize(calls, [0.0, 1000.0])
+    assert [r["kernel"] for r in rows] == ["a", "b", "c"] and [r["position"] for r in rows] == [0, 1, 2]
+    assert [r["ms"] for r in rows] == pytest.approx([0.100, 0.200, 0.055])
+    assert rows[0]["busy_ms"] == pytest.approx((340 + 360) / 2 / 1e3)  # 290 + 50 and 300 + 60
+    assert rows[0]["lead_ms"] == pytest.approx((10 + 20) / 2 / 1e3)
+    assert rows[0]["span_ms"] == pytest.approx((400 + 390) / 2 / 1e3)
+    assert all(r["seen"] == 2 and r["profiled_calls"] == 2 for r in rows)
+
+
+def test_summarize_takes_the_common_name_per_position_and_skips_empty_calls():
+    calls = [[("a", 0, 10)], [("a", 100, 120)], [("z", 200, 260)], []]
+    rows = breakdown.summarize(calls, [0.0, 100.0, 200.0, 300.0])
+    assert len(rows) == 1 and rows[0]["kernel"] == "a" and rows[0]["seen"] == 2
+    assert rows[0]["ms"] == pytest.approx(0.015) and rows[0]["profiled_calls"] == 3
+    assert breakdown.summarize([[]], [0.0]) == []
+
+
+def test_profile_calls_on_the_cpu_sees_each_op_of_each_call():
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+
+    def fn(x, y):
+        return torch.relu(torch.mm(x, y))
+
+    rows = breakdown.profile_calls(fn, lambda: (a, b), 3, torch.device("cpu"))
+    assert [r["kernel"] for r in rows] == ["aten::mm", "aten::relu"]
+    assert [r["role"] for r in rows] == ["GEMM (library)", "elementwise / other"]
+    assert all(r["profiled_calls"] == 3 and r["seen"] == 3 and r["ms"] > 0 for r in rows)
+    assert rows[0]["span_ms"] >= rows[0]["busy_ms"] > 0 and rows[0]["lead_ms"] >= 0
+
+
+def test_runner_records_a_breakdown_per_case_and_impl_and_the_writer_keeps_it_apart(tmp_path):
+    config = BenchConfig(cases=select_cases("s128_b1,s256_b1"), hidden_size=64, intermediate_size=96,
+                         impls=["eager", "cublas-gemms"], device=torch.device("cpu"), protocol="cpu-smoke",
+                         measure_ceilings=False, breakdown=2)
+    handed = []
+    result = run_benchmark(config, progress=False, log=lambda s: None, on_kernels=handed.append)
+    k = result.kernels
+    assert list(k.columns) == list(breakdown.COLUMNS)
+    assert set(zip(k["case"], k["impl"])) == {(c, i) for c in ("s128_b1", "s256_b1") for i in ("eager", "cublas-gemms")}
+    assert [list(f["case"].unique()) for f in handed] == [["s128_b1"], ["s256_b1"]]
+    assert (k["profiled_calls"] == 2).all() and k["ms"].gt(0).all()
+    assert "2 calls per impl and case" in result.metadata["protocol"]["kernel_breakdown"]
+    assert not result.rows.columns.str.contains("kernel").any()
+
+    writer = RunWriter(tmp_path, "20261201T000000Z-test")
+    writer.append(result.rows)
+    for f in handed:
+        path = writer.append_kernels(f)
+    writer.finish(result.metadata)
+    assert path == tmp_path / KERNELS_DIR / "20261201T000000Z-test.csv"
+    back = pd.read_csv(path)
+    assert len(back) == len(k) and (back["run_id"] == "20261201T000000Z-test").all()
+    assert list(analysis.list_runs(tmp_path)["run_id"]) == ["20261201T000000Z-test"]  # not taken for a run
+
+
+def test_no_breakdown_by_default():
+    config = BenchConfig(cases=select_cases("s128_b1"), hidden_size=64, intermediate_size=96, impls=["eager"],
+                         device=torch.device("cpu"), protocol="cpu-smoke", measure_ceilings=False)
+    result = run_benchmark(config, progress=False, log=lambda s: None)
+    assert result.kernels is None and result.metadata["protocol"]["kernel_breakdown"] == "none"
+
+
+def _synthetic_kernels() -> pd.DataFrame:
+    rows = []
+    for tokens, scale in ((128, 1.0), (2048, 10.0)):
+        for impl, kernels, lead in (("triton", [("dswiglu_gemm_kernel", 0.5), ("grad_weight_kernel", 0.6),
+                                                ("grad_x_kernel", 0.8)], 0.15),
+                                    ("quack", [("gemm_dgated", 0.5), ("gemm", 1.2)], 0.05)):
+            busy = sum(ms for _, ms in kernels) * scale
+            for position, (name, ms) in enumerate(kernels):
+                rows.append(dict(run_id="r", case=f"c{tokens}", tokens=tokens, impl=impl, position=position, kernel=name,
+                                 role=breakdown.kernel_role(name), ms=ms * scale, seen=3, busy_ms=busy, lead_ms=lead,
+                                 span_ms=lead + busy + 0.02, profiled_calls=3))
+    return pd.DataFrame(rows, columns=list(breakdown.COLUMNS))
+
+
+def test_breakdown_plot_stacks_each_kernel_relative_to_quacks_span():
+    kernels = _synthetic_kernels()
+    fig = plots.kernel_breakdown_plot(kernels)
+    p = fig.plotted
+    tops = p.groupby(["series", "x"])["y"].max()
+    quack_span = kernels[(kernels["impl"] == "quack")].groupby("tokens")["span_ms"].first()
+    for tokens in (128, 2048):
+        ours = p[(p["x"] == tokens) & p["series"].str.startswith("triton")]
+        base = p[(p["x"] == tokens) & p["series"].str.startswith("quack")]
+        assert base["y"].max() == pytest.approx(1.0)  # the base bar's top is its own span
+        span = kernels[(kernels["impl"] == "triton") & (kernels["tokens"] == tokens)]["span_ms"].iloc[0]
+        assert ours["y"].max() == pytest.approx(span / quack_span[tokens])
+        assert ours["hi"].sum() == pytest.approx(span)  # lead + kernels + gaps = span, in ms
+    assert tops.loc[("triton: grad_x GEMM", 128)] > tops.loc[("triton: weight-gradient GEMM", 128)]
+    plots.plt.close(fig)
+
+
+def test_breakdown_plot_without_data_says_so():
+    fig = plots.kernel_breakdown_plot(pd.DataFrame(columns=list(breakdown.COLUMNS)))
+    assert fig.plotted.empty
+    plots.plt.close(fig)
