@@ -47,7 +47,7 @@ def write_synthetic_run(
     ``power`` the CSV has the columns of runs recorded before power was sampled (none of
     ``POWER_COLUMNS``); with it, those columns too (``POWER_W``, ``CLOCK_MHZ``, ``FLUSH_J``).
     ``kernels``: also ``kernels/<run_id>.csv``, a breakdown per case and impl: ``KERNEL_SPLIT``
-    of the median per kernel, a lead of ``LEAD_MS`` and no gaps (span = lead + busy)."""
+    of the median minus ``IDLE_MS`` per kernel (so the GPU idles ``IDLE_MS`` in the timed median)."""
     bench_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for case in cases:
@@ -98,7 +98,7 @@ def write_synthetic_run(
 
 #: Synthetic breakdown: kernel (name) -> share of the row's median; the host lead before the first kernel.
 KERNEL_SPLIT = {"dswiglu_gemm_kernel": 0.2, "grad_weight_kernel": 0.5, "grad_x_kernel": 0.3}
-LEAD_MS = 0.1
+IDLE_MS = 0.1
 
 
 def write_synthetic_kernels(bench_dir: Path, run_id: str, rows: list[dict]) -> Path:
@@ -109,8 +109,9 @@ def write_synthetic_kernels(bench_dir: Path, run_id: str, rows: list[dict]) -> P
     for r in rows:
         for position, (name, share) in enumerate(KERNEL_SPLIT.items()):
             out.append(dict(run_id=run_id, case=r["case"], tokens=r["tokens"], impl=r["impl"], position=position,
-                            kernel=name, role=breakdown.kernel_role(name), ms=share * r["median_ms"], seen=3,
-                            busy_ms=r["median_ms"], lead_ms=LEAD_MS, span_ms=LEAD_MS + r["median_ms"], profiled_calls=3))
+                            kernel=name, role=breakdown.kernel_role(name), ms=share * (r["median_ms"] - IDLE_MS),
+                            seen=3, busy_ms=r["median_ms"] - IDLE_MS, lead_ms=0.2, span_ms=r["median_ms"] + 0.1,
+                            profiled_calls=3, timed_ms=r["median_ms"]))
     path = bench_dir / "kernels" / f"{run_id}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(out, columns=list(breakdown.COLUMNS)).to_csv(path, index=False)

@@ -75,6 +75,8 @@ def test_runner_records_a_breakdown_per_case_and_impl_and_the_writer_keeps_it_ap
     assert set(zip(k["case"], k["impl"])) == {(c, i) for c in ("s128_b1", "s256_b1") for i in ("eager", "cublas-gemms")}
     assert [list(f["case"].unique()) for f in handed] == [["s128_b1"], ["s256_b1"]]
     assert (k["profiled_calls"] == 2).all() and k["ms"].gt(0).all()
+    timed = result.rows.set_index(["case", "impl"])["median_ms"]
+    assert [timed[(c, i)] for c, i in zip(k["case"], k["impl"])] == k["timed_ms"].tolist()
     assert "2 calls per impl and case" in result.metadata["protocol"]["kernel_breakdown"]
     assert not result.rows.columns.str.contains("kernel").any()
 
@@ -99,31 +101,35 @@ def test_no_breakdown_by_default():
 def _synthetic_kernels() -> pd.DataFrame:
     rows = []
     for tokens, scale in ((128, 1.0), (2048, 10.0)):
-        for impl, kernels, lead in (("triton", [("dswiglu_gemm_kernel", 0.5), ("grad_weight_kernel", 0.6),
+        for impl, kernels, idle in (("triton", [("dswiglu_gemm_kernel", 0.5), ("grad_weight_kernel", 0.6),
                                                 ("grad_x_kernel", 0.8)], 0.15),
                                     ("quack", [("gemm_dgated", 0.5), ("gemm", 1.2)], 0.05)):
             busy = sum(ms for _, ms in kernels) * scale
             for position, (name, ms) in enumerate(kernels):
                 rows.append(dict(run_id="r", case=f"c{tokens}", tokens=tokens, impl=impl, position=position, kernel=name,
-                                 role=breakdown.kernel_role(name), ms=ms * scale, seen=3, busy_ms=busy, lead_ms=lead,
-                                 span_ms=lead + busy + 0.02, profiled_calls=3))
+                                 role=breakdown.kernel_role(name), ms=ms * scale, seen=3, busy_ms=busy, lead_ms=0.3,
+                                 span_ms=0.3 + busy, profiled_calls=3, timed_ms=busy + idle))
     return pd.DataFrame(rows, columns=list(breakdown.COLUMNS))
 
 
-def test_breakdown_plot_stacks_each_kernel_relative_to_quacks_span():
+def test_breakdown_plot_stacks_each_kernel_on_the_idle_time_relative_to_quacks_median():
     kernels = _synthetic_kernels()
     fig = plots.kernel_breakdown_plot(kernels)
     p = fig.plotted
     tops = p.groupby(["series", "x"])["y"].max()
-    quack_span = kernels[(kernels["impl"] == "quack")].groupby("tokens")["span_ms"].first()
+    timed = kernels.groupby(["impl", "tokens"])["timed_ms"].first()
     for tokens in (128, 2048):
         ours = p[(p["x"] == tokens) & p["series"].str.startswith("triton")]
         base = p[(p["x"] == tokens) & p["series"].str.startswith("quack")]
-        assert base["y"].max() == pytest.approx(1.0)  # the base bar's top is its own span
-        span = kernels[(kernels["impl"] == "triton") & (kernels["tokens"] == tokens)]["span_ms"].iloc[0]
-        assert ours["y"].max() == pytest.approx(span / quack_span[tokens])
-        assert ours["hi"].sum() == pytest.approx(span)  # lead + kernels + gaps = span, in ms
+        assert base["y"].max() == pytest.approx(1.0)  # the base bar's top is its own timed median
+        assert ours["y"].max() == pytest.approx(timed[("triton", tokens)] / timed[("quack", tokens)])
+        assert ours["hi"].sum() == pytest.approx(timed[("triton", tokens)])  # idle + kernels = the timed median
+        idle = ours[ours["series"] == f"triton: {plots.IDLE}"]
+        assert idle["lo"].tolist() == [0.0] and idle["hi"].tolist() == pytest.approx([0.15])
     assert tops.loc[("triton: grad_x GEMM", 128)] > tops.loc[("triton: weight-gradient GEMM", 128)]
+    table = breakdown.per_role(kernels).set_index(["tokens", "impl"])
+    assert table.loc[(128, "triton"), "idle_ms"] == pytest.approx(0.15)
+    assert table.loc[(2048, "quack"), "GEMM (library)"] == pytest.approx(12.0)
     plots.plt.close(fig)
 
 

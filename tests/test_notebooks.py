@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench_fixtures import FACTORS, FLUSH_J, LEAD_MS, POWER_W, write_synthetic_run, write_synthetic_tp_run
+from bench_fixtures import FACTORS, FLUSH_J, IDLE_MS, POWER_W, write_synthetic_run, write_synthetic_tp_run
 from swiglu import CASES, roofline
 from swiglu_lab.research import plots, reproduce
 
@@ -154,11 +154,13 @@ def test_smoke_kernel_breakdown_draws_the_recorded_kernels(smoke):
     for tokens, ms in sol.items():
         bars = drawn[drawn["x"] == tokens]
         tops = bars.assign(impl=bars["series"].str.split(":").str[0]).groupby("impl")["y"].max()
-        base = LEAD_MS + FACTORS["eager"] * ms  # no quack in the run: relative to the first impl, eager
-        for impl, factor in FACTORS.items():
-            assert tops[impl] == pytest.approx((LEAD_MS + factor * ms) / base)
+        for impl, factor in FACTORS.items():  # no quack in the run: relative to the first impl, eager
+            assert tops[impl] == pytest.approx(factor / FACTORS["eager"])
+        idle = bars[bars["series"] == f"triton: {plots.IDLE}"]
+        assert idle["hi"].tolist() == pytest.approx([IDLE_MS])
     table = pd.read_csv(tmp / "derived" / "kernel_breakdown.csv")
-    assert {"dSwiGLU GEMM", "weight-gradient GEMM", "grad_x GEMM", "lead_ms"} <= set(table.columns)
+    assert {"dSwiGLU GEMM", "weight-gradient GEMM", "grad_x GEMM", "idle_ms"} <= set(table.columns)
+    assert table["idle_ms"].tolist() == pytest.approx([IDLE_MS] * len(table))
 
 
 def test_smoke_validation_figure_draws_every_implementation(smoke):

@@ -6,7 +6,10 @@ that ends with a synchronize, so every kernel that starts inside the range belon
 Per call: the kernels in start order (on a CPU, the top-level ops under the range), their busy
 time (the union of their intervals), the lead (range start to the first kernel: the host's work
 before its first launch, the GPU idle meanwhile) and the span (range start to the last kernel's
-end). Rows: one per kernel position, medians over the calls; ``bench/kernels/<run_id>.csv``.
+end). The profiler slows the host, so lead and span overstate the host's share; the GPU's idle
+time inside the benchmark's own timed span is ``timed_ms`` (that row's median from the timed
+loop, unprofiled) minus ``busy_ms``. Rows: one per kernel position, medians over the calls;
+``bench/kernels/<run_id>.csv``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 #: The range name around each profiled call.
 MARK = "swiglu_bench::call"
 COLUMNS = ("run_id", "case", "tokens", "impl", "position", "kernel", "role", "ms", "seen",
-           "busy_ms", "lead_ms", "span_ms", "profiled_calls")
+           "busy_ms", "lead_ms", "span_ms", "profiled_calls", "timed_ms")
 
 #: Name fragment -> role, first match wins (lower-case): our kernels by name, quack's and the
 #: libraries' GEMMs as "GEMM (library)".
@@ -54,8 +57,10 @@ def call_kernels(prof, device_type: str) -> tuple[list[list[tuple[str, float, fl
     marks = sorted((e for e in events if e.name == MARK and e.device_type.name == "CPU"),
                    key=lambda e: e.time_range.start)
     if device_type == "cuda":
+        # Device events less the ranges of record_function annotations (ours and any library's),
+        # which the profiler also puts on the device's timeline.
         kernels = [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in events
-                   if e.device_type.name == "CUDA"]
+                   if e.device_type.name == "CUDA" and e.name != MARK and not getattr(e, "is_user_annotation", False)]
         calls = [[k for k in kernels if m.time_range.start <= k[1] <= m.time_range.end] for m in marks]
     else:
         calls = [[(c.name, float(c.time_range.start), float(c.time_range.end)) for c in m.cpu_children] for m in marks]
@@ -114,15 +119,18 @@ def profile_calls(fn: Callable, make_args: Callable[[], tuple], iters: int, devi
 
 
 def frame(rows: list[dict], **fields) -> pd.DataFrame:
-    """``rows`` as a DataFrame in ``COLUMNS`` order, ``fields`` (run_id, case, tokens, impl) set on each."""
+    """``rows`` as a DataFrame in ``COLUMNS`` order, ``fields`` (run_id, case, tokens, impl,
+    timed_ms) set on each."""
     return pd.DataFrame([{**fields, **r} for r in rows], columns=list(COLUMNS))
 
 
 def per_role(kernels: pd.DataFrame) -> pd.DataFrame:
     """Milliseconds per (tokens, impl, role), summed over positions, from the first case of each
-    token count (cases of equal tokens do the same work), with each impl's lead and busy time."""
+    token count (cases of equal tokens do the same work), with each impl's busy time, the timed
+    median and the GPU idle time inside it (``idle_ms`` = timed - busy), and the profiled lead."""
     first = kernels.drop_duplicates(["tokens"])[["tokens", "case"]]
     k = kernels.merge(first, on=["tokens", "case"])
     table = k.pivot_table(index=["tokens", "impl"], columns="role", values="ms", aggfunc="sum", fill_value=0.0)
-    extra = k.groupby(["tokens", "impl"])[["lead_ms", "busy_ms", "span_ms"]].first()
+    extra = k.groupby(["tokens", "impl"])[["busy_ms", "timed_ms", "lead_ms"]].first()
+    extra.insert(2, "idle_ms", extra["timed_ms"] - extra["busy_ms"])
     return table.join(extra).reset_index()

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_summary(result.rows, metadata))
     if result.kernels is not None:
         table = per_role(result.kernels)
-        print(f"\nkernel breakdown (ms per backward, median of {config.breakdown} profiled calls; lead = start of the "
-              f"call to its first kernel): {writer[0].out_dir / 'kernels' / (writer[0].run_id + '.csv')}")
+        print(f"\nkernel breakdown (ms per backward: kernels, median of {config.breakdown} profiled calls; idle = timed "
+              f"median - busy; lead: profiled, host slowed): {writer[0].out_dir / 'kernels' / (writer[0].run_id + '.csv')}")
         print(_fmt(table))
     return 0

@@ -363,7 +363,8 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
                                     config.breakdown)
             kernels = measured.pop("kernels", None)
             if kernels:
-                kernel_frames.append(kernel_frame(kernels, run_id="", case=case.name, tokens=case.tokens, impl=name))
+                kernel_frames.append(kernel_frame(kernels, run_id="", case=case.name, tokens=case.tokens, impl=name,
+                                                  timed_ms=measured["median_ms"]))
             if math.isfinite(measured["energy_j"]):
                 measured = with_flush_energy(measured, flush_energy_j)
             _cleanup(device)

@@ -851,26 +851,26 @@ def tp_timeline_plot(events: pd.DataFrame, footer: str = "", title: str = "Per-r
     return fig
 
 
-#: Segment colours of ``kernel_breakdown_plot``, by ``breakdown.kernel_role`` (lead and gaps last).
+#: Segment colours of ``kernel_breakdown_plot``, by ``breakdown.kernel_role`` (the idle time last).
 ROLE_COLORS = {
     "dSwiGLU GEMM": "#1f77b4",
     "grad_x GEMM": "#2ca02c",
     "weight-gradient GEMM": "#ff7f0e",
     "GEMM (library)": "#9467bd",
     "elementwise / other": "#bcbd22",
-    "host lead (GPU idle)": "#d9d9d9",
-    "gaps between kernels": "#f7f7f7",
+    "GPU idle (timed - kernels)": "#d9d9d9",
 }
+IDLE = "GPU idle (timed - kernels)"
 
 
 def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = None, base: str | None = None,
                           footer: str = "", title: str = "Where one backward's time goes, kernel by kernel") -> Figure:
-    """Stacked bars per token count, one bar per implementation: the host lead before the first
-    kernel (GPU idle), then each kernel in launch order coloured by its role, then the gaps
-    between kernels (span minus lead minus busy time), all divided by ``base``'s span at that T
-    (default quack's where present, else the first impl), so every T reads on one axis; a bar's
-    top is its span relative to ``base``'s. ``kernels``: ``breakdown.COLUMNS`` rows of one run
-    (the first case of each token count is drawn). ``fig.plotted``: one row per segment (series
+    """Stacked bars per token count, one bar per implementation, as tall as its timed median:
+    the GPU's idle time inside it first (timed median minus the kernels' busy time: the host's
+    work the device waited for), then each kernel in launch order coloured by its role, all
+    divided by ``base``'s timed median at that T (default quack's where present, else the first
+    impl), so every T reads on one axis. ``kernels``: ``breakdown.COLUMNS`` rows of one run (the
+    first case of each token count is drawn). ``fig.plotted``: one row per segment (series
     "impl: segment", x = tokens, y = the segment's top, lo = its bottom, hi = its ms)."""
     first = kernels.drop_duplicates(["tokens"])[["tokens", "case"]]
     k = kernels.merge(first, on=["tokens", "case"]).sort_values(["tokens", "impl", "position"])
@@ -880,45 +880,42 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
         return placeholder(title, "no kernel breakdown recorded (bench --breakdown N on a GPU)", footer)
     base = base or ("quack" if "quack" in impls else impls[0])
     tokens = sorted(k["tokens"].unique())
-    spans = k.groupby(["tokens", "impl"])["span_ms"].first()
+    timed = k.groupby(["tokens", "impl"])["timed_ms"].first()
     fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.6))
     width = 0.8 / len(impls)
     records, seen = [], set()
     for j, impl in enumerate(impls):
         for xi, t in enumerate(tokens):
             rows = k[(k["tokens"] == t) & (k["impl"] == impl)]
-            if rows.empty or (t, base) not in spans.index:
+            if rows.empty or (t, base) not in timed.index:
                 continue
-            scale = spans[(t, base)]
-            lead, busy, span = rows["lead_ms"].iloc[0], rows["busy_ms"].iloc[0], rows["span_ms"].iloc[0]
-            segments = [("host lead (GPU idle)", lead)] + list(zip(rows["role"], rows["ms"]))
-            segments.append(("gaps between kernels", max(0.0, span - lead - busy)))
+            scale = timed[(t, base)]
+            idle = max(0.0, rows["timed_ms"].iloc[0] - rows["busy_ms"].iloc[0])
+            segments = [(IDLE, idle)] + list(zip(rows["role"], rows["ms"]))
             bottom = 0.0
             x = xi + (j - (len(impls) - 1) / 2) * width
             for role, ms in segments:
                 height = ms / scale
-                label = role if role not in seen else None
-                seen.add(role)
                 ax.bar(x, height, width * 0.92, bottom=bottom, color=ROLE_COLORS.get(role, "#7f7f7f"),
-                       edgecolor="0.3", linewidth=0.4, label=label)
+                       edgecolor="0.3", linewidth=0.4, label=role if role not in seen else None)
+                seen.add(role)
                 records.append(dict(panel="breakdown", series=f"{impl}: {role}", x=t, y=bottom + height, lo=bottom, hi=ms))
                 bottom += height
             ax.text(x, bottom + 0.01, "ours" if impl == "triton" else impl, rotation=90, ha="center", va="bottom",
                     fontsize=8)
     ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
     ax.set_xlabel("tokens T")
-    ax.set_ylabel(f"time / {base}'s span (ours = triton)")
+    ax.set_ylabel(f"time / {base}'s timed median (ours = triton)")
     ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle=":")
     top = max((r["y"] for r in records), default=1.0)
     ax.set_ylim(0, top * 1.22)
     ax.set_title(title)
-    ax.legend(loc="upper center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, -0.14))
+    ax.legend(loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, -0.14))
     ax.grid(axis="y", alpha=0.3)
     calls = int(k["profiled_calls"].max())
     fig.tight_layout()
-    add_footer(fig, f"torch.profiler, median of {calls} calls per bar, each flushed and synchronized (the lead is "
-                    f"the host's work before the first launch, not overlapped with the flush as in the timed "
-                    f"protocol). {footer}")
+    add_footer(fig, f"Kernel times: torch.profiler, median of {calls} calls per bar (each flushed and synchronized); "
+                    f"bar height: the timed median of the benchmark's protocol. {footer}")
     fig.plotted = pd.DataFrame(records, columns=PLOTTED_COLUMNS)
     return fig
 
