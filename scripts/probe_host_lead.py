@@ -10,7 +10,8 @@ after the flush; the host only enqueues). Reported: median and p20/p80
 in microseconds. The steps before the first launch (validation, the backend decision, the plan,
 the TMA-ready views, the [T, I] buffers, the dSwiGLU launch) add up to the host lead, the GPU
 idle time that follows the L2 flush in the benchmark's protocol; the later launches and a plain
-``torch.mm`` launch are printed as yardsticks. Writes ``host_lead.csv`` to ``--out``.
+``torch.mm`` launch are printed as yardsticks, and the whole backward once more through Triton's
+own Python runner (``swiglu.kernels.common.DIRECT_LAUNCH`` off). Writes ``host_lead.csv`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -106,11 +107,23 @@ def main(argv=None) -> int:
         p.error("needs a CUDA GPU")
     device = torch.device("cuda", torch.cuda.current_device())
     rows = []
+    from swiglu.kernels import common
+
+    def record(T, name, fn):
+        us = sorted(time_us(fn, args.iters, args.warmup, device))
+        rows.append(dict(tokens=T, step=name, us_median=statistics.median(us), us_p20=us[len(us) // 5],
+                         us_p80=us[4 * len(us) // 5], iters=args.iters))
+
     for T in args.tokens:
-        for name, fn in steps(T, args.hidden_size, args.intermediate_size, device).items():
-            us = sorted(time_us(fn, args.iters, args.warmup, device))
-            rows.append(dict(tokens=T, step=name, us_median=statistics.median(us), us_p20=us[len(us) // 5],
-                             us_p80=us[4 * len(us) // 5], iters=args.iters))
+        table = steps(T, args.hidden_size, args.intermediate_size, device)
+        for name, fn in table.items():
+            record(T, name, fn)
+        # The same whole backward through Triton's Python runner (common.DIRECT_LAUNCH off).
+        common.DIRECT_LAUNCH = False
+        common._LAUNCHES.clear()
+        record(T, "whole backward, Triton's runner", table["whole backward (5 launches)"])
+        common.DIRECT_LAUNCH = True
+        common._LAUNCHES.clear()
         if args.profile:
             import cProfile
             import pstats

@@ -193,12 +193,12 @@ def run_backward(tensors, needs: tuple[bool, bool, bool, bool], impl: str,
         return reference_gradients(tensors, needs)
     backend = _triton()
     x, gate_weight = tensors[1], tensors[5]
-    flat = tuple(None if t is None else t.reshape(-1, t.shape[-1]) for t in tensors[:5])
+    flat = tuple(t if t is None or t.dim() == 2 else t.reshape(-1, t.shape[-1]) for t in tensors[:5])
     inter, hidden = gate_weight.shape
     plan = backend.backward_plan(flat[1].shape[0], hidden, inter, backend.plan_device(x.device))
     grad_x, *grad_weights = backend.launch_backward((*flat, *tensors[5:]), plan=plan, needs=needs,
                                                     overwrite_activations=consume, release_activations=consume)
-    return (None if grad_x is None else grad_x.reshape(x.shape), *grad_weights)
+    return (grad_x if grad_x is None or x.dim() == 2 else grad_x.reshape(x.shape), *grad_weights)
 
 
 def _no_autocast(x: torch.Tensor):

@@ -103,11 +103,14 @@ def tma_descriptor(t: torch.Tensor, block: list[int], cls: type = TensorDescript
 def tma_ready(t: torch.Tensor) -> torch.Tensor:
     """A 2-D view usable by a TMA descriptor: unit last stride, 16-byte aligned base and row
     stride. Anything else is copied once to a contiguous buffer (documented in swiglu.api)."""
-    t2 = t.reshape(-1, t.shape[-1])
+    # On the hot path: one call per tensor and launch, so few tensor method calls (a 2-D tensor,
+    # the common case, is not reshaped: a view costs more than all the checks).
+    t2 = t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
+    s0, s1 = t2.stride()
     ok = (
-        t2.stride(-1) == 1
-        and t2.stride(0) >= t2.shape[-1]  # no overlapping rows (an expanded, zero-stride tensor is copied)
-        and (t2.stride(0) * t2.element_size()) % 16 == 0
+        s1 == 1
+        and s0 >= t2.shape[1]  # no overlapping rows (an expanded, zero-stride tensor is copied)
+        and (s0 * t2.element_size()) % 16 == 0
         and t2.data_ptr() % 16 == 0
     )
     # A fresh allocation, not .contiguous(): that returns a contiguous but misaligned view as is.
@@ -117,6 +120,76 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
 #: Compiled kernels by launch key (``launch``), bounded: emptied when it outgrows this.
 _LAUNCHES: dict = {}
 _LAUNCHES_MAX = 1024
+#: Whether ``launch`` calls triton 3.6's C launcher directly (``direct_runner``) after the first
+#: launch per key; SWIGLU_DIRECT_LAUNCH=0 (or False here, then ``_LAUNCHES.clear()``) keeps
+#: Triton's Python runner, e.g. to measure the difference.
+DIRECT_LAUNCH = os.environ.get("SWIGLU_DIRECT_LAUNCH", "1") != "0"
+
+
+def expand_descriptors(args: tuple, descriptors: tuple, fill) -> list:
+    """``args`` with each host TMA descriptor at a position of ``descriptors`` (``(position,
+    swizzle, elem_size, host dtype, block_size)``, ascending) replaced by what triton 3.6's
+    ``make_tensordesc_arg`` passes the C launcher: ``fill(...)``'s CUtensorMap, then the shape and
+    the strides."""
+    out = list(args)
+    for position, swizzle, elem_size, dtype, block in reversed(descriptors):
+        d = out[position]
+        out[position:position + 1] = [fill(d.base.data_ptr(), swizzle, elem_size, dtype, block, d.shape, d.strides,
+                                           1 if d.padding == "nan" else 0), *d.shape, *d.strides]
+    return out
+
+
+def _has_hooks(chain) -> bool:
+    return chain is not None and (not hasattr(chain, "calls") or bool(chain.calls))
+
+
+def direct_runner(compiled, grid: tuple[int, int, int]):
+    """What ``compiled[grid]`` runs, without triton 3.6's Python layers between it and the C
+    launcher (runner, ``CudaLauncher.__call__``, the descriptor wrapper: about half a launch's
+    host time): the same C call with the same arguments. None where this triton's launcher is not
+    the one it was written for (another release, global or profile scratch, fp4 or pointer-lowered
+    descriptors); where a launch hook is set (e.g. proton's) each call takes Triton's runner.
+    Skipped besides: Triton's per-launch metadata dict, built only for those hooks."""
+    import triton
+
+    if not DIRECT_LAUNCH or not triton.__version__.startswith(GLUON_TRITON + "."):
+        return None
+    try:
+        from triton import knobs
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+        from triton.runtime import driver
+
+        launcher = compiled.run
+        if launcher.global_scratch_size or launcher.profile_scratch_size:
+            return None
+        wrapped = launcher.launch
+        cells = dict(zip(wrapped.__code__.co_freevars, (c.cell_contents for c in wrapped.__closure__ or ()))) \
+            if hasattr(wrapped, "__code__") else {}
+        raw, metas = cells.get("launcher", wrapped), cells.get("tensordesc_meta", [])
+        positions = sorted(cells.get("tensordesc_indices", ()))
+        if len(positions) != len(metas) or any(m is None or m["fp4_padded"] for m in metas):
+            return None
+        descriptors = tuple((p, m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"])
+                            for p, m in zip(positions, metas))
+        fill, device, stream = driver.active.utils.fill_tma_descriptor, driver.active.get_current_device, \
+            driver.active.get_current_stream
+        head = (*grid, None, compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
+                compiled.packed_metadata, None, None, None)
+        slow = compiled[grid]
+    except (AttributeError, ImportError, KeyError, TypeError):
+        return None
+    runtime = knobs.runtime
+
+    def run(*args):
+        # Triton's hooks are chains (empty unless a tool such as proton added one); an empty
+        # chain called around the launch does nothing, so the C launcher gets None instead.
+        if _has_hooks(runtime.launch_enter_hook) or _has_hooks(runtime.launch_exit_hook):
+            return slow(*args)
+        base = list(head)
+        base[3] = stream(device())
+        raw(*base, *expand_descriptors(args, descriptors, fill))
+
+    return run
 
 
 def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
@@ -126,8 +199,9 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     the constexprs and the configuration (whose blocks are the descriptors' block shapes). The
     first launch per key takes Triton's own path (binding, specialization, JIT cache: about half
     of a launch's host time, measured on the H200 machine); later ones call the compiled
-    kernel's runner (``CompiledKernel[grid]``) with the same arguments in signature order. In
-    the interpreter every launch takes Triton's path."""
+    kernel's C launcher through ``direct_runner`` (or, where it does not apply, its runner
+    ``CompiledKernel[grid]``) with the same arguments in signature order. In the interpreter
+    every launch takes Triton's path."""
     entry = _LAUNCHES.get(key)
     if entry is None:
         compiled = kernel[grid](*args, **kwargs)
@@ -136,7 +210,8 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
         names = kernel.arg_names
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
-        _LAUNCHES[key] = (compiled[tuple(grid) + (1,) * (3 - len(grid))], names[len(args):])  # runner takes 3-D
+        grid3 = tuple(grid) + (1,) * (3 - len(grid))  # the runner takes 3-D
+        _LAUNCHES[key] = (direct_runner(compiled, grid3) or compiled[grid3], names[len(args):])
         return
     runner, rest = entry
     runner(*args, *[kwargs[name] for name in rest])
