@@ -55,3 +55,45 @@ def test_direct_runner_hands_the_c_launcher_what_triton_36_does(tmp_path):
     assert len(report["triton_call"]) == 13 + (1 + 4) + 1 + 1 + 1 + (1 + 4)  # base, a, n, BM, b, c
     assert len(report["fills"]) == 4  # two descriptors, each filled once per call
     assert report["hooked"] == ["slow"]  # a hook added (a profiler): Triton's runner takes the call
+
+
+# --------------------------------------------------------------------------------------- GPU
+def _backward(tensors, direct: bool):
+    from swiglu import swiglu_mlp_backward
+
+    common.DIRECT_LAUNCH = direct
+    common._LAUNCHES.clear()
+    try:
+        first = swiglu_mlp_backward(*tensors, impl="triton")  # Triton's own launch path
+        again = swiglu_mlp_backward(*tensors, impl="triton")  # the cached launch (direct or runner)
+        torch.cuda.synchronize()
+        runners = [entry[0] for entry in common._LAUNCHES.values()]
+        return first, again, runners
+    finally:
+        common.DIRECT_LAUNCH = True
+        common._LAUNCHES.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, H, I", [(1, 520, 1176), (77, 384, 520), (300, 1000, 1176), (2048, 1024, 2816),
+                                     (128, 16384, 53248), (256, 16384, 53248)])
+def test_direct_launches_give_the_bits_of_tritons_runner(T, H, I):
+    """Every gradient bitwise the same through the direct C launch, Triton's runner and Triton's
+    first (JIT) launch, at odd T, in the tl and the Gluon buckets; every cached launch direct."""
+    import triton
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from swiglu import make_inputs, reference_backward
+    from swiglu.accuracy import benchmark_criterion
+
+    tensors = make_inputs(1, T, H, I, seed=T, device="cuda").as_tuple()
+    first, direct, runners = _backward(tensors, True)
+    _, slow, slow_runners = _backward(tensors, False)
+    if triton.__version__.startswith(common.GLUON_TRITON + "."):
+        assert runners and all(r.__name__ == "run" for r in runners)
+    assert not any(getattr(r, "__name__", "") == "run" for r in slow_runners)
+    for name, a, b, c, ref in zip(("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight"), first, direct,
+                                  slow, reference_backward(*tensors)):
+        assert torch.equal(a, b) and torch.equal(b, c), name
+        assert benchmark_criterion(b, ref, 0.13).passed, name
