@@ -137,3 +137,22 @@ def test_breakdown_plot_without_data_says_so():
     fig = plots.kernel_breakdown_plot(pd.DataFrame(columns=list(breakdown.COLUMNS)))
     assert fig.plotted.empty
     plots.plt.close(fig)
+
+
+def test_breakdown_plot_fits_longer_profiled_kernels_into_the_timed_median_and_covers_a_t_the_base_lacks():
+    kernels = _synthetic_kernels()
+    slow = (kernels["impl"] == "triton") & (kernels["tokens"] == 128)
+    kernels.loc[slow, "ms"] *= 1.1  # profiled kernels 10% longer than the timed median leaves room for
+    kernels.loc[slow, "busy_ms"] *= 1.1
+    kernels = kernels[~((kernels["impl"] == "quack") & (kernels["tokens"] == 2048))]  # quack lacks T = 2048
+    fig = plots.kernel_breakdown_plot(kernels)
+    p = fig.plotted
+    timed = kernels.groupby(["impl", "tokens"])["timed_ms"].first()
+    ours = p[(p["x"] == 128) & p["series"].str.startswith("triton")]
+    assert ours["y"].max() == pytest.approx(timed[("triton", 128)] / timed[("quack", 128)])
+    assert ours.loc[ours["series"] == f"triton: {plots.IDLE}", "hi"].tolist() == [0.0]
+    assert ours["hi"].sum() == pytest.approx(timed[("triton", 128)])
+    at_2048 = p[(p["x"] == 2048)]
+    assert at_2048["y"].max() == pytest.approx(1.0) and set(at_2048["series"].str.split(":").str[0]) == {"triton"}
+    assert "(vs triton)" in fig.axes[0].get_xticklabels()[1].get_text()
+    plots.plt.close(fig)

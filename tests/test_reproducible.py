@@ -171,15 +171,34 @@ def test_a_new_peer_gets_its_own_row_and_column(tmp_path):
 
     for name in ("latency_summary.csv", "latency_per_case.csv", "history.csv"):
         frame = pd.read_csv(DERIVED / name)
-        peer = frame[frame["impl"] == "compile"].assign(impl="quack")
+        assert "newpeer" not in set(frame["impl"])  # a peer no committed run has
+        peer = frame[frame["impl"] == "compile"].assign(impl="newpeer")
         pd.concat([frame, peer]).to_csv(tmp_path / name, index=False)
     blocks = docs_tables.render(tmp_path, ROOT / "data" / "bench")
-    row = next(line for line in blocks["headline"].splitlines() if "quack" in line)
+    row = next(line for line in blocks["headline"].splitlines() if line.startswith("| newpeer"))
     assert row.split("|")[2].strip() == next(
-        line for line in blocks["headline"].splitlines() if "torch.compile (default)" in line
+        line for line in blocks["headline"].splitlines() if line.startswith("| torch.compile (default)")
     ).split("|")[2].strip()  # the peer's row carries its own data (here: a copy of compile's)
-    assert "| case | T |" in blocks["per-case"] and "quack" in blocks["per-case"].splitlines()[2]
-    assert "quack" in blocks["history"].splitlines()[0]
+    assert "| case | T |" in blocks["per-case"] and "newpeer" in blocks["per-case"].splitlines()[2]
+    assert "newpeer" in blocks["history"].splitlines()[0]
+
+
+def test_an_implementation_with_fewer_cases_is_compared_over_the_common_ones(tmp_path):
+    from swiglu_lab.research import docs_tables
+
+    summary = pd.read_csv(DERIVED / "latency_summary.csv")
+    per_case = pd.read_csv(DERIVED / "latency_per_case.csv")
+    timed = per_case[per_case["median_ms"].notna()]
+    if timed.groupby("impl")["case"].nunique().nunique() == 1:
+        pytest.skip("every implementation of the committed run timed every case")
+    blocks = docs_tables.render(DERIVED, ROOT / "data" / "bench")
+    line = next(t for t in blocks["headline"].splitlines() if "timed fewer cases" in t)
+    common = set.intersection(*(set(g["case"]) for _, g in timed.groupby("impl")))
+    ours = np.exp(np.log(timed[(timed["impl"] == "triton") & timed["case"].isin(common)]["median_ms"]).mean())
+    assert f"over the {len(common)} cases every implementation timed" in line
+    assert f"**swiglu Triton (ours)** {ours:.2f} ms" in line
+    short = summary.loc[summary["cases"] < summary["cases"].max(), "impl"]
+    assert len(short) and all(f"({int(summary.set_index('impl').loc[i, 'cases'])} of " in blocks["headline"] for i in short)
 
 
 def test_a_subset_run_writes_under_build_and_tables_of_two_runs_never_mix(tmp_path):
@@ -228,7 +247,7 @@ def test_reproduce_redraws_the_committed_figures_and_tables_byte_for_byte(tmp_pa
                             build_dir=tmp_path / "notebooks", engine="python", progress=False, root=ROOT)
     assert all(r.ok for r in results), [r.error for r in results]
     drawn = sorted((tmp_path / "figures").iterdir())
-    assert len(drawn) == 2 * 10  # 03: six figures, 04, 05: two, 06
+    assert len(drawn) == 2 * 11  # 03: seven figures, 04, 05: two, 06
     for path in drawn:
         assert path.read_bytes() == (ROOT / "figures" / path.name).read_bytes(), f"figures/{path.name} differs"
     for path in sorted((tmp_path / "derived").iterdir()):

@@ -390,7 +390,7 @@ def latency_summary(table: pd.DataFrame) -> pd.DataFrame:
             {
                 "impl": impl,
                 "label": IMPL_LABELS.get(impl, impl),
-                "cases": int(t["case"].nunique()),
+                "cases": int(t.loc[t["median_ms"].notna(), "case"].nunique()),  # timed (an ERROR row has no time)
                 "gmean_ms": gm,
                 "gmean_p20_ms": _gmean(t["p20_ms"]) if "p20_ms" in t else math.nan,
                 "gmean_p80_ms": _gmean(t["p80_ms"]) if "p80_ms" in t else math.nan,

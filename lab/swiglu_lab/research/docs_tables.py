@@ -80,14 +80,34 @@ def headline(derived_dir: Path, bench_dir: Path) -> str:
         ms = f"{r['gmean_ms']:.2f} ({_range(r['gmean_p20_ms'], r['gmean_p80_ms'], '.2f')})"
         if r["impl"] == OURS:
             ms, vs_c = f"**{ms}**", f"**{vs_c}**"
-        lines.append(f"| {_label(r['impl'])} | {ms} | {vs_c} | {r['gmean_speedup_vs_eager']:.3f}x | "
+        label = _label(r["impl"]) + (f" ({int(r['cases'])} of {cases} cases)" if int(r["cases"]) < cases else "")
+        lines.append(f"| {label} | {ms} | {vs_c} | {r['gmean_speedup_vs_eager']:.3f}x | "
                      f"{r['sol_fraction']:.2f} | {correct} |")
     sol = float(s["gmean_sol_ms"].max())
     lines.append(f"| H200 speed of light, datasheet (989.4 TFLOP/s, 4.8 TB/s) | {sol:.2f} | | | 1 | |")
     if per_case is not None and per_case["sol_ms_measured"].notna().any():
         measured = _gmean(per_case.drop_duplicates("case")["sol_ms_measured"])
         lines.append(f"| H200 speed of light, ceilings measured in the run | {measured:.2f} | | | | |")
+    if per_case is not None and (s["cases"] < cases).any():
+        lines += ["", _common_cases_line(per_case, s)]
     return "\n".join(lines) + "\n"
+
+
+def _common_cases_line(per_case: pd.DataFrame, summary: pd.DataFrame) -> str:
+    """The geometric means over only the cases every implementation timed, for a run where some
+    timed fewer (their gmean above is over their own cases, so not comparable row by row)."""
+    timed = per_case[per_case["median_ms"].notna()]
+    common = set.intersection(*(set(g["case"]) for _, g in timed.groupby("impl")))
+    missing = sorted(set(per_case["case"]) - common)
+    means = {i: _gmean(g.loc[g["case"].isin(common), "median_ms"]) for i, g in timed.groupby("impl")}
+    partial = ", ".join(_label(i) for i in summary.loc[summary["cases"] < summary["cases"].max(), "impl"])
+    text = (f"{partial} timed fewer cases (no time for {', '.join(missing)}: see the run's notes); over the "
+            f"{len(common)} cases every implementation timed, geometric means: "
+            + ", ".join(f"{_label(i)} {means[i]:.2f} ms" for i in order_impls(means)))
+    if OURS in means:
+        text += "; speed-up of ours over " + ", ".join(f"{_label(i)} {means[i] / means[OURS]:.3f}x" for i in order_impls(means)
+                                           if i != OURS)
+    return text + "."
 
 
 def per_case(derived_dir: Path, bench_dir: Path) -> str:

@@ -867,11 +867,12 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
                           footer: str = "", title: str = "Where one backward's time goes, kernel by kernel") -> Figure:
     """Stacked bars per token count, one bar per implementation, as tall as its timed median:
     the GPU's idle time inside it first (timed median minus the kernels' busy time: the host's
-    work the device waited for), then each kernel in launch order coloured by its role, all
-    divided by ``base``'s timed median at that T (default quack's where present, else the first
-    impl), so every T reads on one axis. ``kernels``: ``breakdown.COLUMNS`` rows of one run (the
-    first case of each token count is drawn). ``fig.plotted``: one row per segment (series
-    "impl: segment", x = tokens, y = the segment's top, lo = its bottom, hi = its ms)."""
+    work the device waited for), then each kernel in launch order coloured by its role (its
+    share of the profiled kernel time, filling the rest), all divided by ``base``'s timed median
+    at that T (default quack's, else the first impl; at a T ``base`` did not time, the first impl
+    that did, named under the tick). ``kernels``: ``breakdown.COLUMNS`` rows of one run (the
+    first case of each token count). ``fig.plotted``: one row per segment (series "impl:
+    segment", x = tokens, y = the segment's top, lo = its bottom, hi = its ms)."""
     first = kernels.drop_duplicates(["tokens"])[["tokens", "case"]]
     k = kernels.merge(first, on=["tokens", "case"]).sort_values(["tokens", "impl", "position"])
     present = list(dict.fromkeys(k["impl"]))
@@ -884,14 +885,20 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
     fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.6))
     width = 0.8 / len(impls)
     records, seen = [], set()
+    # Where the base did not time a T: that T relative to the first impl that did (tick says so).
+    bases = {t: base if (t, base) in timed.index else next(i for i in impls if (t, i) in timed.index) for t in tokens}
     for j, impl in enumerate(impls):
         for xi, t in enumerate(tokens):
             rows = k[(k["tokens"] == t) & (k["impl"] == impl)]
-            if rows.empty or (t, base) not in timed.index:
+            if rows.empty or not np.isfinite(rows["timed_ms"].iloc[0]):
                 continue
-            scale = timed[(t, base)]
-            idle = max(0.0, rows["timed_ms"].iloc[0] - rows["busy_ms"].iloc[0])
-            segments = [(IDLE, idle)] + list(zip(rows["role"], rows["ms"]))
+            scale = timed[(t, bases[t])]
+            total = rows["timed_ms"].iloc[0]
+            idle = max(0.0, total - rows["busy_ms"].iloc[0])
+            # Kernel times are the profiled calls'; each kernel's share of them fills the rest of
+            # the timed median (the profiled busy time can exceed it by a few percent).
+            share = (total - idle) / rows["ms"].sum() if rows["ms"].sum() > 0 else 0.0
+            segments = [(IDLE, idle)] + [(role, ms * share) for role, ms in zip(rows["role"], rows["ms"])]
             bottom = 0.0
             x = xi + (j - (len(impls) - 1) / 2) * width
             for role, ms in segments:
@@ -903,19 +910,19 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
                 bottom += height
             ax.text(x, bottom + 0.01, "ours" if impl == "triton" else impl, rotation=90, ha="center", va="bottom",
                     fontsize=8)
-    ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
+    ax.set_xticks(range(len(tokens)), [str(t) if bases[t] == base else f"{t}\n(vs {bases[t]})" for t in tokens])
     ax.set_xlabel("tokens T")
     ax.set_ylabel(f"time / {base}'s timed median (ours = triton)")
     ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle=":")
     top = max((r["y"] for r in records), default=1.0)
     ax.set_ylim(0, top * 1.22)
     ax.set_title(title)
-    ax.legend(loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, -0.14))
+    ax.legend(loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, -0.24))
     ax.grid(axis="y", alpha=0.3)
     calls = int(k["profiled_calls"].max())
     fig.tight_layout()
-    add_footer(fig, f"Kernel times: torch.profiler, median of {calls} calls per bar (each flushed and synchronized); "
-                    f"bar height: the timed median of the benchmark's protocol. {footer}")
+    add_footer(fig, f"Bar height: the timed median (the benchmark's protocol); kernels: their shares of the kernel time "
+                    f"torch.profiler measured, median of {calls} calls per bar (each flushed and synchronized). {footer}")
     fig.plotted = pd.DataFrame(records, columns=PLOTTED_COLUMNS)
     return fig
 
