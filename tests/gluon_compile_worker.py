@@ -2,7 +2,8 @@
 
     gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...]]
 
-wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``).
+wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
+also with the other ``defer`` (epilogue after the next tile's first wgmma, or before).
 dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CONFIGS``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
@@ -14,6 +15,7 @@ Run with triton ``common.GLUON_TRITON``.x first on PYTHONPATH (make test install
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -52,7 +54,7 @@ def compile_one(cfg) -> dict:
 
     sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
-                  "STORE_REGS": cfg.store_regs}
+                  "STORE_REGS": cfg.store_regs, "DEFER": cfg.defer}
     sig.update({k: "constexpr" for k in constexprs})
     try:
         k = triton.compile(GluonASTSource(gluon_wgrad.wgrad_kernel, sig, constexprs), target=GPUTarget("cuda", 90, 32),
@@ -97,7 +99,9 @@ def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False) -> dict
 
 def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> None:
     if kind == "wgrad":
-        configs = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
+        # Each table config as it is and with the other epilogue placement (deferred or not).
+        table = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
+        configs = list(dict.fromkeys(table + [dataclasses.replace(c, defer=not c.defer) for c in table]))
         results = [compile_one(c) for c in configs]
     elif kind == "dswiglu":
         indices = range(len(gluon_dswiglu.CONFIGS)) if not indices else indices

@@ -38,3 +38,38 @@ def test_forward_table_keys_are_the_ones_the_library_parses():
     doc = forward_table({128: ("fused", KernelConfig(), 1.0, 3), configs.OPEN_BUCKET: ("cublas", None, 2.0, 9000)}, {})
     assert list(doc["configs"]) == ["128", "open"]
     assert [configs.parse_bucket(k) for k in doc["configs"]] == [128, configs.OPEN_BUCKET]
+
+
+def _probe_rows(T, times: dict, close=True, bitwise=True):
+    rows = []
+    for variant, (ms_a, ms_b) in times.items():
+        for shape, ms in (("53248x16384", ms_a), ("16384x53248", ms_b)):
+            rows.append(dict(T=T, shape=shape, variant=variant, ms=ms, close_to_cublas=close,
+                             bitwise_defer_off=(bitwise if variant.endswith(" defer") else None)))
+    return rows
+
+
+def test_gluon_wgrad_table_takes_a_clear_winner_only():
+    from swiglu_lab.bench.tables import gluon_wgrad_table
+
+    old = {"meta": {}, "configs": {}, "gluon_grad_weights": {
+        "256": {"config": {"BM": 128, "BN": 128, "BK": 64, "STAGES": 4, "NC": 3, "GROUP_M": 32}, "ms_x": [0.8, 0.8]}}}
+    base = {"GROUP_M": 32, "num_warps": 8, "maxnreg": 168, "load_regs": 40, "store_regs": 40}
+    rows = (_probe_rows(256, {"cublas": (0.9, 0.9), "tl 128x256x64": (0.95, 0.95),
+                              "gluon table 128x128x64 S4 NC3": (0.80, 0.80),
+                              "gluon table 128x128x64 S4 NC3 defer": (0.70, 0.72)})
+            + _probe_rows(2048, {"tl 128x256x64": (5.4, 5.4), "gluon 128x256x64 S3 NC1": (5.2, 5.2),
+                                 "gluon 128x256x64 S3 NC1 defer": (5.37, 5.35)})  # 3.7% better than tl
+            + _probe_rows(4096, {"tl 128x256x64": (10.5, 10.5), "gluon 128x256x64 S3 NC1 defer": (10.4, 10.45)})  # < 2%
+            + _probe_rows(512, {"tl 128x256x64": (1.6, 1.6), "gluon 128x256x32 S4 NC2 defer": (1.0, 1.0)}, close=False))
+    new = gluon_wgrad_table(rows, old, base, "probe.csv")
+    section = new["gluon_grad_weights"]
+    assert section["256"]["config"] == {**base, "BM": 128, "BN": 128, "BK": 64, "STAGES": 4, "NC": 3, "defer": True}
+    assert section["256"]["ms_16384x53248_53248x16384"] == [0.72, 0.70]
+    assert section["2048"]["config"]["defer"] is False and section["2048"]["config"]["BN"] == 256
+    assert "4096" not in section and "512" not in section  # within the margin; not close to cuBLAS
+    assert new["configs"] == old["configs"] and old["gluon_grad_weights"]["256"]["ms_x"] == [0.8, 0.8]
+    # A deferred variant that does not match its twin bit for bit is never taken.
+    rows = _probe_rows(256, {"gluon table 128x128x64 S4 NC3": (0.8, 0.8),
+                             "gluon table 128x128x64 S4 NC3 defer": (0.5, 0.5)}, bitwise=False)
+    assert gluon_wgrad_table(rows, old, base, "p")["gluon_grad_weights"] == old["gluon_grad_weights"]

@@ -2,10 +2,12 @@
 measured, turned into the JSON the library reads (``swiglu.kernels.configs`` for the backward's
 ``backward_configs.json``, ``swiglu.kernels.forward`` for ``forward_configs.json``), each entry
 with the time that chose it. ``scripts/tune_kernels.py --write-best`` writes the backward's tl
-entries; ``scripts/train_step_gpu.py`` the forward's; the Gluon sections come from the probes."""
+entries; ``scripts/train_step_gpu.py`` the forward's; the Gluon sections come from the probes
+(``gluon_wgrad_table``: ``scripts/probe_wgrad_defer.py --write-table``)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 
 from swiglu.kernels.configs import bucket_for, bucket_key
@@ -42,3 +44,45 @@ def forward_table(table: dict, meta: dict) -> dict:
             "meta": meta,
             "configs": {bucket_key(b): {"candidate": name, "config": None if cfg is None else asdict(cfg), "ms": ms,
                                         "measured_tokens": T} for b, (name, cfg, ms, T) in sorted(table.items())}}
+
+
+#: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows.
+_GLUON_LABEL = re.compile(r"gluon (table )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?$")
+
+
+def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, margin: float = 0.02) -> dict:
+    """``old`` (the backward table) with its ``gluon_grad_weights`` section updated from a
+    weight-gradient probe: per token count probed in both orientations, the Gluon variant with the
+    least total time that is close to cuBLAS and, deferred, bitwise its undeferred twin, replaces
+    the current choice (the table's Gluon entry, "gluon table ...", or the tl kernel where the
+    bucket has none) only when faster by ``margin``; the tl kernel it beats that way loses the
+    bucket to it. ``base``: the GluonConfig fields the labels do not carry (warps, registers,
+    GROUP_M) as a dict. Returns the new table; other sections untouched."""
+    by_t: dict[int, dict[str, list[dict]]] = {}
+    for r in rows:
+        by_t.setdefault(int(r["T"]), {}).setdefault(r["variant"], []).append(r)
+    section = dict(old.get("gluon_grad_weights", {}))
+    for T, variants in sorted(by_t.items()):
+        shapes = {r["shape"] for rs in variants.values() for r in rs}
+
+        def total(rs):
+            ok = len(rs) == len(shapes) and all(str(r["close_to_cublas"]) == "True" for r in rs) and all(
+                str(r["bitwise_defer_off"]) in ("True", "None", "", "nan") for r in rs)
+            return sum(float(r["ms"]) for r in rs) if ok else float("inf")
+
+        gluon = {v: total(rs) for v, rs in variants.items() if _GLUON_LABEL.match(v)}
+        if not gluon:
+            continue
+        best = min(gluon, key=gluon.get)
+        current = next((v for v in variants if v.startswith("gluon table ") and not v.endswith(" defer")), None) \
+            if bucket_key(bucket_for(T)) in section else next((v for v in variants if v.startswith("tl ")), None)
+        if current is None or not gluon[best] < (1 - margin) * total(variants[current]):
+            continue
+        _, bm, bn, bk, stages, nc, defer = _GLUON_LABEL.match(best).groups()
+        config = {**base, "BM": int(bm), "BN": int(bn), "BK": int(bk), "STAGES": int(stages), "NC": int(nc),
+                  "defer": defer is not None}
+        times = {r["shape"]: float(r["ms"]) for r in variants[best]}
+        section[bucket_key(bucket_for(T))] = {
+            "config": config, "ms_" + "_".join(sorted(times)): [times[k] for k in sorted(times)],
+            "replaced": f"{current}: {total(variants[current]):.4f} ms (both orientations)", "source": source}
+    return {**old, "gluon_grad_weights": section}

@@ -63,6 +63,9 @@ class GluonConfig:
     maxnreg: int = 168  # a WS kernel otherwise assumes 256 registers for every warp (08-warp-specialization.py)
     load_regs: int = 40
     store_regs: int = 40
+    # Each tile's bf16 output stored to shared memory only after the next tile's first wgmma is
+    # issued, so the tensor cores work through the epilogue (bitwise the same output).
+    defer: bool = False
 
     def smem_bytes(self) -> int:
         """Shared memory the kernel allocates (bytes): operand ring, output ring, barriers. Triton's

@@ -128,13 +128,25 @@ def _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empt
 
 
 @gluon.jit
+def _epilogue_store(out, t, c_desc, c_bufs, c_ready, c_empty):
+    # Tile t's bf16 output into its smem buffer, handed to the storer.
+    NC: gl.constexpr = c_bufs.type.shape[0]
+    buf = t % NC
+    c_buf = c_bufs.index(buf)
+    mbarrier.wait(c_empty.index(buf), ((t // NC) & 1) ^ 1)
+    c_buf.store(out)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(c_ready.index(buf))
+
+
+@gluon.jit
 def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                      GROUP_M: gl.constexpr):
+                      GROUP_M: gl.constexpr, DEFER: gl.constexpr):
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    NC: gl.constexpr = c_bufs.type.shape[0]
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = c_desc.dtype
     K = a_desc.shape[0]
@@ -147,6 +159,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
 
     mma_layout: gl.constexpr = _mma_layout(BM, BN, NUM_WARPS)
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
+    prev = gl.zeros((BM, BN), dtype=dtype, layout=mma_layout)  # DEFER: the last tile's output, not stored yet
     c = 0
     for t in range(num_tiles):
         for kk in range(k_tiles):
@@ -154,6 +167,9 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
             mbarrier.wait(ready.index(s), (c // STAGES) & 1)
             acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0,
                                 is_async=True)
+            if DEFER:
+                if kk == 0 and t > 0:  # the previous tile's epilogue while this tile's first wgmma runs
+                    _epilogue_store(prev, t - 1, c_desc, c_bufs, c_ready, c_empty)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             # wgmma of step c-1 is done in this warpgroup; sync the partition (both warpgroups) before
             # thread 0 releases its stage to the loader.
@@ -163,19 +179,18 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         gl.thread_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
-
-        buf = t % NC
-        c_buf = c_bufs.index(buf)
-        mbarrier.wait(c_empty.index(buf), ((t // NC) & 1) ^ 1)
-        c_buf.store(acc.to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(c_ready.index(buf))
+        if DEFER:
+            prev = acc.to(dtype)
+        else:
+            _epilogue_store(acc.to(dtype), t, c_desc, c_bufs, c_ready, c_empty)
+    if DEFER:
+        if num_tiles > 0:
+            _epilogue_store(prev, num_tiles - 1, c_desc, c_bufs, c_ready, c_empty)
 
 
 @gluon.jit
 def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
-                 LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr):
+                 LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False):
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -197,7 +212,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
 
     args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M)
     gl.warp_specialize([
-        (_mma_partition, args),
+        (_mma_partition, args + (DEFER, )),
         (_load_partition, args),
         (_store_partition, args),
     ], [1, 1], [LOAD_REGS, STORE_REGS])
@@ -222,5 +237,5 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     c_desc = tma_descriptor(out, [cfg.BM, cfg.BN], TensorDescriptor, layout=_layout((cfg.BM, cfg.BN)))
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg),
-           a_desc, b_desc, c_desc, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs,
+           a_desc, b_desc, c_desc, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer,
            num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)

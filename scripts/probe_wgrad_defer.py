@@ -1,0 +1,136 @@
+"""Does storing each tile's output after the next tile's first wgmma (``GluonConfig.defer``) speed
+up the Gluon weight-gradient kernel? One weight gradient ``out = a.T @ b`` at Hermes size, both
+orientations (a [T, I] with b [T, H], and a [T, H] with b [T, I]), per token count: Gluon
+candidates with ``defer`` off and on, the tl kernel's table config and cuBLAS. Checks: the two
+``defer`` settings bitwise equal, every kernel close to cuBLAS. Timing: 256 MB L2 flush before each
+call, CUDA events, the variants interleaved round by round (drift hits all alike), median of
+``--iters``. GPU only.
+
+    python scripts/probe_wgrad_defer.py --tokens 128,256,512,1024,2048,4096 --out build/probe
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+
+#: Gluon candidates beside the table's own: the three shapes the table uses at T <= 1024.
+CANDIDATES = ("table", "128x128x64 S4 NC3", "128x256x32 S4 NC2", "128x256x64 S3 NC1")
+
+
+def parse(text: str, base):
+    tile, stages, nc = text.split()
+    bm, bn, bk = (int(v) for v in tile.split("x"))
+    return replace(base, BM=bm, BN=bn, BK=bk, STAGES=int(stages[1:]), NC=int(nc[2:]))
+
+
+def measure(T: int, M: int, N: int, dev, flush, gen, iters: int) -> list[dict]:
+    """Rows for one token count and orientation (see the module docstring)."""
+    import torch
+
+    from swiglu.kernels import backward
+    from swiglu.kernels.configs import GluonConfig
+    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+
+    table = backward.gluon_config_for(T, dev) or GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1)
+    tl_cfg = backward.config_for("grad_weights", T)
+    a = torch.randn(T, M, device=dev, dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(T, N, device=dev, dtype=torch.bfloat16, generator=gen)
+    ref = torch.matmul(a.T, b)
+    variants = {"cublas": lambda out: torch.matmul(a.T, b, out=out),
+                f"tl {tl_cfg.BM}x{tl_cfg.BN}x{tl_cfg.BK}": lambda out: backward.launch_grad_weight(a, b, out, tl_cfg)}
+    tried = set()
+    for name in CANDIDATES:
+        base = replace(table if name == "table" else parse(name, table), defer=False)
+        if base in tried:
+            continue
+        tried.add(base)
+        for defer in (False, True):
+            cfg = replace(base, defer=defer)
+            label = f"gluon {'table ' if name == 'table' else ''}{cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} " \
+                    f"NC{cfg.NC}{' defer' if defer else ''}"
+            nprog = backward.num_programs(dev, backward.cdiv(M, cfg.BM) * backward.cdiv(N, cfg.BN))
+            variants[label] = (lambda c, n: lambda out: launch_grad_weight_gluon(a, b, out, c, n))(cfg, nprog)
+    outs, times = {}, {k: [] for k in variants}
+    for label, fn in variants.items():
+        out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
+        fn(out)
+        torch.cuda.synchronize()
+        outs[label] = out
+    for _ in range(iters):
+        for label, fn in variants.items():
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(outs[label])
+            end.record()
+            end.synchronize()
+            times[label].append(start.elapsed_time(end))
+    scale = ref.float().abs().max().item()
+    rows = []
+    for label, out in outs.items():
+        pair = label.replace(" defer", "") if label.endswith(" defer") else None
+        close = bool(torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2 * scale))
+        rows.append(dict(T=T, shape=f"{M}x{N}", variant=label, ms=round(statistics.median(times[label]), 4),
+                         close_to_cublas=close,
+                         bitwise_defer_off=None if pair is None else bool(torch.equal(out, outs[pair]))))
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(REPO / "build" / "probe"))
+    p.add_argument("--tokens", default="128,256,512,1024,2048,4096")
+    p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--write-table", action="store_true",
+                   help="write the winners into src/swiglu/kernels/backward_configs.json (swiglu_lab.bench.tables."
+                   "gluon_wgrad_table: only where faster than the current choice by 2%%)")
+    args = p.parse_args(argv)
+
+    import torch
+
+    H, I = 16384, 53248
+    dev = torch.device("cuda", torch.cuda.current_device())
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    for T in (int(t) for t in args.tokens.split(",")):
+        for M, N in ((I, H), (H, I)):
+            rows += measure(T, M, N, dev, flush, gen, args.iters)
+            torch.cuda.empty_cache()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "wgrad_defer.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    for r in rows:
+        flags = ("" if r["close_to_cublas"] else "  NOT CLOSE") + (
+            "" if r["bitwise_defer_off"] in (None, True) else "  DIFFERS FROM defer off")
+        print(f"T={r['T']:5d} {r['shape']:12s} {r['variant']:40s} {r['ms']:8.4f} ms{flags}")
+    if args.write_table:
+        import json
+        from dataclasses import asdict
+
+        from swiglu.kernels.configs import TUNED_CONFIGS_PATH, GluonConfig
+        from swiglu_lab.bench.tables import gluon_wgrad_table
+
+        old = json.loads(Path(TUNED_CONFIGS_PATH).read_text())
+        base = {k: v for k, v in asdict(GluonConfig()).items() if k in ("GROUP_M", "num_warps", "maxnreg", "load_regs",
+                                                                          "store_regs")}
+        new = gluon_wgrad_table(rows, old, base, "data/tuning/wgrad_defer_<date>.csv (scripts/probe_wgrad_defer.py)")
+        Path(TUNED_CONFIGS_PATH).write_text(json.dumps(new, indent=1) + "\n")
+        for key, entry in new["gluon_grad_weights"].items():
+            print(f"table {key}: {entry['config']}" + (" (new)" if entry != old.get("gluon_grad_weights", {}).get(key) else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
