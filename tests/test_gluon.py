@@ -47,9 +47,10 @@ def test_gluon_needs_cuda_and_the_pinned_triton(monkeypatch):
 
 
 def test_table_buckets_and_shared_memory():
-    """The table holds Gluon configs for the small-T buckets, each within the H200's 227 KiB."""
+    """The table holds Gluon configs for the buckets up to 2048 (where they measured faster than the
+    tl kernel: data/tuning/wgrad_defer_20261201.csv), each within the H200's 227 KiB."""
     chosen = {b: g for b, g in backward.GLUON_CONFIGS.items() if g is not None}
-    assert set(chosen) == {128, 256, 512, 1024}
+    assert set(chosen) == {128, 256, 512, 1024, 2048}
     for g in chosen.values():
         assert g.smem_bytes() <= 232448
 

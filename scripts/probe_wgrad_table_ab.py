@@ -1,0 +1,91 @@
+"""Whole-backward time with the table's Gluon weight-gradient entries against another table's (a
+``backward_configs.json`` given with ``--against-json``, e.g. ``git show REV:src/swiglu/kernels/
+backward_configs.json``): does a per-kernel probe's choice hold in the backward? Hermes' size, same
+process, the two alternating, 256 MB L2 flush before every call, CUDA events, median of
+``--iters``; the two results compared bit for bit (``same_bits``).
+
+    python scripts/probe_wgrad_table_ab.py --against-json build/old_configs.json --tokens 128,1024,2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--against-json", required=True, help="a backward_configs.json whose Gluon weight-gradient entries to compare")
+    p.add_argument("--tokens", default="128,1024,2048")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--out", default=str(REPO / "build" / "probe"))
+    args = p.parse_args(argv)
+
+    import torch
+
+    from swiglu import make_inputs
+    from swiglu.kernels import backward
+    from swiglu.kernels.configs import GluonConfig, parse_bucket
+
+    ours = dict(backward.GLUON_CONFIGS)
+    other = {b: None for b in ours}
+    for key, entry in json.loads(Path(args.against_json).read_text()).get("gluon_grad_weights", {}).items():
+        other[parse_bucket(key)] = GluonConfig(**entry["config"])
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    rows = []
+    for T in (int(t) for t in args.tokens.split(",")):
+        a = make_inputs(1, T, 16384, 53248, device="cuda", seed=T).as_tuple()
+        tables = {"table": ours, "against": other}
+        times, outs = {k: [] for k in tables}, {}
+
+        def run(name):
+            backward.GLUON_CONFIGS.update(tables[name])
+            backward.clear_plans()
+            return backward.triton_swiglu_backward(*a)
+
+        for name in tables:
+            outs[name] = run(name)
+            run(name)
+        for _ in range(args.iters):
+            for name in tables:
+                backward.GLUON_CONFIGS.update(tables[name])
+                backward.clear_plans()
+                plan = backward.backward_plan(T, 16384, 53248, backward.plan_device(a[1].device))  # planned untimed
+                del plan
+                flush.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                backward.triton_swiglu_backward(*a)
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end))
+        backward.GLUON_CONFIGS.update(ours)
+        backward.clear_plans()
+        bucket = backward.bucket_for(T)
+        row = dict(tokens=T, table=str(ours[bucket]), against=str(other[bucket]),
+                   **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()},
+                   same_bits=all(torch.equal(x, y) for x, y in zip(outs["table"], outs["against"])))
+        row["against_over_table"] = round(row["against_ms"] / row["table_ms"], 4)
+        rows.append(row)
+        print(f"T={T}: table {row['table_ms']} ms, against {row['against_ms']} ms, against/table "
+              f"{row['against_over_table']}, same bits {row['same_bits']}", flush=True)
+        del a, outs
+        torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "wgrad_table_ab.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
