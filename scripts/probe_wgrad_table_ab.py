@@ -20,6 +20,48 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 
+def measure(T: int, ours: dict, other: dict, flush, iters: int) -> dict:
+    """One token count: the two tables' medians and whether their results are the same bits."""
+    import torch
+
+    from swiglu import make_inputs
+    from swiglu.kernels import backward
+
+    a = make_inputs(1, T, 16384, 53248, device="cuda", seed=T).as_tuple()
+    tables = {"table": ours, "against": other}
+    times, outs = {k: [] for k in tables}, {}
+
+    def run(name):
+        backward.GLUON_CONFIGS.update(tables[name])
+        backward.clear_plans()
+        backward.backward_plan(T, 16384, 53248, backward.plan_device(a[1].device))  # planned before the timer
+        return a
+
+    for name in tables:
+        run(name)
+        outs[name] = backward.triton_swiglu_backward(*a)
+    for _ in range(iters):
+        for name in tables:
+            run(name)
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            backward.triton_swiglu_backward(*a)
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    backward.GLUON_CONFIGS.update(ours)
+    backward.clear_plans()
+    bucket = backward.bucket_for(T)
+    row = dict(tokens=T, table=str(ours[bucket]), against=str(other[bucket]),
+               **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()},
+               same_bits=all(torch.equal(x, y) for x, y in zip(outs["table"], outs["against"])))
+    row["against_over_table"] = round(row["against_ms"] / row["table_ms"], 4)
+    print(f"T={T}: table {row['table_ms']} ms, against {row['against_ms']} ms, against/table "
+          f"{row['against_over_table']}, same bits {row['same_bits']}", flush=True)
+    return row
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--against-json", required=True, help="a backward_configs.json whose Gluon weight-gradient entries to compare")
@@ -30,7 +72,6 @@ def main(argv=None) -> int:
 
     import torch
 
-    from swiglu import make_inputs
     from swiglu.kernels import backward
     from swiglu.kernels.configs import GluonConfig, parse_bucket
 
@@ -41,42 +82,7 @@ def main(argv=None) -> int:
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     rows = []
     for T in (int(t) for t in args.tokens.split(",")):
-        a = make_inputs(1, T, 16384, 53248, device="cuda", seed=T).as_tuple()
-        tables = {"table": ours, "against": other}
-        times, outs = {k: [] for k in tables}, {}
-
-        def run(name):
-            backward.GLUON_CONFIGS.update(tables[name])
-            backward.clear_plans()
-            return backward.triton_swiglu_backward(*a)
-
-        for name in tables:
-            outs[name] = run(name)
-            run(name)
-        for _ in range(args.iters):
-            for name in tables:
-                backward.GLUON_CONFIGS.update(tables[name])
-                backward.clear_plans()
-                plan = backward.backward_plan(T, 16384, 53248, backward.plan_device(a[1].device))  # planned untimed
-                del plan
-                flush.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                backward.triton_swiglu_backward(*a)
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end))
-        backward.GLUON_CONFIGS.update(ours)
-        backward.clear_plans()
-        bucket = backward.bucket_for(T)
-        row = dict(tokens=T, table=str(ours[bucket]), against=str(other[bucket]),
-                   **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()},
-                   same_bits=all(torch.equal(x, y) for x, y in zip(outs["table"], outs["against"])))
-        row["against_over_table"] = round(row["against_ms"] / row["table_ms"], 4)
-        rows.append(row)
-        print(f"T={T}: table {row['table_ms']} ms, against {row['against_ms']} ms, against/table "
-              f"{row['against_over_table']}, same bits {row['same_bits']}", flush=True)
-        del a, outs
+        rows.append(measure(T, ours, other, flush, args.iters))
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
