@@ -126,7 +126,8 @@ def main(argv=None) -> int:
         old = json.loads(Path(TUNED_CONFIGS_PATH).read_text())
         base = {k: v for k, v in asdict(GluonConfig()).items() if k in ("GROUP_M", "num_warps", "maxnreg", "load_regs",
                                                                           "store_regs")}
-        new = gluon_wgrad_table(rows, old, base, f"data/tuning/wgrad_defer_{datetime.now(timezone.utc):%Y%m%d}.csv (scripts/probe_wgrad_defer.py)")
+        record = Path("data", "tuning", f"wgrad_defer_{datetime.now(timezone.utc):%Y%m%d}.csv")  # copy the CSV there
+        new = gluon_wgrad_table(rows, old, base, f"{record} (scripts/probe_wgrad_defer.py)")
         Path(TUNED_CONFIGS_PATH).write_text(json.dumps(new, indent=1) + "\n")
         for key, entry in new["gluon_grad_weights"].items():
             print(f"table {key}: {entry['config']}" + (" (new)" if entry != old.get("gluon_grad_weights", {}).get(key) else ""))
