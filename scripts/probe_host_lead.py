@@ -17,7 +17,6 @@ own Python runner (``swiglu.kernels.common.DIRECT_LAUNCH`` off). Writes ``host_l
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import statistics
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
+import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 import swiglu  # noqa: E402
@@ -138,10 +138,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "host_lead.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    pd.DataFrame(rows).to_csv(out / "host_lead.csv", index=False)
     for r in rows:
         print(f"T={r['tokens']:5d} {r['step']:34s} {r['us_median']:8.1f} us  (p20 {r['us_p20']:.1f}, p80 {r['us_p80']:.1f})")
     return 0

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime, timezone
-import csv
 import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
+
+import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
@@ -108,10 +109,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "wgrad_defer.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    pd.DataFrame(rows).to_csv(out_dir / "wgrad_defer.csv", index=False)
     for r in rows:
         flags = ("" if r["close_to_cublas"] else "  NOT CLOSE") + (
             "" if r["bitwise_defer_off"] in (None, True) else "  DIFFERS FROM defer off")

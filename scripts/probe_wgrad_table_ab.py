@@ -10,11 +10,12 @@ process, the two alternating, 256 MB L2 flush before every call, CUDA events, me
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
 from pathlib import Path
+
+import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -86,10 +87,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "wgrad_table_ab.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    pd.DataFrame(rows).to_csv(out / "wgrad_table_ab.csv", index=False)
     return 0
 
 
