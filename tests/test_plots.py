@@ -175,6 +175,19 @@ def test_gmean_says_when_an_implementation_fails_correctness(table):
     assert hollow.count("white") == 1
 
 
+def test_gmean_says_when_an_implementation_timed_fewer_cases(table):
+    # A peer whose last case has no time (quack without a tuned choice there): its means are over
+    # the other cases, and the figure says so (and the summary counts only timed cases).
+    last = table["case"].iloc[-1]
+    table = table.copy()
+    table.loc[(table["impl"] == "cublas-gemms") & (table["case"] == last), "median_ms"] = float("nan")
+    summary = analysis.latency_summary(table)
+    n = table["case"].nunique()
+    assert summary.set_index("impl").loc["cublas-gemms", "cases"] == n - 1
+    texts = [t.get_text() for t in plots.gmean_plot(summary, "f").axes[0].texts]
+    assert [t for t in texts if f"over {n - 1} of {n} cases" in t] and sum("of 18 cases" in t for t in texts) == 1
+
+
 def test_history_leaves_out_a_partial_run_and_says_so(tmp_path):
     write_synthetic_run(tmp_path, run_id="20261201T000000Z-a", utc="2026-12-01T00:00:00Z")
     write_synthetic_run(tmp_path, run_id="20261201T010000Z-b", utc="2026-12-01T01:00:00Z",

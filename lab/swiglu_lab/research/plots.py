@@ -619,7 +619,8 @@ def gmean_plot(summary: pd.DataFrame, footer: str = "", title: str = "Geometric 
     """The headline: per implementation (``analysis.latency_summary``), the geometric-mean
     speed-up over torch.compile (over the eager reference when compile is absent; geometric-mean
     ms when neither is) with its p20-p80 whisker, each row's milliseconds written above it.
-    Rows that fail the correctness check are hollow and say so."""
+    Rows that fail the correctness check are hollow and say so; a row that timed fewer cases
+    says over how many."""
     s = summary[summary["gmean_ms"].notna()].reset_index(drop=True)
     if s.empty:
         return placeholder(title, "no implementation has a latency", footer)
@@ -655,6 +656,8 @@ def gmean_plot(summary: pd.DataFrame, footer: str = "", title: str = "Geometric 
             parts[0] += f" (p20-p80 {r['gmean_p20_ms']:.2f}-{r['gmean_p80_ms']:.2f})"
         if base and r["impl"] != base:
             parts.append(f"{x[k]:.3f}x")
+        if "cases" in s and r["cases"] < s["cases"].max():  # its means are over its own cases only
+            parts.append(f"over {int(r['cases'])} of {int(s['cases'].max())} cases")
         if failed:
             # A fast wrong answer must not read as a result (Liger recomputes silu(gate_output)).
             parts.append("FAILS the correctness check")
