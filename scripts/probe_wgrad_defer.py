@@ -1,8 +1,10 @@
 """Does storing each tile's output after the next tile's first wgmma (``GluonConfig.defer``) speed
 up the Gluon weight-gradient kernel? One weight gradient ``out = a.T @ b`` at Hermes size, both
 orientations (a [T, I] with b [T, H], and a [T, H] with b [T, I]), per token count: Gluon
-candidates with ``defer`` off and on, the tl kernel's table config and cuBLAS. Checks: the two
-``defer`` settings bitwise equal, every kernel close to cuBLAS. Timing: 256 MB L2 flush before each
+candidates with ``defer`` off and on, the tl kernel's table config and cuBLAS; with ``--pingpong``
+also the experimental ping-pong kernel's candidates beside their cooperative twins ("... twin").
+Checks: each deferred or ping-pong variant bitwise equal to its twin (``bitwise_defer_off``), every
+kernel close to cuBLAS. Timing: 256 MB L2 flush before each
 call, CUDA events, the variants interleaved round by round (drift hits all alike), median of
 ``--iters``. GPU only.
 
@@ -33,13 +35,13 @@ def parse(text: str, base):
     return replace(base, BM=bm, BN=bn, BK=bk, STAGES=int(stages[1:]), NC=int(nc[2:]))
 
 
-def measure(T: int, M: int, N: int, dev, flush, gen, iters: int) -> list[dict]:
+def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool = False) -> list[dict]:
     """Rows for one token count and orientation (see the module docstring)."""
     import torch
 
     from swiglu.kernels import backward
     from swiglu.kernels.configs import GluonConfig
-    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from swiglu.kernels.gluon_wgrad import PINGPONG_CANDIDATES, launch_grad_weight_gluon
 
     table = backward.gluon_config_for(T, dev) or GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1)
     tl_cfg = backward.config_for("grad_weights", T)
@@ -60,6 +62,14 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int) -> list[dict]:
                     f"NC{cfg.NC}{' defer' if defer else ''}"
             nprog = backward.num_programs(dev, backward.cdiv(M, cfg.BM) * backward.cdiv(N, cfg.BN))
             variants[label] = (lambda c, n: lambda out: launch_grad_weight_gluon(a, b, out, c, n))(cfg, nprog)
+    if pingpong:  # the experimental ping-pong kernel's candidates, bitwise against their cooperative twins
+        for cfg in PINGPONG_CANDIDATES:
+            label = f"gluon {cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} pingpong"
+            nprog = backward.num_programs(dev, backward.cdiv(M, cfg.BM) * backward.cdiv(N, cfg.BN))
+            variants[label] = (lambda c, n: lambda out: launch_grad_weight_gluon(a, b, out, c, n))(cfg, nprog)
+            twin = replace(cfg, pingpong=False)
+            variants[label.replace(" pingpong", " twin")] = (lambda c, n: lambda out: launch_grad_weight_gluon(
+                a, b, out, c, n))(twin, backward.num_programs(dev, backward.cdiv(M, twin.BM) * backward.cdiv(N, twin.BN)))
     outs, times = {}, {k: [] for k in variants}
     for label, fn in variants.items():
         out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
@@ -78,7 +88,8 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int) -> list[dict]:
     scale = ref.float().abs().max().item()
     rows = []
     for label, out in outs.items():
-        pair = label.replace(" defer", "") if label.endswith(" defer") else None
+        pair = label.replace(" defer", "") if label.endswith(" defer") else (
+            label.replace(" pingpong", " twin") if label.endswith(" pingpong") else None)
         close = bool(torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2 * scale))
         rows.append(dict(T=T, shape=f"{M}x{N}", variant=label, ms=round(statistics.median(times[label]), 4),
                          close_to_cublas=close,
@@ -91,6 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(REPO / "build" / "probe"))
     p.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--pingpong", action="store_true", help="also the experimental ping-pong kernel's candidates")
     p.add_argument("--write-table", action="store_true",
                    help="write the winners into src/swiglu/kernels/backward_configs.json (swiglu_lab.bench.tables."
                    "gluon_wgrad_table: only where faster than the current choice by 2%%)")
@@ -105,14 +117,14 @@ def main(argv=None) -> int:
     rows = []
     for T in (int(t) for t in args.tokens.split(",")):
         for M, N in ((I, H), (H, I)):
-            rows += measure(T, M, N, dev, flush, gen, args.iters)
+            rows += measure(T, M, N, dev, flush, gen, args.iters, args.pingpong)
             torch.cuda.empty_cache()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out_dir / "wgrad_defer.csv", index=False)
     for r in rows:
         flags = ("" if r["close_to_cublas"] else "  NOT CLOSE") + (
-            "" if r["bitwise_defer_off"] in (None, True) else "  DIFFERS FROM defer off")
+            "" if r["bitwise_defer_off"] in (None, True) else "  DIFFERS FROM its twin")
         print(f"T={r['T']:5d} {r['shape']:12s} {r['variant']:40s} {r['ms']:8.4f} ms{flags}")
     if args.write_table:
         import json

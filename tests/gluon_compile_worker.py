@@ -3,7 +3,8 @@
     gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...]]
 
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
-also with the other ``defer`` (epilogue after the next tile's first wgmma, or before).
+also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), and the
+ping-pong kernel's candidates (``gluon_wgrad.PINGPONG_CANDIDATES``).
 dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CONFIGS``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
@@ -54,11 +55,13 @@ def compile_one(cfg) -> dict:
 
     sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
-                  "STORE_REGS": cfg.store_regs, "DEFER": cfg.defer}
+                  "STORE_REGS": cfg.store_regs}
+    constexprs.update({"MMA_REGS": cfg.maxnreg} if cfg.pingpong else {"DEFER": cfg.defer})
     sig.update({k: "constexpr" for k in constexprs})
+    kernel = gluon_wgrad.wgrad_pingpong_kernel if cfg.pingpong else gluon_wgrad.wgrad_kernel
     try:
-        k = triton.compile(GluonASTSource(gluon_wgrad.wgrad_kernel, sig, constexprs), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg})
+        k = triton.compile(GluonASTSource(kernel, sig, constexprs), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 4 if cfg.pingpong else cfg.num_warps, "maxnreg": cfg.maxnreg})
     except Exception as err:  # reported per config; the test fails on it with the message
         return {"config": cfg.__dict__, "error": f"{type(err).__name__}: {err}"[-4000:]}
     ptx = k.asm["ptx"]
@@ -101,7 +104,8 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
     if kind == "wgrad":
         # Each table config as it is and with the other epilogue placement (deferred or not).
         table = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
-        configs = list(dict.fromkeys(table + [dataclasses.replace(c, defer=not c.defer) for c in table]))
+        configs = list(dict.fromkeys(table + [dataclasses.replace(c, defer=not c.defer) for c in table]
+                                     + list(gluon_wgrad.PINGPONG_CANDIDATES)))
         results = [compile_one(c) for c in configs]
     elif kind == "dswiglu":
         indices = range(len(gluon_dswiglu.CONFIGS)) if not indices else indices

@@ -135,8 +135,11 @@ def test_table_configs_compile_for_sm90(tmp_path):
         cfg = GluonConfig(**r["config"])
         assert r["shared"] <= cfg.smem_bytes() <= 232448, (cfg, r["shared"])
         assert r["wgmma"] > 0 and r["tma_store"] > 0 and r["tma_load"] > 0 and r["setmaxnreg"] > 0, r
-        if r["spills"] is not None:
+        # The experimental ping-pong kernel spills in its epilogue at 168 registers (192 bytes with
+        # 128x128 tiles): measured on the GPU before it may enter the table, which must not spill.
+        if r["spills"] is not None and not cfg.pingpong:
             assert r["spills"] == 0, r
+    assert any(GluonConfig(**r["config"]).pingpong for r in report["results"])
 
 
 # --------------------------------------------------------------------------- numbers (GPU)
@@ -185,6 +188,26 @@ def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
     other = torch.full_like(out, float("nan"))
     backward.launch_weight_gradient(a, b, other, backward.config_for("grad_weights", K), replace(g, defer=not g.defer))
     assert torch.equal(out, other)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("K, M, N", [(256, 53248, 16384), (1024, 16384, 53248), (1, 1000, 1176), (77, 384, 520),
+                                     (300, 1000, 1176)])
+def test_pingpong_weight_gradient_gives_the_cooperative_kernels_bits(K, M, N):
+    """The experimental ping-pong kernel: the same tiles and K order as the cooperative kernel, so
+    the same bits, NaN-poisoned output fully written, for each of its compile-checked candidates."""
+    _gluon_or_skip()
+    from swiglu.kernels.gluon_wgrad import PINGPONG_CANDIDATES
+
+    gen = torch.Generator(device="cuda").manual_seed(K + M)
+    a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for cfg in PINGPONG_CANDIDATES:
+        want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        backward.launch_weight_gradient(a, b, want, backward.config_for("grad_weights", K), replace(cfg, pingpong=False))
+        got = torch.full_like(want, float("nan"))
+        backward.launch_weight_gradient(a, b, got, backward.config_for("grad_weights", K), cfg)
+        assert torch.isfinite(got).all() and torch.equal(got, want), cfg
 
 
 # --------------------------------------------------------------------------- Gluon dSwiGLU kernel

@@ -64,7 +64,8 @@ def test_gluon_wgrad_table_takes_a_clear_winner_only():
             + _probe_rows(512, {"tl 128x256x64": (1.6, 1.6), "gluon 128x256x32 S4 NC2 defer": (1.0, 1.0)}, close=False))
     new = gluon_wgrad_table(rows, old, base, "probe.csv")
     section = new["gluon_grad_weights"]
-    assert section["256"]["config"] == {**base, "BM": 128, "BN": 128, "BK": 64, "STAGES": 4, "NC": 3, "defer": True}
+    assert section["256"]["config"] == {**base, "BM": 128, "BN": 128, "BK": 64, "STAGES": 4, "NC": 3, "defer": True,
+                                        "pingpong": False}
     assert section["256"]["ms_16384x53248_53248x16384"] == [0.72, 0.70]
     assert section["2048"]["config"]["defer"] is False and section["2048"]["config"]["BN"] == 256
     assert "4096" not in section and "512" not in section  # within the margin; not close to cuBLAS
@@ -73,3 +74,16 @@ def test_gluon_wgrad_table_takes_a_clear_winner_only():
     rows = _probe_rows(256, {"gluon table 128x128x64 S4 NC3": (0.8, 0.8),
                              "gluon table 128x128x64 S4 NC3 defer": (0.5, 0.5)}, bitwise=False)
     assert gluon_wgrad_table(rows, old, base, "p")["gluon_grad_weights"] == old["gluon_grad_weights"]
+
+
+def test_gluon_wgrad_table_can_take_the_pingpong_kernel():
+    from swiglu_lab.bench.tables import gluon_wgrad_table
+
+    old = {"meta": {}, "configs": {}, "gluon_grad_weights": {}}
+    rows = _probe_rows(512, {"tl 128x256x64": (1.6, 1.6), "gluon 128x128x64 S4 NC2 pingpong": (1.2, 1.2),
+                             "gluon 128x128x64 S4 NC2 twin": (1.4, 1.4)})
+    for r in rows:
+        if r["variant"].endswith(" pingpong"):
+            r["bitwise_defer_off"] = True
+    section = gluon_wgrad_table(rows, old, {"GROUP_M": 32}, "p")["gluon_grad_weights"]
+    assert section["512"]["config"]["pingpong"] is True and section["512"]["config"]["NC"] == 2

@@ -47,7 +47,7 @@ def forward_table(table: dict, meta: dict) -> dict:
 
 
 #: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows.
-_GLUON_LABEL = re.compile(r"gluon (table )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?$")
+_GLUON_LABEL = re.compile(r"gluon (table )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?( pingpong)?$")
 
 
 def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, margin: float = 0.02) -> dict:
@@ -78,9 +78,9 @@ def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, marg
             if bucket_key(bucket_for(T)) in section else next((v for v in variants if v.startswith("tl ")), None)
         if current is None or not gluon[best] < (1 - margin) * total(variants[current]):
             continue
-        _, bm, bn, bk, stages, nc, defer = _GLUON_LABEL.match(best).groups()
+        _, bm, bn, bk, stages, nc, defer, pingpong = _GLUON_LABEL.match(best).groups()
         config = {**base, "BM": int(bm), "BN": int(bn), "BK": int(bk), "STAGES": int(stages), "NC": int(nc),
-                  "defer": defer is not None}
+                  "defer": defer is not None, "pingpong": pingpong is not None}
         times = {r["shape"]: float(r["ms"]) for r in variants[best]}
         section[bucket_key(bucket_for(T))] = {
             "config": config, "ms_" + "_".join(sorted(times)): [times[k] for k in sorted(times)],

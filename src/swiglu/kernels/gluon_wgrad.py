@@ -219,6 +219,102 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     ], [1, 1], [LOAD_REGS, STORE_REGS])
 
 
+# ----------------------------------------------------------------------------- ping-pong kernel
+# Experimental (no table entry yet): two MMA warpgroups on alternate tiles, so one's epilogue runs
+# under the other's MMAs (quack's ping-pong schedule), instead of two warpgroups on one tile.
+
+#: Its candidates, compiled for sm_90 by the CPU tests (192 bytes of epilogue spills at 168
+#: registers) and checked bitwise against the cooperative kernel on the GPU; not timed yet.
+PINGPONG_CANDIDATES = (GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True),
+                       GluonConfig(BM=128, BN=128, BK=32, STAGES=6, NC=2, pingpong=True))
+
+
+@gluon.jit
+def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                            GROUP_M: gl.constexpr, WHICH: gl.constexpr):
+    # Warpgroup WHICH (0 or 1) takes the program's tiles WHICH, WHICH + 2, ...; the loader fills
+    # the shared ring in tile order, so the two mainloops alternate and each epilogue overlaps the
+    # other warpgroup's mainloop. Step g of the program (tile i, k-step kk: g = i * k_tiles + kk)
+    # uses stage g % STAGES with phase (g // STAGES) & 1, as the loader counts.
+    BK: gl.constexpr = a_desc.block_type.shape[0]
+    BM: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    dtype: gl.constexpr = c_desc.dtype
+    K = a_desc.shape[0]
+    num_m = gl.cdiv(c_desc.shape[0], BM)
+    num_n = gl.cdiv(c_desc.shape[1], BN)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+    k_tiles = gl.cdiv(K, BK)
+
+    mma_layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
+    for i in range(WHICH, num_tiles, 2):
+        base = i * k_tiles
+        for kk in range(k_tiles):
+            g = base + kk
+            s = g % STAGES
+            mbarrier.wait(ready.index(s), (g // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0,
+                                is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
+        _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
+
+
+@gluon.jit
+def _mma_pingpong_first(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                        GROUP_M: gl.constexpr):
+    _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                            GROUP_M, 0)
+
+
+@gluon.jit
+def _mma_pingpong_second(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                         GROUP_M: gl.constexpr):
+    _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                            GROUP_M, 1)
+
+
+@gluon.jit
+def wgrad_pingpong_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
+                          LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, MMA_REGS: gl.constexpr):
+    """``wgrad_kernel``'s contract with the ping-pong schedule: launch with num_warps=4 (the first
+    MMA warpgroup; the second, the loader and the storer are worker partitions)."""
+    BK: gl.constexpr = a_desc.block_type.shape[0]
+    BM: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[1]
+    dtype: gl.constexpr = c_desc.dtype
+
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK, BM], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK, BN], b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
+    c_empty = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(NC):
+        mbarrier.init(c_ready.index(i), count=1)
+        mbarrier.init(c_empty.index(i), count=1)
+
+    args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M)
+    gl.warp_specialize([
+        (_mma_pingpong_first, args),
+        (_mma_pingpong_second, args),
+        (_load_partition, args),
+        (_store_partition, args),
+    ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+
+
 # ----------------------------------------------------------------------------- launcher
 
 
@@ -237,6 +333,11 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     b_desc = tma_descriptor(b, [cfg.BK, cfg.BN], TensorDescriptor, layout=_layout((cfg.BK, cfg.BN)))
     c_desc = tma_descriptor(out, [cfg.BM, cfg.BN], TensorDescriptor, layout=_layout((cfg.BM, cfg.BN)))
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
+    if cfg.pingpong:
+        launch(wgrad_pingpong_kernel, (num_programs,), ("gluon_wgrad_pingpong", a.device, M, N, K, num_programs, cfg),
+               a_desc, b_desc, c_desc, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.maxnreg,
+               num_warps=4, maxnreg=cfg.maxnreg)
+        return
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg),
            a_desc, b_desc, c_desc, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer,
            num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
