@@ -56,11 +56,10 @@ def compile_one(cfg) -> dict:
     sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
                   "STORE_REGS": cfg.store_regs}
-    constexprs.update({"MMA_REGS": cfg.maxnreg} if cfg.pingpong else {"DEFER": cfg.defer})
+    constexprs.update({"PINGPONG": True, "MMA_REGS": cfg.maxnreg} if cfg.pingpong else {"DEFER": cfg.defer})
     sig.update({k: "constexpr" for k in constexprs})
-    kernel = gluon_wgrad.wgrad_pingpong_kernel if cfg.pingpong else gluon_wgrad.wgrad_kernel
     try:
-        k = triton.compile(GluonASTSource(kernel, sig, constexprs), target=GPUTarget("cuda", 90, 32),
+        k = triton.compile(GluonASTSource(gluon_wgrad.wgrad_kernel, sig, constexprs), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4 if cfg.pingpong else cfg.num_warps, "maxnreg": cfg.maxnreg})
     except Exception as err:  # reported per config; the test fails on it with the message
         return {"config": cfg.__dict__, "error": f"{type(err).__name__}: {err}"[-4000:]}

@@ -189,37 +189,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
             _epilogue_store(prev, num_tiles - 1, c_desc, c_bufs, c_ready, c_empty)
 
 
-@gluon.jit
-def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
-                 LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False):
-    BK: gl.constexpr = a_desc.block_type.shape[0]
-    BM: gl.constexpr = a_desc.block_type.shape[1]
-    BN: gl.constexpr = b_desc.block_type.shape[1]
-    dtype: gl.constexpr = c_desc.dtype
-
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK, BM], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK, BN], b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
-    c_empty = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(NC):
-        mbarrier.init(c_ready.index(i), count=1)
-        mbarrier.init(c_empty.index(i), count=1)
-
-    args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M)
-    gl.warp_specialize([
-        (_mma_partition, args + (DEFER, )),
-        (_load_partition, args),
-        (_store_partition, args),
-    ], [1, 1], [LOAD_REGS, STORE_REGS])
-
-
-# ----------------------------------------------------------------------------- ping-pong kernel
+# ----------------------------------------------------------------------------- ping-pong partitions
 # Experimental (no table entry yet): two MMA warpgroups on alternate tiles, so one's epilogue runs
 # under the other's MMAs (quack's ping-pong schedule), instead of two warpgroups on one tile.
 
@@ -283,10 +253,12 @@ def _mma_pingpong_second(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, 
 
 
 @gluon.jit
-def wgrad_pingpong_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
-                          LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, MMA_REGS: gl.constexpr):
-    """``wgrad_kernel``'s contract with the ping-pong schedule: launch with num_warps=4 (the first
-    MMA warpgroup; the second, the loader and the storer are worker partitions)."""
+def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
+                 LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False,
+                 PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0):
+    """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
+    (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
+    (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused)."""
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -307,12 +279,19 @@ def wgrad_pingpong_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES:
         mbarrier.init(c_empty.index(i), count=1)
 
     args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M)
-    gl.warp_specialize([
-        (_mma_pingpong_first, args),
-        (_mma_pingpong_second, args),
-        (_load_partition, args),
-        (_store_partition, args),
-    ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+    if PINGPONG:
+        gl.warp_specialize([
+            (_mma_pingpong_first, args),
+            (_mma_pingpong_second, args),
+            (_load_partition, args),
+            (_store_partition, args),
+        ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+    else:
+        gl.warp_specialize([
+            (_mma_partition, args + (DEFER, )),
+            (_load_partition, args),
+            (_store_partition, args),
+        ], [1, 1], [LOAD_REGS, STORE_REGS])
 
 
 # ----------------------------------------------------------------------------- launcher
@@ -333,11 +312,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     b_desc = tma_descriptor(b, [cfg.BK, cfg.BN], TensorDescriptor, layout=_layout((cfg.BK, cfg.BN)))
     c_desc = tma_descriptor(out, [cfg.BM, cfg.BN], TensorDescriptor, layout=_layout((cfg.BM, cfg.BN)))
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
-    if cfg.pingpong:
-        launch(wgrad_pingpong_kernel, (num_programs,), ("gluon_wgrad_pingpong", a.device, M, N, K, num_programs, cfg),
-               a_desc, b_desc, c_desc, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.maxnreg,
-               num_warps=4, maxnreg=cfg.maxnreg)
-        return
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg),
            a_desc, b_desc, c_desc, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer,
-           num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+           cfg.pingpong, cfg.maxnreg if cfg.pingpong else 0,
+           num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
