@@ -239,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         writer[0].write_metadata(dict(metadata, command=command), complete=False)
         tqdm.write(f"writing {writer[0].csv_path} (case by case) and {writer[0].json_path.name}")
 
+    kernels_csv: list[Path] = []
     result = run_benchmark(config, progress=not args.no_progress, on_start=on_start, on_case=lambda f: writer[0].append(f),
-                           on_kernels=lambda f: writer[0].append_kernels(f))
+                           on_kernels=lambda f: kernels_csv.append(writer[0].append_kernels(f)))
     metadata = dict(result.metadata, command=command)
     writer[0].finish(metadata)
     metadata["run_id"] = writer[0].run_id
@@ -250,6 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     if result.kernels is not None:
         table = per_role(result.kernels)
         print(f"\nkernel breakdown (ms per backward: kernels, median of {config.breakdown} profiled calls; idle = timed "
-              f"median - busy; lead: profiled, host slowed): {writer[0].out_dir / 'kernels' / (writer[0].run_id + '.csv')}")
+              f"median - busy; lead: profiled, host slowed): {kernels_csv[-1]}")
         print(_fmt(table))
     return 0

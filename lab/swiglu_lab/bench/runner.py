@@ -356,15 +356,15 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
         reference = reference_backward(*sets[0])
         synchronize(device)
         flush_energy_j = measure_flush_energy(monitor, flush, device) if monitor is not None else math.nan
-        rows = []
+        rows, case_kernels = [], []
         for name in config.impls:
             bar.set_postfix_str(f"{case.name} {name}")
             measured = measure_impl(impls[name], sets, reference, case, device, warmup, iters, flush, monitor,
                                     config.breakdown)
             kernels = measured.pop("kernels", None)
             if kernels:
-                kernel_frames.append(kernel_frame(kernels, run_id="", case=case.name, tokens=case.tokens, impl=name,
-                                                  timed_ms=measured["median_ms"]))
+                case_kernels.append(kernel_frame(kernels, run_id="", case=case.name, tokens=case.tokens, impl=name,
+                                                 timed_ms=measured["median_ms"]))
             if math.isfinite(measured["energy_j"]):
                 measured = with_flush_energy(measured, flush_energy_j)
             _cleanup(device)
@@ -399,8 +399,10 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
         frames.append(add_speedups(rows_to_frame(rows)))
         if on_case is not None:
             on_case(frames[-1])
-        if on_kernels is not None and kernel_frames and kernel_frames[-1]["case"].iloc[0] == case.name:
-            on_kernels(pd.concat([f for f in kernel_frames if f["case"].iloc[0] == case.name], ignore_index=True))
+        if case_kernels:
+            kernel_frames += case_kernels
+            if on_kernels is not None:
+                on_kernels(pd.concat(case_kernels, ignore_index=True))
     bar.close()
     metadata["finished_utc"] = environment.utc_now().strftime(environment.UTC_FORMAT)
     kernels = pd.concat(kernel_frames, ignore_index=True) if kernel_frames else None

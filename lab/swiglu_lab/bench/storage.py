@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .breakdown import COLUMNS as KERNEL_COLUMNS
 from .schema import COLUMNS, coerce
 
 INDEX_NAME = "runs.csv"
@@ -85,8 +86,6 @@ class RunWriter:
         """Append a kernel breakdown (``breakdown.COLUMNS``) to ``<out>/kernels/<run_id>.csv``
         (created with its header on the first call; a folder apart, so run listings never take it
         for a run). Returns its path."""
-        from .breakdown import COLUMNS as KERNEL_COLUMNS
-
         path = self.out_dir / KERNELS_DIR / f"{self.run_id}.csv"
         path.parent.mkdir(exist_ok=True)
         frame = kernels.assign(run_id=self.run_id)[list(KERNEL_COLUMNS)]

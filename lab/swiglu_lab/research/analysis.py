@@ -28,6 +28,7 @@ import pandas as pd
 from swiglu import roofline
 from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, Case
 
+from ..bench.storage import KERNELS_DIR
 from ..paths import repo_root
 
 #: Display order and labels of the implementations ``swiglu_lab.bench`` records.
@@ -218,7 +219,7 @@ def load_kernels(run: BenchRun | None) -> pd.DataFrame | None:
     bench profiled kernels, or with ``--breakdown 0``)."""
     if run is None or run.csv_path is None:
         return None
-    path = run.csv_path.parent / "kernels" / f"{run.run_id}.csv"
+    path = run.csv_path.parent / KERNELS_DIR / f"{run.run_id}.csv"
     return pd.read_csv(path) if path.is_file() else None
 
 
