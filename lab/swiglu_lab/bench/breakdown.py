@@ -20,6 +20,8 @@ from typing import Callable
 import pandas as pd
 import torch
 
+from . import timeline
+
 #: The range name around each profiled call.
 MARK = "swiglu_bench::call"
 COLUMNS = ("run_id", "case", "tokens", "impl", "position", "kernel", "role", "ms", "seen",
@@ -68,12 +70,7 @@ def call_kernels(prof, device_type: str) -> tuple[list[list[tuple[str, float, fl
 
 
 def _busy_us(kernels: list[tuple[str, float, float]]) -> float:
-    total, hi = 0.0, float("-inf")
-    for _, start, end in kernels:  # in start order
-        if end > hi:
-            total += end - max(start, hi)
-            hi = end
-    return total
+    return timeline.length(timeline.union([(start, end) for _, start, end in kernels]))
 
 
 def summarize(calls: list[list[tuple[str, float, float]]], starts: list[float]) -> list[dict]:
@@ -124,12 +121,16 @@ def frame(rows: list[dict], **fields) -> pd.DataFrame:
     return pd.DataFrame([{**fields, **r} for r in rows], columns=list(COLUMNS))
 
 
+def first_case_per_tokens(kernels: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the first case of each token count (cases of equal tokens do the same work)."""
+    return kernels.merge(kernels.drop_duplicates(["tokens"])[["tokens", "case"]], on=["tokens", "case"])
+
+
 def per_role(kernels: pd.DataFrame) -> pd.DataFrame:
     """Milliseconds per (tokens, impl, role), summed over positions, from the first case of each
-    token count (cases of equal tokens do the same work), with each impl's busy time, the timed
-    median and the GPU idle time inside it (``idle_ms`` = timed - busy), and the profiled lead."""
-    first = kernels.drop_duplicates(["tokens"])[["tokens", "case"]]
-    k = kernels.merge(first, on=["tokens", "case"])
+    token count (``first_case_per_tokens``), with each impl's busy time, the timed median and the
+    GPU idle time inside it (``idle_ms`` = timed - busy), and the profiled lead."""
+    k = first_case_per_tokens(kernels)
     table = k.pivot_table(index=["tokens", "impl"], columns="role", values="ms", aggfunc="sum", fill_value=0.0)
     extra = k.groupby(["tokens", "impl"])[["busy_ms", "timed_ms", "lead_ms"]].first()
     extra.insert(2, "idle_ms", extra["timed_ms"] - extra["busy_ms"])

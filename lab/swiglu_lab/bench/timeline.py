@@ -45,7 +45,8 @@ def align(events: pd.DataFrame) -> pd.DataFrame:
     return events
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The intervals merged where they overlap or touch, in order."""
     out: list[tuple[float, float]] = []
     for lo, hi in sorted(intervals):
         if out and lo <= out[-1][1]:
@@ -55,7 +56,8 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _length(intervals) -> float:
+def length(intervals) -> float:
+    """The summed length of ``union``'s disjoint intervals."""
     return sum(hi - lo for lo, hi in intervals)
 
 
@@ -78,11 +80,11 @@ def summary(events: pd.DataFrame) -> pd.DataFrame:
     (span minus the union of all), in microseconds."""
     rows = []
     for (case, variant, rank), g in events.groupby(["case", "variant", "rank"], sort=False):
-        compute = _union(list(zip(g.loc[g["kind"] == "compute", "start_us"], g.loc[g["kind"] == "compute", "end_us"])))
-        comm = _union(list(zip(g.loc[g["kind"] == "comm", "start_us"], g.loc[g["kind"] == "comm", "end_us"])))
+        compute = union(list(zip(g.loc[g["kind"] == "compute", "start_us"], g.loc[g["kind"] == "compute", "end_us"])))
+        comm = union(list(zip(g.loc[g["kind"] == "comm", "start_us"], g.loc[g["kind"] == "comm", "end_us"])))
         span = g["end_us"].max() - g["start_us"].min()
-        busy = _length(_union(compute + comm))
-        rows.append(dict(case=case, variant=variant, rank=rank, span_us=span, compute_us=_length(compute),
-                         comm_us=_length(comm), exposed_comm_us=_length(comm) - _overlap(compute, comm),
+        busy = length(union(compute + comm))
+        rows.append(dict(case=case, variant=variant, rank=rank, span_us=span, compute_us=length(compute),
+                         comm_us=length(comm), exposed_comm_us=length(comm) - _overlap(compute, comm),
                          idle_us=span - busy))
     return pd.DataFrame(rows)

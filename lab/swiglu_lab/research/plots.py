@@ -31,7 +31,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from swiglu import roofline
-from ..bench import timeline
+from ..bench import breakdown, timeline
 from .analysis import IMPL_LABELS, order_impls
 
 #: Widest figure (inches at 150 dpi: 1500 px, shown at ~800 px) and smallest type (points).
@@ -876,8 +876,7 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
     that did, named under the tick). ``kernels``: ``breakdown.COLUMNS`` rows of one run (the
     first case of each token count). ``fig.plotted``: one row per segment (series "impl:
     segment", x = tokens, y = the segment's top, lo = its bottom, hi = its ms)."""
-    first = kernels.drop_duplicates(["tokens"])[["tokens", "case"]]
-    k = kernels.merge(first, on=["tokens", "case"]).sort_values(["tokens", "impl", "position"])
+    k = breakdown.first_case_per_tokens(kernels).sort_values(["tokens", "impl", "position"])
     present = list(dict.fromkeys(k["impl"]))
     impls = [i for i in (impls or order_impls(present)) if i in present]
     if not impls:
