@@ -4,9 +4,9 @@ orientations (a [T, I] with b [T, H], and a [T, H] with b [T, I]), per token cou
 candidates with ``defer`` off and on, the tl kernel's table config and cuBLAS; with ``--pingpong``
 also the experimental ping-pong kernel's candidates beside their cooperative twins ("... twin").
 Checks: each deferred or ping-pong variant bitwise equal to its twin (``bitwise_defer_off``), every
-kernel close to cuBLAS. Timing: 256 MB L2 flush before each
-call, CUDA events, the variants interleaved round by round (drift hits all alike), median of
-``--iters``. GPU only.
+kernel close to cuBLAS. Timing: 256 MB L2 flush before each call, CUDA events
+(``swiglu_lab.bench.timing.time_iterations``), the variants interleaved round by round (drift hits
+all alike), median of ``--iters``. GPU only.
 
     python scripts/probe_wgrad_defer.py --tokens 128,256,512,1024,2048,4096 --out build/probe
 """
@@ -42,6 +42,7 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
     from swiglu.kernels import backward
     from swiglu.kernels.configs import GluonConfig
     from swiglu.kernels.gluon_wgrad import PINGPONG_CANDIDATES, launch_grad_weight_gluon
+    from swiglu_lab.bench.timing import time_iterations
 
     table = backward.gluon_config_for(T, dev) or GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1)
     tl_cfg = backward.config_for("grad_weights", T)
@@ -78,13 +79,7 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
         outs[label] = out
     for _ in range(iters):
         for label, fn in variants.items():
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(outs[label])
-            end.record()
-            end.synchronize()
-            times[label].append(start.elapsed_time(end))
+            times[label] += time_iterations(fn, lambda: (outs[label],), 1, dev, flush.zero_)  # noqa: B023 (called at once)
     scale = ref.float().abs().max().item()
     rows = []
     for label, out in outs.items():

@@ -1,8 +1,8 @@
 """Whole-backward time with the table's Gluon weight-gradient entries against another table's (a
 ``backward_configs.json`` given with ``--against-json``, e.g. ``git show REV:src/swiglu/kernels/
 backward_configs.json``): does a per-kernel probe's choice hold in the backward? Hermes' size, same
-process, the two alternating, 256 MB L2 flush before every call, CUDA events, median of
-``--iters``; the two results compared bit for bit (``same_bits``).
+process, the two alternating, 256 MB L2 flush before every call, CUDA events
+(``swiglu_lab.bench.timing.time_iterations``), median of ``--iters``; the two results compared bit for bit (``same_bits``).
 
     python scripts/probe_wgrad_table_ab.py --against-json build/old_configs.json --tokens 128,1024,2048
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 
 def measure(T: int, ours: dict, other: dict, flush, iters: int) -> dict:
@@ -27,6 +27,7 @@ def measure(T: int, ours: dict, other: dict, flush, iters: int) -> dict:
 
     from swiglu import make_inputs
     from swiglu.kernels import backward
+    from swiglu_lab.bench.timing import time_iterations
 
     a = make_inputs(1, T, 16384, 53248, device="cuda", seed=T).as_tuple()
     tables = {"table": ours, "against": other}
@@ -44,13 +45,7 @@ def measure(T: int, ours: dict, other: dict, flush, iters: int) -> dict:
     for _ in range(iters):
         for name in tables:
             run(name)
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            backward.triton_swiglu_backward(*a)
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
+            times[name] += time_iterations(backward.triton_swiglu_backward, lambda: a, 1, a[1].device, flush.zero_)
     backward.GLUON_CONFIGS.update(ours)
     backward.clear_plans()
     bucket = backward.bucket_for(T)
