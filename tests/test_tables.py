@@ -87,3 +87,17 @@ def test_gluon_wgrad_table_can_take_the_pingpong_kernel():
             r["bitwise_defer_off"] = True
     section = gluon_wgrad_table(rows, old, {"GROUP_M": 32}, "p")["gluon_grad_weights"]
     assert section["512"]["config"]["pingpong"] is True and section["512"]["config"]["NC"] == 2
+
+
+def test_gluon_wgrad_table_can_take_a_cooperative_twin():
+    """A " twin" row (the cooperative kernel timed beside a ping-pong one) is a cooperative config."""
+    from swiglu_lab.bench.tables import gluon_wgrad_table
+
+    old = {"meta": {}, "configs": {}, "gluon_grad_weights": {}}
+    rows = _probe_rows(256, {"tl 128x256x64": (1.6, 1.6), "gluon 128x128x64 S4 NC2 pingpong": (1.5, 1.5),
+                             "gluon 128x128x64 S4 NC2 twin": (1.2, 1.2)})
+    for r in rows:
+        if r["variant"].endswith(" pingpong"):
+            r["bitwise_defer_off"] = True
+    config = gluon_wgrad_table(rows, old, {"GROUP_M": 32}, "p")["gluon_grad_weights"]["256"]["config"]
+    assert config["pingpong"] is False and config["NC"] == 2 and config["BN"] == 128

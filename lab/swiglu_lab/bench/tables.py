@@ -47,7 +47,8 @@ def forward_table(table: dict, meta: dict) -> dict:
 
 
 #: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows.
-_GLUON_LABEL = re.compile(r"gluon (table )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?( pingpong)?$")
+#: A probe's Gluon label; " twin" is a cooperative kernel timed beside its ping-pong variant.
+_GLUON_LABEL = re.compile(r"gluon (table )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?( pingpong| twin)?$")
 
 
 def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, margin: float = 0.02) -> dict:
@@ -80,7 +81,7 @@ def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, marg
             continue
         _, bm, bn, bk, stages, nc, defer, pingpong = _GLUON_LABEL.match(best).groups()
         config = {**base, "BM": int(bm), "BN": int(bn), "BK": int(bk), "STAGES": int(stages), "NC": int(nc),
-                  "defer": defer is not None, "pingpong": pingpong is not None}
+                  "defer": defer is not None, "pingpong": pingpong == " pingpong"}
         times = {r["shape"]: float(r["ms"]) for r in variants[best]}
         section[bucket_key(bucket_for(T))] = {
             "config": config, "ms_" + "_".join(sorted(times)): [times[k] for k in sorted(times)],

@@ -194,18 +194,21 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
 # under the other's MMAs (quack's ping-pong schedule), instead of two warpgroups on one tile.
 
 #: Its candidates, compiled for sm_90 by the CPU tests (192 bytes of epilogue spills at 168
-#: registers) and checked bitwise against the cooperative kernel on the GPU; not timed yet.
+#: registers) and checked bitwise against the cooperative kernel on the GPU.
 PINGPONG_CANDIDATES = (GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True),
                        GluonConfig(BM=128, BN=128, BK=32, STAGES=6, NC=2, pingpong=True))
 
 
 @gluon.jit
 def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            GROUP_M: gl.constexpr, WHICH: gl.constexpr):
+                            order, GROUP_M: gl.constexpr, WHICH: gl.constexpr):
     # Warpgroup WHICH (0 or 1) takes the program's tiles WHICH, WHICH + 2, ...; the loader fills
-    # the shared ring in tile order, so the two mainloops alternate and each epilogue overlaps the
-    # other warpgroup's mainloop. Step g of the program (tile i, k-step kk: g = i * k_tiles + kk)
-    # uses stage g % STAGES with phase (g // STAGES) & 1, as the loader counts.
+    # the shared ring in tile order, so each epilogue overlaps the other warpgroup's mainloop.
+    # Step g of the program (tile i, k-step kk: g = i * k_tiles + kk) uses stage g % STAGES with
+    # phase (g // STAGES) & 1, as the loader counts. The mainloops take turns (``order``: each
+    # warpgroup arrives on its barrier when its tile's last stage has landed): a warpgroup running
+    # ahead into tile i + 2 would otherwise wait on a stage's parity two phases early and pass at
+    # once (on the H200 at 403 tiles per program: an unspecified launch failure).
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -221,7 +224,11 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
 
     mma_layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
+    j = 0  # this warpgroup's tiles so far
     for i in range(WHICH, num_tiles, 2):
+        # The other warpgroup's mainloop of tile i - 1: its arrival j - 1 (warpgroup 0; a fresh
+        # barrier passes parity 1 at once, so tile 0 does not wait) or j (warpgroup 1).
+        mbarrier.wait(order.index(1 - WHICH), (j - 1 + WHICH) & 1)
         base = i * k_tiles
         for kk in range(k_tiles):
             g = base + kk
@@ -232,24 +239,26 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             gl.thread_barrier()
             mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)
+        mbarrier.arrive(order.index(WHICH))  # every thread of this warpgroup passed its last ready wait
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         gl.thread_barrier()
         mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
         _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
+        j += 1
 
 
 @gluon.jit
 def _mma_pingpong_first(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                        GROUP_M: gl.constexpr):
+                        order, GROUP_M: gl.constexpr):
     _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            GROUP_M, 0)
+                            order, GROUP_M, 0)
 
 
 @gluon.jit
 def _mma_pingpong_second(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                         GROUP_M: gl.constexpr):
+                         order, GROUP_M: gl.constexpr):
     _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            GROUP_M, 1)
+                            order, GROUP_M, 1)
 
 
 @gluon.jit
@@ -280,9 +289,13 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
 
     args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M)
     if PINGPONG:
+        order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(order.index(i), count=1)
+        pp_args = args[:-1] + (order, GROUP_M)
         gl.warp_specialize([
-            (_mma_pingpong_first, args),
-            (_mma_pingpong_second, args),
+            (_mma_pingpong_first, pp_args),
+            (_mma_pingpong_second, pp_args),
             (_load_partition, args),
             (_store_partition, args),
         ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
