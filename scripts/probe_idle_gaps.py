@@ -1,0 +1,118 @@
+"""Is the GPU idle inside one backward in the benchmark's protocol? ``swiglu_mlp_backward(impl="triton")``
+at Hermes' size, per token count, timed three ways in one process:
+
+* ``continuous_ms``: the benchmark's loop (``swiglu_lab.bench.timing.time_iterations``: L2 flush,
+  CUDA events, two alternating input sets, one synchronize at the end, so the host runs ahead);
+* ``synchronized_ms``: the same with a synchronize after every iteration (the host's time before
+  the first launch exposed, as in ``probe_host_lead.py``'s steps);
+* the continuous loop under ``torch.profiler``: per iteration, ``lead_ms`` from the end of the flush
+  kernel to our first kernel, ``busy_ms`` the kernels' summed durations, ``gaps_ms`` the time between
+  our first kernel's start and last kernel's end not covered by a kernel (launch gaps).
+
+Beside them the caching allocator's counters over the two timed loops (``num_device_alloc``,
+``num_device_free``, ``num_alloc_retries``: cudaMalloc/cudaFree would synchronize the host). GPU
+only; a probe, not a test. Writes ``idle_gaps.csv`` and ``environment.json`` to ``--out``.
+
+    python scripts/probe_idle_gaps.py --tokens 128 512 --out build/idle_gaps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+
+ALLOC_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+
+
+def per_iteration(events) -> list[dict]:
+    """(start_us, end_us, name) of the profiled CUDA kernels in time order -> one dict per
+    iteration: the flush kernel's end and the kernels after it up to the next flush."""
+    iterations: list[dict] = []
+    for start, end, name in events:
+        if "FillFunctor" in name:  # the L2 flush: buffer.zero_()
+            iterations.append({"flush_end": end, "kernels": []})
+        elif iterations:
+            iterations[-1]["kernels"].append((start, end, name))
+    return [it for it in iterations if it["kernels"]]
+
+
+def measure(T: int, iters: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from swiglu import make_inputs, swiglu_mlp_backward
+    from swiglu_lab.bench.timing import L2Flusher, alternating, time_iterations
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    flush = L2Flusher(dev)
+    sets = [make_inputs(1, T, 16384, 53248, device=dev, seed=seed).as_tuple() for seed in (1, 2)]
+    make = alternating(sets)
+
+    def call(*args):
+        return swiglu_mlp_backward(*args, impl="triton")
+
+    def counters():
+        stats = torch.cuda.memory_stats(dev)
+        return [stats.get(k, 0) for k in ALLOC_KEYS]
+
+    time_iterations(call, make, 10, dev, flush)  # warm-up: compile, plans, allocator pools
+    before = counters()
+    continuous = time_iterations(call, make, iters, dev, flush)
+    synchronized = [time_iterations(call, make, 1, dev, flush)[0] for _ in range(iters)]
+    after = counters()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        time_iterations(call, make, 12, dev, flush)
+    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                    if e.device_type.name == "CUDA")
+    its = per_iteration(events)[2:]  # the first two may still carry the profiler's start-up
+    lead = [it["kernels"][0][0] - it["flush_end"] for it in its]
+    busy = [sum(e - s for s, e, _ in it["kernels"]) for it in its]
+    span = [it["kernels"][-1][1] - it["kernels"][0][0] for it in its]
+    med = statistics.median
+    return dict(tokens=T, continuous_ms=round(med(continuous), 4), synchronized_ms=round(med(synchronized), 4),
+                lead_ms=round(med(lead) / 1e3, 4), busy_ms=round(med(busy) / 1e3, 4),
+                gaps_ms=round(med(s - b for s, b in zip(span, busy)) / 1e3, 4),
+                kernels=" ".join(f"{n.split('(')[0][:24]}:{(e - s) / 1e3:.3f}" for s, e, n in its[-1]["kernels"]),
+                profiled_iterations=len(its), iters=iters,
+                **{k: a - b for k, a, b in zip(ALLOC_KEYS, after, before)})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[128, 512])
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--out", default=str(REPO / "build" / "idle_gaps"))
+    args = p.parse_args(argv)
+
+    import pandas as pd
+    import torch
+
+    from swiglu_lab.bench import environment
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    rows = []
+    for T in args.tokens:
+        rows.append(measure(T, args.iters))
+        torch.cuda.empty_cache()
+        r = rows[-1]
+        print(f"T={T}: continuous {r['continuous_ms']} ms, synchronized {r['synchronized_ms']} ms; profiled: lead "
+              f"{r['lead_ms']} busy {r['busy_ms']} gaps {r['gaps_ms']} ms; device allocs {r['num_device_alloc']}, "
+              f"frees {r['num_device_free']}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(out / "idle_gaps.csv", index=False)
+    env = {"git": environment.git_info(REPO), "gpu": environment.gpu_info(dev),
+           "nvidia_smi": environment.nvidia_smi_info(dev), "software": environment.software_info(),
+           "utc": environment.utc_now().isoformat(timespec="seconds")}
+    (out / "environment.json").write_text(json.dumps(env, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
