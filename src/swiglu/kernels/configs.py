@@ -66,8 +66,8 @@ class GluonConfig:
     # Each tile's bf16 output stored to shared memory only after the next tile's first wgmma is
     # issued, so the tensor cores work through the epilogue (bitwise the same output).
     defer: bool = False
-    # Experimental: two 4-warp MMA warpgroups on alternate tiles (``gluon_wgrad.wgrad_kernel`` with PINGPONG;
-    # num_warps and defer then unused), each tile BM x BN; not in the table until measured.
+    # Two 4-warp MMA warpgroups on alternate tiles (``gluon_wgrad.wgrad_kernel`` with PINGPONG;
+    # num_warps and defer then unused), each tile BM x BN: the table's choice at T = 257-512.
     pingpong: bool = False
 
     def smem_bytes(self) -> int:

@@ -190,8 +190,8 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
 
 
 # ----------------------------------------------------------------------------- ping-pong partitions
-# Experimental (no table entry yet): two MMA warpgroups on alternate tiles, so one's epilogue runs
-# under the other's MMAs (quack's ping-pong schedule), instead of two warpgroups on one tile.
+# Two MMA warpgroups on alternate tiles, so one's epilogue runs under the other's MMAs (quack's
+# ping-pong schedule), instead of two warpgroups on one tile; the table's choice at T = 257-512.
 
 #: Its candidates, compiled for sm_90 by the CPU tests (192 bytes of epilogue spills at 168
 #: registers) and checked bitwise against the cooperative kernel on the GPU.
@@ -208,7 +208,7 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
     # phase (g // STAGES) & 1, as the loader counts. The mainloops take turns (``order``: each
     # warpgroup arrives on its barrier when its tile's last stage has landed): a warpgroup running
     # ahead into tile i + 2 would otherwise wait on a stage's parity two phases early and pass at
-    # once (on the H200 at 403 tiles per program: an unspecified launch failure).
+    # once, reading a stage being refilled (docs/kernels.md).
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
