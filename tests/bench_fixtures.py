@@ -98,7 +98,8 @@ def write_synthetic_run(
 
 #: Synthetic breakdown: kernel (name) -> share of the row's median; the host lead before the first kernel.
 KERNEL_SPLIT = {"dswiglu_gemm_kernel": 0.2, "grad_weight_kernel": 0.5, "grad_x_kernel": 0.3}
-IDLE_MS = 0.1
+IDLE_MS = 0.1  # timed median - profiled busy time
+LEAD_MS, GAPS_MS = 0.02, 0.03  # of which the profiled loop measured as GPU idle
 
 
 def write_synthetic_kernels(bench_dir: Path, run_id: str, rows: list[dict]) -> Path:
@@ -110,7 +111,8 @@ def write_synthetic_kernels(bench_dir: Path, run_id: str, rows: list[dict]) -> P
         for position, (name, share) in enumerate(KERNEL_SPLIT.items()):
             out.append(dict(run_id=run_id, case=r["case"], tokens=r["tokens"], impl=r["impl"], position=position,
                             kernel=name, role=breakdown.kernel_role(name), ms=share * (r["median_ms"] - IDLE_MS),
-                            seen=3, busy_ms=r["median_ms"] - IDLE_MS, lead_ms=0.2, span_ms=r["median_ms"] + 0.1,
+                            seen=3, busy_ms=r["median_ms"] - IDLE_MS, lead_ms=LEAD_MS, gaps_ms=GAPS_MS,
+                            span_ms=r["median_ms"] - IDLE_MS + LEAD_MS + GAPS_MS,
                             profiled_calls=3, timed_ms=r["median_ms"]))
     path = bench_dir / "kernels" / f"{run_id}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)

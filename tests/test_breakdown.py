@@ -40,7 +40,21 @@ def test_summarize_known_intervals():
     assert rows[0]["busy_ms"] == pytest.approx((340 + 360) / 2 / 1e3)  # 290 + 50 and 300 + 60
     assert rows[0]["lead_ms"] == pytest.approx((10 + 20) / 2 / 1e3)
     assert rows[0]["span_ms"] == pytest.approx((400 + 390) / 2 / 1e3)
+    assert rows[0]["gaps_ms"] == pytest.approx((50 + 10) / 2 / 1e3)  # [300, 350] and [1320, 1330] uncovered
     assert all(r["seen"] == 2 and r["profiled_calls"] == 2 for r in rows)
+
+
+def test_split_at_flushes_assigns_each_kernel_to_the_flush_before_it():
+    flush = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<unsigned char>, x>"
+    other_fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, x>"
+    kernels = [("early", 0, 5), (flush, 10, 40), ("a", 45, 100), (other_fill, 101, 102), ("b", 103, 200),
+               (flush, 150, 180), ("a", 190, 260)]  # the host ran ahead: the next flush is queued behind b
+    calls, ends = breakdown.split_at_flushes(kernels)
+    assert ends == [40, 180]
+    assert [[k[0] for k in c] for c in calls] == [["a", other_fill, "b"], ["a"]]
+    rows = breakdown.summarize(calls, ends)
+    assert rows[0]["lead_ms"] == pytest.approx((5 + 10) / 2 / 1e3)
+    assert breakdown.split_at_flushes([("a", 0, 1)]) == ([], [])
 
 
 def test_summarize_takes_the_common_name_per_position_and_skips_empty_calls():
@@ -61,7 +75,7 @@ def test_profile_calls_on_the_cpu_sees_each_op_of_each_call():
     assert [r["kernel"] for r in rows] == ["aten::mm", "aten::relu"]
     assert [r["role"] for r in rows] == ["GEMM (library)", "elementwise / other"]
     assert all(r["profiled_calls"] == 3 and r["seen"] == 3 and r["ms"] > 0 for r in rows)
-    assert rows[0]["span_ms"] >= rows[0]["busy_ms"] > 0 and rows[0]["lead_ms"] >= 0
+    assert rows[0]["span_ms"] >= rows[0]["busy_ms"] > 0 and rows[0]["lead_ms"] >= 0 and rows[0]["gaps_ms"] >= 0
 
 
 def test_runner_records_a_breakdown_per_case_and_impl_and_the_writer_keeps_it_apart(tmp_path):
@@ -128,7 +142,8 @@ def test_breakdown_plot_stacks_each_kernel_on_the_idle_time_relative_to_quacks_m
         assert idle["lo"].tolist() == [0.0] and idle["hi"].tolist() == pytest.approx([0.15])
     assert tops.loc[("triton: grad_x GEMM", 128)] > tops.loc[("triton: weight-gradient GEMM", 128)]
     table = breakdown.per_role(kernels).set_index(["tokens", "impl"])
-    assert table.loc[(128, "triton"), "idle_ms"] == pytest.approx(0.15)
+    assert table.loc[(128, "triton"), "timed_minus_busy_ms"] == pytest.approx(0.15)
+    assert table["idle_ms"].isna().all()  # no gaps_ms: a run from before the looped profile
     assert table.loc[(2048, "quack"), "GEMM (library)"] == pytest.approx(12.0)
     plots.plt.close(fig)
 
@@ -156,3 +171,25 @@ def test_breakdown_plot_fits_longer_profiled_kernels_into_the_timed_median_and_c
     assert at_2048["y"].max() == pytest.approx(1.0) and set(at_2048["series"].str.split(":").str[0]) == {"triton"}
     assert "(vs triton)" in fig.axes[0].get_xticklabels()[1].get_text()
     plots.plt.close(fig)
+
+
+@pytest.mark.gpu
+def test_profile_calls_on_the_gpu_splits_the_loop_at_the_flushes():
+    """The looped profile on a GPU: one call per L2 flush, every kernel of the call seen, the
+    idle terms non-negative; without the flush it refuses rather than guess the boundaries."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from swiglu_lab.bench.timing import L2Flusher
+
+    dev = torch.device("cuda")
+    a, b = torch.randn(512, 512, device=dev), torch.randn(512, 512, device=dev)
+
+    def fn(x, y):
+        return torch.relu(torch.mm(x, y))
+
+    rows = breakdown.profile_calls(fn, lambda: (a, b), 4, dev, L2Flusher(dev))
+    assert [r["role"] for r in rows] == ["GEMM (library)", "elementwise / other"]
+    assert all(r["profiled_calls"] == 4 and r["seen"] == 4 for r in rows)
+    assert rows[0]["lead_ms"] >= 0 and rows[0]["gaps_ms"] >= 0 and rows[0]["busy_ms"] > 0
+    with pytest.raises(ValueError, match="L2 flushes"):
+        breakdown.profile_calls(fn, lambda: (a, b), 2, dev)

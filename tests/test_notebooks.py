@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench_fixtures import FACTORS, FLUSH_J, IDLE_MS, POWER_W, write_synthetic_run, write_synthetic_tp_run
+from bench_fixtures import FACTORS, FLUSH_J, GAPS_MS, IDLE_MS, LEAD_MS, POWER_W, write_synthetic_run, write_synthetic_tp_run
 from swiglu import CASES, roofline
 from swiglu_lab.research import plots, reproduce
 
@@ -156,11 +156,14 @@ def test_smoke_kernel_breakdown_draws_the_recorded_kernels(smoke):
         tops = bars.assign(impl=bars["series"].str.split(":").str[0]).groupby("impl")["y"].max()
         for impl, factor in FACTORS.items():  # no quack in the run: relative to the first impl, eager
             assert tops[impl] == pytest.approx(factor / FACTORS["eager"])
-        idle = bars[bars["series"] == f"triton: {plots.IDLE}"]
-        assert idle["hi"].tolist() == pytest.approx([IDLE_MS])
+        rest = bars[bars["series"] == f"triton: {plots.IDLE}"]
+        idle = bars[bars["series"] == f"triton: {plots.MEASURED_IDLE}"]
+        assert idle["hi"].tolist() == pytest.approx([LEAD_MS + GAPS_MS]) and idle["lo"].tolist() == [0.0]
+        assert rest["hi"].tolist() == pytest.approx([IDLE_MS - LEAD_MS - GAPS_MS])
     table = pd.read_csv(tmp / "derived" / "kernel_breakdown.csv")
-    assert {"dSwiGLU GEMM", "weight-gradient GEMM", "grad_x GEMM", "idle_ms"} <= set(table.columns)
-    assert table["idle_ms"].tolist() == pytest.approx([IDLE_MS] * len(table))
+    assert {"dSwiGLU GEMM", "weight-gradient GEMM", "grad_x GEMM", "idle_ms", "timed_minus_busy_ms"} <= set(table.columns)
+    assert table["timed_minus_busy_ms"].tolist() == pytest.approx([IDLE_MS] * len(table))
+    assert table["idle_ms"].tolist() == pytest.approx([LEAD_MS + GAPS_MS] * len(table))
 
 
 def test_smoke_validation_figure_draws_every_implementation(smoke):

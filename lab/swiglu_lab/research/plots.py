@@ -854,24 +854,30 @@ def tp_timeline_plot(events: pd.DataFrame, footer: str = "", title: str = "Per-r
     return fig
 
 
-#: Segment colours of ``kernel_breakdown_plot``, by ``breakdown.kernel_role`` (the idle time last).
+#: The GPU's idle time measured in the profiled loop (``breakdown``: lead + gaps), and the rest
+#: of the timed median above the profiled kernels (kernels slower unprofiled, or in older runs
+#: whatever separated the two).
+MEASURED_IDLE = "GPU idle (profiled loop)"
+IDLE = "timed - profiled kernels"
+#: Segment colours of ``kernel_breakdown_plot``, by ``breakdown.kernel_role`` (the two above last).
 ROLE_COLORS = {
     "dSwiGLU GEMM": "#1f77b4",
     "grad_x GEMM": "#2ca02c",
     "weight-gradient GEMM": "#ff7f0e",
     "GEMM (library)": "#9467bd",
     "elementwise / other": "#bcbd22",
-    "GPU idle (timed - kernels)": "#d9d9d9",
+    MEASURED_IDLE: "#7f7f7f",
+    IDLE: "#d9d9d9",
 }
-IDLE = "GPU idle (timed - kernels)"
 
 
 def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = None, base: str | None = None,
                           footer: str = "", title: str = "Where one backward's time goes, kernel by kernel") -> Figure:
     """Stacked bars per token count, one bar per implementation, as tall as its timed median:
-    the GPU's idle time inside it first (timed median minus the kernels' busy time: the host's
-    work the device waited for), then each kernel in launch order coloured by its role (its
-    share of the profiled kernel time, filling the rest), all divided by ``base``'s timed median
+    first the timed median minus the profiled kernels' busy time, split into the GPU idle time
+    the profiled loop measured (lead + gaps, where the run has ``gaps_ms``) and the rest, then
+    each kernel in launch order coloured by its role (its share of the profiled kernel time,
+    filling the rest of the bar), all divided by ``base``'s timed median
     at that T (default quack's, else the first impl; at a T ``base`` did not time, the first impl
     that did, named under the tick). ``kernels``: ``breakdown.COLUMNS`` rows of one run (the
     first case of each token count). ``fig.plotted``: one row per segment (series "impl:
@@ -897,10 +903,13 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
             scale = timed[(t, bases[t])]
             total = rows["timed_ms"].iloc[0]
             idle = max(0.0, total - rows["busy_ms"].iloc[0])
+            measured = rows["lead_ms"].iloc[0] + rows["gaps_ms"].iloc[0] if "gaps_ms" in rows else float("nan")
+            split = [(MEASURED_IDLE, min(idle, max(0.0, measured)))] if np.isfinite(measured) else []
             # Kernel times are the profiled calls'; each kernel's share of them fills the rest of
             # the timed median (the profiled busy time can exceed it by a few percent).
             share = (total - idle) / rows["ms"].sum() if rows["ms"].sum() > 0 else 0.0
-            segments = [(IDLE, idle)] + [(role, ms * share) for role, ms in zip(rows["role"], rows["ms"])]
+            segments = split + [(IDLE, idle - sum(ms for _, ms in split))] + [
+                (role, ms * share) for role, ms in zip(rows["role"], rows["ms"])]
             bottom = 0.0
             x = xi + (j - (len(impls) - 1) / 2) * width
             for role, ms in segments:
@@ -922,9 +931,11 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
     ax.legend(loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, -0.24))
     ax.grid(axis="y", alpha=0.3)
     calls = int(k["profiled_calls"].max())
+    looped = "gaps_ms" in k and k["gaps_ms"].notna().any()
+    how = "in a loop like the timed one" if looped else "each flushed and synchronized"
     fig.tight_layout()
     add_footer(fig, f"Bar height: the timed median (the benchmark's protocol); kernels: their shares of the kernel time "
-                    f"torch.profiler measured, median of {calls} calls per bar (each flushed and synchronized). {footer}")
+                    f"torch.profiler measured, median of {calls} calls per bar ({how}). {footer}")
     fig.plotted = pd.DataFrame(records, columns=PLOTTED_COLUMNS)
     return fig
 
