@@ -3,6 +3,8 @@
 #   bash scripts/install_quack.sh 1      (with .quack/part1 carried): stage part 1 in /tmp/quack-wheels
 #   . scripts/install_quack.sh 2         (with .quack/part2 carried): join the split wheel, check its
 #                                          sha256, install into /tmp/quack/site-packages, set PYTHONPATH
+#                                          (sourced in the shell that runs the bench: not in a pipe or a
+#                                          subshell, where the PYTHONPATH is lost; /tmp/quack/env.sh sets it again)
 # A folder named site-packages on purpose (swiglu_lab.bench.quack_peer.check_install_location), and
 # CuTe-DSL's dsl_packages on the path (its .pth file is read only in site directories).
 STAGE=/tmp/quack-wheels
@@ -20,6 +22,7 @@ case "${1:-}" in
     done
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$STAGE"/*.whl || { return 1 2>/dev/null || exit 1; }
     export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
+    echo "export PYTHONPATH=\"$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages\${PYTHONPATH:+:\$PYTHONPATH}\"" > /tmp/quack/env.sh
     echo "quack installed in $SITE; PYTHONPATH=$PYTHONPATH" ;;
   *)
     echo "usage: bash scripts/install_quack.sh 1   then   . scripts/install_quack.sh 2" >&2 ;;
