@@ -60,10 +60,10 @@ def test_one_story_for_where_the_cpu_build_of_torch_comes_from():
     index = _makefile_value("TORCH_CPU_INDEX", makefile)
     torch_version = re.search(r"--index-url \$\(TORCH_CPU_INDEX\) torch==(\S+)", makefile).group(1)
     triton_version = re.search(r"pip install -q triton==(\S+)", makefile).group(1)
-    matplotlib_version = _makefile_value("MATPLOTLIB_VERSION", makefile)
+    pins = {name: _makefile_value(f"{name.upper()}_VERSION", makefile) for name in ("matplotlib", "numpy", "pandas")}
     env = (ROOT / "environment.yml").read_text()
     for line in (f"- --extra-index-url {index}", f"- torch=={torch_version}+cpu", f"- triton=={triton_version}",
-                 f"- matplotlib=={matplotlib_version}"):
+                 *(f"- {name}=={version}" for name, version in pins.items())):
         assert line in env, f"environment.yml lacks {line!r} (the Makefile's CPU install)"
     conda = README[README.index("### Conda"):README.index("## Using the package")]
     for text in (index, f"torch=={torch_version}+cpu", f"triton=={triton_version}"):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+import pytest
+
 from swiglu.kernels import configs
 from swiglu.kernels.configs import KernelConfig
 from swiglu_lab.bench.tables import backward_table, forward_table
@@ -76,28 +78,17 @@ def test_gluon_wgrad_table_takes_a_clear_winner_only():
     assert gluon_wgrad_table(rows, old, base, "p")["gluon_grad_weights"] == old["gluon_grad_weights"]
 
 
-def test_gluon_wgrad_table_can_take_the_pingpong_kernel():
+@pytest.mark.parametrize("pingpong_ms, twin_ms, pingpong", [(1.2, 1.4, True), (1.5, 1.2, False)])
+def test_gluon_wgrad_table_takes_the_faster_of_a_pingpong_kernel_and_its_cooperative_twin(pingpong_ms, twin_ms,
+                                                                                          pingpong):
+    """A " pingpong" row is the ping-pong kernel, a " twin" row its cooperative twin (same tiles)."""
     from swiglu_lab.bench.tables import gluon_wgrad_table
 
     old = {"meta": {}, "configs": {}, "gluon_grad_weights": {}}
-    rows = _probe_rows(512, {"tl 128x256x64": (1.6, 1.6), "gluon 128x128x64 S4 NC2 pingpong": (1.2, 1.2),
-                             "gluon 128x128x64 S4 NC2 twin": (1.4, 1.4)})
+    rows = _probe_rows(512, {"tl 128x256x64": (1.6, 1.6), "gluon 128x128x64 S4 NC2 pingpong": (pingpong_ms, pingpong_ms),
+                             "gluon 128x128x64 S4 NC2 twin": (twin_ms, twin_ms)})
     for r in rows:
         if r["variant"].endswith(" pingpong"):
             r["bitwise_defer_off"] = True
-    section = gluon_wgrad_table(rows, old, {"GROUP_M": 32}, "p")["gluon_grad_weights"]
-    assert section["512"]["config"]["pingpong"] is True and section["512"]["config"]["NC"] == 2
-
-
-def test_gluon_wgrad_table_can_take_a_cooperative_twin():
-    """A " twin" row (the cooperative kernel timed beside a ping-pong one) is a cooperative config."""
-    from swiglu_lab.bench.tables import gluon_wgrad_table
-
-    old = {"meta": {}, "configs": {}, "gluon_grad_weights": {}}
-    rows = _probe_rows(256, {"tl 128x256x64": (1.6, 1.6), "gluon 128x128x64 S4 NC2 pingpong": (1.5, 1.5),
-                             "gluon 128x128x64 S4 NC2 twin": (1.2, 1.2)})
-    for r in rows:
-        if r["variant"].endswith(" pingpong"):
-            r["bitwise_defer_off"] = True
-    config = gluon_wgrad_table(rows, old, {"GROUP_M": 32}, "p")["gluon_grad_weights"]["256"]["config"]
-    assert config["pingpong"] is False and config["NC"] == 2 and config["BN"] == 128
+    config = gluon_wgrad_table(rows, old, {"GROUP_M": 32}, "p")["gluon_grad_weights"]["512"]["config"]
+    assert config["pingpong"] is pingpong and config["NC"] == 2 and config["BN"] == 128
