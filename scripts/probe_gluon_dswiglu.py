@@ -1,5 +1,5 @@
-"""GPU probe of the EXPERIMENTAL Gluon dSwiGLU kernel (swiglu.kernels.gluon_dswiglu, never run before
-this probe): correctness against the tl dSwiGLU kernel (bitwise) and a float64 reference, then timing
+"""GPU probe of the Gluon dSwiGLU kernel (swiglu.kernels.gluon_dswiglu; the probe its table entries come
+from): correctness against the tl dSwiGLU kernel (bitwise) and a float64 reference, then timing
 against the tl kernel and a bare cuBLAS GEMM of the same shape, per candidate config.
 
     OUT=$OUT PYTHONPATH=src python3 scripts/probe_gluon_dswiglu.py            # all configs, all T

@@ -2,7 +2,7 @@
 up the Gluon weight-gradient kernel? One weight gradient ``out = a.T @ b`` at Hermes size, both
 orientations (a [T, I] with b [T, H], and a [T, H] with b [T, I]), per token count: Gluon
 candidates with ``defer`` off and on, the tl kernel's table config and cuBLAS; with ``--pingpong``
-also the experimental ping-pong kernel's candidates beside their cooperative twins ("... twin").
+also the ping-pong kernel's candidates beside their cooperative twins ("... twin").
 Checks: each deferred or ping-pong variant bitwise equal to its twin (``bitwise_defer_off``), every
 kernel close to cuBLAS. Timing: 256 MB L2 flush before each call, CUDA events
 (``swiglu_lab.bench.timing.time_iterations``), the variants interleaved round by round (drift hits
@@ -63,7 +63,7 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
                     f"NC{cfg.NC}{' defer' if defer else ''}"
             nprog = backward.num_programs(dev, backward.cdiv(M, cfg.BM) * backward.cdiv(N, cfg.BN))
             variants[label] = (lambda c, n: lambda out: launch_grad_weight_gluon(a, b, out, c, n))(cfg, nprog)
-    if pingpong:  # the experimental ping-pong kernel's candidates, bitwise against their cooperative twins
+    if pingpong:  # the ping-pong kernel's candidates, bitwise against their cooperative twins
         for cfg in PINGPONG_CANDIDATES:
             label = f"gluon {cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} pingpong"
             nprog = backward.num_programs(dev, backward.cdiv(M, cfg.BM) * backward.cdiv(N, cfg.BN))
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(REPO / "build" / "probe"))
     p.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     p.add_argument("--iters", type=int, default=15)
-    p.add_argument("--pingpong", action="store_true", help="also the experimental ping-pong kernel's candidates")
+    p.add_argument("--pingpong", action="store_true", help="also the ping-pong kernel's candidates")
     p.add_argument("--write-table", action="store_true",
                    help="write the winners into src/swiglu/kernels/backward_configs.json (swiglu_lab.bench.tables."
                    "gluon_wgrad_table: only where faster than the current choice by 2%%)")
