@@ -258,8 +258,9 @@ def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, fl
             "first_call": "one call before the warm-ups, host-timed with synchronize: first_call_s",
             "side_streams": "implementations must join the current stream before returning",
             "kernel_breakdown": (f"{config.breakdown} calls per impl and case under torch.profiler after the timed "
-                                 "iterations, each flushed and synchronized before and after "
-                                 "(swiglu_lab.bench.breakdown): kernels/<run_id>.csv") if config.breakdown else "none",
+                                 "iterations, on a GPU in a loop like the timed one (flush, call; split at the flush "
+                                 "kernels), on a CPU each call in its own range (swiglu_lab.bench.breakdown): "
+                                 "kernels/<run_id>.csv") if config.breakdown else "none",
         },
         "shape": {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size},
         "cases": [c.name for c in config.cases],
