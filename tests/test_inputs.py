@@ -126,7 +126,6 @@ def test_global_rng_when_seed_is_none():
     [
         (dict(batch_size=0), "batch_size must be a positive int, got 0"),
         (dict(seq_len=-3), "seq_len must be a positive int, got -3"),
-        (dict(hidden_size=2.5), "hidden_size must be a positive int, got 2.5"),
         (dict(intermediate_size=0), "intermediate_size must be a positive int"),
         (dict(mode="backward"), "mode must be one of .*'backward'"),
     ],
@@ -137,3 +136,15 @@ def test_bad_arguments(kwargs, message):
     mode = args.pop("mode", "benchmark")
     with pytest.raises(ValueError, match=message):
         make_inputs(**args, mode=mode)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(hidden_size=2.5), r"hidden_size must be a positive int, got 2.5 \(float\)"),
+    (dict(batch_size=True), r"batch_size must be a positive int, got True \(bool\)"),
+    (dict(seq_len="4"), r"seq_len must be a positive int, got '4' \(str\)"),
+])
+def test_sizes_of_another_type(kwargs, message):
+    args = dict(batch_size=1, seq_len=2, hidden_size=8, intermediate_size=16)
+    args.update(kwargs)
+    with pytest.raises(TypeError, match=message):
+        make_inputs(**args)

@@ -375,7 +375,7 @@ def test_bad_inputs_raise_at_forward(case):
 
 @pytest.mark.parametrize(
     "kwargs,match",
-    [(dict(hidden_size=0, intermediate_size=I), "hidden_size"), (dict(hidden_size=H, intermediate_size=2.5), "intermediate_size"),
+    [(dict(hidden_size=0, intermediate_size=I), "hidden_size"),
      (dict(hidden_size=H, intermediate_size=I, impl="fast"), "impl must be one of")],
 )
 def test_bad_module_arguments(kwargs, match):
@@ -506,3 +506,15 @@ def test_triton_path_errors_at_forward(monkeypatch, triton_backward, device):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs CUDA tensors"):
             swiglu.SwiGLUMLP(H, I, impl="triton", dtype=torch.bfloat16)(torch.randn(3, H, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("args, kwargs, exc, match", [
+    ((32.0, 64), {}, TypeError, r"hidden_size must be a positive int, got 32.0 \(float\)"),
+    ((32, True), {}, TypeError, r"intermediate_size must be a positive int, got True \(bool\)"),
+    ((0, 64), {}, ValueError, "hidden_size must be a positive int, got 0"),
+    ((32, 64), {"dtype": torch.int32}, TypeError, "dtype must be a floating torch.dtype"),
+    ((32, 64), {"dtype": "bfloat16"}, TypeError, "dtype must be a floating torch.dtype"),
+])
+def test_bad_constructor_arguments_name_the_argument(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        swiglu.SwiGLUMLP(*args, **kwargs)

@@ -96,8 +96,15 @@ def swiglu_mlp_backward(
         ValueError: wrong ranks, mismatched shapes (naming the argument), different devices, an
             empty H or I, an unknown ``impl``, or ``"triton"`` where it cannot run.
 
-    Strides, copies on the Triton path and non-finite inputs: docs/usage.md.
+    Under ``torch.compile`` it is the custom op ``torch.ops.swiglu.mlp_backward``; under
+    ``torch.func`` transforms the reference. Strides, copies and non-finite inputs: docs/usage.md.
     """
     tensors = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
     check_backward_inputs(*tensors)
+    if torch.compiler.is_compiling():
+        ops._check_impl(impl)
+        return ops.mlp_backward(*tensors, *ALL_NEEDS, impl)
+    if ops.transforms_active():
+        ops._check_impl(impl)
+        return ops.run_backward(tensors, ALL_NEEDS, "reference")
     return ops.run_backward(tensors, ALL_NEEDS, ops.resolve_impl(impl, x, gate_weight))

@@ -67,7 +67,8 @@ def make_inputs(
     [I, H], [H, I]; weights have std ``1/sqrt(fan_in)`` (1/128 and 1/sqrt(53248) at full size).
 
     Raises: ``ValueError`` for a non-positive size, an unknown mode or device, or the meta
-    device; ``TypeError`` for a dtype other than float16, bfloat16, float32 or float64.
+    device; ``TypeError`` for a size that is not an int (bools included) or a dtype other than
+    float16, bfloat16, float32 or float64.
     """
     for label, size in (
         ("batch_size", batch_size),
@@ -75,7 +76,9 @@ def make_inputs(
         ("hidden_size", hidden_size),
         ("intermediate_size", intermediate_size),
     ):
-        if not isinstance(size, int) or size <= 0:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"{label} must be a positive int, got {size!r} ({type(size).__name__})")
+        if size <= 0:
             raise ValueError(f"{label} must be a positive int, got {size!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

@@ -38,7 +38,9 @@ class SwiGLUMLP(nn.Module):
         hidden_size, intermediate_size: H and I, positive ints.
         impl, save_activated_gate, reuse_saved_buffers: as ``swiglu.swiglu_mlp`` (``backward_impl``
             is impl's former name, DeprecationWarning).
-        device, dtype: of the weights; the input must match them.
+        device, dtype: of the weights (dtype floating); the input must match them.
+    Raises TypeError for a size that is not an int or a non-floating dtype; ValueError for a
+    non-positive size, an unknown ``impl`` or a CUDA device without a GPU.
 
     forward(x): [..., H] -> [..., H]; errors as ``swiglu.swiglu_mlp``, with x and the weights
     checked against hidden_size and intermediate_size.
@@ -65,8 +67,12 @@ class SwiGLUMLP(nn.Module):
     ) -> None:
         super().__init__()
         for label, size in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
-            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise TypeError(f"{label} must be a positive int, got {size!r} ({type(size).__name__})")
+            if size <= 0:
                 raise ValueError(f"{label} must be a positive int, got {size!r}")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype (the weights' dtype) or None, got {dtype!r}")
         if backward_impl is not None:
             impl = _renamed(backward_impl, impl)
         _check_impl(impl)

@@ -454,7 +454,7 @@ def _swiglu_mlp(x, gate_weight, up_weight, down_weight, impl, save_activated_gat
         _check_impl(impl)
         return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]
     impl = resolve_impl(impl, x, gate_weight)
-    if torch._C._are_functorch_transforms_active():
+    if transforms_active():
         # torch.func (grad, vmap, jacrev...): the same formula in plain differentiable ops, which
         # every transform supports (the kernels cannot read functorch's wrapped tensors).
         return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
@@ -463,6 +463,12 @@ def _swiglu_mlp(x, gate_weight, up_weight, down_weight, impl, save_activated_gat
             return _SwiGLUFunction.apply(x, gate_weight, up_weight, down_weight, impl, save_activated_gate,
                                          reuse_saved_buffers)
         return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]
+
+
+def transforms_active() -> bool:
+    """Whether a ``torch.func`` transform (grad, vmap, jacrev...) is running: its wrapped tensors
+    have no storage the kernels could read. torch has no public query for it."""
+    return torch._C._are_functorch_transforms_active()
 
 
 def _plain(t: torch.Tensor) -> bool:
