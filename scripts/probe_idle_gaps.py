@@ -5,9 +5,10 @@ at Hermes' size, per token count, timed three ways in one process:
   CUDA events, two alternating input sets, one synchronize at the end, so the host runs ahead);
 * ``synchronized_ms``: the same with a synchronize after every iteration (the host's time before
   the first launch exposed, as in ``probe_host_lead.py``'s steps);
-* the continuous loop under ``torch.profiler``: per iteration, ``lead_ms`` from the end of the flush
-  kernel to our first kernel, ``busy_ms`` the kernels' summed durations, ``gaps_ms`` the time between
-  our first kernel's start and last kernel's end not covered by a kernel (launch gaps).
+* the continuous loop under ``torch.profiler`` (``swiglu_lab.bench.breakdown.profile_calls``, the
+  bench's own breakdown): ``lead_ms`` from the end of the flush kernel to our first kernel,
+  ``busy_ms`` the union of the kernels' intervals, ``gaps_ms`` the time between our first kernel's
+  start and last kernel's end not covered by a kernel (launch gaps); medians over the calls.
 
 Beside them the caching allocator's counters over the two timed loops (``num_device_alloc``,
 ``num_device_free``, ``num_alloc_retries``: cudaMalloc/cudaFree would synchronize the host). GPU
@@ -30,23 +31,11 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 ALLOC_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
 
 
-def per_iteration(events) -> list[dict]:
-    """(start_us, end_us, name) of the profiled CUDA kernels in time order -> one dict per
-    iteration: the flush kernel's end and the kernels after it up to the next flush."""
-    iterations: list[dict] = []
-    for start, end, name in events:
-        if "FillFunctor" in name:  # the L2 flush: buffer.zero_()
-            iterations.append({"flush_end": end, "kernels": []})
-        elif iterations:
-            iterations[-1]["kernels"].append((start, end, name))
-    return [it for it in iterations if it["kernels"]]
-
-
 def measure(T: int, iters: int) -> dict:
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from swiglu import make_inputs, swiglu_mlp_backward
+    from swiglu_lab.bench.breakdown import profile_calls
     from swiglu_lab.bench.timing import L2Flusher, alternating, time_iterations
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -66,20 +55,13 @@ def measure(T: int, iters: int) -> dict:
     continuous = time_iterations(call, make, iters, dev, flush)
     synchronized = [time_iterations(call, make, 1, dev, flush)[0] for _ in range(iters)]
     after = counters()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        time_iterations(call, make, 12, dev, flush)
-    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                    if e.device_type.name == "CUDA")
-    its = per_iteration(events)[2:]  # the first two may still carry the profiler's start-up
-    lead = [it["kernels"][0][0] - it["flush_end"] for it in its]
-    busy = [sum(e - s for s, e, _ in it["kernels"]) for it in its]
-    span = [it["kernels"][-1][1] - it["kernels"][0][0] for it in its]
+    rows = profile_calls(call, make, 12, dev, flush)
     med = statistics.median
     return dict(tokens=T, continuous_ms=round(med(continuous), 4), synchronized_ms=round(med(synchronized), 4),
-                lead_ms=round(med(lead) / 1e3, 4), busy_ms=round(med(busy) / 1e3, 4),
-                gaps_ms=round(med(s - b for s, b in zip(span, busy)) / 1e3, 4),
-                kernels=" ".join(f"{n.split('(')[0][:24]}:{(e - s) / 1e3:.3f}" for s, e, n in its[-1]["kernels"]),
-                profiled_iterations=len(its), iters=iters,
+                lead_ms=round(rows[0]["lead_ms"], 4), busy_ms=round(rows[0]["busy_ms"], 4),
+                gaps_ms=round(rows[0]["gaps_ms"], 4),
+                kernels=" ".join(f"{r['kernel'].split('(')[0][:24]}:{r['ms']:.3f}" for r in rows),
+                profiled_iterations=rows[0]["profiled_calls"], iters=iters,
                 **{k: a - b for k, a, b in zip(ALLOC_KEYS, after, before)})
 
 
