@@ -74,6 +74,17 @@ def _tile_mn(tile, num_m, num_n, GROUP_M: gl.constexpr):
     return pid_m, pid_n
 
 
+@gluon.jit
+def _program_tiles(c_desc, BM: gl.constexpr, BN: gl.constexpr):
+    """(num_m, num_n, pid, nprog, num_tiles): the output's grid of BM x BN tiles and this
+    persistent program's share of it (tiles pid, pid + nprog, ...), as every partition counts."""
+    num_m = gl.cdiv(c_desc.shape[0], BM)
+    num_n = gl.cdiv(c_desc.shape[1], BN)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    return num_m, num_n, pid, nprog, gl.cdiv(num_m * num_n - pid, nprog)
+
+
 # ----------------------------------------------------------------------------- kernel
 
 
@@ -84,13 +95,8 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    K = a_desc.shape[0]
-    num_m = gl.cdiv(c_desc.shape[0], BM)
-    num_n = gl.cdiv(c_desc.shape[1], BN)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
-    k_tiles = gl.cdiv(K, BK)
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BN)
+    k_tiles = gl.cdiv(a_desc.shape[0], BK)
     p = 0
     for t in range(num_tiles):
         pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
@@ -111,11 +117,7 @@ def _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empt
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = c_desc.block_type.shape[1]
     NC: gl.constexpr = c_bufs.type.shape[0]
-    num_m = gl.cdiv(c_desc.shape[0], BM)
-    num_n = gl.cdiv(c_desc.shape[1], BN)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BN)
     for t in range(num_tiles):
         pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
         buf = t % NC
@@ -150,13 +152,8 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = c_desc.dtype
-    K = a_desc.shape[0]
-    num_m = gl.cdiv(c_desc.shape[0], BM)
-    num_n = gl.cdiv(c_desc.shape[1], BN)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
-    k_tiles = gl.cdiv(K, BK)
+    num_tiles = _program_tiles(c_desc, BM, BN)[4]
+    k_tiles = gl.cdiv(a_desc.shape[0], BK)
 
     mma_layout: gl.constexpr = _mma_layout(BM, BN, NUM_WARPS)
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
@@ -214,13 +211,8 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
     BN: gl.constexpr = b_desc.block_type.shape[1]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     dtype: gl.constexpr = c_desc.dtype
-    K = a_desc.shape[0]
-    num_m = gl.cdiv(c_desc.shape[0], BM)
-    num_n = gl.cdiv(c_desc.shape[1], BN)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
-    k_tiles = gl.cdiv(K, BK)
+    num_tiles = _program_tiles(c_desc, BM, BN)[4]
+    k_tiles = gl.cdiv(a_desc.shape[0], BK)
 
     mma_layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
