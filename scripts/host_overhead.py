@@ -23,12 +23,13 @@ the median's ratio to the ``nn.Linear`` block's. On the CPU ``torch.set_num_thre
 (default 1), restored afterwards. Writes ``host_overhead.csv`` and ``host_overhead.json``
 (metadata) to ``--out`` (default ``$OUT`` when set, else build/host_overhead).
 
-``--idle T1,T2,...`` (CUDA): the GPU time a backward leaves idle in the benchmark's protocol
-(L2 flushed, then the timed call; ``swiglu_lab.bench.timing``), per token count, at Hermes' size
-(``--idle-hidden``/``--idle-intermediate``): the median span between CUDA events around one eager
-``swiglu_mlp_backward(impl="triton")`` call minus the median span of the same launches replayed
-from a CUDA graph (no host work between them), each iteration synchronized. Writes
-``idle_gap.csv``.
+``--idle T1,T2,...`` (CUDA): the GPU time a backward leaves idle when every call starts on an
+idle device, per token count, at Hermes' size (``--idle-hidden``/``--idle-intermediate``): the
+median span between CUDA events around one eager ``swiglu_mlp_backward(impl="triton")`` call
+(L2 flushed first) minus the median span of the same launches replayed from a CUDA graph (no host
+work between them), each iteration synchronized. The benchmark's own loop does not synchronize
+between iterations, so there the host runs ahead (``scripts/probe_idle_gaps.py`` measures that
+case). Writes ``idle_gap.csv``.
 
 ``--profile``: cProfile over ``--iters`` SwiGLUMLP forward+backward calls, top 15 functions by
 tottime. On CUDA the backward's Python runs in autograd's device thread: Python 3.12's cProfile
