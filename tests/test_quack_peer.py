@@ -319,6 +319,16 @@ def test_the_bench_refuses_to_tune_a_shape_the_cache_lacks(monkeypatch, tmp_path
         autotuner._gpu_warmup()
 
 
+def test_the_refusal_names_the_repository_cache_by_its_relative_path(monkeypatch):
+    """The message lands in a run's committed notes: no path of the machine that ran it."""
+    monkeypatch.delenv(quack_peer.CACHE_ENV, raising=False)
+    autotuner = types.SimpleNamespace(_gpu_warmup=lambda duration_ms=200: None)
+    quack_peer.refuse_tuning(autotuner)
+    with pytest.raises(RuntimeError, match=r"shape in data/tuning/quack_cache: tune it first") as err:
+        autotuner._gpu_warmup()
+    assert str(REPO) not in str(err.value)
+
+
 # ----------------------------------------------------------------------- scripts/tune_quack.py
 def _tune_script():
     spec = importlib.util.spec_from_file_location("tune_quack", REPO / "scripts" / "tune_quack.py")

@@ -249,10 +249,13 @@ def refuse_tuning(autotuner_module) -> None:
     """Make a shape without a tuned choice in the cache an error instead of quack's sweep of
     several minutes (quack's ``Autotuner`` starts every sweep with ``_gpu_warmup``, which this
     replaces): the bench never tunes inside a run."""
-    cache = tuning_cache_dir()
+    cache = tuning_cache_dir().resolve()
+    root = _REPO_ROOT.resolve()
+    # Repository-relative where it can be: the message lands in the run's committed notes.
+    where = cache.relative_to(root) if cache.is_relative_to(root) else cache
 
     def _refuse(*args, **kwargs):
-        raise RuntimeError(f"quack has no tuned choice for this shape in {cache}: tune it first "
+        raise RuntimeError(f"quack has no tuned choice for this shape in {where}: tune it first "
                            "(scripts/tune_quack.py --tokens T); the bench does not tune")
 
     autotuner_module._gpu_warmup = _refuse
