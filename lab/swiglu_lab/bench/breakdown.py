@@ -1,8 +1,8 @@
 """Where one backward's time goes: the kernels each implementation launches, from ``torch.profiler``.
 
 Protocol (apart from the timed iterations, which it never disturbs), per implementation and case:
-on a GPU, ``iters`` calls in a loop like the timed one (arguments, L2 flush, call; the host runs
-ahead, one synchronize at the end), the device timeline split at the flush kernels (``FLUSH_KERNEL``);
+on a GPU, ``iters`` calls of the timed loop itself (``timing.time_iterations``: arguments, L2
+flush, call; the host runs ahead), the device timeline split at the flush kernels (``FLUSH_KERNEL``);
 on a CPU, each call inside a ``record_function`` range, its top-level ops. Per call: the kernels
 in start order, their busy time (the union of their intervals), the lead (the end of the flush,
 or the range's start, to the first kernel: the GPU idle before the call's work), the gaps (idle
@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from . import timeline
+from .timing import time_iterations
 
 #: The range name around each profiled call.
 MARK = "swiglu_bench::call"
@@ -50,23 +51,13 @@ def kernel_role(name: str) -> str:
     return "elementwise / other"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def call_kernels(prof, device_type: str) -> tuple[list[list[tuple[str, float, float]]], list[float]]:
-    """Per ``MARK`` range of a finished ``torch.profiler.profile`` (in time order): its start
-    (us) and the ``(name, start_us, end_us)`` of the device kernels that started inside it (``device_type``
-    "cuda"), or of the CPU ops directly under it (otherwise), in start order. Returns (per-range kernel lists, range starts)."""
-    events = list(prof.events())
-    marks = sorted((e for e in events if e.name == MARK and e.device_type.name == "CPU"),
+def call_kernels(prof) -> tuple[list[list[tuple[str, float, float]]], list[float]]:
+    """Per ``MARK`` range of a finished CPU ``torch.profiler.profile`` (in time order): its start
+    (us) and the ``(name, start_us, end_us)`` of the ops directly under it, in start order.
+    Returns (per-range op lists, range starts)."""
+    marks = sorted((e for e in prof.events() if e.name == MARK and e.device_type.name == "CPU"),
                    key=lambda e: e.time_range.start)
-    if device_type == "cuda":
-        kernels = device_kernels(prof)
-        calls = [[k for k in kernels if m.time_range.start <= k[1] <= m.time_range.end] for m in marks]
-    else:
-        calls = [[(c.name, float(c.time_range.start), float(c.time_range.end)) for c in m.cpu_children] for m in marks]
+    calls = [[(c.name, float(c.time_range.start), float(c.time_range.end)) for c in m.cpu_children] for m in marks]
     return [sorted(c, key=lambda k: k[1]) for c in calls], [float(m.time_range.start) for m in marks]
 
 
@@ -88,7 +79,7 @@ def device_kernels(prof) -> list[tuple[str, float, float]]:
     """The device kernels of a finished profile, less the ranges of ``record_function``
     annotations (ours and any library's), which the profiler also puts on the device's timeline."""
     return [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
-            if e.device_type.name == "CUDA" and e.name != MARK and not getattr(e, "is_user_annotation", False)]
+            if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False)]
 
 
 def _busy_us(kernels: list[tuple[str, float, float]]) -> float:
@@ -126,30 +117,23 @@ def profile_calls(fn: Callable, make_args: Callable[[], tuple], iters: int, devi
     ValueError when the profile does not hold one per call."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     if device.type == "cuda":
-        _sync(device)
-        with profile(activities=activities) as prof:
-            for _ in range(iters):
-                args = make_args()
-                flush()
-                out = fn(*args)
-                del out, args
-            _sync(device)
+        torch.cuda.synchronize(device)  # nothing queued before the profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            time_iterations(fn, make_args, iters, device, flush)  # the timed loop itself (ends synchronized)
         calls, ends = split_at_flushes(device_kernels(prof))
         if len(calls) != iters:
             raise ValueError(f"the profile holds {len(calls)} L2 flushes ({FLUSH_KERNEL!r} kernels) for {iters} calls: "
                              "profile_calls needs timing.L2Flusher as flush and no such kernel in the calls")
         return summarize(calls, ends)
-    with profile(activities=activities) as prof:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(iters):
             args = make_args()
             flush()
             with record_function(MARK):
                 out = fn(*args)
             del out, args
-    calls, starts = call_kernels(prof, device.type)
-    return summarize(calls, starts)
+    return summarize(*call_kernels(prof))
 
 
 def frame(rows: list[dict], **fields) -> pd.DataFrame:

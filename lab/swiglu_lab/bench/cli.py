@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_summary(result.rows, metadata))
     if result.kernels is not None:
         table = per_role(result.kernels)
-        print(f"\nkernel breakdown (ms per backward: kernels, median of {config.breakdown} profiled calls; idle = timed "
-              f"median - busy; lead: profiled, host slowed): {kernels_csv[-1]}")
+        print(f"\nkernel breakdown (ms per backward: kernels, median of {config.breakdown} profiled calls; idle = lead + "
+              f"gaps, measured in the profiled loop; timed_minus_busy: timed median - busy): {kernels_csv[-1]}")
         print(_fmt(table))
     return 0

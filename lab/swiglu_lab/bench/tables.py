@@ -46,8 +46,8 @@ def forward_table(table: dict, meta: dict) -> dict:
                                         "measured_tokens": T} for b, (name, cfg, ms, T) in sorted(table.items())}}
 
 
-#: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows.
-#: A probe's Gluon label; " twin" is a cooperative kernel timed beside its ping-pong variant.
+#: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows; " twin" is a cooperative
+#: kernel timed beside its ping-pong variant.
 _GLUON_LABEL = re.compile(r"gluon (table )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?( pingpong| twin)?$")
 
 
