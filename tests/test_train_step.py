@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from swiglu.kernels import forward
+from swiglu_lab.bench.tables import forward_table
 from swiglu_lab.research import plots, train_step
 from swiglu.kernels.backward import TOKEN_BUCKETS, KernelConfig
 
@@ -33,7 +34,7 @@ def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
                                           iters=(0, 1))
     assert {(r["tokens"], r["candidate"]) for r in rows} == {(t, c) for t in (3, 130) for c in ("cublas", "fused")}
     assert set(table) == {128, 256} and all(v[0] in ("cublas", "fused") for v in table.values())
-    doc = train_step.forward_configs_json({128: ("fused", TINY, 1.0, 3), 256: ("cublas", None, 2.0, 130)}, {})
+    doc = forward_table({128: ("fused", TINY, 1.0, 3), 256: ("cublas", None, 2.0, 130)}, {})
     path = tmp_path / "forward_configs.json"
     path.write_text(json.dumps(doc))
     forward._load_forward_configs(path)

@@ -45,9 +45,8 @@ from swiglu.memory import saved_activations
 from swiglu.module import PlainSwiGLUMLP, SwiGLUMLP
 from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
-from ..bench.tables import forward_table
-
 from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
+from ..bench.tables import forward_table
 from ..bench.timing import median_step_ms
 
 VARIANTS = ("plain", "compile", "saved", "lean", "lean_cublas")
@@ -165,9 +164,6 @@ def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS
         table[bucket] = (best["candidate"], candidates[best["candidate"]], best["ms"], T)
         x = None  # freed (the timed lambdas close over it)
     return rows, table
-
-
-forward_configs_json = forward_table  # the table's writer lives in swiglu_lab.bench.tables
 
 
 # ------------------------------------------------------------------ 3. training step
@@ -339,7 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
     steps = measure_steps(H, I, args.step_tokens)
     print(f"[{time.perf_counter() - t0:.0f} s] training steps done", flush=True)
     run = dict(meta=meta, checks=checks, forward=fwd_rows, steps=steps,
-               forward_configs=forward_configs_json(table, {k: meta[k] for k in ("utc", "run_id")}))
+               forward_configs=forward_table(table, {k: meta[k] for k in ("utc", "run_id")}))
     if args.out:
         write_run(run, args.out)
     pd.set_option("display.width", 160)
