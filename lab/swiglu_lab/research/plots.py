@@ -890,6 +890,7 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
     base = base or ("quack" if "quack" in impls else impls[0])
     tokens = sorted(k["tokens"].unique())
     timed = k.groupby(["tokens", "impl"])["timed_ms"].first()
+    roles = breakdown.per_role(k).set_index(["tokens", "impl"])  # timed - busy, and the measured idle
     fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 4.6))
     width = 0.8 / len(impls)
     records, seen = [], set()
@@ -902,8 +903,8 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
                 continue
             scale = timed[(t, bases[t])]
             total = rows["timed_ms"].iloc[0]
-            idle = max(0.0, total - rows["busy_ms"].iloc[0])
-            measured = rows["lead_ms"].iloc[0] + rows["gaps_ms"].iloc[0] if "gaps_ms" in rows else float("nan")
+            idle = max(0.0, roles.loc[(t, impl), "timed_minus_busy_ms"])
+            measured = roles.loc[(t, impl), "idle_ms"]
             split = [(MEASURED_IDLE, min(idle, max(0.0, measured)))] if np.isfinite(measured) else []
             # Kernel times are the profiled calls'; each kernel's share of them fills the rest of
             # the timed median (the profiled busy time can exceed it by a few percent).
