@@ -55,7 +55,7 @@ def time_us(fn, iters: int, warmup: int, device: torch.device) -> list[float]:
 def steps(T: int, H: int, I: int, device: torch.device) -> dict:
     """name -> zero-argument callable, in the order the backward runs them."""
     from swiglu.kernels import backward as bw
-    from swiglu.kernels.common import cdiv, num_programs, tma_ready
+    from swiglu.kernels.common import tma_ready
 
     tensors = swiglu.make_inputs(1, T, H, I, seed=0, device=device).as_tuple()
     flat = tuple(t.reshape(-1, t.shape[-1]) for t in tensors[:5]) + tensors[5:]
@@ -67,13 +67,7 @@ def steps(T: int, H: int, I: int, device: torch.device) -> dict:
     gd = plan.gluon_dswiglu
 
     def dswiglu():
-        if gd is not None:
-            from swiglu.kernels.gluon_dswiglu import launch_dswiglu_gluon_trusted
-
-            launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, gd,
-                                         num_programs(device, cdiv(T, gd.BM) * cdiv(I, gd.BN)))
-        else:
-            bw.launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, plan.dswiglu)
+        bw.launch_planned_dswiglu(plan, go, down_w, gate, up, act, d_gate, d_up, h)
 
     a_mm, b_mm = torch.empty((T, I), device=device, dtype=torch.bfloat16), up_w
     out_mm = torch.empty((T, H), device=device, dtype=torch.bfloat16)

@@ -257,6 +257,21 @@ def plan_device(device: torch.device) -> torch.device:
     return device
 
 
+def launch_planned_dswiglu(plan: BackwardPlan, go, down_w, gate, up, act, d_gate, d_up, h) -> None:
+    """``launch_dswiglu``'s contract with ``plan``'s kernel: the Gluon one where the plan has it
+    and the strides allow (it addresses gate/up/act with one row stride and d_gate/d_up/h with
+    another), else the tl one. TMA-ready 2-D tensors, [T, *] as the plan's T."""
+    gd = plan.gluon_dswiglu
+    if (gd is not None and gate.stride(0) == up.stride(0) and (act is None or act.stride(0) == up.stride(0))
+            and d_gate.stride(0) == d_up.stride(0) == h.stride(0)):
+        from .gluon_dswiglu import launch_dswiglu_gluon_trusted  # imported only where Gluon runs
+
+        launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, gd,
+                                     num_programs(go.device, cdiv(plan.tokens, gd.BM) * cdiv(plan.intermediate_size, gd.BN)))
+    else:
+        launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, plan.dswiglu)
+
+
 def launch_backward(
     tensors,
     *,
@@ -303,16 +318,7 @@ def launch_backward(
         else:
             d_gate, d_up = (torch.empty((T, I), device=dev, dtype=torch.bfloat16) for _ in range(2))
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)  # written by the epilogue
-        gd = plan.gluon_dswiglu
-        # The Gluon kernel addresses gate/up/act with one row stride and d_gate/d_up/h with another.
-        if (gd is not None and gate.stride(0) == up.stride(0) and (act is None or act.stride(0) == up.stride(0))
-                and d_gate.stride(0) == d_up.stride(0) == h.stride(0)):
-            from .gluon_dswiglu import launch_dswiglu_gluon_trusted  # imported only where Gluon runs
-
-            launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, gd,
-                                         num_programs(dev, cdiv(T, gd.BM) * cdiv(I, gd.BN)))
-        else:
-            launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, plan.dswiglu)
+        launch_planned_dswiglu(plan, go, down_w, gate, up, act, d_gate, d_up, h)
     elif need_grad_down_weight:
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
         if act is None:  # only grad_down_weight wanted: h alone, no g GEMM
