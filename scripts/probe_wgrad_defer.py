@@ -51,6 +51,11 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
     ref = torch.matmul(a.T, b)
     variants = {"cublas": lambda out: torch.matmul(a.T, b, out=out),
                 f"tl {tl_cfg.BM}x{tl_cfg.BN}x{tl_cfg.BK}": lambda out: backward.launch_grad_weight(a, b, out, tl_cfg)}
+
+    def gluon(cfg):  # the Gluon kernel with cfg, one persistent program per SM as the backward runs it
+        nprog = backward.num_programs(dev, backward.cdiv(M, cfg.BM) * backward.cdiv(N, cfg.BN))
+        return lambda out: launch_grad_weight_gluon(a, b, out, cfg, nprog)
+
     tried = set()
     for name in CANDIDATES:
         base = replace(table if name == "table" else parse(name, table), defer=False)
@@ -61,16 +66,12 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
             cfg = replace(base, defer=defer)
             label = f"gluon {'table ' if name == 'table' else ''}{cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} " \
                     f"NC{cfg.NC}{' defer' if defer else ''}"
-            nprog = backward.num_programs(dev, backward.cdiv(M, cfg.BM) * backward.cdiv(N, cfg.BN))
-            variants[label] = (lambda c, n: lambda out: launch_grad_weight_gluon(a, b, out, c, n))(cfg, nprog)
+            variants[label] = gluon(cfg)
     if pingpong:  # the ping-pong kernel's candidates, bitwise against their cooperative twins
         for cfg in PINGPONG_CANDIDATES:
-            label = f"gluon {cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} pingpong"
-            nprog = backward.num_programs(dev, backward.cdiv(M, cfg.BM) * backward.cdiv(N, cfg.BN))
-            variants[label] = (lambda c, n: lambda out: launch_grad_weight_gluon(a, b, out, c, n))(cfg, nprog)
-            twin = replace(cfg, pingpong=False)
-            variants[label.replace(" pingpong", " twin")] = (lambda c, n: lambda out: launch_grad_weight_gluon(
-                a, b, out, c, n))(twin, backward.num_programs(dev, backward.cdiv(M, twin.BM) * backward.cdiv(N, twin.BN)))
+            label = f"gluon {cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
+            variants[label + " pingpong"] = gluon(cfg)
+            variants[label + " twin"] = gluon(replace(cfg, pingpong=False))
     outs, times = {}, {k: [] for k in variants}
     for label, fn in variants.items():
         out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
