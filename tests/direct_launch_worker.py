@@ -32,7 +32,7 @@ meta = [dict(swizzle=128, elem_size=2, elem_type=9, block_size=[64, 32], fp4_pad
 calls = []
 wrapped = drv.wrap_handle_tensordesc(lambda *a: calls.append(a), signature, meta)
 a, c = torch.empty(100, 96, dtype=torch.bfloat16), torch.empty(30, 64, dtype=torch.bfloat16)[:, :48]
-args = (common.tma_descriptor(a, [64, 32]), 100, 64, "ptr-b", common.tma_descriptor(c, [16, 64]))
+args = (common.Tma(a, [64, 32]), 100, 64, "ptr-b", common.Tma(c, [16, 64]))
 launcher = SimpleNamespace(launch=wrapped, global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
                            launch_pdl=False)
 
@@ -46,8 +46,11 @@ class Compiled(SimpleNamespace):
 
 compiled = Compiled(run=launcher, function=77, packed_metadata=("packed",))
 run = common.direct_runner(compiled, (132, 1, 1))
-compiled[(132, 1, 1)](*args)  # (the runner passes its launch metadata and empty hook chains: no-ops)
+compiled[(132, 1, 1)](*common.as_descriptors(args))  # (the runner passes its launch metadata and empty hook chains: no-ops)
 run(*args)
+run(*args)  # the same memory: the maps are reused, no fill
+moved = (common.Tma(a.clone(), [64, 32]), *args[1:])
+run(*moved)  # one descriptor on new memory: one fill
 hooked = []
 triton.knobs.runtime.launch_enter_hook.add(lambda metadata: hooked.append(metadata))
 slow_before = len(calls)
@@ -56,5 +59,6 @@ run_hooked = common.direct_runner(compiled, (132, 1, 1))
 run_hooked(*args)
 print(json.dumps(dict(triton=triton.__version__, direct=run is not None and run.__name__ == "run",
                       triton_call=[repr(x) for x in calls[0]], direct_call=[repr(x) for x in calls[1]],
+                      repeat_call=[repr(x) for x in calls[2]], moved_call=[repr(x) for x in calls[3]],
                       n_calls=slow_before, fills=[repr(f) for f in fills], hooked=hooked)))
 sys.exit(0)

@@ -22,12 +22,51 @@ EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
 
 def test_expand_descriptors_replaces_each_descriptor_by_its_map_shape_and_strides():
     t = torch.empty(40, 24, dtype=torch.bfloat16)
-    d = common.tma_descriptor(t, [8, 16])
+    d = common.Tma(t, [8, 16])
     seen = []
     out = common.expand_descriptors(("x", d, 5, d), ((1, 128, 2, 9, [8, 16]), (3, 64, 2, 9, [8, 16])),
                                     lambda *a: seen.append(a) or f"map{len(seen)}")
     assert out == ["x", "map2", 40, 24, 24, 1, 5, "map1", 40, 24, 24, 1]  # filled last position first
     assert seen[1] == (t.data_ptr(), 128, 2, 9, [8, 16], t.shape, t.stride(), 0)
+
+
+def test_expand_descriptors_fills_once_per_address_and_geometry():
+    """The memo: the same memory and geometry at a position reuse its map; another address,
+    shape, stride or position fills a new one (a stale map would point a kernel elsewhere)."""
+    base = torch.empty(64, 32, dtype=torch.bfloat16)
+    seen = []
+
+    def fill(ptr, *rest):
+        seen.append((ptr, rest[4], rest[5]))
+        return f"map{len(seen)}"
+
+    maps = {}
+    meta = ((0, 128, 2, 9, [8, 16]),)
+
+    def expand(t, position_meta=meta):
+        return common.expand_descriptors((common.Tma(t, [8, 16]),), position_meta, fill, maps)
+
+    first = expand(base)
+    assert expand(base) == first and len(seen) == 1
+    assert expand(base.clone())[0] == "map2"  # another address
+    assert expand(base[:40])[0] == "map3"  # another shape, same address
+    assert expand(base[:, :16])[0] == "map4"  # same address, other shape and row stride kept
+    assert expand(base.view(32, 64))[0] == "map5"  # same address and size, other strides
+    assert common.expand_descriptors((0, common.Tma(base, [8, 16])), ((1, 128, 2, 9, [8, 16]),), fill,
+                                     maps)[1] == "map6"  # another position
+    assert expand(base) == first and len(seen) == 6
+    for i in range(common._MAPS_MAX + 1):  # bounded
+        expand(base[: i + 1])
+    assert len(maps) <= common._MAPS_MAX
+
+
+def test_as_descriptors_builds_tritons_descriptors_for_its_own_path():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t = torch.empty(16, 32, dtype=torch.bfloat16)
+    plain, n = common.as_descriptors((common.Tma(t, [8, 16]), 7))
+    assert isinstance(plain, TensorDescriptor) and plain.base is t and list(plain.block_shape) == [8, 16] and n == 7
+    assert tuple(plain.shape) == (16, 32) and tuple(plain.strides) == (32, 1)
 
 
 def test_no_direct_runner_on_another_triton_or_when_switched_off(monkeypatch):
@@ -50,10 +89,12 @@ def test_direct_runner_hands_the_c_launcher_what_triton_36_does(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["triton"].startswith(common.GLUON_TRITON + ".") and report["direct"]
-    assert report["n_calls"] == 2
+    assert report["n_calls"] == 4
     assert report["direct_call"] == report["triton_call"]
     assert len(report["triton_call"]) == 13 + (1 + 4) + 1 + 1 + 1 + (1 + 4)  # base, a, n, BM, b, c
-    assert len(report["fills"]) == 4  # two descriptors, each filled once per call
+    assert len(report["fills"]) == 2 + 2 + 1  # Triton's call, the first direct one; the second none; new memory one
+    assert report["repeat_call"] == report["direct_call"]
+    assert report["moved_call"] != report["direct_call"] and report["moved_call"][13:] != report["direct_call"][13:]
     assert report["hooked"] == ["slow"]  # a hook added (a profiler): Triton's runner takes the call
 
 

@@ -215,9 +215,9 @@ def _forward(x, gate_weight, up_weight, down_weight, impl: str, save_activated_g
     else nn.Linear's ops in nn.Linear's order (the same bits)."""
     with _no_autocast(x):
         if not save_activated_gate and impl == "triton":
-            from .kernels.forward import triton_swiglu_forward
+            from .kernels.forward import run_forward  # inputs validated, the Triton path resolved
 
-            out, gate_output, up_output = triton_swiglu_forward(x, gate_weight, up_weight, down_weight)
+            out, gate_output, up_output = run_forward(x, gate_weight, up_weight, down_weight)
             return out, gate_output, up_output, None
         gate_output = F.linear(x, gate_weight)
         activated_gate = activated_gate_of(gate_output)

@@ -15,7 +15,7 @@ import torch
 from ..checks import spans_whole_storage, validate_backward_inputs
 from . import tl_kernels as kernels
 from .common import (INTERPRET, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig, bucket_for, cdiv,  # noqa: F401
-                     device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, tma_descriptor, tma_ready,
+                     device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, Tma, tma_ready,
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
 from .configs import CONFIGS, GLUON_CONFIGS, GLUON_DSWIGLU, TUNED_CONFIGS_PATH  # noqa: F401 (the table)
@@ -36,9 +36,9 @@ def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig) 
     nprog = num_programs(go.device, cdiv(T, c.BM) * cdiv(I, c.BN))
     launch(
         kernels.dswiglu_gemm_kernel, (nprog,), ("dswiglu", go.device, T, H, I, nprog, act is None, c),
-        tma_descriptor(go, [c.BM, c.BK]), tma_descriptor(down_w, [c.BK, c.BN]),
-        tma_descriptor(gate, piece), tma_descriptor(up, piece), tma_descriptor(gate if act is None else act, piece),
-        tma_descriptor(d_gate, piece), tma_descriptor(d_up, piece), tma_descriptor(h, piece),
+        Tma(go, [c.BM, c.BK]), Tma(down_w, [c.BK, c.BN]),
+        Tma(gate, piece), Tma(up, piece), Tma(gate if act is None else act, piece),
+        Tma(d_gate, piece), Tma(d_up, piece), Tma(h, piece),
         T, H, I, NUM_PROGRAMS=nprog, RECOMPUTE_ACT=act is None, **launch_kwargs(c),
     )
 
@@ -58,7 +58,7 @@ def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
     K = padded_tokens(T, c)
     launch(
         kernels.grad_weight_kernel, (nprog,), ("grad_weight", a.device, M, N, K, nprog, c),
-        tma_descriptor(a, [c.BK, c.BM]), tma_descriptor(b, [c.BK, c.BN]), tma_descriptor(out, [c.BM, c.BN // c.EPI_SPLIT]), out,
+        Tma(a, [c.BK, c.BM]), Tma(b, [c.BK, c.BN]), Tma(out, [c.BM, c.BN // c.EPI_SPLIT]), out,
         M, N, K, nprog, TMA_STORE=c.tma_store, **launch_kwargs(c),
     )
 
@@ -112,9 +112,9 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig)
     nprog = num_programs(d_gate.device, cdiv(T, c.BM) * cdiv(H, c.BN), c.persistent)
     launch(
         kernels.grad_x_kernel, (nprog,), ("grad_x", d_gate.device, T, H, I, nprog, c),
-        tma_descriptor(d_gate, [c.BM, c.BK]), tma_descriptor(d_up, [c.BM, c.BK]),
-        tma_descriptor(gate_weight, [c.BK, c.BN]), tma_descriptor(up_weight, [c.BK, c.BN]),
-        tma_descriptor(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
+        Tma(d_gate, [c.BM, c.BK]), Tma(d_up, [c.BM, c.BK]),
+        Tma(gate_weight, [c.BK, c.BN]), Tma(up_weight, [c.BK, c.BN]),
+        Tma(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
         T, H, I, nprog, **launch_kwargs(c),
     )
 

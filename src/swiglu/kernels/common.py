@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import MISSING, fields
 from functools import lru_cache
+from typing import NamedTuple
+
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -100,6 +102,31 @@ def tma_descriptor(t: torch.Tensor, block: list[int], cls: type = TensorDescript
     return desc
 
 
+class Tma(NamedTuple):
+    """A host TMA descriptor argument of ``launch``: Triton's ``TensorDescriptor`` for ``tensor``
+    and ``block`` (Gluon's, with ``layout``, when a layout is given) on the first launch per key,
+    then the C launcher's CUtensorMap, filled once per address and geometry (``direct_runner``)."""
+
+    tensor: torch.Tensor
+    block: list
+    layout: object = None
+
+
+def _as_descriptor(arg):
+    if type(arg) is not Tma:
+        return arg
+    if arg.layout is None:
+        return tma_descriptor(arg.tensor, arg.block)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+
+    return tma_descriptor(arg.tensor, arg.block, GluonTensorDescriptor, layout=arg.layout)
+
+
+def as_descriptors(args) -> list:
+    """``args`` with every ``Tma`` replaced by its Triton ``TensorDescriptor`` (Triton's own path)."""
+    return [_as_descriptor(a) for a in args]
+
+
 def tma_ready(t: torch.Tensor) -> torch.Tensor:
     """A 2-D view usable by a TMA descriptor: unit last stride, 16-byte aligned base and row
     stride. Anything else is copied once to a contiguous buffer (documented in swiglu.api)."""
@@ -126,16 +153,31 @@ _LAUNCHES_MAX = 1024
 DIRECT_LAUNCH = os.environ.get("SWIGLU_DIRECT_LAUNCH", "1") != "0"
 
 
-def expand_descriptors(args: tuple, descriptors: tuple, fill) -> list:
-    """``args`` with each host TMA descriptor at a position of ``descriptors`` (``(position,
-    swizzle, elem_size, host dtype, block_size)``, ascending) replaced by what triton 3.6's
+#: Filled CUtensorMaps each direct runner keeps (``expand_descriptors``' ``maps``), bounded:
+#: emptied when it outgrows this.
+_MAPS_MAX = 64
+
+
+def expand_descriptors(args: tuple, descriptors: tuple, fill, maps: dict | None = None) -> list:
+    """``args`` with each ``Tma`` at a position of ``descriptors`` (``(position, swizzle,
+    elem_size, host dtype, block_size)``, ascending) replaced by what triton 3.6's
     ``make_tensordesc_arg`` passes the C launcher: ``fill(...)``'s CUtensorMap, then the shape and
-    the strides."""
+    the strides. ``maps`` memoizes them by (position, address, shape, strides): a CUtensorMap holds
+    nothing else that varies at a position (dtype, block and swizzle are the compiled kernel's), and
+    the driver copies it at each launch, so one map serves every launch on that memory."""
     out = list(args)
     for position, swizzle, elem_size, dtype, block in reversed(descriptors):
-        d = out[position]
-        out[position:position + 1] = [fill(d.base.data_ptr(), swizzle, elem_size, dtype, block, d.shape, d.strides,
-                                           1 if d.padding == "nan" else 0), *d.shape, *d.strides]
+        t = out[position].tensor
+        ptr, shape, strides = t.data_ptr(), t.shape, t.stride()
+        key = (position, ptr, shape, strides)
+        piece = None if maps is None else maps.get(key)
+        if piece is None:
+            piece = (fill(ptr, swizzle, elem_size, dtype, block, shape, strides, 0), *shape, *strides)
+            if maps is not None:
+                if len(maps) >= _MAPS_MAX:
+                    maps.clear()
+                maps[key] = piece
+        out[position:position + 1] = piece
     return out
 
 
@@ -179,15 +221,16 @@ def direct_runner(compiled, grid: tuple[int, int, int]):
     except (AttributeError, ImportError, KeyError, TypeError):
         return None
     runtime = knobs.runtime
+    maps: dict = {}
 
     def run(*args):
         # Triton's hooks are chains (empty unless a tool such as proton added one); an empty
         # chain called around the launch does nothing, so the C launcher gets None instead.
         if _has_hooks(runtime.launch_enter_hook) or _has_hooks(runtime.launch_exit_hook):
-            return slow(*args)
+            return slow(*as_descriptors(args))
         base = list(head)
         base[3] = stream(device())
-        raw(*base, *expand_descriptors(args, descriptors, fill))
+        raw(*base, *expand_descriptors(args, descriptors, fill, maps))
 
     return run
 
@@ -200,21 +243,28 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     first launch per key takes Triton's own path (binding, specialization, JIT cache: about half
     of a launch's host time, measured on the H200 machine); later ones call the compiled
     kernel's C launcher through ``direct_runner`` (or, where it does not apply, its runner
-    ``CompiledKernel[grid]``) with the same arguments in signature order. In the interpreter
-    every launch takes Triton's path."""
+    ``CompiledKernel[grid]``) with the same arguments in signature order. TMA descriptor
+    arguments are given as ``Tma``. In the interpreter every launch takes Triton's path."""
     entry = _LAUNCHES.get(key)
     if entry is None:
-        compiled = kernel[grid](*args, **kwargs)
+        compiled = kernel[grid](*as_descriptors(args), **kwargs)
         if INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
             return
         names = kernel.arg_names
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
         grid3 = tuple(grid) + (1,) * (3 - len(grid))  # the runner takes 3-D
-        _LAUNCHES[key] = (direct_runner(compiled, grid3) or compiled[grid3], names[len(args):])
+        _LAUNCHES[key] = (direct_runner(compiled, grid3) or _with_descriptors(compiled[grid3]), names[len(args):])
         return
     runner, rest = entry
     runner(*args, *[kwargs[name] for name in rest])
+
+
+def _with_descriptors(runner):
+    def runner_with_descriptors(*args):
+        return runner(*as_descriptors(args))
+
+    return runner_with_descriptors
 
 
 def launch_kwargs(cfg: KernelConfig) -> dict:

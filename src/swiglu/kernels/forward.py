@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import tl_kernels as kernels
-from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, launch, num_programs, tma_descriptor, tma_ready,
+from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, launch, num_programs, Tma, tma_ready,
                      unsupported_reason)
 from .configs import parse_bucket
 
@@ -79,8 +79,8 @@ def launch_fused_forward(x, gate_weight, up_weight, gate, up, act, h, c: KernelC
     nprog = num_programs(x.device, cdiv(T, c.BM) * cdiv(I, c.BN), c.persistent)
     launch(
         kernels.swiglu_forward_kernel, (nprog,), ("swiglu_forward", x.device, T, H, I, nprog, act is not None, c),
-        tma_descriptor(x, [c.BM, c.BK]), tma_descriptor(gate_weight, [c.BN, c.BK]), tma_descriptor(up_weight, [c.BN, c.BK]),
-        tma_descriptor(gate, piece), tma_descriptor(up, piece), tma_descriptor(h if act is None else act, piece), tma_descriptor(h, piece),
+        Tma(x, [c.BM, c.BK]), Tma(gate_weight, [c.BN, c.BK]), Tma(up_weight, [c.BN, c.BK]),
+        Tma(gate, piece), Tma(up, piece), Tma(h if act is None else act, piece), Tma(h, piece),
         T, H, I, nprog, BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
         WARP_SPECIALIZE=c.warp_specialize, FLATTEN=c.flatten, STORE_ACT=act is not None, UPCAST=INTERPRET,
         num_warps=c.num_warps, num_stages=c.num_stages,
@@ -151,12 +151,20 @@ def triton_swiglu_forward(
     reason = unsupported_reason(x, gate_weight)
     if reason:
         raise ValueError(f"the Triton forward {reason}")
+    if not (isinstance(config, str) and config == "auto") and config is not None and not isinstance(config, KernelConfig):
+        raise ValueError(f"config must be 'auto', None or a KernelConfig, got {config!r}")
+    return run_forward(x, gate_weight, up_weight, down_weight, config, return_activated_gate)
+
+
+def run_forward(x, gate_weight, up_weight, down_weight, config: KernelConfig | None | str = "auto",
+                return_activated_gate: bool = False) -> tuple[torch.Tensor, ...]:
+    """``triton_swiglu_forward`` without its checks, for ``swiglu.ops``, which validated the
+    inputs and resolved the Triton path for their device and sizes."""
+    inter, hidden = gate_weight.shape
     lead = tuple(x.shape[:-1])
     xf = tma_ready(x)
     T = xf.shape[0]
-    cfg = forward_config_for(T) if isinstance(config, str) and config == "auto" else config
-    if cfg is not None and not isinstance(cfg, KernelConfig):
-        raise ValueError(f"config must be 'auto', None or a KernelConfig, got {config!r}")
+    cfg = forward_config_for(T) if isinstance(config, str) else config
     dev = x.device
     act = _empty((T, inter), dev) if return_activated_gate else None
     h = _empty((T, inter), dev)

@@ -21,7 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .common import DswigluGluonConfig, launch, tma_descriptor
+from .common import DswigluGluonConfig, Tma, launch
 from .common import num_programs as default_num_programs
 from .gluon_wgrad import _layout, _mma_layout, _tile_mn
 
@@ -354,8 +354,8 @@ def launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, cfg
     T, I = go.shape[0], down_w.shape[1]
     key = ("gluon_dswiglu", go.device, T, I, go.shape[1], gate.stride(0), d_gate.stride(0), num_programs, act is None,
            cfg)
-    go_desc = tma_descriptor(go, [cfg.BM, cfg.BK], TensorDescriptor, layout=_layout((cfg.BM, cfg.BK)))
-    down_desc = tma_descriptor(down_w, [cfg.BK, cfg.BN], TensorDescriptor, layout=_layout((cfg.BK, cfg.BN)))
+    go_desc = Tma(go, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
+    down_desc = Tma(down_w, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
     launch(dswiglu_gluon_kernel, (num_programs,), key, *_kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h,
                                                                        T, I, cfg),
            num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)

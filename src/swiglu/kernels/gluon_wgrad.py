@@ -25,9 +25,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .common import GluonConfig, launch, tma_descriptor
+from .common import GluonConfig, Tma, launch
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -313,9 +312,9 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory."""
-    a_desc = tma_descriptor(a, [cfg.BK, cfg.BM], TensorDescriptor, layout=_layout((cfg.BK, cfg.BM)))
-    b_desc = tma_descriptor(b, [cfg.BK, cfg.BN], TensorDescriptor, layout=_layout((cfg.BK, cfg.BN)))
-    c_desc = tma_descriptor(out, [cfg.BM, cfg.BN], TensorDescriptor, layout=_layout((cfg.BM, cfg.BN)))
+    a_desc = Tma(a, [cfg.BK, cfg.BM], _layout((cfg.BK, cfg.BM)))
+    b_desc = Tma(b, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
+    c_desc = Tma(out, [cfg.BM, cfg.BN], _layout((cfg.BM, cfg.BN)))
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg),
            a_desc, b_desc, c_desc, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer,
