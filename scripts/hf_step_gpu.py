@@ -21,6 +21,9 @@ Step = forward with labels (the LM loss) + backward, gradients set to None befor
 ``zero_grad(set_to_none=True)``), no optimizer; timed with CUDA events, median of ``--iters``
 after ``--warmup`` (at least 3 for compiled variants: CUDA graph trees run eagerly once, record
 once, then replay; ``torch.compiler.cudagraph_mark_step_begin()`` before each of their steps);
+``host_ms_median``: the host's time per step (entering the step to ``backward()``'s return, no
+synchronize: every launch enqueued); a host time near the step time means the step waits on the
+host (the GPU machine's CPU is slow), where host cost per layer counts in full.
 peak = ``torch.cuda.max_memory_allocated`` over the timed steps, minus the memory held before
 the first step (parameters); for compiled variants over all steps, the CUDA graph recording
 included: replays allocate from the graph's private pool, and their peak alone read ~0 (H200,
@@ -45,6 +48,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import traceback
@@ -66,7 +70,8 @@ VARIANTS = ("unpatched", "swiglu", "swiglu_reuse", "liger", "swiglu+compile", "u
 DEFAULT_VARIANTS = ("unpatched", "swiglu", "liger", "swiglu+compile")
 #: Variants whose failure is recorded instead of ending the run (peers and compiled variants).
 GUARDED = ("liger", "swiglu+compile", "unpatched+compile")
-CSV_FIELDS = ["variant", "status", "error", "mlp_forward", "ms_median", "ms_min", "ms_p20", "ms_p80", "peak_gib",
+CSV_FIELDS = ["variant", "status", "error", "mlp_forward", "ms_median", "ms_min", "ms_p20", "ms_p80", "host_ms_median",
+              "peak_gib",
               "first_step_s", "first_loss", "last_loss", "grad_norm", "speedup", "peak_saved_gib", "loss_rel_diff",
               "last_loss_rel_diff", "grad_norm_rel_diff", "reference", "layers", "hidden_size", "intermediate_size",
               "tokens", "device", "torch", "transformers", "swiglu"]
@@ -148,7 +153,8 @@ def measure(variant: str, args) -> dict:
     if not compiled:
         torch.cuda.reset_peak_memory_stats()
     # The lab's step protocol (bench.timing.median_step_ms): CUDA events, the device idle before each step.
-    times = time_iterations(step, tuple, args.iters, device, flush=lambda: synchronize(device))
+    host = []  # each step's host time: forward and backward enqueued, no synchronize
+    times = time_iterations(step, tuple, args.iters, device, flush=lambda: synchronize(device), host_ms=host)
     losses = [v.item() for v in losses]
     peak = torch.cuda.max_memory_allocated() - base
     grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
@@ -158,6 +164,7 @@ def measure(variant: str, args) -> dict:
     func = getattr(forward, "__func__", forward)
     return dict(variant=variant, status="ok", error="", mlp_forward=f"{func.__module__}.{func.__qualname__}",
                 ms_median=stats["median_ms"], ms_min=stats["min_ms"], ms_p20=stats["p20_ms"], ms_p80=stats["p80_ms"],
+                host_ms_median=statistics.median(host),
                 peak_gib=peak / 2**30, first_step_s=first_step_s,
                 first_loss=losses[0], last_loss=losses[-1], grad_norm=grad_norm)
 
@@ -194,7 +201,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--variants", default="default",
                         help="comma-separated subset of the variants below, 'all', or 'default' (the default)")
     parser.add_argument("--out", default=os.environ.get("OUT", "build/hf_step"))
@@ -273,15 +280,16 @@ def main(argv=None):
           f"{args.batch}x{args.seq} tokens, bf16, {common['device']}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, commit {meta['git_commit']}; rel. diffs against "
           f"{ref['variant'] if ref else '-'}\n")
-    print("| MLP | step ms (median) | speedup | peak GiB above weights | saved GiB | first loss rel. diff "
-          "| grad norm rel. diff |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| MLP | step ms (median) | speedup | host ms (median) | peak GiB above weights | saved GiB "
+          "| first loss rel. diff | grad norm rel. diff |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         if row["status"] != "ok":
             error = row["error"][:80].replace("|", "\\|")
-            print(f"| {row['variant']} | {row['status']}: {error} | | | | | |")
+            print(f"| {row['variant']} | {row['status']}: {error} | | | | | | |")
             continue
-        print(f"| {row['variant']} | {row['ms_median']:.1f} | {row['speedup']:.3f} | {row['peak_gib']:.2f} | "
+        print(f"| {row['variant']} | {row['ms_median']:.1f} | {row['speedup']:.3f} | {row['host_ms_median']:.1f} | "
+              f"{row['peak_gib']:.2f} | "
               f"{row['peak_saved_gib']:.2f} | {row['loss_rel_diff']:.1e} | {row['grad_norm_rel_diff']:.1e} |")
     if not ok:
         sys.exit("every variant failed")
