@@ -10,6 +10,12 @@ at Hermes' size, per token count, timed three ways in one process:
   ``busy_ms`` the union of the kernels' intervals, ``gaps_ms`` the time between our first kernel's
   start and last kernel's end not covered by a kernel (launch gaps); medians over the calls.
 
+``event_kernels``: the continuous loop once more with a CUDA event recorded after each of our
+launches (``swiglu.kernels.common.launch`` wrapped in every launcher module), so each kernel's
+unprofiled time is the span between consecutive events (the first from the event before the call):
+medians per position, to set beside the profiled ones (``kernels``) and find which kernel runs
+longer outside the profiler.
+
 Beside them the caching allocator's counters over the two timed loops (``num_device_alloc``,
 ``num_device_free``, ``num_alloc_retries``: cudaMalloc/cudaFree would synchronize the host). GPU
 only; a probe, not a test. Writes ``idle_gaps.csv`` and ``environment.json`` to ``--out``.
@@ -55,14 +61,52 @@ def measure(T: int, iters: int) -> dict:
     continuous = time_iterations(call, make, iters, dev, flush)
     synchronized = [time_iterations(call, make, 1, dev, flush)[0] for _ in range(iters)]
     after = counters()
+    event_ms = event_split(call, make, iters, dev, flush)
     rows = profile_calls(call, make, 12, dev, flush)
     med = statistics.median
     return dict(tokens=T, continuous_ms=round(med(continuous), 4), synchronized_ms=round(med(synchronized), 4),
                 lead_ms=round(rows[0]["lead_ms"], 4), busy_ms=round(rows[0]["busy_ms"], 4),
                 gaps_ms=round(rows[0]["gaps_ms"], 4),
                 kernels=" ".join(f"{r['kernel'].split('(')[0][:24]}:{r['ms']:.3f}" for r in rows),
+                event_kernels=" ".join(f"{v:.3f}" for v in event_ms), event_total_ms=round(sum(event_ms), 4),
                 profiled_iterations=rows[0]["profiled_calls"], iters=iters,
                 **{k: a - b for k, a, b in zip(ALLOC_KEYS, after, before)})
+
+
+def event_split(call, make, iters: int, dev, flush) -> list[float]:
+    """Medians per launch position of the spans between CUDA events recorded before the call and
+    after each of its launches, in a continuous loop like ``time_iterations`` (ms)."""
+    import torch
+
+    from swiglu.kernels import backward, common, forward, gluon_dswiglu, gluon_wgrad
+
+    modules = (backward, forward, gluon_dswiglu, gluon_wgrad)
+    marks: list = []
+
+    def launch_and_mark(*args, **kwargs):
+        common.launch(*args, **kwargs)
+        marks.append(torch.cuda.Event(enable_timing=True))
+        marks[-1].record()
+
+    per_call = []
+    saved = [m.launch for m in modules]
+    try:
+        for m in modules:
+            m.launch = launch_and_mark
+        for _ in range(iters):
+            args = make()
+            flush()
+            marks = [torch.cuda.Event(enable_timing=True)]
+            marks[0].record()
+            out = call(*args)
+            per_call.append(marks)
+            del out, args
+        torch.cuda.synchronize(dev)
+    finally:
+        for m, f in zip(modules, saved):
+            m.launch = f
+    spans = [[a.elapsed_time(b) for a, b in zip(c, c[1:])] for c in per_call]
+    return [statistics.median(s[i] for s in spans) for i in range(min(len(s) for s in spans))]
 
 
 def main(argv=None) -> int:
@@ -86,6 +130,8 @@ def main(argv=None) -> int:
         print(f"T={T}: continuous {r['continuous_ms']} ms, synchronized {r['synchronized_ms']} ms; profiled: lead "
               f"{r['lead_ms']} busy {r['busy_ms']} gaps {r['gaps_ms']} ms; device allocs {r['num_device_alloc']}, "
               f"frees {r['num_device_free']}", flush=True)
+        print(f"    profiled kernels: {r['kernels']}\n    unprofiled (events): {r['event_kernels']} "
+              f"(total {r['event_total_ms']})", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "idle_gaps.csv", index=False)

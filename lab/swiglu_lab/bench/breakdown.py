@@ -1,8 +1,9 @@
 """Where one backward's time goes: the kernels each implementation launches, from ``torch.profiler``.
 
 Protocol (apart from the timed iterations, which it never disturbs), per implementation and case:
-on a GPU, ``iters`` calls of the timed loop itself (``timing.time_iterations``: arguments, L2
-flush, call; the host runs ahead), the device timeline split at the flush kernels (``FLUSH_KERNEL``);
+on a GPU, ``iters`` calls of the timed loop itself (``timing.time_iterations``: L2 flush, call;
+the host runs ahead; the arguments made before the profile, so no preparation kernel lands between
+calls), the device timeline split at the flush kernels (``FLUSH_KERNEL``);
 on a CPU, each call inside a ``record_function`` range, its top-level ops. Per call: the kernels
 in start order, their busy time (the union of their intervals), the lead (the end of the flush,
 or the range's start, to the first kernel: the GPU idle before the call's work), the gaps (idle
@@ -118,9 +119,13 @@ def profile_calls(fn: Callable, make_args: Callable[[], tuple], iters: int, devi
     from torch.profiler import ProfilerActivity, profile, record_function
 
     if device.type == "cuda":
+        # The arguments made before the profile: an implementation's preparation (quack's
+        # torch.cat of gate and up) runs between the calls, outside the timed span, and would land
+        # in the previous call's slice of the timeline.
+        prepared = iter([make_args() for _ in range(iters)])
         torch.cuda.synchronize(device)  # nothing queued before the profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            time_iterations(fn, make_args, iters, device, flush)  # the timed loop itself (ends synchronized)
+            time_iterations(fn, lambda: next(prepared), iters, device, flush)  # the timed loop itself
         calls, ends = split_at_flushes(device_kernels(prof))
         if len(calls) != iters:
             raise ValueError(f"the profile holds {len(calls)} L2 flushes ({FLUSH_KERNEL!r} kernels) for {iters} calls: "
