@@ -68,7 +68,7 @@ def gluon_recorded(monkeypatch):
     check of the backward's wiring (which products, which config, which outputs)."""
     calls = []
 
-    def fake_any(a, b, out, c, g):
+    def fake_any(a, b, out, c, g, nprog=None):
         calls.append((tuple(a.shape), tuple(b.shape), g))
         out.copy_((a.float().T @ b.float()).to(out.dtype))
 
@@ -77,7 +77,8 @@ def gluon_recorded(monkeypatch):
     monkeypatch.setattr(backward, "GLUON_DSWIGLU", {b: None for b in common.TOKEN_BUCKETS})  # tl dSwiGLU here
     real_any = backward.launch_weight_gradient
     monkeypatch.setattr(backward, "launch_weight_gradient",
-                        lambda a, b, out, c, g: fake_any(a, b, out, c, g) if g is not None else real_any(a, b, out, c, g))
+                        lambda a, b, out, c, g, nprog=None: fake_any(a, b, out, c, g) if g is not None
+                        else real_any(a, b, out, c, g, nprog))
     return calls
 
 

@@ -182,3 +182,21 @@ def test_launch_reuses_the_compiled_kernel_with_the_same_arguments(monkeypatch):
     common.launch(k, (5,), ("k", 20), "A3", "B3", 20, BLOCK=64, FLAG=True, num_warps=4)
     assert [c[0] for c in jit_calls] == [(3,), (5,)]
     assert runner_calls == [((3, 1, 1), ("A2", "B2", 10, 64, True))]
+
+
+def test_plan_programs_follow_reserved_sms(monkeypatch):
+    """The persistent programs planned per launch are keyed by ``common.RESERVED_SMS`` (the TP
+    bench changes it between runs): a plan made before the change is not served after it."""
+    from swiglu.kernels import backward, common
+
+    monkeypatch.setattr(backward, "num_programs",
+                        lambda device, tiles, persistent=True: min(tiles, 132 - common.RESERVED_SMS))
+    ops.clear_plans()
+    dev = torch.device("cpu")
+    before = backward.backward_plan(4096, 16384, 53248, dev)
+    monkeypatch.setattr(common, "RESERVED_SMS", 8)
+    after = backward.backward_plan(4096, 16384, 53248, dev)
+    programs = ("dswiglu_programs", "grad_weight_programs_hi", "grad_weight_programs_ih", "grad_x_programs")
+    assert [getattr(before, f) for f in programs] == [132] * 4
+    assert [getattr(after, f) for f in programs] == [124] * 4
+    ops.clear_plans()

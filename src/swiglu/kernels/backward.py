@@ -13,6 +13,7 @@ from functools import lru_cache
 import torch
 
 from ..checks import spans_whole_storage, validate_backward_inputs
+from . import common
 from . import tl_kernels as kernels
 from .common import (INTERPRET, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig, bucket_for, cdiv,  # noqa: F401
                      device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, Tma, tma_ready,
@@ -27,13 +28,14 @@ def config_for(kernel: str, tokens: int) -> KernelConfig:
     return CONFIGS[kernel].get(bucket_for(tokens)) or KernelConfig()
 
 
-def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig) -> None:
+def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig, nprog: int | None = None) -> None:
     """``g = go @ down_w`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up, h [T, I].
-    ``act`` None: activated_gate is recomputed from gate in the epilogue (memory-lean mode)."""
+    ``act`` None: activated_gate is recomputed from gate in the epilogue (memory-lean mode).
+    ``nprog``: the persistent programs (default: one per SM, at most one per tile)."""
     T, H = go.shape
     I = down_w.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
-    nprog = num_programs(go.device, cdiv(T, c.BM) * cdiv(I, c.BN))
+    nprog = nprog or num_programs(go.device, cdiv(T, c.BM) * cdiv(I, c.BN))
     launch(
         kernels.dswiglu_gemm_kernel, (nprog,), ("dswiglu", go.device, T, H, I, nprog, act is None, c),
         Tma(go, [c.BM, c.BK]), Tma(down_w, [c.BK, c.BN]),
@@ -48,13 +50,13 @@ def padded_tokens(T: int, wgrad_cfg: KernelConfig) -> int:
     return cdiv(T, wgrad_cfg.BK) * wgrad_cfg.BK
 
 
-def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
+def launch_grad_weight(a, b, out, c: KernelConfig, nprog: int | None = None) -> None:
     """out = a.T @ b: a [T, M], b [T, N], out [M, N] (a weight gradient, K = tokens)."""
     T, M = a.shape
     N = b.shape[1]
     # K = T rounded up to BK, not T: the descriptors zero-fill rows >= T, and T = 1 would be
     # specialized as a constexpr, which Triton 3.6's pipeliner fails on (seen on the H200).
-    nprog = num_programs(a.device, cdiv(M, c.BM) * cdiv(N, c.BN), c.persistent)
+    nprog = nprog or num_programs(a.device, cdiv(M, c.BM) * cdiv(N, c.BN), c.persistent)
     K = padded_tokens(T, c)
     launch(
         kernels.grad_weight_kernel, (nprog,), ("grad_weight", a.device, M, N, K, nprog, c),
@@ -63,15 +65,30 @@ def launch_grad_weight(a, b, out, c: KernelConfig) -> None:
     )
 
 
-def launch_weight_gradient(a, b, out, c: KernelConfig, g: GluonConfig | None) -> None:
-    """out = a.T @ b with the Gluon kernel when ``g`` is given, else the tl kernel (``c``)."""
+def launch_weight_gradient(a, b, out, c: KernelConfig, g: GluonConfig | None, nprog: int | None = None) -> None:
+    """out = a.T @ b with the Gluon kernel when ``g`` is given, else the tl kernel (``c``);
+    ``nprog`` persistent programs (default: one per SM, at most one per tile)."""
     if g is None:
-        launch_grad_weight(a, b, out, c)
+        launch_grad_weight(a, b, out, c, nprog)
         return
-    from .gluon_wgrad import launch_grad_weight_gluon  # imported only where Gluon runs (common.GLUON_TRITON)
-
     M, N = a.shape[1], b.shape[1]
-    launch_grad_weight_gluon(a, b, out, g, num_programs(a.device, cdiv(M, g.BM) * cdiv(N, g.BN)))
+    _gluon().wgrad.launch_grad_weight_gluon(a, b, out, g, nprog or num_programs(a.device, cdiv(M, g.BM) * cdiv(N, g.BN)))
+
+
+_GLUON_MODULES: list = []
+
+
+def _gluon():
+    """The Gluon launcher modules (``.wgrad``: ``gluon_wgrad``, ``.dswiglu``: ``gluon_dswiglu``),
+    imported on first use: only where Gluon runs (``common.GLUON_TRITON``); an import statement
+    per launch costs host time."""
+    if not _GLUON_MODULES:
+        from types import SimpleNamespace
+
+        from . import gluon_dswiglu, gluon_wgrad
+
+        _GLUON_MODULES.append(SimpleNamespace(wgrad=gluon_wgrad, dswiglu=gluon_dswiglu))
+    return _GLUON_MODULES[0]
 
 
 @lru_cache(maxsize=64)
@@ -105,11 +122,12 @@ def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight
             launch_weight_gradient(a, b, out, c, g)
 
 
-def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig) -> None:
-    """grad_x = d_gate @ gate_weight + d_up @ up_weight [T, H], one fp32 accumulator."""
+def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig, nprog: int | None = None) -> None:
+    """grad_x = d_gate @ gate_weight + d_up @ up_weight [T, H], one fp32 accumulator;
+    ``nprog`` persistent programs (default: one per SM, at most one per tile)."""
     T, I = d_gate.shape
     H = gate_weight.shape[1]
-    nprog = num_programs(d_gate.device, cdiv(T, c.BM) * cdiv(H, c.BN), c.persistent)
+    nprog = nprog or num_programs(d_gate.device, cdiv(T, c.BM) * cdiv(H, c.BN), c.persistent)
     launch(
         kernels.grad_x_kernel, (nprog,), ("grad_x", d_gate.device, T, H, I, nprog, c),
         Tma(d_gate, [c.BM, c.BK]), Tma(d_up, [c.BM, c.BK]),
@@ -134,6 +152,13 @@ class BackwardPlan:
     grad_x: KernelConfig
     gluon_grad_weights: GluonConfig | None
     gluon_dswiglu: DswigluGluonConfig | None = None
+    #: Persistent programs of each launch (0: none planned, the launcher decides), for
+    #: ``common.RESERVED_SMS`` as it was when planned (it is part of the plan's key).
+    dswiglu_programs: int = 0
+    gluon_dswiglu_programs: int = 0
+    grad_weight_programs_hi: int = 0  # the [H, I] output (grad_down_weight)
+    grad_weight_programs_ih: int = 0  # the [I, H] outputs (grad_gate_weight, grad_up_weight)
+    grad_x_programs: int = 0
 
 
 def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, KernelConfig]) -> BackwardPlan:
@@ -155,11 +180,27 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
                 check_shared_memory(kernel, cfg, device)
     # (The tl dSwiGLU config is checked even where Gluon's is planned: it runs when the strides
     # rule Gluon out, launch_backward.)
-    return BackwardPlan(T, H, I, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg)
+    return BackwardPlan(T, H, I, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg,
+                        *_programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg,
+                                   gluon_dswiglu_cfg))
+
+
+def _programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg) -> tuple:
+    # BackwardPlan's *_programs fields, in their order.
+    if T == 0:
+        return ()
+    w = gluon_wgrad_cfg or wgrad_cfg
+    persistent = gluon_wgrad_cfg is not None or wgrad_cfg.persistent
+    gd = gluon_dswiglu_cfg
+    return (num_programs(device, cdiv(T, dswiglu_cfg.BM) * cdiv(I, dswiglu_cfg.BN)),
+            0 if gd is None else num_programs(device, cdiv(T, gd.BM) * cdiv(I, gd.BN)),
+            num_programs(device, cdiv(H, w.BM) * cdiv(I, w.BN), persistent),
+            num_programs(device, cdiv(I, w.BM) * cdiv(H, w.BN), persistent),
+            num_programs(device, cdiv(T, grad_x_cfg.BM) * cdiv(H, grad_x_cfg.BN), grad_x_cfg.persistent))
 
 
 @lru_cache(maxsize=1024)
-def _cached_plan(T: int, H: int, I: int, device: torch.device) -> BackwardPlan:
+def _cached_plan(T: int, H: int, I: int, device: torch.device, reserved_sms: int) -> BackwardPlan:
     return _make_plan(T, H, I, device, {})
 
 
@@ -167,13 +208,13 @@ def backward_plan(tokens: int, hidden_size: int, intermediate_size: int, device:
                   configs: dict[str, KernelConfig] | None = None) -> BackwardPlan:
     """The ``BackwardPlan`` for these sizes on ``device`` (a CUDA device with its index, or the
     CPU under the interpreter). Without ``configs`` it comes from a bounded cache keyed by the
-    sizes and the device (the tables, the triton release and ``SWIGLU_GLUON`` are fixed for the
+    sizes, the device and ``common.RESERVED_SMS`` (the tables, the triton release and ``SWIGLU_GLUON`` are fixed for the
     process; ``clear_plans`` empties it); ``configs`` overrides the table per kernel
     ("dswiglu", "grad_weights", "grad_x") and is planned afresh. Raises ValueError for an unknown
     ``configs`` key or a configuration larger than the device's shared memory."""
     if configs:
         return _make_plan(tokens, hidden_size, intermediate_size, device, configs)
-    return _cached_plan(tokens, hidden_size, intermediate_size, device)
+    return _cached_plan(tokens, hidden_size, intermediate_size, device, common.RESERVED_SMS)
 
 
 def clear_plans() -> None:
@@ -264,12 +305,11 @@ def launch_planned_dswiglu(plan: BackwardPlan, go, down_w, gate, up, act, d_gate
     gd = plan.gluon_dswiglu
     if (gd is not None and gate.stride(0) == up.stride(0) and (act is None or act.stride(0) == up.stride(0))
             and d_gate.stride(0) == d_up.stride(0) == h.stride(0)):
-        from .gluon_dswiglu import launch_dswiglu_gluon_trusted  # imported only where Gluon runs
-
-        launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, gd,
-                                     num_programs(go.device, cdiv(plan.tokens, gd.BM) * cdiv(plan.intermediate_size, gd.BN)))
+        _gluon().dswiglu.launch_dswiglu_gluon_trusted(
+            go, down_w, gate, up, act, d_gate, d_up, h, gd, plan.gluon_dswiglu_programs
+            or num_programs(go.device, cdiv(plan.tokens, gd.BM) * cdiv(plan.intermediate_size, gd.BN)))
     else:
-        launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, plan.dswiglu)
+        launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, plan.dswiglu, plan.dswiglu_programs)
 
 
 def launch_backward(
@@ -341,20 +381,20 @@ def launch_backward(
     grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = None
     if need_grad_down_weight:
         grad_down_weight = _alloc(outs[3], (H, I), dev)
-        launch_weight_gradient(go, h, grad_down_weight, wgrad_cfg, gluon_wgrad_cfg)
+        launch_weight_gradient(go, h, grad_down_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_hi)
     del h
     if need_grad_x:
         grad_x = _alloc(outs[0], (T, H), dev)
-        launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x)
+        launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x, plan.grad_x_programs)
     if need_grad_gate_weight:
         grad_gate_weight = _alloc(outs[1], (I, H), dev)
-        launch_weight_gradient(d_gate, xf, grad_gate_weight, wgrad_cfg, gluon_wgrad_cfg)
+        launch_weight_gradient(d_gate, xf, grad_gate_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
     del d_gate
     if release_gate:
         _release(gate_output)
     if need_grad_up_weight:
         grad_up_weight = _alloc(outs[2], (I, H), dev)
-        launch_weight_gradient(d_up, xf, grad_up_weight, wgrad_cfg, gluon_wgrad_cfg)
+        launch_weight_gradient(d_up, xf, grad_up_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
     if release_up:
         _release(up_output)
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight

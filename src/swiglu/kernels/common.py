@@ -243,7 +243,8 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     first launch per key takes Triton's own path (binding, specialization, JIT cache: about half
     of a launch's host time, measured on the H200 machine); later ones call the compiled
     kernel's C launcher through ``direct_runner`` (or, where it does not apply, its runner
-    ``CompiledKernel[grid]``) with the same arguments in signature order. TMA descriptor
+    ``CompiledKernel[grid]``) with the same arguments in signature order, the keyword arguments'
+    values as the key's first launch gave them. TMA descriptor
     arguments are given as ``Tma``. In the interpreter every launch takes Triton's path."""
     entry = _LAUNCHES.get(key)
     if entry is None:
@@ -254,10 +255,12 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
         grid3 = tuple(grid) + (1,) * (3 - len(grid))  # the runner takes 3-D
-        _LAUNCHES[key] = (direct_runner(compiled, grid3) or _with_descriptors(compiled[grid3]), names[len(args):])
+        # The keyword arguments' values in signature order, kept: the key determines them.
+        rest = tuple(kwargs[name] for name in names[len(args):])
+        _LAUNCHES[key] = (direct_runner(compiled, grid3) or _with_descriptors(compiled[grid3]), rest)
         return
     runner, rest = entry
-    runner(*args, *[kwargs[name] for name in rest])
+    runner(*args, *rest)
 
 
 def _with_descriptors(runner):
@@ -267,7 +270,9 @@ def _with_descriptors(runner):
     return runner_with_descriptors
 
 
+@lru_cache(maxsize=None)
 def launch_kwargs(cfg: KernelConfig) -> dict:
+    """The tl kernels' configuration keywords for ``cfg`` (one shared dict per config: read only)."""
     return dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize,
                 FLATTEN=cfg.flatten, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
                 EPI_SPLIT=cfg.EPI_SPLIT, UPCAST=INTERPRET)

@@ -312,11 +312,17 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory."""
-    a_desc = Tma(a, [cfg.BK, cfg.BM], _layout((cfg.BK, cfg.BM)))
-    b_desc = Tma(b, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
-    c_desc = Tma(out, [cfg.BM, cfg.BN], _layout((cfg.BM, cfg.BN)))
+    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), consts, kw = _launch_constants(cfg)
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg),
-           a_desc, b_desc, c_desc, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer,
-           cfg.pingpong, cfg.maxnreg if cfg.pingpong else 0,
-           num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
+           Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout), *consts, **kw)
+
+
+@lru_cache(maxsize=None)
+def _launch_constants(cfg: GluonConfig):
+    # What a launch takes from its config alone, built once per config (host time per launch).
+    blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN])
+    consts = (cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer, cfg.pingpong,
+              cfg.maxnreg if cfg.pingpong else 0)
+    kw = dict(num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
+    return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, kw)
