@@ -87,6 +87,14 @@ ULP_LIMITS = {
 #: Elements allowed off beyond the fractions above (outputs of a few dozen elements).
 SLACK_ELEMENTS = 2
 MEAN_Z, MIN_SHIFT = 6.0, 1e-4
+#: (c) on CUDA: the tensor cores' fp32 accumulation shrinks a sum's magnitude by about 1e-9 of it
+#: per summed product (truncation toward zero), against the same-rounding reference's IEEE fp32
+#: sums. Measured on the H200 over the 18 full-size cases (data/validation/triton_full_size_5ff2792.csv):
+#: the mean relative shift per summed term was -9.5e-10 to -1.05e-9 for the weight gradients
+#: (K = T, 128-8192) and -7.1e-10 for grad_x (K = 2I = 106496; at most -1.4e-9, -1.51e-4 in all),
+#: so grad_x sits at MIN_SHIFT. The floor allows 2.5e-9 per term (2.7e-4 for grad_x): a 0.1%
+#: scaling (1e-3) still fails at every K below 400,000.
+TC_SHIFT_PER_TERM = 2.5e-9
 #: The ulp of (a) is at least that of RMS_FRACTION x the output's rms (see the block comment).
 RMS_FRACTION = 2.0**-4
 
@@ -148,10 +156,11 @@ def ulp_stats(got: torch.Tensor, ref: torch.Tensor, allowance: torch.Tensor | No
                     mean_rel=mean, se_rel=se, unexplained_fraction=unexplained)
 
 
-def check_ulps(name, got, ref, seed, allowance=None, device_type=None, sum32=None) -> UlpStats:
+def check_ulps(name, got, ref, seed, allowance=None, device_type=None, sum32=None, terms=None) -> UlpStats:
     """Assert the ulp oracle (a), (b), (c), (d) for one bf16 output ``got`` against its same-rounding
     reference ``ref`` (same shape; ``allowance``: ``same_rounding_fp32``'s, or None for none;
-    ``sum32``: the fp32 sums ``ref`` rounds, for (d))."""
+    ``sum32``: the fp32 sums ``ref`` rounds, for (d); ``terms``: the products summed into each
+    element (K), which on CUDA raises (c)'s floor to ``TC_SHIFT_PER_TERM`` per term)."""
     assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
     assert torch.isfinite(got).all(), f"{name}: NaN/Inf in output, seed={seed}"
     limits = ULP_LIMITS[device_type or got.device.type]
@@ -166,7 +175,11 @@ def check_ulps(name, got, ref, seed, allowance=None, device_type=None, sum32=Non
         assert s.gt1_fraction <= limits["max_gt1_fraction"] + slack, f"{where}: too many elements > 1 ulp off"
     if limits["max_off_fraction"] is not None:
         assert s.off_fraction <= limits["max_off_fraction"] + slack, f"{where}: too many elements not bitwise equal"
-    assert abs(s.mean_rel) <= max(MEAN_Z * s.se_rel, MIN_SHIFT), f"{where}: systematic shift (mean > {MEAN_Z} s.e.)"
+    floor = MIN_SHIFT
+    if terms is not None and (device_type or got.device.type) == "cuda":
+        floor = max(MIN_SHIFT, TC_SHIFT_PER_TERM * terms)
+    assert abs(s.mean_rel) <= max(MEAN_Z * s.se_rel, floor), \
+        f"{where}: systematic shift (mean > {MEAN_Z} s.e. and > {floor:.2g})"
     return s
 
 
