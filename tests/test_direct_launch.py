@@ -30,7 +30,7 @@ def test_expand_descriptors_replaces_each_descriptor_by_its_map_shape_and_stride
     assert seen[1] == (t.data_ptr(), 128, 2, 9, [8, 16], t.shape, t.stride(), 0)
 
 
-def test_expand_descriptors_fills_once_per_address_and_geometry():
+def test_expand_descriptors_fills_once_per_address_and_geometry(monkeypatch):
     """The memo: the same memory and geometry at a position reuse its map; another address,
     shape, stride or position fills a new one (a stale map would point a kernel elsewhere)."""
     base = torch.empty(64, 32, dtype=torch.bfloat16)
@@ -55,9 +55,12 @@ def test_expand_descriptors_fills_once_per_address_and_geometry():
     assert common.expand_descriptors((0, common.Tma(base, [8, 16])), ((1, 128, 2, 9, [8, 16]),), fill,
                                      maps)[1] == "map6"  # another position
     assert expand(base) == first and len(seen) == 6
-    for i in range(common._MAPS_MAX + 1):  # bounded
+    monkeypatch.setattr(common, "_MAPS_MAX", 8)
+    filled = len(seen)
+    for i in range(20):  # bounded: 20 new geometries, never more than 8 kept
         expand(base[: i + 1])
-    assert len(maps) <= common._MAPS_MAX
+        assert len(maps) <= 8
+    assert len(seen) == filled + 20
 
 
 def test_as_descriptors_builds_tritons_descriptors_for_its_own_path():
@@ -138,3 +141,10 @@ def test_direct_launches_give_the_bits_of_tritons_runner(T, H, I):
                                   slow, reference_backward(*tensors)):
         assert torch.equal(a, b) and torch.equal(b, c), name
         assert benchmark_criterion(b, ref, 0.13).passed, name
+
+
+def test_launch_refuses_a_descriptor_passed_by_keyword(monkeypatch):
+    """Keyword values are kept from a key's first launch, so a tensor there would go stale."""
+    monkeypatch.setattr(common, "_LAUNCHES", {})
+    with pytest.raises(TypeError, match="positionally"):
+        common.launch(object(), (1,), ("k",), desc=common.Tma(torch.empty(8, 8), [8, 8]))

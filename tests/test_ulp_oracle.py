@@ -25,11 +25,14 @@ def test_the_measured_tensor_core_shift_passes_at_grad_x_terms_on_cuda():
     check_ulps("grad_x", got, ref, 0, device_type="cuda", terms=K_GRAD_X)
 
 
-def test_without_terms_or_on_the_cpu_the_same_shift_fails():
+def test_without_terms_or_on_the_cpu_or_growing_the_same_shift_fails():
     got, ref = _shifted(1.19e-4)
     for kwargs in (dict(device_type="cuda"), dict(device_type="cpu", terms=K_GRAD_X)):
         with pytest.raises(AssertionError, match="systematic shift"):
             check_ulps("grad_x", got, ref, 0, **kwargs)
+    grown, ref = _shifted(-1.19e-4)  # truncation shrinks sums: growth gets no allowance
+    with pytest.raises(AssertionError, match="systematic shift"):
+        check_ulps("grad_x", grown, ref, 0, device_type="cuda", terms=K_GRAD_X)
 
 
 def test_a_tenth_of_a_percent_scaling_fails_at_grad_x_terms():

@@ -154,8 +154,9 @@ DIRECT_LAUNCH = os.environ.get("SWIGLU_DIRECT_LAUNCH", "1") != "0"
 
 
 #: Filled CUtensorMaps each direct runner keeps (``expand_descriptors``' ``maps``), bounded:
-#: emptied when it outgrows this.
-_MAPS_MAX = 64
+#: emptied when it outgrows this. Enough for a deep model's recurring addresses (layers x a
+#: launch's descriptors: an 80-layer model's weights and activations), about 300 bytes each.
+_MAPS_MAX = 4096
 
 
 def expand_descriptors(args: tuple, descriptors: tuple, fill, maps: dict | None = None) -> list:
@@ -248,6 +249,8 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     arguments are given as ``Tma``. In the interpreter every launch takes Triton's path."""
     entry = _LAUNCHES.get(key)
     if entry is None:
+        if any(type(v) is Tma for v in kwargs.values()):
+            raise TypeError("launch takes Tma arguments positionally (keyword values are kept per key)")
         compiled = kernel[grid](*as_descriptors(args), **kwargs)
         if INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
             return
