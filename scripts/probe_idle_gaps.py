@@ -115,6 +115,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--out", default=str(REPO / "build" / "idle_gaps"))
     args = p.parse_args(argv)
+    if args.iters < 1:
+        p.error("--iters must be >= 1")
 
     import pandas as pd
     import torch
