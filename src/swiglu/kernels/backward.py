@@ -28,6 +28,12 @@ def config_for(kernel: str, tokens: int) -> KernelConfig:
     return CONFIGS[kernel].get(bucket_for(tokens)) or KernelConfig()
 
 
+def _tile_programs(device: torch.device, rows: int, cols: int, cfg, persistent: bool = True) -> int:
+    # The programs of a launch over a rows x cols output in cfg.BM x cfg.BN tiles: the one count
+    # the launchers default to and the plan records.
+    return num_programs(device, cdiv(rows, cfg.BM) * cdiv(cols, cfg.BN), persistent)
+
+
 def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig, nprog: int | None = None) -> None:
     """``g = go @ down_w`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up, h [T, I].
     ``act`` None: activated_gate is recomputed from gate in the epilogue (memory-lean mode).
@@ -35,7 +41,7 @@ def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig, 
     T, H = go.shape
     I = down_w.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
-    nprog = nprog or num_programs(go.device, cdiv(T, c.BM) * cdiv(I, c.BN))
+    nprog = nprog or _tile_programs(go.device, T, I, c)
     launch(
         kernels.dswiglu_gemm_kernel, (nprog,), ("dswiglu", go.device, T, H, I, nprog, act is None, c),
         Tma(go, [c.BM, c.BK]), Tma(down_w, [c.BK, c.BN]),
@@ -56,7 +62,7 @@ def launch_grad_weight(a, b, out, c: KernelConfig, nprog: int | None = None) -> 
     N = b.shape[1]
     # K = T rounded up to BK, not T: the descriptors zero-fill rows >= T, and T = 1 would be
     # specialized as a constexpr, which Triton 3.6's pipeliner fails on (seen on the H200).
-    nprog = nprog or num_programs(a.device, cdiv(M, c.BM) * cdiv(N, c.BN), c.persistent)
+    nprog = nprog or _tile_programs(a.device, M, N, c, c.persistent)
     K = padded_tokens(T, c)
     launch(
         kernels.grad_weight_kernel, (nprog,), ("grad_weight", a.device, M, N, K, nprog, c),
@@ -72,7 +78,7 @@ def launch_weight_gradient(a, b, out, c: KernelConfig, g: GluonConfig | None, np
         launch_grad_weight(a, b, out, c, nprog)
         return
     M, N = a.shape[1], b.shape[1]
-    _gluon().wgrad.launch_grad_weight_gluon(a, b, out, g, nprog or num_programs(a.device, cdiv(M, g.BM) * cdiv(N, g.BN)))
+    _gluon().wgrad.launch_grad_weight_gluon(a, b, out, g, nprog or _tile_programs(a.device, M, N, g))
 
 
 _GLUON_MODULES: list = []
@@ -127,7 +133,7 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig,
     ``nprog`` persistent programs (default: one per SM, at most one per tile)."""
     T, I = d_gate.shape
     H = gate_weight.shape[1]
-    nprog = nprog or num_programs(d_gate.device, cdiv(T, c.BM) * cdiv(H, c.BN), c.persistent)
+    nprog = nprog or _tile_programs(d_gate.device, T, H, c, c.persistent)
     launch(
         kernels.grad_x_kernel, (nprog,), ("grad_x", d_gate.device, T, H, I, nprog, c),
         Tma(d_gate, [c.BM, c.BK]), Tma(d_up, [c.BM, c.BK]),
@@ -192,11 +198,11 @@ def _programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_c
     w = gluon_wgrad_cfg or wgrad_cfg
     persistent = gluon_wgrad_cfg is not None or wgrad_cfg.persistent
     gd = gluon_dswiglu_cfg
-    return (num_programs(device, cdiv(T, dswiglu_cfg.BM) * cdiv(I, dswiglu_cfg.BN)),
-            0 if gd is None else num_programs(device, cdiv(T, gd.BM) * cdiv(I, gd.BN)),
-            num_programs(device, cdiv(H, w.BM) * cdiv(I, w.BN), persistent),
-            num_programs(device, cdiv(I, w.BM) * cdiv(H, w.BN), persistent),
-            num_programs(device, cdiv(T, grad_x_cfg.BM) * cdiv(H, grad_x_cfg.BN), grad_x_cfg.persistent))
+    return (_tile_programs(device, T, I, dswiglu_cfg),
+            0 if gd is None else _tile_programs(device, T, I, gd),
+            _tile_programs(device, H, I, w, persistent),
+            _tile_programs(device, I, H, w, persistent),
+            _tile_programs(device, T, H, grad_x_cfg, grad_x_cfg.persistent))
 
 
 @lru_cache(maxsize=1024)
@@ -306,8 +312,8 @@ def launch_planned_dswiglu(plan: BackwardPlan, go, down_w, gate, up, act, d_gate
     if (gd is not None and gate.stride(0) == up.stride(0) and (act is None or act.stride(0) == up.stride(0))
             and d_gate.stride(0) == d_up.stride(0) == h.stride(0)):
         _gluon().dswiglu.launch_dswiglu_gluon_trusted(
-            go, down_w, gate, up, act, d_gate, d_up, h, gd, plan.gluon_dswiglu_programs
-            or num_programs(go.device, cdiv(plan.tokens, gd.BM) * cdiv(plan.intermediate_size, gd.BN)))
+            go, down_w, gate, up, act, d_gate, d_up, h, gd,
+            plan.gluon_dswiglu_programs or _tile_programs(go.device, plan.tokens, plan.intermediate_size, gd))
     else:
         launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, plan.dswiglu, plan.dswiglu_programs)
 

@@ -245,8 +245,8 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     of a launch's host time, measured on the H200 machine); later ones call the compiled
     kernel's C launcher through ``direct_runner`` (or, where it does not apply, its runner
     ``CompiledKernel[grid]``) with the same arguments in signature order, the keyword arguments'
-    values as the key's first launch gave them. TMA descriptor
-    arguments are given as ``Tma``. In the interpreter every launch takes Triton's path."""
+    values as the key's first launch gave them. TMA descriptor arguments are given as ``Tma``
+    (positionally). In the interpreter every launch takes Triton's path."""
     entry = _LAUNCHES.get(key)
     if entry is None:
         if any(type(v) is Tma for v in kwargs.values()):
