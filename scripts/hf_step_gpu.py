@@ -38,6 +38,12 @@ after the others, and ``torch._dynamo.reset()`` follows each. Writes ``hf_step.c
 and after the runs; versions, git commit, arguments, this protocol) to ``--out`` (default
 ``$OUT`` when set, else build/hf_step) and prints a Markdown table last. About a minute on an
 H200 for the eager variants, plus the compile.
+
+``--profile N`` (eager variants): after the timed steps, N more steps under ``torch.profiler``
+(CUDA activity, no synchronize between them); per variant ``kernels_<variant>.csv`` (each kernel
+name: launches and ms per step, its role) and the row's ``gpu_busy_ms`` (the union of all
+kernels' intervals per step) and ``gpu_idle_ms`` (profiled span per step minus busy): where the
+step's time goes, and whether the GPU waits on the host.
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ DEFAULT_VARIANTS = ("unpatched", "swiglu", "liger", "swiglu+compile")
 #: Variants whose failure is recorded instead of ending the run (peers and compiled variants).
 GUARDED = ("liger", "swiglu+compile", "unpatched+compile")
 CSV_FIELDS = ["variant", "status", "error", "mlp_forward", "ms_median", "ms_min", "ms_p20", "ms_p80", "host_ms_median",
-              "peak_gib",
+              "gpu_busy_ms", "gpu_idle_ms", "peak_gib",
               "first_step_s", "first_loss", "last_loss", "grad_norm", "speedup", "peak_saved_gib", "loss_rel_diff",
               "last_loss_rel_diff", "grad_norm_rel_diff", "reference", "layers", "hidden_size", "intermediate_size",
               "tokens", "device", "torch", "transformers", "swiglu"]
@@ -160,13 +166,39 @@ def measure(variant: str, args) -> dict:
     grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
     grad_norm = torch.linalg.vector_norm(torch.stack(grads)).item() if grads else float("nan")
     stats = time_stats(times)
+    profiled = profile_steps(step, args.profile, device, Path(args.out) / f"kernels_{variant}.csv") \
+        if args.profile and not compiled else {}
     forward = model.model.layers[0].mlp.forward  # Liger binds its forward on the instance
     func = getattr(forward, "__func__", forward)
     return dict(variant=variant, status="ok", error="", mlp_forward=f"{func.__module__}.{func.__qualname__}",
                 ms_median=stats["median_ms"], ms_min=stats["min_ms"], ms_p20=stats["p20_ms"], ms_p80=stats["p80_ms"],
                 host_ms_median=statistics.median(host),
                 peak_gib=peak / 2**30, first_step_s=first_step_s,
-                first_loss=losses[0], last_loss=losses[-1], grad_norm=grad_norm)
+                first_loss=losses[0], last_loss=losses[-1], grad_norm=grad_norm, **profiled)
+
+
+def profile_steps(step, steps: int, device, path: Path) -> dict:
+    """``steps`` steps under torch.profiler; writes the per-kernel table to ``path`` and returns the
+    GPU busy and idle time per step (ms)."""
+    import pandas as pd
+
+    from swiglu_lab.bench import breakdown, timeline
+
+    synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    kernels = breakdown.device_kernels(prof)
+    busy = timeline.length(timeline.union([(a, b) for _, a, b in kernels])) / 1e3 / steps
+    span = (max(b for _, _, b in kernels) - min(a for _, a, _ in kernels)) / 1e3 / steps
+    table = pd.DataFrame(kernels, columns=["kernel", "start_us", "end_us"])
+    table["ms"] = (table.end_us - table.start_us) / 1e3
+    table = (table.groupby("kernel").agg(launches=("ms", "size"), ms=("ms", "sum")) / steps).reset_index()
+    table["role"] = table.kernel.map(breakdown.kernel_role)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table.sort_values("ms", ascending=False).to_csv(path, index=False, float_format="%.4f")
+    return dict(gpu_busy_ms=busy, gpu_idle_ms=span - busy)
 
 
 def release(compiled: bool) -> None:
@@ -204,11 +236,13 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--variants", default="default",
                         help="comma-separated subset of the variants below, 'all', or 'default' (the default)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile N more steps per eager variant (kernels_<variant>.csv; 0: none)")
     parser.add_argument("--out", default=os.environ.get("OUT", "build/hf_step"))
     args = parser.parse_args(argv)
     variants = parse_variants(args.variants, parser)
-    if args.iters < 1 or args.warmup < 0:
-        parser.error("--iters must be >= 1 and --warmup >= 0")
+    if args.iters < 1 or args.warmup < 0 or args.profile < 0:
+        parser.error("--iters must be >= 1, --warmup and --profile >= 0")
     if not torch.cuda.is_available():
         sys.exit("hf_step_gpu.py needs a CUDA GPU")
     import transformers
@@ -280,16 +314,17 @@ def main(argv=None):
           f"{args.batch}x{args.seq} tokens, bf16, {common['device']}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, commit {meta['git_commit']}; rel. diffs against "
           f"{ref['variant'] if ref else '-'}\n")
-    print("| MLP | step ms (median) | speedup | host ms (median) | peak GiB above weights | saved GiB "
-          "| first loss rel. diff | grad norm rel. diff |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| MLP | step ms (median) | speedup | host ms (median) | GPU busy / idle ms | peak GiB above weights "
+          "| saved GiB | first loss rel. diff | grad norm rel. diff |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         if row["status"] != "ok":
             error = row["error"][:80].replace("|", "\\|")
-            print(f"| {row['variant']} | {row['status']}: {error} | | | | | | |")
+            print(f"| {row['variant']} | {row['status']}: {error} | | | | | | | |")
             continue
+        gpu = f"{row['gpu_busy_ms']:.1f} / {row['gpu_idle_ms']:.2f}" if "gpu_busy_ms" in row else "-"
         print(f"| {row['variant']} | {row['ms_median']:.1f} | {row['speedup']:.3f} | {row['host_ms_median']:.1f} | "
-              f"{row['peak_gib']:.2f} | "
+              f"{gpu} | {row['peak_gib']:.2f} | "
               f"{row['peak_saved_gib']:.2f} | {row['loss_rel_diff']:.1e} | {row['grad_norm_rel_diff']:.1e} |")
     if not ok:
         sys.exit("every variant failed")
