@@ -40,8 +40,9 @@ and after the runs; versions, git commit, arguments, this protocol) to ``--out``
 H200 for the eager variants, plus the compile.
 
 ``--profile N`` (eager variants): after the timed steps, N more steps under ``torch.profiler``
-(CUDA activity, no synchronize between them); per variant ``kernels_<variant>.csv`` (each kernel
-name: launches and ms per step, its role) and the row's ``gpu_busy_ms`` (the union of all
+(no synchronize between them); per variant ``kernels_<variant>.csv`` (each kernel name: launches
+and ms per step, its role), ``runtime_<variant>.csv`` (the host's CUDA runtime and driver calls:
+count and ms per step, from N more steps profiled on the host alone) and the row's ``gpu_busy_ms`` (the union of all
 kernels' intervals per step) and ``gpu_idle_ms`` (profiled span per step minus busy): where the
 step's time goes, and whether the GPU waits on the host.
 """
@@ -184,19 +185,32 @@ def profile_steps(step, steps: int, device, path: Path) -> dict:
 
     from swiglu_lab.bench import breakdown, timeline
 
-    synchronize(device)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
+    def profiled(activities):
         synchronize(device)
-    kernels = breakdown.device_kernels(prof)
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(steps):
+                step()
+            synchronize(device)
+        return prof
+
+    kernels = breakdown.device_kernels(profiled([torch.profiler.ProfilerActivity.CUDA]))
+    # The host's CUDA runtime calls (a cudaFree, cudaMalloc or *Synchronize makes the host wait
+    # for the GPU, whose queue then drains: idle time a kernel table does not show).
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Apart from the kernels' profile: host profiling slows the host.
+    prof = profiled([torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+    runtime = pd.DataFrame([(e.name, (e.time_range.end - e.time_range.start) / 1e3) for e in prof.events()
+                            if e.device_type.name == "CPU" and e.name.startswith("cu")], columns=["call", "ms"])
+    if len(runtime):
+        runtime = (runtime.groupby("call").agg(calls=("ms", "size"), ms=("ms", "sum")) / steps).reset_index()
+        runtime.sort_values("ms", ascending=False).to_csv(path.with_name(path.name.replace("kernels_", "runtime_")),
+                                                          index=False, float_format="%.4f")
     busy = timeline.length(timeline.union([(a, b) for _, a, b in kernels])) / 1e3 / steps
     span = (max(b for _, _, b in kernels) - min(a for _, a, _ in kernels)) / 1e3 / steps
     table = pd.DataFrame(kernels, columns=["kernel", "start_us", "end_us"])
     table["ms"] = (table.end_us - table.start_us) / 1e3
     table = (table.groupby("kernel").agg(launches=("ms", "size"), ms=("ms", "sum")) / steps).reset_index()
     table["role"] = table.kernel.map(breakdown.kernel_role)
-    path.parent.mkdir(parents=True, exist_ok=True)
     table.sort_values("ms", ascending=False).to_csv(path, index=False, float_format="%.4f")
     return dict(gpu_busy_ms=busy, gpu_idle_ms=span - busy)
 
