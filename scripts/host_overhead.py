@@ -5,12 +5,19 @@ not a test.
     python scripts/host_overhead.py                      # CPU: --shape overhead, 1 thread
     python scripts/host_overhead.py --device cuda        # GPU: --shape tiny
     python scripts/host_overhead.py --profile            # + cProfile of SwiGLUMLP fwd+bwd
+    python scripts/host_overhead.py --device cuda --shape llama-3-8b --enqueue --iters 200
 
 Rows: ``swiglu.SwiGLUMLP`` forward+backward; ``swiglu.module.PlainSwiGLUMLP`` (three
 ``nn.Linear``, PyTorch autograd) forward+backward; ``swiglu.swiglu_mlp_backward`` with
-``impl="reference"``; with ``impl="triton"`` where ``swiglu.available_impls(device)`` lists it.
+``impl="reference"``; with ``impl="triton"`` where ``swiglu.available_impls(device)`` lists it;
+Liger's ``LigerSwiGLUMLP`` forward+backward where ``liger_kernel`` imports (on CUDA).
 Shapes: ``tiny`` H=256, I=512, T=16 (default on CUDA); ``overhead`` H=16, I=32, T=2 (default on
-the CPU, where any real shape measures the arithmetic). bf16 unless ``--dtype``.
+the CPU, where any real shape measures the arithmetic); ``llama-3-8b`` H=4096, I=14336, T=2048
+(a real layer, with ``--enqueue``). bf16 unless ``--dtype``.
+
+``--enqueue`` (CUDA): each call timed from its start to its return, the synchronize after the
+clock stops: the host's time to enqueue the call's work on an idle GPU (the device runs behind),
+which is the host cost per layer a training step pays where the host, not the GPU, is the bound.
 
 Protocol: inputs and modules built once; the modules' and x's gradients set to None outside the
 timed region before each call (as ``zero_grad(set_to_none=True)``); each call timed alone with
@@ -64,7 +71,8 @@ import swiglu  # noqa: E402
 from swiglu_lab.bench.environment import dist_version, git_info, nvml_info  # noqa: E402
 from swiglu.module import PlainSwiGLUMLP  # noqa: E402
 
-SHAPES = {"tiny": dict(H=256, I=512, T=16), "overhead": dict(H=16, I=32, T=2)}
+SHAPES = {"tiny": dict(H=256, I=512, T=16), "overhead": dict(H=16, I=32, T=2),
+          "llama-3-8b": dict(H=4096, I=14336, T=2048)}
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 BASELINE = "nn_linear_fwd_bwd"
 CSV_FIELDS = ["implementation", "description", "us_median", "us_p20", "us_p80", "us_min", "calls",
@@ -116,6 +124,18 @@ def build_calls(device: torch.device, dtype: torch.dtype, H: int, I: int, T: int
     if "triton" in swiglu.available_impls(device):
         calls["backward_triton"] = ('swiglu_mlp_backward(impl="triton")',
                                     lambda: swiglu.swiglu_mlp_backward(*inputs, impl="triton"), noop)
+    if device.type == "cuda":
+        try:
+            from types import SimpleNamespace
+
+            from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+        except ImportError:
+            pass
+        else:
+            with torch.device(device):
+                liger = LigerSwiGLUMLP(SimpleNamespace(hidden_size=H, intermediate_size=I, hidden_act="silu")).to(dtype)
+            liger.load_state_dict(plain.state_dict())
+            calls["liger_fwd_bwd"] = ("liger_kernel LigerSwiGLUMLP forward+backward", *step(liger))
     return calls
 
 
@@ -127,7 +147,8 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def measure(calls: dict, device: torch.device, warmup: int, iters: int, rounds: int) -> dict[str, list[float]]:
+def measure(calls: dict, device: torch.device, warmup: int, iters: int, rounds: int,
+            enqueue: bool = False) -> dict[str, list[float]]:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _, call, reset in calls.values():
         for _ in range(warmup):
@@ -156,9 +177,12 @@ def measure(calls: dict, device: torch.device, warmup: int, iters: int, rounds: 
                 out = samples[name]
                 for _ in range(n):
                     reset()
+                    if enqueue:
+                        sync()
                     start = clock()
                     call()
-                    sync()
+                    if not enqueue:
+                        sync()
                     out.append((clock() - start) / 1000)
                 if bar is not None:
                     bar.update()
@@ -237,11 +261,13 @@ def measure_idle(device: torch.device, tokens: list[int], H: int, I: int, iters:
     return rows
 
 
-def profile(calls: dict, iters: int, top: int = 15) -> str:
+def profile(calls: dict, iters: int, device: torch.device, top: int = 15) -> str:
     _, call, reset = calls["swiglu_SwiGLUMLP_fwd_bwd"]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     profiler = cProfile.Profile()
     for _ in range(iters):
         reset()
+        sync()  # outside the profile: the GPU queue empty before each call, as in measure
         profiler.enable()
         call()
         profiler.disable()
@@ -261,6 +287,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=50, help="untimed calls per implementation")
     parser.add_argument("--iters", type=int, default=2000, help="timed calls per implementation")
     parser.add_argument("--rounds", type=int, default=5, help="blocks the timed calls are split into")
+    parser.add_argument("--enqueue", action="store_true",
+                        help="CUDA: time each call to its return, synchronized after (the host's enqueue time)")
     parser.add_argument("--profile", action="store_true", help="also cProfile SwiGLUMLP fwd+bwd (top 15 by tottime)")
     parser.add_argument("--idle", default="", help="CUDA: token counts for the idle-gap measurement, e.g. 128,2048")
     parser.add_argument("--idle-hidden", type=int, default=16384)
@@ -289,9 +317,9 @@ def main(argv=None) -> dict:
     try:
         calls = build_calls(device, dtype, shape["H"], shape["I"], shape["T"])
         started = datetime.now(timezone.utc)
-        samples = measure(calls, device, args.warmup, args.iters, args.rounds)
+        samples = measure(calls, device, args.warmup, args.iters, args.rounds, args.enqueue and device.type == "cuda")
         rows = summarize(calls, samples)
-        profile_text = profile(calls, args.iters) if args.profile else None
+        profile_text = profile(calls, args.iters, device) if args.profile else None
         idle_tokens = [int(t) for t in args.idle.split(",") if t.strip()]
         idle_rows = measure_idle(device, idle_tokens, args.idle_hidden, args.idle_intermediate, args.idle_iters) \
             if idle_tokens and device.type == "cuda" else []
@@ -304,7 +332,7 @@ def main(argv=None) -> dict:
         device=str(device), device_name=device_name(device),
         torch=torch.__version__, triton=dist_version("triton"), python=platform.python_version(),
         swiglu=swiglu.__version__, git_commit=git_info()["commit"], platform=platform.platform(),
-        shape=dict(name=shape_name, **shape), dtype=args.dtype,
+        shape=dict(name=shape_name, **shape), dtype=args.dtype, enqueue=bool(args.enqueue and device.type == "cuda"),
         warmup=args.warmup, iters=args.iters, rounds=args.rounds,
         torch_threads=torch.get_num_threads() if threads is None else threads,
         triton_interpret=os.environ.get("TRITON_INTERPRET"),
@@ -335,7 +363,8 @@ def main(argv=None) -> dict:
         print(profile_text)
     print(f"\nhost overhead per call, {meta['device_name']} ({device}), {shape_name} H={shape['H']} "
           f"I={shape['I']} T={shape['T']} {args.dtype}, threads {meta['torch_threads']}, "
-          f"median of {args.iters} (warm-up {args.warmup}); torch {torch.__version__}, commit {meta['git_commit']}\n")
+          f"median of {args.iters} (warm-up {args.warmup})"
+          f"{', enqueue time (no synchronize inside the clock)' if meta['enqueue'] else ''}; torch {torch.__version__}, commit {meta['git_commit']}\n")
     width = max(len(r["implementation"]) for r in rows)
     print(f"{'implementation':<{width}}  {'us median':>10}  {'p20-p80':>17}  {'x nn.Linear':>11}")
     for r in rows:

@@ -15,7 +15,8 @@ launches per T of at most ~12 ms), so 5 configs take ~2-3 min; the defaults cap 
 Per config (worker): ragged case T=200, I=1176, H=520 (partial tiles on every edge, K not a multiple
 of BK) against the tl kernel (bitwise) and a float64 evaluation of the formula with the same bf16
 rounding points (g rounded from the float64 product: a different summation order, so a few
-elements may differ by an ulp or more); then for each T in --T at H=16384, I=53248: tl kernel
+elements may differ by an ulp or more); then for each T in --T at H=16384, I=53248 (or
+--hidden-size/--intermediate-size): tl kernel
 (backward.config_for("dswiglu", T) through backward.launch_dswiglu) and the Gluon kernel, outputs
 NaN-poisoned first, fraction of bitwise-equal elements and max abs diff of d_gate / d_up / h;
 RECOMPUTE_ACT (act=None) for both kernels at --recompute-T. Timing: 256 MB zero_() before each
@@ -314,11 +315,14 @@ def print_summary(rows, cfg_indices, D):
 
 
 def main():
+    global H_BIG, I_BIG
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", default=None, help="comma-separated indices into gluon_dswiglu.CONFIGS")
     ap.add_argument("--out", default=None, help="CSV path (default $OUT/gluon_dswiglu_probe.csv when OUT is set)")
     ap.add_argument("--T", default=",".join(map(str, T_LIST)))
     ap.add_argument("--recompute-T", type=int, default=RECOMPUTE_T)
+    ap.add_argument("--hidden-size", type=int, default=H_BIG, help="H of the timed cases")
+    ap.add_argument("--intermediate-size", type=int, default=I_BIG, help="I of the timed cases")
     ap.add_argument("--inproc", action="store_true")
     ap.add_argument("--timeout", type=float, default=100.0, help="seconds per config subprocess")
     ap.add_argument("--budget", type=float, default=130.0, help="start no config after this many seconds")
@@ -326,6 +330,7 @@ def main():
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    H_BIG, I_BIG = args.hidden_size, args.intermediate_size
     os.environ.pop("TRITON_INTERPRET", None)
     T_list = [int(x) for x in args.T.split(",") if x]
 
@@ -352,7 +357,7 @@ def main():
                 continue
             res = tempfile.mktemp(suffix=".json")
             cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(ci), "--result", res, "--T", args.T,
-                   "--recompute-T", str(args.recompute_T)]
+                   "--recompute-T", str(args.recompute_T), "--hidden-size", str(H_BIG), "--intermediate-size", str(I_BIG)]
             t0 = time.time()
             timed_out = False
             try:
