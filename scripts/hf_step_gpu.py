@@ -20,12 +20,17 @@ vocab 32000)`` with ``--layers`` decoder layers, random weights, bf16 parameters
 Step = forward with labels (the LM loss) + backward, gradients set to None before each step (as
 ``zero_grad(set_to_none=True)``), no optimizer; timed with CUDA events, median of ``--iters``
 after ``--warmup`` (at least 3 for compiled variants: CUDA graph trees run eagerly once, record
-once, then replay; ``torch.compiler.cudagraph_mark_step_begin()`` before each of their steps);
+once, then replay; ``torch.compiler.cudagraph_mark_step_begin()`` before each of their steps).
+The eager variants' models are all built and warmed first, then their timed steps run in
+``--rounds`` blocks taken in turn, the order rotated each round, so the machine's drift (its slow
+CPU's above all) hits every variant alike: run one after the other, the same code measured
+0.906x to 1.008x the unpatched model's step on the H200 machine;
 ``host_ms_median``: the host's time per step (entering the step to ``backward()``'s return, no
 synchronize: every launch enqueued); a host time near the step time means the step waits on the
 host (the GPU machine's CPU is slow), where host cost per layer counts in full.
-peak = ``torch.cuda.max_memory_allocated`` over the timed steps, minus the memory held before
-the first step (parameters); for compiled variants over all steps, the CUDA graph recording
+peak = ``torch.cuda.max_memory_allocated`` over a timed block, minus the memory held when it
+began (every live model's weights; this variant's gradients dropped first), the largest over its
+blocks; for compiled variants over all steps, the CUDA graph recording
 included: replays allocate from the graph's private pool, and their peak alone read ~0 (H200,
 torch 2.11).
 ``first_step_s``: wall time of the first step (compilation included). Each variant is a fresh
@@ -127,55 +132,119 @@ def patch(model, variant: str):
     return model
 
 
-def measure(variant: str, args) -> dict:
-    compiled = variant.endswith("+compile")
-    model = patch(build(args), variant)
-    run = torch.compile(model, mode="reduce-overhead") if compiled else model
-    warmup = max(args.warmup, 3) if compiled else args.warmup
-    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda",
-                        generator=torch.Generator("cuda").manual_seed(1))
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    device = torch.device("cuda", torch.cuda.current_device())
-    losses = []
+class Variant:
+    """One variant's model, its step and what its timed steps recorded."""
 
-    def step():
-        model.zero_grad(set_to_none=True)
-        if compiled:
+    def __init__(self, variant: str, args):
+        self.name, self.args = variant, args
+        self.compiled = variant.endswith("+compile")
+        self.model = patch(build(args), variant)
+        self.run = torch.compile(self.model, mode="reduce-overhead") if self.compiled else self.model
+        self.ids = torch.randint(0, self.model.config.vocab_size, (args.batch, args.seq), device="cuda",
+                                 generator=torch.Generator("cuda").manual_seed(1))
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.losses, self.times, self.host, self.peak = [], [], [], 0
+
+    def step(self):
+        self.model.zero_grad(set_to_none=True)
+        if self.compiled:
             torch.compiler.cudagraph_mark_step_begin()
-        loss = run(ids, labels=ids).loss
+        loss = self.run(self.ids, labels=self.ids).loss
         loss.backward()
-        losses.append(loss.detach().clone())  # a CUDA graph replay reuses its output memory
+        self.losses.append(loss.detach().clone())  # a CUDA graph replay reuses its output memory
 
-    # Compiled variants: the peak over every step (replays allocate from the graph's pool).
-    if compiled:
-        torch.cuda.reset_peak_memory_stats()
-    wall = time.perf_counter()
-    step()
-    torch.cuda.synchronize()
-    first_step_s = time.perf_counter() - wall
-    for _ in range(warmup - 1):
-        step()
-    synchronize(device)
-    if not compiled:
-        torch.cuda.reset_peak_memory_stats()
-    # The lab's step protocol (bench.timing.median_step_ms): CUDA events, the device idle before each step.
-    host = []  # each step's host time: forward and backward enqueued, no synchronize
-    times = time_iterations(step, tuple, args.iters, device, flush=lambda: synchronize(device), host_ms=host)
-    losses = [v.item() for v in losses]
-    peak = torch.cuda.max_memory_allocated() - base
-    grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.linalg.vector_norm(torch.stack(grads)).item() if grads else float("nan")
-    stats = time_stats(times)
-    profiled = profile_steps(step, args.profile, device, Path(args.out) / f"kernels_{variant}.csv") \
-        if args.profile and not compiled else {}
-    forward = model.model.layers[0].mlp.forward  # Liger binds its forward on the instance
-    func = getattr(forward, "__func__", forward)
-    return dict(variant=variant, status="ok", error="", mlp_forward=f"{func.__module__}.{func.__qualname__}",
-                ms_median=stats["median_ms"], ms_min=stats["min_ms"], ms_p20=stats["p20_ms"], ms_p80=stats["p80_ms"],
-                host_ms_median=statistics.median(host),
-                peak_gib=peak / 2**30, first_step_s=first_step_s,
-                first_loss=losses[0], last_loss=losses[-1], grad_norm=grad_norm, **profiled)
+    def warm(self) -> None:
+        """The first step (timed in wall-clock, compilation included) and the warm-up steps."""
+        synchronize(self.device)
+        if self.compiled:
+            # Compiled variants: the peak over every step (replays allocate from the graph's pool).
+            self.model.zero_grad(set_to_none=True)
+            self.base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        wall = time.perf_counter()
+        self.step()
+        torch.cuda.synchronize()
+        self.first_step_s = time.perf_counter() - wall
+        for _ in range(max(self.args.warmup, 3) - 1 if self.compiled else self.args.warmup - 1):
+            self.step()
+        synchronize(self.device)
+
+    def time_block(self, iters: int) -> None:
+        """``iters`` timed steps (the lab's step protocol: CUDA events, the device idle before each
+        step); the block's peak memory above what was held when it began (this variant's own
+        gradients dropped first, so the peak counts them as the sequential protocol did)."""
+        if not self.compiled:
+            self.model.zero_grad(set_to_none=True)
+            synchronize(self.device)
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        self.times += time_iterations(self.step, tuple, iters, self.device, flush=lambda: synchronize(self.device),
+                                      host_ms=self.host)
+        if not self.compiled:
+            self.peak = max(self.peak, torch.cuda.max_memory_allocated() - base)
+        else:
+            self.peak = torch.cuda.max_memory_allocated() - self.base
+
+    def result(self) -> dict:
+        losses = [v.item() for v in self.losses]
+        grads = [p.grad.float().norm() for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.linalg.vector_norm(torch.stack(grads)).item() if grads else float("nan")
+        stats = time_stats(self.times)
+        profiled = profile_steps(self.step, self.args.profile, self.device,
+                                 Path(self.args.out) / f"kernels_{self.name}.csv") \
+            if self.args.profile and not self.compiled else {}
+        forward = self.model.model.layers[0].mlp.forward  # Liger binds its forward on the instance
+        func = getattr(forward, "__func__", forward)
+        return dict(variant=self.name, status="ok", error="", mlp_forward=f"{func.__module__}.{func.__qualname__}",
+                    ms_median=stats["median_ms"], ms_min=stats["min_ms"], ms_p20=stats["p20_ms"],
+                    ms_p80=stats["p80_ms"], host_ms_median=statistics.median(self.host),
+                    peak_gib=self.peak / 2**30, first_step_s=self.first_step_s,
+                    first_loss=losses[0], last_loss=losses[-1], grad_norm=grad_norm, **profiled)
+
+
+def blocks(iters: int, rounds: int) -> list[int]:
+    """``iters`` steps split into ``rounds`` blocks as evenly as possible (none empty)."""
+    rounds = max(1, min(rounds, iters))
+    return [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
+
+
+def measure(variant: str, args) -> dict:
+    """One variant alone: warm-up, then every timed step (the compiled variants' protocol)."""
+    v = Variant(variant, args)
+    v.warm()
+    v.time_block(args.iters)
+    return v.result()
+
+
+def measure_interleaved(variants: list[str], args, rows: list[dict]) -> None:
+    """The eager variants side by side: every model built and warmed, then the timed steps in
+    ``args.rounds`` blocks per variant, taken in turn with the order rotated each round, so slow
+    drift of the machine (its CPU above all) hits every variant alike. Appends one row per variant."""
+    live = {}
+    for name in variants:
+        print(f"--- {name}: build, warm up", file=sys.stderr, flush=True)
+        try:
+            live[name] = Variant(name, args)
+            live[name].warm()
+        except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, not fatal
+            if name not in GUARDED:
+                raise
+            live.pop(name, None)
+            rows.append(failed_row(name, exc))
+    for r, n in enumerate(blocks(args.iters, args.rounds)):
+        names = list(live)
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            live[name].time_block(n)
+    for name in variants:
+        if name in live:
+            rows.append(live.pop(name).result())
+            release(False)
+
+
+def failed_row(variant: str, exc: Exception) -> dict:
+    print(f"{variant} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+    message = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return dict(variant=variant, status="failed", error=(message[0] if message else "")[:300])
 
 
 def profile_steps(step, steps: int, device, path: Path) -> dict:
@@ -248,6 +317,7 @@ def main(argv=None):
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=5, help="blocks the eager variants' timed steps are split into")
     parser.add_argument("--variants", default="default",
                         help="comma-separated subset of the variants below, 'all', or 'default' (the default)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
@@ -255,8 +325,8 @@ def main(argv=None):
     parser.add_argument("--out", default=os.environ.get("OUT", "build/hf_step"))
     args = parser.parse_args(argv)
     variants = parse_variants(args.variants, parser)
-    if args.iters < 1 or args.warmup < 0 or args.profile < 0:
-        parser.error("--iters must be >= 1, --warmup and --profile >= 0")
+    if args.iters < 1 or args.rounds < 1 or args.warmup < 0 or args.profile < 0:
+        parser.error("--iters and --rounds must be >= 1, --warmup and --profile >= 0")
     if not torch.cuda.is_available():
         sys.exit("hf_step_gpu.py needs a CUDA GPU")
     import transformers
@@ -266,6 +336,7 @@ def main(argv=None):
     started = datetime.now(timezone.utc)
     nvml_before = nvml_info(torch.device("cuda"))
     rows = []
+    runnable = []
     for variant in variants:
         if variant.startswith("liger"):
             try:
@@ -275,16 +346,16 @@ def main(argv=None):
                 print(f"{reason}: Liger row skipped", file=sys.stderr)
                 rows.append(dict(variant=variant, status="skipped", error=reason))
                 continue
+        runnable.append(variant)
+    measure_interleaved([v for v in runnable if not v.endswith("+compile")], args, rows)
+    for variant in (v for v in runnable if v.endswith("+compile")):
         print(f"--- {variant}", file=sys.stderr, flush=True)
         try:
             rows.append(measure(variant, args))
-        except Exception as exc:  # noqa: BLE001 - a peer or a compiled variant that fails is reported, not fatal
-            if variant not in GUARDED:
-                raise
-            print(f"{variant} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-            message = f"{type(exc).__name__}: {exc}".strip().splitlines()
-            rows.append(dict(variant=variant, status="failed", error=(message[0] if message else "")[:300]))
-        release(variant.endswith("+compile"))
+        except Exception as exc:  # noqa: BLE001 - a compiled variant that fails is reported, not fatal
+            rows.append(failed_row(variant, exc))
+        release(True)
+    rows.sort(key=lambda row: VARIANTS.index(row["variant"]))
     nvml_after = nvml_info(torch.device("cuda"))
 
     ok = [r for r in rows if r["status"] == "ok"]
