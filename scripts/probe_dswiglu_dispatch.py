@@ -51,7 +51,7 @@ def main(argv=None) -> int:
                 end.record()
                 end.synchronize()
                 times[name].append(start.elapsed_time(end))
-        g = backward.gluon_dswiglu_config_for(T, torch.device("cuda"))
+        g = backward.gluon_dswiglu_config_for(T, torch.device("cuda"), H, I)
         row = dict(hidden_size=H, intermediate_size=I, tokens=T, gluon=g.name() if g else "",
                    **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()})
         row["tl_over_table"] = round(row["tl_dswiglu_ms"] / row["table_ms"], 4)

@@ -231,6 +231,23 @@ def test_dswiglu_table_entries():
         assert entry["ms"] < entry["tl_ms"], entry
 
 
+def test_dswiglu_shape_entries():
+    """Each per-shape entry is a compiled candidate, fits the H200's shared memory, measured faster
+    than the tl kernel and than the bucket's own entry at that shape, and differs from it."""
+    from swiglu.kernels import gluon_dswiglu
+
+    table = json.loads(backward.TUNED_CONFIGS_PATH.read_text())["gluon_dswiglu_by_shape"]
+    assert set(backward.GLUON_DSWIGLU_BY_SHAPE) == {configs.parse_shape(k) for k in table}
+    for key, buckets in table.items():
+        for bucket_key, entry in buckets.items():
+            g = backward.GLUON_DSWIGLU_BY_SHAPE[configs.parse_shape(key)][configs.parse_bucket(bucket_key)]
+            assert g == gluon_dswiglu.CONFIGS[entry["candidate"]] and g.smem_bytes() <= 232448
+            assert entry["ms"] < min(entry["tl_ms"], entry["bucket_choice_ms"]), entry
+            assert g != backward.GLUON_DSWIGLU[configs.parse_bucket(bucket_key)]
+    with pytest.raises(ValueError, match="HIDDENxINTERMEDIATE"):
+        configs.parse_shape("4096-14336")
+
+
 @pytest.fixture
 def dswiglu_recorded(monkeypatch):
     """Gluon 'available' for dSwiGLU only, its launch replaced by the tl kernel (interpreted) that
@@ -264,6 +281,33 @@ def test_backward_takes_gluon_dswiglu_for_table_buckets(dswiglu_recorded, recomp
     assert dswiglu_recorded == [backward.GLUON_DSWIGLU[256]]
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+def test_plans_take_the_shapes_own_dswiglu_entry(dswiglu_recorded):
+    """At a shape with its own entry for a bucket the plan takes it; other buckets at that shape and
+    other shapes at that bucket keep the bucket's entry."""
+    llama = next(iter(backward.GLUON_DSWIGLU_BY_SHAPE))
+    own = backward.GLUON_DSWIGLU_BY_SHAPE[llama]
+    cpu = torch.device("cpu")
+    for bucket, g in own.items():
+        tokens = 1500 if bucket == 2048 else (bucket if bucket < configs.OPEN_BUCKET else 8192)
+        assert backward.backward_plan(tokens, *llama, cpu).gluon_dswiglu == g
+        assert backward.backward_plan(tokens, 16384, 53248, cpu).gluon_dswiglu == backward.GLUON_DSWIGLU[bucket]
+    for bucket in set(common.TOKEN_BUCKETS) - set(own) - {128}:
+        assert backward.backward_plan(bucket, *llama, cpu).gluon_dswiglu == backward.GLUON_DSWIGLU[bucket]
+
+
+def test_backward_launches_the_shapes_own_dswiglu_config(dswiglu_recorded, monkeypatch):
+    """The launch gets the plan's per-shape config (here a planted entry for H = 16, I = 48)."""
+    from swiglu.kernels import gluon_dswiglu
+
+    other = next(c for c in gluon_dswiglu.CONFIGS if c != backward.GLUON_DSWIGLU[256])
+    monkeypatch.setattr(backward, "GLUON_DSWIGLU_BY_SHAPE", {(16, 48): {256: other}})
+    backward.clear_plans()
+    inp = make_inputs(1, 130, 16, 48, seed=14)
+    backward.triton_swiglu_backward(*inp.as_tuple())
+    backward.triton_swiglu_backward(*make_inputs(1, 130, 16, 56, seed=15).as_tuple())
+    assert dswiglu_recorded == [other, backward.GLUON_DSWIGLU[256]]
 
 
 def test_backward_keeps_tl_dswiglu_where_gluon_cannot_run(dswiglu_recorded):
@@ -483,7 +527,8 @@ def test_gluon_dswiglu_bitwise_tl(index, T, H, I, recompute):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["act", "recompute", "overwrite"])
 @pytest.mark.parametrize("T, H, I", [(129, 1000, 1176), (300, 1000, 1176), (700, 384, 2056), (1500, 1000, 1176),
-                                     (2984, 520, 1176), (5000, 384, 520), (300, 16384, 53248)])
+                                     (2984, 520, 1176), (5000, 384, 520), (300, 16384, 53248),
+                                     (1500, 4096, 14336), (4500, 4096, 14336)])  # the shape's own entries
 def test_backward_with_gluon_dswiglu_bitwise_tl(T, H, I, mode):
     """The whole backward as dispatched (Gluon dSwiGLU from the table) against the same backward
     with the tl dSwiGLU kernel: all four gradients bitwise equal, NaN-poisoned outputs, in each

@@ -19,7 +19,8 @@ from .common import (INTERPRET, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, 
                      device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, Tma, tma_ready,
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
-from .configs import CONFIGS, GLUON_CONFIGS, GLUON_DSWIGLU, TUNED_CONFIGS_PATH  # noqa: F401 (the table)
+from .configs import (CONFIGS, GLUON_CONFIGS, GLUON_DSWIGLU, GLUON_DSWIGLU_BY_SHAPE,  # noqa: F401 (the table)
+                      TUNED_CONFIGS_PATH)
 from .shared_memory import check_shared_memory
 
 def config_for(kernel: str, tokens: int) -> KernelConfig:
@@ -97,9 +98,13 @@ def _gluon():
     return _GLUON_MODULES[0]
 
 
-@lru_cache(maxsize=64)
-def _gluon_config_for_bucket(bucket: int, device: torch.device, kernel: str = "grad_weights"):
-    g = (GLUON_CONFIGS if kernel == "grad_weights" else GLUON_DSWIGLU)[bucket]
+@lru_cache(maxsize=256)
+def _gluon_config_for_bucket(bucket: int, device: torch.device, kernel: str = "grad_weights",
+                             shape: tuple[int, int] | None = None):
+    if kernel == "grad_weights":
+        g = GLUON_CONFIGS[bucket]
+    else:
+        g = GLUON_DSWIGLU_BY_SHAPE.get(shape, {}).get(bucket) or GLUON_DSWIGLU[bucket]
     if g is None or gluon_unavailable_reason(device) is not None:
         return None
     limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
@@ -113,10 +118,13 @@ def gluon_config_for(tokens: int, device: torch.device) -> GluonConfig | None:
     return _gluon_config_for_bucket(bucket_for(tokens), device)
 
 
-def gluon_dswiglu_config_for(tokens: int, device: torch.device) -> DswigluGluonConfig | None:
+def gluon_dswiglu_config_for(tokens: int, device: torch.device, hidden_size: int | None = None,
+                             intermediate_size: int | None = None) -> DswigluGluonConfig | None:
     """The Gluon dSwiGLU config at ``tokens`` on ``device``, or None for the tl kernel (the same
-    conditions as ``gluon_config_for``)."""
-    return _gluon_config_for_bucket(bucket_for(tokens), device, "dswiglu")
+    conditions as ``gluon_config_for``); at a (hidden_size, intermediate_size) with its own
+    measured entry for the bucket (``GLUON_DSWIGLU_BY_SHAPE``), that one."""
+    shape = None if hidden_size is None else (hidden_size, intermediate_size)
+    return _gluon_config_for_bucket(bucket_for(tokens), device, "dswiglu", shape)
 
 
 def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
@@ -177,7 +185,7 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     # The Gluon weight-gradient kernel where the table has one for this bucket (an explicit
     # configs["grad_weights"] means the tl kernel with that config).
     gluon_wgrad_cfg = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, device)
-    gluon_dswiglu_cfg = None if "dswiglu" in configs or T == 0 else gluon_dswiglu_config_for(T, device)
+    gluon_dswiglu_cfg = None if "dswiglu" in configs or T == 0 else gluon_dswiglu_config_for(T, device, H, I)
     # Before any launch: a config too big for shared memory is a ValueError naming it, not
     # Triton's OutOfResources from deep inside the launcher.
     if T > 0:

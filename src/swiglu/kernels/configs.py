@@ -1,5 +1,6 @@
 """The kernels' configurations: the dataclasses, the token buckets and the backward's one table,
-``backward_configs.json`` (the measured choice per kernel and bucket, with its time; written by
+``backward_configs.json`` (the measured choice per kernel and bucket, with its time, and for the
+Gluon dSwiGLU kernel per (hidden_size, intermediate_size) where that shape measured another; written by
 scripts/tune_kernels.py and the Gluon probes, read here once at import). Data only: the launchers
 (``backward``, ``forward``) and the device checks (``common``) import it, it imports none of them.
 """
@@ -168,6 +169,18 @@ CONFIGS: dict[str, dict[int, KernelConfig]] = {k: {} for k in KERNELS}
 GLUON_CONFIGS: dict[int, GluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
 #: The Gluon dSwiGLU kernel (``gluon_dswiglu``) per bucket where it measured faster; None: tl.
 GLUON_DSWIGLU: dict[int, DswigluGluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
+#: Per (hidden_size, intermediate_size), the buckets where another Gluon dSwiGLU config measured
+#: faster at that shape than ``GLUON_DSWIGLU``'s (tuned at Hermes' size): it replaces that entry there.
+GLUON_DSWIGLU_BY_SHAPE: dict[tuple[int, int], dict[int, DswigluGluonConfig]] = {}
+
+
+def parse_shape(key: str) -> tuple[int, int]:
+    """``"HxI"`` (a ``gluon_dswiglu_by_shape`` key) -> (hidden_size, intermediate_size)."""
+    try:
+        hidden, inter = (int(v) for v in key.split("x"))
+    except ValueError:
+        raise ValueError(f"shape key {key!r} is not 'HIDDENxINTERMEDIATE'") from None
+    return hidden, inter
 
 
 def _load(path: Path) -> None:
@@ -179,6 +192,9 @@ def _load(path: Path) -> None:
         GLUON_CONFIGS[parse_bucket(key)] = GluonConfig(**entry["config"])
     for key, entry in table.get("gluon_dswiglu", {}).items():
         GLUON_DSWIGLU[parse_bucket(key)] = DswigluGluonConfig(**entry["config"])
+    for shape, buckets in table.get("gluon_dswiglu_by_shape", {}).items():
+        GLUON_DSWIGLU_BY_SHAPE[parse_shape(shape)] = {parse_bucket(k): DswigluGluonConfig(**e["config"])
+                                                      for k, e in buckets.items()}
 
 
 _load(TUNED_CONFIGS_PATH)
