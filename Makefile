@@ -79,7 +79,7 @@ test: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## lint (ruff) and run the test sui
 test-gpu: $(STAMP)  ## run only the full-size GPU tests (fails without a CUDA GPU)
 	@$(PY) -c 'import torch; raise SystemExit(0 if torch.cuda.is_available() else 1)' || \
 	  { echo "make test-gpu: no CUDA GPU found (torch.cuda.is_available() is False); the gpu tests need one" >&2; exit 1; }
-	$(PY) -m pytest -q -m gpu
+	SWIGLU_FAILURES_AT_ONCE=1 $(PY) -m pytest -q -m gpu
 
 reproduce: $(STAMP)  ## execute every notebook with papermill and regenerate figures/ and data/
 	$(PY) -m swiglu_lab.research.reproduce $(NOTEBOOK_ARGS)

@@ -26,6 +26,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_runtest_logreport(report):
+    """With ``SWIGLU_FAILURES_AT_ONCE=1`` (``make test-gpu`` sets it) a failure's traceback is
+    printed when it happens, not only in the summary, so a run cut short by a time limit (a
+    lent GPU's) still shows why its first failures failed."""
+    if report.failed and os.environ.get("SWIGLU_FAILURES_AT_ONCE") == "1":
+        import sys
+
+        print(f"\nFAILED {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n", file=sys.__stderr__,
+              flush=True)
+
+
 @pytest.fixture
 def device() -> str:
     return DEVICE
