@@ -140,13 +140,12 @@ def ulp_close(torch, got, ref, ulps=2):
 
 def tl_launcher(go, dw, gate, up, act, d_gate, d_up, h, c):
     """backward.launch_dswiglu with its descriptors built once (same kernel, same arguments)."""
-    import triton
     from swiglu.kernels import tl_kernels as kernels
-    from swiglu.kernels.common import launch_kwargs, num_programs, tma_descriptor
+    from swiglu.kernels.common import launch_kwargs, tile_programs, tma_descriptor
     T, H = go.shape
     I = dw.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
-    nprog = num_programs(go.device, triton.cdiv(T, c.BM) * triton.cdiv(I, c.BN))
+    nprog = tile_programs(go.device, T, I, c)
     args = (tma_descriptor(go, [c.BM, c.BK]), tma_descriptor(dw, [c.BK, c.BN]),
             tma_descriptor(gate, piece), tma_descriptor(up, piece), tma_descriptor(gate if act is None else act, piece),
             tma_descriptor(d_gate, piece), tma_descriptor(d_up, piece), tma_descriptor(h, piece), T, H, I)
@@ -163,7 +162,7 @@ def run_worker(ci, T_list, recompute_T):
     import triton
     from swiglu.kernels import gluon_dswiglu as D
     from swiglu.kernels.backward import config_for, launch_dswiglu
-    from swiglu.kernels.common import num_programs
+    from swiglu.kernels.common import tile_programs
 
     print(f"torch {torch.__version__} triton {triton.__version__} device {torch.cuda.get_device_name()}", flush=True)
     cfg = D.CONFIGS[ci]
@@ -173,7 +172,7 @@ def run_worker(ci, T_list, recompute_T):
     rows = []
 
     def nprog_for(T, I):
-        return num_programs(torch.device(DEVICE), triton.cdiv(T, cfg.BM) * triton.cdiv(I, cfg.BN))
+        return tile_programs(torch.device(DEVICE), T, I, cfg)
 
     def gluon(go, dw, gate, up, act, outs):
         T, I = gate.shape

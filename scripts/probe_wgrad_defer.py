@@ -53,7 +53,7 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
                 f"tl {tl_cfg.BM}x{tl_cfg.BN}x{tl_cfg.BK}": lambda out: backward.launch_grad_weight(a, b, out, tl_cfg)}
 
     def gluon(cfg):  # the Gluon kernel with cfg, one persistent program per SM as the backward runs it
-        nprog = backward.num_programs(dev, backward.cdiv(M, cfg.BM) * backward.cdiv(N, cfg.BN))
+        nprog = backward.tile_programs(dev, M, N, cfg)
         return lambda out: launch_grad_weight_gluon(a, b, out, cfg, nprog)
 
     tried = set()

@@ -189,7 +189,7 @@ def test_plan_programs_follow_reserved_sms(monkeypatch):
     bench changes it between runs): a plan made before the change is not served after it."""
     from swiglu.kernels import backward, common
 
-    monkeypatch.setattr(backward, "num_programs",
+    monkeypatch.setattr(common, "num_programs",
                         lambda device, tiles, persistent=True: min(tiles, 132 - common.RESERVED_SMS))
     ops.clear_plans()
     dev = torch.device("cpu")

@@ -138,8 +138,7 @@ def record_launches(tokens: int, configs: dict | None = None, check_shared: bool
         mp.setattr(common, "_num_sms", lambda index: H200_SMS)
         num_programs = common.num_programs
         on_h200 = lambda device, tiles, persistent=True: num_programs(torch.device("cuda", 0), tiles, persistent)  # noqa: E731
-        mp.setattr(triton_backward, "num_programs", on_h200)
-        mp.setattr(forward, "num_programs", on_h200)
+        mp.setattr(common, "num_programs", on_h200)  # every launcher's count goes through it (tile_programs)
         inputs = _meta_inputs(tokens)
         if not (isinstance(forward_config, str) and forward_config == "no forward"):
             x, weights = inputs[1], inputs[5:]

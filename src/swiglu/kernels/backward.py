@@ -16,7 +16,7 @@ from ..checks import spans_whole_storage, validate_backward_inputs
 from . import common
 from . import tl_kernels as kernels
 from .common import (INTERPRET, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig, bucket_for, cdiv,  # noqa: F401
-                     device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, Tma, tma_ready,
+                     device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, Tma, tile_programs, tma_ready,
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
 from .configs import (CONFIGS, GLUON_CONFIGS, GLUON_DSWIGLU, GLUON_DSWIGLU_BY_SHAPE,  # noqa: F401 (the table)
@@ -29,12 +29,6 @@ def config_for(kernel: str, tokens: int) -> KernelConfig:
     return CONFIGS[kernel].get(bucket_for(tokens)) or KernelConfig()
 
 
-def _tile_programs(device: torch.device, rows: int, cols: int, cfg, persistent: bool = True) -> int:
-    # The programs of a launch over a rows x cols output in cfg.BM x cfg.BN tiles: the one count
-    # the launchers default to and the plan records.
-    return num_programs(device, cdiv(rows, cfg.BM) * cdiv(cols, cfg.BN), persistent)
-
-
 def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig, nprog: int | None = None) -> None:
     """``g = go @ down_w`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up, h [T, I].
     ``act`` None: activated_gate is recomputed from gate in the epilogue (memory-lean mode).
@@ -42,7 +36,7 @@ def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig, 
     T, H = go.shape
     I = down_w.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
-    nprog = nprog or _tile_programs(go.device, T, I, c)
+    nprog = nprog or tile_programs(go.device, T, I, c)
     launch(
         kernels.dswiglu_gemm_kernel, (nprog,), ("dswiglu", go.device, T, H, I, nprog, act is None, c),
         Tma(go, [c.BM, c.BK]), Tma(down_w, [c.BK, c.BN]),
@@ -63,7 +57,7 @@ def launch_grad_weight(a, b, out, c: KernelConfig, nprog: int | None = None) -> 
     N = b.shape[1]
     # K = T rounded up to BK, not T: the descriptors zero-fill rows >= T, and T = 1 would be
     # specialized as a constexpr, which Triton 3.6's pipeliner fails on (seen on the H200).
-    nprog = nprog or _tile_programs(a.device, M, N, c, c.persistent)
+    nprog = nprog or tile_programs(a.device, M, N, c, c.persistent)
     K = padded_tokens(T, c)
     launch(
         kernels.grad_weight_kernel, (nprog,), ("grad_weight", a.device, M, N, K, nprog, c),
@@ -79,7 +73,7 @@ def launch_weight_gradient(a, b, out, c: KernelConfig, g: GluonConfig | None, np
         launch_grad_weight(a, b, out, c, nprog)
         return
     M, N = a.shape[1], b.shape[1]
-    _gluon().wgrad.launch_grad_weight_gluon(a, b, out, g, nprog or _tile_programs(a.device, M, N, g))
+    _gluon().wgrad.launch_grad_weight_gluon(a, b, out, g, nprog or tile_programs(a.device, M, N, g))
 
 
 _GLUON_MODULES: list = []
@@ -141,7 +135,7 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig,
     ``nprog`` persistent programs (default: one per SM, at most one per tile)."""
     T, I = d_gate.shape
     H = gate_weight.shape[1]
-    nprog = nprog or _tile_programs(d_gate.device, T, H, c, c.persistent)
+    nprog = nprog or tile_programs(d_gate.device, T, H, c, c.persistent)
     launch(
         kernels.grad_x_kernel, (nprog,), ("grad_x", d_gate.device, T, H, I, nprog, c),
         Tma(d_gate, [c.BM, c.BK]), Tma(d_up, [c.BM, c.BK]),
@@ -206,11 +200,11 @@ def _programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_c
     w = gluon_wgrad_cfg or wgrad_cfg
     persistent = gluon_wgrad_cfg is not None or wgrad_cfg.persistent
     gd = gluon_dswiglu_cfg
-    return (_tile_programs(device, T, I, dswiglu_cfg),
-            0 if gd is None else _tile_programs(device, T, I, gd),
-            _tile_programs(device, H, I, w, persistent),
-            _tile_programs(device, I, H, w, persistent),
-            _tile_programs(device, T, H, grad_x_cfg, grad_x_cfg.persistent))
+    return (tile_programs(device, T, I, dswiglu_cfg),
+            0 if gd is None else tile_programs(device, T, I, gd),
+            tile_programs(device, H, I, w, persistent),
+            tile_programs(device, I, H, w, persistent),
+            tile_programs(device, T, H, grad_x_cfg, grad_x_cfg.persistent))
 
 
 @lru_cache(maxsize=1024)
@@ -321,7 +315,7 @@ def launch_planned_dswiglu(plan: BackwardPlan, go, down_w, gate, up, act, d_gate
             and d_gate.stride(0) == d_up.stride(0) == h.stride(0)):
         _gluon().dswiglu.launch_dswiglu_gluon_trusted(
             go, down_w, gate, up, act, d_gate, d_up, h, gd,
-            plan.gluon_dswiglu_programs or _tile_programs(go.device, plan.tokens, plan.intermediate_size, gd))
+            plan.gluon_dswiglu_programs or tile_programs(go.device, plan.tokens, plan.intermediate_size, gd))
     else:
         launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, plan.dswiglu, plan.dswiglu_programs)
 

@@ -80,6 +80,12 @@ def num_programs(device: torch.device, tiles: int, persistent: bool = True) -> i
     return max(1, min(sms - RESERVED_SMS, tiles))
 
 
+def tile_programs(device: torch.device, rows: int, cols: int, cfg, persistent: bool = True) -> int:
+    """The programs of a launch over a rows x cols output in ``cfg.BM`` x ``cfg.BN`` tiles
+    (``num_programs`` of its tile count): what the launchers default to and the plan records."""
+    return num_programs(device, cdiv(rows, cfg.BM) * cdiv(cols, cfg.BN), persistent)
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for ints (``triton.cdiv`` is a constexpr function: microseconds per host call)."""
     return -(-a // b)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import tl_kernels as kernels
-from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, launch, num_programs, Tma, tma_ready,
+from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, launch, Tma, tile_programs, tma_ready,
                      unsupported_reason)
 from .configs import parse_bucket
 
@@ -76,7 +76,7 @@ def launch_fused_forward(x, gate_weight, up_weight, gate, up, act, h, c: KernelC
     T, H = x.shape
     I = gate_weight.shape[0]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
-    nprog = num_programs(x.device, cdiv(T, c.BM) * cdiv(I, c.BN), c.persistent)
+    nprog = tile_programs(x.device, T, I, c, c.persistent)
     launch(
         kernels.swiglu_forward_kernel, (nprog,), ("swiglu_forward", x.device, T, H, I, nprog, act is not None, c),
         Tma(x, [c.BM, c.BK]), Tma(gate_weight, [c.BN, c.BK]), Tma(up_weight, [c.BN, c.BK]),

@@ -10,7 +10,6 @@ Design, partitions, barrier phases and measurements: docs/kernels.md.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -22,7 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .common import DswigluGluonConfig, Tma, launch
-from .common import num_programs as default_num_programs
+from .common import tile_programs
 from .gluon_wgrad import _layout, _mma_layout, _tile_mn
 
 
@@ -313,7 +312,7 @@ def _prepare(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig
     if any(t.stride(0) != stride_in for t in ins) or any(t.stride(0) != stride_out for t in outs):
         raise ValueError("gate/up/act (and d_gate/d_up/h) must share one row stride")
     if num_programs is None:
-        num_programs = default_num_programs(go.device, triton.cdiv(T, cfg.BM) * triton.cdiv(I, cfg.BN))
+        num_programs = tile_programs(go.device, T, I, cfg)
     go_desc = TensorDescriptor.from_tensor(go, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
     down_desc = TensorDescriptor.from_tensor(down_w, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
     args = _kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T, I, cfg)
