@@ -16,11 +16,17 @@ unprofiled time is the span between consecutive events (the first from the event
 medians per position, to set beside the profiled ones (``kernels``) and find which kernel runs
 longer outside the profiler.
 
+``--pdl both``: each token count measured without and with programmatic dependent launch
+(``swiglu.kernels.common.set_pdl``), one after the other in the same process (``pdl`` column);
+the gaps and the continuous loop say what PDL saves per backward. (``event_kernels`` records an
+event between launches, which stands between a kernel and its PDL predecessor.)
+
 Beside them the caching allocator's counters over the two timed loops (``num_device_alloc``,
 ``num_device_free``, ``num_alloc_retries``: cudaMalloc/cudaFree would synchronize the host). GPU
 only; a probe, not a test. Writes ``idle_gaps.csv`` and ``environment.json`` to ``--out``.
 
     python scripts/probe_idle_gaps.py --tokens 128 512 --out build/idle_gaps
+    python scripts/probe_idle_gaps.py --tokens 128 512 2048 --pdl both --out build/idle_gaps_pdl
 """
 
 from __future__ import annotations
@@ -113,6 +119,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[128, 512])
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--pdl", choices=["default", "on", "off", "both"], default="default",
+                   help="programmatic dependent launch: as configured (SWIGLU_PDL), on, off, or off then on")
     p.add_argument("--out", default=str(REPO / "build" / "idle_gaps"))
     args = p.parse_args(argv)
     if args.iters < 1:
@@ -121,19 +129,23 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
+    from swiglu.kernels import common
     from swiglu_lab.bench import environment
 
     dev = torch.device("cuda", torch.cuda.current_device())
+    modes = {"default": [common.PDL], "on": [True], "off": [False], "both": [False, True]}[args.pdl]
     rows = []
     for T in args.tokens:
-        rows.append(measure(T, args.iters))
-        torch.cuda.empty_cache()
-        r = rows[-1]
-        print(f"T={T}: continuous {r['continuous_ms']} ms, synchronized {r['synchronized_ms']} ms; profiled: lead "
-              f"{r['lead_ms']} busy {r['busy_ms']} gaps {r['gaps_ms']} ms; device allocs {r['num_device_alloc']}, "
-              f"frees {r['num_device_free']}", flush=True)
-        print(f"    profiled kernels: {r['kernels']}\n    unprofiled (events): {r['event_kernels']} "
-              f"(total {r['event_total_ms']})", flush=True)
+        for pdl in modes:
+            common.set_pdl(pdl)
+            rows.append({**measure(T, args.iters), "pdl": common.PDL})
+            torch.cuda.empty_cache()
+            r = rows[-1]
+            print(f"T={T} pdl={r['pdl']}: continuous {r['continuous_ms']} ms, synchronized {r['synchronized_ms']} ms; profiled: lead "
+                  f"{r['lead_ms']} busy {r['busy_ms']} gaps {r['gaps_ms']} ms; device allocs {r['num_device_alloc']}, "
+                  f"frees {r['num_device_free']}", flush=True)
+            print(f"    profiled kernels: {r['kernels']}\n    unprofiled (events): {r['event_kernels']} "
+                  f"(total {r['event_total_ms']})", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "idle_gaps.csv", index=False)

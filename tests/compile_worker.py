@@ -44,7 +44,8 @@ def compile_one(kernels, spec: dict) -> dict:
     ptx = compiled.asm["ptx"]
     return {"error": None, "seconds": time.perf_counter() - start, "shared": compiled.metadata.shared,
             "num_warps": compiled.metadata.num_warps, "cubin_bytes": len(compiled.asm["cubin"]),
-            "wgmma_mma_async": ptx.count("wgmma.mma_async"), "target": ".target sm_90" in ptx}
+            "wgmma_mma_async": ptx.count("wgmma.mma_async"), "target": ".target sm_90" in ptx,
+            "griddepcontrol": ptx.count("griddepcontrol.wait") + ptx.count("griddepcontrol.launch_dependents")}
 
 
 def main(results_path: str) -> None:

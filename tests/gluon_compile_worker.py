@@ -57,6 +57,7 @@ def compile_one(cfg) -> dict:
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
                   "STORE_REGS": cfg.store_regs}
     constexprs.update({"PINGPONG": True, "MMA_REGS": cfg.maxnreg} if cfg.pingpong else {"DEFER": cfg.defer})
+    constexprs["PDL"] = True  # as common.launch launches it on a GPU
     sig.update({k: "constexpr" for k in constexprs})
     try:
         k = triton.compile(GluonASTSource(gluon_wgrad.wgrad_kernel, sig, constexprs), target=GPUTarget("cuda", 90, 32),
@@ -67,7 +68,8 @@ def compile_one(cfg) -> dict:
     regs, spills = ptxas_info(ptx)
     return {"config": cfg.__dict__, "error": None, "shared": k.metadata.shared, "regs": regs, "spills": spills,
             "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
-            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg")}
+            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg"),
+            "griddepcontrol": ptx.count("griddepcontrol.wait") + ptx.count("griddepcontrol.launch_dependents")}
 
 
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False) -> dict:
@@ -77,7 +79,7 @@ def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False) -> dict
     sig.update({s: "i32" for s in ("T", "I", "stride_in", "stride_out")})
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NG": cfg.NG, "EPI_M": cfg.EPI_M, "EPI_N": cfg.EPI_N,
                   "RECOMPUTE_ACT": recompute, "EPI_WARPS": cfg.epi_warps, "LOAD_REGS": cfg.load_regs,
-                  "EPI_REGS": cfg.epi_regs}
+                  "EPI_REGS": cfg.epi_regs, "PDL": True}
     if t_is_one:
         constexprs["T"] = 1
     sig.update({k: "constexpr" for k in constexprs})
@@ -96,7 +98,8 @@ def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False) -> dict
             "wgmma": ptx.count("wgmma.mma_async"), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
             "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"), "setmaxnreg": ptx.count("setmaxnreg"),
             "ld_global_v4": len(re.findall(r"ld\.global[.\w]*\.v4", ptx)),
-            "st_global_v4": len(re.findall(r"st\.global[.\w]*\.v4", ptx))}
+            "st_global_v4": len(re.findall(r"st\.global[.\w]*\.v4", ptx)),
+            "griddepcontrol": ptx.count("griddepcontrol.wait") + ptx.count("griddepcontrol.launch_dependents")}
 
 
 def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> None:

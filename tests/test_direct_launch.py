@@ -148,3 +148,57 @@ def test_launch_refuses_a_descriptor_passed_by_keyword(monkeypatch):
     monkeypatch.setattr(common, "_LAUNCHES", {})
     with pytest.raises(TypeError, match="positionally"):
         common.launch(object(), (1,), ("k",), desc=common.Tma(torch.empty(8, 8), [8, 8]))
+
+
+# ------------------------------------------------------------------ PDL and the cached keywords
+class _FakeKernel:
+    """``kernel[grid](*args, **kwargs)`` records the keywords; ``arg_names`` as a JITFunction's."""
+
+    arg_names = ["a", "BM", "PDL"]
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append(kwargs)
+
+
+@pytest.mark.parametrize("pdl, interpret, expect", [(True, False, {"BM": 64, "PDL": True, "launch_pdl": True}),
+                                                    (False, False, {"BM": 64, "PDL": False}),
+                                                    (True, True, {"BM": 64, "PDL": False})])
+def test_launch_passes_pdl_to_every_kernel(monkeypatch, pdl, interpret, expect):
+    """Every kernel launched through ``common.launch`` gets the PDL constexpr, and triton's
+    launch_pdl option with it; never in the interpreter (a recorder patches INTERPRET at call time)."""
+    monkeypatch.setattr(common, "_LAUNCHES", {})
+    monkeypatch.setattr(common, "PDL", pdl)
+    monkeypatch.setattr(common, "INTERPRET", interpret)
+    kernel = _FakeKernel()
+    common.launch(kernel, (1,), ("fake", pdl, interpret), 7, BM=64)
+    assert kernel.calls == [expect]
+
+
+def test_each_pdl_setting_keeps_its_own_launches(monkeypatch):
+    """A compiled launch of one setting is never run under the other (its launch attribute and
+    PDL constexpr are the compiled kernel's), and switching back finds the first one's launches."""
+    monkeypatch.setattr(common, "INTERPRET", False)
+    monkeypatch.setattr(common, "PDL", True)
+    on = {("k",): "compiled with PDL"}
+    monkeypatch.setattr(common, "_LAUNCHES", on)
+    monkeypatch.setattr(common, "_LAUNCHES_BY_PDL", {True: on})
+    common.set_pdl(False)
+    assert common.PDL is False and common._LAUNCHES == {}
+    common._LAUNCHES[("k",)] = "plain"
+    common.set_pdl(True)
+    assert common.PDL is True and common._LAUNCHES is on and on == {("k",): "compiled with PDL"}
+    common.set_pdl(False)
+    assert common._LAUNCHES == {("k",): "plain"}
+
+
+def test_launch_kwargs_follow_the_interpreter_switch(monkeypatch):
+    """UPCAST follows ``common.INTERPRET`` at each call: the compile tests' recorder patches it to
+    True while collecting, and a dict cached then would give every later GPU launch of that config
+    fp32 operands (TF32 dots: other bits)."""
+    cfg = common.KernelConfig(BM=64, BN=64, BK=32, GROUP_M=3)  # a config of this test alone
+    for flag in (True, False, True, False):
+        monkeypatch.setattr(common, "INTERPRET", flag)
+        assert common.launch_kwargs(cfg)["UPCAST"] is flag

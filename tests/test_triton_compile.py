@@ -99,6 +99,8 @@ def _launch_spec(kernel_name: str, fn, args, kwargs) -> dict:
             _arg_spec(name, value, spec)
     if "UPCAST" in spec["constexprs"]:
         spec["constexprs"]["UPCAST"] = False  # the GPU path: bf16 operands into the tensor cores
+    if "PDL" in spec["constexprs"]:
+        spec["constexprs"]["PDL"] = True  # launched with PDL on a GPU (common.PDL), never in the interpreter
     return spec
 
 
@@ -305,6 +307,8 @@ def problems(result: dict, dots: bool = True) -> list[str]:
         found.append("no wgmma.mma_async in the PTX: the dots do not use Hopper's tensor-core path")
     if not result["target"] or not result["cubin_bytes"]:
         found.append("no sm_90 cubin")
+    if result["griddepcontrol"] != 2:
+        found.append(f"{result['griddepcontrol']} griddepcontrol instructions, not PDL's wait and launch_dependents")
     return found
 
 

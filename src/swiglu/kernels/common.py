@@ -159,6 +159,24 @@ _LAUNCHES_MAX = 1024
 DIRECT_LAUNCH = os.environ.get("SWIGLU_DIRECT_LAUNCH", "1") != "0"
 
 
+#: Whether ``launch`` launches with programmatic dependent launch (PDL, sm_90+): each kernel's
+#: launch and prologue overlap the previous kernel's tail on the stream; every kernel waits for
+#: the previous one to finish (``tl_kernels._pdl_start``) before it touches global memory, so the
+#: results and the stream's ordering for every other reader and writer are those of a plain launch.
+#: SWIGLU_PDL=0 turns it off; ``set_pdl`` switches it in a process. Never in the interpreter.
+PDL = os.environ.get("SWIGLU_PDL", "1") != "0" and not INTERPRET
+_LAUNCHES_BY_PDL = {PDL: _LAUNCHES}
+
+
+def set_pdl(on: bool) -> None:
+    """Launch with PDL (``PDL``) from now on, or not. Each setting keeps its own compiled launches
+    (``_LAUNCHES`` is that setting's), so switching back and forth costs no recompiles: the first
+    launch per key and setting takes Triton's path, later ones the cached one."""
+    global PDL, _LAUNCHES
+    PDL = bool(on) and not INTERPRET
+    _LAUNCHES = _LAUNCHES_BY_PDL.setdefault(PDL, {})
+
+
 #: Filled CUtensorMaps each direct runner keeps (``expand_descriptors``' ``maps``), bounded:
 #: emptied when it outgrows this. Enough for a deep model's recurring addresses (layers x a
 #: launch's descriptors: an 80-layer model's weights and activations), about 300 bytes each.
@@ -252,11 +270,16 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     kernel's C launcher through ``direct_runner`` (or, where it does not apply, its runner
     ``CompiledKernel[grid]``) with the same arguments in signature order, the keyword arguments'
     values as the key's first launch gave them. TMA descriptor arguments are given as ``Tma``
-    (positionally). In the interpreter every launch takes Triton's path."""
+    (positionally). In the interpreter every launch takes Triton's path. Every kernel launched
+    here takes a ``PDL`` constexpr, set by this function (``PDL``)."""
     entry = _LAUNCHES.get(key)
     if entry is None:
         if any(type(v) is Tma for v in kwargs.values()):
             raise TypeError("launch takes Tma arguments positionally (keyword values are kept per key)")
+        # Every kernel launched here takes the PDL constexpr (tl_kernels._pdl_start); launch_pdl
+        # is triton's compile option for the launch attribute.
+        # (INTERPRET read here too: the compile tests' recorder patches it.)
+        kwargs = dict(kwargs, PDL=True, launch_pdl=True) if PDL and not INTERPRET else dict(kwargs, PDL=False)
         compiled = kernel[grid](*as_descriptors(args), **kwargs)
         if INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
             return
@@ -279,12 +302,19 @@ def _with_descriptors(runner):
     return runner_with_descriptors
 
 
-@lru_cache(maxsize=None)
 def launch_kwargs(cfg: KernelConfig) -> dict:
-    """The tl kernels' configuration keywords for ``cfg`` (one shared dict per config: read only)."""
+    """The tl kernels' configuration keywords for ``cfg`` (one shared dict per config and
+    ``INTERPRET``: read only). ``INTERPRET`` is read at each call and is part of the cache's key: a
+    dict cached while a test had patched it would otherwise set UPCAST (fp32 operands, TF32 dots)
+    for every later GPU launch of that config in the process."""
+    return _launch_kwargs(cfg, INTERPRET)
+
+
+@lru_cache(maxsize=None)
+def _launch_kwargs(cfg: KernelConfig, upcast: bool) -> dict:
     return dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize,
                 FLATTEN=cfg.flatten, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
-                EPI_SPLIT=cfg.EPI_SPLIT, UPCAST=INTERPRET)
+                EPI_SPLIT=cfg.EPI_SPLIT, UPCAST=upcast)
 
 
 #: GPU architectures (compute capability) whose kernel configurations were chosen by measurement:

@@ -22,7 +22,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .common import DswigluGluonConfig, Tma, launch
 from .common import tile_programs
-from .gluon_wgrad import _layout, _mma_layout, _tile_mn
+from .gluon_wgrad import _layout, _mma_layout, _pdl_start, _tile_mn
 
 
 # ----------------------------------------------------------------------------- config
@@ -243,7 +243,8 @@ def dswiglu_gluon_kernel(go_desc, down_desc, gate_ptr, up_ptr, act_ptr, dgate_pt
                          T, I, stride_in, stride_out,
                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, NG: gl.constexpr,
                          EPI_M: gl.constexpr, EPI_N: gl.constexpr, RECOMPUTE_ACT: gl.constexpr,
-                         EPI_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, EPI_REGS: gl.constexpr):
+                         EPI_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, EPI_REGS: gl.constexpr,
+                         PDL: gl.constexpr = False):
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BK: gl.constexpr = go_desc.block_type.shape[1]
     BN: gl.constexpr = down_desc.block_type.shape[1]
@@ -274,6 +275,7 @@ def dswiglu_gluon_kernel(go_desc, down_desc, gate_ptr, up_ptr, act_ptr, dgate_pt
     for i in gl.static_range(NG):
         mbarrier.init(g_ready.index(i), count=1)
         mbarrier.init(g_empty.index(i), count=1)
+    _pdl_start(PDL)
 
     # The worker argument tuples are written inline: a tuple assigned to a name first turns its
     # constexpr entries into tensors (code_generator.visit_Assign), and EPI_M etc. must stay constexpr.

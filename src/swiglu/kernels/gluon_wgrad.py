@@ -63,6 +63,17 @@ def _mma_layout(BM, BN, num_warps):
 
 
 @gluon.jit
+def _pdl_start(PDL: gl.constexpr):
+    """``tl_kernels._pdl_start`` for Gluon kernels (before ``warp_specialize``: every partition
+    then runs after the previous kernel finished): PTX griddepcontrol, as triton's
+    ``tl.extra.cuda.gdc_wait`` / ``gdc_launch_dependents`` emit it."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
 def _tile_mn(tile, num_m, num_n, GROUP_M: gl.constexpr):
     """Grouped tile order (the repo's _tile_mn): GROUP_M row-tiles sweep the columns together."""
     per_group = GROUP_M * num_n
@@ -255,7 +266,7 @@ def _mma_pingpong_second(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, 
 @gluon.jit
 def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
                  LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False,
-                 PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0):
+                 PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, PDL: gl.constexpr = False):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
     (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused)."""
@@ -277,6 +288,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     for i in gl.static_range(NC):
         mbarrier.init(c_ready.index(i), count=1)
         mbarrier.init(c_empty.index(i), count=1)
+    _pdl_start(PDL)
 
     args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M)
     if PINGPONG:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -55,6 +56,17 @@ def _bf16(x, UPCAST: tl.constexpr):
         bits = tl.where(x == x, rounded, bits | 0x400000) >> 16
         return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    """With programmatic dependent launch (``common.PDL``): wait until the previous kernel on the
+    stream has finished and its writes are visible (before any global memory access, reads and
+    writes alike: a freed buffer may be reused), then let the next kernel launch, so its launch
+    and prologue overlap this kernel's tail."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -141,8 +153,9 @@ def dswiglu_gemm_kernel(
     T, H, I,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    FLATTEN: tl.constexpr, UPCAST: tl.constexpr, RECOMPUTE_ACT: tl.constexpr = False,
+    FLATTEN: tl.constexpr, UPCAST: tl.constexpr, RECOMPUTE_ACT: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    _pdl_start(PDL)
     num_m = tl.cdiv(T, BM)
     num_n = tl.cdiv(I, BN)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
@@ -184,10 +197,11 @@ def grad_weight_kernel(
     M, N, K_PAD, NUM_PROGRAMS,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """C = A.T @ B (a weight gradient: K = tokens, rounded up to BK by the launcher; the
     descriptors zero-fill the rows past the real K)."""
+    _pdl_start(PDL)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
@@ -216,7 +230,9 @@ def grad_x_kernel(
     T, H, I, NUM_PROGRAMS,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    _pdl_start(PDL)
     num_m = tl.cdiv(T, BM)
     num_n = tl.cdiv(H, BN)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
@@ -261,11 +277,12 @@ def swiglu_forward_kernel(
     T, H, I, NUM_PROGRAMS,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, STORE_ACT: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """gate_output = x @ gate_weight.T and up_output = x @ up_weight.T for one [BM, BN] tile
     each (two fp32 accumulators sharing the x tile), then ``_swiglu_forward_piece``
     (activated_gate is written only when STORE_ACT; act_desc is unused otherwise)."""
+    _pdl_start(PDL)
     num_m = tl.cdiv(T, BM)
     num_n = tl.cdiv(I, BN)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
@@ -292,10 +309,11 @@ def swiglu_forward_kernel(
 
 @triton.jit
 def swiglu_product_kernel(gate_ptr, up_ptr, act_ptr, h_ptr, numel, BLOCK: tl.constexpr, STORE_ACT: tl.constexpr,
-                          UPCAST: tl.constexpr):
+                          UPCAST: tl.constexpr, PDL: tl.constexpr = False):
     """h = bf16(bf16(silu(gate)) * up) elementwise over contiguous [T, I] bf16 tensors: the
     forward's cuBLAS path (where the fused kernel does not win), same formula as its epilogue;
     activated_gate is written too when STORE_ACT."""
+    _pdl_start(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     gate = _f32(tl.load(gate_ptr + offs, mask=mask, other=0.0), UPCAST)
