@@ -8,8 +8,8 @@
     python scripts/hf_step_gpu.py --variants unpatched,swiglu,unpatched+compile,swiglu+compile
 
 Variants (``--variants``, comma-separated; default: all but ``unpatched+compile``):
-``unpatched``; ``swiglu`` (``apply``); ``swiglu_nopdl`` (the same with programmatic dependent launch off,
-``swiglu.kernels.common.set_pdl(False)`` around each of its steps: what PDL gives the step); ``liger`` (only when ``liger_kernel`` imports, else
+``unpatched``; ``swiglu`` (``apply``); ``swiglu_pdl`` (the same with programmatic dependent launch, mode 2,
+``swiglu.kernels.common.set_pdl(2)`` around each of its steps: what PDL gives the step); ``liger`` (only when ``liger_kernel`` imports, else
 recorded as skipped with the reason); ``swiglu+compile`` (the patched model under
 ``torch.compile(model, mode="reduce-overhead")``: Inductor plus CUDA graphs);
 ``unpatched+compile`` (the same compile of the unpatched model, on request only: a second
@@ -79,7 +79,7 @@ from swiglu_lab.bench.timing import synchronize, time_iterations  # noqa: E402
 
 #: Every variant, in the order they run (compiled ones last: their CUDA graph pools and compiled
 #: code are released by torch._dynamo.reset(), which should not run between eager rows).
-VARIANTS = ("unpatched", "swiglu", "swiglu_nopdl", "swiglu_reuse", "liger", "swiglu+compile", "unpatched+compile")
+VARIANTS = ("unpatched", "swiglu", "swiglu_pdl", "swiglu_reuse", "liger", "swiglu+compile", "unpatched+compile")
 DEFAULT_VARIANTS = ("unpatched", "swiglu", "liger", "swiglu+compile")
 #: Variants whose failure is recorded instead of ending the run (peers and compiled variants).
 GUARDED = ("liger", "swiglu+compile", "unpatched+compile")
@@ -109,7 +109,7 @@ def build(args):
 
 def patch(model, variant: str):
     base = variant.split("+")[0]
-    if base in ("swiglu", "swiglu_nopdl", "swiglu_reuse"):
+    if base in ("swiglu", "swiglu_pdl", "swiglu_reuse"):
         from swiglu.integrations import transformers as swiglu_hf
 
         names = swiglu_hf.apply(model, reuse_saved_buffers=base == "swiglu_reuse")
@@ -147,11 +147,11 @@ class Variant:
         self.losses, self.times, self.host, self.peak = [], [], [], 0
 
     def step(self):
-        if self.name.startswith("swiglu_nopdl"):
+        if self.name.startswith("swiglu_pdl"):
             from swiglu.kernels import common
 
             saved = common.PDL
-            common.set_pdl(False)
+            common.set_pdl(2)
             try:
                 self._step()
             finally:

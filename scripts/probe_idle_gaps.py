@@ -16,8 +16,9 @@ unprofiled time is the span between consecutive events (the first from the event
 medians per position, to set beside the profiled ones (``kernels``) and find which kernel runs
 longer outside the profiler.
 
-``--pdl both``: each token count measured without and with programmatic dependent launch
-(``swiglu.kernels.common.set_pdl``), one after the other in the same process (``pdl`` column);
+``--pdl all``: each token count measured in every programmatic dependent launch mode (0 off,
+1 trigger at start, 2 at the end: ``swiglu.kernels.common.PDL``), one after the other in the
+same process (``pdl`` column);
 the gaps and the continuous loop say what PDL saves per backward. (``event_kernels`` records an
 event between launches, which stands between a kernel and its PDL predecessor.)
 
@@ -26,7 +27,7 @@ Beside them the caching allocator's counters over the two timed loops (``num_dev
 only; a probe, not a test. Writes ``idle_gaps.csv`` and ``environment.json`` to ``--out``.
 
     python scripts/probe_idle_gaps.py --tokens 128 512 --out build/idle_gaps
-    python scripts/probe_idle_gaps.py --tokens 128 512 2048 --pdl both --out build/idle_gaps_pdl
+    python scripts/probe_idle_gaps.py --tokens 128 2048 --pdl all --out build/idle_gaps_pdl
 """
 
 from __future__ import annotations
@@ -119,8 +120,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[128, 512])
     p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--pdl", choices=["default", "on", "off", "both"], default="default",
-                   help="programmatic dependent launch: as configured (SWIGLU_PDL), on, off, or off then on")
+    p.add_argument("--pdl", choices=["default", "0", "1", "2", "all"], default="default",
+                   help="programmatic dependent launch mode: as configured (SWIGLU_PDL), 0, 1, 2, or all three")
     p.add_argument("--out", default=str(REPO / "build" / "idle_gaps"))
     args = p.parse_args(argv)
     if args.iters < 1:
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
     from swiglu_lab.bench import environment
 
     dev = torch.device("cuda", torch.cuda.current_device())
-    modes = {"default": [common.PDL], "on": [True], "off": [False], "both": [False, True]}[args.pdl]
+    modes = {"default": [common.PDL], "all": list(common.PDL_MODES)}.get(args.pdl) or [int(args.pdl)]
     rows = []
     for T in args.tokens:
         for pdl in modes:

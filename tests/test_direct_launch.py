@@ -163,9 +163,10 @@ class _FakeKernel:
         return lambda *args, **kwargs: self.calls.append(kwargs)
 
 
-@pytest.mark.parametrize("pdl, interpret, expect", [(True, False, {"BM": 64, "PDL": True, "launch_pdl": True}),
-                                                    (False, False, {"BM": 64, "PDL": False}),
-                                                    (True, True, {"BM": 64, "PDL": False})])
+@pytest.mark.parametrize("pdl, interpret, expect", [(1, False, {"BM": 64, "PDL": 1, "launch_pdl": True}),
+                                                    (2, False, {"BM": 64, "PDL": 2, "launch_pdl": True}),
+                                                    (0, False, {"BM": 64, "PDL": 0}),
+                                                    (1, True, {"BM": 64, "PDL": 0})])
 def test_launch_passes_pdl_to_every_kernel(monkeypatch, pdl, interpret, expect):
     """Every kernel launched through ``common.launch`` gets the PDL constexpr, and triton's
     launch_pdl option with it; never in the interpreter (a recorder patches INTERPRET at call time)."""
@@ -186,12 +187,22 @@ def test_each_pdl_setting_keeps_its_own_launches(monkeypatch):
     monkeypatch.setattr(common, "_LAUNCHES", on)
     monkeypatch.setattr(common, "_LAUNCHES_BY_PDL", {True: on})
     common.set_pdl(False)
-    assert common.PDL is False and common._LAUNCHES == {}
+    assert common.PDL == 0 and common._LAUNCHES == {}
     common._LAUNCHES[("k",)] = "plain"
     common.set_pdl(True)
-    assert common.PDL is True and common._LAUNCHES is on and on == {("k",): "compiled with PDL"}
+    assert common.PDL == 1 and common._LAUNCHES is on and on == {("k",): "compiled with PDL"}
     common.set_pdl(False)
     assert common._LAUNCHES == {("k",): "plain"}
+    with pytest.raises(ValueError, match="mode must be one of"):
+        common.set_pdl(3)
+
+
+def test_a_bad_swiglu_pdl_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("SWIGLU_PDL", "yes")
+    with pytest.raises(ValueError, match="SWIGLU_PDL must be one of 0, 1, 2"):
+        common._pdl_from_env()
+    monkeypatch.setenv("SWIGLU_PDL", "2")
+    assert common._pdl_from_env() == (0 if common.INTERPRET else 2)
 
 
 def test_launch_kwargs_follow_the_interpreter_switch(monkeypatch):

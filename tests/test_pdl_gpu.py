@@ -36,29 +36,32 @@ def _backward(tensors, T, H, I, lean=False):
 @pytest.mark.parametrize("T, H, I", [(1, 520, 1176), (77, 384, 520), (300, 1000, 1176), (1500, 4096, 14336),
                                      (128, 16384, 53248), (512, 16384, 53248)])
 def test_pdl_gives_the_bits_of_plain_launches(restore_pdl, T, H, I):
-    """The backward (both dSwiGLU kernels' buckets, lean and not) and the fused forward, with PDL
-    and without: bitwise equal, every output written, and right by the benchmark's criterion."""
+    """The backward (both dSwiGLU kernels' buckets, lean and not) and the fused forward in every
+    PDL mode: bitwise equal, every output written, and right by the benchmark's criterion."""
     tensors = make_inputs(1, T, H, I, seed=T + I, device="cuda").as_tuple()
     x, weights = tensors[1], tensors[5:]
     results = {}
-    for pdl in (False, True):
+    for pdl in common.PDL_MODES:
         common.set_pdl(pdl)
         results[pdl] = (*_backward(tensors, T, H, I), *_backward(tensors, T, H, I, lean=True),
                         *forward.triton_swiglu_forward(x, *weights, config=forward.FUSED_CANDIDATES["fused_128"],
                                                        return_activated_gate=True))
     torch.cuda.synchronize()
-    for i, (a, b) in enumerate(zip(results[False], results[True])):
-        assert not torch.isnan(b).any(), f"output {i} with PDL left NaN (unwritten)"
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"output {i} differs with PDL, T={T} H={H} I={I}"
-    for name, got, ref in zip(NAMES, results[True], reference_backward(*tensors)):
+    for mode in common.PDL_MODES[1:]:
+        for i, (a, b) in enumerate(zip(results[0], results[mode])):
+            assert not torch.isnan(b).any(), f"output {i} with PDL {mode} left NaN (unwritten)"
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), \
+                f"output {i} differs with PDL {mode}, T={T} H={H} I={I}"
+    for name, got, ref in zip(NAMES, results[1], reference_backward(*tensors)):
         assert benchmark_criterion(got, ref, 0.13).passed, name
 
 
+@pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("T, H, I", [(300, 1000, 1176), (256, 16384, 53248)])
-def test_pdl_launches_replay_from_a_cuda_graph(restore_pdl, T, H, I):
+def test_pdl_launches_replay_from_a_cuda_graph(restore_pdl, T, H, I, mode):
     """The backward captured in a CUDA graph with PDL launches (programmatic edges) and replayed on
     new inputs copied into the captured buffers: the eager backward's bits on those inputs."""
-    common.set_pdl(True)
+    common.set_pdl(mode)
     static = [t.clone() for t in make_inputs(1, T, H, I, seed=T, device="cuda").as_tuple()]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -159,21 +159,38 @@ _LAUNCHES_MAX = 1024
 DIRECT_LAUNCH = os.environ.get("SWIGLU_DIRECT_LAUNCH", "1") != "0"
 
 
-#: Whether ``launch`` launches with programmatic dependent launch (PDL, sm_90+): each kernel's
-#: launch and prologue overlap the previous kernel's tail on the stream; every kernel waits for
-#: the previous one to finish (``tl_kernels._pdl_start``) before it touches global memory, so the
-#: results and the stream's ordering for every other reader and writer are those of a plain launch.
-#: SWIGLU_PDL=0 turns it off; ``set_pdl`` switches it in a process. Never in the interpreter.
-PDL = os.environ.get("SWIGLU_PDL", "1") != "0" and not INTERPRET
+#: Programmatic dependent launch (PDL, sm_90+) for every kernel ``launch`` launches: 0 off (the
+#: default), 1 each program lets the next kernel launch as it starts, 2 as it finishes its tiles.
+#: Either way every kernel waits for the previous one on the stream to finish before it touches
+#: global memory (``tl_kernels._pdl_start``), so the bits and the stream's ordering for every
+#: other reader and writer are those of a plain launch. Off by default: on the H200 it removed
+#: the 6 us of launch gaps per backward but the kernels ran longer (mode 1: 0.5% at T = 128, 3.0%
+#: at T = 2048; mode 2: 0.7% and 0.9%; ``probe_idle_gaps.py --pdl all``, docs/kernels.md).
+#: SWIGLU_PDL sets it at import, ``set_pdl`` in a process. Never in the interpreter.
+PDL_MODES = (0, 1, 2)
+
+
+def _pdl_from_env() -> int:
+    value = os.environ.get("SWIGLU_PDL", "0")
+    if value not in {str(m) for m in PDL_MODES}:
+        raise ValueError(f"SWIGLU_PDL must be one of {', '.join(map(str, PDL_MODES))} (off, trigger at start, "
+                         f"trigger at end), got {value!r}")
+    return 0 if INTERPRET else int(value)
+
+
+PDL = _pdl_from_env()
 _LAUNCHES_BY_PDL = {PDL: _LAUNCHES}
 
 
-def set_pdl(on: bool) -> None:
-    """Launch with PDL (``PDL``) from now on, or not. Each setting keeps its own compiled launches
-    (``_LAUNCHES`` is that setting's), so switching back and forth costs no recompiles: the first
-    launch per key and setting takes Triton's path, later ones the cached one."""
+def set_pdl(mode: int) -> None:
+    """Launch with PDL mode ``mode`` (``PDL_MODES``; False/True are 0/1) from now on; ignored in
+    the interpreter. Each mode keeps its own compiled launches (``_LAUNCHES`` is that mode's), so
+    switching back and forth costs no recompiles: the first launch per key and mode takes Triton's
+    path, later ones the cached one. Raises ValueError for another mode."""
     global PDL, _LAUNCHES
-    PDL = bool(on) and not INTERPRET
+    if mode not in PDL_MODES:
+        raise ValueError(f"set_pdl: mode must be one of {PDL_MODES}, got {mode!r}")
+    PDL = 0 if INTERPRET else int(mode)
     _LAUNCHES = _LAUNCHES_BY_PDL.setdefault(PDL, {})
 
 
@@ -279,7 +296,7 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
         # Every kernel launched here takes the PDL constexpr (tl_kernels._pdl_start); launch_pdl
         # is triton's compile option for the launch attribute.
         # (INTERPRET read here too: the compile tests' recorder patches it.)
-        kwargs = dict(kwargs, PDL=True, launch_pdl=True) if PDL and not INTERPRET else dict(kwargs, PDL=False)
+        kwargs = dict(kwargs, PDL=PDL, launch_pdl=True) if PDL and not INTERPRET else dict(kwargs, PDL=0)
         compiled = kernel[grid](*as_descriptors(args), **kwargs)
         if INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
             return

@@ -22,7 +22,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .common import DswigluGluonConfig, Tma, launch
 from .common import tile_programs
-from .gluon_wgrad import _layout, _mma_layout, _pdl_start, _tile_mn
+from .gluon_wgrad import _layout, _mma_layout, _pdl_end, _pdl_start, _tile_mn
 
 
 # ----------------------------------------------------------------------------- config
@@ -288,6 +288,7 @@ def dswiglu_gluon_kernel(go_desc, down_desc, gate_ptr, up_ptr, act_ptr, dgate_pt
                                up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out, GROUP_M, EPI_M,
                                EPI_N, RECOMPUTE_ACT)),
     ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
+    _pdl_end(PDL)
 
 
 # ----------------------------------------------------------------------------- launcher

@@ -66,9 +66,18 @@ def _mma_layout(BM, BN, num_warps):
 def _pdl_start(PDL: gl.constexpr):
     """``tl_kernels._pdl_start`` for Gluon kernels (before ``warp_specialize``: every partition
     then runs after the previous kernel finished): PTX griddepcontrol, as triton's
-    ``tl.extra.cuda.gdc_wait`` / ``gdc_launch_dependents`` emit it."""
+    ``tl.extra.cuda.gdc_wait`` / ``gdc_launch_dependents`` emit it; ``_pdl_end`` after the
+    partitions join."""
     if PDL:
         gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    if PDL == 1:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pdl_end(PDL: gl.constexpr):
+    if PDL == 2:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
 
@@ -308,6 +317,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
             (_load_partition, args),
             (_store_partition, args),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
+    _pdl_end(PDL)
 
 
 # ----------------------------------------------------------------------------- launcher

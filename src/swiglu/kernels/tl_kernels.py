@@ -60,12 +60,19 @@ def _bf16(x, UPCAST: tl.constexpr):
 
 @triton.jit
 def _pdl_start(PDL: tl.constexpr):
-    """With programmatic dependent launch (``common.PDL``): wait until the previous kernel on the
-    stream has finished and its writes are visible (before any global memory access, reads and
-    writes alike: a freed buffer may be reused), then let the next kernel launch, so its launch
-    and prologue overlap this kernel's tail."""
+    """With programmatic dependent launch (``common.PDL`` 1 or 2): wait until the previous kernel
+    on the stream has finished and its writes are visible (before any global memory access, reads
+    and writes alike: a freed buffer may be reused); mode 1 then lets the next kernel launch."""
     if PDL:
         gdc_wait()
+    if PDL == 1:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _pdl_end(PDL: tl.constexpr):
+    """PDL mode 2: let the next kernel launch once this program's tiles are done."""
+    if PDL == 2:
         gdc_launch_dependents()
 
 
@@ -186,6 +193,7 @@ def dswiglu_gemm_kernel(
                                off_n + BN // 2, UPCAST, RECOMPUTE_ACT)
                 _dswiglu_piece(a11, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
                                off_n + 3 * BN // 4, UPCAST, RECOMPUTE_ACT)
+    _pdl_end(PDL)
 
 
 @triton.jit
@@ -220,6 +228,7 @@ def grad_weight_kernel(
             rn = off_n + tl.arange(0, BN)
             ptrs = c_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
             tl.store(ptrs, _bf16(acc, UPCAST), mask=(rm[:, None] < M) & (rn[None, :] < N))
+    _pdl_end(PDL)
 
 
 @triton.jit
@@ -244,6 +253,7 @@ def grad_x_kernel(
         acc = _mainloop(dgate_desc, gw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
         acc = _mainloop(dup_desc, uw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
         _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+    _pdl_end(PDL)
 
 
 # --------------------------------------------------------------------------- forward
@@ -305,6 +315,7 @@ def swiglu_forward_kernel(
             _swiglu_forward_piece(g0, u0, gate_desc, up_desc, act_desc, h_desc, off_m, off_n, STORE_ACT, UPCAST)
             _swiglu_forward_piece(g1, u1, gate_desc, up_desc, act_desc, h_desc, off_m, off_n + BN // 2,
                                   STORE_ACT, UPCAST)
+    _pdl_end(PDL)
 
 
 @triton.jit
@@ -322,3 +333,4 @@ def swiglu_product_kernel(gate_ptr, up_ptr, act_ptr, h_ptr, numel, BLOCK: tl.con
     if STORE_ACT:
         tl.store(act_ptr + offs, act, mask=mask)
     tl.store(h_ptr + offs, _bf16(_f32(act, UPCAST) * up, UPCAST), mask=mask)
+    _pdl_end(PDL)
