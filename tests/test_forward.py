@@ -265,6 +265,41 @@ def test_forward_config_table():
         assert cfg is None or cfg.EPI_SPLIT in (1, 2)
 
 
+def test_a_shape_entry_replaces_the_bucket_choice_at_that_shape_only(monkeypatch):
+    """``configs_by_shape``: its bucket's choice at its (hidden_size, intermediate_size), the
+    shape-agnostic table's everywhere else (other shapes, other buckets, no shape given)."""
+    from swiglu.kernels.common import bucket_for
+
+    fused = fwd.FUSED_SMALL
+    monkeypatch.setitem(fwd.FORWARD_CONFIGS, bucket_for(300), fused)
+    monkeypatch.setitem(fwd.FORWARD_CONFIGS_BY_SHAPE, (64, 96), {bucket_for(300): None})
+    assert fwd.forward_config_for(300, 64, 96) is None
+    assert fwd.forward_config_for(300, 64, 104) is fused and fwd.forward_config_for(300, 96, 64) is fused
+    assert fwd.forward_config_for(300) is fused
+    assert fwd.forward_config_for(5000, 64, 96) is fwd.FORWARD_CONFIGS[bucket_for(5000)]
+    # The shipped entry: Llama-3-8B's layer at 2048 tokens runs the cuBLAS path (measured in-step).
+    assert fwd.forward_config_for(2048, 4096, 14336) is None
+
+
+def test_the_forward_takes_its_shapes_entry(device, monkeypatch):
+    """``triton_swiglu_forward(config="auto")`` looks the shape up: the fused kernel where the
+    bucket's entry is fused, cuBLAS where the shape's own entry says so, with the same values."""
+    from swiglu.kernels.common import bucket_for
+
+    inp = make_inputs(1, 40, 64, 136, seed=3, device=device)
+    monkeypatch.setitem(fwd.FORWARD_CONFIGS, bucket_for(40), fwd.FUSED_SMALL)
+    fused_calls = []
+    real = fwd.launch_fused_forward
+    monkeypatch.setattr(fwd, "launch_fused_forward", lambda *a: fused_calls.append(1) or real(*a))
+    want = fwd.triton_swiglu_forward(inp.x, *_weights(inp))
+    assert fused_calls == [1]
+    monkeypatch.setitem(fwd.FORWARD_CONFIGS_BY_SHAPE, (64, 136), {bucket_for(40): None})
+    got = fwd.triton_swiglu_forward(inp.x, *_weights(inp))
+    assert fused_calls == [1]  # the cuBLAS path this time
+    for w, g in zip(want, got):
+        assert relative_error(g, w) < 2e-2
+
+
 # ------------------------------------------------------------------ both modes keep working
 
 

@@ -337,7 +337,7 @@ def test_backward_keeps_tl_dswiglu_where_gluon_cannot_run(dswiglu_recorded):
 
 #: CONFIGS indices that compile without spills (triton 3.6.0, ptxas -v, with and without RECOMPUTE_ACT);
 #: config 1 (32x64 epilogue pieces) spills 60 B (24 B recomputing act), so nothing is asserted on it.
-DSWIGLU_SPILL_FREE = {0, 2, 3, 4, 5, 6}
+DSWIGLU_SPILL_FREE = {0, 2, 3, 4}
 
 
 def check_dswiglu_compiles(report: dict) -> None:

@@ -204,7 +204,7 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
     for T in tokens:
         x = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16, requires_grad=True)
         go = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16)
-        fused_here = forward.forward_config_for(T) is not None
+        fused_here = forward.forward_config_for(T, hidden_size, intermediate_size) is not None
         for variant in variants:
             if variant == "lean_cublas" and not fused_here:
                 continue

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from . import tl_kernels as kernels
 from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, launch, Tma, tile_programs, tma_ready,
                      unsupported_reason)
-from .configs import parse_bucket
+from .configs import parse_bucket, parse_shape
 
 #: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
 #: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
@@ -45,6 +45,9 @@ FUSED_CANDIDATES = {
 #: Per token bucket (``TOKEN_BUCKETS``, as the backward's table): a KernelConfig runs the fused
 #: kernel, None the cuBLAS path. Overridden by ``forward_configs.json`` when present.
 FORWARD_CONFIGS: dict[int, KernelConfig | None] = {b: None for b in TOKEN_BUCKETS}
+#: Per (hidden_size, intermediate_size): buckets with their own measured choice at that shape
+#: (``forward_configs.json``'s ``configs_by_shape``), which replaces FORWARD_CONFIGS' there.
+FORWARD_CONFIGS_BY_SHAPE: dict[tuple[int, int], dict[int, KernelConfig | None]] = {}
 FORWARD_CONFIGS_PATH = Path(__file__).with_name("forward_configs.json")
 PRODUCT_BLOCK = 2048
 
@@ -52,16 +55,31 @@ PRODUCT_BLOCK = 2048
 def _load_forward_configs(path: Path) -> None:
     if not path.exists():
         return
-    for bucket, entry in json.loads(path.read_text())["configs"].items():
-        FORWARD_CONFIGS[parse_bucket(bucket)] = None if entry["config"] is None else KernelConfig(**entry["config"])
+    table = json.loads(path.read_text())
+    for bucket, entry in table["configs"].items():
+        FORWARD_CONFIGS[parse_bucket(bucket)] = _entry_config(entry)
+    for shape, buckets in table.get("configs_by_shape", {}).items():
+        FORWARD_CONFIGS_BY_SHAPE[parse_shape(shape)] = {parse_bucket(b): _entry_config(e) for b, e in buckets.items()}
+
+
+def _entry_config(entry: dict) -> KernelConfig | None:
+    return None if entry["config"] is None else KernelConfig(**entry["config"])
 
 
 _load_forward_configs(FORWARD_CONFIGS_PATH)
 
 
-def forward_config_for(tokens: int) -> KernelConfig | None:
-    """The fused kernel's configuration at ``tokens``, or None where cuBLAS is chosen."""
-    return FORWARD_CONFIGS[bucket_for(tokens)]
+def forward_config_for(tokens: int, hidden_size: int | None = None,
+                       intermediate_size: int | None = None) -> KernelConfig | None:
+    """The fused kernel's configuration at ``tokens``, or None where cuBLAS is chosen; at a
+    (hidden_size, intermediate_size) with its own measured entry for the bucket
+    (``FORWARD_CONFIGS_BY_SHAPE``), that one."""
+    bucket = bucket_for(tokens)
+    if hidden_size is not None:
+        by_shape = FORWARD_CONFIGS_BY_SHAPE.get((hidden_size, intermediate_size))
+        if by_shape is not None and bucket in by_shape:
+            return by_shape[bucket]
+    return FORWARD_CONFIGS[bucket]
 
 
 def _check_fused_config(c: KernelConfig) -> None:
@@ -119,7 +137,7 @@ def triton_swiglu_forward(
         x: [..., H] bf16 (any strides; copied once when not TMA-usable).
         gate_weight, up_weight: [I, H]; down_weight: [H, I]; bf16, x's device (CUDA sm_90+, or any
             device under ``TRITON_INTERPRET=1``), hidden_size and intermediate_size multiples of 8.
-        config: ``"auto"`` (``forward_config_for(T)``), None (cuBLAS + elementwise) or a
+        config: ``"auto"`` (``forward_config_for(T, H, I)``), None (cuBLAS + elementwise) or a
             ``KernelConfig`` for the fused kernel (EPI_SPLIT 1 or 2).
         return_activated_gate: also return ``activated_gate = bf16(silu(gate_output))`` (tests,
             and the saved mode's values from this formula).
@@ -164,7 +182,7 @@ def run_forward(x, gate_weight, up_weight, down_weight, config: KernelConfig | N
     lead = tuple(x.shape[:-1])
     xf = tma_ready(x)
     T = xf.shape[0]
-    cfg = forward_config_for(T) if isinstance(config, str) else config
+    cfg = forward_config_for(T, hidden, inter) if isinstance(config, str) else config
     dev = x.device
     act = _empty((T, inter), dev) if return_activated_gate else None
     h = _empty((T, inter), dev)

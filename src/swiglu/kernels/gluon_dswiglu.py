@@ -39,11 +39,9 @@ CONFIGS = [
     DswigluGluonConfig(BN=128, STAGES=4, NG=2, EPI_M=32, epi_warps=4, maxnreg=128, epi_regs=128),
     # 4: 128x128 tiles on one MMA warpgroup (128 acc regs/thread), 4 epilogue warps
     DswigluGluonConfig(BN=128, STAGES=4, NG=2, EPI_M=32, num_warps=4, epi_warps=4, maxnreg=168, epi_regs=232),
-    # 5, 6: 128x256x32 with 2 g buffers, so the MMA warps start the next tile's g while the epilogue
-    # still reads this one's (for short K, where a tile's epilogue can outlast its mainloop); 3 or 4 stages.
-    DswigluGluonConfig(BK=32, STAGES=3, NG=2),
-    DswigluGluonConfig(BK=32, STAGES=4, NG=2),
 ]
+# Tried and dropped: 128x256x32 with 2 g buffers and 3 or 4 stages (for short K): slower than #0
+# in every case measured (docs/kernels.md).
 
 
 # ----------------------------------------------------------------------------- helpers
