@@ -331,11 +331,13 @@ def main(argv: list[str] | None = None) -> dict:
     fwd_rows, table = tune_forward(H, I, args.forward_tokens)
     for b, (name, cfg, ms, T) in table.items():
         forward.FORWARD_CONFIGS[b] = cfg
+    forward.FORWARD_CONFIGS_BY_SHAPE.pop((H, I), None)  # this run's table is the choice at (H, I)
     print(f"[{time.perf_counter() - t0:.0f} s] forward table done", flush=True)
     steps = measure_steps(H, I, args.step_tokens)
     print(f"[{time.perf_counter() - t0:.0f} s] training steps done", flush=True)
     run = dict(meta=meta, checks=checks, forward=fwd_rows, steps=steps,
-               forward_configs=forward_table(table, {k: meta[k] for k in ("utc", "run_id")}))
+               forward_configs=forward_table(table, {k: meta[k] for k in ("utc", "run_id", "hidden_size",
+                                                                          "intermediate_size")}))
     if args.out:
         write_run(run, args.out)
     pd.set_option("display.width", 160)
