@@ -114,10 +114,10 @@ def main(argv=None) -> int:
             record(T, name, fn)
         # The same whole backward through Triton's Python runner (common.DIRECT_LAUNCH off).
         common.DIRECT_LAUNCH = False
-        common._LAUNCHES.clear()
+        common.clear_launches()
         record(T, "whole backward, Triton's runner", table["whole backward (5 launches)"])
         common.DIRECT_LAUNCH = True
-        common._LAUNCHES.clear()
+        common.clear_launches()
         if args.profile:
             import cProfile
             import pstats

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,35 @@ def _load_kernels():
     return module
 
 
+#: A PTX instruction that touches global memory (loads, stores, TMA copies, reductions, atomics).
+GLOBAL_ACCESS = re.compile(r"\b(?:ld\.global|st\.global|cp\.async\.bulk\.tensor|cp\.reduce\.async\.bulk|red\.|atom\.)")
+
+
+def pdl_report(ptx: str) -> dict:
+    """The PDL instructions in ``ptx``: how many of each, and whether the first wait and the
+    first trigger come before the first global memory access (in the text's order)."""
+    first = GLOBAL_ACCESS.search(ptx)
+    first = first.start() if first else len(ptx)
+    wait, trigger = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    return {"gdc_wait": ptx.count("griddepcontrol.wait"), "gdc_trigger": ptx.count("griddepcontrol.launch_dependents"),
+            "wait_before_access": 0 <= wait < first, "trigger_before_access": 0 <= trigger < first}
+
+
+def pdl_problems(result: dict, pdl: int) -> list[str]:
+    """A compile's PDL instructions against what its mode needs (``pdl_report``):
+    none in mode 0 (the default launch); one wait, before any global memory access, and one
+    trigger, before that access in mode 1 and after it in mode 2 (``tl_kernels._pdl_start``)."""
+    if pdl == 0:
+        return [] if result["gdc_wait"] == result["gdc_trigger"] == 0 else ["PDL instructions in a plain launch"]
+    if not (result["gdc_wait"] == 1 == result["gdc_trigger"] and result["wait_before_access"]):
+        return [f"PDL mode {pdl}: want one griddepcontrol.wait before any global memory access and one "
+                f"launch_dependents, got {result['gdc_wait']} / {result['gdc_trigger']}, wait first: "
+                f"{result['wait_before_access']}"]
+    if result["trigger_before_access"] != (pdl == 1):
+        return [f"PDL mode {pdl}: launch_dependents {'after' if pdl == 1 else 'before'} the first global access"]
+    return []
+
+
 def compile_one(kernels, spec: dict) -> dict:
     fn = getattr(kernels, spec["kernel"])
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in spec["divisible_by_16"]}
@@ -44,8 +74,7 @@ def compile_one(kernels, spec: dict) -> dict:
     ptx = compiled.asm["ptx"]
     return {"error": None, "seconds": time.perf_counter() - start, "shared": compiled.metadata.shared,
             "num_warps": compiled.metadata.num_warps, "cubin_bytes": len(compiled.asm["cubin"]),
-            "wgmma_mma_async": ptx.count("wgmma.mma_async"), "target": ".target sm_90" in ptx,
-            "griddepcontrol": ptx.count("griddepcontrol.wait") + ptx.count("griddepcontrol.launch_dependents")}
+            "wgmma_mma_async": ptx.count("wgmma.mma_async"), "target": ".target sm_90" in ptx, **pdl_report(ptx)}
 
 
 def main(results_path: str) -> None:

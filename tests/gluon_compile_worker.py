@@ -31,6 +31,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from swiglu.kernels import gluon_dswiglu, gluon_wgrad
 from swiglu.kernels.backward import GLUON_CONFIGS
 
+from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
+
 
 def desc(block):
     return f"tensordesc<bf16{list(block)},{gluon_wgrad._layout(tuple(block))!r}>"
@@ -51,42 +53,41 @@ def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
         return None, None
 
 
-def compile_one(cfg) -> dict:
+def compile_one(cfg, pdl: int = 0) -> dict:
 
     sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
                   "STORE_REGS": cfg.store_regs}
     constexprs.update({"PINGPONG": True, "MMA_REGS": cfg.maxnreg} if cfg.pingpong else {"DEFER": cfg.defer})
-    constexprs["PDL"] = True  # as common.launch launches it on a GPU
+    constexprs["PDL"] = pdl  # 0: the default launch (common.PDL)
     sig.update({k: "constexpr" for k in constexprs})
     try:
         k = triton.compile(GluonASTSource(gluon_wgrad.wgrad_kernel, sig, constexprs), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4 if cfg.pingpong else cfg.num_warps, "maxnreg": cfg.maxnreg})
     except Exception as err:  # reported per config; the test fails on it with the message
-        return {"config": cfg.__dict__, "error": f"{type(err).__name__}: {err}"[-4000:]}
+        return {"config": cfg.__dict__, "pdl": pdl, "error": f"{type(err).__name__}: {err}"[-4000:]}
     ptx = k.asm["ptx"]
     regs, spills = ptxas_info(ptx)
-    return {"config": cfg.__dict__, "error": None, "shared": k.metadata.shared, "regs": regs, "spills": spills,
+    return {"config": cfg.__dict__, "pdl": pdl, "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
             "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
-            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg"),
-            "griddepcontrol": ptx.count("griddepcontrol.wait") + ptx.count("griddepcontrol.launch_dependents")}
+            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg")}
 
 
-def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False) -> dict:
+def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
     cfg = gluon_dswiglu.CONFIGS[index]
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
     sig.update({p: "*bf16" for p in ("gate_ptr", "up_ptr", "act_ptr", "dgate_ptr", "dup_ptr", "h_ptr")})
     sig.update({s: "i32" for s in ("T", "I", "stride_in", "stride_out")})
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NG": cfg.NG, "EPI_M": cfg.EPI_M, "EPI_N": cfg.EPI_N,
                   "RECOMPUTE_ACT": recompute, "EPI_WARPS": cfg.epi_warps, "LOAD_REGS": cfg.load_regs,
-                  "EPI_REGS": cfg.epi_regs, "PDL": True}
+                  "EPI_REGS": cfg.epi_regs, "PDL": pdl}
     if t_is_one:
         constexprs["T"] = 1
     sig.update({k: "constexpr" for k in constexprs})
     # As the launch at the full shapes: 16-aligned pointers, I and strides multiples of 16 (T too, unless 1).
     args = [n for n in gluon_dswiglu.dswiglu_gluon_kernel.arg_names if sig[n] in ("*bf16", "i32")]
     attrs = {(gluon_dswiglu.dswiglu_gluon_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in args}
-    entry = {"index": index, "config": cfg.__dict__, "recompute": recompute, "T_is_one": t_is_one}
+    entry = {"index": index, "config": cfg.__dict__, "recompute": recompute, "T_is_one": t_is_one, "pdl": pdl}
     try:
         k = triton.compile(GluonASTSource(gluon_dswiglu.dswiglu_gluon_kernel, sig, constexprs, attrs),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg})
@@ -98,8 +99,7 @@ def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False) -> dict
             "wgmma": ptx.count("wgmma.mma_async"), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
             "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"), "setmaxnreg": ptx.count("setmaxnreg"),
             "ld_global_v4": len(re.findall(r"ld\.global[.\w]*\.v4", ptx)),
-            "st_global_v4": len(re.findall(r"st\.global[.\w]*\.v4", ptx)),
-            "griddepcontrol": ptx.count("griddepcontrol.wait") + ptx.count("griddepcontrol.launch_dependents")}
+            "st_global_v4": len(re.findall(r"st\.global[.\w]*\.v4", ptx)), **pdl_report(ptx)}
 
 
 def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> None:
@@ -108,12 +108,13 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         table = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
         configs = list(dict.fromkeys(table + [dataclasses.replace(c, defer=not c.defer) for c in table]
                                      + list(gluon_wgrad.PINGPONG_CANDIDATES)))
-        results = [compile_one(c) for c in configs]
+        results = [compile_one(c) for c in configs] + [compile_one(table[0], pdl) for pdl in (1, 2)]
     elif kind == "dswiglu":
         indices = range(len(gluon_dswiglu.CONFIGS)) if not indices else indices
         results = [compile_dswiglu(i, r) for i in indices for r in (False, True)]
         if 0 in indices:
             results.append(compile_dswiglu(0, False, t_is_one=True))
+            results += [compile_dswiglu(0, False, pdl=pdl) for pdl in (1, 2)]
     else:
         raise SystemExit(f"unknown kernel {kind!r} (wgrad or dswiglu)")
     with open(path, "w") as f:

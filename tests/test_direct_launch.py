@@ -106,7 +106,7 @@ def _backward(tensors, direct: bool):
     from swiglu import swiglu_mlp_backward
 
     common.DIRECT_LAUNCH = direct
-    common._LAUNCHES.clear()
+    common.clear_launches()
     try:
         first = swiglu_mlp_backward(*tensors, impl="triton")  # Triton's own launch path
         again = swiglu_mlp_backward(*tensors, impl="triton")  # the cached launch (direct or runner)
@@ -115,7 +115,7 @@ def _backward(tensors, direct: bool):
         return first, again, runners
     finally:
         common.DIRECT_LAUNCH = True
-        common._LAUNCHES.clear()
+        common.clear_launches()
 
 
 @pytest.mark.gpu
@@ -193,16 +193,20 @@ def test_each_pdl_setting_keeps_its_own_launches(monkeypatch):
     assert common.PDL == 1 and common._LAUNCHES is on and on == {("k",): "compiled with PDL"}
     common.set_pdl(False)
     assert common._LAUNCHES == {("k",): "plain"}
-    with pytest.raises(ValueError, match="mode must be one of"):
-        common.set_pdl(3)
+    for bad in (3, 1.0, "1"):
+        with pytest.raises(ValueError, match="mode must be one of"):
+            common.set_pdl(bad)
 
 
 def test_a_bad_swiglu_pdl_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(common, "INTERPRET", False)  # as on a GPU: the value is used
     monkeypatch.setenv("SWIGLU_PDL", "yes")
     with pytest.raises(ValueError, match="SWIGLU_PDL must be one of 0, 1, 2"):
         common._pdl_from_env()
     monkeypatch.setenv("SWIGLU_PDL", "2")
-    assert common._pdl_from_env() == (0 if common.INTERPRET else 2)
+    assert common._pdl_from_env() == 2
+    monkeypatch.setattr(common, "INTERPRET", True)
+    assert common._pdl_from_env() == 0  # never in the interpreter
 
 
 def test_launch_kwargs_follow_the_interpreter_switch(monkeypatch):

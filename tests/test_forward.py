@@ -263,6 +263,10 @@ def test_forward_config_table():
     assert fwd.forward_config_for(1 << 40) is fwd.FORWARD_CONFIGS[TOKEN_BUCKETS[-1]]
     for cfg in fwd.FORWARD_CONFIGS.values():
         assert cfg is None or cfg.EPI_SPLIT in (1, 2)
+    for (hidden, inter), buckets in fwd.FORWARD_CONFIGS_BY_SHAPE.items():  # the per-shape entries alike
+        assert hidden % 8 == 0 and inter % 8 == 0 and set(buckets) <= set(TOKEN_BUCKETS)
+        for cfg in buckets.values():
+            assert cfg is None or cfg.EPI_SPLIT in (1, 2)
 
 
 def test_a_shape_entry_replaces_the_bucket_choice_at_that_shape_only(monkeypatch):
@@ -277,6 +281,8 @@ def test_a_shape_entry_replaces_the_bucket_choice_at_that_shape_only(monkeypatch
     assert fwd.forward_config_for(300, 64, 104) is fused and fwd.forward_config_for(300, 96, 64) is fused
     assert fwd.forward_config_for(300) is fused
     assert fwd.forward_config_for(5000, 64, 96) is fwd.FORWARD_CONFIGS[bucket_for(5000)]
+    with pytest.raises(TypeError, match="both hidden_size and intermediate_size"):
+        fwd.forward_config_for(300, 64)
     # The shipped entry: Llama-3-8B's layer at 2048 tokens runs the cuBLAS path (measured in-step).
     assert fwd.forward_config_for(2048, 4096, 14336) is None
 

@@ -26,7 +26,17 @@ def _poisoned(T, H, I):
     return tuple(torch.full(s, float("nan"), device="cuda", dtype=torch.bfloat16) for s in ((T, H), (I, H), (I, H), (H, I)))
 
 
+def _poison_pool(T, H, I):
+    """NaN in the caching allocator's free blocks of the backward's internal sizes ([T, I] d_gate,
+    d_up, h): a kernel reading one before its producer finished would then see NaN, not the
+    previous run's equal values."""
+    bufs = [torch.full((T, I), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    bufs += [torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)]
+    del bufs
+
+
 def _backward(tensors, T, H, I, lean=False):
+    _poison_pool(T, H, I)
     args = list(tensors)
     if lean:
         args[4] = None  # activated_gate recomputed in the dSwiGLU epilogue

@@ -29,6 +29,29 @@ def restore_forward_table():
     forward.FORWARD_CONFIGS.update(saved)
 
 
+def test_another_shapes_table_goes_beside_the_packages(tmp_path, monkeypatch):
+    """Measured at another shape, the table becomes that shape's ``configs_by_shape`` entry in a
+    copy of the package's file (its own buckets and the other shapes' entries kept), and the
+    forward takes it at that shape only once loaded."""
+    from swiglu_lab.bench.tables import shape_forward_table
+
+    base = json.loads(forward.FORWARD_CONFIGS_PATH.read_text())
+    doc = forward_table({128: ("fused", TINY, 1.0, 3), 256: ("cublas", None, 2.0, 130)}, {"run_id": "r1"})
+    merged = shape_forward_table(doc, H, I, base)
+    assert merged["configs"] == base["configs"]
+    assert {k: v for k, v in merged["configs_by_shape"].items() if k != f"{H}x{I}"} == base.get("configs_by_shape", {})
+    assert merged["configs_by_shape"][f"{H}x{I}"]["128"] == {**doc["configs"]["128"], "run_id": "r1"}
+    path = tmp_path / "forward_configs.json"
+    path.write_text(json.dumps(merged))
+    monkeypatch.setattr(forward, "FORWARD_CONFIGS", dict(forward.FORWARD_CONFIGS))
+    monkeypatch.setattr(forward, "FORWARD_CONFIGS_BY_SHAPE", {})
+    forward._load_forward_configs(path)
+    assert forward.forward_config_for(100, H, I) == TINY and forward.forward_config_for(200, H, I) is None
+    assert forward.forward_config_for(100) is forward.FORWARD_CONFIGS[128]  # the shape-agnostic choice, as shipped
+    assert forward.FORWARD_CONFIGS[128] == (None if base["configs"]["128"]["config"] is None
+                                            else KernelConfig(**base["configs"]["128"]["config"]))
+
+
 def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
     rows, table = train_step.tune_forward(H, I, (3, 130), device=device, candidates={"cublas": None, "fused": TINY},
                                           iters=(0, 1))

@@ -46,6 +46,8 @@ from swiglu.kernels.shared_memory import SM90_SHARED_MEMORY_BYTES, estimate_shar
 from swiglu.kernels.backward import CONFIGS, TOKEN_BUCKETS, KernelConfig
 from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
 
+from compile_worker import pdl_problems  # tests/ is on sys.path, as for ulp_oracle
+
 #: cudaDevAttrMaxSharedMemoryPerBlockOptin of the H200 (227 KiB): a kernel asking for more
 #: fails to load with OutOfResources.
 H200_SHARED_MEMORY_BYTES = 232448
@@ -99,8 +101,6 @@ def _launch_spec(kernel_name: str, fn, args, kwargs) -> dict:
             _arg_spec(name, value, spec)
     if "UPCAST" in spec["constexprs"]:
         spec["constexprs"]["UPCAST"] = False  # the GPU path: bf16 operands into the tensor cores
-    if "PDL" in spec["constexprs"]:
-        spec["constexprs"]["PDL"] = True  # launched with PDL on a GPU (common.PDL), never in the interpreter
     return spec
 
 
@@ -295,9 +295,9 @@ def compile_specs(specs: list[dict], cache_dir, triton_dir: str | None = None) -
     return finish_compile(start_compile(specs, cache_dir, triton_dir))
 
 
-def problems(result: dict, dots: bool = True) -> list[str]:
+def problems(result: dict, dots: bool = True, pdl: int = 0) -> list[str]:
     """What stops this compiled kernel from running well on the H200 (empty: nothing). ``dots``
-    False: an elementwise kernel (no wgmma expected)."""
+    False: an elementwise kernel (no wgmma expected); ``pdl``: its PDL mode (``pdl_problems``)."""
     if result["error"]:
         return [f"does not compile for sm_90: {result['error']}"]
     found = []
@@ -307,12 +307,22 @@ def problems(result: dict, dots: bool = True) -> list[str]:
         found.append("no wgmma.mma_async in the PTX: the dots do not use Hopper's tensor-core path")
     if not result["target"] or not result["cubin_bytes"]:
         found.append("no sm_90 cubin")
-    if result["griddepcontrol"] != 2:
-        found.append(f"{result['griddepcontrol']} griddepcontrol instructions, not PDL's wait and launch_dependents")
+    found += pdl_problems(result, pdl)
     return found
 
 
 # ---------------------------------------------------------------- tests
+
+def pdl_specs(specs: list[dict]) -> list[dict]:
+    """Each kernel's first table launch again in PDL modes 1 and 2 (the table's launches are the
+    default, mode 0), for the ordering check."""
+    first = {}
+    for s in specs:
+        if not {"oversized", "calibration"} & set(map(str, s["uses"])):
+            first.setdefault(s["kernel"], s)
+    return [{**s, "constexprs": {**s["constexprs"], "PDL": mode}, "uses": ["pdl"]} for s in first.values()
+            for mode in (1, 2)]
+
 
 _SPECS: list[dict] = []
 
@@ -322,6 +332,7 @@ def _specs() -> list[dict]:
         _SPECS.extend(launch_specs())
         _SPECS.append({**oversized_spec(), "uses": ["oversized"]})
         _SPECS.extend(calibration_specs())
+        _SPECS.extend(pdl_specs(_SPECS))
     return _SPECS
 
 
@@ -408,15 +419,41 @@ def test_every_config_is_launched():
 
 def _table_specs() -> list[dict]:
     """The launches the package makes with its own table (not the oversized or calibration ones)."""
-    return [s for s in _specs() if not {"oversized", "calibration"} & set(map(str, s["uses"]))]
+    return [s for s in _specs() if not {"oversized", "calibration", "pdl"} & set(map(str, s["uses"]))]
 
 
 @pytest.mark.parametrize("spec", _table_specs(), ids=_label)
 def test_builds_for_sm90_within_h200_limits(spec, compiled):
     """Compiles to an sm_90 cubin using wgmma and fits the H200's shared memory."""
     result = compiled[_spec_key(spec)]
-    found = problems(result, dots=spec["kernel"] != "swiglu_product_kernel")
+    found = problems(result, dots=spec["kernel"] != "swiglu_product_kernel", pdl=spec["constexprs"].get("PDL", 0))
     assert not found, f"{_label(spec)} (tokens {spec['uses']}, triton {result['triton']}): {found}"
+
+
+def test_pdl_modes_wait_before_any_global_access(compiled):
+    """In PDL modes 1 and 2 every kernel waits for its predecessor before its first global memory
+    access (else it could read an unfinished input or write a buffer still being read)."""
+    specs = [s for s in _specs() if "pdl" in s["uses"]]
+    assert {s["kernel"] for s in specs} == {*KERNEL_NAMES.values(), *FORWARD_KERNELS}
+    for spec in specs:
+        result = compiled[_spec_key(spec)]
+        found = problems(result, spec["kernel"] != "swiglu_product_kernel", spec["constexprs"]["PDL"])
+        assert not found, f"{_label(spec)} PDL {spec['constexprs']['PDL']} (triton {result['triton']}): {found}"
+
+
+def test_pdl_check_can_fail():
+    """The ordering check rejects a wait after the first access, a missing or doubled
+    instruction, PDL code in a plain launch and a trigger on the wrong side of the access."""
+    good = {1: dict(gdc_wait=1, gdc_trigger=1, wait_before_access=True, trigger_before_access=True),
+            2: dict(gdc_wait=1, gdc_trigger=1, wait_before_access=True, trigger_before_access=False),
+            0: dict(gdc_wait=0, gdc_trigger=0, wait_before_access=False, trigger_before_access=False)}
+    for mode, r in good.items():
+        assert pdl_problems(r, mode) == []
+    bad = [(1, dict(good[1], wait_before_access=False)), (1, dict(good[1], gdc_wait=2)), (2, dict(good[2], gdc_trigger=0)),
+           (0, dict(good[0], gdc_wait=1)), (1, dict(good[1], trigger_before_access=False)),
+           (2, dict(good[2], trigger_before_access=True))]
+    for mode, r in bad:
+        assert pdl_problems(r, mode), (mode, r)
 
 
 def test_oversized_config_is_reported(compiled):

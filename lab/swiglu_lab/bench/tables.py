@@ -46,6 +46,16 @@ def forward_table(table: dict, meta: dict) -> dict:
                                         "measured_tokens": T} for b, (name, cfg, ms, T) in sorted(table.items())}}
 
 
+def shape_forward_table(doc: dict, hidden_size: int, intermediate_size: int, base: dict) -> dict:
+    """``base`` (a ``forward_configs.json``, the package's) with ``doc``'s buckets (a
+    ``forward_table`` measured at hidden_size x intermediate_size) as its ``configs_by_shape``
+    entry for that shape: the file to put in the package's place, every other choice kept."""
+    run = doc.get("meta", {}).get("run_id")
+    entry = {b: {**e, "run_id": run} for b, e in doc["configs"].items()}
+    by_shape = {**base.get("configs_by_shape", {}), f"{hidden_size}x{intermediate_size}": entry}
+    return {**base, "configs_by_shape": by_shape}
+
+
 #: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows; " twin" is a cooperative
 #: kernel timed beside its ping-pong variant.
 _GLUON_LABEL = re.compile(r"gluon (table )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?( pingpong| twin)?$")

@@ -46,7 +46,7 @@ from swiglu.module import PlainSwiGLUMLP, SwiGLUMLP
 from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
-from ..bench.tables import forward_table
+from ..bench.tables import forward_table, shape_forward_table
 from ..bench.timing import median_step_ms
 
 VARIANTS = ("plain", "compile", "saved", "lean", "lean_cublas")
@@ -335,9 +335,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"[{time.perf_counter() - t0:.0f} s] forward table done", flush=True)
     steps = measure_steps(H, I, args.step_tokens)
     print(f"[{time.perf_counter() - t0:.0f} s] training steps done", flush=True)
-    run = dict(meta=meta, checks=checks, forward=fwd_rows, steps=steps,
-               forward_configs=forward_table(table, {k: meta[k] for k in ("utc", "run_id", "hidden_size",
-                                                                          "intermediate_size")}))
+    doc = forward_table(table, {k: meta[k] for k in ("utc", "run_id", "hidden_size", "intermediate_size")})
+    if (H, I) != (HIDDEN_SIZE, INTERMEDIATE_SIZE):  # another shape: its own entry beside the package's table
+        doc = shape_forward_table(doc, H, I, json.loads(forward.FORWARD_CONFIGS_PATH.read_text()))
+    run = dict(meta=meta, checks=checks, forward=fwd_rows, steps=steps, forward_configs=doc)
     if args.out:
         write_run(run, args.out)
     pd.set_option("display.width", 160)

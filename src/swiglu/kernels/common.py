@@ -154,7 +154,7 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
 _LAUNCHES: dict = {}
 _LAUNCHES_MAX = 1024
 #: Whether ``launch`` calls triton 3.6's C launcher directly (``direct_runner``) after the first
-#: launch per key; SWIGLU_DIRECT_LAUNCH=0 (or False here, then ``_LAUNCHES.clear()``) keeps
+#: launch per key; SWIGLU_DIRECT_LAUNCH=0 (or False here, then ``clear_launches()``) keeps
 #: Triton's Python runner, e.g. to measure the difference.
 DIRECT_LAUNCH = os.environ.get("SWIGLU_DIRECT_LAUNCH", "1") != "0"
 
@@ -164,8 +164,9 @@ DIRECT_LAUNCH = os.environ.get("SWIGLU_DIRECT_LAUNCH", "1") != "0"
 #: Either way every kernel waits for the previous one on the stream to finish before it touches
 #: global memory (``tl_kernels._pdl_start``), so the bits and the stream's ordering for every
 #: other reader and writer are those of a plain launch. Off by default: on the H200 it removed
-#: the 6 us of launch gaps per backward but the kernels ran longer (mode 1: 0.5% at T = 128, 3.0%
-#: at T = 2048; mode 2: 0.7% and 0.9%; ``probe_idle_gaps.py --pdl all``, docs/kernels.md).
+#: the 6 us of launch gaps per backward, but the benchmark's timed loop ran longer (mode 1: 0.5% at
+#: T = 128, 3.0% at T = 2048; mode 2: 0.7% and 0.9%; ``probe_idle_gaps.py --pdl all``,
+#: docs/kernels.md).
 #: SWIGLU_PDL sets it at import, ``set_pdl`` in a process. Never in the interpreter.
 PDL_MODES = (0, 1, 2)
 
@@ -182,13 +183,22 @@ PDL = _pdl_from_env()
 _LAUNCHES_BY_PDL = {PDL: _LAUNCHES}
 
 
+def clear_launches() -> None:
+    """Forget every compiled launch of every PDL mode (after changing ``DIRECT_LAUNCH``, or to
+    time first launches again)."""
+    for cache in _LAUNCHES_BY_PDL.values():
+        cache.clear()
+    _LAUNCHES.clear()
+
+
 def set_pdl(mode: int) -> None:
     """Launch with PDL mode ``mode`` (``PDL_MODES``; False/True are 0/1) from now on; ignored in
     the interpreter. Each mode keeps its own compiled launches (``_LAUNCHES`` is that mode's), so
     switching back and forth costs no recompiles: the first launch per key and mode takes Triton's
-    path, later ones the cached one. Raises ValueError for another mode."""
+    path, later ones the cached one. Meant between runs: a launch on another thread while it
+    switches may still take the previous mode. Raises ValueError for another mode."""
     global PDL, _LAUNCHES
-    if mode not in PDL_MODES:
+    if type(mode) not in (int, bool) or mode not in PDL_MODES:
         raise ValueError(f"set_pdl: mode must be one of {PDL_MODES}, got {mode!r}")
     PDL = 0 if INTERPRET else int(mode)
     _LAUNCHES = _LAUNCHES_BY_PDL.setdefault(PDL, {})
@@ -289,24 +299,25 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     values as the key's first launch gave them. TMA descriptor arguments are given as ``Tma``
     (positionally). In the interpreter every launch takes Triton's path. Every kernel launched
     here takes a ``PDL`` constexpr, set by this function (``PDL``)."""
-    entry = _LAUNCHES.get(key)
+    cache, pdl = _LAUNCHES, PDL  # read once: the mode this launch is compiled and filed under
+    entry = cache.get(key)
     if entry is None:
         if any(type(v) is Tma for v in kwargs.values()):
             raise TypeError("launch takes Tma arguments positionally (keyword values are kept per key)")
         # Every kernel launched here takes the PDL constexpr (tl_kernels._pdl_start); launch_pdl
         # is triton's compile option for the launch attribute.
         # (INTERPRET read here too: the compile tests' recorder patches it.)
-        kwargs = dict(kwargs, PDL=PDL, launch_pdl=True) if PDL and not INTERPRET else dict(kwargs, PDL=0)
+        kwargs = dict(kwargs, PDL=pdl, launch_pdl=True) if pdl and not INTERPRET else dict(kwargs, PDL=0)
         compiled = kernel[grid](*as_descriptors(args), **kwargs)
         if INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
             return
         names = kernel.arg_names
-        if len(_LAUNCHES) >= _LAUNCHES_MAX:
-            _LAUNCHES.clear()
+        if len(cache) >= _LAUNCHES_MAX:
+            cache.clear()
         grid3 = tuple(grid) + (1,) * (3 - len(grid))  # the runner takes 3-D
         # The keyword arguments' values in signature order, kept: the key determines them.
         rest = tuple(kwargs[name] for name in names[len(args):])
-        _LAUNCHES[key] = (direct_runner(compiled, grid3) or _with_descriptors(compiled[grid3]), rest)
+        cache[key] = (direct_runner(compiled, grid3) or _with_descriptors(compiled[grid3]), rest)
         return
     runner, rest = entry
     runner(*args, *rest)

@@ -73,7 +73,10 @@ def forward_config_for(tokens: int, hidden_size: int | None = None,
                        intermediate_size: int | None = None) -> KernelConfig | None:
     """The fused kernel's configuration at ``tokens``, or None where cuBLAS is chosen; at a
     (hidden_size, intermediate_size) with its own measured entry for the bucket
-    (``FORWARD_CONFIGS_BY_SHAPE``), that one."""
+    (``FORWARD_CONFIGS_BY_SHAPE``), that one. Raises TypeError when only one of the two sizes
+    is given."""
+    if (hidden_size is None) != (intermediate_size is None):
+        raise TypeError("forward_config_for: give both hidden_size and intermediate_size, or neither")
     bucket = bucket_for(tokens)
     if hidden_size is not None:
         by_shape = FORWARD_CONFIGS_BY_SHAPE.get((hidden_size, intermediate_size))

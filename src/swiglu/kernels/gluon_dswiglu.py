@@ -41,7 +41,7 @@ CONFIGS = [
     DswigluGluonConfig(BN=128, STAGES=4, NG=2, EPI_M=32, num_warps=4, epi_warps=4, maxnreg=168, epi_regs=232),
 ]
 # Tried and dropped: 128x256x32 with 2 g buffers and 3 or 4 stages (for short K): slower than #0
-# in every case measured (docs/kernels.md).
+# or tied with it in every case measured (docs/kernels.md).
 
 
 # ----------------------------------------------------------------------------- helpers
