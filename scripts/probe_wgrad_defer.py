@@ -25,8 +25,10 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
-#: Gluon candidates beside the table's own: the three shapes the table uses at T <= 1024.
-CANDIDATES = ("table", "128x128x64 S4 NC3", "128x256x32 S4 NC2", "128x256x64 S3 NC1")
+#: Gluon candidates beside the table's own: the three shapes the table uses at T <= 1024, and
+#: ``gluon_wgrad.COOPERATIVE_CANDIDATES`` (256x128).
+CANDIDATES = ("table", "128x128x64 S4 NC3", "128x256x32 S4 NC2", "128x256x64 S3 NC1", "256x128x64 S3 NC1",
+              "256x128x32 S5 NC1")
 
 
 def parse(text: str, base):
