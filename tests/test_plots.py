@@ -28,7 +28,7 @@ from PIL import Image  # noqa: E402
 from bench_fixtures import FACTORS, write_synthetic_run, write_synthetic_tp_run  # noqa: E402
 from swiglu import roofline  # noqa: E402
 from swiglu_lab.bench import tp_model  # noqa: E402
-from swiglu_lab.research import analysis, plots, tp_report, train_step  # noqa: E402
+from swiglu_lab.research import analysis, hf_step, plots, tp_report, train_step  # noqa: E402
 from swiglu_lab.research import gradient_validation as validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,7 +296,7 @@ def test_tp_model_explains_an_efficiency_above_one_and_fits_its_width(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["latency", "speedup", "sol", "gmean", "energy", "clock", "history", "roofline",
-                                  "sol_bar", "ratio", "tp_measured", "tp_model", "train_step"])
+                                  "sol_bar", "ratio", "tp_measured", "tp_model", "train_step", "hf_step"])
 def test_every_figure_is_readable_at_readme_width(name, tmp_path):
     spread_run(tmp_path / "bench")
     write_synthetic_run(tmp_path / "power", power=True)
@@ -325,6 +325,7 @@ def test_every_figure_is_readable_at_readme_width(name, tmp_path):
         "tp_model": lambda: tp_report.model_plot(tp_model.model_table(rows, (2, 4, 8), latency, bw), measured, footer),
         "train_step": lambda: plots.training_step_plot(
             train_step.latest_run(ROOT / "data" / "train_step")["steps"], None, footer),
+        "hf_step": lambda: plots.hf_step_plot(hf_step.load_runs(ROOT / "data" / "hf_step"), footer),
     }
     fig = make[name]()
     assert fig.get_figwidth() <= plots.MAX_WIDTH_IN

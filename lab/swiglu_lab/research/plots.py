@@ -822,6 +822,63 @@ def training_step_plot(steps: pd.DataFrame, runs: pd.DataFrame | None = None, fo
     return _finish_panels(fig, records, footer, note="\n".join(textwrap.wrap(note, 130)))
 
 
+HF_LABELS = {"swiglu": "ours (swiglu_hf.apply)", "swiglu_pdl": "ours, PDL", "swiglu_nopdl": "ours, PDL off",
+             "swiglu_reuse": "ours, reusing saved buffers", "liger": "Liger's SwiGLU MLP",
+             "swiglu+compile": "ours + torch.compile", "unpatched+compile": "unpatched + torch.compile"}
+HF_STYLE = {"swiglu": ("#d62728", "*"), "swiglu_pdl": ("#e377c2", "P"), "swiglu_nopdl": ("#7f7f7f", "x"),
+            "swiglu_reuse": ("#9467bd", "v"), "liger": ("#ff7f0e", "^"), "swiglu+compile": ("#8c564b", "D"),
+            "unpatched+compile": ("#1f77b4", "s")}
+#: The step speed-up the Hugging Face goal asks for (a dashed line in ``hf_step_plot``).
+HF_TARGET = 1.05
+
+
+def hf_step_plot(runs: pd.DataFrame, footer: str = "",
+                 title: str = "Hugging Face training step: speed-up over the unpatched model") -> Figure:
+    """One panel per model shape (``hf_step.load_runs``' ``shape``), the recorded runs in date order
+    along x (labelled by commit): each variant's step speed-up over the same run's unpatched model,
+    filled where the run timed the variants side by side, hollow where one after the other. A grey
+    line at 1.0 and a dashed one at the goal (``HF_TARGET``)."""
+    runs = runs[runs["variant"] != "unpatched"]
+    shapes = list(runs.groupby("shape")["run"].nunique().sort_values(ascending=False).index)
+    widths = [max(4, runs[runs["shape"] == sh]["run"].nunique()) for sh in shapes]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(MAX_WIDTH_IN, 4.2), squeeze=False,
+                             gridspec_kw={"width_ratios": widths}, sharey=True)
+    records: list = []
+    for ax, shape in zip(axes[0], shapes):
+        part = runs[runs["shape"] == shape]
+        order = list(dict.fromkeys(part["run"]))
+        variants = [v for v in HF_STYLE if v in set(part["variant"])] + sorted(set(part["variant"]) - set(HF_STYLE))
+        n = len(variants)
+        for k, v in enumerate(variants):
+            d = part[part["variant"] == v].set_index("run").reindex(order)
+            color, marker = HF_STYLE.get(v, ("0.4", "o"))
+            pos = np.arange(len(order)) + (k - (n - 1) / 2) * (0.6 / max(1, n))
+            side = d["side_by_side"].fillna(False).astype(bool).to_numpy()
+            y = d["speedup"].to_numpy(float)
+            for mask, fill in ((side, color), (~side, "white")):
+                ax.plot(pos[mask], y[mask], ls="none", marker=marker, color=color, mfc=fill, mec=color,
+                        ms=6 if marker != "*" else 8, label=HF_LABELS.get(v, v) if fill == color else None, zorder=3)
+            for run, yy in zip(order, y):
+                if not np.isnan(yy):
+                    records.append({"panel": shape, "series": v, "x": run, "y": float(yy), "lo": math.nan,
+                                    "hi": math.nan})
+        ax.axhline(1.0, color="0.5", lw=0.8)
+        ax.axhline(HF_TARGET, color="0.3", lw=0.8, ls="--")
+        commits = [part.loc[part["run"] == r, "commit"].iloc[0] or r.split("/")[0][-7:] for r in order]
+        ax.set_xticks(range(len(order)), commits, rotation=60, ha="right")
+        ax.set_xlim(-0.6, len(order) - 0.4)
+        ax.set_title("\n".join(textwrap.wrap(shape, 22)), fontsize=MIN_FONT_PT + 1)
+        ax.grid(True, axis="y", lw=0.3, alpha=0.5)
+    axes[0][0].set_ylabel("step speed-up over unpatched (x)")
+    axes[0][0].plot([], [], ls="--", color="0.3", lw=0.8, label=f"the goal, {HF_TARGET:.2f}x")
+    fig.suptitle(title)
+    fig.tight_layout()
+    note = ("filled: eager variants timed side by side in rotated blocks (one process); hollow: one after the other, "
+            "where the machine's CPU drift moved the same code by up to 10%; each run's own unpatched model is 1.0x; "
+            "x: the runs in date order, by commit (at dc30132 ours ran with PDL, mode 1, beside 'PDL off')")
+    return _finish_panels(fig, records, footer, legend_axes=list(axes[0]), ncol=4, note=note)
+
+
 def tp_timeline_plot(events: pd.DataFrame, footer: str = "", title: str = "Per-rank timeline of one TP backward") -> Figure:
     """One panel per variant (``tp_serial``, ``tp_early``, ...), one row per rank: each kernel a bar
     from its start to its end (``swiglu_lab.bench.timeline`` rows of one case, aligned), compute and

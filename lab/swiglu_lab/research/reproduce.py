@@ -52,7 +52,7 @@ DERIVED = {
     "03_latency": ("latency_per_case.csv", "latency_summary.csv", "power_per_case.csv"),
     "04_history": ("history.csv",),
     "05_tensor_parallel": ("tp_measured.csv", "tp_model.csv", "tp_overlap.csv"),
-    "06_training_memory": ("train_step_summary.csv",),
+    "06_training_memory": ("train_step_summary.csv", "hf_step_runs.csv"),
 }
 #: Where a subset run writes unless told to overwrite (see the module docstring).
 SUBSET_DIR = Path("build/reproduce")
