@@ -25,10 +25,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
-#: Gluon candidates beside the table's own: the three shapes the table uses at T <= 1024, and
-#: ``gluon_wgrad.COOPERATIVE_CANDIDATES`` (256x128).
-CANDIDATES = ("table", "128x128x64 S4 NC3", "128x256x32 S4 NC2", "128x256x64 S3 NC1", "256x128x64 S3 NC1",
-              "256x128x32 S5 NC1")
+#: Gluon candidates beside the table's own: the three shapes the table uses at T <= 1024 (and, in
+#: ``measure``, ``gluon_wgrad.COOPERATIVE_CANDIDATES``' tiles).
+CANDIDATES = ("table", "128x128x64 S4 NC3", "128x256x32 S4 NC2", "128x256x64 S3 NC1")
 
 
 def parse(text: str, base):
@@ -43,7 +42,7 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
 
     from swiglu.kernels import backward
     from swiglu.kernels.configs import GluonConfig
-    from swiglu.kernels.gluon_wgrad import PINGPONG_CANDIDATES, launch_grad_weight_gluon
+    from swiglu.kernels.gluon_wgrad import COOPERATIVE_CANDIDATES, PINGPONG_CANDIDATES, launch_grad_weight_gluon
     from swiglu_lab.bench.timing import time_iterations
 
     table = backward.gluon_config_for(T, dev) or GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1)
@@ -59,7 +58,7 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
         return lambda out: launch_grad_weight_gluon(a, b, out, cfg, nprog)
 
     tried = set()
-    for name in CANDIDATES:
+    for name in CANDIDATES + tuple(f"{c.BM}x{c.BN}x{c.BK} S{c.STAGES} NC{c.NC}" for c in COOPERATIVE_CANDIDATES):
         base = replace(table if name == "table" else parse(name, table), defer=False)
         if base in tried:
             continue

@@ -20,7 +20,7 @@ from .common import (INTERPRET, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, 
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
 from .configs import (CONFIGS, GLUON_CONFIGS, GLUON_DSWIGLU, GLUON_DSWIGLU_BY_SHAPE,  # noqa: F401 (the table)
-                      TUNED_CONFIGS_PATH)
+                      TUNED_CONFIGS_PATH, shape_choice)
 from .shared_memory import check_shared_memory
 
 def config_for(kernel: str, tokens: int) -> KernelConfig:
@@ -98,7 +98,7 @@ def _gluon_config_for_bucket(bucket: int, device: torch.device, kernel: str = "g
     if kernel == "grad_weights":
         g = GLUON_CONFIGS[bucket]
     else:
-        g = GLUON_DSWIGLU_BY_SHAPE.get(shape, {}).get(bucket) or GLUON_DSWIGLU[bucket]
+        g = shape_choice(GLUON_DSWIGLU, GLUON_DSWIGLU_BY_SHAPE, bucket, shape)
     if g is None or gluon_unavailable_reason(device) is not None:
         return None
     limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin

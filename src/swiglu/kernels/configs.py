@@ -183,6 +183,19 @@ def parse_shape(key: str) -> tuple[int, int]:
     return hidden, inter
 
 
+def parse_by_shape(section: dict, make) -> dict:
+    """A table's per-shape section (``{"HxI": {bucket key: entry}}``) as
+    ``{(hidden_size, intermediate_size): {bucket: make(entry)}}``."""
+    return {parse_shape(shape): {parse_bucket(k): make(e) for k, e in buckets.items()} for shape, buckets in section.items()}
+
+
+def shape_choice(table: dict, by_shape: dict, bucket: int, shape: tuple[int, int] | None):
+    """``by_shape[shape][bucket]`` where that shape has its own entry for the bucket (a
+    ``parse_by_shape`` table; the entry may be None), else ``table[bucket]``."""
+    own = by_shape.get(shape)
+    return own[bucket] if own is not None and bucket in own else table[bucket]
+
+
 def _load(path: Path) -> None:
     table = json.loads(path.read_text())
     for kernel, buckets in table["configs"].items():
@@ -192,9 +205,8 @@ def _load(path: Path) -> None:
         GLUON_CONFIGS[parse_bucket(key)] = GluonConfig(**entry["config"])
     for key, entry in table.get("gluon_dswiglu", {}).items():
         GLUON_DSWIGLU[parse_bucket(key)] = DswigluGluonConfig(**entry["config"])
-    for shape, buckets in table.get("gluon_dswiglu_by_shape", {}).items():
-        GLUON_DSWIGLU_BY_SHAPE[parse_shape(shape)] = {parse_bucket(k): DswigluGluonConfig(**e["config"])
-                                                      for k, e in buckets.items()}
+    GLUON_DSWIGLU_BY_SHAPE.update(parse_by_shape(table.get("gluon_dswiglu_by_shape", {}),
+                                                 lambda e: DswigluGluonConfig(**e["config"])))
 
 
 _load(TUNED_CONFIGS_PATH)

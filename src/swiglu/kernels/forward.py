@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from . import tl_kernels as kernels
 from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, launch, Tma, tile_programs, tma_ready,
                      unsupported_reason)
-from .configs import parse_bucket, parse_shape
+from .configs import parse_bucket, parse_by_shape, shape_choice
 
 #: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
 #: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
@@ -58,8 +58,7 @@ def _load_forward_configs(path: Path) -> None:
     table = json.loads(path.read_text())
     for bucket, entry in table["configs"].items():
         FORWARD_CONFIGS[parse_bucket(bucket)] = _entry_config(entry)
-    for shape, buckets in table.get("configs_by_shape", {}).items():
-        FORWARD_CONFIGS_BY_SHAPE[parse_shape(shape)] = {parse_bucket(b): _entry_config(e) for b, e in buckets.items()}
+    FORWARD_CONFIGS_BY_SHAPE.update(parse_by_shape(table.get("configs_by_shape", {}), _entry_config))
 
 
 def _entry_config(entry: dict) -> KernelConfig | None:
@@ -77,12 +76,8 @@ def forward_config_for(tokens: int, hidden_size: int | None = None,
     is given."""
     if (hidden_size is None) != (intermediate_size is None):
         raise TypeError("forward_config_for: give both hidden_size and intermediate_size, or neither")
-    bucket = bucket_for(tokens)
-    if hidden_size is not None:
-        by_shape = FORWARD_CONFIGS_BY_SHAPE.get((hidden_size, intermediate_size))
-        if by_shape is not None and bucket in by_shape:
-            return by_shape[bucket]
-    return FORWARD_CONFIGS[bucket]
+    shape = None if hidden_size is None else (hidden_size, intermediate_size)
+    return shape_choice(FORWARD_CONFIGS, FORWARD_CONFIGS_BY_SHAPE, bucket_for(tokens), shape)
 
 
 def _check_fused_config(c: KernelConfig) -> None:

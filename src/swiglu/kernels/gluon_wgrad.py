@@ -69,17 +69,20 @@ def _pdl_start(PDL: gl.constexpr):
     ``tl.extra.cuda.gdc_wait`` / ``gdc_launch_dependents`` emit it; ``_pdl_end`` after the
     partitions join."""
     if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        _griddepcontrol("griddepcontrol.wait; // dummy $0")
     if PDL == 1:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+        _griddepcontrol("griddepcontrol.launch_dependents; // dummy $0")
 
 
 @gluon.jit
 def _pdl_end(PDL: gl.constexpr):
     if PDL == 2:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+        _griddepcontrol("griddepcontrol.launch_dependents; // dummy $0")
+
+
+@gluon.jit
+def _griddepcontrol(ASM: gl.constexpr):
+    gl.inline_asm_elementwise(ASM, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
