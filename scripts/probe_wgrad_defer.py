@@ -25,8 +25,10 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
-#: Gluon candidates beside the table's own: the three shapes the table uses at T <= 1024 (and, in
-#: ``measure``, ``gluon_wgrad.COOPERATIVE_CANDIDATES``' tiles).
+#: Gluon candidates beside the table's own: the three shapes the table uses at T <= 1024. All
+#: cooperative (a ping-pong table entry's flag is not carried over: the ping-pong kernel with a
+#: 128x256 tile spilled and ran 5-10x slower). Cooperative 256x128 tiles (BK 64 S3, BK 32 S5) ran
+#: 9-21% slower than the table at T = 256 and 1024 (data/tuning/wgrad_cooperative256_018d517_20261201.csv).
 CANDIDATES = ("table", "128x128x64 S4 NC3", "128x256x32 S4 NC2", "128x256x64 S3 NC1")
 
 
@@ -42,7 +44,7 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
 
     from swiglu.kernels import backward
     from swiglu.kernels.configs import GluonConfig
-    from swiglu.kernels.gluon_wgrad import COOPERATIVE_CANDIDATES, PINGPONG_CANDIDATES, launch_grad_weight_gluon
+    from swiglu.kernels.gluon_wgrad import PINGPONG_CANDIDATES, launch_grad_weight_gluon
     from swiglu_lab.bench.timing import time_iterations
 
     table = backward.gluon_config_for(T, dev) or GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1)
@@ -58,15 +60,15 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
         return lambda out: launch_grad_weight_gluon(a, b, out, cfg, nprog)
 
     tried = set()
-    for name in CANDIDATES + tuple(f"{c.BM}x{c.BN}x{c.BK} S{c.STAGES} NC{c.NC}" for c in COOPERATIVE_CANDIDATES):
-        base = replace(table if name == "table" else parse(name, table), defer=False)
+    for name in CANDIDATES:
+        base = replace(table, defer=False) if name == "table" else replace(parse(name, table), defer=False, pingpong=False)
         if base in tried:
             continue
         tried.add(base)
         for defer in (False, True):
             cfg = replace(base, defer=defer)
-            label = f"gluon {'table ' if name == 'table' else ''}{cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} " \
-                    f"NC{cfg.NC}{' defer' if defer else ''}"
+            label = f"gluon {'table ' if name == 'table' else ''}{'ping-pong ' if cfg.pingpong else ''}" \
+                    f"{cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}{' defer' if defer else ''}"
             variants[label] = gluon(cfg)
     if pingpong:  # the ping-pong kernel's candidates, bitwise against their cooperative twins
         for cfg in PINGPONG_CANDIDATES:

@@ -4,8 +4,7 @@
 
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
 also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), and the
-ping-pong kernel's candidates (``gluon_wgrad.PINGPONG_CANDIDATES``) and the untimed cooperative
-ones (``gluon_wgrad.COOPERATIVE_CANDIDATES``).
+ping-pong kernel's candidates (``gluon_wgrad.PINGPONG_CANDIDATES``).
 dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CONFIGS``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
@@ -108,8 +107,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # Each table config as it is and with the other epilogue placement (deferred or not).
         table = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
         configs = list(dict.fromkeys(table + [dataclasses.replace(c, defer=not c.defer) for c in table]
-                                     + list(gluon_wgrad.PINGPONG_CANDIDATES)
-                                     + list(gluon_wgrad.COOPERATIVE_CANDIDATES)))
+                                     + list(gluon_wgrad.PINGPONG_CANDIDATES)))
         results = [compile_one(c) for c in configs] + [compile_one(table[0], pdl) for pdl in (1, 2)]
     elif kind == "dswiglu":
         indices = range(len(gluon_dswiglu.CONFIGS)) if not indices else indices

@@ -76,6 +76,10 @@ def test_gluon_wgrad_table_takes_a_clear_winner_only():
     rows = _probe_rows(256, {"gluon table 128x128x64 S4 NC3": (0.8, 0.8),
                              "gluon table 128x128x64 S4 NC3 defer": (0.5, 0.5)}, bitwise=False)
     assert gluon_wgrad_table(rows, old, base, "p")["gluon_grad_weights"] == old["gluon_grad_weights"]
+    # The table's own ping-pong entry, deferred, keeps its kernel: "ping-pong " in the label.
+    rows = _probe_rows(256, {"gluon table ping-pong 128x128x64 S4 NC3": (0.8, 0.8),
+                             "gluon table ping-pong 128x128x64 S4 NC3 defer": (0.7, 0.7)})
+    assert gluon_wgrad_table(rows, old, base, "p")["gluon_grad_weights"]["256"]["config"]["pingpong"] is True
 
 
 @pytest.mark.parametrize("pingpong_ms, twin_ms, pingpong", [(1.2, 1.4, True), (1.5, 1.2, False)])

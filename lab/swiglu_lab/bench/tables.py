@@ -58,7 +58,10 @@ def shape_forward_table(doc: dict, hidden_size: int, intermediate_size: int, bas
 
 #: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows; " twin" is a cooperative
 #: kernel timed beside its ping-pong variant.
-_GLUON_LABEL = re.compile(r"gluon (table )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?( pingpong| twin)?$")
+#: A probe's Gluon label: "gluon [table ][ping-pong ]BMxBNxBK S<stages> NC<n>[ defer][ pingpong| twin]" (the
+#: "ping-pong " prefix: the table's own entry is the ping-pong kernel; the " pingpong" suffix: a
+#: ping-pong candidate beside its cooperative " twin").
+_GLUON_LABEL = re.compile(r"gluon (table )?(ping-pong )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?( pingpong| twin)?$")
 
 
 def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, margin: float = 0.02) -> dict:
@@ -89,9 +92,9 @@ def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, marg
             if bucket_key(bucket_for(T)) in section else next((v for v in variants if v.startswith("tl ")), None)
         if current is None or not gluon[best] < (1 - margin) * total(variants[current]):
             continue
-        _, bm, bn, bk, stages, nc, defer, pingpong = _GLUON_LABEL.match(best).groups()
+        _, table_pingpong, bm, bn, bk, stages, nc, defer, pingpong = _GLUON_LABEL.match(best).groups()
         config = {**base, "BM": int(bm), "BN": int(bn), "BK": int(bk), "STAGES": int(stages), "NC": int(nc),
-                  "defer": defer is not None, "pingpong": pingpong == " pingpong"}
+                  "defer": defer is not None, "pingpong": pingpong == " pingpong" or table_pingpong is not None}
         times = {r["shape"]: float(r["ms"]) for r in variants[best]}
         section[bucket_key(bucket_for(T))] = {
             "config": config, "ms_" + "_".join(sorted(times)): [times[k] for k in sorted(times)],

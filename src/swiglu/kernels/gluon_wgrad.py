@@ -216,11 +216,6 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
 #: registers) and checked bitwise against the cooperative kernel on the GPU.
 PINGPONG_CANDIDATES = (GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True),
                        GluonConfig(BM=128, BN=128, BK=32, STAGES=6, NC=2, pingpong=True))
-#: Cooperative tiles not yet timed (``scripts/probe_wgrad_defer.py`` runs them): 256x128, the
-#: 128x256 table tile's L2 traffic per output with each warpgroup on its own 128 rows; compiled
-#: for sm_90 by the CPU tests (168 registers, no spills, 189-214 KB of shared memory).
-COOPERATIVE_CANDIDATES = (GluonConfig(BM=256, BN=128, BK=64, STAGES=3, NC=1),
-                          GluonConfig(BM=256, BN=128, BK=32, STAGES=5, NC=1))
 
 
 @gluon.jit
