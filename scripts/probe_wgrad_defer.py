@@ -28,7 +28,7 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 #: Gluon candidates beside the table's own: the three shapes the table uses at T <= 1024. All
 #: cooperative (a ping-pong table entry's flag is not carried over: the ping-pong kernel with a
 #: 128x256 tile spilled and ran 5-10x slower). Cooperative 256x128 tiles (BK 64 S3, BK 32 S5) ran
-#: 9-21% slower than the table at T = 256 and 1024 (data/tuning/wgrad_cooperative256_018d517_20261201.csv).
+#: 5-21% slower than the table at T = 256 and 1024 (data/tuning/wgrad_cooperative256_018d517_20261201.csv).
 CANDIDATES = ("table", "128x128x64 S4 NC3", "128x256x32 S4 NC2", "128x256x64 S3 NC1")
 
 
