@@ -43,6 +43,20 @@ def test_lean_op_refuses_gate_output_that_shares_memory_with_a_read_input(shared
         assert relative_error(g.reshape(w.shape), w) < 2e-2
 
 
+
+@pytest.mark.parametrize("written", ["gate_output", "up_output"])
+def test_overwriting_backward_refuses_activated_gate_that_overlaps_what_it_writes(written):
+    """activated_gate is read while d_gate/d_up are written over gate_output/up_output: an
+    activated_gate sharing their memory (here shifted by 3 rows) was read after other tiles
+    overwrote it, and the gradients came back wrong without an error."""
+    t = _inputs()
+    T, s = t["go"].shape[0], 3
+    buf = torch.randn((T + s) * I).bfloat16()
+    act, shifted = buf[: T * I].view(T, I), buf[s * I:].view(T, I)
+    gate, up = (shifted, t["up"].clone()) if written == "gate_output" else (t["up"].clone(), shifted)
+    with pytest.raises(ValueError, match=f"{written}, which shares memory with activated_gate"):
+        triton_swiglu_backward(t["go"], t["x"], gate, up, act, t["gw"], t["uw"], t["dw"], overwrite_activations=True)
+
 def test_device_queries_on_a_machine_without_that_device():
     if torch.cuda.is_available():
         pytest.skip("checks a machine without CUDA")

@@ -357,9 +357,9 @@ def launch_backward(
                 raise ValueError("overwrite_activations needs gate_output and up_output in separate memory")
             # They are written (d_gate, d_up) while the others are still read: no shared memory.
             for name, t in (("gate_output", gate), ("up_output", up)):
-                for other, u in (("grad_output", go), ("x", xf), ("gate_weight", gate_w), ("up_weight", up_w),
-                                 ("down_weight", down_w)):
-                    if _overlap(t, u):
+                for other, u in (("grad_output", go), ("x", xf), ("activated_gate", act), ("gate_weight", gate_w),
+                                 ("up_weight", up_w), ("down_weight", down_w)):
+                    if u is not None and _overlap(t, u):
                         raise ValueError(f"overwrite_activations writes over {name}, which shares memory with "
                                          f"{other}: pass a tensor of its own (e.g. {name}.clone())")
             d_gate, d_up = gate, up
