@@ -405,3 +405,20 @@ def test_invalid_group_m_is_rejected(device):
     with pytest.raises(ValueError, match="GROUP_M"):
         cfg = replace(SMALL, GROUP_M=0)
         triton_swiglu_backward(*inp.as_tuple(), configs={**SMALL_CONFIGS, "grad_weights": cfg})
+
+
+def test_lean_down_weight_only_with_row_strided_gate_and_up(device):
+    """Memory-lean (activated_gate None), grad_down_weight alone: h comes from the elementwise
+    product kernel, which reads flat memory; gate/up as column halves of one [T, 2I] buffer
+    (row stride 2I) were read as if contiguous (wrong grad_down_weight, no error)."""
+    T, I = 9, 24
+    inp = make_inputs(1, T, 16, I, seed=_seed(), device=device)
+    both = torch.cat([inp.gate_output.reshape(T, I), inp.up_output.reshape(T, I)], dim=1)
+    gate, up = both[:, :I], both[:, I:]
+    assert not gate.is_contiguous() and gate.stride(0) == 2 * I
+    needs = dict(need_grad_x=False, need_grad_gate_weight=False, need_grad_up_weight=False)
+    w = (inp.gate_weight, inp.up_weight, inp.down_weight)
+    x, go = inp.x.reshape(T, -1), inp.grad_output.reshape(T, -1)
+    want = triton_swiglu_backward(go, x, gate.contiguous(), up.contiguous(), None, *w, configs=SMALL_CONFIGS, **needs)[3]
+    got = triton_swiglu_backward(go, x, gate, up, None, *w, configs=SMALL_CONFIGS, **needs)[3]
+    assert torch.equal(got, want)

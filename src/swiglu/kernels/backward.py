@@ -370,7 +370,7 @@ def launch_backward(
     elif need_grad_down_weight:
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
         if act is None:  # only grad_down_weight wanted: h alone, no g GEMM
-            launch_swiglu_product(gate, up, h)
+            launch_swiglu_product(gate.contiguous(), up.contiguous(), h)  # it reads flat memory
         else:
             with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
                 torch.mul(act, up, out=h)
