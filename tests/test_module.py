@@ -512,8 +512,10 @@ def test_triton_path_errors_at_forward(monkeypatch, triton_backward, device):
     ((32.0, 64), {}, TypeError, r"hidden_size must be a positive int, got 32.0 \(float\)"),
     ((32, True), {}, TypeError, r"intermediate_size must be a positive int, got True \(bool\)"),
     ((0, 64), {}, ValueError, "hidden_size must be a positive int, got 0"),
-    ((32, 64), {"dtype": torch.int32}, TypeError, "dtype must be a floating torch.dtype"),
-    ((32, 64), {"dtype": "bfloat16"}, TypeError, "dtype must be a floating torch.dtype"),
+    ((32, 64), {"dtype": torch.int32}, TypeError, "dtype must be one of"),
+    ((32, 64), {"dtype": "bfloat16"}, TypeError, "dtype must be one of"),
+    ((32, 64), {"dtype": torch.float8_e4m3fn}, TypeError, "dtype must be one of"),  # floating, no matmul
+    ((32, 64), {"device": "bogus"}, ValueError, "device must be a torch.device, a device string or None, got 'bogus'"),
 ])
 def test_bad_constructor_arguments_name_the_argument(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):

@@ -169,3 +169,16 @@ def test_non_contiguous_inputs(request):
     for name, out, ref in zip(OUTPUT_NAMES, outs, oracle):
         assert torch.isfinite(out).all(), name
         assert relative_error(out, ref) < REL_ERROR_BOUND, name
+
+
+def test_benchmark_criterion_passes_an_empty_pair_and_still_fails_a_mismatch():
+    """A T = 0 backward's grad_x is [0, H]: nothing mismatches, so it passes (it read 0 matched of
+    0 as a fraction of 0 and failed); a non-empty pair with too many wrong elements still fails."""
+    empty = torch.empty(0, 16, dtype=torch.bfloat16)
+    r = benchmark_criterion(empty, empty.float(), atol=1e-3)
+    assert r.passed and r.match_fraction == 1.0
+    ref = torch.randn(64, 16)
+    bad = ref.clone()
+    bad.view(-1)[: int(0.02 * bad.numel()) + 1] += 10.0  # more than the 1% the criterion allows
+    assert not benchmark_criterion(bad, ref, atol=1e-3).passed
+    assert benchmark_criterion(ref.clone(), ref, atol=1e-3).passed

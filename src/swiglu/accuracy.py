@@ -43,7 +43,8 @@ def benchmark_criterion(
     rtol: float = RTOL,
     min_fraction: float = MIN_MATCH_FRACTION,
 ) -> CriterionResult:
-    """Apply SOL-ExecBench's check to ``out`` against ``ref`` (same shape, any dtypes).
+    """Apply SOL-ExecBench's check to ``out`` against ``ref`` (same shape, any dtypes). An empty
+    pair (a T = 0 backward's grad_x) has no element that mismatches: it passes, fraction 1.0.
 
     Raises ``ValueError`` when shapes differ.
     """
@@ -59,7 +60,7 @@ def benchmark_criterion(
         matched += int((err <= atol + rtol * r32.abs()).sum())
         if err.numel():
             max_err = max(max_err, float(torch.nan_to_num(err, nan=float("inf")).max()))
-    fraction = matched / max(1, out.numel())
+    fraction = matched / out.numel() if out.numel() else 1.0
     return CriterionResult(nonfinite == 0 and fraction >= min_fraction, fraction, nonfinite, max_err)
 
 

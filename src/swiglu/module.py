@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
+from .checks import FLOAT_DTYPES
 from .ops import IMPLS, _check_impl, _renamed, _swiglu_mlp, resolve_impl
 from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
@@ -71,8 +72,14 @@ class SwiGLUMLP(nn.Module):
                 raise TypeError(f"{label} must be a positive int, got {size!r} ({type(size).__name__})")
             if size <= 0:
                 raise ValueError(f"{label} must be a positive int, got {size!r}")
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(f"dtype must be a floating torch.dtype (the weights' dtype) or None, got {dtype!r}")
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise TypeError(f"dtype must be one of {', '.join(map(str, FLOAT_DTYPES))} (the weights' dtype) or None, "
+                            f"got {dtype!r}")
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as err:
+                raise ValueError(f"device must be a torch.device, a device string or None, got {device!r}") from err
         if backward_impl is not None:
             impl = _renamed(backward_impl, impl)
         _check_impl(impl)
