@@ -92,7 +92,7 @@ class SwiGLUMLP(nn.Module):
         if not isinstance(reuse_saved_buffers, bool):
             raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
         self.reuse_saved_buffers = reuse_saved_buffers
-        if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        if device is not None and device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={str(device)!r} but torch finds no CUDA GPU here (torch.cuda.is_available() is "
                              "False); use device='cpu'")
         kw = dict(bias=False, device=device, dtype=dtype)

@@ -56,11 +56,10 @@ def shape_forward_table(doc: dict, hidden_size: int, intermediate_size: int, bas
     return {**base, "configs_by_shape": by_shape}
 
 
-#: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows; " twin" is a cooperative
-#: kernel timed beside its ping-pong variant.
-#: A probe's Gluon label: "gluon [table ][ping-pong ]BMxBNxBK S<stages> NC<n>[ defer][ pingpong| twin]" (the
-#: "ping-pong " prefix: the table's own entry is the ping-pong kernel; the " pingpong" suffix: a
-#: ping-pong candidate beside its cooperative " twin").
+#: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows:
+#: "gluon [table ][ping-pong ]BMxBNxBK S<stages> NC<n>[ defer][ pingpong| twin]" (the "ping-pong "
+#: prefix: the table's own entry is the ping-pong kernel; the " pingpong" suffix: a ping-pong
+#: candidate, " twin": the cooperative kernel timed beside it).
 _GLUON_LABEL = re.compile(r"gluon (table )?(ping-pong )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?( pingpong| twin)?$")
 
 
