@@ -3,8 +3,12 @@
 backward_configs.json``): does a per-kernel probe's choice hold in the backward? Hermes' size, same
 process, the two alternating, 256 MB L2 flush before every call, CUDA events
 (``swiglu_lab.bench.timing.time_iterations``), median of ``--iters``; the two results compared bit for bit (``same_bits``).
+``--block N`` takes turns in blocks of N calls, as the benchmark times one implementation's 50 in
+a row: a kernel's own power draw then sets the clock it runs at, which alternating call by call
+shares between the two tables (data/tuning/wgrad_power_880e424_20261202.csv).
 
     python scripts/probe_wgrad_table_ab.py --against-json build/old_configs.json --tokens 128,1024,2048
+    python scripts/probe_wgrad_table_ab.py --against-json build/new.json --tokens 128,1024 --iters 150 --block 50
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 
-def measure(T: int, ours: dict, other: dict, flush, iters: int) -> dict:
+def measure(T: int, ours: dict, other: dict, flush, iters: int, block: int = 1) -> dict:
     """One token count: the two tables' medians and whether their results are the same bits."""
     import torch
 
@@ -42,14 +46,14 @@ def measure(T: int, ours: dict, other: dict, flush, iters: int) -> dict:
     for name in tables:
         run(name)
         outs[name] = backward.triton_swiglu_backward(*a)
-    for _ in range(iters):
+    for _ in range(max(1, iters // block)):
         for name in tables:
             run(name)
-            times[name] += time_iterations(backward.triton_swiglu_backward, lambda: a, 1, a[1].device, flush.zero_)
+            times[name] += time_iterations(backward.triton_swiglu_backward, lambda: a, block, a[1].device, flush.zero_)
     backward.GLUON_CONFIGS.update(ours)
     backward.clear_plans()
     bucket = backward.bucket_for(T)
-    row = dict(tokens=T, table=str(ours[bucket]), against=str(other[bucket]),
+    row = dict(tokens=T, block=block, table=str(ours[bucket]), against=str(other[bucket]),
                **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()},
                same_bits=all(torch.equal(x, y) for x, y in zip(outs["table"], outs["against"])))
     row["against_over_table"] = round(row["against_ms"] / row["table_ms"], 4)
@@ -63,6 +67,7 @@ def main(argv=None) -> int:
     p.add_argument("--against-json", required=True, help="a backward_configs.json whose Gluon weight-gradient entries to compare")
     p.add_argument("--tokens", default="128,1024,2048")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--block", type=int, default=1, help="calls per turn (1: alternate call by call)")
     p.add_argument("--out", default=str(REPO / "build" / "probe"))
     args = p.parse_args(argv)
 
@@ -78,7 +83,7 @@ def main(argv=None) -> int:
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     rows = []
     for T in (int(t) for t in args.tokens.split(",")):
-        rows.append(measure(T, ours, other, flush, args.iters))
+        rows.append(measure(T, ours, other, flush, args.iters, args.block))
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,136 @@
+"""Weight-gradient tiles under sustained load: time per call, board power and SM clock.
+
+Nsight Compute replays one launch at a time, with pauses between its passes, so the clock it
+reads is not the one a kernel keeps in a loop at the card's power cap. Here each variant of one
+weight gradient ``out = a.T @ b`` at Hermes size (a [T, I], b [T, H]) runs back to back for
+``--seconds`` (optionally with the benchmark's 256 MB L2 flush before each call), with NVML
+sampling board power and SM clock (``swiglu_lab.bench.power``), the variants taken in turn for
+``--rounds`` rounds (drift hits all alike); per (T, variant, flush) the median over rounds of ms
+per call, and mean power, clock and energy per call. Variants: cuBLAS (``torch.matmul``), the
+Gluon kernel with the table's config (``table``) and named cooperative tiles. Each output is
+checked close to cuBLAS's. GPU only.
+
+    python scripts/probe_wgrad_power.py --tokens 256,1024 --out build/probe
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+
+TILES = ("table", "128x256x32 S4 NC2", "128x256x64 S3 NC1")
+
+
+def variants_at(T: int, a, b, dev):
+    """label -> callable(out) for one token count."""
+    import torch
+
+    from swiglu.kernels import backward
+    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+
+    M, N = a.shape[1], b.shape[1]
+    out = {"cublas": lambda o: torch.matmul(a.T, b, out=o)}
+    table = backward.gluon_config_for(T, dev)
+    if table is None:
+        return out
+    for name in TILES:
+        cfg = table
+        if name != "table":
+            tile, stages, nc = name.split()
+            bm, bn, bk = (int(v) for v in tile.split("x"))
+            cfg = replace(table, BM=bm, BN=bn, BK=bk, STAGES=int(stages[1:]), NC=int(nc[2:]), pingpong=False)
+        nprog = backward.tile_programs(dev, M, N, cfg)
+        label = f"gluon {name}" + (f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
+                                   f"{' ping-pong' if cfg.pingpong else ''})" if name == "table" else "")
+        out[label] = (lambda c, p: lambda o: launch_grad_weight_gluon(a, b, o, c, p))(cfg, nprog)
+    return out
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from swiglu_lab.bench.power import open_monitor
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", default="256,1024")
+    p.add_argument("--seconds", type=float, default=0.6, help="per variant, round and flush mode")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--flush", default="0,1", help="0: back to back; 1: L2 flush before each call")
+    p.add_argument("--out", default=str(REPO / "build" / "probe"))
+    args = p.parse_args(argv)
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    monitor, why = open_monitor(dev, interval_s=0.01, min_window_s=0.0)
+    print(why)
+    flush_buf = torch.empty(256 * 2**20, dtype=torch.uint8, device=dev)
+    H, I = 16384, 53248
+    rows = []
+    for T in (int(t) for t in args.tokens.split(",")):
+        a = torch.randn(T, I, device=dev, dtype=torch.bfloat16, generator=gen)
+        b = torch.randn(T, H, device=dev, dtype=torch.bfloat16, generator=gen)
+        ref = torch.matmul(a.T, b).float()
+        scale = ref.abs().max().item()
+        outs, calls = {}, {}
+        for label, fn in variants_at(T, a, b, dev).items():
+            o = torch.full((I, H), float("nan"), device=dev, dtype=torch.bfloat16)
+            fn(o)
+            torch.cuda.synchronize()
+            close = bool(torch.allclose(o.float(), ref, rtol=2e-2, atol=2e-2 * scale))
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(3):
+                fn(o)
+            end.record()
+            torch.cuda.synchronize()
+            calls[label] = max(3, math.ceil(args.seconds * 1e3 / (start.elapsed_time(end) / 3)))
+            outs[label] = (fn, o, close)
+        del ref
+        for flush in (int(f) for f in args.flush.split(",")):
+            acc = {label: [] for label in outs}
+            for r in range(args.rounds):
+                order = list(outs)[r % len(outs):] + list(outs)[:r % len(outs)]
+                for label in order:
+                    fn, o, _ = outs[label]
+                    n = calls[label]
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    torch.cuda.synchronize()
+                    window = monitor.open_window() if monitor else None
+                    start.record()
+                    for _ in range(n):
+                        if flush:
+                            flush_buf.zero_()
+                        fn(o)
+                    end.record()
+                    torch.cuda.synchronize()
+                    power = monitor.close_window(window, n) if monitor else {}
+                    acc[label].append(dict(ms=start.elapsed_time(end) / n, **power))
+            for label, got in acc.items():
+                rows.append(dict(T=T, variant=label, flush=bool(flush), calls=calls[label],
+                                 ms_per_call=round(statistics.median(g["ms"] for g in got), 4),
+                                 power_w=round(statistics.mean(g.get("power_w", math.nan) for g in got), 1),
+                                 sm_clock_mhz=round(statistics.mean(g.get("sm_clock_mhz", math.nan) for g in got)),
+                                 energy_j_per_call=round(statistics.mean(g.get("energy_j", math.nan) for g in got), 4),
+                                 close_to_cublas=outs[label][2]))
+    df = pd.DataFrame(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    df.to_csv(out / f"wgrad_power_{stamp}.csv", index=False)
+    if monitor:
+        monitor.close()
+    print(df.to_string(index=False))
+    return 0 if bool(df.close_to_cublas.all()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
