@@ -1,0 +1,132 @@
+"""Can Gluon on triton >= 3.7 run a 2-CTA cluster tile with the shared operand TMA-multicast on
+Hopper? One k-step of out[2*BM, BN] = A^T @ B per cluster: A [BK, 2*BM] split over the two CTAs
+along M, B [BK, BN] held by both and loaded once per cluster with ``multicast=True``, each CTA's
+wgmma on its half, a TMA store. The weight gradients' lever named in docs/kernels.md
+("2-CTA clusters"): cuBLAS's and quack's kernels load one operand once per CTA pair.
+
+    python scripts/probe_multicast.py --compile-only   # any machine: compile for sm_90, check the PTX
+    python scripts/probe_multicast.py                   # H200 with triton 3.7 (scripts/install_triton.sh)
+
+The GPU run checks every output element against float64 at 1, 8 and 132 clusters, with
+multicast on and off; the PTX check looks for the multicast TMA load and the cluster launch.
+Exit status 1 on a wrong result or a missing instruction. Needs triton >= 3.7.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+try:  # triton >= 3.7; main() names the version otherwise
+    from triton.experimental.gluon.language.nvidia.hopper import cluster
+except ImportError:
+    cluster = None
+
+BM, BN, BK, NUM_WARPS = 64, 128, 64, 4  # per CTA: one warpgroup on a 64 x 128 half
+# cga_layout bases (triton 3.7's CTA layouts): non-zero splits that dimension over the CTAs,
+# all-zero broadcasts (both CTAs hold the whole block).
+A_CGA, B_CGA, C_CGA = [[0, 1]], [[0, 0]], [[1, 0]]
+#: What the compiled kernel must contain (PTX).
+PTX_NEEDS = ("multicast::cluster", ".reqnctapercluster 2", "fence.mbarrier_init.release.cluster")
+
+
+def smem_layout(block, cga):
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16, cga_layout=cga)
+
+
+@gluon.jit
+def multicast_tile_kernel(a_desc, b_desc, c_desc, MULTICAST: gl.constexpr):
+    BK_: gl.constexpr = a_desc.block_type.shape[0]
+    BM2: gl.constexpr = a_desc.block_type.shape[1]
+    BN_: gl.constexpr = b_desc.block_type.shape[1]
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [BK_, BM2], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [BK_, BN_], b_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM2, BN_], c_desc.layout)
+    bar = mbarrier.allocate_mbarrier()  # one per CTA: on Hopper each CTA waits on its own
+    mbarrier.init(bar, count=1)
+    mbarrier.sync_cluster_init()  # the peer's multicast signals this CTA's barrier
+    pid = gl.program_id(0)  # one program is one cluster
+    mbarrier.expect(bar, a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
+    tma.async_copy_global_to_shared(a_desc, [0, pid * BM2], bar, a_smem)
+    tma.async_copy_global_to_shared(b_desc, [0, 0], bar, b_smem, multicast=MULTICAST)
+    mbarrier.wait(bar, 0)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                         instr_shape=[16, BN_, 16], cga_layout=[[1, 0]])
+    acc = warpgroup_mma(a_smem.permute((1, 0)), b_smem, gl.zeros([BM2, BN_], gl.float32, acc_layout),
+                        use_acc=False, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [pid * BM2, 0], c_smem)
+    tma.store_wait(0)
+    cluster.arrive()  # no CTA exits while its peer may still write into its shared memory
+    cluster.wait()
+
+
+def compile_check(multicast: bool = True) -> list[str]:
+    """Compile for sm_90 on this machine; return the PTX_NEEDS entries missing from the PTX."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def sig(block, cga):
+        return f"tensordesc<bf16{list(block)},{smem_layout(block, cga)!r}>"
+
+    signature = {"a_desc": sig([BK, 2 * BM], A_CGA), "b_desc": sig([BK, BN], B_CGA),
+                 "c_desc": sig([2 * BM, BN], C_CGA), "MULTICAST": "constexpr"}
+    kernel = triton.compile(GluonASTSource(multicast_tile_kernel, signature, {"MULTICAST": multicast}),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS, "num_ctas": 2})
+    return [s for s in PTX_NEEDS if s not in kernel.asm["ptx"]]
+
+
+def gpu_check() -> bool:
+    """Run at 1, 8 and 132 clusters, multicast off and on; True when every result is right."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ok = True
+    for clusters in (1, 8, 132):
+        M = 2 * BM * clusters
+        a = torch.randn(BK, M, device="cuda", dtype=torch.bfloat16, generator=gen)
+        b = torch.randn(BK, BN, device="cuda", dtype=torch.bfloat16, generator=gen)
+        ref = a.double().T @ b.double()
+        for multicast in (False, True):
+            c = torch.full((M, BN), float("nan"), device="cuda", dtype=torch.bfloat16)
+            descs = [TensorDescriptor.from_tensor(t, block, smem_layout(block, cga)) for t, block, cga in
+                     ((a, [BK, 2 * BM], A_CGA), (b, [BK, BN], B_CGA), (c, [2 * BM, BN], C_CGA))]
+            multicast_tile_kernel[(clusters,)](*descs, multicast, num_warps=NUM_WARPS, num_ctas=2)
+            torch.cuda.synchronize()
+            # fp32 accumulation over K = 64, then one bf16 rounding: within one bf16 ulp of |ref|.
+            err = (c.double() - ref).abs()
+            bound = ref.abs() * 2.0**-8 + 1e-2
+            right = not torch.isnan(c).any().item() and bool((err <= bound).all())
+            ok &= right
+            print(f"clusters {clusters:3d}, multicast {multicast!s:5}: max |err| {err.max().item():.3g} "
+                  f"(max |ref| {ref.abs().max().item():.3g}): {'right' if right else 'WRONG'}", flush=True)
+    return ok
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--compile-only", action="store_true", help="compile for sm_90 and check the PTX (no GPU)")
+    args = p.parse_args(argv)
+    major, minor = (int(v) for v in triton.__version__.split(".")[:2])
+    if (major, minor) < (3, 7):
+        print(f"needs triton >= 3.7 (multicast TMA loads, CTA layouts); this is {triton.__version__}")
+        return 1
+    missing = compile_check()
+    print(f"triton {triton.__version__}: compiled for sm_90" + (f", PTX lacks {missing}" if missing else
+                                                              ", PTX has " + ", ".join(PTX_NEEDS)))
+    if missing:
+        return 1
+    return 0 if args.compile_only or gpu_check() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
