@@ -6,7 +6,7 @@ weight gradient ``out = a.T @ b`` at Hermes size (a [T, I], b [T, H]) runs back 
 ``--seconds`` (optionally with the benchmark's 256 MB L2 flush before each call), with NVML
 sampling board power and SM clock (``swiglu_lab.bench.power``), the variants taken in turn for
 ``--rounds`` rounds (drift hits all alike); per (T, variant, flush) the median over rounds of ms
-per call, and mean power, clock and energy per call. Variants: cuBLAS (``torch.matmul``), the
+per call, and mean power, clock and energy per call (the flush included where on). Variants: cuBLAS (``torch.matmul``), the
 Gluon kernel with the table's config (``table``) and named cooperative tiles. Each output is
 checked close to cuBLAS's. GPU only.
 
