@@ -27,3 +27,35 @@ def test_the_cluster_tile_compiles_with_a_multicast_load(probe):
 
 def test_the_check_names_a_missing_multicast(probe):
     assert probe.compile_check(multicast=False) == ["multicast::cluster"]
+
+
+@pytest.fixture(scope="module")
+def pipelined():
+    spec = importlib.util.spec_from_file_location("probe_multicast_wgrad", ROOT / "scripts" / "probe_multicast_wgrad.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_pipelined_kernel_compiles_with_multicast_and_the_peer_arrive(pipelined):
+    ptx = pipelined.compile_check()
+    assert "multicast::cluster" in ptx and "mbarrier.arrive.shared::cluster" in ptx
+
+
+def _ptx(count, offsets):
+    lines = ["mov.b32 %r1, global_smem;"]
+    for i, off in enumerate(offsets):
+        lines += [f"add.s32 %r{10 + i}, %r1, {off};", f"mbarrier.init.shared::cta.b64 [%r{10 + i}], {count};"]
+    return "\n".join(lines)
+
+
+def test_the_free_barriers_are_found_and_a_move_between_passes_is_an_error(pipelined):
+    first = [1000 + 8 * i for i in range(pipelined.STAGES)]
+    assert pipelined.free_offsets(_ptx(pipelined.TAG, first), pipelined.TAG) == first
+    passes = iter([_ptx(pipelined.TAG, first), _ptx(2, first)])
+    assert pipelined.planned(lambda consts: next(passes), True)["FREE_OFF"] == 1000
+    moved = iter([_ptx(pipelined.TAG, first), _ptx(2, [off + 16 for off in first])])
+    with pytest.raises(RuntimeError, match="moved"):
+        pipelined.planned(lambda consts: next(moved), True)
+    with pytest.raises(RuntimeError, match="consecutive"):
+        pipelined.planned(lambda consts: _ptx(pipelined.TAG, first[:-1]), True)

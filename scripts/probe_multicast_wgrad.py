@@ -1,0 +1,301 @@
+"""A pipelined 2-CTA cluster weight gradient with the shared operand TMA-multicast (Gluon, triton
+>= 3.7), one partition, beside the same kernel without multicast, our 1-CTA Gluon kernel and cuBLAS.
+
+    out[M, N] = A^T @ B,  A [K, M] (d_gate: [T, I]), B [K, N] (x: [T, H]), Hermes' size, K = T.
+
+Each program is a cluster of two CTAs on a [2*BM, BN] tile: A split along M, B held by both and
+loaded once per cluster (``multicast=True``). A stage may be refilled only when both CTAs' wgmmas
+have read it, so its free barrier counts two arrivals: this CTA's, and the peer's through inline
+PTX (``mapa`` + ``mbarrier.arrive.shared::cluster``, as CUTLASS's ``ClusterBarrier::arrive``), at
+the barrier's offset in shared memory, read from a first compile's PTX (Gluon 3.7 has no API
+for either). No warp specialization: the warp-specialized form hung on the H200 (docs/kernels.md).
+
+    python scripts/probe_multicast_wgrad.py --compile-only   # any machine: both passes for sm_90
+    timeout 300 python scripts/probe_multicast_wgrad.py      # H200 + triton 3.7 (scripts/install_triton.sh)
+
+GPU: each variant's first launch is announced before it runs (an outer ``timeout`` catches a
+hang), checked close to cuBLAS and bitwise against the variant without multicast; then each runs
+back to back for ``--seconds`` per round (NVML clock and power; ``swiglu_lab.bench.power``),
+``--rounds`` rounds in turn. Exit status 1 on a wrong result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+try:  # triton >= 3.7; main() names the version otherwise
+    from triton.experimental.gluon.language.nvidia.hopper import cluster
+except ImportError:
+    cluster = None
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+
+BM, BN, BK, STAGES, NUM_WARPS, GROUP_M = 128, 128, 64, 4, 8, 16  # per CTA: two warpgroups on 128 x 128
+A_CGA, B_CGA, C_CGA = [[0, 1]], [[0, 0]], [[1, 0]]  # A split along M, B in both CTAs, C split along M
+TAG = 3  # the free barriers' count in the first pass, which finds them in the PTX
+
+
+def smem_layout(block, cga):
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16, cga_layout=cga)
+
+
+@gluon.jit
+def _peer_arrive(offset):
+    # Arrive on the mbarrier at byte `offset` of shared memory in the other CTA of the cluster,
+    # from thread 0 of this CTA.
+    gl.inline_asm_elementwise(
+        """{
+        .reg .b32 %pa_t, %pa_a, %pa_r, %pa_k;
+        .reg .pred %pa_p;
+        mov.u32 %pa_t, %tid.x;
+        setp.eq.u32 %pa_p, %pa_t, 0;
+        mov.u32 %pa_a, global_smem;
+        add.u32 %pa_a, %pa_a, $1;
+        mov.u32 %pa_k, %cluster_ctarank;
+        xor.b32 %pa_k, %pa_k, 1;
+        mapa.shared::cluster.u32 %pa_r, %pa_a, %pa_k;
+        @%pa_p mbarrier.arrive.shared::cluster.b64 _, [%pa_r];
+        mov.u32 $0, 0;
+        }""", "=r,r", [offset], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _tile(i, num_m, num_n, GROUP_M: gl.constexpr):
+    per_group = GROUP_M * num_n
+    first_m = (i // per_group) * GROUP_M
+    group_m = min(num_m - first_m, GROUP_M)
+    return first_m + (i % per_group) % group_m, (i % per_group) // group_m
+
+
+@gluon.jit
+def _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, pid, nprog, num_m, num_n, k_tiles,
+          MULTICAST: gl.constexpr, GROUP_M: gl.constexpr):
+    # Step j of this program (its tile j // k_tiles, k-step j % k_tiles) into stage j % STAGES,
+    # once both CTAs have freed it (a fresh barrier passes parity 1 at once).
+    BK_: gl.constexpr = a_desc.block_type.shape[0]
+    BM2: gl.constexpr = a_desc.block_type.shape[1]
+    BN_: gl.constexpr = b_desc.block_type.shape[1]
+    STAGES_: gl.constexpr = a_bufs.type.shape[0]
+    s = j % STAGES_
+    pid_m, pid_n = _tile(pid + (j // k_tiles) * nprog, num_m, num_n, GROUP_M)
+    kk = j % k_tiles
+    mbarrier.wait(free.index(s), ((j // STAGES_) & 1) ^ 1)
+    mbarrier.expect(ready.index(s), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
+    tma.async_copy_global_to_shared(a_desc, [kk * BK_, pid_m * BM2], ready.index(s), a_bufs.index(s))
+    tma.async_copy_global_to_shared(b_desc, [kk * BK_, pid_n * BN_], ready.index(s), b_bufs.index(s),
+                                    multicast=MULTICAST)
+
+
+@gluon.jit
+def _release(free, s, FREE_OFF: gl.constexpr, PEER: gl.constexpr):
+    gl.barrier()  # every warp's wgmma on stage s is done before thread 0 frees it
+    mbarrier.arrive(free.index(s))
+    if PEER:
+        _peer_arrive(FREE_OFF + s * 8)
+
+
+@gluon.jit
+def multicast_wgrad_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER: gl.constexpr,
+                           FREE_COUNT: gl.constexpr, MULTICAST: gl.constexpr, STAGES: gl.constexpr,
+                           GROUP_M: gl.constexpr):
+    BK_: gl.constexpr = a_desc.block_type.shape[0]
+    BM2: gl.constexpr = a_desc.block_type.shape[1]
+    BN_: gl.constexpr = b_desc.block_type.shape[1]
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK_, BM2], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK_, BN_], b_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM2, BN_], c_desc.layout)
+    ready = mbarrier.allocate_mbarrier(batch=STAGES)  # per CTA
+    free = mbarrier.allocate_mbarrier(batch=STAGES)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(free.index(i), count=FREE_COUNT)
+    mbarrier.sync_cluster_init()
+
+    num_m = gl.cdiv(c_desc.shape[0], BM2)
+    num_n = gl.cdiv(c_desc.shape[1], BN_)
+    pid = gl.program_id(0)  # the cluster
+    nprog = gl.num_programs(0)
+    k_tiles = gl.cdiv(a_desc.shape[0], BK_)
+    total = gl.cdiv(num_m * num_n - pid, nprog) * k_tiles  # this program's k-steps over all its tiles
+    for j in range(0, min(STAGES - 1, total)):
+        _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, pid, nprog, num_m, num_n, k_tiles, MULTICAST, GROUP_M)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                         instr_shape=[16, BN_, 16], cga_layout=[[1, 0]])
+    acc = gl.zeros([BM2, BN_], gl.float32, acc_layout)
+    for g in range(total):
+        s = g % STAGES
+        kk = g % k_tiles
+        mbarrier.wait(ready.index(s), (g // STAGES) & 1)
+        acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        if kk > 0:  # step g - 1's wgmma is done: free its stage
+            _release(free, (g + STAGES - 1) % STAGES, FREE_OFF, PEER)
+        if g + STAGES - 1 < total:
+            _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, g + STAGES - 1, pid, nprog, num_m, num_n, k_tiles,
+                  MULTICAST, GROUP_M)
+        if kk == k_tiles - 1:  # the tile's last step: epilogue
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _release(free, s, FREE_OFF, PEER)
+            pid_m, pid_n = _tile(pid + (g // k_tiles) * nprog, num_m, num_n, GROUP_M)
+            tma.store_wait(0)
+            gl.barrier()
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            gl.barrier()
+            tma.async_copy_shared_to_global(c_desc, [pid_m * BM2, pid_n * BN_], c_smem)
+    tma.store_wait(0)
+    cluster.arrive()  # no CTA exits while its peer may still multicast into it or arrive on it
+    cluster.wait()
+
+
+def free_offsets(ptx: str, count: int) -> list[int]:
+    """Byte offsets into ``global_smem`` of the barriers the PTX initializes with ``count``."""
+    bases = set(re.findall(r"mov\.(?:b|u)32\s+(%r\d+),\s*global_smem;", ptx))
+    adds = {m[0]: (m[1], int(m[2])) for m in re.findall(r"add\.(?:s|u)32\s+(%r\d+),\s*(%r\d+),\s*(-?\d+);", ptx)}
+    offsets = []
+    for reg in re.findall(rf"mbarrier\.init\.shared::cta\.b64\s+\[(%r\d+)\],\s*{count};", ptx):
+        if reg in bases:
+            offsets.append(0)
+        elif reg in adds and adds[reg][0] in bases:
+            offsets.append(adds[reg][1])
+    return sorted(offsets)
+
+
+def constexprs(multicast: bool, free_off: int = 0, peer: bool = False) -> dict:
+    return dict(FREE_OFF=free_off, PEER=peer, FREE_COUNT=2 if peer else TAG, MULTICAST=multicast,
+                STAGES=STAGES, GROUP_M=GROUP_M)
+
+
+def planned(compile_fn, multicast: bool) -> dict:
+    """The second pass's constexprs: the free barriers found in the first pass's PTX, checked
+    unmoved in the second's. ``compile_fn(constexprs) -> PTX``."""
+    offsets = free_offsets(compile_fn(constexprs(multicast)), TAG)
+    if len(offsets) != STAGES or offsets != [offsets[0] + 8 * i for i in range(STAGES)]:
+        raise RuntimeError(f"expected {STAGES} consecutive free barriers in the PTX, found {offsets}")
+    second = constexprs(multicast, offsets[0], True)
+    moved = free_offsets(compile_fn(second), 2)
+    if moved != offsets:
+        raise RuntimeError(f"the free barriers moved between passes: {offsets} -> {moved}")
+    return second
+
+
+def compile_check() -> str:
+    """Both passes for sm_90 here, with multicast; the second pass's PTX."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def sig(block, cga):
+        return f"tensordesc<bf16{list(block)},{smem_layout(block, cga)!r}>"
+
+    base = {"a_desc": sig([BK, 2 * BM], A_CGA), "b_desc": sig([BK, BN], B_CGA), "c_desc": sig([2 * BM, BN], C_CGA)}
+    out = {}
+
+    def ptx_of(consts):
+        signature = dict(base, **{k: "constexpr" for k in consts})
+        kernel = triton.compile(GluonASTSource(multicast_wgrad_kernel, signature, consts),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS, "num_ctas": 2})
+        out["ptx"] = kernel.asm["ptx"]
+        return out["ptx"]
+
+    planned(ptx_of, True)
+    return out["ptx"]
+
+
+def gpu_run(tokens: list[int], seconds: float, rounds: int) -> bool:
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from swiglu_lab.bench.power import open_monitor
+
+    dev = torch.device("cuda")
+    monitor, why = open_monitor(dev, interval_s=0.01, min_window_s=0.0)
+    print(why, flush=True)
+    clusters = torch.cuda.get_device_properties(dev).multi_processor_count // 2
+    gen = torch.Generator(device=dev).manual_seed(0)
+    H, I = 16384, 53248
+    ok = True
+    for T in tokens:
+        a = torch.randn(T, I, device=dev, dtype=torch.bfloat16, generator=gen)
+        b = torch.randn(T, H, device=dev, dtype=torch.bfloat16, generator=gen)
+        ref = torch.matmul(a.T, b)
+        scale = ref.float().abs().max().item()
+
+        def descs(o):
+            return [TensorDescriptor.from_tensor(t, blk, smem_layout(blk, cga)) for t, blk, cga in
+                    ((a, [BK, 2 * BM], A_CGA), (b, [BK, BN], B_CGA), (o, [2 * BM, BN], C_CGA))]
+
+        variants = {"cublas": lambda o: torch.matmul(a.T, b, out=o)}
+        for multicast in (False, True):
+            def ptx_of(consts, o=ref):
+                return multicast_wgrad_kernel.warmup(*descs(o), **consts, grid=(clusters,), num_warps=NUM_WARPS,
+                                                     num_ctas=2).asm["ptx"]
+            consts = planned(ptx_of, multicast)
+            variants[f"2-CTA {'multicast' if multicast else 'each CTA loads B'}"] = (
+                lambda c: lambda o: multicast_wgrad_kernel[(clusters,)](*descs(o), **c, num_warps=NUM_WARPS,
+                                                                        num_ctas=2))(consts)
+        outs = {}
+        for label, fn in variants.items():
+            o = torch.full_like(ref, float("nan"))
+            print(f"T = {T}, {label}: first launch ...", flush=True)
+            t0 = time.time()
+            fn(o)
+            torch.cuda.synchronize()
+            close = bool(torch.allclose(o.float(), ref.float(), rtol=2e-2, atol=2e-2 * scale))
+            same = None if "multicast" not in label or "each" in label else bool(torch.equal(o, outs["2-CTA each CTA loads B"][1]))
+            ok &= close and same is not False
+            print(f"   returned in {time.time() - t0:.1f} s; close to cuBLAS {close}; bitwise the no-multicast run {same}",
+                  flush=True)
+            outs[label] = (fn, o)
+        times = {label: [] for label in outs}
+        for r in range(rounds):
+            for label, (fn, o) in outs.items():
+                n = max(3, int(seconds * 1e3 / (2.9 * T / 1024 + 0.3)))
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                window = monitor.open_window() if monitor else None
+                start.record()
+                for _ in range(n):
+                    fn(o)
+                end.record()
+                torch.cuda.synchronize()
+                power = monitor.close_window(window, n) if monitor else {}
+                times[label].append((start.elapsed_time(end) / n, power.get("sm_clock_mhz"), power.get("power_w")))
+        for label, got in times.items():
+            print(f"T = {T} | {label:22s} | {statistics.median(x[0] for x in got):.4f} ms | "
+                  f"{statistics.mean(x[1] or 0 for x in got):.0f} MHz | {statistics.mean(x[2] or 0 for x in got):.0f} W",
+                  flush=True)
+    return ok
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--tokens", default="256,1024")
+    p.add_argument("--seconds", type=float, default=0.5)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
+    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7):
+        print(f"needs triton >= 3.7 (multicast TMA loads, CTA layouts); this is {triton.__version__}")
+        return 1
+    if args.compile_only:
+        ptx = compile_check()
+        print(f"triton {triton.__version__}: both passes compiled for sm_90; multicast load "
+              f"{'multicast::cluster' in ptx}, peer arrive {'mbarrier.arrive.shared::cluster' in ptx}")
+        return 0
+    return 0 if gpu_run([int(t) for t in args.tokens.split(",")], args.seconds, args.rounds) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
