@@ -48,9 +48,9 @@ def main(argv=None) -> None:
         if cfg is None:
             raise SystemExit(f"no Gluon weight-gradient config at T = {T} on this device")
         if args.tile != "table":
-            tile, stages, nc = args.tile.split()
-            bm, bn, bk = (int(v) for v in tile.split("x"))
-            cfg = replace(cfg, BM=bm, BN=bn, BK=bk, STAGES=int(stages[1:]), NC=int(nc[2:]), pingpong=False)
+            from probe_wgrad_defer import parse  # the tile names' reader, in this folder
+
+            cfg = replace(parse(args.tile, cfg), pingpong=False)
         nprog = backward.tile_programs(dev, M, N, cfg)
         print(f"T = {T}: {cfg}, {nprog} programs")
         run = lambda: launch_grad_weight_gluon(a, b, out, cfg, nprog)  # noqa: E731

@@ -40,6 +40,38 @@ def smem_layout(block, cga):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16, cga_layout=cga)
 
 
+def blocks(bm: int, bn: int, bk: int):
+    """(block, cga_layout) of A, B and C for a [2*bm, bn] cluster tile, k-step bk."""
+    return ([bk, 2 * bm], A_CGA), ([bk, bn], B_CGA), ([2 * bm, bn], C_CGA)
+
+
+def too_old() -> str | None:
+    """Why this triton cannot run the probes (None when it can)."""
+    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7):
+        return f"needs triton >= 3.7 (multicast TMA loads, CTA layouts); this is {triton.__version__}"
+    return None
+
+
+def compile_sm90(fn, bm: int, bn: int, bk: int, consts: dict, num_warps: int):
+    """``fn(a_desc, b_desc, c_desc, **consts)`` compiled here for sm_90 with 2-CTA clusters."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    signature = {name: f"tensordesc<bf16{list(block)},{smem_layout(block, cga)!r}>"
+                 for name, (block, cga) in zip(("a_desc", "b_desc", "c_desc"), blocks(bm, bn, bk))}
+    signature.update({k: "constexpr" for k in consts})
+    return triton.compile(GluonASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_ctas": 2})
+
+
+def descriptors(a, b, c, bm: int, bn: int, bk: int) -> list:
+    """Host TMA descriptors of A [K, M], B [K, N] and C [M, N] for ``blocks(bm, bn, bk)``."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return [TensorDescriptor.from_tensor(t, block, smem_layout(block, cga))
+            for t, (block, cga) in zip((a, b, c), blocks(bm, bn, bk))]
+
+
 @gluon.jit
 def multicast_tile_kernel(a_desc, b_desc, c_desc, MULTICAST: gl.constexpr):
     BK_: gl.constexpr = a_desc.block_type.shape[0]
@@ -71,23 +103,13 @@ def multicast_tile_kernel(a_desc, b_desc, c_desc, MULTICAST: gl.constexpr):
 
 def compile_check(multicast: bool = True) -> list[str]:
     """Compile for sm_90 on this machine; return the PTX_NEEDS entries missing from the PTX."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    def sig(block, cga):
-        return f"tensordesc<bf16{list(block)},{smem_layout(block, cga)!r}>"
-
-    signature = {"a_desc": sig([BK, 2 * BM], A_CGA), "b_desc": sig([BK, BN], B_CGA),
-                 "c_desc": sig([2 * BM, BN], C_CGA), "MULTICAST": "constexpr"}
-    kernel = triton.compile(GluonASTSource(multicast_tile_kernel, signature, {"MULTICAST": multicast}),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS, "num_ctas": 2})
-    return [s for s in PTX_NEEDS if s not in kernel.asm["ptx"]]
+    ptx = compile_sm90(multicast_tile_kernel, BM, BN, BK, {"MULTICAST": multicast}, NUM_WARPS).asm["ptx"]
+    return [s for s in PTX_NEEDS if s not in ptx]
 
 
 def gpu_check() -> bool:
     """Run at 1, 8 and 132 clusters, multicast off and on; True when every result is right."""
     import torch
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     ok = True
@@ -98,9 +120,8 @@ def gpu_check() -> bool:
         ref = a.double().T @ b.double()
         for multicast in (False, True):
             c = torch.full((M, BN), float("nan"), device="cuda", dtype=torch.bfloat16)
-            descs = [TensorDescriptor.from_tensor(t, block, smem_layout(block, cga)) for t, block, cga in
-                     ((a, [BK, 2 * BM], A_CGA), (b, [BK, BN], B_CGA), (c, [2 * BM, BN], C_CGA))]
-            multicast_tile_kernel[(clusters,)](*descs, multicast, num_warps=NUM_WARPS, num_ctas=2)
+            multicast_tile_kernel[(clusters,)](*descriptors(a, b, c, BM, BN, BK), multicast, num_warps=NUM_WARPS,
+                                               num_ctas=2)
             torch.cuda.synchronize()
             # fp32 accumulation over K = 64, then one bf16 rounding: within one bf16 ulp of |ref|.
             err = (c.double() - ref).abs()
@@ -116,9 +137,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--compile-only", action="store_true", help="compile for sm_90 and check the PTX (no GPU)")
     args = p.parse_args(argv)
-    major, minor = (int(v) for v in triton.__version__.split(".")[:2])
-    if (major, minor) < (3, 7):
-        print(f"needs triton >= 3.7 (multicast TMA loads, CTA layouts); this is {triton.__version__}")
+    if too_old():
+        print(too_old())
         return 1
     missing = compile_check()
     print(f"triton {triton.__version__}: compiled for sm_90" + (f", PTX lacks {missing}" if missing else

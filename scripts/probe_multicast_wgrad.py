@@ -34,21 +34,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-try:  # triton >= 3.7; main() names the version otherwise
-    from triton.experimental.gluon.language.nvidia.hopper import cluster
-except ImportError:
-    cluster = None
-
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+sys.path[:0] = [str(REPO / "scripts"), str(REPO / "src"), str(REPO / "lab")]
+
+from probe_multicast import cluster, compile_sm90, descriptors, too_old  # noqa: E402 (this folder's 2-CTA tile probe)
 
 BM, BN, BK, STAGES, NUM_WARPS, GROUP_M = 128, 128, 64, 4, 8, 16  # per CTA: two warpgroups on 128 x 128
-A_CGA, B_CGA, C_CGA = [[0, 1]], [[0, 0]], [[1, 0]]  # A split along M, B in both CTAs, C split along M
 TAG = 3  # the free barriers' count in the first pass, which finds them in the PTX
-
-
-def smem_layout(block, cga):
-    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16, cga_layout=cga)
 
 
 @gluon.jit
@@ -193,20 +185,10 @@ def planned(compile_fn, multicast: bool) -> dict:
 
 def compile_check() -> str:
     """Both passes for sm_90 here, with multicast; the second pass's PTX."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    def sig(block, cga):
-        return f"tensordesc<bf16{list(block)},{smem_layout(block, cga)!r}>"
-
-    base = {"a_desc": sig([BK, 2 * BM], A_CGA), "b_desc": sig([BK, BN], B_CGA), "c_desc": sig([2 * BM, BN], C_CGA)}
     out = {}
 
     def ptx_of(consts):
-        signature = dict(base, **{k: "constexpr" for k in consts})
-        kernel = triton.compile(GluonASTSource(multicast_wgrad_kernel, signature, consts),
-                                target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS, "num_ctas": 2})
-        out["ptx"] = kernel.asm["ptx"]
+        out["ptx"] = compile_sm90(multicast_wgrad_kernel, BM, BN, BK, consts, NUM_WARPS).asm["ptx"]
         return out["ptx"]
 
     planned(ptx_of, True)
@@ -215,7 +197,7 @@ def compile_check() -> str:
 
 def gpu_run(tokens: list[int], seconds: float, rounds: int) -> bool:
     import torch
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from probe_wgrad_power import sustained  # this folder's sustained-load timer
 
     from swiglu_lab.bench.power import open_monitor
 
@@ -233,8 +215,7 @@ def gpu_run(tokens: list[int], seconds: float, rounds: int) -> bool:
         scale = ref.float().abs().max().item()
 
         def descs(o):
-            return [TensorDescriptor.from_tensor(t, blk, smem_layout(blk, cga)) for t, blk, cga in
-                    ((a, [BK, 2 * BM], A_CGA), (b, [BK, BN], B_CGA), (o, [2 * BM, BN], C_CGA))]
+            return descriptors(a, b, o, BM, BN, BK)
 
         variants = {"cublas": lambda o: torch.matmul(a.T, b, out=o)}
         for multicast in (False, True):
@@ -262,16 +243,8 @@ def gpu_run(tokens: list[int], seconds: float, rounds: int) -> bool:
         for r in range(rounds):
             for label, (fn, o) in outs.items():
                 n = max(3, int(seconds * 1e3 / (2.9 * T / 1024 + 0.3)))
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                window = monitor.open_window() if monitor else None
-                start.record()
-                for _ in range(n):
-                    fn(o)
-                end.record()
-                torch.cuda.synchronize()
-                power = monitor.close_window(window, n) if monitor else {}
-                times[label].append((start.elapsed_time(end) / n, power.get("sm_clock_mhz"), power.get("power_w")))
+                ms, power = sustained(lambda: fn(o), n, monitor)  # noqa: B023 (called at once)
+                times[label].append((ms, power.get("sm_clock_mhz"), power.get("power_w")))
         for label, got in times.items():
             print(f"T = {T} | {label:22s} | {statistics.median(x[0] for x in got):.4f} ms | "
                   f"{statistics.mean(x[1] or 0 for x in got):.0f} MHz | {statistics.mean(x[2] or 0 for x in got):.0f} W",
@@ -286,8 +259,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7):
-        print(f"needs triton >= 3.7 (multicast TMA loads, CTA layouts); this is {triton.__version__}")
+    if too_old():
+        print(too_old())
         return 1
     if args.compile_only:
         ptx = compile_check()

@@ -31,9 +31,29 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 TILES = ("table", "128x256x32 S4 NC2", "128x256x64 S3 NC1")
 
 
+def sustained(fn, calls: int, monitor=None, before=None) -> tuple[float, dict]:
+    """``fn()`` ``calls`` times back to back (``before()`` ahead of each when given), between CUDA
+    events: (ms per call, ``monitor``'s power columns over the loop, {} without a monitor)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    window = monitor.open_window() if monitor else None
+    start.record()
+    for _ in range(calls):
+        if before is not None:
+            before()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls, monitor.close_window(window, calls) if monitor else {}
+
+
 def variants_at(T: int, a, b, dev):
     """label -> callable(out) for one token count."""
     import torch
+
+    from probe_wgrad_defer import parse  # the tile names' reader, in this folder
 
     from swiglu.kernels import backward
     from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
@@ -44,11 +64,7 @@ def variants_at(T: int, a, b, dev):
     if table is None:
         return out
     for name in TILES:
-        cfg = table
-        if name != "table":
-            tile, stages, nc = name.split()
-            bm, bn, bk = (int(v) for v in tile.split("x"))
-            cfg = replace(table, BM=bm, BN=bn, BK=bk, STAGES=int(stages[1:]), NC=int(nc[2:]), pingpong=False)
+        cfg = table if name == "table" else replace(parse(name, table), pingpong=False)
         nprog = backward.tile_programs(dev, M, N, cfg)
         label = f"gluon {name}" + (f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
                                    f"{' ping-pong' if cfg.pingpong else ''})" if name == "table" else "")
@@ -86,13 +102,7 @@ def main(argv=None) -> int:
             fn(o)
             torch.cuda.synchronize()
             close = bool(torch.allclose(o.float(), ref, rtol=2e-2, atol=2e-2 * scale))
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(3):
-                fn(o)
-            end.record()
-            torch.cuda.synchronize()
-            calls[label] = max(3, math.ceil(args.seconds * 1e3 / (start.elapsed_time(end) / 3)))
+            calls[label] = max(3, math.ceil(args.seconds * 1e3 / sustained(lambda: fn(o), 3)[0]))  # noqa: B023
             outs[label] = (fn, o, close)
         del ref
         for flush in (int(f) for f in args.flush.split(",")):
@@ -101,19 +111,9 @@ def main(argv=None) -> int:
                 order = list(outs)[r % len(outs):] + list(outs)[:r % len(outs)]
                 for label in order:
                     fn, o, _ = outs[label]
-                    n = calls[label]
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    torch.cuda.synchronize()
-                    window = monitor.open_window() if monitor else None
-                    start.record()
-                    for _ in range(n):
-                        if flush:
-                            flush_buf.zero_()
-                        fn(o)
-                    end.record()
-                    torch.cuda.synchronize()
-                    power = monitor.close_window(window, n) if monitor else {}
-                    acc[label].append(dict(ms=start.elapsed_time(end) / n, **power))
+                    ms, power = sustained(lambda: fn(o), calls[label], monitor,  # noqa: B023
+                                          flush_buf.zero_ if flush else None)
+                    acc[label].append(dict(ms=ms, **power))
             for label, got in acc.items():
                 rows.append(dict(T=T, variant=label, flush=bool(flush), calls=calls[label],
                                  ms_per_call=round(statistics.median(g["ms"] for g in got), 4),

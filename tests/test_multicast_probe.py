@@ -13,12 +13,16 @@ NEW_ENOUGH = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 7)
 pytestmark = pytest.mark.skipif(not NEW_ENOUGH, reason=f"needs triton >= 3.7, this is {triton.__version__}")
 
 
-@pytest.fixture(scope="module")
-def probe():
-    spec = importlib.util.spec_from_file_location("probe_multicast", ROOT / "scripts" / "probe_multicast.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def probe():
+    return _script("probe_multicast")
 
 
 def test_the_cluster_tile_compiles_with_a_multicast_load(probe):
@@ -31,10 +35,7 @@ def test_the_check_names_a_missing_multicast(probe):
 
 @pytest.fixture(scope="module")
 def pipelined():
-    spec = importlib.util.spec_from_file_location("probe_multicast_wgrad", ROOT / "scripts" / "probe_multicast_wgrad.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _script("probe_multicast_wgrad")
 
 
 def test_the_pipelined_kernel_compiles_with_multicast_and_the_peer_arrive(pipelined):
