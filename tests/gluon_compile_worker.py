@@ -9,7 +9,7 @@ dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CONFIGS``
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
 
-Run with triton ``common.GLUON_TRITON``.x first on PYTHONPATH (make test installs the GPU machine's
+Run with a triton of ``common.GLUON_TRITONS`` first on PYTHONPATH (make test installs the GPU machine's
 3.6.0 under .venv/triton-3.6.0) and src/ after it. Writes ``{"triton": version, "results": [...]}``
 (one entry per compile: shared memory, registers, spills, key PTX instructions) to OUT.json.
 """
@@ -58,7 +58,9 @@ def compile_one(cfg, pdl: int = 0) -> dict:
     sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
                   "STORE_REGS": cfg.store_regs}
-    constexprs.update({"PINGPONG": True, "MMA_REGS": cfg.maxnreg} if cfg.pingpong else {"DEFER": cfg.defer})
+    # Every constexpr given, defaults too: triton 3.7 binds a signature without them wrongly.
+    constexprs.update({"PINGPONG": cfg.pingpong, "MMA_REGS": cfg.maxnreg if cfg.pingpong else 0,
+                       "DEFER": False if cfg.pingpong else cfg.defer})
     constexprs["PDL"] = pdl  # 0: the default launch (common.PDL)
     sig.update({k: "constexpr" for k in constexprs})
     try:

@@ -23,7 +23,7 @@ import torch
 
 from swiglu import make_inputs, reference_backward
 from swiglu.kernels import backward, common, configs
-from swiglu.kernels.common import GLUON_TRITON, GluonConfig
+from swiglu.kernels.common import GLUON_TRITONS, GluonConfig, triton_minor
 
 from compile_worker import pdl_problems
 
@@ -46,8 +46,16 @@ def test_gluon_needs_cuda_and_the_pinned_triton(monkeypatch):
     monkeypatch.setattr(common, "INTERPRET", False)
     import triton
 
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    for version in ("3.6.0", "3.7.1"):
+        monkeypatch.setattr(triton, "__version__", version)
+        assert common.gluon_unavailable_reason(torch.device("cuda", 0)) is None, version
+    for version in ("3.5.1", "3.8.0", "3.10.0", "4.6.0"):
+        monkeypatch.setattr(triton, "__version__", version)
+        assert "triton 3.6.x and 3.7.x" in common.gluon_unavailable_reason(torch.device("cuda", 0)), version
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (10, 0))
     monkeypatch.setattr(triton, "__version__", "3.7.1")
-    assert f"triton {GLUON_TRITON}.x" in common.gluon_unavailable_reason(torch.device("cuda", 0))
+    assert "sm_90" in common.gluon_unavailable_reason(torch.device("cuda", 0))
     monkeypatch.setenv("SWIGLU_GLUON", "0")
     assert common.gluon_unavailable_reason(torch.device("cuda", 0)) == "SWIGLU_GLUON=0"
 
@@ -121,21 +129,37 @@ def test_gluon_config_too_big_for_the_device_is_skipped(monkeypatch):
 # --------------------------------------------------------------------------- compiles for sm_90 (CPU)
 
 
-def test_table_configs_compile_for_sm90(tmp_path):
-    """Every table config compiles with the triton the kernels are written for: wgmma, TMA loads and
-    stores, register reallocation (warp specialization), no spills, shared memory within the
-    estimate and the H200's limit."""
-    if not EXTRA_TRITON_DIR:
-        pytest.skip("SWIGLU_EXTRA_TRITON_DIR unset (make test sets it to the GPU machine's triton)")
+def compile_report(tmp_path, which: str, *worker_args: str) -> dict:
+    """tests/gluon_compile_worker.py's report, run with one of the tritons the kernels are written
+    for: "gpu-image" the GPU machine's (``SWIGLU_EXTRA_TRITON_DIR``, installed by make test), "own"
+    this environment's (pip pairs triton 3.7 with torch 2.13). Skips where that triton is missing
+    or not one of ``GLUON_TRITONS``."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([EXTRA_TRITON_DIR, str(ROOT / "src")])
+    if which == "gpu-image":
+        if not EXTRA_TRITON_DIR:
+            pytest.skip("SWIGLU_EXTRA_TRITON_DIR unset (make test sets it to the GPU machine's triton)")
+        env["PYTHONPATH"] = os.pathsep.join([EXTRA_TRITON_DIR, str(ROOT / "src")])
+    else:
+        import triton
+
+        if triton_minor(triton.__version__) not in GLUON_TRITONS:
+            pytest.skip(f"this environment's triton {triton.__version__} is not one the Gluon kernels are written for")
+        env["PYTHONPATH"] = str(ROOT / "src")
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "gluon_compile_worker.py"), str(out)], env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "gluon_compile_worker.py"), str(out), *worker_args],
+                          env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert report["triton"].startswith(GLUON_TRITON + ".")
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("which", ["gpu-image", "own"])
+def test_table_configs_compile_for_sm90(tmp_path, which):
+    """Every table config compiles with each triton the kernels are written for: wgmma, TMA loads
+    and stores, register reallocation (warp specialization), no spills, shared memory within the
+    estimate and the H200's limit."""
+    report = compile_report(tmp_path, which)
+    assert triton_minor(report["triton"]) in GLUON_TRITONS
     assert report["results"]
     for r in report["results"]:
         assert r["error"] is None, r["error"]
@@ -338,7 +362,7 @@ def test_backward_keeps_tl_dswiglu_where_gluon_cannot_run(dswiglu_recorded):
         for g, w in zip(got, want):
             assert torch.equal(g, w)
 
-#: CONFIGS indices that compile without spills (triton 3.6.0, ptxas -v, with and without RECOMPUTE_ACT);
+#: CONFIGS indices that compile without spills (triton 3.6.0 and 3.7.1, ptxas -v, with and without RECOMPUTE_ACT);
 #: config 1 (32x64 epilogue pieces) spills 60 B (24 B recomputing act), so nothing is asserted on it.
 DSWIGLU_SPILL_FREE = {0, 2, 3, 4}
 
@@ -347,7 +371,7 @@ def check_dswiglu_compiles(report: dict) -> None:
     """What every dSwiGLU candidate's sm_90 compile must show (the worker's report)."""
     from swiglu.kernels import gluon_dswiglu
 
-    assert report["triton"].startswith(GLUON_TRITON + ".")
+    assert triton_minor(report["triton"]) in GLUON_TRITONS
     results = report["results"]
     n = len(gluon_dswiglu.CONFIGS)
     assert {(r["index"], r["recompute"]) for r in results if not r["T_is_one"] and r["pdl"] == 0} == {
@@ -369,19 +393,12 @@ def check_dswiglu_compiles(report: dict) -> None:
             assert r["spills"] == 0, r
 
 
-def test_dswiglu_candidates_compile_for_sm90(tmp_path):
-    """Every candidate of the experimental Gluon dSwiGLU kernel compiles for sm_90 (both
-    RECOMPUTE_ACT variants, and T = 1 specialized as a constexpr), about 16 s on 2 cores."""
-    if not EXTRA_TRITON_DIR:
-        pytest.skip("SWIGLU_EXTRA_TRITON_DIR unset (make test sets it to the GPU machine's triton)")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([EXTRA_TRITON_DIR, str(ROOT / "src")])
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "gluon_compile_worker.py"), str(out), "dswiglu"],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    check_dswiglu_compiles(json.loads(out.read_text()))
+@pytest.mark.parametrize("which", ["gpu-image", "own"])
+def test_dswiglu_candidates_compile_for_sm90(tmp_path, which):
+    """Every candidate of the Gluon dSwiGLU kernel compiles for sm_90 with each triton the kernels
+    are written for (both RECOMPUTE_ACT variants, and T = 1 specialized as a constexpr), about 16 s
+    on 2 cores each."""
+    check_dswiglu_compiles(compile_report(tmp_path, which, "dswiglu"))
 
 
 def test_dswiglu_compile_check_can_fail():
@@ -400,21 +417,21 @@ def test_dswiglu_compile_check_can_fail():
     pdl_on = dict(gdc_wait=1, gdc_trigger=1, wait_before_access=True)
     good = [entry(i, rec) for i in range(len(gluon_dswiglu.CONFIGS)) for rec in (False, True)] + [entry(0, False, True)]
     good += [entry(0, False, pdl=1, trigger_before_access=True, **pdl_on), entry(0, False, pdl=2, **pdl_on)]
-    check_dswiglu_compiles({"triton": GLUON_TRITON + ".0", "results": good})
+    check_dswiglu_compiles({"triton": GLUON_TRITONS[0] + ".0", "results": good})
     for bad in ({"spills": 8}, {"wgmma": 0}, {"tma_store": 1}, {"shared": 240000}, {"error": "CompilationError"},
                 {"regs": 256}, {"gdc_wait": 1}):
         results = [dict(r) for r in good]
         results[0].update(bad)
         with pytest.raises(AssertionError):
-            check_dswiglu_compiles({"triton": GLUON_TRITON + ".0", "results": results})
+            check_dswiglu_compiles({"triton": GLUON_TRITONS[0] + ".0", "results": results})
     late = [dict(r) for r in good]
     late[-2]["wait_before_access"] = False  # the mode-1 compile waits after a global access
     with pytest.raises(AssertionError):
-        check_dswiglu_compiles({"triton": GLUON_TRITON + ".0", "results": late})
+        check_dswiglu_compiles({"triton": GLUON_TRITONS[0] + ".0", "results": late})
     with pytest.raises(AssertionError):
-        check_dswiglu_compiles({"triton": GLUON_TRITON + ".0", "results": good[1:]})
+        check_dswiglu_compiles({"triton": GLUON_TRITONS[0] + ".0", "results": good[1:]})
     with pytest.raises(AssertionError):
-        check_dswiglu_compiles({"triton": "3.7.1", "results": good})
+        check_dswiglu_compiles({"triton": "3.8.0", "results": good})
 
 
 def test_dswiglu_configs_fit_and_check():

@@ -7,7 +7,7 @@
 - ``common``: what the launchers share (TMA descriptors, the persistent grid size, cached launches,
   supported devices and sizes).
 - ``backward``: the backward launchers and ``triton_swiglu_backward``.
-- ``gluon_wgrad``, ``gluon_dswiglu``: the warp-specialized Gluon kernels (sm_90, triton 3.6).
+- ``gluon_wgrad``, ``gluon_dswiglu``: the warp-specialized Gluon kernels (sm_90, triton 3.6 and 3.7).
 - ``forward``: the fused forward launcher; table ``forward_configs.json``.
 - ``shared_memory``: the shared-memory estimate checked before a launch.
 

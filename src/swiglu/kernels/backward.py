@@ -81,7 +81,7 @@ _GLUON_MODULES: list = []
 
 def _gluon():
     """The Gluon launcher modules (``.wgrad``: ``gluon_wgrad``, ``.dswiglu``: ``gluon_dswiglu``),
-    imported on first use: only where Gluon runs (``common.GLUON_TRITON``); an import statement
+    imported on first use: only where Gluon runs (``common.GLUON_TRITONS``); an import statement
     per launch costs host time."""
     if not _GLUON_MODULES:
         from types import SimpleNamespace

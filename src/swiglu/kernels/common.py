@@ -36,24 +36,37 @@ TRITON_INTERPRETS = _triton_interprets()
 ALIGN_ELEMENTS = 8
 
 
-#: The triton minor release the Gluon kernels are written for: Gluon's API moves between minor
-#: releases (warp_specialize's signature changed in 3.5 and 3.6; the TMA calls are renamed in 3.9).
-#: With any other release the tl kernels run instead.
-GLUON_TRITON = "3.6"
+#: The triton minor releases the Gluon kernels are written and checked for: Gluon's API moves
+#: between minor releases (warp_specialize's signature changed in 3.5 and 3.6, thread_barrier became
+#: barrier in 3.7, the TMA calls are renamed in 3.9). With any other release the tl kernels run
+#: instead. 3.6 is the GPU image's (the recorded results); 3.7 is what pip pairs with torch 2.13.
+GLUON_TRITONS = ("3.6", "3.7")
+#: The release whose C launcher ``direct_runner`` calls (its argument list is not an API).
+DIRECT_LAUNCH_TRITON = "3.6"
+
+
+def triton_minor(version: str | None = None) -> str:
+    """"3.6" of "3.6.0" (the installed triton's when ``version`` is None)."""
+    if version is None:
+        import triton
+
+        version = triton.__version__
+    return ".".join(version.split(".")[:2])
 
 
 def gluon_unavailable_reason(device: torch.device) -> str | None:
     """Why the Gluon kernels cannot run on ``device`` in this process (None when they can): they
-    need a CUDA sm_90 device, triton ``GLUON_TRITON``.x, no interpreter, and SWIGLU_GLUON unset or
-    not "0" (the switch that measures the tl kernels alone)."""
+    need a CUDA sm_90 device, a triton of ``GLUON_TRITONS``, no interpreter, and SWIGLU_GLUON unset
+    or not "0" (the switch that measures the tl kernels alone)."""
     import triton
 
     if os.environ.get("SWIGLU_GLUON", "1") == "0":
         return "SWIGLU_GLUON=0"
     if INTERPRET or device.type != "cuda":
         return "Gluon kernels run on CUDA devices only (not in the Triton interpreter)"
-    if not triton.__version__.startswith(GLUON_TRITON + "."):
-        return f"Gluon kernels are written for triton {GLUON_TRITON}.x; this is triton {triton.__version__}"
+    if triton_minor(triton.__version__) not in GLUON_TRITONS:
+        return (f"Gluon kernels are written for triton {' and '.join(v + '.x' for v in GLUON_TRITONS)}; "
+                f"this is triton {triton.__version__}")
     if torch.cuda.get_device_capability(device) != (9, 0):
         return "Gluon kernels are written for sm_90 (Hopper)"
     return None
@@ -246,7 +259,7 @@ def direct_runner(compiled, grid: tuple[int, int, int]):
     Skipped besides: Triton's per-launch metadata dict, built only for those hooks."""
     import triton
 
-    if not DIRECT_LAUNCH or not triton.__version__.startswith(GLUON_TRITON + "."):
+    if not DIRECT_LAUNCH or triton_minor(triton.__version__) != DIRECT_LAUNCH_TRITON:
         return None
     try:
         from triton import knobs

@@ -1,4 +1,4 @@
-"""Gluon dSwiGLU GEMM for Hopper (sm_90), written for triton 3.6 (``common.GLUON_TRITON``): the
+"""Gluon dSwiGLU GEMM for Hopper (sm_90), written for triton 3.6 and 3.7 (``common.GLUON_TRITONS``): the
 contract of ``backward.launch_dswiglu`` (``g = grad_output @ down_weight`` with the SwiGLU backward
 in the epilogue, writing d_gate, d_up, h), with the epilogue in its own warps while the MMA warps
 run the next tile. Bitwise the tl kernel's outputs (same rounding points, same PTX ops, same K
@@ -22,7 +22,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .common import DswigluGluonConfig, Tma, launch
 from .common import tile_programs
-from .gluon_wgrad import _layout, _mma_layout, _pdl_end, _pdl_start, _tile_mn
+from .gluon_wgrad import _cta_barrier, _layout, _mma_layout, _pdl_end, _pdl_start, _tile_mn
 
 
 # ----------------------------------------------------------------------------- config
@@ -152,7 +152,7 @@ def _epilogue_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty
             act_bf = nx_act
             g_bf = g_bufs.index(buf * NP + p).load(layout)
             # After the last piece of g is in registers, hand the buffer back to the MMA warps.
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(g_empty.index(buf), pred=p == NP - 1)
 
             # Prefetch the next piece's inputs (piece 0 of the next tile after the last piece).
@@ -219,17 +219,17 @@ def _mma_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_r
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             # The wgmma of step c-1 is done in this warpgroup; sync both warpgroups before thread 0
             # releases its stage to the loader.
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
             c += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
 
         buf = t % NG
         mbarrier.wait(g_empty.index(buf), ((t // NG) & 1) ^ 1)
         g_bufs.index(buf).store(acc.to(gl.bfloat16))
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(g_ready.index(buf))
 
 

@@ -1,4 +1,4 @@
-"""Gluon weight-gradient GEMM for Hopper (sm_90), written for triton 3.6 (``common.GLUON_TRITON``).
+"""Gluon weight-gradient GEMM for Hopper (sm_90), written for triton 3.6 and 3.7 (``common.GLUON_TRITONS``).
 
     out[M, N] = A^T @ B,  A [K, M] row-major (d_gate, d_up or grad_output),  B [K, N] row-major (x or h),
     out bf16 [M, N], fp32 accumulation, K = tokens (any K >= 1: TMA zero-fills past K).
@@ -27,6 +27,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .common import GluonConfig, Tma, launch
+
+#: The barrier of a CTA's threads: ``gl.thread_barrier`` in triton 3.6, ``gl.barrier`` from 3.7
+#: (the same ``bar.sync`` of the CTA where the launch has one CTA per cluster).
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -161,7 +165,7 @@ def _epilogue_store(out, t, c_desc, c_bufs, c_ready, c_empty):
     mbarrier.wait(c_empty.index(buf), ((t // NC) & 1) ^ 1)
     c_buf.store(out)
     fence_async_shared()
-    gl.thread_barrier()
+    _cta_barrier()
     mbarrier.arrive(c_ready.index(buf))
 
 
@@ -193,11 +197,11 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             # wgmma of step c-1 is done in this warpgroup; sync the partition (both warpgroups) before
             # thread 0 releases its stage to the loader.
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
             c += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
         if DEFER:
             prev = acc.to(dtype)
@@ -251,11 +255,11 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
             acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0,
                                 is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)
         mbarrier.arrive(order.index(WHICH))  # every thread of this warpgroup passed its last ready wait
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
         _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
         j += 1
