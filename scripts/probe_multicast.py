@@ -52,7 +52,7 @@ def too_old() -> str | None:
     return None
 
 
-def compile_sm90(fn, bm: int, bn: int, bk: int, consts: dict, num_warps: int):
+def compile_sm90(fn, bm: int, bn: int, bk: int, consts: dict, num_warps: int, maxnreg: int | None = None):
     """``fn(a_desc, b_desc, c_desc, **consts)`` compiled here for sm_90 with 2-CTA clusters."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -61,7 +61,7 @@ def compile_sm90(fn, bm: int, bn: int, bk: int, consts: dict, num_warps: int):
                  for name, (block, cga) in zip(("a_desc", "b_desc", "c_desc"), blocks(bm, bn, bk))}
     signature.update({k: "constexpr" for k in consts})
     return triton.compile(GluonASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_ctas": 2})
+                          options={"num_warps": num_warps, "num_ctas": 2, "maxnreg": maxnreg})
 
 
 def descriptors(a, b, c, bm: int, bn: int, bk: int) -> list:

@@ -39,7 +39,10 @@ sys.path[:0] = [str(REPO / "scripts"), str(REPO / "src"), str(REPO / "lab")]
 
 from probe_multicast import cluster, compile_sm90, descriptors, too_old  # noqa: E402 (this folder's 2-CTA tile probe)
 
+from swiglu.kernels.gluon_wgrad import _epilogue_store, _program_tiles, _store_partition, _tile_mn  # noqa: E402
+
 BM, BN, BK, STAGES, NUM_WARPS, GROUP_M = 128, 128, 64, 4, 8, 16  # per CTA: two warpgroups on 128 x 128
+NC = 2  # the warp-specialized kernel's output buffers (the 1-CTA table's at T = 256-512)
 TAG = 3  # the free barriers' count in the first pass, which finds them in the PTX
 
 
@@ -152,6 +155,99 @@ def multicast_wgrad_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER:
     cluster.wait()
 
 
+# ----------------------------------------------------------------------------- warp-specialized form
+# The library's 1-CTA weight gradient (gluon_wgrad.wgrad_kernel: a TMA loader warp, two MMA
+# warpgroups, a TMA storer warp with NC stores in flight) on a 2-CTA cluster tile: its storer and
+# epilogue hand-off as they are; the loader expects each CTA's bytes and multicasts B; the MMA
+# warps free a stage in both CTAs. No closing cluster barrier (the suspect of the first attempt's
+# hang, docs/kernels.md): the MMA warps of each CTA arrive on the peer's done barrier (the free
+# barriers' last entry) after their last peer arrive and wait for the peer's, so no CTA exits while
+# its peer may still arrive on it; every multicast into a CTA is a step that CTA waited for.
+
+
+@gluon.jit
+def _ws_load(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty,
+             GROUP_M: gl.constexpr, MULTICAST: gl.constexpr):
+    BK_: gl.constexpr = a_desc.block_type.shape[0]
+    BM2: gl.constexpr = a_desc.block_type.shape[1]
+    BN_: gl.constexpr = b_desc.block_type.shape[1]
+    STAGES_: gl.constexpr = a_bufs.type.shape[0]
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM2, BN_)
+    k_tiles = gl.cdiv(a_desc.shape[0], BK_)
+    p = 0
+    for t in range(num_tiles):
+        pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
+        for kk in range(k_tiles):
+            s = p % STAGES_
+            mbarrier.wait(free.index(s), ((p // STAGES_) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
+            tma.async_copy_global_to_shared(a_desc, [kk * BK_, pid_m * BM2], ready.index(s), a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [kk * BK_, pid_n * BN_], ready.index(s), b_bufs.index(s),
+                                            multicast=MULTICAST)
+            p += 1
+
+
+@gluon.jit
+def _ws_mma(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty,
+            FREE_OFF: gl.constexpr, PEER: gl.constexpr):
+    BK_: gl.constexpr = a_desc.block_type.shape[0]
+    BM2: gl.constexpr = a_desc.block_type.shape[1]
+    BN_: gl.constexpr = b_desc.block_type.shape[1]
+    STAGES_: gl.constexpr = a_bufs.type.shape[0]
+    num_tiles = _program_tiles(c_desc, BM2, BN_)[4]
+    k_tiles = gl.cdiv(a_desc.shape[0], BK_)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                         instr_shape=[16, BN_, 16], cga_layout=[[1, 0]])
+    acc = gl.zeros([BM2, BN_], gl.float32, acc_layout)
+    c = 0
+    for t in range(num_tiles):
+        for kk in range(k_tiles):
+            s = c % STAGES_
+            mbarrier.wait(ready.index(s), (c // STAGES_) & 1)
+            acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            if kk > 0:
+                _release(free, (c + STAGES_ - 1) % STAGES_, FREE_OFF, PEER)
+            c += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        _release(free, (c + STAGES_ - 1) % STAGES_, FREE_OFF, PEER)
+        _epilogue_store(acc.to(c_desc.dtype), t, c_desc, c_bufs, c_ready, c_empty)
+    # done: this CTA's arrive and the peer's on the last entry; past it neither CTA touches the other
+    _release(free, STAGES_, FREE_OFF, PEER)
+    mbarrier.wait(free.index(STAGES_), 0)
+
+
+@gluon.jit
+def multicast_wgrad_ws_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER: gl.constexpr,
+                              FREE_COUNT: gl.constexpr, MULTICAST: gl.constexpr, STAGES: gl.constexpr,
+                              GROUP_M: gl.constexpr, NC: gl.constexpr):
+    BK_: gl.constexpr = a_desc.block_type.shape[0]
+    BM2: gl.constexpr = a_desc.block_type.shape[1]
+    BN_: gl.constexpr = b_desc.block_type.shape[1]
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK_, BM2], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK_, BN_], b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [NC, BM2, BN_], c_desc.layout)
+    ready = mbarrier.allocate_mbarrier(batch=STAGES)
+    free = mbarrier.allocate_mbarrier(batch=STAGES + 1)  # the last: done
+    c_ready = mbarrier.allocate_mbarrier(batch=NC)
+    c_empty = mbarrier.allocate_mbarrier(batch=NC)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(STAGES + 1):
+        mbarrier.init(free.index(i), count=FREE_COUNT)
+    for i in gl.static_range(NC):
+        mbarrier.init(c_ready.index(i), count=1)
+        mbarrier.init(c_empty.index(i), count=1)
+    mbarrier.sync_cluster_init()
+    # The worker partitions' argument tuples written out: a constexpr appended with + reaches them
+    # as a plain int (triton 3.7.1).
+    gl.warp_specialize([
+        (_ws_mma, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, FREE_OFF, PEER)),
+        (_ws_load, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M, MULTICAST)),
+        (_store_partition, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M)),
+    ], [1, 1], [40, 40])
+
+
 def free_offsets(ptx: str, count: int) -> list[int]:
     """Byte offsets into ``global_smem`` of the barriers the PTX initializes with ``count``."""
     bases = set(re.findall(r"mov\.(?:b|u)32\s+(%r\d+),\s*global_smem;", ptx))
@@ -165,40 +261,78 @@ def free_offsets(ptx: str, count: int) -> list[int]:
     return sorted(offsets)
 
 
-def constexprs(multicast: bool, free_off: int = 0, peer: bool = False) -> dict:
+def constexprs(multicast: bool, free_off: int = 0, peer: bool = False, ws: bool = False) -> dict:
+    """The kernel's constexprs (``ws``: ``multicast_wgrad_ws_kernel``'s)."""
     return dict(FREE_OFF=free_off, PEER=peer, FREE_COUNT=2 if peer else TAG, MULTICAST=multicast,
-                STAGES=STAGES, GROUP_M=GROUP_M)
+                STAGES=STAGES, GROUP_M=GROUP_M, **(dict(NC=NC) if ws else {}))
 
 
-def planned(compile_fn, multicast: bool) -> dict:
+def planned(compile_fn, multicast: bool, ws: bool = False) -> dict:
     """The second pass's constexprs: the free barriers found in the first pass's PTX, checked
-    unmoved in the second's. ``compile_fn(constexprs) -> PTX``."""
-    offsets = free_offsets(compile_fn(constexprs(multicast)), TAG)
-    if len(offsets) != STAGES or offsets != [offsets[0] + 8 * i for i in range(STAGES)]:
-        raise RuntimeError(f"expected {STAGES} consecutive free barriers in the PTX, found {offsets}")
-    second = constexprs(multicast, offsets[0], True)
+    unmoved in the second's. ``compile_fn(constexprs) -> PTX``. The warp-specialized kernel has
+    one more (done) after the stages'."""
+    n = STAGES + (1 if ws else 0)
+    offsets = free_offsets(compile_fn(constexprs(multicast, ws=ws)), TAG)
+    if len(offsets) != n or offsets != [offsets[0] + 8 * i for i in range(n)]:
+        raise RuntimeError(f"expected {n} consecutive free barriers in the PTX, found {offsets}")
+    second = constexprs(multicast, offsets[0], True, ws)
     moved = free_offsets(compile_fn(second), 2)
     if moved != offsets:
         raise RuntimeError(f"the free barriers moved between passes: {offsets} -> {moved}")
     return second
 
 
-def compile_check() -> str:
-    """Both passes for sm_90 here, with multicast; the second pass's PTX."""
+MAXNREG = 168  # the warp-specialized kernel's, as the library's launch of its 1-CTA twin
+
+
+def compile_check(ws: bool = False) -> str:
+    """Both passes for sm_90 here, with multicast; the second pass's PTX (``ws``: the
+    warp-specialized kernel's)."""
     out = {}
 
     def ptx_of(consts):
-        out["ptx"] = compile_sm90(multicast_wgrad_kernel, BM, BN, BK, consts, NUM_WARPS).asm["ptx"]
+        kernel = multicast_wgrad_ws_kernel if ws else multicast_wgrad_kernel
+        out["ptx"] = compile_sm90(kernel, BM, BN, BK, consts, NUM_WARPS, MAXNREG if ws else None).asm["ptx"]
         return out["ptx"]
 
-    planned(ptx_of, True)
+    planned(ptx_of, True, ws)
     return out["ptx"]
 
 
-def gpu_run(tokens: list[int], seconds: float, rounds: int) -> bool:
+def _two_cta_variants(a, b, clusters: int, kinds: tuple[str, ...]) -> dict:
+    """label -> callable(out) for the 2-CTA kernels named in ``kinds`` ("ws", "plain"), each with
+    and without multicast; the barrier offsets planned on a first launch's compile."""
+    variants = {}
+    for kind in kinds:
+        ws = kind == "ws"
+        kernel = multicast_wgrad_ws_kernel if ws else multicast_wgrad_kernel
+        opts = dict(num_warps=NUM_WARPS, num_ctas=2, **(dict(maxnreg=MAXNREG) if ws else {}))
+        for multicast in (False, True):
+            def ptx_of(consts, kernel=kernel, opts=opts):
+                return kernel.warmup(*descriptors(a, b, torch_empty_like_out(a, b), BM, BN, BK), **consts,
+                                     grid=(clusters,), **opts).asm["ptx"]
+            consts = planned(ptx_of, multicast, ws)
+            label = f"2-CTA{' WS' if ws else ''} {'multicast' if multicast else 'each CTA loads B'}"
+            variants[label] = (lambda k, c, o: lambda out: k[(clusters,)](*descriptors(a, b, out, BM, BN, BK), **c, **o))(
+                kernel, consts, opts)
+    return variants
+
+
+def torch_empty_like_out(a, b):
+    import torch
+
+    return torch.empty(a.shape[1], b.shape[1], device=a.device, dtype=a.dtype)
+
+
+def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: int, kinds: tuple[str, ...]) -> bool:
+    """Every variant checked at ``check_tokens`` and ``tokens`` (close to cuBLAS, the multicast
+    run bitwise its twin without, the warp-specialized one bitwise the library's 1-CTA kernel
+    where the table's tile is the cluster's half), then timed sustained at ``tokens``."""
     import torch
     from probe_wgrad_power import sustained  # this folder's sustained-load timer
 
+    from swiglu.kernels import backward
+    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
     from swiglu_lab.bench.power import open_monitor
 
     dev = torch.device("cuda")
@@ -208,24 +342,19 @@ def gpu_run(tokens: list[int], seconds: float, rounds: int) -> bool:
     gen = torch.Generator(device=dev).manual_seed(0)
     H, I = 16384, 53248
     ok = True
-    for T in tokens:
+    rows = []
+    for T in check_tokens + tokens:
         a = torch.randn(T, I, device=dev, dtype=torch.bfloat16, generator=gen)
         b = torch.randn(T, H, device=dev, dtype=torch.bfloat16, generator=gen)
         ref = torch.matmul(a.T, b)
         scale = ref.float().abs().max().item()
-
-        def descs(o):
-            return descriptors(a, b, o, BM, BN, BK)
-
-        variants = {"cublas": lambda o: torch.matmul(a.T, b, out=o)}
-        for multicast in (False, True):
-            def ptx_of(consts, o=ref):
-                return multicast_wgrad_kernel.warmup(*descs(o), **consts, grid=(clusters,), num_warps=NUM_WARPS,
-                                                     num_ctas=2).asm["ptx"]
-            consts = planned(ptx_of, multicast)
-            variants[f"2-CTA {'multicast' if multicast else 'each CTA loads B'}"] = (
-                lambda c: lambda o: multicast_wgrad_kernel[(clusters,)](*descs(o), **c, num_warps=NUM_WARPS,
-                                                                        num_ctas=2))(consts)
+        variants = {"cublas": lambda o: torch.matmul(a.T, b, out=o)}  # noqa: B023 (used in this iteration)
+        table = backward.gluon_config_for(T, dev)
+        same_tile = table is not None and (table.BM, table.BN, table.BK) == (BM, BN, BK) and not table.pingpong
+        if table is not None:
+            nprog = backward.tile_programs(dev, I, H, table)
+            variants["1-CTA table"] = lambda o, c=table, n=nprog: launch_grad_weight_gluon(a, b, o, c, n)  # noqa: B023
+        variants.update(_two_cta_variants(a, b, clusters, kinds))
         outs = {}
         for label, fn in variants.items():
             o = torch.full_like(ref, float("nan"))
@@ -234,11 +363,15 @@ def gpu_run(tokens: list[int], seconds: float, rounds: int) -> bool:
             fn(o)
             torch.cuda.synchronize()
             close = bool(torch.allclose(o.float(), ref.float(), rtol=2e-2, atol=2e-2 * scale))
-            same = None if "multicast" not in label or "each" in label else bool(torch.equal(o, outs["2-CTA each CTA loads B"][1]))
-            ok &= close and same is not False
-            print(f"   returned in {time.time() - t0:.1f} s; close to cuBLAS {close}; bitwise the no-multicast run {same}",
-                  flush=True)
+            twin = label.replace("multicast", "each CTA loads B")
+            same = bool(torch.equal(o, outs[twin][1])) if twin != label else None
+            same_1cta = bool(torch.equal(o, outs["1-CTA table"][1])) if "WS" in label and same_tile else None
+            ok &= close and same is not False and same_1cta is not False
+            print(f"   returned in {time.time() - t0:.1f} s; close to cuBLAS {close}; bitwise its twin without "
+                  f"multicast {same}; bitwise the 1-CTA table kernel {same_1cta}", flush=True)
             outs[label] = (fn, o)
+        if T not in tokens:
+            continue
         times = {label: [] for label in outs}
         for r in range(rounds):
             for label, (fn, o) in outs.items():
@@ -246,28 +379,39 @@ def gpu_run(tokens: list[int], seconds: float, rounds: int) -> bool:
                 ms, power = sustained(lambda: fn(o), n, monitor)  # noqa: B023 (called at once)
                 times[label].append((ms, power.get("sm_clock_mhz"), power.get("power_w")))
         for label, got in times.items():
-            print(f"T = {T} | {label:22s} | {statistics.median(x[0] for x in got):.4f} ms | "
-                  f"{statistics.mean(x[1] or 0 for x in got):.0f} MHz | {statistics.mean(x[2] or 0 for x in got):.0f} W",
-                  flush=True)
+            row = dict(T=T, variant=label, ms=statistics.median(x[0] for x in got),
+                       sm_clock_mhz=statistics.mean(x[1] or 0 for x in got), power_w=statistics.mean(x[2] or 0 for x in got))
+            rows.append(row)
+    print("\n| T | variant | ms per call | SM MHz | W | / 1-CTA table |\n|---|---|---:|---:|---:|---:|")
+    for row in rows:
+        base = next((r["ms"] for r in rows if r["T"] == row["T"] and r["variant"] == "1-CTA table"), None)
+        rel = f"{row['ms'] / base:.3f}" if base else ""
+        print(f"| {row['T']} | {row['variant']} | {row['ms']:.4f} | {row['sm_clock_mhz']:.0f} | {row['power_w']:.0f} | {rel} |")
     return ok
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--compile-only", action="store_true")
-    p.add_argument("--tokens", default="256,1024")
+    p.add_argument("--tokens", default="128,256,1024,2048", help="checked and timed")
+    p.add_argument("--check-tokens", default="1,77,300", help="checked only (odd K: TMA's zero fill)")
+    p.add_argument("--kernels", default="ws", help="2-CTA kernels: ws (warp-specialized), plain, or both")
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     if too_old():
         print(too_old())
         return 1
+    kinds = tuple(k for k in ("ws", "plain") if k in args.kernels.split(",") or args.kernels == "both")
     if args.compile_only:
-        ptx = compile_check()
-        print(f"triton {triton.__version__}: both passes compiled for sm_90; multicast load "
-              f"{'multicast::cluster' in ptx}, peer arrive {'mbarrier.arrive.shared::cluster' in ptx}")
+        for ws in (False, True):
+            ptx = compile_check(ws)
+            print(f"triton {triton.__version__}, {'warp-specialized' if ws else 'one partition'}: both passes compiled "
+                  f"for sm_90; multicast load {'multicast::cluster' in ptx}, peer arrive "
+                  f"{'mbarrier.arrive.shared::cluster' in ptx}")
         return 0
-    return 0 if gpu_run([int(t) for t in args.tokens.split(",")], args.seconds, args.rounds) else 1
+    ints = [int(t) for t in args.tokens.split(",")], [int(t) for t in args.check_tokens.split(",") if t]
+    return 0 if gpu_run(*ints, args.seconds, args.rounds, kinds) else 1
 
 
 if __name__ == "__main__":
