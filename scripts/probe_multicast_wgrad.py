@@ -163,6 +163,17 @@ def multicast_wgrad_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER:
 # hang, docs/kernels.md): the MMA warps of each CTA arrive on the peer's done barrier (the free
 # barriers' last entry) after their last peer arrive and wait for the peer's, so no CTA exits while
 # its peer may still arrive on it; every multicast into a CTA is a step that CTA waited for.
+# The barriers' init is made visible to the peer inside the partitions: warp_specialize sends the
+# worker warps to their dispatch loop at the kernel's entry, so a cluster barrier before it
+# (sync_cluster_init) waits for threads that never reach it (the hang at first launch, seen in the
+# PTX). Every partition arrives on the cluster barrier first instead, and the workers take 2 warps
+# each (8 + 2 + 2 = 12 warps: no idle padding warp that would never arrive).
+
+
+@gluon.jit
+def _cluster_sync():
+    cluster.arrive(relaxed=True)  # after the init fence: sync_cluster_init's pattern
+    cluster.wait()
 
 
 @gluon.jit
@@ -172,6 +183,7 @@ def _ws_load(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_read
     BM2: gl.constexpr = a_desc.block_type.shape[1]
     BN_: gl.constexpr = b_desc.block_type.shape[1]
     STAGES_: gl.constexpr = a_bufs.type.shape[0]
+    _cluster_sync()
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM2, BN_)
     k_tiles = gl.cdiv(a_desc.shape[0], BK_)
     p = 0
@@ -194,6 +206,7 @@ def _ws_mma(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready
     BM2: gl.constexpr = a_desc.block_type.shape[1]
     BN_: gl.constexpr = b_desc.block_type.shape[1]
     STAGES_: gl.constexpr = a_bufs.type.shape[0]
+    _cluster_sync()
     num_tiles = _program_tiles(c_desc, BM2, BN_)[4]
     k_tiles = gl.cdiv(a_desc.shape[0], BK_)
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
@@ -218,6 +231,12 @@ def _ws_mma(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready
 
 
 @gluon.jit
+def _ws_store(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M: gl.constexpr):
+    _cluster_sync()
+    _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M)
+
+
+@gluon.jit
 def multicast_wgrad_ws_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER: gl.constexpr,
                               FREE_COUNT: gl.constexpr, MULTICAST: gl.constexpr, STAGES: gl.constexpr,
                               GROUP_M: gl.constexpr, NC: gl.constexpr):
@@ -238,14 +257,14 @@ def multicast_wgrad_ws_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PE
     for i in gl.static_range(NC):
         mbarrier.init(c_ready.index(i), count=1)
         mbarrier.init(c_empty.index(i), count=1)
-    mbarrier.sync_cluster_init()
+    mbarrier.fence_init_release_cluster()  # the cluster barrier: at each partition's start
     # The worker partitions' argument tuples written out: a constexpr appended with + reaches them
     # as a plain int (triton 3.7.1).
     gl.warp_specialize([
         (_ws_mma, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, FREE_OFF, PEER)),
         (_ws_load, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M, MULTICAST)),
-        (_store_partition, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M)),
-    ], [1, 1], [40, 40])
+        (_ws_store, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M)),
+    ], [2, 2], [40, 40])
 
 
 def free_offsets(ptx: str, count: int) -> list[int]:
@@ -299,20 +318,28 @@ def compile_check(ws: bool = False) -> str:
     return out["ptx"]
 
 
+#: The 2-CTA variants by name: (warp-specialized, multicast settings, peer arrive). "ws:local"
+#: is the warp-specialized kernel with no cross-CTA arrive at all (each CTA frees its own stages;
+#: right without multicast only), the first step of a bisection when a variant hangs.
+KINDS = {"ws": (True, (False, True), True), "plain": (False, (False, True), True),
+         "ws:local": (True, (False, ), False), "ws:peer": (True, (False, ), True), "ws:multicast": (True, (True, ), True)}
+
+
 def _two_cta_variants(a, b, clusters: int, kinds: tuple[str, ...]) -> dict:
-    """label -> callable(out) for the 2-CTA kernels named in ``kinds`` ("ws", "plain"), each with
-    and without multicast; the barrier offsets planned on a first launch's compile."""
+    """label -> callable(out) for the 2-CTA kernels named in ``kinds`` (``KINDS``); the barrier
+    offsets planned on a first launch's compile."""
     variants = {}
     for kind in kinds:
-        ws = kind == "ws"
+        ws, multicasts, peer = KINDS[kind]
         kernel = multicast_wgrad_ws_kernel if ws else multicast_wgrad_kernel
         opts = dict(num_warps=NUM_WARPS, num_ctas=2, **(dict(maxnreg=MAXNREG) if ws else {}))
-        for multicast in (False, True):
+        for multicast in multicasts:
             def ptx_of(consts, kernel=kernel, opts=opts):
                 return kernel.warmup(*descriptors(a, b, torch_empty_like_out(a, b), BM, BN, BK), **consts,
                                      grid=(clusters,), **opts).asm["ptx"]
-            consts = planned(ptx_of, multicast, ws)
-            label = f"2-CTA{' WS' if ws else ''} {'multicast' if multicast else 'each CTA loads B'}"
+            consts = planned(ptx_of, multicast, ws) if peer else dict(constexprs(multicast, ws=ws), FREE_COUNT=1)
+            label = (f"2-CTA{' WS' if ws else ''}{'' if peer else ' no peer arrive'} "
+                     f"{'multicast' if multicast else 'each CTA loads B'}")
             variants[label] = (lambda k, c, o: lambda out: k[(clusters,)](*descriptors(a, b, out, BM, BN, BK), **c, **o))(
                 kernel, consts, opts)
     return variants
@@ -364,7 +391,7 @@ def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: 
             torch.cuda.synchronize()
             close = bool(torch.allclose(o.float(), ref.float(), rtol=2e-2, atol=2e-2 * scale))
             twin = label.replace("multicast", "each CTA loads B")
-            same = bool(torch.equal(o, outs[twin][1])) if twin != label else None
+            same = bool(torch.equal(o, outs[twin][1])) if twin != label and twin in outs else None
             same_1cta = bool(torch.equal(o, outs["1-CTA table"][1])) if "WS" in label and same_tile else None
             ok &= close and same is not False and same_1cta is not False
             print(f"   returned in {time.time() - t0:.1f} s; close to cuBLAS {close}; bitwise its twin without "
@@ -395,14 +422,16 @@ def main(argv=None) -> int:
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--tokens", default="128,256,1024,2048", help="checked and timed")
     p.add_argument("--check-tokens", default="1,77,300", help="checked only (odd K: TMA's zero fill)")
-    p.add_argument("--kernels", default="ws", help="2-CTA kernels: ws (warp-specialized), plain, or both")
+    p.add_argument("--kernels", default="ws", help=f"2-CTA kernels, comma-separated: {', '.join(KINDS)}; or both (ws,plain)")
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     if too_old():
         print(too_old())
         return 1
-    kinds = tuple(k for k in ("ws", "plain") if k in args.kernels.split(",") or args.kernels == "both")
+    kinds = ("ws", "plain") if args.kernels == "both" else tuple(args.kernels.split(","))
+    if set(kinds) - set(KINDS):
+        p.error(f"--kernels: {sorted(set(kinds) - set(KINDS))} not among {sorted(KINDS)} or both")
     if args.compile_only:
         for ws in (False, True):
             ptx = compile_check(ws)
