@@ -42,7 +42,7 @@ from probe_multicast import cluster, compile_sm90, descriptors, too_old  # noqa:
 from swiglu.kernels.gluon_wgrad import _epilogue_store, _program_tiles, _store_partition, _tile_mn  # noqa: E402
 
 BM, BN, BK, STAGES, NUM_WARPS, GROUP_M = 128, 128, 64, 4, 8, 16  # per CTA: two warpgroups on 128 x 128
-NC = 2  # the warp-specialized kernel's output buffers (the 1-CTA table's at T = 256-512)
+NC = 2  # the warp-specialized kernel's output buffers (the 1-CTA table's at T = 256-512; --nc)
 TAG = 3  # the free barriers' count in the first pass, which finds them in the PTX
 
 
@@ -423,12 +423,15 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="128,256,1024,2048", help="checked and timed")
     p.add_argument("--check-tokens", default="1,77,300", help="checked only (odd K: TMA's zero fill)")
     p.add_argument("--kernels", default="ws", help=f"2-CTA kernels, comma-separated: {', '.join(KINDS)}; or both (ws,plain)")
+    p.add_argument("--nc", type=int, default=NC, help="the warp-specialized kernel's output buffers")
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     if too_old():
         print(too_old())
         return 1
+    global NC
+    NC = args.nc
     kinds = ("ws", "plain") if args.kernels == "both" else tuple(args.kernels.split(","))
     if set(kinds) - set(KINDS):
         p.error(f"--kernels: {sorted(set(kinds) - set(KINDS))} not among {sorted(KINDS)} or both")
