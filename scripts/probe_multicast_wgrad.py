@@ -1,5 +1,5 @@
-"""A pipelined 2-CTA cluster weight gradient with the shared operand TMA-multicast (Gluon, triton
->= 3.7), one partition, beside the same kernel without multicast, our 1-CTA Gluon kernel and cuBLAS.
+"""Pipelined 2-CTA cluster weight gradients with the shared operand TMA-multicast (Gluon, triton
+>= 3.7), beside their twins without multicast, the library's 1-CTA Gluon kernel and cuBLAS.
 
     out[M, N] = A^T @ B,  A [K, M] (d_gate: [T, I]), B [K, N] (x: [T, H]), Hermes' size, K = T.
 
@@ -8,15 +8,20 @@ loaded once per cluster (``multicast=True``). A stage may be refilled only when 
 have read it, so its free barrier counts two arrivals: this CTA's, and the peer's through inline
 PTX (``mapa`` + ``mbarrier.arrive.shared::cluster``, as CUTLASS's ``ClusterBarrier::arrive``), at
 the barrier's offset in shared memory, read from a first compile's PTX (Gluon 3.7 has no API
-for either). No warp specialization: the warp-specialized form hung on the H200 (docs/kernels.md).
+for either). Two kernels: ``multicast_wgrad_kernel``, one partition of two warpgroups per CTA, and
+``multicast_wgrad_ws_kernel``, the library's warp-specialized 1-CTA kernel (TMA loader, two MMA
+warpgroups, TMA storer) on the cluster tile, bitwise that kernel's output. Measured on the H200:
+data/validation/h200_multicast_wgrad_*_triton371_20261202.log and docs/kernels.md.
 
-    python scripts/probe_multicast_wgrad.py --compile-only   # any machine: both passes for sm_90
+    python scripts/probe_multicast_wgrad.py --compile-only   # any machine: both kernels for sm_90
     timeout 300 python scripts/probe_multicast_wgrad.py      # H200 + triton 3.7 (scripts/install_triton.sh)
 
 GPU: each variant's first launch is announced before it runs (an outer ``timeout`` catches a
-hang), checked close to cuBLAS and bitwise against the variant without multicast; then each runs
-back to back for ``--seconds`` per round (NVML clock and power; ``swiglu_lab.bench.power``),
-``--rounds`` rounds in turn. Exit status 1 on a wrong result.
+hang), checked close to cuBLAS, bitwise against its twin without multicast and (warp-specialized,
+where the table's tile is the cluster's half) against the 1-CTA kernel, at ``--check-tokens`` and
+``--tokens``; then at ``--tokens`` each runs back to back for ``--seconds`` per round (NVML clock
+and power; ``swiglu_lab.bench.power``), ``--rounds`` rounds in turn, and a table is printed last.
+Exit status 1 on a wrong result.
 """
 
 from __future__ import annotations
@@ -418,6 +423,7 @@ def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: 
 
 
 def main(argv=None) -> int:
+    global NC
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--tokens", default="128,256,1024,2048", help="checked and timed")
@@ -430,7 +436,6 @@ def main(argv=None) -> int:
     if too_old():
         print(too_old())
         return 1
-    global NC
     NC = args.nc
     kinds = ("ws", "plain") if args.kernels == "both" else tuple(args.kernels.split(","))
     if set(kinds) - set(KINDS):

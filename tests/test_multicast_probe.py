@@ -60,3 +60,25 @@ def test_the_free_barriers_are_found_and_a_move_between_passes_is_an_error(pipel
         pipelined.planned(lambda consts: next(moved), True)
     with pytest.raises(RuntimeError, match="consecutive"):
         pipelined.planned(lambda consts: _ptx(pipelined.TAG, first[:-1]), True)
+
+
+def test_the_warp_specialized_kernel_syncs_the_cluster_in_every_partition(pipelined):
+    """Every warp of both CTAs reaches the cluster barrier: one per partition (MMA, loader, storer),
+    none before warp_specialize (whose worker warps never reach it: the hang at first launch), and
+    12 warps in all, so no idle padding warp."""
+    ptx = pipelined.compile_check(ws=True)
+    assert "multicast::cluster" in ptx and "mbarrier.arrive.shared::cluster" in ptx
+    assert ptx.count("barrier.cluster.arrive") == ptx.count("barrier.cluster.wait") == 3
+    assert ".reqntid 384" in ptx
+    assert "brx.idx" not in ptx  # no dispatch to a fourth (idle) partition
+
+
+def test_the_warp_specialized_plan_finds_the_done_barrier_after_the_stages(pipelined):
+    n = pipelined.STAGES + 1
+    first = [2000 + 8 * i for i in range(n)]
+    passes = iter([_ptx(pipelined.TAG, first), _ptx(2, first)])
+    consts = pipelined.planned(lambda consts: next(passes), True, ws=True)
+    assert consts["FREE_OFF"] == 2000 and consts["NC"] == pipelined.NC and consts["PEER"]
+    short = iter([_ptx(pipelined.TAG, first[:-1]), _ptx(2, first[:-1])])
+    with pytest.raises(RuntimeError, match=f"expected {n}"):
+        pipelined.planned(lambda consts: next(short), True, ws=True)
