@@ -200,3 +200,37 @@ def test_plan_programs_follow_reserved_sms(monkeypatch):
     assert [getattr(before, f) for f in programs] == [132] * 4
     assert [getattr(after, f) for f in programs] == [124] * 4
     ops.clear_plans()
+
+
+def test_grad_x_tiles_fill_the_gpu_where_the_table_would_not():
+    """grad_x's table (tuned at H = 16384) keeps its tiles wherever they fill the GPU, Hermes' 18
+    cases included (the recorded runs), and narrower ones take over where they would leave SMs
+    idle: at Llama-3-8B's H = 4096 the choices measured fastest there (backward.GRAD_X_NARROW)."""
+    from swiglu.kernels import backward
+    from swiglu.workloads import CASES
+
+    wide, narrow = backward.GRAD_X_NARROW
+    table = lambda T: backward.config_for("grad_x", T)  # noqa: E731
+    fill = backward.grad_x_config_filling
+    for case in CASES:
+        assert fill(case.tokens, 16384, table(case.tokens), 132) == table(case.tokens), case
+    assert fill(256, 4096, table(256), 132) == narrow  # 32 tiles of 128x256, 64 of 64x256, 128 of 64x128
+    assert fill(512, 4096, table(512), 132) == wide  # 64 of 128x256, 128 of 64x256
+    assert fill(1024, 4096, table(1024), 132) == table(1024)  # 128 of 128x256
+    assert fill(512, 8192, table(512), 132) == table(512)  # Llama-3-70B's layer: 128 of 128x256
+    assert fill(1, 4096, table(1), 132) == narrow  # none fills it: the most tiles
+
+
+def test_the_plan_takes_the_filling_grad_x_tiles_on_cuda_only_when_not_given(monkeypatch):
+    from swiglu.kernels import backward, common
+
+    for name in ("gluon_config_for", "gluon_dswiglu_config_for"):
+        monkeypatch.setattr(backward, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(backward, "check_shared_memory", lambda kernel, cfg, device: None)
+    monkeypatch.setattr(common, "_num_sms", lambda index: 132)
+    cuda = torch.device("cuda", 0)
+    table = backward.config_for("grad_x", 256)
+    assert backward._make_plan(256, 4096, 14336, cuda, {}).grad_x == backward.GRAD_X_NARROW[1]
+    assert backward._make_plan(256, 16384, 53248, cuda, {}).grad_x == table
+    assert backward._make_plan(256, 4096, 14336, cuda, {"grad_x": table}).grad_x == table
+    assert backward._make_plan(256, 4096, 14336, torch.device("cpu"), {}).grad_x == table

@@ -183,7 +183,8 @@ def launch_specs() -> list[dict]:
     # alone: the product kernel), the forward's table and every fused candidate.
     calls = [{}, dict(need_grad_x=False, need_grad_up_weight=False, need_grad_down_weight=False), dict(lean=True),
              dict(lean=True, need_grad_x=False, need_grad_gate_weight=False, need_grad_up_weight=False),
-             dict(forward_config="auto"), *(dict(forward_config=c) for c in forward.FUSED_CANDIDATES.values())]
+             dict(forward_config="auto"), *(dict(forward_config=c) for c in forward.FUSED_CANDIDATES.values()),
+             *(dict(configs={"grad_x": c}) for c in triton_backward.GRAD_X_NARROW)]  # planned where H is small
     for tokens in token_counts:
         for call in calls:
             for spec in record_launches(tokens, **call):

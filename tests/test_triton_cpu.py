@@ -53,11 +53,14 @@ def test_odd_shapes_against_float64(device, batch_size, seq_len, hidden_size, in
 
 
 def _distinct_configs():
+    """Every (kernel, config) the backward can plan: the table's, and grad_x's narrower tiles."""
+    from swiglu.kernels.backward import GRAD_X_NARROW
+
     seen = []
-    for kernel, table in CONFIGS.items():
-        for cfg in table.values():
-            if (kernel, cfg) not in seen:
-                seen.append((kernel, cfg))
+    for kernel, cfg in [(k, c) for k, table in CONFIGS.items() for c in table.values()] + \
+            [("grad_x", c) for c in GRAD_X_NARROW]:
+        if (kernel, cfg) not in seen:
+            seen.append((kernel, cfg))
     return seen
 
 

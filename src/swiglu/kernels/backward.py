@@ -29,6 +29,26 @@ def config_for(kernel: str, tokens: int) -> KernelConfig:
     return CONFIGS[kernel].get(bucket_for(tokens)) or KernelConfig()
 
 
+#: Narrower grad_x tiles, widest first, for outputs the table's tiles leave the GPU half idle on:
+#: the table was tuned at H = 16384, and at Llama-3-8B's H = 4096 its 128x256 tiles at T = 256
+#: are 32 tiles for 132 SMs. Measured there (do_bench, L2 flushed, H200; cuBLAS in brackets):
+#: T = 256 64x128 0.144 ms against 0.266 (0.101), T = 512 64x256 0.178 against 0.269 (0.173);
+#: data/tuning/grad_x_tiles_llama8b_7570349_20261202.csv.
+GRAD_X_NARROW = (KernelConfig(64, 256, 64, 8, 1, 4, 4), KernelConfig(64, 128, 64, 8, 1, 4, 4))
+#: A grad_x launch fills the GPU when its output tiles number at least this fraction of the SMs
+#: (128 tiles on the H200's 132 SMs do).
+GRAD_X_FILL = 0.9
+
+
+def grad_x_config_filling(T: int, H: int, cfg: KernelConfig, sms: int) -> KernelConfig:
+    """``cfg`` if its tiles of the [T, H] output fill ``sms`` SMs (``GRAD_X_FILL``), else the
+    widest of ``GRAD_X_NARROW`` that does, else the narrowest (the most tiles)."""
+    for c in (cfg, *GRAD_X_NARROW):
+        if cdiv(T, c.BM) * cdiv(H, c.BN) >= GRAD_X_FILL * sms:
+            return c
+    return GRAD_X_NARROW[-1]
+
+
 def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig, nprog: int | None = None) -> None:
     """``g = go @ down_w`` [T, I] with the SwiGLU backward epilogue: writes d_gate, d_up, h [T, I].
     ``act`` None: activated_gate is recomputed from gate in the epilogue (memory-lean mode).
@@ -176,6 +196,8 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     dswiglu_cfg = configs.get("dswiglu") or config_for("dswiglu", T)
     wgrad_cfg = configs.get("grad_weights") or config_for("grad_weights", T)
     grad_x_cfg = configs.get("grad_x") or config_for("grad_x", T)
+    if "grad_x" not in configs and device.type == "cuda" and T > 0:
+        grad_x_cfg = grad_x_config_filling(T, H, grad_x_cfg, common.device_sms(device))
     # The Gluon weight-gradient kernel where the table has one for this bucket (an explicit
     # configs["grad_weights"] means the tl kernel with that config).
     gluon_wgrad_cfg = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, device)

@@ -82,6 +82,11 @@ def _num_sms(device_index: int) -> int:
 RESERVED_SMS = 0
 
 
+def device_sms(device: torch.device) -> int:
+    """The SMs of a CUDA ``device`` (its index, or the current device's), cached."""
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def num_programs(device: torch.device, tiles: int, persistent: bool = True) -> int:
     # The interpreter runs programs one after another: a few programs still exercise the
     # persistent loop (several tiles per program).
@@ -89,8 +94,7 @@ def num_programs(device: torch.device, tiles: int, persistent: bool = True) -> i
         return tiles
     if device.type != "cuda":
         return max(1, min(3, tiles))
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(sms - RESERVED_SMS, tiles))
+    return max(1, min(device_sms(device) - RESERVED_SMS, tiles))
 
 
 def tile_programs(device: torch.device, rows: int, cols: int, cfg, persistent: bool = True) -> int:
