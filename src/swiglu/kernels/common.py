@@ -45,12 +45,8 @@ GLUON_TRITONS = ("3.6", "3.7")
 DIRECT_LAUNCH_TRITON = "3.6"
 
 
-def triton_minor(version: str | None = None) -> str:
-    """"3.6" of "3.6.0" (the installed triton's when ``version`` is None)."""
-    if version is None:
-        import triton
-
-        version = triton.__version__
+def triton_minor(version: str) -> str:
+    """"3.6" of "3.6.0"."""
     return ".".join(version.split(".")[:2])
 
 
