@@ -72,30 +72,27 @@ def _peer_arrive(offset):
 
 
 @gluon.jit
-def _tile(i, num_m, num_n, GROUP_M: gl.constexpr):
-    per_group = GROUP_M * num_n
-    first_m = (i // per_group) * GROUP_M
-    group_m = min(num_m - first_m, GROUP_M)
-    return first_m + (i % per_group) % group_m, (i % per_group) // group_m
-
-
-@gluon.jit
-def _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, pid, nprog, num_m, num_n, k_tiles,
-          MULTICAST: gl.constexpr, GROUP_M: gl.constexpr):
-    # Step j of this program (its tile j // k_tiles, k-step j % k_tiles) into stage j % STAGES,
-    # once both CTAs have freed it (a fresh barrier passes parity 1 at once).
+def _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, kk, pid_m, pid_n, MULTICAST: gl.constexpr):
+    # Step j of this program (k-step kk of tile (pid_m, pid_n)) into stage j % STAGES, once both
+    # CTAs have freed it (a fresh barrier passes parity 1 at once).
     BK_: gl.constexpr = a_desc.block_type.shape[0]
     BM2: gl.constexpr = a_desc.block_type.shape[1]
     BN_: gl.constexpr = b_desc.block_type.shape[1]
     STAGES_: gl.constexpr = a_bufs.type.shape[0]
     s = j % STAGES_
-    pid_m, pid_n = _tile(pid + (j // k_tiles) * nprog, num_m, num_n, GROUP_M)
-    kk = j % k_tiles
     mbarrier.wait(free.index(s), ((j // STAGES_) & 1) ^ 1)
     mbarrier.expect(ready.index(s), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
     tma.async_copy_global_to_shared(a_desc, [kk * BK_, pid_m * BM2], ready.index(s), a_bufs.index(s))
     tma.async_copy_global_to_shared(b_desc, [kk * BK_, pid_n * BN_], ready.index(s), b_bufs.index(s),
                                     multicast=MULTICAST)
+
+
+@gluon.jit
+def _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, pid, nprog, num_m, num_n, k_tiles,
+          MULTICAST: gl.constexpr, GROUP_M: gl.constexpr):
+    # Step j of this program: its tile j // k_tiles, k-step j % k_tiles.
+    pid_m, pid_n = _tile_mn(pid + (j // k_tiles) * nprog, num_m, num_n, GROUP_M)
+    _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, j % k_tiles, pid_m, pid_n, MULTICAST)
 
 
 @gluon.jit
@@ -123,12 +120,9 @@ def multicast_wgrad_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER:
         mbarrier.init(free.index(i), count=FREE_COUNT)
     mbarrier.sync_cluster_init()
 
-    num_m = gl.cdiv(c_desc.shape[0], BM2)
-    num_n = gl.cdiv(c_desc.shape[1], BN_)
-    pid = gl.program_id(0)  # the cluster
-    nprog = gl.num_programs(0)
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM2, BN_)  # a program is a cluster
     k_tiles = gl.cdiv(a_desc.shape[0], BK_)
-    total = gl.cdiv(num_m * num_n - pid, nprog) * k_tiles  # this program's k-steps over all its tiles
+    total = num_tiles * k_tiles  # this program's k-steps over all its tiles
     for j in range(0, min(STAGES - 1, total)):
         _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, pid, nprog, num_m, num_n, k_tiles, MULTICAST, GROUP_M)
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
@@ -148,7 +142,7 @@ def multicast_wgrad_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER:
         if kk == k_tiles - 1:  # the tile's last step: epilogue
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             _release(free, s, FREE_OFF, PEER)
-            pid_m, pid_n = _tile(pid + (g // k_tiles) * nprog, num_m, num_n, GROUP_M)
+            pid_m, pid_n = _tile_mn(pid + (g // k_tiles) * nprog, num_m, num_n, GROUP_M)
             tma.store_wait(0)
             gl.barrier()
             c_smem.store(acc.to(c_desc.dtype))
@@ -187,7 +181,6 @@ def _ws_load(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_read
     BK_: gl.constexpr = a_desc.block_type.shape[0]
     BM2: gl.constexpr = a_desc.block_type.shape[1]
     BN_: gl.constexpr = b_desc.block_type.shape[1]
-    STAGES_: gl.constexpr = a_bufs.type.shape[0]
     _cluster_sync()
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM2, BN_)
     k_tiles = gl.cdiv(a_desc.shape[0], BK_)
@@ -195,12 +188,7 @@ def _ws_load(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_read
     for t in range(num_tiles):
         pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
         for kk in range(k_tiles):
-            s = p % STAGES_
-            mbarrier.wait(free.index(s), ((p // STAGES_) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
-            tma.async_copy_global_to_shared(a_desc, [kk * BK_, pid_m * BM2], ready.index(s), a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [kk * BK_, pid_n * BN_], ready.index(s), b_bufs.index(s),
-                                            multicast=MULTICAST)
+            _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, free, p, kk, pid_m, pid_n, MULTICAST)
             p += 1
 
 
@@ -330,9 +318,9 @@ KINDS = {"ws": (True, (False, True), True), "plain": (False, (False, True), True
          "ws:local": (True, (False, ), False), "ws:peer": (True, (False, ), True), "ws:multicast": (True, (True, ), True)}
 
 
-def _two_cta_variants(a, b, clusters: int, kinds: tuple[str, ...]) -> dict:
+def _two_cta_variants(a, b, like_out, clusters: int, kinds: tuple[str, ...]) -> dict:
     """label -> callable(out) for the 2-CTA kernels named in ``kinds`` (``KINDS``); the barrier
-    offsets planned on a first launch's compile."""
+    offsets planned on a compile for ``like_out`` (an output of the right shape, not written)."""
     variants = {}
     for kind in kinds:
         ws, multicasts, peer = KINDS[kind]
@@ -340,7 +328,7 @@ def _two_cta_variants(a, b, clusters: int, kinds: tuple[str, ...]) -> dict:
         opts = dict(num_warps=NUM_WARPS, num_ctas=2, **(dict(maxnreg=MAXNREG) if ws else {}))
         for multicast in multicasts:
             def ptx_of(consts, kernel=kernel, opts=opts):
-                return kernel.warmup(*descriptors(a, b, torch_empty_like_out(a, b), BM, BN, BK), **consts,
+                return kernel.warmup(*descriptors(a, b, like_out, BM, BN, BK), **consts,
                                      grid=(clusters,), **opts).asm["ptx"]
             consts = planned(ptx_of, multicast, ws) if peer else dict(constexprs(multicast, ws=ws), FREE_COUNT=1)
             label = (f"2-CTA{' WS' if ws else ''}{'' if peer else ' no peer arrive'} "
@@ -348,12 +336,6 @@ def _two_cta_variants(a, b, clusters: int, kinds: tuple[str, ...]) -> dict:
             variants[label] = (lambda k, c, o: lambda out: k[(clusters,)](*descriptors(a, b, out, BM, BN, BK), **c, **o))(
                 kernel, consts, opts)
     return variants
-
-
-def torch_empty_like_out(a, b):
-    import torch
-
-    return torch.empty(a.shape[1], b.shape[1], device=a.device, dtype=a.dtype)
 
 
 def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: int, kinds: tuple[str, ...]) -> bool:
@@ -386,7 +368,7 @@ def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: 
         if table is not None:
             nprog = backward.tile_programs(dev, I, H, table)
             variants["1-CTA table"] = lambda o, c=table, n=nprog: launch_grad_weight_gluon(a, b, o, c, n)  # noqa: B023
-        variants.update(_two_cta_variants(a, b, clusters, kinds))
+        variants.update(_two_cta_variants(a, b, ref, clusters, kinds))
         outs = {}
         for label, fn in variants.items():
             o = torch.full_like(ref, float("nan"))
