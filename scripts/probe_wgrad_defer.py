@@ -2,7 +2,9 @@
 up the Gluon weight-gradient kernel? One weight gradient ``out = a.T @ b`` at Hermes size, both
 orientations (a [T, I] with b [T, H], and a [T, H] with b [T, I]), per token count: Gluon
 candidates with ``defer`` off and on, the tl kernel's table config and cuBLAS; with ``--pingpong``
-also the ping-pong kernel's candidates beside their cooperative twins ("... twin").
+also the ping-pong kernel's candidates beside their cooperative twins ("... twin"); with ``--wide``
+the ping-pong kernel at 232 registers, 128 x 128 and 128 x 192 tiles (``gluon_wgrad.WIDE_CANDIDATES``),
+each bitwise against the table's kernel; ``--only-table``: of the other Gluon candidates none.
 Checks: each deferred or ping-pong variant bitwise equal to its twin (``bitwise_defer_off``), every
 kernel close to cuBLAS. Timing: 256 MB L2 flush before each call, CUDA events
 (``swiglu_lab.bench.timing.time_iterations``), the variants interleaved round by round (drift hits
@@ -38,13 +40,21 @@ def parse(text: str, base):
     return replace(base, BM=bm, BN=bn, BK=bk, STAGES=int(stages[1:]), NC=int(nc[2:]))
 
 
-def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool = False) -> list[dict]:
+def gluon_label(cfg, table: bool = False) -> str:
+    """A Gluon variant's label, as ``swiglu_lab.bench.tables.gluon_wgrad_table`` parses it back."""
+    return (f"gluon {'table ' if table else ''}{'ping-pong ' if cfg.pingpong else ''}{cfg.BM}x{cfg.BN}"
+            f"{f'+{cfg.BN2}' if cfg.BN2 else ''}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}{f' r{cfg.mma_regs}' if cfg.mma_regs else ''}"
+            f"{' defer' if cfg.defer else ''}")
+
+
+def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool = False, wide: bool = False,
+            only_table: bool = False) -> list[dict]:
     """Rows for one token count and orientation (see the module docstring)."""
     import torch
 
     from swiglu.kernels import backward
     from swiglu.kernels.configs import GluonConfig
-    from swiglu.kernels.gluon_wgrad import PINGPONG_CANDIDATES, launch_grad_weight_gluon
+    from swiglu.kernels.gluon_wgrad import PINGPONG_CANDIDATES, WIDE_CANDIDATES, launch_grad_weight_gluon
     from swiglu_lab.bench.timing import time_iterations
 
     table = backward.gluon_config_for(T, dev) or GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1)
@@ -60,21 +70,27 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
         return lambda out: launch_grad_weight_gluon(a, b, out, cfg, nprog)
 
     tried = set()
-    for name in CANDIDATES:
+    for name in CANDIDATES[:1] if only_table else CANDIDATES:
         base = replace(table, defer=False) if name == "table" else replace(parse(name, table), defer=False, pingpong=False)
         if base in tried:
             continue
         tried.add(base)
-        for defer in (False, True):
+        for defer in (False, ) if only_table else (False, True):
             cfg = replace(base, defer=defer)
-            label = f"gluon {'table ' if name == 'table' else ''}{'ping-pong ' if cfg.pingpong else ''}" \
-                    f"{cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}{' defer' if defer else ''}"
-            variants[label] = gluon(cfg)
+            variants[gluon_label(cfg, name == "table")] = gluon(cfg)
     if pingpong:  # the ping-pong kernel's candidates, bitwise against their cooperative twins
         for cfg in PINGPONG_CANDIDATES:
-            label = f"gluon {cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
+            label = gluon_label(replace(cfg, pingpong=False))
             variants[label + " pingpong"] = gluon(cfg)
             variants[label + " twin"] = gluon(replace(cfg, pingpong=False))
+    twin = {}  # label -> the label its output must equal bitwise
+    if wide:
+        table_label = next(k for k in variants if k.startswith("gluon table"))
+        for cfg in WIDE_CANDIDATES:
+            label = gluon_label(cfg)
+            if label not in variants:
+                variants[label] = gluon(cfg)
+                twin[label] = table_label
     outs, times = {}, {k: [] for k in variants}
     for label, fn in variants.items():
         out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)
@@ -88,7 +104,7 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
     rows = []
     for label, out in outs.items():
         pair = label.replace(" defer", "") if label.endswith(" defer") else (
-            label.replace(" pingpong", " twin") if label.endswith(" pingpong") else None)
+            label.replace(" pingpong", " twin") if label.endswith(" pingpong") else twin.get(label))
         close = bool(torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2 * scale))
         rows.append(dict(T=T, shape=f"{M}x{N}", variant=label, ms=round(statistics.median(times[label]), 4),
                          close_to_cublas=close,
@@ -102,6 +118,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--pingpong", action="store_true", help="also the ping-pong kernel's candidates")
+    p.add_argument("--wide", action="store_true", help="also gluon_wgrad.WIDE_CANDIDATES (232 registers, 128 x 192)")
+    p.add_argument("--only-table", action="store_true", help="of CANDIDATES the table's alone, without defer")
     p.add_argument("--write-table", action="store_true",
                    help="write the winners into src/swiglu/kernels/backward_configs.json (swiglu_lab.bench.tables."
                    "gluon_wgrad_table: only where faster than the current choice by 2%%)")
@@ -116,7 +134,7 @@ def main(argv=None) -> int:
     rows = []
     for T in (int(t) for t in args.tokens.split(",")):
         for M, N in ((I, H), (H, I)):
-            rows += measure(T, M, N, dev, flush, gen, args.iters, args.pingpong)
+            rows += measure(T, M, N, dev, flush, gen, args.iters, args.pingpong, args.wide, args.only_table)
             torch.cuda.empty_cache()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -59,8 +59,12 @@ def compile_one(cfg, pdl: int = 0) -> dict:
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
                   "STORE_REGS": cfg.store_regs}
     # Every constexpr given, defaults too: triton 3.7 binds a signature without them wrongly.
-    constexprs.update({"PINGPONG": cfg.pingpong, "MMA_REGS": cfg.maxnreg if cfg.pingpong else 0,
-                       "DEFER": False if cfg.pingpong else cfg.defer})
+    constexprs.update({"PINGPONG": cfg.pingpong, "MMA_REGS": (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0,
+                       "DEFER": False if cfg.pingpong else cfg.defer, "BN2": cfg.BN2})
+    if cfg.BN2:
+        sig.update({"b2_desc": desc([cfg.BK, cfg.BN2]), "c2_desc": desc([cfg.BM, cfg.BN2])})
+    else:
+        constexprs.update({"b2_desc": None, "c2_desc": None})
     constexprs["PDL"] = pdl  # 0: the default launch (common.PDL)
     sig.update({k: "constexpr" for k in constexprs})
     try:
@@ -109,7 +113,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # Each table config as it is and with the other epilogue placement (deferred or not).
         table = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
         configs = list(dict.fromkeys(table + [dataclasses.replace(c, defer=not c.defer) for c in table]
-                                     + list(gluon_wgrad.PINGPONG_CANDIDATES)))
+                                     + list(gluon_wgrad.PINGPONG_CANDIDATES) + list(gluon_wgrad.WIDE_CANDIDATES)))
         results = [compile_one(c) for c in configs] + [compile_one(table[0], pdl) for pdl in (1, 2)]
     elif kind == "dswiglu":
         indices = range(len(gluon_dswiglu.CONFIGS)) if not indices else indices

@@ -67,7 +67,7 @@ def test_gluon_wgrad_table_takes_a_clear_winner_only():
     new = gluon_wgrad_table(rows, old, base, "probe.csv")
     section = new["gluon_grad_weights"]
     assert section["256"]["config"] == {**base, "BM": 128, "BN": 128, "BK": 64, "STAGES": 4, "NC": 3, "defer": True,
-                                        "pingpong": False}
+                                        "pingpong": False, "BN2": 0, "mma_regs": 0}
     assert section["256"]["ms_16384x53248_53248x16384"] == [0.72, 0.70]
     assert section["2048"]["config"]["defer"] is False and section["2048"]["config"]["BN"] == 256
     assert "4096" not in section and "512" not in section  # within the margin; not close to cuBLAS
@@ -96,3 +96,18 @@ def test_gluon_wgrad_table_takes_the_faster_of_a_pingpong_kernel_and_its_coopera
             r["bitwise_defer_off"] = True
     config = gluon_wgrad_table(rows, old, {"GROUP_M": 32}, "p")["gluon_grad_weights"]["512"]["config"]
     assert config["pingpong"] is pingpong and config["NC"] == 2 and config["BN"] == 128
+
+
+def test_gluon_wgrad_table_keeps_a_wide_candidates_chunk_and_registers():
+    """A 128 x (128 + 64) ping-pong candidate at 232 registers, bitwise the table's kernel and
+    faster, enters with BN2 and mma_regs: the label carries them, and the config must too (else
+    the table would get a plain 128 x 128 tile)."""
+    from swiglu.kernels.configs import GluonConfig
+    from swiglu_lab.bench.tables import gluon_wgrad_table
+
+    old = {"meta": {}, "configs": {}, "gluon_grad_weights": {"256": {"config": {"BM": 128, "BN": 128}}}}
+    rows = _probe_rows(256, {"gluon table 128x128x64 S4 NC2": (0.80, 0.80),
+                             "gluon ping-pong 128x128+64x64 S4 NC1 r232": (0.70, 0.70)})
+    config = gluon_wgrad_table(rows, old, {"GROUP_M": 32}, "p")["gluon_grad_weights"]["256"]["config"]
+    assert GluonConfig(**config) == GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=4, NC=1, GROUP_M=32,
+                                                pingpong=True, mma_regs=232)

@@ -57,10 +57,12 @@ def shape_forward_table(doc: dict, hidden_size: int, intermediate_size: int, bas
 
 
 #: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows:
-#: "gluon [table ][ping-pong ]BMxBNxBK S<stages> NC<n>[ defer][ pingpong| twin]" (the "ping-pong "
-#: prefix: the table's own entry is the ping-pong kernel; the " pingpong" suffix: a ping-pong
-#: candidate, " twin": the cooperative kernel timed beside it).
-_GLUON_LABEL = re.compile(r"gluon (table )?(ping-pong )?(\d+)x(\d+)x(\d+) S(\d+) NC(\d+)( defer)?( pingpong| twin)?$")
+#: "gluon [table ][ping-pong ]BMxBN[+BN2]xBK S<stages> NC<n>[ r<mma_regs>][ defer][ pingpong| twin]"
+#: (``scripts/probe_wgrad_defer.py``'s ``gluon_label``; the "ping-pong " prefix: the ping-pong
+#: kernel, the table's entry or a wide candidate; the " pingpong" suffix: a ping-pong candidate,
+#: " twin": the cooperative kernel timed beside it).
+_GLUON_LABEL = re.compile(r"gluon (table )?(ping-pong )?(\d+)x(\d+)(?:\+(\d+))?x(\d+) S(\d+) NC(\d+)(?: r(\d+))?"
+                          r"( defer)?( pingpong| twin)?$")
 
 
 def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, margin: float = 0.02) -> dict:
@@ -91,9 +93,10 @@ def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, marg
             if bucket_key(bucket_for(T)) in section else next((v for v in variants if v.startswith("tl ")), None)
         if current is None or not gluon[best] < (1 - margin) * total(variants[current]):
             continue
-        _, table_pingpong, bm, bn, bk, stages, nc, defer, pingpong = _GLUON_LABEL.match(best).groups()
+        _, table_pingpong, bm, bn, bn2, bk, stages, nc, regs, defer, pingpong = _GLUON_LABEL.match(best).groups()
         config = {**base, "BM": int(bm), "BN": int(bn), "BK": int(bk), "STAGES": int(stages), "NC": int(nc),
-                  "defer": defer is not None, "pingpong": pingpong == " pingpong" or table_pingpong is not None}
+                  "defer": defer is not None, "pingpong": pingpong == " pingpong" or table_pingpong is not None,
+                  "BN2": int(bn2 or 0), "mma_regs": int(regs or 0)}
         times = {r["shape"]: float(r["ms"]) for r in variants[best]}
         section[bucket_key(bucket_for(T))] = {
             "config": config, "ms_" + "_".join(sorted(times)): [times[k] for k in sorted(times)],

@@ -95,8 +95,9 @@ def num_programs(device: torch.device, tiles: int, persistent: bool = True) -> i
 
 def tile_programs(device: torch.device, rows: int, cols: int, cfg, persistent: bool = True) -> int:
     """The programs of a launch over a rows x cols output in ``cfg.BM`` x ``cfg.BN`` tiles
-    (``num_programs`` of its tile count): what the launchers default to and the plan records."""
-    return num_programs(device, cdiv(rows, cfg.BM) * cdiv(cols, cfg.BN), persistent)
+    (``cfg.tile_n`` columns where the config has it: ``GluonConfig``), ``num_programs`` of its
+    tile count: what the launchers default to and the plan records."""
+    return num_programs(device, cdiv(rows, cfg.BM) * cdiv(cols, getattr(cfg, "tile_n", cfg.BN)), persistent)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -70,11 +70,29 @@ class GluonConfig:
     # Two 4-warp MMA warpgroups on alternate tiles (``gluon_wgrad.wgrad_kernel`` with PINGPONG;
     # num_warps and defer then unused), each tile BM x BN: the table's choice at T = 257-512.
     pingpong: bool = False
+    # Ping-pong only: a second output chunk BN2 columns wide beside the BN one (its own operand
+    # and output buffers, a second accumulator), so a tile is BM x (BN + BN2), e.g. quack's
+    # 128 x 192 (Triton blocks are powers of two); 0: none.
+    BN2: int = 0
+    # Ping-pong only: setmaxnreg of the second MMA warpgroup (the first, the default partition,
+    # gets what the workers leave: Triton's AllocateWarpGroups); 0: maxnreg. ptxas allocates a
+    # worker's code under its setmaxnreg, above the launch's maxnreg (a 128 x 192 fp32
+    # accumulator compiles without spills at 232 in a 168-register launch).
+    mma_regs: int = 0
+
+    @property
+    def tile_n(self) -> int:
+        """A tile's columns: BN + BN2."""
+        return self.BN + self.BN2
 
     def smem_bytes(self) -> int:
         """Shared memory the kernel allocates (bytes): operand ring, output ring, barriers. Triton's
         own figure (sm_90, triton 3.6.0) is at most this: tests/test_gluon.py compiles each table entry."""
-        return self.STAGES * (self.BK * self.BM + self.BK * self.BN) * 2 + self.NC * self.BM * self.BN * 2 + 1024
+        return self.STAGES * (self.BK * self.BM + self.BK * self.tile_n) * 2 + self.NC * self.BM * self.tile_n * 2 + 1024
+
+    def __post_init__(self) -> None:
+        if self.BN2 and (not self.pingpong or self.BN2 & (self.BN2 - 1) or not 8 <= self.BN2 < self.BN):
+            raise ValueError(f"GluonConfig.BN2 must be 0 or, with pingpong, a power of two in [8, BN), got {self.BN2}")
 
 
 @dataclass(frozen=True)

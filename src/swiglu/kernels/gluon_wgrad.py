@@ -100,6 +100,14 @@ def _tile_mn(tile, num_m, num_n, GROUP_M: gl.constexpr):
     return pid_m, pid_n
 
 
+@gluon.constexpr_function
+def _chunk2(b_block, b2_block):
+    # The second chunk's width: the wide kernel's b2 block is narrower than b's (BN2 < BN); the
+    # ping-pong kernel without one passes b's own descriptor in its place. (Ints in a partition's
+    # arguments arrive as runtime values, so the width travels in the descriptor's block type.)
+    return b2_block[-1] if b2_block[-1] != b_block[-1] else 0
+
+
 @gluon.jit
 def _program_tiles(c_desc, BM: gl.constexpr, BN: gl.constexpr):
     """(num_m, num_n, pid, nprog, num_tiles): the output's grid of BM x BN tiles and this
@@ -116,12 +124,16 @@ def _program_tiles(c_desc, BM: gl.constexpr, BN: gl.constexpr):
 
 @gluon.jit
 def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                       GROUP_M: gl.constexpr):
+                       GROUP_M: gl.constexpr, b2_desc, b2_bufs):
+    # BN2 > 0 (the wide kernel): each stage also brings the tile's second B chunk, columns
+    # BN .. BN + BN2 (b2_desc, b2_bufs: b_desc, b_bufs otherwise, unused).
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
+    BN2: gl.constexpr = _chunk2(b_desc.block_type.shape, b2_desc.block_type.shape)
+    BNT: gl.constexpr = BN + BN2
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BN)
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BNT)
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
     p = 0
     for t in range(num_tiles):
@@ -131,24 +143,34 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
             # Fresh barriers: waiting on parity 1 passes at once (08-warp-specialization.py).
             mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            if BN2 > 0:
+                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes + b2_desc.block_type.nbytes)
+            else:
+                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BN], bar, b_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BNT], bar, b_bufs.index(s))
+            if BN2 > 0:  # a box wholly past N (the last column tile) is zero-filled, its bytes counted
+                tma.async_copy_global_to_shared(b2_desc, [kk * BK, pid_n * BNT + BN], bar, b2_bufs.index(s))
             p += 1
 
 
 @gluon.jit
 def _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                        GROUP_M: gl.constexpr):
+                        GROUP_M: gl.constexpr, c2_desc, c2_bufs):
+    # BN2 > 0: each tile's second chunk too (c2_desc, c2_bufs: c_desc, c_bufs otherwise, unused).
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = c_desc.block_type.shape[1]
+    BN2: gl.constexpr = _chunk2(c_desc.block_type.shape, c2_desc.block_type.shape)
+    BNT: gl.constexpr = BN + BN2
     NC: gl.constexpr = c_bufs.type.shape[0]
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BN)
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BNT)
     for t in range(num_tiles):
         pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
         buf = t % NC
         mbarrier.wait(c_ready.index(buf), (t // NC) & 1)
-        tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BN], c_bufs.index(buf))
+        tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BNT], c_bufs.index(buf))
+        if BN2 > 0:  # TMA writes nothing of a box past N
+            tma.async_copy_shared_to_global(c2_desc, [pid_m * BM, pid_n * BNT + BN], c2_bufs.index(buf))
         # At most NC-1 stores left pending: the stores of tiles <= t-(NC-1) have been read out of
         # smem, so the buffer of tile t-(NC-1), index (t+1) % NC, is free (NC=1: this tile's own).
         tma.store_wait(pendings=NC - 1)
@@ -157,13 +179,17 @@ def _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empt
 
 
 @gluon.jit
-def _epilogue_store(out, t, c_desc, c_bufs, c_ready, c_empty):
-    # Tile t's bf16 output into its smem buffer, handed to the storer.
+def _epilogue_store(out, t, c_desc, c_bufs, c_ready, c_empty, out2=None, c2_bufs=None):
+    # Tile t's output (and its second chunk, out2, where given) into its smem buffer in the
+    # output dtype, handed to the storer. The narrower second chunk first: its fp32 registers
+    # are free before the first's conversion needs room (232 registers hold a 128 x 192 tile's).
     NC: gl.constexpr = c_bufs.type.shape[0]
     buf = t % NC
     c_buf = c_bufs.index(buf)
     mbarrier.wait(c_empty.index(buf), ((t // NC) & 1) ^ 1)
-    c_buf.store(out)
+    if out2 is not None:
+        c2_bufs.index(buf).store(out2.to(c2_bufs.dtype))
+    c_buf.store(out.to(c_bufs.dtype))
     fence_async_shared()
     _cta_barrier()
     mbarrier.arrive(c_ready.index(buf))
@@ -221,10 +247,20 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
 PINGPONG_CANDIDATES = (GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True),
                        GluonConfig(BM=128, BN=128, BK=32, STAGES=6, NC=2, pingpong=True))
 
+#: quack's 128 x 192 ping-pong tiles (a 128 x 128 and a 128 x 64 chunk, ``GluonConfig.BN2``),
+#: each MMA warpgroup at 232 registers for its 192 accumulator registers per thread, and the
+#: 128 x 128 ping-pong tile at 232 (no spills); compiled for sm_90 by the CPU tests.
+WIDE_CANDIDATES = (
+    GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=4, NC=1, pingpong=True, mma_regs=232),
+    GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=3, NC=2, pingpong=True, mma_regs=232),
+    GluonConfig(BM=128, BN=128, BN2=64, BK=32, STAGES=6, NC=2, pingpong=True, mma_regs=232),
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True, mma_regs=232),
+)
+
 
 @gluon.jit
 def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M: gl.constexpr, WHICH: gl.constexpr):
+                            order, GROUP_M: gl.constexpr, WHICH: gl.constexpr, b2_bufs, c2_bufs):
     # Warpgroup WHICH (0 or 1) takes the program's tiles WHICH, WHICH + 2, ...; the loader fills
     # the shared ring in tile order, so each epilogue overlaps the other warpgroup's mainloop.
     # Step g of the program (tile i, k-step kk: g = i * k_tiles + kk) uses stage g % STAGES with
@@ -232,16 +268,21 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
     # warpgroup arrives on its barrier when its tile's last stage has landed): a warpgroup running
     # ahead into tile i + 2 would otherwise wait on a stage's parity two phases early and pass at
     # once, reading a stage being refilled (docs/kernels.md).
+    # BN2 > 0: a second accumulator for the tile's columns BN .. BN + BN2, a second wgmma per step.
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
+    BN2: gl.constexpr = _chunk2(b_bufs.type.shape, b2_bufs.type.shape)
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     dtype: gl.constexpr = c_desc.dtype
-    num_tiles = _program_tiles(c_desc, BM, BN)[4]
+    num_tiles = _program_tiles(c_desc, BM, BN + BN2)[4]
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
 
     mma_layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
+    if BN2 > 0:
+        mma_layout2: gl.constexpr = _mma_layout(BM, BN2, gl.num_warps())
+        acc2 = gl.zeros((BM, BN2), dtype=gl.float32, layout=mma_layout2)
     j = 0  # this warpgroup's tiles so far
     for i in range(WHICH, num_tiles, 2):
         # The other warpgroup's mainloop of tile i - 1: its arrival j - 1 (warpgroup 0; a fresh
@@ -252,40 +293,54 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
             g = base + kk
             s = g % STAGES
             mbarrier.wait(ready.index(s), (g // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0,
-                                is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            a_s = a_bufs.index(s).permute((1, 0))
+            acc = warpgroup_mma(a_s, b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            if BN2 > 0:
+                acc2 = warpgroup_mma(a_s, b2_bufs.index(s), acc2, use_acc=kk > 0, is_async=True)
+                # The two wgmma groups of step g may run on; step g - 1's are done.
+                acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             _cta_barrier()
             mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)
         mbarrier.arrive(order.index(WHICH))  # every thread of this warpgroup passed its last ready wait
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if BN2 > 0:
+            acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _cta_barrier()
         mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
-        _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
+        if BN2 > 0:
+            _epilogue_store(acc, i, c_desc, c_bufs, c_ready, c_empty, acc2, c2_bufs)
+        else:
+            _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
         j += 1
 
 
 @gluon.jit
 def _mma_pingpong_first(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                        order, GROUP_M: gl.constexpr):
+                        order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs):
     _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M, 0)
+                            order, GROUP_M, 0, b2_bufs, c2_bufs)
 
 
 @gluon.jit
 def _mma_pingpong_second(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                         order, GROUP_M: gl.constexpr):
+                         order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs):
     _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M, 1)
+                            order, GROUP_M, 1, b2_bufs, c2_bufs)
 
 
 @gluon.jit
 def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
                  LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False,
-                 PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, PDL: gl.constexpr = False):
+                 PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, b2_desc=None, c2_desc=None,
+                 BN2: gl.constexpr = 0, PDL: gl.constexpr = False):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
-    (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused)."""
+    (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0
+    (PINGPONG only): tiles BM x (BN + BN2), the second chunk through ``b2_desc`` / ``c2_desc``
+    (blocks [BK, BN2] / [BM, BN2] on the same B and out)."""
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -311,18 +366,23 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
         order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(order.index(i), count=1)
-        pp_args = args[:-1] + (order, GROUP_M)
+        if BN2 > 0:
+            b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BK, BN2], b2_desc.layout)
+            c2_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN2], c2_desc.layout)
+        else:  # placeholders (partition arguments must be values), never read
+            b2_desc, c2_desc, b2_bufs, c2_bufs = b_desc, c_desc, b_bufs, c_bufs
+        pp_args = args[:-1] + (order, GROUP_M, b2_bufs, c2_bufs)
         gl.warp_specialize([
             (_mma_pingpong_first, pp_args),
             (_mma_pingpong_second, pp_args),
-            (_load_partition, args),
-            (_store_partition, args),
+            (_load_partition, args + (b2_desc, b2_bufs)),
+            (_store_partition, args + (c2_desc, c2_bufs)),
         ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
     else:
         gl.warp_specialize([
             (_mma_partition, args + (DEFER, )),
-            (_load_partition, args),
-            (_store_partition, args),
+            (_load_partition, args + (b_desc, b_bufs)),
+            (_store_partition, args + (c_desc, c_bufs)),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
     _pdl_end(PDL)
 
@@ -341,17 +401,25 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory."""
-    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), consts, kw = _launch_constants(cfg)
+    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
-    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg),
-           Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout), *consts, **kw)
+    descs = [Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout)]
+    if wide:  # the second chunk's blocks on the same b and out
+        (b2_block, b2_layout), (c2_block, c2_layout) = wide
+        descs += [*consts, Tma(b, b2_block, b2_layout), Tma(out, c2_block, c2_layout), cfg.BN2]
+    else:
+        descs += consts
+    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg), *descs, **kw)
 
 
 @lru_cache(maxsize=None)
 def _launch_constants(cfg: GluonConfig):
     # What a launch takes from its config alone, built once per config (host time per launch).
-    blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN])
+    blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (
+        ([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
     consts = (cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer, cfg.pingpong,
-              cfg.maxnreg if cfg.pingpong else 0)
+              (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0)
     kw = dict(num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
+    if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
+        kw.update(b2_desc=None, c2_desc=None, BN2=0)
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, kw)
