@@ -10,7 +10,9 @@ not a test.
 Rows: ``swiglu.SwiGLUMLP`` forward+backward; ``swiglu.module.PlainSwiGLUMLP`` (three
 ``nn.Linear``, PyTorch autograd) forward+backward; ``swiglu.swiglu_mlp_backward`` with
 ``impl="reference"``; with ``impl="triton"`` where ``swiglu.available_impls(device)`` lists it;
-Liger's ``LigerSwiGLUMLP`` forward+backward where ``liger_kernel`` imports (on CUDA).
+Liger's ``LigerSwiGLUMLP`` forward+backward where ``liger_kernel`` imports (on CUDA);
+transformers' ``LlamaMLP`` forward+backward, stock and patched by ``swiglu.integrations.
+transformers.apply``, where transformers imports.
 Shapes: ``tiny`` H=256, I=512, T=16 (default on CUDA); ``overhead`` H=16, I=32, T=2 (default on
 the CPU, where any real shape measures the arithmetic); ``llama-3-8b`` H=4096, I=14336, T=2048
 (a real layer, with ``--enqueue``). bf16 unless ``--dtype``.
@@ -124,6 +126,22 @@ def build_calls(device: torch.device, dtype: torch.dtype, H: int, I: int, T: int
     if "triton" in swiglu.available_impls(device):
         calls["backward_triton"] = ('swiglu_mlp_backward(impl="triton")',
                                     lambda: swiglu.swiglu_mlp_backward(*inputs, impl="triton"), noop)
+    try:  # transformers' LlamaMLP, stock and patched by swiglu.integrations.transformers.apply
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaMLP
+
+        from swiglu.integrations import transformers as swiglu_hf
+    except ImportError:
+        pass
+    else:
+        config = LlamaConfig(hidden_size=H, intermediate_size=I, num_attention_heads=1, num_key_value_heads=1)
+        with torch.device(device):
+            stock, patched = LlamaMLP(config).to(dtype), LlamaMLP(config).to(dtype)
+        for m in (stock, patched):
+            m.load_state_dict(plain.state_dict())
+        swiglu_hf.apply(patched)
+        calls["hf_LlamaMLP_fwd_bwd"] = ("transformers LlamaMLP forward+backward", *step(stock))
+        calls["hf_LlamaMLP_swiglu_fwd_bwd"] = ("LlamaMLP patched by swiglu_hf.apply, forward+backward", *step(patched))
     if device.type == "cuda":
         try:
             from types import SimpleNamespace

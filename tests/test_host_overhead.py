@@ -28,6 +28,8 @@ def test_host_overhead_smoke(tmp_path):
     expected = {"swiglu_SwiGLUMLP_fwd_bwd", "nn_linear_fwd_bwd", "backward_reference"}
     if "triton" in swiglu.available_impls("cpu"):  # TRITON_INTERPRET=1 (conftest)
         expected.add("backward_triton")
+    if importlib.util.find_spec("transformers") is not None:
+        expected |= {"hf_LlamaMLP_fwd_bwd", "hf_LlamaMLP_swiglu_fwd_bwd"}
     assert set(rows) == expected
     base = float(rows["nn_linear_fwd_bwd"]["us_median"])
     for name, row in rows.items():
