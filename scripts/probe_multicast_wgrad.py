@@ -226,7 +226,8 @@ def _ws_mma(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready
 @gluon.jit
 def _ws_store(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M: gl.constexpr):
     _cluster_sync()
-    _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M)
+    _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M,
+                     c_desc, c_bufs)  # no second output chunk
 
 
 @gluon.jit

@@ -99,10 +99,12 @@ class GluonConfig:
 class DswigluGluonConfig:
     """Tile shape and launch parameters of the Gluon dSwiGLU kernel.
 
-    Registers: ptxas compiles the whole kernel under ``maxnreg`` (a setmaxnreg.inc in a partition
-    does not let ptxas use more: 128 fails on the m64n256 wgmma with "Insufficient registers (128)
-    ... target of 154"), so a 128x256 tile on 8 MMA warps needs maxnreg >= ~160, hence at most
-    12 warps in all (65536 / (12 * 32) = 170): 8 MMA + [loader 1 + epilogue 2 + 1 padding].
+    Registers: the partitions share maxnreg x 32 x warps through setmaxnreg (the workers get
+    their requests, the MMA partition the rest: ``mma_regs``), and ptxas allocates each
+    partition's code under its own count (``GluonConfig.mma_regs``: 232 in a 168-register launch).
+    The 8-warp MMA partition of a 128x256 tile needs ~154: with maxnreg 128 the compile failed
+    ("Insufficient registers (128) ... target of 154"), so these configs take 12 warps in all
+    (65536 / (12 * 32) = 170): 8 MMA + [loader 1 + epilogue 2 + 1 padding].
     The workers share one warpgroup when 1 + epi_warps <= 4 (its setmaxnreg is the larger request)."""
 
     BM: int = 128

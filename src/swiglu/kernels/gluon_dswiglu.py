@@ -28,9 +28,9 @@ from .gluon_wgrad import _cta_barrier, _layout, _mma_layout, _pdl_end, _pdl_star
 # ----------------------------------------------------------------------------- config
 
 
-#: Candidates (index = scripts/probe_gluon_dswiglu.py --configs; measured: docs/kernels.md). With 12 warps every
-#: partition can hold 168 registers (12 x 32 x 168 = 64512), and ptxas caps every partition at maxnreg
-#: anyway, so the 12-warp configs give the epilogue 168 too (32x64 pieces spilled at 152).
+#: Candidates (index = scripts/probe_gluon_dswiglu.py --configs; measured: docs/kernels.md). With 12 warps
+#: the launch holds 12 x 32 x 168 = 64512 registers; the 12-warp configs give the epilogue 168 (32x64
+#: pieces spilled at 152).
 CONFIGS = [
     DswigluGluonConfig(),  # 0: 128x256x64 S3, g x1, 2 epilogue warps, pieces 16x64 (no spills)
     DswigluGluonConfig(EPI_M=32),  # 1: bigger pieces (fewer, longer epilogue steps; 24-60 B of spills)
