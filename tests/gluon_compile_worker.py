@@ -3,8 +3,9 @@
     gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...]]
 
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
-also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), and the
-ping-pong kernel's candidates (``gluon_wgrad.PINGPONG_CANDIDATES``).
+also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), the
+ping-pong kernel's candidates (``gluon_wgrad.PINGPONG_CANDIDATES``, ``WIDE_CANDIDATES``), and the
+first table config and first wide candidate with PDL modes 1 and 2.
 dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CONFIGS``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
@@ -114,7 +115,8 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         table = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
         configs = list(dict.fromkeys(table + [dataclasses.replace(c, defer=not c.defer) for c in table]
                                      + list(gluon_wgrad.PINGPONG_CANDIDATES) + list(gluon_wgrad.WIDE_CANDIDATES)))
-        results = [compile_one(c) for c in configs] + [compile_one(table[0], pdl) for pdl in (1, 2)]
+        results = [compile_one(c) for c in configs] + [compile_one(c, pdl) for c in (table[0], gluon_wgrad.WIDE_CANDIDATES[0])
+                                                       for pdl in (1, 2)]
     elif kind == "dswiglu":
         indices = range(len(gluon_dswiglu.CONFIGS)) if not indices else indices
         results = [compile_dswiglu(i, r) for i in indices for r in (False, True)]
