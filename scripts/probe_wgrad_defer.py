@@ -132,17 +132,19 @@ def main(argv=None) -> int:
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
-    for T in (int(t) for t in args.tokens.split(",")):
-        for M, N in ((I, H), (H, I)):
-            rows += measure(T, M, N, dev, flush, gen, args.iters, args.pingpong, args.wide, args.only_table)
-            torch.cuda.empty_cache()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out_dir / "wgrad_defer.csv", index=False)
-    for r in rows:
-        flags = ("" if r["close_to_cublas"] else "  NOT CLOSE") + (
-            "" if r["bitwise_defer_off"] in (None, True) else "  DIFFERS FROM its twin")
-        print(f"T={r['T']:5d} {r['shape']:12s} {r['variant']:40s} {r['ms']:8.4f} ms{flags}")
+    for T in (int(t) for t in args.tokens.split(",")):
+        for M, N in ((I, H), (H, I)):
+            new = measure(T, M, N, dev, flush, gen, args.iters, args.pingpong, args.wide, args.only_table)
+            torch.cuda.empty_cache()
+            rows += new
+            # Written and printed as each shape finishes: a run cut by a time bound keeps what it measured.
+            pd.DataFrame(rows).to_csv(out_dir / "wgrad_defer.csv", index=False)
+            for r in new:
+                flags = ("" if r["close_to_cublas"] else "  NOT CLOSE") + (
+                    "" if r["bitwise_defer_off"] in (None, True) else "  DIFFERS FROM its twin")
+                print(f"T={r['T']:5d} {r['shape']:12s} {r['variant']:40s} {r['ms']:8.4f} ms{flags}", flush=True)
     if args.write_table:
         import json
         from dataclasses import asdict
