@@ -153,7 +153,7 @@ def forward_replaced(module: nn.Module) -> bool:
 
 def _fusable_fast(proj: nn.Module) -> bool:
     # The common case in a few attribute reads: a plain nn.Linear without bias or hooks. False
-    # only means "ask _plain_path_reason" (parallel-style hooks and parametrized weights pass there).
+    # only means "ask the full check" (parallel-style hooks and parametrized weights pass there).
     return type(proj) is nn.Linear and proj.bias is None and not forward_replaced(proj) and not (
         proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
 
@@ -164,6 +164,8 @@ def projection_reason(name: str, proj: nn.Module, *, parallel_style_hooks: bool 
     parametrizations of more than its weight, a bias, hooks (DTensor parallel styles' pass when
     ``parallel_style_hooks``: ``swiglu.parallel`` prepares the MLP's input and output itself), or
     a forward replaced on the instance. The one check of ``SwiGLUMLP`` and the HF integration."""
+    if _fusable_fast(proj):  # the usual case, in a few attribute reads (it runs at every forward)
+        return None
     kind = parametrize.type_before_parametrizations(proj)
     if kind is not nn.Linear:
         return (f"{name} is a {kind.__module__}.{kind.__qualname__}, not a plain nn.Linear (an adapter, quantized or "

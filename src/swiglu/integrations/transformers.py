@@ -31,7 +31,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..module import _fusable_fast, projection_reason
+from ..module import projection_reason
 from ..ops import _check_impl, _renamed, _swiglu_mlp
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -96,8 +96,6 @@ def _runtime_reason(module: nn.Module) -> str | None:
             proj = getattr(module, name, None)
         if not isinstance(proj, nn.Module):
             return f"{name} is {type(proj).__name__}, not an nn.Linear"
-        if _fusable_fast(proj):  # the usual case, in a few attribute reads
-            continue
         # Parallel styles' hooks on a projection belong to a plan the fused op does not run.
         reason = projection_reason(name, proj, parallel_style_hooks=False)
         if reason:
