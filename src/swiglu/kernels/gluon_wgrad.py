@@ -132,6 +132,8 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
     BN: gl.constexpr = b_desc.block_type.shape[1]
     BN2: gl.constexpr = _chunk2(b_desc.block_type.shape, b2_desc.block_type.shape)
     BNT: gl.constexpr = BN + BN2
+    STAGE_BYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (
+        b2_desc.block_type.nbytes if BN2 > 0 else 0)
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BNT)
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
@@ -143,10 +145,7 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
             # Fresh barriers: waiting on parity 1 passes at once (08-warp-specialization.py).
             mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            if BN2 > 0:
-                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes + b2_desc.block_type.nbytes)
-            else:
-                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            mbarrier.expect(bar, STAGE_BYTES)
             tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], bar, a_bufs.index(s))
             tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BNT], bar, b_bufs.index(s))
             if BN2 > 0:  # a box wholly past N (the last column tile) is zero-filled, its bytes counted
