@@ -1,0 +1,74 @@
+"""The host's time per Hugging Face training step, unpatched against ``swiglu_hf.apply``, and a
+cProfile of each: where a host-bound step (few tokens, a slow CPU) spends its Python. The models
+and the step are ``scripts/hf_step_gpu.py``'s (``Variant``: forward with the LM loss + backward,
+gradients set to None first). Host time: ``time.perf_counter`` around one step, no synchronize
+(every launch enqueued), ``--steps`` per block, the variants in turn for ``--rounds`` rounds; then
+cProfile over ``--steps`` steps of each (Python 3.12's cProfile sees the autograd thread's Python),
+the top ``--top`` functions by own time. GPU only.
+
+    python scripts/profile_hf_step_host.py --seq 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib.util
+import io
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden-size", type=int, default=4096)
+    p.add_argument("--intermediate-size", type=int, default=14336)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--top", type=int, default=25)
+    args = p.parse_args(argv)
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("hf_step_gpu", REPO / "scripts" / "hf_step_gpu.py")
+    hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf)
+    model_args = argparse.Namespace(layers=args.layers, hidden_size=args.hidden_size,
+                                    intermediate_size=args.intermediate_size, batch=1, seq=args.seq)
+    variants = {name: hf.Variant(name, model_args) for name in ("unpatched", "swiglu")}
+    for v in variants.values():
+        for _ in range(5):
+            v._step()
+    torch.cuda.synchronize()
+    for _ in range(args.rounds):
+        for name, v in variants.items():
+            times = []
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                v._step()
+                times.append((time.perf_counter() - start) * 1e3)
+            torch.cuda.synchronize()
+            print(f"{name}: host ms per step median {statistics.median(times):.2f} min {min(times):.2f}", flush=True)
+    for name, v in variants.items():
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.steps):
+            v._step()
+        torch.cuda.synchronize()
+        profiler.disable()
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
+        print(f"===== {name}\n{out.getvalue()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
