@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # quack-kernels and its CuTe-DSL stack (the pins of the lab's [quack] extra, lab/pyproject.toml), packed
-# for the offline GPU machine (Python 3.12, x86-64) into .quack/ in two parts of at most 54 MiB each:
-# the device tool carries 64 MiB per call and nvidia-cutlass-dsl-libs-cu13 alone is ~85 MiB, so the
-# largest wheel is split across the parts. Install on the GPU machine with scripts/install_quack.sh in
+# for the offline GPU machine (Python 3.12, x86-64) into .quack/ in two parts of equal size: the device
+# tool carries 64 MiB per call (the tracked tree, ~12 MiB, included) and the wheels are ~105 MiB, of
+# which nvidia-cutlass-dsl-libs-cu13 is ~84. That wheel's files travel as one tar.xz (~61 MiB: xz
+# packs its shared libraries a third smaller than the wheel's zip), split across the parts. Install on the GPU machine with scripts/install_quack.sh in
 # two back-to-back calls (the staging folder in /tmp survives while the machine stays warm):
 #   call 1, carry [".quack/part1"]:  bash scripts/install_quack.sh 1
 #   call 2, carry [".quack/part2"]:  . scripts/install_quack.sh 2 && python3 -m swiglu_lab.bench --impls quack,...
@@ -11,8 +12,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:-python3}
 OUT=.quack
-# Each call also carries the tracked tree (~8 MiB): 54 MiB parts leave room under the 64 MiB.
-LIMIT=$((${QUACK_PART_MIB:-54} * 1024 * 1024))
 rm -rf "$OUT" && mkdir -p "$OUT/wheels" "$OUT/part1" "$OUT/part2"
 mapfile -t PINS < <("$PY" - <<'PYEOF'
 import tomllib
@@ -30,13 +29,15 @@ PYEOF
 [ "$(ls "$OUT"/wheels/*.whl | wc -l)" -eq "${#PINS[@]}" ] || { echo "expected ${#PINS[@]} wheels" >&2; exit 1; }
 BIG=$(ls -S "$OUT"/wheels/*.whl | head -1)
 for w in "$OUT"/wheels/*.whl; do [ "$w" = "$BIG" ] || mv "$w" "$OUT/part1/"; done
-USED=$(du -cb "$OUT"/part1/* | tail -1 | cut -f1)
-FIRST=$((LIMIT - USED))
-[ "$FIRST" -gt 0 ] || { echo "the small wheels alone exceed the part size" >&2; exit 1; }
-NAME=$(basename "$BIG")
-head -c "$FIRST" "$BIG" > "$OUT/part1/$NAME.part1"
-tail -c +"$((FIRST + 1))" "$BIG" > "$OUT/part2/$NAME.part2"
-[ "$(stat -c %s "$OUT/part2/$NAME.part2")" -le "$LIMIT" ] || { echo "part 2 exceeds the part size" >&2; exit 1; }
-sha256sum "$BIG" | cut -d' ' -f1 > "$OUT/part2/$NAME.sha256"
-rm -rf "$OUT/wheels"
+NAME=$(basename "$BIG" .whl)
+mkdir "$OUT/big" && (cd "$OUT/big" && unzip -q "../wheels/$NAME.whl")
+tar -C "$OUT/big" -cf - . | xz -T0 -6 > "$OUT/wheels/$NAME.tar.xz"
+SMALL=$(du -cb "$OUT"/part1/* | tail -1 | cut -f1)
+XZ=$(stat -c %s "$OUT/wheels/$NAME.tar.xz")
+FIRST=$(((SMALL + XZ) / 2 - SMALL))
+[ "$FIRST" -gt 0 ] || { echo "the small wheels alone exceed half of the whole" >&2; exit 1; }
+head -c "$FIRST" "$OUT/wheels/$NAME.tar.xz" > "$OUT/part1/$NAME.tar.xz.part1"
+tail -c +"$((FIRST + 1))" "$OUT/wheels/$NAME.tar.xz" > "$OUT/part2/$NAME.tar.xz.part2"
+sha256sum "$OUT/wheels/$NAME.tar.xz" | cut -d' ' -f1 > "$OUT/part2/$NAME.tar.xz.sha256"
+rm -rf "$OUT/wheels" "$OUT/big"
 du -sh "$OUT"/part1 "$OUT"/part2
