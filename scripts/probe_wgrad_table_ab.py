@@ -1,6 +1,7 @@
-"""Whole-backward time with the table's Gluon weight-gradient entries against another table's (a
-``backward_configs.json`` given with ``--against-json``, e.g. ``git show REV:src/swiglu/kernels/
-backward_configs.json``): does a per-kernel probe's choice hold in the backward? Hermes' size, same
+"""Whole-backward time with the table's kernel configurations (the tl kernels' and the Gluon
+weight-gradient and dSwiGLU entries) against another table's (a ``backward_configs.json`` given
+with ``--against-json``, e.g. ``git show REV:src/swiglu/kernels/backward_configs.json``; a bucket
+it has no Gluon entry for runs the tl kernel): does a per-kernel probe's choice hold in the backward? Hermes' size, same
 process, the two alternating, 256 MB L2 flush before every call, CUDA events
 (``swiglu_lab.bench.timing.time_iterations``), median of ``--iters``; the two results compared bit for bit (``same_bits``).
 ``--block N`` takes turns in blocks of N calls, as the benchmark times one implementation's 50 in
@@ -25,8 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 
-def measure(T: int, ours: dict, other: dict, flush, iters: int, block: int = 1) -> dict:
-    """One token count: the two tables' medians and whether their results are the same bits."""
+def measure(T: int, ours: tuple, other: tuple, flush, iters: int, block: int = 1) -> dict:
+    """One token count: the two tables' medians and whether their results are the same bits.
+    A table: (Gluon weight-gradient entries, Gluon dSwiGLU entries, {tl kernel: entries}), by bucket."""
     import torch
 
     from swiglu import make_inputs
@@ -38,7 +40,10 @@ def measure(T: int, ours: dict, other: dict, flush, iters: int, block: int = 1) 
     times, outs = {k: [] for k in tables}, {}
 
     def run(name):
-        backward.GLUON_CONFIGS.update(tables[name])
+        backward.GLUON_CONFIGS.update(tables[name][0])
+        backward.GLUON_DSWIGLU.update(tables[name][1])
+        for kernel, entries in tables[name][2].items():
+            backward.CONFIGS[kernel].update(entries)
         backward.clear_plans()
         backward.backward_plan(T, 16384, 53248, backward.plan_device(a[1].device))  # planned before the timer
         return a
@@ -50,10 +55,14 @@ def measure(T: int, ours: dict, other: dict, flush, iters: int, block: int = 1) 
         for name in tables:
             run(name)
             times[name] += time_iterations(backward.triton_swiglu_backward, lambda: a, block, a[1].device, flush.zero_)
-    backward.GLUON_CONFIGS.update(ours)
+    backward.GLUON_CONFIGS.update(ours[0])
+    backward.GLUON_DSWIGLU.update(ours[1])
+    for kernel, entries in ours[2].items():
+        backward.CONFIGS[kernel].update(entries)
     backward.clear_plans()
     bucket = backward.bucket_for(T)
-    row = dict(tokens=T, block=block, table=str(ours[bucket]), against=str(other[bucket]),
+    row = dict(tokens=T, block=block, table=str(ours[0][bucket]), against=str(other[0][bucket]),
+               table_dswiglu=str(ours[1][bucket]), against_dswiglu=str(other[1][bucket]),
                **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()},
                same_bits=all(torch.equal(x, y) for x, y in zip(outs["table"], outs["against"])))
     row["against_over_table"] = round(row["against_ms"] / row["table_ms"], 4)
@@ -64,7 +73,8 @@ def measure(T: int, ours: dict, other: dict, flush, iters: int, block: int = 1) 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--against-json", required=True, help="a backward_configs.json whose Gluon weight-gradient entries to compare")
+    p.add_argument("--against-json", required=True,
+                   help="a backward_configs.json whose Gluon weight-gradient and dSwiGLU entries to compare")
     p.add_argument("--tokens", default="128,1024,2048")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--block", type=int, default=1, help="calls per turn (1: alternate call by call)")
@@ -74,12 +84,18 @@ def main(argv=None) -> int:
     import torch
 
     from swiglu.kernels import backward
-    from swiglu.kernels.configs import GluonConfig, parse_bucket
+    from swiglu.kernels.configs import DswigluGluonConfig, GluonConfig, KernelConfig, parse_bucket
 
-    ours = dict(backward.GLUON_CONFIGS)
-    other = {b: None for b in ours}
-    for key, entry in json.loads(Path(args.against_json).read_text()).get("gluon_grad_weights", {}).items():
-        other[parse_bucket(key)] = GluonConfig(**entry["config"])
+    ours = (dict(backward.GLUON_CONFIGS), dict(backward.GLUON_DSWIGLU),
+            {kernel: dict(entries) for kernel, entries in backward.CONFIGS.items()})
+    other = ({b: None for b in ours[0]}, {b: None for b in ours[1]}, {kernel: {} for kernel in ours[2]})
+    table = json.loads(Path(args.against_json).read_text())
+    for kernel, entries in table.get("configs", {}).items():
+        for key, entry in entries.items():
+            other[2][kernel][parse_bucket(key)] = KernelConfig(**entry["config"])
+    for i, (section, cls) in enumerate((("gluon_grad_weights", GluonConfig), ("gluon_dswiglu", DswigluGluonConfig))):
+        for key, entry in table.get(section, {}).items():
+            other[i][parse_bucket(key)] = cls(**entry["config"])
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     rows = []
     for T in (int(t) for t in args.tokens.split(",")):

@@ -261,6 +261,35 @@ def test_pingpong_weight_gradient_gives_the_cooperative_kernels_bits(K, M, N):
         assert torch.isfinite(got).all() and torch.equal(got, want), cfg
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("K", [200, 256, 130])
+def test_pingpong_with_one_output_buffer_is_right_launch_after_launch(K):
+    """The table's ping-pong kernels with one output buffer (NC = 1: the 128 x 192 tile at
+    T = 129-256 as it is, the others with NC set to 1) at short K, where a tile's stores are slow
+    against its mainloop: 20 launches each bitwise the cooperative kernel's. A warpgroup whose
+    epilogue ran ahead of the other's wrote the buffer while a store still read it (launches
+    differed on the H200 before the epilogues took turns)."""
+    _gluon_or_skip()
+    M, N = 53248, 16384
+    gen = torch.Generator(device="cuda").manual_seed(K)
+    a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    single = [replace(g, NC=1) for g in backward.GLUON_CONFIGS.values() if g is not None and g.pingpong]
+    assert single, "the table has no ping-pong entry: test the candidates instead"
+    tl_cfg = backward.config_for("grad_weights", K)
+    want = torch.empty((M, N), device="cuda", dtype=torch.bfloat16)
+    got = torch.empty_like(want)
+    for cfg in sorted(set(single), key=str):
+        want.fill_(float("nan"))
+        backward.launch_weight_gradient(a, b, want, tl_cfg, replace(cfg, pingpong=False, BN2=0, mma_regs=0))
+        bad = 0
+        for _ in range(20):
+            got.fill_(float("nan"))
+            backward.launch_weight_gradient(a, b, got, tl_cfg, cfg)
+            bad += not torch.equal(got, want)
+        assert bad == 0, f"{cfg}: {bad} of 20 launches differ from the cooperative kernel's bits"
+
+
 # --------------------------------------------------------------------------- Gluon dSwiGLU kernel
 # swiglu.kernels.gluon_dswiglu: compiled here; on the GPU bitwise the tl kernel's (below) and
 # dispatched per token bucket from backward_configs.json (scripts/probe_gluon_dswiglu.py times it).

@@ -273,6 +273,7 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
     BN: gl.constexpr = b_desc.block_type.shape[1]
     BN2: gl.constexpr = _chunk2(b_bufs.type.shape, b2_bufs.type.shape)
     STAGES: gl.constexpr = a_bufs.type.shape[0]
+    NC: gl.constexpr = c_bufs.type.shape[0]
     dtype: gl.constexpr = c_desc.dtype
     num_tiles = _program_tiles(c_desc, BM, BN + BN2)[4]
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
@@ -309,6 +310,12 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _cta_barrier()
         mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
+        if NC == 1:
+            # One output buffer: the epilogues take turns (tile i - 1's handed to the storer
+            # first). Without it this warpgroup, its own tile i - 2 stored, could wait on c_empty
+            # for tile i while tile i - 1's phase is still open, pass two phases early and write
+            # the buffer under a TMA store still reading it (seen on the H200 at T = 200).
+            mbarrier.wait(c_ready.index(0), (i - 1) & 1, pred=i > 0)
         if BN2 > 0:
             _epilogue_store(acc, i, c_desc, c_bufs, c_ready, c_empty, acc2, c2_bufs)
         else:
