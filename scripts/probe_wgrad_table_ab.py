@@ -1,5 +1,5 @@
 """Whole-backward time with the table's kernel configurations (the tl kernels' and the Gluon
-weight-gradient and dSwiGLU entries) against another table's (a ``backward_configs.json`` given
+weight-gradient, dSwiGLU and grad_x entries) against another table's (a ``backward_configs.json`` given
 with ``--against-json``, e.g. ``git show REV:src/swiglu/kernels/backward_configs.json``; a bucket
 it has no Gluon entry for runs the tl kernel): does a per-kernel probe's choice hold in the backward? Hermes' size, same
 process, the two alternating, 256 MB L2 flush before every call, CUDA events
@@ -28,7 +28,8 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 def measure(T: int, ours: tuple, other: tuple, flush, iters: int, block: int = 1) -> dict:
     """One token count: the two tables' medians and whether their results are the same bits.
-    A table: (Gluon weight-gradient entries, Gluon dSwiGLU entries, {tl kernel: entries}), by bucket."""
+    A table: (Gluon weight-gradient entries, Gluon dSwiGLU entries, {tl kernel: entries}, Gluon
+    grad_x entries), by bucket."""
     import torch
 
     from swiglu import make_inputs
@@ -44,6 +45,7 @@ def measure(T: int, ours: tuple, other: tuple, flush, iters: int, block: int = 1
         backward.GLUON_DSWIGLU.update(tables[name][1])
         for kernel, entries in tables[name][2].items():
             backward.CONFIGS[kernel].update(entries)
+        backward.GLUON_GRAD_X.update(tables[name][3])
         backward.clear_plans()
         backward.backward_plan(T, 16384, 53248, backward.plan_device(a[1].device))  # planned before the timer
         return a
@@ -59,10 +61,12 @@ def measure(T: int, ours: tuple, other: tuple, flush, iters: int, block: int = 1
     backward.GLUON_DSWIGLU.update(ours[1])
     for kernel, entries in ours[2].items():
         backward.CONFIGS[kernel].update(entries)
+    backward.GLUON_GRAD_X.update(ours[3])
     backward.clear_plans()
     bucket = backward.bucket_for(T)
     row = dict(tokens=T, block=block, table=str(ours[0][bucket]), against=str(other[0][bucket]),
                table_dswiglu=str(ours[1][bucket]), against_dswiglu=str(other[1][bucket]),
+               table_grad_x=str(ours[3][bucket]), against_grad_x=str(other[3][bucket]),
                **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()},
                same_bits=all(torch.equal(x, y) for x, y in zip(outs["table"], outs["against"])))
     row["against_over_table"] = round(row["against_ms"] / row["table_ms"], 4)
@@ -74,7 +78,7 @@ def measure(T: int, ours: tuple, other: tuple, flush, iters: int, block: int = 1
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--against-json", required=True,
-                   help="a backward_configs.json whose Gluon weight-gradient and dSwiGLU entries to compare")
+                   help="a backward_configs.json whose kernel configurations to compare")
     p.add_argument("--tokens", default="128,1024,2048")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--block", type=int, default=1, help="calls per turn (1: alternate call by call)")
@@ -87,13 +91,15 @@ def main(argv=None) -> int:
     from swiglu.kernels.configs import DswigluGluonConfig, GluonConfig, KernelConfig, parse_bucket
 
     ours = (dict(backward.GLUON_CONFIGS), dict(backward.GLUON_DSWIGLU),
-            {kernel: dict(entries) for kernel, entries in backward.CONFIGS.items()})
-    other = ({b: None for b in ours[0]}, {b: None for b in ours[1]}, {kernel: {} for kernel in ours[2]})
+            {kernel: dict(entries) for kernel, entries in backward.CONFIGS.items()}, dict(backward.GLUON_GRAD_X))
+    other = ({b: None for b in ours[0]}, {b: None for b in ours[1]}, {kernel: {} for kernel in ours[2]},
+             {b: None for b in ours[3]})
     table = json.loads(Path(args.against_json).read_text())
     for kernel, entries in table.get("configs", {}).items():
         for key, entry in entries.items():
             other[2][kernel][parse_bucket(key)] = KernelConfig(**entry["config"])
-    for i, (section, cls) in enumerate((("gluon_grad_weights", GluonConfig), ("gluon_dswiglu", DswigluGluonConfig))):
+    for i, (section, cls) in ((0, ("gluon_grad_weights", GluonConfig)), (1, ("gluon_dswiglu", DswigluGluonConfig)),
+                              (3, ("gluon_grad_x", GluonConfig))):
         for key, entry in table.get(section, {}).items():
             other[i][parse_bucket(key)] = cls(**entry["config"])
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")

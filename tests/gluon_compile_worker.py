@@ -1,11 +1,13 @@
 """Compile Gluon kernels for sm_90 (subprocess side of tests/test_gluon.py; no GPU needed).
 
-    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...]]
+    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...] | grad_x]
 
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
 also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), the
 ping-pong kernel's candidates (``gluon_wgrad.PINGPONG_CANDIDATES``, ``WIDE_CANDIDATES``), and the
 first table config and first wide candidate with PDL modes 1 and 2.
+grad_x: the weight-gradient kernel's grad_x orientation (``A_KMAJOR``), its candidates
+(``gluon_wgrad.GRAD_X_CANDIDATES``), the first also with PDL modes 1 and 2.
 dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CONFIGS``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
@@ -54,9 +56,9 @@ def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
         return None, None
 
 
-def compile_one(cfg, pdl: int = 0) -> dict:
-
-    sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
+def compile_one(cfg, pdl: int = 0, grad_x: bool = False) -> dict:
+    a_block = [cfg.BM, cfg.BK] if grad_x else [cfg.BK, cfg.BM]
+    sig = {"a_desc": desc(a_block), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
                   "STORE_REGS": cfg.store_regs}
     # Every constexpr given, defaults too: triton 3.7 binds a signature without them wrongly.
@@ -66,16 +68,21 @@ def compile_one(cfg, pdl: int = 0) -> dict:
         sig.update({"b2_desc": desc([cfg.BK, cfg.BN2]), "c2_desc": desc([cfg.BM, cfg.BN2])})
     else:
         constexprs.update({"b2_desc": None, "c2_desc": None})
+    constexprs["A_KMAJOR"] = grad_x
+    if grad_x:
+        sig.update({"a2_desc": desc(a_block), "bk2_desc": desc([cfg.BK, cfg.BN])})
+    else:
+        constexprs.update({"a2_desc": None, "bk2_desc": None})
     constexprs["PDL"] = pdl  # 0: the default launch (common.PDL)
     sig.update({k: "constexpr" for k in constexprs})
     try:
         k = triton.compile(GluonASTSource(gluon_wgrad.wgrad_kernel, sig, constexprs), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4 if cfg.pingpong else cfg.num_warps, "maxnreg": cfg.maxnreg})
     except Exception as err:  # reported per config; the test fails on it with the message
-        return {"config": cfg.__dict__, "pdl": pdl, "error": f"{type(err).__name__}: {err}"[-4000:]}
+        return {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "error": f"{type(err).__name__}: {err}"[-4000:]}
     ptx = k.asm["ptx"]
     regs, spills = ptxas_info(ptx)
-    return {"config": cfg.__dict__, "pdl": pdl, "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
+    return {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
             "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
             "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg")}
 
@@ -117,6 +124,9 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
                                      + list(gluon_wgrad.PINGPONG_CANDIDATES) + list(gluon_wgrad.WIDE_CANDIDATES)))
         results = [compile_one(c) for c in configs] + [compile_one(c, pdl) for c in (table[0], gluon_wgrad.WIDE_CANDIDATES[0])
                                                        for pdl in (1, 2)]
+    elif kind == "grad_x":
+        results = [compile_one(c, grad_x=True) for c in gluon_wgrad.GRAD_X_CANDIDATES] + [
+            compile_one(gluon_wgrad.GRAD_X_CANDIDATES[0], pdl, grad_x=True) for pdl in (1, 2)]
     elif kind == "dswiglu":
         indices = range(len(gluon_dswiglu.CONFIGS)) if not indices else indices
         results = [compile_dswiglu(i, r) for i in indices for r in (False, True)]
@@ -124,7 +134,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
             results.append(compile_dswiglu(0, False, t_is_one=True))
             results += [compile_dswiglu(0, False, pdl=pdl) for pdl in (1, 2)]
     else:
-        raise SystemExit(f"unknown kernel {kind!r} (wgrad or dswiglu)")
+        raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x or dswiglu)")
     with open(path, "w") as f:
         json.dump({"triton": triton.__version__, "results": results}, f)
 

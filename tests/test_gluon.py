@@ -23,7 +23,7 @@ import torch
 
 from swiglu import make_inputs, reference_backward
 from swiglu.kernels import backward, common, configs
-from swiglu.kernels.common import GLUON_TRITONS, GluonConfig, triton_minor
+from swiglu.kernels.common import GLUON_TRITONS, GluonConfig, KernelConfig, triton_minor
 
 from compile_worker import pdl_problems
 
@@ -130,6 +130,47 @@ def test_backward_keeps_tl_for_other_buckets_and_overrides(gluon_recorded):
     assert gluon_recorded == []
 
 
+@pytest.fixture
+def grad_x_recorded(monkeypatch):
+    """Gluon 'available' with a grad_x table entry at every bucket (the first candidate) and its
+    launch replaced by a matmul that records its arguments; the other kernels run tl."""
+    from swiglu.kernels import gluon_wgrad
+
+    calls = []
+
+    def fake(d_gate, d_up, gw, uw, out, cfg, nprog):
+        calls.append((tuple(d_gate.shape), tuple(gw.shape), tuple(out.shape), cfg, nprog))
+        out.copy_((d_gate.float() @ gw.float() + d_up.float() @ uw.float()).to(out.dtype))
+
+    monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
+    for table in ("GLUON_DSWIGLU", "GLUON_CONFIGS"):
+        monkeypatch.setattr(backward, table, {b: None for b in common.TOKEN_BUCKETS})
+    monkeypatch.setattr(backward, "GLUON_GRAD_X", {b: gluon_wgrad.GRAD_X_CANDIDATES[0] for b in common.TOKEN_BUCKETS})
+    monkeypatch.setattr(gluon_wgrad, "launch_grad_x_gluon", fake)
+    backward.clear_plans()
+    yield calls
+    backward.clear_plans()
+
+
+def test_backward_takes_the_gluon_grad_x_where_the_table_has_one(grad_x_recorded):
+    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
+
+    inp = make_inputs(1, 5, 16, 48, seed=5)
+    grads = backward.triton_swiglu_backward(*inp.as_tuple())
+    plan = backward.backward_plan(5, 16, 48, torch.device("cpu"))
+    assert plan.gluon_grad_x == GRAD_X_CANDIDATES[0] and plan.gluon_grad_x_programs >= 1
+    assert grad_x_recorded == [((5, 48), (48, 16), (5, 16), GRAD_X_CANDIDATES[0], plan.gluon_grad_x_programs)]
+    want = reference_backward(*inp.as_tuple())[0].float()
+    assert grads[0].shape == want.shape and torch.allclose(grads[0].float(), want, rtol=2e-2, atol=2e-2)
+    # An explicit grad_x config, grad_x not needed, or no tokens: no Gluon grad_x launch.
+    backward.triton_swiglu_backward(*inp.as_tuple(), configs={"grad_x": backward.config_for("grad_x", 5)})
+    backward.triton_swiglu_backward(*inp.as_tuple(), need_grad_x=False)
+    empty = [t[:, :0] if t.dim() == 3 else t for t in inp.as_tuple()]  # the [1, T, *] tensors with T = 0
+    assert backward.triton_swiglu_backward(*empty)[0].shape == (1, 0, 16)
+    assert len(grad_x_recorded) == 1
+
+
 def test_gluon_config_too_big_for_the_device_is_skipped(monkeypatch):
     class Small:
         shared_memory_per_block_optin = 101376  # consumer Blackwell (sm_120): 99 KiB
@@ -188,6 +229,38 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
     assert any(GluonConfig(**r["config"]).pingpong for r in report["results"])
     assert any(GluonConfig(**r["config"]).BN2 and r["spills"] == 0 for r in report["results"])
     assert {r["pdl"] for r in report["results"]} == {0, 1, 2}
+
+
+@pytest.mark.parametrize("which", ["gpu-image", "own"])
+def test_grad_x_candidates_compile_for_sm90(tmp_path, which):
+    """The grad_x orientation of the kernel (A [M, K], two K halves) compiles for each grad_x
+    candidate: wgmma, TMA loads of both halves' descriptors and the store, register
+    reallocation, no spills, shared memory within the estimate and the H200's limit, PDL modes."""
+    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
+
+    report = compile_report(tmp_path, which, "grad_x")
+    assert triton_minor(report["triton"]) in GLUON_TRITONS
+    results = report["results"]
+    assert {GluonConfig(**r["config"]) for r in results} == set(GRAD_X_CANDIDATES)
+    assert {r["pdl"] for r in results} == {0, 1, 2} and all(r["grad_x"] for r in results)
+    for r in results:
+        assert r["error"] is None, r["error"]
+        cfg = GluonConfig(**r["config"])
+        assert r["shared"] <= cfg.smem_bytes() <= 232448, (cfg, r["shared"])
+        # Four TMA loads in the loader (two per K half), one TMA store in the storer.
+        assert r["wgmma"] > 0 and r["tma_load"] >= 4 and r["tma_store"] > 0 and r["setmaxnreg"] > 0, r
+        assert not pdl_problems(r, r["pdl"]), pdl_problems(r, r["pdl"])
+        if r["spills"] is not None:
+            assert r["spills"] == 0, r
+
+
+def test_grad_x_launcher_takes_cooperative_configs_only():
+    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES, launch_grad_x_gluon
+
+    t = torch.empty(0)
+    for bad in (replace(GRAD_X_CANDIDATES[0], pingpong=True), replace(GRAD_X_CANDIDATES[0], defer=True)):
+        with pytest.raises(ValueError, match="cooperative"):
+            launch_grad_x_gluon(t, t, t, t, t, bad, 1)
 
 
 # --------------------------------------------------------------------------- numbers (GPU)
@@ -259,6 +332,31 @@ def test_pingpong_weight_gradient_gives_the_cooperative_kernels_bits(K, M, N):
         got = torch.full_like(want, float("nan"))
         backward.launch_weight_gradient(a, b, got, backward.config_for("grad_weights", K), cfg)
         assert torch.isfinite(got).all() and torch.equal(got, want), cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, H, I", [(200, 520, 1176), (1, 520, 1176), (77, 384, 1000), (128, 16384, 53248),
+                                     (512, 16384, 53248)])
+def test_gluon_grad_x_gives_the_tl_kernels_bits(T, H, I):
+    """grad_x = d_gate @ gate_weight + d_up @ up_weight by each Gluon candidate: the tl grad_x
+    kernel's bits (one fp32 accumulator, gate's K range then up's, the same k-steps), partial
+    tiles and K halves ending inside a k-step included, NaN-poisoned output fully written, the
+    same bits again on a second launch."""
+    _gluon_or_skip()
+    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES, launch_grad_x_gluon
+
+    gen = torch.Generator(device="cuda").manual_seed(T * 7 + H)
+    d_gate, d_up = (torch.randn(T, I, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
+    gw, uw = ((torch.randn(I, H, device="cuda", generator=gen) * I ** -0.5).to(torch.bfloat16) for _ in range(2))
+    for cfg in GRAD_X_CANDIDATES:
+        # The tl kernel on the same tile and k-step (3 stages fit every candidate's tile).
+        tl_cfg = KernelConfig(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, num_stages=3, num_warps=cfg.num_warps)
+        want = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+        backward.launch_grad_x(d_gate, d_up, gw, uw, want, tl_cfg)
+        for _ in range(2):
+            got = torch.full_like(want, float("nan"))
+            launch_grad_x_gluon(d_gate, d_up, gw, uw, got, cfg, common.tile_programs(got.device, T, H, cfg))
+            assert torch.isfinite(got).all() and torch.equal(got, want), cfg
 
 
 @pytest.mark.gpu

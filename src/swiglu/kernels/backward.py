@@ -20,7 +20,7 @@ from .common import (INTERPRET, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, 
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
 from .configs import (CONFIGS, GLUON_CONFIGS, GLUON_DSWIGLU, GLUON_DSWIGLU_BY_SHAPE,  # noqa: F401 (the table)
-                      TUNED_CONFIGS_PATH, shape_choice)
+                      GLUON_GRAD_X, TUNED_CONFIGS_PATH, shape_choice)
 from .shared_memory import check_shared_memory
 
 def config_for(kernel: str, tokens: int) -> KernelConfig:
@@ -117,6 +117,8 @@ def _gluon_config_for_bucket(bucket: int, device: torch.device, kernel: str = "g
                              shape: tuple[int, int] | None = None):
     if kernel == "grad_weights":
         g = GLUON_CONFIGS[bucket]
+    elif kernel == "grad_x":
+        g = GLUON_GRAD_X[bucket]
     else:
         g = shape_choice(GLUON_DSWIGLU, GLUON_DSWIGLU_BY_SHAPE, bucket, shape)
     if g is None or gluon_unavailable_reason(device) is not None:
@@ -168,8 +170,8 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig,
 @dataclass(frozen=True)
 class BackwardPlan:
     """What one backward launches at a given (tokens, hidden_size, intermediate_size, device):
-    the tl configurations per kernel, the Gluon weight-gradient configuration (None: the tl
-    kernel), with the shared-memory check already passed. Built once per key by
+    the tl configurations per kernel, the Gluon weight-gradient, dSwiGLU and grad_x configurations
+    (None: the tl kernel), with the shared-memory check already passed. Built once per key by
     ``backward_plan``; a call then only prepares its tensors and launches."""
 
     tokens: int
@@ -180,6 +182,7 @@ class BackwardPlan:
     grad_x: KernelConfig
     gluon_grad_weights: GluonConfig | None
     gluon_dswiglu: DswigluGluonConfig | None = None
+    gluon_grad_x: GluonConfig | None = None
     #: Persistent programs of each launch (0: none planned, the launcher decides), for
     #: ``common.RESERVED_SMS`` as it was when planned (it is part of the plan's key).
     dswiglu_programs: int = 0
@@ -187,6 +190,7 @@ class BackwardPlan:
     grad_weight_programs_hi: int = 0  # the [H, I] output (grad_down_weight)
     grad_weight_programs_ih: int = 0  # the [I, H] outputs (grad_gate_weight, grad_up_weight)
     grad_x_programs: int = 0
+    gluon_grad_x_programs: int = 0
 
 
 def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, KernelConfig]) -> BackwardPlan:
@@ -202,6 +206,8 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     # configs["grad_weights"] means the tl kernel with that config).
     gluon_wgrad_cfg = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, device)
     gluon_dswiglu_cfg = None if "dswiglu" in configs or T == 0 else gluon_dswiglu_config_for(T, device, H, I)
+    gluon_grad_x_cfg = None if "grad_x" in configs or T == 0 else _gluon_config_for_bucket(bucket_for(T), device,
+                                                                                           "grad_x")
     # Before any launch: a config too big for shared memory is a ValueError naming it, not
     # Triton's OutOfResources from deep inside the launcher.
     if T > 0:
@@ -211,11 +217,12 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     # (The tl dSwiGLU config is checked even where Gluon's is planned: it runs when the strides
     # rule Gluon out, launch_backward.)
     return BackwardPlan(T, H, I, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg,
-                        *_programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg,
-                                   gluon_dswiglu_cfg))
+                        gluon_grad_x_cfg, *_programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg,
+                                                     gluon_wgrad_cfg, gluon_dswiglu_cfg, gluon_grad_x_cfg))
 
 
-def _programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg) -> tuple:
+def _programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg,
+              gluon_grad_x_cfg) -> tuple:
     # BackwardPlan's *_programs fields, in their order.
     if T == 0:
         return ()
@@ -226,7 +233,8 @@ def _programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_c
             0 if gd is None else tile_programs(device, T, I, gd),
             tile_programs(device, H, I, w, persistent),
             tile_programs(device, I, H, w, persistent),
-            tile_programs(device, T, H, grad_x_cfg, grad_x_cfg.persistent))
+            tile_programs(device, T, H, grad_x_cfg, grad_x_cfg.persistent),
+            0 if gluon_grad_x_cfg is None else tile_programs(device, T, H, gluon_grad_x_cfg))
 
 
 @lru_cache(maxsize=1024)
@@ -415,7 +423,11 @@ def launch_backward(
     del h
     if need_grad_x:
         grad_x = _alloc(outs[0], (T, H), dev)
-        launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x, plan.grad_x_programs)
+        if plan.gluon_grad_x is None:
+            launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x, plan.grad_x_programs)
+        else:
+            _gluon().wgrad.launch_grad_x_gluon(d_gate, d_up, gate_w, up_w, grad_x, plan.gluon_grad_x,
+                                               plan.gluon_grad_x_programs)
     if need_grad_gate_weight:
         grad_gate_weight = _alloc(outs[1], (I, H), dev)
         launch_weight_gradient(d_gate, xf, grad_gate_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)

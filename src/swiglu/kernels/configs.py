@@ -187,6 +187,9 @@ CONFIGS: dict[str, dict[int, KernelConfig]] = {k: {} for k in KERNELS}
 #: The Gluon weight-gradient kernel (``gluon_wgrad``) per bucket where it measured faster than the
 #: tl kernel; None: the tl kernel.
 GLUON_CONFIGS: dict[int, GluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
+#: The Gluon grad_x (``gluon_wgrad.launch_grad_x_gluon``) per bucket where it measured faster than
+#: the tl grad_x kernel; None: the tl kernel (every bucket until a GPU run has measured it).
+GLUON_GRAD_X: dict[int, GluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
 #: The Gluon dSwiGLU kernel (``gluon_dswiglu``) per bucket where it measured faster; None: tl.
 GLUON_DSWIGLU: dict[int, DswigluGluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
 #: Per (hidden_size, intermediate_size), the buckets where another Gluon dSwiGLU config measured
@@ -223,6 +226,8 @@ def _load(path: Path) -> None:
             CONFIGS[kernel][parse_bucket(key)] = KernelConfig(**entry["config"])
     for key, entry in table.get("gluon_grad_weights", {}).items():
         GLUON_CONFIGS[parse_bucket(key)] = GluonConfig(**entry["config"])
+    for key, entry in table.get("gluon_grad_x", {}).items():
+        GLUON_GRAD_X[parse_bucket(key)] = GluonConfig(**entry["config"])
     for key, entry in table.get("gluon_dswiglu", {}).items():
         GLUON_DSWIGLU[parse_bucket(key)] = DswigluGluonConfig(**entry["config"])
     GLUON_DSWIGLU_BY_SHAPE.update(parse_by_shape(table.get("gluon_dswiglu_by_shape", {}),

@@ -3,6 +3,10 @@
     out[M, N] = A^T @ B,  A [K, M] row-major (d_gate, d_up or grad_output),  B [K, N] row-major (x or h),
     out bf16 [M, N], fp32 accumulation, K = tokens (any K >= 1: TMA zero-fills past K).
 
+The same partitions also run grad_x = d_gate @ gate_weight + d_up @ up_weight (``A_KMAJOR``: A
+[M, K] row-major, two K halves in one accumulator, gate's then up's, as the tl grad_x kernel
+sums them); written and compiled for sm_90, not yet run on a GPU nor dispatched.
+
 At small K this GEMM is bound by writing ``out``; a TMA loader, two MMA warpgroups and a TMA storer
 with NC stores in flight overlap the stores with the next tiles' MMAs, which tl-level Triton cannot.
 Faster than the tl kernel at T <= 2048 (dispatched there from backward_configs.json); from 4096 up
@@ -108,6 +112,31 @@ def _chunk2(b_block, b2_block):
     return b2_block[-1] if b2_block[-1] != b_block[-1] else 0
 
 
+@gluon.constexpr_function
+def _k_block(a_block, A_KMAJOR):
+    # A's block is [BK, BM] for a weight gradient (A [K, M]) and [BM, BK] for grad_x (A [M, K]).
+    return a_block[1] if A_KMAJOR else a_block[0]
+
+
+@gluon.jit
+def _k_steps(a_desc, BK: gl.constexpr, A_KMAJOR: gl.constexpr):
+    """The k-steps of one tile: K = A's rows for a weight gradient; for grad_x two halves of
+    K = intermediate_size each (d_gate's columns, then d_up's)."""
+    n = gl.cdiv(a_desc.shape[0], BK)
+    if A_KMAJOR:
+        n = 2 * gl.cdiv(a_desc.shape[1], BK)
+    return n
+
+
+@gluon.jit
+def _a_operand(a_bufs, s, A_KMAJOR: gl.constexpr):
+    # wgmma's A operand [BM, BK]: grad_x's stage as loaded, a weight gradient's transposed.
+    a = a_bufs.index(s)
+    if not A_KMAJOR:
+        a = a.permute((1, 0))
+    return a
+
+
 @gluon.jit
 def _program_tiles(c_desc, BM: gl.constexpr, BN: gl.constexpr):
     """(num_m, num_n, pid, nprog, num_tiles): the output's grid of BM x BN tiles and this
@@ -124,11 +153,13 @@ def _program_tiles(c_desc, BM: gl.constexpr, BN: gl.constexpr):
 
 @gluon.jit
 def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                       GROUP_M: gl.constexpr, b2_desc, b2_bufs):
+                       GROUP_M: gl.constexpr, b2_desc, b2_bufs, A_KMAJOR: gl.constexpr, a2_desc, bk2_desc):
     # BN2 > 0 (the wide kernel): each stage also brings the tile's second B chunk, columns
     # BN .. BN + BN2 (b2_desc, b2_bufs: b_desc, b_bufs otherwise, unused).
-    BK: gl.constexpr = a_desc.block_type.shape[0]
-    BM: gl.constexpr = a_desc.block_type.shape[1]
+    # A_KMAJOR (grad_x): A [M, K] in blocks [BM, BK]; the second K half comes from a2_desc and
+    # bk2_desc (d_up, up_weight; a_desc, b_desc otherwise, unused).
+    BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
+    BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
     BN2: gl.constexpr = _chunk2(b_desc.block_type.shape, b2_desc.block_type.shape)
     BNT: gl.constexpr = BN + BN2
@@ -136,7 +167,7 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
         b2_desc.block_type.nbytes if BN2 > 0 else 0)
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BNT)
-    k_tiles = gl.cdiv(a_desc.shape[0], BK)
+    k_tiles = _k_steps(a_desc, BK, A_KMAJOR)
     p = 0
     for t in range(num_tiles):
         pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
@@ -146,11 +177,39 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
             mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, STAGE_BYTES)
-            tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BNT], bar, b_bufs.index(s))
+            if A_KMAJOR:
+                k_half = k_tiles // 2  # d_up's half starts here
+                if kk < k_half:
+                    tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kk * BK], bar, a_bufs.index(s))
+                    tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BNT], bar, b_bufs.index(s))
+                else:
+                    tma.async_copy_global_to_shared(a2_desc, [pid_m * BM, (kk - k_half) * BK], bar, a_bufs.index(s))
+                    tma.async_copy_global_to_shared(bk2_desc, [(kk - k_half) * BK, pid_n * BNT], bar,
+                                                    b_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], bar, a_bufs.index(s))
+                tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BNT], bar, b_bufs.index(s))
             if BN2 > 0:  # a box wholly past N (the last column tile) is zero-filled, its bytes counted
                 tma.async_copy_global_to_shared(b2_desc, [kk * BK, pid_n * BNT + BN], bar, b2_bufs.index(s))
             p += 1
+
+
+# A worker partition's constexpr flags cannot travel in its argument tuple (worker arguments
+# become IR values), so each orientation has its own entry.
+
+
+@gluon.jit
+def _load_partition_wgrad(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                          GROUP_M: gl.constexpr, b2_desc, b2_bufs):
+    _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M,
+                    b2_desc, b2_bufs, False, a_desc, b_desc)
+
+
+@gluon.jit
+def _load_partition_grad_x(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                           GROUP_M: gl.constexpr, a2_desc, bk2_desc):
+    _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M,
+                    b_desc, b_bufs, True, a2_desc, bk2_desc)
 
 
 @gluon.jit
@@ -196,15 +255,15 @@ def _epilogue_store(out, t, c_desc, c_bufs, c_ready, c_empty, out2=None, c2_bufs
 
 @gluon.jit
 def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                      GROUP_M: gl.constexpr, DEFER: gl.constexpr):
-    BK: gl.constexpr = a_desc.block_type.shape[0]
-    BM: gl.constexpr = a_desc.block_type.shape[1]
+                      GROUP_M: gl.constexpr, DEFER: gl.constexpr, A_KMAJOR: gl.constexpr):
+    BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
+    BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = c_desc.dtype
     num_tiles = _program_tiles(c_desc, BM, BN)[4]
-    k_tiles = gl.cdiv(a_desc.shape[0], BK)
+    k_tiles = _k_steps(a_desc, BK, A_KMAJOR)
 
     mma_layout: gl.constexpr = _mma_layout(BM, BN, NUM_WARPS)
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
@@ -214,7 +273,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
         for kk in range(k_tiles):
             s = c % STAGES
             mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0,
+            acc = warpgroup_mma(_a_operand(a_bufs, s, A_KMAJOR), b_bufs.index(s), acc, use_acc=kk > 0,
                                 is_async=True)
             if DEFER:
                 if kk == 0 and t > 0:  # the previous tile's epilogue while this tile's first wgmma runs
@@ -341,18 +400,24 @@ def _mma_pingpong_second(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, 
 def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
                  LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False,
                  PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, b2_desc=None, c2_desc=None,
-                 BN2: gl.constexpr = 0, PDL: gl.constexpr = False):
+                 BN2: gl.constexpr = 0, A_KMAJOR: gl.constexpr = False, a2_desc=None, bk2_desc=None,
+                 PDL: gl.constexpr = False):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
     (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0
     (PINGPONG only): tiles BM x (BN + BN2), the second chunk through ``b2_desc`` / ``c2_desc``
-    (blocks [BK, BN2] / [BM, BN2] on the same B and out)."""
-    BK: gl.constexpr = a_desc.block_type.shape[0]
-    BM: gl.constexpr = a_desc.block_type.shape[1]
+    (blocks [BK, BN2] / [BM, BN2] on the same B and out). A_KMAJOR (not with PINGPONG):
+    ``out = A @ B + A2 @ B2`` with A, A2 [M, K] (blocks [BM, BK]) and B, B2 [K, N] (``a2_desc``,
+    ``bk2_desc``), one accumulator over both K ranges in turn: grad_x."""
+    BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
+    BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
     dtype: gl.constexpr = c_desc.dtype
+    gl.static_assert(not (A_KMAJOR and PINGPONG), "grad_x (A_KMAJOR) runs the cooperative partitions only")
 
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK, BM], a_desc.layout)
+    # A's stages in A's block shape: [BK, BM] (weight gradients) or [BM, BK] (grad_x).
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], a_desc.block_type.shape[1]],
+                                       a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK, BN], b_desc.layout)
     c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -381,13 +446,19 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
         gl.warp_specialize([
             (_mma_pingpong_first, pp_args),
             (_mma_pingpong_second, pp_args),
-            (_load_partition, args + (b2_desc, b2_bufs)),
+            (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
             (_store_partition, args + (c2_desc, c2_bufs)),
         ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+    elif A_KMAJOR:
+        gl.warp_specialize([
+            (_mma_partition, args + (False, A_KMAJOR)),
+            (_load_partition_grad_x, args + (a2_desc, bk2_desc)),
+            (_store_partition, args + (c_desc, c_bufs)),
+        ], [1, 1], [LOAD_REGS, STORE_REGS])
     else:
         gl.warp_specialize([
-            (_mma_partition, args + (DEFER, )),
-            (_load_partition, args + (b_desc, b_bufs)),
+            (_mma_partition, args + (DEFER, A_KMAJOR)),
+            (_load_partition_wgrad, args + (b_desc, b_bufs)),
             (_store_partition, args + (c_desc, c_bufs)),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
     _pdl_end(PDL)
@@ -428,4 +499,43 @@ def _launch_constants(cfg: GluonConfig):
     kw = dict(num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
     if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
         kw.update(b2_desc=None, c2_desc=None, BN2=0)
+    kw.update(A_KMAJOR=False, a2_desc=None, bk2_desc=None)  # grad_x's (launch_grad_x_gluon)
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, kw)
+
+
+# ----------------------------------------------------------------------------- grad_x
+
+
+#: grad_x candidates (cooperative: at T <= 512 a program has about one tile, so a second MMA
+#: warpgroup on other tiles would idle): the tl table's 128 x 256 and 64 x 256 tiles, 128 x 128,
+#: and 128 x 256 in K-steps of 32; compiled for sm_90 by the CPU tests, not yet run on a GPU.
+GRAD_X_CANDIDATES = (
+    GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1, GROUP_M=8),
+    GluonConfig(BM=64, BN=256, BK=64, STAGES=4, NC=1, GROUP_M=8, num_warps=4),
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, GROUP_M=8),
+    GluonConfig(BM=128, BN=256, BK=32, STAGES=6, NC=1, GROUP_M=8),
+)
+
+
+def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+                        grad_x: torch.Tensor, cfg: GluonConfig, num_programs: int) -> None:
+    """grad_x = d_gate @ gate_weight + d_up @ up_weight: d_gate, d_up [T, I], gate_weight,
+    up_weight [I, H], grad_x [T, H]; bf16 CUDA sm_90 tensors usable by TMA (``common.tma_ready``),
+    one fp32 accumulator over gate's K range then up's (the tl grad_x kernel's order);
+    ``num_programs`` persistent programs. The contract of ``backward.launch_grad_x``; the caller
+    checks device, sizes and shared memory. A cooperative ``cfg`` only (no ``pingpong``, ``BN2``)."""
+    if cfg.pingpong or cfg.BN2 or cfg.defer:
+        raise ValueError(f"grad_x takes a cooperative GluonConfig (no pingpong, BN2 or defer), got {cfg}")
+    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), consts = _grad_x_constants(cfg)
+    T, H, I = grad_x.shape[0], grad_x.shape[1], d_gate.shape[1]
+    launch(wgrad_kernel, (num_programs,), ("gluon_grad_x", d_gate.device, T, H, I, num_programs, cfg),
+           Tma(d_gate, a_block, a_layout), Tma(gate_weight, b_block, b_layout), Tma(grad_x, c_block, c_layout),
+           *consts, None, None, 0, True, Tma(d_up, a_block, a_layout), Tma(up_weight, b_block, b_layout),
+           num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+
+
+@lru_cache(maxsize=None)
+def _grad_x_constants(cfg: GluonConfig):
+    blocks = ([cfg.BM, cfg.BK], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN])
+    consts = (cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, False, False, 0)
+    return tuple((b, _layout(tuple(b))) for b in blocks) + (consts,)
