@@ -97,5 +97,5 @@ lab: $(STAMP)  ## open the notebooks in JupyterLab, saving them without outputs 
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks --ContentsManager.pre_save_hook=$(LAB_SAVE_HOOK) $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
 clean:  ## remove the virtual environment, build outputs and caches
-	rm -rf $(VENV) build .pytest_cache src/*.egg-info lab/*.egg-info
+	rm -rf $(VENV) build .pytest_cache .ruff_cache src/*.egg-info lab/*.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
