@@ -171,6 +171,30 @@ def test_backward_takes_the_gluon_grad_x_where_the_table_has_one(grad_x_recorded
     assert len(grad_x_recorded) == 1
 
 
+def test_gluon_grad_x_gives_way_where_its_tiles_leave_sms_idle(monkeypatch):
+    """A gluon_grad_x entry runs where its tiles fill the GPU (Hermes' H = 16384); at a small
+    hidden_size (Llama-3-8B's 4096 at T = 256: 16 tiles of 128 x 256 for 132 SMs) the plan takes
+    the tl kernel with the filling tile rule instead."""
+    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
+
+    class Props(_FakeProps):
+        multi_processor_count = 132
+
+    monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
+    monkeypatch.setattr(common, "device_sms", lambda device: 132)
+    monkeypatch.setattr(backward, "GLUON_GRAD_X", {b: GRAD_X_CANDIDATES[0] for b in common.TOKEN_BUCKETS})
+    backward.clear_plans()
+    try:
+        cuda = torch.device("cuda", 0)
+        assert backward._make_plan(256, 16384, 53248, cuda, {}).gluon_grad_x == GRAD_X_CANDIDATES[0]
+        small = backward._make_plan(256, 4096, 14336, cuda, {})
+        assert small.gluon_grad_x is None and small.gluon_grad_x_programs == 0
+        assert small.grad_x == backward.grad_x_config_filling(256, 4096, backward.config_for("grad_x", 256), 132)
+    finally:
+        backward.clear_plans()
+
+
 def test_gluon_config_too_big_for_the_device_is_skipped(monkeypatch):
     class Small:
         shared_memory_per_block_optin = 101376  # consumer Blackwell (sm_120): 99 KiB

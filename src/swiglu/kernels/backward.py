@@ -208,6 +208,11 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     gluon_dswiglu_cfg = None if "dswiglu" in configs or T == 0 else gluon_dswiglu_config_for(T, device, H, I)
     gluon_grad_x_cfg = None if "grad_x" in configs or T == 0 else _gluon_config_for_bucket(bucket_for(T), device,
                                                                                            "grad_x")
+    if gluon_grad_x_cfg is not None and device.type == "cuda" and (
+            cdiv(T, gluon_grad_x_cfg.BM) * cdiv(H, gluon_grad_x_cfg.BN) < GRAD_X_FILL * common.device_sms(device)):
+        # Its tiles, chosen at Hermes' hidden_size, would leave SMs idle here (a smaller H): the
+        # tl kernel with the filling tile instead.
+        gluon_grad_x_cfg = None
     # Before any launch: a config too big for shared memory is a ValueError naming it, not
     # Triton's OutOfResources from deep inside the launcher.
     if T > 0:
