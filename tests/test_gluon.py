@@ -252,6 +252,7 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
             assert r["spills"] == 0, r
     assert any(GluonConfig(**r["config"]).pingpong for r in report["results"])
     assert any(GluonConfig(**r["config"]).BN2 and r["spills"] == 0 for r in report["results"])
+    assert any(r["store_delay_ns"] for r in report["results"])
     assert {r["pdl"] for r in report["results"]} == {0, 1, 2}
 
 
@@ -381,6 +382,29 @@ def test_gluon_grad_x_gives_the_tl_kernels_bits(T, H, I):
             got = torch.full_like(want, float("nan"))
             launch_grad_x_gluon(d_gate, d_up, gw, uw, got, cfg, common.tile_programs(got.device, T, H, cfg))
             assert torch.isfinite(got).all() and torch.equal(got, want), cfg
+
+
+@pytest.mark.gpu
+def test_pingpong_epilogues_wait_for_a_slow_storer():
+    """With the storer made slow (``STORE_DELAY_NS``: 20 us before each store) a ping-pong
+    warpgroup that wrote its output buffer before the other warpgroup's tile was stored would
+    show on every launch (tiles lost or swapped); with one output buffer (the table's 128 x 192
+    tile at T = 129-256) and with two, the ping-pong kernel gives the cooperative kernel's bits."""
+    _gluon_or_skip()
+    from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES, launch_grad_weight_gluon
+
+    K, M, N = 200, 4096, 4096  # 5-6 tiles per program: every warpgroup reaches its second tile
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for cfg in (backward.GLUON_CONFIGS[256], WIDE_CANDIDATES[3]):
+        assert cfg.pingpong
+        want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        backward.launch_weight_gradient(a, b, want, backward.config_for("grad_weights", K),
+                                        replace(cfg, pingpong=False, BN2=0, mma_regs=0))
+        got = torch.full_like(want, float("nan"))
+        launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), store_delay_ns=20_000)
+        assert torch.isfinite(got).all() and torch.equal(got, want), cfg
 
 
 @pytest.mark.gpu

@@ -215,6 +215,33 @@ def _load_partition_grad_x(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready
 @gluon.jit
 def _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
                         GROUP_M: gl.constexpr, c2_desc, c2_bufs):
+    _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M, c2_desc, c2_bufs, 0, False)
+
+
+@gluon.jit
+def _store_partition_delayed(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                             GROUP_M: gl.constexpr, c2_desc, c2_bufs, delay_ns):
+    # The tests' storer (``STORE_DELAY_NS``): each store issued delay_ns after its tile is handed over.
+    _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M, c2_desc, c2_bufs, delay_ns, True)
+
+
+@gluon.jit
+def _globaltimer():
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _spin(ns):
+    # A busy wait of ns nanoseconds on the global timer (nanosleep may sleep for none of it).
+    start = _globaltimer()
+    now = start
+    while now - start < ns:
+        now = _globaltimer()
+
+
+@gluon.jit
+def _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M: gl.constexpr, c2_desc, c2_bufs, delay_ns,
+                 DELAY: gl.constexpr):
     # BN2 > 0: each tile's second chunk too (c2_desc, c2_bufs: c_desc, c_bufs otherwise, unused).
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = c_desc.block_type.shape[1]
@@ -226,6 +253,8 @@ def _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empt
         pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
         buf = t % NC
         mbarrier.wait(c_ready.index(buf), (t // NC) & 1)
+        if DELAY:
+            _spin(delay_ns)
         tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BNT], c_bufs.index(buf))
         if BN2 > 0:  # TMA writes nothing of a box past N
             tma.async_copy_shared_to_global(c2_desc, [pid_m * BM, pid_n * BNT + BN], c2_bufs.index(buf))
@@ -401,19 +430,22 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
                  LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False,
                  PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, b2_desc=None, c2_desc=None,
                  BN2: gl.constexpr = 0, A_KMAJOR: gl.constexpr = False, a2_desc=None, bk2_desc=None,
-                 PDL: gl.constexpr = False):
+                 STORE_DELAY_NS: gl.constexpr = 0, PDL: gl.constexpr = False):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
     (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0
     (PINGPONG only): tiles BM x (BN + BN2), the second chunk through ``b2_desc`` / ``c2_desc``
     (blocks [BK, BN2] / [BM, BN2] on the same B and out). A_KMAJOR (not with PINGPONG):
     ``out = A @ B + A2 @ B2`` with A, A2 [M, K] (blocks [BM, BK]) and B, B2 [K, N] (``a2_desc``,
-    ``bk2_desc``), one accumulator over both K ranges in turn: grad_x."""
+    ``bk2_desc``), one accumulator over both K ranges in turn: grad_x. STORE_DELAY_NS > 0
+    (PINGPONG, tests only): the storer waits that long before each store, which makes any
+    epilogue that writes a buffer still being stored show in the output."""
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
     dtype: gl.constexpr = c_desc.dtype
     gl.static_assert(not (A_KMAJOR and PINGPONG), "grad_x (A_KMAJOR) runs the cooperative partitions only")
+    gl.static_assert(STORE_DELAY_NS == 0 or PINGPONG, "STORE_DELAY_NS is the ping-pong kernel's test switch")
 
     # A's stages in A's block shape: [BK, BM] (weight gradients) or [BM, BK] (grad_x).
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], a_desc.block_type.shape[1]],
@@ -443,12 +475,21 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
         else:  # placeholders (partition arguments must be values), never read
             b2_desc, c2_desc, b2_bufs, c2_bufs = b_desc, c_desc, b_bufs, c_bufs
         pp_args = args[:-1] + (order, GROUP_M, b2_bufs, c2_bufs)
-        gl.warp_specialize([
-            (_mma_pingpong_first, pp_args),
-            (_mma_pingpong_second, pp_args),
-            (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
-            (_store_partition, args + (c2_desc, c2_bufs)),
-        ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+        if STORE_DELAY_NS > 0:
+            delay = gl.program_id(0) * 0 + STORE_DELAY_NS  # a value: worker arguments cannot be constexprs
+            gl.warp_specialize([
+                (_mma_pingpong_first, pp_args),
+                (_mma_pingpong_second, pp_args),
+                (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
+                (_store_partition_delayed, args + (c2_desc, c2_bufs, delay)),
+            ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+        else:
+            gl.warp_specialize([
+                (_mma_pingpong_first, pp_args),
+                (_mma_pingpong_second, pp_args),
+                (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
+                (_store_partition, args + (c2_desc, c2_bufs)),
+            ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
     elif A_KMAJOR:
         gl.warp_specialize([
             (_mma_partition, args + (False, A_KMAJOR)),
@@ -474,10 +515,11 @@ def _layout(block: tuple[int, int]):
 
 
 def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
-                             num_programs: int) -> None:
+                             num_programs: int, store_delay_ns: int = 0) -> None:
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
-    contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory."""
+    contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory.
+    ``store_delay_ns`` (tests, a ping-pong ``cfg``): the storer waits that long before each store."""
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
     descs = [Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout)]
@@ -486,7 +528,10 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         descs += [*consts, Tma(b, b2_block, b2_layout), Tma(out, c2_block, c2_layout), cfg.BN2]
     else:
         descs += consts
-    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg), *descs, **kw)
+    if store_delay_ns:
+        kw = dict(kw, STORE_DELAY_NS=store_delay_ns)
+    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg, store_delay_ns),
+           *descs, **kw)
 
 
 @lru_cache(maxsize=None)
@@ -499,7 +544,7 @@ def _launch_constants(cfg: GluonConfig):
     kw = dict(num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
     if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
         kw.update(b2_desc=None, c2_desc=None, BN2=0)
-    kw.update(A_KMAJOR=False, a2_desc=None, bk2_desc=None)  # grad_x's (launch_grad_x_gluon)
+    kw.update(A_KMAJOR=False, a2_desc=None, bk2_desc=None, STORE_DELAY_NS=0)  # grad_x's and the tests' switches
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, kw)
 
 
@@ -531,7 +576,7 @@ def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: t
     launch(wgrad_kernel, (num_programs,), ("gluon_grad_x", d_gate.device, T, H, I, num_programs, cfg),
            Tma(d_gate, a_block, a_layout), Tma(gate_weight, b_block, b_layout), Tma(grad_x, c_block, c_layout),
            *consts, None, None, 0, True, Tma(d_up, a_block, a_layout), Tma(up_weight, b_block, b_layout),
-           num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+           STORE_DELAY_NS=0, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
 
 
 @lru_cache(maxsize=None)
