@@ -94,6 +94,27 @@ def test_unsupported_tensors_and_arguments_get_type_errors():
         swiglu.swiglu_mlp(t["x"].to_sparse(), t["gw"], t["uw"], t["dw"])
 
 
+def test_nested_tensors_get_type_errors_naming_the_argument():
+    # torch's older nested tensors report the strided layout but have no single shape.
+    t = _inputs()
+    hidden = t["x"].shape[-1]
+    nested = torch.nested.nested_tensor([torch.randn(2, hidden, dtype=t["x"].dtype), torch.randn(3, hidden, dtype=t["x"].dtype)])
+    assert nested.layout == torch.strided
+    with pytest.raises(TypeError, match="x must be a dense .* nested tensor"):
+        swiglu.swiglu_mlp(nested, t["gw"], t["uw"], t["dw"])
+    with pytest.raises(TypeError, match="x must be a dense .* nested tensor"):
+        swiglu.SwiGLUMLP(hidden, t["gw"].shape[0], dtype=t["x"].dtype)(nested)
+    with pytest.raises(TypeError, match="down_weight must be a dense .* nested tensor"):
+        swiglu.swiglu_mlp(t["x"], t["gw"], t["uw"], torch.nested.nested_tensor([t["dw"], t["dw"]]))
+    args = [t["go"], t["x"], t["up"], t["up"], t["up"], t["gw"], t["uw"], t["dw"]]
+    for i, name in ((0, "grad_output"), (2, "gate_output")):
+        bad = list(args)
+        bad[i] = torch.nested.nested_tensor([args[i][:2], args[i][:1]]) if args[i].dim() == 2 else \
+            torch.nested.nested_tensor([args[i][0], args[i][0]])
+        with pytest.raises(TypeError, match=f"{name} must be a dense .* nested tensor"):
+            swiglu.swiglu_mlp_backward(*bad, impl="reference")
+
+
 def test_meta_tensors_on_the_triton_path_say_so():
     t = _inputs()
     args = [a.to("meta") for a in (t["go"], t["x"], t["up"], t["up"], t["up"], t["gw"], t["uw"], t["dw"])]

@@ -64,8 +64,7 @@ def validate_backward_inputs(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, 
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.layout != torch.strided:
-            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+        check_dense(name, t)
     # Per-tensor dtype checks before the comparison with x, so a bad x is blamed on x.
     for name, t in tensors.items():
         if t.dtype not in FLOAT_DTYPES:
@@ -183,6 +182,15 @@ def check_mlp_shapes(
 _FLOAT_SET = frozenset(FLOAT_DTYPES)
 
 
+def check_dense(name: str, t: torch.Tensor) -> None:
+    """TypeError naming ``name`` unless ``t`` is a dense strided tensor: not sparse, not a nested
+    tensor (torch's older nested tensors report the strided layout but have no single shape)."""
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a nested tensor")
+
+
 def inputs_look_valid(x, gate_weight, up_weight, down_weight, *activations, like_x=(), hidden_size=None,
                       intermediate_size=None, ranks=None) -> bool:
     """True when the tensors are surely what the validators above accept (the common case, in a
@@ -196,7 +204,8 @@ def inputs_look_valid(x, gate_weight, up_weight, down_weight, *activations, like
     if dtype not in _FLOAT_SET:
         return False
     for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.layout != torch.strided or t.device != device:
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.layout != torch.strided or t.is_nested \
+                or t.device != device:
             return False
     if gate_weight.dim() != 2 or x.dim() < 1 or (ranks is not None and x.dim() not in ranks):
         return False

@@ -35,7 +35,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .checks import FLOAT_DTYPES, check_backward_inputs, check_mlp_shapes, inputs_look_valid, spans_whole_storage
+from .checks import (FLOAT_DTYPES, check_backward_inputs, check_dense, check_mlp_shapes, inputs_look_valid,
+                     spans_whole_storage)
 from .reference import activated_gate_of, reference_gradients
 
 #: The backends: ``impl=`` of ``swiglu_mlp``, ``SwiGLUMLP`` and ``swiglu_mlp_backward``.
@@ -76,8 +77,7 @@ def validate_forward_inputs(
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.layout != torch.strided:
-            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+        check_dense(name, t)
     for name, t in tensors.items():
         if t.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must have a floating dtype ({', '.join(map(str, FLOAT_DTYPES))}), got {t.dtype}")
