@@ -106,6 +106,10 @@ def test_nested_tensors_get_type_errors_naming_the_argument():
         swiglu.SwiGLUMLP(hidden, t["gw"].shape[0], dtype=t["x"].dtype)(nested)
     with pytest.raises(TypeError, match="down_weight must be a dense .* nested tensor"):
         swiglu.swiglu_mlp(t["x"], t["gw"], t["uw"], torch.nested.nested_tensor([t["dw"], t["dw"]]))
+    from swiglu.kernels.forward import triton_swiglu_forward
+
+    with pytest.raises(TypeError, match="x must be a dense .* nested tensor"):
+        triton_swiglu_forward(nested, t["gw"], t["uw"], t["dw"])
     args = [t["go"], t["x"], t["up"], t["up"], t["up"], t["gw"], t["uw"], t["dw"]]
     for i, name in ((0, "grad_output"), (2, "gate_output")):
         bad = list(args)

@@ -28,6 +28,7 @@ from . import tl_kernels as kernels
 from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, launch, Tma, tile_programs, tma_ready,
                      unsupported_reason)
 from .configs import parse_bucket, parse_by_shape, shape_choice
+from ..checks import check_dense
 
 #: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
 #: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
@@ -154,6 +155,7 @@ def triton_swiglu_forward(
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(name, t)
         if t.dtype != torch.bfloat16:
             raise TypeError(f"{name} must be bfloat16 for the Triton forward, got {t.dtype}")
     inter, hidden = gate_weight.shape if gate_weight.dim() == 2 else (None, None)
