@@ -1,8 +1,16 @@
 """scripts/probe_multicast.py on the CPU: the 2-CTA cluster tile compiles for sm_90 under triton
 >= 3.7 with the multicast TMA load and the cluster launch in its PTX, and the check names a
-missing multicast (the same kernel with multicast off). Its GPU run: data/validation/."""
+missing multicast (the same kernel with multicast off). Its GPU run: data/validation/.
+
+The compiles run in a subprocess without TRITON_INTERPRET: in this process triton's own library
+functions (``gl.cdiv`` among them) may run in the interpreter after an interpreted kernel has,
+and a Gluon compile calling them then fails on raw IR values."""
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,17 +28,17 @@ def _script(name: str):
     return module
 
 
-@pytest.fixture(scope="module")
-def probe():
-    return _script("probe_multicast")
-
-
-def test_the_cluster_tile_compiles_with_a_multicast_load(probe):
-    assert probe.compile_check() == []
-
-
-def test_the_check_names_a_missing_multicast(probe):
-    assert probe.compile_check(multicast=False) == ["multicast::cluster"]
+def _compiled(name: str, **kwargs):
+    """``scripts/<name>.py``'s ``compile_check(**kwargs)``, run in a fresh interpreter-free process."""
+    code = ("import importlib.util, json, sys\n"
+            f"spec = importlib.util.spec_from_file_location({name!r}, {str(ROOT / 'scripts' / (name + '.py'))!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            f"print(json.dumps(m.compile_check(**{kwargs!r})))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +46,16 @@ def pipelined():
     return _script("probe_multicast_wgrad")
 
 
-def test_the_pipelined_kernel_compiles_with_multicast_and_the_peer_arrive(pipelined):
-    ptx = pipelined.compile_check()
+def test_the_cluster_tile_compiles_with_a_multicast_load():
+    assert _compiled("probe_multicast") == []
+
+
+def test_the_check_names_a_missing_multicast():
+    assert _compiled("probe_multicast", multicast=False) == ["multicast::cluster"]
+
+
+def test_the_pipelined_kernel_compiles_with_multicast_and_the_peer_arrive():
+    ptx = _compiled("probe_multicast_wgrad")
     assert "multicast::cluster" in ptx and "mbarrier.arrive.shared::cluster" in ptx
 
 
@@ -62,11 +78,11 @@ def test_the_free_barriers_are_found_and_a_move_between_passes_is_an_error(pipel
         pipelined.planned(lambda consts: _ptx(pipelined.TAG, first[:-1]), True)
 
 
-def test_the_warp_specialized_kernel_syncs_the_cluster_in_every_partition(pipelined):
+def test_the_warp_specialized_kernel_syncs_the_cluster_in_every_partition():
     """Every warp of both CTAs reaches the cluster barrier: one per partition (MMA, loader, storer),
     none before warp_specialize (whose worker warps never reach it: the hang at first launch), and
     12 warps in all, so no idle padding warp."""
-    ptx = pipelined.compile_check(ws=True)
+    ptx = _compiled("probe_multicast_wgrad", ws=True)
     assert "multicast::cluster" in ptx and "mbarrier.arrive.shared::cluster" in ptx
     assert ptx.count("barrier.cluster.arrive") == ptx.count("barrier.cluster.wait") == 3
     assert ".reqntid 384" in ptx
