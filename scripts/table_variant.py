@@ -1,0 +1,97 @@
+"""A variant of the kernel table (``src/swiglu/kernels/backward_configs.json``) for
+``scripts/probe_wgrad_table_ab.py --against-json``: the committed table with some entries changed.
+
+    python scripts/table_variant.py --out build/ab/K.json --set gluon_grad_weights.256.GROUP_M=48
+    python scripts/table_variant.py --out build/ab/A.json --gluon-dswiglu 128=0 512=2 2048=0
+    python scripts/table_variant.py --out build/ab/F.json --set "gluon_dswiglu.*.GROUP_M=16" "configs.grad_x.*.GROUP_M=16"
+    python scripts/table_variant.py --out build/ab/X.json --gluon-grad-x 128=1 256=0
+
+``--set PATH=VALUE``: PATH is ``SECTION.BUCKET.FIELD`` (sections ``gluon_grad_weights``,
+``gluon_dswiglu``, ``gluon_grad_x``) or ``configs.KERNEL.BUCKET.FIELD`` (the tl kernels); BUCKET
+``*`` means every bucket the section has; VALUE is read as JSON (48, true, "x"). Each named
+bucket must exist. ``--gluon-dswiglu BUCKET=INDEX``: that bucket takes ``gluon_dswiglu.CONFIGS[INDEX]``;
+``--gluon-grad-x BUCKET=INDEX``: ``gluon_wgrad.GRAD_X_CANDIDATES[INDEX]``. Every changed entry
+gets a ``"variant"`` note saying what changed. Prints the changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+TABLE = REPO / "src" / "swiglu" / "kernels" / "backward_configs.json"
+GLUON_SECTIONS = ("gluon_grad_weights", "gluon_dswiglu", "gluon_grad_x")
+
+
+def apply_set(table: dict, path: str, value) -> list[str]:
+    """Set one field; returns the changed entries' paths."""
+    parts = path.split(".")
+    if parts[0] == "configs" and len(parts) == 4:
+        section, (bucket, field) = table["configs"][parts[1]], parts[2:]
+        label = f"configs.{parts[1]}"
+    elif parts[0] in GLUON_SECTIONS and len(parts) == 3:
+        section, (bucket, field) = table.setdefault(parts[0], {}), parts[1:]
+        label = parts[0]
+    else:
+        raise SystemExit(f"--set {path}: expected SECTION.BUCKET.FIELD (SECTION one of {', '.join(GLUON_SECTIONS)}) "
+                         "or configs.KERNEL.BUCKET.FIELD")
+    buckets = list(section) if bucket == "*" else [bucket]
+    changed = []
+    for b in buckets:
+        if b not in section:
+            raise SystemExit(f"--set {path}: {label} has no bucket {b!r} (it has {', '.join(section) or 'none'})")
+        config = section[b]["config"]
+        if field not in config:
+            raise SystemExit(f"--set {path}: {label}.{b} has no field {field!r}")
+        config[field] = value
+        section[b]["variant"] = f"{field} = {value!r} (scripts/table_variant.py)"
+        changed.append(f"{label}.{b}.{field} = {value!r}")
+    return changed
+
+
+def apply_candidate(table: dict, section: str, spec: str, candidates) -> str:
+    bucket, _, index = spec.partition("=")
+    config = candidates[int(index)]
+    table.setdefault(section, {})[bucket] = {"config": dataclasses.asdict(config), "candidate": int(index),
+                                             "variant": f"candidate {index} (scripts/table_variant.py)"}
+    return f"{section}.{bucket} = candidate {index}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="where to write the variant (e.g. build/ab/X.json)")
+    p.add_argument("--set", nargs="*", default=[], metavar="PATH=VALUE")
+    p.add_argument("--gluon-dswiglu", nargs="*", default=[], metavar="BUCKET=INDEX")
+    p.add_argument("--gluon-grad-x", nargs="*", default=[], metavar="BUCKET=INDEX")
+    args = p.parse_args(argv)
+
+    table = json.loads(TABLE.read_text())
+    changes = []
+    for item in args.set:
+        path, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item}: expected PATH=VALUE")
+        changes += apply_set(table, path, json.loads(raw))
+    if args.gluon_dswiglu:
+        from swiglu.kernels.gluon_dswiglu import CONFIGS
+
+        changes += [apply_candidate(table, "gluon_dswiglu", s, CONFIGS) for s in args.gluon_dswiglu]
+    if args.gluon_grad_x:
+        from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
+
+        changes += [apply_candidate(table, "gluon_grad_x", s, GRAD_X_CANDIDATES) for s in args.gluon_grad_x]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    print("\n".join(changes) or "no change")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
