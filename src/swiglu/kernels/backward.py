@@ -40,11 +40,16 @@ GRAD_X_NARROW = (KernelConfig(64, 256, 64, 8, 1, 4, 4), KernelConfig(64, 128, 64
 GRAD_X_FILL = 0.9
 
 
+def grad_x_fills(T: int, H: int, cfg, sms: int) -> bool:
+    """Whether ``cfg``'s BM x BN tiles of the [T, H] grad_x output fill ``sms`` SMs (``GRAD_X_FILL``)."""
+    return cdiv(T, cfg.BM) * cdiv(H, cfg.BN) >= GRAD_X_FILL * sms
+
+
 def grad_x_config_filling(T: int, H: int, cfg: KernelConfig, sms: int) -> KernelConfig:
-    """``cfg`` if its tiles of the [T, H] output fill ``sms`` SMs (``GRAD_X_FILL``), else the
+    """``cfg`` if its tiles of the [T, H] output fill ``sms`` SMs (``grad_x_fills``), else the
     widest of ``GRAD_X_NARROW`` that does, else the narrowest (the most tiles)."""
     for c in (cfg, *GRAD_X_NARROW):
-        if cdiv(T, c.BM) * cdiv(H, c.BN) >= GRAD_X_FILL * sms:
+        if grad_x_fills(T, H, c, sms):
             return c
     return GRAD_X_NARROW[-1]
 
@@ -208,8 +213,8 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     gluon_dswiglu_cfg = None if "dswiglu" in configs or T == 0 else gluon_dswiglu_config_for(T, device, H, I)
     gluon_grad_x_cfg = None if "grad_x" in configs or T == 0 else _gluon_config_for_bucket(bucket_for(T), device,
                                                                                            "grad_x")
-    if gluon_grad_x_cfg is not None and device.type == "cuda" and (
-            cdiv(T, gluon_grad_x_cfg.BM) * cdiv(H, gluon_grad_x_cfg.BN) < GRAD_X_FILL * common.device_sms(device)):
+    if gluon_grad_x_cfg is not None and device.type == "cuda" and not grad_x_fills(
+            T, H, gluon_grad_x_cfg, common.device_sms(device)):
         # Its tiles, chosen at Hermes' hidden_size, would leave SMs idle here (a smaller H): the
         # tl kernel with the filling tile instead.
         gluon_grad_x_cfg = None

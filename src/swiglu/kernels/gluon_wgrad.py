@@ -568,9 +568,8 @@ def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: t
     up_weight [I, H], grad_x [T, H]; bf16 CUDA sm_90 tensors usable by TMA (``common.tma_ready``),
     one fp32 accumulator over gate's K range then up's (the tl grad_x kernel's order);
     ``num_programs`` persistent programs. The contract of ``backward.launch_grad_x``; the caller
-    checks device, sizes and shared memory. A cooperative ``cfg`` only (no ``pingpong``, ``BN2``)."""
-    if cfg.pingpong or cfg.BN2 or cfg.defer:
-        raise ValueError(f"grad_x takes a cooperative GluonConfig (no pingpong, BN2 or defer), got {cfg}")
+    checks device, sizes and shared memory. A cooperative ``cfg`` only (no ``pingpong``, ``BN2``,
+    ``defer``: ValueError)."""
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), consts = _grad_x_constants(cfg)
     T, H, I = grad_x.shape[0], grad_x.shape[1], d_gate.shape[1]
     launch(wgrad_kernel, (num_programs,), ("gluon_grad_x", d_gate.device, T, H, I, num_programs, cfg),
@@ -581,6 +580,9 @@ def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: t
 
 @lru_cache(maxsize=None)
 def _grad_x_constants(cfg: GluonConfig):
+    # _launch_constants' for the grad_x orientation (A's block [BM, BK]), checked once per config.
+    if cfg.pingpong or cfg.BN2 or cfg.defer:
+        raise ValueError(f"grad_x takes a cooperative GluonConfig (no pingpong, BN2 or defer), got {cfg}")
     blocks = ([cfg.BM, cfg.BK], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN])
-    consts = (cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, False, False, 0)
+    consts = _launch_constants(cfg)[-2]
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts,)
