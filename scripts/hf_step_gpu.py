@@ -320,15 +320,21 @@ def parse_variants(text: str, parser: argparse.ArgumentParser) -> list[str]:
     return [v for v in VARIANTS if v in asked]  # run order: eager first, compiled last
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="variants: " + ", ".join(VARIANTS) + "; default: "
-                                     + ",".join(DEFAULT_VARIANTS))
+def add_model_arguments(parser: argparse.ArgumentParser, seq: int = 2048) -> None:
+    """The model and batch options ``build`` and ``Variant`` read: --layers, --hidden-size,
+    --intermediate-size, --batch, --seq (default ``seq``)."""
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden-size", type=int, default=4096)
     parser.add_argument("--intermediate-size", type=int, default=14336)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--seq", type=int, default=seq)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="variants: " + ", ".join(VARIANTS) + "; default: "
+                                     + ",".join(DEFAULT_VARIANTS))
+    add_model_arguments(parser)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5, help="blocks the eager variants' timed steps are split into")

@@ -26,11 +26,11 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 
 def main(argv=None) -> int:
+    spec = importlib.util.spec_from_file_location("hf_step_gpu", REPO / "scripts" / "hf_step_gpu.py")
+    hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden-size", type=int, default=4096)
-    p.add_argument("--intermediate-size", type=int, default=14336)
-    p.add_argument("--seq", type=int, default=512)
+    hf.add_model_arguments(p, seq=512)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--top", type=int, default=25)
@@ -38,12 +38,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("hf_step_gpu", REPO / "scripts" / "hf_step_gpu.py")
-    hf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hf)
-    model_args = argparse.Namespace(layers=args.layers, hidden_size=args.hidden_size,
-                                    intermediate_size=args.intermediate_size, batch=1, seq=args.seq)
-    variants = {name: hf.Variant(name, model_args) for name in ("unpatched", "swiglu")}
+    variants = {name: hf.Variant(name, args) for name in ("unpatched", "swiglu")}
     for v in variants.values():
         for _ in range(5):
             v._step()
