@@ -10,6 +10,7 @@ shares between the two tables (data/tuning/wgrad_power_880e424_20261202.csv).
 
     python scripts/probe_wgrad_table_ab.py --against-json build/old_configs.json --tokens 128,1024,2048
     python scripts/probe_wgrad_table_ab.py --against-json build/new.json --tokens 128,1024 --iters 150 --block 50
+    python scripts/probe_wgrad_table_ab.py --against-json build/ab/A.json build/ab/B.json --tokens 128 --block 10
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def measure(T: int, ours: tuple, other: tuple, flush, iters: int, block: int = 1
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--against-json", required=True,
-                   help="a backward_configs.json whose kernel configurations to compare")
+    p.add_argument("--against-json", required=True, nargs="+",
+                   help="backward_configs.json files whose kernel configurations to compare, each in turn")
     p.add_argument("--tokens", default="128,1024,2048")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--block", type=int, default=1, help="calls per turn (1: alternate call by call)")
@@ -92,24 +93,30 @@ def main(argv=None) -> int:
 
     ours = (dict(backward.GLUON_CONFIGS), dict(backward.GLUON_DSWIGLU),
             {kernel: dict(entries) for kernel, entries in backward.CONFIGS.items()}, dict(backward.GLUON_GRAD_X))
-    other = ({b: None for b in ours[0]}, {b: None for b in ours[1]}, {kernel: {} for kernel in ours[2]},
-             {b: None for b in ours[3]})
-    table = json.loads(Path(args.against_json).read_text())
-    for kernel, entries in table.get("configs", {}).items():
-        for key, entry in entries.items():
-            other[2][kernel][parse_bucket(key)] = KernelConfig(**entry["config"])
-    for i, (section, cls) in ((0, ("gluon_grad_weights", GluonConfig)), (1, ("gluon_dswiglu", DswigluGluonConfig)),
-                              (3, ("gluon_grad_x", GluonConfig))):
-        for key, entry in table.get(section, {}).items():
-            other[i][parse_bucket(key)] = cls(**entry["config"])
+    others = {}
+    for path in args.against_json:
+        others[path] = other = ({b: None for b in ours[0]}, {b: None for b in ours[1]}, {kernel: {} for kernel in ours[2]},
+                                {b: None for b in ours[3]})
+        table = json.loads(Path(path).read_text())
+        for kernel, entries in table.get("configs", {}).items():
+            for key, entry in entries.items():
+                other[2][kernel][parse_bucket(key)] = KernelConfig(**entry["config"])
+        for i, (section, cls) in ((0, ("gluon_grad_weights", GluonConfig)), (1, ("gluon_dswiglu", DswigluGluonConfig)),
+                                  (3, ("gluon_grad_x", GluonConfig))):
+            for key, entry in table.get(section, {}).items():
+                other[i][parse_bucket(key)] = cls(**entry["config"])
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    rows = []
-    for T in (int(t) for t in args.tokens.split(",")):
-        rows.append(measure(T, ours, other, flush, args.iters, args.block))
-        torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out / "wgrad_table_ab.csv", index=False)
+    rows = []
+    for path, other in others.items():
+        for T in (int(t) for t in args.tokens.split(",")):
+            print(f"against {path}:", end=" ")
+            rows.append(dict(against_json=Path(path).name, **measure(T, ours, other, flush, args.iters, args.block)))
+            table = pd.DataFrame(rows)
+            table.to_csv(out / "wgrad_table_ab.csv", index=False)  # after every row: a timeout keeps the rest
+            torch.cuda.empty_cache()
+    print(table[["against_json", "tokens", "table_ms", "against_ms", "against_over_table", "same_bits"]].to_string(index=False))
     return 0
 
 

@@ -5,12 +5,15 @@
     python scripts/table_variant.py --out build/ab/A.json --gluon-dswiglu 128=0 512=2 2048=0
     python scripts/table_variant.py --out build/ab/F.json --set "gluon_dswiglu.*.GROUP_M=16" "configs.grad_x.*.GROUP_M=16"
     python scripts/table_variant.py --out build/ab/X.json --gluon-grad-x 128=1 256=0
+    python scripts/table_variant.py --out build/ab/W.json --gluon-grad-weights 128=0 --set gluon_grad_weights.128.GROUP_M=48
 
 ``--set PATH=VALUE``: PATH is ``SECTION.BUCKET.FIELD`` (sections ``gluon_grad_weights``,
 ``gluon_dswiglu``, ``gluon_grad_x``) or ``configs.KERNEL.BUCKET.FIELD`` (the tl kernels); BUCKET
 ``*`` means every bucket the section has; VALUE is read as JSON (48, true, "x"). Each named
 bucket must exist. ``--gluon-dswiglu BUCKET=INDEX``: that bucket takes ``gluon_dswiglu.CONFIGS[INDEX]``;
-``--gluon-grad-x BUCKET=INDEX``: ``gluon_wgrad.GRAD_X_CANDIDATES[INDEX]``. Every changed entry
+``--gluon-grad-x BUCKET=INDEX``: ``gluon_wgrad.GRAD_X_CANDIDATES[INDEX]``;
+``--gluon-grad-weights BUCKET=INDEX``: ``gluon_wgrad.WIDE_CANDIDATES[INDEX]`` (the ping-pong tiles).
+Candidates enter first, then ``--set`` changes fields (of a candidate too). Every changed entry
 gets a ``"variant"`` note saying what changed. Prints the changes.
 """
 
@@ -68,15 +71,15 @@ def main(argv=None) -> int:
     p.add_argument("--set", nargs="*", default=[], metavar="PATH=VALUE")
     p.add_argument("--gluon-dswiglu", nargs="*", default=[], metavar="BUCKET=INDEX")
     p.add_argument("--gluon-grad-x", nargs="*", default=[], metavar="BUCKET=INDEX")
+    p.add_argument("--gluon-grad-weights", nargs="*", default=[], metavar="BUCKET=INDEX")
     args = p.parse_args(argv)
 
     table = json.loads(TABLE.read_text())
     changes = []
-    for item in args.set:
-        path, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {item}: expected PATH=VALUE")
-        changes += apply_set(table, path, json.loads(raw))
+    if args.gluon_grad_weights:
+        from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES
+
+        changes += [apply_candidate(table, "gluon_grad_weights", s, WIDE_CANDIDATES) for s in args.gluon_grad_weights]
     if args.gluon_dswiglu:
         from swiglu.kernels.gluon_dswiglu import CONFIGS
 
@@ -85,6 +88,11 @@ def main(argv=None) -> int:
         from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
 
         changes += [apply_candidate(table, "gluon_grad_x", s, GRAD_X_CANDIDATES) for s in args.gluon_grad_x]
+    for item in args.set:
+        path, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item}: expected PATH=VALUE")
+        changes += apply_set(table, path, json.loads(raw))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")

@@ -44,6 +44,17 @@ def test_candidates_enter_their_buckets_as_the_loader_reads_them(tmp_path):
     assert GluonConfig(**got["gluon_grad_x"]["512"]["config"]) == GRAD_X_CANDIDATES[1]
 
 
+def test_a_candidate_enters_before_set_changes_it(tmp_path):
+    from dataclasses import replace
+
+    from swiglu.kernels.configs import GluonConfig
+    from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES
+
+    got = _variant(tmp_path, "--gluon-grad-weights", "128=1", "--set", "gluon_grad_weights.128.GROUP_M=48")
+    assert GluonConfig(**got["gluon_grad_weights"]["128"]["config"]) == replace(WIDE_CANDIDATES[1], GROUP_M=48)
+    assert got["gluon_grad_weights"]["256"] == TABLE["gluon_grad_weights"]["256"]
+
+
 @pytest.mark.parametrize("path, message", [("gluon_grad_weights.999.GROUP_M=8", "no bucket '999'"),
                                            ("gluon_grad_weights.256.NOPE=8", "no field 'NOPE'"),
                                            ("grad_x.128.GROUP_M=8", "expected SECTION.BUCKET.FIELD")])
