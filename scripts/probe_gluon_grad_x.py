@@ -94,6 +94,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     p.add_argument("--configs", default="", help="GRAD_X_CANDIDATES indices (default all)")
+    p.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE,...",
+                   help="an extra cooperative GluonConfig, e.g. BM=128,BN=128,BK=64,STAGES=6,NC=1 (repeatable)")
     p.add_argument("--hidden-size", type=int, default=16384)
     p.add_argument("--intermediate-size", type=int, default=53248)
     p.add_argument("--iters", type=int, default=30)
@@ -104,10 +106,19 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
+    from swiglu.kernels.common import GluonConfig
     from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
 
     picked = [int(i) for i in args.configs.split(",") if i] or range(len(GRAD_X_CANDIDATES))
     candidates = [(i, GRAD_X_CANDIDATES[i]) for i in picked]
+    for n, spec in enumerate(args.config):
+        fields = dict(item.split("=") for item in spec.split(","))
+        cfg = GluonConfig(**{k: int(v) for k, v in fields.items()})
+        limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+        if cfg.smem_bytes() > limit:
+            print(f"--config {spec}: {cfg.smem_bytes()} B of shared memory, over the device's {limit}: skipped")
+            continue
+        candidates.append((f"x{n}", cfg))
     H, I = args.hidden_size, args.intermediate_size
     rows = check(200, 520, 1176, candidates, seed=1)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")

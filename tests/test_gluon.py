@@ -384,11 +384,26 @@ def test_gluon_grad_x_gives_the_tl_kernels_bits(T, H, I):
             assert torch.isfinite(got).all() and torch.equal(got, want), cfg
 
 
+def _finishes_within(seconds: float) -> None:
+    """Fail, naming the hang, unless the work queued on the current stream completes within
+    ``seconds``: a barrier protocol that loses a phase deadlocks instead of writing wrong bits."""
+    import time
+
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + seconds
+    while not done.query():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the kernel has not finished after {seconds} s: hung (a lost barrier phase)")
+        time.sleep(0.005)
+
+
 @pytest.mark.gpu
 def test_pingpong_epilogues_wait_for_a_slow_storer():
     """With the storer made slow (``STORE_DELAY_NS``: 20 us before each store) a ping-pong
     warpgroup that wrote its output buffer before the other warpgroup's tile was stored would
-    show on every launch (tiles lost or swapped); with one output buffer (the table's 128 x 192
+    show on every launch: tiles lost or swapped, or (as on the H200 with the turn-taking wait
+    removed) a deadlock, reported here after 60 s. With one output buffer (the table's 128 x 192
     tile at T = 129-256) and with two, the ping-pong kernel gives the cooperative kernel's bits."""
     _gluon_or_skip()
     from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES, launch_grad_weight_gluon
@@ -404,6 +419,7 @@ def test_pingpong_epilogues_wait_for_a_slow_storer():
                                         replace(cfg, pingpong=False, BN2=0, mma_regs=0))
         got = torch.full_like(want, float("nan"))
         launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), store_delay_ns=20_000)
+        _finishes_within(60)
         assert torch.isfinite(got).all() and torch.equal(got, want), cfg
 
 
@@ -432,6 +448,7 @@ def test_pingpong_with_one_output_buffer_is_right_launch_after_launch(K):
         for _ in range(20):
             got.fill_(float("nan"))
             backward.launch_weight_gradient(a, b, got, tl_cfg, cfg)
+            _finishes_within(60)
             bad += not torch.equal(got, want)
         assert bad == 0, f"{cfg}: {bad} of 20 launches differ from the cooperative kernel's bits"
 
