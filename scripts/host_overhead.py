@@ -40,8 +40,9 @@ work between them), each iteration synchronized. The benchmark's own loop does n
 between iterations, so there the host runs ahead (``scripts/probe_idle_gaps.py`` measures that
 case). Writes ``idle_gap.csv``.
 
-``--profile``: cProfile over ``--iters`` SwiGLUMLP forward+backward calls, top 15 functions by
-tottime. On CUDA the backward's Python runs in autograd's device thread: Python 3.12's cProfile
+``--profile``: cProfile over ``--iters`` SwiGLUMLP forward+backward calls and as many of the
+nn.Linear block's, top 15 functions by tottime and by cumulative time (printed, and written to
+``cprofile.txt``). On CUDA the backward's Python runs in autograd's device thread: Python 3.12's cProfile
 (on sys.monitoring) sees it (checked on the H200 machine), older Pythons' may show only the
 forward and the wait in ``run_backward``.
 """
@@ -280,18 +281,24 @@ def measure_idle(device: torch.device, tokens: list[int], H: int, I: int, iters:
 
 
 def profile(calls: dict, iters: int, device: torch.device, top: int = 15) -> str:
-    _, call, reset = calls["swiglu_SwiGLUMLP_fwd_bwd"]
+    """cProfile of SwiGLUMLP's forward+backward and of the nn.Linear block's, ``iters`` calls
+    each, top ``top`` functions by tottime and by cumulative time."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    profiler = cProfile.Profile()
-    for _ in range(iters):
-        reset()
-        sync()  # outside the profile: the GPU queue empty before each call, as in measure
-        profiler.enable()
-        call()
-        profiler.disable()
-    stream = io.StringIO()
-    pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(top)
-    return stream.getvalue().rstrip()
+    parts = []
+    for name in ("swiglu_SwiGLUMLP_fwd_bwd", "nn_linear_fwd_bwd"):
+        description, call, reset = calls[name]
+        profiler = cProfile.Profile()
+        for _ in range(iters):
+            reset()
+            sync()  # outside the profile: the GPU queue empty before each call, as in measure
+            profiler.enable()
+            call()
+            profiler.disable()
+        for key in ("tottime", "cumulative"):
+            stream = io.StringIO()
+            pstats.Stats(profiler, stream=stream).sort_stats(key).print_stats(top)
+            parts.append(f"===== {description}, {iters} calls, top {top} by {key}\n{stream.getvalue().strip()}")
+    return "\n\n".join(parts)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -307,7 +314,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="blocks the timed calls are split into")
     parser.add_argument("--enqueue", action="store_true",
                         help="CUDA: time each call to its return, synchronized after (the host's enqueue time)")
-    parser.add_argument("--profile", action="store_true", help="also cProfile SwiGLUMLP fwd+bwd (top 15 by tottime)")
+    parser.add_argument("--profile", action="store_true", help="also cProfile SwiGLUMLP fwd+bwd and the nn.Linear block's (cprofile.txt)")
     parser.add_argument("--idle", default="", help="CUDA: token counts for the idle-gap measurement, e.g. 128,2048")
     parser.add_argument("--idle-hidden", type=int, default=16384)
     parser.add_argument("--idle-intermediate", type=int, default=53248)
@@ -377,8 +384,8 @@ def main(argv=None) -> dict:
             writer.writerows(idle_rows)
 
     if profile_text is not None:
-        print(f"cProfile, SwiGLUMLP forward+backward, {args.iters} calls, top 15 by tottime:")
         print(profile_text)
+        (out / "cprofile.txt").write_text(profile_text + "\n")
     print(f"\nhost overhead per call, {meta['device_name']} ({device}), {shape_name} H={shape['H']} "
           f"I={shape['I']} T={shape['T']} {args.dtype}, threads {meta['torch_threads']}, "
           f"median of {args.iters} (warm-up {args.warmup})"
