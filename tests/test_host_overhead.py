@@ -42,3 +42,15 @@ def test_host_overhead_smoke(tmp_path):
     meta = json.loads((tmp_path / "host_overhead.json").read_text())
     assert meta["shape"] == {"name": "overhead", "H": 16, "I": 32, "T": 2}
     assert meta["iters"] == 4 and meta["implementations"] == [r["implementation"] for r in result["rows"]]
+
+
+def test_profile_writes_both_blocks_by_both_orders(tmp_path):
+    host_overhead.main(["--device", "cpu", "--warmup", "1", "--iters", "3", "--rounds", "1", "--profile",
+                        "--out", str(tmp_path)])
+    text = (tmp_path / "cprofile.txt").read_text()
+    headers = [line for line in text.splitlines() if line.startswith("=====")]
+    assert len(headers) == 4, headers
+    for block in ("swiglu.SwiGLUMLP forward+backward", "PlainSwiGLUMLP (3x nn.Linear) forward+backward"):
+        for order in ("tottime", "cumulative"):
+            assert any(block in h and h.endswith(f"by {order}") for h in headers), (block, order, headers)
+    assert "swiglu/ops.py" in text  # our frames are in the profile
