@@ -5,8 +5,8 @@
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
 also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), the
 ping-pong kernel's candidates (``gluon_wgrad.PINGPONG_CANDIDATES``, ``WIDE_CANDIDATES``), the
-first table config and first wide candidate with PDL modes 1 and 2, and two wide candidates with the
-tests' storer delay.
+first table config and first wide candidate with PDL modes 1 and 2, two wide candidates with the
+tests' storer delay, and the first cooperative table config with the probes' ablations (ABLATE 1-3).
 grad_x: the weight-gradient kernel's grad_x orientation (``A_KMAJOR``), its candidates
 (``gluon_wgrad.GRAD_X_CANDIDATES``), the first also with PDL modes 1 and 2.
 dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CONFIGS``, all or the given
@@ -57,7 +57,7 @@ def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
         return None, None
 
 
-def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0) -> dict:
+def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0, ablate: int = 0) -> dict:
     a_block = [cfg.BM, cfg.BK] if grad_x else [cfg.BK, cfg.BM]
     sig = {"a_desc": desc(a_block), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
@@ -71,6 +71,7 @@ def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0
         constexprs.update({"b2_desc": None, "c2_desc": None})
     constexprs["A_KMAJOR"] = grad_x
     constexprs["STORE_DELAY_NS"] = store_delay_ns
+    constexprs["ABLATE"] = ablate
     if grad_x:
         sig.update({"a2_desc": desc(a_block), "bk2_desc": desc([cfg.BK, cfg.BN])})
     else:
@@ -84,7 +85,8 @@ def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0
         return {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "error": f"{type(err).__name__}: {err}"[-4000:]}
     ptx = k.asm["ptx"]
     regs, spills = ptxas_info(ptx)
-    return {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "store_delay_ns": store_delay_ns, "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
+    return {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "store_delay_ns": store_delay_ns, "ablate": ablate,
+            "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
             "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
             "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg")}
 
@@ -128,6 +130,9 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
                                                        for pdl in (1, 2)]
         # The tests' storer delay (STORE_DELAY_NS) on the ping-pong kernels with one and two output buffers.
         results += [compile_one(c, store_delay_ns=20000) for c in (gluon_wgrad.WIDE_CANDIDATES[0], gluon_wgrad.WIDE_CANDIDATES[3])]
+        # The probes' ablations (ABLATE 1-3) on the first cooperative table config.
+        cooperative = next(c for c in table if not c.pingpong)
+        results += [compile_one(cooperative, ablate=a) for a in (1, 2, 3)]
     elif kind == "grad_x":
         results = [compile_one(c, grad_x=True) for c in gluon_wgrad.GRAD_X_CANDIDATES] + [
             compile_one(gluon_wgrad.GRAD_X_CANDIDATES[0], pdl, grad_x=True) for pdl in (1, 2)]

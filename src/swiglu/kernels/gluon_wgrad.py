@@ -153,11 +153,14 @@ def _program_tiles(c_desc, BM: gl.constexpr, BN: gl.constexpr):
 
 @gluon.jit
 def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                       GROUP_M: gl.constexpr, b2_desc, b2_bufs, A_KMAJOR: gl.constexpr, a2_desc, bk2_desc):
+                       GROUP_M: gl.constexpr, b2_desc, b2_bufs, A_KMAJOR: gl.constexpr, a2_desc, bk2_desc,
+                       SKIP_LOADS: gl.constexpr = False):
     # BN2 > 0 (the wide kernel): each stage also brings the tile's second B chunk, columns
     # BN .. BN + BN2 (b2_desc, b2_bufs: b_desc, b_bufs otherwise, unused).
     # A_KMAJOR (grad_x): A [M, K] in blocks [BM, BK]; the second K half comes from a2_desc and
     # bk2_desc (d_up, up_weight; a_desc, b_desc otherwise, unused).
+    # SKIP_LOADS (the probe's ablation, ``ABLATE``): after the ring's first fill each stage is
+    # released without loading, so the MMA warps run on stale operands and no L2 reads happen.
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -176,22 +179,37 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
             # Fresh barriers: waiting on parity 1 passes at once (08-warp-specialization.py).
             mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            mbarrier.expect(bar, STAGE_BYTES)
-            if A_KMAJOR:
-                k_half = k_tiles // 2  # d_up's half starts here
-                if kk < k_half:
-                    tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kk * BK], bar, a_bufs.index(s))
-                    tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BNT], bar, b_bufs.index(s))
+            if SKIP_LOADS:
+                if p < STAGES:
+                    _stage_loads(a_desc, b_desc, a_bufs, b_bufs, bar, s, kk, k_tiles, pid_m, pid_n, BM, BK, BN, BNT,
+                                 BN2, STAGE_BYTES, A_KMAJOR, a2_desc, bk2_desc, b2_desc, b2_bufs)
                 else:
-                    tma.async_copy_global_to_shared(a2_desc, [pid_m * BM, (kk - k_half) * BK], bar, a_bufs.index(s))
-                    tma.async_copy_global_to_shared(bk2_desc, [(kk - k_half) * BK, pid_n * BNT], bar,
-                                                    b_bufs.index(s))
+                    mbarrier.arrive(bar)
             else:
-                tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], bar, a_bufs.index(s))
-                tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BNT], bar, b_bufs.index(s))
-            if BN2 > 0:  # a box wholly past N (the last column tile) is zero-filled, its bytes counted
-                tma.async_copy_global_to_shared(b2_desc, [kk * BK, pid_n * BNT + BN], bar, b2_bufs.index(s))
+                _stage_loads(a_desc, b_desc, a_bufs, b_bufs, bar, s, kk, k_tiles, pid_m, pid_n, BM, BK, BN, BNT, BN2,
+                             STAGE_BYTES, A_KMAJOR, a2_desc, bk2_desc, b2_desc, b2_bufs)
             p += 1
+
+
+@gluon.jit
+def _stage_loads(a_desc, b_desc, a_bufs, b_bufs, bar, s, kk, k_tiles, pid_m, pid_n, BM: gl.constexpr,
+                 BK: gl.constexpr, BN: gl.constexpr, BNT: gl.constexpr, BN2: gl.constexpr, STAGE_BYTES: gl.constexpr,
+                 A_KMAJOR: gl.constexpr, a2_desc, bk2_desc, b2_desc, b2_bufs):
+    # One stage of tile (pid_m, pid_n), k-step kk: its operands into stage s, counted on bar.
+    mbarrier.expect(bar, STAGE_BYTES)
+    if A_KMAJOR:
+        k_half = k_tiles // 2  # d_up's half starts here
+        if kk < k_half:
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kk * BK], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BNT], bar, b_bufs.index(s))
+        else:
+            tma.async_copy_global_to_shared(a2_desc, [pid_m * BM, (kk - k_half) * BK], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(bk2_desc, [(kk - k_half) * BK, pid_n * BNT], bar, b_bufs.index(s))
+    else:
+        tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], bar, a_bufs.index(s))
+        tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BNT], bar, b_bufs.index(s))
+    if BN2 > 0:  # a box wholly past N (the last column tile) is zero-filled, its bytes counted
+        tma.async_copy_global_to_shared(b2_desc, [kk * BK, pid_n * BNT + BN], bar, b2_bufs.index(s))
 
 
 # A worker partition's constexpr flags cannot travel in its argument tuple (worker arguments
@@ -203,6 +221,14 @@ def _load_partition_wgrad(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready,
                           GROUP_M: gl.constexpr, b2_desc, b2_bufs):
     _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M,
                     b2_desc, b2_bufs, False, a_desc, b_desc)
+
+
+@gluon.jit
+def _load_partition_wgrad_unloaded(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                                   GROUP_M: gl.constexpr, b2_desc, b2_bufs):
+    # ABLATE & 2 (the probe's): the ring filled once, then released without loads.
+    _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M,
+                    b2_desc, b2_bufs, False, a_desc, b_desc, True)
 
 
 @gluon.jit
@@ -226,6 +252,13 @@ def _store_partition_delayed(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, rea
 
 
 @gluon.jit
+def _store_partition_skipped(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                             GROUP_M: gl.constexpr, c2_desc, c2_bufs):
+    # ABLATE & 1 (the probe's): each tile's buffer taken and freed in the same order, nothing stored.
+    _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M, c2_desc, c2_bufs, 0, False, True)
+
+
+@gluon.jit
 def _globaltimer():
     return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
 
@@ -241,7 +274,7 @@ def _spin(ns):
 
 @gluon.jit
 def _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M: gl.constexpr, c2_desc, c2_bufs, delay_ns,
-                 DELAY: gl.constexpr):
+                 DELAY: gl.constexpr, SKIP: gl.constexpr = False):
     # BN2 > 0: each tile's second chunk too (c2_desc, c2_bufs: c_desc, c_bufs otherwise, unused).
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = c_desc.block_type.shape[1]
@@ -255,9 +288,10 @@ def _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M: gl.constexpr, c2_des
         mbarrier.wait(c_ready.index(buf), (t // NC) & 1)
         if DELAY:
             _spin(delay_ns)
-        tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BNT], c_bufs.index(buf))
-        if BN2 > 0:  # TMA writes nothing of a box past N
-            tma.async_copy_shared_to_global(c2_desc, [pid_m * BM, pid_n * BNT + BN], c2_bufs.index(buf))
+        if not SKIP:
+            tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BNT], c_bufs.index(buf))
+            if BN2 > 0:  # TMA writes nothing of a box past N
+                tma.async_copy_shared_to_global(c2_desc, [pid_m * BM, pid_n * BNT + BN], c2_bufs.index(buf))
         # At most NC-1 stores left pending: the stores of tiles <= t-(NC-1) have been read out of
         # smem, so the buffer of tile t-(NC-1), index (t+1) % NC, is free (NC=1: this tile's own).
         tma.store_wait(pendings=NC - 1)
@@ -430,7 +464,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
                  LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False,
                  PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, b2_desc=None, c2_desc=None,
                  BN2: gl.constexpr = 0, A_KMAJOR: gl.constexpr = False, a2_desc=None, bk2_desc=None,
-                 STORE_DELAY_NS: gl.constexpr = 0, PDL: gl.constexpr = False):
+                 STORE_DELAY_NS: gl.constexpr = 0, ABLATE: gl.constexpr = 0, PDL: gl.constexpr = False):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
     (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0
@@ -439,13 +473,17 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     ``out = A @ B + A2 @ B2`` with A, A2 [M, K] (blocks [BM, BK]) and B, B2 [K, N] (``a2_desc``,
     ``bk2_desc``), one accumulator over both K ranges in turn: grad_x. STORE_DELAY_NS > 0
     (PINGPONG, tests only): the storer waits that long before each store, which makes any
-    epilogue that writes a buffer still being stored show in the output."""
+    epilogue that writes a buffer still being stored show in the output. ABLATE (the cooperative
+    weight gradient, probes only; the output is then wrong): 1 no stores, 2 no loads after the
+    ring's first fill, 3 neither; what is left shows what the rest costs
+    (``scripts/probe_wgrad_power.py --ablate``)."""
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
     dtype: gl.constexpr = c_desc.dtype
     gl.static_assert(not (A_KMAJOR and PINGPONG), "grad_x (A_KMAJOR) runs the cooperative partitions only")
     gl.static_assert(STORE_DELAY_NS == 0 or PINGPONG, "STORE_DELAY_NS is the ping-pong kernel's test switch")
+    gl.static_assert(ABLATE == 0 or not (PINGPONG or A_KMAJOR), "ABLATE is the cooperative weight gradient's probe switch")
 
     # A's stages in A's block shape: [BK, BM] (weight gradients) or [BM, BK] (grad_x).
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], a_desc.block_type.shape[1]],
@@ -496,11 +534,29 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
             (_load_partition_grad_x, args + (a2_desc, bk2_desc)),
             (_store_partition, args + (c_desc, c_bufs)),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
-    else:
+    elif ABLATE == 0:
         gl.warp_specialize([
             (_mma_partition, args + (DEFER, A_KMAJOR)),
             (_load_partition_wgrad, args + (b_desc, b_bufs)),
             (_store_partition, args + (c_desc, c_bufs)),
+        ], [1, 1], [LOAD_REGS, STORE_REGS])
+    elif ABLATE == 1:
+        gl.warp_specialize([
+            (_mma_partition, args + (DEFER, A_KMAJOR)),
+            (_load_partition_wgrad, args + (b_desc, b_bufs)),
+            (_store_partition_skipped, args + (c_desc, c_bufs)),
+        ], [1, 1], [LOAD_REGS, STORE_REGS])
+    elif ABLATE == 2:
+        gl.warp_specialize([
+            (_mma_partition, args + (DEFER, A_KMAJOR)),
+            (_load_partition_wgrad_unloaded, args + (b_desc, b_bufs)),
+            (_store_partition, args + (c_desc, c_bufs)),
+        ], [1, 1], [LOAD_REGS, STORE_REGS])
+    else:
+        gl.warp_specialize([
+            (_mma_partition, args + (DEFER, A_KMAJOR)),
+            (_load_partition_wgrad_unloaded, args + (b_desc, b_bufs)),
+            (_store_partition_skipped, args + (c_desc, c_bufs)),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
     _pdl_end(PDL)
 
@@ -515,11 +571,13 @@ def _layout(block: tuple[int, int]):
 
 
 def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
-                             num_programs: int, store_delay_ns: int = 0) -> None:
+                             num_programs: int, store_delay_ns: int = 0, ablate: int = 0) -> None:
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory.
-    ``store_delay_ns`` (tests, a ping-pong ``cfg``): the storer waits that long before each store."""
+    ``store_delay_ns`` (tests, a ping-pong ``cfg``): the storer waits that long before each store.
+    ``ablate`` (probes, a cooperative ``cfg``; ``out`` is then wrong): 1 skips the stores, 2 the
+    loads after the ring's first fill, 3 both (``wgrad_kernel``'s ABLATE)."""
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
     descs = [Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout)]
@@ -528,9 +586,9 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         descs += [*consts, Tma(b, b2_block, b2_layout), Tma(out, c2_block, c2_layout), cfg.BN2]
     else:
         descs += consts
-    if store_delay_ns:
-        kw = dict(kw, STORE_DELAY_NS=store_delay_ns)
-    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg, store_delay_ns),
+    if store_delay_ns or ablate:
+        kw = dict(kw, STORE_DELAY_NS=store_delay_ns, ABLATE=ablate)
+    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg, store_delay_ns, ablate),
            *descs, **kw)
 
 
@@ -544,7 +602,7 @@ def _launch_constants(cfg: GluonConfig):
     kw = dict(num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
     if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
         kw.update(b2_desc=None, c2_desc=None, BN2=0)
-    kw.update(A_KMAJOR=False, a2_desc=None, bk2_desc=None, STORE_DELAY_NS=0)  # grad_x's and the tests' switches
+    kw.update(A_KMAJOR=False, a2_desc=None, bk2_desc=None, STORE_DELAY_NS=0, ABLATE=0)  # grad_x's, tests', probes' switches
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, kw)
 
 
@@ -575,7 +633,7 @@ def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: t
     launch(wgrad_kernel, (num_programs,), ("gluon_grad_x", d_gate.device, T, H, I, num_programs, cfg),
            Tma(d_gate, a_block, a_layout), Tma(gate_weight, b_block, b_layout), Tma(grad_x, c_block, c_layout),
            *consts, None, None, 0, True, Tma(d_up, a_block, a_layout), Tma(up_weight, b_block, b_layout),
-           STORE_DELAY_NS=0, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+           STORE_DELAY_NS=0, ABLATE=0, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
 
 
 @lru_cache(maxsize=None)
