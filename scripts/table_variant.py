@@ -59,6 +59,8 @@ def apply_set(table: dict, path: str, value) -> list[str]:
 
 def apply_candidate(table: dict, section: str, spec: str, candidates) -> str:
     bucket, _, index = spec.partition("=")
+    if not index.isdigit() or int(index) >= len(candidates):
+        raise SystemExit(f"{section} {spec}: expected BUCKET=INDEX with INDEX in 0..{len(candidates) - 1}")
     config = candidates[int(index)]
     table.setdefault(section, {})[bucket] = {"config": dataclasses.asdict(config), "candidate": int(index),
                                              "variant": f"candidate {index} (scripts/table_variant.py)"}

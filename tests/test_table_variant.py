@@ -61,3 +61,9 @@ def test_a_candidate_enters_before_set_changes_it(tmp_path):
 def test_paths_the_table_does_not_have_are_refused(tmp_path, path, message):
     with pytest.raises(SystemExit, match=message):
         tv.main(["--out", str(tmp_path / "v.json"), "--set", path])
+
+
+@pytest.mark.parametrize("spec", ["128=99", "128", "128=x"])
+def test_a_candidate_index_out_of_range_is_refused(tmp_path, spec):
+    with pytest.raises(SystemExit, match="INDEX in 0.."):
+        tv.main(["--out", str(tmp_path / "v.json"), "--gluon-grad-weights", spec])
