@@ -534,29 +534,12 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
             (_load_partition_grad_x, args + (a2_desc, bk2_desc)),
             (_store_partition, args + (c_desc, c_bufs)),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
-    elif ABLATE == 0:
-        gl.warp_specialize([
-            (_mma_partition, args + (DEFER, A_KMAJOR)),
-            (_load_partition_wgrad, args + (b_desc, b_bufs)),
-            (_store_partition, args + (c_desc, c_bufs)),
-        ], [1, 1], [LOAD_REGS, STORE_REGS])
-    elif ABLATE == 1:
-        gl.warp_specialize([
-            (_mma_partition, args + (DEFER, A_KMAJOR)),
-            (_load_partition_wgrad, args + (b_desc, b_bufs)),
-            (_store_partition_skipped, args + (c_desc, c_bufs)),
-        ], [1, 1], [LOAD_REGS, STORE_REGS])
-    elif ABLATE == 2:
-        gl.warp_specialize([
-            (_mma_partition, args + (DEFER, A_KMAJOR)),
-            (_load_partition_wgrad_unloaded, args + (b_desc, b_bufs)),
-            (_store_partition, args + (c_desc, c_bufs)),
-        ], [1, 1], [LOAD_REGS, STORE_REGS])
     else:
+        # ABLATE (probes): bit 1 the storer that skips its stores, bit 2 the loader that stops loading.
         gl.warp_specialize([
             (_mma_partition, args + (DEFER, A_KMAJOR)),
-            (_load_partition_wgrad_unloaded, args + (b_desc, b_bufs)),
-            (_store_partition_skipped, args + (c_desc, c_bufs)),
+            (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
+            (_store_partition_skipped if ABLATE & 1 else _store_partition, args + (c_desc, c_bufs)),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
     _pdl_end(PDL)
 
