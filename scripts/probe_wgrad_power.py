@@ -75,7 +75,7 @@ def variants_at(T: int, a, b, dev, ablate: bool = False):
     if table is None:
         return out
     for name in TILES:
-        cfg = table if name == "table" else replace(parse(name, table), pingpong=False)
+        cfg = table if name == "table" else replace(parse(name, table), pingpong=False, BN2=0)
         nprog = backward.tile_programs(dev, M, N, cfg)
         label = f"gluon {name}" + (f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
                                    f"{' ping-pong' if cfg.pingpong else ''})" if name == "table" else "")
