@@ -10,6 +10,9 @@ per call, and mean power, clock and energy per call (the flush included where on
 Gluon kernel with the table's config (``table``) and named cooperative tiles. Each output is
 checked close to cuBLAS's. GPU only.
 
+``--resident`` adds ``gluon_wgrad_resident``'s candidates that hold T tokens, each also compared
+bitwise with the table's kernel (``same_bits_as_table``: equal where the tile and K-step match).
+
 ``--ablate`` adds, where the table's config at T is cooperative, the same kernel with its stores
 skipped, with its loads skipped after the ring's first fill, and with both (``wgrad_kernel``'s
 ABLATE; their outputs are not checked), and ``fill_`` of the output (the write ceiling): the
@@ -17,6 +20,7 @@ time each part of the weight gradient costs alone, at the clock it runs at.
 
     python scripts/probe_wgrad_power.py --tokens 256,1024 --out build/probe
     python scripts/probe_wgrad_power.py --tokens 128,256 --ablate --flush 1
+    python scripts/probe_wgrad_power.py --tokens 128,256 --resident --flush 1
 """
 
 from __future__ import annotations
@@ -59,9 +63,10 @@ def sustained(fn, calls: int, monitor=None, before=None) -> tuple[float, dict]:
 ABLATIONS = {"stores skipped": 1, "loads skipped": 2, "loads and stores skipped": 3}
 
 
-def variants_at(T: int, a, b, dev, ablate: bool = False):
+def variants_at(T: int, a, b, dev, ablate: bool = False, resident: bool = False):
     """label -> callable(out) for one token count (``--ablate``: the ablations and ``fill_`` too,
-    their labels in ``unchecked``)."""
+    their labels in ``unchecked``; ``--resident``: ``gluon_wgrad_resident``'s candidates that hold
+    T tokens)."""
     import torch
 
     from probe_wgrad_defer import parse  # the tile names' reader, in this folder
@@ -80,6 +85,14 @@ def variants_at(T: int, a, b, dev, ablate: bool = False):
         label = f"gluon {name}" + (f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
                                    f"{' ping-pong' if cfg.pingpong else ''})" if name == "table" else "")
         out[label] = (lambda c, p: lambda o: launch_grad_weight_gluon(a, b, o, c, p))(cfg, nprog)
+    if resident:
+        from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
+
+        for i, cfg in enumerate(RESIDENT_CANDIDATES):
+            if T <= cfg.resident_k:
+                label = f"resident {i} ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} K{cfg.resident_k})"
+                nprog = backward.tile_programs(dev, M, N, cfg)
+                out[label] = (lambda c, p: lambda o: launch_grad_weight_gluon(a, b, o, c, p))(cfg, nprog)
     if ablate:
         out["fill_ (write ceiling)"] = lambda o: o.fill_(1.0)
         if not table.pingpong:
@@ -106,6 +119,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--flush", default="0,1", help="0: back to back; 1: L2 flush before each call")
     p.add_argument("--ablate", action="store_true", help="add the kernel's ablations and fill_ (module docstring)")
+    p.add_argument("--resident", action="store_true", help="add gluon_wgrad_resident's candidates (A held in shared memory)")
     p.add_argument("--out", default=str(REPO / "build" / "probe"))
     args = p.parse_args(argv)
     dev = torch.device("cuda")
@@ -121,20 +135,23 @@ def main(argv=None) -> int:
         ref = torch.matmul(a.T, b).float()
         scale = ref.abs().max().item()
         outs, calls = {}, {}
-        for label, fn in variants_at(T, a, b, dev, args.ablate).items():
+        for label, fn in variants_at(T, a, b, dev, args.ablate, args.resident).items():
             o = torch.full((I, H), float("nan"), device=dev, dtype=torch.bfloat16)
             fn(o)
             torch.cuda.synchronize()
             close = None if unchecked(label) else bool(torch.allclose(o.float(), ref, rtol=2e-2, atol=2e-2 * scale))
+            if label.startswith("gluon table ("):
+                table_out = o
+            same = None if unchecked(label) or not label.startswith("resident") else bool(torch.equal(o, table_out))
             calls[label] = max(3, math.ceil(args.seconds * 1e3 / sustained(lambda: fn(o), 3)[0]))  # noqa: B023
-            outs[label] = (fn, o, close)
+            outs[label] = (fn, o, close, same)
         del ref
         for flush in (int(f) for f in args.flush.split(",")):
             acc = {label: [] for label in outs}
             for r in range(args.rounds):
                 order = list(outs)[r % len(outs):] + list(outs)[:r % len(outs)]
                 for label in order:
-                    fn, o, _ = outs[label]
+                    fn, o, _, _ = outs[label]
                     ms, power = sustained(lambda: fn(o), calls[label], monitor,  # noqa: B023
                                           flush_buf.zero_ if flush else None)
                     acc[label].append(dict(ms=ms, **power))
@@ -144,7 +161,7 @@ def main(argv=None) -> int:
                                  power_w=round(statistics.mean(g.get("power_w", math.nan) for g in got), 1),
                                  sm_clock_mhz=round(statistics.mean(g.get("sm_clock_mhz", math.nan) for g in got)),
                                  energy_j_per_call=round(statistics.mean(g.get("energy_j", math.nan) for g in got), 4),
-                                 close_to_cublas=outs[label][2]))
+                                 close_to_cublas=outs[label][2], same_bits_as_table=outs[label][3]))
     df = pd.DataFrame(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from swiglu.kernels import gluon_dswiglu, gluon_wgrad
+from swiglu.kernels import gluon_dswiglu, gluon_wgrad, gluon_wgrad_resident
 from swiglu.kernels.backward import GLUON_CONFIGS
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
@@ -91,6 +91,25 @@ def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0
             "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg")}
 
 
+def compile_resident(cfg, pdl: int = 0) -> dict:
+    """``gluon_wgrad_resident``'s kernel at ``cfg``, reported as ``compile_one`` does."""
+    sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
+    constexprs = {"KT": cfg.resident_k // cfg.BK, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
+                  "STORE_REGS": cfg.store_regs, "PDL": pdl}
+    sig.update({k: "constexpr" for k in constexprs})
+    entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": False, "store_delay_ns": 0, "ablate": 0}
+    try:
+        k = triton.compile(GluonASTSource(gluon_wgrad_resident.wgrad_resident_kernel, sig, constexprs),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg})
+    except Exception as err:  # reported per config; the test fails on it with the message
+        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    ptx = k.asm["ptx"]
+    regs, spills = ptxas_info(ptx)
+    return {**entry, "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
+            "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
+            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg")}
+
+
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
     cfg = gluon_dswiglu.CONFIGS[index]
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
@@ -133,6 +152,9 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # The probes' ablations (ABLATE 1-3) on the first cooperative table config.
         cooperative = next(c for c in table if not c.pingpong)
         results += [compile_one(cooperative, ablate=a) for a in (1, 2, 3)]
+        # The resident-A kernel's candidates (gluon_wgrad_resident), the first with PDL modes 1 and 2.
+        results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]
+        results += [compile_resident(gluon_wgrad_resident.RESIDENT_CANDIDATES[0], pdl) for pdl in (1, 2)]
     elif kind == "grad_x":
         results = [compile_one(c, grad_x=True) for c in gluon_wgrad.GRAD_X_CANDIDATES] + [
             compile_one(gluon_wgrad.GRAD_X_CANDIDATES[0], pdl, grad_x=True) for pdl in (1, 2)]

@@ -453,6 +453,66 @@ def test_probe_ablations_run_to_the_end_and_do_what_they_say():
             torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
+def test_resident_configs_check_their_fields_and_tokens():
+    """``GluonConfig.resident_k``: a multiple of BK, cooperative only, counted in the shared-memory
+    estimate; the resident launcher refuses more tokens than its block holds (before any launch)."""
+    with pytest.raises(ValueError, match="resident_k"):
+        GluonConfig(BM=128, BN=128, BK=64, resident_k=100)
+    with pytest.raises(ValueError, match="resident_k"):
+        GluonConfig(BM=128, BN=128, BK=64, pingpong=True, resident_k=128)
+    cfg = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=3, resident_k=128)
+    assert cfg.smem_bytes() == (128 * 128 + 4 * 64 * 128) * 2 + 3 * 128 * 128 * 2 + 1024
+    if triton_minor(__import__("triton").__version__) not in GLUON_TRITONS:
+        pytest.skip("Gluon's kernels are written for " + ", ".join(GLUON_TRITONS))
+    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+
+    a, b = torch.zeros(129, 256, dtype=torch.bfloat16), torch.zeros(129, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="resident_k=128, got 129"):
+        launch_grad_weight_gluon(a, b, torch.empty(256, 128, dtype=torch.bfloat16), cfg, 1)
+
+
+def _resident_candidates():
+    try:
+        from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
+    except ImportError:  # a triton without Gluon
+        return []
+    return list(RESIDENT_CANDIDATES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", range(len(_resident_candidates())))
+@pytest.mark.parametrize("K, M, N", [(None, 53248, 16384), (None, 16384, 53248), (1, 1000, 1176), (77, 384, 520),
+                                     (None, 1000, 1176), (200, 2048, 1536)])
+def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
+    """``gluon_wgrad_resident`` (A held in shared memory): within the fp32 bound of
+    ``test_gluon_weight_gradient_matches_fp32``, NaN-poisoned output fully written, and bitwise the
+    ring kernel's output at the same tile and K-step (the same wgmma sequence per element), launch
+    after launch; every launch finishes (a lost A-block phase would hang)."""
+    _gluon_or_skip()
+    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+
+    cfg = _resident_candidates()[index]
+    K = cfg.resident_k if K is None else K
+    if K > cfg.resident_k:
+        pytest.skip(f"K = {K} is past this candidate's resident_k {cfg.resident_k}")
+    gen = torch.Generator(device="cuda").manual_seed(index * 1000 + K + M)
+    a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ring = replace(cfg, resident_k=0, STAGES=2, NC=1)
+    want_bits = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    launch_grad_weight_gluon(a, b, want_bits, ring, common.tile_programs(a.device, M, N, ring))
+    want = a.float().T @ b.float()
+    bound = want.abs() * 2.0 ** -7 + K * 2.0 ** -23 * (a.float().abs().T @ b.float().abs())
+    for _ in range(2):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        launch_grad_weight_gluon(a, b, out, cfg, common.tile_programs(a.device, M, N, cfg))
+        _finishes_within(60)
+        assert torch.isfinite(out).all()
+        err = (out.float() - want).abs()
+        assert (err <= bound).all(), f"max error {(err / bound).max().item():.2f} x the bound"
+        assert torch.equal(out, want_bits), cfg
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("K", [200, 256, 130])
 def test_pingpong_with_one_output_buffer_is_right_launch_after_launch(K):

@@ -79,6 +79,11 @@ class GluonConfig:
     # worker's code under its setmaxnreg, above the launch's maxnreg (a 128 x 192 fp32
     # accumulator compiles without spills at 232 in a 168-register launch).
     mma_regs: int = 0
+    # Cooperative only: each program keeps A's [K, BM] column block resident in shared memory
+    # (``gluon_wgrad_resident``) for K <= resident_k tokens, loaded once per run of tiles on the
+    # same rows, and streams only B: L2-to-SM reads K/BM per output element instead of
+    # K (BM + BN) / (BM BN). 0: the ring of A and B stages (``gluon_wgrad``).
+    resident_k: int = 0
 
     @property
     def tile_n(self) -> int:
@@ -88,11 +93,16 @@ class GluonConfig:
     def smem_bytes(self) -> int:
         """Shared memory the kernel allocates (bytes): operand ring, output ring, barriers. Triton's
         own figure (sm_90, triton 3.6.0) is at most this: tests/test_gluon.py compiles each table entry."""
+        if self.resident_k:
+            return (self.resident_k * self.BM + self.STAGES * self.BK * self.BN) * 2 + self.NC * self.BM * self.BN * 2 + 1024
         return self.STAGES * (self.BK * self.BM + self.BK * self.tile_n) * 2 + self.NC * self.BM * self.tile_n * 2 + 1024
 
     def __post_init__(self) -> None:
         if self.BN2 and (not self.pingpong or self.BN2 & (self.BN2 - 1) or not 8 <= self.BN2 < self.BN):
             raise ValueError(f"GluonConfig.BN2 must be 0 or, with pingpong, a power of two in [8, BN), got {self.BN2}")
+        if self.resident_k and (self.pingpong or self.defer or self.resident_k < 0 or self.resident_k % self.BK):
+            raise ValueError(f"GluonConfig.resident_k must be 0 or, without pingpong or defer, a positive multiple of "
+                             f"BK={self.BK}, got {self.resident_k}")
 
 
 @dataclass(frozen=True)

@@ -560,7 +560,12 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory.
     ``store_delay_ns`` (tests, a ping-pong ``cfg``): the storer waits that long before each store.
     ``ablate`` (probes, a cooperative ``cfg``; ``out`` is then wrong): 1 skips the stores, 2 the
-    loads after the ring's first fill, 3 both (``wgrad_kernel``'s ABLATE)."""
+    loads after the ring's first fill, 3 both (``wgrad_kernel``'s ABLATE). A config with
+    ``resident_k`` runs ``gluon_wgrad_resident``'s kernel (K <= resident_k)."""
+    if cfg.resident_k:
+        from .gluon_wgrad_resident import launch_grad_weight_resident
+
+        return launch_grad_weight_resident(a, b, out, cfg, num_programs)
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
     descs = [Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout)]
