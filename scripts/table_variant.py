@@ -6,13 +6,16 @@
     python scripts/table_variant.py --out build/ab/F.json --set "gluon_dswiglu.*.GROUP_M=16" "configs.grad_x.*.GROUP_M=16"
     python scripts/table_variant.py --out build/ab/X.json --gluon-grad-x 128=1 256=0
     python scripts/table_variant.py --out build/ab/W.json --gluon-grad-weights 128=0 --set gluon_grad_weights.128.GROUP_M=48
+    python scripts/table_variant.py --out build/ab/R.json --gluon-resident 128=1 256=3
 
 ``--set PATH=VALUE``: PATH is ``SECTION.BUCKET.FIELD`` (sections ``gluon_grad_weights``,
 ``gluon_dswiglu``, ``gluon_grad_x``) or ``configs.KERNEL.BUCKET.FIELD`` (the tl kernels); BUCKET
 ``*`` means every bucket the section has; VALUE is read as JSON (48, true, "x"). Each named
 bucket must exist. ``--gluon-dswiglu BUCKET=INDEX``: that bucket takes ``gluon_dswiglu.CONFIGS[INDEX]``;
 ``--gluon-grad-x BUCKET=INDEX``: ``gluon_wgrad.GRAD_X_CANDIDATES[INDEX]``;
-``--gluon-grad-weights BUCKET=INDEX``: ``gluon_wgrad.WIDE_CANDIDATES[INDEX]`` (the ping-pong tiles).
+``--gluon-grad-weights BUCKET=INDEX``: ``gluon_wgrad.WIDE_CANDIDATES[INDEX]`` (the ping-pong tiles);
+``--gluon-resident BUCKET=INDEX``: ``gluon_wgrad_resident.RESIDENT_CANDIDATES[INDEX]`` (A held in
+shared memory; its ``resident_k`` must hold the bucket's tokens).
 Candidates enter first, then ``--set`` changes fields (of a candidate too). Every changed entry
 gets a ``"variant"`` note saying what changed. Prints the changes.
 """
@@ -74,6 +77,7 @@ def main(argv=None) -> int:
     p.add_argument("--gluon-dswiglu", nargs="*", default=[], metavar="BUCKET=INDEX")
     p.add_argument("--gluon-grad-x", nargs="*", default=[], metavar="BUCKET=INDEX")
     p.add_argument("--gluon-grad-weights", nargs="*", default=[], metavar="BUCKET=INDEX")
+    p.add_argument("--gluon-resident", nargs="*", default=[], metavar="BUCKET=INDEX")
     args = p.parse_args(argv)
 
     table = json.loads(TABLE.read_text())
@@ -82,6 +86,15 @@ def main(argv=None) -> int:
         from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES
 
         changes += [apply_candidate(table, "gluon_grad_weights", s, WIDE_CANDIDATES) for s in args.gluon_grad_weights]
+    if args.gluon_resident:
+        from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
+
+        for spec in args.gluon_resident:
+            bucket, _, index = spec.partition("=")
+            changes.append(apply_candidate(table, "gluon_grad_weights", spec, RESIDENT_CANDIDATES))
+            if bucket.isdigit() and int(bucket) > RESIDENT_CANDIDATES[int(index)].resident_k:
+                raise SystemExit(f"--gluon-resident {spec}: the candidate holds {RESIDENT_CANDIDATES[int(index)].resident_k} "
+                                 f"tokens, fewer than bucket {bucket}'s")
     if args.gluon_dswiglu:
         from swiglu.kernels.gluon_dswiglu import CONFIGS
 

@@ -67,3 +67,14 @@ def test_paths_the_table_does_not_have_are_refused(tmp_path, path, message):
 def test_a_candidate_index_out_of_range_is_refused(tmp_path, spec):
     with pytest.raises(SystemExit, match="INDEX in 0.."):
         tv.main(["--out", str(tmp_path / "v.json"), "--gluon-grad-weights", spec])
+
+
+def test_resident_candidates_enter_buckets_whose_tokens_they_hold(tmp_path):
+    from swiglu.kernels.configs import GluonConfig
+    from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
+
+    got = _variant(tmp_path, "--gluon-resident", "128=1")
+    assert GluonConfig(**got["gluon_grad_weights"]["128"]["config"]) == RESIDENT_CANDIDATES[1]
+    small = next(i for i, c in enumerate(RESIDENT_CANDIDATES) if c.resident_k < 256)
+    with pytest.raises(SystemExit, match="fewer than bucket 256's"):
+        tv.main(["--out", str(tmp_path / "w.json"), "--gluon-resident", f"256={small}"])
