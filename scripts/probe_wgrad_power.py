@@ -92,7 +92,7 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: bool = False)
             if T <= cfg.resident_k:
                 label = f"resident {i} ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} K{cfg.resident_k})"
                 nprog = backward.tile_programs(dev, M, N, cfg)
-                out[label] = (lambda c, p: lambda o: launch_grad_weight_gluon(a, b, o, c, p))(cfg, nprog)
+                out[label] = (lambda c, p: lambda o: backward.launch_weight_gradient(a, b, o, None, c, p))(cfg, nprog)
     if ablate:
         out["fill_ (write ceiling)"] = lambda o: o.fill_(1.0)
         if not table.pingpong:

@@ -468,7 +468,9 @@ def test_resident_configs_check_their_fields_and_tokens():
 
     a, b = torch.zeros(129, 256, dtype=torch.bfloat16), torch.zeros(129, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="resident_k=128, got 129"):
-        launch_grad_weight_gluon(a, b, torch.empty(256, 128, dtype=torch.bfloat16), cfg, 1)
+        backward.launch_weight_gradient(a, b, torch.empty(256, 128, dtype=torch.bfloat16), None, cfg, 1)
+    with pytest.raises(ValueError, match="runs gluon_wgrad_resident"):
+        launch_grad_weight_gluon(a[:128], b[:128], torch.empty(256, 128, dtype=torch.bfloat16), cfg, 1)
 
 
 def _resident_candidates():
@@ -505,7 +507,7 @@ def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
     bound = want.abs() * 2.0 ** -7 + K * 2.0 ** -23 * (a.float().abs().T @ b.float().abs())
     for _ in range(2):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        launch_grad_weight_gluon(a, b, out, cfg, common.tile_programs(a.device, M, N, cfg))
+        backward.launch_weight_gradient(a, b, out, None, cfg)
         _finishes_within(60)
         assert torch.isfinite(out).all()
         err = (out.float() - want).abs()

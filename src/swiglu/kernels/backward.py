@@ -98,22 +98,25 @@ def launch_weight_gradient(a, b, out, c: KernelConfig, g: GluonConfig | None, np
         launch_grad_weight(a, b, out, c, nprog)
         return
     M, N = a.shape[1], b.shape[1]
-    _gluon().wgrad.launch_grad_weight_gluon(a, b, out, g, nprog or tile_programs(a.device, M, N, g))
+    gluon = _gluon()
+    launcher = gluon.resident.launch_grad_weight_resident if g.resident_k else gluon.wgrad.launch_grad_weight_gluon
+    launcher(a, b, out, g, nprog or tile_programs(a.device, M, N, g))
 
 
 _GLUON_MODULES: list = []
 
 
 def _gluon():
-    """The Gluon launcher modules (``.wgrad``: ``gluon_wgrad``, ``.dswiglu``: ``gluon_dswiglu``),
+    """The Gluon launcher modules (``.wgrad``: ``gluon_wgrad``, ``.resident``:
+    ``gluon_wgrad_resident``, ``.dswiglu``: ``gluon_dswiglu``),
     imported on first use: only where Gluon runs (``common.GLUON_TRITONS``); an import statement
     per launch costs host time."""
     if not _GLUON_MODULES:
         from types import SimpleNamespace
 
-        from . import gluon_dswiglu, gluon_wgrad
+        from . import gluon_dswiglu, gluon_wgrad, gluon_wgrad_resident
 
-        _GLUON_MODULES.append(SimpleNamespace(wgrad=gluon_wgrad, dswiglu=gluon_dswiglu))
+        _GLUON_MODULES.append(SimpleNamespace(wgrad=gluon_wgrad, resident=gluon_wgrad_resident, dswiglu=gluon_dswiglu))
     return _GLUON_MODULES[0]
 
 

@@ -561,11 +561,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     ``store_delay_ns`` (tests, a ping-pong ``cfg``): the storer waits that long before each store.
     ``ablate`` (probes, a cooperative ``cfg``; ``out`` is then wrong): 1 skips the stores, 2 the
     loads after the ring's first fill, 3 both (``wgrad_kernel``'s ABLATE). A config with
-    ``resident_k`` runs ``gluon_wgrad_resident``'s kernel (K <= resident_k)."""
-    if cfg.resident_k:
-        from .gluon_wgrad_resident import launch_grad_weight_resident
-
-        return launch_grad_weight_resident(a, b, out, cfg, num_programs)
+    ``resident_k`` is ``gluon_wgrad_resident``'s (ValueError here)."""
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
     descs = [Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout)]
@@ -583,6 +579,8 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
 @lru_cache(maxsize=None)
 def _launch_constants(cfg: GluonConfig):
     # What a launch takes from its config alone, built once per config (host time per launch).
+    if cfg.resident_k:
+        raise ValueError(f"a config with resident_k runs gluon_wgrad_resident.launch_grad_weight_resident, got {cfg}")
     blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (
         ([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
     consts = (cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer, cfg.pingpong,

@@ -167,8 +167,8 @@ def launch_grad_weight_resident(a: torch.Tensor, b: torch.Tensor, out: torch.Ten
                                 num_programs: int) -> None:
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), 1 <= K <= ``cfg.resident_k`` (ValueError otherwise); ``num_programs``
-    persistent programs (one per SM). The contract of ``gluon_wgrad.launch_grad_weight_gluon``,
-    which calls this for a config with ``resident_k``."""
+    persistent programs (one per SM). The contract of ``gluon_wgrad.launch_grad_weight_gluon``;
+    ``backward.launch_weight_gradient`` calls this for a config with ``resident_k``."""
     K = a.shape[0]
     if not 1 <= K <= cfg.resident_k:
         raise ValueError(f"the resident weight gradient takes 1 <= tokens <= resident_k={cfg.resident_k}, got {K}")
