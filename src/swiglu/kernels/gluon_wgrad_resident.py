@@ -194,4 +194,5 @@ RESIDENT_CANDIDATES = (
     GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1, resident_k=128),
     GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, resident_k=256),
     GluonConfig(BM=256, BN=128, BK=64, STAGES=2, NC=1, resident_k=256),
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=3, NC=1, resident_k=512),
 )
