@@ -42,7 +42,6 @@ def _load_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_em
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
-    STAGES: gl.constexpr = b_bufs.type.shape[0]
     KT: gl.constexpr = a_res.type.shape[0]
     start, end, num_n = _run(c_desc, BM, BN)
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
@@ -52,23 +51,37 @@ def _load_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_em
     for t in range(start, end):
         pid_m = t // num_n
         pid_n = t % num_n
+        # B's first stage ahead of A's block: at a new row block it goes out while the MMA warps
+        # finish the previous block's last tile, whose epilogue then covers the wait for A. Only
+        # the first: a later stage's slot may need this tile's own first stage consumed, which
+        # waits for A (a deadlock where STAGES < the k-steps).
+        p = _load_b(b_desc, b_bufs, ready, empty, p, 0, pid_n)
         if pid_m != cur_m:
             # A's block is rewritten only once the MMA warps are done with the previous one (a fresh
-            # barrier passes parity 1 at once: the first load does not wait).
-            # All KT blocks, whatever K: a box wholly past K is zero-filled (no memory read) and its
-            # bytes counted, so the expected byte count is a constant (expect takes no runtime value).
+            # barrier passes parity 1 at once: the first load does not wait). All KT blocks, whatever
+            # K: a box wholly past K is zero-filled (no memory read) and its bytes counted, so the
+            # expected byte count is a constant (expect takes no runtime value).
             mbarrier.wait(a_empty.index(0), (r & 1) ^ 1)
             mbarrier.expect(a_ready.index(0), KT * a_desc.block_type.nbytes)
-            for kk in gl.static_range(KT):
-                tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], a_ready.index(0), a_res.index(kk))
+            for ka in gl.static_range(KT):
+                tma.async_copy_global_to_shared(a_desc, [ka * BK, pid_m * BM], a_ready.index(0), a_res.index(ka))
             r += 1
             cur_m = pid_m
-        for kk in range(k_tiles):
-            s = p % STAGES
-            mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BN], ready.index(s), b_bufs.index(s))
-            p += 1
+        for kk in range(1, k_tiles):
+            p = _load_b(b_desc, b_bufs, ready, empty, p, kk, pid_n)
+
+
+@gluon.jit
+def _load_b(b_desc, b_bufs, ready, empty, p, kk, pid_n):
+    # B's block (k-step kk, column tile pid_n) into ring slot p % STAGES; returns p + 1.
+    BK: gl.constexpr = b_desc.block_type.shape[0]
+    BN: gl.constexpr = b_desc.block_type.shape[1]
+    STAGES: gl.constexpr = b_bufs.type.shape[0]
+    s = p % STAGES
+    mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(s), b_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BN], ready.index(s), b_bufs.index(s))
+    return p + 1
 
 
 @gluon.jit
