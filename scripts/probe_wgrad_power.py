@@ -10,7 +10,8 @@ per call, and mean power, clock and energy per call (the flush included where on
 Gluon kernel with the table's config (``table``) and named cooperative tiles. Each output is
 checked close to cuBLAS's. GPU only.
 
-``--resident`` adds ``gluon_wgrad_resident``'s candidates that hold T tokens, each also compared
+``--resident [I,J]`` adds ``gluon_wgrad_resident``'s candidates (all, or those indices) that hold
+T tokens (``--resident-groups G,H``: each at those GROUP_M), each also compared
 bitwise with the table's kernel (``same_bits_as_table``: equal where the tile and K-step match).
 
 ``--ablate`` adds, where the table's config at T is cooperative, the same kernel with its stores
@@ -63,7 +64,7 @@ def sustained(fn, calls: int, monitor=None, before=None) -> tuple[float, dict]:
 ABLATIONS = {"stores skipped": 1, "loads skipped": 2, "loads and stores skipped": 3}
 
 
-def variants_at(T: int, a, b, dev, ablate: bool = False, resident: bool = False):
+def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = None, groups: str = ""):
     """label -> callable(out) for one token count (``--ablate``: the ablations and ``fill_`` too,
     their labels in ``unchecked``; ``--resident``: ``gluon_wgrad_resident``'s candidates that hold
     T tokens)."""
@@ -85,12 +86,16 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: bool = False)
         label = f"gluon {name}" + (f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
                                    f"{' ping-pong' if cfg.pingpong else ''})" if name == "table" else "")
         out[label] = (lambda c, p: lambda o: launch_grad_weight_gluon(a, b, o, c, p))(cfg, nprog)
-    if resident:
+    if resident is not None:
         from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
 
-        for i, cfg in enumerate(RESIDENT_CANDIDATES):
-            if T <= cfg.resident_k:
-                label = f"resident {i} ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} K{cfg.resident_k})"
+        chosen = [int(i) for i in resident.split(",")] if resident else range(len(RESIDENT_CANDIDATES))
+        for i in chosen:
+            for group in [int(g) for g in groups.split(",")] if groups else [RESIDENT_CANDIDATES[i].GROUP_M]:
+                cfg = replace(RESIDENT_CANDIDATES[i], GROUP_M=group)
+                if T > cfg.resident_k:
+                    continue
+                label = f"resident {i} ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} K{cfg.resident_k} G{group})"
                 nprog = backward.tile_programs(dev, M, N, cfg)
                 out[label] = (lambda c, p: lambda o: backward.launch_weight_gradient(a, b, o, None, c, p))(cfg, nprog)
     if ablate:
@@ -119,7 +124,10 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--flush", default="0,1", help="0: back to back; 1: L2 flush before each call")
     p.add_argument("--ablate", action="store_true", help="add the kernel's ablations and fill_ (module docstring)")
-    p.add_argument("--resident", action="store_true", help="add gluon_wgrad_resident's candidates (A held in shared memory)")
+    p.add_argument("--resident", nargs="?", const="", default=None, metavar="I,J",
+                   help="add gluon_wgrad_resident's candidates (A held in shared memory): all, or these indices")
+    p.add_argument("--resident-groups", default="", metavar="G,H",
+                   help="each resident candidate at these GROUP_M (programs per run of tiles) instead of its own")
     p.add_argument("--out", default=str(REPO / "build" / "probe"))
     args = p.parse_args(argv)
     dev = torch.device("cuda")
@@ -135,7 +143,7 @@ def main(argv=None) -> int:
         ref = torch.matmul(a.T, b).float()
         scale = ref.abs().max().item()
         outs, calls = {}, {}
-        for label, fn in variants_at(T, a, b, dev, args.ablate, args.resident).items():
+        for label, fn in variants_at(T, a, b, dev, args.ablate, args.resident, args.resident_groups).items():
             o = torch.full((I, H), float("nan"), device=dev, dtype=torch.bfloat16)
             fn(o)
             torch.cuda.synchronize()

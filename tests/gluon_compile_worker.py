@@ -95,7 +95,7 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
     """``gluon_wgrad_resident``'s kernel at ``cfg``, reported as ``compile_one`` does."""
     sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"KT": cfg.resident_k // cfg.BK, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
-                  "STORE_REGS": cfg.store_regs, "PDL": pdl}
+                  "STORE_REGS": cfg.store_regs, "GROUP": cfg.GROUP_M, "PDL": pdl}
     sig.update({k: "constexpr" for k in constexprs})
     entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": False, "store_delay_ns": 0, "ablate": 0}
     try:

@@ -82,7 +82,8 @@ class GluonConfig:
     # Cooperative only: each program keeps A's [K, BM] column block resident in shared memory
     # (``gluon_wgrad_resident``) for K <= resident_k tokens, loaded once per run of tiles on the
     # same rows, and streams only B: L2-to-SM reads K/BM per output element instead of
-    # K (BM + BN) / (BM BN). 0: the ring of A and B stages (``gluon_wgrad``).
+    # K (BM + BN) / (BM BN); GROUP_M programs then take each run of tiles in turn (1-64). 0: the
+    # ring of A and B stages (``gluon_wgrad``).
     resident_k: int = 0
 
     @property
@@ -100,9 +101,10 @@ class GluonConfig:
     def __post_init__(self) -> None:
         if self.BN2 and (not self.pingpong or self.BN2 & (self.BN2 - 1) or not 8 <= self.BN2 < self.BN):
             raise ValueError(f"GluonConfig.BN2 must be 0 or, with pingpong, a power of two in [8, BN), got {self.BN2}")
-        if self.resident_k and (self.pingpong or self.defer or self.resident_k < 0 or self.resident_k % self.BK):
-            raise ValueError(f"GluonConfig.resident_k must be 0 or, without pingpong or defer, a positive multiple of "
-                             f"BK={self.BK}, got {self.resident_k}")
+        if self.resident_k and (self.pingpong or self.defer or self.resident_k < 0 or self.resident_k % self.BK
+                                or not 1 <= self.GROUP_M <= 64):
+            raise ValueError(f"GluonConfig.resident_k must be 0 or, without pingpong or defer and with GROUP_M in "
+                             f"1..64, a positive multiple of BK={self.BK}, got {self.resident_k} (GROUP_M {self.GROUP_M})")
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,22 @@ from .gluon_wgrad import _cta_barrier, _epilogue_store, _layout, _mma_layout, _p
 
 
 @gluon.jit
-def _run(c_desc, BM: gl.constexpr, BN: gl.constexpr):
-    """(start, end, num_n): this program's contiguous share [start, end) of the row-major tiles
-    (tile t is rows (t // num_n) * BM, columns (t % num_n) * BN), as every partition counts."""
+def _run(c_desc, BM: gl.constexpr, BN: gl.constexpr, GROUP: gl.constexpr):
+    """(first, step, count, num_n): this program's tiles first + i * step, i < count, of the
+    row-major tiles (tile t is rows (t // num_n) * BM, columns (t % num_n) * BN), as every
+    partition counts. GROUP programs share a contiguous run of tiles in turn (program j of the
+    group takes the run's tiles j, j + GROUP, ...), so at any time they write GROUP neighbouring
+    tiles of one row block, each holding that row block's A."""
     num_n = gl.cdiv(c_desc.shape[1], BN)
     total = gl.cdiv(c_desc.shape[0], BM) * num_n
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    return pid * total // nprog, (pid + 1) * total // nprog, num_n
+    groups = gl.cdiv(nprog, GROUP)
+    g = pid // GROUP
+    step = min(GROUP, nprog - g * GROUP)
+    first = g * total // groups + pid % GROUP
+    end = (g + 1) * total // groups
+    return first, step, gl.cdiv(gl.maximum(end - first, 0), step), num_n
 
 
 @gluon.jit
@@ -43,12 +51,13 @@ def _load_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_em
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
     KT: gl.constexpr = a_res.type.shape[0]
-    start, end, num_n = _run(c_desc, BM, BN)
+    first, step, count, num_n = _run(c_desc, BM, BN, a_empty.type.shape[0])
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
     p = 0  # B stages filled
     r = 0  # A blocks loaded
     cur_m = -1
-    for t in range(start, end):
+    for i in range(count):
+        t = first + i * step
         pid_m = t // num_n
         pid_n = t % num_n
         # B's first stage ahead of A's block: at a new row block it goes out while the MMA warps
@@ -90,9 +99,9 @@ def _store_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_e
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = c_desc.block_type.shape[1]
     NC: gl.constexpr = c_bufs.type.shape[0]
-    start, end, num_n = _run(c_desc, BM, BN)
-    for t in range(start, end):
-        j = t - start
+    first, step, count, num_n = _run(c_desc, BM, BN, a_empty.type.shape[0])
+    for j in range(count):
+        t = first + j * step
         buf = j % NC
         mbarrier.wait(c_ready.index(buf), (j // NC) & 1)
         tma.async_copy_shared_to_global(c_desc, [(t // num_n) * BM, (t % num_n) * BN], c_bufs.index(buf))
@@ -111,13 +120,14 @@ def _mma_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_emp
     BN: gl.constexpr = b_desc.block_type.shape[1]
     STAGES: gl.constexpr = b_bufs.type.shape[0]
     dtype: gl.constexpr = c_desc.dtype
-    start, end, num_n = _run(c_desc, BM, BN)
+    first, step, count, num_n = _run(c_desc, BM, BN, a_empty.type.shape[0])
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=_mma_layout(BM, BN, gl.num_warps()))
     c = 0  # B stages consumed
     r = 0  # A blocks waited for
     cur_m = -1
-    for t in range(start, end):
+    for i in range(count):
+        t = first + i * step
         pid_m = t // num_n
         if pid_m != cur_m:
             mbarrier.wait(a_ready.index(0), r & 1)
@@ -136,15 +146,17 @@ def _mma_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_emp
         _cta_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
         # The run's last tile on these rows: A's block is free for the next rows.
-        mbarrier.arrive(a_empty.index(0), pred=((t + 1) == end) | (((t + 1) // num_n) != pid_m))
-        _epilogue_store(acc.to(dtype), t - start, c_desc, c_bufs, c_ready, c_empty)
+        mbarrier.arrive(a_empty.index(0), pred=((i + 1) == count) | (((t + step) // num_n) != pid_m))
+        _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
 
 
 @gluon.jit
 def wgrad_resident_kernel(a_desc, b_desc, c_desc, KT: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
-                          LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, PDL: gl.constexpr = False):
+                          LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, GROUP: gl.constexpr = 1,
+                          PDL: gl.constexpr = False):
     """``out = A^T @ B`` with A's [K, BM] block resident: KT = resident_k / BK blocks of
-    [BK, BM] (K <= KT * BK, the launcher checks), STAGES B stages [BK, BN], NC output buffers.
+    [BK, BM] (K <= KT * BK, the launcher checks), STAGES B stages [BK, BN], NC output buffers,
+    GROUP programs taking each run of tiles in turn (``GluonConfig.GROUP_M``; ``_run``).
     Launch with num_warps = 8 (the MMA partition: two warpgroups on one tile)."""
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
@@ -153,7 +165,9 @@ def wgrad_resident_kernel(a_desc, b_desc, c_desc, KT: gl.constexpr, STAGES: gl.c
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK, BN], b_desc.layout)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [NC, BM, BN], c_desc.layout)
     a_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    a_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    # GROUP barriers, only the first used: a worker's arguments are IR values, so GROUP travels
+    # to the partitions in this array's shape (``_group``).
+    a_empty = gl.allocate_shared_memory(gl.int64, [GROUP, 1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
@@ -195,17 +209,17 @@ def launch_grad_weight_resident(a: torch.Tensor, b: torch.Tensor, out: torch.Ten
 def _launch_constants(cfg: GluonConfig):
     # What a launch takes from its config alone, built once per config (host time per launch).
     blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN])
-    consts = (cfg.resident_k // cfg.BK, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs)
+    consts = (cfg.resident_k // cfg.BK, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.GROUP_M)
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
 
 
 #: Candidates, compiled for sm_90 by the CPU tests: A's block [resident_k, BM] beside the B ring and
 #: the output buffers (each within the H200's 227 KB of shared memory).
 RESIDENT_CANDIDATES = (
-    GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=3, resident_k=128),
-    GluonConfig(BM=256, BN=128, BK=64, STAGES=4, NC=1, resident_k=128),
-    GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1, resident_k=128),
-    GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, resident_k=256),
-    GluonConfig(BM=256, BN=128, BK=64, STAGES=2, NC=1, resident_k=256),
-    GluonConfig(BM=128, BN=128, BK=64, STAGES=3, NC=1, resident_k=512),
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=3, GROUP_M=2, resident_k=128),
+    GluonConfig(BM=256, BN=128, BK=64, STAGES=4, NC=1, GROUP_M=2, resident_k=128),
+    GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1, GROUP_M=2, resident_k=128),
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, GROUP_M=2, resident_k=256),
+    GluonConfig(BM=256, BN=128, BK=64, STAGES=2, NC=1, GROUP_M=2, resident_k=256),
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=3, NC=1, GROUP_M=2, resident_k=512),
 )
