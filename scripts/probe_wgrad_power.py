@@ -11,7 +11,8 @@ Gluon kernel with the table's config (``table``) and named cooperative tiles. Ea
 checked close to cuBLAS's. GPU only.
 
 ``--resident [I,J]`` adds ``gluon_wgrad_resident``'s candidates (all, or those indices) that hold
-T tokens (``--resident-groups G,H``: each at those GROUP_M), each also compared
+T tokens (``--resident-groups G,H``: each at those GROUP_M; ``--resident-defer 0,1``: with and
+without the deferred epilogue), each also compared
 bitwise with the table's kernel (``same_bits_as_table``: equal where the tile and K-step match).
 
 ``--ablate`` adds, where the table's config at T is cooperative, the same kernel with its stores
@@ -64,7 +65,8 @@ def sustained(fn, calls: int, monitor=None, before=None) -> tuple[float, dict]:
 ABLATIONS = {"stores skipped": 1, "loads skipped": 2, "loads and stores skipped": 3}
 
 
-def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = None, groups: str = ""):
+def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = None, groups: str = "",
+                defers: str = ""):
     """label -> callable(out) for one token count (``--ablate``: the ablations and ``fill_`` too,
     their labels in ``unchecked``; ``--resident``: ``gluon_wgrad_resident``'s candidates that hold
     T tokens)."""
@@ -91,11 +93,13 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
 
         chosen = [int(i) for i in resident.split(",")] if resident else range(len(RESIDENT_CANDIDATES))
         for i in chosen:
-            for group in [int(g) for g in groups.split(",")] if groups else [RESIDENT_CANDIDATES[i].GROUP_M]:
-                cfg = replace(RESIDENT_CANDIDATES[i], GROUP_M=group)
+            for group, defer in [(int(g), bool(int(d))) for g in (groups.split(",") if groups else [RESIDENT_CANDIDATES[i].GROUP_M])
+                                 for d in (defers.split(",") if defers else [int(RESIDENT_CANDIDATES[i].defer)])]:
+                cfg = replace(RESIDENT_CANDIDATES[i], GROUP_M=group, defer=defer)
                 if T > cfg.resident_k:
                     continue
-                label = f"resident {i} ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} K{cfg.resident_k} G{group})"
+                label = (f"resident {i} ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} K{cfg.resident_k} G{group}"
+                         f"{' defer' if defer else ''})")
                 nprog = backward.tile_programs(dev, M, N, cfg)
                 out[label] = (lambda c, p: lambda o: backward.launch_weight_gradient(a, b, o, None, c, p))(cfg, nprog)
     if ablate:
@@ -128,6 +132,8 @@ def main(argv=None) -> int:
                    help="add gluon_wgrad_resident's candidates (A held in shared memory): all, or these indices")
     p.add_argument("--resident-groups", default="", metavar="G,H",
                    help="each resident candidate at these GROUP_M (programs per run of tiles) instead of its own")
+    p.add_argument("--resident-defer", default="", metavar="0,1",
+                   help="each resident candidate with these defer values (0/1) instead of its own")
     p.add_argument("--out", default=str(REPO / "build" / "probe"))
     args = p.parse_args(argv)
     dev = torch.device("cuda")
@@ -143,7 +149,7 @@ def main(argv=None) -> int:
         ref = torch.matmul(a.T, b).float()
         scale = ref.abs().max().item()
         outs, calls = {}, {}
-        for label, fn in variants_at(T, a, b, dev, args.ablate, args.resident, args.resident_groups).items():
+        for label, fn in variants_at(T, a, b, dev, args.ablate, args.resident, args.resident_groups, args.resident_defer).items():
             o = torch.full((I, H), float("nan"), device=dev, dtype=torch.bfloat16)
             fn(o)
             torch.cuda.synchronize()

@@ -95,7 +95,7 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
     """``gluon_wgrad_resident``'s kernel at ``cfg``, reported as ``compile_one`` does."""
     sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"KT": cfg.resident_k // cfg.BK, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
-                  "STORE_REGS": cfg.store_regs, "GROUP": cfg.GROUP_M, "PDL": pdl}
+                  "STORE_REGS": cfg.store_regs, "GROUP": cfg.GROUP_M, "DEFER": cfg.defer, "PDL": pdl}
     sig.update({k: "constexpr" for k in constexprs})
     entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": False, "store_delay_ns": 0, "ablate": 0}
     try:
@@ -154,6 +154,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         results += [compile_one(cooperative, ablate=a) for a in (1, 2, 3)]
         # The resident-A kernel's candidates (gluon_wgrad_resident), the first with PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]
+        results += [compile_resident(dataclasses.replace(c, defer=True)) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]
         results += [compile_resident(gluon_wgrad_resident.RESIDENT_CANDIDATES[0], pdl) for pdl in (1, 2)]
     elif kind == "grad_x":
         results = [compile_one(c, grad_x=True) for c in gluon_wgrad.GRAD_X_CANDIDATES] + [

@@ -460,6 +460,8 @@ def test_resident_configs_check_their_fields_and_tokens():
         GluonConfig(BM=128, BN=128, BK=64, resident_k=100)
     with pytest.raises(ValueError, match="resident_k"):
         GluonConfig(BM=128, BN=128, BK=64, pingpong=True, resident_k=128)
+    with pytest.raises(ValueError, match="resident_k"):
+        GluonConfig(BM=128, BN=128, BK=64, GROUP_M=65, resident_k=128)
     cfg = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=3, resident_k=128)
     assert cfg.smem_bytes() == (128 * 128 + 4 * 64 * 128) * 2 + 3 * 128 * 128 * 2 + 1024
     if triton_minor(__import__("triton").__version__) not in GLUON_TRITONS:
@@ -513,6 +515,11 @@ def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
         err = (out.float() - want).abs()
         assert (err <= bound).all(), f"max error {(err / bound).max().item():.2f} x the bound"
         assert torch.equal(out, want_bits), cfg
+        # The other epilogue placement (GluonConfig.defer), the same bits.
+        other = torch.full_like(out, float("nan"))
+        backward.launch_weight_gradient(a, b, other, None, replace(cfg, defer=not cfg.defer))
+        _finishes_within(60)
+        assert torch.equal(other, want_bits), replace(cfg, defer=not cfg.defer)
 
 
 @pytest.mark.gpu

@@ -101,9 +101,9 @@ class GluonConfig:
     def __post_init__(self) -> None:
         if self.BN2 and (not self.pingpong or self.BN2 & (self.BN2 - 1) or not 8 <= self.BN2 < self.BN):
             raise ValueError(f"GluonConfig.BN2 must be 0 or, with pingpong, a power of two in [8, BN), got {self.BN2}")
-        if self.resident_k and (self.pingpong or self.defer or self.resident_k < 0 or self.resident_k % self.BK
+        if self.resident_k and (self.pingpong or self.resident_k < 0 or self.resident_k % self.BK
                                 or not 1 <= self.GROUP_M <= 64):
-            raise ValueError(f"GluonConfig.resident_k must be 0 or, without pingpong or defer and with GROUP_M in "
+            raise ValueError(f"GluonConfig.resident_k must be 0 or, without pingpong and with GROUP_M in "
                              f"1..64, a positive multiple of BK={self.BK}, got {self.resident_k} (GROUP_M {self.GROUP_M})")
 
 

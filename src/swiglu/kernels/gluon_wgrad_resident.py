@@ -114,7 +114,7 @@ def _store_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_e
 
 @gluon.jit
 def _mma_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_empty, ready, empty, c_ready,
-                   c_empty):
+                   c_empty, DEFER: gl.constexpr):
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -122,7 +122,9 @@ def _mma_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_emp
     dtype: gl.constexpr = c_desc.dtype
     first, step, count, num_n = _run(c_desc, BM, BN, a_empty.type.shape[0])
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
-    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=_mma_layout(BM, BN, gl.num_warps()))
+    mma_layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
+    prev = gl.zeros((BM, BN), dtype=dtype, layout=mma_layout)  # DEFER: the last tile's output, not stored yet
     c = 0  # B stages consumed
     r = 0  # A blocks waited for
     cur_m = -1
@@ -137,6 +139,9 @@ def _mma_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_emp
             s = c % STAGES
             mbarrier.wait(ready.index(s), (c // STAGES) & 1)
             acc = warpgroup_mma(a_res.index(kk).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            if DEFER:
+                if kk == 0 and i > 0:  # the previous tile's epilogue while this tile's first wgmma runs
+                    _epilogue_store(prev, i - 1, c_desc, c_bufs, c_ready, c_empty)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             # Step c-1's wgmma is done in both warpgroups before its stage goes back to the loader.
             _cta_barrier()
@@ -147,16 +152,23 @@ def _mma_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_emp
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
         # The run's last tile on these rows: A's block is free for the next rows.
         mbarrier.arrive(a_empty.index(0), pred=((i + 1) == count) | (((t + step) // num_n) != pid_m))
-        _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
+        if DEFER:
+            prev = acc.to(dtype)
+        else:
+            _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
+    if DEFER:
+        if count > 0:
+            _epilogue_store(prev, count - 1, c_desc, c_bufs, c_ready, c_empty)
 
 
 @gluon.jit
 def wgrad_resident_kernel(a_desc, b_desc, c_desc, KT: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
                           LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, GROUP: gl.constexpr = 1,
-                          PDL: gl.constexpr = False):
+                          DEFER: gl.constexpr = False, PDL: gl.constexpr = False):
     """``out = A^T @ B`` with A's [K, BM] block resident: KT = resident_k / BK blocks of
     [BK, BM] (K <= KT * BK, the launcher checks), STAGES B stages [BK, BN], NC output buffers,
-    GROUP programs taking each run of tiles in turn (``GluonConfig.GROUP_M``; ``_run``).
+    GROUP programs taking each run of tiles in turn (``GluonConfig.GROUP_M``; ``_run``); DEFER: each
+    tile's epilogue after the next tile's first wgmma is issued (``GluonConfig.defer``).
     Launch with num_warps = 8 (the MMA partition: two warpgroups on one tile)."""
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
@@ -183,7 +195,7 @@ def wgrad_resident_kernel(a_desc, b_desc, c_desc, KT: gl.constexpr, STAGES: gl.c
     _pdl_start(PDL)
     args = (a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_empty, ready, empty, c_ready, c_empty)
     gl.warp_specialize([
-        (_mma_partition, args),
+        (_mma_partition, args + (DEFER, )),
         (_load_partition, args),
         (_store_partition, args),
     ], [1, 1], [LOAD_REGS, STORE_REGS])
@@ -209,7 +221,7 @@ def launch_grad_weight_resident(a: torch.Tensor, b: torch.Tensor, out: torch.Ten
 def _launch_constants(cfg: GluonConfig):
     # What a launch takes from its config alone, built once per config (host time per launch).
     blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN])
-    consts = (cfg.resident_k // cfg.BK, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.GROUP_M)
+    consts = (cfg.resident_k // cfg.BK, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.GROUP_M, cfg.defer)
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg))
 
 
