@@ -26,13 +26,13 @@ def main(argv=None) -> None:
     import torch
 
     from swiglu.kernels import backward
-    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--hidden-size", type=int, default=16384)
     ap.add_argument("--intermediate-size", type=int, default=53248)
-    ap.add_argument("--tile", default="table", help='"table", "cublas" or "BMxBNxBK S<stages> NC<buffers>"')
+    ap.add_argument("--tile", default="table", help='"table", "cublas", "BMxBNxBK S<stages> NC<buffers>" or '
+                    '"resident:I" (gluon_wgrad_resident.RESIDENT_CANDIDATES[I])')
     ap.add_argument("--calls", type=int, default=2)
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
@@ -47,13 +47,17 @@ def main(argv=None) -> None:
         cfg = backward.gluon_config_for(T, dev)
         if cfg is None:
             raise SystemExit(f"no Gluon weight-gradient config at T = {T} on this device")
-        if args.tile != "table":
+        if args.tile.startswith("resident:"):
+            from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
+
+            cfg = RESIDENT_CANDIDATES[int(args.tile.partition(":")[2])]
+        elif args.tile != "table":
             from probe_wgrad_defer import parse  # the tile names' reader, in this folder
 
-            cfg = replace(parse(args.tile, cfg), pingpong=False)
+            cfg = replace(parse(args.tile, cfg), pingpong=False, BN2=0)
         nprog = backward.tile_programs(dev, M, N, cfg)
         print(f"T = {T}: {cfg}, {nprog} programs")
-        run = lambda: launch_grad_weight_gluon(a, b, out, cfg, nprog)  # noqa: E731
+        run = lambda: backward.launch_weight_gradient(a, b, out, None, cfg, nprog)  # noqa: E731
     for _ in range(args.calls):
         run()
     torch.cuda.synchronize()
