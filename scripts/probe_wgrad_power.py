@@ -66,9 +66,9 @@ ABLATIONS = {"stores skipped": 1, "loads skipped": 2, "loads and stores skipped"
 
 
 def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = None, groups: str = "",
-                defers: str = ""):
+                defers: str = "", tiles: tuple = ()):
     """label -> callable(out) for one token count (``--ablate``: the ablations and ``fill_`` too,
-    their labels in ``unchecked``; ``--resident``: ``gluon_wgrad_resident``'s candidates that hold
+    their labels in ``unchecked``; ``tiles``: the Gluon tiles instead of ``TILES``; ``--resident``: ``gluon_wgrad_resident``'s candidates that hold
     T tokens)."""
     import torch
 
@@ -82,7 +82,7 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     table = backward.gluon_config_for(T, dev)
     if table is None:
         return out
-    for name in TILES:
+    for name in tiles or TILES:
         cfg = table if name == "table" else replace(parse(name, table), pingpong=False, BN2=0)
         nprog = backward.tile_programs(dev, M, N, cfg)
         label = f"gluon {name}" + (f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
@@ -132,6 +132,8 @@ def main(argv=None) -> int:
                    help="add gluon_wgrad_resident's candidates (A held in shared memory): all, or these indices")
     p.add_argument("--resident-groups", default="", metavar="G,H",
                    help="each resident candidate at these GROUP_M (programs per run of tiles) instead of its own")
+    p.add_argument("--tiles", default="", metavar='"table;128x128x64 S2 NC5"',
+                   help="the Gluon tiles, ';'-separated (default: " + "; ".join(TILES) + ")")
     p.add_argument("--resident-defer", default="", metavar="0,1",
                    help="each resident candidate with these defer values (0/1) instead of its own")
     p.add_argument("--out", default=str(REPO / "build" / "probe"))
@@ -149,7 +151,8 @@ def main(argv=None) -> int:
         ref = torch.matmul(a.T, b).float()
         scale = ref.abs().max().item()
         outs, calls = {}, {}
-        for label, fn in variants_at(T, a, b, dev, args.ablate, args.resident, args.resident_groups, args.resident_defer).items():
+        for label, fn in variants_at(T, a, b, dev, args.ablate, args.resident, args.resident_groups, args.resident_defer,
+                                         tuple(t for t in args.tiles.split(";") if t)).items():
             o = torch.full((I, H), float("nan"), device=dev, dtype=torch.bfloat16)
             fn(o)
             torch.cuda.synchronize()

@@ -234,4 +234,7 @@ RESIDENT_CANDIDATES = (
     GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, GROUP_M=2, resident_k=256),
     GluonConfig(BM=256, BN=128, BK=64, STAGES=2, NC=1, GROUP_M=2, resident_k=256),
     GluonConfig(BM=128, BN=128, BK=64, STAGES=3, NC=1, GROUP_M=2, resident_k=512),
+    # More stores in flight in the room A's ring leaves (the write-bound T <= 128).
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=2, NC=5, GROUP_M=2, resident_k=128),
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=3, NC=4, GROUP_M=2, resident_k=128),
 )
