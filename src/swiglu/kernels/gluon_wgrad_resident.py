@@ -237,4 +237,7 @@ RESIDENT_CANDIDATES = (
     # More stores in flight in the room A's ring leaves (the write-bound T <= 128).
     GluonConfig(BM=128, BN=128, BK=64, STAGES=2, NC=5, GROUP_M=2, resident_k=128),
     GluonConfig(BM=128, BN=128, BK=64, STAGES=3, NC=4, GROUP_M=2, resident_k=128),
+    # A deeper B ring instead (3 and 4 tiles ahead at T = 128).
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=6, NC=3, GROUP_M=2, resident_k=128),
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=8, NC=2, GROUP_M=2, resident_k=128),
 )
