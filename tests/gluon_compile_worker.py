@@ -152,9 +152,10 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # The probes' ablations (ABLATE 1-3) on the first cooperative table config.
         cooperative = next(c for c in table if not c.pingpong)
         results += [compile_one(cooperative, ablate=a) for a in (1, 2, 3)]
-        # The resident-A kernel's candidates (gluon_wgrad_resident), the first with PDL modes 1 and 2.
+        # The resident-A kernel's candidates (gluon_wgrad_resident), the first also deferred and with
+        # PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]
-        results += [compile_resident(dataclasses.replace(c, defer=True)) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]
+        results.append(compile_resident(dataclasses.replace(gluon_wgrad_resident.RESIDENT_CANDIDATES[0], defer=True)))
         results += [compile_resident(gluon_wgrad_resident.RESIDENT_CANDIDATES[0], pdl) for pdl in (1, 2)]
     elif kind == "grad_x":
         results = [compile_one(c, grad_x=True) for c in gluon_wgrad.GRAD_X_CANDIDATES] + [
