@@ -462,6 +462,8 @@ def test_resident_configs_check_their_fields_and_tokens():
         GluonConfig(BM=128, BN=128, BK=64, pingpong=True, resident_k=128)
     with pytest.raises(ValueError, match="resident_k"):
         GluonConfig(BM=128, BN=128, BK=64, GROUP_M=65, resident_k=128)
+    with pytest.raises(ValueError, match="STAGES must be >= 2"):
+        GluonConfig(BM=128, BN=128, BK=64, STAGES=1, resident_k=128)
     cfg = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=3, resident_k=128)
     assert cfg.smem_bytes() == (128 * 128 + 4 * 64 * 128) * 2 + 3 * 128 * 128 * 2 + 1024
     if triton_minor(__import__("triton").__version__) not in GLUON_TRITONS:

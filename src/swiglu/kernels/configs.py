@@ -101,6 +101,10 @@ class GluonConfig:
     def __post_init__(self) -> None:
         if self.BN2 and (not self.pingpong or self.BN2 & (self.BN2 - 1) or not 8 <= self.BN2 < self.BN):
             raise ValueError(f"GluonConfig.BN2 must be 0 or, with pingpong, a power of two in [8, BN), got {self.BN2}")
+        if self.STAGES < 2:
+            # A one-stage ring deadlocks from two k-steps up: step c waits for its stage while
+            # step c - 1's wgmma, which releases it, is still held.
+            raise ValueError(f"GluonConfig.STAGES must be >= 2, got {self.STAGES}")
         if self.resident_k and (self.pingpong or self.resident_k < 0 or self.resident_k % self.BK
                                 or not 1 <= self.GROUP_M <= 64):
             raise ValueError(f"GluonConfig.resident_k must be 0 or, without pingpong and with GROUP_M in "

@@ -61,7 +61,8 @@ def _load_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_em
         pid_m = t // num_n
         pid_n = t % num_n
         # B's first stage ahead of A's block: at a new row block it goes out while the MMA warps
-        # finish the previous block's last tile, whose epilogue then covers the wait for A. Only
+        # finish the previous block's last tile, whose epilogue then covers the wait for A (not
+        # with DEFER: that epilogue runs after the new block's first wgmma). Only
         # the first: a later stage's slot may need this tile's own first stage consumed, which
         # waits for A (a deadlock where STAGES < the k-steps).
         p = _load_b(b_desc, b_bufs, ready, empty, p, 0, pid_n)
