@@ -16,8 +16,9 @@ without the deferred epilogue), each also compared
 bitwise with the table's kernel (``same_bits_as_table``: equal where the tile and K-step match).
 
 ``--ablate`` adds, where the table's config at T is cooperative, the same kernel with its stores
-skipped, with its loads skipped after the ring's first fill, and with both (``wgrad_kernel``'s
-ABLATE; their outputs are not checked), and ``fill_`` of the output (the write ceiling): the
+skipped, with its loads skipped after the ring's first fill, with both, without its wgmmas (zeros
+stored), and without wgmmas and loads (the store path alone) (``wgrad_kernel``'s ABLATE; their
+outputs are not checked), and ``fill_`` of the output (the write ceiling): the
 time each part of the weight gradient costs alone, at the clock it runs at.
 
     python scripts/probe_wgrad_power.py --tokens 256,1024 --out build/probe
@@ -62,7 +63,8 @@ def sustained(fn, calls: int, monitor=None, before=None) -> tuple[float, dict]:
 
 
 #: ``--ablate``'s variants: label suffix -> ``launch_grad_weight_gluon``'s ``ablate``.
-ABLATIONS = {"stores skipped": 1, "loads skipped": 2, "loads and stores skipped": 3}
+ABLATIONS = {"stores skipped": 1, "loads skipped": 2, "loads and stores skipped": 3, "wgmma skipped": 4,
+             "wgmma and loads skipped": 6}
 
 
 def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = None, groups: str = "",

@@ -243,9 +243,11 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
         assert r["error"] is None, r["error"]
         cfg = GluonConfig(**r["config"])
         assert r["shared"] <= cfg.smem_bytes() <= 232448, (cfg, r["shared"])
-        # The probes' ablations (ABLATE): 1 and 3 issue no store; 2 still loads the ring's first fill.
-        stores = 0 if r["ablate"] in (1, 3) else 1
-        assert r["wgmma"] > 0 and min(r["tma_store"], 1) == stores and r["tma_load"] > 0 and r["setmaxnreg"] > 0, r
+        # The probes' ablations (ABLATE): bit 1 issues no store, bit 4 no wgmma; 2 still loads
+        # the ring's first fill.
+        stores = 0 if r["ablate"] & 1 else 1
+        assert min(r["wgmma"], 1) == (0 if r["ablate"] & 4 else 1), r
+        assert min(r["tma_store"], 1) == stores and r["tma_load"] > 0 and r["setmaxnreg"] > 0, r
         assert not pdl_problems(r, r["pdl"]), pdl_problems(r, r["pdl"])
         # The ping-pong kernel with its second MMA warpgroup at maxnreg (168) spills in its
         # epilogue (180-192 bytes with 128x128 tiles); at 232 (``mma_regs``) it must not, 128 x 192
@@ -256,7 +258,7 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
     assert any(GluonConfig(**r["config"]).BN2 and r["spills"] == 0 for r in report["results"])
     assert any(r["store_delay_ns"] for r in report["results"])
     assert {r["pdl"] for r in report["results"]} == {0, 1, 2}
-    assert {r["ablate"] for r in report["results"]} == {0, 1, 2, 3}
+    assert {r["ablate"] for r in report["results"]} == {0, 1, 2, 3, 4, 6}
 
 
 @pytest.mark.parametrize("which", ["gpu-image", "own"])
@@ -431,7 +433,8 @@ def test_probe_ablations_run_to_the_end_and_do_what_they_say():
     """The probes' ABLATE switch (``launch_grad_weight_gluon(..., ablate=)``) on a cooperative
     table config: every mode finishes (a barrier left unbalanced would hang); 1 and 3 store
     nothing (the NaN-poisoned output stays NaN); 2 stores every tile (no NaN left), from operands
-    that are stale after the ring's first fill; 0 is the kernel as the backward runs it."""
+    that are stale after the ring's first fill; 4 and 6 (no wgmma) store every tile as zeros; 0
+    is the kernel as the backward runs it."""
     _gluon_or_skip()
     from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
 
@@ -441,12 +444,14 @@ def test_probe_ablations_run_to_the_end_and_do_what_they_say():
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     want = (a.float().T @ b.float())
-    for ablate in (0, 1, 2, 3):
+    for ablate in (0, 1, 2, 3, 4, 6):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         launch_grad_weight_gluon(a, b, out, cfg, common.tile_programs(out.device, M, N, cfg), ablate=ablate)
         _finishes_within(60)
-        if ablate in (1, 3):
+        if ablate & 1:
             assert torch.isnan(out).all(), ablate
+        elif ablate & 4:  # no wgmma: every tile stored, as zeros
+            assert (out == 0).all(), ablate
         else:
             assert torch.isfinite(out).all(), ablate
         if ablate == 0:

@@ -318,7 +318,10 @@ def _epilogue_store(out, t, c_desc, c_bufs, c_ready, c_empty, out2=None, c2_bufs
 
 @gluon.jit
 def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                      GROUP_M: gl.constexpr, DEFER: gl.constexpr, A_KMAJOR: gl.constexpr):
+                      GROUP_M: gl.constexpr, DEFER: gl.constexpr, A_KMAJOR: gl.constexpr,
+                      SKIP_MMA: gl.constexpr = False):
+    # SKIP_MMA (the probe's ablation, ABLATE & 4): every barrier as it is, no wgmma: the tiles
+    # stored are zeros, and what is left times the loads and the store path alone.
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -336,18 +339,21 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
         for kk in range(k_tiles):
             s = c % STAGES
             mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-            acc = warpgroup_mma(_a_operand(a_bufs, s, A_KMAJOR), b_bufs.index(s), acc, use_acc=kk > 0,
-                                is_async=True)
+            if not SKIP_MMA:
+                acc = warpgroup_mma(_a_operand(a_bufs, s, A_KMAJOR), b_bufs.index(s), acc, use_acc=kk > 0,
+                                    is_async=True)
             if DEFER:
                 if kk == 0 and t > 0:  # the previous tile's epilogue while this tile's first wgmma runs
                     _epilogue_store(prev, t - 1, c_desc, c_bufs, c_ready, c_empty)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            if not SKIP_MMA:
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             # wgmma of step c-1 is done in this warpgroup; sync the partition (both warpgroups) before
             # thread 0 releases its stage to the loader.
             _cta_barrier()
             mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
             c += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if not SKIP_MMA:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _cta_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
         if DEFER:
@@ -474,8 +480,9 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     ``bk2_desc``), one accumulator over both K ranges in turn: grad_x. STORE_DELAY_NS > 0
     (PINGPONG, tests only): the storer waits that long before each store, which makes any
     epilogue that writes a buffer still being stored show in the output. ABLATE (the cooperative
-    weight gradient, probes only; the output is then wrong): 1 no stores, 2 no loads after the
-    ring's first fill, 3 neither; what is left shows what the rest costs
+    weight gradient, probes only; the output is then wrong): bits 1 no stores, 2 no loads after
+    the ring's first fill, 4 no wgmma (zeros stored), in any sum; what is left shows what the rest
+    costs
     (``scripts/probe_wgrad_power.py --ablate``)."""
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
     BM: gl.constexpr = c_desc.block_type.shape[0]
@@ -535,9 +542,10 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
             (_store_partition, args + (c_desc, c_bufs)),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
     else:
-        # ABLATE (probes): bit 1 the storer that skips its stores, bit 2 the loader that stops loading.
+        # ABLATE (probes): bit 1 the storer that skips its stores, bit 2 the loader that stops
+        # loading, bit 4 the MMA warps without wgmma.
         gl.warp_specialize([
-            (_mma_partition, args + (DEFER, A_KMAJOR)),
+            (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0)),
             (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
             (_store_partition_skipped if ABLATE & 1 else _store_partition, args + (c_desc, c_bufs)),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
@@ -560,7 +568,8 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory.
     ``store_delay_ns`` (tests, a ping-pong ``cfg``): the storer waits that long before each store.
     ``ablate`` (probes, a cooperative ``cfg``; ``out`` is then wrong): 1 skips the stores, 2 the
-    loads after the ring's first fill, 3 both (``wgrad_kernel``'s ABLATE). A config with
+    loads after the ring's first fill, 4 the wgmmas (zeros stored), or a sum of them
+    (``wgrad_kernel``'s ABLATE). A config with
     ``resident_k`` is ``gluon_wgrad_resident``'s (ValueError here)."""
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
