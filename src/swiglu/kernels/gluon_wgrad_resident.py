@@ -179,7 +179,7 @@ def wgrad_resident_kernel(a_desc, b_desc, c_desc, KT: gl.constexpr, STAGES: gl.c
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [NC, BM, BN], c_desc.layout)
     a_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     # GROUP barriers, only the first used: a worker's arguments are IR values, so GROUP travels
-    # to the partitions in this array's shape (``_group``).
+    # to the partitions in this array's shape (``_run``'s GROUP).
     a_empty = gl.allocate_shared_memory(gl.int64, [GROUP, 1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
