@@ -7,8 +7,10 @@
     python scripts/table_variant.py --out build/ab/X.json --gluon-grad-x 128=1 256=0
     python scripts/table_variant.py --out build/ab/W.json --gluon-grad-weights 128=0 --set gluon_grad_weights.128.GROUP_M=48
     python scripts/table_variant.py --out build/ab/R.json --gluon-resident 128=1 256=3
+    python scripts/table_variant.py --out build/ab/O.json --set gluon_grad_weights.128.GROUP_M=32 gluon_grad_weights.128.GROUP_M_WIDE=64
 
-``--set PATH=VALUE``: PATH is ``SECTION.BUCKET.FIELD`` (sections ``gluon_grad_weights``,
+``--set PATH=VALUE``: PATH is ``SECTION.BUCKET.FIELD`` (FIELD one of the config class's, set in
+the table or not; sections ``gluon_grad_weights``,
 ``gluon_dswiglu``, ``gluon_grad_x``) or ``configs.KERNEL.BUCKET.FIELD`` (the tl kernels); BUCKET
 ``*`` means every bucket the section has; VALUE is read as JSON (48, true, "x"). Each named
 bucket must exist. ``--gluon-dswiglu BUCKET=INDEX``: that bucket takes ``gluon_dswiglu.CONFIGS[INDEX]``;
@@ -34,6 +36,14 @@ TABLE = REPO / "src" / "swiglu" / "kernels" / "backward_configs.json"
 GLUON_SECTIONS = ("gluon_grad_weights", "gluon_dswiglu", "gluon_grad_x")
 
 
+def _config_fields(section: str) -> set[str]:
+    # The fields a section's config class has, set in the table or left at their defaults.
+    from swiglu.kernels.configs import DswigluGluonConfig, GluonConfig, KernelConfig
+
+    cls = {"configs": KernelConfig, "gluon_dswiglu": DswigluGluonConfig}.get(section, GluonConfig)
+    return {f.name for f in dataclasses.fields(cls)}
+
+
 def apply_set(table: dict, path: str, value) -> list[str]:
     """Set one field; returns the changed entries' paths."""
     parts = path.split(".")
@@ -52,7 +62,7 @@ def apply_set(table: dict, path: str, value) -> list[str]:
         if b not in section:
             raise SystemExit(f"--set {path}: {label} has no bucket {b!r} (it has {', '.join(section) or 'none'})")
         config = section[b]["config"]
-        if field not in config:
+        if field not in config and field not in _config_fields(parts[0]):
             raise SystemExit(f"--set {path}: {label}.{b} has no field {field!r}")
         config[field] = value
         section[b]["variant"] = f"{field} = {value!r} (scripts/table_variant.py)"

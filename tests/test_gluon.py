@@ -482,6 +482,27 @@ def test_resident_configs_check_their_fields_and_tokens():
         launch_grad_weight_gluon(a[:128], b[:128], torch.empty(256, 128, dtype=torch.bfloat16), cfg, 1)
 
 
+def test_wide_outputs_take_group_m_wide(monkeypatch):
+    """``GluonConfig.GROUP_M_WIDE``: the GROUP_M a launch gets where the output has more columns
+    than rows (grad_down_weight's [H, I]); GROUP_M otherwise and wherever it is 0."""
+    if triton_minor(__import__("triton").__version__) not in GLUON_TRITONS:
+        pytest.skip("Gluon's kernels are written for " + ", ".join(GLUON_TRITONS))
+    from swiglu.kernels import gluon_wgrad
+
+    seen = []
+    monkeypatch.setattr(gluon_wgrad, "launch", lambda kernel, grid, key, *args, **kw: seen.append(args[3]))
+    cfg = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=3, GROUP_M=32, GROUP_M_WIDE=64)
+    a_tall, b_tall = torch.zeros(8, 384, dtype=torch.bfloat16), torch.zeros(8, 256, dtype=torch.bfloat16)
+    for a, b, plain_group_m in ((a_tall, b_tall, 32), (b_tall, a_tall, 32)):
+        for c, want in ((cfg, 32 if a.shape[1] > b.shape[1] else 64), (replace(cfg, GROUP_M_WIDE=0), plain_group_m)):
+            gluon_wgrad.launch_grad_weight_gluon(a, b, torch.empty(a.shape[1], b.shape[1], dtype=torch.bfloat16), c, 1)
+            assert seen[-1] == want, (a.shape, b.shape, c)
+    with pytest.raises(ValueError, match="GROUP_M_WIDE"):
+        GluonConfig(GROUP_M_WIDE=-1)
+    with pytest.raises(ValueError, match="GROUP_M_WIDE"):
+        GluonConfig(BM=128, BN=128, BK=64, resident_k=128, GROUP_M_WIDE=8)
+
+
 def _resident_candidates():
     try:
         from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES

@@ -78,3 +78,11 @@ def test_resident_candidates_enter_buckets_whose_tokens_they_hold(tmp_path):
     small = next(i for i, c in enumerate(RESIDENT_CANDIDATES) if c.resident_k < 256)
     with pytest.raises(SystemExit, match="fewer than bucket 256's"):
         tv.main(["--out", str(tmp_path / "w.json"), "--gluon-resident", f"256={small}"])
+
+
+def test_set_takes_a_field_the_table_leaves_at_its_default(tmp_path):
+    from swiglu.kernels.configs import GluonConfig
+
+    assert "GROUP_M_WIDE" not in TABLE["gluon_grad_weights"]["128"]["config"]
+    got = _variant(tmp_path, "--set", "gluon_grad_weights.128.GROUP_M_WIDE=64")
+    assert GluonConfig(**got["gluon_grad_weights"]["128"]["config"]).GROUP_M_WIDE == 64

@@ -569,10 +569,11 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     ``store_delay_ns`` (tests, a ping-pong ``cfg``): the storer waits that long before each store.
     ``ablate`` (probes, a cooperative ``cfg``; ``out`` is then wrong): 1 skips the stores, 2 the
     loads after the ring's first fill, 4 the wgmmas (zeros stored), or a sum of them
-    (``wgrad_kernel``'s ABLATE). A config with
-    ``resident_k`` is ``gluon_wgrad_resident``'s (ValueError here)."""
-    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
+    (``wgrad_kernel``'s ABLATE). An output with more columns than rows takes ``cfg.GROUP_M_WIDE``
+    where set. A config with ``resident_k`` is ``gluon_wgrad_resident``'s (ValueError here)."""
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
+    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(
+        cfg, cfg.GROUP_M_WIDE > 0 and N > M)
     descs = [Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout)]
     if wide:  # the second chunk's blocks on the same b and out
         (b2_block, b2_layout), (c2_block, c2_layout) = wide
@@ -586,13 +587,14 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
 
 
 @lru_cache(maxsize=None)
-def _launch_constants(cfg: GluonConfig):
-    # What a launch takes from its config alone, built once per config (host time per launch).
+def _launch_constants(cfg: GluonConfig, wide_output: bool = False):
+    # What a launch takes from its config alone, built once per config and output orientation
+    # (host time per launch); ``wide_output``: more columns than rows, with GROUP_M_WIDE set.
     if cfg.resident_k:
         raise ValueError(f"a config with resident_k runs gluon_wgrad_resident.launch_grad_weight_resident, got {cfg}")
     blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (
         ([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
-    consts = (cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer, cfg.pingpong,
+    consts = (cfg.GROUP_M_WIDE if wide_output else cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer, cfg.pingpong,
               (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0)
     kw = dict(num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
     if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
