@@ -13,7 +13,8 @@ checked close to cuBLAS's. GPU only.
 ``--resident [I,J]`` adds ``gluon_wgrad_resident``'s candidates (all, or those indices) that hold
 T tokens (``--resident-groups G,H``: each at those GROUP_M; ``--resident-defer 0,1``: with and
 without the deferred epilogue), each also compared
-bitwise with the table's kernel (``same_bits_as_table``: equal where the tile and K-step match).
+bitwise with the table's kernel (``same_bits_as_table``; the per-element sum runs over the same
+K-steps whatever the tile, and every candidate measured gave the same bits).
 
 ``--ablate`` adds, where the table's config at T is cooperative, the same kernel with its stores
 skipped, with its loads skipped after the ring's first fill, with both, without its wgmmas (zeros
