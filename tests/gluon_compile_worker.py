@@ -78,15 +78,21 @@ def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0
         constexprs.update({"a2_desc": None, "bk2_desc": None})
     constexprs["PDL"] = pdl  # 0: the default launch (common.PDL)
     sig.update({k: "constexpr" for k in constexprs})
+    entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "store_delay_ns": store_delay_ns, "ablate": ablate}
     try:
         k = triton.compile(GluonASTSource(gluon_wgrad.wgrad_kernel, sig, constexprs), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4 if cfg.pingpong else cfg.num_warps, "maxnreg": cfg.maxnreg})
     except Exception as err:  # reported per config; the test fails on it with the message
-        return {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "error": f"{type(err).__name__}: {err}"[-4000:]}
+        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    return wgrad_report(k, entry)
+
+
+def wgrad_report(k, entry: dict) -> dict:
+    """A compiled weight-gradient kernel's entry: ``entry`` with shared memory, registers,
+    spills and its key PTX instructions."""
     ptx = k.asm["ptx"]
     regs, spills = ptxas_info(ptx)
-    return {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "store_delay_ns": store_delay_ns, "ablate": ablate,
-            "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
+    return {**entry, "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
             "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
             "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg")}
 
@@ -103,11 +109,7 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg})
     except Exception as err:  # reported per config; the test fails on it with the message
         return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
-    ptx = k.asm["ptx"]
-    regs, spills = ptxas_info(ptx)
-    return {**entry, "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
-            "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
-            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg")}
+    return wgrad_report(k, entry)
 
 
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
@@ -149,7 +151,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
                                                        for pdl in (1, 2)]
         # The tests' storer delay (STORE_DELAY_NS) on the ping-pong kernels with one and two output buffers.
         results += [compile_one(c, store_delay_ns=20000) for c in (gluon_wgrad.WIDE_CANDIDATES[0], gluon_wgrad.WIDE_CANDIDATES[3])]
-        # The probes' ablations (ABLATE 1-3) on the first cooperative table config.
+        # The probes' ablations (ABLATE 1-4 and 6) on the first cooperative table config.
         cooperative = next(c for c in table if not c.pingpong)
         results += [compile_one(cooperative, ablate=a) for a in (1, 2, 3, 4, 6)]
         # The resident-A kernel's candidates (gluon_wgrad_resident), the first also deferred and with
