@@ -153,7 +153,7 @@ def main(argv=None) -> int:
         b = torch.randn(T, H, device=dev, dtype=torch.bfloat16, generator=gen)
         ref = torch.matmul(a.T, b).float()
         scale = ref.abs().max().item()
-        outs, calls = {}, {}
+        outs, calls, table_out = {}, {}, None
         for label, fn in variants_at(T, a, b, dev, args.ablate, args.resident, args.resident_groups, args.resident_defer,
                                          tuple(t for t in args.tiles.split(";") if t)).items():
             o = torch.full((I, H), float("nan"), device=dev, dtype=torch.bfloat16)
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
             close = None if unchecked(label) else bool(torch.allclose(o.float(), ref, rtol=2e-2, atol=2e-2 * scale))
             if label.startswith("gluon table ("):
                 table_out = o
-            same = None if unchecked(label) or not label.startswith("resident") else bool(torch.equal(o, table_out))
+            same = None if table_out is None or not label.startswith("resident") else bool(torch.equal(o, table_out))
             calls[label] = max(3, math.ceil(args.seconds * 1e3 / sustained(lambda: fn(o), 3)[0]))  # noqa: B023
             outs[label] = (fn, o, close, same)
         del ref
