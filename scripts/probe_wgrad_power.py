@@ -16,7 +16,8 @@ without the deferred epilogue), each also compared
 bitwise with the table's kernel (``same_bits_as_table``; the per-element sum runs over the same
 K-steps whatever the tile, and every candidate measured gave the same bits).
 
-``--ablate`` adds, where the table's config at T is cooperative, the same kernel with its stores
+``--ablate`` adds, for the table's config at T where it is cooperative (and each cooperative tile
+of ``--tiles`` when given), the same kernel with its stores
 skipped, with its loads skipped after the ring's first fill, with both, without its wgmmas (zeros
 stored), and without wgmmas and loads (the store path alone) (``wgrad_kernel``'s ABLATE; their
 outputs are not checked), and ``fill_`` of the output (the write ceiling): the
@@ -65,7 +66,7 @@ def sustained(fn, calls: int, monitor=None, before=None) -> tuple[float, dict]:
 
 #: ``--ablate``'s variants: label suffix -> ``launch_grad_weight_gluon``'s ``ablate``.
 ABLATIONS = {"stores skipped": 1, "loads skipped": 2, "loads and stores skipped": 3, "wgmma skipped": 4,
-             "wgmma and loads skipped": 6}
+             "wgmma and stores skipped": 5, "wgmma and loads skipped": 6}
 
 
 def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = None, groups: str = "",
@@ -107,11 +108,14 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
                 out[label] = (lambda c, p: lambda o: backward.launch_weight_gradient(a, b, o, None, c, p))(cfg, nprog)
     if ablate:
         out["fill_ (write ceiling)"] = lambda o: o.fill_(1.0)
-        if not table.pingpong:
-            nprog = backward.tile_programs(dev, M, N, table)
+        for name in tiles or ("table",):
+            cfg = table if name == "table" else replace(parse(name, table), pingpong=False, BN2=0)
+            if cfg.pingpong:
+                continue
+            nprog = backward.tile_programs(dev, M, N, cfg)
             for suffix, mode in ABLATIONS.items():
-                out[f"gluon table, {suffix}"] = (
-                    lambda m: lambda o: launch_grad_weight_gluon(a, b, o, table, nprog, ablate=m))(mode)
+                out[f"gluon {name}, {suffix}"] = (
+                    lambda c, p, m: lambda o: launch_grad_weight_gluon(a, b, o, c, p, ablate=m))(cfg, nprog, mode)
     return out
 
 

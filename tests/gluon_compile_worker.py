@@ -6,7 +6,7 @@ wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUO
 also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), the
 ping-pong kernel's candidates (``gluon_wgrad.PINGPONG_CANDIDATES``, ``WIDE_CANDIDATES``), the
 first table config and first wide candidate with PDL modes 1 and 2, two wide candidates with the
-tests' storer delay, and the first cooperative table config with the probes' ablations (ABLATE 1-4 and 6).
+tests' storer delay, and the first cooperative table config with the probes' ablations (ABLATE 1-6).
 grad_x: the weight-gradient kernel's grad_x orientation (``A_KMAJOR``), its candidates
 (``gluon_wgrad.GRAD_X_CANDIDATES``), the first also with PDL modes 1 and 2.
 dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CONFIGS``, all or the given
@@ -151,9 +151,9 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
                                                        for pdl in (1, 2)]
         # The tests' storer delay (STORE_DELAY_NS) on the ping-pong kernels with one and two output buffers.
         results += [compile_one(c, store_delay_ns=20000) for c in (gluon_wgrad.WIDE_CANDIDATES[0], gluon_wgrad.WIDE_CANDIDATES[3])]
-        # The probes' ablations (ABLATE 1-4 and 6) on the first cooperative table config.
+        # The probes' ablations (ABLATE 1-6) on the first cooperative table config.
         cooperative = next(c for c in table if not c.pingpong)
-        results += [compile_one(cooperative, ablate=a) for a in (1, 2, 3, 4, 6)]
+        results += [compile_one(cooperative, ablate=a) for a in (1, 2, 3, 4, 5, 6)]
         # The resident-A kernel's candidates (gluon_wgrad_resident), the first also deferred and with
         # PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]
