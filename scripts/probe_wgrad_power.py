@@ -7,7 +7,8 @@ weight gradient ``out = a.T @ b`` at Hermes size (a [T, I], b [T, H]) runs back 
 sampling board power and SM clock (``swiglu_lab.bench.power``), the variants taken in turn for
 ``--rounds`` rounds (drift hits all alike); per (T, variant, flush) the median over rounds of ms
 per call, and mean power, clock and energy per call (the flush included where on). Variants: cuBLAS (``torch.matmul``), the
-Gluon kernel with the table's config (``table``) and named cooperative tiles. Each output is
+Gluon kernel with the table's config (``table``) and named cooperative tiles (a name ending in
+`` plain``: that tile with the MMA warps' st.global epilogue, ``plain_store``). Each output is
 checked close to cuBLAS's. GPU only.
 
 ``--resident [I,J]`` adds ``gluon_wgrad_resident``'s candidates (all, or those indices) that hold
@@ -87,11 +88,13 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     if table is None:
         return out
     for name in tiles or TILES:
-        cfg = table if name == "table" else replace(parse(name, table), pingpong=False, BN2=0)
+        plain = name.endswith(" plain")  # the MMA warps' st.global epilogue instead of TMA stores
+        tile = name[:-len(" plain")] if plain else name
+        cfg = table if tile == "table" else replace(parse(tile, table), pingpong=False, BN2=0)
         nprog = backward.tile_programs(dev, M, N, cfg)
         label = f"gluon {name}" + (f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
                                    f"{' ping-pong' if cfg.pingpong else ''})" if name == "table" else "")
-        out[label] = (lambda c, p: lambda o: launch_grad_weight_gluon(a, b, o, c, p))(cfg, nprog)
+        out[label] = (lambda c, p, pl: lambda o: launch_grad_weight_gluon(a, b, o, c, p, plain_store=pl))(cfg, nprog, plain)
     if resident is not None:
         from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
 
@@ -109,6 +112,8 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     if ablate:
         out["fill_ (write ceiling)"] = lambda o: o.fill_(1.0)
         for name in tiles or ("table",):
+            if name.endswith(" plain"):
+                continue
             cfg = table if name == "table" else replace(parse(name, table), pingpong=False, BN2=0)
             if cfg.pingpong:
                 continue

@@ -7,7 +7,7 @@
     python scripts/table_variant.py --out build/ab/X.json --gluon-grad-x 128=1 256=0
     python scripts/table_variant.py --out build/ab/W.json --gluon-grad-weights 128=0 --set gluon_grad_weights.128.GROUP_M=48
     python scripts/table_variant.py --out build/ab/R.json --gluon-resident 128=1 256=3
-    python scripts/table_variant.py --out build/ab/O.json --set gluon_grad_weights.128.GROUP_M=32 gluon_grad_weights.128.GROUP_M_WIDE=64
+    python scripts/table_variant.py --out build/ab/D.json --set gluon_grad_weights.128.defer=true
 
 ``--set PATH=VALUE``: PATH is ``SECTION.BUCKET.FIELD`` (FIELD one of the config class's, set in
 the table or not; sections ``gluon_grad_weights``,

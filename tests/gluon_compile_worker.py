@@ -21,6 +21,7 @@ Run with a triton of ``common.GLUON_TRITONS`` first on PYTHONPATH (make test ins
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -57,7 +58,8 @@ def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
         return None, None
 
 
-def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0, ablate: int = 0) -> dict:
+def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0, ablate: int = 0,
+                plain_store: bool = False) -> dict:
     a_block = [cfg.BM, cfg.BK] if grad_x else [cfg.BK, cfg.BM]
     sig = {"a_desc": desc(a_block), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
@@ -77,10 +79,19 @@ def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0
     else:
         constexprs.update({"a2_desc": None, "bk2_desc": None})
     constexprs["PDL"] = pdl  # 0: the default launch (common.PDL)
+    constexprs["PLAIN_STORE"] = plain_store
+    if not plain_store:
+        constexprs["out_ptr"] = None
     sig.update({k: "constexpr" for k in constexprs})
-    entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "store_delay_ns": store_delay_ns, "ablate": ablate}
+    if plain_store:
+        sig["out_ptr"] = "*bf16"
+    entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "store_delay_ns": store_delay_ns, "ablate": ablate,
+             "plain_store": plain_store}
+    # out_ptr as a launch specializes it: 16-byte aligned (every launcher's outputs are).
+    attrs = {(list(inspect.signature(gluon_wgrad.wgrad_kernel.fn).parameters).index("out_ptr"),): [["tt.divisibility", 16]]} \
+        if plain_store else None
     try:
-        k = triton.compile(GluonASTSource(gluon_wgrad.wgrad_kernel, sig, constexprs), target=GPUTarget("cuda", 90, 32),
+        k = triton.compile(GluonASTSource(gluon_wgrad.wgrad_kernel, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4 if cfg.pingpong else cfg.num_warps, "maxnreg": cfg.maxnreg})
     except Exception as err:  # reported per config; the test fails on it with the message
         return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
@@ -94,7 +105,8 @@ def wgrad_report(k, entry: dict) -> dict:
     regs, spills = ptxas_info(ptx)
     return {**entry, "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
             "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
-            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg")}
+            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg"),
+            "st_global": ptx.count("st.global")}
 
 
 def compile_resident(cfg, pdl: int = 0) -> dict:
@@ -154,6 +166,9 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # The probes' ablations (ABLATE 1-6) on the first cooperative table config.
         cooperative = next(c for c in table if not c.pingpong)
         results += [compile_one(cooperative, ablate=a) for a in (1, 2, 3, 4, 5, 6)]
+        # The probes' st.global epilogue (PLAIN_STORE) on it with one output buffer (the layout
+        # conversion takes shared memory of its own) and a deeper ring.
+        results += [compile_one(dataclasses.replace(cooperative, NC=1, STAGES=s), plain_store=True) for s in (4, 5)]
         # The resident-A kernel's candidates (gluon_wgrad_resident), the first also deferred and with
         # PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]

@@ -245,9 +245,12 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
         assert r["shared"] <= cfg.smem_bytes() <= 232448, (cfg, r["shared"])
         # The probes' ablations (ABLATE): bit 1 issues no store, bit 4 no wgmma; 2 still loads
         # the ring's first fill.
-        stores = 0 if r["ablate"] & 1 else 1
+        # PLAIN_STORE: the MMA warps' st.global instead of the storer's TMA stores.
+        stores = 0 if r["ablate"] & 1 or r.get("plain_store") else 1
         assert min(r["wgmma"], 1) == (0 if r["ablate"] & 4 else 1), r
         assert min(r["tma_store"], 1) == stores and r["tma_load"] > 0 and r["setmaxnreg"] > 0, r
+        if r.get("plain_store"):
+            assert r["st_global"] > 0, r
         assert not pdl_problems(r, r["pdl"]), pdl_problems(r, r["pdl"])
         # The ping-pong kernel with its second MMA warpgroup at maxnreg (168) spills in its
         # epilogue (180-192 bytes with 128x128 tiles); at 232 (``mma_regs``) it must not, 128 x 192
@@ -259,6 +262,7 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
     assert any(r["store_delay_ns"] for r in report["results"])
     assert {r["pdl"] for r in report["results"]} == {0, 1, 2}
     assert {r["ablate"] for r in report["results"]} == {0, 1, 2, 3, 4, 5, 6}
+    assert sum(bool(r.get("plain_store")) for r in report["results"]) == 2
 
 
 @pytest.mark.parametrize("which", ["gpu-image", "own"])
@@ -458,6 +462,32 @@ def test_probe_ablations_run_to_the_end_and_do_what_they_say():
             torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", [(53248 // 8, 16384 // 8, 128), (1000, 1032, 77)], ids=["hermes_slice", "ragged"])
+def test_plain_store_gives_the_tma_store_bits(M, N, K):
+    """``launch_grad_weight_gluon(..., plain_store=True)`` (the MMA warps' st.global epilogue,
+    a probe's variant): the TMA-store kernel's bits at the same tile, every element written (the
+    output NaN-poisoned), nothing past it (guard elements around it stay NaN), at ragged sizes."""
+    from swiglu.kernels import backward, common
+    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+
+    table = next(g for g in backward.GLUON_CONFIGS.values() if g is not None and not g.pingpong)
+    gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
+    a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    launch_grad_weight_gluon(a, b, want, table, common.tile_programs(want.device, M, N, table))
+    for cfg in (replace(table, NC=1), replace(table, NC=1, STAGES=5)):
+        guard = torch.full((M * N + 128,), float("nan"), device="cuda", dtype=torch.bfloat16)
+        got = guard[64:64 + M * N].view(M, N)
+        launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), plain_store=True)
+        _finishes_within(60)
+        assert torch.isnan(guard[:64]).all() and torch.isnan(guard[-64:]).all(), f"a store outside out, {cfg}"
+        assert torch.isfinite(got).all() and torch.equal(got, want), cfg
+    with pytest.raises(ValueError, match="plain_store"):
+        launch_grad_weight_gluon(a, b, want, replace(table, defer=True), 1, plain_store=True)
+
+
 def test_resident_configs_check_their_fields_and_tokens():
     """``GluonConfig.resident_k``: a multiple of BK, cooperative only, counted in the shared-memory
     estimate; the resident launcher refuses more tokens than its block holds (before any launch)."""
@@ -480,27 +510,6 @@ def test_resident_configs_check_their_fields_and_tokens():
         backward.launch_weight_gradient(a, b, torch.empty(256, 128, dtype=torch.bfloat16), None, cfg, 1)
     with pytest.raises(ValueError, match="runs gluon_wgrad_resident"):
         launch_grad_weight_gluon(a[:128], b[:128], torch.empty(256, 128, dtype=torch.bfloat16), cfg, 1)
-
-
-def test_wide_outputs_take_group_m_wide(monkeypatch):
-    """``GluonConfig.GROUP_M_WIDE``: the GROUP_M a launch gets where the output has more columns
-    than rows (grad_down_weight's [H, I]); GROUP_M otherwise and wherever it is 0."""
-    if triton_minor(__import__("triton").__version__) not in GLUON_TRITONS:
-        pytest.skip("Gluon's kernels are written for " + ", ".join(GLUON_TRITONS))
-    from swiglu.kernels import gluon_wgrad
-
-    seen = []
-    monkeypatch.setattr(gluon_wgrad, "launch", lambda kernel, grid, key, *args, **kw: seen.append(args[3]))
-    cfg = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=3, GROUP_M=32, GROUP_M_WIDE=64)
-    a_tall, b_tall = torch.zeros(8, 384, dtype=torch.bfloat16), torch.zeros(8, 256, dtype=torch.bfloat16)
-    for a, b, plain_group_m in ((a_tall, b_tall, 32), (b_tall, a_tall, 32)):
-        for c, want in ((cfg, 32 if a.shape[1] > b.shape[1] else 64), (replace(cfg, GROUP_M_WIDE=0), plain_group_m)):
-            gluon_wgrad.launch_grad_weight_gluon(a, b, torch.empty(a.shape[1], b.shape[1], dtype=torch.bfloat16), c, 1)
-            assert seen[-1] == want, (a.shape, b.shape, c)
-    with pytest.raises(ValueError, match="GROUP_M_WIDE"):
-        GluonConfig(GROUP_M_WIDE=-1)
-    with pytest.raises(ValueError, match="GROUP_M_WIDE"):
-        GluonConfig(BM=128, BN=128, BK=64, resident_k=128, GROUP_M_WIDE=8)
 
 
 def _resident_candidates():

@@ -83,6 +83,6 @@ def test_resident_candidates_enter_buckets_whose_tokens_they_hold(tmp_path):
 def test_set_takes_a_field_the_table_leaves_at_its_default(tmp_path):
     from swiglu.kernels.configs import GluonConfig
 
-    assert "GROUP_M_WIDE" not in TABLE["gluon_grad_weights"]["128"]["config"]
-    got = _variant(tmp_path, "--set", "gluon_grad_weights.128.GROUP_M_WIDE=64")
-    assert GluonConfig(**got["gluon_grad_weights"]["128"]["config"]).GROUP_M_WIDE == 64
+    assert "defer" not in TABLE["gluon_grad_weights"]["128"]["config"]
+    got = _variant(tmp_path, "--set", "gluon_grad_weights.128.defer=true")
+    assert GluonConfig(**got["gluon_grad_weights"]["128"]["config"]).defer is True

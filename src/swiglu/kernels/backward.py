@@ -199,7 +199,6 @@ class BackwardPlan:
     grad_weight_programs_ih: int = 0  # the [I, H] outputs (grad_gate_weight, grad_up_weight)
     grad_x_programs: int = 0
     gluon_grad_x_programs: int = 0
-    grad_weight_programs_gu: int = 0  # the [2I, H] output of grad_gate_weight and grad_up_weight in one launch
 
 
 def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, KernelConfig]) -> BackwardPlan:
@@ -248,8 +247,7 @@ def _programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_c
             tile_programs(device, H, I, w, persistent),
             tile_programs(device, I, H, w, persistent),
             tile_programs(device, T, H, grad_x_cfg, grad_x_cfg.persistent),
-            0 if gluon_grad_x_cfg is None else tile_programs(device, T, H, gluon_grad_x_cfg),
-            tile_programs(device, 2 * I, H, w, persistent))
+            0 if gluon_grad_x_cfg is None else tile_programs(device, T, H, gluon_grad_x_cfg))
 
 
 @lru_cache(maxsize=1024)
@@ -373,19 +371,12 @@ def launch_backward(
     overwrite_activations: bool = False,
     release_activations: bool = False,
     out: list | None = None,
-    merge_gate_up: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """``triton_swiglu_backward`` without its checks: the callers (``swiglu.ops``, the public
     function above) validated the inputs and made ``plan`` for them. ``tensors``: the eight
     inputs in ``swiglu.checks.ARG_NAMES`` order, activations [T, *], weights as given; ``needs``:
     which gradients (``GRAD_NAMES`` order). Returns grad_x [T, H] and the weight gradients (None
-    where not needed).
-
-    ``merge_gate_up`` (where both are needed, none given in ``out`` and the activations are not
-    overwritten): grad_gate_weight and grad_up_weight in one launch over M = 2I, as the two
-    halves (views) of one [2I, H] tensor, from d_gate, d_up and h written as the three column
-    blocks of one [T, 3I] buffer: one launch and three allocations fewer, the same bits; the
-    [T, I] buffers then live until the last launch."""
+    where not needed)."""
     grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = tensors
     need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight = needs
     T, H, I = plan.tokens, plan.hidden_size, plan.intermediate_size
@@ -398,8 +389,6 @@ def launch_backward(
                      for buf, shape, need in zip(outs, [(T, H), (I, H), (I, H), (H, I)], needs))
     wgrad_cfg, gluon_wgrad_cfg = plan.grad_weights, plan.gluon_grad_weights
     need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight  # dswiglu runs (d_gate, d_up)
-    merge = merge_gate_up and need_grad_gate_weight and need_grad_up_weight and not overwrite_activations \
-        and outs[1] is None and outs[2] is None
     go, xf = tma_ready(grad_output), tma_ready(x)
     gate, up = tma_ready(gate_output), tma_ready(up_output)
     act = None if activated_gate is None else tma_ready(activated_gate)
@@ -417,13 +406,9 @@ def launch_backward(
                         raise ValueError(f"overwrite_activations writes over {name}, which shares memory with "
                                          f"{other}: pass a tensor of its own (e.g. {name}.clone())")
             d_gate, d_up = gate, up
-        elif merge:  # [d_gate | d_up | h]: one row stride for the Gluon dSwiGLU's outputs
-            dgh = torch.empty((T, 3 * I), device=dev, dtype=torch.bfloat16)
-            d_gate, d_up, h = dgh.split(I, 1)
         else:
             d_gate, d_up = (torch.empty((T, I), device=dev, dtype=torch.bfloat16) for _ in range(2))
-        if not merge:
-            h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)  # written by the epilogue
+        h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)  # written by the epilogue
         launch_planned_dswiglu(plan, go, down_w, gate, up, act, d_gate, d_up, h)
     elif need_grad_down_weight:
         h = torch.empty((T, I), device=dev, dtype=torch.bfloat16)
@@ -456,12 +441,6 @@ def launch_backward(
         else:
             _gluon().wgrad.launch_grad_x_gluon(d_gate, d_up, gate_w, up_w, grad_x, plan.gluon_grad_x,
                                                plan.gluon_grad_x_programs)
-    if merge:
-        grad_gate_up = torch.empty((2 * I, H), device=dev, dtype=torch.bfloat16)
-        launch_weight_gradient(dgh.narrow(1, 0, 2 * I), xf, grad_gate_up, wgrad_cfg, gluon_wgrad_cfg,
-                               plan.grad_weight_programs_gu)
-        grad_gate_weight, grad_up_weight = grad_gate_up.split(I)
-        return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
     if need_grad_gate_weight:
         grad_gate_weight = _alloc(outs[1], (I, H), dev)
         launch_weight_gradient(d_gate, xf, grad_gate_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)

@@ -85,10 +85,6 @@ class GluonConfig:
     # K (BM + BN) / (BM BN); GROUP_M programs then take each run of tiles in turn (1-64). 0: the
     # ring of A and B stages (``gluon_wgrad``).
     resident_k: int = 0
-    # The ring kernels' GROUP_M where the output has more columns than rows (grad_down_weight's
-    # [H, I] at Hermes' size), whose best tile order measured differently from the [I, H] ones'
-    # (data/tuning/wgrad_order_groupm_20261201.csv); 0: GROUP_M for both.
-    GROUP_M_WIDE: int = 0
 
     @property
     def tile_n(self) -> int:
@@ -105,8 +101,6 @@ class GluonConfig:
     def __post_init__(self) -> None:
         if self.BN2 and (not self.pingpong or self.BN2 & (self.BN2 - 1) or not 8 <= self.BN2 < self.BN):
             raise ValueError(f"GluonConfig.BN2 must be 0 or, with pingpong, a power of two in [8, BN), got {self.BN2}")
-        if self.GROUP_M_WIDE < 0 or (self.GROUP_M_WIDE and self.resident_k):
-            raise ValueError(f"GluonConfig.GROUP_M_WIDE must be >= 0, and 0 with resident_k, got {self.GROUP_M_WIDE}")
         if self.STAGES < 2:
             # A one-stage ring deadlocks from two k-steps up: step c waits for its stage while
             # step c - 1's wgmma, which releases it, is still held.

@@ -316,10 +316,43 @@ def _epilogue_store(out, t, c_desc, c_bufs, c_ready, c_empty, out2=None, c2_bufs
     mbarrier.arrive(c_ready.index(buf))
 
 
+@gluon.constexpr_function
+def _plain_store_layout(BN, num_warps):
+    # 16 bytes (8 bf16) per thread along a row, a warp's 32 threads over as many columns as the
+    # tile has (up to 256), the warps stacked along rows: whole 128-byte lines per store.
+    cols = min(BN // 8, 32)
+    return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _epilogue_plain(out, t, c_desc, c_ready, c_empty, out_ptr, GROUP_M: gl.constexpr, NC: gl.constexpr):
+    # PLAIN_STORE: tile t's output stored by the MMA warps themselves with st.global (through a
+    # layout conversion in shared memory), no TMA store. The storer's barriers keep their protocol
+    # (an unused buffer handed over), so the storer that skips its stores pairs with this.
+    BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN: gl.constexpr = c_desc.block_type.shape[1]
+    layout: gl.constexpr = _plain_store_layout(BN, gl.num_warps())
+    num_m, num_n, pid, nprog, _ = _program_tiles(c_desc, BM, BN)
+    pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
+    vals = gl.convert_layout(out, layout)
+    rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+    M = c_desc.shape[0]
+    N = c_desc.shape[1]
+    # N is a multiple of 8 (TMA's 16-byte row pitch): each thread's 8 columns are one 16-byte store.
+    offs = gl.max_contiguous(gl.multiple_of(rows.to(gl.int64)[:, None] * N + cols[None, :], [8, 8]), [1, 8])
+    # The column mask by groups of 8 (cols < N for N a multiple of 8): constant over each vector.
+    gl.store(out_ptr + offs, vals, mask=(rows[:, None] < M) & (cols[None, :] // 8 < N // 8))
+    buf = t % NC
+    mbarrier.wait(c_empty.index(buf), ((t // NC) & 1) ^ 1)
+    _cta_barrier()
+    mbarrier.arrive(c_ready.index(buf))
+
+
 @gluon.jit
 def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
                       GROUP_M: gl.constexpr, DEFER: gl.constexpr, A_KMAJOR: gl.constexpr,
-                      SKIP_MMA: gl.constexpr = False):
+                      SKIP_MMA: gl.constexpr = False, out_ptr=None, PLAIN_STORE: gl.constexpr = False):
     # SKIP_MMA (the probe's ablation, ABLATE & 4): every barrier as it is, no wgmma: the tiles
     # stored are zeros, and what is left times the loads and the store path alone.
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
@@ -358,6 +391,8 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
         if DEFER:
             prev = acc.to(dtype)
+        elif PLAIN_STORE:
+            _epilogue_plain(acc.to(dtype), t, c_desc, c_ready, c_empty, out_ptr, GROUP_M, c_bufs.type.shape[0])
         else:
             _epilogue_store(acc.to(dtype), t, c_desc, c_bufs, c_ready, c_empty)
     if DEFER:
@@ -470,7 +505,8 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
                  LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False,
                  PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, b2_desc=None, c2_desc=None,
                  BN2: gl.constexpr = 0, A_KMAJOR: gl.constexpr = False, a2_desc=None, bk2_desc=None,
-                 STORE_DELAY_NS: gl.constexpr = 0, ABLATE: gl.constexpr = 0, PDL: gl.constexpr = False):
+                 STORE_DELAY_NS: gl.constexpr = 0, ABLATE: gl.constexpr = 0, out_ptr=None,
+                 PLAIN_STORE: gl.constexpr = False, PDL: gl.constexpr = False):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
     (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0
@@ -482,8 +518,10 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     epilogue that writes a buffer still being stored show in the output. ABLATE (the cooperative
     weight gradient, probes only; the output is then wrong): bits 1 no stores, 2 no loads after
     the ring's first fill, 4 no wgmma (zeros stored), in any sum; what is left shows what the rest
-    costs
-    (``scripts/probe_wgrad_power.py --ablate``)."""
+    costs (``scripts/probe_wgrad_power.py --ablate``). PLAIN_STORE (the cooperative weight
+    gradient without DEFER or ABLATE, probes and tests): the MMA warps store each tile to
+    ``out_ptr`` (``out``'s data, contiguous [M, N]) with st.global instead of handing it to the
+    TMA storer; the same values."""
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -491,6 +529,8 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     gl.static_assert(not (A_KMAJOR and PINGPONG), "grad_x (A_KMAJOR) runs the cooperative partitions only")
     gl.static_assert(STORE_DELAY_NS == 0 or PINGPONG, "STORE_DELAY_NS is the ping-pong kernel's test switch")
     gl.static_assert(ABLATE == 0 or not (PINGPONG or A_KMAJOR), "ABLATE is the cooperative weight gradient's probe switch")
+    gl.static_assert(not PLAIN_STORE or not (PINGPONG or A_KMAJOR or DEFER or ABLATE),
+                     "PLAIN_STORE is the cooperative weight gradient's probe switch (no DEFER, no ABLATE)")
 
     # A's stages in A's block shape: [BK, BM] (weight gradients) or [BM, BK] (grad_x).
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], a_desc.block_type.shape[1]],
@@ -544,11 +584,18 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     else:
         # ABLATE (probes): bit 1 the storer that skips its stores, bit 2 the loader that stops
         # loading, bit 4 the MMA warps without wgmma.
-        gl.warp_specialize([
-            (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0)),
-            (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
-            (_store_partition_skipped if ABLATE & 1 else _store_partition, args + (c_desc, c_bufs)),
-        ], [1, 1], [LOAD_REGS, STORE_REGS])
+        if PLAIN_STORE:  # out_ptr is a partition argument only where given (None is no value)
+            gl.warp_specialize([
+                (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0, out_ptr, PLAIN_STORE)),
+                (_load_partition_wgrad, args + (b_desc, b_bufs)),
+                (_store_partition_skipped, args + (c_desc, c_bufs)),
+            ], [1, 1], [LOAD_REGS, STORE_REGS])
+        else:
+            gl.warp_specialize([
+                (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0)),
+                (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
+                (_store_partition_skipped if ABLATE & 1 else _store_partition, args + (c_desc, c_bufs)),
+            ], [1, 1], [LOAD_REGS, STORE_REGS])
     _pdl_end(PDL)
 
 
@@ -562,18 +609,20 @@ def _layout(block: tuple[int, int]):
 
 
 def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
-                             num_programs: int, store_delay_ns: int = 0, ablate: int = 0) -> None:
+                             num_programs: int, store_delay_ns: int = 0, ablate: int = 0,
+                             plain_store: bool = False) -> None:
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory.
     ``store_delay_ns`` (tests, a ping-pong ``cfg``): the storer waits that long before each store.
     ``ablate`` (probes, a cooperative ``cfg``; ``out`` is then wrong): 1 skips the stores, 2 the
     loads after the ring's first fill, 4 the wgmmas (zeros stored), or a sum of them
-    (``wgrad_kernel``'s ABLATE). An output with more columns than rows takes ``cfg.GROUP_M_WIDE``
-    where set. A config with ``resident_k`` is ``gluon_wgrad_resident``'s (ValueError here)."""
+    (``wgrad_kernel``'s ABLATE). ``plain_store`` (probes, tests; a cooperative ``cfg`` without
+    ``defer``, ``out`` contiguous): the tiles stored with st.global by the MMA warps, not by TMA
+    (``wgrad_kernel``'s PLAIN_STORE). A config with ``resident_k`` is ``gluon_wgrad_resident``'s
+    (ValueError here)."""
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
-    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(
-        cfg, cfg.GROUP_M_WIDE > 0 and N > M)
+    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
     descs = [Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout)]
     if wide:  # the second chunk's blocks on the same b and out
         (b2_block, b2_layout), (c2_block, c2_layout) = wide
@@ -582,24 +631,35 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         descs += consts
     if store_delay_ns or ablate:
         kw = dict(kw, STORE_DELAY_NS=store_delay_ns, ABLATE=ablate)
-    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg, store_delay_ns, ablate),
-           *descs, **kw)
+    if plain_store:
+        if cfg.pingpong or cfg.defer or ablate or not out.is_contiguous():
+            raise ValueError(f"plain_store takes a cooperative config without defer or ablate and a contiguous "
+                             f"out, got {cfg}, ablate={ablate}, out strides {out.stride()}")
+        # out's pointer positionally (keyword values are kept per launch key), after every
+        # argument before it in the signature (kw is the cached constants' dict: copied).
+        kw = dict(kw)
+        descs += [kw.pop(name) for name in ("b2_desc", "c2_desc", "BN2", "A_KMAJOR", "a2_desc", "bk2_desc",
+                                            "STORE_DELAY_NS", "ABLATE")] + [out]
+        kw.pop("out_ptr")
+        kw = dict(kw, PLAIN_STORE=True)
+    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg, store_delay_ns, ablate,
+                                           plain_store), *descs, **kw)
 
 
 @lru_cache(maxsize=None)
-def _launch_constants(cfg: GluonConfig, wide_output: bool = False):
-    # What a launch takes from its config alone, built once per config and output orientation
-    # (host time per launch); ``wide_output``: more columns than rows, with GROUP_M_WIDE set.
+def _launch_constants(cfg: GluonConfig):
+    # What a launch takes from its config alone, built once per config (host time per launch).
     if cfg.resident_k:
         raise ValueError(f"a config with resident_k runs gluon_wgrad_resident.launch_grad_weight_resident, got {cfg}")
     blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (
         ([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
-    consts = (cfg.GROUP_M_WIDE if wide_output else cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer, cfg.pingpong,
+    consts = (cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer, cfg.pingpong,
               (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0)
     kw = dict(num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
     if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
         kw.update(b2_desc=None, c2_desc=None, BN2=0)
-    kw.update(A_KMAJOR=False, a2_desc=None, bk2_desc=None, STORE_DELAY_NS=0, ABLATE=0)  # grad_x's, tests', probes' switches
+    kw.update(A_KMAJOR=False, a2_desc=None, bk2_desc=None, STORE_DELAY_NS=0, ABLATE=0,  # grad_x's, tests', probes' switches
+              out_ptr=None, PLAIN_STORE=False)
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, kw)
 
 
@@ -630,7 +690,7 @@ def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: t
     launch(wgrad_kernel, (num_programs,), ("gluon_grad_x", d_gate.device, T, H, I, num_programs, cfg),
            Tma(d_gate, a_block, a_layout), Tma(gate_weight, b_block, b_layout), Tma(grad_x, c_block, c_layout),
            *consts, None, None, 0, True, Tma(d_up, a_block, a_layout), Tma(up_weight, b_block, b_layout),
-           STORE_DELAY_NS=0, ABLATE=0, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+           STORE_DELAY_NS=0, ABLATE=0, out_ptr=None, PLAIN_STORE=False, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
 
 
 @lru_cache(maxsize=None)
