@@ -112,15 +112,16 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     if ablate:
         out["fill_ (write ceiling)"] = lambda o: o.fill_(1.0)
         for name in tiles or ("table",):
-            if name.endswith(" plain"):
-                continue
-            cfg = table if name == "table" else replace(parse(name, table), pingpong=False, BN2=0)
+            plain = name.endswith(" plain")  # its stores are the MMA warps': bit 1 does not apply
+            tile = name[:-len(" plain")] if plain else name
+            cfg = table if tile == "table" else replace(parse(tile, table), pingpong=False, BN2=0)
             if cfg.pingpong:
                 continue
             nprog = backward.tile_programs(dev, M, N, cfg)
             for suffix, mode in ABLATIONS.items():
-                out[f"gluon {name}, {suffix}"] = (
-                    lambda c, p, m: lambda o: launch_grad_weight_gluon(a, b, o, c, p, ablate=m))(cfg, nprog, mode)
+                if not (plain and mode & 1):
+                    out[f"gluon {name}, {suffix}"] = (lambda c, p, m, pl: lambda o: launch_grad_weight_gluon(
+                        a, b, o, c, p, ablate=m, plain_store=pl))(cfg, nprog, mode, plain)
     return out
 
 

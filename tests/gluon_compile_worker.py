@@ -169,6 +169,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # The probes' st.global epilogue (PLAIN_STORE) on it with one output buffer (the layout
         # conversion takes shared memory of its own) and a deeper ring.
         results += [compile_one(dataclasses.replace(cooperative, NC=1, STAGES=s), plain_store=True) for s in (4, 5)]
+        results.append(compile_one(dataclasses.replace(cooperative, NC=1), plain_store=True, ablate=6))
         # The resident-A kernel's candidates (gluon_wgrad_resident), the first also deferred and with
         # PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]

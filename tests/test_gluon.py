@@ -262,7 +262,7 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
     assert any(r["store_delay_ns"] for r in report["results"])
     assert {r["pdl"] for r in report["results"]} == {0, 1, 2}
     assert {r["ablate"] for r in report["results"]} == {0, 1, 2, 3, 4, 5, 6}
-    assert sum(bool(r.get("plain_store")) for r in report["results"]) == 2
+    assert sum(bool(r.get("plain_store")) for r in report["results"]) == 3
 
 
 @pytest.mark.parametrize("which", ["gpu-image", "own"])
@@ -484,6 +484,13 @@ def test_plain_store_gives_the_tma_store_bits(M, N, K):
         _finishes_within(60)
         assert torch.isnan(guard[:64]).all() and torch.isnan(guard[-64:]).all(), f"a store outside out, {cfg}"
         assert torch.isfinite(got).all() and torch.equal(got, want), cfg
+    for ablate in (2, 4, 6):  # the probes' ablations beside it: they finish; without wgmma, zeros
+        got = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        cfg = replace(table, NC=1)
+        launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), ablate=ablate,
+                                 plain_store=True)
+        _finishes_within(60)
+        assert (got == 0).all() if ablate & 4 else torch.isfinite(got).all(), ablate
     with pytest.raises(ValueError, match="plain_store"):
         launch_grad_weight_gluon(a, b, want, replace(table, defer=True), 1, plain_store=True)
 

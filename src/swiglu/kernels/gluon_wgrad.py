@@ -519,7 +519,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     weight gradient, probes only; the output is then wrong): bits 1 no stores, 2 no loads after
     the ring's first fill, 4 no wgmma (zeros stored), in any sum; what is left shows what the rest
     costs (``scripts/probe_wgrad_power.py --ablate``). PLAIN_STORE (the cooperative weight
-    gradient without DEFER or ABLATE, probes and tests): the MMA warps store each tile to
+    gradient without DEFER or ABLATE bit 1, probes and tests): the MMA warps store each tile to
     ``out_ptr`` (``out``'s data, contiguous [M, N]) with st.global instead of handing it to the
     TMA storer; the same values."""
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
@@ -529,8 +529,8 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     gl.static_assert(not (A_KMAJOR and PINGPONG), "grad_x (A_KMAJOR) runs the cooperative partitions only")
     gl.static_assert(STORE_DELAY_NS == 0 or PINGPONG, "STORE_DELAY_NS is the ping-pong kernel's test switch")
     gl.static_assert(ABLATE == 0 or not (PINGPONG or A_KMAJOR), "ABLATE is the cooperative weight gradient's probe switch")
-    gl.static_assert(not PLAIN_STORE or not (PINGPONG or A_KMAJOR or DEFER or ABLATE),
-                     "PLAIN_STORE is the cooperative weight gradient's probe switch (no DEFER, no ABLATE)")
+    gl.static_assert(not PLAIN_STORE or not (PINGPONG or A_KMAJOR or DEFER or (ABLATE & 1)),
+                     "PLAIN_STORE is the cooperative weight gradient's probe switch (no DEFER, no ABLATE bit 1)")
 
     # A's stages in A's block shape: [BK, BM] (weight gradients) or [BM, BK] (grad_x).
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], a_desc.block_type.shape[1]],
@@ -587,7 +587,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
         if PLAIN_STORE:  # out_ptr is a partition argument only where given (None is no value)
             gl.warp_specialize([
                 (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0, out_ptr, PLAIN_STORE)),
-                (_load_partition_wgrad, args + (b_desc, b_bufs)),
+                (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
                 (_store_partition_skipped, args + (c_desc, c_bufs)),
             ], [1, 1], [LOAD_REGS, STORE_REGS])
         else:
@@ -632,8 +632,8 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     if store_delay_ns or ablate:
         kw = dict(kw, STORE_DELAY_NS=store_delay_ns, ABLATE=ablate)
     if plain_store:
-        if cfg.pingpong or cfg.defer or ablate or not out.is_contiguous():
-            raise ValueError(f"plain_store takes a cooperative config without defer or ablate and a contiguous "
+        if cfg.pingpong or cfg.defer or ablate & 1 or not out.is_contiguous():
+            raise ValueError(f"plain_store takes a cooperative config without defer, ablate without bit 1 and a contiguous "
                              f"out, got {cfg}, ablate={ablate}, out strides {out.stride()}")
         # out's pointer positionally (keyword values are kept per launch key), after every
         # argument before it in the signature (kw is the cached constants' dict: copied).
