@@ -60,6 +60,7 @@ def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
 
 def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0, ablate: int = 0,
                 plain_store: bool = False) -> dict:
+    plain_store = plain_store or cfg.plain_store
     a_block = [cfg.BM, cfg.BK] if grad_x else [cfg.BK, cfg.BM]
     sig = {"a_desc": desc(a_block), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,

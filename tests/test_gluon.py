@@ -495,6 +495,16 @@ def test_plain_store_gives_the_tma_store_bits(M, N, K):
         launch_grad_weight_gluon(a, b, want, replace(table, defer=True), 1, plain_store=True)
 
 
+def test_plain_store_configs_check_their_fields():
+    """``GluonConfig.plain_store``: cooperative, not deferred, no resident A; its shared-memory
+    estimate counts the layout conversion's scratch (the compile test checks it against Triton's)."""
+    base = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=1)
+    assert replace(base, plain_store=True).smem_bytes() == base.smem_bytes() + 128 * 128 * 2
+    for bad in (dict(pingpong=True), dict(defer=True), dict(resident_k=128)):
+        with pytest.raises(ValueError, match="plain_store"):
+            replace(base, plain_store=True, **bad)
+
+
 def test_resident_configs_check_their_fields_and_tokens():
     """``GluonConfig.resident_k``: a multiple of BK, cooperative only, counted in the shared-memory
     estimate; the resident launcher refuses more tokens than its block holds (before any launch)."""

@@ -618,8 +618,8 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     ``ablate`` (probes, a cooperative ``cfg``; ``out`` is then wrong): 1 skips the stores, 2 the
     loads after the ring's first fill, 4 the wgmmas (zeros stored), or a sum of them
     (``wgrad_kernel``'s ABLATE). ``plain_store`` (probes, tests; a cooperative ``cfg`` without
-    ``defer``, ``out`` contiguous): the tiles stored with st.global by the MMA warps, not by TMA
-    (``wgrad_kernel``'s PLAIN_STORE). A config with ``resident_k`` is ``gluon_wgrad_resident``'s
+    ``defer``, ``out`` contiguous; a ``cfg`` with ``plain_store`` always): the tiles stored with
+    st.global by the MMA warps, not by TMA (``wgrad_kernel``'s PLAIN_STORE). A config with ``resident_k`` is ``gluon_wgrad_resident``'s
     (ValueError here)."""
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
@@ -631,7 +631,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         descs += consts
     if store_delay_ns or ablate:
         kw = dict(kw, STORE_DELAY_NS=store_delay_ns, ABLATE=ablate)
-    if plain_store:
+    if plain_store or cfg.plain_store:
         if cfg.pingpong or cfg.defer or ablate & 1 or not out.is_contiguous():
             raise ValueError(f"plain_store takes a cooperative config without defer, ablate without bit 1 and a contiguous "
                              f"out, got {cfg}, ablate={ablate}, out strides {out.stride()}")
@@ -643,7 +643,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         kw.pop("out_ptr")
         kw = dict(kw, PLAIN_STORE=True)
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg, store_delay_ns, ablate,
-                                           plain_store), *descs, **kw)
+                                           plain_store or cfg.plain_store), *descs, **kw)
 
 
 @lru_cache(maxsize=None)
