@@ -8,7 +8,8 @@ sampling board power and SM clock (``swiglu_lab.bench.power``), the variants tak
 ``--rounds`` rounds (drift hits all alike); per (T, variant, flush) the median over rounds of ms
 per call, and mean power, clock and energy per call (the flush included where on). Variants: cuBLAS (``torch.matmul``), the
 Gluon kernel with the table's config (``table``) and named cooperative tiles (a name ending in
-`` plain``: that tile with the MMA warps' st.global epilogue, ``plain_store``). Each output is
+`` plain`` or `` plain2``: that tile with st.global stores by the MMA warps or the storer warp,
+``plain_store`` 1 or 2). Each output is
 checked close to cuBLAS's. GPU only.
 
 ``--resident [I,J]`` adds ``gluon_wgrad_resident``'s candidates (all, or those indices) that hold
@@ -88,8 +89,7 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     if table is None:
         return out
     for name in tiles or TILES:
-        plain = name.endswith(" plain")  # the MMA warps' st.global epilogue instead of TMA stores
-        tile = name[:-len(" plain")] if plain else name
+        tile, plain = plain_mode(name)
         cfg = table if tile == "table" else replace(parse(tile, table), pingpong=False, BN2=0)
         nprog = backward.tile_programs(dev, M, N, cfg)
         label = f"gluon {name}" + (f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
@@ -112,8 +112,7 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     if ablate:
         out["fill_ (write ceiling)"] = lambda o: o.fill_(1.0)
         for name in tiles or ("table",):
-            plain = name.endswith(" plain")  # its stores are the MMA warps': bit 1 does not apply
-            tile = name[:-len(" plain")] if plain else name
+            tile, plain = plain_mode(name)  # bit 1 (the storer's TMA stores) does not apply to plain stores
             cfg = table if tile == "table" else replace(parse(tile, table), pingpong=False, BN2=0)
             if cfg.pingpong:
                 continue
@@ -123,6 +122,15 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
                     out[f"gluon {name}, {suffix}"] = (lambda c, p, m, pl: lambda o: launch_grad_weight_gluon(
                         a, b, o, c, p, ablate=m, plain_store=pl))(cfg, nprog, mode, plain)
     return out
+
+
+def plain_mode(name: str) -> tuple[str, int]:
+    """A ``--tiles`` name's tile and ``plain_store`` mode: `` plain`` 1 (the MMA warps' st.global),
+    `` plain2`` 2 (the storer warp's), else 0."""
+    for suffix, mode in ((" plain2", 2), (" plain", 1)):
+        if name.endswith(suffix):
+            return name[:-len(suffix)], mode
+    return name, 0
 
 
 def unchecked(label: str) -> bool:

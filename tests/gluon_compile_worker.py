@@ -59,8 +59,8 @@ def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
 
 
 def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0, ablate: int = 0,
-                plain_store: bool = False) -> dict:
-    plain_store = plain_store or cfg.plain_store
+                plain_store: int = 0) -> dict:
+    plain_store = int(plain_store or cfg.plain_store)
     a_block = [cfg.BM, cfg.BK] if grad_x else [cfg.BK, cfg.BM]
     sig = {"a_desc": desc(a_block), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
@@ -167,10 +167,12 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # The probes' ablations (ABLATE 1-6) on the first cooperative table config.
         cooperative = next(c for c in table if not c.pingpong)
         results += [compile_one(cooperative, ablate=a) for a in (1, 2, 3, 4, 5, 6)]
-        # The probes' st.global epilogue (PLAIN_STORE) on it with one output buffer (the layout
+        # The probes' st.global epilogue (PLAIN_STORE 1) on it with one output buffer (the layout
         # conversion takes shared memory of its own) and a deeper ring.
-        results += [compile_one(dataclasses.replace(cooperative, NC=1, STAGES=s), plain_store=True) for s in (4, 5)]
-        results.append(compile_one(dataclasses.replace(cooperative, NC=1), plain_store=True, ablate=6))
+        results += [compile_one(dataclasses.replace(cooperative, NC=1, STAGES=s), plain_store=1) for s in (4, 5)]
+        results.append(compile_one(dataclasses.replace(cooperative, NC=1), plain_store=1, ablate=6))
+        # ... and by the storer warp from the output buffers (PLAIN_STORE 2), as the table has them.
+        results.append(compile_one(cooperative, plain_store=2))
         # The resident-A kernel's candidates (gluon_wgrad_resident), the first also deferred and with
         # PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]

@@ -245,7 +245,7 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
         assert r["shared"] <= cfg.smem_bytes() <= 232448, (cfg, r["shared"])
         # The probes' ablations (ABLATE): bit 1 issues no store, bit 4 no wgmma; 2 still loads
         # the ring's first fill.
-        # PLAIN_STORE: the MMA warps' st.global instead of the storer's TMA stores.
+        # PLAIN_STORE: the MMA warps' (1) or the storer warp's (2) st.global instead of TMA stores.
         stores = 0 if r["ablate"] & 1 or r.get("plain_store") else 1
         assert min(r["wgmma"], 1) == (0 if r["ablate"] & 4 else 1), r
         assert min(r["tma_store"], 1) == stores and r["tma_load"] > 0 and r["setmaxnreg"] > 0, r
@@ -262,7 +262,7 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
     assert any(r["store_delay_ns"] for r in report["results"])
     assert {r["pdl"] for r in report["results"]} == {0, 1, 2}
     assert {r["ablate"] for r in report["results"]} == {0, 1, 2, 3, 4, 5, 6}
-    assert sum(bool(r.get("plain_store")) for r in report["results"]) == 3
+    assert sorted(r.get("plain_store") for r in report["results"] if r.get("plain_store")) == [1, 1, 1, 2]
 
 
 @pytest.mark.parametrize("which", ["gpu-image", "own"])
@@ -465,9 +465,10 @@ def test_probe_ablations_run_to_the_end_and_do_what_they_say():
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K", [(53248 // 8, 16384 // 8, 128), (1000, 1032, 77)], ids=["hermes_slice", "ragged"])
 def test_plain_store_gives_the_tma_store_bits(M, N, K):
-    """``launch_grad_weight_gluon(..., plain_store=True)`` (the MMA warps' st.global epilogue,
-    a probe's variant): the TMA-store kernel's bits at the same tile, every element written (the
-    output NaN-poisoned), nothing past it (guard elements around it stay NaN), at ragged sizes."""
+    """``launch_grad_weight_gluon(..., plain_store=1 or 2)`` and configs with ``plain_store``
+    (st.global by the MMA warps or by the storer warp instead of TMA stores): the TMA-store
+    kernel's bits at the same tile, every element written (the output NaN-poisoned), nothing past
+    it (guard elements around it stay NaN), at ragged sizes."""
     from swiglu.kernels import backward, common
     from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
 
@@ -477,32 +478,37 @@ def test_plain_store_gives_the_tma_store_bits(M, N, K):
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     launch_grad_weight_gluon(a, b, want, table, common.tile_programs(want.device, M, N, table))
-    for cfg in (replace(table, NC=1), replace(table, NC=1, STAGES=5)):
+    variants = ((replace(table, NC=1), 1), (replace(table, NC=1, STAGES=5), 1), (table, 2), (replace(table, NC=1), 2))
+    for cfg, mode in variants + ((replace(table, NC=1, plain_store=1), 0), (replace(table, plain_store=2), 0)):
         guard = torch.full((M * N + 128,), float("nan"), device="cuda", dtype=torch.bfloat16)
         got = guard[64:64 + M * N].view(M, N)
-        launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), plain_store=True)
+        launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), plain_store=mode)
         _finishes_within(60)
-        assert torch.isnan(guard[:64]).all() and torch.isnan(guard[-64:]).all(), f"a store outside out, {cfg}"
-        assert torch.isfinite(got).all() and torch.equal(got, want), cfg
-    for ablate in (2, 4, 6):  # the probes' ablations beside it: they finish; without wgmma, zeros
+        assert torch.isnan(guard[:64]).all() and torch.isnan(guard[-64:]).all(), f"a store outside out, {cfg}, {mode}"
+        assert torch.isfinite(got).all() and torch.equal(got, want), (cfg, mode)
+    for (cfg, mode), ablate in [(v, m) for v in variants[::2] for m in (2, 4, 6)]:
+        # The probes' ablations beside it: they finish; without wgmma, zeros.
         got = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        cfg = replace(table, NC=1)
         launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), ablate=ablate,
-                                 plain_store=True)
+                                 plain_store=mode)
         _finishes_within(60)
-        assert (got == 0).all() if ablate & 4 else torch.isfinite(got).all(), ablate
+        assert (got == 0).all() if ablate & 4 else torch.isfinite(got).all(), (mode, ablate)
     with pytest.raises(ValueError, match="plain_store"):
         launch_grad_weight_gluon(a, b, want, replace(table, defer=True), 1, plain_store=True)
 
 
 def test_plain_store_configs_check_their_fields():
-    """``GluonConfig.plain_store``: cooperative, not deferred, no resident A; its shared-memory
-    estimate counts the layout conversion's scratch (the compile test checks it against Triton's)."""
+    """``GluonConfig.plain_store``: 0, 1 or 2; cooperative, not deferred, no resident A; with 1
+    the shared-memory estimate counts the layout conversion's scratch (the compile test checks
+    it against Triton's)."""
     base = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=1)
-    assert replace(base, plain_store=True).smem_bytes() == base.smem_bytes() + 128 * 128 * 2
+    assert replace(base, plain_store=1).smem_bytes() == base.smem_bytes() + 128 * 128 * 2
+    assert replace(base, plain_store=2).smem_bytes() == base.smem_bytes()  # it reads the output buffers
     for bad in (dict(pingpong=True), dict(defer=True), dict(resident_k=128)):
         with pytest.raises(ValueError, match="plain_store"):
-            replace(base, plain_store=True, **bad)
+            replace(base, plain_store=2, **bad)
+    with pytest.raises(ValueError, match="plain_store"):
+        replace(base, plain_store=3)
 
 
 def test_resident_configs_check_their_fields_and_tokens():

@@ -325,8 +325,19 @@ def _plain_store_layout(BN, num_warps):
 
 
 @gluon.jit
+def _store_rows(vals, out_ptr, row0, col0, M, N, layout: gl.constexpr):
+    # vals [R, C] (``layout``) at out[row0:, col0:] with st.global, rows and columns past M, N masked.
+    rows = row0 + gl.arange(0, vals.shape[0], layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, vals.shape[1], layout=gl.SliceLayout(0, layout))
+    # N is a multiple of 8 (TMA's 16-byte row pitch): each thread's 8 columns are one 16-byte store.
+    offs = gl.max_contiguous(gl.multiple_of(rows.to(gl.int64)[:, None] * N + cols[None, :], [8, 8]), [1, 8])
+    # The column mask by groups of 8 (cols < N for N a multiple of 8): constant over each vector.
+    gl.store(out_ptr + offs, vals, mask=(rows[:, None] < M) & (cols[None, :] // 8 < N // 8))
+
+
+@gluon.jit
 def _epilogue_plain(out, t, c_desc, c_ready, c_empty, out_ptr, GROUP_M: gl.constexpr, NC: gl.constexpr):
-    # PLAIN_STORE: tile t's output stored by the MMA warps themselves with st.global (through a
+    # PLAIN_STORE 1: tile t's output stored by the MMA warps themselves with st.global (through a
     # layout conversion in shared memory), no TMA store. The storer's barriers keep their protocol
     # (an unused buffer handed over), so the storer that skips its stores pairs with this.
     BM: gl.constexpr = c_desc.block_type.shape[0]
@@ -334,15 +345,8 @@ def _epilogue_plain(out, t, c_desc, c_ready, c_empty, out_ptr, GROUP_M: gl.const
     layout: gl.constexpr = _plain_store_layout(BN, gl.num_warps())
     num_m, num_n, pid, nprog, _ = _program_tiles(c_desc, BM, BN)
     pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
-    vals = gl.convert_layout(out, layout)
-    rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-    cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-    M = c_desc.shape[0]
-    N = c_desc.shape[1]
-    # N is a multiple of 8 (TMA's 16-byte row pitch): each thread's 8 columns are one 16-byte store.
-    offs = gl.max_contiguous(gl.multiple_of(rows.to(gl.int64)[:, None] * N + cols[None, :], [8, 8]), [1, 8])
-    # The column mask by groups of 8 (cols < N for N a multiple of 8): constant over each vector.
-    gl.store(out_ptr + offs, vals, mask=(rows[:, None] < M) & (cols[None, :] // 8 < N // 8))
+    _store_rows(gl.convert_layout(out, layout), out_ptr, pid_m * BM, pid_n * BN, c_desc.shape[0], c_desc.shape[1],
+                layout)
     buf = t % NC
     mbarrier.wait(c_empty.index(buf), ((t // NC) & 1) ^ 1)
     _cta_barrier()
@@ -350,9 +354,31 @@ def _epilogue_plain(out, t, c_desc, c_ready, c_empty, out_ptr, GROUP_M: gl.const
 
 
 @gluon.jit
+def _store_partition_plain(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                           GROUP_M: gl.constexpr, c2_desc, c2_bufs, out_ptr):
+    # PLAIN_STORE 2: the storer warp reads each tile's buffer in 8-row pieces and writes them with
+    # st.global (no TMA store); the buffer is free once read.
+    BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN: gl.constexpr = c_desc.block_type.shape[1]
+    NC: gl.constexpr = c_bufs.type.shape[0]
+    layout: gl.constexpr = _plain_store_layout(BN, 1)
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BN)
+    M = c_desc.shape[0]
+    N = c_desc.shape[1]
+    for t in range(num_tiles):
+        pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
+        buf = t % NC
+        mbarrier.wait(c_ready.index(buf), (t // NC) & 1)
+        c_buf = c_bufs.index(buf)
+        for r in gl.static_range(0, BM, 8):
+            _store_rows(c_buf.slice(r, 8).load(layout), out_ptr, pid_m * BM + r, pid_n * BN, M, N, layout)
+        mbarrier.arrive(c_empty.index(buf))
+
+
+@gluon.jit
 def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
                       GROUP_M: gl.constexpr, DEFER: gl.constexpr, A_KMAJOR: gl.constexpr,
-                      SKIP_MMA: gl.constexpr = False, out_ptr=None, PLAIN_STORE: gl.constexpr = False):
+                      SKIP_MMA: gl.constexpr = False, out_ptr=None, PLAIN_STORE: gl.constexpr = 0):
     # SKIP_MMA (the probe's ablation, ABLATE & 4): every barrier as it is, no wgmma: the tiles
     # stored are zeros, and what is left times the loads and the store path alone.
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
@@ -391,7 +417,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
         if DEFER:
             prev = acc.to(dtype)
-        elif PLAIN_STORE:
+        elif PLAIN_STORE == 1:
             _epilogue_plain(acc.to(dtype), t, c_desc, c_ready, c_empty, out_ptr, GROUP_M, c_bufs.type.shape[0])
         else:
             _epilogue_store(acc.to(dtype), t, c_desc, c_bufs, c_ready, c_empty)
@@ -506,7 +532,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
                  PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, b2_desc=None, c2_desc=None,
                  BN2: gl.constexpr = 0, A_KMAJOR: gl.constexpr = False, a2_desc=None, bk2_desc=None,
                  STORE_DELAY_NS: gl.constexpr = 0, ABLATE: gl.constexpr = 0, out_ptr=None,
-                 PLAIN_STORE: gl.constexpr = False, PDL: gl.constexpr = False):
+                 PLAIN_STORE: gl.constexpr = 0, PDL: gl.constexpr = False):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
     (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0
@@ -521,7 +547,8 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     costs (``scripts/probe_wgrad_power.py --ablate``). PLAIN_STORE (the cooperative weight
     gradient without DEFER or ABLATE bit 1, probes and tests): the MMA warps store each tile to
     ``out_ptr`` (``out``'s data, contiguous [M, N]) with st.global instead of handing it to the
-    TMA storer; the same values."""
+    TMA storer (1), or the storer warp reads each tile's buffer and stores it so (2); the same
+    values."""
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -584,11 +611,17 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     else:
         # ABLATE (probes): bit 1 the storer that skips its stores, bit 2 the loader that stops
         # loading, bit 4 the MMA warps without wgmma.
-        if PLAIN_STORE:  # out_ptr is a partition argument only where given (None is no value)
+        if PLAIN_STORE == 1:  # out_ptr is a partition argument only where given (None is no value)
             gl.warp_specialize([
                 (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0, out_ptr, PLAIN_STORE)),
                 (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
                 (_store_partition_skipped, args + (c_desc, c_bufs)),
+            ], [1, 1], [LOAD_REGS, STORE_REGS])
+        elif PLAIN_STORE == 2:
+            gl.warp_specialize([
+                (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0)),
+                (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
+                (_store_partition_plain, args + (c_desc, c_bufs, out_ptr)),
             ], [1, 1], [LOAD_REGS, STORE_REGS])
         else:
             gl.warp_specialize([
@@ -610,7 +643,7 @@ def _layout(block: tuple[int, int]):
 
 def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
                              num_programs: int, store_delay_ns: int = 0, ablate: int = 0,
-                             plain_store: bool = False) -> None:
+                             plain_store: int = 0) -> None:
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory.
@@ -619,7 +652,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     loads after the ring's first fill, 4 the wgmmas (zeros stored), or a sum of them
     (``wgrad_kernel``'s ABLATE). ``plain_store`` (probes, tests; a cooperative ``cfg`` without
     ``defer``, ``out`` contiguous; a ``cfg`` with ``plain_store`` always): the tiles stored with
-    st.global by the MMA warps, not by TMA (``wgrad_kernel``'s PLAIN_STORE). A config with ``resident_k`` is ``gluon_wgrad_resident``'s
+    st.global, not by TMA, by the MMA warps (1) or the storer warp (2) (``wgrad_kernel``'s PLAIN_STORE). A config with ``resident_k`` is ``gluon_wgrad_resident``'s
     (ValueError here)."""
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
@@ -641,7 +674,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         descs += [kw.pop(name) for name in ("b2_desc", "c2_desc", "BN2", "A_KMAJOR", "a2_desc", "bk2_desc",
                                             "STORE_DELAY_NS", "ABLATE")] + [out]
         kw.pop("out_ptr")
-        kw = dict(kw, PLAIN_STORE=True)
+        kw = dict(kw, PLAIN_STORE=int(plain_store or cfg.plain_store))
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg, store_delay_ns, ablate,
                                            plain_store or cfg.plain_store), *descs, **kw)
 
@@ -659,7 +692,7 @@ def _launch_constants(cfg: GluonConfig):
     if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
         kw.update(b2_desc=None, c2_desc=None, BN2=0)
     kw.update(A_KMAJOR=False, a2_desc=None, bk2_desc=None, STORE_DELAY_NS=0, ABLATE=0,  # grad_x's, tests', probes' switches
-              out_ptr=None, PLAIN_STORE=False)
+              out_ptr=None, PLAIN_STORE=0)
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, kw)
 
 
@@ -690,7 +723,7 @@ def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: t
     launch(wgrad_kernel, (num_programs,), ("gluon_grad_x", d_gate.device, T, H, I, num_programs, cfg),
            Tma(d_gate, a_block, a_layout), Tma(gate_weight, b_block, b_layout), Tma(grad_x, c_block, c_layout),
            *consts, None, None, 0, True, Tma(d_up, a_block, a_layout), Tma(up_weight, b_block, b_layout),
-           STORE_DELAY_NS=0, ABLATE=0, out_ptr=None, PLAIN_STORE=False, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+           STORE_DELAY_NS=0, ABLATE=0, out_ptr=None, PLAIN_STORE=0, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
 
 
 @lru_cache(maxsize=None)
