@@ -78,8 +78,6 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     T tokens)."""
     import torch
 
-    from probe_wgrad_defer import parse  # the tile names' reader, in this folder
-
     from swiglu.kernels import backward
     from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
 
@@ -89,8 +87,7 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     if table is None:
         return out
     for name in tiles or TILES:
-        tile, plain = plain_mode(name)
-        cfg = table if tile == "table" else replace(parse(tile, table), pingpong=False, BN2=0)
+        cfg, plain = tile_config(name, table)
         nprog = backward.tile_programs(dev, M, N, cfg)
         label = f"gluon {name}" + (f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
                                    f"{' ping-pong' if cfg.pingpong else ''})" if name == "table" else "")
@@ -112,8 +109,7 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     if ablate:
         out["fill_ (write ceiling)"] = lambda o: o.fill_(1.0)
         for name in tiles or ("table",):
-            tile, plain = plain_mode(name)  # bit 1 (the storer's TMA stores) does not apply to plain stores
-            cfg = table if tile == "table" else replace(parse(tile, table), pingpong=False, BN2=0)
+            cfg, plain = tile_config(name, table)  # bit 1 (the storer's TMA stores) does not apply to plain stores
             if cfg.pingpong:
                 continue
             nprog = backward.tile_programs(dev, M, N, cfg)
@@ -124,13 +120,18 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     return out
 
 
-def plain_mode(name: str) -> tuple[str, int]:
-    """A ``--tiles`` name's tile and ``plain_store`` mode: `` plain`` 1 (the MMA warps' st.global),
-    `` plain2`` 2 (the storer warp's), else 0."""
-    for suffix, mode in ((" plain2", 2), (" plain", 1)):
+def tile_config(name: str, table):
+    """A ``--tiles`` name's config and ``plain_store`` mode: "table" is ``table``, another tile is
+    ``table`` with that cooperative tile (``probe_wgrad_defer.parse``); a suffix `` plain`` is
+    mode 1 (the MMA warps' st.global), `` plain2`` mode 2 (the storer warp's), none 0."""
+    from probe_wgrad_defer import parse  # the tile names' reader, in this folder
+
+    tile, mode = name, 0
+    for suffix, m in ((" plain2", 2), (" plain", 1)):
         if name.endswith(suffix):
-            return name[:-len(suffix)], mode
-    return name, 0
+            tile, mode = name[:-len(suffix)], m
+            break
+    return (table if tile == "table" else replace(parse(tile, table), pingpong=False, BN2=0)), mode
 
 
 def unchecked(label: str) -> bool:

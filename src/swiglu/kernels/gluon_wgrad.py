@@ -610,25 +610,16 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
         ], [1, 1], [LOAD_REGS, STORE_REGS])
     else:
         # ABLATE (probes): bit 1 the storer that skips its stores, bit 2 the loader that stops
-        # loading, bit 4 the MMA warps without wgmma.
-        if PLAIN_STORE == 1:  # out_ptr is a partition argument only where given (None is no value)
-            gl.warp_specialize([
-                (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0, out_ptr, PLAIN_STORE)),
-                (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
-                (_store_partition_skipped, args + (c_desc, c_bufs)),
-            ], [1, 1], [LOAD_REGS, STORE_REGS])
-        elif PLAIN_STORE == 2:
-            gl.warp_specialize([
-                (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0)),
-                (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
-                (_store_partition_plain, args + (c_desc, c_bufs, out_ptr)),
-            ], [1, 1], [LOAD_REGS, STORE_REGS])
-        else:
-            gl.warp_specialize([
-                (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0)),
-                (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
-                (_store_partition_skipped if ABLATE & 1 else _store_partition, args + (c_desc, c_bufs)),
-            ], [1, 1], [LOAD_REGS, STORE_REGS])
+        # loading, bit 4 the MMA warps without wgmma. PLAIN_STORE 1: out_ptr goes to the MMA warps
+        # (a partition argument only where given: None is no value) and the storer only keeps the
+        # barriers; 2: the storer that writes with st.global.
+        gl.warp_specialize([
+            (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0)
+             + ((out_ptr, PLAIN_STORE) if PLAIN_STORE == 1 else ())),
+            (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
+            (_store_partition_plain, args + (c_desc, c_bufs, out_ptr)) if PLAIN_STORE == 2 else
+            (_store_partition_skipped if ABLATE & 1 or PLAIN_STORE == 1 else _store_partition, args + (c_desc, c_bufs)),
+        ], [1, 1], [LOAD_REGS, STORE_REGS])
     _pdl_end(PDL)
 
 
@@ -664,7 +655,8 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         descs += consts
     if store_delay_ns or ablate:
         kw = dict(kw, STORE_DELAY_NS=store_delay_ns, ABLATE=ablate)
-    if plain_store or cfg.plain_store:
+    plain = plain_store or cfg.plain_store
+    if plain:
         if cfg.pingpong or cfg.defer or ablate & 1 or not out.is_contiguous():
             raise ValueError(f"plain_store takes a cooperative config without defer, ablate without bit 1 and a contiguous "
                              f"out, got {cfg}, ablate={ablate}, out strides {out.stride()}")
@@ -674,9 +666,9 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         descs += [kw.pop(name) for name in ("b2_desc", "c2_desc", "BN2", "A_KMAJOR", "a2_desc", "bk2_desc",
                                             "STORE_DELAY_NS", "ABLATE")] + [out]
         kw.pop("out_ptr")
-        kw = dict(kw, PLAIN_STORE=int(plain_store or cfg.plain_store))
+        kw = dict(kw, PLAIN_STORE=int(plain))
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg, store_delay_ns, ablate,
-                                           plain_store or cfg.plain_store), *descs, **kw)
+                                           plain), *descs, **kw)
 
 
 @lru_cache(maxsize=None)
