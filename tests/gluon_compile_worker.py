@@ -173,8 +173,6 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         results.append(compile_one(dataclasses.replace(cooperative, NC=1), plain_store=1, ablate=6))
         # ... and by the storer warp from the output buffers (PLAIN_STORE 2), as the table has them.
         results.append(compile_one(cooperative, plain_store=2))
-        # ... and by each ping-pong MMA warpgroup from its own buffer (NC 2), 128 x 128 and 128 x 192 tiles.
-        results += [compile_one(gluon_wgrad.WIDE_CANDIDATES[i], plain_store=1) for i in (3, 1)]
         # The resident-A kernel's candidates (gluon_wgrad_resident), the first also deferred and with
         # PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]

@@ -262,8 +262,7 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
     assert any(r["store_delay_ns"] for r in report["results"])
     assert {r["pdl"] for r in report["results"]} == {0, 1, 2}
     assert {r["ablate"] for r in report["results"]} == {0, 1, 2, 3, 4, 5, 6}
-    assert sorted(r.get("plain_store") for r in report["results"] if r.get("plain_store")) == [1, 1, 1, 1, 1, 2]
-    assert sum(1 for r in report["results"] if r.get("plain_store") and GluonConfig(**r["config"]).pingpong) == 2
+    assert sorted(r.get("plain_store") for r in report["results"] if r.get("plain_store")) == [1, 1, 1, 2]
 
 
 @pytest.mark.parametrize("which", ["gpu-image", "own"])
@@ -499,52 +498,17 @@ def test_plain_store_gives_the_tma_store_bits(M, N, K):
 
 
 def test_plain_store_configs_check_their_fields():
-    """``GluonConfig.plain_store``: 0, 1 or 2, not deferred, no resident A; with ping-pong only
-    1 and with NC 2 (a buffer per MMA warpgroup); the cooperative 1 counts the layout
-    conversion's scratch in the shared-memory estimate (the compile test checks it against
-    Triton's), the ping-pong 1 reads its buffers."""
+    """``GluonConfig.plain_store``: 0, 1 or 2; cooperative, not deferred, no resident A; with 1
+    the shared-memory estimate counts the layout conversion's scratch (the compile test checks
+    it against Triton's)."""
     base = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=1)
     assert replace(base, plain_store=1).smem_bytes() == base.smem_bytes() + 128 * 128 * 2
     assert replace(base, plain_store=2).smem_bytes() == base.smem_bytes()  # it reads the output buffers
-    pingpong = replace(base, NC=2, pingpong=True, BN2=64)
-    assert replace(pingpong, plain_store=1).smem_bytes() == pingpong.smem_bytes()
-    for bad in (dict(pingpong=True, NC=2), dict(pingpong=True, NC=2, plain_store=2), dict(defer=True),
-                dict(resident_k=128)):
+    for bad in (dict(pingpong=True), dict(defer=True), dict(resident_k=128)):
         with pytest.raises(ValueError, match="plain_store"):
-            replace(base, **{"plain_store": 2, **bad})
-    with pytest.raises(ValueError, match="plain_store"):
-        replace(base, pingpong=True, plain_store=1)  # NC 1: both warpgroups would share the buffer
+            replace(base, plain_store=2, **bad)
     with pytest.raises(ValueError, match="plain_store"):
         replace(base, plain_store=3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K", [(53248 // 8, 16384 // 8, 256), (1000, 1032, 77), (1000, 1000, 300)],
-                         ids=["hermes_slice", "ragged", "ragged_wide"])
-def test_pingpong_plain_store_gives_the_tma_store_bits(M, N, K):
-    """The ping-pong kernel with ``plain_store`` 1 (each MMA warpgroup stores its tile with
-    st.global from its own buffer), on 128 x 128 and 128 x (128 + 64) tiles: the TMA-store
-    kernel's bits at the same tile, every element written (NaN-poisoned output), nothing past it
-    (guard elements stay NaN), at ragged sizes (N = 1000: a second chunk partly and wholly past N)."""
-    from swiglu.kernels import common
-    from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES, launch_grad_weight_gluon
-
-    gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
-    a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
-    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
-    for cfg in (WIDE_CANDIDATES[3], WIDE_CANDIDATES[1], replace(WIDE_CANDIDATES[2], GROUP_M=8)):
-        assert cfg.pingpong and cfg.NC == 2
-        want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        nprog = common.tile_programs(want.device, M, N, cfg)
-        launch_grad_weight_gluon(a, b, want, cfg, nprog)
-        guard = torch.full((M * N + 128,), float("nan"), device="cuda", dtype=torch.bfloat16)
-        got = guard[64:64 + M * N].view(M, N)
-        launch_grad_weight_gluon(a, b, got, replace(cfg, plain_store=1), nprog)
-        _finishes_within(60)
-        assert torch.isnan(guard[:64]).all() and torch.isnan(guard[-64:]).all(), f"a store outside out, {cfg}"
-        assert torch.isfinite(want).all() and torch.isfinite(got).all() and torch.equal(got, want), cfg
-    with pytest.raises(ValueError, match="plain_store"):
-        launch_grad_weight_gluon(a, b, want, WIDE_CANDIDATES[0], 1, plain_store=1)  # NC 1
 
 
 def test_resident_configs_check_their_fields_and_tokens():

@@ -85,11 +85,10 @@ class GluonConfig:
     # K (BM + BN) / (BM BN); GROUP_M programs then take each run of tiles in turn (1-64). 0: the
     # ring of A and B stages (``gluon_wgrad``).
     resident_k: int = 0
-    # Not deferred, no resident A: each tile stored with st.global instead of TMA stores
-    # (``gluon_wgrad.wgrad_kernel``'s PLAIN_STORE). Cooperative: 1 by the MMA warps (through a
-    # layout conversion in shared memory; the output buffers go unused, NC = 1), 2 by the storer
-    # warp from its buffer. Ping-pong (1 only, NC = 2): each MMA warpgroup writes its tile into its
-    # own output buffer and stores it from there while the other runs its MMAs. 0: TMA stores.
+    # Cooperative only, not deferred: each tile stored with st.global instead of TMA stores
+    # (``gluon_wgrad.wgrad_kernel``'s PLAIN_STORE): 1 by the MMA warps (through a layout conversion
+    # in shared memory; the output buffers go unused, NC = 1), 2 by the storer warp from its
+    # buffer; 0 TMA stores.
     plain_store: int = 0
 
     @property
@@ -102,8 +101,7 @@ class GluonConfig:
         own figure (sm_90, triton 3.6.0) is at most this: tests/test_gluon.py compiles each table entry."""
         if self.resident_k:
             return (self.resident_k * self.BM + self.STAGES * self.BK * self.BN) * 2 + self.NC * self.BM * self.BN * 2 + 1024
-        # The cooperative st.global epilogue's layout conversion scratch (ping-pong reads its buffer).
-        conversion = self.BM * self.tile_n * 2 if self.plain_store == 1 and not self.pingpong else 0
+        conversion = self.BM * self.tile_n * 2 if self.plain_store == 1 else 0  # the layout conversion's scratch
         return (self.STAGES * (self.BK * self.BM + self.BK * self.tile_n) * 2 + self.NC * self.BM * self.tile_n * 2
                 + conversion + 1024)
 
@@ -114,10 +112,9 @@ class GluonConfig:
             # A one-stage ring deadlocks from two k-steps up: step c waits for its stage while
             # step c - 1's wgmma, which releases it, is still held.
             raise ValueError(f"GluonConfig.STAGES must be >= 2, got {self.STAGES}")
-        if (self.plain_store not in (0, 1, 2) or self.plain_store and (self.defer or self.resident_k)
-                or self.pingpong and self.plain_store and (self.plain_store != 1 or self.NC != 2)):
-            raise ValueError(f"GluonConfig.plain_store must be 0, 1 or 2, 0 with defer or resident_k, and with "
-                             f"pingpong 0 or 1 with NC 2 (a buffer per MMA warpgroup), got {self}")
+        if self.plain_store not in (0, 1, 2) or self.plain_store and (self.pingpong or self.defer or self.resident_k):
+            raise ValueError(f"GluonConfig.plain_store must be 0, 1 or 2, and 0 with pingpong, defer or resident_k, "
+                             f"got {self}")
         if self.resident_k and (self.pingpong or self.resident_k < 0 or self.resident_k % self.BK
                                 or not 1 <= self.GROUP_M <= 64):
             raise ValueError(f"GluonConfig.resident_k must be 0 or, without pingpong and with GROUP_M in "

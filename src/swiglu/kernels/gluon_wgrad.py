@@ -376,43 +376,6 @@ def _store_partition_plain(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready
 
 
 @gluon.jit
-def _store_partition_idle(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                          GROUP_M: gl.constexpr, c2_desc, c2_bufs):
-    # PLAIN_STORE with PINGPONG: the MMA warpgroups store their own tiles; the storer has none.
-    pass
-
-
-@gluon.jit
-def _epilogue_pingpong_plain(out, i, WHICH: gl.constexpr, c_desc, c_bufs, out_ptr, GROUP_M: gl.constexpr,
-                             BNT: gl.constexpr, out2=None, c2_bufs=None):
-    # PLAIN_STORE with PINGPONG: tile i (and its second chunk, out2) into this warpgroup's own
-    # buffers (index WHICH), read back in rows of 16-byte vectors and stored with st.global by the
-    # same four warps while the other warpgroup runs its MMAs: no TMA store beside the loads.
-    BM: gl.constexpr = c_desc.block_type.shape[0]
-    BN: gl.constexpr = c_desc.block_type.shape[1]
-    ROWS: gl.constexpr = 32  # rows per read-back: 32 values per thread live at a time
-    num_m, num_n, pid, nprog, _ = _program_tiles(c_desc, BM, BNT)
-    pid_m, pid_n = _tile_mn(pid + i * nprog, num_m, num_n, GROUP_M)
-    M = c_desc.shape[0]
-    N = c_desc.shape[1]
-    c_buf = c_bufs.index(WHICH)
-    _cta_barrier()  # every warp of this warpgroup done reading its previous tile's buffers
-    if out2 is not None:  # the narrower chunk first, as _epilogue_store
-        c2_bufs.index(WHICH).store(out2.to(c2_bufs.dtype))
-    c_buf.store(out.to(c_bufs.dtype))
-    _cta_barrier()
-    layout: gl.constexpr = _plain_store_layout(BN, gl.num_warps())
-    for r in gl.static_range(0, BM, ROWS):
-        _store_rows(c_buf.slice(r, ROWS).load(layout), out_ptr, pid_m * BM + r, pid_n * BNT, M, N, layout)
-    if out2 is not None:
-        BN2: gl.constexpr = c2_bufs.type.shape[2]
-        layout2: gl.constexpr = _plain_store_layout(BN2, gl.num_warps())
-        c2_buf = c2_bufs.index(WHICH)
-        for r in gl.static_range(0, BM, ROWS):
-            _store_rows(c2_buf.slice(r, ROWS).load(layout2), out_ptr, pid_m * BM + r, pid_n * BNT + BN, M, N, layout2)
-
-
-@gluon.jit
 def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
                       GROUP_M: gl.constexpr, DEFER: gl.constexpr, A_KMAJOR: gl.constexpr,
                       SKIP_MMA: gl.constexpr = False, out_ptr=None, PLAIN_STORE: gl.constexpr = 0):
@@ -485,8 +448,7 @@ WIDE_CANDIDATES = (
 
 @gluon.jit
 def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M: gl.constexpr, WHICH: gl.constexpr, b2_bufs, c2_bufs,
-                            out_ptr=None, PLAIN: gl.constexpr = False):
+                            order, GROUP_M: gl.constexpr, WHICH: gl.constexpr, b2_bufs, c2_bufs):
     # Warpgroup WHICH (0 or 1) takes the program's tiles WHICH, WHICH + 2, ...; the loader fills
     # the shared ring in tile order, so each epilogue overlaps the other warpgroup's mainloop.
     # Step g of the program (tile i, k-step kk: g = i * k_tiles + kk) uses stage g % STAGES with
@@ -537,22 +499,16 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _cta_barrier()
         mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
-        if PLAIN:
-            if BN2 > 0:
-                _epilogue_pingpong_plain(acc, i, WHICH, c_desc, c_bufs, out_ptr, GROUP_M, BN + BN2, acc2, c2_bufs)
-            else:
-                _epilogue_pingpong_plain(acc, i, WHICH, c_desc, c_bufs, out_ptr, GROUP_M, BN)
+        if NC == 1:
+            # One output buffer: the epilogues take turns (tile i - 1's handed to the storer
+            # first). Without it this warpgroup, its own tile i - 2 stored, could wait on c_empty
+            # for tile i while tile i - 1's phase is still open, pass two phases early and write
+            # the buffer under a TMA store still reading it (seen on the H200 at T = 200).
+            mbarrier.wait(c_ready.index(0), (i - 1) & 1, pred=i > 0)
+        if BN2 > 0:
+            _epilogue_store(acc, i, c_desc, c_bufs, c_ready, c_empty, acc2, c2_bufs)
         else:
-            if NC == 1:
-                # One output buffer: the epilogues take turns (tile i - 1's handed to the storer
-                # first). Without it this warpgroup, its own tile i - 2 stored, could wait on c_empty
-                # for tile i while tile i - 1's phase is still open, pass two phases early and write
-                # the buffer under a TMA store still reading it (seen on the H200 at T = 200).
-                mbarrier.wait(c_ready.index(0), (i - 1) & 1, pred=i > 0)
-            if BN2 > 0:
-                _epilogue_store(acc, i, c_desc, c_bufs, c_ready, c_empty, acc2, c2_bufs)
-            else:
-                _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
+            _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
         j += 1
 
 
@@ -568,20 +524,6 @@ def _mma_pingpong_second(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, 
                          order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs):
     _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
                             order, GROUP_M, 1, b2_bufs, c2_bufs)
-
-
-@gluon.jit
-def _mma_pingpong_first_plain(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                              order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs, out_ptr):
-    _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M, 0, b2_bufs, c2_bufs, out_ptr, True)
-
-
-@gluon.jit
-def _mma_pingpong_second_plain(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                               order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs, out_ptr):
-    _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M, 1, b2_bufs, c2_bufs, out_ptr, True)
 
 
 @gluon.jit
@@ -614,10 +556,8 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     gl.static_assert(not (A_KMAJOR and PINGPONG), "grad_x (A_KMAJOR) runs the cooperative partitions only")
     gl.static_assert(STORE_DELAY_NS == 0 or PINGPONG, "STORE_DELAY_NS is the ping-pong kernel's test switch")
     gl.static_assert(ABLATE == 0 or not (PINGPONG or A_KMAJOR), "ABLATE is the cooperative weight gradient's probe switch")
-    gl.static_assert(not PLAIN_STORE or not (A_KMAJOR or DEFER or (ABLATE & 1)),
-                     "PLAIN_STORE is the weight gradient's switch (no DEFER, no ABLATE bit 1)")
-    gl.static_assert(not (PLAIN_STORE and PINGPONG) or (PLAIN_STORE == 1 and NC == 2 and STORE_DELAY_NS == 0),
-                     "PLAIN_STORE with PINGPONG is 1, with NC 2 (a buffer per MMA warpgroup)")
+    gl.static_assert(not PLAIN_STORE or not (PINGPONG or A_KMAJOR or DEFER or (ABLATE & 1)),
+                     "PLAIN_STORE is the cooperative weight gradient's probe switch (no DEFER, no ABLATE bit 1)")
 
     # A's stages in A's block shape: [BK, BM] (weight gradients) or [BM, BK] (grad_x).
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], a_desc.block_type.shape[1]],
@@ -647,14 +587,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
         else:  # placeholders (partition arguments must be values), never read
             b2_desc, c2_desc, b2_bufs, c2_bufs = b_desc, c_desc, b_bufs, c_bufs
         pp_args = args[:-1] + (order, GROUP_M, b2_bufs, c2_bufs)
-        if PLAIN_STORE:
-            gl.warp_specialize([
-                (_mma_pingpong_first_plain, pp_args + (out_ptr, )),
-                (_mma_pingpong_second_plain, pp_args + (out_ptr, )),
-                (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
-                (_store_partition_idle, args + (c2_desc, c2_bufs)),
-            ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
-        elif STORE_DELAY_NS > 0:
+        if STORE_DELAY_NS > 0:
             delay = gl.program_id(0) * 0 + STORE_DELAY_NS  # a value: worker arguments cannot be constexprs
             gl.warp_specialize([
                 (_mma_pingpong_first, pp_args),
@@ -724,17 +657,14 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         kw = dict(kw, STORE_DELAY_NS=store_delay_ns, ABLATE=ablate)
     plain = plain_store or cfg.plain_store
     if plain:
-        if (cfg.defer or ablate & 1 or not out.is_contiguous()
-                or cfg.pingpong and (plain != 1 or cfg.NC != 2 or store_delay_ns)):
-            raise ValueError(f"plain_store takes a config without defer, ablate without bit 1, a contiguous out, and "
-                             f"with pingpong mode 1, NC 2 and no store delay; got {cfg}, plain_store={plain}, "
-                             f"ablate={ablate}, out strides {out.stride()}")
+        if cfg.pingpong or cfg.defer or ablate & 1 or not out.is_contiguous():
+            raise ValueError(f"plain_store takes a cooperative config without defer, ablate without bit 1 and a contiguous "
+                             f"out, got {cfg}, ablate={ablate}, out strides {out.stride()}")
         # out's pointer positionally (keyword values are kept per launch key), after every
-        # argument before it in the signature (kw is the cached constants' dict: copied; a wide
-        # config's b2_desc, c2_desc and BN2 are in descs already).
+        # argument before it in the signature (kw is the cached constants' dict: copied).
         kw = dict(kw)
         descs += [kw.pop(name) for name in ("b2_desc", "c2_desc", "BN2", "A_KMAJOR", "a2_desc", "bk2_desc",
-                                            "STORE_DELAY_NS", "ABLATE") if name in kw] + [out]
+                                            "STORE_DELAY_NS", "ABLATE")] + [out]
         kw.pop("out_ptr")
         kw = dict(kw, PLAIN_STORE=int(plain))
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg, store_delay_ns, ablate,
