@@ -18,9 +18,8 @@ without the deferred epilogue), each also compared
 bitwise with the table's kernel (``same_bits_as_table``; the per-element sum runs over the same
 K-steps whatever the tile, and every candidate measured gave the same bits).
 
-``--ablate`` adds, for the table's config at T where it is cooperative (and each cooperative tile
-of ``--tiles`` when given), the same kernel with its stores
-skipped, with its loads skipped after the ring's first fill, with both, without its wgmmas (zeros
+``--ablate`` adds, for the table's config (and each tile of ``--tiles`` when given), the same
+kernel with its stores skipped (a ping-pong config: only that one), with its loads skipped after the ring's first fill, with both, without its wgmmas (zeros
 stored), and without wgmmas and loads (the store path alone) (``wgrad_kernel``'s ABLATE; their
 outputs are not checked), and ``fill_`` of the output (the write ceiling): the
 time each part of the weight gradient costs alone, at the clock it runs at.
@@ -110,11 +109,9 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
         out["fill_ (write ceiling)"] = lambda o: o.fill_(1.0)
         for name in tiles or ("table",):
             cfg, plain = tile_config(name, table)  # bit 1 (the storer's TMA stores) does not apply to plain stores
-            if cfg.pingpong:
-                continue
             nprog = backward.tile_programs(dev, M, N, cfg)
             for suffix, mode in ABLATIONS.items():
-                if not (plain and mode & 1):
+                if not (plain and mode & 1) and not (cfg.pingpong and mode != 1):  # ping-pong: stores skipped only
                     out[f"gluon {name}, {suffix}"] = (lambda c, p, m, pl: lambda o: launch_grad_weight_gluon(
                         a, b, o, c, p, ablate=m, plain_store=pl))(cfg, nprog, mode, plain)
     return out

@@ -555,7 +555,8 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     dtype: gl.constexpr = c_desc.dtype
     gl.static_assert(not (A_KMAJOR and PINGPONG), "grad_x (A_KMAJOR) runs the cooperative partitions only")
     gl.static_assert(STORE_DELAY_NS == 0 or PINGPONG, "STORE_DELAY_NS is the ping-pong kernel's test switch")
-    gl.static_assert(ABLATE == 0 or not (PINGPONG or A_KMAJOR), "ABLATE is the cooperative weight gradient's probe switch")
+    gl.static_assert(ABLATE == 0 or not (A_KMAJOR or PINGPONG and ABLATE != 1),
+                     "ABLATE is the weight gradient's probe switch (ping-pong: 1 only)")
     gl.static_assert(not PLAIN_STORE or not (PINGPONG or A_KMAJOR or DEFER or (ABLATE & 1)),
                      "PLAIN_STORE is the cooperative weight gradient's probe switch (no DEFER, no ABLATE bit 1)")
 
@@ -600,7 +601,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
                 (_mma_pingpong_first, pp_args),
                 (_mma_pingpong_second, pp_args),
                 (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
-                (_store_partition, args + (c2_desc, c2_bufs)),
+                (_store_partition_skipped if ABLATE & 1 else _store_partition, args + (c2_desc, c2_bufs)),
             ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
     elif A_KMAJOR:
         gl.warp_specialize([
