@@ -81,6 +81,7 @@ def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0
         constexprs.update({"a2_desc": None, "bk2_desc": None})
     constexprs["PDL"] = pdl  # 0: the default launch (common.PDL)
     constexprs["PLAIN_STORE"] = plain_store
+    constexprs["WG_STORE"] = cfg.wg_store
     if not plain_store:
         constexprs["out_ptr"] = None
     sig.update({k: "constexpr" for k in constexprs})
@@ -173,6 +174,9 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         results.append(compile_one(dataclasses.replace(cooperative, NC=1), plain_store=1, ablate=6))
         # ... and by the storer warp from the output buffers (PLAIN_STORE 2), as the table has them.
         results.append(compile_one(cooperative, plain_store=2))
+        # The ping-pong MMA warpgroups storing their own chunks (wg_store), 64- and 32-deep k-steps.
+        results += [compile_one(dataclasses.replace(gluon_wgrad.WIDE_CANDIDATES[0], wg_store=2)),
+                    compile_one(dataclasses.replace(gluon_wgrad.WIDE_CANDIDATES[2], STAGES=8, wg_store=2))]
         # The resident-A kernel's candidates (gluon_wgrad_resident), the first also deferred and with
         # PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]

@@ -260,6 +260,7 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
     assert any(GluonConfig(**r["config"]).pingpong for r in report["results"])
     assert any(GluonConfig(**r["config"]).BN2 and r["spills"] == 0 for r in report["results"])
     assert any(r["store_delay_ns"] for r in report["results"])
+    assert any(GluonConfig(**r["config"]).wg_store and r["spills"] == 0 for r in report["results"])
     assert {r["pdl"] for r in report["results"]} == {0, 1, 2}
     assert {r["ablate"] for r in report["results"]} == {0, 1, 2, 3, 4, 5, 6}
     assert sorted(r.get("plain_store") for r in report["results"] if r.get("plain_store")) == [1, 1, 1, 2]
@@ -509,6 +510,43 @@ def test_plain_store_configs_check_their_fields():
             replace(base, plain_store=2, **bad)
     with pytest.raises(ValueError, match="plain_store"):
         replace(base, plain_store=3)
+
+
+def test_wg_store_configs_check_their_fields():
+    """``GluonConfig.wg_store``: chunk buffers per MMA warpgroup of a ping-pong tile with
+    BN = 2 * BN2 (three BN2-wide chunks), in place of the NC tile buffers in the shared-memory
+    estimate; anything else is refused."""
+    wide = GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=4, NC=1, pingpong=True, mma_regs=232)
+    assert replace(wide, wg_store=2).smem_bytes() == wide.smem_bytes() - 128 * 192 * 2 + 2 * 2 * 128 * 64 * 2
+    for bad in (dict(pingpong=False, BN2=0), dict(BN2=32), dict(wg_store=-1), dict(plain_store=1, NC=2)):
+        with pytest.raises(ValueError, match="wg_store"):
+            replace(wide, **{"wg_store": 2, **bad})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", [(53248 // 8, 16384 // 8, 256), (1000, 1032, 77), (1000, 1000, 300), (130, 200, 1)],
+                         ids=["hermes_slice", "ragged", "ragged_wide", "one_token"])
+def test_wg_store_gives_the_storer_bits(M, N, K):
+    """The ping-pong kernel with ``wg_store`` (each MMA warpgroup stores its tile by TMA in
+    chunks of its own, no storer warp): the storer kernel's bits at the same tile, every element
+    written (NaN-poisoned output), nothing past it (guard elements stay NaN), at ragged sizes
+    (N = 1000: chunks partly and wholly past N) and one token."""
+    from swiglu.kernels import common
+    from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES, launch_grad_weight_gluon
+
+    gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
+    a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for cfg, chunks in ((WIDE_CANDIDATES[0], 2), (WIDE_CANDIDATES[0], 1), (replace(WIDE_CANDIDATES[2], STAGES=8), 2)):
+        want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        nprog = common.tile_programs(want.device, M, N, cfg)
+        launch_grad_weight_gluon(a, b, want, cfg, nprog)
+        guard = torch.full((M * N + 128,), float("nan"), device="cuda", dtype=torch.bfloat16)
+        got = guard[64:64 + M * N].view(M, N)
+        launch_grad_weight_gluon(a, b, got, replace(cfg, wg_store=chunks), nprog)
+        _finishes_within(60)
+        assert torch.isnan(guard[:64]).all() and torch.isnan(guard[-64:]).all(), f"a store outside out, {cfg}"
+        assert torch.isfinite(want).all() and torch.isfinite(got).all() and torch.equal(got, want), (cfg, chunks)
 
 
 def test_resident_configs_check_their_fields_and_tokens():

@@ -90,6 +90,10 @@ class GluonConfig:
     # in shared memory; the output buffers go unused, NC = 1), 2 by the storer warp from its
     # buffer; 0 TMA stores.
     plain_store: int = 0
+    # Ping-pong with BN = 2 * BN2 only: each MMA warpgroup stores its own tile by TMA in three
+    # BN2-wide chunks through wg_store chunk buffers of its own (quack's epilogue), no storer warp
+    # and no whole-tile output buffer (NC unused); 0: the storer and NC tile buffers.
+    wg_store: int = 0
 
     @property
     def tile_n(self) -> int:
@@ -102,8 +106,8 @@ class GluonConfig:
         if self.resident_k:
             return (self.resident_k * self.BM + self.STAGES * self.BK * self.BN) * 2 + self.NC * self.BM * self.BN * 2 + 1024
         conversion = self.BM * self.tile_n * 2 if self.plain_store == 1 else 0  # the layout conversion's scratch
-        return (self.STAGES * (self.BK * self.BM + self.BK * self.tile_n) * 2 + self.NC * self.BM * self.tile_n * 2
-                + conversion + 1024)
+        output = 2 * self.wg_store * self.BM * self.BN2 * 2 if self.wg_store else self.NC * self.BM * self.tile_n * 2
+        return self.STAGES * (self.BK * self.BM + self.BK * self.tile_n) * 2 + output + conversion + 1024
 
     def __post_init__(self) -> None:
         if self.BN2 and (not self.pingpong or self.BN2 & (self.BN2 - 1) or not 8 <= self.BN2 < self.BN):
@@ -115,6 +119,9 @@ class GluonConfig:
         if self.plain_store not in (0, 1, 2) or self.plain_store and (self.pingpong or self.defer or self.resident_k):
             raise ValueError(f"GluonConfig.plain_store must be 0, 1 or 2, and 0 with pingpong, defer or resident_k, "
                              f"got {self}")
+        if self.wg_store and (self.wg_store < 0 or not self.pingpong or self.BN != 2 * self.BN2 or self.plain_store):
+            raise ValueError(f"GluonConfig.wg_store must be 0 or, with pingpong and BN = 2 * BN2 (no plain_store), "
+                             f"the chunk buffers per MMA warpgroup, got {self.wg_store} ({self})")
         if self.resident_k and (self.pingpong or self.resident_k < 0 or self.resident_k % self.BK
                                 or not 1 <= self.GROUP_M <= 64):
             raise ValueError(f"GluonConfig.resident_k must be 0 or, without pingpong and with GROUP_M in "

@@ -376,6 +376,47 @@ def _store_partition_plain(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready
 
 
 @gluon.jit
+def _store_partition_idle(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                          GROUP_M: gl.constexpr, c2_desc, c2_bufs):
+    # WG_STORE: the MMA warpgroups store their own tiles; the storer has none.
+    pass
+
+
+@gluon.jit
+def _store_chunk(vals, q, WHICH: gl.constexpr, c2_desc, c_bufs, row, col):
+    # WG_STORE: one BM x BN2 chunk through this warpgroup's ring of chunk buffers (q: its chunks
+    # so far), stored by TMA from here. The same elected thread issues every store of the
+    # partition, so its store_wait sees them all; the barriers pass that on to the other warps.
+    NCH: gl.constexpr = c_bufs.type.shape[0] // 2
+    buf = c_bufs.index(WHICH * NCH + q % NCH)
+    tma.store_wait(pendings=NCH - 1)  # the store that last read this buffer is done reading it
+    _cta_barrier()
+    buf.store(vals.to(c_bufs.dtype))
+    fence_async_shared()
+    _cta_barrier()
+    tma.async_copy_shared_to_global(c2_desc, [row, col], buf)
+    return q + 1
+
+
+@gluon.jit
+def _epilogue_wg_store(acc, acc2, q, i, WHICH: gl.constexpr, c2_desc, c_bufs, GROUP_M: gl.constexpr):
+    # WG_STORE: tile i (BM x (BN + BN2), BN = 2 * BN2) in three BN2-wide chunks: acc2's first
+    # (its registers free before the others' conversions), then acc's two halves (split in
+    # registers). Returns the warpgroup's chunk count after them.
+    BM: gl.constexpr = c2_desc.block_type.shape[0]
+    BN2: gl.constexpr = c2_desc.block_type.shape[1]
+    num_m, num_n, pid, nprog, _ = _program_tiles(c2_desc, BM, 3 * BN2)
+    pid_m, pid_n = _tile_mn(pid + i * nprog, num_m, num_n, GROUP_M)
+    row = pid_m * BM
+    col = pid_n * (3 * BN2)
+    q = _store_chunk(acc2, q, WHICH, c2_desc, c_bufs, row, col + 2 * BN2)
+    lo, hi = gl.split(gl.permute(gl.reshape(acc, [BM, 2, BN2]), (0, 2, 1)))
+    q = _store_chunk(lo, q, WHICH, c2_desc, c_bufs, row, col)
+    q = _store_chunk(hi, q, WHICH, c2_desc, c_bufs, row, col + BN2)
+    return q
+
+
+@gluon.jit
 def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
                       GROUP_M: gl.constexpr, DEFER: gl.constexpr, A_KMAJOR: gl.constexpr,
                       SKIP_MMA: gl.constexpr = False, out_ptr=None, PLAIN_STORE: gl.constexpr = 0):
@@ -448,7 +489,8 @@ WIDE_CANDIDATES = (
 
 @gluon.jit
 def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M: gl.constexpr, WHICH: gl.constexpr, b2_bufs, c2_bufs):
+                            order, GROUP_M: gl.constexpr, WHICH: gl.constexpr, b2_bufs, c2_bufs,
+                            c2_desc=None, WG_STORE: gl.constexpr = False):
     # Warpgroup WHICH (0 or 1) takes the program's tiles WHICH, WHICH + 2, ...; the loader fills
     # the shared ring in tile order, so each epilogue overlaps the other warpgroup's mainloop.
     # Step g of the program (tile i, k-step kk: g = i * k_tiles + kk) uses stage g % STAGES with
@@ -473,6 +515,7 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
         mma_layout2: gl.constexpr = _mma_layout(BM, BN2, gl.num_warps())
         acc2 = gl.zeros((BM, BN2), dtype=gl.float32, layout=mma_layout2)
     j = 0  # this warpgroup's tiles so far
+    q = 0  # WG_STORE: this warpgroup's chunks stored so far
     for i in range(WHICH, num_tiles, 2):
         # The other warpgroup's mainloop of tile i - 1: its arrival j - 1 (warpgroup 0; a fresh
         # barrier passes parity 1 at once, so tile 0 does not wait) or j (warpgroup 1).
@@ -499,17 +542,22 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _cta_barrier()
         mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
-        if NC == 1:
-            # One output buffer: the epilogues take turns (tile i - 1's handed to the storer
-            # first). Without it this warpgroup, its own tile i - 2 stored, could wait on c_empty
-            # for tile i while tile i - 1's phase is still open, pass two phases early and write
-            # the buffer under a TMA store still reading it (seen on the H200 at T = 200).
-            mbarrier.wait(c_ready.index(0), (i - 1) & 1, pred=i > 0)
-        if BN2 > 0:
-            _epilogue_store(acc, i, c_desc, c_bufs, c_ready, c_empty, acc2, c2_bufs)
+        if WG_STORE:
+            q = _epilogue_wg_store(acc, acc2, q, i, WHICH, c2_desc, c_bufs, GROUP_M)
         else:
-            _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
+            if NC == 1:
+                # One output buffer: the epilogues take turns (tile i - 1's handed to the storer
+                # first). Without it this warpgroup, its own tile i - 2 stored, could wait on c_empty
+                # for tile i while tile i - 1's phase is still open, pass two phases early and write
+                # the buffer under a TMA store still reading it (seen on the H200 at T = 200).
+                mbarrier.wait(c_ready.index(0), (i - 1) & 1, pred=i > 0)
+            if BN2 > 0:
+                _epilogue_store(acc, i, c_desc, c_bufs, c_ready, c_empty, acc2, c2_bufs)
+            else:
+                _epilogue_store(acc.to(dtype), i, c_desc, c_bufs, c_ready, c_empty)
         j += 1
+    if WG_STORE:
+        tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -527,12 +575,26 @@ def _mma_pingpong_second(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, 
 
 
 @gluon.jit
+def _mma_pingpong_first_wg_store(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                                 order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs, c2_desc):
+    _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                            order, GROUP_M, 0, b2_bufs, c2_bufs, c2_desc, True)
+
+
+@gluon.jit
+def _mma_pingpong_second_wg_store(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                                  order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs, c2_desc):
+    _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                            order, GROUP_M, 1, b2_bufs, c2_bufs, c2_desc, True)
+
+
+@gluon.jit
 def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
                  LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False,
                  PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, b2_desc=None, c2_desc=None,
                  BN2: gl.constexpr = 0, A_KMAJOR: gl.constexpr = False, a2_desc=None, bk2_desc=None,
                  STORE_DELAY_NS: gl.constexpr = 0, ABLATE: gl.constexpr = 0, out_ptr=None,
-                 PLAIN_STORE: gl.constexpr = 0, PDL: gl.constexpr = False):
+                 PLAIN_STORE: gl.constexpr = 0, PDL: gl.constexpr = False, WG_STORE: gl.constexpr = 0):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
     (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0
@@ -555,6 +617,8 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     dtype: gl.constexpr = c_desc.dtype
     gl.static_assert(not (A_KMAJOR and PINGPONG), "grad_x (A_KMAJOR) runs the cooperative partitions only")
     gl.static_assert(STORE_DELAY_NS == 0 or PINGPONG, "STORE_DELAY_NS is the ping-pong kernel's test switch")
+    gl.static_assert(not WG_STORE or (PINGPONG and BN2 > 0 and BN == 2 * BN2 and STORE_DELAY_NS == 0 and ABLATE == 0),
+                     "WG_STORE is the ping-pong kernel's with BN = 2 * BN2")
     gl.static_assert(ABLATE == 0 or not (A_KMAJOR or PINGPONG and ABLATE != 1),
                      "ABLATE is the weight gradient's probe switch (ping-pong: 1 only)")
     gl.static_assert(not PLAIN_STORE or not (PINGPONG or A_KMAJOR or DEFER or (ABLATE & 1)),
@@ -564,7 +628,10 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], a_desc.block_type.shape[1]],
                                        a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK, BN], b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], c_desc.layout)
+    if WG_STORE:  # WG_STORE chunk buffers [BM, BN2] per MMA warpgroup; NC unused
+        c_bufs = gl.allocate_shared_memory(dtype, [2 * WG_STORE, BM, BN2], c2_desc.layout)
+    else:
+        c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
@@ -588,7 +655,14 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
         else:  # placeholders (partition arguments must be values), never read
             b2_desc, c2_desc, b2_bufs, c2_bufs = b_desc, c_desc, b_bufs, c_bufs
         pp_args = args[:-1] + (order, GROUP_M, b2_bufs, c2_bufs)
-        if STORE_DELAY_NS > 0:
+        if WG_STORE:
+            gl.warp_specialize([
+                (_mma_pingpong_first_wg_store, pp_args + (c2_desc, )),
+                (_mma_pingpong_second_wg_store, pp_args + (c2_desc, )),
+                (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
+                (_store_partition_idle, args + (c2_desc, c2_bufs)),
+            ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+        elif STORE_DELAY_NS > 0:
             delay = gl.program_id(0) * 0 + STORE_DELAY_NS  # a value: worker arguments cannot be constexprs
             gl.warp_specialize([
                 (_mma_pingpong_first, pp_args),
@@ -685,7 +759,7 @@ def _launch_constants(cfg: GluonConfig):
     if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
         kw.update(b2_desc=None, c2_desc=None, BN2=0)
     kw.update(A_KMAJOR=False, a2_desc=None, bk2_desc=None, STORE_DELAY_NS=0, ABLATE=0,  # grad_x's, tests', probes' switches
-              out_ptr=None, PLAIN_STORE=0)
+              out_ptr=None, PLAIN_STORE=0, WG_STORE=cfg.wg_store)
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, kw)
 
 
@@ -716,7 +790,8 @@ def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: t
     launch(wgrad_kernel, (num_programs,), ("gluon_grad_x", d_gate.device, T, H, I, num_programs, cfg),
            Tma(d_gate, a_block, a_layout), Tma(gate_weight, b_block, b_layout), Tma(grad_x, c_block, c_layout),
            *consts, None, None, 0, True, Tma(d_up, a_block, a_layout), Tma(up_weight, b_block, b_layout),
-           STORE_DELAY_NS=0, ABLATE=0, out_ptr=None, PLAIN_STORE=0, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+           STORE_DELAY_NS=0, ABLATE=0, out_ptr=None, PLAIN_STORE=0, WG_STORE=0, num_warps=cfg.num_warps,
+           maxnreg=cfg.maxnreg)
 
 
 @lru_cache(maxsize=None)
