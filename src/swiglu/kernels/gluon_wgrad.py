@@ -8,7 +8,9 @@ The same partitions also run grad_x = d_gate @ gate_weight + d_up @ up_weight (`
 sums them); written and compiled for sm_90, not yet run on a GPU nor dispatched.
 
 At small K this GEMM is bound by writing ``out``; a TMA loader, two MMA warpgroups and a TMA storer
-with NC stores in flight overlap the stores with the next tiles' MMAs, which tl-level Triton cannot.
+with NC stores in flight overlap the stores with the next tiles' MMAs, which tl-level Triton cannot;
+at T = 129-1024 the two warpgroups take alternate tiles and store them by TMA themselves, in chunks
+(``GluonConfig.wg_store``), so neither waits for the other's store.
 Faster than the tl kernel at T <= 2048 (dispatched there from backward_configs.json); from 4096 up
 within 1.3% of it, which keeps those buckets.
 Design and measurements: docs/kernels.md.
@@ -610,7 +612,9 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     gradient without DEFER or ABLATE bit 1, probes and tests): the MMA warps store each tile to
     ``out_ptr`` (``out``'s data, contiguous [M, N]) with st.global instead of handing it to the
     TMA storer (1), or the storer warp reads each tile's buffer and stores it so (2); the same
-    values."""
+    values. WG_STORE > 0 (PINGPONG with BN = 2 * BN2): each MMA warpgroup stores its own tiles by
+    TMA in three BN2-wide chunks through WG_STORE chunk buffers of its own (c2_desc's blocks),
+    the storer idle and NC unused; the same values."""
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -719,7 +723,8 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     (``wgrad_kernel``'s ABLATE). ``plain_store`` (probes, tests; a cooperative ``cfg`` without
     ``defer``, ``out`` contiguous; a ``cfg`` with ``plain_store`` always): the tiles stored with
     st.global, not by TMA, by the MMA warps (1) or the storer warp (2) (``wgrad_kernel``'s PLAIN_STORE). A config with ``resident_k`` is ``gluon_wgrad_resident``'s
-    (ValueError here)."""
+    (ValueError here). A config's ``wg_store`` (ping-pong, BN = 2 * BN2) selects ``wgrad_kernel``'s
+    WG_STORE."""
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
     descs = [Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout)]
