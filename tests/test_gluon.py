@@ -472,6 +472,7 @@ def test_plain_store_gives_the_tma_store_bits(M, N, K):
     it (guard elements around it stay NaN), at ragged sizes."""
     from swiglu.kernels import backward, common
     from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from triton_checks import guarded, guards_untouched
 
     table = next(g for g in backward.GLUON_CONFIGS.values() if g is not None and not g.pingpong)
     gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -481,11 +482,11 @@ def test_plain_store_gives_the_tma_store_bits(M, N, K):
     launch_grad_weight_gluon(a, b, want, table, common.tile_programs(want.device, M, N, table))
     variants = ((replace(table, NC=1), 1), (replace(table, NC=1, STAGES=5), 1), (table, 2), (replace(table, NC=1), 2))
     for cfg, mode in variants + ((replace(table, NC=1, plain_store=1), 0), (replace(table, plain_store=2), 0)):
-        guard = torch.full((M * N + 128,), float("nan"), device="cuda", dtype=torch.bfloat16)
-        got = guard[64:64 + M * N].view(M, N)
+        got, guard = guarded(M, N, "cuda")
+        got = got.view(M, N)
         launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), plain_store=mode)
         _finishes_within(60)
-        assert torch.isnan(guard[:64]).all() and torch.isnan(guard[-64:]).all(), f"a store outside out, {cfg}, {mode}"
+        assert guards_untouched(guard), f"a store outside out, {cfg}, {mode}"
         assert torch.isfinite(got).all() and torch.equal(got, want), (cfg, mode)
     for (cfg, mode), ablate in [(v, m) for v in variants[::2] for m in (2, 4, 6)]:
         # The probes' ablations beside it: they finish; without wgmma, zeros.
@@ -533,6 +534,7 @@ def test_wg_store_gives_the_storer_bits(M, N, K):
     (N = 1000: chunks partly and wholly past N) and one token."""
     from swiglu.kernels import common
     from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES, launch_grad_weight_gluon
+    from triton_checks import guarded, guards_untouched
 
     gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -542,11 +544,11 @@ def test_wg_store_gives_the_storer_bits(M, N, K):
     # The same bits from 32- and 64-deep k-steps: each element sums the same products in k order.
     for cfg, chunks in ((WIDE_CANDIDATES[0], 2), (WIDE_CANDIDATES[0], 1), (replace(WIDE_CANDIDATES[2], STAGES=8), 2)):
         nprog = common.tile_programs(want.device, M, N, cfg)
-        guard = torch.full((M * N + 128,), float("nan"), device="cuda", dtype=torch.bfloat16)
-        got = guard[64:64 + M * N].view(M, N)
+        got, guard = guarded(M, N, "cuda")
+        got = got.view(M, N)
         launch_grad_weight_gluon(a, b, got, replace(cfg, wg_store=chunks), nprog)
         _finishes_within(60)
-        assert torch.isnan(guard[:64]).all() and torch.isnan(guard[-64:]).all(), f"a store outside out, {cfg}"
+        assert guards_untouched(guard), f"a store outside out, {cfg}"
         assert torch.isfinite(want).all() and torch.isfinite(got).all() and torch.equal(got, want), (cfg, chunks)
 
 

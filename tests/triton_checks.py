@@ -38,20 +38,27 @@ def fresh_seed() -> int:
     return random.SystemRandom().randrange(1 << 31)
 
 
+def guarded(rows, cols, device):
+    """A NaN buffer with PAD elements before and after a rows x cols output (flat); returns
+    (out, buffer)."""
+    buf = torch.full((rows * cols + 2 * PAD,), float("nan"), device=device, dtype=torch.bfloat16)
+    return buf[PAD : PAD + rows * cols], buf
+
+
+def guards_untouched(buf) -> bool:
+    """Whether the PAD elements around ``guarded``'s output are all still NaN."""
+    return bool(torch.isnan(buf[:PAD]).all() and torch.isnan(buf[-PAD:]).all())
+
+
 def guarded_outputs(T, H, I, device):
     """NaN buffers with PAD elements before and after each output; returns (outs, buffers)."""
-    bufs, outs = [], []
-    for rows, cols in [(T, H), (I, H), (I, H), (H, I)]:
-        buf = torch.full((rows * cols + 2 * PAD,), float("nan"), device=device, dtype=torch.bfloat16)
-        bufs.append(buf)
-        outs.append(buf[PAD : PAD + rows * cols])
-    return tuple(outs), bufs
+    outs, bufs = zip(*(guarded(rows, cols, device) for rows, cols in [(T, H), (I, H), (I, H), (H, I)]))
+    return outs, list(bufs)
 
 
 def assert_guards(bufs, seed):
     for name, b in zip(NAMES, bufs):
-        untouched = torch.isnan(b[:PAD]).all() and torch.isnan(b[-PAD:]).all()
-        assert untouched, f"{name}: store outside its output, seed={seed}"
+        assert guards_untouched(b), f"{name}: store outside its output, seed={seed}"
 
 
 def run_guarded(inp, configs, seed, **needs):
