@@ -9,7 +9,7 @@ sums them); written and compiled for sm_90, not yet run on a GPU nor dispatched.
 
 At small K this GEMM is bound by writing ``out``; a TMA loader, two MMA warpgroups and a TMA storer
 with NC stores in flight overlap the stores with the next tiles' MMAs, which tl-level Triton cannot;
-at T = 129-1024 the two warpgroups take alternate tiles and store them by TMA themselves, in chunks
+at T = 129-2048 the two warpgroups take alternate tiles and store them by TMA themselves, in chunks
 (``GluonConfig.wg_store``), so neither waits for the other's store.
 Faster than the tl kernel at T <= 2048 (dispatched there from backward_configs.json); from 4096 up
 within 1.3% of it, which keeps those buckets.
