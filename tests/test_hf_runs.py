@@ -40,6 +40,13 @@ def test_runs_read_back_in_date_order_with_their_protocol(tmp_path):
     assert hf_step.load_runs(tmp_path / "nothing").empty
 
 
+def test_a_full_commit_hash_reads_back_short(tmp_path):
+    """The figure labels runs by commit: a 40-digit hash in the metadata (``SWIGLU_GIT_COMMIT``
+    given in full) reads back as the 7-digit one the other runs carry."""
+    _run(tmp_path / "r", "2026-12-01T19:00:00Z", "a238561925bb3debf3739429cd5c6474de997875", {"unpatched": 1.0}, True)
+    assert list(hf_step.load_runs(tmp_path)["commit"]) == ["a238561"]
+
+
 def test_the_figure_draws_every_speedup_but_the_unpatched_baseline(tmp_path):
     _run(tmp_path / "b", "2026-12-01T19:00:00Z", "bbbbbbb", {"unpatched": 1.0, "swiglu": 1.02, "liger": 1.01}, True)
     _run(tmp_path / "c", "2026-12-01T20:00:00Z", "ccccccc", {"unpatched": 1.0, "swiglu": 0.99, "swiglu+compile": 1.13},
@@ -55,7 +62,7 @@ def test_the_recorded_runs_load():
     """data/hf_step/ as committed: every run has its metadata, and Llama-3-8B x 4 at 2048 tokens
     has runs of both protocols."""
     runs = hf_step.load_runs(ROOT / "data" / "hf_step")
-    assert (runs["commit"] != "").all()
+    assert (runs["commit"] != "").all() and (runs["commit"].str.len() <= 7).all()
     main = runs[runs["shape"] == hf_step.shape_label(4, 4096, 14336, 2048)]
     assert main["side_by_side"].any() and (~main["side_by_side"]).any()
     assert (runs[runs["variant"] == "unpatched"]["speedup"] == 1.0).all()

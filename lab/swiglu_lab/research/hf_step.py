@@ -37,7 +37,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
         run = csv_path.parent.relative_to(path).as_posix()
         for _, r in table.iterrows():
             rows.append(dict(
-                run=run, date_utc=meta.get("date_utc", run.split("/")[0]), commit=meta.get("git_commit", ""),
+                run=run, date_utc=meta.get("date_utc", run.split("/")[0]), commit=str(meta.get("git_commit") or "")[:7],
                 side_by_side="rounds" in meta.get("args", {}),
                 shape=shape_label(int(r["layers"]), int(r["hidden_size"]), int(r["intermediate_size"]), int(r["tokens"])),
                 layers=int(r["layers"]), hidden_size=int(r["hidden_size"]), intermediate_size=int(r["intermediate_size"]),
