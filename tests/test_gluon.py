@@ -659,15 +659,13 @@ def test_pingpong_with_one_output_buffer_is_right_launch_after_launch(K):
 
 
 def test_dswiglu_table_entries():
-    """Gluon dSwiGLU from T = 513 up (below, the stream-K tl kernel, whose tiles leave no partial
-    last wave), each entry one of the compiled candidates, within the H200's shared memory, and
-    measured faster than the tl kernel."""
+    """Gluon dSwiGLU from T = 129 up (the tl kernel won at T <= 128), each entry one of the compiled
+    candidates, within the H200's shared memory, and measured faster than the tl kernel."""
     from swiglu.kernels import gluon_dswiglu
 
     table = json.loads(backward.TUNED_CONFIGS_PATH.read_text())["gluon_dswiglu"]
     chosen = {b: g for b, g in backward.GLUON_DSWIGLU.items() if g is not None}
-    stream_k = {b for b, c in backward.CONFIGS["dswiglu"].items() if c.stream_k}
-    assert stream_k == {128, 256, 512} and set(chosen) == set(common.TOKEN_BUCKETS) - stream_k
+    assert set(chosen) == set(common.TOKEN_BUCKETS) - {128}
     for bucket, g in chosen.items():
         entry = table[configs.bucket_key(bucket)]
         assert g == gluon_dswiglu.CONFIGS[entry["candidate"]]
@@ -715,14 +713,14 @@ def dswiglu_recorded(monkeypatch):
 
 @pytest.mark.parametrize("recompute", [False, True])
 def test_backward_takes_gluon_dswiglu_for_table_buckets(dswiglu_recorded, recompute):
-    inp = make_inputs(1, 600, 16, 48, seed=11)
+    inp = make_inputs(1, 130, 16, 48, seed=11)
     args = list(inp.as_tuple())
     if recompute:
         args[4] = None
-    want = backward.triton_swiglu_backward(*args, configs={"dswiglu": backward.config_for("dswiglu", 600)})
+    want = backward.triton_swiglu_backward(*args, configs={"dswiglu": backward.config_for("dswiglu", 130)})
     assert dswiglu_recorded == []
     got = backward.triton_swiglu_backward(*args)
-    assert dswiglu_recorded == [backward.GLUON_DSWIGLU[1024]]
+    assert dswiglu_recorded == [backward.GLUON_DSWIGLU[256]]
     for g, w in zip(got, want):
         assert torch.equal(g, w)
 
@@ -745,23 +743,23 @@ def test_backward_launches_the_shapes_own_dswiglu_config(dswiglu_recorded, monke
     """The launch gets the plan's per-shape config (here a planted entry for H = 16, I = 48)."""
     from swiglu.kernels import gluon_dswiglu
 
-    other = next(c for c in gluon_dswiglu.CONFIGS if c != backward.GLUON_DSWIGLU[1024])
-    monkeypatch.setattr(backward, "GLUON_DSWIGLU_BY_SHAPE", {(16, 48): {1024: other}})
+    other = next(c for c in gluon_dswiglu.CONFIGS if c != backward.GLUON_DSWIGLU[256])
+    monkeypatch.setattr(backward, "GLUON_DSWIGLU_BY_SHAPE", {(16, 48): {256: other}})
     backward.clear_plans()
-    inp = make_inputs(1, 600, 16, 48, seed=14)
+    inp = make_inputs(1, 130, 16, 48, seed=14)
     backward.triton_swiglu_backward(*inp.as_tuple())
-    backward.triton_swiglu_backward(*make_inputs(1, 600, 16, 56, seed=15).as_tuple())
-    assert dswiglu_recorded == [other, backward.GLUON_DSWIGLU[1024]]
+    backward.triton_swiglu_backward(*make_inputs(1, 130, 16, 56, seed=15).as_tuple())
+    assert dswiglu_recorded == [other, backward.GLUON_DSWIGLU[256]]
 
 
 def test_backward_keeps_tl_dswiglu_where_gluon_cannot_run(dswiglu_recorded):
-    inp = make_inputs(1, 100, 16, 48, seed=12)  # bucket 128: no Gluon entry (the stream-K tl kernel)
+    inp = make_inputs(1, 100, 16, 48, seed=12)  # bucket 128: no Gluon entry
     backward.triton_swiglu_backward(*inp.as_tuple())
     assert dswiglu_recorded == []
     # Row strides the Gluon kernel cannot address (one for gate/up/act, one for d_gate/d_up/h): gate
     # a view of a wider buffer (2I) beside a contiguous up; and, written over
     # (overwrite_activations), both such views, so d_gate's row stride (2I) is not h's (I).
-    inp = make_inputs(1, 600, 16, 48, seed=13)
+    inp = make_inputs(1, 130, 16, 48, seed=13)
     args = list(inp.as_tuple())
     want = backward.triton_swiglu_backward(*args)
     assert len(dswiglu_recorded) == 1
