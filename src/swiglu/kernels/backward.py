@@ -16,7 +16,7 @@ from ..checks import spans_whole_storage, validate_backward_inputs
 from . import common
 from . import tl_kernels as kernels
 from .common import (INTERPRET, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig, bucket_for, cdiv,  # noqa: F401
-                     device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, stream_k_kwargs, Tma, tile_programs, tma_ready,
+                     device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, Tma, tile_programs, tma_ready,
                      unsupported_reason, untuned_reason)
 from .forward import launch_swiglu_product
 from .configs import (CONFIGS, GLUON_CONFIGS, GLUON_DSWIGLU, GLUON_DSWIGLU_BY_SHAPE,  # noqa: F401 (the table)
@@ -62,18 +62,6 @@ def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig, 
     I = down_w.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
     nprog = nprog or tile_programs(go.device, T, I, c)
-    if c.stream_k and cdiv(T, c.BM) * cdiv(I, c.BN) >= nprog:
-        # The two parts of each tile split between programs, and their arrival counts.
-        ws = torch.empty((nprog, 2, c.BM, c.BN), device=go.device, dtype=torch.float32)
-        count = torch.zeros((nprog,), device=go.device, dtype=torch.int32)
-        launch(
-            kernels.dswiglu_streamk_kernel, (nprog,), ("dswiglu_streamk", go.device, T, H, I, nprog, act is None, c),
-            Tma(go, [c.BM, c.BK]), Tma(down_w, [c.BK, c.BN]),
-            Tma(gate, piece), Tma(up, piece), Tma(gate if act is None else act, piece),
-            Tma(d_gate, piece), Tma(d_up, piece), Tma(h, piece), ws, count,
-            T, H, I, NUM_PROGRAMS=nprog, RECOMPUTE_ACT=act is None, **stream_k_kwargs(c),
-        )
-        return
     launch(
         kernels.dswiglu_gemm_kernel, (nprog,), ("dswiglu", go.device, T, H, I, nprog, act is None, c),
         Tma(go, [c.BM, c.BK]), Tma(down_w, [c.BK, c.BN]),

@@ -359,19 +359,6 @@ def _launch_kwargs(cfg: KernelConfig, upcast: bool) -> dict:
                 EPI_SPLIT=cfg.EPI_SPLIT, UPCAST=upcast)
 
 
-def stream_k_kwargs(cfg: KernelConfig) -> dict:
-    """``launch_kwargs`` for ``tl_kernels.dswiglu_streamk_kernel``: its loop over iterations is not
-    a ``tl.range`` over tiles, so no WARP_SPECIALIZE or FLATTEN (read only, cached)."""
-    return _stream_k_kwargs(cfg, INTERPRET)
-
-
-@lru_cache(maxsize=None)
-def _stream_k_kwargs(cfg: KernelConfig, upcast: bool) -> dict:
-    kw = dict(_launch_kwargs(cfg, upcast))
-    del kw["WARP_SPECIALIZE"], kw["FLATTEN"]
-    return kw
-
-
 #: GPU architectures (compute capability) whose kernel configurations were chosen by measurement:
 #: the tables (backward_configs.json, forward_configs.json) were tuned on the H200 (sm_90).
 #: ``impl="auto"`` takes the Triton path only on these; ``impl="triton"`` runs the sm_90 tables on

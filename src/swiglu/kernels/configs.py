@@ -31,10 +31,6 @@ class KernelConfig:
     persistent: bool = True
     # Weight-gradient kernel only: False stores C with plain (non-TMA) stores (never won either).
     tma_store: bool = True
-    # dSwiGLU kernel only: share the (tile, k-step) iterations equally among the programs
-    # (``tl_kernels.dswiglu_streamk_kernel``) where there are at least as many tiles as programs,
-    # instead of whole tiles per program, whose last wave leaves SMs idle.
-    stream_k: bool = False
 
     def __post_init__(self) -> None:
         def pow2(v: int) -> bool:

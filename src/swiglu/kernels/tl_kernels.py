@@ -153,34 +153,6 @@ def _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_de
 
 
 @triton.jit
-def _dswiglu_epilogue(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n,
-                      BM: tl.constexpr, BN: tl.constexpr, EPI_SPLIT: tl.constexpr, UPCAST: tl.constexpr,
-                      RECOMPUTE_ACT: tl.constexpr):
-    """``_dswiglu_piece`` over one [BM, BN] tile of g in EPI_SPLIT column pieces."""
-    if EPI_SPLIT == 1:
-        _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
-                       RECOMPUTE_ACT)
-    else:
-        a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
-        if EPI_SPLIT == 2:
-            _dswiglu_piece(a0, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
-                           RECOMPUTE_ACT)
-            _dswiglu_piece(a1, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                           off_n + BN // 2, UPCAST, RECOMPUTE_ACT)
-        else:
-            a00, a01 = tl.split(tl.permute(tl.reshape(a0, (BM, 2, BN // 4)), (0, 2, 1)))
-            a10, a11 = tl.split(tl.permute(tl.reshape(a1, (BM, 2, BN // 4)), (0, 2, 1)))
-            _dswiglu_piece(a00, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
-                           RECOMPUTE_ACT)
-            _dswiglu_piece(a01, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                           off_n + BN // 4, UPCAST, RECOMPUTE_ACT)
-            _dswiglu_piece(a10, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                           off_n + BN // 2, UPCAST, RECOMPUTE_ACT)
-            _dswiglu_piece(a11, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                           off_n + 3 * BN // 4, UPCAST, RECOMPUTE_ACT)
-
-
-@triton.jit
 def dswiglu_gemm_kernel(
     go_desc, down_desc,  # grad_output [T, H], down_weight [H, I]
     gate_desc, up_desc, act_desc,  # gate_output, up_output, activated_gate [T, I]
@@ -200,68 +172,27 @@ def dswiglu_gemm_kernel(
         off_n = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = _mainloop(go_desc, down_desc, off_m, off_n, H, acc, False, BM, BN, BK, UPCAST)
-        _dswiglu_epilogue(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, BM, BN,
-                          EPI_SPLIT, UPCAST, RECOMPUTE_ACT)
-    _pdl_end(PDL)
-
-
-@triton.jit
-def dswiglu_streamk_kernel(
-    go_desc, down_desc,  # grad_output [T, H], down_weight [H, I]
-    gate_desc, up_desc, act_desc,  # gate_output, up_output, activated_gate [T, I]
-    dgate_desc, dup_desc, h_desc,  # outputs [T, I]
-    ws_ptr,  # fp32 [NUM_PROGRAMS, 2, BM, BN]: the two parts of each split tile
-    count_ptr,  # int32 [NUM_PROGRAMS], zeros: the parts of each split tile done so far
-    T, H, I,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, UPCAST: tl.constexpr,
-    RECOMPUTE_ACT: tl.constexpr = False, PDL: tl.constexpr = False,
-):
-    """``dswiglu_gemm_kernel``'s result with the (tile, k-step) iterations shared equally among
-    the programs (stream-K), so no program idles through a last partial wave of tiles. Needs at
-    least NUM_PROGRAMS tiles: then a program's range splits at most the tile it starts in and
-    the tile it ends in, each in two parts. Each part's fp32 sum goes to its own ``ws_ptr``
-    slot; whichever program counts the second arrival adds the other part (fp32 addition of two
-    terms commutes, so the sum is the same whichever arrives last: deterministic for a given
-    NUM_PROGRAMS) and runs the epilogue. Every output element is still written once."""
-    _pdl_start(PDL)
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(T, BM)
-    num_n = tl.cdiv(I, BN)
-    k_tiles = tl.cdiv(H, BK)
-    total = (num_m * num_n).to(tl.int64) * k_tiles
-    it = pid.to(tl.int64) * total // NUM_PROGRAMS
-    end = (pid + 1).to(tl.int64) * total // NUM_PROGRAMS
-    rows = tl.arange(0, BM)[:, None]
-    cols = tl.arange(0, BN)[None, :]
-    while it < end:
-        tile = (it // k_tiles).to(tl.int32)
-        k0 = (it - tile.to(tl.int64) * k_tiles).to(tl.int32)
-        k1 = tl.minimum(k_tiles, k0 + tl.minimum(end - it, k_tiles).to(tl.int32))
-        pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
-        off_m = pid_m * BM
-        off_n = pid_n * BN
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in tl.range(k0, k1):
-            acc = _dot(go_desc.load([off_m, k * BK]), down_desc.load([k * BK, off_n]), acc, UPCAST)
-        if (k0 == 0) & (k1 == k_tiles):
-            _dswiglu_epilogue(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, BM,
-                              BN, EPI_SPLIT, UPCAST, RECOMPUTE_ACT)
+        if EPI_SPLIT == 1:
+            _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
+                           RECOMPUTE_ACT)
         else:
-            part = (k0 > 0).to(tl.int32)  # 0: the tile's first k-steps (this program's last), 1: the rest
-            slot = pid - part  # the boundary between programs slot and slot + 1 splits this tile
-            part_ptrs = ws_ptr + (slot * 2 + part).to(tl.int64) * (BM * BN) + rows * BN + cols
-            tl.store(part_ptrs, acc)
-            # Every thread's part stored before one thread's release (CUTLASS's arrive_inc).
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + slot, 1, sem="acq_rel", scope="gpu")
-            if arrived == 1:
-                tl.debug_barrier()  # the acquire seen by every thread before they read the other part
-                other_ptrs = ws_ptr + (slot * 2 + 1 - part).to(tl.int64) * (BM * BN) + rows * BN + cols
-                acc += tl.load(other_ptrs, cache_modifier=".cg")
-                _dswiglu_epilogue(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n,
-                                  BM, BN, EPI_SPLIT, UPCAST, RECOMPUTE_ACT)
-        it += k1 - k0
+            a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+            if EPI_SPLIT == 2:
+                _dswiglu_piece(a0, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
+                               RECOMPUTE_ACT)
+                _dswiglu_piece(a1, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
+                               off_n + BN // 2, UPCAST, RECOMPUTE_ACT)
+            else:
+                a00, a01 = tl.split(tl.permute(tl.reshape(a0, (BM, 2, BN // 4)), (0, 2, 1)))
+                a10, a11 = tl.split(tl.permute(tl.reshape(a1, (BM, 2, BN // 4)), (0, 2, 1)))
+                _dswiglu_piece(a00, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
+                               RECOMPUTE_ACT)
+                _dswiglu_piece(a01, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
+                               off_n + BN // 4, UPCAST, RECOMPUTE_ACT)
+                _dswiglu_piece(a10, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
+                               off_n + BN // 2, UPCAST, RECOMPUTE_ACT)
+                _dswiglu_piece(a11, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
+                               off_n + 3 * BN // 4, UPCAST, RECOMPUTE_ACT)
     _pdl_end(PDL)
 
 
