@@ -349,6 +349,35 @@ def test_failing_and_wrong_impls_are_recorded_not_fatal():
     assert "criterion failed: grad_x" in rows.loc["doubled", "note"]
 
 
+def test_read_only_prepare_runs_once_per_set_and_a_writing_call_is_caught():
+    """A read-only layout change (quack's) is made once per input set, so its GPU work is in
+    neither the timed loop nor the power window; a call that writes into such arguments gets an
+    ERROR row instead of timing changed inputs."""
+    prepared = []
+
+    def counting_prepare(args):
+        prepared.append(1)
+        return tuple(a.clone() for a in args)
+
+    def writes_input(*args):
+        out = reference_backward(*args)
+        args[1].add_(1.0)  # x
+        return out
+
+    impls = {**IMPLS,
+             "once": BenchImpl("once", "read-only prepare", lambda d: reference_backward, prepare=counting_prepare,
+                               prepare_every_call=False),
+             "writer": BenchImpl("writer", "writes x", lambda d: writes_input, prepare=lambda a: tuple(t.clone() for t in a),
+                                 prepare_every_call=False)}
+    result = run_benchmark(_cpu_config(["once", "writer"]), impls=impls, progress=False, log=lambda s: None)
+    rows = result.rows.set_index("impl")
+    assert rows.loc["once", "correct"] == True and rows.loc["once", "median_ms"] > 0  # noqa: E712
+    # first call + one per set (2) + the check's fresh one + the correctness call: not one per iteration
+    assert len(prepared) == 5 and rows.loc["once", "iters"] > 2
+    assert rows.loc["writer", "note"].startswith("ERROR in prepared inputs check: RuntimeError: argument 1 changed")
+    assert rows.loc["writer", "correct"] == False  # noqa: E712
+
+
 def test_rows_are_handed_over_case_by_case():
     seen, started = [], []
     config = _cpu_config(["eager", "cublas-gemms"])

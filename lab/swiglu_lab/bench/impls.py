@@ -2,8 +2,9 @@
 
 Every implementation takes the eight backward inputs in the benchmark's order and returns the
 four gradients, freshly allocated. ``build(device)`` runs once per case outside the timed region
-(``torch.compile`` resets and wraps there); ``prepare(args)`` runs before every iteration, also
-outside the timed region (Liger's in-place kernel gets fresh clones there).
+(``torch.compile`` resets and wraps there); ``prepare(args)`` runs outside the timed region,
+before every iteration where the call writes into its arguments (Liger's in-place kernel gets
+fresh clones there), else once per input set (quack's interleaved layout).
 
 Timing assumption (see ``swiglu_lab.bench.timing``): an implementation may use side streams but must
 join the current stream before returning; the harness records CUDA events on the current stream.
@@ -35,9 +36,12 @@ class BenchImpl:
     """One implementation as the harness runs it.
 
     name: the CSV ``impl`` value. note: what the row measures, written to every row.
-    build: ``device -> callable`` run once per case, untimed. prepare: per-iteration argument
-    preparation, untimed. checks_correctness: False for stand-ins whose outputs are not the
-    gradients (their ``correct`` is <NA>).
+    build: ``device -> callable`` run once per case, untimed. prepare: argument preparation,
+    untimed. prepare_every_call: True when the call writes into what ``prepare`` made (Liger's
+    clones), so it runs before every iteration (and its GPU work sits inside the power window);
+    False for a read-only layout change (quack's interleave), made once per input set and reused,
+    so neither the power window nor the clock it reads contains it. checks_correctness: False for
+    stand-ins whose outputs are not the gradients (their ``correct`` is <NA>).
     """
 
     name: str
@@ -45,6 +49,7 @@ class BenchImpl:
     build: Callable[[torch.device], BackwardFn]
     prepare: Callable[[tuple], tuple] = field(default=_identity)
     checks_correctness: bool = True
+    prepare_every_call: bool = True
 
 
 # ----------------------------------------------------------------------------------- eager, compile
@@ -195,7 +200,8 @@ IMPLS: dict[str, BenchImpl] = {
             "kernels (swiglu.kernels.gluon_wgrad, swiglu.kernels.gluon_dswiglu)",
             _build_triton_tl,
         ),
-        BenchImpl("quack", quack_peer.NOTE, quack_peer.build, prepare=quack_peer.to_quack_layout),
+        BenchImpl("quack", quack_peer.NOTE, quack_peer.build, prepare=quack_peer.to_quack_layout,
+                  prepare_every_call=False),
     )
 }
 

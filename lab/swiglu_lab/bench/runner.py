@@ -132,6 +132,17 @@ def check_outputs(outputs, reference, case: Case) -> tuple[bool, float, str]:
     return not failed, min(r.match_fraction for r in results), text
 
 
+def unchanged(used: tuple, fresh: tuple) -> None:
+    """Raise ``RuntimeError`` when a once-prepared argument set (``used``, after the timed loop)
+    differs from a fresh preparation of the same set: a call that writes into its arguments must
+    be prepared before every call (``BenchImpl.prepare_every_call``), else its later iterations
+    would time other inputs."""
+    for i, (a, b) in enumerate(zip(used, fresh)):
+        if isinstance(a, torch.Tensor) and not torch.equal(a, b):
+            raise RuntimeError(f"argument {i} changed during the timed calls: the call writes into its "
+                               "inputs, so its prepare must run before every call (prepare_every_call=True)")
+
+
 def measure_impl(
     impl: BenchImpl,
     sets: list[tuple],
@@ -164,8 +175,12 @@ def measure_impl(
         result["first_call_s"] = time.perf_counter() - t0
         del out, args
         stage = "timing"
-        cycle = alternating(sets[1:] + sets[:1])  # the first call used set 0
-        make_args = lambda: impl.prepare(cycle())  # noqa: E731
+        if impl.prepare_every_call:
+            cycle = alternating(sets[1:] + sets[:1])  # the first call used set 0
+            make_args = lambda: impl.prepare(cycle())  # noqa: E731
+        else:  # read-only layout: made once per set, outside the power window too
+            prepared = [impl.prepare(s) for s in sets]
+            make_args = alternating(prepared[1:] + prepared[:1])
         time_iterations(fn, make_args, warmup, device, flush)  # ends synchronized
         window = monitor.open_window() if monitor is not None else None
         host_ms: list[float] = []
@@ -188,6 +203,10 @@ def measure_impl(
                 result["kernels"] = profile_calls(fn, make_args, breakdown, device, flush)
             except Exception as exc:  # noqa: BLE001
                 result["note"] += f"; kernel breakdown failed: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:200]}"
+        if not impl.prepare_every_call:
+            stage = "prepared inputs check"
+            unchanged(prepared[0], impl.prepare(sets[0]))
+            del prepared
         stage = "correctness call"
         args = impl.prepare(sets[0])
         synchronize(device)
