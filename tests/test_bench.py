@@ -376,6 +376,7 @@ def test_read_only_prepare_runs_once_per_set_and_a_writing_call_is_caught():
     assert len(prepared) == 5 and rows.loc["once", "iters"] > 2
     assert rows.loc["writer", "note"].startswith("ERROR in prepared inputs check: RuntimeError: argument 1 changed")
     assert rows.loc["writer", "correct"] == False  # noqa: E712
+    assert np.isnan(rows.loc["writer", ["median_ms", "p20_ms", "host_ms"]].astype(float)).all()  # timed other inputs
 
 
 def test_rows_are_handed_over_case_by_case():

@@ -231,6 +231,9 @@ def measure_impl(
         result["note"] = f"ERROR in {stage}: {message}; {impl.note}"
         if impl.checks_correctness:
             result["correct"] = False
+        if stage == "prepared inputs check":  # the timed calls saw other inputs: no timings
+            result.update(**nan_stats(), **empty_power_columns(), host_ms=math.nan)
+            result.pop("kernels", None)
     return result
 
 
