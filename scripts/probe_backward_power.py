@@ -53,11 +53,13 @@ class Reasons:
     """Samples ``nvmlDeviceGetCurrentClocksEventReasons`` every ``interval_s`` in a thread;
     ``window()`` -> (fraction power-capped, fraction slowed) since the last call."""
 
-    def __init__(self, index: int, interval_s: float = 0.01):
+    def __init__(self, device, interval_s: float = 0.01):
         import pynvml
 
+        from swiglu_lab.bench.power import _nvml_handle  # by UUID: CUDA and NVML number GPUs apart
+
         pynvml.nvmlInit()
-        self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.nvml, self.handle = pynvml, _nvml_handle(pynvml, device)
         self.read = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons",
                             getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
         self.samples: list[int] = []
@@ -74,12 +76,15 @@ class Reasons:
             time.sleep(interval_s)
 
     def window(self) -> tuple[float, float]:
+        """(fraction of samples power-capped, fraction slowed down) since the last call; NaN
+        when there was no sample."""
         got, self.samples = self.samples, []
         if not got:
             return math.nan, math.nan
         return sum(bool(s & POWER_CAP) for s in got) / len(got), sum(bool(s & SLOWDOWN) for s in got) / len(got)
 
     def close(self) -> None:
+        """Stop the sampling thread."""
         self.stop.set()
         self.thread.join()
 
@@ -154,7 +159,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device=dev).manual_seed(0)
     monitor, why = open_monitor(dev, interval_s=0.01, min_window_s=0.0)
     print(why)
-    reasons = Reasons(torch.cuda.current_device()) if dev.type == "cuda" else None
+    reasons = Reasons(dev) if dev.type == "cuda" else None
     flush_buf = torch.empty(256 * 2**20 if dev.type == "cuda" else 1024, dtype=torch.uint8, device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     timer = sustained if dev.type == "cuda" else host_sustained

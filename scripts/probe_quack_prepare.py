@@ -1,9 +1,9 @@
 """Does quack's layout copy before every call change the timed call after it? An A/B in one process.
 
-Bench runs up to 20261202T175439Z-542e5d0 made quack's interleaved W1 and preact (a 2 x 3.5 GB
-copy at Hermes size) before every timed iteration, outside the timed span but on the GPU just
-ahead of the L2 flush and the call; since then the bench makes them once per input set
-(``BenchImpl.prepare_every_call``). This runs, in the bench's own protocol
+The harness once made quack's interleaved W1 and preact (a 2 x 3.5 GB copy at Hermes size)
+before every timed iteration, outside the timed span but on the GPU just ahead of the L2 flush
+and the call; it now makes them once per input set (``BenchImpl.prepare_every_call``; the runs
+before and after are named in docs/results.md). This runs, in the bench's own protocol
 (``swiglu_lab.bench.runner.run_benchmark``, L2 flushed before every call, power window):
 
 - ``quack``: the layout once per input set (the bench now);
@@ -12,7 +12,9 @@ ahead of the L2 flush and the call; since then the bench makes them once per inp
 - ``triton-after-copy``: ours with the same copy before every call, its result dropped;
 
 for ``--rounds`` rounds, the implementation order reversed in every other round. A copy ahead of
-the call that speeds the call up speeds up both ``*-copy`` rows. GPU only (quack installed).
+the call that speeds the call up speeds up both ``*-copy`` rows. (``quack-copy-each-call`` keeps
+its copy alive through the call, ``triton-after-copy`` drops it before: the GPU work before the
+call is the same, the allocator's state not quite.) GPU only (quack installed).
 
     python scripts/probe_quack_prepare.py --cases s128_b1,s256_b1,s256_b2,s512_b4 --out build/probe
 """

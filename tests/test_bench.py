@@ -351,13 +351,17 @@ def test_failing_and_wrong_impls_are_recorded_not_fatal():
 
 def test_read_only_prepare_runs_once_per_set_and_a_writing_call_is_caught():
     """A read-only layout change (quack's) is made once per input set, so its GPU work is in
-    neither the timed loop nor the power window; a call that writes into such arguments gets an
-    ERROR row instead of timing changed inputs."""
-    prepared = []
+    neither the timed loop nor the power window, and the two sets still take turns; a call that
+    writes into such arguments, made anew or passed through, gets an ERROR row without timings."""
+    prepared, seen = [], []
 
     def counting_prepare(args):
         prepared.append(1)
         return tuple(a.clone() for a in args)
+
+    def recording(*args):
+        seen.append(args[1].data_ptr())
+        return reference_backward(*args)
 
     def writes_input(*args):
         out = reference_backward(*args)
@@ -365,18 +369,23 @@ def test_read_only_prepare_runs_once_per_set_and_a_writing_call_is_caught():
         return out
 
     impls = {**IMPLS,
-             "once": BenchImpl("once", "read-only prepare", lambda d: reference_backward, prepare=counting_prepare,
+             "once": BenchImpl("once", "read-only prepare", lambda d: recording, prepare=counting_prepare,
                                prepare_every_call=False),
              "writer": BenchImpl("writer", "writes x", lambda d: writes_input, prepare=lambda a: tuple(t.clone() for t in a),
-                                 prepare_every_call=False)}
-    result = run_benchmark(_cpu_config(["once", "writer"]), impls=impls, progress=False, log=lambda s: None)
+                                 prepare_every_call=False),
+             "passthrough": BenchImpl("passthrough", "writes x, which its prepare passes through", lambda d: writes_input,
+                                      prepare=lambda a: tuple(a), prepare_every_call=False)}
+    result = run_benchmark(_cpu_config(["once", "writer", "passthrough"]), impls=impls, progress=False, log=lambda s: None)
     rows = result.rows.set_index("impl")
     assert rows.loc["once", "correct"] == True and rows.loc["once", "median_ms"] > 0  # noqa: E712
-    # first call + one per set (2) + the check's fresh one + the correctness call: not one per iteration
-    assert len(prepared) == 5 and rows.loc["once", "iters"] > 2
-    assert rows.loc["writer", "note"].startswith("ERROR in prepared inputs check: RuntimeError: argument 1 changed")
-    assert rows.loc["writer", "correct"] == False  # noqa: E712
-    assert np.isnan(rows.loc["writer", ["median_ms", "p20_ms", "host_ms"]].astype(float)).all()  # timed other inputs
+    # first call + one per set (2) + the correctness call: not one per iteration
+    assert len(prepared) == 4 and rows.loc["once", "iters"] > 2
+    timed = seen[1:-1]  # between the first call and the correctness call: set 1, set 0, set 1, ...
+    assert len(set(timed)) == 2 and all(a != b for a, b in zip(timed, timed[1:]))
+    for impl in ("writer", "passthrough"):
+        assert rows.loc[impl, "note"].startswith("ERROR in prepared inputs check: InputsChanged: argument 1 changed")
+        assert rows.loc[impl, "correct"] == False  # noqa: E712
+        assert np.isnan(rows.loc[impl, ["median_ms", "p20_ms", "host_ms"]].astype(float)).all()  # timed other inputs
 
 
 def test_rows_are_handed_over_case_by_case():

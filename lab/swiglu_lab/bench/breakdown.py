@@ -119,9 +119,9 @@ def profile_calls(fn: Callable, make_args: Callable[[], tuple], iters: int, devi
     from torch.profiler import ProfilerActivity, profile, record_function
 
     if device.type == "cuda":
-        # The arguments made before the profile: an implementation's preparation (quack's
-        # torch.cat of gate and up) runs between the calls, outside the timed span, and would land
-        # in the previous call's slice of the timeline.
+        # The arguments made before the profile: an implementation's per-call preparation
+        # (Liger's clones) runs between the calls, outside the timed span, and would land in the
+        # previous call's slice of the timeline.
         prepared = iter([make_args() for _ in range(iters)])
         torch.cuda.synchronize(device)  # nothing queued before the profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

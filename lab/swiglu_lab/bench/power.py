@@ -15,11 +15,11 @@ A *window* spans the timed loop of one case x implementation (``PowerMonitor.win
 energy counter moves in ~100 ms steps, so the runner extends a short window with further
 untimed iterations of the same call (``min_window_s``); ``energy_iters`` counts them all.
 
-What a window's energy contains: everything the board drew while the loop ran, the L2 flush
-before every iteration, any idle gaps and a ``prepare`` that runs before every call (Liger's
-clones of gate/up; quack's layout change runs once per input set, outside the window) included. ``measure_flush_energy`` measures the flush
-alone (a flush-only loop, same buffer) so the runner can report it beside the total and
-subtract it (``energy_per_backward_j = energy_j - flush_energy_j``).
+What a window's energy contains: everything the board drew while the loop ran, including the L2
+flush before every iteration, any idle gaps, and a ``prepare`` that runs before every call
+(Liger's clones of gate/up; quack's layout is made once per input set, outside the window).
+``measure_flush_energy`` measures the flush alone (a flush-only loop, same buffer) so the runner
+can report it beside the total and subtract it (``energy_per_backward_j = energy_j - flush_energy_j``).
 
 CPU runs have no monitor: their power columns stay NaN (empty in the CSV), never zero.
 """

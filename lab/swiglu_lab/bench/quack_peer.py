@@ -17,9 +17,9 @@ Layouts. quack's gated MLP keeps ``W1 = fc1.weight`` [2I, H] with gate and up ro
 gate and up columns interleaved the same way. A quack user keeps both in that layout, so the
 conversion from the benchmark's separate tensors (``to_quack_layout``) runs in the harness's
 untimed ``prepare`` step, once per input set (``BenchImpl.prepare_every_call`` False: quack reads
-them only), so its 2 x 3.5 GB copy is outside the timed loop and the power window. The returned ``grad_gate_weight`` and
-``grad_up_weight`` are the even and odd rows of quack's dW1 (strided views, no copy: a quack
-user's gradient is dW1 itself). ``down_weight`` [H, I] is fc2.weight as it is.
+them only), so its 2 x 3.5 GB copy is outside the timed loop and the power window. The returned
+``grad_gate_weight`` and ``grad_up_weight`` are the even and odd rows of quack's dW1 (strided
+views, no copy: a quack user's gradient is dW1 itself). ``down_weight`` [H, I] is fc2.weight as it is.
 
 Like Liger, quack recomputes ``silu(gate_output)`` instead of reading ``activated_gate``, so on
 the benchmark's independent inputs (activated_gate drawn independently of gate_output) its
@@ -294,8 +294,8 @@ def versions() -> dict:
 
 
 NOTE = (f"quack-kernels mlp_func(activation='swiglu', tuned=True) backward (quack's gemm_dgated + 3 "
-        f"GEMMs, CuTe-DSL); W1 [2I,H] and preact [T,2I] interleaved gate/up in the untimed prepare, once per input set (a "
-        f"quack user keeps them so); dW1's even/odd rows returned as views; tuned configs from "
+        f"GEMMs, CuTe-DSL); W1 [2I,H] and preact [T,2I] interleaved gate/up in the untimed prepare, "
+        f"once per input set (a quack user keeps them so); dW1's even/odd rows returned as views; tuned configs from "
         f"data/tuning/quack_cache ({SEARCH_ENV}=reduced search unless set); recomputes "
         f"silu(gate_output) instead of reading activated_gate, so it fails the reference check on the "
         f"benchmark's independent inputs")

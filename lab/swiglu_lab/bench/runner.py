@@ -7,7 +7,9 @@ work). The eager reference runs once on set 0 and is the correctness reference o
 
 Per implementation (in ``impls.ORDER``): build (untimed), one first call timed on the host with
 synchronization (``first_call_s``: compile / autotune happen here), the warm-ups (any further
-autotuning), the timed iterations (``timing.time_iterations``, L2 flushed before each), then one
+autotuning), the timed iterations (``timing.time_iterations``, L2 flushed before each; the
+implementation's ``prepare`` before each too, or, for a read-only layout, once per input set with
+a check afterwards that the calls left it unchanged, else an ERROR row without timings), then one
 more call on set 0 under ``torch.cuda.max_memory_allocated`` (``peak_mem_gb``: the call's own
 allocations, outputs included) whose outputs are checked against the reference with the
 benchmark's criterion. An implementation that raises yields a row with NaN timings,
@@ -132,15 +134,20 @@ def check_outputs(outputs, reference, case: Case) -> tuple[bool, float, str]:
     return not failed, min(r.match_fraction for r in results), text
 
 
-def unchanged(used: tuple, fresh: tuple) -> None:
-    """Raise ``RuntimeError`` when a once-prepared argument set (``used``, after the timed loop)
-    differs from a fresh preparation of the same set: a call that writes into its arguments must
-    be prepared before every call (``BenchImpl.prepare_every_call``), else its later iterations
-    would time other inputs."""
-    for i, (a, b) in enumerate(zip(used, fresh)):
+class InputsChanged(RuntimeError):
+    """A call wrote into arguments the harness prepared once and reused (``unchanged``)."""
+
+
+def unchanged(used: tuple, snapshot: tuple) -> None:
+    """Raise ``InputsChanged`` when a once-prepared argument set (``used``, after the timed loop)
+    differs bit for bit from ``snapshot``, its copy taken before the first timed call (tensors
+    compared with ``torch.equal``, so a NaN written anywhere counts as a change; other arguments
+    are not compared). A call that writes into its arguments must be prepared before every call
+    (``BenchImpl.prepare_every_call``), else its later iterations time other inputs."""
+    for i, (a, b) in enumerate(zip(used, snapshot)):
         if isinstance(a, torch.Tensor) and not torch.equal(a, b):
-            raise RuntimeError(f"argument {i} changed during the timed calls: the call writes into its "
-                               "inputs, so its prepare must run before every call (prepare_every_call=True)")
+            raise InputsChanged(f"argument {i} changed during the timed calls: the call writes into its inputs, "
+                                "so its prepare must run before every call (prepare_every_call=True)")
 
 
 def measure_impl(
@@ -181,6 +188,7 @@ def measure_impl(
         else:  # read-only layout: made once per set, outside the power window too
             prepared = [impl.prepare(s) for s in sets]
             make_args = alternating(prepared[1:] + prepared[:1])
+            snapshot = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in prepared[0])
         time_iterations(fn, make_args, warmup, device, flush)  # ends synchronized
         window = monitor.open_window() if monitor is not None else None
         host_ms: list[float] = []
@@ -205,8 +213,8 @@ def measure_impl(
                 result["note"] += f"; kernel breakdown failed: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:200]}"
         if not impl.prepare_every_call:
             stage = "prepared inputs check"
-            unchanged(prepared[0], impl.prepare(sets[0]))
-            del prepared
+            unchanged(prepared[0], snapshot)
+            del prepared, snapshot, make_args  # the prepared copies are not needed past here
         stage = "correctness call"
         args = impl.prepare(sets[0])
         synchronize(device)
@@ -231,7 +239,7 @@ def measure_impl(
         result["note"] = f"ERROR in {stage}: {message}; {impl.note}"
         if impl.checks_correctness:
             result["correct"] = False
-        if stage == "prepared inputs check":  # the timed calls saw other inputs: no timings
+        if isinstance(exc, InputsChanged):  # the timed calls saw other inputs: no timings
             result.update(**nan_stats(), **empty_power_columns(), host_ms=math.nan)
             result.pop("kernels", None)
     return result
