@@ -369,6 +369,9 @@ def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: 
         if table is not None:
             nprog = backward.tile_programs(dev, I, H, table)
             variants["1-CTA table"] = lambda o, c=table, n=nprog: launch_grad_weight_gluon(a, b, o, c, n)  # noqa: B023
+        else:  # the table's tl kernel there (T >= 4097), as the baseline
+            tl_cfg = backward.config_for("grad_weights", T)
+            variants["1-CTA table"] = lambda o, c=tl_cfg: backward.launch_grad_weight(a, b, o, c)  # noqa: B023
         variants.update(_two_cta_variants(a, b, ref, clusters, kinds))
         outs = {}
         for label, fn in variants.items():
@@ -406,20 +409,22 @@ def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: 
 
 
 def main(argv=None) -> int:
-    global NC
+    global NC, BN, STAGES
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--tokens", default="128,256,1024,2048", help="checked and timed")
     p.add_argument("--check-tokens", default="1,77,300", help="checked only (odd K: TMA's zero fill)")
     p.add_argument("--kernels", default="ws", help=f"2-CTA kernels, comma-separated: {', '.join(KINDS)}; or both (ws,plain)")
     p.add_argument("--nc", type=int, default=NC, help="the warp-specialized kernel's output buffers")
+    p.add_argument("--bn", type=int, default=BN, help="each CTA's tile columns (the multicast operand's width)")
+    p.add_argument("--stages", type=int, default=STAGES, help="operand ring stages")
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     if too_old():
         print(too_old())
         return 1
-    NC = args.nc
+    NC, BN, STAGES = args.nc, args.bn, args.stages
     kinds = ("ws", "plain") if args.kernels == "both" else tuple(args.kernels.split(","))
     if set(kinds) - set(KINDS):
         p.error(f"--kernels: {sorted(set(kinds) - set(KINDS))} not among {sorted(KINDS)} or both")
