@@ -9,7 +9,8 @@ sampling board power and SM clock (``swiglu_lab.bench.power``), the variants tak
 per call, and mean power, clock and energy per call (the flush included where on). Variants: cuBLAS (``torch.matmul``), the
 Gluon kernel with the table's config (``table``) and named cooperative tiles (a name ending in
 `` plain`` or `` plain2``: that tile with st.global stores by the MMA warps or the storer warp,
-``plain_store`` 1 or 2). Each output is
+``plain_store`` 1 or 2). Where the table has no Gluon entry (T >= 4097), its tl kernel
+(``tl table``) and the ``--tiles`` named, from ``GluonConfig``'s defaults. Each output is
 checked close to cuBLAS's. GPU only.
 
 ``--resident [I,J]`` adds ``gluon_wgrad_resident``'s candidates (all, or those indices) that hold
@@ -83,8 +84,13 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     M, N = a.shape[1], b.shape[1]
     out = {"cublas": lambda o: torch.matmul(a.T, b, out=o)}
     table = backward.gluon_config_for(T, dev)
-    if table is None:
-        return out
+    if table is None:  # the table's tl kernel at this T; named Gluon tiles from GluonConfig's defaults
+        out["tl table"] = lambda o: backward.launch_grad_weight(a, b, o, backward.config_for("grad_weights", T))
+        if not tiles or "table" in tiles:
+            return out
+        from swiglu.kernels.configs import GluonConfig
+
+        table = GluonConfig()
     for name in tiles or TILES:
         cfg, plain = tile_config(name, table)
         nprog = backward.tile_programs(dev, M, N, cfg)
