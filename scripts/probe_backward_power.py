@@ -31,7 +31,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "lab"), str(REPO / "scripts")]
 
-from probe_wgrad_power import sustained  # noqa: E402  (this folder)
+from probe_wgrad_power import in_turn, power_summary, sustained  # noqa: E402  (this folder)
 
 #: NVML clock event reason bits (nvmlClocksEventReason*): software power cap; thermal and
 #: hardware slowdowns (HW slowdown, SW thermal, HW thermal, HW power brake).
@@ -183,25 +183,23 @@ def main(argv=None) -> int:
                     failed.append(f"T={T} {label}")
             calls[label] = max(3, math.ceil(args.seconds * 1e3 / timer(fn, 3)[0]))
         for flush in (int(f) for f in args.flush.split(",")):
-            acc = {label: [] for label in fns}
-            for r in range(args.rounds):
-                order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
-                for label in order:
-                    if reasons:
-                        reasons.window()
-                    ms, power = timer(fns[label], calls[label], monitor, flush_buf.zero_ if flush else None)
-                    capped, slowed = reasons.window() if reasons else (math.nan, math.nan)
-                    acc[label].append(dict(ms=ms, capped=capped, slowed=slowed, **power))
-            for label, got in acc.items():
+            def measure(label, flush=flush, fns=fns):
+                if reasons:
+                    reasons.window()
+                ms, power = timer(fns[label], calls[label], monitor, flush_buf.zero_ if flush else None)
+                capped, slowed = reasons.window() if reasons else (math.nan, math.nan)
+                return dict(ms=ms, capped=capped, slowed=slowed, **power)
+
+            for label, got in in_turn(fns, args.rounds, measure).items():
                 ms = statistics.median(g["ms"] for g in got)
                 mhz = statistics.mean(g.get("sm_clock_mhz", math.nan) for g in got)
-                rows.append(dict(T=T, variant=label, flush=bool(flush), calls=calls[label], ms_per_call=round(ms, 4),
-                                 power_w=round(statistics.mean(g.get("power_w", math.nan) for g in got), 1),
-                                 sm_clock_mhz=mhz if math.isnan(mhz) else round(mhz), kcycles_per_call=round(ms * mhz, 1),
-                                 energy_j_per_call=round(statistics.mean(g.get("energy_j", math.nan) for g in got), 4),
+                summary = power_summary(got)
+                rows.append(dict(T=T, variant=label, flush=bool(flush), calls=calls[label],
+                                 **{k: summary[k] for k in ("ms_per_call", "power_w", "sm_clock_mhz")},
+                                 kcycles_per_call=round(ms * mhz, 1), energy_j_per_call=summary["energy_j_per_call"],
                                  power_capped=round(statistics.mean(g["capped"] for g in got), 2),
                                  slowdown=round(statistics.mean(g["slowed"] for g in got), 2)))
-        del fns, checks
+        del fns, checks, measure  # the variants' tensors, before the next T's
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     if reasons:

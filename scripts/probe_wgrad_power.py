@@ -66,6 +66,27 @@ def sustained(fn, calls: int, monitor=None, before=None) -> tuple[float, dict]:
     return start.elapsed_time(end) / calls, monitor.close_window(window, calls) if monitor else {}
 
 
+def in_turn(labels, rounds: int, measure) -> dict[str, list[dict]]:
+    """``measure(label)`` for every label, ``rounds`` rounds, the order rotated by one each round
+    (drift hits all alike): label -> its rounds' results."""
+    labels = list(labels)
+    got = {label: [] for label in labels}
+    for r in range(rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            got[label].append(measure(label))
+    return got
+
+
+def power_summary(got: list[dict]) -> dict:
+    """One variant's rounds (each with ``ms`` and ``sustained``'s power columns) -> the median ms
+    per call and the mean board W, SM MHz and J per call (NaN without a monitor)."""
+    mhz = statistics.mean(g.get("sm_clock_mhz", math.nan) for g in got)
+    return dict(ms_per_call=round(statistics.median(g["ms"] for g in got), 4),
+                power_w=round(statistics.mean(g.get("power_w", math.nan) for g in got), 1),
+                sm_clock_mhz=mhz if math.isnan(mhz) else round(mhz),
+                energy_j_per_call=round(statistics.mean(g.get("energy_j", math.nan) for g in got), 4))
+
+
 #: ``--ablate``'s variants: label suffix -> ``launch_grad_weight_gluon``'s ``ablate``.
 ABLATIONS = {"stores skipped": 1, "loads skipped": 2, "loads and stores skipped": 3, "wgmma skipped": 4,
              "wgmma and stores skipped": 5, "wgmma and loads skipped": 6}
@@ -189,20 +210,13 @@ def main(argv=None) -> int:
             outs[label] = (fn, o, close, same)
         del ref
         for flush in (int(f) for f in args.flush.split(",")):
-            acc = {label: [] for label in outs}
-            for r in range(args.rounds):
-                order = list(outs)[r % len(outs):] + list(outs)[:r % len(outs)]
-                for label in order:
-                    fn, o, _, _ = outs[label]
-                    ms, power = sustained(lambda: fn(o), calls[label], monitor,  # noqa: B023
-                                          flush_buf.zero_ if flush else None)
-                    acc[label].append(dict(ms=ms, **power))
-            for label, got in acc.items():
-                rows.append(dict(T=T, variant=label, flush=bool(flush), calls=calls[label],
-                                 ms_per_call=round(statistics.median(g["ms"] for g in got), 4),
-                                 power_w=round(statistics.mean(g.get("power_w", math.nan) for g in got), 1),
-                                 sm_clock_mhz=round(statistics.mean(g.get("sm_clock_mhz", math.nan) for g in got)),
-                                 energy_j_per_call=round(statistics.mean(g.get("energy_j", math.nan) for g in got), 4),
+            def measure(label, flush=flush):
+                fn, o, _, _ = outs[label]
+                ms, power = sustained(lambda: fn(o), calls[label], monitor, flush_buf.zero_ if flush else None)
+                return dict(ms=ms, **power)
+
+            for label, got in in_turn(outs, args.rounds, measure).items():
+                rows.append(dict(T=T, variant=label, flush=bool(flush), calls=calls[label], **power_summary(got),
                                  close_to_cublas=outs[label][2], same_bits_as_table=outs[label][3]))
     df = pd.DataFrame(rows)
     out = Path(args.out)
