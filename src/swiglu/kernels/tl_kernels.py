@@ -8,12 +8,14 @@ Three launches compute the four gradients (T tokens, H = hidden_size, I = interm
 2. ``grad_weight_kernel``, launched three times: ``grad_down_weight = grad_output.T @ h``
    ([H, I]), then ``grad_gate_weight = d_gate.T @ x`` and ``grad_up_weight = d_up.T @ x`` ([I, H]).
 3. ``grad_x_kernel``: ``grad_x = d_gate @ gate_weight + d_up @ up_weight`` [T, H], one fp32
-   accumulator over both products (two K loops), no concatenated tensors.
+   accumulator over both products (two K loops), no concatenated tensors. Where its tiles do not
+   make whole waves, ``grad_x_streamk_kernel`` shares the last ones out by k-steps instead.
 
 Every operand moves through host-side TMA tensor descriptors (out-of-bounds loads are zero-filled
 and out-of-bounds stores dropped, so token counts that are not tile multiples are exact at the
 edges). Tile coordinates are int32 per dimension, fine for any tensor the hardware can address.
-No atomics: every output element is written once by one program, so results are bitwise
+Every output element is written once by one program, and the only atomic (the stream-K grad_x's
+arrival count) chooses which program adds two fp32 parts, not the sum: results are bitwise
 reproducible.
 
 Under ``TRITON_INTERPRET=1`` (CPU tests) bf16 arithmetic is wrong in the interpreter
@@ -232,6 +234,20 @@ def grad_weight_kernel(
 
 
 @triton.jit
+def _grad_x_tile(dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, num_n, I,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                 EPI_SPLIT: tl.constexpr, UPCAST: tl.constexpr):
+    """One whole grad_x tile: both K loops into one fp32 accumulator, then its bf16 store."""
+    pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
+    off_m = pid_m * BM
+    off_n = pid_n * BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc = _mainloop(dgate_desc, gw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
+    acc = _mainloop(dup_desc, uw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
+    _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+
+
+@triton.jit
 def grad_x_kernel(
     dgate_desc, dup_desc,  # [T, I]
     gw_desc, uw_desc,  # gate_weight, up_weight [I, H]
@@ -246,15 +262,90 @@ def grad_x_kernel(
     num_n = tl.cdiv(H, BN)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
+        _grad_x_tile(dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, num_n, I, BM, BN, BK, GROUP_M,
+                     EPI_SPLIT, UPCAST)
+    _pdl_end(PDL)
+
+
+
+@triton.jit
+def _grad_x_steps(dgate_desc, dup_desc, gw_desc, uw_desc, off_m, off_n, k0, k1, K_STEPS, acc,
+                  BK: tl.constexpr, UPCAST: tl.constexpr):
+    """acc += k-steps [k0, k1) of one grad_x tile: steps below K_STEPS over (d_gate, gate_weight),
+    the rest over (d_up, up_weight)."""
+    for k in tl.range(k0, tl.minimum(k1, K_STEPS)):
+        acc = _dot(dgate_desc.load([off_m, k * BK]), gw_desc.load([k * BK, off_n]), acc, UPCAST)
+    for k in tl.range(tl.maximum(k0, K_STEPS), k1):
+        off_k = (k - K_STEPS) * BK
+        acc = _dot(dup_desc.load([off_m, off_k]), uw_desc.load([off_k, off_n]), acc, UPCAST)
+    return acc
+
+
+@triton.jit
+def grad_x_streamk_kernel(
+    dgate_desc, dup_desc,  # [T, I]
+    gw_desc, uw_desc,  # gate_weight, up_weight [I, H]
+    gx_desc,  # grad_x [T, H]
+    ws_ptr,  # fp32 [NUM_PROGRAMS, 2, BM, BN]: the two parts of each split tile
+    count_ptr,  # int32 [NUM_PROGRAMS], zeros: the parts of each split tile done so far
+    T, H, I, NUM_PROGRAMS,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """``grad_x_kernel``'s result without its last partial wave of tiles (data-parallel plus
+    stream-K). The tiles split into whole waves but one, one tile per program per wave as in
+    ``grad_x_kernel``, then the last NUM_PROGRAMS + (tiles % NUM_PROGRAMS) tiles, whose (tile,
+    k-step) iterations are shared equally among the programs. Each program's share is at least
+    one tile's k-steps, so a tile splits between at most two programs (the boundary of programs
+    ``slot`` and ``slot + 1``): each part's fp32 sum goes to its own ``ws_ptr`` slot, and whichever
+    program counts the second arrival adds the other part (two fp32 terms commute: the same bits
+    whichever arrives last, deterministic for a given NUM_PROGRAMS) and stores the tile. Needs
+    more tiles than programs. Every output element is written once."""
+    _pdl_start(PDL)
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(T, BM)
+    num_n = tl.cdiv(H, BN)
+    tiles = num_m * num_n
+    sk_tiles = NUM_PROGRAMS + tiles % NUM_PROGRAMS
+    dp_tiles = tiles - sk_tiles
+    for tile in tl.range(pid, dp_tiles, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        _grad_x_tile(dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, num_n, I, BM, BN, BK, GROUP_M,
+                     EPI_SPLIT, UPCAST)
+    k_steps = tl.cdiv(I, BK)
+    tile_steps = 2 * k_steps
+    total = sk_tiles.to(tl.int64) * tile_steps
+    it = pid.to(tl.int64) * total // NUM_PROGRAMS
+    end = (pid + 1).to(tl.int64) * total // NUM_PROGRAMS
+    rows = tl.arange(0, BM)[:, None]
+    cols = tl.arange(0, BN)[None, :]
+    while it < end:
+        local = (it // tile_steps).to(tl.int32)
+        k0 = (it - local.to(tl.int64) * tile_steps).to(tl.int32)
+        k1 = tl.minimum(tile_steps, k0 + tl.minimum(end - it, tile_steps).to(tl.int32))
+        pid_m, pid_n = _tile_mn(dp_tiles + local, num_m, num_n, GROUP_M)
         off_m = pid_m * BM
         off_n = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _mainloop(dgate_desc, gw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
-        acc = _mainloop(dup_desc, uw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
-        _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+        acc = _grad_x_steps(dgate_desc, dup_desc, gw_desc, uw_desc, off_m, off_n, k0, k1, k_steps, acc, BK,
+                            UPCAST)
+        if (k0 == 0) & (k1 == tile_steps):
+            _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+        else:
+            part = (k0 > 0).to(tl.int32)  # 0: the tile's first k-steps (this program's last), 1: the rest
+            slot = pid - part  # the boundary between programs slot and slot + 1 splits this tile
+            part_ptrs = ws_ptr + (slot * 2 + part).to(tl.int64) * (BM * BN) + rows * BN + cols
+            tl.store(part_ptrs, acc)
+            # Every thread's part stored before one thread's release (CUTLASS's arrive_inc).
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + slot, 1, sem="acq_rel", scope="gpu")
+            if arrived == 1:
+                tl.debug_barrier()  # the acquire seen by every thread before they read the other part
+                other_ptrs = ws_ptr + (slot * 2 + 1 - part).to(tl.int64) * (BM * BN) + rows * BN + cols
+                acc += tl.load(other_ptrs, cache_modifier=".cg")
+                _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
+        it += k1 - k0
     _pdl_end(PDL)
-
 
 # --------------------------------------------------------------------------- forward
 #
