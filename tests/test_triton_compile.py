@@ -54,10 +54,10 @@ from compile_worker import pdl_problems  # tests/ is on sys.path, as for ulp_ora
 H200_SHARED_MEMORY_BYTES = 232448
 H200_SMS = 132
 KERNEL_NAMES = {"dswiglu": "dswiglu_gemm_kernel", "grad_weights": "grad_weight_kernel", "grad_x": "grad_x_kernel"}
-#: grad_x's stream-K kernel (``KernelConfig.stream_k``), compiled for the configs of the buckets from
-#: STREAM_K_FROM tokens up whether or not the table sets stream_k there.
-STREAM_K_KERNEL = "grad_x_streamk_kernel"
-STREAM_K_FROM = 2048
+#: grad_x's split-tail kernel (``KernelConfig.split_tail``), compiled for the configs of the buckets from
+#: SPLIT_TAIL_FROM tokens up whether or not the table sets split_tail there.
+SPLIT_TAIL_KERNEL = "grad_x_split_tail_kernel"
+SPLIT_TAIL_FROM = 2048
 #: The memory-lean mode's forward kernels (swiglu.kernels.forward), recorded from triton_swiglu_forward.
 FORWARD_KERNELS = ("swiglu_forward_kernel", "swiglu_product_kernel")
 #: Past the largest token bucket's bound, a token count for the unbounded bucket.
@@ -136,7 +136,7 @@ def record_launches(tokens: int, configs: dict | None = None, check_shared: bool
     with pytest.MonkeyPatch.context() as mp:
         if not check_shared:
             mp.setattr(triton_backward, "check_shared_memory", lambda kernel, cfg, device: None)
-        for name in (*KERNEL_NAMES.values(), STREAM_K_KERNEL, *FORWARD_KERNELS):
+        for name in (*KERNEL_NAMES.values(), SPLIT_TAIL_KERNEL, *FORWARD_KERNELS):
             mp.setattr(kernels, name, _Recorder(name, getattr(kernels, name).fn, launches))
         # Meta tensors pass the device check only as "interpreted"; UPCAST is reset in _launch_spec.
         mp.setattr(common, "INTERPRET", True)
@@ -191,9 +191,9 @@ def launch_specs() -> list[dict]:
              dict(forward_config="auto"), *(dict(forward_config=c) for c in forward.FUSED_CANDIDATES.values()),
              *(dict(configs={"grad_x": c}) for c in triton_backward.GRAD_X_NARROW)]  # planned where H is small
     for tokens in token_counts:
-        stream_k = [dict(configs={"grad_x": replace(triton_backward.config_for("grad_x", tokens), stream_k=True)},
+        split_tail = [dict(configs={"grad_x": replace(triton_backward.config_for("grad_x", tokens), split_tail=True)},
                          need_grad_gate_weight=False, need_grad_up_weight=False, need_grad_down_weight=False)]
-        for call in calls + (stream_k if tokens >= STREAM_K_FROM else []):
+        for call in calls + (split_tail if tokens >= SPLIT_TAIL_FROM else []):
             for spec in record_launches(tokens, **call):
                 uses = unique.setdefault(_spec_key(spec), {**spec, "uses": []})["uses"]
                 uses += [] if tokens in uses else [tokens]
@@ -239,7 +239,7 @@ def _config_of(spec: dict) -> tuple[str, KernelConfig]:
     return kernel, KernelConfig(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], EPI_SPLIT=c["EPI_SPLIT"],
                                 num_stages=o["num_stages"], num_warps=o["num_warps"],
                                 warp_specialize=c["WARP_SPECIALIZE"], flatten=c["FLATTEN"],
-                                tma_store=c.get("TMA_STORE", True), stream_k=spec["kernel"] == STREAM_K_KERNEL)
+                                tma_store=c.get("TMA_STORE", True), split_tail=spec["kernel"] == SPLIT_TAIL_KERNEL)
 
 
 def calibration_specs() -> list[dict]:
@@ -442,7 +442,7 @@ def test_pdl_modes_wait_before_any_global_access(compiled):
     """In PDL modes 1 and 2 every kernel waits for its predecessor before its first global memory
     access (else it could read an unfinished input or write a buffer still being read)."""
     specs = [s for s in _specs() if "pdl" in s["uses"]]
-    assert {s["kernel"] for s in specs} == {*KERNEL_NAMES.values(), STREAM_K_KERNEL, *FORWARD_KERNELS}
+    assert {s["kernel"] for s in specs} == {*KERNEL_NAMES.values(), SPLIT_TAIL_KERNEL, *FORWARD_KERNELS}
     for spec in specs:
         result = compiled[_spec_key(spec)]
         found = problems(result, spec["kernel"] != "swiglu_product_kernel", spec["constexprs"]["PDL"])
@@ -479,7 +479,7 @@ def test_shared_memory_estimate_matches_triton(compiled):
     assert SM90_SHARED_MEMORY_BYTES == H200_SHARED_MEMORY_BYTES
     checked = 0
     for spec in _specs():
-        if spec["kernel"] not in (*KERNEL_NAMES.values(), STREAM_K_KERNEL):
+        if spec["kernel"] not in (*KERNEL_NAMES.values(), SPLIT_TAIL_KERNEL):
             continue  # the forward's kernels: not launched through the backward's check
         result = compiled[_spec_key(spec)]
         if result["error"]:

@@ -163,22 +163,23 @@ def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight
 def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig, nprog: int | None = None) -> None:
     """grad_x = d_gate @ gate_weight + d_up @ up_weight [T, H], one fp32 accumulator;
     ``nprog`` persistent programs (default: one per SM, at most one per tile). With
-    ``c.stream_k`` and more tiles than programs, not a whole number of waves: the stream-K
-    kernel (a [nprog, 2, BM, BN] fp32 workspace for the split tiles)."""
+    ``c.split_tail``, where the tiles leave a last wave of at most nprog / 2: the split-tail
+    kernel, each last tile over nprog // tail programs (an fp32 workspace of up to nprog tiles)."""
     T, I = d_gate.shape
     H = gate_weight.shape[1]
     nprog = nprog or tile_programs(d_gate.device, T, H, c, c.persistent)
-    tiles = cdiv(T, c.BM) * cdiv(H, c.BN)
-    if c.stream_k and tiles > nprog and tiles % nprog:
-        # The two parts of each tile split between programs, and their arrival counts.
-        ws = torch.empty((nprog, 2, c.BM, c.BN), device=d_gate.device, dtype=torch.float32)
-        count = torch.zeros((nprog,), device=d_gate.device, dtype=torch.int32)
+    tail = cdiv(T, c.BM) * cdiv(H, c.BN) % nprog if c.split_tail else 0
+    splits = min(nprog // tail, 2 * cdiv(I, c.BK)) if tail else 1
+    if splits > 1:
+        # Each last tile's runs, and their arrival counts.
+        ws = torch.empty((tail * splits, c.BM, c.BN), device=d_gate.device, dtype=torch.float32)
+        count = torch.zeros((tail,), device=d_gate.device, dtype=torch.int32)
         launch(
-            kernels.grad_x_streamk_kernel, (nprog,), ("grad_x_streamk", d_gate.device, T, H, I, nprog, c),
+            kernels.grad_x_split_tail_kernel, (nprog,), ("grad_x_split_tail", d_gate.device, T, H, I, nprog, c),
             Tma(d_gate, [c.BM, c.BK]), Tma(d_up, [c.BM, c.BK]),
             Tma(gate_weight, [c.BK, c.BN]), Tma(up_weight, [c.BK, c.BN]),
             Tma(grad_x, [c.BM, c.BN // c.EPI_SPLIT]), ws, count,
-            T, H, I, nprog, **launch_kwargs(c),
+            T, H, I, nprog, splits, **launch_kwargs(c),
         )
         return
     launch(

@@ -31,10 +31,9 @@ class KernelConfig:
     persistent: bool = True
     # Weight-gradient kernel only: False stores C with plain (non-TMA) stores (never won either).
     tma_store: bool = True
-    # grad_x kernel only: the last wave and the partial one after it shared out by k-steps
-    # (``tl_kernels.grad_x_streamk_kernel``) where the tiles do not split into whole waves, so no
-    # SM idles through a partial last wave of long-K tiles.
-    stream_k: bool = False
+    # grad_x kernel only: the tiles of a last partial wave split over K among the programs
+    # (``tl_kernels.grad_x_split_tail_kernel``) where that wave would leave at least half the SMs idle.
+    split_tail: bool = False
 
     def __post_init__(self) -> None:
         def pow2(v: int) -> bool:

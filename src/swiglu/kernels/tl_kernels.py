@@ -8,15 +8,15 @@ Three launches compute the four gradients (T tokens, H = hidden_size, I = interm
 2. ``grad_weight_kernel``, launched three times: ``grad_down_weight = grad_output.T @ h``
    ([H, I]), then ``grad_gate_weight = d_gate.T @ x`` and ``grad_up_weight = d_up.T @ x`` ([I, H]).
 3. ``grad_x_kernel``: ``grad_x = d_gate @ gate_weight + d_up @ up_weight`` [T, H], one fp32
-   accumulator over both products (two K loops), no concatenated tensors. Where its tiles do not
-   make whole waves, ``grad_x_streamk_kernel`` shares the last ones out by k-steps instead.
+   accumulator over both products (two K loops), no concatenated tensors. Where its last wave
+   would leave most SMs idle, ``grad_x_split_tail_kernel`` splits that wave's tiles over K.
 
 Every operand moves through host-side TMA tensor descriptors (out-of-bounds loads are zero-filled
 and out-of-bounds stores dropped, so token counts that are not tile multiples are exact at the
 edges). Tile coordinates are int32 per dimension, fine for any tensor the hardware can address.
-Every output element is written once by one program, and the only atomic (the stream-K grad_x's
-arrival count) chooses which program adds two fp32 parts, not the sum: results are bitwise
-reproducible.
+Every output element is written once by one program, and the only atomic (the split-tail
+grad_x's arrival count) chooses which program adds the fp32 runs, not their order: results are
+bitwise reproducible.
 
 Under ``TRITON_INTERPRET=1`` (CPU tests) bf16 arithmetic is wrong in the interpreter
 (docs/triton-on-cpu.md), so the ``UPCAST`` constexpr converts every tile to fp32 before
@@ -282,70 +282,58 @@ def _grad_x_steps(dgate_desc, dup_desc, gw_desc, uw_desc, off_m, off_n, k0, k1, 
 
 
 @triton.jit
-def grad_x_streamk_kernel(
+def grad_x_split_tail_kernel(
     dgate_desc, dup_desc,  # [T, I]
     gw_desc, uw_desc,  # gate_weight, up_weight [I, H]
     gx_desc,  # grad_x [T, H]
-    ws_ptr,  # fp32 [NUM_PROGRAMS, 2, BM, BN]: the two parts of each split tile
-    count_ptr,  # int32 [NUM_PROGRAMS], zeros: the parts of each split tile done so far
-    T, H, I, NUM_PROGRAMS,
+    ws_ptr,  # fp32 [tail * SPLITS, BM, BN]: the runs of the last tiles
+    count_ptr,  # int32 [tail], zeros: the runs of each last tile done so far
+    T, H, I, NUM_PROGRAMS, SPLITS,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """``grad_x_kernel``'s result without its last partial wave of tiles (data-parallel plus
-    stream-K). The tiles split into whole waves but one, one tile per program per wave as in
-    ``grad_x_kernel``, then the last NUM_PROGRAMS + (tiles % NUM_PROGRAMS) tiles, whose (tile,
-    k-step) iterations are shared equally among the programs. Each program's share is at least
-    one tile's k-steps, so a tile splits between at most two programs (the boundary of programs
-    ``slot`` and ``slot + 1``): each part's fp32 sum goes to its own ``ws_ptr`` slot, and whichever
-    program counts the second arrival adds the other part (two fp32 terms commute: the same bits
-    whichever arrives last, deterministic for a given NUM_PROGRAMS) and stores the tile. Needs
-    more tiles than programs. Every output element is written once."""
+    """``grad_x_kernel``'s result with its last partial wave split over K. The whole waves run as
+    in ``grad_x_kernel`` (one tile per program per wave); each of the ``tail = tiles %
+    NUM_PROGRAMS`` tiles left is split into SPLITS runs of k-steps, one per program (tail * SPLITS
+    <= NUM_PROGRAMS), so the last wave keeps most SMs busy instead of ``tail``. Each run's fp32 sum
+    goes to its own ``ws_ptr`` slot; the program that counts a tile's last arrival adds its
+    SPLITS runs in run order (the same bits whichever program arrives last: deterministic for a
+    given NUM_PROGRAMS and SPLITS) and stores the tile. Every output element is written once."""
     _pdl_start(PDL)
     pid = tl.program_id(0)
     num_m = tl.cdiv(T, BM)
     num_n = tl.cdiv(H, BN)
     tiles = num_m * num_n
-    sk_tiles = NUM_PROGRAMS + tiles % NUM_PROGRAMS
-    dp_tiles = tiles - sk_tiles
-    for tile in tl.range(pid, dp_tiles, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+    tail = tiles % NUM_PROGRAMS
+    for tile in tl.range(pid, tiles - tail, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         _grad_x_tile(dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, num_n, I, BM, BN, BK, GROUP_M,
                      EPI_SPLIT, UPCAST)
-    k_steps = tl.cdiv(I, BK)
-    tile_steps = 2 * k_steps
-    total = sk_tiles.to(tl.int64) * tile_steps
-    it = pid.to(tl.int64) * total // NUM_PROGRAMS
-    end = (pid + 1).to(tl.int64) * total // NUM_PROGRAMS
-    rows = tl.arange(0, BM)[:, None]
-    cols = tl.arange(0, BN)[None, :]
-    while it < end:
-        local = (it // tile_steps).to(tl.int32)
-        k0 = (it - local.to(tl.int64) * tile_steps).to(tl.int32)
-        k1 = tl.minimum(tile_steps, k0 + tl.minimum(end - it, tile_steps).to(tl.int32))
-        pid_m, pid_n = _tile_mn(dp_tiles + local, num_m, num_n, GROUP_M)
+    if pid < tail * SPLITS:
+        local = pid // SPLITS
+        run = pid % SPLITS
+        k_steps = tl.cdiv(I, BK)
+        pid_m, pid_n = _tile_mn(tiles - tail + local, num_m, num_n, GROUP_M)
         off_m = pid_m * BM
         off_n = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _grad_x_steps(dgate_desc, dup_desc, gw_desc, uw_desc, off_m, off_n, k0, k1, k_steps, acc, BK,
-                            UPCAST)
-        if (k0 == 0) & (k1 == tile_steps):
+        acc = _grad_x_steps(dgate_desc, dup_desc, gw_desc, uw_desc, off_m, off_n, run * 2 * k_steps // SPLITS,
+                            (run + 1) * 2 * k_steps // SPLITS, k_steps, acc, BK, UPCAST)
+        tile_elems = BM * BN
+        offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+        tl.store(ws_ptr + pid.to(tl.int64) * tile_elems + offs, acc)
+        # Every thread's run stored before one thread's release (CUTLASS's arrive_inc).
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + local, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
+            tl.debug_barrier()  # the acquire seen by every thread before they read the other runs
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            first = (local * SPLITS).to(tl.int64)
+            for r in tl.range(0, SPLITS):
+                acc += tl.load(ws_ptr + (first + r) * tile_elems + offs, cache_modifier=".cg")
             _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
-        else:
-            part = (k0 > 0).to(tl.int32)  # 0: the tile's first k-steps (this program's last), 1: the rest
-            slot = pid - part  # the boundary between programs slot and slot + 1 splits this tile
-            part_ptrs = ws_ptr + (slot * 2 + part).to(tl.int64) * (BM * BN) + rows * BN + cols
-            tl.store(part_ptrs, acc)
-            # Every thread's part stored before one thread's release (CUTLASS's arrive_inc).
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + slot, 1, sem="acq_rel", scope="gpu")
-            if arrived == 1:
-                tl.debug_barrier()  # the acquire seen by every thread before they read the other part
-                other_ptrs = ws_ptr + (slot * 2 + 1 - part).to(tl.int64) * (BM * BN) + rows * BN + cols
-                acc += tl.load(other_ptrs, cache_modifier=".cg")
-                _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)
-        it += k1 - k0
     _pdl_end(PDL)
+
 
 # --------------------------------------------------------------------------- forward
 #
