@@ -26,7 +26,6 @@ exactly the configs that do not fit, among them an oversized example (279576 byt
 from __future__ import annotations
 
 import inspect
-from dataclasses import replace
 import itertools
 import json
 import os
@@ -54,10 +53,9 @@ from compile_worker import pdl_problems  # tests/ is on sys.path, as for ulp_ora
 H200_SHARED_MEMORY_BYTES = 232448
 H200_SMS = 132
 KERNEL_NAMES = {"dswiglu": "dswiglu_gemm_kernel", "grad_weights": "grad_weight_kernel", "grad_x": "grad_x_kernel"}
-#: grad_x's split-tail kernel (``KernelConfig.split_tail``), compiled for the configs of the buckets from
-#: SPLIT_TAIL_FROM tokens up whether or not the table sets split_tail there.
+#: grad_x's split-tail kernel (``KernelConfig.split_tail``): the table's grad_x where the last wave
+#: of tiles would leave at least half the SMs idle (T = 3376, 6284, 8192 among the cases).
 SPLIT_TAIL_KERNEL = "grad_x_split_tail_kernel"
-SPLIT_TAIL_FROM = 2048
 #: The memory-lean mode's forward kernels (swiglu.kernels.forward), recorded from triton_swiglu_forward.
 FORWARD_KERNELS = ("swiglu_forward_kernel", "swiglu_product_kernel")
 #: Past the largest token bucket's bound, a token count for the unbounded bucket.
@@ -191,9 +189,7 @@ def launch_specs() -> list[dict]:
              dict(forward_config="auto"), *(dict(forward_config=c) for c in forward.FUSED_CANDIDATES.values()),
              *(dict(configs={"grad_x": c}) for c in triton_backward.GRAD_X_NARROW)]  # planned where H is small
     for tokens in token_counts:
-        split_tail = [dict(configs={"grad_x": replace(triton_backward.config_for("grad_x", tokens), split_tail=True)},
-                         need_grad_gate_weight=False, need_grad_up_weight=False, need_grad_down_weight=False)]
-        for call in calls + (split_tail if tokens >= SPLIT_TAIL_FROM else []):
+        for call in calls:
             for spec in record_launches(tokens, **call):
                 uses = unique.setdefault(_spec_key(spec), {**spec, "uses": []})["uses"]
                 uses += [] if tokens in uses else [tokens]
