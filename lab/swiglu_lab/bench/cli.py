@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ``--device cpu``)."""
     raw = sys.argv[1:] if argv is None else list(argv)
     if any(a == "--tp" or a.startswith("--tp=") for a in raw):  # tensor parallel: its own CLI (swiglu_lab.bench.tp)
-        return tp_main(raw)
+        return tp_main(raw, exit_now=argv is None)
     parser = build_parser()
     args = parser.parse_args(argv)
     argv_text = " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))

@@ -674,9 +674,10 @@ def summary_text(rows: pd.DataFrame, checks: pd.DataFrame, train: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, exit_now: bool = False) -> int:
     """Run the parts asked for on this rank; rank 0 writes ``tp_<run_id>.*`` to ``--out``.
-    Returns the exit status (non-zero when a correctness check failed)."""
+    Returns the exit status (non-zero when a correctness check failed); ``exit_now`` (the
+    command line): exits the process with it instead (``leave``)."""
     args = build_parser().parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
@@ -755,4 +756,15 @@ def main(argv: list[str] | None = None) -> int:
     dist.destroy_process_group()
     # A failed check must fail the command (rank 0 holds the results; the other ranks exit 0).
     failed = any(not (c["passed"] and c["bitwise_repeatable"]) for c in checks) or (train and not train.get("passed"))
+    if exit_now:
+        leave(1 if failed else 0)
     return 1 if failed else 0
+
+
+def leave(status: int) -> None:
+    """Exit now with ``status``, output flushed, skipping the interpreter's teardown: there gloo's
+    threads have aborted the process now and then under load ("terminate called without an
+    active exception", SIGABRT after every record was written; tests/tp_worker.py does the same)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
