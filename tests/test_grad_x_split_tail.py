@@ -2,7 +2,8 @@
 whole waves of tiles as in ``grad_x_kernel``, then each tile of a last partial wave split over K
 among several programs, its runs added in order by whichever program finishes last. Under
 TRITON_INTERPRET=1 on a CPU (CI), on the GPU when present; the CPU shapes are chosen so that a
-run boundary falls inside the gate and inside the up half of the k-steps, and the tests check that they do (a shape without a split tests nothing new).
+run boundary falls inside the gate and inside the up half of the k-steps, and the tests check
+that they do (a shape without a split tests nothing new).
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ SPLIT = replace(SMALL, split_tail=True)
 
 
 def _plan(device, T, H, I, cfg=SPLIT, nprog=None) -> tuple[int, int, list[int]]:
-    """(whole-wave tiles, tail tiles, the runs' first k-steps) of the launch as the launcher and
-    the kernel divide it."""
-    tiles = cdiv(T, cfg.BM) * cdiv(H, cfg.BN)
+    """(whole-wave tiles, tail tiles, the runs' first k-steps, as the kernel cuts them) of the
+    launch the launcher makes (``backward.grad_x_tail_splits``)."""
     nprog = nprog or tile_programs(torch.device(device), T, H, cfg)
-    tail = tiles % nprog
+    tail, splits = backward.grad_x_tail_splits(T, H, I, cfg, nprog)
     steps = 2 * cdiv(I, cfg.BK)
-    splits = min(nprog // tail, steps) if tail else 1
-    return tiles - tail, tail, [r * steps // splits for r in range(splits)] if splits > 1 else []
+    whole = cdiv(T, cfg.BM) * cdiv(H, cfg.BN) - tail
+    return whole, tail, [r * steps // splits for r in range(splits)] if splits > 1 else []
 
 
 @pytest.fixture

@@ -231,7 +231,7 @@ def _calibration_configs() -> list[tuple[str, KernelConfig]]:
 def _config_of(spec: dict) -> tuple[str, KernelConfig]:
     """(launcher kernel key, KernelConfig) a compile spec was recorded with."""
     c, o = spec["constexprs"], spec["options"]
-    kernel = {v: k for k, v in KERNEL_NAMES.items()}.get(spec["kernel"], "grad_x")
+    kernel = {**{v: k for k, v in KERNEL_NAMES.items()}, SPLIT_TAIL_KERNEL: "grad_x"}[spec["kernel"]]
     return kernel, KernelConfig(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], EPI_SPLIT=c["EPI_SPLIT"],
                                 num_stages=o["num_stages"], num_warps=o["num_warps"],
                                 warp_specialize=c["WARP_SPECIALIZE"], flatten=c["FLATTEN"],

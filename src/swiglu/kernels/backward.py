@@ -160,6 +160,14 @@ def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight
             launch_weight_gradient(a, b, out, c, g)
 
 
+def grad_x_tail_splits(T: int, H: int, I: int, c: KernelConfig, nprog: int) -> tuple[int, int]:
+    """(tail, splits) of a split-tail grad_x launch: the tiles left after whole waves of ``nprog``,
+    and the runs each is split into over its 2 * cdiv(I, BK) k-steps (at most nprog // tail, one
+    per program); splits 1: nothing to split, the tiled kernel runs."""
+    tail = cdiv(T, c.BM) * cdiv(H, c.BN) % nprog
+    return tail, min(nprog // tail, 2 * cdiv(I, c.BK)) if tail else 1
+
+
 def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig, nprog: int | None = None) -> None:
     """grad_x = d_gate @ gate_weight + d_up @ up_weight [T, H], one fp32 accumulator;
     ``nprog`` persistent programs (default: one per SM, at most one per tile). With
@@ -168,8 +176,7 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig,
     T, I = d_gate.shape
     H = gate_weight.shape[1]
     nprog = nprog or tile_programs(d_gate.device, T, H, c, c.persistent)
-    tail = cdiv(T, c.BM) * cdiv(H, c.BN) % nprog if c.split_tail else 0
-    splits = min(nprog // tail, 2 * cdiv(I, c.BK)) if tail else 1
+    tail, splits = grad_x_tail_splits(T, H, I, c, nprog) if c.split_tail else (0, 1)
     if splits > 1:
         # Each last tile's runs, and their arrival counts.
         ws = torch.empty((tail * splits, c.BM, c.BN), device=d_gate.device, dtype=torch.float32)

@@ -267,7 +267,6 @@ def grad_x_kernel(
     _pdl_end(PDL)
 
 
-
 @triton.jit
 def _grad_x_steps(dgate_desc, dup_desc, gw_desc, uw_desc, off_m, off_n, k0, k1, K_STEPS, acc,
                   BK: tl.constexpr, UPCAST: tl.constexpr):
