@@ -3,7 +3,8 @@ up the Gluon weight-gradient kernel? One weight gradient ``out = a.T @ b`` at He
 orientations (a [T, I] with b [T, H], and a [T, H] with b [T, I]), per token count: Gluon
 candidates with ``defer`` off and on, the tl kernel's table config and cuBLAS; with ``--pingpong``
 also the ping-pong kernel's candidates beside their cooperative twins ("... twin"); with ``--wide``
-the ping-pong kernel at 232 registers, 128 x 128 and 128 x 192 tiles (``gluon_wgrad.WIDE_CANDIDATES``),
+the wide tiles (``gluon_wgrad.WIDE_CANDIDATES``: the ping-pong kernel at 232 registers on 128 x 128 and
+128 x 192, the cooperative 256 x 192),
 each bitwise against the table's kernel; ``--only-table``: of the other Gluon candidates none.
 Checks: each deferred or ping-pong variant bitwise equal to its twin (``bitwise_defer_off``), every
 kernel close to cuBLAS. Timing: 256 MB L2 flush before each call, CUDA events
@@ -35,9 +36,11 @@ CANDIDATES = ("table", "128x128x64 S4 NC3", "128x256x32 S4 NC2", "128x256x64 S3 
 
 
 def parse(text: str, base):
+    """``"BMxBNxBK Sn NCm"`` (or ``"BMxBN+BN2xBK ..."``, a wide tile) as ``base`` with those fields."""
     tile, stages, nc = text.split()
-    bm, bn, bk = (int(v) for v in tile.split("x"))
-    return replace(base, BM=bm, BN=bn, BK=bk, STAGES=int(stages[1:]), NC=int(nc[2:]))
+    bm, bn, bk = tile.split("x")
+    bn, _, bn2 = bn.partition("+")
+    return replace(base, BM=int(bm), BN=int(bn), BN2=int(bn2 or 0), BK=int(bk), STAGES=int(stages[1:]), NC=int(nc[2:]))
 
 
 def gluon_label(cfg, table: bool = False) -> str:
@@ -118,7 +121,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--pingpong", action="store_true", help="also the ping-pong kernel's candidates")
-    p.add_argument("--wide", action="store_true", help="also gluon_wgrad.WIDE_CANDIDATES (232 registers, 128 x 192)")
+    p.add_argument("--wide", action="store_true", help="also gluon_wgrad.WIDE_CANDIDATES (ping-pong 128 x 128 and 128 x 192 at 232 registers, cooperative 256 x 192)")
     p.add_argument("--only-table", action="store_true", help="of CANDIDATES the table's alone, without defer")
     p.add_argument("--write-table", action="store_true",
                    help="write the winners into src/swiglu/kernels/backward_configs.json (swiglu_lab.bench.tables."

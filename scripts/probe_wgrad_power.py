@@ -7,7 +7,8 @@ weight gradient ``out = a.T @ b`` at Hermes size (a [T, I], b [T, H]) runs back 
 sampling board power and SM clock (``swiglu_lab.bench.power``), the variants taken in turn for
 ``--rounds`` rounds (drift hits all alike); per (T, variant, flush) the median over rounds of ms
 per call, and mean power, clock and energy per call (the flush included where on). Variants: cuBLAS (``torch.matmul``), the
-Gluon kernel with the table's config (``table``) and named cooperative tiles (a name ending in
+Gluon kernel with the table's config (``table``) and named cooperative tiles ("BMxBNxBK Sn NCm", or
+"BMxBN+BN2xBK ..." for a wide tile of two accumulators; a name ending in
 `` plain`` or `` plain2``: that tile with st.global stores by the MMA warps or the storer warp,
 ``plain_store`` 1 or 2). Where the table has no Gluon entry (T >= 4097), its tl kernel
 (``tl table``) and the ``--tiles`` named, from ``GluonConfig``'s defaults. Each output is
@@ -15,9 +16,10 @@ checked close to cuBLAS's. GPU only.
 
 ``--resident [I,J]`` adds ``gluon_wgrad_resident``'s candidates (all, or those indices) that hold
 T tokens (``--resident-groups G,H``: each at those GROUP_M; ``--resident-defer 0,1``: with and
-without the deferred epilogue), each also compared
-bitwise with the table's kernel (``same_bits_as_table``; the per-element sum runs over the same
-K-steps whatever the tile, and every candidate measured gave the same bits).
+without the deferred epilogue). Every Gluon and resident weight gradient is also compared bitwise
+with the table's Gluon kernel, or where the table has none with the first Gluon tile
+(``same_bits_as_table``; the per-element sum runs over the same K-steps whatever the tile, and
+every candidate measured gave the same bits).
 
 ``--ablate`` adds, for the table's config (and each tile of ``--tiles`` when given), the same
 kernel with its stores skipped (a ping-pong config: only that one), with its loads skipped after the ring's first fill, with both, without its wgmmas (zeros
@@ -155,7 +157,9 @@ def tile_config(name: str, table):
         if name.endswith(suffix):
             tile, mode = name[:-len(suffix)], m
             break
-    return (table if tile == "table" else replace(parse(tile, table), pingpong=False, BN2=0)), mode
+    # A cooperative tile; a wide one ("BMxBN+BN2xBK ...": two accumulators) is never deferred.
+    base = replace(table, pingpong=False, BN2=0, mma_regs=0, wg_store=0, **({"defer": False} if "+" in tile else {}))
+    return (table if tile == "table" else parse(tile, base)), mode
 
 
 def unchecked(label: str) -> bool:
@@ -203,9 +207,10 @@ def main(argv=None) -> int:
             fn(o)
             torch.cuda.synchronize()
             close = None if unchecked(label) else bool(torch.allclose(o.float(), ref, rtol=2e-2, atol=2e-2 * scale))
-            if label.startswith("gluon table ("):
-                table_out = o
-            same = None if table_out is None or not label.startswith("resident") else bool(torch.equal(o, table_out))
+            if label.startswith("gluon table (") or table_out is None and label.startswith("gluon ") and close:
+                table_out = o  # the table's Gluon kernel, or the first Gluon tile where the table has none
+            same = None if table_out is None or table_out is o or not label.startswith(("resident", "gluon ")) \
+                or unchecked(label) else bool(torch.equal(o, table_out))
             calls[label] = max(3, math.ceil(args.seconds * 1e3 / sustained(lambda: fn(o), 3)[0]))  # noqa: B023
             outs[label] = (fn, o, close, same)
         del ref

@@ -15,7 +15,7 @@ the table or not; sections ``gluon_grad_weights``,
 ``*`` means every bucket the section has; VALUE is read as JSON (48, true, "x"). Each named
 bucket must exist. ``--gluon-dswiglu BUCKET=INDEX``: that bucket takes ``gluon_dswiglu.CONFIGS[INDEX]``;
 ``--gluon-grad-x BUCKET=INDEX``: ``gluon_wgrad.GRAD_X_CANDIDATES[INDEX]``;
-``--gluon-grad-weights BUCKET=INDEX``: ``gluon_wgrad.WIDE_CANDIDATES[INDEX]`` (the ping-pong tiles);
+``--gluon-grad-weights BUCKET=INDEX``: ``gluon_wgrad.WIDE_CANDIDATES[INDEX]`` (the wide tiles: ping-pong, then cooperative 256 x 192);
 ``--gluon-resident BUCKET=INDEX``: ``gluon_wgrad_resident.RESIDENT_CANDIDATES[INDEX]`` (A held in
 shared memory; its ``resident_k`` must hold the bucket's tokens).
 Candidates enter first, then ``--set`` changes fields (of a candidate too). Every changed entry

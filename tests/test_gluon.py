@@ -350,10 +350,11 @@ def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
 @pytest.mark.parametrize("K, M, N", [(256, 53248, 16384), (1024, 16384, 53248), (1, 1000, 1176), (77, 384, 520),
                                      (300, 1000, 1176)])
 def test_pingpong_weight_gradient_gives_the_cooperative_kernels_bits(K, M, N):
-    """The ping-pong kernel, at 168 and 232 registers, with 128 x 128 and 128 x (128 + 64) tiles:
-    each output element summed over K in the same order as the cooperative kernel's, so the same
-    bits, NaN-poisoned output fully written (partial tiles and wholly out-of-range second chunks
-    at N = 1176 and 520), for each compile-checked candidate."""
+    """The ping-pong kernel, at 168 and 232 registers, with 128 x 128 and 128 x (128 + 64) tiles,
+    and the wide cooperative 256 x (128 + 64) tiles: each output element summed over K in the same
+    order as the cooperative kernel's, so the same bits, NaN-poisoned output fully written (partial
+    tiles and wholly out-of-range second chunks at N = 1176 and 520), for each compile-checked
+    candidate."""
     _gluon_or_skip()
     from swiglu.kernels.gluon_wgrad import PINGPONG_CANDIDATES, WIDE_CANDIDATES
 

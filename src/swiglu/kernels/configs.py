@@ -73,9 +73,10 @@ class GluonConfig:
     # Two 4-warp MMA warpgroups on alternate tiles (``gluon_wgrad.wgrad_kernel`` with PINGPONG;
     # num_warps and defer then unused), each tile BM x BN: the table's choice at T = 257-512.
     pingpong: bool = False
-    # Ping-pong only: a second output chunk BN2 columns wide beside the BN one (its own operand
-    # and output buffers, a second accumulator), so a tile is BM x (BN + BN2), e.g. quack's
-    # 128 x 192 (Triton blocks are powers of two); 0: none.
+    # A second output chunk BN2 columns wide beside the BN one (its own operand and output
+    # buffers, a second accumulator), so a tile is BM x (BN + BN2) (Triton blocks are powers of
+    # two): quack's 128 x 192 with pingpong, its cooperative 256 x 192 without (not deferred,
+    # TMA stores); 0: none.
     BN2: int = 0
     # Ping-pong only: setmaxnreg of the second MMA warpgroup (the first, the default partition,
     # gets what the workers leave: Triton's AllocateWarpGroups); 0: maxnreg. ptxas allocates a
@@ -113,8 +114,10 @@ class GluonConfig:
         return self.STAGES * (self.BK * self.BM + self.BK * self.tile_n) * 2 + output + conversion + 1024
 
     def __post_init__(self) -> None:
-        if self.BN2 and (not self.pingpong or self.BN2 & (self.BN2 - 1) or not 8 <= self.BN2 < self.BN):
-            raise ValueError(f"GluonConfig.BN2 must be 0 or, with pingpong, a power of two in [8, BN), got {self.BN2}")
+        if self.BN2 and (self.BN2 & (self.BN2 - 1) or not 8 <= self.BN2 < self.BN
+                         or not self.pingpong and (self.defer or self.plain_store or self.resident_k)):
+            raise ValueError(f"GluonConfig.BN2 must be 0 or a power of two in [8, BN) (without pingpong: no defer, "
+                             f"plain_store or resident_k), got {self}")
         if self.STAGES < 2:
             # A one-stage ring deadlocks from two k-steps up: step c waits for its stage while
             # step c - 1's wgmma, which releases it, is still held.

@@ -469,6 +469,43 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
             _epilogue_store(prev, num_tiles - 1, c_desc, c_bufs, c_ready, c_empty)
 
 
+@gluon.jit
+def _mma_wide_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
+                        GROUP_M: gl.constexpr, b2_bufs, c2_bufs):
+    # The cooperative tile BM x (BN + BN2) (``GluonConfig.BN2`` without pingpong, e.g. quack's
+    # 256 x 192): both MMA warpgroups on one tile, each holding BM / 2 rows of two accumulators
+    # (BN and BN2 columns), two wgmmas per k-step on the same A stage. The cooperative partition's
+    # stage protocol and epilogue hand-off; the narrower chunk converted first (_epilogue_store).
+    BK: gl.constexpr = a_desc.block_type.shape[0]
+    BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN: gl.constexpr = b_desc.block_type.shape[1]
+    BN2: gl.constexpr = _chunk2(b_bufs.type.shape, b2_bufs.type.shape)
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    num_tiles = _program_tiles(c_desc, BM, BN + BN2)[4]
+    k_tiles = gl.cdiv(a_desc.shape[0], BK)
+
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=_mma_layout(BM, BN, NUM_WARPS))
+    acc2 = gl.zeros((BM, BN2), dtype=gl.float32, layout=_mma_layout(BM, BN2, NUM_WARPS))
+    c = 0
+    for t in range(num_tiles):
+        for kk in range(k_tiles):
+            s = c % STAGES
+            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+            a_s = a_bufs.index(s).permute((1, 0))
+            acc = warpgroup_mma(a_s, b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc2 = warpgroup_mma(a_s, b2_bufs.index(s), acc2, use_acc=kk > 0, is_async=True)
+            # The two wgmma groups of step c may run on; step c - 1's are done in this warpgroup.
+            acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
+            _cta_barrier()
+            mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
+            c += 1
+        acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+        _cta_barrier()
+        mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
+        _epilogue_store(acc, t, c_desc, c_bufs, c_ready, c_empty, acc2, c2_bufs)
+
+
 # ----------------------------------------------------------------------------- ping-pong partitions
 # Two MMA warpgroups on alternate tiles, so one's epilogue runs under the other's MMAs (quack's
 # ping-pong schedule), instead of two warpgroups on one tile; the table's choice at T = 257-512.
@@ -480,12 +517,17 @@ PINGPONG_CANDIDATES = (GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpo
 
 #: quack's 128 x 192 ping-pong tiles (a 128 x 128 and a 128 x 64 chunk, ``GluonConfig.BN2``),
 #: each MMA warpgroup at 232 registers for its 192 accumulator registers per thread, and the
-#: 128 x 128 ping-pong tile at 232 (no spills); compiled for sm_90 by the CPU tests.
+#: 128 x 128 ping-pong tile at 232 (no spills); then quack's cooperative 256 x 192 tile (two
+#: warpgroups on one tile, 192 accumulator registers each; the default partition gets 232 of the
+#: 168 x 384 the workers leave: no spills), 9.1 bytes of operands from L2 per kFLOP against the
+#: 128 x 256 tile's 11.7 (docs/kernels.md). Compiled for sm_90 by the CPU tests.
 WIDE_CANDIDATES = (
     GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=4, NC=1, pingpong=True, mma_regs=232),
     GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=3, NC=2, pingpong=True, mma_regs=232),
     GluonConfig(BM=128, BN=128, BN2=64, BK=32, STAGES=6, NC=2, pingpong=True, mma_regs=232),
     GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True, mma_regs=232),
+    GluonConfig(BM=256, BN=128, BN2=64, BK=32, STAGES=4, NC=1, GROUP_M=16),
+    GluonConfig(BM=256, BN=128, BN2=64, BK=32, STAGES=3, NC=1, GROUP_M=16),
 )
 
 
@@ -599,9 +641,10 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
                  PLAIN_STORE: gl.constexpr = 0, PDL: gl.constexpr = False, WG_STORE: gl.constexpr = 0):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
-    (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0
-    (PINGPONG only): tiles BM x (BN + BN2), the second chunk through ``b2_desc`` / ``c2_desc``
-    (blocks [BK, BN2] / [BM, BN2] on the same B and out). A_KMAJOR (not with PINGPONG):
+    (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0:
+    tiles BM x (BN + BN2), the second chunk through ``b2_desc`` / ``c2_desc`` (blocks [BK, BN2] /
+    [BM, BN2] on the same B and out), in the ping-pong kernel or (without PINGPONG: the wide
+    cooperative tile, no DEFER, A_KMAJOR, ABLATE or PLAIN_STORE) both MMA warpgroups on one tile. A_KMAJOR (not with PINGPONG):
     ``out = A @ B + A2 @ B2`` with A, A2 [M, K] (blocks [BM, BK]) and B, B2 [K, N] (``a2_desc``,
     ``bk2_desc``), one accumulator over both K ranges in turn: grad_x. STORE_DELAY_NS > 0
     (PINGPONG, tests only): the storer waits that long before each store, which makes any
@@ -623,6 +666,8 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     gl.static_assert(STORE_DELAY_NS == 0 or PINGPONG, "STORE_DELAY_NS is the ping-pong kernel's test switch")
     gl.static_assert(not WG_STORE or (PINGPONG and BN2 > 0 and BN == 2 * BN2 and STORE_DELAY_NS == 0 and ABLATE == 0),
                      "WG_STORE is the ping-pong kernel's with BN = 2 * BN2")
+    gl.static_assert(BN2 == 0 or PINGPONG or not (DEFER or A_KMAJOR or ABLATE or PLAIN_STORE),
+                     "the wide cooperative tile (BN2 without PINGPONG) takes no DEFER, A_KMAJOR, ABLATE or PLAIN_STORE")
     gl.static_assert(ABLATE == 0 or not (A_KMAJOR or PINGPONG and ABLATE != 1),
                      "ABLATE is the weight gradient's probe switch (ping-pong: 1 only)")
     gl.static_assert(not PLAIN_STORE or not (PINGPONG or A_KMAJOR or DEFER or (ABLATE & 1)),
@@ -686,6 +731,14 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
             (_mma_partition, args + (False, A_KMAJOR)),
             (_load_partition_grad_x, args + (a2_desc, bk2_desc)),
             (_store_partition, args + (c_desc, c_bufs)),
+        ], [1, 1], [LOAD_REGS, STORE_REGS])
+    elif BN2 > 0:  # the wide cooperative tile
+        b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BK, BN2], b2_desc.layout)
+        c2_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN2], c2_desc.layout)
+        gl.warp_specialize([
+            (_mma_wide_partition, args + (b2_bufs, c2_bufs)),
+            (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
+            (_store_partition, args + (c2_desc, c2_bufs)),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
     else:
         # ABLATE (probes): bit 1 the storer that skips its stores, bit 2 the loader that stops
