@@ -71,13 +71,16 @@ def test_table_buckets_and_shared_memory():
 
 def test_wide_tiles_count_their_second_chunk_and_reject_bad_widths():
     """A 128 x (128 + 64) tile: 16384 columns are 86 such tiles (the last one partial), which the
-    persistent launch's program count must see; BN2 is a power of two below BN, ping-pong only."""
+    persistent launch's program count must see; BN2 is a power of two below BN, and a wide
+    cooperative tile (no pingpong) is neither deferred, st.global-stored nor resident."""
     wide = GluonConfig(BM=128, BN=128, BN2=64, pingpong=True, mma_regs=232)
     assert wide.tile_n == 192
     # 3 stages of A [64, 128] and B [64, 192], one [128, 192] output buffer, the barriers
     assert wide.smem_bytes() == 3 * (64 * 128 + 64 * 192) * 2 + 128 * 192 * 2 + 1024
     assert common.tile_programs(torch.device("cpu"), 256, 16384, wide, persistent=False) == 2 * 86
-    for bad in (dict(BN2=64), dict(BN2=48, pingpong=True), dict(BN2=128, pingpong=True), dict(BN2=4, pingpong=True)):
+    assert GluonConfig(BM=256, BN=128, BN2=64).tile_n == 192  # the wide cooperative tile
+    for bad in (dict(BN2=64, defer=True), dict(BN2=64, plain_store=1), dict(BN2=64, resident_k=128),
+                dict(BN2=48, pingpong=True), dict(BN2=128, pingpong=True), dict(BN2=4, pingpong=True)):
         with pytest.raises(ValueError, match="BN2"):
             GluonConfig(BM=128, BN=128, **bad)
 
