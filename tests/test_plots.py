@@ -363,3 +363,19 @@ def test_every_benchmark_implementation_has_a_colour_of_its_own():
     assert not missing, f"no IMPL_STYLE entry for {missing}"
     colours = [IMPL_STYLE[name][0] for name in IMPLS]
     assert len(set(colours)) == len(colours), dict(zip(IMPLS, colours))
+
+
+def test_hf_step_speedups_above_the_axis_sit_on_its_edge_with_their_value():
+    """A compiled model's 3x over the eager step (the host-bound regime) must not flatten the eager
+    comparisons: it is drawn on the top edge (``HF_YMAX``), its value written beside it, and
+    recorded unclipped."""
+    runs = pd.DataFrame([
+        dict(run="r1", shape="s", variant=v, speedup=y, side_by_side=True, commit="abc1234")
+        for v, y in (("unpatched", 1.0), ("swiglu", 0.97), ("swiglu+compile", 3.12))])
+    fig = plots.hf_step_plot(runs)
+    ax = fig.axes[0]
+    assert ax.get_ylim()[1] == plots.HF_YMAX
+    drawn = [y for line in ax.get_lines() for y in line.get_ydata() if np.isfinite(y)]
+    assert max(drawn) <= plots.HF_YMAX and 0.97 in drawn
+    assert "3.12x" in [t.get_text() for t in ax.texts]
+    assert set(fig.plotted["y"].round(2)) == {0.97, 3.12}
