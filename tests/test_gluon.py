@@ -210,36 +210,80 @@ def test_gluon_config_too_big_for_the_device_is_skipped(monkeypatch):
 # --------------------------------------------------------------------------- compiles for sm_90 (CPU)
 
 
-def compile_report(tmp_path, which: str, *worker_args: str) -> dict:
-    """tests/gluon_compile_worker.py's report, run with one of the tritons the kernels are written
-    for: "gpu-image" the GPU machine's (``SWIGLU_EXTRA_TRITON_DIR``, installed by make test), "own"
-    this environment's (pip pairs triton 3.7 with torch 2.13). Skips where that triton is missing
-    or not one of ``GLUON_TRITONS``."""
+WHICH_TRITONS = ("gpu-image", "own")
+#: Compile workers started per worker arguments, both tritons at once (CI has two cores): the
+#: test for one triton waits on its own, the other's runs meanwhile.
+_STARTED: dict[tuple, dict] = {}
+
+
+def _start_worker(which: str, worker_args: tuple, folder) -> tuple | str:
+    """tests/gluon_compile_worker.py started with one of the tritons the kernels are written for:
+    "gpu-image" the GPU machine's (``SWIGLU_EXTRA_TRITON_DIR``, installed by make test), "own" this
+    environment's (pip pairs triton 3.7 with torch 2.13); (process, report path, log files), or
+    why that triton is missing or not one of ``GLUON_TRITONS``."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if which == "gpu-image":
         if not EXTRA_TRITON_DIR:
-            pytest.skip("SWIGLU_EXTRA_TRITON_DIR unset (make test sets it to the GPU machine's triton)")
+            return "SWIGLU_EXTRA_TRITON_DIR unset (make test sets it to the GPU machine's triton)"
         env["PYTHONPATH"] = os.pathsep.join([EXTRA_TRITON_DIR, str(ROOT / "src")])
     else:
         import triton
 
         if triton_minor(triton.__version__) not in GLUON_TRITONS:
-            pytest.skip(f"this environment's triton {triton.__version__} is not one the Gluon kernels are written for")
+            return f"this environment's triton {triton.__version__} is not one the Gluon kernels are written for"
         env["PYTHONPATH"] = str(ROOT / "src")
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "gluon_compile_worker.py"), str(out), *worker_args],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    env["TRITON_CACHE_DIR"] = str(folder / "cache")
+    out = folder / "results.json"
+    # Output to files, not pipes: a pipe nobody reads yet could fill and stall the worker.
+    logs = [open(folder / name, "w+") for name in ("stdout.txt", "stderr.txt")]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gluon_compile_worker.py"), str(out), *worker_args],
+                            env=env, stdout=logs[0], stderr=logs[1], text=True)
+    return proc, out, logs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_unused_workers():
+    """A worker started for a triton no selected test used is stopped with the module."""
+    yield
+    for started in _STARTED.values():
+        for entry in started.values():
+            if not isinstance(entry, str):
+                entry[0].kill()
+                entry[0].wait()
+                for f in entry[2]:
+                    f.close()
+    _STARTED.clear()
+
+
+def compile_report(tmp_path_factory, which: str, *worker_args: str) -> dict:
+    """tests/gluon_compile_worker.py's report (``_start_worker``) for ``which`` triton; the first
+    call per ``worker_args`` starts the workers of both, side by side. Skips where that triton is
+    missing or not one the kernels are written for."""
+    if worker_args not in _STARTED:
+        _STARTED[worker_args] = {w: _start_worker(w, worker_args, tmp_path_factory.mktemp("gluon_compile"))
+                                 for w in WHICH_TRITONS}
+    started = _STARTED[worker_args].pop(which)
+    if isinstance(started, str):
+        pytest.skip(started)
+    proc, out, logs = started
+    try:
+        proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    err = logs[1].seek(0) or logs[1].read()
+    for f in logs:
+        f.close()
+    assert proc.returncode == 0, err[-3000:]
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("which", ["gpu-image", "own"])
-def test_table_configs_compile_for_sm90(tmp_path, which):
+@pytest.mark.parametrize("which", WHICH_TRITONS)
+def test_table_configs_compile_for_sm90(tmp_path_factory, which):
     """Every table config compiles with each triton the kernels are written for: wgmma, TMA loads
     and stores, register reallocation (warp specialization), no spills, shared memory within the
     estimate and the H200's limit."""
-    report = compile_report(tmp_path, which)
+    report = compile_report(tmp_path_factory, which)
     assert triton_minor(report["triton"]) in GLUON_TRITONS
     assert report["results"]
     for r in report["results"]:
@@ -269,14 +313,14 @@ def test_table_configs_compile_for_sm90(tmp_path, which):
     assert sorted(r.get("plain_store") for r in report["results"] if r.get("plain_store")) == [1, 1, 1, 2]
 
 
-@pytest.mark.parametrize("which", ["gpu-image", "own"])
-def test_grad_x_candidates_compile_for_sm90(tmp_path, which):
+@pytest.mark.parametrize("which", WHICH_TRITONS)
+def test_grad_x_candidates_compile_for_sm90(tmp_path_factory, which):
     """The grad_x orientation of the kernel (A [M, K], two K halves) compiles for each grad_x
     candidate: wgmma, TMA loads of both halves' descriptors and the store, register
     reallocation, no spills, shared memory within the estimate and the H200's limit, PDL modes."""
     from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
 
-    report = compile_report(tmp_path, which, "grad_x")
+    report = compile_report(tmp_path_factory, which, "grad_x")
     assert triton_minor(report["triton"]) in GLUON_TRITONS
     results = report["results"]
     assert {GluonConfig(**r["config"]) for r in results} == set(GRAD_X_CANDIDATES)
@@ -807,12 +851,11 @@ def check_dswiglu_compiles(report: dict) -> None:
             assert r["spills"] == 0, r
 
 
-@pytest.mark.parametrize("which", ["gpu-image", "own"])
-def test_dswiglu_candidates_compile_for_sm90(tmp_path, which):
+@pytest.mark.parametrize("which", WHICH_TRITONS)
+def test_dswiglu_candidates_compile_for_sm90(tmp_path_factory, which):
     """Every candidate of the Gluon dSwiGLU kernel compiles for sm_90 with each triton the kernels
-    are written for (both RECOMPUTE_ACT variants, and T = 1 specialized as a constexpr), about 16 s
-    on 2 cores each."""
-    check_dswiglu_compiles(compile_report(tmp_path, which, "dswiglu"))
+    are written for (both RECOMPUTE_ACT variants, and T = 1 specialized as a constexpr)."""
+    check_dswiglu_compiles(compile_report(tmp_path_factory, which, "dswiglu"))
 
 
 def test_dswiglu_compile_check_can_fail():
