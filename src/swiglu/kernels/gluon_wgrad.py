@@ -520,7 +520,8 @@ PINGPONG_CANDIDATES = (GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpo
 #: 128 x 128 ping-pong tile at 232 (no spills); then quack's cooperative 256 x 192 tile (two
 #: warpgroups on one tile, 192 accumulator registers each; the default partition gets 232 of the
 #: 168 x 384 the workers leave: no spills), 9.1 bytes of operands from L2 per kFLOP against the
-#: 128 x 256 tile's 11.7 (docs/kernels.md). Compiled for sm_90 by the CPU tests.
+#: 128 x 256 tile's 11.7, measured 1.026x the tl kernel's time at T = 8192 and 1.002-1.011x in the
+#: whole backward at 2984 / 8192: in no table (docs/kernels.md). Compiled for sm_90 by the CPU tests.
 WIDE_CANDIDATES = (
     GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=4, NC=1, pingpong=True, mma_regs=232),
     GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=3, NC=2, pingpong=True, mma_regs=232),
@@ -644,9 +645,9 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0:
     tiles BM x (BN + BN2), the second chunk through ``b2_desc`` / ``c2_desc`` (blocks [BK, BN2] /
     [BM, BN2] on the same B and out), in the ping-pong kernel or (without PINGPONG: the wide
-    cooperative tile, no DEFER, A_KMAJOR, ABLATE or PLAIN_STORE) both MMA warpgroups on one tile. A_KMAJOR (not with PINGPONG):
-    ``out = A @ B + A2 @ B2`` with A, A2 [M, K] (blocks [BM, BK]) and B, B2 [K, N] (``a2_desc``,
-    ``bk2_desc``), one accumulator over both K ranges in turn: grad_x. STORE_DELAY_NS > 0
+    cooperative tile, no DEFER, A_KMAJOR, ABLATE or PLAIN_STORE) both MMA warpgroups on one tile.
+    A_KMAJOR (not with PINGPONG): ``out = A @ B + A2 @ B2`` with A, A2 [M, K] (blocks [BM, BK])
+    and B, B2 [K, N] (``a2_desc``, ``bk2_desc``), one accumulator over both K ranges in turn: grad_x. STORE_DELAY_NS > 0
     (PINGPONG, tests only): the storer waits that long before each store, which makes any
     epilogue that writes a buffer still being stored show in the output. ABLATE (the cooperative
     weight gradient, probes only; the output is then wrong): bits 1 no stores, 2 no loads after
