@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +61,21 @@ def pdl_problems(result: dict, pdl: int) -> list[str]:
     if result["trigger_before_access"] != (pdl == 1):
         return [f"PDL mode {pdl}: launch_dependents {'after' if pdl == 1 else 'before'} the first global access"]
     return []
+
+
+def wait_for_worker(proc, logs, timeout: float = 900) -> tuple[str, str]:
+    """(stdout, stderr) of a compile worker started with both written to the files ``logs`` (the
+    test side's helper, for this worker and tests/gluon_compile_worker.py): waits, kills it past
+    ``timeout`` seconds and re-raises, closes the files."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    out, err = (f.seek(0) or f.read() for f in logs)
+    for f in logs:
+        f.close()
+    return out, err
 
 
 def compile_one(kernels, spec: dict) -> dict:

@@ -25,7 +25,7 @@ from swiglu import make_inputs, reference_backward
 from swiglu.kernels import backward, common, configs
 from swiglu.kernels.common import GLUON_TRITONS, GluonConfig, KernelConfig, triton_minor
 
-from compile_worker import pdl_problems
+from compile_worker import pdl_problems, wait_for_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
@@ -266,14 +266,7 @@ def compile_report(tmp_path_factory, which: str, *worker_args: str) -> dict:
     if isinstance(started, str):
         pytest.skip(started)
     proc, out, logs = started
-    try:
-        proc.wait(timeout=900)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    err = logs[1].seek(0) or logs[1].read()
-    for f in logs:
-        f.close()
+    err = wait_for_worker(proc, logs)[1]
     assert proc.returncode == 0, err[-3000:]
     return json.loads(out.read_text())
 

@@ -46,7 +46,7 @@ from swiglu.kernels.shared_memory import SM90_SHARED_MEMORY_BYTES, estimate_shar
 from swiglu.kernels.backward import CONFIGS, TOKEN_BUCKETS, KernelConfig
 from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
 
-from compile_worker import pdl_problems  # tests/ is on sys.path, as for ulp_oracle
+from compile_worker import pdl_problems, wait_for_worker  # tests/ is on sys.path, as for ulp_oracle
 
 #: cudaDevAttrMaxSharedMemoryPerBlockOptin of the H200 (227 KiB): a kernel asking for more
 #: fails to load with OutOfResources.
@@ -280,14 +280,7 @@ def start_compile(specs: list[dict], cache_dir, triton_dir: str | None = None):
 def finish_compile(started) -> tuple[str, list[dict]]:
     """(Triton version used, one result per spec) of a ``start_compile``."""
     proc, results_path, logs = started
-    try:
-        proc.wait(timeout=900)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    out, err = (f.seek(0) or f.read() for f in logs)
-    for f in logs:
-        f.close()
+    out, err = wait_for_worker(proc, logs)
     assert proc.returncode == 0, f"compile worker failed:\n{out[-3000:]}\n{err[-6000:]}"
     with open(results_path) as f:
         result = json.load(f)
