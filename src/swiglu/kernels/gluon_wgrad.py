@@ -421,89 +421,70 @@ def _epilogue_wg_store(acc, acc2, q, i, WHICH: gl.constexpr, c2_desc, c_bufs, GR
 @gluon.jit
 def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
                       GROUP_M: gl.constexpr, DEFER: gl.constexpr, A_KMAJOR: gl.constexpr,
-                      SKIP_MMA: gl.constexpr = False, out_ptr=None, PLAIN_STORE: gl.constexpr = 0):
+                      SKIP_MMA: gl.constexpr = False, b2_bufs=None, c2_bufs=None, out_ptr=None,
+                      PLAIN_STORE: gl.constexpr = 0):
     # SKIP_MMA (the probe's ablation, ABLATE & 4): every barrier as it is, no wgmma: the tiles
     # stored are zeros, and what is left times the loads and the store path alone.
+    # b2_bufs / c2_bufs narrower than b_bufs / c_bufs (the wide tile BM x (BN + BN2), e.g. quack's
+    # 256 x 192; not with DEFER, SKIP_MMA or PLAIN_STORE): a second accumulator for the tile's
+    # columns BN .. BN + BN2, a second wgmma per step on the same A stage, the narrower chunk
+    # converted first (_epilogue_store). Placeholders b_bufs / c_bufs (or None): no second chunk.
     BK: gl.constexpr = _k_block(a_desc.block_type.shape, A_KMAJOR)
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
+    BN2: gl.constexpr = 0 if b2_bufs is None else _chunk2(b_bufs.type.shape, b2_bufs.type.shape)
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = c_desc.dtype
-    num_tiles = _program_tiles(c_desc, BM, BN)[4]
+    num_tiles = _program_tiles(c_desc, BM, BN + BN2)[4]
     k_tiles = _k_steps(a_desc, BK, A_KMAJOR)
 
     mma_layout: gl.constexpr = _mma_layout(BM, BN, NUM_WARPS)
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
     prev = gl.zeros((BM, BN), dtype=dtype, layout=mma_layout)  # DEFER: the last tile's output, not stored yet
+    if BN2 > 0:
+        acc2 = gl.zeros((BM, BN2), dtype=gl.float32, layout=_mma_layout(BM, BN2, NUM_WARPS))
     c = 0
     for t in range(num_tiles):
         for kk in range(k_tiles):
             s = c % STAGES
             mbarrier.wait(ready.index(s), (c // STAGES) & 1)
             if not SKIP_MMA:
-                acc = warpgroup_mma(_a_operand(a_bufs, s, A_KMAJOR), b_bufs.index(s), acc, use_acc=kk > 0,
-                                    is_async=True)
+                a_s = _a_operand(a_bufs, s, A_KMAJOR)
+                acc = warpgroup_mma(a_s, b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+                if BN2 > 0:
+                    acc2 = warpgroup_mma(a_s, b2_bufs.index(s), acc2, use_acc=kk > 0, is_async=True)
             if DEFER:
                 if kk == 0 and t > 0:  # the previous tile's epilogue while this tile's first wgmma runs
                     _epilogue_store(prev, t - 1, c_desc, c_bufs, c_ready, c_empty)
             if not SKIP_MMA:
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                if BN2 > 0:  # the two wgmma groups of step c may run on
+                    acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             # wgmma of step c-1 is done in this warpgroup; sync the partition (both warpgroups) before
             # thread 0 releases its stage to the loader.
             _cta_barrier()
             mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
             c += 1
         if not SKIP_MMA:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            if BN2 > 0:
+                acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _cta_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
         if DEFER:
             prev = acc.to(dtype)
         elif PLAIN_STORE == 1:
             _epilogue_plain(acc.to(dtype), t, c_desc, c_ready, c_empty, out_ptr, GROUP_M, c_bufs.type.shape[0])
+        elif BN2 > 0:
+            _epilogue_store(acc, t, c_desc, c_bufs, c_ready, c_empty, acc2, c2_bufs)
         else:
             _epilogue_store(acc.to(dtype), t, c_desc, c_bufs, c_ready, c_empty)
     if DEFER:
         if num_tiles > 0:
             _epilogue_store(prev, num_tiles - 1, c_desc, c_bufs, c_ready, c_empty)
-
-
-@gluon.jit
-def _mma_wide_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                        GROUP_M: gl.constexpr, b2_bufs, c2_bufs):
-    # The cooperative tile BM x (BN + BN2) (``GluonConfig.BN2`` without pingpong, e.g. quack's
-    # 256 x 192): both MMA warpgroups on one tile, each holding BM / 2 rows of two accumulators
-    # (BN and BN2 columns), two wgmmas per k-step on the same A stage. The cooperative partition's
-    # stage protocol and epilogue hand-off; the narrower chunk converted first (_epilogue_store).
-    BK: gl.constexpr = a_desc.block_type.shape[0]
-    BM: gl.constexpr = c_desc.block_type.shape[0]
-    BN: gl.constexpr = b_desc.block_type.shape[1]
-    BN2: gl.constexpr = _chunk2(b_bufs.type.shape, b2_bufs.type.shape)
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    NUM_WARPS: gl.constexpr = gl.num_warps()
-    num_tiles = _program_tiles(c_desc, BM, BN + BN2)[4]
-    k_tiles = gl.cdiv(a_desc.shape[0], BK)
-
-    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=_mma_layout(BM, BN, NUM_WARPS))
-    acc2 = gl.zeros((BM, BN2), dtype=gl.float32, layout=_mma_layout(BM, BN2, NUM_WARPS))
-    c = 0
-    for t in range(num_tiles):
-        for kk in range(k_tiles):
-            s = c % STAGES
-            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-            a_s = a_bufs.index(s).permute((1, 0))
-            acc = warpgroup_mma(a_s, b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            acc2 = warpgroup_mma(a_s, b2_bufs.index(s), acc2, use_acc=kk > 0, is_async=True)
-            # The two wgmma groups of step c may run on; step c - 1's are done in this warpgroup.
-            acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
-            _cta_barrier()
-            mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
-            c += 1
-        acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
-        _cta_barrier()
-        mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
-        _epilogue_store(acc, t, c_desc, c_bufs, c_ready, c_empty, acc2, c2_bufs)
 
 
 # ----------------------------------------------------------------------------- ping-pong partitions
@@ -737,7 +718,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
         b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BK, BN2], b2_desc.layout)
         c2_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN2], c2_desc.layout)
         gl.warp_specialize([
-            (_mma_wide_partition, args + (b2_bufs, c2_bufs)),
+            (_mma_partition, args + (False, False, False, b2_bufs, c2_bufs)),
             (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
             (_store_partition, args + (c2_desc, c2_bufs)),
         ], [1, 1], [LOAD_REGS, STORE_REGS])
@@ -748,7 +729,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
         # barriers; 2: the storer that writes with st.global.
         gl.warp_specialize([
             (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0)
-             + ((out_ptr, PLAIN_STORE) if PLAIN_STORE == 1 else ())),
+             + ((b_bufs, c_bufs, out_ptr, PLAIN_STORE) if PLAIN_STORE == 1 else ())),
             (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
             (_store_partition_plain, args + (c_desc, c_bufs, out_ptr)) if PLAIN_STORE == 2 else
             (_store_partition_skipped if ABLATE & 1 or PLAIN_STORE == 1 else _store_partition, args + (c_desc, c_bufs)),
