@@ -96,8 +96,8 @@ def swiglu_mlp_backward(
         ValueError: wrong ranks, mismatched shapes (naming the argument), different devices, an
             empty H or I, an unknown ``impl``, or ``"triton"`` where it cannot run.
 
-    Under ``torch.compile`` it is the custom op ``torch.ops.swiglu.mlp_backward``; under
-    ``torch.func`` transforms the reference. Strides, copies and non-finite inputs: docs/usage.md.
+    Under compile, dispatch modes or inputs requiring grad: the op ``torch.ops.swiglu.mlp_backward``
+    (differentiable gradients); under ``torch.func``: the reference. More: docs/usage.md.
     """
     tensors = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
     check_backward_inputs(*tensors)
@@ -107,4 +107,9 @@ def swiglu_mlp_backward(
     if ops.transforms_active():
         ops._check_impl(impl)
         return ops.run_backward(tensors, ALL_NEEDS, "reference")
+    if ops.dispatch_mode_active() or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        # The custom op: dispatch modes see it, and its autograd formula makes the gradients
+        # differentiable whatever the backend.
+        ops._check_impl(impl)
+        return ops.mlp_backward(*tensors, *ALL_NEEDS, impl)
     return ops.run_backward(tensors, ALL_NEEDS, ops.resolve_impl(impl, x, gate_weight))

@@ -34,6 +34,7 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import register_flop_formula
 
 from .checks import (FLOAT_DTYPES, check_backward_inputs, check_dense, check_mlp_shapes, inputs_look_valid,
                      spans_whole_storage)
@@ -271,6 +272,12 @@ class _SwiGLUFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             grads = _double_backward(grad_output, x, gate_weight, up_weight, down_weight, needs)
             return (*grads, None, None, None)
+        if torch.compiler.is_compiling():
+            # Compiled autograd traces this backward: the custom op is opaque to it, the
+            # launcher's Python is not (and buffers are never consumed there).
+            grads = mlp_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
+                                 down_weight, *needs, ctx.impl)
+            return (*(g if need else None for g, need in zip(grads, needs)), None, None, None)
         owned = ctx.owned
         consume = owned is not None and gate_output is owned[0]() and up_output is owned[1]() \
             and spans_whole_storage(gate_output) and spans_whole_storage(up_output)
@@ -381,6 +388,69 @@ def _op_backward(ctx, grad_output, *unused_grads):
 mlp_forward.register_autograd(_op_backward, setup_context=_setup_context)
 
 
+def _backward_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:8])
+    ctx.needs = tuple(inputs[8:12])
+
+
+def _backward_of_backward(ctx, *cotangents):
+    """Gradients of ``mlp_backward``'s outputs: the reference formula's vector-Jacobian product
+    (``torch.func.vjp``, traceable by torch.compile), whichever backend computed the values."""
+    tensors, needs = ctx.saved_tensors, ctx.needs
+    wanted = tuple(bool(w) for w in ctx.needs_input_grad[:8])
+    grads = [None] * 8
+    index = [i for i in range(8) if wanted[i] and tensors[i] is not None]
+    kept = [(c, n) for c, n in zip(cotangents, needs) if n]
+    if index and kept and not all(c is None for c, _ in kept):
+        def formula(*primals):
+            ts = list(tensors)
+            for i, p in zip(index, primals):
+                ts[i] = p
+            if ts[4] is None:
+                ts[4] = activated_gate_of(ts[2])
+            return tuple(g for g, n in zip(reference_gradients(tuple(ts), needs), needs) if n)
+
+        with _no_autocast(tensors[1]):
+            outs, vjp = torch.func.vjp(formula, *(tensors[i] for i in index))
+            ct = tuple(torch.zeros_like(o) if c is None else c.reshape(o.shape) for o, (c, _) in zip(outs, kept))
+            for i, g in zip(index, vjp(ct)):
+                grads[i] = g
+    return (*grads, None, None, None, None, None)
+
+
+mlp_backward.register_autograd(_backward_of_backward, setup_context=_backward_setup_context)
+
+
+# --------------------------------------------------------------------------- FLOP formulas
+
+
+def _gemm_sizes(x_shape, gate_weight_shape) -> tuple[int, int, int]:
+    tokens = 1
+    for d in x_shape[:-1]:
+        tokens *= d
+    inter, hidden = gate_weight_shape
+    return tokens, hidden, inter
+
+
+@register_flop_formula(torch.ops.swiglu.mlp_forward)
+def _mlp_forward_flops(x_shape, gate_weight_shape, *args, out_shape=None, **kwargs) -> int:
+    """Three GEMMs of 2 T H I FLOPs each (gate, up, down)."""
+    tokens, hidden, inter = _gemm_sizes(x_shape, gate_weight_shape)
+    return 6 * tokens * hidden * inter
+
+
+@register_flop_formula(torch.ops.swiglu.mlp_backward)
+def _mlp_backward_flops(grad_output_shape, x_shape, gate_output_shape, up_output_shape, activated_gate_shape,
+                        gate_weight_shape, up_weight_shape, down_weight_shape, need_grad_x, need_grad_gate_weight,
+                        need_grad_up_weight, need_grad_down_weight, *args, out_shape=None, **kwargs) -> int:
+    """The GEMMs the requested gradients run, 2 T H I FLOPs each: g = grad_output @ down_weight
+    (for any of grad_x, grad_gate_weight, grad_up_weight), grad_x's two, one per weight gradient."""
+    tokens, hidden, inter = _gemm_sizes(x_shape, gate_weight_shape)
+    gemms = (2 * need_grad_x + need_grad_gate_weight + need_grad_up_weight + need_grad_down_weight
+             + (need_grad_x or need_grad_gate_weight or need_grad_up_weight))
+    return 2 * gemms * tokens * hidden * inter
+
+
 # --------------------------------------------------------------------------- functional API
 
 
@@ -459,7 +529,8 @@ def _swiglu_mlp(x, gate_weight, up_weight, down_weight, impl, save_activated_gat
         # every transform supports (the kernels cannot read functorch's wrapped tensors).
         return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
     with torch.autocast(x.device.type, enabled=False) if autocast else contextlib.nullcontext():
-        if _plain(x) and _plain(gate_weight) and _plain(up_weight) and _plain(down_weight):
+        if _plain(x) and _plain(gate_weight) and _plain(up_weight) and _plain(down_weight) \
+                and not dispatch_mode_active():
             return _SwiGLUFunction.apply(x, gate_weight, up_weight, down_weight, impl, save_activated_gate,
                                          reuse_saved_buffers)
         return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]
@@ -469,6 +540,14 @@ def transforms_active() -> bool:
     """Whether a ``torch.func`` transform (grad, vmap, jacrev...) is running: its wrapped tensors
     have no storage the kernels could read. torch has no public query for it."""
     return torch._C._are_functorch_transforms_active()
+
+
+def dispatch_mode_active() -> bool:
+    """Whether a ``TorchDispatchMode`` (``FlopCounterMode``, ``FakeTensorMode``, selective
+    activation checkpointing...) is active: the eager call then takes the custom ops, which such
+    modes see (with their FLOP formulas) where the Triton launches are invisible to them. torch
+    has no public query for it."""
+    return torch._C._len_torch_dispatch_stack() > 0
 
 
 def _plain(t: torch.Tensor) -> bool:
