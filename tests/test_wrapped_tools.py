@@ -22,9 +22,9 @@ def _gen(request):
     return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
-def _module(request, impl, dtype=torch.bfloat16, **kwargs):
+def _module(request, impl, device, dtype=torch.bfloat16, **kwargs):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
-    return swiglu.SwiGLUMLP(H, I, impl=impl, dtype=dtype, **kwargs)
+    return swiglu.SwiGLUMLP(H, I, impl=impl, dtype=dtype, device=device, **kwargs)
 
 
 def _grads(m, x):
@@ -42,11 +42,11 @@ def _compiled_autograd(kind, fullgraph):
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "saved_activated_gate"])
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "graph_breaks_allowed"])
 @pytest.mark.parametrize("impl", ["triton", "reference"])
-def test_compiled_autograd_is_bitwise_eager(request, impl, fullgraph, lean):
-    m = _module(request, impl, save_activated_gate=not lean)
+def test_compiled_autograd_is_bitwise_eager(request, impl, fullgraph, lean, device):
+    m = _module(request, impl, device, save_activated_gate=not lean)
     gen = _gen(request)
-    x0 = torch.randn(7, H, generator=gen).bfloat16()
-    go = torch.randn(7, H, generator=gen).bfloat16()
+    x0 = torch.randn(7, H, generator=gen).bfloat16().to(device)
+    go = torch.randn(7, H, generator=gen).bfloat16().to(device)
     want = []
     for compiled in (False, True):
         torch._dynamo.reset()
@@ -64,9 +64,9 @@ def test_compiled_autograd_is_bitwise_eager(request, impl, fullgraph, lean):
     torch._dynamo.reset()
 
 
-def test_compiled_autograd_with_torchs_inductor_helper(request):
-    m = _module(request, "triton")
-    x = torch.randn(5, H, generator=_gen(request)).bfloat16().requires_grad_(True)
+def test_compiled_autograd_with_torchs_inductor_helper(request, device):
+    m = _module(request, "triton", device)
+    x = torch.randn(5, H, generator=_gen(request)).bfloat16().to(device).requires_grad_(True)
     m(x).sum().backward()
     want = _grads(m, x)
     m.zero_grad(set_to_none=True)
@@ -90,13 +90,13 @@ def _count(fn) -> int:
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "saved_activated_gate"])
 @pytest.mark.parametrize("impl", ["triton", "reference", "auto"])
-def test_flop_counter_sees_every_gemm(request, impl, lean):
+def test_flop_counter_sees_every_gemm(request, impl, lean, device):
     """18 T H I over forward and backward, as the plain nn.Linear MLP counts, on every path: the
     module, the custom op called directly, and the backward entry point alone (12 T H I)."""
     tokens = 64
-    m = _module(request, impl, save_activated_gate=not lean)
+    m = _module(request, impl, device, save_activated_gate=not lean)
     gen = _gen(request)
-    x = torch.randn(tokens, H, generator=gen).bfloat16().requires_grad_(True)
+    x = torch.randn(tokens, H, generator=gen).bfloat16().to(device).requires_grad_(True)
     w = (m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
 
     def plain_step():  # the same formula in nn.Linear's ops
@@ -108,7 +108,7 @@ def test_flop_counter_sees_every_gemm(request, impl, lean):
     assert _count(lambda: torch.ops.swiglu.mlp_forward(x, *w, impl, not lean)[0].sum().backward()) \
         == 18 * tokens * H * I
     t = swiglu.make_inputs(batch_size=2, seq_len=tokens // 2, hidden_size=H, intermediate_size=I,
-                           device="cpu", seed=1, mode="forward").as_tuple()
+                           device=device, seed=1, mode="forward").as_tuple()
     t = tuple(a.bfloat16() for a in t)
     assert _count(lambda: swiglu.swiglu_mlp_backward(*t, impl=impl)) == 12 * tokens * H * I
     # a frozen gate_weight: no d_gate.T @ x
@@ -119,22 +119,22 @@ def test_flop_counter_sees_every_gemm(request, impl, lean):
 # --------------------------------------------------------------------------- the backward entry point
 
 
-def _saved(request, dtype, requires_grad):
+def _saved(request, dtype, requires_grad, device="cpu"):
     gen = _gen(request)
     x = torch.randn(2, 5, H, generator=gen, dtype=torch.float64)
     w = [torch.randn(*s, generator=gen, dtype=torch.float64) / s[1] ** 0.5 for s in ((I, H), (I, H), (H, I))]
     gate, up = x @ w[0].t(), x @ w[1].t()
     go = torch.randn(2, 5, H, generator=gen, dtype=torch.float64)
     t = [go, x, gate, up, torch.nn.functional.silu(gate), *w]
-    return tuple(a.to(dtype).requires_grad_(requires_grad and i in (1, 5, 6, 7)) for i, a in enumerate(t))
+    return tuple(a.to(device, dtype).requires_grad_(requires_grad and i in (1, 5, 6, 7)) for i, a in enumerate(t))
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])
-def test_backward_under_compile_with_inputs_requiring_grad(request, impl):
+def test_backward_under_compile_with_inputs_requiring_grad(request, impl, device):
     """Weights that are parameters (they require grad): the compiled call is the eager one, bitwise,
     and its gradients are differentiable like the eager ones."""
     dtype = torch.bfloat16 if impl == "triton" else torch.float64
-    t = _saved(request, dtype, requires_grad=True)
+    t = _saved(request, dtype, requires_grad=True, device=device)
     torch._dynamo.reset()
     compiled = torch.compile(lambda *a: swiglu.swiglu_mlp_backward(*a, impl=impl), backend="aot_eager")
     got = compiled(*t)
@@ -147,7 +147,7 @@ def test_backward_under_compile_with_inputs_requiring_grad(request, impl):
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])
-def test_backward_gradients_are_differentiable_by_the_reference_formula(request, impl):
+def test_backward_gradients_are_differentiable_by_the_reference_formula(request, impl, device):
     """Every backend's gradients carry the reference formula's derivative (float64 reference:
     the exact second derivative; triton: the same formula's, computed in bf16)."""
     if impl == "reference":
@@ -155,7 +155,7 @@ def test_backward_gradients_are_differentiable_by_the_reference_formula(request,
         f = lambda *a: swiglu.swiglu_mlp_backward(*a, impl="reference")  # noqa: E731
         assert torch.autograd.gradcheck(f, t)
         return
-    t = _saved(request, torch.bfloat16, requires_grad=True)
+    t = _saved(request, torch.bfloat16, requires_grad=True, device=device)
     leaves = [t[i] for i in (1, 5, 6, 7)]
     got = torch.autograd.grad(sum((g.float() ** 2).sum() for g in swiglu.swiglu_mlp_backward(*t, impl="triton")),
                               leaves)
@@ -165,7 +165,7 @@ def test_backward_gradients_are_differentiable_by_the_reference_formula(request,
         assert torch.allclose(g.float(), w.float(), rtol=0.05, atol=0.05 * w.float().abs().max().item())
 
 
-def test_opcheck_every_util_with_inputs_requiring_grad(request):
+def test_opcheck_every_util_with_inputs_requiring_grad(request, device):
     x = torch.randn(2, 5, H, dtype=torch.float64, generator=_gen(request)).requires_grad_(True)
     w = [(torch.randn(*s, dtype=torch.float64) / s[1] ** 0.5).requires_grad_(True) for s in ((I, H), (I, H), (H, I))]
     for lean in (False, True):
@@ -175,5 +175,5 @@ def test_opcheck_every_util_with_inputs_requiring_grad(request):
     for needs in (ALL_NEEDS, (False, True, False, True), (True, False, False, False)):
         for act in (t[4], None):
             torch.library.opcheck(ops.mlp_backward, (*t[:4], act, *t[5:], *needs, "reference"))
-    tb = tuple(a.detach().bfloat16().requires_grad_(True) for a in t)
+    tb = tuple(a.detach().to(device, torch.bfloat16).requires_grad_(True) for a in t)
     torch.library.opcheck(ops.mlp_backward, (*tb[:4], None, *tb[5:], *ALL_NEEDS, "triton"))
