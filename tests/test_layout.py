@@ -200,3 +200,11 @@ def test_import_swiglu_is_lean():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_scripts_index_names_every_script():
+    """scripts/README.md is the shed's index: one row per file, none for a file that is gone."""
+    root = Path(__file__).resolve().parents[1] / "scripts"
+    indexed = set(re.findall(r"`([\w.]+\.(?:py|sh))`", (root / "README.md").read_text()))
+    present = {p.name for p in root.iterdir() if p.suffix in (".py", ".sh")}
+    assert indexed == present, (sorted(present - indexed), sorted(indexed - present))
