@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import warnings
 
 import torch
@@ -47,9 +48,10 @@ class SwiGLUMLP(nn.Module):
     checked against hidden_size and intermediate_size.
 
     The fused op reads the three weights directly, so the projections' own forward never runs.
-    Where that would change the result (a projection that is not exactly ``nn.Linear``, has a bias,
-    hooks other than DTensor's parallel styles', or parametrizations other than of its weight) the
-    module runs the plain formula through the projections as modules and warns once per instance,
+    Where that would change the result (a projection that is not exactly ``nn.Linear``, has a
+    weight that is a tensor subclass such as torchao's quantized weights, a bias, hooks other than
+    DTensor's parallel styles', or parametrizations other than of its weight) the module runs the
+    plain formula through the projections as modules and warns once per instance,
     naming the projection and the reason; under ``torch.func`` transforms it does so silently. The
     rules in full: docs/usage.md.
     """
@@ -152,26 +154,64 @@ def forward_replaced(module: nn.Module) -> bool:
 
 
 def _fusable_fast(proj: nn.Module) -> bool:
-    # The common case in a few attribute reads: a plain nn.Linear without bias or hooks. False
-    # only means "ask the full check" (parallel-style hooks and parametrized weights pass there).
-    return type(proj) is nn.Linear and proj.bias is None and not forward_replaced(proj) and not (
-        proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
+    # The common case in a few attribute reads: a plain nn.Linear without bias or hooks whose
+    # weight is a plain tensor. False only means "ask the full check" (parallel-style hooks,
+    # parametrized weights, DTensor and tracing weights pass there).
+    if type(proj) is not nn.Linear:
+        return False
+    params = proj._parameters  # read directly: Module.__getattr__ costs more than the whole check
+    weight_type = type(params.get("weight"))
+    return (weight_type is nn.Parameter or weight_type is torch.Tensor) and params.get("bias", False) is None \
+        and not forward_replaced(proj) and not (
+            proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
+
+
+# Tensor subclasses the fused op serves: DTensor (its sharding rules) and the tensors that stand
+# for plain ones while torch.compile / torch.export trace (FakeTensor, FunctionalTensor).
+_SERVED_SUBCLASSES = (("torch.distributed.tensor", "DTensor"), ("torch._subclasses.fake_tensor", "FakeTensor"),
+                      ("torch._subclasses.functional_tensor", "FunctionalTensor"))
+
+
+def _weight_reason(name: str, weight) -> str | None:
+    """Why the fused op cannot read ``weight`` as the matrix itself (None: it can): a tensor
+    subclass, such as torchao's quantized weights (``quantize_`` keeps the ``nn.Linear`` and
+    swaps its weight), whose own dispatch computes the projection."""
+    kind = type(weight)
+    if kind is nn.Parameter or kind is torch.Tensor:
+        return None
+    for module, attr in _SERVED_SUBCLASSES:
+        # Looked up where already imported: a weight cannot be of a class never imported.
+        if kind is getattr(sys.modules.get(module), attr, None):
+            return None
+    return (f"{name}.weight is a {kind.__module__}.{kind.__qualname__}, not a plain tensor (a quantized weight, "
+            "e.g. torchao's quantize_, computes the projection in its own dispatch, which the fused op bypasses)")
 
 
 def projection_reason(name: str, proj: nn.Module, *, parallel_style_hooks: bool = True) -> str | None:
     """Why the fused op, which reads ``proj.weight`` directly, would bypass something projection
     ``proj`` does (None: it would not): not exactly ``nn.Linear`` (a parametrized weight is fine),
-    parametrizations of more than its weight, a bias, hooks (DTensor parallel styles' pass when
-    ``parallel_style_hooks``: ``swiglu.parallel`` prepares the MLP's input and output itself), or
-    a forward replaced on the instance. The one check of ``SwiGLUMLP`` and the HF integration."""
+    parametrizations of more than its weight, a weight that is a tensor subclass (a quantized
+    weight; ``nn.Parameter``, DTensor and the fake/functional tensors of tracing are fine), a
+    bias, hooks (DTensor parallel styles' pass when ``parallel_style_hooks``: ``swiglu.parallel``
+    prepares the MLP's input and output itself), or a forward replaced on the instance. The one
+    check of ``SwiGLUMLP`` and the HF integration."""
     if _fusable_fast(proj):  # the usual case, in a few attribute reads (it runs at every forward)
         return None
     kind = parametrize.type_before_parametrizations(proj)
     if kind is not nn.Linear:
         return (f"{name} is a {kind.__module__}.{kind.__qualname__}, not a plain nn.Linear (an adapter, quantized or "
                 "float8 Linear, or a wrapper computes more than x @ weight.T)")
-    if parametrize.is_parametrized(proj) and set(proj.parametrizations) - {"weight"}:
-        return f"{name} has parametrizations of {sorted(set(proj.parametrizations) - {'weight'})}"
+    if parametrize.is_parametrized(proj):
+        if set(proj.parametrizations) - {"weight"}:
+            return f"{name} has parametrizations of {sorted(set(proj.parametrizations) - {'weight'})}"
+        # The stored original(s), not proj.weight, which would run the parametrization.
+        weights = proj.parametrizations["weight"]._parameters.values()
+    else:
+        weights = (getattr(proj, "weight", None),)
+    for weight in weights:
+        reason = _weight_reason(name, weight)
+        if reason:
+            return reason
     if proj.bias is not None:
         return f"{name} has a bias; the fused op has none"
     for kind_, hooks in (("forward pre-hook", proj._forward_pre_hooks), ("forward hook", proj._forward_hooks),
