@@ -181,6 +181,41 @@ def test_patch_classes_survives_save_and_from_pretrained(tmp_path, registered, o
     assert len(op_calls) == SMALL["num_hidden_layers"]
 
 
+def test_a_second_patch_classes_leaves_models_built_before_alone(registered, monkeypatch):
+    """Model A built under patch_classes(impl="reference", save_activated_gate=True), then
+    unpatch_classes(), patch_classes(impl="triton") and model B: A keeps its impl and memory mode
+    (also through pickle) and its float64 logits and gradients equal the stock model's; B has the
+    new options."""
+    import pickle
+
+    calls = []
+    real = swiglu_hf._swiglu_mlp
+    monkeypatch.setattr(swiglu_hf, "_swiglu_mlp", lambda *a, **k: calls.append(a[4:6]) or real(*a, **k))
+    config = transformers.LlamaConfig(**{**SMALL, "num_hidden_layers": 1, "num_key_value_heads": 4,
+                                         "vocab_size": 64})
+    stock = transformers.AutoModelForCausalLM.from_config(config).double()
+    swiglu_hf.patch_classes(impl="reference", save_activated_gate=True)
+    model_a = transformers.AutoModelForCausalLM.from_config(config).double()
+    model_a.load_state_dict(stock.state_dict())
+    swiglu_hf.unpatch_classes()
+    swiglu_hf.patch_classes(impl="triton")
+    model_b = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    mlp_a, mlp_b = model_a.model.layers[0].mlp, model_b.model.layers[0].mlp
+    assert isinstance(mlp_a, swiglu_hf._SwigluForward) and isinstance(mlp_b, swiglu_hf._SwigluForward)
+    assert (mlp_a.swiglu_impl, mlp_a.swiglu_save_activated_gate) == ("reference", True)
+    assert (mlp_b.swiglu_impl, mlp_b.swiglu_save_activated_gate) == ("triton", False)
+    ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(9))
+    assert_same(step(model_a, ids), step(stock, ids), F64_TOL, "model A")
+    assert calls == [("reference", True)]
+    loaded = pickle.loads(pickle.dumps(model_a)).model.layers[0].mlp
+    assert (loaded.swiglu_impl, loaded.swiglu_save_activated_gate) == ("reference", True)
+    import swiglu
+
+    if "triton" in swiglu.available_impls("cpu"):  # TRITON_INTERPRET=1 (conftest, no GPU)
+        model_b(ids[:, :4])
+        assert calls[-1] == ("triton", False)
+
+
 def test_patch_classes_errors(registered):
     with pytest.raises(ValueError, match="no model type 'no_such_model'"):
         swiglu_hf.patch_classes(("no_such_model",))

@@ -12,9 +12,10 @@ that overrides ``forward``; ``patch_classes`` registers the same subclasses with
 patch mapping (``transformers.monkey_patching``, transformers >= 5.3). Patched: modules whose
 class's ``forward`` is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` in its source (checked on
 the AST), with plain bias-free ``nn.Linear`` projections and SiLU. Everything else (a bias, a
-packed ``gate_up_proj``, another activation or forward, adapters, quantized layers, hooks,
-accelerate's offloading) is left alone with a ``UserWarning``, also when it appears after
-patching: the check runs at every forward. Recipe, coverage and why not the kernel hub:
+packed ``gate_up_proj``, another activation or forward, adapters, quantized layers or weights,
+hooks, accelerate's offloading) is left alone with a ``UserWarning``, also when it appears after
+patching: the check runs at every forward. Each module keeps the options it was patched or built
+with. Recipe, coverage and why not the kernel hub:
 docs/huggingface.md.
 """
 
@@ -42,6 +43,7 @@ MIN_TRANSFORMERS = "5.3"
 
 _SUBCLASSES: dict[type, type] = {}  # original MLP class -> its swiglu subclass
 _REGISTERED: dict[str, type] = {}  # class name -> subclass registered with transformers
+_BUILD_OPTIONS: dict[type, tuple[str, bool]] = {}  # original class -> patch_classes' (impl, save_activated_gate)
 
 
 # --------------------------------------------------------------------------- what can be served
@@ -114,8 +116,8 @@ def _runtime_reason(module: nn.Module) -> str | None:
 def unsupported_reason(module: nn.Module) -> str | None:
     """Why ``apply`` leaves ``module`` alone (None when it patches it). Reasons: a packed
     ``gate_up_proj``; a forward other than ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``;
-    projections that are not bias-free plain ``nn.Linear`` or carry hooks; an activation other
-    than SiLU."""
+    projections that are not bias-free plain ``nn.Linear``, carry hooks or hold a tensor-subclass
+    (quantized) weight; an activation other than SiLU."""
     if hasattr(module, "gate_up_proj"):
         return ("packed gate_up_proj (one [2 * intermediate_size, hidden_size] projection, e.g. Phi-3 or fused "
                 "MoE experts); the op needs separate gate_proj and up_proj")
@@ -136,7 +138,9 @@ def _looks_like_mlp(module: nn.Module) -> bool:
 
 
 class _SwigluForward(nn.Module):
-    """Mixin placed before the original MLP class: its ``__init__``, parameters and state dict stay."""
+    """Mixin placed before the original MLP class: its ``__init__``, parameters and state dict stay.
+    Each instance holds its options (``swiglu_impl``, ``swiglu_save_activated_gate``,
+    ``swiglu_reuse_saved_buffers``); the class attributes are the defaults of instances without them."""
 
     swiglu_impl = "auto"
     swiglu_save_activated_gate = False
@@ -144,6 +148,12 @@ class _SwigluForward(nn.Module):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # Read once, here: the subclass is shared by every model, so a later patch_classes call
+        # must not change the options of models already built.
+        impl, save_activated_gate = _BUILD_OPTIONS.get(self._swiglu_base, ("auto", False))
+        self.swiglu_impl = impl
+        self.swiglu_save_activated_gate = save_activated_gate
+        self.swiglu_reuse_saved_buffers = False
         reason = _runtime_reason(self)  # built under patch_classes: say so now, not at the first forward
         if reason is not None:
             warnings.warn(f"swiglu: {type(self).__qualname__} will run its original forward: {reason}", stacklevel=2)
@@ -271,8 +281,9 @@ def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, impl: str = "auto", backwa
         model_types: names under ``transformers.models`` (default ``DEFAULT_MODEL_TYPES``:
             llama, mistral, qwen2, qwen3); every class of ``modeling_<type>`` whose forward is the
             SwiGLU formula is registered (e.g. ``LlamaMLP``).
-        impl, save_activated_gate: the defaults of the modules built (``apply`` can
-            change them per module afterwards).
+        impl, save_activated_gate: the options of the modules built while registered; each
+            module keeps those it was built with (a later ``patch_classes`` call does not change
+            them; ``apply`` can, per module).
 
     Returns: the registered class names. Instances whose configuration the op cannot serve
     (``mlp_bias=True``, another ``hidden_act``) warn when built and run their original forward.
@@ -305,10 +316,7 @@ def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, impl: str = "auto", backwa
             raise ValueError(f"model_types: transformers.models.{model_type} has no MLP class computing "
                              f"down_proj(act_fn(gate_proj(x)) * up_proj(x))")
         for cls in found:
-            sub = swiglu_class(cls)
-            sub.swiglu_impl = impl
-            sub.swiglu_save_activated_gate = save_activated_gate
-            mapping[cls.__name__] = sub
+            mapping[cls.__name__] = swiglu_class(cls)
     current = monkey_patching.get_patch_mapping()
     taken = sorted(n for n in mapping if n in current and current[n] is not _REGISTERED.get(n))
     if taken:
@@ -316,12 +324,15 @@ def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, impl: str = "auto", backwa
                          f"unregister it first (transformers.monkey_patching.unregister_patch_mapping)")
     monkey_patching.register_patch_mapping(mapping, overwrite=True)
     _REGISTERED.update(mapping)
+    for sub in mapping.values():
+        _BUILD_OPTIONS[sub._swiglu_base] = (impl, save_activated_gate)
     return sorted(mapping)
 
 
 def unpatch_classes() -> list[str]:
     """Remove the registrations ``patch_classes`` made; returns their class names. Models already
-    built keep their patched modules (``unpatch(model)`` restores those)."""
+    built keep their patched modules and options (``unpatch(model)`` restores those)."""
+    _BUILD_OPTIONS.clear()
     if not _REGISTERED:
         return []
     from transformers import monkey_patching
