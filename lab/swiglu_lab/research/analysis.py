@@ -82,18 +82,49 @@ OUTPUT_PARAMETERS = ("figures_dir", "derived_dir", "scratch_figures_dir", "figur
 SUBSET_OUTPUT = ("build/reproduce/figures", "build/reproduce/derived")
 
 
-def parameter_defaults(notebook: str, root: str | Path | None = None) -> dict:
-    """The values assigned in ``notebooks/<notebook>.ipynb``'s cell tagged ``parameters`` (the
-    committed defaults, read from the file). Raises ``ValueError`` when there is no such cell."""
-    import ast
+#: Each notebook's parameters as committed (its cell tagged ``parameters``; a test keeps the two
+#: equal). The committed defaults are read from here, never from the notebook file: a save from
+#: JupyterLab keeps an edited parameters cell, and the edit must not become the default.
+NOTEBOOK_DEFAULTS = {
+    "01_roofline": {
+        "cases": "all", "hidden_size": 16384, "intermediate_size": 53248, "bench_dir": "data/bench", "run_id": "",
+        "protocol": "full", "power_dir": "data/power", "figures_dir": "figures", "derived_dir": "data/derived",
+        "overwrite": False, "figure_formats": "png,svg",
+    },
+    "02_validation": {
+        "device": "auto", "impls": "reference,triton", "full_size": None, "cases": "all", "hidden_size": 16384,
+        "intermediate_size": 53248, "cpu_hidden_size": 256, "cpu_intermediate_size": 512,
+        "cpu_shapes": "1x1,1x7,1x211,8x16,16x13", "cpu_atol": 0.13, "rounds": 1, "mode": "benchmark", "seed": 200,
+        "sample_size": 200000, "figures_dir": "figures", "scratch_figures_dir": "build/figures",
+        "derived_dir": "data/derived", "overwrite": False, "recorded_validation": "data/derived/validation_cuda.csv",
+        "figure_formats": "png,svg",
+    },
+    "03_latency": {
+        "bench_dir": "data/bench", "run_id": "", "protocol": "full", "power_dir": "data/power", "live": False,
+        "device": "auto", "cases": "all", "impls": "", "live_args": "", "figures_dir": "figures",
+        "derived_dir": "data/derived", "overwrite": False, "figure_formats": "png,svg",
+    },
+    "04_history": {
+        "bench_dir": "data/bench", "protocol": "full", "figures_dir": "figures", "derived_dir": "data/derived",
+        "overwrite": False, "figure_formats": "png,svg",
+    },
+    "05_tensor_parallel": {
+        "tp_dir": "data/tp", "tp_run_id": "", "bench_dir": "data/bench", "figures_dir": "figures",
+        "derived_dir": "data/derived", "overwrite": False, "figure_formats": "png,svg",
+    },
+    "06_training_memory": {
+        "train_step_dir": "data/train_step", "hf_step_dir": "data/hf_step", "figures_dir": "figures",
+        "derived_dir": "data/derived", "overwrite": False, "figure_formats": "png,svg",
+    },
+}
 
-    book = json.loads(resolve_path(f"notebooks/{notebook}.ipynb", root).read_text())
-    for cell in book["cells"]:
-        if cell["cell_type"] == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            tree = ast.parse("".join(cell["source"]))
-            return {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-                    for t in node.targets if isinstance(t, ast.Name)}
-    raise ValueError(f"notebooks/{notebook}.ipynb has no cell tagged 'parameters'")
+
+def parameter_defaults(notebook: str) -> dict:
+    """The committed defaults of ``notebook``'s parameters (``NOTEBOOK_DEFAULTS``, a copy).
+    Raises ``ValueError`` for a notebook that has none recorded."""
+    if notebook not in NOTEBOOK_DEFAULTS:
+        raise ValueError(f"no parameter defaults recorded for {notebook!r}; have {list(NOTEBOOK_DEFAULTS)}")
+    return dict(NOTEBOOK_DEFAULTS[notebook])
 
 
 def output_dirs(notebook: str, values: dict, root: str | Path | None = None) -> tuple[Path, Path]:
@@ -103,7 +134,7 @@ def output_dirs(notebook: str, values: dict, root: str | Path | None = None) -> 
     with another choice (a subset of cases, another run, a live measurement) that still points at
     the committed folders writes under ``build/reproduce/`` and says so, the rule ``make
     reproduce`` follows. Folders given explicitly (not the defaults) are used as given."""
-    defaults = parameter_defaults(notebook, root)
+    defaults = parameter_defaults(notebook)
     changed = sorted(k for k, v in defaults.items() if k not in OUTPUT_PARAMETERS and values.get(k, v) != v)
     figures, derived = values["figures_dir"], values["derived_dir"]
     committed = (figures, derived) == (defaults["figures_dir"], defaults["derived_dir"])

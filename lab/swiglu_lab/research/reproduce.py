@@ -4,7 +4,7 @@
     python -m swiglu_lab.research.reproduce --smoke         # tiny sizes, outputs under build/smoke/ (CI)
     python -m swiglu_lab.research.reproduce --live          # on a CUDA GPU: re-measure latency, validate at full size
     python -m swiglu_lab.research.reproduce --only 02       # one notebook (name, number or part of the name)
-    python -m swiglu_lab.research.reproduce --strip-outputs # clear outputs of notebooks saved from JupyterLab
+    python -m swiglu_lab.research.reproduce --strip-outputs # notebooks saved from a Jupyter back to their committed form
 
 Executed notebooks go to ``build/notebooks/`` (``build/smoke/notebooks/`` with ``--smoke``),
 figures (PNG + SVG) to ``figures/``, derived tables (CSV) to ``data/derived/``, and the tables of
@@ -145,23 +145,13 @@ def select_notebooks(only: str | None, notebooks_dir: Path) -> list[Path]:
 
 
 def strip_outputs(paths: list[Path]) -> list[Path]:
-    """Clear outputs, execution counts and papermill metadata of notebooks saved from Jupyter,
-    so they diff cleanly (the committed form). Returns the paths that changed."""
-    changed = []
-    for path in paths:
-        text = path.read_text()
-        book = json.loads(text)
-        for cell in book["cells"]:
-            if cell["cell_type"] == "code":
-                cell["outputs"], cell["execution_count"] = [], None
-            cell.get("metadata", {}).pop("papermill", None)
-            cell.get("metadata", {}).pop("execution", None)
-        book["metadata"].pop("papermill", None)
-        new = json.dumps(book, indent=1, ensure_ascii=False) + "\n"
-        if new != text:
-            path.write_text(new)
-            changed.append(path)
-    return changed
+    """Rewrite notebooks saved from any Jupyter in their committed form, with the code of
+    ``make lab``'s save hook (``notebook_save.strip_file``: no outputs, execution counts or
+    volatile metadata), so they diff cleanly. Returns the paths that changed. Figures and tables
+    a notebook run wrote are not touched: ``git checkout`` restores those."""
+    from .notebook_save import strip_file
+
+    return [path for path in paths if strip_file(path)]
 
 
 def _papermill_available() -> bool:
@@ -378,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --only/--run-id/--protocol/--bench-dir/--tp-dir: write into figures/, data/derived/ "
                         "and the docs anyway (default: build/reproduce/)")
     parser.add_argument("--strip-outputs", action="store_true",
-                        help="clear outputs in notebooks/*.ipynb (before committing), run nothing")
+                        help="rewrite notebooks/*.ipynb in their committed form (no outputs, no volatile metadata), run nothing")
     parser.add_argument("--list", action="store_true", help="list the notebooks and their parameters, run nothing")
     args = parser.parse_args(argv)
     root = repo_root()
