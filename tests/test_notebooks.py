@@ -387,6 +387,23 @@ def test_papermill_kernels_run_without_the_unencrypted_tcp_warning(tmp_path, cap
     assert set(tmp_path.iterdir()) == {src, tmp_path / "out.ipynb"}  # no socket files left behind
 
 
+def test_importing_the_lab_in_a_kernel_prints_no_progress_bar_warning(tmp_path):
+    # tqdm.auto, imported by the bench runner, printed "TqdmWarning: IProgress not found. Please
+    # update jupyter and ipywidgets" in the first cell of notebooks 01 and 02 (kernels without ipywidgets).
+    pytest.importorskip("papermill")
+    code = "import swiglu_lab.bench, swiglu_lab.bench.cli\nfrom swiglu_lab.research import analysis, plots\nprint('imported')"
+    book = {"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "", "outputs": [],
+                       "execution_count": None},
+                      {"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None}],
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+    src = tmp_path / "imports.ipynb"
+    src.write_text(json.dumps(book))
+    reproduce.execute_papermill(src, tmp_path / "out.ipynb", {}, tmp_path)
+    text = _outputs_text(tmp_path / "out.ipynb")
+    assert "imported" in text and "IProgress" not in text and "TqdmWarning" not in text, text
+
+
 def test_a_tp_timeline_is_loaded_beside_its_run_and_drawn(tmp_path):
     from swiglu_lab.research import plots, tp_report
 

@@ -203,6 +203,29 @@ def test_history_leaves_out_a_partial_run_and_says_so(tmp_path):
     assert len(x) == 2
 
 
+@pytest.mark.parametrize("n_runs", [3, 23])
+def test_history_run_labels_do_not_overprint(n_runs):
+    """Two-line labels (date; time and commit) level while they fit; with many runs (23 in
+    figures/04_history.png) one line each, slanted, clear of their neighbours."""
+    history = pd.DataFrame([{"run_id": f"run{k:02d}", "impl": impl, "cases": 18, "gmean_ms": 34.0 + k / 10 + j,
+                             "utc": f"2026-12-{1 + k // 10:02d}T{k % 24:02d}:{k:02d}:00Z", "commit": f"{k:07x}"}
+                            for k in range(n_runs) for j, impl in enumerate(("eager", "triton"))])
+    fig = plots.history_plot(history, "f")
+    ax = fig.axes[0]
+    fig.draw_without_rendering()
+    ticks = [t for t in ax.get_xticklabels() if t.get_text()]
+    assert len(ticks) == n_runs
+    if n_runs == 3:
+        assert all(t.get_rotation() == 0 and "\n" in t.get_text() for t in ticks)
+        assert overlaps(ticks) == []
+        return
+    assert all(t.get_rotation() == 45 and "\n" not in t.get_text() for t in ticks)
+    # Parallel slanted labels clear each other when the gap across the text exceeds the type's height.
+    step = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
+    height = ticks[0].get_fontsize() * fig.dpi / 72
+    assert step * math.sin(math.radians(45)) > 1.2 * height
+
+
 def test_history_marks_an_implementation_that_fails_correctness():
     history = pd.DataFrame({
         "run_id": ["a", "a", "b", "b", "b"], "impl": ["eager", "triton", "eager", "triton", "liger"],

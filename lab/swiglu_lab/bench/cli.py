@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bar: tqdm.auto warns "IProgress not found" in a kernel without ipywidgets
 
 from swiglu import roofline
 from swiglu.inputs import BENCHMARK_SEED

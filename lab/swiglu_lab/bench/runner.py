@@ -32,7 +32,7 @@ from typing import Callable
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bar: tqdm.auto warns "IProgress not found" in a kernel without ipywidgets
 
 from swiglu import roofline
 from swiglu.accuracy import benchmark_criterion

@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 
 from swiglu import roofline
 from ..bench import breakdown, timeline
-from .analysis import IMPL_LABELS, order_impls
+from .analysis import IMPL_LABELS, display_path, order_impls
 
 #: Widest figure (inches at 150 dpi: 1500 px, shown at ~800 px) and smallest type (points).
 MAX_WIDTH_IN = 10.0
@@ -727,6 +727,13 @@ def history_plot(history: pd.DataFrame, footer: str = "", title: str = "Geometri
         commit = str(first.loc[r, "commit"]) if "commit" in first and pd.notna(first.loc[r, "commit"]) else ""
         ticks.append(f"{utc[:10]}\n{utc[11:16]} {commit}".strip() if utc else r)
     ax.set_xticks(range(len(runs)), ticks, fontsize=MIN_FONT_PT)
+    fig.draw_without_rendering()
+    boxes = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()]
+    if any(a.x1 > b.x0 for a, b in zip(boxes, boxes[1:])):
+        # Too many runs for level labels: one line each, slanted, so neighbours clear each other.
+        ax.set_xticks(range(len(runs)), [t.replace("\n", " ") for t in ticks], fontsize=MIN_FONT_PT, rotation=45,
+                      ha="right", rotation_mode="anchor")
+        fig.set_figheight(fig.get_figheight() + 1.0)  # room for the slanted labels, not taken from the plot
     ax.set_xlim(-0.5, len(runs) - 0.5)
     ax.set_ylabel("geometric-mean median latency (ms)")
     ax.set_xlabel("recorded run (UTC start, commit; oldest left)")
@@ -1036,8 +1043,9 @@ PLOTTED_DIR_ENV = "SWIGLU_PLOTTED_DIR"
 
 
 def finish(fig: Figure, name: str, figures_dir: str | Path, formats: Sequence[str] = ("png", "svg")) -> None:
-    """``save``, print where, then ``show`` (which closes the figure). With the environment
-    variable ``SWIGLU_PLOTTED_DIR`` set, also write ``fig.plotted`` to ``<that folder>/<name>.csv``."""
+    """``save``, print where (relative to the repository root when inside it), then ``show``
+    (which closes the figure). With the environment variable ``SWIGLU_PLOTTED_DIR`` set, also
+    write ``fig.plotted`` to ``<that folder>/<name>.csv``."""
     import os
 
     plotted_dir = os.environ.get(PLOTTED_DIR_ENV)
@@ -1046,5 +1054,5 @@ def finish(fig: Figure, name: str, figures_dir: str | Path, formats: Sequence[st
         getattr(fig, "plotted", pd.DataFrame(columns=PLOTTED_COLUMNS)).to_csv(Path(plotted_dir) / f"{name}.csv",
                                                                               index=False)
     paths = save(fig, name, figures_dir, formats)
-    print(f"saved {name}.{{{','.join(p.suffix[1:] for p in paths)}}} in {Path(figures_dir)}")
+    print(f"saved {name}.{{{','.join(p.suffix[1:] for p in paths)}}} in {display_path(figures_dir)}")
     show(fig)
