@@ -37,9 +37,13 @@ PANDAS_VERSION ?= 3.1.1
 # (lab/pyproject.toml: swiglu-lab, the benchmark harness and the notebooks; not in the swiglu wheel).
 EXTRAS ?= dev,hf
 LAB_EXTRAS ?= notebooks
+# The interpreter PYTHON names, as the venv's own Python reports itself (PYTHON=python3.12 after a
+# 3.11 venv: the venv is recreated, not kept with its old interpreter).
+PYTHON_VERSION_CODE := import platform as p; print(p.python_implementation(), p.python_version())
+PYTHON_VERSION := $(shell $(PYTHON) -c '$(PYTHON_VERSION_CODE)' 2>/dev/null)
 # Everything the install depends on besides pyproject.toml and the constraints file: a change of any
 # of these re-installs (the settings file is rewritten only when its content changes).
-INSTALL_SETTINGS := $(INSTALL_TORCH) | $(PIP_CONSTRAINTS) | $(EXTRAS) | $(LAB_EXTRAS) | matplotlib==$(MATPLOTLIB_VERSION) | numpy==$(NUMPY_VERSION) | pandas==$(PANDAS_VERSION)
+INSTALL_SETTINGS := $(PYTHON_VERSION) | $(INSTALL_TORCH) | $(PIP_CONSTRAINTS) | $(EXTRAS) | $(LAB_EXTRAS) | matplotlib==$(MATPLOTLIB_VERSION) | numpy==$(NUMPY_VERSION) | pandas==$(PANDAS_VERSION)
 SETTINGS_FILE := $(VENV)/.install-settings
 GPU_TRITON_DIR := $(VENV)/triton-$(GPU_TRITON_VERSION)
 NOTEBOOK_ARGS ?=
@@ -60,8 +64,13 @@ help:  ## list the targets
 $(SETTINGS_FILE): FORCE
 	@mkdir -p $(VENV) && if [ "$$(cat $@ 2>/dev/null)" != '$(INSTALL_SETTINGS)' ]; then echo '$(INSTALL_SETTINGS)' > $@; fi
 
+# A venv missing or of another interpreter is made afresh (--clear: over an existing venv, venv
+# keeps its python), and the settings file it held is written again.
 $(STAMP): pyproject.toml lab/pyproject.toml $(CONSTRAINTS) $(SETTINGS_FILE)
-	$(PYTHON) -m venv $(VENV)
+	@if [ "$$($(PY) -c '$(PYTHON_VERSION_CODE)' 2>/dev/null)" != '$(PYTHON_VERSION)' ]; then \
+	  echo "$(PYTHON) -m venv --clear $(VENV)  # a new venv of $(PYTHON_VERSION)"; \
+	  $(PYTHON) -m venv --clear $(VENV) && echo '$(INSTALL_SETTINGS)' > $(SETTINGS_FILE); \
+	else echo "$(PYTHON) -m venv $(VENV)"; $(PYTHON) -m venv $(VENV); fi
 	$(INSTALL_TORCH)
 	$(PY) -m pip install -q $(PIP_CONSTRAINTS) -e '.[$(EXTRAS)]' -e './lab[$(LAB_EXTRAS)]' matplotlib==$(MATPLOTLIB_VERSION) numpy==$(NUMPY_VERSION) pandas==$(PANDAS_VERSION)
 	touch $(STAMP)
@@ -96,6 +105,6 @@ bench-tp: $(STAMP)  ## tensor-parallel checks and timings on TP GPUs (torchrun; 
 lab: $(STAMP)  ## open the notebooks in JupyterLab, saving them without outputs (LAB_ARGS="..."; --allow-root when run as root)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks --ContentsManager.pre_save_hook=$(LAB_SAVE_HOOK) $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
-clean:  ## remove the virtual environment, build outputs and caches
+clean:  ## remove the virtual environment, build outputs, caches and Jupyter checkpoints
 	rm -rf $(VENV) build .pytest_cache .ruff_cache src/*.egg-info lab/*.egg-info
-	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +

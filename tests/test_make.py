@@ -99,3 +99,50 @@ def test_lab_serves_the_whole_clone_and_opens_in_notebooks():
     assert "--LabApp.default_url=/lab/tree/notebooks" in args
     assert (ROOT / "notebooks").is_dir() and "notebooks/" not in args
 
+
+
+def _script(path: Path, text: str) -> str:
+    path.write_text("#!/bin/sh\n" + text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_another_python_recreates_the_venv(tmp_path):
+    """make PYTHON=<another interpreter> used to keep an existing .venv and its old Python: the
+    interpreter's version is an install setting, so the venv is made afresh with it. The pip
+    installs are skipped here (a PY that runs everything but pip, INSTALL_TORCH=true); the venvs are real."""
+    venv = tmp_path / "venv"
+    py = _script(tmp_path / "py", f'[ "$1 $2" = "-m pip" ] && exit 0\nexec {venv}/bin/python "$@"\n')
+    # An interpreter that reports another version than the one it runs (as python3.12 beside 3.11 would).
+    other = _script(tmp_path / "other", f'case "$2" in *python_version*) echo "CPython 3.99.0"; exit 0;; esac\n'
+                                        f'exec {sys.executable} "$@"\n')
+
+    def build(python: str) -> subprocess.CompletedProcess:
+        result = subprocess.run(["make", "--no-print-directory", f"VENV={venv}", f"PY={py}", "INSTALL_TORCH=true",
+                                 f"PYTHON={python}", f"{venv}/.installed"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
+    build(sys.executable)
+    assert (venv / "bin" / "python").exists() and (venv / ".installed").exists()
+    (venv / "marker").write_text("")
+    assert "venv" not in build(sys.executable).stdout and (venv / "marker").exists()  # same Python: kept
+    build(other)
+    assert not (venv / "marker").exists(), "the venv of the old interpreter was kept"
+    assert (venv / ".install-settings").read_text().startswith("CPython 3.99.0 | ")
+    assert (venv / ".installed").exists()
+    # Its settings file, written again after --clear, leaves the next make with nothing to do.
+    assert "venv" not in build(other).stdout
+
+
+def test_clean_removes_jupyter_checkpoints(tmp_path):
+    """make clean's find also removes every .ipynb_checkpoints (JupyterLab's copies of saved notebooks)."""
+    lines = [line for line in make("-n", "clean").stdout.splitlines() if line.startswith("find ")]
+    assert len(lines) == 1, lines
+    for parts in (("notebooks", ".ipynb_checkpoints"), (".ipynb_checkpoints",), ("lab", "x", "__pycache__"), ("docs",)):
+        tmp_path.joinpath(*parts).mkdir(parents=True)
+    (tmp_path / "notebooks" / "01.ipynb").write_text("{}")
+    subprocess.run(lines[0], shell=True, cwd=tmp_path, check=True)
+    left = sorted(p.relative_to(tmp_path).parts for p in tmp_path.rglob("*"))
+    assert left == [("docs",), ("lab",), ("lab", "x"), ("notebooks",), ("notebooks", "01.ipynb")]

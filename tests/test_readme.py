@@ -71,3 +71,13 @@ def test_one_story_for_where_the_cpu_build_of_torch_comes_from():
     install = README[README.index("## Two commands"):README.index("## Other make targets")]
     for text in (index, f"torch=={torch_version}", f"triton=={triton_version}"):
         assert text in install, f"README's install section lacks {text!r}"
+
+
+def test_the_hf_install_says_how_to_get_the_cpu_build_of_torch():
+    """``pip install -e '.[hf]'`` alone pulls CUDA torch and its nvidia packages on a CPU-only
+    machine: the README's Hugging Face section installs torch from the CPU index first."""
+    section = README[README.index("## Use it in a Hugging Face training script"):]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1).splitlines()
+    index = _makefile_value("TORCH_CPU_INDEX", (ROOT / "Makefile").read_text())
+    hf = next(k for k, line in enumerate(block) if line.startswith("pip install -e '.[hf]'"))
+    assert any(line.startswith(f"pip install torch --index-url {index}") for line in block[:hf]), block
