@@ -177,3 +177,23 @@ def test_opcheck_every_util_with_inputs_requiring_grad(request, device):
             torch.library.opcheck(ops.mlp_backward, (*t[:4], act, *t[5:], *needs, "reference"))
     tb = tuple(a.detach().to(device, torch.bfloat16).requires_grad_(True) for a in t)
     torch.library.opcheck(ops.mlp_backward, (*tb[:4], None, *tb[5:], *ALL_NEEDS, "triton"))
+
+
+@pytest.mark.parametrize("order", ["swiglu_first", "flop_counter_first"])
+def test_flop_formulas_whichever_is_imported_first(order):
+    """``import swiglu`` does not import torch.utils.flop_counter (it imports Triton); the formulas
+    are registered when it is imported later, or at once when it was imported before."""
+    import subprocess
+    import sys
+
+    imports = ["import swiglu", "import torch.utils.flop_counter as fc"]
+    if order == "flop_counter_first":
+        imports.reverse()
+    code = "; ".join(imports + [
+        "import sys, torch",
+        "assert torch.ops.swiglu.mlp_forward in fc.flop_registry",
+        "assert torch.ops.swiglu.mlp_backward in fc.flop_registry",
+    ])
+    lean = "import sys, swiglu; assert 'torch.utils.flop_counter' not in sys.modules and 'triton' not in sys.modules"
+    for c in ((code, lean) if order == "swiglu_first" else (code,)):
+        subprocess.run([sys.executable, "-c", c], check=True, env={**__import__("os").environ, "TRITON_INTERPRET": "0"})

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import logging
+import sys
 import warnings
 import weakref
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import register_flop_formula
 
 from .checks import (FLOAT_DTYPES, check_backward_inputs, check_dense, check_mlp_shapes, inputs_look_valid,
                      spans_whole_storage)
@@ -432,14 +434,12 @@ def _gemm_sizes(x_shape, gate_weight_shape) -> tuple[int, int, int]:
     return tokens, hidden, inter
 
 
-@register_flop_formula(torch.ops.swiglu.mlp_forward)
 def _mlp_forward_flops(x_shape, gate_weight_shape, *args, out_shape=None, **kwargs) -> int:
     """Three GEMMs of 2 T H I FLOPs each (gate, up, down)."""
     tokens, hidden, inter = _gemm_sizes(x_shape, gate_weight_shape)
     return 6 * tokens * hidden * inter
 
 
-@register_flop_formula(torch.ops.swiglu.mlp_backward)
 def _mlp_backward_flops(grad_output_shape, x_shape, gate_output_shape, up_output_shape, activated_gate_shape,
                         gate_weight_shape, up_weight_shape, down_weight_shape, need_grad_x, need_grad_gate_weight,
                         need_grad_up_weight, need_grad_down_weight, *args, out_shape=None, **kwargs) -> int:
@@ -449,6 +449,39 @@ def _mlp_backward_flops(grad_output_shape, x_shape, gate_output_shape, up_output
     gemms = (2 * need_grad_x + need_grad_gate_weight + need_grad_up_weight + need_grad_down_weight
              + (need_grad_x or need_grad_gate_weight or need_grad_up_weight))
     return 2 * gemms * tokens * hidden * inter
+
+
+def _register_flop_formulas(flop_counter) -> None:
+    flop_counter.register_flop_formula(torch.ops.swiglu.mlp_forward)(_mlp_forward_flops)
+    flop_counter.register_flop_formula(torch.ops.swiglu.mlp_backward)(_mlp_backward_flops)
+
+
+class _OnFlopCounterImport(importlib.abc.MetaPathFinder):
+    """Registers the formulas when ``torch.utils.flop_counter`` is first imported: importing it
+    here would import Triton with ``import swiglu`` (flop_counter imports it)."""
+
+    name = "torch.utils.flop_counter"
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def exec_and_register(module):
+                exec_module(module)
+                _register_flop_formulas(module)
+
+            spec.loader.exec_module = exec_and_register
+        return spec
+
+
+if _OnFlopCounterImport.name in sys.modules:
+    _register_flop_formulas(sys.modules[_OnFlopCounterImport.name])
+else:
+    sys.meta_path.insert(0, _OnFlopCounterImport())
 
 
 # --------------------------------------------------------------------------- functional API
