@@ -147,7 +147,7 @@ def _build_liger(device: torch.device) -> BackwardFn:
 def _build_triton(device: torch.device) -> BackwardFn:
     from swiglu.api import swiglu_mlp_backward
 
-    importlib.import_module("swiglu.kernels.backward")  # registers impl="triton"; raises if absent
+    importlib.import_module("swiglu.kernels.backward")  # raises here, not in a timed call, if Triton is absent
     return functools.partial(swiglu_mlp_backward, impl="triton")
 
 

@@ -1,6 +1,7 @@
-"""The Triton backward: launchers for ``swiglu.kernels.tl_kernels`` and the public
-``triton_swiglu_backward`` (``swiglu_mlp_backward(impl="triton")`` dispatches here through
-``swiglu.api``). Kernel configurations come from one table (``configs.CONFIGS``, backward_configs.json) keyed by
+"""The Triton backward: launchers for ``swiglu.kernels.tl_kernels`` and the Gluon kernels, the launch
+plan (``backward_plan``, cached per tokens, sizes and device), ``launch_backward`` that runs it, and
+``triton_swiglu_backward`` for direct callers. The library reaches it through
+``swiglu.ops.run_backward`` (every entry: ``swiglu_mlp_backward``, the autograd carriers). Kernel configurations come from one table (``configs.CONFIGS``, backward_configs.json) keyed by
 kernel and token bucket; no autotuning happens at call time, so the only slow call is the first one per
 configuration (Triton's JIT compile, a few seconds per kernel), never one inside a timed loop.
 """

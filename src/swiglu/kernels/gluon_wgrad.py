@@ -5,7 +5,8 @@
 
 The same partitions also run grad_x = d_gate @ gate_weight + d_up @ up_weight (``A_KMAJOR``: A
 [M, K] row-major, two K halves in one accumulator, gate's then up's, as the tl grad_x kernel
-sums them); written and compiled for sm_90, not yet run on a GPU nor dispatched.
+sums them); bitwise the tl grad_x kernel on the H200 and 0.74-1.01x its speed at T = 128-2048
+(``data/tuning/gluon_grad_x_probe_96ffe16_20261202.csv``), so not dispatched.
 
 At small K this GEMM is bound by writing ``out``; a TMA loader, two MMA warpgroups and a TMA storer
 with NC stores in flight overlap the stores with the next tiles' MMAs, which tl-level Triton cannot;
