@@ -56,7 +56,7 @@ LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 LAB_SAVE_HOOK := swiglu_lab.research.notebook_save.strip_for_git
 TP ?= 2
 
-.PHONY: help venv test test-gpu reproduce lab bench bench-tp clean FORCE
+.PHONY: help venv test test-fast test-gpu reproduce lab bench bench-tp clean FORCE
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -84,6 +84,10 @@ $(GPU_TRITON_DIR)/.installed: | $(STAMP)
 test: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## lint (ruff) and run the test suite (CPU; GPU tests skip without a GPU)
 	$(PY) -m ruff check .
 	SWIGLU_EXTRA_TRITON_DIR=$(GPU_TRITON_DIR) $(PY) -m pytest -q
+
+test-fast: $(STAMP)  ## the developer's lane: lint and the tests not marked slow (about 3 minutes on 2 cores)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "not slow"
 
 test-gpu: $(STAMP)  ## run only the full-size GPU tests (fails without a CUDA GPU)
 	@$(PY) -c 'import torch; raise SystemExit(0 if torch.cuda.is_available() else 1)' || \

@@ -17,7 +17,34 @@ if not HAS_CUDA:
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
+#: What takes more than a few seconds on two cores (``pytest --durations``): whole files, and
+#: tests by name. ``make test-fast`` (``pytest -m "not slow"``) leaves them out; ``make test`` runs all.
+SLOW_FILES = {
+    "test_triton_compile.py",  # sm_90 compiles of every tl kernel with both tritons
+    "test_notebooks.py",  # executes the notebooks
+    "test_reproducible.py",  # redraws the committed figures
+    "test_fsdp.py", "test_parallel.py", "test_tp_model.py",  # gloo process groups
+    "test_make.py", "test_wheel.py",  # virtual environments and wheels
+    "test_probe_backward_power.py", "test_probe_in_step.py", "test_multicast_probe.py",
+    "test_lean_ownership.py", "test_direct_launch.py", "test_plan_cache.py",
+}
+SLOW_TESTS = (
+    "test_table_configs_compile_for_sm90", "test_grad_x_candidates_compile_for_sm90",
+    "test_dswiglu_candidates_compile_for_sm90", "test_each_tuned_config_on_its_own",
+    "test_compiled_autograd_with_torchs_inductor_helper", "test_gradcheck_and_gradgradcheck",
+    "test_30_steps_of_training_track_the_unpatched_model", "test_run_with_fake_nvml_fills_power_columns",
+    "test_failures_print_at_once_only_when_asked", "test_backward_gradients_are_differentiable_by_the_reference_formula",
+    "test_opcheck_every_util_with_inputs_requiring_grad",
+    "test_runner_records_a_breakdown_per_case_and_impl_and_the_writer_keeps_it_apart",
+    "test_split_tiles_against_float64", "test_config_options", "test_odd_shapes_against_float64",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        if item.path.name in SLOW_FILES or item.name.split("[")[0] in SLOW_TESTS:
+            item.add_marker(slow)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
