@@ -171,6 +171,36 @@ def test_non_contiguous_inputs(request):
         assert relative_error(out, ref) < REL_ERROR_BOUND, name
 
 
+def _padded_view(t: torch.Tensor, fill: float, column_major: bool) -> torch.Tensor:
+    """t's values in a view into a wider buffer filled with ``fill``: 8 elements before and 32
+    after each row (each column when column_major)."""
+    if column_major:
+        return _padded_view(t.t(), fill, False).t()
+    wide = torch.full((*t.shape[:-1], t.shape[-1] + 40), fill, dtype=t.dtype)
+    view = wide[..., 8 : 8 + t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("weights", ["row_strided", "column_major"])
+@pytest.mark.parametrize("flatten", [False, True], ids=["bsh", "th"])
+def test_views_into_non_finite_buffers_give_the_bits_of_finite_ones(request, flatten, weights, fill):
+    """All eight inputs as views into wider buffers (activations row-strided, weights row-strided
+    or column-major) whose padding is NaN or Inf: the padding is never read, so the outputs are
+    finite and bitwise those of the same views into zero-padded buffers. On AMX CPUs the bf16 GEMM
+    reads a row-strided first operand past each row's end (here grad_output in grad_output @
+    down_weight, K = H = 200): NaN in every output but grad_down_weight."""
+    args = _inputs(request, 3, 37, 200, 344, flatten=flatten)
+    column_major = [i >= 5 and weights == "column_major" for i in range(8)]
+    poisoned = [_padded_view(t, fill, c) for t, c in zip(args, column_major)]
+    zeroed = [_padded_view(t, 0.0, c) for t, c in zip(args, column_major)]
+    assert not any(t.is_contiguous() for t in poisoned)
+    for name, out, want in zip(OUTPUT_NAMES, reference_backward(*poisoned), reference_backward(*zeroed)):
+        assert torch.isfinite(out).all(), f"{name}: a strided view's padding reached the result"
+        assert torch.equal(out, want), f"{name}: the result depends on what the padding holds"
+
+
 def test_benchmark_criterion_passes_an_empty_pair_and_still_fails_a_mismatch():
     """A T = 0 backward's grad_x is [0, H]: nothing mismatches, so it passes (it read 0 matched of
     0 as a fraction of 0 and failed); a non-empty pair with too many wrong elements still fails."""

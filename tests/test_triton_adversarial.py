@@ -223,21 +223,27 @@ def test_gate_far_in_sigmoid_saturation(device, scale):
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_non_finite_input_propagates_like_reference(device, input_name, row, col, value):
     """One non-finite input element: the NaN and Inf positions (and Inf signs) of every output are
-    those of the reference, and the finite rest meets the benchmark criterion against it."""
+    those the reference's formula defines (the float64 oracle's), and the rest meets the benchmark
+    criterion against the bf16 reference where that is finite. On AMX CPUs the bf16 reference
+    itself also has NaN in the row above a non-finite d_gate/d_up row (the CPU GEMM's over-read,
+    docs/usage.md, "bf16 matmul on CPUs with AMX"); on a GPU its positions must be the oracle's."""
     seed = _seed()
     inp = make_inputs(1, 40, 64, 136, seed=seed, device=device)
     t = getattr(inp, input_name)
     (t[0] if t.dim() == 3 else t)[row, col] = value
     got = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
     ref = reference_backward(*inp.as_tuple())
+    oracle = float64_backward(*inp.as_tuple())
     any_nonfinite = False
-    for name, g, r in zip(NAMES, got, ref):
+    for name, g, r, o in zip(NAMES, got, ref, oracle):
         g, r = g.float(), r.float()
-        assert torch.equal(torch.isnan(g), torch.isnan(r)), f"{name}: NaN positions differ, seed={seed}"
-        assert torch.equal(torch.isinf(g), torch.isinf(r)), f"{name}: Inf positions differ, seed={seed}"
-        assert torch.equal(g[torch.isinf(g)], r[torch.isinf(r)]), f"{name}: Inf signs differ, seed={seed}"
-        finite = torch.isfinite(r)
-        any_nonfinite |= not bool(finite.all())
+        assert torch.equal(torch.isnan(g), torch.isnan(o)), f"{name}: NaN positions differ, seed={seed}"
+        assert torch.equal(torch.isinf(g), torch.isinf(o)), f"{name}: Inf positions differ, seed={seed}"
+        assert torch.equal(g[torch.isinf(g)], o[torch.isinf(o)].float()), f"{name}: Inf signs differ, seed={seed}"
+        extra = torch.isfinite(o) & ~torch.isfinite(r)  # the AMX CPU GEMM's over-read only
+        assert device == "cpu" or not extra.any(), f"{name}: reference non-finite where float64 is not, seed={seed}"
+        finite = torch.isfinite(o) & ~extra
+        any_nonfinite |= not bool(torch.isfinite(o).all())
         if finite.any():
             assert benchmark_criterion(g[finite], r[finite], 0.13).passed, f"{name}: finite part differs, seed={seed}"
     assert any_nonfinite, "the non-finite input reached no output: the case tests nothing"

@@ -37,6 +37,11 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def _gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # One indirection so tests can count the GEMMs (a gradient not requested skips its GEMMs).
+    if a.is_cpu and a.dtype == torch.bfloat16 and a.stride(-1) == 1 and a.stride(-2) != a.shape[-1]:
+        # oneDNN's AMX bf16 GEMM reads each row of its first operand past its end (K rounded up to
+        # 32, times zeros): a row-strided view's padding would reach the result, NaN * 0 = NaN.
+        # docs/usage.md, "bf16 matmul on CPUs with AMX".
+        a = a.contiguous()
     return a @ b
 
 
@@ -62,6 +67,7 @@ def reference_backward(
     inputs' dtype; ``grad_x`` keeps ``x``'s leading dims. A gradient whose ``need_*`` flag is False
     comes back as None and every step only it uses is skipped. The sigmoid factor is computed in
     ``promote_types(dtype, float32)`` (float32 for bf16, fp16, fp32 inputs, as the benchmark does).
+    Inputs may be strided views: what lies outside them never reaches the result.
 
     Raises: TypeError/ValueError naming the argument, as ``swiglu.swiglu_mlp_backward``.
     """
