@@ -7,8 +7,9 @@ Gluon kernels import this module and nothing of each other's internals.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import MISSING, fields
-from functools import lru_cache
+from functools import lru_cache, wraps
 from typing import NamedTuple
 
 import torch
@@ -311,8 +312,9 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     kernel's C launcher through ``direct_runner`` (or, where it does not apply, its runner
     ``CompiledKernel[grid]``) with the same arguments in signature order, the keyword arguments'
     values as the key's first launch gave them. TMA descriptor arguments are given as ``Tma``
-    (positionally). In the interpreter every launch takes Triton's path. Every kernel launched
-    here takes a ``PDL`` constexpr, set by this function (``PDL``)."""
+    (positionally). In the interpreter every launch takes Triton's path, and launches from
+    several threads run one at a time (its state is process-wide). Every kernel launched here
+    takes a ``PDL`` constexpr, set by this function (``PDL``)."""
     cache, pdl = _LAUNCHES, PDL  # read once: the mode this launch is compiled and filed under
     entry = cache.get(key)
     if entry is None:
@@ -335,6 +337,19 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
         return
     runner, rest = entry
     runner(*args, *rest)
+
+
+if INTERPRET:
+    # Triton's interpreter keeps the running launch's grid and program ids in process-wide state:
+    # two threads launching at once read each other's grid. Interpreted launches therefore take
+    # one lock; the compiled path keeps the plain function (decided here, once).
+    _plain_launch = launch
+    _INTERPRETER_LOCK = threading.Lock()
+
+    @wraps(_plain_launch)
+    def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
+        with _INTERPRETER_LOCK:
+            _plain_launch(kernel, grid, key, *args, **kwargs)
 
 
 def _with_descriptors(runner):
