@@ -26,7 +26,7 @@ SLOW_FILES = {
     "test_fsdp.py", "test_parallel.py", "test_tp_model.py",  # gloo process groups
     "test_make.py", "test_wheel.py",  # virtual environments and wheels
     "test_probe_backward_power.py", "test_probe_in_step.py", "test_multicast_probe.py",
-    "test_lean_ownership.py", "test_direct_launch.py", "test_plan_cache.py",
+    "test_lean_ownership.py", "test_direct_launch.py", "test_plan_cache.py", "test_hf_long_seq_script.py",
 }
 SLOW_TESTS = (
     "test_table_configs_compile_for_sm90", "test_grad_x_candidates_compile_for_sm90",
