@@ -129,11 +129,14 @@ def longest(trainer: Trainer, args, rows: list[dict], deadline: float) -> int:
         return not row["oom"]
 
     good, bad, seq = 0, None, args.start_seq
-    while seq <= args.max_seq and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
         if not fits(seq):
             bad = seq
             break
-        good, seq = seq, seq * 2
+        good = seq
+        if seq >= args.max_seq:
+            return good
+        seq = min(seq * 2, args.max_seq)
     if bad is None:
         return good
     while bad - good > args.granularity and time.monotonic() < deadline:
@@ -161,7 +164,7 @@ def main(argv=None) -> int:
     p.add_argument("--granularity", type=int, default=1024)
     p.add_argument("--steps", type=int, default=4, help="timed steps of the comparison (after one warm step)")
     p.add_argument("--compare-seq", default="", help="lengths to compare (default: the stock model's longest plus "
-                                                      "one granularity step, and the patched model's longest)")
+                                                      "one granularity step, and the patched model's longest; "none": no comparison)")
     p.add_argument("--time-budget-s", type=float, default=420)
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=os.environ.get("OUT") or "build/hf_long_seq")
@@ -187,7 +190,7 @@ def main(argv=None) -> int:
         trainer.close()
     base = best.get("unpatched", 0)
     # Default: just past the stock model's longest, and the patched model's longest.
-    compare = [int(s) for s in args.compare_seq.split(",") if s] or \
+    compare = [] if args.compare_seq == "none" else [int(s) for s in args.compare_seq.split(",") if s] or \
         sorted({s for s in (base + args.granularity, best.get("swiglu", 0)) if base and s > base})
     for seq in compare:
         for variant, checkpointing in (("unpatched", True), ("swiglu", False), ("liger", False), ("unpatched", False)):
