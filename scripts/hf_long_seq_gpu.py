@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     p.add_argument("--granularity", type=int, default=1024)
     p.add_argument("--steps", type=int, default=4, help="timed steps of the comparison (after one warm step)")
     p.add_argument("--compare-seq", default="", help="lengths to compare (default: the stock model's longest plus "
-                                                      "one granularity step, and the patched model's longest; "none": no comparison)")
+                                                      "one granularity step, and the patched model's longest; 'none': no comparison)")
     p.add_argument("--time-budget-s", type=float, default=420)
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=os.environ.get("OUT") or "build/hf_long_seq")
