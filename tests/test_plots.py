@@ -319,7 +319,8 @@ def test_tp_model_explains_an_efficiency_above_one_and_fits_its_width(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["latency", "speedup", "sol", "gmean", "energy", "clock", "history", "roofline",
-                                  "sol_bar", "ratio", "tp_measured", "tp_model", "train_step", "hf_step"])
+                                  "sol_bar", "ratio", "tp_measured", "tp_model", "train_step", "hf_step",
+                                  "long_seq"])
 def test_every_figure_is_readable_at_readme_width(name, tmp_path):
     spread_run(tmp_path / "bench")
     write_synthetic_run(tmp_path / "power", power=True)
@@ -349,6 +350,7 @@ def test_every_figure_is_readable_at_readme_width(name, tmp_path):
         "train_step": lambda: plots.training_step_plot(
             train_step.latest_run(ROOT / "data" / "train_step")["steps"], None, footer),
         "hf_step": lambda: plots.hf_step_plot(hf_step.load_runs(ROOT / "data" / "hf_step"), footer),
+        "long_seq": lambda: plots.long_seq_plot(hf_step.load_long_seq(ROOT / "data" / "hf_long_seq"), footer),
     }
     fig = make[name]()
     assert fig.get_figwidth() <= plots.MAX_WIDTH_IN
@@ -402,3 +404,22 @@ def test_hf_step_speedups_above_the_axis_sit_on_its_edge_with_their_value():
     assert max(drawn) <= plots.HF_YMAX and 0.97 in drawn
     assert "3.12x" in [t.get_text() for t in ax.texts]
     assert set(fig.plotted["y"].round(2)) == {0.97, 3.12}
+
+
+def test_long_seq_runs_load_and_their_longest_lengths(tmp_path):
+    """The longest length per variant is the longest that fit without checkpointing, over every
+    run, with the first out-of-memory length above it; a checkpointed row never counts."""
+    run = tmp_path / "a"
+    run.mkdir()
+    rows = [("unpatched", 4096, False, 70.0, False), ("unpatched", 8192, False, float("nan"), True),
+            ("unpatched", 6144, False, 90.0, False), ("unpatched", 16384, True, 75.0, False),
+            ("swiglu", 8192, False, 100.0, False), ("swiglu", 9216, False, float("nan"), True)]
+    pd.DataFrame([dict(variant=v, seq_len=s, layers=2, activation_checkpointing=c, step_ms=1.0, tokens_per_s=1.0,
+                       peak_gib=p, oom=o) for v, s, c, p, o in rows]).to_csv(run / "long_seq.csv", index=False)
+    table = hf_step.load_long_seq(tmp_path)
+    assert list(table.columns) == hf_step.LONG_SEQ_COLUMNS and set(table["run"]) == {"a"}
+    longest = hf_step.longest_without_checkpointing(table).set_index("variant")
+    assert longest.loc["unpatched", "longest_seq"] == 6144 and longest.loc["unpatched", "first_oom_seq"] == 8192
+    assert longest.loc["swiglu", "longest_seq"] == 8192 and longest.loc["swiglu", "peak_gib"] == 100.0
+    fig = plots.long_seq_plot(table)
+    assert set(fig.plotted["series"]) >= {"unpatched", "swiglu", "stock + checkpointing"}

@@ -247,7 +247,7 @@ def test_reproduce_redraws_the_committed_figures_and_tables_byte_for_byte(tmp_pa
                             build_dir=tmp_path / "notebooks", engine="python", progress=False, root=ROOT)
     assert all(r.ok for r in results), [r.error for r in results]
     drawn = sorted((tmp_path / "figures").iterdir())
-    assert len(drawn) == 2 * 12  # 03: seven figures, 04, 05: two, 06: two
+    assert len(drawn) == 2 * 13  # 03: seven figures, 04, 05: two, 06: three
     for path in drawn:
         assert path.read_bytes() == (ROOT / "figures" / path.name).read_bytes(), f"figures/{path.name} differs"
     for path in sorted((tmp_path / "derived").iterdir()):

@@ -113,7 +113,8 @@ NOTEBOOK_DEFAULTS = {
         "derived_dir": "data/derived", "overwrite": False, "figure_formats": "png,svg",
     },
     "06_training_memory": {
-        "train_step_dir": "data/train_step", "hf_step_dir": "data/hf_step", "figures_dir": "figures",
+        "train_step_dir": "data/train_step", "hf_step_dir": "data/hf_step", "hf_long_seq_dir": "data/hf_long_seq",
+        "figures_dir": "figures",
         "derived_dir": "data/derived", "overwrite": False, "figure_formats": "png,svg",
     },
 }

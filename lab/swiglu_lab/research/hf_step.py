@@ -47,3 +47,41 @@ def load_runs(path: str | Path) -> pd.DataFrame:
                 else float("nan")))
     out = pd.DataFrame(rows, columns=COLUMNS)
     return out.sort_values(["date_utc", "run"], kind="stable").reset_index(drop=True)
+
+
+#: Columns of ``load_long_seq``' table (``scripts/hf_long_seq_gpu.py``'s CSV plus the run folder).
+LONG_SEQ_COLUMNS = ["run", "variant", "seq_len", "layers", "activation_checkpointing", "step_ms", "tokens_per_s",
+                    "peak_gib", "oom"]
+
+
+def load_long_seq(path: str | Path) -> pd.DataFrame:
+    """Every ``long_seq.csv`` under ``path`` (``data/hf_long_seq/``), one row per trial or timed
+    configuration, ``LONG_SEQ_COLUMNS``, runs in folder order. Empty (with the columns) when there
+    is none."""
+    parts = []
+    for csv_path in sorted(Path(path).glob("**/long_seq.csv")):
+        table = pd.read_csv(csv_path)
+        table.insert(0, "run", csv_path.parent.relative_to(path).as_posix())
+        parts.append(table)
+    if not parts:
+        return pd.DataFrame(columns=LONG_SEQ_COLUMNS)
+    out = pd.concat(parts, ignore_index=True)[LONG_SEQ_COLUMNS]
+    for col in ("activation_checkpointing", "oom"):
+        out[col] = out[col].astype(str).str.lower() == "true"
+    return out
+
+
+def longest_without_checkpointing(table: pd.DataFrame) -> pd.DataFrame:
+    """Per variant the longest sequence that trained without checkpointing over every run, with its
+    peak GiB and the shortest that ran out of memory above it."""
+    plain = table[~table["activation_checkpointing"]]
+    rows = []
+    for variant, part in plain.groupby("variant", sort=False):
+        fits = part[~part["oom"]]
+        best = fits.loc[fits["seq_len"].idxmax()] if len(fits) else None
+        longest = int(best["seq_len"]) if best is not None else 0
+        over = part[part["oom"] & (part["seq_len"] > longest)]["seq_len"]
+        rows.append(dict(variant=variant, longest_seq=longest,
+                         peak_gib=float(best["peak_gib"]) if best is not None else float("nan"),
+                         first_oom_seq=int(over.min()) if len(over) else 0))
+    return pd.DataFrame(rows, columns=["variant", "longest_seq", "peak_gib", "first_oom_seq"])

@@ -897,6 +897,61 @@ def hf_step_plot(runs: pd.DataFrame, footer: str = "",
     return _finish_panels(fig, records, footer, legend_axes=list(axes[0]), ncol=4, note=note)
 
 
+def long_seq_plot(table: pd.DataFrame, footer: str = "",
+                  title: str = "Full-depth Llama-3-8B shape on one GPU: memory and speed against sequence length"
+                  ) -> Figure:
+    """Left: peak memory of a step against sequence length without activation checkpointing
+    (``hf_step.load_long_seq`` rows), each variant's points joined, an x at a length that ran out
+    of memory. Right: tokens/s at the lengths timed side by side, the stock model with
+    checkpointing beside the others without it."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 4.2))
+    records: list = []
+    plain = table[~table["activation_checkpointing"]]
+    labels = dict(HF_LABELS, unpatched="stock (nn.Linear MLP)")
+    styles = dict(HF_STYLE, unpatched=("#1f77b4", "o"))
+    for variant in [v for v in ("unpatched", "liger", "swiglu") if v in set(plain["variant"])]:
+        color, marker = styles.get(variant, ("0.4", "o"))
+        part = plain[plain["variant"] == variant]
+        ok = part[~part["oom"]].groupby("seq_len")["peak_gib"].max().sort_index()
+        ax.plot(ok.index / 1024, ok.to_numpy(), marker=marker, color=color, label=labels.get(variant, variant))
+        oom = sorted(set(part[part["oom"]]["seq_len"]))
+        top = float(plain["peak_gib"].max())
+        ax.plot([s / 1024 for s in oom], [top * 1.02] * len(oom), ls="none", marker="x", color=color, ms=6)
+        records += [{"panel": "peak", "series": variant, "x": int(s), "y": float(y), "lo": math.nan, "hi": math.nan}
+                    for s, y in ok.items()]
+    ax.set_xlabel("sequence length (thousand tokens)")
+    ax.set_ylabel("peak GiB of a step (weights, gradients, AdamW included)")
+    ax.set_title("no checkpointing (x: out of memory)", fontsize=MIN_FONT_PT + 1)
+    ax.grid(True, lw=0.3, alpha=0.5)
+    timed = table[table["tokens_per_s"].notna() & (table["run"].isin(
+        table[table["activation_checkpointing"]]["run"]))]
+    timed = timed[timed["seq_len"].isin(set(table[table["activation_checkpointing"]]["seq_len"]))]
+    lengths = sorted(set(timed["seq_len"]))
+    series = [("unpatched", True, "stock + checkpointing"), ("swiglu", False, "ours, no checkpointing"),
+              ("liger", False, "Liger, no checkpointing")]
+    width = 0.8 / len(series)
+    for k, (variant, ckpt, label) in enumerate(series):
+        color = styles.get(variant, ("0.4", "o"))[0] if not ckpt else "0.55"
+        ys = [timed[(timed["variant"] == variant) & (timed["activation_checkpointing"] == ckpt)
+                    & (timed["seq_len"] == s)]["tokens_per_s"].max() for s in lengths]
+        pos = np.arange(len(lengths)) + (k - (len(series) - 1) / 2) * width
+        bx.bar(pos, [0 if np.isnan(y) else y for y in ys], width, color=color, label=label)
+        for xx, y in zip(pos, ys):
+            if np.isnan(y):
+                bx.annotate("OOM", (xx, 0), xytext=(0, 3), textcoords="offset points", ha="center",
+                            fontsize=MIN_FONT_PT, color=color, rotation=90)
+        records += [{"panel": "tokens_per_s", "series": label, "x": int(s), "y": float(y), "lo": math.nan,
+                     "hi": math.nan} for s, y in zip(lengths, ys) if not np.isnan(y)]
+    bx.set_xticks(range(len(lengths)), [f"{s:,}" for s in lengths])
+    bx.set_xlabel("sequence length (tokens)")
+    bx.set_ylabel("tokens/s")
+    bx.set_title("where the stock model needs checkpointing", fontsize=MIN_FONT_PT + 1)
+    bx.grid(True, axis="y", lw=0.3, alpha=0.5)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _finish_panels(fig, records, footer, legend_axes=[ax, bx], ncol=3)
+
+
 def tp_timeline_plot(events: pd.DataFrame, footer: str = "", title: str = "Per-rank timeline of one TP backward") -> Figure:
     """One panel per variant (``tp_serial``, ``tp_early``, ...), one row per rank: each kernel a bar
     from its start to its end (``swiglu_lab.bench.timeline`` rows of one case, aligned), compute and
