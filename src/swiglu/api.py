@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import torch
@@ -42,7 +41,9 @@ def available_impls(device: torch.device | str | None = None) -> list[str]:
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         return ["reference"]  # without importing Triton (slow): device_reason says the same
     try:
-        reason = importlib.import_module("swiglu.kernels.backward").device_reason(device)
+        from .kernels.backward import device_reason
+
+        reason = device_reason(device)
     except ImportError:
         reason = "Triton is not importable"
     return ["reference"] if reason else ["reference", "triton"]

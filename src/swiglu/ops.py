@@ -26,7 +26,6 @@ whole storage.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.abc
 import importlib.machinery
 import logging
@@ -45,12 +44,14 @@ from .reference import activated_gate_of, reference_gradients
 #: The backends: ``impl=`` of ``swiglu_mlp``, ``SwiGLUMLP`` and ``swiglu_mlp_backward``.
 IMPLS = ("auto", "reference", "triton")
 _AUTOCAST_DEVICES = ("cuda", "cpu")
-_TRITON_MODULE = "swiglu.kernels.backward"
 _log = logging.getLogger("swiglu")
 
 
 def _triton():
-    return importlib.import_module(_TRITON_MODULE)
+    # Imported at first use: ``import swiglu`` does not import Triton.
+    from .kernels import backward
+
+    return backward
 
 
 # --------------------------------------------------------------------------- validation
