@@ -165,7 +165,7 @@ def run_worker(ci, T_list, recompute_T):
     from swiglu.kernels.common import tile_programs
 
     print(f"torch {torch.__version__} triton {triton.__version__} device {torch.cuda.get_device_name()}", flush=True)
-    cfg = D.CONFIGS[ci]
+    cfg = D.CANDIDATES[ci]
     name = cfg.name()
     print(f"=== config {ci}: {name}", flush=True)
     ctx = Ctx()
@@ -289,7 +289,7 @@ def print_table(rows):
 def print_summary(rows, cfg_indices, D):
     """The short table: ms per T (and recompute) for cuBLAS, tl and each config; 'x' = tl time / this
     config's (> 1: faster than tl); '!' = not bitwise the tl kernel's outputs, or an error."""
-    names = {D.CONFIGS[i].name(): i for i in cfg_indices}
+    names = {D.CANDIDATES[i].name(): i for i in cfg_indices}
     keys = sorted({(r["T"], bool(r["recompute"])) for r in rows if r.get("case") == "big"})
     print("\nsummary (ms, median; x = speed-up over tl; ! = not bitwise / failed); configs:")
     for name, i in names.items():
@@ -316,7 +316,7 @@ def print_summary(rows, cfg_indices, D):
 def main():
     global H_BIG, I_BIG
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default=None, help="comma-separated indices into gluon_dswiglu.CONFIGS")
+    ap.add_argument("--configs", default=None, help="comma-separated indices into gluon_dswiglu.CANDIDATES")
     ap.add_argument("--out", default=None, help="CSV path (default $OUT/gluon_dswiglu_probe.csv when OUT is set)")
     ap.add_argument("--T", default=",".join(map(str, T_LIST)))
     ap.add_argument("--recompute-T", type=int, default=RECOMPUTE_T)
@@ -334,7 +334,7 @@ def main():
     T_list = [int(x) for x in args.T.split(",") if x]
 
     from swiglu.kernels import gluon_dswiglu as D
-    cfg_indices = list(range(len(D.CONFIGS))) if args.configs is None else [int(x) for x in args.configs.split(",")]
+    cfg_indices = list(range(len(D.CANDIDATES))) if args.configs is None else [int(x) for x in args.configs.split(",")]
 
     if args.worker is not None:
         rows = run_worker(args.worker, T_list, args.recompute_T)
@@ -349,7 +349,7 @@ def main():
             rows += run_worker(ci, T_list, args.recompute_T)
     else:
         for ci in cfg_indices:
-            name = D.CONFIGS[ci].name()
+            name = D.CANDIDATES[ci].name()
             if time.time() - t_start > args.budget:
                 print(f"config {ci} ({name}): skipped, past --budget {args.budget}s", flush=True)
                 rows.append(dict(kind="gluon", config=name, ok=False, error="skipped (budget)"))

@@ -13,7 +13,7 @@
 the table or not; sections ``gluon_grad_weights``,
 ``gluon_dswiglu``, ``gluon_grad_x``) or ``configs.KERNEL.BUCKET.FIELD`` (the tl kernels); BUCKET
 ``*`` means every bucket the section has; VALUE is read as JSON (48, true, "x"). Each named
-bucket must exist. ``--gluon-dswiglu BUCKET=INDEX``: that bucket takes ``gluon_dswiglu.CONFIGS[INDEX]``;
+bucket must exist. ``--gluon-dswiglu BUCKET=INDEX``: that bucket takes ``gluon_dswiglu.CANDIDATES[INDEX]``;
 ``--gluon-grad-x BUCKET=INDEX``: ``gluon_wgrad.GRAD_X_CANDIDATES[INDEX]``;
 ``--gluon-grad-weights BUCKET=INDEX``: ``gluon_wgrad.WIDE_CANDIDATES[INDEX]`` (the wide tiles: ping-pong, then cooperative 256 x 192);
 ``--gluon-resident BUCKET=INDEX``: ``gluon_wgrad_resident.RESIDENT_CANDIDATES[INDEX]`` (A held in
@@ -106,9 +106,9 @@ def main(argv=None) -> int:
                 raise SystemExit(f"--gluon-resident {spec}: the candidate holds {RESIDENT_CANDIDATES[int(index)].resident_k} "
                                  f"tokens, fewer than bucket {bucket}'s")
     if args.gluon_dswiglu:
-        from swiglu.kernels.gluon_dswiglu import CONFIGS
+        from swiglu.kernels.gluon_dswiglu import CANDIDATES
 
-        changes += [apply_candidate(table, "gluon_dswiglu", s, CONFIGS) for s in args.gluon_dswiglu]
+        changes += [apply_candidate(table, "gluon_dswiglu", s, CANDIDATES) for s in args.gluon_dswiglu]
     if args.gluon_grad_x:
         from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
 

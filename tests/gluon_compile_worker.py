@@ -9,7 +9,7 @@ first table config and first wide candidate with PDL modes 1 and 2, two wide can
 tests' storer delay, and the first cooperative table config with the probes' ablations (ABLATE 1-6).
 grad_x: the weight-gradient kernel's grad_x orientation (``A_KMAJOR``), its candidates
 (``gluon_wgrad.GRAD_X_CANDIDATES``), the first also with PDL modes 1 and 2.
-dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CONFIGS``, all or the given
+dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CANDIDATES``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
 
@@ -127,7 +127,7 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
 
 
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
-    cfg = gluon_dswiglu.CONFIGS[index]
+    cfg = gluon_dswiglu.CANDIDATES[index]
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
     sig.update({p: "*bf16" for p in ("gate_ptr", "up_ptr", "act_ptr", "dgate_ptr", "dup_ptr", "h_ptr")})
     sig.update({s: "i32" for s in ("T", "I", "stride_in", "stride_out")})
@@ -186,7 +186,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         results = [compile_one(c, grad_x=True) for c in gluon_wgrad.GRAD_X_CANDIDATES] + [
             compile_one(gluon_wgrad.GRAD_X_CANDIDATES[0], pdl, grad_x=True) for pdl in (1, 2)]
     elif kind == "dswiglu":
-        indices = range(len(gluon_dswiglu.CONFIGS)) if not indices else indices
+        indices = range(len(gluon_dswiglu.CANDIDATES)) if not indices else indices
         results = [compile_dswiglu(i, r) for i in indices for r in (False, True)]
         if 0 in indices:
             results.append(compile_dswiglu(0, False, t_is_one=True))

@@ -30,7 +30,7 @@ from compile_worker import pdl_problems, wait_for_worker
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
 try:  # every dSwiGLU candidate is tested, however many the module lists
-    from swiglu.kernels.gluon_dswiglu import CONFIGS as DSWIGLU_CONFIGS
+    from swiglu.kernels.gluon_dswiglu import CANDIDATES as DSWIGLU_CONFIGS
 except ImportError:  # a triton without Gluon (those tests skip there)
     DSWIGLU_CONFIGS = []
 
@@ -709,7 +709,7 @@ def test_dswiglu_table_entries():
     assert set(chosen) == set(common.TOKEN_BUCKETS) - {128}
     for bucket, g in chosen.items():
         entry = table[configs.bucket_key(bucket)]
-        assert g == gluon_dswiglu.CONFIGS[entry["candidate"]]
+        assert g == gluon_dswiglu.CANDIDATES[entry["candidate"]]
         assert g.smem_bytes() <= 232448
         assert entry["ms"] < entry["tl_ms"], entry
 
@@ -724,7 +724,7 @@ def test_dswiglu_shape_entries():
     for key, buckets in table.items():
         for bucket_key, entry in buckets.items():
             g = backward.GLUON_DSWIGLU_BY_SHAPE[configs.parse_shape(key)][configs.parse_bucket(bucket_key)]
-            assert g == gluon_dswiglu.CONFIGS[entry["candidate"]] and g.smem_bytes() <= 232448
+            assert g == gluon_dswiglu.CANDIDATES[entry["candidate"]] and g.smem_bytes() <= 232448
             assert entry["ms"] < min(entry["tl_ms"], entry["bucket_choice_ms"]), entry
             assert g != backward.GLUON_DSWIGLU[configs.parse_bucket(bucket_key)]
     with pytest.raises(ValueError, match="HIDDENxINTERMEDIATE"):
@@ -784,7 +784,7 @@ def test_backward_launches_the_shapes_own_dswiglu_config(dswiglu_recorded, monke
     """The launch gets the plan's per-shape config (here a planted entry for H = 16, I = 48)."""
     from swiglu.kernels import gluon_dswiglu
 
-    other = next(c for c in gluon_dswiglu.CONFIGS if c != backward.GLUON_DSWIGLU[256])
+    other = next(c for c in gluon_dswiglu.CANDIDATES if c != backward.GLUON_DSWIGLU[256])
     monkeypatch.setattr(backward, "GLUON_DSWIGLU_BY_SHAPE", {(16, 48): {256: other}})
     backward.clear_plans()
     inp = make_inputs(1, 130, 16, 48, seed=14)
@@ -813,7 +813,7 @@ def test_backward_keeps_tl_dswiglu_where_gluon_cannot_run(dswiglu_recorded):
         for g, w in zip(got, want):
             assert torch.equal(g, w)
 
-#: CONFIGS indices that compile without spills (triton 3.6.0 and 3.7.1, ptxas -v, with and without RECOMPUTE_ACT);
+#: CANDIDATES indices that compile without spills (triton 3.6.0 and 3.7.1, ptxas -v, with and without RECOMPUTE_ACT);
 #: config 1 (32x64 epilogue pieces) spills 60 B (24 B recomputing act), so nothing is asserted on it.
 DSWIGLU_SPILL_FREE = {0, 2, 3, 4}
 
@@ -824,7 +824,7 @@ def check_dswiglu_compiles(report: dict) -> None:
 
     assert triton_minor(report["triton"]) in GLUON_TRITONS
     results = report["results"]
-    n = len(gluon_dswiglu.CONFIGS)
+    n = len(gluon_dswiglu.CANDIDATES)
     assert {(r["index"], r["recompute"]) for r in results if not r["T_is_one"] and r["pdl"] == 0} == {
         (i, rec) for i in range(n) for rec in (False, True)}
     assert any(r["T_is_one"] for r in results)
@@ -832,7 +832,7 @@ def check_dswiglu_compiles(report: dict) -> None:
     for r in results:
         assert r["error"] is None, r["error"]
         cfg = gluon_dswiglu.DswigluGluonConfig(**r["config"])
-        assert cfg == gluon_dswiglu.CONFIGS[r["index"]]
+        assert cfg == gluon_dswiglu.CANDIDATES[r["index"]]
         assert r["shared"] <= cfg.smem_bytes() <= 232448, (cfg, r["shared"])
         # wgmma, TMA loads of go/dw, no TMA stores (the epilogue stores with plain 16-byte stores),
         # register reallocation between the partitions.
@@ -857,7 +857,7 @@ def test_dswiglu_compile_check_can_fail():
     from swiglu.kernels import gluon_dswiglu
 
     def entry(i, rec, t1=False, **kw):
-        cfg = gluon_dswiglu.CONFIGS[i]
+        cfg = gluon_dswiglu.CANDIDATES[i]
         return {"index": i, "config": cfg.__dict__, "recompute": rec, "T_is_one": t1, "error": None,
                 "shared": cfg.smem_bytes() - 724, "regs": cfg.maxnreg, "spills": 60 if i not in DSWIGLU_SPILL_FREE else 0,
                 "wgmma": 4, "tma_load": 5, "tma_store": 0, "setmaxnreg": 10, "ld_global_v4": 8, "st_global_v4": 6,
@@ -865,7 +865,7 @@ def test_dswiglu_compile_check_can_fail():
                 **kw}
 
     pdl_on = dict(gdc_wait=1, gdc_trigger=1, wait_before_access=True)
-    good = [entry(i, rec) for i in range(len(gluon_dswiglu.CONFIGS)) for rec in (False, True)] + [entry(0, False, True)]
+    good = [entry(i, rec) for i in range(len(gluon_dswiglu.CANDIDATES)) for rec in (False, True)] + [entry(0, False, True)]
     good += [entry(0, False, pdl=1, trigger_before_access=True, **pdl_on), entry(0, False, pdl=2, **pdl_on)]
     check_dswiglu_compiles({"triton": GLUON_TRITONS[0] + ".0", "results": good})
     for bad in ({"spills": 8}, {"wgmma": 0}, {"tma_store": 1}, {"shared": 240000}, {"error": "CompilationError"},
@@ -888,7 +888,7 @@ def test_dswiglu_configs_fit_and_check():
     """The candidates fit the H200's shared memory and register file; a config that cannot is refused."""
     from swiglu.kernels import gluon_dswiglu
 
-    for cfg in gluon_dswiglu.CONFIGS:
+    for cfg in gluon_dswiglu.CANDIDATES:
         assert cfg.smem_bytes() <= 232448 and cfg.total_warps() * 32 * cfg.maxnreg <= 65536
     with pytest.raises(ValueError, match="registers"):
         gluon_dswiglu.DswigluGluonConfig(epi_warps=4)  # 16 warps x 32 x 168 > 65536
@@ -923,7 +923,7 @@ def test_dswiglu_trusted_launch_passes_what_the_checked_one_does(monkeypatch):
     seen = []
     monkeypatch.setattr(gluon_dswiglu, "launch", lambda kernel, grid, key, *args, **kw: seen.append((grid, args, kw)))
     for a in (act, None):
-        cfg = gluon_dswiglu.CONFIGS[3]
+        cfg = gluon_dswiglu.CANDIDATES[3]
         grid, want, want_kw = gluon_dswiglu._prepare(go, dw, gate, up, a, *outs, cfg, 7)
         gluon_dswiglu.launch_dswiglu_gluon_trusted(go, dw, gate, up, a, *outs, cfg, 7)
         got_grid, got, got_kw = seen.pop()
@@ -955,7 +955,7 @@ T, H, I = 300, 1000, 1176
 x = [torch.randn(*s, device="cuda").to(torch.bfloat16) for s in ((T, H), (H, I), (T, I), (T, I), (T, I))]
 for act in (x[4], None):
     gluon_dswiglu.launch_dswiglu_gluon(*x[:4], act, *[torch.empty(T, I, device="cuda", dtype=torch.bfloat16) for _ in range(3)],
-                                       gluon_dswiglu.CONFIGS[int(sys.argv[1])])
+                                       gluon_dswiglu.CANDIDATES[int(sys.argv[1])])
 torch.cuda.synchronize()
 print("ok")
 """
@@ -990,7 +990,7 @@ def test_gluon_dswiglu_bitwise_tl(index, T, H, I, recompute):
     from swiglu.kernels import gluon_dswiglu
 
     _dswiglu_runs_or_fail(index)
-    cfg = gluon_dswiglu.CONFIGS[index]
+    cfg = gluon_dswiglu.CANDIDATES[index]
     go, dw, gate, up, act = _dswiglu_inputs(T, H, I, seed=T * 31 + I)
     a = None if recompute else act
     want = [torch.full((T, I), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(3)]

@@ -36,11 +36,11 @@ def test_set_changes_the_named_fields_and_nothing_else(tmp_path):
 
 def test_candidates_enter_their_buckets_as_the_loader_reads_them(tmp_path):
     from swiglu.kernels.configs import DswigluGluonConfig, GluonConfig
-    from swiglu.kernels.gluon_dswiglu import CONFIGS
+    from swiglu.kernels.gluon_dswiglu import CANDIDATES
     from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
 
     got = _variant(tmp_path, "--gluon-dswiglu", "128=3", "--gluon-grad-x", "512=1")
-    assert DswigluGluonConfig(**got["gluon_dswiglu"]["128"]["config"]) == CONFIGS[3]
+    assert DswigluGluonConfig(**got["gluon_dswiglu"]["128"]["config"]) == CANDIDATES[3]
     assert GluonConfig(**got["gluon_grad_x"]["512"]["config"]) == GRAD_X_CANDIDATES[1]
 
 

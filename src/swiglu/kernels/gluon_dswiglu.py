@@ -31,7 +31,7 @@ from .gluon_wgrad import _cta_barrier, _layout, _mma_layout, _pdl_end, _pdl_star
 #: Candidates (index = scripts/probe_gluon_dswiglu.py --configs; measured: docs/kernels.md). With 12 warps
 #: the launch holds 12 x 32 x 168 = 64512 registers; the 12-warp configs give the epilogue 168 (32x64
 #: pieces spilled at 152).
-CONFIGS = [
+CANDIDATES = [
     DswigluGluonConfig(),  # 0: 128x256x64 S3, g x1, 2 epilogue warps, pieces 16x64 (no spills)
     DswigluGluonConfig(EPI_M=32),  # 1: bigger pieces (fewer, longer epilogue steps; 24-60 B of spills)
     DswigluGluonConfig(BK=32, STAGES=6),  # 2: 128x256x32, 6 stages (smaller TMA steps, same smem)
@@ -328,7 +328,7 @@ def _kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T: int, I: 
             cfg.load_regs, cfg.epi_regs)
 
 
-def launch_dswiglu_gluon(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig = CONFIGS[0],
+def launch_dswiglu_gluon(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig = CANDIDATES[0],
                          num_programs: int | None = None) -> None:
     """The contract of ``backward.launch_dswiglu``: ``g = go @ down_w`` [T, I] with the SwiGLU backward
     epilogue, writes d_gate, d_up, h [T, I]; ``act`` None: activated_gate recomputed from gate.
