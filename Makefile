@@ -24,7 +24,7 @@ else
 INSTALL_TORCH = $(PY) -m pip install -q --timeout 15 --retries 2 --index-url $(TORCH_CPU_INDEX) torch==2.13.0 && $(PY) -m pip install -q triton==3.7.1
 endif
 # The GPU machine's Triton (the H200 machine has triton 3.6.0, docs/results.md), installed beside
-# the venv's own: tests/test_triton_compile.py compiles every kernel with both, so a kernel that only
+# the venv's own: tests/kernels/test_triton_compile.py compiles every kernel with both, so a kernel that only
 # the CPU wheel's Triton can build fails here, not on the GPU.
 GPU_TRITON_VERSION ?= 3.6.0
 # The committed figures are byte for byte what this matplotlib release draws: with another one,

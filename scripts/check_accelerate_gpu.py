@@ -1,5 +1,5 @@
 """With accelerate itself (the GPU machine has it; the CPU tests build its hook by hand,
-tests/test_offload_and_copies.py): offloaded and hooked patched MLPs, copies of them, and a
+tests/library/test_offload_and_copies.py): offloaded and hooked patched MLPs, copies of them, and a
 float16 CUDA autocast, against the unpatched module. Prints one line per check; exits 1 on any
 failure.
 

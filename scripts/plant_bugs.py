@@ -10,7 +10,7 @@ fails; the script exits non-zero if any bug was missed, or if a replacement no l
     PYTHONPATH=src:lab python scripts/plant_bugs.py                  # every bug, its listed tests
     PYTHONPATH=src:lab python scripts/plant_bugs.py grad_x_scale     # one bug
     PYTHONPATH=src:lab python scripts/plant_bugs.py --list           # the bugs and their tests
-    PYTHONPATH=src:lab python scripts/plant_bugs.py median_as_mean --tests tests/test_bench.py
+    PYTHONPATH=src:lab python scripts/plant_bugs.py median_as_mean --tests tests/lab/test_bench.py
 
 Takes about 3 minutes for all bugs on the 2-core CI machine (most of it the TP spawn).
 """
@@ -34,57 +34,57 @@ BUGS = {
         "src/swiglu/kernels/tl_kernels.py",
         "\n    _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)",
         "\n    _store_split(gx_desc, acc * 0.999, off_m, off_n, BN, EPI_SPLIT, UPCAST)",
-        ["tests/test_triton_cpu.py::test_odd_shapes_against_float64", "tests/test_module.py::test_triton_path_bf16_grads",
-         "tests/test_forward.py::test_lean_module_on_triton_is_the_backward_of_its_forward"],
+        ["tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64", "tests/library/test_module.py::test_triton_path_bf16_grads",
+         "tests/library/test_forward.py::test_lean_module_on_triton_is_the_backward_of_its_forward"],
         "grad_x 0.1% too small (the fp32 result scaled by 0.999 before its rounding to bf16)",
     ),
     "grad_x_split_tail_run_lost": (
         "src/swiglu/kernels/tl_kernels.py",
         "            for r in tl.range(0, SPLITS):",
         "            for r in tl.range(1, SPLITS):",
-        ["tests/test_grad_x_split_tail.py::test_split_tiles_against_float64"],
+        ["tests/kernels/test_grad_x_split_tail.py::test_split_tiles_against_float64"],
         "the split-tail grad_x's finisher leaves out a last tile's first run of k-steps",
     ),
     "grad_x_split_tail_early_finish": (
         "src/swiglu/kernels/tl_kernels.py",
         "        if arrived == SPLITS - 1:",
         "        if arrived == SPLITS - 2:",
-        ["tests/test_grad_x_split_tail.py::test_split_tiles_against_float64"],
+        ["tests/kernels/test_grad_x_split_tail.py::test_split_tiles_against_float64"],
         "the split-tail grad_x's last tiles finished one arrival early, before every run is stored",
     ),
     "weight_grad_scale": (
         "src/swiglu/kernels/tl_kernels.py",
         "            _store_split(c_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)",
         "            _store_split(c_desc, acc * 1.001, off_m, off_n, BN, EPI_SPLIT, UPCAST)",
-        ["tests/test_triton_cpu.py::test_odd_shapes_against_float64", "tests/test_module.py::test_triton_path_frozen_weights"],
+        ["tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64", "tests/library/test_module.py::test_triton_path_frozen_weights"],
         "every weight gradient 0.1% too large (TMA-store path of grad_weight_kernel)",
     ),
     "unrounded_g": (
         "src/swiglu/kernels/tl_kernels.py",
         "    g = _f32(_bf16(acc, UPCAST), UPCAST)",
         "    g = acc",
-        ["tests/test_triton_cpu.py::test_odd_shapes_against_float64"],
+        ["tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64"],
         "the dSwiGLU epilogue skips the reference's bf16 rounding of g = grad_output @ down_weight",
     ),
     "backward_raises": (
         "src/swiglu/kernels/backward.py",
         "    recompute = activated_gate is None\n",
         "    raise RuntimeError('planted bug: the Triton backward fails')\n    recompute = activated_gate is None\n",
-        ["tests/test_triton_cpu.py::test_odd_shapes_against_float64", "tests/test_module.py::test_triton_path_bf16_grads"],
+        ["tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64", "tests/library/test_module.py::test_triton_path_bf16_grads"],
         "the Triton backward raises on every call",
     ),
     "median_as_mean": (
         "lab/swiglu_lab/bench/stats.py",
         '"median_ms": float(np.median(t)),',
         '"median_ms": float(t.mean()),',
-        ["tests/test_bench.py"],
+        ["tests/lab/test_bench.py"],
         "the benchmark's median computed as the mean",
     ),
     "tp_rank_exits_nonzero": (
         "tests/tp_worker.py",
         "on the 2-core machine).\n    os._exit(0)",
         "on the 2-core machine).\n    os._exit(0 if rank else 3)",
-        ["tests/test_parallel.py::test_scenario"],
+        ["tests/library/test_parallel.py::test_scenario"],
         "rank 0 exits with status 3 after writing its results (a crash in teardown)",
     ),
 }

@@ -1,5 +1,5 @@
 """Compile kernel specs for sm_90 with whatever Triton this interpreter imports (subprocess side of
-tests/test_triton_compile.py).
+tests/kernels/test_triton_compile.py).
 
 Imports only Triton and ``src/swiglu/kernels/tl_kernels.py`` (loaded by path, no torch), so the same specs can
 be compiled by a second Triton release put first on PYTHONPATH: the GPU machine's (3.6.0), next to

@@ -1,4 +1,4 @@
-"""Run with triton 3.6 on the path (tests/test_direct_launch.py): compares what triton 3.6's own
+"""Run with triton 3.6 on the path (tests/kernels/test_direct_launch.py): compares what triton 3.6's own
 descriptor wrapper hands its C launcher with what ``swiglu.kernels.common.direct_runner`` hands it,
 for a signature with descriptors, ints and constexprs; a fake fill and a fake C launcher record
 the calls (no GPU). Prints one JSON line."""

@@ -1,4 +1,4 @@
-"""Worker of tests/test_fsdp.py: FSDP2 (``torch.distributed.fsdp.fully_shard``) on 2 gloo ranks.
+"""Worker of tests/library/test_fsdp.py: FSDP2 (``torch.distributed.fsdp.fully_shard``) on 2 gloo ranks.
 
 Every scenario trains a 2-block residual stack of ``swiglu.SwiGLUMLP`` a few SGD steps under FSDP2
 (data parallel: each rank its own half of the global batch) and the same stack unsharded on the
@@ -23,7 +23,7 @@ from torch import nn
 H, I = 16, 48  # multiples of 8 (Triton's TMA rows), I / 2 = 24 for TP = 2
 TOKENS = 6  # per rank and sequence; global batch [2 * 2, TOKENS, H]
 STEPS, LR = 3, 0.2
-DEVICE = torch.device("cpu")  # run() sets cuda:<rank> for the NCCL runs (tests/test_fsdp.py, gpu)
+DEVICE = torch.device("cpu")  # run() sets cuda:<rank> for the NCCL runs (tests/library/test_fsdp.py, gpu)
 
 
 class Stack(nn.Module):

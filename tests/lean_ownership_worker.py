@@ -1,4 +1,4 @@
-"""Worker of tests/test_lean_ownership.py, run in its own process: before the fix a read of freed
+"""Worker of tests/library/test_lean_ownership.py, run in its own process: before the fix a read of freed
 storage killed the process (SIGSEGV on the CPU, an illegal memory access on the GPU), which must
 fail one test, not the whole pytest run.
 

@@ -1,4 +1,4 @@
-"""Worker of tests/test_parallel.py: one process per rank (gloo on CPU), every scenario in turn.
+"""Worker of tests/library/test_parallel.py: one process per rank (gloo on CPU), every scenario in turn.
 
 Each scenario checks ``swiglu.parallelize`` against the unsharded MLP in float64 (the same formula
 through plain ``nn.Linear`` autograd) and raises AssertionError on a mismatch; the worker records
@@ -411,7 +411,7 @@ def run(rank: int, world_size: int, port: int, out_dir: str, names: list[str]) -
 
 
 def run_nccl_uneven(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """GPU entry point (tests/test_parallel_gpu.py): uneven shards on NCCL, one GPU per rank,
+    """GPU entry point (tests/library/test_parallel_gpu.py): uneven shards on NCCL, one GPU per rank,
     bf16 with the default backward (Triton on the H200): 3 + 2 tokens of x [2, 5, 64] match the
     unsharded float64 MLP within bf16 rounding; 4 + 1 is a ValueError on every rank; the next
     call works."""

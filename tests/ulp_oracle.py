@@ -77,7 +77,7 @@ U_FP32 = 2.0**-24
 #: rounding tie, about 1% of elements at K = 4096; g (K = hidden_size) flips as often and moves
 #: d_gate/d_up by an ulp there. So no bound on the bitwise fraction there and 5% more than 1 ulp
 #: off; (a) holds as on the CPU (its allowance grows with K), and (c) is the check with teeth.
-#: (d) is recorded there (tests/test_triton_gpu.py) but not yet enforced: it assumes IEEE fp32
+#: (d) is recorded there (tests/kernels/test_triton_gpu.py) but not yet enforced: it assumes IEEE fp32
 #: accumulation, which Hopper's wgmma is not documented to do; the limits were set before the
 #: allowance covered flips, and the GPU tests pass with them.
 ULP_LIMITS = {

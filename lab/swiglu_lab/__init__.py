@@ -7,5 +7,5 @@ training job. Installed from ``lab/`` (``make venv``), not part of the ``swiglu`
 - ``paths``: where the repository is.
 
 Imports go one way: the lab imports ``swiglu``, ``research`` may import ``bench``, ``bench`` never
-imports ``research`` (``tests/test_layout.py``).
+imports ``research`` (``tests/repo/test_layout.py``).
 """

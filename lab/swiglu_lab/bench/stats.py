@@ -1,6 +1,6 @@
 """Pure arithmetic of the benchmark: latency statistics, SOL columns, speed-ups, summaries.
 
-Nothing here touches a device, so all of it is tested on CPU (tests/test_bench.py).
+Nothing here touches a device, so all of it is tested on CPU (tests/lab/test_bench.py).
 
 Sources: SOL time ``T_SOL = max(FLOPs / peak_flops, bytes / peak_bandwidth)`` and the geometric
 mean over cases are SOL-ExecBench's (``docs/problem.md``); FLOPs ``12*T*H*I`` and minimum

@@ -8,7 +8,7 @@ backend (the notebooks' inline one, or Agg when run as plain Python).
 Conventions, so that a figure reads right at the width the README shows it (about 800 px):
 
 * every figure is at most ``MAX_WIDTH_IN`` inches wide and no text is smaller than
-  ``MIN_FONT_PT`` points (tests/test_plots.py measures both on the saved PNG);
+  ``MIN_FONT_PT`` points (tests/lab/test_plots.py measures both on the saved PNG);
 * a comparison shows its spread: whiskers over the p20-p80 of the timed iterations (or min-max
   over recorded runs), and the figure says which and over how many iterations and runs; where no
   spread was recorded, the figure says that instead;

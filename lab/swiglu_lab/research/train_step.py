@@ -110,7 +110,7 @@ def run_checks() -> list[dict]:
                              passed=bool(crit.passed and err <= 2 * plain_err + 1e-6),
                              detail=f"criterion {crit.passed} ({crit.match_fraction:.4f}); rel err {err:.3e} vs plain {plain_err:.3e}"))
         del plain, oracle
-    # Gradients of both modes against float64 (the tests/test_module_gpu.py rule).
+    # Gradients of both modes against float64 (the tests/library/test_module_gpu.py rule).
     H, I, T = 1024, 2816, 512
     gen = torch.Generator(device="cuda").manual_seed(13)
     state = {k: torch.randn(s, generator=gen, device="cuda", dtype=torch.float64) / s[1] ** 0.5

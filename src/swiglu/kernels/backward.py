@@ -485,7 +485,7 @@ def _release(t: torch.Tensor) -> None:
     # have allocated gate/up on a side stream (torchtune's OffloadActivations), so the current
     # stream, where the launches that read it are queued, is recorded first (without it the block
     # was reused on the side stream under our kernels on the H200: NaN gradients,
-    # tests/test_triton_gpu.py::test_release_waits_for_the_queued_kernels_when_gate_up_come_from_another_stream).
+    # tests/kernels/test_triton_gpu.py::test_release_waits_for_the_queued_kernels_when_gate_up_come_from_another_stream).
     if t.is_cuda:
         t.record_stream(torch.cuda.current_stream(t.device))
     t.untyped_storage().resize_(0)

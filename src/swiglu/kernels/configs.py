@@ -106,7 +106,7 @@ class GluonConfig:
 
     def smem_bytes(self) -> int:
         """Shared memory the kernel allocates (bytes): operand ring, output ring, barriers. Triton's
-        own figure (sm_90, triton 3.6.0) is at most this: tests/test_gluon.py compiles each table entry."""
+        own figure (sm_90, triton 3.6.0) is at most this: tests/kernels/test_gluon.py compiles each table entry."""
         if self.resident_k:
             return (self.resident_k * self.BM + self.STAGES * self.BK * self.BN) * 2 + self.NC * self.BM * self.BN * 2 + 1024
         conversion = self.BM * self.tile_n * 2 if self.plain_store == 1 else 0  # the layout conversion's scratch

@@ -1,7 +1,7 @@
 """Shared memory of a tl kernel launch, estimated before launching: a configuration too big for the
 device is a ``ValueError`` naming the kernel, the configuration, the estimate and the limit, not
 Triton's ``OutOfResources`` from inside its launcher. The estimate is never below Triton's own
-figure for the table and ~40 configurations around it (tests/test_triton_compile.py, triton 3.6.0
+figure for the table and ~40 configurations around it (tests/kernels/test_triton_compile.py, triton 3.6.0
 and 3.7.1) and at most 1.1 KiB above it for the table's launches; the model and its calibration
 are in docs/kernels.md.
 """

@@ -1,0 +1,56 @@
+"""scripts/host_overhead.py runs on the CPU and writes a consistent CSV (no timing assertion)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import torch
+
+import swiglu
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("host_overhead", ROOT / "scripts" / "host_overhead.py")
+host_overhead = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(host_overhead)
+
+
+def test_host_overhead_smoke(tmp_path):
+    threads = torch.get_num_threads()
+    result = host_overhead.main(["--device", "cpu", "--warmup", "1", "--iters", "4", "--rounds", "2",
+                                 "--out", str(tmp_path)])
+    assert torch.get_num_threads() == threads  # restored
+    with open(tmp_path / "host_overhead.csv", newline="") as f:
+        rows = {row["implementation"]: row for row in csv.DictReader(f)}
+    expected = {"swiglu_SwiGLUMLP_fwd_bwd", "nn_linear_fwd_bwd", "backward_reference"}
+    if "triton" in swiglu.available_impls("cpu"):  # TRITON_INTERPRET=1 (conftest)
+        expected.add("backward_triton")
+    if importlib.util.find_spec("transformers") is not None:
+        expected |= {"hf_LlamaMLP_fwd_bwd", "hf_LlamaMLP_swiglu_fwd_bwd"}
+    assert set(rows) == expected
+    base = float(rows["nn_linear_fwd_bwd"]["us_median"])
+    for name, row in rows.items():
+        values = {k: float(row[k]) for k in ("us_median", "us_p20", "us_p80", "us_min", "ratio_to_nn_linear")}
+        assert all(math.isfinite(v) and v > 0 for v in values.values()), (name, values)
+        assert values["us_min"] <= values["us_p20"] <= values["us_median"] <= values["us_p80"], (name, values)
+        assert int(row["calls"]) == 4
+        assert math.isclose(values["ratio_to_nn_linear"], values["us_median"] / base, rel_tol=1e-9), (name, values)
+    assert math.isclose(float(rows["nn_linear_fwd_bwd"]["ratio_to_nn_linear"]), 1.0)
+    meta = json.loads((tmp_path / "host_overhead.json").read_text())
+    assert meta["shape"] == {"name": "overhead", "H": 16, "I": 32, "T": 2}
+    assert meta["iters"] == 4 and meta["implementations"] == [r["implementation"] for r in result["rows"]]
+
+
+def test_profile_writes_both_blocks_by_both_orders(tmp_path):
+    host_overhead.main(["--device", "cpu", "--warmup", "1", "--iters", "3", "--rounds", "1", "--profile",
+                        "--out", str(tmp_path)])
+    text = (tmp_path / "cprofile.txt").read_text()
+    headers = [line for line in text.splitlines() if line.startswith("=====")]
+    assert len(headers) == 4, headers
+    for block in ("swiglu.SwiGLUMLP forward+backward", "PlainSwiGLUMLP (3x nn.Linear) forward+backward"):
+        for order in ("tottime", "cumulative"):
+            assert any(block in h and h.endswith(f"by {order}") for h in headers), (block, order, headers)
+    assert "swiglu/ops.py" in text  # our frames are in the profile
