@@ -5,6 +5,8 @@ Public API:
                         gate_weight, up_weight, down_weight, *, impl="auto")
     SwiGLUMLP(hidden_size, intermediate_size, *, impl="auto")  -- training-ready nn.Module with our backward
     swiglu_mlp(x, gate_weight, up_weight, down_weight, *, impl="auto")  -- its functional form
+    swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl="auto")
+                                           -- the routed experts of a mixture-of-experts model
     parallelize(module, mesh, *, sequence_parallel=False)  -- tensor parallelism (DTensor)
     tensor_parallel_plan(prefix, ...)      -- the same plan for parallelize_module on a whole model
     available_impls(device), backend_reason(device, dtype) -- impls usable here; why "auto" is not Triton
@@ -19,6 +21,7 @@ from .accuracy import benchmark_criterion, relative_error
 from .api import available_impls, backend_reason, swiglu_mlp_backward
 from .inputs import BackwardInputs, make_inputs
 from .module import SwiGLUMLP
+from .moe import swiglu_moe
 from .ops import swiglu_mlp
 from .reference import float64_backward, reference_backward
 from .workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE, MODEL_SHAPES, Case, select_cases
@@ -60,5 +63,6 @@ __all__ = [
     "select_cases",
     "swiglu_mlp",
     "swiglu_mlp_backward",
+    "swiglu_moe",
     "tensor_parallel_plan",
 ]

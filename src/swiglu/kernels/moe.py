@@ -1,0 +1,393 @@
+"""Triton kernels for the SwiGLU MLP of routed experts (``swiglu.swiglu_moe``), forward and backward.
+
+The S = T * k routed pairs (token t, its j-th expert e) are sorted by expert once per forward
+(``routing``: a stable sort, counts and tile tables made by torch ops on the GPU, no host
+synchronization). Every kernel below is a grouped GEMM over that order: an M tile is BM
+consecutive sorted pairs of one expert (an expert's last tile is masked), so no token is ever
+copied into an expert-sorted [S, H] buffer; the gathers of x and grad_out rows are the GEMMs' own
+loads. Pairs whose expert id is outside [0, E) sort last and belong to no tile.
+
+Forward, two launches and one sum:
+1. ``moe_up_kernel``: gate|up = x[tok] @ gate_up_proj[e].T, SwiGLU in the epilogue; writes h
+   (bf16, [S, I], sorted order) and keeps gate, up ([S, I] each) for the backward.
+2. ``moe_down_kernel``: y = h @ down_proj[e].T scaled by the routing weight, written to the pair's
+   own row of a [S, H] buffer (token-major), summed over k by one reduction: deterministic, no
+   atomics (bitwise reproducible runs).
+
+Backward, three launches:
+3. ``moe_dswiglu_kernel``: g = grad_out[tok] @ down_proj[e] [S, I] with dSwiGLU in its epilogue:
+   d_gate|d_up ([S, 2I]), h * w ([S, I], the down projection's weight-gradient operand) and the
+   routing-weight gradient's per-tile partial sums (sum_i g * h).
+4. ``moe_wgrad_kernel`` twice: varlen-K GEMMs, one program per (expert, output tile), K running
+   over the expert's pairs: grad_gate_up_proj[e] = d_gate_up^T @ x[tok], grad_down_proj[e] =
+   grad_out[tok]^T @ (h * w). An expert with no pairs writes zeros.
+5. ``moe_down_kernel`` again (its B operand not transposed): grad_x rows per pair = d_gate_up @
+   gate_up_proj[e], summed over k like the forward.
+
+Pointer loads (not TMA: a gathered row set is not a box); under TRITON_INTERPRET=1 every tile is
+upcast to fp32 (``tl_kernels._dot``), as in the dense kernels. Offsets into the expert weights
+are int64 (E * 2I * H exceeds 2**31 at DeepSeek-V3's shape).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import INTERPRET
+from .tl_kernels import _activated_gate, _bf16, _dot, _f32
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _tile_rows(tile_expert_ptr, tile_row_ptr, expert_end_ptr, pid_m, E, BM: tl.constexpr):
+    """The expert of M tile ``pid_m``, its sorted-pair rows and which of them are real."""
+    e = tl.load(tile_expert_ptr + pid_m)
+    row0 = tl.load(tile_row_ptr + pid_m)
+    end = tl.load(expert_end_ptr + tl.minimum(e, E - 1))
+    rows = row0 + tl.arange(0, BM)
+    return e, rows, (rows < end) & (e < E)
+
+
+@triton.jit
+def moe_up_kernel(x_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, expert_end_ptr,
+                  gate_ptr, up_ptr, h_ptr,
+                  H, I, E, TOP_K, num_n,
+                  stride_xt, stride_xh, stride_we, stride_wn, stride_wh,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    e, rows, row_ok = _tile_rows(tile_expert_ptr, tile_row_ptr, expert_end_ptr, pid_m, E, BM)
+    if e < E:
+        tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < I
+        ks = tl.arange(0, BK)
+        a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
+        w_base = w_ptr + e.to(tl.int64) * stride_we
+        g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+        u_ptrs = g_ptrs + I * stride_wn
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            k_ok = (k0 + ks) < H
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            bg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            bu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc_g = _dot(a, bg, acc_g, UPCAST)
+            acc_u = _dot(a, bu, acc_u, UPCAST)
+            a_ptrs += BK * stride_xh
+            g_ptrs += BK * stride_wh
+            u_ptrs += BK * stride_wh
+        gate = _bf16(acc_g, UPCAST)
+        up = _bf16(acc_u, UPCAST)
+        act = _activated_gate(_f32(gate, UPCAST), UPCAST)
+        h = _bf16(_f32(act, UPCAST) * _f32(up, UPCAST), UPCAST)
+        out = rows.to(tl.int64)[:, None] * I + cols[None, :]
+        ok = row_ok[:, None] & col_ok[None, :]
+        tl.store(gate_ptr + out, gate, mask=ok)
+        tl.store(up_ptr + out, up, mask=ok)
+        tl.store(h_ptr + out, h, mask=ok)
+
+
+@triton.jit
+def moe_down_kernel(a_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, expert_end_ptr, rw_ptr, y_ptr,
+                    N, K, E, num_n,
+                    stride_we, stride_w0, stride_w1,
+                    B_TRANS: tl.constexpr, SCALE: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+    """y[pair] = a[row] @ B_e (* routing weight) for the sorted rows of one tile, written to the
+    pair's row of y [S, N]. a: [S, K] contiguous, sorted order. B_e = w[e].T ([N, K] stored,
+    B_TRANS) or w[e] ([K, N] stored)."""
+    pid = tl.program_id(0)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    e, rows, row_ok = _tile_rows(tile_expert_ptr, tile_row_ptr, expert_end_ptr, pid_m, E, BM)
+    if e < E:
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < N
+        ks = tl.arange(0, BK)
+        a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :]
+        w_base = w_ptr + e.to(tl.int64) * stride_we
+        if B_TRANS:
+            b_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_w0 + ks[:, None] * stride_w1
+            b_step = BK * stride_w1
+        else:
+            b_ptrs = w_base + ks.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1
+            b_step = BK * stride_w0
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            k_ok = (k0 + ks) < K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = _dot(a, b, acc, UPCAST)
+            a_ptrs += BK
+            b_ptrs += b_step
+        pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
+        if SCALE:
+            w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
+            acc = _f32(_bf16(acc, UPCAST), UPCAST) * w[:, None]
+        out = pair.to(tl.int64)[:, None] * N + cols[None, :]
+        tl.store(y_ptr + out, _bf16(acc, UPCAST), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def moe_dswiglu_kernel(go_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, expert_end_ptr, rw_ptr,
+                       gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr,
+                       H, I, E, TOP_K, num_n,
+                       stride_gt, stride_gh, stride_we, stride_wh, stride_wi,
+                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+    """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it."""
+    pid = tl.program_id(0)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    e, rows, row_ok = _tile_rows(tile_expert_ptr, tile_row_ptr, expert_end_ptr, pid_m, E, BM)
+    if e < E:
+        pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
+        tok = pair // TOP_K
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < I
+        ks = tl.arange(0, BK)
+        a_ptrs = go_ptr + tok.to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
+        b_ptrs = w_ptr + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wh + cols[None, :] * stride_wi
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            k_ok = (k0 + ks) < H
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = _dot(a, b, acc, UPCAST)
+            a_ptrs += BK * stride_gh
+            b_ptrs += BK * stride_wh
+        ok = row_ok[:, None] & col_ok[None, :]
+        src = rows.to(tl.int64)[:, None] * I + cols[None, :]
+        gate = _f32(tl.load(gate_ptr + src, mask=ok, other=0.0), UPCAST)
+        up = _f32(tl.load(up_ptr + src, mask=ok, other=0.0), UPCAST)
+        act = _f32(_activated_gate(gate, UPCAST), UPCAST)
+        h = _f32(_bf16(act * up, UPCAST), UPCAST)
+        # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
+        tl.store(part_ptr + rows.to(tl.int64) * num_n + pid_n, tl.sum(acc * h, axis=1), mask=row_ok)
+        w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+        g = acc * w
+        s = tl.sigmoid(gate)
+        d_up = g * act
+        d_gate = g * up * s * (1.0 + gate * (1.0 - s))
+        dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
+        tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
+        tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
+        tl.store(hw_ptr + src, _bf16(h * w, UPCAST), mask=ok)
+
+
+@triton.jit
+def moe_wgrad_kernel(a_ptr, b_ptr, order_ptr, expert_start_ptr, c_ptr,
+                     M, N, TOP_K, num_m, num_n,
+                     stride_at, stride_am, stride_bt, stride_bn, stride_ce, stride_cm, stride_cn,
+                     A_GATHER: tl.constexpr, B_GATHER: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+    """c[e] = A_e^T @ B_e over the sorted pairs of expert e (varlen K). A row r is a[r] (sorted
+    order) or, when A_GATHER, a[order[r] // TOP_K] (a token's row); the same for B."""
+    pid = tl.program_id(0)
+    per_e = num_m * num_n
+    e = pid // per_e
+    pid_m = (pid % per_e) // num_n
+    pid_n = pid % num_n
+    start = tl.load(expert_start_ptr + e)
+    end = tl.load(expert_start_ptr + e + 1)
+    ms = pid_m * BM + tl.arange(0, BM)
+    ns = pid_n * BN + tl.arange(0, BN)
+    m_ok = ms < M
+    n_ok = ns < N
+    ks = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for r0 in range(start, end, BK):
+        r = r0 + ks
+        r_ok = r < end
+        if A_GATHER or B_GATHER:
+            tok = tl.load(order_ptr + r, mask=r_ok, other=0) // TOP_K
+        if A_GATHER:
+            ar = tok.to(tl.int64)
+        else:
+            ar = r.to(tl.int64)
+        if B_GATHER:
+            br = tok.to(tl.int64)
+        else:
+            br = r.to(tl.int64)
+        a = tl.load(a_ptr + ar[:, None] * stride_at + ms[None, :] * stride_am, mask=r_ok[:, None] & m_ok[None, :],
+                    other=0.0)
+        b = tl.load(b_ptr + br[:, None] * stride_bt + ns[None, :] * stride_bn, mask=r_ok[:, None] & n_ok[None, :],
+                    other=0.0)
+        acc = _dot(tl.trans(a), b, acc, UPCAST)
+    c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
+    tl.store(c, _bf16(acc, UPCAST), mask=m_ok[:, None] & n_ok[None, :])
+
+
+# --------------------------------------------------------------------------- routing and launch plan
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Tiles of the grouped kernels. BM is the routing tables' tile (one M tile: BM pairs of one
+    expert)."""
+
+    BM: int = 128
+    BN: int = 128
+    BK: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    wBM: int = 128
+    wBN: int = 128
+    wBK: int = 64
+
+
+def moe_config(S: int, E: int, H: int, I: int) -> MoEConfig:
+    """The tiles for S routed pairs over E experts: BM 64 when experts average fewer than 128
+    pairs; blocks no larger than the sizes (powers of two, >= 16) under the interpreter."""
+    if INTERPRET:
+        p = lambda n, cap: max(16, min(cap, triton.next_power_of_2(n)))  # noqa: E731
+        bm = p(max(1, S // max(E, 1)), 32)
+        return MoEConfig(BM=bm, BN=p(max(H, I), 64), BK=p(min(H, I), 64), num_warps=4, num_stages=1,
+                         wBM=p(max(H, I), 64), wBN=p(max(H, I), 64), wBK=32)
+    if S < 128 * E:
+        return MoEConfig(BM=64, num_warps=4)
+    return MoEConfig()
+
+
+class Routing:
+    """The routed pairs sorted by expert and the tile tables of one forward (GPU tensors):
+    ``order`` [S] pair ids (t * k + j) by expert, stable; ``expert_start`` [E + 1] each expert's
+    first sorted row (``expert_start[E]``: the valid pairs' count); ``tile_expert`` / ``tile_row``
+    [cdiv(S, BM) + E] each M tile's expert (E: an idle tile) and first row."""
+
+    def __init__(self, top_k_index: torch.Tensor, E: int, BM: int):
+        flat = top_k_index.reshape(-1)
+        S = flat.numel()
+        valid = (flat >= 0) & (flat < E)
+        key = torch.where(valid, flat, E).to(torch.int32)
+        self.order = torch.sort(key, stable=True).indices.to(torch.int32)
+        counts = torch.zeros(E + 1, dtype=torch.int32, device=flat.device)
+        counts.scatter_add_(0, key.long(), torch.ones_like(key))
+        counts = counts[:E]
+        self.expert_start = torch.zeros(E + 1, dtype=torch.int32, device=flat.device)
+        torch.cumsum(counts, 0, out=self.expert_start[1:])
+        tiles = (counts + BM - 1) // BM
+        tile_end = torch.cumsum(tiles, 0, dtype=torch.int32)
+        self.num_tiles = triton.cdiv(S, BM) + E
+        t = torch.arange(self.num_tiles, device=flat.device, dtype=torch.int32)
+        te = torch.searchsorted(tile_end, t, right=True).to(torch.int32)
+        tec = te.clamp(max=E - 1).long()
+        first = tile_end[tec] - tiles[tec]
+        self.tile_expert = te
+        self.tile_row = (self.expert_start[tec] + (t - first) * BM).to(torch.int32)
+        self.BM = BM
+
+
+# Triton's interpreter keeps the running grid in process-wide state (see common.launch).
+_LOCK = threading.Lock() if INTERPRET else nullcontext()
+
+
+def _launch(kernel, grid, *args, cfg: MoEConfig, **kwargs):
+    with _LOCK:
+        kernel[grid](*args, num_warps=cfg.num_warps, num_stages=cfg.num_stages, UPCAST=INTERPRET, **kwargs)
+
+
+def _combine(y: torch.Tensor, T: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """Sum each token's k pair rows (fp32 accumulation, fixed order): [S, N] -> [T, N]."""
+    return y.view(T, k, -1).sum(1, dtype=torch.float32).to(dtype)
+
+
+def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj):
+    """``(out, gate, up, order)``: out [T, H]; gate, up [S, I] in sorted-pair order and ``order``
+    (int32 [S]) kept for ``moe_backward``. Inputs validated by ``swiglu.moe``."""
+    T, H = x.shape
+    k = top_k_index.shape[1]
+    E, I = gate_up_proj.shape[0], down_proj.shape[2]
+    S = T * k
+    dev = x.device
+    cfg = moe_config(S, E, H, I)
+    r = Routing(top_k_index, E, cfg.BM)
+    gate = torch.empty(S, I, dtype=x.dtype, device=dev)
+    up = torch.empty_like(gate)
+    h = torch.empty_like(gate)
+    # Pairs no tile covers (ids outside [0, E)) keep zeros in y.
+    y = torch.zeros(S, H, dtype=x.dtype, device=dev)
+    if S:
+        num_n = triton.cdiv(I, cfg.BN)
+        _launch(moe_up_kernel, (r.num_tiles * num_n,), x, gate_up_proj, r.order, r.tile_expert, r.tile_row,
+                r.expert_start[1:], gate, up, h, H, I, E, k, num_n, x.stride(0), x.stride(1),
+                *gate_up_proj.stride(), cfg=cfg, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK)
+        num_n = triton.cdiv(H, cfg.BN)
+        _launch(moe_down_kernel, (r.num_tiles * num_n,), h, down_proj, r.order, r.tile_expert, r.tile_row,
+                r.expert_start[1:], top_k_weights, y, H, I, E, num_n, *down_proj.stride(), cfg=cfg,
+                B_TRANS=True, SCALE=True, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK)
+    return _combine(y, T, k, x.dtype), gate, up, r.order
+
+
+def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, needs=(True,) * 4):
+    """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
+    gate, up (sorted order); the routing is rebuilt from ``top_k_index`` (a few small launches,
+    bitwise the forward's order)."""
+    T, H = x.shape
+    k = top_k_index.shape[1]
+    E, I = gate_up_proj.shape[0], down_proj.shape[2]
+    S = T * k
+    dev = x.device
+    cfg = moe_config(S, E, H, I)
+    r = Routing(top_k_index, E, cfg.BM)
+    num_n = triton.cdiv(I, cfg.BN)
+    dgu = torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
+    hw = torch.empty(S, I, dtype=x.dtype, device=dev)
+    part = torch.zeros(S, num_n, dtype=torch.float32, device=dev)
+    grad_gu = torch.empty_like(gate_up_proj)
+    grad_dp = torch.empty_like(down_proj)
+    dx_pairs = torch.zeros(S, H, dtype=x.dtype, device=dev)
+    if S:
+        _launch(moe_dswiglu_kernel, (r.num_tiles * num_n,), grad_out, down_proj, r.order, r.tile_expert,
+                r.tile_row, r.expert_start[1:], top_k_weights, gate, up, dgu, hw, part, H, I, E, k, num_n,
+                grad_out.stride(0), grad_out.stride(1), *down_proj.stride(), cfg=cfg, BM=cfg.BM, BN=cfg.BN,
+                BK=cfg.BK)
+    # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok]; grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw.
+    for c, a, b, a_gather, b_gather in ((grad_gu, dgu, x, False, True), (grad_dp, grad_out, hw, True, False)):
+        M, N = c.shape[1:]
+        num_m, num_nw = triton.cdiv(M, cfg.wBM), triton.cdiv(N, cfg.wBN)
+        _launch(moe_wgrad_kernel, (E * num_m * num_nw,), a, b, r.order, r.expert_start, c, M, N, k, num_m, num_nw,
+                a.stride(0), a.stride(1), b.stride(0), b.stride(1), *c.stride(), cfg=cfg, A_GATHER=a_gather,
+                B_GATHER=b_gather, BM=cfg.wBM, BN=cfg.wBN, BK=cfg.wBK)
+    if S:
+        num_n = triton.cdiv(H, cfg.BN)
+        _launch(moe_down_kernel, (r.num_tiles * num_n,), dgu, gate_up_proj, r.order, r.tile_expert, r.tile_row,
+                r.expert_start[1:], top_k_weights, dx_pairs, H, 2 * I, E, num_n, *gate_up_proj.stride(), cfg=cfg,
+                B_TRANS=False, SCALE=False, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK)
+    # Pairs outside [0, E) were never written: their partial sums stay zero.
+    grad_w_sorted = part.sum(1)
+    grad_w = torch.zeros(S, dtype=torch.float32, device=dev).index_copy_(0, r.order.long(), grad_w_sorted)
+    grad_w = grad_w.view(T, k).to(top_k_weights.dtype)
+    return _combine(dx_pairs, T, k, x.dtype), grad_w, grad_gu, grad_dp
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+class _MoEFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, top_k_index, top_k_weights, gate_up_proj, down_proj):
+        out, gate, up, _ = moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
+        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, idx, w, gu, dp, gate, up = ctx.saved_tensors
+        gx, gw, ggu, gdp = moe_backward(grad_out, x, idx, w, gu, dp, gate, up)
+        return gx, None, gw, ggu, gdp
+
+
+def moe_triton(x, top_k_index, top_k_weights, gate_up_proj, down_proj) -> torch.Tensor:
+    """The Triton path of ``swiglu.swiglu_moe`` for validated [T, H] / [T, k] inputs."""
+    return _MoEFunction.apply(x, top_k_index.contiguous(), top_k_weights.contiguous(), gate_up_proj, down_proj)

@@ -1,0 +1,216 @@
+"""The SwiGLU MLP of routed experts (mixture of experts): ``swiglu_moe``, its reference and oracle.
+
+For each token t and each of its k routed experts ``e = top_k_index[t, j]`` (weight
+``w = top_k_weights[t, j]``)::
+
+    gate, up = (x[t] @ gate_up_proj[e].T).chunk(2)          # gate_up_proj [E, 2I, H], gate rows first
+    out[t] += w * (silu(gate) * up) @ down_proj[e].T          # down_proj [E, H, I]
+
+which is transformers' experts module (``transformers.integrations.moe``) with its default
+``_apply_gate``. Gradients flow to x, top_k_weights (the router learns through them),
+gate_up_proj and down_proj. Backends: ``"reference"`` (transformers' eager loop over experts, in
+its order of operations), ``"triton"`` (``swiglu.kernels.moe``: grouped GEMMs over the routed
+pairs sorted by expert, the gathers fused into their loads, SwiGLU and dSwiGLU in their epilogues)
+and ``"auto"``. Design and coverage: docs/moe.md.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .checks import FLOAT_DTYPES, check_dense
+
+#: ``impl=`` of ``swiglu_moe``.
+MOE_IMPLS = ("auto", "reference", "triton")
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl="auto") -> tuple[int, ...]:
+    """Check ``swiglu_moe``'s arguments; return ``(T, H, I, E, k)``.
+
+    Raises TypeError (a non-tensor, a sparse or nested tensor, an integer ``x``/weights, dtypes
+    that differ between x and the expert weights, a floating ``top_k_index``, an integer
+    ``top_k_weights``, a non-str ``impl``) or ValueError (ranks, shapes, devices, an unknown
+    ``impl``, and an index outside [0, E) where that is known without a device synchronization:
+    CPU tensors), each naming the argument."""
+    named = {"x": x, "top_k_index": top_k_index, "top_k_weights": top_k_weights, "gate_up_proj": gate_up_proj,
+             "down_proj": down_proj}
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(name, t)
+    for name in ("x", "gate_up_proj", "down_proj"):
+        t = named[name]
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must have a floating dtype ({', '.join(map(str, FLOAT_DTYPES))}), got {t.dtype}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; x and the expert weights must share one dtype")
+    if top_k_index.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"top_k_index must be int32 or int64 (expert ids), got {top_k_index.dtype}")
+    if top_k_weights.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"top_k_weights must have a floating dtype, got {top_k_weights.dtype}")
+    for name, t in named.items():
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; all arguments must share one device")
+    if x.dim() < 1:
+        raise ValueError(f"x must be [..., hidden_size], got a 0-d tensor")
+    if gate_up_proj.dim() != 3:
+        raise ValueError(f"gate_up_proj must be [num_experts, 2 * intermediate_size, hidden_size], got shape "
+                         f"{tuple(gate_up_proj.shape)}")
+    E, two_i, H = gate_up_proj.shape
+    if two_i % 2 or two_i == 0:
+        raise ValueError(f"gate_up_proj's second dimension must be 2 * intermediate_size (gate rows, then up rows), "
+                         f"got {two_i}")
+    if E == 0 or H == 0:
+        raise ValueError(f"gate_up_proj must have at least one expert and a nonzero hidden_size, got shape "
+                         f"{tuple(gate_up_proj.shape)}")
+    I = two_i // 2
+    if x.shape[-1] != H:
+        raise ValueError(f"x's last dimension ({x.shape[-1]}) must be gate_up_proj's hidden_size ({H})")
+    if tuple(down_proj.shape) != (E, H, I):
+        raise ValueError(f"down_proj must be [num_experts, hidden_size, intermediate_size] = {(E, H, I)} to match "
+                         f"gate_up_proj, got {tuple(down_proj.shape)}")
+    T = x.numel() // H
+    if top_k_index.dim() < 1 or top_k_index.numel() == 0 and T > 0:
+        raise ValueError(f"top_k_index must be [..., k] with k >= 1, got shape {tuple(top_k_index.shape)}")
+    k = top_k_index.shape[-1]
+    lead = tuple(x.shape[:-1])
+    if tuple(top_k_index.shape[:-1]) not in (lead, (T,)) or k == 0:
+        raise ValueError(f"top_k_index must be [{', '.join(map(str, lead)) or 'T'}, k] (or [T, k] with T = {T}) to "
+                         f"match x {tuple(x.shape)}, got {tuple(top_k_index.shape)}")
+    if top_k_weights.shape != top_k_index.shape:
+        raise ValueError(f"top_k_weights must have top_k_index's shape {tuple(top_k_index.shape)} (one weight per "
+                         f"routed expert; [T, num_experts] routing weights are not supported), got "
+                         f"{tuple(top_k_weights.shape)}")
+    if not isinstance(impl, str):
+        raise TypeError(f"impl must be a str, one of {list(MOE_IMPLS)}, got {type(impl).__name__}")
+    if impl not in MOE_IMPLS:
+        raise ValueError(f"impl must be one of {list(MOE_IMPLS)}, got {impl!r}")
+    if top_k_index.device.type == "cpu" and top_k_index.numel():
+        lo, hi = int(top_k_index.min()), int(top_k_index.max())
+        if lo < 0 or hi >= E:
+            raise ValueError(f"top_k_index must hold expert ids in [0, {E}) (num_experts = {E}), got values in "
+                             f"[{lo}, {hi}]")
+    return T, H, I, E, k
+
+
+# --------------------------------------------------------------------------- reference and oracle
+
+
+def moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj) -> torch.Tensor:
+    """transformers' eager experts loop, in its order of operations (bf16 GEMM outputs, the
+    routing weight applied in the product's promoted dtype, ``index_add_`` into an output of x's
+    dtype in expert order). Differentiable by autograd. ``x`` [T, H], ``top_k_index`` /
+    ``top_k_weights`` [T, k]; expert ids outside [0, E) contribute nothing (transformers' expert
+    parallel sentinels); a duplicate id in a token's row counts once per occurrence."""
+    E = gate_up_proj.shape[0]
+    out = torch.zeros_like(x)
+    if x.shape[0] == 0:
+        return out + 0 * (gate_up_proj.sum() + down_proj.sum() + top_k_weights.sum()).to(x.dtype)
+    with torch.no_grad():
+        mask = F.one_hot(top_k_index.long().clamp(-1, E) % (E + 1), num_classes=E + 1).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit[:, 0].tolist():
+        if e == E:
+            continue
+        pos, tok = torch.where(mask[e])
+        gate, up = F.linear(x[tok], gate_up_proj[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down_proj[e]) * top_k_weights[tok, pos, None]
+        out = out.index_add(0, tok, y.to(out.dtype))
+    return out
+
+
+def moe_float64(x, top_k_index, top_k_weights, gate_up_proj, down_proj, grad_out=None):
+    """The float64 oracle: ``out`` (and, given ``grad_out``, ``(out, grad_x, grad_top_k_weights,
+    grad_gate_up_proj, grad_down_proj)``) of the same formula, every input upcast to float64,
+    on x's device. ``x`` [T, H], routing [T, k]."""
+    f = lambda t: t.detach().to(torch.float64).requires_grad_(grad_out is not None)  # noqa: E731
+    xd, wd, gu, dp = f(x), f(top_k_weights), f(gate_up_proj), f(down_proj)
+    E, I = gu.shape[0], gu.shape[1] // 2
+    idx = top_k_index.long()
+    valid = (idx >= 0) & (idx < E)
+    safe = idx.clamp(0, E - 1)
+    gate_up = torch.einsum("th,tkih->tki", xd, gu[safe])  # [T, k, 2I]
+    h = F.silu(gate_up[..., :I]) * gate_up[..., I:]
+    y = torch.einsum("tki,tkhi->tkh", h, dp[safe])
+    out = (y * (wd * valid)[..., None]).sum(1)
+    if grad_out is None:
+        return out.detach()
+    grads = torch.autograd.grad(out, (xd, wd, gu, dp), grad_out.to(torch.float64))
+    return (out.detach(), *grads)
+
+
+# --------------------------------------------------------------------------- the public function
+
+
+def _auto_reason(x: torch.Tensor) -> str | None:
+    if x.device.type != "cuda":
+        return f"the Triton MoE kernels run on CUDA GPUs (got {x.device})"
+    if x.dtype != torch.bfloat16:
+        return f"the Triton MoE kernels compute in bfloat16 (got {x.dtype})"
+    from .ops import auto_reason
+
+    return auto_reason(x.device, x.dtype)
+
+
+def moe_impl(impl: str, x: torch.Tensor, hidden_size: int, intermediate_size: int) -> str:
+    """The backend ``swiglu_moe`` runs for ``impl`` on x's device and dtype ("reference" or
+    "triton"); ``"triton"`` where it cannot run is a ValueError (TypeError for a dtype other than
+    bfloat16)."""
+    if impl == "auto":
+        return "reference" if _auto_reason(x) else "triton"
+    if impl == "triton":
+        from .ops import triton_reason
+
+        reason = triton_reason(x.device, 8, 8)
+        if reason:
+            raise ValueError(f"impl='triton' {reason}")
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"impl='triton' needs bfloat16 x and expert weights, got {x.dtype}")
+    return impl
+
+
+def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: str = "auto") -> torch.Tensor:
+    """The experts of a mixture-of-experts SwiGLU MLP: ``out[t] = sum_j top_k_weights[t, j] *
+    down_proj[e] @ (silu(gate) * up)`` with ``e = top_k_index[t, j]`` and ``gate, up =
+    (gate_up_proj[e] @ x[t]).chunk(2)``.
+
+    Args:
+        x: [..., H] tokens (e.g. [T, H] or [batch_size, seq_len, H]).
+        top_k_index: [..., k] (x's leading dims, or [T, k]) int32/int64 expert ids in [0, E).
+            A token may name an expert twice: each occurrence counts, with its own weight.
+        top_k_weights: [..., k] routing weights, any floating dtype (fp32 and bf16 usual);
+            its gradient comes back in its dtype.
+        gate_up_proj: [E, 2I, H], gate rows first, then up rows (transformers' layout).
+        down_proj: [E, H, I].
+        impl: ``"auto"`` (Triton for bf16 CUDA tensors on an sm_90 GPU, the reference otherwise),
+            ``"reference"`` (transformers' eager loop over experts) or ``"triton"``.
+
+    Returns:
+        out, x's shape and dtype, freshly allocated. Differentiable in x, top_k_weights,
+        gate_up_proj and down_proj; inputs are never modified. T = 0 gives an empty out; an
+        expert that receives no tokens gets zero weight gradients.
+
+    Raises:
+        TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or an
+        unknown ``impl`` (``validate_moe_inputs``). An expert id outside [0, E) is a ValueError
+        on CPU tensors; on CUDA the Triton path does not synchronize to look: such a pair is
+        skipped (contributes zero, gets a zero routing-weight gradient, as transformers' expert
+        parallel sentinels), never read or written out of bounds.
+    """
+    T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
+    impl = moe_impl(impl, x, H, I)
+    x2 = x.reshape(T, H)
+    idx = top_k_index.reshape(T, k)
+    w = top_k_weights.reshape(T, k)
+    if impl == "reference":
+        out = moe_reference(x2, idx, w, gate_up_proj, down_proj)
+    else:
+        from .kernels.moe import moe_triton
+
+        out = moe_triton(x2, idx, w, gate_up_proj, down_proj)
+    return out.reshape(x.shape)
