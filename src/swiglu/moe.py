@@ -132,15 +132,18 @@ def moe_float64(x, top_k_index, top_k_weights, gate_up_proj, down_proj, grad_out
     xd, wd, gu, dp = f(x), f(top_k_weights), f(gate_up_proj), f(down_proj)
     E, I = gu.shape[0], gu.shape[1] // 2
     idx = top_k_index.long()
-    valid = (idx >= 0) & (idx < E)
-    safe = idx.clamp(0, E - 1)
-    gate_up = torch.einsum("th,tkih->tki", xd, gu[safe])  # [T, k, 2I]
-    h = F.silu(gate_up[..., :I]) * gate_up[..., I:]
-    y = torch.einsum("tki,tkhi->tkh", h, dp[safe])
-    out = (y * (wd * valid)[..., None]).sum(1)
+    out = torch.zeros_like(xd)
+    for e in range(E):  # one expert at a time: memory of the routed rows only
+        tok, pos = torch.where(idx == e)
+        if tok.numel() == 0:
+            continue
+        gate_up = xd[tok] @ gu[e].T
+        h = F.silu(gate_up[:, :I]) * gate_up[:, I:]
+        out = out.index_add(0, tok, (h @ dp[e].T) * wd[tok, pos, None])
     if grad_out is None:
         return out.detach()
-    grads = torch.autograd.grad(out, (xd, wd, gu, dp), grad_out.to(torch.float64))
+    grads = torch.autograd.grad(out, (xd, wd, gu, dp), grad_out.to(torch.float64), allow_unused=True)
+    grads = tuple(torch.zeros_like(t) if g is None else g for t, g in zip((xd, wd, gu, dp), grads))
     return (out.detach(), *grads)
 
 
