@@ -133,13 +133,14 @@ def moe_float64(x, top_k_index, top_k_weights, gate_up_proj, down_proj, grad_out
     E, I = gu.shape[0], gu.shape[1] // 2
     idx = top_k_index.long()
     out = torch.zeros_like(xd)
+    gu_e, dp_e = gu.unbind(0), dp.unbind(0)  # one gradient buffer per weight, not one per expert
     for e in range(E):  # one expert at a time: memory of the routed rows only
         tok, pos = torch.where(idx == e)
         if tok.numel() == 0:
             continue
-        gate_up = xd[tok] @ gu[e].T
+        gate_up = xd[tok] @ gu_e[e].T
         h = F.silu(gate_up[:, :I]) * gate_up[:, I:]
-        out = out.index_add(0, tok, (h @ dp[e].T) * wd[tok, pos, None])
+        out = out.index_add(0, tok, (h @ dp_e[e].T) * wd[tok, pos, None])
     if grad_out is None:
         return out.detach()
     grads = torch.autograd.grad(out, (xd, wd, gu, dp), grad_out.to(torch.float64), allow_unused=True)
