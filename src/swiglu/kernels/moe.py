@@ -228,35 +228,61 @@ def moe_wgrad_kernel(a_ptr, b_ptr, order_ptr, expert_start_ptr, c_ptr,
     tl.store(c, _bf16(acc, UPCAST), mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def moe_combine_kernel(y_ptr, idx_ptr, out_ptr, N, E, TOP_K: tl.constexpr, BN: tl.constexpr, UPCAST: tl.constexpr):
+    """out[t] = sum_j y[t * TOP_K + j] in fp32, j in order (deterministic); pairs whose expert id
+    is outside [0, E) were never written and are skipped."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    ok = cols < N
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        e = tl.load(idx_ptr + t * TOP_K + j)
+        valid = (e >= 0) & (e < E)
+        acc += _f32(tl.load(y_ptr + (t * TOP_K + j) * N + cols, mask=ok & valid, other=0.0), UPCAST)
+    tl.store(out_ptr + t * N + cols, _bf16(acc, UPCAST), mask=ok)
+
+
 # --------------------------------------------------------------------------- routing and launch plan
 
 
 @dataclass(frozen=True)
-class MoEConfig:
-    """Tiles of the grouped kernels. BM is the routing tables' tile (one M tile: BM pairs of one
-    expert)."""
+class Tile:
+    """One kernel's tile (BM: the M tile of the weight-gradient kernels only; the grouped
+    kernels' M tile is the plan's BM, the routing's) and launch options."""
 
-    BM: int = 128
     BN: int = 128
     BK: int = 64
     num_warps: int = 8
     num_stages: int = 3
-    wBM: int = 128
-    wBN: int = 128
-    wBK: int = 64
+    BM: int = 128
 
 
-def moe_config(S: int, E: int, H: int, I: int) -> MoEConfig:
-    """The tiles for S routed pairs over E experts: BM 64 when experts average fewer than 128
-    pairs; blocks no larger than the sizes (powers of two, >= 16) under the interpreter."""
+@dataclass(frozen=True)
+class MoEPlan:
+    """The tiles of one problem class: ``BM`` (an M tile holds BM sorted pairs of one expert),
+    the forward's up and down projections, the backward's dSwiGLU GEMM, grad_x, and the two
+    weight gradients (``wgrad_gu``: [2I, H] per expert, ``wgrad_dp``: [H, I])."""
+
+    BM: int = 128
+    up: Tile = Tile()
+    down: Tile = Tile()
+    dswiglu: Tile = Tile()
+    grad_x: Tile = Tile()
+    wgrad_gu: Tile = Tile()
+    wgrad_dp: Tile = Tile()
+
+
+def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
+    """The tiles for S routed pairs over E experts of these sizes: BM 64 when experts average
+    fewer than 128 pairs; under the interpreter, blocks no larger than the sizes (powers of two,
+    >= 16) and one stage."""
     if INTERPRET:
         p = lambda n, cap: max(16, min(cap, triton.next_power_of_2(n)))  # noqa: E731
-        bm = p(max(1, S // max(E, 1)), 32)
-        return MoEConfig(BM=bm, BN=p(max(H, I), 64), BK=p(min(H, I), 64), num_warps=4, num_stages=1,
-                         wBM=p(max(H, I), 64), wBN=p(max(H, I), 64), wBK=32)
-    if S < 128 * E:
-        return MoEConfig(BM=64, num_warps=4)
-    return MoEConfig()
+        t = Tile(BN=p(max(H, I), 64), BK=p(min(H, I), 64), num_warps=4, num_stages=1, BM=p(max(H, I), 64))
+        return MoEPlan(BM=p(max(1, S // max(E, 1)), 32), up=t, down=t, dswiglu=t, grad_x=t,
+                       wgrad_gu=Tile(t.BN, 32, 4, 1, t.BM), wgrad_dp=Tile(t.BN, 32, 4, 1, t.BM))
+    return MoEPlan(BM=64 if S < 128 * E else 128)
 
 
 class Routing:
@@ -286,50 +312,90 @@ class Routing:
         self.tile_expert = te
         self.tile_row = (self.expert_start[tec] + (t - first) * BM).to(torch.int32)
         self.BM = BM
+        self.E = E
 
 
 # Triton's interpreter keeps the running grid in process-wide state (see common.launch).
 _LOCK = threading.Lock() if INTERPRET else nullcontext()
 
 
-def _launch(kernel, grid, *args, cfg: MoEConfig, **kwargs):
+def _launch(kernel, grid, *args, tile: Tile, **kwargs):
     with _LOCK:
-        kernel[grid](*args, num_warps=cfg.num_warps, num_stages=cfg.num_stages, UPCAST=INTERPRET, **kwargs)
+        kernel[grid](*args, num_warps=tile.num_warps, num_stages=tile.num_stages, UPCAST=INTERPRET, **kwargs)
 
 
-def _combine(y: torch.Tensor, T: int, k: int, dtype: torch.dtype) -> torch.Tensor:
-    """Sum each token's k pair rows (fp32 accumulation, fixed order): [S, N] -> [T, N]."""
-    return y.view(T, k, -1).sum(1, dtype=torch.float32).to(dtype)
+def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
+    """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
+    H, I = x.shape[1], gate.shape[1]
+    num_n = triton.cdiv(I, tile.BN)
+    _launch(moe_up_kernel, (r.num_tiles * num_n,), x, gate_up_proj, r.order, r.tile_expert, r.tile_row,
+            r.expert_start[1:], gate, up, h, H, I, r.E, k, num_n, x.stride(0), x.stride(1), *gate_up_proj.stride(),
+            tile=tile, BM=r.BM, BN=tile.BN, BK=tile.BK)
 
 
-def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj):
+def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
+    """y[pair] [S, N] = a[row] @ w[e].T (* routing weight; ``transposed``: the forward's down
+    projection) or a[row] @ w[e] (grad_x's pieces)."""
+    N, K = y.shape[1], a.shape[1]
+    num_n = triton.cdiv(N, tile.BN)
+    _launch(moe_down_kernel, (r.num_tiles * num_n,), a, w, r.order, r.tile_expert, r.tile_row, r.expert_start[1:],
+            weights, y, N, K, r.E, num_n, *w.stride(), tile=tile, B_TRANS=transposed, SCALE=transposed,
+            BM=r.BM, BN=tile.BN, BK=tile.BK)
+
+
+def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile):
+    """dgu [S, 2I], hw [S, I] and the routing-weight partial sums part [S, cdiv(I, BN)]."""
+    H, I = grad_out.shape[1], gate.shape[1]
+    num_n = triton.cdiv(I, tile.BN)
+    _launch(moe_dswiglu_kernel, (r.num_tiles * num_n,), grad_out, down_proj, r.order, r.tile_expert, r.tile_row,
+            r.expert_start[1:], weights, gate, up, dgu, hw, part, H, I, r.E, k, num_n, grad_out.stride(0),
+            grad_out.stride(1), *down_proj.stride(), tile=tile, BM=r.BM, BN=tile.BN, BK=tile.BK)
+
+
+def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, tile: Tile):
+    """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``)."""
+    E, M, N = c.shape
+    num_m, num_n = triton.cdiv(M, tile.BM), triton.cdiv(N, tile.BN)
+    _launch(moe_wgrad_kernel, (E * num_m * num_n,), a, b, r.order, r.expert_start, c, M, N, k, num_m, num_n,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), *c.stride(), tile=tile, A_GATHER=a_gather,
+            B_GATHER=b_gather, BM=tile.BM, BN=tile.BN, BK=tile.BK)
+
+
+def combine(y: torch.Tensor, top_k_index: torch.Tensor, E: int) -> torch.Tensor:
+    """[T, N]: each token's k pair rows of y [S, N] summed (fp32, fixed order)."""
+    T, k = top_k_index.shape
+    N = y.shape[1]
+    out = torch.empty(T, N, dtype=y.dtype, device=y.device)
+    if T:
+        BN = min(1024, triton.next_power_of_2(N))
+        with _LOCK:
+            moe_combine_kernel[(T, triton.cdiv(N, BN))](y, top_k_index, out, N, E, TOP_K=k, BN=BN,
+                                                        UPCAST=INTERPRET, num_warps=4)
+    return out
+
+
+def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: MoEPlan | None = None):
     """``(out, gate, up, order)``: out [T, H]; gate, up [S, I] in sorted-pair order and ``order``
-    (int32 [S]) kept for ``moe_backward``. Inputs validated by ``swiglu.moe``."""
+    (int32 [S]) kept for ``moe_backward``. Inputs validated by ``swiglu.moe``; top_k_index and
+    top_k_weights contiguous [T, k]."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
     S = T * k
-    dev = x.device
-    cfg = moe_config(S, E, H, I)
-    r = Routing(top_k_index, E, cfg.BM)
-    gate = torch.empty(S, I, dtype=x.dtype, device=dev)
+    plan = plan or moe_plan(S, E, H, I)
+    r = Routing(top_k_index, E, plan.BM)
+    gate = torch.empty(S, I, dtype=x.dtype, device=x.device)
     up = torch.empty_like(gate)
     h = torch.empty_like(gate)
-    # Pairs no tile covers (ids outside [0, E)) keep zeros in y.
-    y = torch.zeros(S, H, dtype=x.dtype, device=dev)
+    y = torch.empty(S, H, dtype=x.dtype, device=x.device)
     if S:
-        num_n = triton.cdiv(I, cfg.BN)
-        _launch(moe_up_kernel, (r.num_tiles * num_n,), x, gate_up_proj, r.order, r.tile_expert, r.tile_row,
-                r.expert_start[1:], gate, up, h, H, I, E, k, num_n, x.stride(0), x.stride(1),
-                *gate_up_proj.stride(), cfg=cfg, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK)
-        num_n = triton.cdiv(H, cfg.BN)
-        _launch(moe_down_kernel, (r.num_tiles * num_n,), h, down_proj, r.order, r.tile_expert, r.tile_row,
-                r.expert_start[1:], top_k_weights, y, H, I, E, num_n, *down_proj.stride(), cfg=cfg,
-                B_TRANS=True, SCALE=True, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK)
-    return _combine(y, T, k, x.dtype), gate, up, r.order
+        launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up)
+        launch_pairs(h, down_proj, r, top_k_weights, y, plan.down, transposed=True)
+    return combine(y, top_k_index, E), gate, up, r.order
 
 
-def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, needs=(True,) * 4):
+def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up,
+                 plan: MoEPlan | None = None):
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
     gate, up (sorted order); the routing is rebuilt from ``top_k_index`` (a few small launches,
     bitwise the forward's order)."""
@@ -338,37 +404,24 @@ def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_pro
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
     S = T * k
     dev = x.device
-    cfg = moe_config(S, E, H, I)
-    r = Routing(top_k_index, E, cfg.BM)
-    num_n = triton.cdiv(I, cfg.BN)
+    plan = plan or moe_plan(S, E, H, I)
+    r = Routing(top_k_index, E, plan.BM)
     dgu = torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
     hw = torch.empty(S, I, dtype=x.dtype, device=dev)
-    part = torch.zeros(S, num_n, dtype=torch.float32, device=dev)
+    # Pairs no tile covers (ids outside [0, E)) keep zero partial sums: a zero weight gradient.
+    part = torch.zeros(S, triton.cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
     grad_gu = torch.empty_like(gate_up_proj)
     grad_dp = torch.empty_like(down_proj)
-    dx_pairs = torch.zeros(S, H, dtype=x.dtype, device=dev)
+    dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev)
     if S:
-        _launch(moe_dswiglu_kernel, (r.num_tiles * num_n,), grad_out, down_proj, r.order, r.tile_expert,
-                r.tile_row, r.expert_start[1:], top_k_weights, gate, up, dgu, hw, part, H, I, E, k, num_n,
-                grad_out.stride(0), grad_out.stride(1), *down_proj.stride(), cfg=cfg, BM=cfg.BM, BN=cfg.BN,
-                BK=cfg.BK)
+        launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu)
     # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok]; grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw.
-    for c, a, b, a_gather, b_gather in ((grad_gu, dgu, x, False, True), (grad_dp, grad_out, hw, True, False)):
-        M, N = c.shape[1:]
-        num_m, num_nw = triton.cdiv(M, cfg.wBM), triton.cdiv(N, cfg.wBN)
-        _launch(moe_wgrad_kernel, (E * num_m * num_nw,), a, b, r.order, r.expert_start, c, M, N, k, num_m, num_nw,
-                a.stride(0), a.stride(1), b.stride(0), b.stride(1), *c.stride(), cfg=cfg, A_GATHER=a_gather,
-                B_GATHER=b_gather, BM=cfg.wBM, BN=cfg.wBN, BK=cfg.wBK)
+    launch_wgrad(grad_gu, dgu, x, r, k, False, True, plan.wgrad_gu)
+    launch_wgrad(grad_dp, grad_out, hw, r, k, True, False, plan.wgrad_dp)
     if S:
-        num_n = triton.cdiv(H, cfg.BN)
-        _launch(moe_down_kernel, (r.num_tiles * num_n,), dgu, gate_up_proj, r.order, r.tile_expert, r.tile_row,
-                r.expert_start[1:], top_k_weights, dx_pairs, H, 2 * I, E, num_n, *gate_up_proj.stride(), cfg=cfg,
-                B_TRANS=False, SCALE=False, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK)
-    # Pairs outside [0, E) were never written: their partial sums stay zero.
-    grad_w_sorted = part.sum(1)
-    grad_w = torch.zeros(S, dtype=torch.float32, device=dev).index_copy_(0, r.order.long(), grad_w_sorted)
-    grad_w = grad_w.view(T, k).to(top_k_weights.dtype)
-    return _combine(dx_pairs, T, k, x.dtype), grad_w, grad_gu, grad_dp
+        launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
+    grad_w = torch.zeros(S, dtype=torch.float32, device=dev).index_copy_(0, r.order.long(), part.sum(1))
+    return combine(dx_pairs, top_k_index, E), grad_w.view(T, k).to(top_k_weights.dtype), grad_gu, grad_dp
 
 
 # --------------------------------------------------------------------------- autograd
