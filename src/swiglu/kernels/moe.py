@@ -422,25 +422,3 @@ def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_pro
         launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
     grad_w = torch.zeros(S, dtype=torch.float32, device=dev).index_copy_(0, r.order.long(), part.sum(1))
     return combine(dx_pairs, top_k_index, E), grad_w.view(T, k).to(top_k_weights.dtype), grad_gu, grad_dp
-
-
-# --------------------------------------------------------------------------- autograd
-
-
-class _MoEFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, top_k_index, top_k_weights, gate_up_proj, down_proj):
-        out, gate, up, _ = moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
-        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, idx, w, gu, dp, gate, up = ctx.saved_tensors
-        gx, gw, ggu, gdp = moe_backward(grad_out, x, idx, w, gu, dp, gate, up)
-        return gx, None, gw, ggu, gdp
-
-
-def moe_triton(x, top_k_index, top_k_weights, gate_up_proj, down_proj) -> torch.Tensor:
-    """The Triton path of ``swiglu.swiglu_moe`` for validated [T, H] / [T, k] inputs."""
-    return _MoEFunction.apply(x, top_k_index.contiguous(), top_k_weights.contiguous(), gate_up_proj, down_proj)
