@@ -57,7 +57,7 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}; all arguments must share one device")
     if x.dim() < 1:
-        raise ValueError(f"x must be [..., hidden_size], got a 0-d tensor")
+        raise ValueError("x must be [..., hidden_size], got a 0-d tensor")
     if gate_up_proj.dim() != 3:
         raise ValueError(f"gate_up_proj must be [num_experts, 2 * intermediate_size, hidden_size], got shape "
                          f"{tuple(gate_up_proj.shape)}")
