@@ -248,8 +248,8 @@ def moe_combine_kernel(y_ptr, idx_ptr, out_ptr, N, E, TOP_K: tl.constexpr, BN: t
 
 @dataclass(frozen=True)
 class Tile:
-    """One kernel's tile (BM: the M tile of the weight-gradient kernels only; the grouped
-    kernels' M tile is the plan's BM, the routing's) and launch options."""
+    """One kernel's tile and launch options. BM: the grouped kernels' M tile (BM sorted pairs of
+    one expert; the routing keeps one tile table per BM) or the weight gradients' M tile."""
 
     BN: int = 128
     BK: int = 64
@@ -260,11 +260,10 @@ class Tile:
 
 @dataclass(frozen=True)
 class MoEPlan:
-    """The tiles of one problem class: ``BM`` (an M tile holds BM sorted pairs of one expert),
-    the forward's up and down projections, the backward's dSwiGLU GEMM, grad_x, and the two
-    weight gradients (``wgrad_gu``: [2I, H] per expert, ``wgrad_dp``: [H, I])."""
+    """The tiles of one problem: the forward's up and down projections, the backward's dSwiGLU
+    GEMM and grad_x, and the two weight gradients (``wgrad_gu``: [2I, H] per expert,
+    ``wgrad_dp``: [H, I])."""
 
-    BM: int = 128
     up: Tile = Tile()
     down: Tile = Tile()
     dswiglu: Tile = Tile()
@@ -274,45 +273,64 @@ class MoEPlan:
 
 
 def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
-    """The tiles for S routed pairs over E experts of these sizes: BM 64 when experts average
-    fewer than 128 pairs; under the interpreter, blocks no larger than the sizes (powers of two,
-    >= 16) and one stage."""
+    """The tiles for S routed pairs over E experts of these sizes. Chosen by the sweep in
+    data/tuning/moe_tiles_sweep_20261204.log (H200, Qwen3-30B-A3B and Qwen3-235B-A22B shapes, 8192
+    tokens): the dSwiGLU GEMM (epilogue-heavy) is fastest with 64-pair M tiles, grad_x and the
+    wide down projection with BN 256; experts averaging fewer than 128 pairs get 64-pair M tiles
+    everywhere. Under the interpreter: blocks no larger than the sizes (powers of two, >= 16), one
+    stage."""
     if INTERPRET:
         p = lambda n, cap: max(16, min(cap, triton.next_power_of_2(n)))  # noqa: E731
-        t = Tile(BN=p(max(H, I), 64), BK=p(min(H, I), 64), num_warps=4, num_stages=1, BM=p(max(H, I), 64))
-        return MoEPlan(BM=p(max(1, S // max(E, 1)), 32), up=t, down=t, dswiglu=t, grad_x=t,
-                       wgrad_gu=Tile(t.BN, 32, 4, 1, t.BM), wgrad_dp=Tile(t.BN, 32, 4, 1, t.BM))
-    return MoEPlan(BM=64 if S < 128 * E else 128)
+        bm = p(max(1, S // max(E, 1)), 32)
+        t = Tile(BN=p(max(H, I), 64), BK=p(min(H, I), 64), num_warps=4, num_stages=1, BM=bm)
+        w = Tile(BN=t.BN, BK=32, num_warps=4, num_stages=1, BM=p(max(H, I), 64))
+        return MoEPlan(up=t, down=t, dswiglu=Tile(t.BN, t.BK, 4, 1, 16), grad_x=t, wgrad_gu=w, wgrad_dp=w)
+    bm = 64 if S < 128 * E else 128
+    return MoEPlan(up=Tile(128, 64, 8, 3, bm), down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm),
+                   dswiglu=Tile(64, 64, 4, 4, 64) if I <= 1024 else Tile(128, 64, 8, 4, 64),
+                   grad_x=Tile(256, 64, 8, 3, bm), wgrad_gu=Tile(128, 64, 8, 3, 128), wgrad_dp=Tile(128, 64, 8, 3, 128))
+
+
+class TileTable:
+    """The M tiles of the grouped kernels at one BM: ``tile_expert`` / ``tile_row`` [cdiv(S, BM) +
+    E] each tile's expert (E: an idle tile) and first sorted row."""
+
+    def __init__(self, counts: torch.Tensor, expert_start: torch.Tensor, S: int, E: int, BM: int):
+        tiles = (counts + BM - 1) // BM
+        tile_end = torch.cumsum(tiles, 0, dtype=torch.int32)
+        self.num_tiles = triton.cdiv(S, BM) + E
+        t = torch.arange(self.num_tiles, device=counts.device, dtype=torch.int32)
+        te = torch.searchsorted(tile_end, t, right=True).to(torch.int32)
+        tec = te.clamp(max=E - 1).long()
+        first = tile_end[tec] - tiles[tec]
+        self.tile_expert = te
+        self.tile_row = (expert_start[tec] + (t - first) * BM).to(torch.int32)
+        self.BM = BM
 
 
 class Routing:
-    """The routed pairs sorted by expert and the tile tables of one forward (GPU tensors):
+    """The routed pairs sorted by expert (GPU tensors, made without a host synchronization):
     ``order`` [S] pair ids (t * k + j) by expert, stable; ``expert_start`` [E + 1] each expert's
-    first sorted row (``expert_start[E]``: the valid pairs' count); ``tile_expert`` / ``tile_row``
-    [cdiv(S, BM) + E] each M tile's expert (E: an idle tile) and first row."""
+    first sorted row (``expert_start[E]``: the valid pairs' count); ``tiles(BM)`` the M tiles at
+    BM (made once per BM)."""
 
-    def __init__(self, top_k_index: torch.Tensor, E: int, BM: int):
+    def __init__(self, top_k_index: torch.Tensor, E: int):
         flat = top_k_index.reshape(-1)
-        S = flat.numel()
+        self.S, self.E = flat.numel(), E
         valid = (flat >= 0) & (flat < E)
         key = torch.where(valid, flat, E).to(torch.int32)
         self.order = torch.sort(key, stable=True).indices.to(torch.int32)
         counts = torch.zeros(E + 1, dtype=torch.int32, device=flat.device)
         counts.scatter_add_(0, key.long(), torch.ones_like(key))
-        counts = counts[:E]
+        self.counts = counts[:E]
         self.expert_start = torch.zeros(E + 1, dtype=torch.int32, device=flat.device)
-        torch.cumsum(counts, 0, out=self.expert_start[1:])
-        tiles = (counts + BM - 1) // BM
-        tile_end = torch.cumsum(tiles, 0, dtype=torch.int32)
-        self.num_tiles = triton.cdiv(S, BM) + E
-        t = torch.arange(self.num_tiles, device=flat.device, dtype=torch.int32)
-        te = torch.searchsorted(tile_end, t, right=True).to(torch.int32)
-        tec = te.clamp(max=E - 1).long()
-        first = tile_end[tec] - tiles[tec]
-        self.tile_expert = te
-        self.tile_row = (self.expert_start[tec] + (t - first) * BM).to(torch.int32)
-        self.BM = BM
-        self.E = E
+        torch.cumsum(self.counts, 0, out=self.expert_start[1:])
+        self._tables: dict[int, TileTable] = {}
+
+    def tiles(self, BM: int) -> TileTable:
+        if BM not in self._tables:
+            self._tables[BM] = TileTable(self.counts, self.expert_start, self.S, self.E, BM)
+        return self._tables[BM]
 
 
 # Triton's interpreter keeps the running grid in process-wide state (see common.launch).
@@ -328,9 +346,10 @@ def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
     H, I = x.shape[1], gate.shape[1]
     num_n = triton.cdiv(I, tile.BN)
-    _launch(moe_up_kernel, (r.num_tiles * num_n,), x, gate_up_proj, r.order, r.tile_expert, r.tile_row,
+    m = r.tiles(tile.BM)
+    _launch(moe_up_kernel, (m.num_tiles * num_n,), x, gate_up_proj, r.order, m.tile_expert, m.tile_row,
             r.expert_start[1:], gate, up, h, H, I, r.E, k, num_n, x.stride(0), x.stride(1), *gate_up_proj.stride(),
-            tile=tile, BM=r.BM, BN=tile.BN, BK=tile.BK)
+            tile=tile, BM=tile.BM, BN=tile.BN, BK=tile.BK)
 
 
 def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
@@ -338,18 +357,20 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
     projection) or a[row] @ w[e] (grad_x's pieces)."""
     N, K = y.shape[1], a.shape[1]
     num_n = triton.cdiv(N, tile.BN)
-    _launch(moe_down_kernel, (r.num_tiles * num_n,), a, w, r.order, r.tile_expert, r.tile_row, r.expert_start[1:],
+    m = r.tiles(tile.BM)
+    _launch(moe_down_kernel, (m.num_tiles * num_n,), a, w, r.order, m.tile_expert, m.tile_row, r.expert_start[1:],
             weights, y, N, K, r.E, num_n, *w.stride(), tile=tile, B_TRANS=transposed, SCALE=transposed,
-            BM=r.BM, BN=tile.BN, BK=tile.BK)
+            BM=tile.BM, BN=tile.BN, BK=tile.BK)
 
 
 def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile):
     """dgu [S, 2I], hw [S, I] and the routing-weight partial sums part [S, cdiv(I, BN)]."""
     H, I = grad_out.shape[1], gate.shape[1]
     num_n = triton.cdiv(I, tile.BN)
-    _launch(moe_dswiglu_kernel, (r.num_tiles * num_n,), grad_out, down_proj, r.order, r.tile_expert, r.tile_row,
+    m = r.tiles(tile.BM)
+    _launch(moe_dswiglu_kernel, (m.num_tiles * num_n,), grad_out, down_proj, r.order, m.tile_expert, m.tile_row,
             r.expert_start[1:], weights, gate, up, dgu, hw, part, H, I, r.E, k, num_n, grad_out.stride(0),
-            grad_out.stride(1), *down_proj.stride(), tile=tile, BM=r.BM, BN=tile.BN, BK=tile.BK)
+            grad_out.stride(1), *down_proj.stride(), tile=tile, BM=tile.BM, BN=tile.BN, BK=tile.BK)
 
 
 def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, tile: Tile):
@@ -383,7 +404,7 @@ def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: Mo
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
     S = T * k
     plan = plan or moe_plan(S, E, H, I)
-    r = Routing(top_k_index, E, plan.BM)
+    r = Routing(top_k_index, E)
     gate = torch.empty(S, I, dtype=x.dtype, device=x.device)
     up = torch.empty_like(gate)
     h = torch.empty_like(gate)
@@ -405,7 +426,7 @@ def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_pro
     S = T * k
     dev = x.device
     plan = plan or moe_plan(S, E, H, I)
-    r = Routing(top_k_index, E, plan.BM)
+    r = Routing(top_k_index, E)
     dgu = torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
     hw = torch.empty(S, I, dtype=x.dtype, device=dev)
     # Pairs no tile covers (ids outside [0, E)) keep zero partial sums: a zero weight gradient.
