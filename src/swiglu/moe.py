@@ -223,50 +223,56 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
 
 @torch.library.custom_op("swiglu::moe_forward", mutates_args=())
 def moe_forward(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up_proj: torch.Tensor,
-                down_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(out [T, H], gate [S, I], up [S, I])`` by the Triton kernels (gate, up: the forward's
-    bf16 projections in expert-sorted order, kept for the backward). Validated inputs, [T, H] and
+                down_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out [T, H], gate [S, I], up [S, I], order [S], expert_start [E + 1])`` by the Triton
+    kernels: gate, up are the forward's bf16 projections in expert-sorted order, order and
+    expert_start the sort (int32), all kept for the backward. Validated inputs, [T, H] and
     contiguous [T, k]. An op, so torch.compile traces through it and dispatch modes see it."""
     from .kernels.moe import moe_forward as run
 
-    out, gate, up, _ = run(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
-    return out, gate, up
+    out, gate, up, routing = run(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    return out, gate, up, routing.order, routing.expert_start
 
 
 @moe_forward.register_fake
 def _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj):
-    S, I = top_k_index.numel(), down_proj.shape[2]
-    return x.new_empty(x.shape), x.new_empty(S, I), x.new_empty(S, I)
+    S, I, E = top_k_index.numel(), down_proj.shape[2], down_proj.shape[0]
+    index = top_k_index.new_empty(S, dtype=torch.int32)
+    return x.new_empty(x.shape), x.new_empty(S, I), x.new_empty(S, I), index, index.new_empty(E + 1)
 
 
 @torch.library.custom_op("swiglu::moe_backward", mutates_args=())
 def moe_backward(grad_out: torch.Tensor, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                 gate_up_proj: torch.Tensor, down_proj: torch.Tensor, gate: torch.Tensor,
-                 up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 gate_up_proj: torch.Tensor, down_proj: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                 order: torch.Tensor, expert_start: torch.Tensor,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` by the Triton
-    kernels, from ``moe_forward``'s gate and up. Not differentiable again (no double backward)."""
+    kernels, from ``moe_forward``'s saved outputs. Not differentiable again (no double backward)."""
+    from .kernels.moe import Routing
     from .kernels.moe import moe_backward as run
 
-    return run(grad_out.contiguous(), x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up)
+    routing = Routing(top_k_index, gate_up_proj.shape[0], saved=(order, expert_start))
+    return run(grad_out.contiguous(), x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up,
+               routing=routing)
 
 
 @moe_backward.register_fake
-def _moe_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up):
+def _moe_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order,
+                       expert_start):
     return x.new_empty(x.shape), top_k_weights.new_empty(top_k_weights.shape), \
         gate_up_proj.new_empty(gate_up_proj.shape), down_proj.new_empty(down_proj.shape)
 
 
 def _moe_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs, output[1], output[2])
-    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.save_for_backward(*inputs, *output[1:])
+    ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)
 
 
 def _moe_op_backward(ctx, grad_out, *unused):
     if grad_out is None:
         return None, None, None, None, None
-    x, idx, w, gu, dp, gate, up = ctx.saved_tensors
-    gx, gw, ggu, gdp = moe_backward(grad_out, x, idx, w, gu, dp, gate, up)
+    gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors)
     needs = ctx.needs_input_grad
     return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None,
             gdp if needs[4] else None)

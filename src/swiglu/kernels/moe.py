@@ -314,7 +314,13 @@ class Routing:
     first sorted row (``expert_start[E]``: the valid pairs' count); ``tiles(BM)`` the M tiles at
     BM (made once per BM)."""
 
-    def __init__(self, top_k_index: torch.Tensor, E: int):
+    def __init__(self, top_k_index: torch.Tensor, E: int, saved: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self._tables: dict[int, TileTable] = {}
+        if saved is not None:  # (order, expert_start) of an earlier Routing of the same top_k_index
+            self.order, self.expert_start = saved
+            self.S, self.E = self.order.numel(), E
+            self.counts = self.expert_start[1:] - self.expert_start[:-1]
+            return
         flat = top_k_index.reshape(-1)
         self.S, self.E = flat.numel(), E
         valid = (flat >= 0) & (flat < E)
@@ -325,7 +331,6 @@ class Routing:
         self.counts = counts[:E]
         self.expert_start = torch.zeros(E + 1, dtype=torch.int32, device=flat.device)
         torch.cumsum(self.counts, 0, out=self.expert_start[1:])
-        self._tables: dict[int, TileTable] = {}
 
     def tiles(self, BM: int) -> TileTable:
         if BM not in self._tables:
@@ -396,8 +401,8 @@ def combine(y: torch.Tensor, top_k_index: torch.Tensor, E: int) -> torch.Tensor:
 
 
 def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: MoEPlan | None = None):
-    """``(out, gate, up, order)``: out [T, H]; gate, up [S, I] in sorted-pair order and ``order``
-    (int32 [S]) kept for ``moe_backward``. Inputs validated by ``swiglu.moe``; top_k_index and
+    """``(out, gate, up, routing)``: out [T, H]; gate, up [S, I] in sorted-pair order and the
+    ``Routing`` (its ``order`` and ``expert_start``), kept for ``moe_backward``. Inputs validated by ``swiglu.moe``; top_k_index and
     top_k_weights contiguous [T, k]."""
     T, H = x.shape
     k = top_k_index.shape[1]
@@ -412,21 +417,21 @@ def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: Mo
     if S:
         launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up)
         launch_pairs(h, down_proj, r, top_k_weights, y, plan.down, transposed=True)
-    return combine(y, top_k_index, E), gate, up, r.order
+    return combine(y, top_k_index, E), gate, up, r
 
 
 def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up,
-                 plan: MoEPlan | None = None):
+                 plan: MoEPlan | None = None, routing: Routing | None = None):
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
-    gate, up (sorted order); the routing is rebuilt from ``top_k_index`` (a few small launches,
-    bitwise the forward's order)."""
+    gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, a few small
+    launches, the forward's order bitwise)."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
     S = T * k
     dev = x.device
     plan = plan or moe_plan(S, E, H, I)
-    r = Routing(top_k_index, E)
+    r = routing or Routing(top_k_index, E)
     dgu = torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
     hw = torch.empty(S, I, dtype=x.dtype, device=dev)
     # Pairs no tile covers (ids outside [0, E)) keep zero partial sums: a zero weight gradient.
