@@ -11,6 +11,8 @@
 - ``gluon_wgrad_resident``: a weight-gradient variant holding A in shared memory (measured, not
   dispatched).
 - ``forward``: the fused forward launcher; table ``forward_configs.json``.
+- ``moe``: the routed experts' kernels (``swiglu.swiglu_moe``): grouped GEMMs over expert-sorted
+  pairs, their routing tables and tiles (docs/moe.md).
 - ``shared_memory``: the shared-memory estimate checked before a launch.
 
 This package imports only torch, triton and ``swiglu.checks``; the library (``swiglu.api``,
