@@ -15,8 +15,17 @@ the AST), with plain bias-free ``nn.Linear`` projections and SiLU. Everything el
 packed ``gate_up_proj``, another activation or forward, adapters, quantized layers or weights,
 hooks, accelerate's offloading) is left alone with a ``UserWarning``, also when it appears after
 patching: the check runs at every forward. Each module keeps the options it was patched or built
-with. Recipe, coverage and why not the kernel hub:
-docs/huggingface.md.
+with.
+
+Mixture-of-experts models (Qwen2/Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3 and the other experts
+classes built with transformers' ``use_experts_implementation``): ``apply`` also switches the
+model's experts implementation to ``"swiglu"`` (``set_experts_implementation``), a forward
+registered with transformers' ``ExpertsInterface`` that calls ``swiglu.swiglu_moe`` on the
+module's ``gate_up_proj`` and ``down_proj``; ``register_experts()`` registers it alone, for
+``from_pretrained(..., experts_implementation="swiglu")``. Experts the op does not compute (biases,
+transposed or interleaved weights, no gate, a post-expert norm, custom gating, another activation)
+run their previous implementation with a ``UserWarning``. Dense shared experts are patched as any
+other SwiGLU MLP. Recipe, coverage and why not the kernel hub: docs/huggingface.md.
 """
 
 from __future__ import annotations
@@ -32,7 +41,9 @@ import warnings
 import torch
 from torch import nn
 
+from ..checks import FLOAT_DTYPES
 from ..module import projection_reason
+from ..moe import swiglu_moe as _swiglu_moe
 from ..ops import _check_impl, _renamed, _swiglu_mlp
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -206,26 +217,286 @@ def _short(names: list[str], n: int = 3) -> str:
     return shown + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
+# --------------------------------------------------------------------------- mixture-of-experts experts
+
+#: The name ``register_experts`` gives our experts forward in transformers' ``ExpertsInterface``
+#: (``from_pretrained(..., experts_implementation="swiglu")``, ``model.set_experts_implementation``).
+EXPERTS_IMPLEMENTATION = "swiglu"
+#: What an experts module falls back to when no previous implementation was recorded (transformers' default).
+DEFAULT_EXPERTS_FALLBACK = "grouped_mm"
+_EXPERTS_STATE = "_swiglu_experts"  # instance attribute: (impl, reason or None, fallback implementation name)
+_EXPERTS_FLAGS = ("has_gate", "has_bias", "is_transposed", "is_concatenated", "has_post_expert_norm")
+_experts_default_impl = "auto"  # impl of experts modules that run "swiglu" without apply (register_experts(impl=))
+
+
+def _is_experts(module: nn.Module) -> bool:
+    """An experts module built with transformers' ``use_experts_implementation`` (its ``__init__``
+    sets these flags on the instance and its ``forward`` dispatches on the config's
+    ``_experts_implementation``)."""
+    d = module.__dict__
+    return all(flag in d for flag in _EXPERTS_FLAGS) and "config" in d
+
+
+def _other_experts_interface(module: nn.Module) -> str | None:
+    """Why the config of ``module`` must not be switched to "swiglu": its forward dispatches through
+    an interface other than ``ExpertsInterface`` (transformers' FP8 experts), which would not find it."""
+    try:
+        from transformers.integrations.finegrained_fp8 import FP8Experts
+    except ImportError:
+        return None
+    if isinstance(module, FP8Experts):
+        return ("FP8 experts dispatch through transformers' FP8 experts interface, which has no "
+                f"{EXPERTS_IMPLEMENTATION!r}; the model's experts implementation is left as it is")
+    return None
+
+
+def experts_unsupported_reason(module: nn.Module) -> str | None:
+    """Why ``swiglu.swiglu_moe`` cannot compute this experts module (None when it can): expert
+    biases, transposed or interleaved gate/up weights, no gate, a post-expert norm, an
+    ``_apply_gate`` other than transformers' default ``silu(gate) * up``, an activation other than
+    SiLU, or weights that are not plain floating [E, 2I, H] / [E, H, I] tensors. What does not
+    change between calls; ``swiglu_experts_forward`` checks the rest (routing shape, dtypes,
+    autocast, expert parallelism) at every call."""
+    from transformers.integrations.moe import _default_apply_gate
+
+    if getattr(module, "has_bias", False):
+        return "expert biases (gate_up_proj_bias, down_proj_bias); the op has none"
+    if getattr(module, "is_transposed", False):
+        return "transposed expert weights (gate_up_proj [E, H, 2I]); the op takes gate_up_proj [E, 2I, H]"
+    if not getattr(module, "is_concatenated", True):
+        return "interleaved gate/up rows (gate0, up0, gate1, ...); the op takes the gate rows, then the up rows"
+    if not getattr(module, "has_gate", True):
+        return "no gate (up_proj and an activation only); the op computes silu(gate) * up"
+    if getattr(module, "has_post_expert_norm", False):
+        return "a norm after each expert (post_expert_norm); the op has none"
+    cls = type(module)
+    if getattr(cls, "_apply_gate", None) is not _default_apply_gate or "_apply_gate" in module.__dict__:
+        return f"custom gating ({cls.__qualname__}._apply_gate), not transformers' default silu(gate) * up"
+    act = getattr(module, "act_fn", None)
+    if not _is_silu(act):
+        hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
+        return f"act_fn is {type(act).__name__} (hidden_act={hidden_act!r}), not SiLU"
+    if _has_hooks(act):
+        return "act_fn has hooks registered; the fused op would not run them"
+    weights = {}
+    for name in ("gate_up_proj", "down_proj"):
+        w = getattr(module, name, None)
+        if not isinstance(w, torch.Tensor):
+            return f"{name} is {type(w).__name__}, not a tensor"
+        if w.dtype not in FLOAT_DTYPES:
+            return f"{name} has dtype {w.dtype} (quantized?); the op takes {', '.join(map(str, FLOAT_DTYPES))}"
+        weights[name] = w
+    gate_up, down = weights["gate_up_proj"], weights["down_proj"]
+    if gate_up.dim() != 3 or gate_up.shape[1] % 2 or tuple(down.shape) != (gate_up.shape[0], gate_up.shape[2],
+                                                                            gate_up.shape[1] // 2):
+        return (f"gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not [E, 2I, H] and "
+                f"[E, H, I]")
+    return None
+
+
+def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, down) -> str | None:
+    """Why this call cannot run the op (None when it can): a few shape, type and flag checks."""
+    if top_k_weights.shape != top_k_index.shape:
+        return (f"top_k_weights {tuple(top_k_weights.shape)} is not top_k_index's shape {tuple(top_k_index.shape)} "
+                f"(dense [tokens, num_experts] routing weights); the op takes one weight per routed expert")
+    plain = (torch.Tensor, nn.Parameter)
+    if type(gate_up) not in plain or type(down) not in plain:
+        return (f"the expert weights are {type(gate_up).__name__} / {type(down).__name__} (a tensor subclass: "
+                f"quantized or distributed), not plain tensors")
+    if module.__dict__.get("_is_expert_parallel"):
+        return "expert parallelism (sharded experts, sentinel expert ids) is not covered"
+    if hidden_states.dtype != gate_up.dtype:
+        return f"hidden_states are {hidden_states.dtype} but the expert weights {gate_up.dtype}"
+    if torch.is_autocast_enabled(hidden_states.device.type):
+        return "autocast is enabled; the op computes in the weights' dtype"
+    return None
+
+
+def _experts_state(module: nn.Module, impl: str | None = None, fallback: str | None = None) -> tuple:
+    """Decide once per module what ``swiglu_experts_forward`` runs; store and return
+    ``(impl, reason, fallback)``. Warns when it falls back and no caller does (first call)."""
+    reason = experts_unsupported_reason(module)
+    state = (_experts_default_impl if impl is None else impl, reason, fallback or DEFAULT_EXPERTS_FALLBACK)
+    module.__dict__[_EXPERTS_STATE] = state
+    return state
+
+
+def _fallback_forward(module: nn.Module, name: str):
+    """The experts forward of implementation ``name`` ("eager": the class's own loop)."""
+    if name != "eager":
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+        fn = ALL_EXPERTS_FUNCTIONS.get(name)
+        if fn is not None and fn is not swiglu_experts_forward:
+            return fn
+    eager = getattr(type(module).forward, "__wrapped__", None)
+    if eager is None:
+        raise RuntimeError(f"swiglu: {type(module).__qualname__} has no experts implementation {name!r} to fall "
+                           f"back to and no eager forward")
+    return eager
+
+
+def swiglu_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The experts forward registered as ``"swiglu"`` in transformers' ``ExpertsInterface``:
+    ``swiglu.swiglu_moe(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
+    self.down_proj, impl=...)``, [T, H] out.
+
+    ``impl`` is the module's (``apply(model, impl=...)``; ``register_experts(impl=...)`` for modules
+    that run "swiglu" without ``apply``). Whether the op can compute the module is decided at its
+    first call (or by ``apply``: ``experts_unsupported_reason``); a module it cannot, and a call it
+    cannot (``[T, num_experts]`` routing weights, a tensor subclass weight, expert parallelism,
+    hidden_states in another dtype than the weights, autocast), runs the module's previous
+    implementation (the one ``apply`` replaced, else transformers' default ``"grouped_mm"``) with
+    a ``UserWarning`` naming the reason."""
+    state = self.__dict__.get(_EXPERTS_STATE)
+    if state is None:
+        state = _experts_state(self)
+        if state[1] is not None:
+            warnings.warn(f"swiglu: {type(self).__qualname__} runs its {state[2]!r} experts implementation: "
+                          f"{state[1]}", stacklevel=2)
+    impl, reason, fallback = state
+    if reason is None:
+        gate_up, down = self.gate_up_proj, self.down_proj
+        reason = _call_reason(self, hidden_states, top_k_index, top_k_weights, gate_up, down)
+        if reason is None:
+            return _swiglu_moe(hidden_states, top_k_index, top_k_weights, gate_up, down, impl=impl)
+        warnings.warn(f"swiglu: {type(self).__qualname__} runs its {fallback!r} experts implementation: {reason}",
+                      stacklevel=2)
+    return _fallback_forward(self, fallback)(self, hidden_states, top_k_index, top_k_weights)
+
+
+def register_experts(impl: str | None = None) -> str:
+    """Register ``swiglu_experts_forward`` with transformers' ``ExpertsInterface`` as ``"swiglu"``
+    (idempotent); returns the name. Then ``from_pretrained(..., experts_implementation="swiglu")``,
+    ``model.set_experts_implementation("swiglu")`` or ``config._experts_implementation = "swiglu"``
+    select it (``apply`` registers and selects it itself).
+
+    Args:
+        impl: the ``impl`` of experts modules that run "swiglu" without ``apply`` and have not run
+            yet (default: unchanged, initially ``"auto"``); ``apply(model, impl=...)`` sets it per module.
+
+    Raises: ImportError (transformers without ``transformers.integrations.moe``), ValueError
+    (another function is registered as "swiglu"; an unknown impl), TypeError (a non-str impl).
+    """
+    global _experts_default_impl
+    if impl is not None:
+        _check_impl(impl)
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
+    except ImportError as exc:
+        raise ImportError(f"swiglu.integrations.transformers.register_experts needs transformers with "
+                          f"transformers.integrations.moe (pip install 'swiglu[hf]'): {exc}") from exc
+    current = ALL_EXPERTS_FUNCTIONS.get(EXPERTS_IMPLEMENTATION)
+    if current is not None and current is not swiglu_experts_forward and \
+            getattr(current, "__module__", None) != __name__:
+        raise ValueError(f"transformers' ExpertsInterface already maps {EXPERTS_IMPLEMENTATION!r} to "
+                         f"{getattr(current, '__qualname__', current)!r}")
+    if current is not swiglu_experts_forward:
+        ExpertsInterface.register(EXPERTS_IMPLEMENTATION, swiglu_experts_forward)
+    if impl is not None:
+        _experts_default_impl = impl
+    return EXPERTS_IMPLEMENTATION
+
+
+def _set_experts_implementation(model: nn.Module, configs: list, name_of) -> None:
+    """Set each config's experts implementation (``name_of(config)``): through the model's public
+    ``set_experts_implementation`` when ``model`` is a transformers model and one name fits all,
+    else (and for configs that call did not reach) on the config."""
+    names = {name_of(c) for c in configs}
+    if len(names) == 1 and callable(getattr(model, "set_experts_implementation", None)) and \
+            getattr(model, "config", None) is not None:
+        model.set_experts_implementation(next(iter(names)))
+    for config in configs:
+        if config._experts_implementation != name_of(config):
+            config._experts_implementation = name_of(config)
+
+
+def _apply_experts(model: nn.Module, experts: list, impl: str) -> set[str]:
+    """``apply``'s part for experts modules ``[(name, module)]``: record each one's state and
+    previous implementation, switch the configs of those the op serves to "swiglu", warn about the
+    rest. Returns the names of the modules that run the op."""
+    register_experts()
+    skipped, served, configs, blocked = {}, set(), {}, {}
+    for name, module in experts:
+        config = module.config
+        current = config._experts_implementation
+        old = module.__dict__.get(_EXPERTS_STATE)
+        if current == EXPERTS_IMPLEMENTATION:
+            fallback = old[2] if old is not None else DEFAULT_EXPERTS_FALLBACK
+        else:
+            fallback = current or DEFAULT_EXPERTS_FALLBACK
+        reason = _other_experts_interface(module)
+        if reason is not None:
+            blocked[id(config)] = reason
+        _, static_reason, _ = _experts_state(module, impl, fallback)
+        reason = reason or static_reason
+        if reason is not None:
+            skipped.setdefault((type(module).__qualname__, fallback, reason), []).append(name)
+            continue
+        served.add(name)
+        configs.setdefault(id(config), config)
+    for key, reason in blocked.items():  # a config shared with FP8 experts stays as it is
+        if key in configs:
+            del configs[key]
+            for name, module in experts:
+                if id(module.config) == key and name in served:
+                    served.discard(name)
+                    skipped.setdefault((type(module).__qualname__, module.__dict__[_EXPERTS_STATE][2], reason),
+                                       []).append(name)
+    if configs:
+        _set_experts_implementation(model, list(configs.values()), lambda c: EXPERTS_IMPLEMENTATION)
+    for (cls, fallback, reason), names in skipped.items():
+        warnings.warn(f"swiglu: {len(names)} {cls} experts module(s) ({_short(names)}) keep their {fallback!r} "
+                      f"experts implementation: {reason}", stacklevel=3)
+    return served
+
+
+def _unpatch_experts(model: nn.Module) -> list[str]:
+    """Give the experts modules ``apply`` switched their previous implementation back."""
+    names, configs, previous = [], {}, {}
+    for name, module in model.named_modules():
+        state = module.__dict__.pop(_EXPERTS_STATE, None)
+        if state is None or not _is_experts(module):
+            continue
+        config = module.config
+        if config._experts_implementation == EXPERTS_IMPLEMENTATION:
+            configs.setdefault(id(config), config)
+            previous.setdefault(id(config), state[2])
+            if state[1] is None:
+                names.append(name)
+    if configs:
+        _set_experts_implementation(model, list(configs.values()), lambda c: previous[id(c)])
+    return names
+
+
 # --------------------------------------------------------------------------- public calls
 
 
 def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = False,
           reuse_saved_buffers: bool = False, backward_impl: str | None = None) -> list[str]:
-    """Patch every SwiGLU MLP inside ``model`` (in place) to run ``swiglu.swiglu_mlp``.
+    """Patch every SwiGLU MLP inside ``model`` (in place) to run ``swiglu.swiglu_mlp``, and switch
+    its mixture-of-experts experts modules to ``swiglu.swiglu_moe``.
 
     Args:
         model: any ``nn.Module`` (a transformers ``PreTrainedModel``, or a module of one).
         impl, save_activated_gate, reuse_saved_buffers: as ``swiglu.swiglu_mlp`` (``"auto"``: Triton
             for bf16 on CUDA sm_90+, the reference otherwise); ``backward_impl``: impl's former name.
+            ``impl`` is also the experts modules' (``swiglu.swiglu_moe``'s ``impl``); the other two
+            concern the dense MLPs only.
 
-    Returns: the qualified names of the patched modules (e.g. ``"model.layers.0.mlp"``), in
-    ``named_modules`` order; modules patched before are included (their options updated).
-    Module classes become ``Swiglu<Class>`` subclasses; parameters, buffers, state-dict names and
-    ``save_pretrained`` output are unchanged. ``unpatch(model)`` undoes it.
+    Returns: the qualified names of the patched modules (e.g. ``"model.layers.0.mlp"``,
+    ``"model.layers.0.mlp.experts"``), in ``named_modules`` order; modules patched before are
+    included (their options updated). Dense MLP classes become ``Swiglu<Class>`` subclasses;
+    experts modules keep their class, their config's experts implementation becomes ``"swiglu"``
+    (``register_experts``; through ``model.set_experts_implementation`` on a transformers model).
+    Parameters, buffers, state-dict names and ``save_pretrained`` output are unchanged.
+    ``unpatch(model)`` undoes it.
 
     Modules with ``gate_proj``/``up_proj``/``down_proj`` (or ``gate_up_proj``) that cannot be
     served are left alone, one ``UserWarning`` per class and reason naming them (see
-    ``unsupported_reason``).
+    ``unsupported_reason``); experts modules the op cannot compute (``experts_unsupported_reason``)
+    keep their previous implementation, with one such warning.
 
     Raises: TypeError (model not an nn.Module, non-bool save_activated_gate), ValueError
     (unknown impl).
@@ -235,8 +506,12 @@ def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = F
     if backward_impl is not None:
         impl = _renamed(backward_impl, impl)
     _check_options(impl, save_activated_gate, reuse_saved_buffers)
-    patched, skipped = [], {}
+    patched, skipped, experts = [], {}, []
     for name, module in model.named_modules():
+        if _is_experts(module):
+            experts.append((name, module))
+            patched.append(name)  # kept below when the op serves it
+            continue
         if not isinstance(module, _SwigluForward):
             if not _looks_like_mlp(module):
                 continue
@@ -256,17 +531,24 @@ def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = F
     for (cls, reason), names in skipped.items():
         warnings.warn(f"swiglu: left {len(names)} {cls} module(s) unpatched ({_short(names)}): {reason}",
                       stacklevel=2)
+    if experts:
+        served = _apply_experts(model, experts, impl)
+        patched = [name for name in patched if name in served or name not in dict(experts)]
     return patched
 
 
 def unpatch(model: nn.Module) -> list[str]:
-    """Give every module ``apply`` patched its original class back; returns their names."""
+    """Give every module ``apply`` patched its original class back, and experts modules their
+    previous experts implementation; returns their names."""
+    experts = _unpatch_experts(model)
     names = []
     for name, module in model.named_modules():
         if isinstance(module, _SwigluForward):
             for attr in ("swiglu_impl", "swiglu_save_activated_gate", "swiglu_reuse_saved_buffers"):
                 module.__dict__.pop(attr, None)
             module.__class__ = type(module)._swiglu_base
+            names.append(name)
+        elif name in experts:
             names.append(name)
     return names
 
