@@ -1,0 +1,281 @@
+"""``swiglu_moe``'s Triton path at small shapes: under TRITON_INTERPRET=1 on a CPU, on the GPU
+when present.
+
+Every output and gradient (and each expert's slice of the weight gradients) is checked against
+the float64 oracle, bounded by the bf16 reference's own error (``moe_checks.failures``). The
+kernel functions called directly (``swiglu.kernels.moe.moe_forward`` / ``moe_backward``, which skip
+the CPU range check) run with every kernel output in a view of a larger NaN-filled buffer
+(``guard_kernels``): a store outside its output changes the guards, and an element a kernel
+should have written but did not stays NaN and would leak into the results; the inputs sit in
+NaN-filled buffers too (an expert past the last, a row past the last), so a read out of bounds
+poisons the results.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import swiglu
+import swiglu.kernels.moe as kmoe
+from swiglu.moe import moe_float64, moe_reference
+
+from moe_checks import (NAMES, assert_matches, bound_failure, check_impl, failures, fresh_seed, make_moe, oracle, run,
+                        same_rounding)
+
+PAD = 64
+
+# (T, H, I, E, k, routing kind, x's leading dims, routing-weight dtype, index dtype)
+CASES = {
+    "T13_balanced": (13, 64, 96, 4, 2, "balanced", None, torch.float32, torch.int64),
+    "T20_skewed": (20, 64, 64, 8, 2, "skewed", None, torch.float32, torch.int32),
+    "k1": (9, 32, 64, 4, 1, "balanced", None, torch.float32, torch.int64),
+    "E64_T5": (5, 32, 32, 64, 2, "balanced", None, torch.float32, torch.int64),
+    "T1": (1, 32, 64, 8, 4, "balanced", None, torch.float32, torch.int64),
+    "all_on_one_expert": (11, 32, 64, 4, 1, "one", None, torch.float32, torch.int64),
+    "duplicate_in_each_row": (6, 32, 32, 4, 3, "dup", None, torch.float32, torch.int64),
+    "BSH_bf16_weights_int32": (10, 32, 64, 4, 2, "balanced", (2, 5), torch.bfloat16, torch.int32),
+}
+
+
+def _assert_untouched(inp, before, seed):
+    for name, t, b in zip(("x", "top_k_index", "top_k_weights", "gate_up_proj", "down_proj", "grad_out"),
+                          inp.tensors(), before):
+        assert torch.equal(t, b), f"seed={seed}: {name} was modified"
+
+
+def _assert_no_alias(got, inp, seed):
+    ptrs = {t.untyped_storage().data_ptr() for t in inp.tensors() if t.numel()}
+    for name, g in zip(NAMES, got):
+        if g.numel():
+            assert g.untyped_storage().data_ptr() not in ptrs, f"seed={seed}: {name} aliases an input"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_against_float64(device, case):
+    T, H, I, E, k, kind, lead, wdt, idt = CASES[case]
+    seed = fresh_seed()
+    inp = make_moe(seed, T, H, I, E, k, kind=kind, lead=lead, weights_dtype=wdt, index_dtype=idt, device=device)
+    before = [t.clone() for t in inp.tensors()]
+    got, ref = check_impl(inp, "triton", seed)
+    _assert_untouched(inp, before, seed)
+    _assert_no_alias(got, inp, seed)
+    assert got[0].shape == inp.x.shape and got[0].dtype == inp.x.dtype
+    assert got[2].shape == inp.top_k_weights.shape and got[2].dtype == wdt, "routing-weight gradient's dtype"
+    empty = sorted(set(range(E)) - set(inp.top_k_index.unique().tolist()))
+    for e in empty:  # an expert with no tokens: weight gradients exactly zero
+        assert not got[3][e].count_nonzero() and not got[4][e].count_nonzero(), f"seed={seed}: expert {e}"
+    if case == "all_on_one_expert":
+        assert empty == [1, 2, 3]
+    if case == "E64_T5":
+        assert len(empty) >= 54
+
+
+@pytest.mark.parametrize("lead", [(0,), (2, 0)], ids=str)
+def test_zero_tokens(device, lead):
+    seed = fresh_seed()
+    inp = make_moe(seed, 0, 32, 32, 4, 2, lead=lead, device=device)
+    got = run(inp, "triton")
+    assert got[0].shape == inp.x.shape and got[1].shape == inp.x.shape
+    assert got[2].shape == inp.top_k_weights.shape
+    for g, w in zip(got[3:], (inp.gate_up_proj, inp.down_proj)):
+        assert g.shape == w.shape and g.dtype == w.dtype and not g.count_nonzero()
+
+
+def test_repeated_runs_bitwise_equal(device):
+    seed = fresh_seed()
+    inp = make_moe(seed, 13, 32, 64, 4, 2, kind="skewed", device=device)
+    first, second = run(inp, "triton"), run(inp, "triton")
+    for name, a, b in zip(NAMES, first, second):
+        assert torch.equal(a, b), f"seed={seed}: {name} differs between two runs"
+
+
+def test_non_contiguous_inputs(device):
+    """x, grad_out, top_k_index, top_k_weights and both expert weights as strided slices."""
+    seed = fresh_seed()
+    T, H, I, E, k = 7, 32, 64, 4, 2
+    inp = make_moe(seed, T, H, I, E, k, device=device)
+    wide = lambda t, dim: torch.cat([t, torch.randn_like(t.float()).to(t.dtype)], dim=dim)  # noqa: E731
+    inp.x = wide(inp.x, 1)[:, :H]  # row stride 2H
+    inp.grad_out = inp.grad_out.t().contiguous().t()  # column-major
+    inp.top_k_index = torch.stack([inp.top_k_index, inp.top_k_index], dim=2)[:, :, 0]
+    inp.top_k_weights = wide(inp.top_k_weights, 0)[:T]
+    inp.top_k_weights = torch.stack([inp.top_k_weights, inp.top_k_weights], dim=2)[:, :, 1]
+    inp.gate_up_proj = wide(inp.gate_up_proj, 2)[:, :, :H]
+    inp.down_proj = wide(inp.down_proj, 0)[E:]
+    assert not any(t.is_contiguous() for t in (inp.x, inp.grad_out, inp.top_k_index, inp.top_k_weights,
+                                               inp.gate_up_proj))
+    check_impl(inp, "triton", seed)
+
+
+# --------------------------------------------------------------------------- the kernel functions directly
+
+#: Each kernel's output arguments; ``part_ptr`` starts as zeros (kept), the others as NaN.
+KERNEL_OUTPUTS = {
+    "moe_up_kernel": ("gate_ptr", "up_ptr", "h_ptr"),
+    "moe_down_kernel": ("y_ptr",),
+    "moe_dswiglu_kernel": ("dgu_ptr", "hw_ptr", "part_ptr"),
+    "moe_wgrad_kernel": ("c_ptr",),
+    "moe_combine_kernel": ("out_ptr",),
+}
+KEEP = {"part_ptr"}
+
+
+class _Guarded:
+    """A kernel whose outputs are passed as views of NaN-filled buffers with PAD guard elements
+    on each side, copied back after the launch; the guards must still be NaN."""
+
+    def __init__(self, kernel, outputs, launches):
+        self.kernel, self.outputs, self.launches = kernel, outputs, launches
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            args = list(args)
+            names = self.kernel.arg_names
+            copies = []
+            for name in self.outputs:
+                i = names.index(name)
+                t = args[i]
+                buf = torch.full((t.numel() + 2 * PAD,), float("nan"), dtype=t.dtype, device=t.device)
+                view = buf[PAD : PAD + t.numel()].view(t.shape)
+                if name in KEEP:
+                    view.copy_(t)
+                args[i] = view
+                copies.append((name, t, view, buf))
+            self.kernel[grid](*args, **kwargs)
+            for name, t, view, buf in copies:
+                assert torch.isnan(buf[:PAD]).all() and torch.isnan(buf[-PAD:]).all(), \
+                    f"{self.kernel.fn.__name__}: store outside {name}"
+                t.copy_(view)
+            self.launches.append(self.kernel.fn.__name__)
+
+        return launch
+
+
+@pytest.fixture
+def guard_kernels(monkeypatch):
+    launches = []
+    for name, outs in KERNEL_OUTPUTS.items():
+        monkeypatch.setattr(kmoe, name, _Guarded(getattr(kmoe, name), outs, launches))
+    return launches
+
+
+def _poisoned(t, before=1, after=1):
+    """t in the middle of a NaN-filled buffer with ``before`` / ``after`` extra slices of dim 0."""
+    buf = torch.full((t.shape[0] + before + after, *t.shape[1:]), float("nan"), dtype=t.dtype, device=t.device)
+    buf[before : before + t.shape[0]] = t
+    return buf[before : before + t.shape[0]]
+
+
+def _direct(inp, x, idx, w, gu, dp, go):
+    out, gate, up, _ = kmoe.moe_forward(x, idx, w, gu, dp)
+    return (out, *kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up))
+
+
+def _reference(x, idx, w, gu, dp, go):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, w, gu, dp)]
+    out = moe_reference(leaves[0], idx, leaves[1], leaves[2], leaves[3])
+    out.backward(go)
+    return (out.detach(), *(t.grad for t in leaves))
+
+
+@pytest.mark.parametrize("kind", ["some", "all"])
+def test_direct_out_of_range_ids_are_skipped(device, guard_kernels, kind):
+    """Ids >= E or negative contribute nothing, get a zero routing-weight gradient, and no kernel
+    reads or writes out of bounds; every other pair matches the oracle (which skips them too)."""
+    seed = fresh_seed()
+    T, H, I, E, k = 9, 32, 64, 4, 3
+    inp = make_moe(seed, T, H, I, E, k, device=device)
+    x, idx, w, gu, dp, go = inp.flat()
+    idx = idx.clone()
+    gen = torch.Generator().manual_seed(seed)
+    bad = torch.rand(T, k, generator=gen) < 0.4 if kind == "some" else torch.ones(T, k, dtype=torch.bool)
+    bad[0, 0] = True
+    choices = torch.tensor([-1, -7, E, E + 1, 1 << 20])
+    idx[bad] = choices[torch.randint(len(choices), (int(bad.sum()),), generator=gen)].to(device)
+    with pytest.raises(ValueError, match="top_k_index"):  # the public op's CPU check
+        swiglu.swiglu_moe(inp.x.cpu(), idx.cpu(), w.cpu(), gu.cpu(), dp.cpu(), impl="reference")
+    args = (_poisoned(x), idx, _poisoned(w), _poisoned(gu), _poisoned(dp), _poisoned(go))
+    got = _direct(inp, *args)
+    assert set(guard_kernels) >= set(KERNEL_OUTPUTS) - ({"moe_up_kernel"} if kind == "all" else set())
+    assert torch.equal(got[2][bad], torch.zeros_like(got[2][bad])), f"seed={seed}: gradient of a skipped pair"
+    if kind == "all":
+        for name, g in zip(NAMES, got):
+            assert not g.count_nonzero(), f"seed={seed}: {name} nonzero with every id out of range"
+        return
+    o = moe_float64(x, idx, w, gu, dp, go)
+    o_zeroed = moe_float64(x, idx.clamp(0, E - 1), w.masked_fill(bad, 0), gu, dp, go)
+    for name, a, b in zip(NAMES, o, o_zeroed):  # the oracle skips them: as if their weights were zero
+        if name == "grad_top_k_weights":
+            a, b = a[~bad], b[~bad]
+        assert torch.allclose(a, b), name
+    assert_matches(got, _reference(x, idx, w, gu, dp, go), o, seed)
+
+
+def test_direct_matches_public_op_and_leaves_nothing_unwritten(device, guard_kernels):
+    """With every intermediate buffer NaN before its kernel, the direct calls give finite results,
+    bitwise the public op's."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 14, 32, 64, 8, 2, kind="skewed", device=device)
+    x, idx, w, gu, dp, go = inp.flat()
+    got = _direct(inp, _poisoned(x), idx, _poisoned(w), _poisoned(gu), _poisoned(dp), _poisoned(go))
+    public = run(inp, "triton")
+    for name, a, b in zip(NAMES, got, public):
+        assert torch.isfinite(a).all() and torch.equal(a, b), f"seed={seed}: {name}"
+
+
+# --------------------------------------------------------------------------- the checker catches planted bugs
+
+
+def _scaled_weights(w, mask, factor):
+    return torch.where(mask, w * factor, w)
+
+
+def test_checker_rejects_one_expert_weight_gradient_scaled(device, monkeypatch):
+    """One expert's grad_gate_up_proj 0.1% too large before its rounding (its pairs' routing
+    weights scaled by 1.001 in fp32 inside the backward: the same scaling of the already rounded
+    bf16 gradient would change nothing). The clean run passes; the planted one fails on that
+    expert's slice."""
+    seed = fresh_seed()
+    E, target = 4, 2
+    inp = make_moe(seed, 48, 64, 96, E, 2, device=device)
+    got, ref = check_impl(inp, "triton", seed)
+    o, same = oracle(inp), same_rounding(inp)
+    real = kmoe.moe_backward
+
+    def planted(grad_out, x, top_k_index, top_k_weights, *rest, **kw):
+        return real(grad_out, x, top_k_index, _scaled_weights(top_k_weights, top_k_index == target, 1.001), *rest,
+                    **kw)
+
+    monkeypatch.setattr(kmoe, "moe_backward", planted)
+    bad = run(inp, "triton")
+    assert not torch.equal(bad[3][target], got[3][target])
+    msg = bound_failure("grad_gate_up_proj[2]", bad[3][target], ref[3][target], o[3][target], same[3][target])
+    assert msg is not None, f"seed={seed}: a 0.1% error in one expert's grad_gate_up_proj passed the check"
+    assert any(m.startswith("grad_gate_up_proj[2]") for m in failures(bad, ref, o, same))
+
+
+def test_checker_rejects_one_pair_output_scaled(device, monkeypatch):
+    """One routed pair's output 0.1% too large before its rounding (its routing weight scaled by
+    1.001 in fp32 inside the forward); that token's row of out is checked on its own."""
+    seed = fresh_seed()
+    T, H, I, E, k, t = 3, 512, 512, 2, 1, 1
+    inp = make_moe(seed, T, H, I, E, k, device=device)
+    x, idx, w, gu, dp, go = inp.flat()
+    w = 0.3 + 0.7 * torch.rand(T, k, generator=torch.Generator().manual_seed(seed)).to(device)  # not 1 (k = 1)
+    with torch.no_grad():
+        ref = moe_reference(x, idx, w, gu, dp)
+        got = swiglu.swiglu_moe(x, idx, w, gu, dp, impl="triton")
+    o = moe_float64(x, idx, w, gu, dp)
+    assert bound_failure("out", got, ref, o) is None
+    assert bound_failure(f"out[{t}]", got[t], ref[t], o[t]) is None
+    real = kmoe.moe_forward
+    mask = torch.zeros(T, k, dtype=torch.bool, device=device)
+    mask[t, 0] = True
+    monkeypatch.setattr(kmoe, "moe_forward", lambda x, i, w, *a, **kw: real(x, i, _scaled_weights(w, mask, 1.001), *a,
+                                                                           **kw))
+    with torch.no_grad():
+        bad = swiglu.swiglu_moe(x, idx, w, gu, dp, impl="triton")
+    assert torch.equal(bad[0], got[0]) and not torch.equal(bad[t], got[t])
+    assert bound_failure(f"out[{t}]", bad[t], ref[t], o[t]) is not None, \
+        f"seed={seed}: a 0.1% error in one pair's output passed the check"

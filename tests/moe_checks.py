@@ -1,0 +1,233 @@
+"""Shared helpers for the tests of ``swiglu.swiglu_moe`` (test_moe.py, test_moe_kernels.py,
+test_moe_gpu.py): inputs, one forward and backward through the public op, and the check of a bf16
+result against the float64 oracle, bounded by the bf16 reference's own error.
+
+The check (``failures``) takes each output and gradient (and each expert's slice of the weight
+gradients) and asks two things of it against the float64 oracle ``o``:
+
+1. **norm**: ``||got - o|| <= 2 ||ref - o|| + floor``, the bf16 reference's error doubled, the
+   floor one bf16 rounding (2**-9) per element in norm divided by sqrt(n) (it matters for a
+   handful of elements only, where the reference's error is itself a lucky draw);
+2. **no systematic scale** against the reference (tensors of at least 64 elements):
+   the least-squares scale ``s = <got - ref, o> / <o, o>`` of the difference from the bf16
+   reference along the oracle within ``SHIFT_Z`` standard errors (``_scale_error``) plus
+   ``SHIFT_FLOOR``. Both round the same intermediates (h, the GEMM outputs) alike, so their
+   shared error cancels from ``s`` and its noise is small. A 0.1% scaling of an fp32 result before its rounding moves ``s`` by 1e-3,
+   which the norm alone cannot see: one bf16 rounding already costs ~1.6e-3 in norm. Scaling an
+   already rounded bf16 value by 1.001 changes nothing (the change is below half an ulp).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass, fields
+
+import torch
+
+import swiglu
+from swiglu.moe import moe_float64
+
+#: The outputs of one forward and backward, in the order ``moe_float64`` returns them.
+NAMES = ("out", "grad_x", "grad_top_k_weights", "grad_gate_up_proj", "grad_down_proj")
+FACTOR = 2.0
+SHIFT_Z = 5.0
+SHIFT_FLOOR = 2e-5
+SMALL_N = 16
+BF16_U = 2.0**-9
+
+
+def fresh_seed() -> int:
+    """A new seed per check (fresh inputs every run), printed in failure messages;
+    ``SWIGLU_TEST_SEED=<seed>`` replays one."""
+    return int(os.environ.get("SWIGLU_TEST_SEED") or random.SystemRandom().randrange(1 << 31))
+
+
+@dataclass
+class MoEInputs:
+    x: torch.Tensor  # [T, H] (or [B, S, H])
+    top_k_index: torch.Tensor  # x's leading dims + [k]
+    top_k_weights: torch.Tensor
+    gate_up_proj: torch.Tensor  # [E, 2I, H]
+    down_proj: torch.Tensor  # [E, H, I]
+    grad_out: torch.Tensor  # x's shape
+
+    def args(self):
+        return self.x, self.top_k_index, self.top_k_weights, self.gate_up_proj, self.down_proj
+
+    def tensors(self):
+        return [getattr(self, f.name) for f in fields(self)]
+
+    def flat(self):
+        """(x [T, H], top_k_index [T, k], top_k_weights [T, k], gate_up_proj, down_proj, grad_out [T, H])."""
+        H, k = self.x.shape[-1], self.top_k_index.shape[-1]
+        return (self.x.reshape(-1, H), self.top_k_index.reshape(-1, k), self.top_k_weights.reshape(-1, k),
+                self.gate_up_proj, self.down_proj, self.grad_out.reshape(-1, H))
+
+
+def routing(gen, T, E, k, kind="balanced", dtype=torch.int64):
+    """[T, k] expert ids: ``balanced`` (k distinct uniform experts per token), ``skewed`` (k distinct
+    experts drawn with weights exp(2 * N(0, 1)): a few hot experts, some cold or empty), ``one``
+    (every pair on expert 0: with k > 1 a duplicate in every row), or ``dup`` (balanced, then each token's last
+    choice replaced by its first: a duplicate in every row)."""
+    if kind == "one":
+        idx = torch.zeros(T, k, dtype=torch.int64)
+    elif kind in ("balanced", "dup"):
+        idx = torch.rand(T, E, generator=gen).argsort(dim=1)[:, :k]
+        if kind == "dup":
+            idx[:, -1] = idx[:, 0]
+    elif kind == "skewed":
+        probs = torch.exp(2 * torch.randn(E, generator=gen)).expand(T, E)
+        idx = torch.multinomial(probs, k, replacement=False, generator=gen) if T else torch.zeros(0, k, dtype=torch.int64)
+    else:
+        raise ValueError(kind)
+    return idx.to(dtype)
+
+
+def make_moe(seed, T, H, I, E, k, *, kind="balanced", lead=None, weights_dtype=torch.float32,
+             index_dtype=torch.int64, dtype=torch.bfloat16, device="cpu") -> MoEInputs:
+    """Random inputs of a size where every output is O(1): weights ~ N(0, 1/fan_in), routing
+    weights a softmax over k (positive, as a router's), grad_out ~ N(0, 1). ``lead``: x's leading
+    dims (their product T), default (T,)."""
+    gen = torch.Generator().manual_seed(seed)
+    lead = tuple(lead) if lead is not None else (T,)
+    assert math.prod(lead) == T
+    idx = routing(gen, T, E, k, kind, index_dtype)
+    x = torch.randn(*lead, H, generator=gen)
+    w = torch.softmax(torch.randn(T, k, generator=gen), dim=-1)
+    gu = torch.randn(E, 2 * I, H, generator=gen) * H**-0.5
+    dp = torch.randn(E, H, I, generator=gen) * I**-0.5
+    go = torch.randn(*lead, H, generator=gen)
+    return MoEInputs(x.to(device, dtype), idx.reshape(*lead, k).to(device), w.reshape(*lead, k).to(device, weights_dtype),
+                     gu.to(device, dtype), dp.to(device, dtype), go.to(device, dtype))
+
+
+def run(inp: MoEInputs, impl: str, **kwargs):
+    """``(out, grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` of one forward
+    and backward of ``swiglu.swiglu_moe`` on leaf copies of the inputs."""
+    x, idx, w, gu, dp = (t.detach().clone() for t in inp.args())
+    leaves = [t.requires_grad_(True) for t in (x, w, gu, dp)]
+    out = swiglu.swiglu_moe(x, idx, w, gu, dp, impl=impl, **kwargs)
+    out.backward(inp.grad_out)
+    return (out.detach(), *(t.grad for t in leaves))
+
+
+def oracle(inp: MoEInputs):
+    """``moe_float64``'s outputs and gradients, reshaped to the inputs' shapes."""
+    x, idx, w, gu, dp, go = inp.flat()
+    res = moe_float64(x, idx, w, gu, dp, go)
+    shapes = (inp.x.shape, inp.x.shape, inp.top_k_weights.shape, gu.shape, dp.shape)
+    return tuple(r.reshape(s) for r, s in zip(res, shapes))
+
+
+def same_rounding(inp: MoEInputs):
+    """The formula with the Triton kernels' roundings (fp32 sums, bf16 where they store bf16:
+    gate, up, silu(gate), h, the pair's y before and after its routing weight, d_gate, d_up,
+    h * w, each pair's grad_x row, the sums over k), in torch: what the kernels compute up to the
+    order of their fp32 sums. The scale check compares with it, so its noise is that of the sums'
+    order, not that of the bf16 reference's different roundings."""
+    x, idx, w, gu, dp, go = (t.detach() for t in inp.flat())
+    T, H = x.shape
+    k, E, I = idx.shape[1], gu.shape[0], dp.shape[2]
+    b = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
+    xf, gof, wf = x.float(), go.float(), w.float()
+    y = torch.zeros(T, k, H)
+    dx = torch.zeros(T, k, H)
+    gw = torch.zeros(T, k)
+    ggu, gdp = torch.zeros(gu.shape), torch.zeros(dp.shape)
+    for e in range(E):
+        tok, pos = torch.where(idx.cpu() == e)
+        if tok.numel() == 0:
+            continue
+        we, ge, de = wf.cpu()[tok, pos, None], gu[e].float().cpu(), dp[e].float().cpu()
+        gate, up = b(xf.cpu()[tok] @ ge[:I].T), b(xf.cpu()[tok] @ ge[I:].T)
+        act = b(gate * torch.sigmoid(gate))
+        h = b(act * up)
+        y[tok, pos] = b(b(h @ de.T) * we)
+        g = gof.cpu()[tok] @ de
+        gw[tok, pos] = (g * h).sum(1)
+        g = g * we
+        sg = torch.sigmoid(gate)
+        dgu = torch.cat([b(g * up * sg * (1 + gate * (1 - sg))), b(g * act)], dim=1)
+        ggu[e] = dgu.T @ xf.cpu()[tok]
+        gdp[e] = gof.cpu()[tok].T @ b(h * we)
+        dx[tok, pos] = b(dgu @ ge)
+    dev, bf = x.device, torch.bfloat16
+    res = (y.sum(1).to(bf), dx.sum(1).to(bf), gw.to(w.dtype), ggu.to(bf), gdp.to(bf))
+    shapes = (inp.x.shape, inp.x.shape, inp.top_k_weights.shape, gu.shape, dp.shape)
+    return tuple(r.reshape(s).to(dev) for r, s in zip(res, shapes))
+
+
+def _as_2d(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().double()
+    return t.reshape(-1, t.shape[-1]) if t.dim() else t.reshape(1, 1)
+
+
+def _scale_error(d: torch.Tensor, o: torch.Tensor) -> tuple[float, float]:
+    """``(s, se)``: the least-squares scale of the difference ``d`` along ``o`` (``<d, o> / <o, o>``)
+    and its standard error from the rest of ``d``, taken as the largest of three estimates: the
+    elements as independent, the rows as independent, the columns as independent (a rounding
+    error in a shared operand, e.g. one pair's h in a rank-1 weight gradient, moves a whole row
+    or column)."""
+    oo = float((o * o).sum())
+    s = float((d * o).sum()) / oo
+    p = (d - s * o) * o
+    return s, max(float(p.norm()), float(p.sum(0).norm()), float(p.sum(1).norm())) / oo
+
+
+def bound_failure(name: str, got: torch.Tensor, ref: torch.Tensor, o: torch.Tensor,
+                  same: torch.Tensor | None = None) -> str | None:
+    """Why ``got`` fails the check against the oracle ``o`` given the bf16 reference ``ref``
+    (None: it passes); the scale check against ``same`` (``same_rounding``'s) when given, else
+    ``ref``. See the module's docstring."""
+    if got.shape != o.shape:
+        return f"{name}: shape {tuple(got.shape)}, expected {tuple(o.shape)}"
+    if not torch.isfinite(got).all():
+        return f"{name}: {int((~torch.isfinite(got)).sum())} non-finite elements"
+    n = got.numel()
+    if n == 0:
+        return None
+    g, r, o = _as_2d(got), _as_2d(ref), _as_2d(o)
+    err, ref_err, norm = float((g - o).norm()), float((r - o).norm()), float(o.norm())
+    if norm == 0:
+        return None if err == 0 else f"{name}: oracle is zero, got an error of norm {err:.3e}"
+    floor = BF16_U * norm * (n**-0.5 + SMALL_N / n)
+    if err > FACTOR * ref_err + floor:
+        return (f"{name}: relative error {err / norm:.3e} > {FACTOR} x reference's {ref_err / norm:.3e} + floor "
+                f"{floor / norm:.1e}")
+    if n >= 64:
+        s, se = _scale_error(g - (r if same is None else _as_2d(same)), o)
+        if abs(s) > SHIFT_Z * se + SHIFT_FLOOR:
+            return (f"{name}: scaled by {s:+.3e} against the reference along the oracle (s.e. {se:.1e}, "
+                    f"limit {SHIFT_Z} s.e. + {SHIFT_FLOOR:.0e})")
+    return None
+
+
+def failures(got, ref, oracle_, same=None, *, experts=True) -> list[str]:
+    """Every failing check of the outputs ``got`` (``NAMES`` order) against the oracle, bounded by
+    the bf16 reference ``ref``; with ``experts``, also each expert's slice of the weight gradients
+    on its own (an expert that the oracle gives a zero gradient must have exactly zero)."""
+    bad = []
+    same = same or (None,) * len(NAMES)
+    for name, g, r, o, sr in zip(NAMES, got, ref, oracle_, same):
+        if g.dtype != r.dtype:
+            bad.append(f"{name}: dtype {g.dtype}, reference has {r.dtype}")
+        bad.append(bound_failure(name, g, r, o, sr))
+        if experts and name in ("grad_gate_up_proj", "grad_down_proj"):
+            for e in range(o.shape[0]):
+                bad.append(bound_failure(f"{name}[{e}]", g[e], r[e], o[e], None if sr is None else sr[e]))
+    return [b for b in bad if b]
+
+
+def assert_matches(got, ref, oracle_, seed, same=None, **kwargs):
+    bad = failures(got, ref, oracle_, same, **kwargs)
+    assert not bad, f"seed={seed}: " + "; ".join(bad)
+
+
+def check_impl(inp: MoEInputs, impl: str, seed, **kwargs):
+    """Run ``impl`` and the reference on ``inp`` and check the former; returns its outputs."""
+    got = run(inp, impl)
+    ref = run(inp, "reference")
+    assert_matches(got, ref, oracle(inp), seed, same_rounding(inp), **kwargs)
+    return got, ref
