@@ -1,0 +1,390 @@
+"""The "swiglu" experts implementation of swiglu.integrations.transformers on tiny random
+mixture-of-experts models (CPU, configs built in code: no downloads).
+
+Qwen3-MoE, Qwen2-MoE (a dense shared expert), Mixtral, OLMoE and DeepSeek-V3 (a dense first layer
+and a shared expert): after ``apply(model, impl="reference")`` in float32 the logits, the loss and
+every parameter's gradient equal the unpatched model's (transformers' default "grouped_mm") within
+F32_TOL relative (a 0.1% error planted in the op fails it); in bf16 with ``impl="triton"`` (the
+Triton kernels under TRITON_INTERPRET=1) their error against a float64 copy of the model is at most
+twice the unpatched bf16 model's plus a floor. The name is selectable through the config
+(``experts_implementation="swiglu"``); experts the op cannot compute (biases, gpt-oss, another
+activation, custom gating, dense routing weights, ...) run their previous implementation with a
+warning naming the reason and give the unpatched model's results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import re
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers", minversion="5.3")
+moe_integration = pytest.importorskip("transformers.integrations.moe")
+
+from swiglu import relative_error  # noqa: E402
+from swiglu.integrations import transformers as swiglu_hf  # noqa: E402
+
+F32_TOL = 1e-5
+BF16_FACTOR, BF16_FLOOR = 2.0, 2e-3
+MODULE_FACTOR, MODULE_FLOOR = 1.5, 5e-4
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             vocab_size=128, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+#: family: (config class, model class, config overrides, names apply returns)
+FAMILIES = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(moe_intermediate_size=32, intermediate_size=96, num_experts=8, num_experts_per_tok=2),
+                  ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(moe_intermediate_size=32, intermediate_size=96, shared_expert_intermediate_size=48,
+                       num_experts=8, num_experts_per_tok=2),
+                  ["model.layers.0.mlp.experts", "model.layers.0.mlp.shared_expert", "model.layers.1.mlp.experts",
+                   "model.layers.1.mlp.shared_expert"]),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
+                ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2),
+              ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(moe_intermediate_size=32, intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2,
+                         n_group=1, topk_group=1, first_k_dense_replace=1, n_shared_experts=1, kv_lora_rank=16,
+                         q_lora_rank=32, head_dim=8, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                    ["model.layers.0.mlp", "model.layers.1.mlp.experts", "model.layers.1.mlp.shared_experts"]),
+}
+GPT_OSS = ("GptOssConfig", "GptOssForCausalLM",
+           dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), [])
+
+
+def build(family: str, dtype=torch.float32, seed: int = 0, **overrides) -> nn.Module:
+    """A tiny random model of ``family``: weights std 1/sqrt(fan_in) (not HF's 0.02, so the
+    experts' activations are far from zero and the router's choices are not ties), norms 1 + noise."""
+    config_name, model_name, extra, _ = GPT_OSS if family == "gpt_oss" else FAMILIES[family]
+    config = getattr(transformers, config_name)(**{**SMALL, **extra, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.dim() > 1 else 1 + 0.1 * torch.randn_like(p))
+    return model.to(dtype)
+
+
+def batch(seed: int = 1, shape=(2, 12)) -> torch.Tensor:
+    return torch.randint(3, SMALL["vocab_size"], shape, generator=torch.Generator().manual_seed(seed))
+
+
+def step(model: nn.Module, ids: torch.Tensor):
+    """Logits, loss and every parameter's gradient of one LM loss (gradients reset first)."""
+    model.zero_grad(set_to_none=True)
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return {"logits": out.logits.detach(), "loss": out.loss.detach(), **grads}
+
+
+def errors(ours: dict, theirs: dict) -> dict:
+    assert ours.keys() == theirs.keys(), set(ours) ^ set(theirs)
+    return {k: relative_error(v.float(), theirs[k].float()) for k, v in ours.items()}
+
+
+def assert_same(ours: dict, theirs: dict, tol: float, label: str = "") -> None:
+    bad = {k: v for k, v in errors(ours, theirs).items() if not v <= tol}
+    assert not bad, f"{label} relative errors above {tol}: {bad}"
+
+
+def n_moe_layers(model: nn.Module) -> int:
+    return sum(swiglu_hf._is_experts(m) for m in model.modules())
+
+
+@pytest.fixture
+def moe_calls(monkeypatch):
+    """Counts the backend's calls of swiglu_moe (proves the op ran, not a fallback)."""
+    calls = []
+    real = swiglu_hf._swiglu_moe
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(swiglu_hf, "_swiglu_moe", spy)
+    return calls
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_float32_logits_loss_and_gradients_match(family, moe_calls):
+    plain = build(family)
+    ours = copy.deepcopy(plain)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing left alone
+        names = swiglu_hf.apply(ours, impl="reference")
+    assert names == FAMILIES[family][3]
+    assert ours.config._experts_implementation == "swiglu"
+    assert plain.config._experts_implementation == "grouped_mm"
+    assert ours.state_dict().keys() == plain.state_dict().keys()
+    ids = batch()
+    assert_same(step(ours, ids), step(plain, ids), F32_TOL, family)
+    assert len(moe_calls) == n_moe_layers(ours) and all(c["impl"] == "reference" for c in moe_calls)
+
+
+def test_float32_check_catches_a_planted_error(monkeypatch):
+    """A 0.1% error in the op's output fails the float32 comparison."""
+    plain = build("qwen3_moe")
+    ours = copy.deepcopy(plain)
+    swiglu_hf.apply(ours, impl="reference")
+    real = swiglu_hf._swiglu_moe
+    monkeypatch.setattr(swiglu_hf, "_swiglu_moe", lambda *a, **k: real(*a, **k) * 1.001)
+    ids = batch()
+    with pytest.raises(AssertionError, match="relative errors"):
+        assert_same(step(ours, ids), step(plain, ids), F32_TOL)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_bf16_triton_within_bound_of_the_float64_model(family, moe_calls):
+    """bf16 weights, ``impl="triton"`` (the MoE kernels, and the dense MLPs' Triton path, under
+    TRITON_INTERPRET=1).
+
+    The whole model: logits, loss and every gradient no further from a float64 copy of the model
+    (the same rounded weights; its experts on transformers' eager loop, as grouped_mm has no
+    float64 CPU kernel) than twice the unpatched bf16 model plus BF16_FLOOR. That bound is loose
+    (the rest of the model in bf16 and routing flips put the unpatched model 1-20% away), so each
+    experts module is also checked on the inputs it saw in the model: its output and the four
+    gradients against ``swiglu.moe.moe_float64``, within MODULE_FACTOR times transformers'
+    grouped_mm in bf16 plus MODULE_FLOOR (a 1% error planted in the op fails it; 0.1% is below a
+    bf16 rounding and invisible)."""
+    pytest.importorskip("swiglu.kernels.moe")
+    from swiglu.moe import moe_float64
+
+    plain = build(family, dtype=torch.bfloat16)
+    ours = copy.deepcopy(plain)
+    oracle = copy.deepcopy(plain).to(torch.float64)
+    oracle.set_experts_implementation("eager")
+    swiglu_hf.apply(ours, impl="triton")
+    seen = []
+    for m in ours.modules():
+        if swiglu_hf._is_experts(m):
+            m.register_forward_hook(lambda mod, args, out: seen.append((mod, [a.detach() for a in args])))
+    ids = batch(shape=(1, 16))
+    want = step(oracle, ids)
+    err_ours, err_plain = errors(step(ours, ids), want), errors(step(plain, ids), want)
+    bad = {k: (e, err_plain[k]) for k, e in err_ours.items() if not e <= BF16_FACTOR * err_plain[k] + BF16_FLOOR}
+    assert not bad, f"{family}: (ours, unpatched) errors against float64 beyond the bound: {bad}"
+    assert len(moe_calls) == n_moe_layers(ours) and all(c["impl"] == "triton" for c in moe_calls)
+
+    assert len(seen) == n_moe_layers(ours)
+    for module, (x, idx, w) in seen:
+        grad_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(0)).to(x.dtype)
+
+        def run(forward):
+            xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+            out = forward(module, xs, idx, ws)
+            return (out.detach(), *torch.autograd.grad(out, (xs, ws, module.gate_up_proj, module.down_proj), grad_out))
+
+        got, ref = run(swiglu_hf.swiglu_experts_forward), run(moe_integration.grouped_mm_experts_forward)
+        exact = moe_float64(x, idx, w, module.gate_up_proj, module.down_proj, grad_out)
+        names = ("out", "grad_x", "grad_top_k_weights", "grad_gate_up_proj", "grad_down_proj")
+        errs = {n: (relative_error(a, o), relative_error(b, o)) for n, a, b, o in zip(names, got, ref, exact)}
+        bad = {n: e for n, e in errs.items() if not e[0] <= MODULE_FACTOR * e[1] + MODULE_FLOOR}
+        assert not bad, f"{family}: (ours, grouped_mm) errors of an experts module against float64: {bad}"
+
+
+@pytest.mark.parametrize("how", ["config", "from_config", "set_experts_implementation"])
+def test_swiglu_is_selectable_by_name(how, moe_calls):
+    """After ``register_experts()`` the name works wherever transformers takes an experts
+    implementation; the modules then run the op with ``impl="auto"`` (the reference on a CPU)."""
+    assert swiglu_hf.register_experts() == "swiglu"
+    assert swiglu_hf.register_experts() == "swiglu"  # idempotent
+    assert moe_integration.ALL_EXPERTS_FUNCTIONS["swiglu"] is swiglu_hf.swiglu_experts_forward
+    plain = build("mixtral")
+    if how == "config":
+        ours = build("mixtral", experts_implementation="swiglu")
+    elif how == "from_config":
+        config = copy.deepcopy(plain.config)
+        ours = transformers.AutoModelForCausalLM.from_config(config, experts_implementation="swiglu")
+        ours.load_state_dict(plain.state_dict())
+    else:
+        ours = copy.deepcopy(plain)
+        ours.set_experts_implementation("swiglu")
+    assert ours.config._experts_implementation == "swiglu"
+    ids = batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = step(ours, ids)
+    assert_same(got, step(plain, ids), F32_TOL, how)
+    assert len(moe_calls) == n_moe_layers(ours) and all(c["impl"] == "auto" for c in moe_calls)
+
+
+def _add_expert_biases(model: nn.Module) -> None:
+    """Make every experts module one with biases (``has_bias``), as gpt-oss's experts are."""
+    for m in model.modules():
+        if swiglu_hf._is_experts(m):
+            E, two_i, H = m.gate_up_proj.shape
+            g = torch.Generator().manual_seed(3)
+            m.gate_up_proj_bias = nn.Parameter(0.1 * torch.randn(E, two_i, generator=g))
+            m.down_proj_bias = nn.Parameter(0.1 * torch.randn(E, H, generator=g))
+            m.has_bias = True
+
+
+def test_experts_with_biases_fall_back_with_a_warning(moe_calls):
+    """apply leaves experts with biases on their implementation (named in a warning, not in the
+    returned names); selected by config instead, their first call warns and falls back."""
+    plain = build("qwen3_moe")
+    _add_expert_biases(plain)
+    ours = copy.deepcopy(plain)
+    with pytest.warns(UserWarning, match=r"2 Qwen3MoeExperts experts module\(s\).*keep their 'grouped_mm'.*expert biases"):
+        assert swiglu_hf.apply(ours, impl="reference") == []
+    assert ours.config._experts_implementation == "grouped_mm"
+    by_config = copy.deepcopy(plain)
+    by_config.set_experts_implementation("swiglu")
+    ids = batch()
+    want = step(plain, ids)
+    assert_same(step(ours, ids), want, 0.0)
+    with pytest.warns(UserWarning, match="runs its 'grouped_mm' experts implementation: expert biases"):
+        got = step(by_config, ids)
+    assert_same(got, want, 0.0)
+    assert moe_calls == []
+
+
+def test_gpt_oss_falls_back_with_a_warning(moe_calls):
+    """gpt-oss's experts (biases, transposed and interleaved weights, a clamped SwiGLU) keep
+    their implementation: the unpatched model's results, bit for bit."""
+    plain = build("gpt_oss")
+    ours = copy.deepcopy(plain)
+    with pytest.warns(UserWarning, match="GptOssExperts experts module.*expert biases"):
+        assert swiglu_hf.apply(ours) == []
+    assert ours.config._experts_implementation == "grouped_mm"
+    experts = copy.deepcopy(ours.model.layers[0].mlp.experts)  # each reason in turn, on a copy
+    for attr, value, match in [("has_bias", False, "transposed"), ("is_transposed", False, "interleaved"),
+                               ("is_concatenated", True, "custom gating")]:
+        setattr(experts, attr, value)
+        assert match in swiglu_hf.experts_unsupported_reason(experts)
+    ids = batch()
+    assert_same(step(ours, ids), step(plain, ids), 0.0)
+    assert moe_calls == []
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda m: setattr(m, "is_transposed", True), "transposed expert weights"),
+    (lambda m: setattr(m, "is_concatenated", False), "interleaved gate/up"),
+    (lambda m: setattr(m, "has_gate", False), "no gate"),
+    (lambda m: setattr(m, "has_post_expert_norm", True), "a norm after each expert"),
+    (lambda m: setattr(m, "act_fn", nn.GELU()), "act_fn is GELU"),
+    (lambda m: setattr(m, "_apply_gate", lambda x: x), "custom gating"),
+    (lambda m: setattr(m, "__class__", type("Gated", (type(m),), {"_apply_gate": lambda self, x: x})),
+     r"custom gating \(Gated._apply_gate\)"),
+    (lambda m: setattr(m, "gate_up_proj", nn.Parameter(m.gate_up_proj.data.to(torch.float8_e4m3fn),
+                                                       requires_grad=False)), "float8"),
+])
+def test_each_unsupported_experts_module_is_named(change, match):
+    experts = build("mixtral", num_hidden_layers=1).model.layers[0].mlp.experts
+    assert swiglu_hf.experts_unsupported_reason(experts) is None
+    change(experts)
+    assert experts.__dict__.get("_swiglu_experts") is None
+    assert re.search(match, swiglu_hf.experts_unsupported_reason(experts))
+
+
+def test_another_activation_falls_back_and_matches(moe_calls):
+    """hidden_act="gelu": the experts keep grouped_mm (warned), the model's results unchanged."""
+    plain = build("olmoe", hidden_act="gelu")
+    ours = copy.deepcopy(plain)
+    with pytest.warns(UserWarning, match="not SiLU"):
+        assert swiglu_hf.apply(ours, impl="reference") == []
+    ids = batch()
+    assert_same(step(ours, ids), step(plain, ids), 0.0)
+    assert moe_calls == []
+
+
+@moe_integration.use_experts_implementation
+class DenseRoutedExperts(nn.Module):
+    """A standalone experts module whose own (eager) forward takes dense [T, E] routing weights."""
+
+    def __init__(self, config):
+        super().__init__()
+        E, H, I = 4, 16, 8
+        g = torch.Generator().manual_seed(0)
+        self.num_experts = E
+        self.gate_up_proj = nn.Parameter(torch.randn(E, 2 * I, H, generator=g) / H**0.5)
+        self.down_proj = nn.Parameter(torch.randn(E, H, I, generator=g) / I**0.5)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        x = hidden_states.to(self.gate_up_proj.dtype)
+        out = torch.zeros_like(x)
+        dense = top_k_weights.shape != top_k_index.shape
+        for j in range(top_k_index.shape[-1]):
+            e = top_k_index[:, j]
+            gate, up = torch.einsum("th,tih->ti", x, self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = torch.einsum("ti,thi->th", self.act_fn(gate) * up, self.down_proj[e])
+            w = top_k_weights.gather(1, e[:, None])[:, 0] if dense else top_k_weights[:, j]
+            out = out + w[:, None] * y
+        return out.to(hidden_states.dtype)
+
+
+def _dense_routed(experts_implementation):
+    config = transformers.PretrainedConfig()
+    config._experts_implementation = experts_implementation
+    return DenseRoutedExperts(config)
+
+
+@pytest.mark.parametrize("case", ["dense routing weights", "dtype", "autocast", "expert parallel"])
+def test_a_call_the_op_cannot_serve_falls_back(case, moe_calls):
+    """Checked at every call: [T, E] routing weights, hidden_states in another dtype than the
+    weights, autocast, expert parallelism. The module's eager forward (its recorded previous
+    implementation) runs, warned, with its own result."""
+    ours, plain = _dense_routed("eager"), _dense_routed("eager")
+    assert swiglu_hf.apply(ours, impl="reference") == [""]  # the module itself, "eager" recorded as its previous
+    assert ours.config._experts_implementation == "swiglu"
+    assert ours._swiglu_experts == ("reference", None, "eager")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 16, generator=g)
+    idx = torch.randint(0, 4, (6, 2), generator=g)
+    w = torch.rand(6, 2, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = ours(x, idx, w)
+    assert relative_error(got.detach(), plain(x, idx, w).detach()) <= F32_TOL
+    assert len(moe_calls) == 1
+    context = torch.autocast("cpu", dtype=torch.bfloat16) if case == "autocast" else contextlib.nullcontext()
+    if case == "dense routing weights":
+        w = torch.rand(6, 4, generator=g)
+    elif case == "dtype":
+        x = x.double()
+    elif case == "expert parallel":
+        ours._is_expert_parallel = True
+    with context, pytest.warns(UserWarning, match="runs its 'eager' experts implementation"):
+        got = ours(x, idx, w)
+    with context:
+        want = plain(x, idx, w)
+    assert torch.equal(got, want)
+    assert len(moe_calls) == 1
+
+
+def test_apply_again_and_unpatch_restore_the_previous_implementation(moe_calls):
+    model = build("qwen2_moe")
+    model.set_experts_implementation("batched_mm")
+    names = swiglu_hf.apply(model, impl="reference")
+    assert swiglu_hf.apply(model, impl="auto") == names  # the recorded previous stays batched_mm
+    experts = model.model.layers[0].mlp.experts
+    assert experts._swiglu_experts == ("auto", None, "batched_mm")
+    assert swiglu_hf.unpatch(model) == names
+    assert model.config._experts_implementation == "batched_mm"
+    assert "_swiglu_experts" not in experts.__dict__
+    assert type(model.model.layers[0].mlp.shared_expert).__name__ == "Qwen2MoeMLP"
+    model(batch())
+    assert moe_calls == []
+
+
+def test_register_experts_errors(monkeypatch):
+    with pytest.raises(ValueError, match="impl must be one of"):
+        swiglu_hf.register_experts(impl="fast")
+    with pytest.raises(TypeError, match="impl must be a str"):
+        swiglu_hf.register_experts(impl=1)
+    monkeypatch.setitem(moe_integration.ExpertsInterface._global_mapping, "swiglu", lambda *a: None)
+    with pytest.raises(ValueError, match="already maps 'swiglu'"):
+        swiglu_hf.register_experts()
+    with pytest.raises(ValueError, match="already maps 'swiglu'"):
+        swiglu_hf.apply(build("mixtral", num_hidden_layers=1))
