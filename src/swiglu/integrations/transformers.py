@@ -533,7 +533,8 @@ def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = F
                       stacklevel=2)
     if experts:
         served = _apply_experts(model, experts, impl)
-        patched = [name for name in patched if name in served or name not in dict(experts)]
+        unserved = {name for name, _ in experts} - served
+        patched = [name for name in patched if name not in unserved]
     return patched
 
 
