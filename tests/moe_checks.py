@@ -132,31 +132,32 @@ def same_rounding(inp: MoEInputs):
     k, E, I = idx.shape[1], gu.shape[0], dp.shape[2]
     b = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
     xf, gof, wf = x.float(), go.float(), w.float()
-    y = torch.zeros(T, k, H)
-    dx = torch.zeros(T, k, H)
-    gw = torch.zeros(T, k)
-    ggu, gdp = torch.zeros(gu.shape), torch.zeros(dp.shape)
+    dev = x.device
+    y = torch.zeros(T, k, H, device=dev)
+    dx = torch.zeros(T, k, H, device=dev)
+    gw = torch.zeros(T, k, device=dev)
+    ggu, gdp = torch.zeros(gu.shape, device=dev), torch.zeros(dp.shape, device=dev)
     for e in range(E):
-        tok, pos = torch.where(idx.cpu() == e)
+        tok, pos = torch.where(idx == e)
         if tok.numel() == 0:
             continue
-        we, ge, de = wf.cpu()[tok, pos, None], gu[e].float().cpu(), dp[e].float().cpu()
-        gate, up = b(xf.cpu()[tok] @ ge[:I].T), b(xf.cpu()[tok] @ ge[I:].T)
+        we, ge, de = wf[tok, pos, None], gu[e].float(), dp[e].float()
+        gate, up = b(xf[tok] @ ge[:I].T), b(xf[tok] @ ge[I:].T)
         act = b(gate * torch.sigmoid(gate))
         h = b(act * up)
         y[tok, pos] = b(b(h @ de.T) * we)
-        g = gof.cpu()[tok] @ de
+        g = gof[tok] @ de
         gw[tok, pos] = (g * h).sum(1)
         g = g * we
         sg = torch.sigmoid(gate)
         dgu = torch.cat([b(g * up * sg * (1 + gate * (1 - sg))), b(g * act)], dim=1)
-        ggu[e] = dgu.T @ xf.cpu()[tok]
-        gdp[e] = gof.cpu()[tok].T @ b(h * we)
+        ggu[e] = dgu.T @ xf[tok]
+        gdp[e] = gof[tok].T @ b(h * we)
         dx[tok, pos] = b(dgu @ ge)
-    dev, bf = x.device, torch.bfloat16
+    bf = torch.bfloat16
     res = (y.sum(1).to(bf), dx.sum(1).to(bf), gw.to(w.dtype), ggu.to(bf), gdp.to(bf))
     shapes = (inp.x.shape, inp.x.shape, inp.top_k_weights.shape, gu.shape, dp.shape)
-    return tuple(r.reshape(s).to(dev) for r, s in zip(res, shapes))
+    return tuple(r.reshape(s) for r, s in zip(res, shapes))
 
 
 def _as_2d(t: torch.Tensor) -> torch.Tensor:

@@ -237,8 +237,8 @@ def test_checker_rejects_one_expert_weight_gradient_scaled(device, monkeypatch):
     bf16 gradient would change nothing). The clean run passes; the planted one fails on that
     expert's slice."""
     seed = fresh_seed()
-    E, target = 3, 2
-    inp = make_moe(seed, 48, 64, 96, E, 2, device=device)  # about 32 pairs per expert
+    E, target = 2, 1
+    inp = make_moe(seed, 64, 64, 128, E, 2, device=device)  # 64 pairs per expert
     got, ref = check_impl(inp, "triton", seed)
     o, same = oracle(inp), same_rounding(inp)
     real = kmoe.moe_backward
@@ -259,7 +259,7 @@ def test_checker_rejects_one_pair_output_scaled(device, monkeypatch):
     """One routed pair's output 0.1% too large before its rounding (its routing weight scaled by
     1.001 in fp32 inside the forward); that token's row of out is checked on its own."""
     seed = fresh_seed()
-    T, H, I, E, k, t = 3, 512, 512, 2, 1, 1
+    T, H, I, E, k, t = 3, 4096, 32, 2, 1, 1  # a long row: the planted change is 4096 elements
     inp = make_moe(seed, T, H, I, E, k, device=device)
     x, idx, w, gu, dp, go = inp.flat()
     w = 0.3 + 0.7 * torch.rand(T, k, generator=torch.Generator().manual_seed(seed)).to(device)  # not 1 (k = 1)
