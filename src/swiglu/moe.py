@@ -101,6 +101,12 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
 # --------------------------------------------------------------------------- reference and oracle
 
 
+def _anchor(*tensors) -> torch.Tensor:
+    """A zero that depends on every tensor (through empty slices: no NaN can leak in), so that an
+    output no routed pair reaches (T = 0, every id outside [0, E)) still gives zero gradients."""
+    return sum(t[:0].sum() for t in tensors)
+
+
 def moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj) -> torch.Tensor:
     """transformers' eager experts loop, in its order of operations (bf16 GEMM outputs, the
     routing weight applied in the product's promoted dtype, ``index_add_`` into an output of x's
@@ -108,9 +114,7 @@ def moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj) -> tor
     ``top_k_weights`` [T, k]; expert ids outside [0, E) contribute nothing (transformers' expert
     parallel sentinels); a duplicate id in a token's row counts once per occurrence."""
     E = gate_up_proj.shape[0]
-    out = torch.zeros_like(x)
-    if x.shape[0] == 0:
-        return out + 0 * (gate_up_proj.sum() + down_proj.sum() + top_k_weights.sum()).to(x.dtype)
+    out = torch.zeros_like(x) + _anchor(x, top_k_weights, gate_up_proj, down_proj).to(x.dtype)
     with torch.no_grad():
         mask = F.one_hot(top_k_index.long().clamp(-1, E) % (E + 1), num_classes=E + 1).permute(2, 1, 0)
         hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
@@ -132,7 +136,7 @@ def moe_float64(x, top_k_index, top_k_weights, gate_up_proj, down_proj, grad_out
     xd, wd, gu, dp = f(x), f(top_k_weights), f(gate_up_proj), f(down_proj)
     E, I = gu.shape[0], gu.shape[1] // 2
     idx = top_k_index.long()
-    out = torch.zeros_like(xd)
+    out = torch.zeros_like(xd) + _anchor(xd, wd, gu, dp)
     gu_e, dp_e = gu.unbind(0), dp.unbind(0)  # one gradient buffer per weight, not one per expert
     for e in range(E):  # one expert at a time: memory of the routed rows only
         tok, pos = torch.where(idx == e)
