@@ -52,9 +52,9 @@ def main(argv=None) -> None:
 
             cfg = RESIDENT_CANDIDATES[int(args.tile.partition(":")[2])]
         elif args.tile != "table":
-            from probe_wgrad_defer import parse  # the tile names' reader, in this folder
+            from swiglu_lab.bench.tables import parse_tile
 
-            cfg = replace(parse(args.tile, cfg), pingpong=False, BN2=0)
+            cfg = replace(parse_tile(args.tile, cfg), pingpong=False, BN2=0)
         nprog = backward.tile_programs(dev, M, N, cfg)
         print(f"T = {T}: {cfg}, {nprog} programs")
         run = lambda: backward.launch_weight_gradient(a, b, out, None, cfg, nprog)  # noqa: E731

@@ -1,6 +1,10 @@
 """Where the memory-lean forward's time goes against nn.Linear's at small T (H200, Hermes size).
 
-    PYTHONPATH=src:lab python3 scripts/forward_probe.py
+Answer (data/train_step/20261130T154448Z-fec056d/forward_probe.log, docs/training.md): ours
+takes nn.Linear's kernel time; the 2-6% it loses per call at T <= 512 is host time before the
+first GEMM is queued, which a training loop running ahead of the GPU hides.
+
+    PYTHONPATH=src:lab python3 lab/probes/forward_probe.py
 
 Interleaved per call (plain, ours cuBLAS path, ours per the table, the three GEMMs alone), L2 not
 flushed, device idle before each call (``swiglu_lab.bench.timing.median_step_ms``, as

@@ -1,8 +1,12 @@
 """GPU probe of the Gluon grad_x kernel (``gluon_wgrad.launch_grad_x_gluon``, the weight-gradient
 kernel's ``A_KMAJOR`` orientation): bitwise against the tl grad_x kernel, then timed beside it.
 
-    OUT=$OUT PYTHONPATH=src:lab timeout 400 python3 scripts/probe_gluon_grad_x.py
-    PYTHONPATH=src:lab python3 scripts/probe_gluon_grad_x.py --tokens 128,512 --configs 0,1 --block 10
+Answer (data/tuning/gluon_grad_x_probe_96ffe16_20261202.csv, gluon_grad_x_deep_1bc9f92_20261202.csv,
+docs/kernels.md): bitwise the tl kernel everywhere, but slower at every T but 1024 (0.74-0.99x its
+speed at T = 128, 1.01x at 1024), deeper rings no faster: no ``gluon_grad_x`` table entry.
+
+    OUT=$OUT PYTHONPATH=src:lab timeout 400 python3 lab/probes/probe_gluon_grad_x.py
+    PYTHONPATH=src:lab python3 lab/probes/probe_gluon_grad_x.py --tokens 128,512 --configs 0,1 --block 10
 
 First a ragged case (T = 200, H = 520, I = 1176: partial tiles on every edge, each K half ending
 inside a k-step), then per T in --tokens at Hermes' size (or --hidden-size/--intermediate-size):
@@ -22,11 +26,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def inputs(T: int, H: int, I: int, seed: int):

@@ -1,7 +1,11 @@
 """Where the host's time before a Triton backward's first kernel goes: each step of
 ``swiglu_mlp_backward(impl="triton")`` timed alone on the host, at Hermes' size. A probe, not a test.
 
-    python scripts/probe_host_lead.py --tokens 128 256 --out build/host_lead
+Answer (data/host_overhead/, docs/kernels.md): mostly in Triton's runner and in TMA descriptors
+of reshaped tensors; the direct launch and taking 2-D tensors without a reshape cut the host's
+work before the first kernel from 167 to 62 us at T = 256.
+
+    python lab/probes/probe_host_lead.py --tokens 128 256 --out build/host_lead
 
 GPU only. Per token count, each step runs ``--iters`` times (after ``--warmup``), timed with
 ``time.perf_counter_ns`` around the step alone, the garbage collector off, the device
@@ -19,12 +23,10 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+REPO = Path(__file__).resolve().parents[2]
 
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402

@@ -1,6 +1,12 @@
 """Pipelined 2-CTA cluster weight gradients with the shared operand TMA-multicast (Gluon, triton
 >= 3.7), beside their twins without multicast, the library's 1-CTA Gluon kernel and cuBLAS.
 
+Answer (data/validation/h200_multicast_wgrad_*_triton371_20261202.log,
+data/tuning/multicast_wgrad_bn256_32d826e_triton371_20261202.log, docs/kernels.md "2-CTA clusters
+with multicast"): right and bitwise its twins, but multicast is not the lever it was predicted to
+be: 1.4% against its own twin at T = 128, 0-0.7% elsewhere, 2% with 256-wide tiles at T = 4096-8192.
+Its kernels: ``swiglu_lab.experiments.multicast_wgrad``.
+
     out[M, N] = A^T @ B,  A [K, M] (d_gate: [T, I]), B [K, N] (x: [T, H]), Hermes' size, K = T.
 
 Each program is a cluster of two CTAs on a [2*BM, BN] tile: A split along M, B held by both and
@@ -13,8 +19,8 @@ for either). Two kernels: ``multicast_wgrad_kernel``, one partition of two warpg
 warpgroups, TMA storer) on the cluster tile, bitwise that kernel's output. Measured on the H200:
 data/validation/h200_multicast_wgrad_*_triton371_20261202.log and docs/kernels.md.
 
-    python scripts/probe_multicast_wgrad.py --compile-only   # any machine: both kernels for sm_90
-    timeout 300 python scripts/probe_multicast_wgrad.py      # H200 + triton 3.7 (scripts/install_triton.sh)
+    python lab/probes/probe_multicast_wgrad.py --compile-only   # any machine: both kernels for sm_90
+    timeout 300 python lab/probes/probe_multicast_wgrad.py      # H200 + triton 3.7 (scripts/install_triton.sh)
 
 GPU: each variant's first launch is announced before it runs (an outer ``timeout`` catches a
 hang), checked close to cuBLAS, bitwise against its twin without multicast and (warp-specialized,
@@ -27,290 +33,14 @@ Exit status 1 on a wrong result.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import triton
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "scripts"), str(REPO / "src"), str(REPO / "lab")]
-
-from probe_multicast import cluster, compile_sm90, descriptors, too_old  # noqa: E402 (this folder's 2-CTA tile probe)
-
-from swiglu.kernels.gluon_wgrad import _epilogue_store, _program_tiles, _store_partition, _tile_mn  # noqa: E402
-
-BM, BN, BK, STAGES, NUM_WARPS, GROUP_M = 128, 128, 64, 4, 8, 16  # per CTA: two warpgroups on 128 x 128
-NC = 2  # the warp-specialized kernel's output buffers (the 1-CTA table's at T = 256-512; --nc)
-TAG = 3  # the free barriers' count in the first pass, which finds them in the PTX
-
-
-@gluon.jit
-def _peer_arrive(offset):
-    # Arrive on the mbarrier at byte `offset` of shared memory in the other CTA of the cluster,
-    # from thread 0 of this CTA.
-    gl.inline_asm_elementwise(
-        """{
-        .reg .b32 %pa_t, %pa_a, %pa_r, %pa_k;
-        .reg .pred %pa_p;
-        mov.u32 %pa_t, %tid.x;
-        setp.eq.u32 %pa_p, %pa_t, 0;
-        mov.u32 %pa_a, global_smem;
-        add.u32 %pa_a, %pa_a, $1;
-        mov.u32 %pa_k, %cluster_ctarank;
-        xor.b32 %pa_k, %pa_k, 1;
-        mapa.shared::cluster.u32 %pa_r, %pa_a, %pa_k;
-        @%pa_p mbarrier.arrive.shared::cluster.b64 _, [%pa_r];
-        mov.u32 $0, 0;
-        }""", "=r,r", [offset], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, kk, pid_m, pid_n, MULTICAST: gl.constexpr):
-    # Step j of this program (k-step kk of tile (pid_m, pid_n)) into stage j % STAGES, once both
-    # CTAs have freed it (a fresh barrier passes parity 1 at once).
-    BK_: gl.constexpr = a_desc.block_type.shape[0]
-    BM2: gl.constexpr = a_desc.block_type.shape[1]
-    BN_: gl.constexpr = b_desc.block_type.shape[1]
-    STAGES_: gl.constexpr = a_bufs.type.shape[0]
-    s = j % STAGES_
-    mbarrier.wait(free.index(s), ((j // STAGES_) & 1) ^ 1)
-    mbarrier.expect(ready.index(s), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
-    tma.async_copy_global_to_shared(a_desc, [kk * BK_, pid_m * BM2], ready.index(s), a_bufs.index(s))
-    tma.async_copy_global_to_shared(b_desc, [kk * BK_, pid_n * BN_], ready.index(s), b_bufs.index(s),
-                                    multicast=MULTICAST)
-
-
-@gluon.jit
-def _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, pid, nprog, num_m, num_n, k_tiles,
-          MULTICAST: gl.constexpr, GROUP_M: gl.constexpr):
-    # Step j of this program: its tile j // k_tiles, k-step j % k_tiles.
-    pid_m, pid_n = _tile_mn(pid + (j // k_tiles) * nprog, num_m, num_n, GROUP_M)
-    _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, j % k_tiles, pid_m, pid_n, MULTICAST)
-
-
-@gluon.jit
-def _release(free, s, FREE_OFF: gl.constexpr, PEER: gl.constexpr):
-    gl.barrier()  # every warp's wgmma on stage s is done before thread 0 frees it
-    mbarrier.arrive(free.index(s))
-    if PEER:
-        _peer_arrive(FREE_OFF + s * 8)
-
-
-@gluon.jit
-def multicast_wgrad_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER: gl.constexpr,
-                           FREE_COUNT: gl.constexpr, MULTICAST: gl.constexpr, STAGES: gl.constexpr,
-                           GROUP_M: gl.constexpr):
-    BK_: gl.constexpr = a_desc.block_type.shape[0]
-    BM2: gl.constexpr = a_desc.block_type.shape[1]
-    BN_: gl.constexpr = b_desc.block_type.shape[1]
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK_, BM2], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK_, BN_], b_desc.layout)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM2, BN_], c_desc.layout)
-    ready = mbarrier.allocate_mbarrier(batch=STAGES)  # per CTA
-    free = mbarrier.allocate_mbarrier(batch=STAGES)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(free.index(i), count=FREE_COUNT)
-    mbarrier.sync_cluster_init()
-
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM2, BN_)  # a program is a cluster
-    k_tiles = gl.cdiv(a_desc.shape[0], BK_)
-    total = num_tiles * k_tiles  # this program's k-steps over all its tiles
-    for j in range(0, min(STAGES - 1, total)):
-        _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, pid, nprog, num_m, num_n, k_tiles, MULTICAST, GROUP_M)
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                         instr_shape=[16, BN_, 16], cga_layout=[[1, 0]])
-    acc = gl.zeros([BM2, BN_], gl.float32, acc_layout)
-    for g in range(total):
-        s = g % STAGES
-        kk = g % k_tiles
-        mbarrier.wait(ready.index(s), (g // STAGES) & 1)
-        acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-        if kk > 0:  # step g - 1's wgmma is done: free its stage
-            _release(free, (g + STAGES - 1) % STAGES, FREE_OFF, PEER)
-        if g + STAGES - 1 < total:
-            _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, g + STAGES - 1, pid, nprog, num_m, num_n, k_tiles,
-                  MULTICAST, GROUP_M)
-        if kk == k_tiles - 1:  # the tile's last step: epilogue
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            _release(free, s, FREE_OFF, PEER)
-            pid_m, pid_n = _tile_mn(pid + (g // k_tiles) * nprog, num_m, num_n, GROUP_M)
-            tma.store_wait(0)
-            gl.barrier()
-            c_smem.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            gl.barrier()
-            tma.async_copy_shared_to_global(c_desc, [pid_m * BM2, pid_n * BN_], c_smem)
-    tma.store_wait(0)
-    cluster.arrive()  # no CTA exits while its peer may still multicast into it or arrive on it
-    cluster.wait()
-
-
-# ----------------------------------------------------------------------------- warp-specialized form
-# The library's 1-CTA weight gradient (gluon_wgrad.wgrad_kernel: a TMA loader warp, two MMA
-# warpgroups, a TMA storer warp with NC stores in flight) on a 2-CTA cluster tile: its storer and
-# epilogue hand-off as they are; the loader expects each CTA's bytes and multicasts B; the MMA
-# warps free a stage in both CTAs. No closing cluster barrier (the suspect of the first attempt's
-# hang, docs/kernels.md): the MMA warps of each CTA arrive on the peer's done barrier (the free
-# barriers' last entry) after their last peer arrive and wait for the peer's, so no CTA exits while
-# its peer may still arrive on it; every multicast into a CTA is a step that CTA waited for.
-# The barriers' init is made visible to the peer inside the partitions: warp_specialize sends the
-# worker warps to their dispatch loop at the kernel's entry, so a cluster barrier before it
-# (sync_cluster_init) waits for threads that never reach it (the hang at first launch, seen in the
-# PTX). Every partition arrives on the cluster barrier first instead, and the workers take 2 warps
-# each (8 + 2 + 2 = 12 warps: no idle padding warp that would never arrive).
-
-
-@gluon.jit
-def _cluster_sync():
-    cluster.arrive(relaxed=True)  # after the init fence: sync_cluster_init's pattern
-    cluster.wait()
-
-
-@gluon.jit
-def _ws_load(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty,
-             GROUP_M: gl.constexpr, MULTICAST: gl.constexpr):
-    BK_: gl.constexpr = a_desc.block_type.shape[0]
-    BM2: gl.constexpr = a_desc.block_type.shape[1]
-    BN_: gl.constexpr = b_desc.block_type.shape[1]
-    _cluster_sync()
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM2, BN_)
-    k_tiles = gl.cdiv(a_desc.shape[0], BK_)
-    p = 0
-    for t in range(num_tiles):
-        pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
-        for kk in range(k_tiles):
-            _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, free, p, kk, pid_m, pid_n, MULTICAST)
-            p += 1
-
-
-@gluon.jit
-def _ws_mma(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty,
-            FREE_OFF: gl.constexpr, PEER: gl.constexpr):
-    BK_: gl.constexpr = a_desc.block_type.shape[0]
-    BM2: gl.constexpr = a_desc.block_type.shape[1]
-    BN_: gl.constexpr = b_desc.block_type.shape[1]
-    STAGES_: gl.constexpr = a_bufs.type.shape[0]
-    _cluster_sync()
-    num_tiles = _program_tiles(c_desc, BM2, BN_)[4]
-    k_tiles = gl.cdiv(a_desc.shape[0], BK_)
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                         instr_shape=[16, BN_, 16], cga_layout=[[1, 0]])
-    acc = gl.zeros([BM2, BN_], gl.float32, acc_layout)
-    c = 0
-    for t in range(num_tiles):
-        for kk in range(k_tiles):
-            s = c % STAGES_
-            mbarrier.wait(ready.index(s), (c // STAGES_) & 1)
-            acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            if kk > 0:
-                _release(free, (c + STAGES_ - 1) % STAGES_, FREE_OFF, PEER)
-            c += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        _release(free, (c + STAGES_ - 1) % STAGES_, FREE_OFF, PEER)
-        _epilogue_store(acc.to(c_desc.dtype), t, c_desc, c_bufs, c_ready, c_empty)
-    # done: this CTA's arrive and the peer's on the last entry; past it neither CTA touches the other
-    _release(free, STAGES_, FREE_OFF, PEER)
-    mbarrier.wait(free.index(STAGES_), 0)
-
-
-@gluon.jit
-def _ws_store(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M: gl.constexpr):
-    _cluster_sync()
-    _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M,
-                     c_desc, c_bufs)  # no second output chunk
-
-
-@gluon.jit
-def multicast_wgrad_ws_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER: gl.constexpr,
-                              FREE_COUNT: gl.constexpr, MULTICAST: gl.constexpr, STAGES: gl.constexpr,
-                              GROUP_M: gl.constexpr, NC: gl.constexpr):
-    BK_: gl.constexpr = a_desc.block_type.shape[0]
-    BM2: gl.constexpr = a_desc.block_type.shape[1]
-    BN_: gl.constexpr = b_desc.block_type.shape[1]
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK_, BM2], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK_, BN_], b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [NC, BM2, BN_], c_desc.layout)
-    ready = mbarrier.allocate_mbarrier(batch=STAGES)
-    free = mbarrier.allocate_mbarrier(batch=STAGES + 1)  # the last: done
-    c_ready = mbarrier.allocate_mbarrier(batch=NC)
-    c_empty = mbarrier.allocate_mbarrier(batch=NC)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    for i in gl.static_range(STAGES + 1):
-        mbarrier.init(free.index(i), count=FREE_COUNT)
-    for i in gl.static_range(NC):
-        mbarrier.init(c_ready.index(i), count=1)
-        mbarrier.init(c_empty.index(i), count=1)
-    mbarrier.fence_init_release_cluster()  # the cluster barrier: at each partition's start
-    # The worker partitions' argument tuples written out: a constexpr appended with + reaches them
-    # as a plain int (triton 3.7.1).
-    gl.warp_specialize([
-        (_ws_mma, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, FREE_OFF, PEER)),
-        (_ws_load, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M, MULTICAST)),
-        (_ws_store, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M)),
-    ], [2, 2], [40, 40])
-
-
-def free_offsets(ptx: str, count: int) -> list[int]:
-    """Byte offsets into ``global_smem`` of the barriers the PTX initializes with ``count``."""
-    bases = set(re.findall(r"mov\.(?:b|u)32\s+(%r\d+),\s*global_smem;", ptx))
-    adds = {m[0]: (m[1], int(m[2])) for m in re.findall(r"add\.(?:s|u)32\s+(%r\d+),\s*(%r\d+),\s*(-?\d+);", ptx)}
-    offsets = []
-    for reg in re.findall(rf"mbarrier\.init\.shared::cta\.b64\s+\[(%r\d+)\],\s*{count};", ptx):
-        if reg in bases:
-            offsets.append(0)
-        elif reg in adds and adds[reg][0] in bases:
-            offsets.append(adds[reg][1])
-    return sorted(offsets)
-
-
-def constexprs(multicast: bool, free_off: int = 0, peer: bool = False, ws: bool = False) -> dict:
-    """The kernel's constexprs (``ws``: ``multicast_wgrad_ws_kernel``'s)."""
-    return dict(FREE_OFF=free_off, PEER=peer, FREE_COUNT=2 if peer else TAG, MULTICAST=multicast,
-                STAGES=STAGES, GROUP_M=GROUP_M, **(dict(NC=NC) if ws else {}))
-
-
-def planned(compile_fn, multicast: bool, ws: bool = False) -> dict:
-    """The second pass's constexprs: the free barriers found in the first pass's PTX, checked
-    unmoved in the second's. ``compile_fn(constexprs) -> PTX``. The warp-specialized kernel has
-    one more (done) after the stages'."""
-    n = STAGES + (1 if ws else 0)
-    offsets = free_offsets(compile_fn(constexprs(multicast, ws=ws)), TAG)
-    if len(offsets) != n or offsets != [offsets[0] + 8 * i for i in range(n)]:
-        raise RuntimeError(f"expected {n} consecutive free barriers in the PTX, found {offsets}")
-    second = constexprs(multicast, offsets[0], True, ws)
-    moved = free_offsets(compile_fn(second), 2)
-    if moved != offsets:
-        raise RuntimeError(f"the free barriers moved between passes: {offsets} -> {moved}")
-    return second
-
-
-MAXNREG = 168  # the warp-specialized kernel's, as the library's launch of its 1-CTA twin
-
-
-def compile_check(ws: bool = False) -> str:
-    """Both passes for sm_90 here, with multicast; the second pass's PTX (``ws``: the
-    warp-specialized kernel's)."""
-    out = {}
-
-    def ptx_of(consts):
-        kernel = multicast_wgrad_ws_kernel if ws else multicast_wgrad_kernel
-        out["ptx"] = compile_sm90(kernel, BM, BN, BK, consts, NUM_WARPS, MAXNREG if ws else None).asm["ptx"]
-        return out["ptx"]
-
-    planned(ptx_of, True, ws)
-    return out["ptx"]
-
+from swiglu_lab.experiments import multicast_wgrad as mw
+from swiglu_lab.experiments.multicast_tile import descriptors, too_old
 
 #: The 2-CTA variants by name: (warp-specialized, multicast settings, peer arrive). "ws:local"
 #: is the warp-specialized kernel with no cross-CTA arrive at all (each CTA frees its own stages;
@@ -325,16 +55,16 @@ def _two_cta_variants(a, b, like_out, clusters: int, kinds: tuple[str, ...]) -> 
     variants = {}
     for kind in kinds:
         ws, multicasts, peer = KINDS[kind]
-        kernel = multicast_wgrad_ws_kernel if ws else multicast_wgrad_kernel
-        opts = dict(num_warps=NUM_WARPS, num_ctas=2, **(dict(maxnreg=MAXNREG) if ws else {}))
+        kernel = mw.multicast_wgrad_ws_kernel if ws else mw.multicast_wgrad_kernel
+        opts = dict(num_warps=mw.NUM_WARPS, num_ctas=2, **(dict(maxnreg=mw.MAXNREG) if ws else {}))
         for multicast in multicasts:
             def ptx_of(consts, kernel=kernel, opts=opts):
-                return kernel.warmup(*descriptors(a, b, like_out, BM, BN, BK), **consts,
+                return kernel.warmup(*descriptors(a, b, like_out, mw.BM, mw.BN, mw.BK), **consts,
                                      grid=(clusters,), **opts).asm["ptx"]
-            consts = planned(ptx_of, multicast, ws) if peer else dict(constexprs(multicast, ws=ws), FREE_COUNT=1)
+            consts = mw.planned(ptx_of, multicast, ws) if peer else dict(mw.constexprs(multicast, ws=ws), FREE_COUNT=1)
             label = (f"2-CTA{' WS' if ws else ''}{'' if peer else ' no peer arrive'} "
                      f"{'multicast' if multicast else 'each CTA loads B'}")
-            variants[label] = (lambda k, c, o: lambda out: k[(clusters,)](*descriptors(a, b, out, BM, BN, BK), **c, **o))(
+            variants[label] = (lambda k, c, o: lambda out: k[(clusters,)](*descriptors(a, b, out, mw.BM, mw.BN, mw.BK), **c, **o))(
                 kernel, consts, opts)
     return variants
 
@@ -365,7 +95,7 @@ def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: 
         scale = ref.float().abs().max().item()
         variants = {"cublas": lambda o: torch.matmul(a.T, b, out=o)}  # noqa: B023 (used in this iteration)
         table = backward.gluon_config_for(T, dev)
-        same_tile = table is not None and (table.BM, table.BN, table.BK) == (BM, BN, BK) and not table.pingpong
+        same_tile = table is not None and (table.BM, table.BN, table.BK) == (mw.BM, mw.BN, mw.BK) and not table.pingpong
         if table is not None:
             nprog = backward.tile_programs(dev, I, H, table)
             variants["1-CTA table"] = lambda o, c=table, n=nprog: launch_grad_weight_gluon(a, b, o, c, n)  # noqa: B023
@@ -409,28 +139,27 @@ def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: 
 
 
 def main(argv=None) -> int:
-    global NC, BN, STAGES
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--tokens", default="128,256,1024,2048", help="checked and timed")
     p.add_argument("--check-tokens", default="1,77,300", help="checked only (odd K: TMA's zero fill)")
     p.add_argument("--kernels", default="ws", help=f"2-CTA kernels, comma-separated: {', '.join(KINDS)}; or both (ws,plain)")
-    p.add_argument("--nc", type=int, default=NC, help="the warp-specialized kernel's output buffers")
-    p.add_argument("--bn", type=int, default=BN, help="each CTA's tile columns (the multicast operand's width)")
-    p.add_argument("--stages", type=int, default=STAGES, help="operand ring stages")
+    p.add_argument("--nc", type=int, default=mw.NC, help="the warp-specialized kernel's output buffers")
+    p.add_argument("--bn", type=int, default=mw.BN, help="each CTA's tile columns (the multicast operand's width)")
+    p.add_argument("--stages", type=int, default=mw.STAGES, help="operand ring stages")
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     if too_old():
         print(too_old())
         return 1
-    NC, BN, STAGES = args.nc, args.bn, args.stages
+    mw.NC, mw.BN, mw.STAGES = args.nc, args.bn, args.stages  # read by the kernels' helpers at call time
     kinds = ("ws", "plain") if args.kernels == "both" else tuple(args.kernels.split(","))
     if set(kinds) - set(KINDS):
         p.error(f"--kernels: {sorted(set(kinds) - set(KINDS))} not among {sorted(KINDS)} or both")
     if args.compile_only:
         for ws in (False, True):
-            ptx = compile_check(ws)
+            ptx = mw.compile_check(ws)
             print(f"triton {triton.__version__}, {'warp-specialized' if ws else 'one partition'}: both passes compiled "
                   f"for sm_90; multicast load {'multicast::cluster' in ptx}, peer arrive "
                   f"{'mbarrier.arrive.shared::cluster' in ptx}")

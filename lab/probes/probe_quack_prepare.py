@@ -1,5 +1,9 @@
 """Does quack's layout copy before every call change the timed call after it? An A/B in one process.
 
+Answer (data/tuning/quack_prepare_363c35f_20261202.csv, docs/results.md): yes; with the copy
+before each call quack took 0.927-0.942x its time without at T = 128 and 0.985-0.990x at 2048, ours
+after the same copy 0.945-0.998x: the bench now makes quack's layout once per input set.
+
 The harness once made quack's interleaved W1 and preact (a 2 x 3.5 GB copy at Hermes size)
 before every timed iteration, outside the timed span but on the GPU just ahead of the L2 flush
 and the call; it now makes them once per input set (``BenchImpl.prepare_every_call``; the runs
@@ -16,21 +20,19 @@ the call that speeds the call up speeds up both ``*-copy`` rows. (``quack-copy-e
 its copy alive through the call, ``triton-after-copy`` drops it before: the GPU work before the
 call is the same, the allocator's state not quite.) GPU only (quack installed).
 
-    python scripts/probe_quack_prepare.py --cases s128_b1,s256_b1,s256_b2,s512_b4 --out build/probe
+    python lab/probes/probe_quack_prepare.py --cases s128_b1,s256_b1,s256_b2,s512_b4 --out build/probe
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+REPO = Path(__file__).resolve().parents[2]
 
 IMPL_NAMES = ("quack", "quack-copy-each-call", "triton", "triton-after-copy")
 

@@ -11,7 +11,11 @@ kernel close to cuBLAS. Timing: 256 MB L2 flush before each call, CUDA events
 (``swiglu_lab.bench.timing.time_iterations``), the variants interleaved round by round (drift hits
 all alike), median of ``--iters``. GPU only.
 
-    python scripts/probe_wgrad_defer.py --tokens 128,256,512,1024,2048,4096 --out build/probe
+Answer (data/tuning/wgrad_defer_20261201.csv, docs/kernels.md): no; slower in 33 of 36 (T,
+orientation, tile) cases, a little faster only at T = 128 and 1.2% slower there in the whole
+backward; no table entry uses it.
+
+    python lab/probes/probe_wgrad_defer.py --tokens 128,256,512,1024,2048,4096 --out build/probe
 """
 
 from __future__ import annotations
@@ -19,28 +23,20 @@ from __future__ import annotations
 import argparse
 from datetime import datetime, timezone
 import statistics
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+from swiglu_lab.bench.tables import parse_tile as parse  # the tile names' reader (also scripts/ncu_wgrad.py's)
+
+REPO = Path(__file__).resolve().parents[2]
 
 #: Gluon candidates beside the table's own: the three shapes the table uses at T <= 1024. All
 #: cooperative (a ping-pong table entry's flag is not carried over: the ping-pong kernel with a
 #: 128x256 tile spilled and ran 5-10x slower). Cooperative 256x128 tiles (BK 64 S3, BK 32 S5) ran
 #: 5-21% slower than the table at T = 256 and 1024 (data/tuning/wgrad_cooperative256_018d517_20261201.csv).
 CANDIDATES = ("table", "128x128x64 S4 NC3", "128x256x32 S4 NC2", "128x256x64 S3 NC1")
-
-
-def parse(text: str, base):
-    """``"BMxBNxBK Sn NCm"`` (or ``"BMxBN+BN2xBK ..."``, a wide tile) as ``base`` with those fields."""
-    tile, stages, nc = text.split()
-    bm, bn, bk = tile.split("x")
-    bn, _, bn2 = bn.partition("+")
-    return replace(base, BM=int(bm), BN=int(bn), BN2=int(bn2 or 0), BK=int(bk), STAGES=int(stages[1:]), NC=int(nc[2:]))
 
 
 def gluon_label(cfg, table: bool = False) -> str:
@@ -159,7 +155,7 @@ def main(argv=None) -> int:
         base = {k: v for k, v in asdict(GluonConfig()).items() if k in ("GROUP_M", "num_warps", "maxnreg", "load_regs",
                                                                           "store_regs")}
         record = Path("data", "tuning", f"wgrad_defer_{datetime.now(timezone.utc):%Y%m%d}.csv")  # copy the CSV there
-        new = gluon_wgrad_table(rows, old, base, f"{record} (scripts/probe_wgrad_defer.py)")
+        new = gluon_wgrad_table(rows, old, base, f"{record} (lab/probes/probe_wgrad_defer.py)")
         Path(TUNED_CONFIGS_PATH).write_text(json.dumps(new, indent=1) + "\n")
         for key, entry in new["gluon_grad_weights"].items():
             print(f"table {key}: {entry['config']}" + (" (new)" if entry != old.get("gluon_grad_weights", {}).get(key) else ""))

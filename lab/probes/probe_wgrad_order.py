@@ -5,7 +5,10 @@ row-major order, so the programs running at once write whole rows of ``out``), G
 kernels, beside cuBLAS and ``out.fill_`` (the write ceiling at that size). 256 MB L2 flush before
 each call, CUDA events, median of ``--iters``; every result checked against cuBLAS.
 
-    python scripts/probe_wgrad_order.py --out build/probe   # GPU only, about a minute
+Answer (data/tuning/wgrad_order_*.csv, docs/kernels.md): no; a row-major order (GROUP_M 1)
+was slower at every T; other GROUP_M were within the spread of two machines.
+
+    python lab/probes/probe_wgrad_order.py --out build/probe   # GPU only, about a minute
 """
 
 from __future__ import annotations
@@ -13,12 +16,10 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main(argv=None) -> int:

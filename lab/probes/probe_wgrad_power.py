@@ -1,5 +1,10 @@
 """Weight-gradient tiles under sustained load: time per call, board power and SM clock.
 
+Answer (data/tuning/wgrad_power_*.csv, data/profiles/README.md): under sustained load each
+variant settles at its own clock below the cap's; at T = 1024 the table tile ran at 1460 MHz
+(2.854 ms), a 128x256x32 tile at 1503 MHz (2.807 ms), cuBLAS at 1570 MHz (2.917 ms); the larger
+tile's gain did not carry into the whole backward.
+
 Nsight Compute replays one launch at a time, with pauses between its passes, so the clock it
 reads is not the one a kernel keeps in a loop at the card's power cap. Here each variant of one
 weight gradient ``out = a.T @ b`` at Hermes size (a [T, I], b [T, H]) runs back to back for
@@ -27,9 +32,9 @@ stored), and without wgmmas and loads (the store path alone) (``wgrad_kernel``'s
 outputs are not checked), and ``fill_`` of the output (the write ceiling): the
 time each part of the weight gradient costs alone, at the clock it runs at.
 
-    python scripts/probe_wgrad_power.py --tokens 256,1024 --out build/probe
-    python scripts/probe_wgrad_power.py --tokens 128,256 --ablate --flush 1
-    python scripts/probe_wgrad_power.py --tokens 128,256 --resident --flush 1
+    python lab/probes/probe_wgrad_power.py --tokens 256,1024 --out build/probe
+    python lab/probes/probe_wgrad_power.py --tokens 128,256 --ablate --flush 1
+    python lab/probes/probe_wgrad_power.py --tokens 128,256 --resident --flush 1
 """
 
 from __future__ import annotations
@@ -37,15 +42,13 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+REPO = Path(__file__).resolve().parents[2]
 
 TILES = ("table", "128x256x32 S4 NC2", "128x256x64 S3 NC1")
 

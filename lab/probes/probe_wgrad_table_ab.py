@@ -8,9 +8,12 @@ process, the two alternating, 256 MB L2 flush before every call, CUDA events
 a row: a kernel's own power draw then sets the clock it runs at, which alternating call by call
 shares between the two tables (data/tuning/wgrad_power_880e424_20261202.csv).
 
-    python scripts/probe_wgrad_table_ab.py --against-json build/old_configs.json --tokens 128,1024,2048
-    python scripts/probe_wgrad_table_ab.py --against-json build/new.json --tokens 128,1024 --iters 150 --block 50
-    python scripts/probe_wgrad_table_ab.py --against-json build/ab/A.json build/ab/B.json --tokens 128 --block 10
+Answer: per table change, in that entry's ``source`` in src/swiglu/kernels/backward_configs.json
+(and data/tuning/*table_ab*.csv, data/tuning/README.md); the wide tiles' gain, for one, did not hold.
+
+    python lab/probes/probe_wgrad_table_ab.py --against-json build/old_configs.json --tokens 128,1024,2048
+    python lab/probes/probe_wgrad_table_ab.py --against-json build/new.json --tokens 128,1024 --iters 150 --block 50
+    python lab/probes/probe_wgrad_table_ab.py --against-json build/ab/A.json build/ab/B.json --tokens 128 --block 10
 """
 
 from __future__ import annotations
@@ -18,13 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def measure(T: int, ours: tuple, other: tuple, flush, iters: int, block: int = 1) -> dict:

@@ -1,4 +1,5 @@
-"""scripts/probe_multicast.py on the CPU: the 2-CTA cluster tile compiles for sm_90 under triton
+"""The 2-CTA multicast kernels of lab/probes/probe_multicast.py and probe_multicast_wgrad.py
+(``swiglu_lab.experiments``) on the CPU: the 2-CTA cluster tile compiles for sm_90 under triton
 >= 3.7 with the multicast TMA load and the cluster launch in its PTX, and the check names a
 missing multicast (the same kernel with multicast off). Its GPU run: data/validation/.
 
@@ -6,7 +7,7 @@ The compiles run in a subprocess without TRITON_INTERPRET: in this process trito
 functions (``gl.cdiv`` among them) may run in the interpreter after an interpreted kernel has,
 and a Gluon compile calling them then fails on raw IR values."""
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -21,21 +22,14 @@ NEW_ENOUGH = tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 7)
 pytestmark = pytest.mark.skipif(not NEW_ENOUGH, reason=f"needs triton >= 3.7, this is {triton.__version__}")
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _compiled(name: str, **kwargs):
-    """``scripts/<name>.py``'s ``compile_check(**kwargs)``, run in a fresh interpreter-free process."""
-    code = ("import importlib.util, json, sys\n"
-            f"spec = importlib.util.spec_from_file_location({name!r}, {str(ROOT / 'scripts' / (name + '.py'))!r})\n"
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+    """``swiglu_lab.experiments.<name>``'s ``compile_check(**kwargs)``, run in a fresh
+    interpreter-free process."""
+    code = ("import importlib, json\n"
+            f"m = importlib.import_module('swiglu_lab.experiments.{name}')\n"
             f"print(json.dumps(m.compile_check(**{kwargs!r})))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "lab"), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -43,19 +37,19 @@ def _compiled(name: str, **kwargs):
 
 @pytest.fixture(scope="module")
 def pipelined():
-    return _script("probe_multicast_wgrad")
+    return importlib.import_module("swiglu_lab.experiments.multicast_wgrad")
 
 
 def test_the_cluster_tile_compiles_with_a_multicast_load():
-    assert _compiled("probe_multicast") == []
+    assert _compiled("multicast_tile") == []
 
 
 def test_the_check_names_a_missing_multicast():
-    assert _compiled("probe_multicast", multicast=False) == ["multicast::cluster"]
+    assert _compiled("multicast_tile", multicast=False) == ["multicast::cluster"]
 
 
 def test_the_pipelined_kernel_compiles_with_multicast_and_the_peer_arrive():
-    ptx = _compiled("probe_multicast_wgrad")
+    ptx = _compiled("multicast_wgrad")
     assert "multicast::cluster" in ptx and "mbarrier.arrive.shared::cluster" in ptx
 
 
@@ -82,7 +76,7 @@ def test_the_warp_specialized_kernel_syncs_the_cluster_in_every_partition():
     """Every warp of both CTAs reaches the cluster barrier: one per partition (MMA, loader, storer),
     none before warp_specialize (whose worker warps never reach it: the hang at first launch), and
     12 warps in all, so no idle padding warp."""
-    ptx = _compiled("probe_multicast_wgrad", ws=True)
+    ptx = _compiled("multicast_wgrad", ws=True)
     assert "multicast::cluster" in ptx and "mbarrier.arrive.shared::cluster" in ptx
     assert ptx.count("barrier.cluster.arrive") == ptx.count("barrier.cluster.wait") == 3
     assert ".reqntid 384" in ptx
@@ -98,3 +92,11 @@ def test_the_warp_specialized_plan_finds_the_done_barrier_after_the_stages(pipel
     short = iter([_ptx(pipelined.TAG, first[:-1]), _ptx(2, first[:-1])])
     with pytest.raises(RuntimeError, match=f"expected {n}"):
         pipelined.planned(lambda consts: next(short), True, ws=True)
+
+
+def test_the_probes_run_the_lab_kernels(monkeypatch):
+    """The probes in lab/probes import their kernels from swiglu_lab.experiments (none of their own)."""
+    monkeypatch.syspath_prepend(str(ROOT / "lab" / "probes"))  # as ``python lab/probes/<probe>.py`` has it
+    tile, wgrad = importlib.import_module("probe_multicast"), importlib.import_module("probe_multicast_wgrad")
+    assert tile.compile_check is importlib.import_module("swiglu_lab.experiments.multicast_tile").compile_check
+    assert wgrad.mw is importlib.import_module("swiglu_lab.experiments.multicast_wgrad")

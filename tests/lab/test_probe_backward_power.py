@@ -1,14 +1,18 @@
-"""scripts/probe_backward_power.py's wiring on the CPU (interpreter, tiny shape): every variant
+"""lab/probes/probe_backward_power.py's wiring on the CPU (interpreter, tiny shape): every variant
 runs, our kernels' outputs are checked against the reference, and a wrong one fails the probe."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("probe_backward_power", ROOT / "scripts" / "probe_backward_power.py")
+# Its sibling probe_wgrad_power imports as when the probe runs (``python lab/probes/<probe>.py``).
+if str(ROOT / "lab" / "probes") not in sys.path:
+    sys.path.insert(0, str(ROOT / "lab" / "probes"))
+spec = importlib.util.spec_from_file_location("probe_backward_power", ROOT / "lab" / "probes" / "probe_backward_power.py")
 probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe)
 

@@ -1,4 +1,4 @@
-"""scripts/probe_in_step_gemms.py's wiring on the CPU (interpreter, tiny shape): every op it times
+"""lab/probes/probe_in_step_gemms.py's wiring on the CPU (interpreter, tiny shape): every op it times
 runs, and its check against cuBLAS's products catches a wrong one."""
 
 import importlib.util
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("probe_in_step_gemms", ROOT / "scripts" / "probe_in_step_gemms.py")
+spec = importlib.util.spec_from_file_location("probe_in_step_gemms", ROOT / "lab" / "probes" / "probe_in_step_gemms.py")
 probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe)
 

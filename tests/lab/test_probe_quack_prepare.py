@@ -1,11 +1,11 @@
-"""scripts/probe_quack_prepare.py's variants: quack's layout made before every call, and ours
+"""lab/probes/probe_quack_prepare.py's variants: quack's layout made before every call, and ours
 after the same copy (its result dropped, the arguments passed on unchanged)."""
 
 import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("probe_quack_prepare", ROOT / "scripts" / "probe_quack_prepare.py")
+spec = importlib.util.spec_from_file_location("probe_quack_prepare", ROOT / "lab" / "probes" / "probe_quack_prepare.py")
 probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe)
 

@@ -11,7 +11,7 @@ import pytest
 
 from swiglu.kernels import configs
 from swiglu.kernels.configs import KernelConfig
-from swiglu_lab.bench.tables import backward_table, forward_table
+from swiglu_lab.bench.tables import backward_table, forward_table, parse_tile
 
 
 def _row(kernel, tokens, ms, err=1e-3, cfg=KernelConfig(BM=64)):
@@ -111,3 +111,12 @@ def test_gluon_wgrad_table_keeps_a_wide_candidates_chunk_and_registers():
     config = gluon_wgrad_table(rows, old, {"GROUP_M": 32}, "p")["gluon_grad_weights"]["256"]["config"]
     assert GluonConfig(**config) == GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=4, NC=1, GROUP_M=32,
                                                 pingpong=True, mma_regs=232)
+
+
+def test_parse_tile_reads_the_probes_tile_names():
+    from swiglu.kernels.configs import GluonConfig
+
+    base = GluonConfig(BM=64, BN=64, BK=32, STAGES=2, NC=1)
+    assert parse_tile("128x256x64 S3 NC2", base) == GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=2)
+    wide = parse_tile("128x128+64x64 S4 NC3", base)
+    assert (wide.BM, wide.BN, wide.BN2, wide.BK, wide.STAGES, wide.NC) == (128, 128, 64, 64, 4, 3)

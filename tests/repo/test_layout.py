@@ -11,6 +11,9 @@ Parts (docs/reproduce.md, "Layout"):
   shared modules, never research.
 - research  ``swiglu_lab.research.*``: analysis, figures, notebooks runner. May import all of the
   above.
+- experiments  ``swiglu_lab.experiments.*``: kernels a probe of lab/probes tried that the library
+  does not ship. May import the library and the lab's shared modules; nothing imports it but the
+  probes and the tests.
 
 Every import counts, also one inside a function (a lazy import still ties the modules together),
 and the graph of swiglu and swiglu_lab modules has no cycle. The library and the kernels import
@@ -63,7 +66,7 @@ def part(name: str) -> str:
         return "kernels"
     if name == "swiglu" or name.startswith("swiglu."):
         return "library"
-    for sub in ("bench", "research"):
+    for sub in ("bench", "research", "experiments"):
         if name == f"swiglu_lab.{sub}" or name.startswith(f"swiglu_lab.{sub}."):
             return sub
     return "lab"
@@ -76,6 +79,7 @@ ALLOWED = {
     "lab": {"lab", "library", "kernels"},
     "bench": {"bench", "lab", "library", "kernels"},
     "research": {"research", "bench", "lab", "library", "kernels"},
+    "experiments": {"experiments", "lab", "library", "kernels"},
 }
 
 
@@ -137,7 +141,7 @@ def test_library_needs_only_torch_and_triton(name):
     assert not extra, f"{name} imports {sorted(extra)}: the library's dependencies are torch and triton"
 
 
-@pytest.mark.parametrize("name", sorted(n for n in MODULES if part(n) in ("lab", "bench", "research")))
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if part(n) in ("lab", "bench", "research", "experiments")))
 def test_lab_imports_what_its_pyproject_declares(name):
     extra = imports(name)[1] - LAB_THIRD_PARTY
     assert not extra, f"{name} imports {sorted(extra)}, which lab/pyproject.toml does not declare"

@@ -8,7 +8,7 @@ entries; ``scripts/train_step_gpu.py`` the forward's; the Gluon sections come fr
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from swiglu.kernels.configs import bucket_for, bucket_key
 
@@ -56,9 +56,18 @@ def shape_forward_table(doc: dict, hidden_size: int, intermediate_size: int, bas
     return {**base, "configs_by_shape": by_shape}
 
 
-#: A Gluon variant's label in ``scripts/probe_wgrad_defer.py``'s rows:
+def parse_tile(text: str, base):
+    """``"BMxBNxBK Sn NCm"`` (or ``"BMxBN+BN2xBK ..."``, a wide tile) as ``base`` (a GluonConfig)
+    with those fields: the weight-gradient probes' tile names (``--tiles``, ``--tile``)."""
+    tile, stages, nc = text.split()
+    bm, bn, bk = tile.split("x")
+    bn, _, bn2 = bn.partition("+")
+    return replace(base, BM=int(bm), BN=int(bn), BN2=int(bn2 or 0), BK=int(bk), STAGES=int(stages[1:]), NC=int(nc[2:]))
+
+
+#: A Gluon variant's label in ``lab/probes/probe_wgrad_defer.py``'s rows:
 #: "gluon [table ][ping-pong ]BMxBN[+BN2]xBK S<stages> NC<n>[ r<mma_regs>][ defer][ pingpong| twin]"
-#: (``scripts/probe_wgrad_defer.py``'s ``gluon_label``; the "ping-pong " prefix: the ping-pong
+#: (``lab/probes/probe_wgrad_defer.py``'s ``gluon_label``; the "ping-pong " prefix: the ping-pong
 #: kernel, the table's entry or a wide candidate; the " pingpong" suffix: a ping-pong candidate,
 #: " twin": the cooperative kernel timed beside it).
 _GLUON_LABEL = re.compile(r"gluon (table )?(ping-pong )?(\d+)x(\d+)(?:\+(\d+))?x(\d+) S(\d+) NC(\d+)(?: r(\d+))?"
