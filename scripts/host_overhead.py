@@ -37,7 +37,7 @@ idle device, per token count, at Hermes' size (``--idle-hidden``/``--idle-interm
 median span between CUDA events around one eager ``swiglu_mlp_backward(impl="triton")`` call
 (L2 flushed first) minus the median span of the same launches replayed from a CUDA graph (no host
 work between them), each iteration synchronized. The benchmark's own loop does not synchronize
-between iterations, so there the host runs ahead (``scripts/probe_idle_gaps.py`` measures that
+between iterations, so there the host runs ahead (``lab/probes/probe_idle_gaps.py`` measures that
 case). Writes ``idle_gap.csv``.
 
 ``--profile``: cProfile over ``--iters`` SwiGLUMLP forward+backward calls and as many of the

@@ -5,7 +5,7 @@
 # NVIDIA does not load (the AMD backend and its entry point, CUPTI and its static libraries, the
 # Blackwell ptxas, the proton profiler, the instrumentation plugins), xz -9: one file of about 48 MiB,
 # .triton/triton.tar.xz. Install on the GPU machine in the same call that uses it:
-#   carry [".triton"]:  . scripts/install_triton.sh && python3 scripts/probe_multicast_wgrad.py
+#   carry [".triton"]:  . scripts/install_triton.sh && PYTHONPATH=src:lab:$PYTHONPATH python3 lab/probes/probe_multicast_wgrad.py
 # Usage: scripts/pack_triton.sh [python]   (needs pip, binutils' strip and network access; .triton/ is
 # ignored by git)
 set -euo pipefail

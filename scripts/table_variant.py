@@ -1,5 +1,5 @@
 """A variant of the kernel table (``src/swiglu/kernels/backward_configs.json``) for
-``scripts/probe_wgrad_table_ab.py --against-json``: the committed table with some entries changed.
+``lab/probes/probe_wgrad_table_ab.py --against-json``: the committed table with some entries changed.
 
     python scripts/table_variant.py --out build/ab/K.json --set gluon_grad_weights.256.GROUP_M=48
     python scripts/table_variant.py --out build/ab/A.json --gluon-dswiglu 128=0 512=2 2048=0

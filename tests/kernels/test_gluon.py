@@ -696,7 +696,7 @@ def test_pingpong_with_one_output_buffer_is_right_launch_after_launch(K):
 
 # --------------------------------------------------------------------------- Gluon dSwiGLU kernel
 # swiglu.kernels.gluon_dswiglu: compiled here; on the GPU bitwise the tl kernel's (below) and
-# dispatched per token bucket from backward_configs.json (scripts/probe_gluon_dswiglu.py times it).
+# dispatched per token bucket from backward_configs.json (lab/probes/probe_gluon_dswiglu.py times it).
 
 
 def test_dswiglu_table_entries():

@@ -3,7 +3,7 @@ measured, turned into the JSON the library reads (``swiglu.kernels.configs`` for
 ``backward_configs.json``, ``swiglu.kernels.forward`` for ``forward_configs.json``), each entry
 with the time that chose it. ``scripts/tune_kernels.py --write-best`` writes the backward's tl
 entries; ``scripts/train_step_gpu.py`` the forward's; the Gluon sections come from the probes
-(``gluon_wgrad_table``: ``scripts/probe_wgrad_defer.py --write-table``)."""
+(``gluon_wgrad_table``: ``lab/probes/probe_wgrad_defer.py --write-table``)."""
 
 from __future__ import annotations
 

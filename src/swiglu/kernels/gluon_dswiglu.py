@@ -28,7 +28,7 @@ from .gluon_wgrad import _cta_barrier, _layout, _mma_layout, _pdl_end, _pdl_star
 # ----------------------------------------------------------------------------- config
 
 
-#: Candidates (index = scripts/probe_gluon_dswiglu.py --configs; measured: docs/kernels.md). With 12 warps
+#: Candidates (index = lab/probes/probe_gluon_dswiglu.py --configs; measured: docs/kernels.md). With 12 warps
 #: the launch holds 12 x 32 x 168 = 64512 registers; the 12-warp configs give the epilogue 168 (32x64
 #: pieces spilled at 152).
 CANDIDATES = [

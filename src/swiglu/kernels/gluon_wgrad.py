@@ -634,7 +634,7 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     epilogue that writes a buffer still being stored show in the output. ABLATE (the cooperative
     weight gradient, probes only; the output is then wrong): bits 1 no stores, 2 no loads after
     the ring's first fill, 4 no wgmma (zeros stored), in any sum; what is left shows what the rest
-    costs (``scripts/probe_wgrad_power.py --ablate``). PLAIN_STORE (the cooperative weight
+    costs (``lab/probes/probe_wgrad_power.py --ablate``). PLAIN_STORE (the cooperative weight
     gradient without DEFER or ABLATE bit 1, probes and tests): the MMA warps store each tile to
     ``out_ptr`` (``out``'s data, contiguous [M, N]) with st.global instead of handing it to the
     TMA storer (1), or the storer warp reads each tile's buffer and stores it so (2); the same
