@@ -71,7 +71,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 from swiglu_lab.bench.environment import dist_version, git_info, nvml_info  # noqa: E402
 from swiglu_lab.bench.stats import time_stats  # noqa: E402

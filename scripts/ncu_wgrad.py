@@ -14,12 +14,10 @@ Profiles taken this way: data/profiles/ (its README has the table and the comman
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src")]
 
 
 def main(argv=None) -> None:

@@ -17,12 +17,10 @@ import importlib.util
 import io
 import pstats
 import statistics
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 
 def main(argv=None) -> int:

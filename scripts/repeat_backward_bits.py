@@ -11,11 +11,9 @@ Inputs from ``swiglu.make_inputs(1, T, 16384, 53248, seed=T)``; prints, per T, h
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
 
 

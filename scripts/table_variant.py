@@ -27,11 +27,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 TABLE = REPO / "src" / "swiglu" / "kernels" / "backward_configs.json"
 GLUON_SECTIONS = ("gluon_grad_weights", "gluon_dswiglu", "gluon_grad_x")
 

@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 
 def parse_args(argv=None):

@@ -11,12 +11,10 @@ GPU only; about three minutes on an H200.
 from __future__ import annotations
 
 import argparse
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
 
 
 def main(argv=None) -> int:

@@ -212,3 +212,44 @@ def test_scripts_index_names_every_script():
     indexed = set(re.findall(r"`([\w.]+\.(?:py|sh))`", (root / "README.md").read_text()))
     present = {p.name for p in root.iterdir() if p.suffix in (".py", ".sh")}
     assert indexed == present, (sorted(present - indexed), sorted(indexed - present))
+
+
+def test_probes_index_names_every_probe():
+    """lab/probes/README.md indexes the one-off probes: one row per file, none for a file that is gone."""
+    root = Path(__file__).resolve().parents[2] / "lab" / "probes"
+    indexed = set(re.findall(r"`([\w.]+\.py)`", (root / "README.md").read_text()))
+    present = {p.name for p in root.glob("*.py")}
+    assert indexed == present, (sorted(present - indexed), sorted(indexed - present))
+
+
+def sys_path_edits(source: str) -> list[int]:
+    """Lines of ``source`` that change ``sys.path`` (assign to it or a slice of it, call a method on it)."""
+    def is_sys_path(node) -> bool:
+        node = node.value if isinstance(node, ast.Subscript) else node
+        return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys")
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        if any(is_sys_path(t) for t in targets):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_sys_path(node.func.value):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_scripts_and_probes_leave_sys_path_alone():
+    """Scripts and probes import the installed swiglu and swiglu_lab (or PYTHONPATH=src:lab), never by
+    editing sys.path."""
+    root = Path(__file__).resolve().parents[2]
+    edits = {str(p.relative_to(root)): sys_path_edits(p.read_text())
+             for folder in ("scripts", "lab/probes") for p in sorted((root / folder).glob("*.py"))}
+    assert not {k: v for k, v in edits.items() if v}
+
+
+def test_the_sys_path_check_sees_each_kind_of_edit():
+    for code in ("import sys\nsys.path.insert(0, 'src')", "import sys\nsys.path[:0] = ['src']",
+                 "import sys\nsys.path.append('x')", "import sys\nsys.path = []", "import sys\nsys.path += ['x']"):
+        assert sys_path_edits(code) == [2], code
+    assert sys_path_edits("import sys\nprint(sys.path[0])\nfrom x import y  # sys.path") == []
