@@ -22,8 +22,13 @@ never accumulated): ``triton``, ours (``swiglu_moe(..., impl="triton")``; ``--ou
 ``reference`` unless TRITON_INTERPRET=1); ``grouped_mm``, transformers'
 ``grouped_mm_experts_forward`` on a stand-in experts module (the attributes it reads, its default
 ``_apply_gate``); ``liger``, Liger-Kernel's ``LigerFusedMoEFunction`` (same weight layout; int32
-expert ids; skipped with the reason when ``liger_kernel`` does not import; its Triton autotune,
-keyed on H and I only, runs at the first token count of each shape, in the warm-up);
+expert ids; skipped with the reason when ``liger_kernel`` does not import). Liger's Triton
+autotune is off by default (``LIGER_FUSED_MOE_AUTOTUNE=0``, its own switch: one fixed
+configuration per kernel): a quick run on the H200 spent 210 s in its first shape's float64 check,
+most of it compiling Liger's ~190 autotune candidates, which alone would pass the 8-minute budget;
+``--liger-autotune`` turns it on (keyed on H and I, it then tunes at each shape's check, at
+``--check-tokens`` tokens; give the run more time). An explicit ``LIGER_FUSED_MOE_AUTOTUNE`` in the
+environment wins; the metadata records which ran;
 ``eager``, transformers' loop over experts (the eager forward of ``Qwen3MoeExperts``, unwrapped
 from its experts-interface dispatch; ``swiglu.moe.moe_reference``, the same order of operations,
 where that class is missing), only at ``--eager-max-tokens`` tokens or fewer and only when one
@@ -34,7 +39,8 @@ x, top_k_weights, gate_up_proj and down_proj from one forward kept outside the t
 ``retain_graph=True``), ``forward+backward``. Timing: the dense bench's protocol
 (``swiglu_lab.bench.timing.time_iterations``): CUDA events around each call, a buffer of twice the
 L2 zeroed before each, ``--warmup`` untimed calls per implementation and mode, ``--reps`` timed
-ones split into ``--rounds`` blocks; the implementations' order rotates by one per case and per
+ones split into ``--rounds`` blocks (``first_call_s``: the host time of the first forward +
+backward, compilation and autotuning included); the implementations' order rotates by one per case and per
 round; median, p20, p80. ``tflops``: 6 (forward), 12 (backward), 18 (both) x T*k*H*I over the
 median. ``peak_gib``: ``torch.cuda.max_memory_allocated`` over one forward + backward minus what
 was allocated before it (the inputs), gradients included. Power: mean board power and SM clock,
@@ -50,7 +56,8 @@ their gradients would pass ``--check-gib``, the check keeps the first E' experts
 
 A (shape, tokens) that runs out of memory is recorded (``oom`` True, per implementation or for
 the case) and the run goes on; a case that would start after ``--time-budget-s`` is recorded as
-skipped. Writes ``moe_bench.csv`` (one row per case x implementation x mode), ``moe_check.csv``
+skipped. The files are rewritten after every shape's check and every case (``complete`` false in
+the metadata until the end), so a run that is stopped keeps what it measured. Writes ``moe_bench.csv`` (one row per case x implementation x mode), ``moe_check.csv``
 (one row per shape x implementation x output) and ``moe_bench.json`` (run id, GPU, driver, NVML
 clocks and power limit before and after, versions, git commit from SWIGLU_GIT_COMMIT when set,
 arguments, what was skipped and why, this protocol) under ``--out``; prints a table last.
@@ -91,7 +98,7 @@ ROUTINGS = ("balanced", "skewed")
 OUTPUTS = ("out", "grad_x", "grad_top_k_weights", "grad_gate_up_proj", "grad_down_proj")
 ERR_COLUMNS = [f"err_{o}" for o in OUTPUTS]
 FIELDS = ["shape", "H", "I", "E", "k", "tokens", "routing", "impl", "mode", "status", "ms", "p20_ms", "p80_ms",
-          "min_ms", "reps", "tflops", "peak_gib", "oom", "max_expert_pairs", *ERR_COLUMNS, "max_ratio_vs_eager",
+          "min_ms", "reps", "tflops", "peak_gib", "first_call_s", "oom", "max_expert_pairs", *ERR_COLUMNS, "max_ratio_vs_eager",
           "power_w", "sm_clock_mhz", "energy_j", "energy_window_s", "device", "error"]
 CHECK_FIELDS = ["shape", "H", "I", "E", "k", "check_experts", "check_tokens", "routing", "impl", "output", "status",
                 "rel_err", "eager_rel_err", "ratio_vs_eager", "error"]
@@ -136,7 +143,7 @@ def eager_forward():
     return None, "swiglu.moe.moe_reference (transformers' eager loop, its order of operations)"
 
 
-def build_impls(names: list[str], ours_impl: str, skipped: dict) -> dict:
+def build_impls(names: list[str], ours_impl: str, skipped: dict, liger_autotune: bool = False) -> dict:
     """``name -> fn(x, idx, w, gate_up_proj, down_proj)`` for the implementations that can run;
     those that cannot are put in ``skipped`` with the reason."""
     out = {}
@@ -151,6 +158,8 @@ def build_impls(names: list[str], ours_impl: str, skipped: dict) -> dict:
                 continue
             out[name] = lambda x, i, w, gu, dp, f=grouped_mm_experts_forward: f(StandInExperts(gu, dp), x, i, w)
         elif name == "liger":
+            if not liger_autotune:  # read when liger_kernel's kernels module is imported
+                os.environ.setdefault("LIGER_FUSED_MOE_AUTOTUNE", "0")
             try:
                 from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
             except Exception as exc:  # noqa: BLE001 - not installed, or no GPU Triton backend
@@ -366,7 +375,7 @@ def run_case(shape, tokens: int, kind: str, impls: dict, args, device, flush, mo
         return rows
     max_pairs = int(torch.bincount(inp["idx"].flatten(), minlength=shape.num_experts).max())
     base["max_expert_pairs"] = max_pairs
-    live, timed, peaks, failed = {}, {}, {}, {}
+    live, timed, peaks, failed, first = {}, {}, {}, {}, {}
     names = list(impls)
     for name in names:
         if name == "eager":
@@ -380,6 +389,7 @@ def run_case(shape, tokens: int, kind: str, impls: dict, args, device, flush, mo
             start = time.perf_counter()
             torch.autograd.grad(call(impls[name], inp), leaves(inp), inp["go"])  # first call: compiles, autotunes
             synchronize(device)
+            first[name] = time.perf_counter() - start
             if name == "eager":
                 took = (time.perf_counter() - start) * 1e3
                 torch.autograd.grad(call(impls[name], inp), leaves(inp), inp["go"])  # the compiled one
@@ -433,7 +443,8 @@ def run_case(shape, tokens: int, kind: str, impls: dict, args, device, flush, mo
             pw = combine_power([b for b in timed[name].power if b["mode"] == mode])
             rows.append(dict(base, impl=name, mode=mode, status="ok", ms=stats["median_ms"], p20_ms=stats["p20_ms"],
                              p80_ms=stats["p80_ms"], min_ms=stats["min_ms"], reps=len(timed[name].times[mode]),
-                             tflops=flop / (stats["median_ms"] * 1e-3) / 1e12, peak_gib=peaks[name], oom=False,
+                             tflops=flop / (stats["median_ms"] * 1e-3) / 1e12, peak_gib=peaks[name],
+                             first_call_s=first.get(name, math.nan), oom=False,
                              error="", **pw))
     del inp
     release(device)
@@ -462,6 +473,15 @@ def attach_errors(rows: list[dict], checks: list[dict]) -> None:
     for row in rows:
         found = by.get((row["shape"], row["impl"]), {})
         row.update({k: v for k, v in found.items() if not (k == "max_ratio_vs_eager" and v == -math.inf)})
+
+
+def write_outputs(out: Path, rows: list[dict], checks: list[dict], meta: dict) -> None:
+    """The CSVs (error columns attached to copies of the rows) and the metadata, rewritten whole."""
+    rows = [dict(r) for r in rows]
+    attach_errors(rows, checks)
+    write_csv(out / moe_research.BENCH_CSV, FIELDS, rows)
+    write_csv(out / moe_research.CHECK_CSV, CHECK_FIELDS, checks)
+    (out / moe_research.META_JSON).write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
 def print_table(rows: list[dict], checks: list[dict]) -> None:
@@ -516,6 +536,8 @@ def main(argv=None) -> int:
                         "without TRITON_INTERPRET=1)")
     parser.add_argument("--time-budget-s", type=float, default=470.0, help="no case starts after this")
     parser.add_argument("--quick", action="store_true", help="~1 minute: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    parser.add_argument("--liger-autotune", action="store_true",
+                        help="let Liger's fused MoE autotune (minutes of compilation per run; default off)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-power", action="store_true", help="no NVML power/clock sampling")
     parser.add_argument("--device", default="cuda")
@@ -546,12 +568,33 @@ def main(argv=None) -> int:
     deadline = time.monotonic() + args.time_budget_s
     nvml_before = nvml_info(device) if device.type == "cuda" else {}
     skipped: dict = {}
-    impls = build_impls(names, args.ours_impl, skipped)
+    impls = build_impls(names, args.ours_impl, skipped, args.liger_autotune)
     for name, why in skipped.items():
         print(f"{name} skipped: {why}", file=sys.stderr, flush=True)
     flush = L2Flusher(device)
     monitor, monitor_line = (None, "--no-power") if args.no_power else power.open_monitor(device)
+    git = git_info(REPO)
+    meta = dict(
+        script="scripts/moe_bench_gpu.py", run_id=make_run_id(started, git["commit"]),
+        date_utc=started.strftime(UTC_FORMAT), complete=False, seconds=None,
+        git_commit=git["commit"], git_dirty=git["dirty"], gpu=gpu_info(device), nvml_before=nvml_before,
+        nvml_after=None, software=software_info(),
+        transformers=dist_version("transformers"), liger_kernel=dist_version("liger-kernel", "liger_kernel"),
+        liger_autotune=os.environ.get("LIGER_FUSED_MOE_AUTOTUNE", "1 (liger's default)") if "liger" in impls else None,
+        python=platform.python_version(), ours_impl=args.ours_impl, eager_source=eager_forward()[1],
+        power=monitor.describe() if monitor else None, power_backend=monitor_line,
+        shapes={s.name: dict(H=s.hidden_size, I=s.intermediate_size, E=s.num_experts, k=s.top_k) for s in shapes},
+        args=dict(vars(args)), skipped=skipped, protocol=__doc__,
+    )
     rows, checks, eager_ok = [], [], {}
+
+    def not_run(shape, t, kind, names, why):
+        for name in names:
+            for mode in MODES:
+                rows.append(dict(shape=shape.name, H=shape.hidden_size, I=shape.intermediate_size, E=shape.num_experts,
+                                 k=shape.top_k, tokens=t, routing=kind, impl=name, mode=mode, status="skipped",
+                                 oom=False, device=args.device_name, error=why))
+
     case_index = 0
     try:
         for shape in shapes:
@@ -561,52 +604,35 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 checks += spot_check(shape, impls, args, device)
                 print(f"--- {shape.name}: float64 check {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+                write_outputs(out, rows, checks, meta)
             for t in tokens:
                 for kind in routings:
                     case_index += 1
                     if time.monotonic() > deadline:
-                        for name in [*impls, *skipped]:
-                            for mode in MODES:
-                                rows.append(dict(shape=shape.name, H=shape.hidden_size, I=shape.intermediate_size,
-                                                 E=shape.num_experts, k=shape.top_k, tokens=t, routing=kind, impl=name,
-                                                 mode=mode, status="skipped", oom=False, device=args.device_name,
-                                                 error=f"time budget ({args.time_budget_s:.0f} s) spent"))
+                        not_run(shape, t, kind, [*impls, *skipped], f"time budget ({args.time_budget_s:.0f} s) spent")
                         continue
                     t0 = time.perf_counter()
-                    rows += run_case(shape, t, kind, impls, args, device, flush, monitor, case_index, eager_ok)
+                    case = run_case(shape, t, kind, impls, args, device, flush, monitor, case_index, eager_ok)
+                    rows += case
                     for name, why in skipped.items():
-                        for mode in MODES:
-                            rows.append(dict(shape=shape.name, H=shape.hidden_size, I=shape.intermediate_size,
-                                             E=shape.num_experts, k=shape.top_k, tokens=t, routing=kind, impl=name,
-                                             mode=mode, status="skipped", oom=False, device=args.device_name,
-                                             error=why))
-                    print(f"--- {shape.name} T={t} {kind}: {time.perf_counter() - t0:.1f} s", file=sys.stderr,
-                          flush=True)
+                        not_run(shape, t, kind, [name], why)
+                    firsts = ", ".join(f"{r['impl']} {r['first_call_s']:.1f}" for r in case
+                                       if r["mode"] == "forward" and r.get("first_call_s", math.nan) > 1)
+                    print(f"--- {shape.name} T={t} {kind}: {time.perf_counter() - t0:.1f} s"
+                          + (f" (first calls, s: {firsts})" if firsts else ""), file=sys.stderr, flush=True)
+                    write_outputs(out, rows, checks, meta)
     finally:
-        power_meta = monitor.describe() if monitor else None
         if monitor:
             monitor.close()
+        meta.update(complete=True, seconds=round((utc_now() - started).total_seconds(), 1),
+                    nvml_after=nvml_info(device) if device.type == "cuda" else {})
+        write_outputs(out, rows, checks, meta)
     attach_errors(rows, checks)
-    write_csv(out / moe_research.BENCH_CSV, FIELDS, rows)
-    write_csv(out / moe_research.CHECK_CSV, CHECK_FIELDS, checks)
-    git = git_info(REPO)
-    eager_source = eager_forward()[1]
-    meta = dict(
-        script="scripts/moe_bench_gpu.py", run_id=make_run_id(started, git["commit"]),
-        date_utc=started.strftime(UTC_FORMAT), seconds=round((utc_now() - started).total_seconds(), 1),
-        git_commit=git["commit"], git_dirty=git["dirty"], gpu=gpu_info(device), nvml_before=nvml_before,
-        nvml_after=nvml_info(device) if device.type == "cuda" else {}, software=software_info(),
-        transformers=dist_version("transformers"), liger_kernel=dist_version("liger-kernel", "liger_kernel"),
-        liger_autotune=os.environ.get("LIGER_FUSED_MOE_AUTOTUNE", "1 (default)"), python=platform.python_version(),
-        ours_impl=args.ours_impl, eager_source=eager_source, power=power_meta, power_backend=monitor_line,
-        shapes={s.name: dict(H=s.hidden_size, I=s.intermediate_size, E=s.num_experts, k=s.top_k) for s in shapes},
-        args={k: v for k, v in vars(args).items()}, skipped=skipped, protocol=__doc__,
-    )
-    (out / moe_research.META_JSON).write_text(json.dumps(meta, indent=2, default=str) + "\n")
     print(f"\nCSV: {out / moe_research.BENCH_CSV}, checks: {out / moe_research.CHECK_CSV}, "
           f"metadata: {out / moe_research.META_JSON}")
     print(f"{args.device_name}, torch {torch.__version__}, transformers {meta['transformers']}, liger "
-          f"{meta['liger_kernel']}, commit {meta['git_commit']}, ours impl={args.ours_impl}, {meta['seconds']:.0f} s")
+          f"{meta['liger_kernel']} (autotune {meta['liger_autotune']}), commit {meta['git_commit']}, "
+          f"ours impl={args.ours_impl}, {meta['seconds']:.0f} s")
     print_table(rows, checks)
     return 0 if any(r["status"] == "ok" for r in rows) else 1
 
