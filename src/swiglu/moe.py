@@ -189,10 +189,9 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
 
     Args:
         x: [..., H] tokens (e.g. [T, H] or [batch_size, seq_len, H]).
-        top_k_index: [..., k] (x's leading dims, or [T, k]) int32/int64 expert ids in [0, E).
-            A token may name an expert twice: each occurrence counts, with its own weight.
-        top_k_weights: [..., k] routing weights, any floating dtype (fp32 and bf16 usual);
-            its gradient comes back in its dtype.
+        top_k_index: [..., k] (x's leading dims, or [T, k]) int32/int64 expert ids in [0, E);
+            a repeated id counts once per occurrence.
+        top_k_weights: [..., k] routing weights, any floating dtype (its gradient's dtype).
         gate_up_proj: [E, 2I, H], gate rows first, then up rows (transformers' layout).
         down_proj: [E, H, I].
         impl: ``"auto"`` (Triton for bf16 CUDA tensors on an sm_90 GPU, the reference otherwise),
@@ -204,11 +203,10 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
         expert that receives no tokens gets zero weight gradients.
 
     Raises:
-        TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or an
-        unknown ``impl`` (``validate_moe_inputs``). An expert id outside [0, E) is a ValueError
-        on CPU tensors; on CUDA the Triton path does not synchronize to look: such a pair is
-        skipped (contributes zero, gets a zero routing-weight gradient, as transformers' expert
-        parallel sentinels), never read or written out of bounds.
+        TypeError / ValueError naming the argument (``validate_moe_inputs``). An id outside
+        [0, E) is a ValueError on CPU tensors; on CUDA (no synchronization to look) such a pair is
+        skipped (zero contribution and routing-weight gradient), never read or written out of
+        bounds. More: docs/moe.md.
     """
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
     impl = moe_impl(impl, x, H, I)

@@ -17,15 +17,10 @@ hooks, accelerate's offloading) is left alone with a ``UserWarning``, also when 
 patching: the check runs at every forward. Each module keeps the options it was patched or built
 with.
 
-Mixture-of-experts models (Qwen2/Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3 and the other experts
-classes built with transformers' ``use_experts_implementation``): ``apply`` also switches the
-model's experts implementation to ``"swiglu"`` (``set_experts_implementation``), a forward
-registered with transformers' ``ExpertsInterface`` that calls ``swiglu.swiglu_moe`` on the
-module's ``gate_up_proj`` and ``down_proj``; ``register_experts()`` registers it alone, for
-``from_pretrained(..., experts_implementation="swiglu")``. Experts the op does not compute (biases,
-transposed or interleaved weights, no gate, a post-expert norm, custom gating, another activation)
-run their previous implementation with a ``UserWarning``. Dense shared experts are patched as any
-other SwiGLU MLP. Recipe, coverage and why not the kernel hub: docs/huggingface.md.
+Mixture-of-experts models (experts classes built with transformers' ``use_experts_implementation``):
+``apply`` also sets the experts implementation to ``"swiglu"`` (registered with ``ExpertsInterface``
+by ``register_experts``; calls ``swiglu.swiglu_moe``). Experts the op does not compute keep their
+previous implementation with a ``UserWarning``. Recipe and coverage: docs/huggingface.md.
 """
 
 from __future__ import annotations
@@ -490,16 +485,15 @@ def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = F
     included (their options updated). Dense MLP classes become ``Swiglu<Class>`` subclasses;
     experts modules keep their class, their config's experts implementation becomes ``"swiglu"``
     (``register_experts``; through ``model.set_experts_implementation`` on a transformers model).
-    Parameters, buffers, state-dict names and ``save_pretrained`` output are unchanged.
-    ``unpatch(model)`` undoes it.
+    Parameters, buffers, state-dict names and ``save_pretrained`` output are unchanged; ``unpatch``
+    undoes it.
 
     Modules with ``gate_proj``/``up_proj``/``down_proj`` (or ``gate_up_proj``) that cannot be
     served are left alone, one ``UserWarning`` per class and reason naming them (see
     ``unsupported_reason``); experts modules the op cannot compute (``experts_unsupported_reason``)
     keep their previous implementation, with one such warning.
 
-    Raises: TypeError (model not an nn.Module, non-bool save_activated_gate), ValueError
-    (unknown impl).
+    Raises: TypeError (not an nn.Module, non-bool save_activated_gate), ValueError (unknown impl).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

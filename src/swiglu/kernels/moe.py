@@ -1,32 +1,24 @@
 """Triton kernels for the SwiGLU MLP of routed experts (``swiglu.swiglu_moe``), forward and backward.
 
 The S = T * k routed pairs (token t, its j-th expert e) are sorted by expert once per forward
-(``routing``: a stable sort, counts and tile tables made by torch ops on the GPU, no host
-synchronization). Every kernel below is a grouped GEMM over that order: an M tile is BM
-consecutive sorted pairs of one expert (an expert's last tile is masked), so no token is ever
-copied into an expert-sorted [S, H] buffer; the gathers of x and grad_out rows are the GEMMs' own
-loads. Pairs whose expert id is outside [0, E) sort last and belong to no tile.
+(``Routing``: torch ops on the GPU, no host synchronization; the backward reuses it). Every
+kernel is a grouped GEMM over that order: an M tile is BM consecutive sorted pairs of one expert,
+and the gathers of x and grad_out rows are the GEMMs' own loads (no [S, H] copy of tokens).
+Pairs whose expert id is outside [0, E) sort last and belong to no tile.
 
-Forward, two launches and one sum:
-1. ``moe_up_kernel``: gate|up = x[tok] @ gate_up_proj[e].T, SwiGLU in the epilogue; writes h
-   (bf16, [S, I], sorted order) and keeps gate, up ([S, I] each) for the backward.
-2. ``moe_down_kernel``: y = h @ down_proj[e].T scaled by the routing weight, written to the pair's
-   own row of a [S, H] buffer (token-major), summed over k by one reduction: deterministic, no
-   atomics (bitwise reproducible runs).
+- ``moe_up_kernel``: gate|up = x[tok] @ gate_up_proj[e].T, SwiGLU in the epilogue (h, and gate,
+  up kept for the backward, [S, I] each).
+- ``moe_down_kernel``: y[pair] = h @ down_proj[e].T * w (the backward's grad_x pieces with B not
+  transposed), rows in token-major order; ``moe_combine_kernel`` sums each token's k rows in
+  fp32 in a fixed order: no atomics, bitwise reproducible.
+- ``moe_dswiglu_kernel``: g = grad_out[tok] @ down_proj[e] with dSwiGLU in the epilogue:
+  d_gate|d_up [S, 2I], h * w [S, I] and the routing-weight gradient's partial sums.
+- ``moe_wgrad_kernel``: varlen-K weight gradients, one program per (expert, output tile), K over
+  the expert's pairs; an expert with no pairs writes zeros.
 
-Backward, three launches:
-3. ``moe_dswiglu_kernel``: g = grad_out[tok] @ down_proj[e] [S, I] with dSwiGLU in its epilogue:
-   d_gate|d_up ([S, 2I]), h * w ([S, I], the down projection's weight-gradient operand) and the
-   routing-weight gradient's per-tile partial sums (sum_i g * h).
-4. ``moe_wgrad_kernel`` twice: varlen-K GEMMs, one program per (expert, output tile), K running
-   over the expert's pairs: grad_gate_up_proj[e] = d_gate_up^T @ x[tok], grad_down_proj[e] =
-   grad_out[tok]^T @ (h * w). An expert with no pairs writes zeros.
-5. ``moe_down_kernel`` again (its B operand not transposed): grad_x rows per pair = d_gate_up @
-   gate_up_proj[e], summed over k like the forward.
-
-Pointer loads (not TMA: a gathered row set is not a box); under TRITON_INTERPRET=1 every tile is
-upcast to fp32 (``tl_kernels._dot``), as in the dense kernels. Offsets into the expert weights
-are int64 (E * 2I * H exceeds 2**31 at DeepSeek-V3's shape).
+Pointer loads (a gathered row set is not a TMA box); under TRITON_INTERPRET=1 tiles are upcast to
+fp32 (``tl_kernels._dot``). Expert offsets are int64 (E * 2I * H passes 2**31 at DeepSeek-V3's
+shape). Design, measurements and the bound: docs/moe.md.
 """
 
 from __future__ import annotations
