@@ -40,7 +40,11 @@ EXPECTED_FIGURES = {
 
 
 def test_every_notebook_is_run_by_reproduce():
-    assert [p.stem for p in NOTEBOOKS] == list(reproduce.NOTEBOOKS) == list(EXPECTED_FIGURES)
+    # A notebook waiting for its first recorded GPU run (reproduce.PENDING_NOTEBOOKS) is run only
+    # when asked by name (tests/lab/test_moe_notebook.py runs 07_moe on a tiny CPU run).
+    ready = [p.stem for p in NOTEBOOKS if p.stem not in reproduce.PENDING_NOTEBOOKS]
+    assert ready == list(reproduce.NOTEBOOKS) == list(EXPECTED_FIGURES)
+    assert not set(reproduce.PENDING_NOTEBOOKS) & set(reproduce.NOTEBOOKS)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -117,6 +117,10 @@ NOTEBOOK_DEFAULTS = {
         "figures_dir": "figures",
         "derived_dir": "data/derived", "overwrite": False, "figure_formats": "png,svg",
     },
+    "07_moe": {
+        "moe_bench_dir": "data/moe_bench", "run": "", "figures_dir": "figures", "derived_dir": "data/derived",
+        "overwrite": False, "figure_formats": "png,svg",
+    },
 }
 
 
