@@ -80,17 +80,16 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "lab")]
-
-from swiglu.moe import moe_float64, moe_reference, swiglu_moe  # noqa: E402
-from swiglu_lab.bench import power  # noqa: E402
-from swiglu_lab.bench.environment import (  # noqa: E402
+from swiglu.moe import moe_float64, moe_reference, swiglu_moe
+from swiglu_lab.bench import power
+from swiglu_lab.bench.environment import (
     UTC_FORMAT, dist_version, git_info, gpu_info, make_run_id, nvml_info, software_info, utc_now,
 )
-from swiglu_lab.bench.stats import time_stats  # noqa: E402
-from swiglu_lab.bench.timing import L2Flusher, synchronize, time_iterations  # noqa: E402
-from swiglu_lab.research import moe as moe_research  # noqa: E402
+from swiglu_lab.bench.stats import time_stats
+from swiglu_lab.bench.timing import L2Flusher, synchronize, time_iterations
+from swiglu_lab.research import moe as moe_research
+
+REPO = Path(__file__).resolve().parents[1]
 
 IMPLS = ("triton", "grouped_mm", "liger", "eager")
 MODES = moe_research.MODES

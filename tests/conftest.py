@@ -27,8 +27,10 @@ SLOW_FILES = {
     "test_make.py", "test_wheel.py",  # virtual environments and wheels
     "test_probe_backward_power.py", "test_probe_in_step.py", "test_multicast_probe.py",
     "test_lean_ownership.py", "test_direct_launch.py", "test_plan_cache.py", "test_hf_long_seq_script.py",
+    "test_moe_bench_script.py", "test_moe_notebook.py",  # the MoE bench script on the CPU (interpreter)
 }
 SLOW_TESTS = (
+    "test_latest_run_loads_the_newest_and_none_without_one", "test_tables_and_figure_from_the_tiny_run",
     "test_table_configs_compile_for_sm90", "test_grad_x_candidates_compile_for_sm90",
     "test_dswiglu_candidates_compile_for_sm90", "test_each_tuned_config_on_its_own",
     "test_compiled_autograd_with_torchs_inductor_helper", "test_gradcheck_and_gradgradcheck",
