@@ -16,10 +16,13 @@ and ``"auto"``. Design and coverage: docs/moe.md.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES, check_dense
+from .ops import add_flop_formula
 
 #: ``impl=`` of ``swiglu_moe``.
 MOE_IMPLS = ("auto", "reference", "triton")
@@ -155,31 +158,44 @@ def moe_float64(x, top_k_index, top_k_weights, gate_up_proj, down_proj, grad_out
 # --------------------------------------------------------------------------- the public function
 
 
-def _auto_reason(x: torch.Tensor) -> str | None:
-    if x.device.type != "cuda":
-        return f"the Triton MoE kernels run on CUDA GPUs (got {x.device})"
-    if x.dtype != torch.bfloat16:
-        return f"the Triton MoE kernels compute in bfloat16 (got {x.dtype})"
+def _auto_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    if device.type != "cuda":
+        return f"the Triton MoE kernels run on CUDA GPUs (got {device})"
+    if dtype != torch.bfloat16:
+        return f"the Triton MoE kernels compute in bfloat16 (got {dtype})"
     from .ops import auto_reason
 
-    return auto_reason(x.device, x.dtype)
+    return auto_reason(device, dtype)
 
 
 def moe_impl(impl: str, x: torch.Tensor, hidden_size: int, intermediate_size: int) -> str:
     """The backend ``swiglu_moe`` runs for ``impl`` on x's device and dtype ("reference" or
-    "triton"); ``"triton"`` where it cannot run is a ValueError (TypeError for a dtype other than
-    bfloat16)."""
+    "triton"), decided once per (impl, device, dtype); ``"triton"`` where it cannot run is a
+    ValueError (TypeError for a dtype other than bfloat16)."""
+    if torch.compiler.is_compiling():
+        return _resolve_constant(impl, x.device, x.dtype)
+    return _resolve(impl, x.device, x.dtype)
+
+
+@lru_cache(maxsize=64)
+def _resolve(impl: str, device: torch.device, dtype: torch.dtype) -> str:
     if impl == "auto":
-        return "reference" if _auto_reason(x) else "triton"
+        return "reference" if _auto_reason(device, dtype) else "triton"
     if impl == "triton":
         from .ops import triton_reason
 
-        reason = triton_reason(x.device, 8, 8)
+        reason = triton_reason(device, 8, 8)
         if reason:
             raise ValueError(f"impl='triton' {reason}")
-        if x.dtype != torch.bfloat16:
-            raise TypeError(f"impl='triton' needs bfloat16 x and expert weights, got {x.dtype}")
+        if dtype != torch.bfloat16:
+            raise TypeError(f"impl='triton' needs bfloat16 x and expert weights, got {dtype}")
     return impl
+
+
+@torch.compiler.assume_constant_result
+def _resolve_constant(impl: str, device: torch.device, dtype: torch.dtype) -> str:
+    # Under torch.compile: one answer per compiled graph, not traced.
+    return _resolve(impl, device, dtype)
 
 
 def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: str = "auto") -> torch.Tensor:
@@ -193,7 +209,7 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
             a repeated id counts once per occurrence.
         top_k_weights: [..., k] routing weights, any floating dtype (its gradient's dtype).
         gate_up_proj: [E, 2I, H], gate rows first, then up rows (transformers' layout).
-        down_proj: [E, H, I].
+        down_proj: [E, H, I]; x's dtype (under ``torch.autocast`` the three are cast to its dtype).
         impl: ``"auto"`` (Triton for bf16 CUDA tensors on an sm_90 GPU, the reference otherwise),
             ``"reference"`` (transformers' eager loop over experts) or ``"triton"``.
 
@@ -208,6 +224,10 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
         skipped (zero contribution and routing-weight gradient), never read or written out of
         bounds. More: docs/moe.md.
     """
+    if isinstance(x, torch.Tensor) and x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)  # as F.linear under autocast
+        x, gate_up_proj, down_proj = (t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                                      for t in (x, gate_up_proj, down_proj))
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
     impl = moe_impl(impl, x, H, I)
     x2 = x.reshape(T, H)
@@ -281,3 +301,22 @@ def _moe_op_backward(ctx, grad_out, *unused):
 
 
 moe_forward.register_autograd(_moe_op_backward, setup_context=_moe_setup_context)
+
+
+def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwargs) -> int:
+    """Three GEMMs (gate, up, down) of 2 H I FLOPs per routed pair."""
+    pairs = 1
+    for d in top_k_index_shape:
+        pairs *= d
+    return 6 * pairs * x_shape[-1] * args[2][-1]  # args: top_k_weights, gate_up_proj, down_proj shapes
+
+
+def _moe_backward_flops(grad_out_shape, x_shape, top_k_index_shape, top_k_weights_shape, gate_up_proj_shape,
+                        down_proj_shape, *args, out_shape=None, **kwargs) -> int:
+    """Six GEMMs of 2 H I FLOPs per routed pair: g, grad_x's two, the three weight gradients."""
+    return 2 * _moe_forward_flops(x_shape, top_k_index_shape, top_k_weights_shape, gate_up_proj_shape,
+                                  down_proj_shape)
+
+
+add_flop_formula("moe_forward", _moe_forward_flops)
+add_flop_formula("moe_backward", _moe_backward_flops)

@@ -174,6 +174,9 @@ def clear_plans() -> None:
     """Forget every cached decision and launch plan (after faking device properties in a test,
     or changing the kernel tables or ``SWIGLU_GLUON`` in-process)."""
     _resolve.cache_clear()
+    from .moe import _resolve as moe_resolve
+
+    moe_resolve.cache_clear()
     try:
         _triton().clear_plans()
     except ImportError:
@@ -452,9 +455,20 @@ def _mlp_backward_flops(grad_output_shape, x_shape, gate_output_shape, up_output
     return 2 * gemms * tokens * hidden * inter
 
 
-def _register_flop_formulas(flop_counter) -> None:
-    flop_counter.register_flop_formula(torch.ops.swiglu.mlp_forward)(_mlp_forward_flops)
-    flop_counter.register_flop_formula(torch.ops.swiglu.mlp_backward)(_mlp_backward_flops)
+_FLOP_FORMULAS = [("mlp_forward", _mlp_forward_flops), ("mlp_backward", _mlp_backward_flops)]
+
+
+def _register_flop_formulas(flop_counter, formulas=None) -> None:
+    for op, formula in _FLOP_FORMULAS if formulas is None else formulas:
+        flop_counter.register_flop_formula(getattr(torch.ops.swiglu, op))(formula)
+
+
+def add_flop_formula(op: str, formula) -> None:
+    """Count ``torch.ops.swiglu.<op>`` under ``FlopCounterMode`` with ``formula`` (its input
+    shapes -> FLOPs): at once if ``torch.utils.flop_counter`` is imported, else when it is."""
+    _FLOP_FORMULAS.append((op, formula))
+    if _OnFlopCounterImport.name in sys.modules:
+        _register_flop_formulas(sys.modules[_OnFlopCounterImport.name], [(op, formula)])
 
 
 class _OnFlopCounterImport(importlib.abc.MetaPathFinder):

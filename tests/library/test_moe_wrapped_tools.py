@@ -1,0 +1,74 @@
+"""swiglu_moe inside the tools users wrap around it: torch.compile, the custom ops' contracts
+(opcheck), FlopCounterMode, autocast."""
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import swiglu
+from swiglu.moe import moe_backward, moe_forward
+
+T, H, I, E, K = 11, 32, 48, 4, 2
+
+
+def _inputs(seed, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(dtype)
+    w, idx = torch.softmax(torch.randn(T, E, generator=g), -1).topk(K)
+    gu = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).to(dtype)
+    dp = (torch.randn(E, H, I, generator=g) / I**0.5).to(dtype)
+    return x, idx, w, gu, dp
+
+
+def _grads(fn, x, idx, w, gu, dp, go):
+    leaves = [t.clone().requires_grad_() for t in (x, w, gu, dp)]
+    out = fn(leaves[0], idx, leaves[1], leaves[2], leaves[3])
+    return (out, *torch.autograd.grad(out, leaves, go))
+
+
+def test_compile_fullgraph_is_bitwise_the_eager_triton_path():
+    x, idx, w, gu, dp = _inputs(11)
+    go = torch.randn(T, H).bfloat16()
+    eager = _grads(lambda *a: swiglu.swiglu_moe(*a, impl="triton"), x, idx, w, gu, dp, go)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: swiglu.swiglu_moe(*a, impl="triton"), fullgraph=True)
+    got = _grads(compiled, x, idx, w, gu, dp, go)
+    for a, b in zip(got, eager):
+        assert torch.equal(a, b)
+
+
+def test_opcheck_forward_and_backward_ops():
+    x, idx, w, gu, dp = _inputs(12)
+    torch.library.opcheck(moe_forward, (x, idx, w, gu, dp),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    out, gate, up, order, start = moe_forward(x, idx, w, gu, dp)
+    torch.library.opcheck(moe_backward, (torch.randn_like(out), x, idx, w, gu, dp, gate, up, order, start),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_flop_counter_counts_six_gemms_forward_and_twelve_backward(impl):
+    x, idx, w, gu, dp = _inputs(13)
+    x.requires_grad_()
+    with FlopCounterMode(display=False) as counter:
+        out = swiglu.swiglu_moe(x, idx, w, gu, dp, impl=impl)
+    forward = counter.get_total_flops()
+    with FlopCounterMode(display=False) as counter:
+        out.sum().backward()
+    if impl == "triton":  # the reference runs one GEMM per routed expert: its count is the eager loop's
+        assert forward == 6 * T * K * H * I
+        assert counter.get_total_flops() == 12 * T * K * H * I
+    else:
+        assert forward == 6 * T * K * H * I
+
+
+def test_autocast_casts_x_and_the_expert_weights():
+    x, idx, w, gu, dp = _inputs(14, torch.float32)
+    leaves = [t.clone().requires_grad_() for t in (x, gu, dp)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = swiglu.swiglu_moe(leaves[0], idx, w, leaves[1], leaves[2], impl="reference")
+    assert out.dtype == torch.bfloat16
+    expected = swiglu.swiglu_moe(x.bfloat16(), idx, w, gu.bfloat16(), dp.bfloat16(), impl="reference")
+    assert torch.equal(out, expected)
+    out.float().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in leaves)
