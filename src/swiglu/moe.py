@@ -173,7 +173,7 @@ def moe_impl(impl: str, x: torch.Tensor, hidden_size: int, intermediate_size: in
     "triton"), decided once per (impl, device, dtype); ``"triton"`` where it cannot run is a
     ValueError (TypeError for a dtype other than bfloat16)."""
     if torch.compiler.is_compiling():
-        return _resolve_constant(impl, x.device, x.dtype)
+        return _resolve.__wrapped__(impl, x.device, x.dtype)  # traced once per graph, not per call
     return _resolve(impl, x.device, x.dtype)
 
 
@@ -190,12 +190,6 @@ def _resolve(impl: str, device: torch.device, dtype: torch.dtype) -> str:
         if dtype != torch.bfloat16:
             raise TypeError(f"impl='triton' needs bfloat16 x and expert weights, got {dtype}")
     return impl
-
-
-@torch.compiler.assume_constant_result
-def _resolve_constant(impl: str, device: torch.device, dtype: torch.dtype) -> str:
-    # Under torch.compile: one answer per compiled graph, not traced.
-    return _resolve(impl, device, dtype)
 
 
 def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: str = "auto") -> torch.Tensor:
