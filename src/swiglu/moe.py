@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES, check_dense
-from .ops import add_flop_formula
+from .ops import add_flop_formula, on_clear_plans
 
 #: ``impl=`` of ``swiglu_moe``.
 MOE_IMPLS = ("auto", "reference", "triton")
@@ -235,6 +235,9 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
 
 
 # --------------------------------------------------------------------------- custom ops (the Triton path)
+
+
+on_clear_plans(_resolve.cache_clear)
 
 
 @torch.library.custom_op("swiglu::moe_forward", mutates_args=())

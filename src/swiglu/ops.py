@@ -170,13 +170,20 @@ def resolve_impl(impl: str, x: torch.Tensor, gate_weight: torch.Tensor) -> str:
     return _resolve(impl, x.device, x.dtype, hidden, inter)
 
 
+_CLEARS: list = []
+
+
+def on_clear_plans(clear) -> None:
+    """Call ``clear()`` from ``clear_plans`` (another op's cached decisions)."""
+    _CLEARS.append(clear)
+
+
 def clear_plans() -> None:
     """Forget every cached decision and launch plan (after faking device properties in a test,
     or changing the kernel tables or ``SWIGLU_GLUON`` in-process)."""
     _resolve.cache_clear()
-    from .moe import _resolve as moe_resolve
-
-    moe_resolve.cache_clear()
+    for clear in _CLEARS:
+        clear()
     try:
         _triton().clear_plans()
     except ImportError:

@@ -39,13 +39,16 @@ from .tl_kernels import _activated_gate, _bf16, _dot, _f32
 
 
 @triton.jit
-def _tile_rows(tile_expert_ptr, tile_row_ptr, expert_end_ptr, pid_m, E, BM: tl.constexpr):
-    """The expert of M tile ``pid_m``, its sorted-pair rows and which of them are real."""
+def _grouped_tile(tile_expert_ptr, tile_row_ptr, expert_end_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.constexpr):
+    """This program's tile of a grouped GEMM (N tiles fastest): its expert (E: idle), its sorted-pair
+    rows and columns, and which of them are real."""
+    pid = tl.program_id(0)
+    pid_m = pid // num_n
     e = tl.load(tile_expert_ptr + pid_m)
-    row0 = tl.load(tile_row_ptr + pid_m)
     end = tl.load(expert_end_ptr + tl.minimum(e, E - 1))
-    rows = row0 + tl.arange(0, BM)
-    return e, rows, (rows < end) & (e < E)
+    rows = tl.load(tile_row_ptr + pid_m) + tl.arange(0, BM)
+    cols = (pid % num_n) * BN + tl.arange(0, BN)
+    return e, rows, (rows < end) & (e < E), cols, cols < N, pid % num_n
 
 
 @triton.jit
@@ -54,14 +57,10 @@ def moe_up_kernel(x_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, expert
                   H, I, E, TOP_K, num_n,
                   stride_xt, stride_xh, stride_we, stride_wn, stride_wh,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
-    pid = tl.program_id(0)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    e, rows, row_ok = _tile_rows(tile_expert_ptr, tile_row_ptr, expert_end_ptr, pid_m, E, BM)
+    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(tile_expert_ptr, tile_row_ptr, expert_end_ptr, E, I, num_n,
+                                                          BM, BN)
     if e < E:
         tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
-        cols = pid_n * BN + tl.arange(0, BN)
-        col_ok = cols < I
         ks = tl.arange(0, BK)
         a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
         w_base = w_ptr + e.to(tl.int64) * stride_we
@@ -99,13 +98,9 @@ def moe_down_kernel(a_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, expe
     """y[pair] = a[row] @ B_e (* routing weight) for the sorted rows of one tile, written to the
     pair's row of y [S, N]. a: [S, K] contiguous, sorted order. B_e = w[e].T ([N, K] stored,
     B_TRANS) or w[e] ([K, N] stored)."""
-    pid = tl.program_id(0)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    e, rows, row_ok = _tile_rows(tile_expert_ptr, tile_row_ptr, expert_end_ptr, pid_m, E, BM)
+    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(tile_expert_ptr, tile_row_ptr, expert_end_ptr, E, N, num_n,
+                                                          BM, BN)
     if e < E:
-        cols = pid_n * BN + tl.arange(0, BN)
-        col_ok = cols < N
         ks = tl.arange(0, BK)
         a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :]
         w_base = w_ptr + e.to(tl.int64) * stride_we
@@ -138,15 +133,11 @@ def moe_dswiglu_kernel(go_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, 
                        stride_gt, stride_gh, stride_we, stride_wh, stride_wi,
                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it."""
-    pid = tl.program_id(0)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    e, rows, row_ok = _tile_rows(tile_expert_ptr, tile_row_ptr, expert_end_ptr, pid_m, E, BM)
+    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(tile_expert_ptr, tile_row_ptr, expert_end_ptr, E, I, num_n,
+                                                          BM, BN)
     if e < E:
         pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
         tok = pair // TOP_K
-        cols = pid_n * BN + tl.arange(0, BN)
-        col_ok = cols < I
         ks = tl.arange(0, BK)
         a_ptrs = go_ptr + tok.to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
         b_ptrs = w_ptr + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wh + cols[None, :] * stride_wi
