@@ -30,7 +30,7 @@ def main(argv=None) -> None:
     ap.add_argument("--hidden-size", type=int, default=16384)
     ap.add_argument("--intermediate-size", type=int, default=53248)
     ap.add_argument("--tile", default="table", help='"table", "cublas", "BMxBNxBK S<stages> NC<buffers>" or '
-                    '"resident:I" (gluon_wgrad_resident.RESIDENT_CANDIDATES[I])')
+                    '"resident:I" (swiglu_lab.experiments.gluon_wgrad_resident.RESIDENT_CANDIDATES[I])')
     ap.add_argument("--calls", type=int, default=2)
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
@@ -46,7 +46,7 @@ def main(argv=None) -> None:
         if cfg is None:
             raise SystemExit(f"no Gluon weight-gradient config at T = {T} on this device")
         if args.tile.startswith("resident:"):
-            from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
+            from swiglu_lab.experiments.gluon_wgrad_resident import RESIDENT_CANDIDATES
 
             cfg = RESIDENT_CANDIDATES[int(args.tile.partition(":")[2])]
         elif args.tile != "table":

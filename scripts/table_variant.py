@@ -16,7 +16,7 @@ the table or not; sections ``gluon_grad_weights``,
 bucket must exist. ``--gluon-dswiglu BUCKET=INDEX``: that bucket takes ``gluon_dswiglu.CANDIDATES[INDEX]``;
 ``--gluon-grad-x BUCKET=INDEX``: ``gluon_wgrad.GRAD_X_CANDIDATES[INDEX]``;
 ``--gluon-grad-weights BUCKET=INDEX``: ``gluon_wgrad.WIDE_CANDIDATES[INDEX]`` (the wide tiles: ping-pong, then cooperative 256 x 192);
-``--gluon-resident BUCKET=INDEX``: ``gluon_wgrad_resident.RESIDENT_CANDIDATES[INDEX]`` (A held in
+``--gluon-resident BUCKET=INDEX``: ``swiglu_lab.experiments.gluon_wgrad_resident.RESIDENT_CANDIDATES[INDEX]`` (A held in
 shared memory; its ``resident_k`` must hold the bucket's tokens).
 Candidates enter first, then ``--set`` changes fields (of a candidate too). Every changed entry
 gets a ``"variant"`` note saying what changed. Prints the changes.
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
 
         changes += [apply_candidate(table, "gluon_grad_weights", s, WIDE_CANDIDATES) for s in args.gluon_grad_weights]
     if args.gluon_resident:
-        from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
+        from swiglu_lab.experiments.gluon_wgrad_resident import RESIDENT_CANDIDATES
 
         for spec in args.gluon_resident:
             bucket, _, index = spec.partition("=")

@@ -33,8 +33,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from swiglu.kernels import gluon_dswiglu, gluon_wgrad, gluon_wgrad_resident
+from swiglu.kernels import gluon_dswiglu, gluon_wgrad
 from swiglu.kernels.backward import GLUON_CONFIGS
+from swiglu_lab.experiments import gluon_wgrad_resident
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
 
@@ -112,7 +113,7 @@ def wgrad_report(k, entry: dict) -> dict:
 
 
 def compile_resident(cfg, pdl: int = 0) -> dict:
-    """``gluon_wgrad_resident``'s kernel at ``cfg``, reported as ``compile_one`` does."""
+    """``swiglu_lab.experiments.gluon_wgrad_resident``'s kernel at ``cfg``, reported as ``compile_one`` does."""
     sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"KT": cfg.resident_k // cfg.BK, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
                   "STORE_REGS": cfg.store_regs, "GROUP": cfg.GROUP_M, "DEFER": cfg.defer, "PDL": pdl}
@@ -177,7 +178,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # The ping-pong MMA warpgroups storing their own chunks (wg_store), 64- and 32-deep k-steps.
         results += [compile_one(dataclasses.replace(gluon_wgrad.WIDE_CANDIDATES[0], wg_store=2)),
                     compile_one(dataclasses.replace(gluon_wgrad.WIDE_CANDIDATES[2], STAGES=8, wg_store=2))]
-        # The resident-A kernel's candidates (gluon_wgrad_resident), the first also deferred and with
+        # The resident-A kernel's candidates (swiglu_lab.experiments.gluon_wgrad_resident), the first also deferred and with
         # PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]
         results.append(compile_resident(dataclasses.replace(gluon_wgrad_resident.RESIDENT_CANDIDATES[0], defer=True)))

@@ -19,7 +19,7 @@ Gluon kernel with the table's config (``table``) and named cooperative tiles ("B
 (``tl table``) and the ``--tiles`` named, from ``GluonConfig``'s defaults. Each output is
 checked close to cuBLAS's. GPU only.
 
-``--resident [I,J]`` adds ``gluon_wgrad_resident``'s candidates (all, or those indices) that hold
+``--resident [I,J]`` adds ``swiglu_lab.experiments.gluon_wgrad_resident``'s candidates (all, or those indices) that hold
 T tokens (``--resident-groups G,H``: each at those GROUP_M; ``--resident-defer 0,1``: with and
 without the deferred epilogue). Every Gluon and resident weight gradient is also compared bitwise
 with the table's Gluon kernel, or where the table has none with the first Gluon tile
@@ -100,7 +100,7 @@ ABLATIONS = {"stores skipped": 1, "loads skipped": 2, "loads and stores skipped"
 def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = None, groups: str = "",
                 defers: str = "", tiles: tuple = ()):
     """label -> callable(out) for one token count (``--ablate``: the ablations and ``fill_`` too,
-    their labels in ``unchecked``; ``tiles``: the Gluon tiles instead of ``TILES``; ``--resident``: ``gluon_wgrad_resident``'s candidates that hold
+    their labels in ``unchecked``; ``tiles``: the Gluon tiles instead of ``TILES``; ``--resident``: ``swiglu_lab.experiments.gluon_wgrad_resident``'s candidates that hold
     T tokens)."""
     import torch
 
@@ -124,7 +124,7 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
                                    f"{' ping-pong' if cfg.pingpong else ''})" if name == "table" else "")
         out[label] = (lambda c, p, pl: lambda o: launch_grad_weight_gluon(a, b, o, c, p, plain_store=pl))(cfg, nprog, plain)
     if resident is not None:
-        from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
+        from swiglu_lab.experiments.gluon_wgrad_resident import RESIDENT_CANDIDATES
 
         chosen = [int(i) for i in resident.split(",")] if resident else range(len(RESIDENT_CANDIDATES))
         for i in chosen:

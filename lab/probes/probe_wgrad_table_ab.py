@@ -106,6 +106,9 @@ def main(argv=None) -> int:
                                   (3, ("gluon_grad_x", GluonConfig))):
             for key, entry in table.get(section, {}).items():
                 other[i][parse_bucket(key)] = cls(**entry["config"])
+    if any(g is not None and g.resident_k for other in others.values() for g in other[0].values()):
+        # A table entry with resident_k runs this lab kernel (it sets backward.RESIDENT_LAUNCHER).
+        import swiglu_lab.experiments.gluon_wgrad_resident  # noqa: F401
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

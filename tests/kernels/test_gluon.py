@@ -593,9 +593,10 @@ def test_wg_store_gives_the_storer_bits(M, N, K):
         assert torch.isfinite(want).all() and torch.isfinite(got).all() and torch.equal(got, want), (cfg, chunks)
 
 
-def test_resident_configs_check_their_fields_and_tokens():
+def test_resident_configs_check_their_fields_and_tokens(monkeypatch):
     """``GluonConfig.resident_k``: a multiple of BK, cooperative only, counted in the shared-memory
-    estimate; the resident launcher refuses more tokens than its block holds (before any launch)."""
+    estimate; the resident launcher refuses more tokens than its block holds (before any launch);
+    the library runs such a config only once the lab's experiment is imported."""
     with pytest.raises(ValueError, match="resident_k"):
         GluonConfig(BM=128, BN=128, BK=64, resident_k=100)
     with pytest.raises(ValueError, match="resident_k"):
@@ -609,17 +610,23 @@ def test_resident_configs_check_their_fields_and_tokens():
     if triton_minor(__import__("triton").__version__) not in GLUON_TRITONS:
         pytest.skip("Gluon's kernels are written for " + ", ".join(GLUON_TRITONS))
     from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from swiglu_lab.experiments import gluon_wgrad_resident
 
     a, b = torch.zeros(129, 256, dtype=torch.bfloat16), torch.zeros(129, 128, dtype=torch.bfloat16)
+    assert backward.RESIDENT_LAUNCHER is gluon_wgrad_resident.launch_grad_weight_resident
+    with monkeypatch.context() as m:
+        m.setattr(backward, "RESIDENT_LAUNCHER", None)
+        with pytest.raises(ValueError, match="sets backward.RESIDENT_LAUNCHER when imported"):
+            backward.launch_weight_gradient(a, b, torch.empty(256, 128, dtype=torch.bfloat16), None, cfg, 1)
     with pytest.raises(ValueError, match="resident_k=128, got 129"):
         backward.launch_weight_gradient(a, b, torch.empty(256, 128, dtype=torch.bfloat16), None, cfg, 1)
-    with pytest.raises(ValueError, match="runs gluon_wgrad_resident"):
+    with pytest.raises(ValueError, match="runs swiglu_lab.experiments.gluon_wgrad_resident"):
         launch_grad_weight_gluon(a[:128], b[:128], torch.empty(256, 128, dtype=torch.bfloat16), cfg, 1)
 
 
 def _resident_candidates():
     try:
-        from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
+        from swiglu_lab.experiments.gluon_wgrad_resident import RESIDENT_CANDIDATES
     except ImportError:  # a triton without Gluon
         return []
     return list(RESIDENT_CANDIDATES)
@@ -630,7 +637,7 @@ def _resident_candidates():
 @pytest.mark.parametrize("K, M, N", [(None, 53248, 16384), (None, 16384, 53248), (1, 1000, 1176), (77, 384, 520),
                                      (None, 1000, 1176), (200, 2048, 1536)])
 def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
-    """``gluon_wgrad_resident`` (A held in shared memory): within the fp32 bound of
+    """``swiglu_lab.experiments.gluon_wgrad_resident`` (A held in shared memory): within the fp32 bound of
     ``test_gluon_weight_gradient_matches_fp32``, NaN-poisoned output fully written, and bitwise the
     ring kernel's output at the same tile and K-step (the same wgmma sequence per element), launch
     after launch; every launch finishes (a lost A-block phase would hang)."""

@@ -71,7 +71,7 @@ def test_a_candidate_index_out_of_range_is_refused(tmp_path, spec):
 
 def test_resident_candidates_enter_buckets_whose_tokens_they_hold(tmp_path):
     from swiglu.kernels.configs import GluonConfig
-    from swiglu.kernels.gluon_wgrad_resident import RESIDENT_CANDIDATES
+    from swiglu_lab.experiments.gluon_wgrad_resident import RESIDENT_CANDIDATES
 
     got = _variant(tmp_path, "--gluon-resident", "128=1")
     assert GluonConfig(**got["gluon_grad_weights"]["128"]["config"]) == RESIDENT_CANDIDATES[1]

@@ -8,8 +8,6 @@
   supported devices and sizes).
 - ``backward``: the backward launchers and ``triton_swiglu_backward``.
 - ``gluon_wgrad``, ``gluon_dswiglu``: the warp-specialized Gluon kernels (sm_90, triton 3.6 and 3.7).
-- ``gluon_wgrad_resident``: a weight-gradient variant holding A in shared memory (measured, not
-  dispatched).
 - ``forward``: the fused forward launcher; table ``forward_configs.json``.
 - ``moe``: the routed experts' kernels (``swiglu.swiglu_moe``): grouped GEMMs over expert-sorted
   pairs, their routing tables and tiles (docs/moe.md).

@@ -99,25 +99,34 @@ def launch_weight_gradient(a, b, out, c: KernelConfig, g: GluonConfig | None, np
         launch_grad_weight(a, b, out, c, nprog)
         return
     M, N = a.shape[1], b.shape[1]
-    gluon = _gluon()
-    launcher = gluon.resident.launch_grad_weight_resident if g.resident_k else gluon.wgrad.launch_grad_weight_gluon
+    if g.resident_k:
+        if RESIDENT_LAUNCHER is None:
+            raise ValueError(f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident's kernel, "
+                             f"which sets backward.RESIDENT_LAUNCHER when imported (not imported), got {g}")
+        launcher = RESIDENT_LAUNCHER
+    else:
+        launcher = _gluon().wgrad.launch_grad_weight_gluon
     launcher(a, b, out, g, nprog or tile_programs(a.device, M, N, g))
 
+
+#: The launcher of a ``GluonConfig`` with ``resident_k`` (A held in shared memory): the library
+#: ships none; the lab's ``swiglu_lab.experiments.gluon_wgrad_resident`` sets it when imported, so
+#: a table entry with ``resident_k`` (the lab's A/B tables) runs that kernel. None: such an entry raises.
+RESIDENT_LAUNCHER = None
 
 _GLUON_MODULES: list = []
 
 
 def _gluon():
-    """The Gluon launcher modules (``.wgrad``: ``gluon_wgrad``, ``.resident``:
-    ``gluon_wgrad_resident``, ``.dswiglu``: ``gluon_dswiglu``),
+    """The Gluon launcher modules (``.wgrad``: ``gluon_wgrad``, ``.dswiglu``: ``gluon_dswiglu``),
     imported on first use: only where Gluon runs (``common.GLUON_TRITONS``); an import statement
     per launch costs host time."""
     if not _GLUON_MODULES:
         from types import SimpleNamespace
 
-        from . import gluon_dswiglu, gluon_wgrad, gluon_wgrad_resident
+        from . import gluon_dswiglu, gluon_wgrad
 
-        _GLUON_MODULES.append(SimpleNamespace(wgrad=gluon_wgrad, resident=gluon_wgrad_resident, dswiglu=gluon_dswiglu))
+        _GLUON_MODULES.append(SimpleNamespace(wgrad=gluon_wgrad, dswiglu=gluon_dswiglu))
     return _GLUON_MODULES[0]
 
 

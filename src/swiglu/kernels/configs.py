@@ -84,8 +84,8 @@ class GluonConfig:
     # accumulator compiles without spills at 232 in a 168-register launch).
     mma_regs: int = 0
     # Cooperative only: each program keeps A's [K, BM] column block resident in shared memory
-    # (``gluon_wgrad_resident``) for K <= resident_k tokens, loaded once per run of tiles on the
-    # same rows, and streams only B: L2-to-SM reads K/BM per output element instead of
+    # (the lab's ``swiglu_lab.experiments.gluon_wgrad_resident``, run once imported) for
+    # K <= resident_k tokens, loaded once per run of tiles on the same rows, and streams only B: L2-to-SM reads K/BM per output element instead of
     # K (BM + BN) / (BM BN); GROUP_M programs then take each run of tiles in turn (1-64). 0: the
     # ring of A and B stages (``gluon_wgrad``).
     resident_k: int = 0

@@ -758,7 +758,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     loads after the ring's first fill, 4 the wgmmas (zeros stored), or a sum of them
     (``wgrad_kernel``'s ABLATE). ``plain_store`` (probes, tests; a cooperative ``cfg`` without
     ``defer``, ``out`` contiguous; a ``cfg`` with ``plain_store`` always): the tiles stored with
-    st.global, not by TMA, by the MMA warps (1) or the storer warp (2) (``wgrad_kernel``'s PLAIN_STORE). A config with ``resident_k`` is ``gluon_wgrad_resident``'s
+    st.global, not by TMA, by the MMA warps (1) or the storer warp (2) (``wgrad_kernel``'s PLAIN_STORE). A config with ``resident_k`` is ``swiglu_lab.experiments.gluon_wgrad_resident``'s
     (ValueError here). A config's ``wg_store`` (ping-pong, BN = 2 * BN2) selects ``wgrad_kernel``'s
     WG_STORE."""
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
@@ -791,7 +791,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
 def _launch_constants(cfg: GluonConfig):
     # What a launch takes from its config alone, built once per config (host time per launch).
     if cfg.resident_k:
-        raise ValueError(f"a config with resident_k runs gluon_wgrad_resident.launch_grad_weight_resident, got {cfg}")
+        raise ValueError(f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident.launch_grad_weight_resident, got {cfg}")
     blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (
         ([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
     consts = (cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer, cfg.pingpong,

@@ -10,6 +10,10 @@ B is streamed. L2-to-SM reads per output element drop from K (BM + BN) / (BM BN)
 moved are power the SM clock gets back. The cost: the first tile of each run waits for A's block.
 The partitions (TMA loader, two MMA warpgroups on one tile, TMA storer with NC stores in flight)
 are ``gluon_wgrad``'s cooperative ones otherwise. Design and measurements: docs/kernels.md.
+
+Measured, not dispatched: importing this module sets ``backward.RESIDENT_LAUNCHER``, so a table
+entry with ``resident_k`` (``scripts/table_variant.py --gluon-resident``) runs this kernel in the
+library's backward (lab/probes/probe_wgrad_table_ab.py imports it for such a table).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .common import GluonConfig, Tma, launch
-from .gluon_wgrad import _cta_barrier, _epilogue_store, _layout, _mma_layout, _pdl_end, _pdl_start
+from swiglu.kernels import backward
+from swiglu.kernels.common import GluonConfig, Tma, launch
+from swiglu.kernels.gluon_wgrad import _cta_barrier, _epilogue_store, _layout, _mma_layout, _pdl_end, _pdl_start
 
 
 @gluon.jit
@@ -208,7 +213,8 @@ def launch_grad_weight_resident(a: torch.Tensor, b: torch.Tensor, out: torch.Ten
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), 1 <= K <= ``cfg.resident_k`` (ValueError otherwise); ``num_programs``
     persistent programs (one per SM). The contract of ``gluon_wgrad.launch_grad_weight_gluon``;
-    ``backward.launch_weight_gradient`` calls this for a config with ``resident_k``."""
+    ``backward.launch_weight_gradient`` calls this for a config with ``resident_k`` once this module
+    is imported (``backward.RESIDENT_LAUNCHER``)."""
     K = a.shape[0]
     if not 1 <= K <= cfg.resident_k:
         raise ValueError(f"the resident weight gradient takes 1 <= tokens <= resident_k={cfg.resident_k}, got {K}")
@@ -237,3 +243,6 @@ RESIDENT_CANDIDATES = (
     GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, GROUP_M=2, resident_k=256),
     GluonConfig(BM=128, BN=128, BK=64, STAGES=3, NC=1, GROUP_M=2, resident_k=512),
 )
+
+# The library's backward runs a table entry with resident_k through this launcher.
+backward.RESIDENT_LAUNCHER = launch_grad_weight_resident
