@@ -16,17 +16,20 @@ and ``"auto"``. Design and coverage: docs/moe.md.
 
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES, check_dense
-from .ops import add_flop_formula, on_clear_plans
+from .ops import add_flop_formula, dispatch_mode_active, on_clear_plans, transforms_active
 
 #: ``impl=`` of ``swiglu_moe``.
 MOE_IMPLS = ("auto", "reference", "triton")
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_AUTOCAST_CASTS = (torch.float16, torch.bfloat16, torch.float32)  # float64 is left alone, as by F.linear
 
 
 # --------------------------------------------------------------------------- validation
@@ -42,9 +45,13 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
     CPU tensors), each naming the argument."""
     named = {"x": x, "top_k_index": top_k_index, "top_k_weights": top_k_weights, "gate_up_proj": gate_up_proj,
              "down_proj": down_proj}
+    dtensor = sys.modules.get("torch.distributed.tensor")  # loaded wherever a DTensor exists
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if dtensor is not None and isinstance(t, dtensor.DTensor):
+            raise TypeError(f"{name} is a DTensor: swiglu_moe takes local tensors (shard the experts outside it, "
+                            "e.g. expert parallelism with local weights)")
         check_dense(name, t)
     for name in ("x", "gate_up_proj", "down_proj"):
         t = named[name]
@@ -93,7 +100,8 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
         raise TypeError(f"impl must be a str, one of {list(MOE_IMPLS)}, got {type(impl).__name__}")
     if impl not in MOE_IMPLS:
         raise ValueError(f"impl must be one of {list(MOE_IMPLS)}, got {impl!r}")
-    if top_k_index.device.type == "cpu" and top_k_index.numel() and not torch.compiler.is_compiling():
+    if top_k_index.device.type == "cpu" and top_k_index.numel() and not torch.compiler.is_compiling() \
+            and not dispatch_mode_active():
         lo, hi = int(top_k_index.min()), int(top_k_index.max())
         if lo < 0 or hi >= E:
             raise ValueError(f"top_k_index must hold expert ids in [0, {E}) (num_experts = {E}), got values in "
@@ -220,18 +228,27 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
     """
     if isinstance(x, torch.Tensor) and x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)  # as F.linear under autocast
-        x, gate_up_proj, down_proj = (t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+        x, gate_up_proj, down_proj = (t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CASTS else t
                                       for t in (x, gate_up_proj, down_proj))
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
     impl = moe_impl(impl, x, H, I)
     x2 = x.reshape(T, H)
     idx = top_k_index.reshape(T, k)
     w = top_k_weights.reshape(T, k)
+    if x.device.type == "meta":
+        impl = "triton"  # the ops' fake implementations propagate shapes, forward and backward
+    elif impl == "triton" and (transforms_active() or _has_tangent(x, top_k_weights, gate_up_proj, down_proj)):
+        impl = "reference"  # torch.func transforms and forward-mode AD: the ops have no rule for them
     if impl == "reference":
         out = moe_reference(x2, idx, w, gate_up_proj, down_proj)
     else:
         out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj)[0]
     return out.reshape(x.shape)
+
+
+def _has_tangent(*tensors) -> bool:
+    """Whether forward-mode AD (``torch.autograd.forward_ad``) carries a tangent on any input."""
+    return any(fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
 # --------------------------------------------------------------------------- custom ops (the Triton path)
@@ -263,23 +280,29 @@ def _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj):
 @torch.library.custom_op("swiglu::moe_backward", mutates_args=())
 def moe_backward(grad_out: torch.Tensor, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                  gate_up_proj: torch.Tensor, down_proj: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-                 order: torch.Tensor, expert_start: torch.Tensor,
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 order: torch.Tensor, expert_start: torch.Tensor, need_grad_x: bool = True,
+                 need_grad_top_k_weights: bool = True, need_grad_gate_up_proj: bool = True,
+                 need_grad_down_proj: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` by the Triton
-    kernels, from ``moe_forward``'s saved outputs. Not differentiable again (no double backward)."""
+    kernels, from ``moe_forward``'s saved outputs; a gradient not needed is an empty [0] tensor and
+    its GEMM does not run. Not differentiable again (no double backward)."""
     from .kernels.moe import Routing
     from .kernels.moe import moe_backward as run
 
     routing = Routing(top_k_index, gate_up_proj.shape[0], saved=(order, expert_start))
-    return run(grad_out.contiguous(), x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up,
-               routing=routing)
+    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
+    grads = run(grad_out.contiguous(), x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up,
+                routing=routing, needs=needs)
+    return tuple(g if need else x.new_empty(0) for g, need in zip(grads, needs))
 
 
 @moe_backward.register_fake
 def _moe_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order,
-                       expert_start):
-    return x.new_empty(x.shape), top_k_weights.new_empty(top_k_weights.shape), \
-        gate_up_proj.new_empty(gate_up_proj.shape), down_proj.new_empty(down_proj.shape)
+                       expert_start, need_grad_x=True, need_grad_top_k_weights=True, need_grad_gate_up_proj=True,
+                       need_grad_down_proj=True):
+    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
+    return tuple(t.new_empty(t.shape if need else (0,))
+                 for t, need in zip((x, top_k_weights, gate_up_proj, down_proj), needs))
 
 
 def _moe_setup_context(ctx, inputs, output):
@@ -291,8 +314,11 @@ def _moe_setup_context(ctx, inputs, output):
 def _moe_op_backward(ctx, grad_out, *unused):
     if grad_out is None:
         return None, None, None, None, None
-    gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors)
     needs = ctx.needs_input_grad
+    wanted = (needs[0], needs[2], needs[3], needs[4])
+    if not any(wanted):
+        return None, None, None, None, None
+    gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted)
     return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None,
             gdp if needs[4] else None)
 

@@ -1,9 +1,9 @@
 """Adversarial probes of ``swiglu.swiglu_moe`` and its Hugging Face backend, as a hostile but
 realistic user would call them (CPU; the Triton path under TRITON_INTERPRET=1, tiny shapes).
 
-The ``xfail(strict=True)`` tests are problems found and not yet fixed (each reason says what is
-wrong); a fix turns them into unexpected passes, and then the marker goes. The other tests cover
-behaviours that were probed and found right, where no other test covers them."""
+The first group are problems these probes found (each fixed, its test kept; one known limit stays
+``xfail(strict=True)`` with the reason); the others cover behaviours probed and found right where no
+other test covers them."""
 
 from __future__ import annotations
 
@@ -44,12 +44,9 @@ def _clear_or_works(fn, check, words=("swiglu", "moe")):
     check(res)
 
 
-# --------------------------------------------------------------------------- problems (xfail)
+# --------------------------------------------------------------------------- problems found
 
 
-@pytest.mark.xfail(strict=True, reason="forward-mode AD through impl='triton' is silently wrong: "
-                   "torch.func.jvp returns an all-zero tangent and torch.autograd.forward_ad a None tangent "
-                   "(swiglu::moe_forward has no jvp rule and raises nothing); impl='reference' gives the right one")
 @pytest.mark.parametrize("how", ["func.jvp", "forward_ad"])
 def test_forward_mode_ad_triton_is_right_or_raises(how):
     inp = _inputs()
@@ -75,10 +72,6 @@ def test_forward_mode_ad_triton_is_right_or_raises(how):
     _clear_or_works(lambda: jvp("triton"), check)
 
 
-@pytest.mark.xfail(strict=True, reason="frozen expert weights (requires_grad=False, e.g. LoRA on attention only): "
-                   "swiglu.moe's backward still launches both weight-gradient kernels (moe_wgrad_kernel x2, about 2 "
-                   "of the 5 ms backward at Qwen3-30B-A3B per docs/moe.md) and throws the results away; "
-                   "_moe_op_backward ignores ctx.needs_input_grad when calling moe_backward")
 def test_frozen_expert_weights_do_not_launch_weight_gradient_kernels(monkeypatch):
     launches = []
     real = kmoe.launch_wgrad
@@ -89,9 +82,6 @@ def test_frozen_expert_weights_do_not_launch_weight_gradient_kernels(monkeypatch
     assert launches == [], f"{len(launches)} weight-gradient launches for frozen weights"
 
 
-@pytest.mark.xfail(strict=True, reason="meta tensors: impl='reference' (and 'auto', which picks it on meta) raises "
-                   "torch's NotImplementedError from nonzero() in moe_reference, although impl='triton''s error on "
-                   "meta says \"use impl='reference' (it propagates shapes)\"")
 @pytest.mark.parametrize("impl", ["reference", "auto"])
 def test_meta_tensors_propagate_shapes(impl):
     inp = _inputs()
@@ -100,9 +90,6 @@ def test_meta_tensors_propagate_shapes(impl):
     assert out.shape == inp.x.shape and out.device.type == "meta"
 
 
-@pytest.mark.xfail(strict=True, reason="FakeTensorMode (memory estimators, tracing tools): swiglu_moe raises "
-                   "DataDependentOutputException (aten._local_scalar_dense) from validate_moe_inputs' CPU range check "
-                   "int(top_k_index.min()), for every impl, although swiglu::moe_forward has a fake implementation")
 def test_fake_tensor_mode_gives_fake_output():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -125,9 +112,6 @@ def test_reference_compiles_fullgraph():
     assert torch.equal(f(x, idx, w, gu, dp), swiglu.swiglu_moe(x, idx, w, gu, dp, impl="reference"))
 
 
-@pytest.mark.xfail(strict=True, reason="torch.func.grad / torch.func.vjp over impl='triton' raise torch's \"In order to "
-                   "use an autograd.Function with functorch transforms ... must override the setup_context "
-                   "staticmethod\": neither works nor names swiglu_moe (impl='reference' works)")
 @pytest.mark.parametrize("how", ["grad", "vjp"])
 def test_func_grad_over_triton_works_or_names_the_op(how):
     inp = _inputs()
@@ -144,10 +128,6 @@ def test_func_grad_over_triton_works_or_names_the_op(how):
     _clear_or_works(run, lambda g: torch.testing.assert_close(g.float(), ref.float(), rtol=0.05, atol=0.05))
 
 
-@pytest.mark.xfail(strict=True, reason="DTensor expert weights passed to swiglu_moe directly: no clear error naming "
-                   "the argument; torch raises 'aten.add.Tensor got mixed torch.Tensor and DTensor' (reference) or "
-                   "'swiglu.moe_forward.default got mixed ...' (triton) from deep inside (the HF backend falls back, "
-                   "the op itself does not check)")
 def test_dtensor_weights_raise_clearly(tmp_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -167,9 +147,6 @@ def test_dtensor_weights_raise_clearly(tmp_path):
         dist.destroy_process_group()
 
 
-@pytest.mark.xfail(strict=True, reason="under torch.autocast('cpu', bfloat16) swiglu_moe casts float64 x and weights to "
-                   "bf16 (its docstring: 'as F.linear under autocast'), but autocast leaves float64 alone: F.linear "
-                   "and transformers' eager experts return float64 there; swiglu_moe returns bfloat16")
 def test_autocast_leaves_float64_alone():
     inp = _inputs()
     x, idx, w, gu, dp = (t.double() if t.is_floating_point() else t for t in inp.args())

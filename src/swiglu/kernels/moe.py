@@ -404,7 +404,7 @@ def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: Mo
 
 
 def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up,
-                 plan: MoEPlan | None = None, routing: Routing | None = None):
+                 plan: MoEPlan | None = None, routing: Routing | None = None, needs=(True, True, True, True)):
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
     gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, a few small
     launches, the forward's order bitwise)."""
@@ -419,15 +419,19 @@ def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_pro
     hw = torch.empty(S, I, dtype=x.dtype, device=dev)
     # Pairs no tile covers (ids outside [0, E)) keep zero partial sums: a zero weight gradient.
     part = torch.zeros(S, triton.cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
-    grad_gu = torch.empty_like(gate_up_proj)
-    grad_dp = torch.empty_like(down_proj)
-    dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev)
+    grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
+    grad_dp = torch.empty_like(down_proj) if needs[3] else None
+    dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
     if S:
         launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu)
     # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok]; grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw.
-    launch_wgrad(grad_gu, dgu, x, r, k, False, True, plan.wgrad_gu)
-    launch_wgrad(grad_dp, grad_out, hw, r, k, True, False, plan.wgrad_dp)
-    if S:
+    # A gradient not needed (``needs``: grad_x, top_k_weights, gate_up_proj, down_proj) is not computed.
+    if needs[2]:
+        launch_wgrad(grad_gu, dgu, x, r, k, False, True, plan.wgrad_gu)
+    if needs[3]:
+        launch_wgrad(grad_dp, grad_out, hw, r, k, True, False, plan.wgrad_dp)
+    if S and needs[0]:
         launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
     grad_w = torch.zeros(S, dtype=torch.float32, device=dev).index_copy_(0, r.order.long(), part.sum(1))
-    return combine(dx_pairs, top_k_index, E), grad_w.view(T, k).to(top_k_weights.dtype), grad_gu, grad_dp
+    grad_x = combine(dx_pairs, top_k_index, E) if needs[0] else None
+    return grad_x, grad_w.view(T, k).to(top_k_weights.dtype), grad_gu, grad_dp
