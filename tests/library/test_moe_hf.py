@@ -330,11 +330,11 @@ def _dense_routed(experts_implementation):
     return DenseRoutedExperts(config)
 
 
-@pytest.mark.parametrize("case", ["dense routing weights", "dtype", "autocast", "expert parallel"])
+@pytest.mark.parametrize("case", ["dense routing weights", "dtype", "expert parallel"])
 def test_a_call_the_op_cannot_serve_falls_back(case, moe_calls):
     """Checked at every call: [T, E] routing weights, hidden_states in another dtype than the
-    weights, autocast, expert parallelism. The module's eager forward (its recorded previous
-    implementation) runs, warned, with its own result."""
+    weights (outside autocast), expert parallelism. The module's eager forward (its recorded
+    previous implementation) runs, warned, with its own result."""
     ours, plain = _dense_routed("eager"), _dense_routed("eager")
     assert swiglu_hf.apply(ours, impl="reference") == [""]  # the module itself, "eager" recorded as its previous
     assert ours.config._experts_implementation == "swiglu"
@@ -348,7 +348,7 @@ def test_a_call_the_op_cannot_serve_falls_back(case, moe_calls):
         got = ours(x, idx, w)
     assert relative_error(got.detach(), plain(x, idx, w).detach()) <= F32_TOL
     assert len(moe_calls) == 1
-    context = torch.autocast("cpu", dtype=torch.bfloat16) if case == "autocast" else contextlib.nullcontext()
+    context = contextlib.nullcontext()
     if case == "dense routing weights":
         w = torch.rand(6, 4, generator=g)
     elif case == "dtype":
@@ -361,6 +361,26 @@ def test_a_call_the_op_cannot_serve_falls_back(case, moe_calls):
         want = plain(x, idx, w)
     assert torch.equal(got, want)
     assert len(moe_calls) == 1
+
+
+def test_autocast_runs_the_op_in_autocasts_dtype(moe_calls):
+    """Under autocast (fp32 weights, bf16 compute: mixed-precision training) the op runs, with
+    hidden_states and the expert weights cast as F.linear would, no warning; fp32 weight gradients."""
+    ours = _dense_routed("eager")
+    swiglu_hf.apply(ours, impl="reference")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 16, generator=g)
+    idx = torch.randint(0, 4, (6, 2), generator=g)
+    w = torch.rand(6, 2, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = ours(x, idx, w)
+            want = swiglu_hf._swiglu_moe(x, idx, w, ours.gate_up_proj, ours.down_proj, impl="reference")
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert len(moe_calls) == 2
+    got.float().sum().backward()
+    assert ours.gate_up_proj.grad.dtype == torch.float32
 
 
 def test_apply_again_and_unpatch_restore_the_previous_implementation(moe_calls):

@@ -251,7 +251,7 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
     ``_apply_gate`` other than transformers' default ``silu(gate) * up``, an activation other than
     SiLU, or weights that are not plain floating [E, 2I, H] / [E, H, I] tensors. What does not
     change between calls; ``swiglu_experts_forward`` checks the rest (routing shape, dtypes,
-    autocast, expert parallelism) at every call."""
+    expert parallelism) at every call."""
     from transformers.integrations.moe import _default_apply_gate
 
     if getattr(module, "has_bias", False):
@@ -300,10 +300,9 @@ def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, dow
                 f"quantized or distributed), not plain tensors")
     if module.__dict__.get("_is_expert_parallel"):
         return "expert parallelism (sharded experts, sentinel expert ids) is not covered"
-    if hidden_states.dtype != gate_up.dtype:
+    if hidden_states.dtype != gate_up.dtype and not torch.is_autocast_enabled(hidden_states.device.type):
+        # (under autocast the op casts hidden_states and the weights to autocast's dtype, as F.linear)
         return f"hidden_states are {hidden_states.dtype} but the expert weights {gate_up.dtype}"
-    if torch.is_autocast_enabled(hidden_states.device.type):
-        return "autocast is enabled; the op computes in the weights' dtype"
     return None
 
 
@@ -341,7 +340,7 @@ def swiglu_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_i
     that run "swiglu" without ``apply``). Whether the op can compute the module is decided at its
     first call (or by ``apply``: ``experts_unsupported_reason``); a module it cannot, and a call it
     cannot (``[T, num_experts]`` routing weights, a tensor subclass weight, expert parallelism,
-    hidden_states in another dtype than the weights, autocast), runs the module's previous
+    hidden_states in another dtype than the weights outside autocast), runs the module's previous
     implementation (the one ``apply`` replaced, else transformers' default ``"grouped_mm"``) with
     a ``UserWarning`` naming the reason."""
     state = self.__dict__.get(_EXPERTS_STATE)
