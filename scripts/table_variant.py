@@ -13,9 +13,9 @@
 the table or not; sections ``gluon_grad_weights``,
 ``gluon_dswiglu``, ``gluon_grad_x``) or ``configs.KERNEL.BUCKET.FIELD`` (the tl kernels); BUCKET
 ``*`` means every bucket the section has; VALUE is read as JSON (48, true, "x"). Each named
-bucket must exist. ``--gluon-dswiglu BUCKET=INDEX``: that bucket takes ``gluon_dswiglu.CANDIDATES[INDEX]``;
-``--gluon-grad-x BUCKET=INDEX``: ``gluon_wgrad.GRAD_X_CANDIDATES[INDEX]``;
-``--gluon-grad-weights BUCKET=INDEX``: ``gluon_wgrad.WIDE_CANDIDATES[INDEX]`` (the wide tiles: ping-pong, then cooperative 256 x 192);
+bucket must exist. ``--gluon-dswiglu BUCKET=INDEX``: that bucket takes ``swiglu_lab.experiments.candidates.DSWIGLU_CANDIDATES[INDEX]``;
+``--gluon-grad-x BUCKET=INDEX``: ``candidates.GRAD_X_CANDIDATES[INDEX]``;
+``--gluon-grad-weights BUCKET=INDEX``: ``candidates.WIDE_CANDIDATES[INDEX]`` (the wide tiles: ping-pong, then cooperative 256 x 192);
 ``--gluon-resident BUCKET=INDEX``: ``swiglu_lab.experiments.gluon_wgrad_resident.RESIDENT_CANDIDATES[INDEX]`` (A held in
 shared memory; its ``resident_k`` must hold the bucket's tokens).
 Candidates enter first, then ``--set`` changes fields (of a candidate too). Every changed entry
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     table = json.loads(TABLE.read_text())
     changes = []
     if args.gluon_grad_weights:
-        from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES
+        from swiglu_lab.experiments.candidates import WIDE_CANDIDATES
 
         changes += [apply_candidate(table, "gluon_grad_weights", s, WIDE_CANDIDATES) for s in args.gluon_grad_weights]
     if args.gluon_resident:
@@ -104,11 +104,11 @@ def main(argv=None) -> int:
                 raise SystemExit(f"--gluon-resident {spec}: the candidate holds {RESIDENT_CANDIDATES[int(index)].resident_k} "
                                  f"tokens, fewer than bucket {bucket}'s")
     if args.gluon_dswiglu:
-        from swiglu.kernels.gluon_dswiglu import CANDIDATES
+        from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES
 
-        changes += [apply_candidate(table, "gluon_dswiglu", s, CANDIDATES) for s in args.gluon_dswiglu]
+        changes += [apply_candidate(table, "gluon_dswiglu", s, DSWIGLU_CANDIDATES) for s in args.gluon_dswiglu]
     if args.gluon_grad_x:
-        from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
+        from swiglu_lab.experiments.candidates import GRAD_X_CANDIDATES
 
         changes += [apply_candidate(table, "gluon_grad_x", s, GRAD_X_CANDIDATES) for s in args.gluon_grad_x]
     for item in args.set:

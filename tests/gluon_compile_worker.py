@@ -4,18 +4,19 @@
 
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
 also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), the
-ping-pong kernel's candidates (``gluon_wgrad.PINGPONG_CANDIDATES``, ``WIDE_CANDIDATES``), the
+ping-pong kernel's candidates (``candidates.PINGPONG_CANDIDATES``, ``WIDE_CANDIDATES``), the
 first table config and first wide candidate with PDL modes 1 and 2, two wide candidates with the
 tests' storer delay, and the first cooperative table config with the probes' ablations (ABLATE 1-6).
 grad_x: the weight-gradient kernel's grad_x orientation (``A_KMAJOR``), its candidates
-(``gluon_wgrad.GRAD_X_CANDIDATES``), the first also with PDL modes 1 and 2.
-dswiglu: the experimental dSwiGLU kernel's candidates (``gluon_dswiglu.CANDIDATES``, all or the given
+(``candidates.GRAD_X_CANDIDATES``), the first also with PDL modes 1 and 2.
+dswiglu: the experimental dSwiGLU kernel's candidates (``candidates.DSWIGLU_CANDIDATES``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
 
 Run with a triton of ``common.GLUON_TRITONS`` first on PYTHONPATH (make test installs the GPU machine's
 3.6.0 under .venv/triton-3.6.0) and src/ after it. Writes ``{"triton": version, "results": [...]}``
 (one entry per compile: shared memory, registers, spills, key PTX instructions) to OUT.json.
+``candidates``: ``swiglu_lab.experiments.candidates``, the lists the probes measure.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from swiglu.kernels import gluon_dswiglu, gluon_wgrad
 from swiglu.kernels.backward import GLUON_CONFIGS
-from swiglu_lab.experiments import gluon_wgrad_resident
+from swiglu_lab.experiments import candidates, gluon_wgrad_resident
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
 
@@ -128,7 +129,7 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
 
 
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
-    cfg = gluon_dswiglu.CANDIDATES[index]
+    cfg = candidates.DSWIGLU_CANDIDATES[index]
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
     sig.update({p: "*bf16" for p in ("gate_ptr", "up_ptr", "act_ptr", "dgate_ptr", "dup_ptr", "h_ptr")})
     sig.update({s: "i32" for s in ("T", "I", "stride_in", "stride_out")})
@@ -161,11 +162,11 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # Each table config as it is and with the other epilogue placement (deferred or not).
         table = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
         configs = list(dict.fromkeys(table + [dataclasses.replace(c, defer=not c.defer) for c in table]
-                                     + list(gluon_wgrad.PINGPONG_CANDIDATES) + list(gluon_wgrad.WIDE_CANDIDATES)))
-        results = [compile_one(c) for c in configs] + [compile_one(c, pdl) for c in (table[0], gluon_wgrad.WIDE_CANDIDATES[0])
+                                     + list(candidates.PINGPONG_CANDIDATES) + list(candidates.WIDE_CANDIDATES)))
+        results = [compile_one(c) for c in configs] + [compile_one(c, pdl) for c in (table[0], candidates.WIDE_CANDIDATES[0])
                                                        for pdl in (1, 2)]
         # The tests' storer delay (STORE_DELAY_NS) on the ping-pong kernels with one and two output buffers.
-        results += [compile_one(c, store_delay_ns=20000) for c in (gluon_wgrad.WIDE_CANDIDATES[0], gluon_wgrad.WIDE_CANDIDATES[3])]
+        results += [compile_one(c, store_delay_ns=20000) for c in (candidates.WIDE_CANDIDATES[0], candidates.WIDE_CANDIDATES[3])]
         # The probes' ablations (ABLATE 1-6) on the first cooperative table config.
         cooperative = next(c for c in table if not c.pingpong)
         results += [compile_one(cooperative, ablate=a) for a in (1, 2, 3, 4, 5, 6)]
@@ -176,18 +177,18 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # ... and by the storer warp from the output buffers (PLAIN_STORE 2), as the table has them.
         results.append(compile_one(cooperative, plain_store=2))
         # The ping-pong MMA warpgroups storing their own chunks (wg_store), 64- and 32-deep k-steps.
-        results += [compile_one(dataclasses.replace(gluon_wgrad.WIDE_CANDIDATES[0], wg_store=2)),
-                    compile_one(dataclasses.replace(gluon_wgrad.WIDE_CANDIDATES[2], STAGES=8, wg_store=2))]
+        results += [compile_one(dataclasses.replace(candidates.WIDE_CANDIDATES[0], wg_store=2)),
+                    compile_one(dataclasses.replace(candidates.WIDE_CANDIDATES[2], STAGES=8, wg_store=2))]
         # The resident-A kernel's candidates (swiglu_lab.experiments.gluon_wgrad_resident), the first also deferred and with
         # PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]
         results.append(compile_resident(dataclasses.replace(gluon_wgrad_resident.RESIDENT_CANDIDATES[0], defer=True)))
         results += [compile_resident(gluon_wgrad_resident.RESIDENT_CANDIDATES[0], pdl) for pdl in (1, 2)]
     elif kind == "grad_x":
-        results = [compile_one(c, grad_x=True) for c in gluon_wgrad.GRAD_X_CANDIDATES] + [
-            compile_one(gluon_wgrad.GRAD_X_CANDIDATES[0], pdl, grad_x=True) for pdl in (1, 2)]
+        results = [compile_one(c, grad_x=True) for c in candidates.GRAD_X_CANDIDATES] + [
+            compile_one(candidates.GRAD_X_CANDIDATES[0], pdl, grad_x=True) for pdl in (1, 2)]
     elif kind == "dswiglu":
-        indices = range(len(gluon_dswiglu.CANDIDATES)) if not indices else indices
+        indices = range(len(candidates.DSWIGLU_CANDIDATES)) if not indices else indices
         results = [compile_dswiglu(i, r) for i in indices for r in (False, True)]
         if 0 in indices:
             results.append(compile_dswiglu(0, False, t_is_one=True))

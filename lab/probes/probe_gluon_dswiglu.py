@@ -166,10 +166,11 @@ def run_worker(ci, T_list, recompute_T):
     import triton
     from swiglu.kernels import gluon_dswiglu as D
     from swiglu.kernels.backward import config_for, launch_dswiglu
+    from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES
     from swiglu.kernels.common import tile_programs
 
     print(f"torch {torch.__version__} triton {triton.__version__} device {torch.cuda.get_device_name()}", flush=True)
-    cfg = D.CANDIDATES[ci]
+    cfg = DSWIGLU_CANDIDATES[ci]
     name = cfg.name()
     print(f"=== config {ci}: {name}", flush=True)
     ctx = Ctx()
@@ -290,10 +291,10 @@ def print_table(rows):
                                            r.get("nan", ""), r.get("error", "")]))
 
 
-def print_summary(rows, cfg_indices, D):
+def print_summary(rows, cfg_indices, candidates):
     """The short table: ms per T (and recompute) for cuBLAS, tl and each config; 'x' = tl time / this
     config's (> 1: faster than tl); '!' = not bitwise the tl kernel's outputs, or an error."""
-    names = {D.CANDIDATES[i].name(): i for i in cfg_indices}
+    names = {candidates[i].name(): i for i in cfg_indices}
     keys = sorted({(r["T"], bool(r["recompute"])) for r in rows if r.get("case") == "big"})
     print("\nsummary (ms, median; x = speed-up over tl; ! = not bitwise / failed); configs:")
     for name, i in names.items():
@@ -320,7 +321,7 @@ def print_summary(rows, cfg_indices, D):
 def main():
     global H_BIG, I_BIG
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default=None, help="comma-separated indices into gluon_dswiglu.CANDIDATES")
+    ap.add_argument("--configs", default=None, help="comma-separated indices into swiglu_lab.experiments.candidates.DSWIGLU_CANDIDATES")
     ap.add_argument("--out", default=None, help="CSV path (default $OUT/gluon_dswiglu_probe.csv when OUT is set)")
     ap.add_argument("--T", default=",".join(map(str, T_LIST)))
     ap.add_argument("--recompute-T", type=int, default=RECOMPUTE_T)
@@ -337,8 +338,8 @@ def main():
     os.environ.pop("TRITON_INTERPRET", None)
     T_list = [int(x) for x in args.T.split(",") if x]
 
-    from swiglu.kernels import gluon_dswiglu as D
-    cfg_indices = list(range(len(D.CANDIDATES))) if args.configs is None else [int(x) for x in args.configs.split(",")]
+    from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES
+    cfg_indices = list(range(len(DSWIGLU_CANDIDATES))) if args.configs is None else [int(x) for x in args.configs.split(",")]
 
     if args.worker is not None:
         rows = run_worker(args.worker, T_list, args.recompute_T)
@@ -353,7 +354,7 @@ def main():
             rows += run_worker(ci, T_list, args.recompute_T)
     else:
         for ci in cfg_indices:
-            name = D.CANDIDATES[ci].name()
+            name = DSWIGLU_CANDIDATES[ci].name()
             if time.time() - t_start > args.budget:
                 print(f"config {ci} ({name}): skipped, past --budget {args.budget}s", flush=True)
                 rows.append(dict(kind="gluon", config=name, ok=False, error="skipped (budget)"))
@@ -390,7 +391,7 @@ def main():
                 w.writerow(r)
         print(f"wrote {path}")
     print(f"total {time.time() - t_start:.1f}s")
-    print_summary(rows, cfg_indices, D)
+    print_summary(rows, cfg_indices, DSWIGLU_CANDIDATES)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ First a ragged case (T = 200, H = 520, I = 1176: partial tiles on every edge, ea
 inside a k-step), then per T in --tokens at Hermes' size (or --hidden-size/--intermediate-size):
 d_gate, d_up, gate_weight and up_weight random bf16; the tl kernel with the plan's grad_x config
 (``backward.backward_plan(...).grad_x``) writes the reference, each candidate
-(``GRAD_X_CANDIDATES``, or --configs) writes a NaN-poisoned output, compared bit for bit (where
+(``swiglu_lab.experiments.candidates.GRAD_X_CANDIDATES``, or --configs) writes a NaN-poisoned output, compared bit for bit (where
 not the same bits: the largest error against the fp32 product over Higham's bound). Timing: the
 tl kernel and each candidate take turns in blocks of --block calls (a kernel's own power draw
 sets its clock, as in the benchmark), 256 MB L2 flush before every call, CUDA events
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     import torch
 
     from swiglu.kernels.common import GluonConfig
-    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
+    from swiglu_lab.experiments.candidates import GRAD_X_CANDIDATES
 
     picked = [int(i) for i in args.configs.split(",") if i] or range(len(GRAD_X_CANDIDATES))
     candidates = [(i, GRAD_X_CANDIDATES[i]) for i in picked]

@@ -3,7 +3,7 @@ up the Gluon weight-gradient kernel? One weight gradient ``out = a.T @ b`` at He
 orientations (a [T, I] with b [T, H], and a [T, H] with b [T, I]), per token count: Gluon
 candidates with ``defer`` off and on, the tl kernel's table config and cuBLAS; with ``--pingpong``
 also the ping-pong kernel's candidates beside their cooperative twins ("... twin"); with ``--wide``
-the wide tiles (``gluon_wgrad.WIDE_CANDIDATES``: the ping-pong kernel at 232 registers on 128 x 128 and
+the wide tiles (``swiglu_lab.experiments.candidates.WIDE_CANDIDATES``: the ping-pong kernel at 232 registers on 128 x 128 and
 128 x 192, the cooperative 256 x 192),
 each bitwise against the table's kernel; ``--only-table``: of the other Gluon candidates none.
 Checks: each deferred or ping-pong variant bitwise equal to its twin (``bitwise_defer_off``), every
@@ -53,7 +53,8 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
 
     from swiglu.kernels import backward
     from swiglu.kernels.configs import GluonConfig
-    from swiglu.kernels.gluon_wgrad import PINGPONG_CANDIDATES, WIDE_CANDIDATES, launch_grad_weight_gluon
+    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from swiglu_lab.experiments.candidates import PINGPONG_CANDIDATES, WIDE_CANDIDATES
     from swiglu_lab.bench.timing import time_iterations
 
     table = backward.gluon_config_for(T, dev) or GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1)
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--pingpong", action="store_true", help="also the ping-pong kernel's candidates")
-    p.add_argument("--wide", action="store_true", help="also gluon_wgrad.WIDE_CANDIDATES (ping-pong 128 x 128 and 128 x 192 at 232 registers, cooperative 256 x 192)")
+    p.add_argument("--wide", action="store_true", help="also swiglu_lab.experiments.candidates.WIDE_CANDIDATES (ping-pong 128 x 128 and 128 x 192 at 232 registers, cooperative 256 x 192)")
     p.add_argument("--only-table", action="store_true", help="of CANDIDATES the table's alone, without defer")
     p.add_argument("--write-table", action="store_true",
                    help="write the winners into src/swiglu/kernels/backward_configs.json (swiglu_lab.bench.tables."

@@ -25,14 +25,12 @@ from swiglu import make_inputs, reference_backward
 from swiglu.kernels import backward, common, configs
 from swiglu.kernels.common import GLUON_TRITONS, GluonConfig, KernelConfig, triton_minor
 
+from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES, GRAD_X_CANDIDATES, PINGPONG_CANDIDATES, WIDE_CANDIDATES
+
 from compile_worker import pdl_problems, wait_for_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
-try:  # every dSwiGLU candidate is tested, however many the module lists
-    from swiglu.kernels.gluon_dswiglu import CANDIDATES as DSWIGLU_CONFIGS
-except ImportError:  # a triton without Gluon (those tests skip there)
-    DSWIGLU_CONFIGS = []
 
 
 # --------------------------------------------------------------------------- where it runs
@@ -149,7 +147,7 @@ def grad_x_recorded(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
     for table in ("GLUON_DSWIGLU", "GLUON_CONFIGS"):
         monkeypatch.setattr(backward, table, {b: None for b in common.TOKEN_BUCKETS})
-    monkeypatch.setattr(backward, "GLUON_GRAD_X", {b: gluon_wgrad.GRAD_X_CANDIDATES[0] for b in common.TOKEN_BUCKETS})
+    monkeypatch.setattr(backward, "GLUON_GRAD_X", {b: GRAD_X_CANDIDATES[0] for b in common.TOKEN_BUCKETS})
     monkeypatch.setattr(gluon_wgrad, "launch_grad_x_gluon", fake)
     backward.clear_plans()
     yield calls
@@ -157,7 +155,6 @@ def grad_x_recorded(monkeypatch):
 
 
 def test_backward_takes_the_gluon_grad_x_where_the_table_has_one(grad_x_recorded):
-    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
 
     inp = make_inputs(1, 5, 16, 48, seed=5)
     grads = backward.triton_swiglu_backward(*inp.as_tuple())
@@ -178,7 +175,6 @@ def test_gluon_grad_x_gives_way_where_its_tiles_leave_sms_idle(monkeypatch):
     """A gluon_grad_x entry runs where its tiles fill the GPU (Hermes' H = 16384); at a small
     hidden_size (Llama-3-8B's 4096 at T = 256: 16 tiles of 128 x 256 for 132 SMs) the plan takes
     the tl kernel with the filling tile rule instead."""
-    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
 
     class Props(_FakeProps):
         multi_processor_count = 132
@@ -311,7 +307,6 @@ def test_grad_x_candidates_compile_for_sm90(tmp_path_factory, which):
     """The grad_x orientation of the kernel (A [M, K], two K halves) compiles for each grad_x
     candidate: wgmma, TMA loads of both halves' descriptors and the store, register
     reallocation, no spills, shared memory within the estimate and the H200's limit, PDL modes."""
-    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
 
     report = compile_report(tmp_path_factory, which, "grad_x")
     assert triton_minor(report["triton"]) in GLUON_TRITONS
@@ -330,7 +325,7 @@ def test_grad_x_candidates_compile_for_sm90(tmp_path_factory, which):
 
 
 def test_grad_x_launcher_takes_cooperative_configs_only():
-    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES, launch_grad_x_gluon
+    from swiglu.kernels.gluon_wgrad import launch_grad_x_gluon
 
     t = torch.empty(0)
     for bad in (replace(GRAD_X_CANDIDATES[0], pingpong=True), replace(GRAD_X_CANDIDATES[0], defer=True)):
@@ -396,7 +391,6 @@ def test_pingpong_weight_gradient_gives_the_cooperative_kernels_bits(K, M, N):
     tiles and wholly out-of-range second chunks at N = 1176 and 520), for each compile-checked
     candidate."""
     _gluon_or_skip()
-    from swiglu.kernels.gluon_wgrad import PINGPONG_CANDIDATES, WIDE_CANDIDATES
 
     gen = torch.Generator(device="cuda").manual_seed(K + M)
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -419,7 +413,7 @@ def test_gluon_grad_x_gives_the_tl_kernels_bits(T, H, I):
     tiles and K halves ending inside a k-step included, NaN-poisoned output fully written, the
     same bits again on a second launch."""
     _gluon_or_skip()
-    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES, launch_grad_x_gluon
+    from swiglu.kernels.gluon_wgrad import launch_grad_x_gluon
 
     gen = torch.Generator(device="cuda").manual_seed(T * 7 + H)
     d_gate, d_up = (torch.randn(T, I, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
@@ -457,7 +451,7 @@ def test_pingpong_epilogues_wait_for_a_slow_storer():
     removed) a deadlock, reported here after 60 s. With one output buffer (the table's 128 x 192
     tile at T = 129-256) and with two, the ping-pong kernel gives the cooperative kernel's bits."""
     _gluon_or_skip()
-    from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES, launch_grad_weight_gluon
+    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
 
     K, M, N = 200, 4096, 4096  # 5-6 tiles per program: every warpgroup reaches its second tile
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -574,7 +568,7 @@ def test_wg_store_gives_the_storer_bits(M, N, K):
     written (NaN-poisoned output), nothing past it (guard elements stay NaN), at ragged sizes
     (N = 1000: chunks partly and wholly past N) and one token."""
     from swiglu.kernels import common
-    from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES, launch_grad_weight_gluon
+    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
     from triton_checks import guarded, guards_untouched
 
     gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -709,14 +703,13 @@ def test_pingpong_with_one_output_buffer_is_right_launch_after_launch(K):
 def test_dswiglu_table_entries():
     """Gluon dSwiGLU from T = 129 up (the tl kernel won at T <= 128), each entry one of the compiled
     candidates, within the H200's shared memory, and measured faster than the tl kernel."""
-    from swiglu.kernels import gluon_dswiglu
 
     table = json.loads(backward.TUNED_CONFIGS_PATH.read_text())["gluon_dswiglu"]
     chosen = {b: g for b, g in backward.GLUON_DSWIGLU.items() if g is not None}
     assert set(chosen) == set(common.TOKEN_BUCKETS) - {128}
     for bucket, g in chosen.items():
         entry = table[configs.bucket_key(bucket)]
-        assert g == gluon_dswiglu.CANDIDATES[entry["candidate"]]
+        assert g == DSWIGLU_CANDIDATES[entry["candidate"]]
         assert g.smem_bytes() <= 232448
         assert entry["ms"] < entry["tl_ms"], entry
 
@@ -724,14 +717,13 @@ def test_dswiglu_table_entries():
 def test_dswiglu_shape_entries():
     """Each per-shape entry is a compiled candidate, fits the H200's shared memory, measured faster
     than the tl kernel and than the bucket's own entry at that shape, and differs from it."""
-    from swiglu.kernels import gluon_dswiglu
 
     table = json.loads(backward.TUNED_CONFIGS_PATH.read_text())["gluon_dswiglu_by_shape"]
     assert set(backward.GLUON_DSWIGLU_BY_SHAPE) == {configs.parse_shape(k) for k in table}
     for key, buckets in table.items():
         for bucket_key, entry in buckets.items():
             g = backward.GLUON_DSWIGLU_BY_SHAPE[configs.parse_shape(key)][configs.parse_bucket(bucket_key)]
-            assert g == gluon_dswiglu.CANDIDATES[entry["candidate"]] and g.smem_bytes() <= 232448
+            assert g == DSWIGLU_CANDIDATES[entry["candidate"]] and g.smem_bytes() <= 232448
             assert entry["ms"] < min(entry["tl_ms"], entry["bucket_choice_ms"]), entry
             assert g != backward.GLUON_DSWIGLU[configs.parse_bucket(bucket_key)]
     with pytest.raises(ValueError, match="HIDDENxINTERMEDIATE"):
@@ -789,9 +781,8 @@ def test_plans_take_the_shapes_own_dswiglu_entry(dswiglu_recorded):
 
 def test_backward_launches_the_shapes_own_dswiglu_config(dswiglu_recorded, monkeypatch):
     """The launch gets the plan's per-shape config (here a planted entry for H = 16, I = 48)."""
-    from swiglu.kernels import gluon_dswiglu
 
-    other = next(c for c in gluon_dswiglu.CANDIDATES if c != backward.GLUON_DSWIGLU[256])
+    other = next(c for c in DSWIGLU_CANDIDATES if c != backward.GLUON_DSWIGLU[256])
     monkeypatch.setattr(backward, "GLUON_DSWIGLU_BY_SHAPE", {(16, 48): {256: other}})
     backward.clear_plans()
     inp = make_inputs(1, 130, 16, 48, seed=14)
@@ -820,7 +811,7 @@ def test_backward_keeps_tl_dswiglu_where_gluon_cannot_run(dswiglu_recorded):
         for g, w in zip(got, want):
             assert torch.equal(g, w)
 
-#: CANDIDATES indices that compile without spills (triton 3.6.0 and 3.7.1, ptxas -v, with and without RECOMPUTE_ACT);
+#: DSWIGLU_CANDIDATES indices that compile without spills (triton 3.6.0 and 3.7.1, ptxas -v, with and without RECOMPUTE_ACT);
 #: config 1 (32x64 epilogue pieces) spills 60 B (24 B recomputing act), so nothing is asserted on it.
 DSWIGLU_SPILL_FREE = {0, 2, 3, 4}
 
@@ -831,7 +822,7 @@ def check_dswiglu_compiles(report: dict) -> None:
 
     assert triton_minor(report["triton"]) in GLUON_TRITONS
     results = report["results"]
-    n = len(gluon_dswiglu.CANDIDATES)
+    n = len(DSWIGLU_CANDIDATES)
     assert {(r["index"], r["recompute"]) for r in results if not r["T_is_one"] and r["pdl"] == 0} == {
         (i, rec) for i in range(n) for rec in (False, True)}
     assert any(r["T_is_one"] for r in results)
@@ -839,7 +830,7 @@ def check_dswiglu_compiles(report: dict) -> None:
     for r in results:
         assert r["error"] is None, r["error"]
         cfg = gluon_dswiglu.DswigluGluonConfig(**r["config"])
-        assert cfg == gluon_dswiglu.CANDIDATES[r["index"]]
+        assert cfg == DSWIGLU_CANDIDATES[r["index"]]
         assert r["shared"] <= cfg.smem_bytes() <= 232448, (cfg, r["shared"])
         # wgmma, TMA loads of go/dw, no TMA stores (the epilogue stores with plain 16-byte stores),
         # register reallocation between the partitions.
@@ -861,10 +852,9 @@ def test_dswiglu_candidates_compile_for_sm90(tmp_path_factory, which):
 def test_dswiglu_compile_check_can_fail():
     """The compile check rejects a spill, a missing wgmma, too much shared memory, a compile error
     and a missing config (entries planted in a report that passes)."""
-    from swiglu.kernels import gluon_dswiglu
 
     def entry(i, rec, t1=False, **kw):
-        cfg = gluon_dswiglu.CANDIDATES[i]
+        cfg = DSWIGLU_CANDIDATES[i]
         return {"index": i, "config": cfg.__dict__, "recompute": rec, "T_is_one": t1, "error": None,
                 "shared": cfg.smem_bytes() - 724, "regs": cfg.maxnreg, "spills": 60 if i not in DSWIGLU_SPILL_FREE else 0,
                 "wgmma": 4, "tma_load": 5, "tma_store": 0, "setmaxnreg": 10, "ld_global_v4": 8, "st_global_v4": 6,
@@ -872,7 +862,7 @@ def test_dswiglu_compile_check_can_fail():
                 **kw}
 
     pdl_on = dict(gdc_wait=1, gdc_trigger=1, wait_before_access=True)
-    good = [entry(i, rec) for i in range(len(gluon_dswiglu.CANDIDATES)) for rec in (False, True)] + [entry(0, False, True)]
+    good = [entry(i, rec) for i in range(len(DSWIGLU_CANDIDATES)) for rec in (False, True)] + [entry(0, False, True)]
     good += [entry(0, False, pdl=1, trigger_before_access=True, **pdl_on), entry(0, False, pdl=2, **pdl_on)]
     check_dswiglu_compiles({"triton": GLUON_TRITONS[0] + ".0", "results": good})
     for bad in ({"spills": 8}, {"wgmma": 0}, {"tma_store": 1}, {"shared": 240000}, {"error": "CompilationError"},
@@ -895,12 +885,23 @@ def test_dswiglu_configs_fit_and_check():
     """The candidates fit the H200's shared memory and register file; a config that cannot is refused."""
     from swiglu.kernels import gluon_dswiglu
 
-    for cfg in gluon_dswiglu.CANDIDATES:
+    for cfg in DSWIGLU_CANDIDATES:
         assert cfg.smem_bytes() <= 232448 and cfg.total_warps() * 32 * cfg.maxnreg <= 65536
     with pytest.raises(ValueError, match="registers"):
         gluon_dswiglu.DswigluGluonConfig(epi_warps=4)  # 16 warps x 32 x 168 > 65536
     with pytest.raises(ValueError, match="pieces"):
         gluon_dswiglu.DswigluGluonConfig(EPI_N=128)
+
+
+def test_dswiglu_launcher_default_is_the_first_candidate():
+    """``launch_dswiglu_gluon``'s default cfg, ``DswigluGluonConfig()``, is candidate 0 (the lab's
+    list, index 0 of the probe's --configs), as when the launcher took it from the list."""
+    import inspect
+
+    from swiglu.kernels import gluon_dswiglu
+
+    default = inspect.signature(gluon_dswiglu.launch_dswiglu_gluon).parameters["cfg"].default
+    assert default == gluon_dswiglu.DswigluGluonConfig() == DSWIGLU_CANDIDATES[0]
 
 
 def test_dswiglu_launcher_checks_its_tensors():
@@ -930,7 +931,7 @@ def test_dswiglu_trusted_launch_passes_what_the_checked_one_does(monkeypatch):
     seen = []
     monkeypatch.setattr(gluon_dswiglu, "launch", lambda kernel, grid, key, *args, **kw: seen.append((grid, args, kw)))
     for a in (act, None):
-        cfg = gluon_dswiglu.CANDIDATES[3]
+        cfg = DSWIGLU_CANDIDATES[3]
         grid, want, want_kw = gluon_dswiglu._prepare(go, dw, gate, up, a, *outs, cfg, 7)
         gluon_dswiglu.launch_dswiglu_gluon_trusted(go, dw, gate, up, a, *outs, cfg, 7)
         got_grid, got, got_kw = seen.pop()
@@ -958,11 +959,12 @@ _DSWIGLU_SMOKE: dict[int, str | None] = {}
 _SMOKE_CODE = """
 import sys, torch
 from swiglu.kernels import gluon_dswiglu
+from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES
 T, H, I = 300, 1000, 1176
 x = [torch.randn(*s, device="cuda").to(torch.bfloat16) for s in ((T, H), (H, I), (T, I), (T, I), (T, I))]
 for act in (x[4], None):
     gluon_dswiglu.launch_dswiglu_gluon(*x[:4], act, *[torch.empty(T, I, device="cuda", dtype=torch.bfloat16) for _ in range(3)],
-                                       gluon_dswiglu.CANDIDATES[int(sys.argv[1])])
+                                       DSWIGLU_CANDIDATES[int(sys.argv[1])])
 torch.cuda.synchronize()
 print("ok")
 """
@@ -972,7 +974,8 @@ def _dswiglu_runs_or_fail(index: int) -> None:
     """Run config ``index`` once in a subprocess with a time limit before the in-process test: a
     never-run warp-specialized kernel may deadlock on an mbarrier, which would hang pytest."""
     if index not in _DSWIGLU_SMOKE:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "lab"),
+                                                            os.environ.get("PYTHONPATH", "")]))
         try:
             proc = subprocess.run([sys.executable, "-c", _SMOKE_CODE, str(index)], env=env, capture_output=True,
                                   text=True, timeout=180)
@@ -988,7 +991,7 @@ def _dswiglu_runs_or_fail(index: int) -> None:
 @pytest.mark.parametrize("recompute", [False, True], ids=["act", "recompute"])
 @pytest.mark.parametrize("T, H, I", [(1, 520, 1176), (77, 384, 520), (300, 1000, 1176), (128, 16384, 53248),
                                      (512, 16384, 53248)])
-@pytest.mark.parametrize("index", range(len(DSWIGLU_CONFIGS)))
+@pytest.mark.parametrize("index", range(len(DSWIGLU_CANDIDATES)))  # every candidate, however many
 def test_gluon_dswiglu_bitwise_tl(index, T, H, I, recompute):
     """The Gluon dSwiGLU kernel (candidate ``index``) against the tl kernel (backward.launch_dswiglu):
     d_gate, d_up and h bitwise equal, every element written (outputs NaN-poisoned): both round at
@@ -997,7 +1000,7 @@ def test_gluon_dswiglu_bitwise_tl(index, T, H, I, recompute):
     from swiglu.kernels import gluon_dswiglu
 
     _dswiglu_runs_or_fail(index)
-    cfg = gluon_dswiglu.CANDIDATES[index]
+    cfg = DSWIGLU_CANDIDATES[index]
     go, dw, gate, up, act = _dswiglu_inputs(T, H, I, seed=T * 31 + I)
     a = None if recompute else act
     want = [torch.full((T, I), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(3)]

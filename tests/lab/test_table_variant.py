@@ -36,11 +36,10 @@ def test_set_changes_the_named_fields_and_nothing_else(tmp_path):
 
 def test_candidates_enter_their_buckets_as_the_loader_reads_them(tmp_path):
     from swiglu.kernels.configs import DswigluGluonConfig, GluonConfig
-    from swiglu.kernels.gluon_dswiglu import CANDIDATES
-    from swiglu.kernels.gluon_wgrad import GRAD_X_CANDIDATES
+    from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES, GRAD_X_CANDIDATES
 
     got = _variant(tmp_path, "--gluon-dswiglu", "128=3", "--gluon-grad-x", "512=1")
-    assert DswigluGluonConfig(**got["gluon_dswiglu"]["128"]["config"]) == CANDIDATES[3]
+    assert DswigluGluonConfig(**got["gluon_dswiglu"]["128"]["config"]) == DSWIGLU_CANDIDATES[3]
     assert GluonConfig(**got["gluon_grad_x"]["512"]["config"]) == GRAD_X_CANDIDATES[1]
 
 
@@ -48,7 +47,7 @@ def test_a_candidate_enters_before_set_changes_it(tmp_path):
     from dataclasses import replace
 
     from swiglu.kernels.configs import GluonConfig
-    from swiglu.kernels.gluon_wgrad import WIDE_CANDIDATES
+    from swiglu_lab.experiments.candidates import WIDE_CANDIDATES
 
     got = _variant(tmp_path, "--gluon-grad-weights", "128=1", "--set", "gluon_grad_weights.128.GROUP_M=48")
     assert GluonConfig(**got["gluon_grad_weights"]["128"]["config"]) == replace(WIDE_CANDIDATES[1], GROUP_M=48)
