@@ -25,23 +25,7 @@ from .common import tile_programs
 from .gluon_wgrad import _cta_barrier, _layout, _mma_layout, _pdl_end, _pdl_start, _tile_mn
 
 
-# ----------------------------------------------------------------------------- config
-
-
-#: Candidates (index = lab/probes/probe_gluon_dswiglu.py --configs; measured: docs/kernels.md). With 12 warps
-#: the launch holds 12 x 32 x 168 = 64512 registers; the 12-warp configs give the epilogue 168 (32x64
-#: pieces spilled at 152).
-CANDIDATES = [
-    DswigluGluonConfig(),  # 0: 128x256x64 S3, g x1, 2 epilogue warps, pieces 16x64 (no spills)
-    DswigluGluonConfig(EPI_M=32),  # 1: bigger pieces (fewer, longer epilogue steps; 24-60 B of spills)
-    DswigluGluonConfig(BK=32, STAGES=6),  # 2: 128x256x32, 6 stages (smaller TMA steps, same smem)
-    # 3: 128x128 tiles, 8 MMA warps (64 acc regs/thread), 4 epilogue warps, 2 g buffers, 4 stages
-    DswigluGluonConfig(BN=128, STAGES=4, NG=2, EPI_M=32, epi_warps=4, maxnreg=128, epi_regs=128),
-    # 4: 128x128 tiles on one MMA warpgroup (128 acc regs/thread), 4 epilogue warps
-    DswigluGluonConfig(BN=128, STAGES=4, NG=2, EPI_M=32, num_warps=4, epi_warps=4, maxnreg=168, epi_regs=232),
-]
-# Tried and dropped: 128x256x32 with 2 g buffers and 3 or 4 stages (for short K): slower than #0
-# or tied with it in every case measured (docs/kernels.md).
+# Candidates (``DswigluGluonConfig`` variants the probes measure): swiglu_lab.experiments.candidates.
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -328,7 +312,7 @@ def _kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T: int, I: 
             cfg.load_regs, cfg.epi_regs)
 
 
-def launch_dswiglu_gluon(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig = CANDIDATES[0],
+def launch_dswiglu_gluon(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig = DswigluGluonConfig(),
                          num_programs: int | None = None) -> None:
     """The contract of ``backward.launch_dswiglu``: ``g = go @ down_w`` [T, I] with the SwiGLU backward
     epilogue, writes d_gate, d_up, h [T, I]; ``act`` None: activated_gate recomputed from gate.

@@ -491,27 +491,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
 # ----------------------------------------------------------------------------- ping-pong partitions
 # Two MMA warpgroups on alternate tiles, so one's epilogue runs under the other's MMAs (quack's
 # ping-pong schedule), instead of two warpgroups on one tile; the table's choice at T = 257-512.
-
-#: Its candidates, compiled for sm_90 by the CPU tests (192 bytes of epilogue spills at 168
-#: registers) and checked bitwise against the cooperative kernel on the GPU.
-PINGPONG_CANDIDATES = (GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True),
-                       GluonConfig(BM=128, BN=128, BK=32, STAGES=6, NC=2, pingpong=True))
-
-#: quack's 128 x 192 ping-pong tiles (a 128 x 128 and a 128 x 64 chunk, ``GluonConfig.BN2``),
-#: each MMA warpgroup at 232 registers for its 192 accumulator registers per thread, and the
-#: 128 x 128 ping-pong tile at 232 (no spills); then quack's cooperative 256 x 192 tile (two
-#: warpgroups on one tile, 192 accumulator registers each; the default partition gets 232 of the
-#: 168 x 384 the workers leave: no spills), 9.1 bytes of operands from L2 per kFLOP against the
-#: 128 x 256 tile's 11.7, measured 1.026x the tl kernel's time at T = 8192 and 1.002-1.011x in the
-#: whole backward at 2984 / 8192: in no table (docs/kernels.md). Compiled for sm_90 by the CPU tests.
-WIDE_CANDIDATES = (
-    GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=4, NC=1, pingpong=True, mma_regs=232),
-    GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=3, NC=2, pingpong=True, mma_regs=232),
-    GluonConfig(BM=128, BN=128, BN2=64, BK=32, STAGES=6, NC=2, pingpong=True, mma_regs=232),
-    GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True, mma_regs=232),
-    GluonConfig(BM=256, BN=128, BN2=64, BK=32, STAGES=4, NC=1, GROUP_M=16),
-    GluonConfig(BM=256, BN=128, BN2=64, BK=32, STAGES=3, NC=1, GROUP_M=16),
-)
+# Candidates: swiglu_lab.experiments.candidates (PINGPONG_CANDIDATES, WIDE_CANDIDATES).
 
 
 @gluon.jit
@@ -807,15 +787,7 @@ def _launch_constants(cfg: GluonConfig):
 # ----------------------------------------------------------------------------- grad_x
 
 
-#: grad_x candidates (cooperative: at T <= 512 a program has about one tile, so a second MMA
-#: warpgroup on other tiles would idle): the tl table's 128 x 256 and 64 x 256 tiles, 128 x 128,
-#: and 128 x 256 in K-steps of 32; compiled for sm_90 by the CPU tests, not yet run on a GPU.
-GRAD_X_CANDIDATES = (
-    GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1, GROUP_M=8),
-    GluonConfig(BM=64, BN=256, BK=64, STAGES=4, NC=1, GROUP_M=8, num_warps=4),
-    GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, GROUP_M=8),
-    GluonConfig(BM=128, BN=256, BK=32, STAGES=6, NC=1, GROUP_M=8),
-)
+# Candidates: swiglu_lab.experiments.candidates.GRAD_X_CANDIDATES.
 
 
 def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
