@@ -31,6 +31,7 @@ CASES = {
     "T20_skewed": (20, 64, 64, 8, 2, "skewed", None, torch.float32, torch.int32),
     "k1": (9, 32, 64, 4, 1, "balanced", None, torch.float32, torch.int64),
     "E64_T5": (5, 32, 32, 64, 2, "balanced", None, torch.float32, torch.int64),
+    "E256_k8": (5, 32, 32, 256, 8, "balanced", None, torch.float32, torch.int64),  # DeepSeek-V3's E and k
     "T1": (1, 32, 64, 8, 4, "balanced", None, torch.float32, torch.int64),
     "all_on_one_expert": (11, 32, 64, 4, 1, "one", None, torch.float32, torch.int64),
     "duplicate_in_each_row": (6, 32, 32, 4, 3, "dup", None, torch.float32, torch.int64),
@@ -69,6 +70,8 @@ def test_against_float64(device, case):
         assert empty == [1, 2, 3]
     if case == "E64_T5":
         assert len(empty) >= 54
+    if case == "E256_k8":
+        assert len(empty) >= 216
 
 
 @pytest.mark.parametrize("lead", [(0,), (2, 0)], ids=str)
