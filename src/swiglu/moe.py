@@ -24,7 +24,8 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES, check_dense
-from .ops import add_flop_formula, dispatch_mode_active, on_clear_plans, transforms_active
+from .ops import (add_flop_formula, auto_reason, dispatch_mode_active, on_clear_plans, transforms_active,
+                  triton_reason)
 
 #: ``impl=`` of ``swiglu_moe``.
 MOE_IMPLS = ("auto", "reference", "triton")
@@ -166,17 +167,7 @@ def moe_float64(x, top_k_index, top_k_weights, gate_up_proj, down_proj, grad_out
 # --------------------------------------------------------------------------- the public function
 
 
-def _auto_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    if device.type != "cuda":
-        return f"the Triton MoE kernels run on CUDA GPUs (got {device})"
-    if dtype != torch.bfloat16:
-        return f"the Triton MoE kernels compute in bfloat16 (got {dtype})"
-    from .ops import auto_reason
-
-    return auto_reason(device, dtype)
-
-
-def moe_impl(impl: str, x: torch.Tensor, hidden_size: int, intermediate_size: int) -> str:
+def moe_impl(impl: str, x: torch.Tensor) -> str:
     """The backend ``swiglu_moe`` runs for ``impl`` on x's device and dtype ("reference" or
     "triton"), decided once per (impl, device, dtype); ``"triton"`` where it cannot run is a
     ValueError (TypeError for a dtype other than bfloat16)."""
@@ -188,11 +179,10 @@ def moe_impl(impl: str, x: torch.Tensor, hidden_size: int, intermediate_size: in
 @lru_cache(maxsize=64)
 def _resolve(impl: str, device: torch.device, dtype: torch.dtype) -> str:
     if impl == "auto":
-        return "reference" if _auto_reason(device, dtype) else "triton"
+        # The dense op's rule (a CUDA sm_90 GPU the tables were tuned for, bfloat16, Triton importable).
+        return "reference" if auto_reason(device, dtype) else "triton"
     if impl == "triton":
-        from .ops import triton_reason
-
-        reason = triton_reason(device, 8, 8)
+        reason = triton_reason(device, 8, 8)  # any size: the MoE kernels need no aligned rows
         if reason:
             raise ValueError(f"impl='triton' {reason}")
         if dtype != torch.bfloat16:
@@ -231,7 +221,7 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
         x, gate_up_proj, down_proj = (t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CASTS else t
                                       for t in (x, gate_up_proj, down_proj))
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
-    impl = moe_impl(impl, x, H, I)
+    impl = moe_impl(impl, x)
     x2 = x.reshape(T, H)
     idx = top_k_index.reshape(T, k)
     w = top_k_weights.reshape(T, k)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import nullcontext
 from dataclasses import MISSING, fields
 from functools import lru_cache, wraps
 from typing import NamedTuple
@@ -339,16 +340,18 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     runner(*args, *rest)
 
 
+#: Triton's interpreter keeps the running launch's grid and program ids in process-wide state: two
+#: threads launching at once read each other's grid. Every interpreted launch (``launch`` here, the
+#: MoE launchers) holds this one lock; compiled launches need none.
+INTERPRETER_LOCK = threading.Lock() if INTERPRET else nullcontext()
+
 if INTERPRET:
-    # Triton's interpreter keeps the running launch's grid and program ids in process-wide state:
-    # two threads launching at once read each other's grid. Interpreted launches therefore take
-    # one lock; the compiled path keeps the plain function (decided here, once).
+    # The compiled path keeps the plain function (decided here, once).
     _plain_launch = launch
-    _INTERPRETER_LOCK = threading.Lock()
 
     @wraps(_plain_launch)
     def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
-        with _INTERPRETER_LOCK:
+        with INTERPRETER_LOCK:
             _plain_launch(kernel, grid, key, *args, **kwargs)
 
 

@@ -23,15 +23,13 @@ shape). Design, measurements and the bound: docs/moe.md.
 
 from __future__ import annotations
 
-import threading
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET
+from .common import INTERPRET, INTERPRETER_LOCK
 from .tl_kernels import _activated_gate, _bf16, _dot, _f32
 
 
@@ -321,12 +319,8 @@ class Routing:
         return self._tables[BM]
 
 
-# Triton's interpreter keeps the running grid in process-wide state (see common.launch).
-_LOCK = threading.Lock() if INTERPRET else nullcontext()
-
-
 def _launch(kernel, grid, *args, tile: Tile, **kwargs):
-    with _LOCK:
+    with INTERPRETER_LOCK:
         kernel[grid](*args, num_warps=tile.num_warps, num_stages=tile.num_stages, UPCAST=INTERPRET, **kwargs)
 
 
@@ -377,7 +371,7 @@ def combine(y: torch.Tensor, top_k_index: torch.Tensor, E: int) -> torch.Tensor:
     out = torch.empty(T, N, dtype=y.dtype, device=y.device)
     if T:
         BN = min(1024, triton.next_power_of_2(N))
-        with _LOCK:
+        with INTERPRETER_LOCK:
             moe_combine_kernel[(T, triton.cdiv(N, BN))](y, top_k_index, out, N, E, TOP_K=k, BN=BN,
                                                         UPCAST=INTERPRET, num_warps=4)
     return out
@@ -385,8 +379,8 @@ def combine(y: torch.Tensor, top_k_index: torch.Tensor, E: int) -> torch.Tensor:
 
 def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: MoEPlan | None = None):
     """``(out, gate, up, routing)``: out [T, H]; gate, up [S, I] in sorted-pair order and the
-    ``Routing`` (its ``order`` and ``expert_start``), kept for ``moe_backward``. Inputs validated by ``swiglu.moe``; top_k_index and
-    top_k_weights contiguous [T, k]."""
+    ``Routing`` (its ``order`` and ``expert_start``), kept for ``moe_backward``. Inputs validated
+    by ``swiglu.moe``; top_k_index and top_k_weights contiguous [T, k]."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
