@@ -94,6 +94,17 @@ def _is_silu(act) -> bool:
                                         and type(act).__module__.startswith("transformers."))
 
 
+def _act_fn_reason(module: nn.Module) -> str | None:
+    """Why ``module.act_fn`` keeps a module (dense MLP or experts) off the op: not SiLU, or hooked."""
+    act = getattr(module, "act_fn", None)
+    if not _is_silu(act):
+        hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
+        return f"act_fn is {type(act).__name__} (hidden_act={hidden_act!r}), not SiLU"
+    if _has_hooks(act):
+        return "act_fn has hooks registered; the fused op would not run them"
+    return None
+
+
 def _runtime_reason(module: nn.Module) -> str | None:
     """Why the fused op cannot stand in for this module's forward right now (None when it can).
     Cheap: types, biases and hook dictionaries only, so it runs at every forward."""
@@ -108,12 +119,9 @@ def _runtime_reason(module: nn.Module) -> str | None:
         reason = projection_reason(name, proj, parallel_style_hooks=False)
         if reason:
             return reason
-    act = getattr(module, "act_fn", None)
-    if not _is_silu(act):
-        hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
-        return f"act_fn is {type(act).__name__} (hidden_act={hidden_act!r}), not SiLU"
-    if _has_hooks(act):
-        return "act_fn has hooks registered; the fused op would not run them"
+    reason = _act_fn_reason(module)
+    if reason:
+        return reason
     if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
         return "global module forward hooks are registered; the fused op would not run them on the projections"
     return None
@@ -267,12 +275,9 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
     cls = type(module)
     if getattr(cls, "_apply_gate", None) is not _default_apply_gate or "_apply_gate" in module.__dict__:
         return f"custom gating ({cls.__qualname__}._apply_gate), not transformers' default silu(gate) * up"
-    act = getattr(module, "act_fn", None)
-    if not _is_silu(act):
-        hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
-        return f"act_fn is {type(act).__name__} (hidden_act={hidden_act!r}), not SiLU"
-    if _has_hooks(act):
-        return "act_fn has hooks registered; the fused op would not run them"
+    reason = _act_fn_reason(module)
+    if reason:
+        return reason
     weights = {}
     for name in ("gate_up_proj", "down_proj"):
         w = getattr(module, name, None)
