@@ -42,6 +42,25 @@ SLOW_TESTS = (
 )
 
 
+@pytest.fixture
+def call_spy(monkeypatch):
+    """``call_spy(owner, name)``: wrap ``owner.name`` so each call's keyword arguments are recorded
+    in the returned list (proves a route ran, e.g. the op rather than a fallback)."""
+
+    def install(owner, name):
+        calls = []
+        real = getattr(owner, name)
+
+        def spy(*args, **kwargs):
+            calls.append(kwargs)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, spy)
+        return calls
+
+    return install
+
+
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:

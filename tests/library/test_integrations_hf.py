@@ -65,17 +65,9 @@ def step(model: nn.Module, ids: torch.Tensor, run=None):
 
 
 @pytest.fixture
-def op_calls(monkeypatch):
+def op_calls(call_spy):
     """Counts the integration's calls of the fused op (proves the op ran, not a fallback)."""
-    calls = []
-    real = swiglu_hf._swiglu_mlp
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(swiglu_hf, "_swiglu_mlp", spy)
-    return calls
+    return call_spy(swiglu_hf, "_swiglu_mlp")
 
 
 def assert_same(ours, theirs, tol, label=""):

@@ -14,7 +14,6 @@ warning naming the reason and give the unpatched model's results.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import re
 import warnings
@@ -102,17 +101,9 @@ def n_moe_layers(model: nn.Module) -> int:
 
 
 @pytest.fixture
-def moe_calls(monkeypatch):
+def moe_calls(call_spy):
     """Counts the backend's calls of swiglu_moe (proves the op ran, not a fallback)."""
-    calls = []
-    real = swiglu_hf._swiglu_moe
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(swiglu_hf, "_swiglu_moe", spy)
-    return calls
+    return call_spy(swiglu_hf, "_swiglu_moe")
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -330,6 +321,12 @@ def _dense_routed(experts_implementation):
     return DenseRoutedExperts(config)
 
 
+def _routed_inputs(seed):
+    """(generator, hidden_states [6, 16], top_k_index [6, 2] over 4 experts, top_k_weights [6, 2])."""
+    g = torch.Generator().manual_seed(seed)
+    return g, torch.randn(6, 16, generator=g), torch.randint(0, 4, (6, 2), generator=g), torch.rand(6, 2, generator=g)
+
+
 @pytest.mark.parametrize("case", ["dense routing weights", "dtype", "expert parallel"])
 def test_a_call_the_op_cannot_serve_falls_back(case, moe_calls):
     """Checked at every call: [T, E] routing weights, hidden_states in another dtype than the
@@ -339,27 +336,21 @@ def test_a_call_the_op_cannot_serve_falls_back(case, moe_calls):
     assert swiglu_hf.apply(ours, impl="reference") == [""]  # the module itself, "eager" recorded as its previous
     assert ours.config._experts_implementation == "swiglu"
     assert ours._swiglu_experts == ("reference", None, "eager")
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(6, 16, generator=g)
-    idx = torch.randint(0, 4, (6, 2), generator=g)
-    w = torch.rand(6, 2, generator=g)
+    g, x, idx, w = _routed_inputs(1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         got = ours(x, idx, w)
     assert relative_error(got.detach(), plain(x, idx, w).detach()) <= F32_TOL
     assert len(moe_calls) == 1
-    context = contextlib.nullcontext()
     if case == "dense routing weights":
         w = torch.rand(6, 4, generator=g)
     elif case == "dtype":
         x = x.double()
     elif case == "expert parallel":
         ours._is_expert_parallel = True
-    with context, pytest.warns(UserWarning, match="runs its 'eager' experts implementation"):
+    with pytest.warns(UserWarning, match="runs its 'eager' experts implementation"):
         got = ours(x, idx, w)
-    with context:
-        want = plain(x, idx, w)
-    assert torch.equal(got, want)
+    assert torch.equal(got, plain(x, idx, w))
     assert len(moe_calls) == 1
 
 
@@ -368,10 +359,7 @@ def test_autocast_runs_the_op_in_autocasts_dtype(moe_calls):
     hidden_states and the expert weights cast as F.linear would, no warning; fp32 weight gradients."""
     ours = _dense_routed("eager")
     swiglu_hf.apply(ours, impl="reference")
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(6, 16, generator=g)
-    idx = torch.randint(0, 4, (6, 2), generator=g)
-    w = torch.rand(6, 2, generator=g)
+    _, x, idx, w = _routed_inputs(2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with torch.autocast("cpu", dtype=torch.bfloat16):
