@@ -18,12 +18,14 @@ from triton.compiler import ASTSource
 from swiglu.kernels import moe as M
 
 UNIT_STRIDES = ("stride_xh", "stride_gh", "stride_wi", "stride_w1", "stride_am", "stride_bn", "stride_cn")
-INDEX_PTRS = {"order_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_row_ptr": "*i32", "expert_end_ptr": "*i32",
-              "expert_start_ptr": "*i32", "rw_ptr": "*fp32", "part_ptr": "*fp32", "idx_ptr": "*i64"}
+INDEX_PTRS = {"order_ptr": "*i32", "expert_start_ptr": "*i32", "counts_ptr": "*i32", "rw_ptr": "*fp32",
+              "part_ptr": "*fp32", "gw_ptr": "*fp32", "idx_ptr": "*i64"}
 
 
 def compile_one(fn, options: dict, **const) -> dict:
-    const = dict(const, UPCAST=False)
+    const = dict(const, PDL=0)
+    if "UPCAST" in fn.arg_names:
+        const["UPCAST"] = False
     for name in fn.arg_names:
         if name in UNIT_STRIDES or (fn is M.moe_up_kernel and name == "stride_wh"):
             const[name] = 1
@@ -52,11 +54,21 @@ def main() -> None:
                                 ("wgrad_gu", M.moe_wgrad_kernel, dict(A_GATHER=False, B_GATHER=True)),
                                 ("wgrad_dp", M.moe_wgrad_kernel, dict(A_GATHER=True, B_GATHER=False))):
             t = getattr(plan, role)
+            if fn is not M.moe_wgrad_kernel:
+                extra = dict(extra, E_PAD=triton.next_power_of_2(E + 1))
             results.append({"role": role, "shape": [S, E, H, I],
                             **compile_one(fn, dict(num_warps=t.num_warps, num_stages=t.num_stages), BM=t.BM,
                                           BN=t.BN, BK=t.BK, **extra)})
+        chunk, sub, e_pad = M._route_blocks(S, E)
+        for fn in (M.moe_count_kernel, M.moe_order_kernel):
+            results.append({"role": "routing", "shape": [S, E, H, I],
+                            **compile_one(fn, dict(num_warps=4, num_stages=1), CHUNK=chunk, SUB=sub, E_PAD=e_pad)})
+    # The forward's combine (no partial sums) and the backward's (grad_x and the routing-weight gradient).
     results.append({"role": "combine", **compile_one(M.moe_combine_kernel, dict(num_warps=4, num_stages=1), TOP_K=8,
-                                                     BN=1024)})
+                                                     BN=1024, P_PAD=1, HAS_Y=True, HAS_PART=False, part_ptr=None,
+                                                     gw_ptr=None)})
+    results.append({"role": "combine", **compile_one(M.moe_combine_kernel, dict(num_warps=4, num_stages=1), TOP_K=8,
+                                                     BN=1024, P_PAD=16, HAS_Y=True, HAS_PART=True)})
     print(json.dumps({"triton": triton.__version__, "results": results}))
 
 

@@ -113,20 +113,30 @@ def test_non_contiguous_inputs(device):
 
 # --------------------------------------------------------------------------- the kernel functions directly
 
-#: Each kernel's output arguments; ``part_ptr`` starts as zeros (kept), the others as NaN.
+#: Each kernel's output arguments, passed as NaN (integers: their lowest value) before the launch.
 KERNEL_OUTPUTS = {
+    "moe_count_kernel": ("counts_ptr",),
+    "moe_order_kernel": ("order_ptr", "expert_start_ptr"),
     "moe_up_kernel": ("gate_ptr", "up_ptr", "h_ptr"),
     "moe_down_kernel": ("y_ptr",),
     "moe_dswiglu_kernel": ("dgu_ptr", "hw_ptr", "part_ptr"),
     "moe_wgrad_kernel": ("c_ptr",),
-    "moe_combine_kernel": ("out_ptr",),
+    "moe_combine_kernel": ("out_ptr", "gw_ptr"),
 }
-KEEP = {"part_ptr"}
+
+
+def _fill(dtype):
+    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+
+
+def _intact(guard):
+    return torch.isnan(guard).all() if guard.dtype.is_floating_point else (guard == _fill(guard.dtype)).all()
 
 
 class _Guarded:
-    """A kernel whose outputs are passed as views of NaN-filled buffers with PAD guard elements
-    on each side, copied back after the launch; the guards must still be NaN."""
+    """A kernel whose outputs are passed as views of NaN-filled (integers: lowest-value-filled)
+    buffers with PAD guard elements on each side, copied back after the launch; the guards must
+    be unchanged."""
 
     def __init__(self, kernel, outputs, launches):
         self.kernel, self.outputs, self.launches = kernel, outputs, launches
@@ -139,15 +149,15 @@ class _Guarded:
             for name in self.outputs:
                 i = names.index(name)
                 t = args[i]
-                buf = torch.full((t.numel() + 2 * PAD,), float("nan"), dtype=t.dtype, device=t.device)
+                if t is None:  # an output this launch does not write (e.g. the forward's gw)
+                    continue
+                buf = torch.full((t.numel() + 2 * PAD,), _fill(t.dtype), dtype=t.dtype, device=t.device)
                 view = buf[PAD : PAD + t.numel()].view(t.shape)
-                if name in KEEP:
-                    view.copy_(t)
                 args[i] = view
                 copies.append((name, t, view, buf))
             self.kernel[grid](*args, **kwargs)
             for name, t, view, buf in copies:
-                assert torch.isnan(buf[:PAD]).all() and torch.isnan(buf[-PAD:]).all(), \
+                assert _intact(buf[:PAD]) and _intact(buf[-PAD:]), \
                     f"{self.kernel.fn.__name__}: store outside {name}"
                 t.copy_(view)
             self.launches.append(self.kernel.fn.__name__)
@@ -161,6 +171,27 @@ def guard_kernels(monkeypatch):
     for name, outs in KERNEL_OUTPUTS.items():
         monkeypatch.setattr(kmoe, name, _Guarded(getattr(kmoe, name), outs, launches))
     return launches
+
+
+@pytest.mark.parametrize("E", [3, 8, 64, 256])
+def test_routing_is_a_stable_sort_by_expert(device, E):
+    """``Routing``'s counting sort (several chunks and sub-blocks under the interpreter) against
+    torch's stable sort, ids outside [0, E) sorting last in pair order; expert_start the counts'
+    exclusive prefix sums."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    for T, k in ((1, 1), (37, 2), (50, 8)):
+        idx = torch.randint(-2, E + 2, (T, k), generator=gen)
+        idx[torch.rand(T, k, generator=gen) < 0.3] = E // 3  # a crowded expert
+        idx = idx.to(device=device, dtype=torch.int32 if E % 2 else torch.int64)
+        r = kmoe.Routing(idx, E)
+        flat = idx.reshape(-1).long().cpu()
+        key = torch.where((flat >= 0) & (flat < E), flat, E)
+        want = torch.sort(key, stable=True).indices
+        assert torch.equal(r.order.long().cpu(), want), f"seed={seed} T={T} k={k}: order"
+        counts = torch.bincount(key, minlength=E + 1)[:E]
+        start = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+        assert torch.equal(r.expert_start.long().cpu(), start), f"seed={seed} T={T} k={k}: expert_start"
 
 
 def _poisoned(t, before=1, after=1):

@@ -1,16 +1,20 @@
 """Triton kernels for the SwiGLU MLP of routed experts (``swiglu.swiglu_moe``), forward and backward.
 
 The S = T * k routed pairs (token t, its j-th expert e) are sorted by expert once per forward
-(``Routing``: torch ops on the GPU, no host synchronization; the backward reuses it). Every
-kernel is a grouped GEMM over that order: an M tile is BM consecutive sorted pairs of one expert,
-and the gathers of x and grad_out rows are the GEMMs' own loads (no [S, H] copy of tokens).
-Pairs whose expert id is outside [0, E) sort last and belong to no tile.
+(``Routing``: a stable counting sort in two small kernels on the GPU, no host synchronization;
+the backward reuses it). Every kernel is a grouped GEMM over that order: an M tile is BM
+consecutive sorted pairs of one expert (each program finds its tile from ``expert_start``: no
+tile tables), and the gathers of x and grad_out rows are the GEMMs' own loads (no [S, H] copy of
+tokens). Pairs whose expert id is outside [0, E) sort last and belong to no tile. Launches after
+the first per shape take ``common.launch``'s cached path: the host time per forward is a few
+allocations and five launches.
 
 - ``moe_up_kernel``: gate|up = x[tok] @ gate_up_proj[e].T, SwiGLU in the epilogue (h, and gate,
   up kept for the backward, [S, I] each).
 - ``moe_down_kernel``: y[pair] = h @ down_proj[e].T * w (the backward's grad_x pieces with B not
   transposed), rows in token-major order; ``moe_combine_kernel`` sums each token's k rows in
-  fp32 in a fixed order: no atomics, bitwise reproducible.
+  fp32 in a fixed order: no atomics, bitwise reproducible; in the backward it also sums each pair's
+  routing-weight gradient from the dSwiGLU kernel's partial sums.
 - ``moe_dswiglu_kernel``: g = grad_out[tok] @ down_proj[e] with dSwiGLU in the epilogue:
   d_gate|d_up [S, 2I], h * w [S, I] and the routing-weight gradient's partial sums.
 - ``moe_wgrad_kernel``: varlen-K weight gradients, one program per (expert, output tile), K over
@@ -29,34 +33,93 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET, INTERPRETER_LOCK
-from .tl_kernels import _activated_gate, _bf16, _dot, _f32
+from .common import INTERPRET, launch
+from .tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start
 
 
 # --------------------------------------------------------------------------- kernels
 
 
 @triton.jit
-def _grouped_tile(tile_expert_ptr, tile_row_ptr, expert_end_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.constexpr):
-    """This program's tile of a grouped GEMM (N tiles fastest): its expert (E: idle), its sorted-pair
-    rows and columns, and which of them are real."""
+def _route_key(idx_ptr, p, S, E, E_PAD: tl.constexpr):
+    """The sort key of pairs p: the expert id, E for an id outside [0, E), E_PAD (no bin) past S."""
+    ok = p < S
+    e = tl.load(idx_ptr + p, mask=ok, other=0)
+    key = tl.where((e >= 0) & (e < E), e, E).to(tl.int32)
+    return tl.where(ok, key, E_PAD)
+
+
+@triton.jit
+def moe_count_kernel(idx_ptr, counts_ptr, S, E, CHUNK: tl.constexpr, SUB: tl.constexpr, E_PAD: tl.constexpr,
+                     PDL: tl.constexpr):
+    """counts[c, b]: how many pairs of chunk c (CHUNK consecutive pair ids) have key b."""
+    _pdl_start(PDL)
+    c = tl.program_id(0)
+    bins = tl.arange(0, E_PAD)
+    acc = tl.zeros((E_PAD,), dtype=tl.int32)
+    for s0 in range(0, CHUNK, SUB):
+        key = _route_key(idx_ptr, c * CHUNK + s0 + tl.arange(0, SUB), S, E, E_PAD)
+        acc += tl.sum((key[:, None] == bins[None, :]).to(tl.int32), axis=0)
+    tl.store(counts_ptr + c * E_PAD + bins, acc)
+
+
+@triton.jit
+def moe_order_kernel(idx_ptr, counts_ptr, order_ptr, expert_start_ptr, S, E, num_chunks,
+                     CHUNK: tl.constexpr, SUB: tl.constexpr, E_PAD: tl.constexpr, PDL: tl.constexpr):
+    """The stable counting sort's scatter: each pair of chunk c goes to its key's start + the
+    counts of that key in chunks before c + its rank among the chunk's earlier pairs of that
+    key. Chunk 0 also writes expert_start [E + 1]."""
+    _pdl_start(PDL)
+    c = tl.program_id(0)
+    bins = tl.arange(0, E_PAD)
+    total = tl.zeros((E_PAD,), dtype=tl.int32)
+    before = tl.zeros((E_PAD,), dtype=tl.int32)
+    for c2 in range(0, num_chunks):
+        row = tl.load(counts_ptr + c2 * E_PAD + bins)
+        total += row
+        before += tl.where(c2 < c, row, 0)
+    start = tl.cumsum(total, 0) - total
+    if c == 0:
+        tl.store(expert_start_ptr + bins, start, mask=bins <= E)
+    base = start + before
+    for s0 in range(0, CHUNK, SUB):
+        p = c * CHUNK + s0 + tl.arange(0, SUB)
+        onehot = (_route_key(idx_ptr, p, S, E, E_PAD)[:, None] == bins[None, :]).to(tl.int32)
+        rank = tl.sum(tl.cumsum(onehot, 0) * onehot, axis=1) - 1
+        tl.store(order_ptr + tl.sum(base[None, :] * onehot, axis=1) + rank, p, mask=p < S)
+        base += tl.sum(onehot, axis=0)
+
+
+@triton.jit
+def _grouped_tile(expert_start_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.constexpr, E_PAD: tl.constexpr):
+    """This program's tile of a grouped GEMM (N tiles fastest): its expert (>= E: idle), its
+    sorted-pair rows and columns, and which of them are real. The M tiles are each expert's
+    cdiv(count, BM) tiles in expert order, found from expert_start (E_PAD >= E)."""
     pid = tl.program_id(0)
     pid_m = pid // num_n
-    e = tl.load(tile_expert_ptr + pid_m)
-    end = tl.load(expert_end_ptr + tl.minimum(e, E - 1))
-    rows = tl.load(tile_row_ptr + pid_m) + tl.arange(0, BM)
+    bins = tl.arange(0, E_PAD)
+    lo = tl.load(expert_start_ptr + bins, mask=bins < E, other=0)
+    hi = tl.load(expert_start_ptr + bins + 1, mask=bins < E, other=0)
+    tiles = (hi - lo + BM - 1) // BM
+    cum = tl.cumsum(tiles, 0)
+    e = tl.sum((cum <= pid_m).to(tl.int32), axis=0)
+    sel = bins == e
+    first = tl.sum(tl.where(sel, cum - tiles, 0), axis=0)
+    end = tl.sum(tl.where(sel, hi, 0), axis=0)
+    rows = tl.sum(tl.where(sel, lo, 0), axis=0) + (pid_m - first) * BM + tl.arange(0, BM)
     cols = (pid % num_n) * BN + tl.arange(0, BN)
     return e, rows, (rows < end) & (e < E), cols, cols < N, pid % num_n
 
 
 @triton.jit
-def moe_up_kernel(x_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, expert_end_ptr,
+def moe_up_kernel(x_ptr, w_ptr, order_ptr, expert_start_ptr,
                   gate_ptr, up_ptr, h_ptr,
                   H, I, E, TOP_K, num_n,
                   stride_xt, stride_xh, stride_we, stride_wn, stride_wh,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
-    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(tile_expert_ptr, tile_row_ptr, expert_end_ptr, E, I, num_n,
-                                                          BM, BN)
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E_PAD: tl.constexpr, UPCAST: tl.constexpr,
+                  PDL: tl.constexpr):
+    _pdl_start(PDL)
+    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
         tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
         ks = tl.arange(0, BK)
@@ -88,16 +151,17 @@ def moe_up_kernel(x_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, expert
 
 
 @triton.jit
-def moe_down_kernel(a_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, expert_end_ptr, rw_ptr, y_ptr,
+def moe_down_kernel(a_ptr, w_ptr, order_ptr, expert_start_ptr, rw_ptr, y_ptr,
                     N, K, E, num_n,
                     stride_we, stride_w0, stride_w1,
                     B_TRANS: tl.constexpr, SCALE: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E_PAD: tl.constexpr, UPCAST: tl.constexpr,
+                    PDL: tl.constexpr):
     """y[pair] = a[row] @ B_e (* routing weight) for the sorted rows of one tile, written to the
     pair's row of y [S, N]. a: [S, K] contiguous, sorted order. B_e = w[e].T ([N, K] stored,
     B_TRANS) or w[e] ([K, N] stored)."""
-    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(tile_expert_ptr, tile_row_ptr, expert_end_ptr, E, N, num_n,
-                                                          BM, BN)
+    _pdl_start(PDL)
+    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, N, num_n, BM, BN, E_PAD)
     if e < E:
         ks = tl.arange(0, BK)
         a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :]
@@ -125,14 +189,15 @@ def moe_down_kernel(a_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, expe
 
 
 @triton.jit
-def moe_dswiglu_kernel(go_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, expert_end_ptr, rw_ptr,
+def moe_dswiglu_kernel(go_ptr, w_ptr, order_ptr, expert_start_ptr, rw_ptr,
                        gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr,
                        H, I, E, TOP_K, num_n,
                        stride_gt, stride_gh, stride_we, stride_wh, stride_wi,
-                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E_PAD: tl.constexpr, UPCAST: tl.constexpr,
+                       PDL: tl.constexpr):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it."""
-    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(tile_expert_ptr, tile_row_ptr, expert_end_ptr, E, I, num_n,
-                                                          BM, BN)
+    _pdl_start(PDL)
+    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
         pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
         tok = pair // TOP_K
@@ -154,7 +219,7 @@ def moe_dswiglu_kernel(go_ptr, w_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, 
         act = _f32(_activated_gate(gate, UPCAST), UPCAST)
         h = _f32(_bf16(act * up, UPCAST), UPCAST)
         # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
-        tl.store(part_ptr + rows.to(tl.int64) * num_n + pid_n, tl.sum(acc * h, axis=1), mask=row_ok)
+        tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, tl.sum(acc * h, axis=1), mask=row_ok)
         w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
         g = acc * w
         s = tl.sigmoid(gate)
@@ -171,9 +236,11 @@ def moe_wgrad_kernel(a_ptr, b_ptr, order_ptr, expert_start_ptr, c_ptr,
                      M, N, TOP_K, num_m, num_n,
                      stride_at, stride_am, stride_bt, stride_bn, stride_ce, stride_cm, stride_cn,
                      A_GATHER: tl.constexpr, B_GATHER: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr,
+                     PDL: tl.constexpr):
     """c[e] = A_e^T @ B_e over the sorted pairs of expert e (varlen K). A row r is a[r] (sorted
     order) or, when A_GATHER, a[order[r] // TOP_K] (a token's row); the same for B."""
+    _pdl_start(PDL)
     pid = tl.program_id(0)
     per_e = num_m * num_n
     e = pid // per_e
@@ -210,18 +277,31 @@ def moe_wgrad_kernel(a_ptr, b_ptr, order_ptr, expert_start_ptr, c_ptr,
 
 
 @triton.jit
-def moe_combine_kernel(y_ptr, idx_ptr, out_ptr, N, E, TOP_K: tl.constexpr, BN: tl.constexpr, UPCAST: tl.constexpr):
-    """out[t] = sum_j y[t * TOP_K + j] in fp32, j in order (deterministic); pairs whose expert id
-    is outside [0, E) were never written and are skipped."""
+def moe_combine_kernel(y_ptr, idx_ptr, out_ptr, part_ptr, gw_ptr, N, E, NUM_PART,
+                       TOP_K: tl.constexpr, BN: tl.constexpr, P_PAD: tl.constexpr, HAS_Y: tl.constexpr,
+                       HAS_PART: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    """HAS_Y: out[t] = sum_j y[t * TOP_K + j] in fp32, j in order (deterministic). HAS_PART (the
+    backward): gw[t, j] = the sum of pair t * TOP_K + j's NUM_PART partial sums (fp32). Pairs whose
+    expert id is outside [0, E) were never written: they add nothing and get gw 0."""
+    _pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    ok = cols < N
-    acc = tl.zeros((BN,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        e = tl.load(idx_ptr + t * TOP_K + j)
-        valid = (e >= 0) & (e < E)
-        acc += _f32(tl.load(y_ptr + (t * TOP_K + j) * N + cols, mask=ok & valid, other=0.0), UPCAST)
-    tl.store(out_ptr + t * N + cols, _bf16(acc, UPCAST), mask=ok)
+    if HAS_Y:
+        cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        ok = cols < N
+        acc = tl.zeros((BN,), dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            e = tl.load(idx_ptr + t * TOP_K + j)
+            valid = (e >= 0) & (e < E)
+            acc += _f32(tl.load(y_ptr + (t * TOP_K + j) * N + cols, mask=ok & valid, other=0.0), UPCAST)
+        tl.store(out_ptr + t * N + cols, _bf16(acc, UPCAST), mask=ok)
+    if HAS_PART:
+        if tl.program_id(1) == 0:
+            ps = tl.arange(0, P_PAD)
+            for j in tl.static_range(TOP_K):
+                e = tl.load(idx_ptr + t * TOP_K + j)
+                valid = (e >= 0) & (e < E)
+                part = tl.load(part_ptr + (t * TOP_K + j) * NUM_PART + ps, mask=(ps < NUM_PART) & valid, other=0.0)
+                tl.store(gw_ptr + t * TOP_K + j, tl.sum(part, axis=0))
 
 
 # --------------------------------------------------------------------------- routing and launch plan
@@ -272,109 +352,117 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
                    grad_x=Tile(256, 64, 8, 3, bm), wgrad_gu=Tile(128, 64, 8, 3, 128), wgrad_dp=Tile(128, 64, 8, 3, 128))
 
 
-class TileTable:
-    """The M tiles of the grouped kernels at one BM: ``tile_expert`` / ``tile_row`` [cdiv(S, BM) +
-    E] each tile's expert (E: an idle tile) and first sorted row."""
-
-    def __init__(self, counts: torch.Tensor, expert_start: torch.Tensor, S: int, E: int, BM: int):
-        tiles = (counts + BM - 1) // BM
-        tile_end = torch.cumsum(tiles, 0, dtype=torch.int32)
-        self.num_tiles = triton.cdiv(S, BM) + E
-        t = torch.arange(self.num_tiles, device=counts.device, dtype=torch.int32)
-        te = torch.searchsorted(tile_end, t, right=True).to(torch.int32)
-        tec = te.clamp(max=E - 1).long()
-        first = tile_end[tec] - tiles[tec]
-        self.tile_expert = te
-        self.tile_row = (expert_start[tec] + (t - first) * BM).to(torch.int32)
-        self.BM = BM
+def _route_blocks(S: int, E: int) -> tuple[int, int, int]:
+    """(CHUNK, SUB, E_PAD) of the counting sort: E_PAD bins (E experts and the out-of-range key),
+    at most 256 chunks (each chunk's program reads every chunk's counts), sub-blocks of SUB pairs
+    whose one-hot [SUB, E_PAD] stays near 4096 elements. Small chunks in the interpreter, so that
+    the tests sort across several."""
+    e_pad = triton.next_power_of_2(E + 1)
+    if INTERPRET:
+        return 16, 8, e_pad
+    return max(256, triton.next_power_of_2(triton.cdiv(S, 256))), max(16, 4096 // e_pad), e_pad
 
 
 class Routing:
     """The routed pairs sorted by expert (GPU tensors, made without a host synchronization):
     ``order`` [S] pair ids (t * k + j) by expert, stable; ``expert_start`` [E + 1] each expert's
-    first sorted row (``expert_start[E]``: the valid pairs' count); ``tiles(BM)`` the M tiles at
-    BM (made once per BM)."""
+    first sorted row (``expert_start[E]``: the valid pairs' count). ``saved``: the ``(order,
+    expert_start)`` of an earlier Routing of the same ``top_k_index``."""
 
     def __init__(self, top_k_index: torch.Tensor, E: int, saved: tuple[torch.Tensor, torch.Tensor] | None = None):
-        self._tables: dict[int, TileTable] = {}
-        if saved is not None:  # (order, expert_start) of an earlier Routing of the same top_k_index
+        self.S, self.E = top_k_index.numel(), E
+        self.E_PAD = triton.next_power_of_2(E + 1)
+        if saved is not None:
             self.order, self.expert_start = saved
-            self.S, self.E = self.order.numel(), E
-            self.counts = self.expert_start[1:] - self.expert_start[:-1]
             return
-        flat = top_k_index.reshape(-1)
-        self.S, self.E = flat.numel(), E
-        valid = (flat >= 0) & (flat < E)
-        key = torch.where(valid, flat, E).to(torch.int32)
-        self.order = torch.sort(key, stable=True).indices.to(torch.int32)
-        counts = torch.zeros(E + 1, dtype=torch.int32, device=flat.device)
-        counts.scatter_add_(0, key.long(), torch.ones_like(key))
-        self.counts = counts[:E]
-        self.expert_start = torch.zeros(E + 1, dtype=torch.int32, device=flat.device)
-        torch.cumsum(self.counts, 0, out=self.expert_start[1:])
+        S, dev = self.S, top_k_index.device
+        # Separate allocations: order and expert_start are outputs of one op (they must not alias).
+        self.order = torch.empty(S, dtype=torch.int32, device=dev)
+        if S == 0:
+            self.expert_start = torch.zeros(E + 1, dtype=torch.int32, device=dev)
+            return
+        self.expert_start = torch.empty(E + 1, dtype=torch.int32, device=dev)
+        chunk, sub, e_pad = _route_blocks(S, E)
+        num_chunks = triton.cdiv(S, chunk)
+        counts = torch.empty(num_chunks, e_pad, dtype=torch.int32, device=dev)
+        idx = top_k_index.reshape(-1)
+        meta = dict(CHUNK=chunk, SUB=sub, E_PAD=e_pad)
+        _launch(moe_count_kernel, (num_chunks,), 4, 1, idx, counts, S, E, **meta)
+        _launch(moe_order_kernel, (num_chunks,), 4, 1, idx, counts, self.order, self.expert_start, S, E, num_chunks,
+                **meta)
 
-    def tiles(self, BM: int) -> TileTable:
-        if BM not in self._tables:
-            self._tables[BM] = TileTable(self.counts, self.expert_start, self.S, self.E, BM)
-        return self._tables[BM]
+
+def _spec(a):
+    """What Triton specializes a launch on, per argument: a tensor's dtype and 16-byte alignment,
+    an int's value (``common.launch``'s key)."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    return a
 
 
-def _launch(kernel, grid, *args, tile: Tile, **kwargs):
-    with INTERPRETER_LOCK:
-        kernel[grid](*args, num_warps=tile.num_warps, num_stages=tile.num_stages, UPCAST=INTERPRET, **kwargs)
+def _launch(kernel, grid: tuple[int, ...], num_warps: int, num_stages: int, *args, **meta) -> None:
+    key = (kernel, grid, num_warps, num_stages, args[0].device, *map(_spec, args), *meta.values())
+    launch(kernel, grid, key, *args, num_warps=num_warps, num_stages=num_stages, **meta)
+
+
+def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, **meta) -> None:
+    """A grouped-GEMM launch: cdiv(S, BM) + E M tiles (an upper bound of sum_e cdiv(count_e, BM);
+    the rest idle) x the N tiles."""
+    num_n = triton.cdiv(N, tile.BN)
+    grid = ((triton.cdiv(r.S, tile.BM) + r.E) * num_n,)
+    _launch(kernel, grid, tile.num_warps, tile.num_stages, *args, num_n, *meta.pop("strides"), **meta, BM=tile.BM,
+            BN=tile.BN, BK=tile.BK, E_PAD=r.E_PAD, UPCAST=INTERPRET)
 
 
 def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
     H, I = x.shape[1], gate.shape[1]
-    num_n = triton.cdiv(I, tile.BN)
-    m = r.tiles(tile.BM)
-    _launch(moe_up_kernel, (m.num_tiles * num_n,), x, gate_up_proj, r.order, m.tile_expert, m.tile_row,
-            r.expert_start[1:], gate, up, h, H, I, r.E, k, num_n, x.stride(0), x.stride(1), *gate_up_proj.stride(),
-            tile=tile, BM=tile.BM, BN=tile.BN, BK=tile.BK)
+    _grouped(moe_up_kernel, r, I, tile, x, gate_up_proj, r.order, r.expert_start, gate, up, h, H, I, r.E, k,
+             strides=(x.stride(0), x.stride(1), *gate_up_proj.stride()))
 
 
 def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
     """y[pair] [S, N] = a[row] @ w[e].T (* routing weight; ``transposed``: the forward's down
     projection) or a[row] @ w[e] (grad_x's pieces)."""
     N, K = y.shape[1], a.shape[1]
-    num_n = triton.cdiv(N, tile.BN)
-    m = r.tiles(tile.BM)
-    _launch(moe_down_kernel, (m.num_tiles * num_n,), a, w, r.order, m.tile_expert, m.tile_row, r.expert_start[1:],
-            weights, y, N, K, r.E, num_n, *w.stride(), tile=tile, B_TRANS=transposed, SCALE=transposed,
-            BM=tile.BM, BN=tile.BN, BK=tile.BK)
+    _grouped(moe_down_kernel, r, N, tile, a, w, r.order, r.expert_start, weights, y, N, K, r.E,
+             strides=w.stride(), B_TRANS=transposed, SCALE=transposed)
 
 
 def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile):
-    """dgu [S, 2I], hw [S, I] and the routing-weight partial sums part [S, cdiv(I, BN)]."""
+    """dgu [S, 2I], hw [S, I] and the routing-weight partial sums part [S, cdiv(I, BN)] (by pair
+    id; rows of pairs outside every tile are not written)."""
     H, I = grad_out.shape[1], gate.shape[1]
-    num_n = triton.cdiv(I, tile.BN)
-    m = r.tiles(tile.BM)
-    _launch(moe_dswiglu_kernel, (m.num_tiles * num_n,), grad_out, down_proj, r.order, m.tile_expert, m.tile_row,
-            r.expert_start[1:], weights, gate, up, dgu, hw, part, H, I, r.E, k, num_n, grad_out.stride(0),
-            grad_out.stride(1), *down_proj.stride(), tile=tile, BM=tile.BM, BN=tile.BN, BK=tile.BK)
+    _grouped(moe_dswiglu_kernel, r, I, tile, grad_out, down_proj, r.order, r.expert_start, weights, gate, up, dgu,
+             hw, part, H, I, r.E, k, strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()))
 
 
 def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, tile: Tile):
     """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``)."""
     E, M, N = c.shape
     num_m, num_n = triton.cdiv(M, tile.BM), triton.cdiv(N, tile.BN)
-    _launch(moe_wgrad_kernel, (E * num_m * num_n,), a, b, r.order, r.expert_start, c, M, N, k, num_m, num_n,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), *c.stride(), tile=tile, A_GATHER=a_gather,
-            B_GATHER=b_gather, BM=tile.BM, BN=tile.BN, BK=tile.BK)
+    _launch(moe_wgrad_kernel, (E * num_m * num_n,), tile.num_warps, tile.num_stages, a, b, r.order, r.expert_start,
+            c, M, N, k, num_m, num_n, a.stride(0), a.stride(1), b.stride(0), b.stride(1), *c.stride(),
+            A_GATHER=a_gather, B_GATHER=b_gather, BM=tile.BM, BN=tile.BN, BK=tile.BK, UPCAST=INTERPRET)
 
 
-def combine(y: torch.Tensor, top_k_index: torch.Tensor, E: int) -> torch.Tensor:
-    """[T, N]: each token's k pair rows of y [S, N] summed (fp32, fixed order)."""
+def combine(y: torch.Tensor | None, top_k_index: torch.Tensor, E: int, N: int, dtype: torch.dtype,
+            part: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(out, gw)``: out [T, N] each token's k pair rows of y [S, N] summed (fp32, fixed order;
+    None without y); gw [T, k] fp32 each pair's partial sums of ``part`` [S, P] summed (None
+    without part)."""
     T, k = top_k_index.shape
-    N = y.shape[1]
-    out = torch.empty(T, N, dtype=y.dtype, device=y.device)
+    dev = top_k_index.device
+    out = torch.empty(T, N, dtype=dtype, device=dev) if y is not None else None
+    gw = torch.empty(T, k, dtype=torch.float32, device=dev) if part is not None else None
     if T:
         BN = min(1024, triton.next_power_of_2(N))
-        with INTERPRETER_LOCK:
-            moe_combine_kernel[(T, triton.cdiv(N, BN))](y, top_k_index, out, N, E, TOP_K=k, BN=BN,
-                                                        UPCAST=INTERPRET, num_warps=4)
-    return out
+        num_part = part.shape[1] if part is not None else 1
+        grid = (T, triton.cdiv(N, BN) if y is not None else 1)
+        _launch(moe_combine_kernel, grid, 4, 1, y, top_k_index, out, part, gw, N, E, num_part, TOP_K=k, BN=BN,
+                P_PAD=triton.next_power_of_2(num_part), HAS_Y=y is not None, HAS_PART=part is not None,
+                UPCAST=INTERPRET)
+    return out, gw
 
 
 def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: MoEPlan | None = None):
@@ -394,14 +482,15 @@ def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: Mo
     if S:
         launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up)
         launch_pairs(h, down_proj, r, top_k_weights, y, plan.down, transposed=True)
-    return combine(y, top_k_index, E), gate, up, r
+    return combine(y, top_k_index, E, H, x.dtype)[0], gate, up, r
 
 
 def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up,
                  plan: MoEPlan | None = None, routing: Routing | None = None, needs=(True, True, True, True)):
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
-    gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, a few small
-    launches, the forward's order bitwise)."""
+    gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, the
+    forward's order bitwise). A gradient not in ``needs`` (grad_x, top_k_weights, gate_up_proj,
+    down_proj) is None and its GEMM does not run."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -411,21 +500,20 @@ def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_pro
     r = routing or Routing(top_k_index, E)
     dgu = torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
     hw = torch.empty(S, I, dtype=x.dtype, device=dev)
-    # Pairs no tile covers (ids outside [0, E)) keep zero partial sums: a zero weight gradient.
-    part = torch.zeros(S, triton.cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
+    part = torch.empty(S, triton.cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
     grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
     grad_dp = torch.empty_like(down_proj) if needs[3] else None
     dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
     if S:
         launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu)
     # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok]; grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw.
-    # A gradient not needed (``needs``: grad_x, top_k_weights, gate_up_proj, down_proj) is not computed.
     if needs[2]:
         launch_wgrad(grad_gu, dgu, x, r, k, False, True, plan.wgrad_gu)
     if needs[3]:
         launch_wgrad(grad_dp, grad_out, hw, r, k, True, False, plan.wgrad_dp)
     if S and needs[0]:
         launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
-    grad_w = torch.zeros(S, dtype=torch.float32, device=dev).index_copy_(0, r.order.long(), part.sum(1))
-    grad_x = combine(dx_pairs, top_k_index, E) if needs[0] else None
-    return grad_x, grad_w.view(T, k).to(top_k_weights.dtype), grad_gu, grad_dp
+    grad_x, grad_w = combine(dx_pairs, top_k_index, E, H, x.dtype, part if needs[1] else None)
+    if grad_w is not None and grad_w.dtype != top_k_weights.dtype:
+        grad_w = grad_w.to(top_k_weights.dtype)
+    return grad_x, grad_w, grad_gu, grad_dp
