@@ -231,9 +231,17 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
         impl = "reference"  # torch.func transforms and forward-mode AD: the ops have no rule for them
     if impl == "reference":
         out = moe_reference(x2, idx, w, gate_up_proj, down_proj)
-    else:
+    elif torch.compiler.is_compiling() or dispatch_mode_active() or x.device.type == "meta" \
+            or not _plain(x, w, gate_up_proj, down_proj):
         out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj)[0]
+    else:
+        out = _MoEFunction.apply(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj)
     return out.reshape(x.shape)
+
+
+def _plain(*tensors) -> bool:
+    """Tensors or parameters, not subclasses (which take the custom ops)."""
+    return all(type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
 
 
 def _has_tangent(*tensors) -> bool:
@@ -314,6 +322,45 @@ def _moe_op_backward(ctx, grad_out, *unused):
 
 
 moe_forward.register_autograd(_moe_op_backward, setup_context=_moe_setup_context)
+
+
+class _MoEFunction(torch.autograd.Function):
+    """The eager carrier on plain tensors outside dispatch modes: the custom ops' arithmetic
+    without their Python layers between autograd and the launches (the host is the bound at
+    small token counts). torch.compile and dispatch modes take the custom ops."""
+
+    @staticmethod
+    def forward(ctx, x, top_k_index, top_k_weights, gate_up_proj, down_proj):
+        from .kernels.moe import moe_forward as run
+
+        out, gate, up, routing = run(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
+        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, routing.order,
+                              routing.expert_start)
+        ctx.set_materialize_grads(False)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        if grad_out is None:
+            return None, None, None, None, None
+        needs = ctx.needs_input_grad
+        wanted = (needs[0], needs[2], needs[3], needs[4])
+        if not any(wanted):
+            return None, None, None, None, None
+        if torch.compiler.is_compiling() or dispatch_mode_active():
+            # Compiled autograd traces this backward (the op is opaque to it); dispatch modes
+            # (FlopCounterMode...) see the op where the launches are invisible to them.
+            gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted)
+        else:
+            from .kernels.moe import Routing
+            from .kernels.moe import moe_backward as run
+
+            x, idx, w, gu, dp, gate, up, order, expert_start = ctx.saved_tensors
+            routing = Routing(idx, gu.shape[0], saved=(order, expert_start))
+            gx, gw, ggu, gdp = run(grad_out.contiguous(), x, idx, w, gu, dp, gate, up, routing=routing, needs=wanted)
+        return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None,
+                gdp if needs[4] else None)
 
 
 def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwargs) -> int:

@@ -37,6 +37,33 @@ def test_compile_fullgraph_is_bitwise_the_eager_triton_path():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "graph_breaks_allowed"])
+def test_compiled_autograd_is_bitwise_the_eager_triton_path(fullgraph):
+    """An eager forward, its backward traced by compiled autograd (the eager carrier's backward
+    takes the backward op there)."""
+    x, idx, w, gu, dp = _inputs(14)
+    go = torch.randn(T, H).bfloat16()
+    eager = _grads(lambda *a: swiglu.swiglu_moe(*a, impl="triton"), x, idx, w, gu, dp, go)
+    leaves = [t.clone().requires_grad_() for t in (x, w, gu, dp)]
+    out = swiglu.swiglu_moe(leaves[0], idx, leaves[1], leaves[2], leaves[3], impl="triton")
+    torch._dynamo.reset()
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager", fullgraph=fullgraph)):
+        out.backward(go)
+    torch._dynamo.reset()
+    for name, leaf, want in zip(("x", "top_k_weights", "gate_up_proj", "down_proj"), leaves, eager[1:]):
+        assert torch.equal(leaf.grad, want), name
+
+
+def test_flop_counter_around_the_backward_alone_counts_its_gemms():
+    """A forward outside the mode (the eager carrier), its backward inside: the backward op runs."""
+    x, idx, w, gu, dp = _inputs(15)
+    x.requires_grad_()
+    out = swiglu.swiglu_moe(x, idx, w, gu, dp, impl="triton")
+    with FlopCounterMode(display=False) as counter:
+        out.sum().backward()
+    assert counter.get_total_flops() == 12 * T * K * H * I
+
+
 def test_opcheck_forward_and_backward_ops():
     x, idx, w, gu, dp = _inputs(12)
     torch.library.opcheck(moe_forward, (x, idx, w, gu, dp),

@@ -28,12 +28,13 @@ shape). Design, measurements and the bound: docs/moe.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET, launch
+from .common import INTERPRET, cdiv, launch
 from .tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start
 
 
@@ -307,6 +308,12 @@ def moe_combine_kernel(y_ptr, idx_ptr, out_ptr, part_ptr, gw_ptr, N, E, NUM_PART
 # --------------------------------------------------------------------------- routing and launch plan
 
 
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1); plain Python: triton's helper costs microseconds
+    per call on the host."""
+    return 1 << (n - 1).bit_length()
+
+
 @dataclass(frozen=True)
 class Tile:
     """One kernel's tile and launch options. BM: the grouped kernels' M tile (BM sorted pairs of
@@ -333,6 +340,7 @@ class MoEPlan:
     wgrad_dp: Tile = Tile()
 
 
+@lru_cache(maxsize=256)
 def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
     """The tiles for S routed pairs over E experts of these sizes. Chosen by the sweep in
     data/tuning/moe_tiles_sweep_20261204.log (H200, Qwen3-30B-A3B and Qwen3-235B-A22B shapes, 8192
@@ -341,7 +349,7 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
     everywhere. Under the interpreter: blocks no larger than the sizes (powers of two, >= 16), one
     stage."""
     if INTERPRET:
-        p = lambda n, cap: max(16, min(cap, triton.next_power_of_2(n)))  # noqa: E731
+        p = lambda n, cap: max(16, min(cap, _pow2(n)))  # noqa: E731
         bm = p(max(1, S // max(E, 1)), 32)
         t = Tile(BN=p(max(H, I), 64), BK=p(min(H, I), 64), num_warps=4, num_stages=1, BM=bm)
         w = Tile(BN=t.BN, BK=32, num_warps=4, num_stages=1, BM=p(max(H, I), 64))
@@ -357,10 +365,10 @@ def _route_blocks(S: int, E: int) -> tuple[int, int, int]:
     at most 256 chunks (each chunk's program reads every chunk's counts), sub-blocks of SUB pairs
     whose one-hot [SUB, E_PAD] stays near 4096 elements. Small chunks in the interpreter, so that
     the tests sort across several."""
-    e_pad = triton.next_power_of_2(E + 1)
+    e_pad = _pow2(E + 1)
     if INTERPRET:
         return 16, 8, e_pad
-    return max(256, triton.next_power_of_2(triton.cdiv(S, 256))), max(16, 4096 // e_pad), e_pad
+    return max(256, _pow2(cdiv(S, 256))), max(16, 4096 // e_pad), e_pad
 
 
 class Routing:
@@ -371,7 +379,7 @@ class Routing:
 
     def __init__(self, top_k_index: torch.Tensor, E: int, saved: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.S, self.E = top_k_index.numel(), E
-        self.E_PAD = triton.next_power_of_2(E + 1)
+        self.E_PAD = _pow2(E + 1)
         if saved is not None:
             self.order, self.expert_start = saved
             return
@@ -383,7 +391,7 @@ class Routing:
             return
         self.expert_start = torch.empty(E + 1, dtype=torch.int32, device=dev)
         chunk, sub, e_pad = _route_blocks(S, E)
-        num_chunks = triton.cdiv(S, chunk)
+        num_chunks = cdiv(S, chunk)
         counts = torch.empty(num_chunks, e_pad, dtype=torch.int32, device=dev)
         idx = top_k_index.reshape(-1)
         meta = dict(CHUNK=chunk, SUB=sub, E_PAD=e_pad)
@@ -408,8 +416,8 @@ def _launch(kernel, grid: tuple[int, ...], num_warps: int, num_stages: int, *arg
 def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, **meta) -> None:
     """A grouped-GEMM launch: cdiv(S, BM) + E M tiles (an upper bound of sum_e cdiv(count_e, BM);
     the rest idle) x the N tiles."""
-    num_n = triton.cdiv(N, tile.BN)
-    grid = ((triton.cdiv(r.S, tile.BM) + r.E) * num_n,)
+    num_n = cdiv(N, tile.BN)
+    grid = ((cdiv(r.S, tile.BM) + r.E) * num_n,)
     _launch(kernel, grid, tile.num_warps, tile.num_stages, *args, num_n, *meta.pop("strides"), **meta, BM=tile.BM,
             BN=tile.BN, BK=tile.BK, E_PAD=r.E_PAD, UPCAST=INTERPRET)
 
@@ -440,7 +448,7 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
 def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, tile: Tile):
     """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``)."""
     E, M, N = c.shape
-    num_m, num_n = triton.cdiv(M, tile.BM), triton.cdiv(N, tile.BN)
+    num_m, num_n = cdiv(M, tile.BM), cdiv(N, tile.BN)
     _launch(moe_wgrad_kernel, (E * num_m * num_n,), tile.num_warps, tile.num_stages, a, b, r.order, r.expert_start,
             c, M, N, k, num_m, num_n, a.stride(0), a.stride(1), b.stride(0), b.stride(1), *c.stride(),
             A_GATHER=a_gather, B_GATHER=b_gather, BM=tile.BM, BN=tile.BN, BK=tile.BK, UPCAST=INTERPRET)
@@ -456,11 +464,11 @@ def combine(y: torch.Tensor | None, top_k_index: torch.Tensor, E: int, N: int, d
     out = torch.empty(T, N, dtype=dtype, device=dev) if y is not None else None
     gw = torch.empty(T, k, dtype=torch.float32, device=dev) if part is not None else None
     if T:
-        BN = min(1024, triton.next_power_of_2(N))
+        BN = min(1024, _pow2(N))
         num_part = part.shape[1] if part is not None else 1
-        grid = (T, triton.cdiv(N, BN) if y is not None else 1)
+        grid = (T, cdiv(N, BN) if y is not None else 1)
         _launch(moe_combine_kernel, grid, 4, 1, y, top_k_index, out, part, gw, N, E, num_part, TOP_K=k, BN=BN,
-                P_PAD=triton.next_power_of_2(num_part), HAS_Y=y is not None, HAS_PART=part is not None,
+                P_PAD=_pow2(num_part), HAS_Y=y is not None, HAS_PART=part is not None,
                 UPCAST=INTERPRET)
     return out, gw
 
@@ -500,7 +508,7 @@ def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_pro
     r = routing or Routing(top_k_index, E)
     dgu = torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
     hw = torch.empty(S, I, dtype=x.dtype, device=dev)
-    part = torch.empty(S, triton.cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
+    part = torch.empty(S, cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
     grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
     grad_dp = torch.empty_like(down_proj) if needs[3] else None
     dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
