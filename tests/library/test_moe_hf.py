@@ -122,6 +122,23 @@ def test_float32_logits_loss_and_gradients_match(family, moe_calls):
     assert len(moe_calls) == n_moe_layers(ours) and all(c["impl"] == "reference" for c in moe_calls)
 
 
+def test_experts_of_older_transformers_without_the_later_layout_flags_are_switched(moe_calls):
+    """Earlier transformers releases' experts modules set only has_gate and has_bias (no
+    is_transposed, is_concatenated or has_post_expert_norm): apply still switches them."""
+    plain = build("qwen3_moe")
+    ours = copy.deepcopy(plain)
+    for module in ours.modules():
+        for flag in ("is_transposed", "is_concatenated", "has_post_expert_norm"):
+            module.__dict__.pop(flag, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swiglu_hf.apply(ours, impl="reference")
+    assert ours.config._experts_implementation == "swiglu"
+    ids = batch()
+    assert_same(step(ours, ids), step(plain, ids), F32_TOL, "older flags")
+    assert len(moe_calls) == n_moe_layers(ours)
+
+
 def test_float32_check_catches_a_planted_error(monkeypatch):
     """A 0.1% error in the op's output fails the float32 comparison."""
     plain = build("qwen3_moe")

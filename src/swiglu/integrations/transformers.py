@@ -228,7 +228,9 @@ EXPERTS_IMPLEMENTATION = "swiglu"
 #: What an experts module falls back to when no previous implementation was recorded (transformers' default).
 DEFAULT_EXPERTS_FALLBACK = "grouped_mm"
 _EXPERTS_STATE = "_swiglu_experts"  # instance attribute: (impl, reason or None, fallback implementation name)
-_EXPERTS_FLAGS = ("has_gate", "has_bias", "is_transposed", "is_concatenated", "has_post_expert_norm")
+# The flags every transformers release with ``use_experts_implementation`` sets (later releases
+# add is_transposed, is_concatenated, has_post_expert_norm: read with their defaults when absent).
+_EXPERTS_FLAGS = ("has_gate", "has_bias")
 _experts_default_impl = "auto"  # impl of experts modules that run "swiglu" without apply (register_experts(impl=))
 
 

@@ -509,11 +509,11 @@ def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_pro
     dgu = torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
     hw = torch.empty(S, I, dtype=x.dtype, device=dev)
     part = torch.empty(S, cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
+    if S:  # first, so that the GPU starts while the host allocates the rest
+        launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu)
     grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
     grad_dp = torch.empty_like(down_proj) if needs[3] else None
     dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
-    if S:
-        launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu)
     # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok]; grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw.
     if needs[2]:
         launch_wgrad(grad_gu, dgu, x, r, k, False, True, plan.wgrad_gu)
