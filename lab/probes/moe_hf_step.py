@@ -7,6 +7,7 @@ Run: PYTHONPATH=src:lab python3 lab/probes/moe_hf_step.py [--layers 4] [--seq 40
 """
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -28,6 +29,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="a tiny model (a CPU smoke run)")
+    ap.add_argument("--profile", action="store_true", help="per variant: GPU kernel time per step and the top kernels")
     args = ap.parse_args()
     h, i, e, heads = (64, 32, 8, 4) if args.tiny else (2048, 768, 128, 32)
     cfg = Qwen3MoeConfig(hidden_size=h, moe_intermediate_size=i, intermediate_size=3 * h, num_experts=e,
@@ -40,7 +42,7 @@ def main():
     base = Qwen3MoeForCausalLM(cfg).to(dev, torch.bfloat16)
     models = {}
     for name in ("grouped_mm", "swiglu"):
-        m = Qwen3MoeForCausalLM(cfg).to(dev, torch.bfloat16)
+        m = Qwen3MoeForCausalLM(copy.deepcopy(cfg)).to(dev, torch.bfloat16)  # a config of its own: apply sets it
         m.load_state_dict(base.state_dict())
         if hasattr(m, "set_experts_implementation"):
             m.set_experts_implementation("grouped_mm")
@@ -70,7 +72,20 @@ def main():
             sync(dev)
             times[n].append((time.perf_counter() - t) * 1e3)
     print(f"experts {[type(l.mlp.experts).__name__ for l in models['swiglu'][0].model.layers][:1]} "
-          f"impl {models['swiglu'][0].config._experts_implementation}")
+          f"impl {[mo[0].config._experts_implementation for mo in models.values()]}")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        for n, mo in models.items():
+            with profile(activities=[ProfilerActivity.CUDA]) as p:
+                for _ in range(2):
+                    step(*mo)
+                sync(dev)
+            agg = {}
+            for ev in p.events():
+                if ev.device_type.name == "CUDA":
+                    agg[ev.name[:60]] = agg.get(ev.name[:60], 0) + ev.device_time_total / 2 / 1000
+            print(f"profile {n}: GPU kernels {sum(agg.values()):.2f} ms per step; top: " +
+                  "; ".join(f"{v:.2f} {k}" for k, v in sorted(agg.items(), key=lambda kv: -kv[1])[:6]), flush=True)
     g = statistics.median(times["grouped_mm"])
     for n in models:
         med = statistics.median(times[n])
