@@ -4,6 +4,11 @@ Per shape at 8192 tokens, ours and Liger (when installed): ``events`` (CUDA even
 L2 flushed: the bench's protocol), ``gpu`` (the same call enqueued behind a 20 ms GPU spin, so the
 host is ahead and the events time the GPU alone), ``host`` (perf_counter around the call, no
 sync, median of 20) and ours' kernels by torch.profiler. ``events - gpu`` is what the host costs.
+
+Answer (data/tuning/moe_host_20261204.log, Qwen3-30B-A3B): the torch-op routing, tile tables,
+Triton's launch path and the custom ops cost 0.55 ms of a 2.14 ms forward and 0.77 of a 4.53 ms
+backward; after the counting-sort routing, cached launches and the eager carrier the forward is
+GPU-bound (host 0.14 ms) and the backward waits ~0.34 ms for its first launch.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_host.py [shape ...]
 """
 import statistics

@@ -36,6 +36,7 @@ EXPECTED_FIGURES = {
     "04_history": ["04_history"],
     "05_tensor_parallel": ["05_tp_measured", "05_tp_model"],
     "06_training_memory": ["06_training_memory", "06_hf_step"],
+    "07_moe": ["07_moe"],
 }
 
 

@@ -41,12 +41,12 @@ from pathlib import Path
 from ..paths import repo_root
 
 #: The notebooks, in execution order (file stems under notebooks/).
-NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history", "05_tensor_parallel", "06_training_memory")
+NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history", "05_tensor_parallel", "06_training_memory",
+             "07_moe")
 #: Notebooks that wait for their first recorded GPU run: ``make reproduce`` leaves them out (so a
 #: run writes no placeholder figure to commit), ``--only`` still runs them. With the run committed,
 #: the notebook moves into ``NOTEBOOKS`` (and its figures, tables and outputs are committed).
-#: 07_moe reads data/moe_bench/ (scripts/moe_bench_gpu.py).
-PENDING_NOTEBOOKS = ("07_moe",)
+PENDING_NOTEBOOKS: tuple[str, ...] = ()
 
 #: The derived tables each notebook writes from the run it plots (removed before it runs).
 #: 02_validation writes validation_<device>.csv for the device it runs on and reads the recorded

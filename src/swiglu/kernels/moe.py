@@ -5,9 +5,8 @@ The S = T * k routed pairs (token t, its j-th expert e) are sorted by expert onc
 the backward reuses it). Every kernel is a grouped GEMM over that order: an M tile is BM
 consecutive sorted pairs of one expert (each program finds its tile from ``expert_start``: no
 tile tables), and the gathers of x and grad_out rows are the GEMMs' own loads (no [S, H] copy of
-tokens). Pairs whose expert id is outside [0, E) sort last and belong to no tile. Launches after
-the first per shape take ``common.launch``'s cached path: the host time per forward is a few
-allocations and five launches.
+tokens). Pairs whose expert id is outside [0, E) sort last and belong to no tile. Launches take
+``common.launch``'s cached path (a forward's host time: a few allocations, five launches).
 
 - ``moe_up_kernel``: gate|up = x[tok] @ gate_up_proj[e].T, SwiGLU in the epilogue (h, and gate,
   up kept for the backward, [S, I] each).
