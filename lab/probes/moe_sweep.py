@@ -4,7 +4,9 @@ Answer (data/tuning/moe_tiles_sweep_20261204.log): BM 128 for the up/down projec
 BN 256 for grad_x and the wide down projection, BM 64 for the epilogue-heavy dSwiGLU GEMM, 128x128x64
 weight-gradient tiles; the tiles move the whole forward+backward by ~4% (7.55 -> 7.30 ms at
 Qwen3-30B-A3B), level with Liger's fused MoE. Run: PYTHONPATH=src:lab python3 lab/probes/moe_sweep.py
+[shape ...] (moe_probe.SHAPES names; default qwen3-30b qwen3-235b; mixtral and deepseek-v3 not swept yet)
 """
+import sys
 import time
 import torch
 from triton.testing import do_bench
@@ -12,6 +14,7 @@ from swiglu.kernels import moe as M
 import moe_probe as P  # beside this file
 
 T0 = time.time()
+RUN = sys.argv[1:] or ["qwen3-30b", "qwen3-235b"]
 def ms(fn):
     try:
         return do_bench(fn, warmup=5, rep=30)
@@ -22,7 +25,7 @@ PAIRS = [(128,64,8,3),(128,64,8,4),(256,64,8,3),(128,64,4,4),(64,64,4,4),(128,12
 DSW = [(128,64,8,3),(128,64,8,4),(64,64,4,4),(64,64,8,3),(128,32,8,4),(64,128,4,3)]
 WG = [(128,128,64,8,3),(128,128,32,8,4),(128,256,64,8,3),(256,128,64,8,3),(128,128,64,4,3),(64,128,64,4,4),(128,128,64,8,4)]
 best_all = {}
-for name in ("qwen3-30b", "qwen3-235b"):
+for name in RUN:
     H, I, E, k = P.SHAPES[name]; T = 8192; S = T * k
     x, idx, w, gu, dp, go = P.inputs(H, I, E, k, T)
     idx = idx.contiguous(); w = w.contiguous()
@@ -52,7 +55,7 @@ for name in ("qwen3-30b", "qwen3-235b"):
         best_all[(name, role)] = rows
     print(f"time {time.time()-T0:.0f}s", flush=True)
 # Best plan per shape (BM shared: pick the BM with the lower sum over m-tiled roles)
-for name in ("qwen3-30b", "qwen3-235b"):
+for name in RUN:
     H, I, E, k = P.SHAPES[name]
     sums = {}
     for BM in (64, 128):
