@@ -284,14 +284,20 @@ def moe_backward(grad_out: torch.Tensor, x: torch.Tensor, top_k_index: torch.Ten
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` by the Triton
     kernels, from ``moe_forward``'s saved outputs; a gradient not needed is an empty [0] tensor and
     its GEMM does not run. Not differentiable again (no double backward)."""
+    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
+    grads = _run_backward(grad_out, (x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order,
+                                     expert_start), needs)
+    return tuple(g if need else x.new_empty(0) for g, need in zip(grads, needs))
+
+
+def _run_backward(grad_out, saved, needs):
+    """The Triton backward from the forward's saved tensors (inputs, gate, up, order, expert_start)."""
     from .kernels.moe import Routing
     from .kernels.moe import moe_backward as run
 
-    routing = Routing(top_k_index, gate_up_proj.shape[0], saved=(order, expert_start))
-    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
-    grads = run(grad_out.contiguous(), x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up,
-                routing=routing, needs=needs)
-    return tuple(g if need else x.new_empty(0) for g, need in zip(grads, needs))
+    x, idx, w, gu, dp, gate, up, order, expert_start = saved
+    routing = Routing(idx, gu.shape[0], saved=(order, expert_start))
+    return run(grad_out.contiguous(), x, idx, w, gu, dp, gate, up, routing=routing, needs=needs)
 
 
 @moe_backward.register_fake
@@ -309,16 +315,25 @@ def _moe_setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _moe_op_backward(ctx, grad_out, *unused):
+def _gradients(ctx, grad_out, direct: bool):
+    """Both carriers' backward: the gradients autograd wants, by the kernels (``direct``) or by the
+    backward op."""
     if grad_out is None:
         return None, None, None, None, None
     needs = ctx.needs_input_grad
     wanted = (needs[0], needs[2], needs[3], needs[4])
     if not any(wanted):
         return None, None, None, None, None
-    gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted)
+    if direct:
+        gx, gw, ggu, gdp = _run_backward(grad_out, ctx.saved_tensors, wanted)
+    else:
+        gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted)
     return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None,
             gdp if needs[4] else None)
+
+
+def _moe_op_backward(ctx, grad_out, *unused):
+    return _gradients(ctx, grad_out, direct=False)
 
 
 moe_forward.register_autograd(_moe_op_backward, setup_context=_moe_setup_context)
@@ -342,25 +357,9 @@ class _MoEFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        if grad_out is None:
-            return None, None, None, None, None
-        needs = ctx.needs_input_grad
-        wanted = (needs[0], needs[2], needs[3], needs[4])
-        if not any(wanted):
-            return None, None, None, None, None
-        if torch.compiler.is_compiling() or dispatch_mode_active():
-            # Compiled autograd traces this backward (the op is opaque to it); dispatch modes
-            # (FlopCounterMode...) see the op where the launches are invisible to them.
-            gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted)
-        else:
-            from .kernels.moe import Routing
-            from .kernels.moe import moe_backward as run
-
-            x, idx, w, gu, dp, gate, up, order, expert_start = ctx.saved_tensors
-            routing = Routing(idx, gu.shape[0], saved=(order, expert_start))
-            gx, gw, ggu, gdp = run(grad_out.contiguous(), x, idx, w, gu, dp, gate, up, routing=routing, needs=wanted)
-        return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None,
-                gdp if needs[4] else None)
+        # Compiled autograd traces this backward (the op is opaque to it); dispatch modes
+        # (FlopCounterMode...) see the op where the launches are invisible to them.
+        return _gradients(ctx, grad_out, direct=not (torch.compiler.is_compiling() or dispatch_mode_active()))
 
 
 def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwargs) -> int:
