@@ -54,11 +54,17 @@ def main() -> None:
                                 ("wgrad_gu", M.moe_wgrad_kernel, dict(A_GATHER=False, B_GATHER=True)),
                                 ("wgrad_dp", M.moe_wgrad_kernel, dict(A_GATHER=True, B_GATHER=False))):
             t = getattr(plan, role)
+            if fn is M.moe_dswiglu_kernel:
+                extra = dict(extra, EPI_SPLIT=t.EPI_SPLIT)
             if fn is not M.moe_wgrad_kernel:
                 extra = dict(extra, E_PAD=triton.next_power_of_2(E + 1))
             results.append({"role": role, "shape": [S, E, H, I],
                             **compile_one(fn, dict(num_warps=t.num_warps, num_stages=t.num_stages), BM=t.BM,
                                           BN=t.BN, BK=t.BK, **extra)})
+        # The wide dSwiGLU tile with its epilogue in two pieces: a candidate of lab/probes/moe_sweep.py.
+        results.append({"role": "dswiglu_split2", "shape": [S, E, H, I],
+                        **compile_one(M.moe_dswiglu_kernel, dict(num_warps=8, num_stages=3), BM=128, BN=128, BK=64,
+                                      EPI_SPLIT=2, E_PAD=triton.next_power_of_2(E + 1))})
         chunk, sub, e_pad = M._route_blocks(S, E)
         for fn in (M.moe_count_kernel, M.moe_order_kernel):
             results.append({"role": "routing", "shape": [S, E, H, I],

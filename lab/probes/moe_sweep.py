@@ -23,6 +23,8 @@ def ms(fn):
 UP = [(128,64,8,3),(64,64,4,4),(128,64,8,4),(64,64,8,4),(128,32,8,4),(64,128,4,3)]
 PAIRS = [(128,64,8,3),(128,64,8,4),(256,64,8,3),(128,64,4,4),(64,64,4,4),(128,128,8,3)]
 DSW = [(128,64,8,3),(128,64,8,4),(64,64,4,4),(64,64,8,3),(128,32,8,4),(64,128,4,3)]
+# (BN, BK, warps, stages, EPI_SPLIT): wide dSwiGLU tiles with the epilogue in two column pieces
+DSW += [(128,64,8,3,2),(128,64,8,4,2),(256,64,8,3,2)]
 WG = [(128,128,64,8,3),(128,128,32,8,4),(128,256,64,8,3),(256,128,64,8,3),(128,128,64,4,3),(64,128,64,4,4),(128,128,64,8,4)]
 best_all = {}
 for name in RUN:
@@ -43,7 +45,7 @@ for name in RUN:
             res[("grad_x", BM, c)] = ms(lambda: M.launch_pairs(dgu, gu, r, w, y, M.Tile(*c, BM), False))
         for c in DSW:
             part = torch.zeros(S, -(-I // c[0]), device="cuda")
-            res[("dswiglu", BM, c)] = ms(lambda: M.launch_dswiglu(go, dp, r, k, w, gate, up, dgu, hw, part, M.Tile(*c, BM)))
+            res[("dswiglu", BM, c)] = ms(lambda: M.launch_dswiglu(go, dp, r, k, w, gate, up, dgu, hw, part, M.Tile(*c[:4], BM, *c[4:])))
         print(f"{name} BM={BM} done {time.time()-T0:.0f}s", flush=True)
     for c in WG:
         t = M.Tile(c[1], c[2], c[3], c[4], c[0])
@@ -63,7 +65,7 @@ for name in RUN:
     BM = min(sums, key=sums.get)
     pick = {ro: min((v, c) for v, bm, c in best_all[(name, ro)] if bm == BM)[1] for ro in ("up", "down", "grad_x", "dswiglu")}
     wg = {ro: min(best_all[(name, ro)])[2] for ro in ("wgrad_gu", "wgrad_dp")}
-    plan = M.MoEPlan(**{ro: M.Tile(*c, BM) for ro, c in pick.items()},
+    plan = M.MoEPlan(**{ro: M.Tile(*c[:4], BM, *c[4:]) for ro, c in pick.items()},
                      **{ro: M.Tile(c[1], c[2], c[3], c[4], c[0]) for ro, c in wg.items()})
     print("PLAN", name, plan, flush=True)
     orig = M.moe_plan

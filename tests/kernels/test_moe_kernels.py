@@ -13,6 +13,8 @@ poisons the results.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -256,6 +258,26 @@ def test_direct_matches_public_op_and_leaves_nothing_unwritten(device, guard_ker
     public = run(inp, "triton")
     for name, a, b in zip(NAMES, got, public):
         assert torch.isfinite(a).all() and torch.equal(a, b), f"seed={seed}: {name}"
+
+
+def test_dswiglu_epilogue_in_two_pieces(device):
+    """The dSwiGLU kernel's epilogue in two column pieces (``Tile.EPI_SPLIT = 2``): every
+    elementwise output bitwise the one-piece epilogue's, so grad_x and the weight gradients are too;
+    the routing-weight gradient (its row sums taken in two halves) against the oracle."""
+    seed = fresh_seed()
+    T, H, I, E, k = 13, 32, 96, 4, 2
+    inp = make_moe(seed, T, H, I, E, k, kind="skewed", device=device)
+    x, idx, w, gu, dp, go = inp.flat()
+    out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp)
+    plan = kmoe.moe_plan(T * k, E, H, I)
+    assert plan.dswiglu.EPI_SPLIT == 1 and plan.dswiglu.BN % 4 == 0
+    split = dataclasses.replace(plan, dswiglu=dataclasses.replace(plan.dswiglu, EPI_SPLIT=2))
+    one = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan=plan)
+    two = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan=split)
+    for name, a, b in zip(NAMES[1:], one, two):
+        if name != "grad_top_k_weights":
+            assert torch.equal(a, b), f"seed={seed}: {name}"
+    assert_matches((out, *two), run(inp, "reference"), oracle(inp), seed)
 
 
 # --------------------------------------------------------------------------- the checker catches planted bugs

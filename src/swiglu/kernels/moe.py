@@ -189,13 +189,35 @@ def moe_down_kernel(a_ptr, w_ptr, order_ptr, expert_start_ptr, rw_ptr, y_ptr,
 
 
 @triton.jit
+def _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr):
+    """The SwiGLU backward on g = acc [BM, n] at these columns of [S, I]: writes d_gate, d_up
+    (dgu [S, 2I]) and h * w; returns each row's sum of g * h (its routing-weight gradient's part)."""
+    ok = row_ok[:, None] & (cols < I)[None, :]
+    src = rows.to(tl.int64)[:, None] * I + cols[None, :]
+    gate = _f32(tl.load(gate_ptr + src, mask=ok, other=0.0), UPCAST)
+    up = _f32(tl.load(up_ptr + src, mask=ok, other=0.0), UPCAST)
+    act = _f32(_activated_gate(gate, UPCAST), UPCAST)
+    h = _f32(_bf16(act * up, UPCAST), UPCAST)
+    g = acc * w
+    s = tl.sigmoid(gate)
+    d_up = g * act
+    d_gate = g * up * s * (1.0 + gate * (1.0 - s))
+    dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
+    tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
+    tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
+    tl.store(hw_ptr + src, _bf16(h * w, UPCAST), mask=ok)
+    return tl.sum(acc * h, axis=1)
+
+
+@triton.jit
 def moe_dswiglu_kernel(go_ptr, w_ptr, order_ptr, expert_start_ptr, rw_ptr,
                        gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr,
                        H, I, E, TOP_K, num_n,
                        stride_gt, stride_gh, stride_we, stride_wh, stride_wi,
-                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E_PAD: tl.constexpr, UPCAST: tl.constexpr,
-                       PDL: tl.constexpr):
-    """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it."""
+                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPI_SPLIT: tl.constexpr,
+                       E_PAD: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
+    EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile)."""
     _pdl_start(PDL)
     e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
@@ -212,23 +234,16 @@ def moe_dswiglu_kernel(go_ptr, w_ptr, order_ptr, expert_start_ptr, rw_ptr,
             acc = _dot(a, b, acc, UPCAST)
             a_ptrs += BK * stride_gh
             b_ptrs += BK * stride_wh
-        ok = row_ok[:, None] & col_ok[None, :]
-        src = rows.to(tl.int64)[:, None] * I + cols[None, :]
-        gate = _f32(tl.load(gate_ptr + src, mask=ok, other=0.0), UPCAST)
-        up = _f32(tl.load(up_ptr + src, mask=ok, other=0.0), UPCAST)
-        act = _f32(_activated_gate(gate, UPCAST), UPCAST)
-        h = _f32(_bf16(act * up, UPCAST), UPCAST)
-        # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
-        tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, tl.sum(acc * h, axis=1), mask=row_ok)
         w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
-        g = acc * w
-        s = tl.sigmoid(gate)
-        d_up = g * act
-        d_gate = g * up * s * (1.0 + gate * (1.0 - s))
-        dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
-        tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
-        tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
-        tl.store(hw_ptr + src, _bf16(h * w, UPCAST), mask=ok)
+        if EPI_SPLIT == 1:
+            part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST)
+        else:
+            a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+            c0 = pid_n * BN + tl.arange(0, BN // 2)
+            part = _dswiglu_piece(a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST) \
+                + _dswiglu_piece(a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST)
+        # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
+        tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
 
 
 @triton.jit
@@ -323,6 +338,7 @@ class Tile:
     num_warps: int = 8
     num_stages: int = 3
     BM: int = 128
+    EPI_SPLIT: int = 1  # the dSwiGLU kernel's epilogue in this many column pieces (1 or 2)
 
 
 @dataclass(frozen=True)
@@ -441,7 +457,8 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
     id; rows of pairs outside every tile are not written)."""
     H, I = grad_out.shape[1], gate.shape[1]
     _grouped(moe_dswiglu_kernel, r, I, tile, grad_out, down_proj, r.order, r.expert_start, weights, gate, up, dgu,
-             hw, part, H, I, r.E, k, strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()))
+             hw, part, H, I, r.E, k, strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
+             EPI_SPLIT=tile.EPI_SPLIT)
 
 
 def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, tile: Tile):
