@@ -218,16 +218,17 @@ def _start_worker(which: str, worker_args: tuple, folder) -> tuple | str:
     environment's (pip pairs triton 3.7 with torch 2.13); (process, report path, log files), or
     why that triton is missing or not one of ``GLUON_TRITONS``."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # This checkout's src/ and lab/ (the worker imports swiglu and swiglu_lab), not an installed copy.
     if which == "gpu-image":
         if not EXTRA_TRITON_DIR:
             return "SWIGLU_EXTRA_TRITON_DIR unset (make test sets it to the GPU machine's triton)"
-        env["PYTHONPATH"] = os.pathsep.join([EXTRA_TRITON_DIR, str(ROOT / "src")])
+        env["PYTHONPATH"] = os.pathsep.join([EXTRA_TRITON_DIR, str(ROOT / "src"), str(ROOT / "lab")])
     else:
         import triton
 
         if triton_minor(triton.__version__) not in GLUON_TRITONS:
             return f"this environment's triton {triton.__version__} is not one the Gluon kernels are written for"
-        env["PYTHONPATH"] = str(ROOT / "src")
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "lab")])
     env["TRITON_CACHE_DIR"] = str(folder / "cache")
     out = folder / "results.json"
     # Output to files, not pipes: a pipe nobody reads yet could fill and stall the worker.
