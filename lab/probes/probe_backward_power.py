@@ -117,11 +117,7 @@ def variants_at(T: int, dev, gen, H: int = 16384, I: int = 53248):
     g_gate, g_up, g_hi = (torch.empty_like(t) for t in (d_gate, d_up, h))
 
     def grad_x():
-        if plan.gluon_grad_x is None:
-            backward.launch_grad_x(d_gate, d_up, gate_w, up_w, o_th, plan.grad_x, plan.grad_x_programs)
-        else:
-            backward._gluon().wgrad.launch_grad_x_gluon(d_gate, d_up, gate_w, up_w, o_th, plan.gluon_grad_x,
-                                                        plan.gluon_grad_x_programs)
+        backward.launch_planned_grad_x(plan, d_gate, d_up, gate_w, up_w, o_th)
 
     wg, gwg = plan.grad_weights, plan.gluon_grad_weights
     checks = {"ours grad_gate_weight [I,H]": (o_ih, ref_gate_w), "ours grad_down_weight [H,I]": (o_hi, ref_down_w),

@@ -396,6 +396,16 @@ def launch_planned_dswiglu(plan: BackwardPlan, go, down_w, gate, up, act, d_gate
         launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, plan.dswiglu, plan.dswiglu_programs)
 
 
+def launch_planned_grad_x(plan: BackwardPlan, d_gate, d_up, gate_w, up_w, grad_x) -> None:
+    """``launch_grad_x``'s contract with ``plan``'s kernel: the Gluon grad_x where the plan has one,
+    else the tl one."""
+    if plan.gluon_grad_x is None:
+        launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x, plan.grad_x_programs)
+    else:
+        _gluon().wgrad.launch_grad_x_gluon(d_gate, d_up, gate_w, up_w, grad_x, plan.gluon_grad_x,
+                                           plan.gluon_grad_x_programs)
+
+
 def launch_backward(
     tensors,
     *,
@@ -469,11 +479,7 @@ def launch_backward(
     del h
     if need_grad_x:
         grad_x = _alloc(outs[0], (T, H), dev)
-        if plan.gluon_grad_x is None:
-            launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x, plan.grad_x_programs)
-        else:
-            _gluon().wgrad.launch_grad_x_gluon(d_gate, d_up, gate_w, up_w, grad_x, plan.gluon_grad_x,
-                                               plan.gluon_grad_x_programs)
+        launch_planned_grad_x(plan, d_gate, d_up, gate_w, up_w, grad_x)
     if need_grad_gate_weight:
         grad_gate_weight = _alloc(outs[1], (I, H), dev)
         launch_weight_gradient(d_gate, xf, grad_gate_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
