@@ -5,9 +5,13 @@
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
 also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), the
 ping-pong kernel's candidates (``candidates.PINGPONG_CANDIDATES``, ``WIDE_CANDIDATES``), the
-first table config and first wide candidate with PDL modes 1 and 2, two wide candidates with the
-tests' storer delay, and the first cooperative table config with the probes' ablations (ABLATE 1-6).
-grad_x: the weight-gradient kernel's grad_x orientation (``A_KMAJOR``), its candidates
+first table config and first wide candidate with PDL modes 1 and 2; then, by the lab's copy of the
+kernel with the probes' and tests' switches (``swiglu_lab.experiments.gluon_wgrad_probe``), two
+wide candidates with the tests' storer delay, the first cooperative table config with the probes'
+ablations (ABLATE 1-6) and st.global stores (PLAIN_STORE), and each table config (PDL modes 0-2)
+with every switch off, whose PTX (debug lines aside) must be the library kernel's
+(``probe_ptx_same``).
+grad_x: the lab kernel's grad_x orientation (``A_KMAJOR``), its candidates
 (``candidates.GRAD_X_CANDIDATES``), the first also with PDL modes 1 and 2.
 dswiglu: the experimental dSwiGLU kernel's candidates (``candidates.DSWIGLU_CANDIDATES``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
@@ -36,7 +40,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from swiglu.kernels import gluon_dswiglu, gluon_wgrad
 from swiglu.kernels.backward import GLUON_CONFIGS
-from swiglu_lab.experiments import candidates, gluon_wgrad_resident
+from swiglu_lab.experiments import candidates, gluon_wgrad_probe, gluon_wgrad_resident
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
 
@@ -60,9 +64,27 @@ def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
         return None, None
 
 
+def strip_debug(ptx: str) -> str:
+    """``ptx`` without its debug lines (.loc, .file, the debug sections, their labels): what two
+    compiles of the same code from different source files or lines share."""
+    lines = []
+    for line in ptx.splitlines():
+        s = line.strip()
+        if s.startswith(".section") and ".debug" in s:
+            break  # the debug sections come last
+        if not (s.startswith((".loc", ".file")) or re.fullmatch(r"\$L__tmp\d+:", s)):
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0, ablate: int = 0,
-                plain_store: int = 0) -> dict:
+                plain_store: int = 0, probe: bool = False, compare: bool = False) -> dict:
+    """``cfg``'s compile by the library's kernel, or with a switch given (or ``probe``) by the lab's
+    copy with the switches (``gluon_wgrad_probe``). ``compare``: also the other kernel with every
+    switch off, whether the two PTX texts are the same (``probe_ptx_same``)."""
     plain_store = int(plain_store or cfg.plain_store)
+    probe = probe or bool(grad_x or store_delay_ns or ablate or plain_store)
+    kernel = (gluon_wgrad_probe if probe else gluon_wgrad).wgrad_kernel
     a_block = [cfg.BM, cfg.BK] if grad_x else [cfg.BK, cfg.BM]
     sig = {"a_desc": desc(a_block), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
@@ -74,32 +96,37 @@ def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0
         sig.update({"b2_desc": desc([cfg.BK, cfg.BN2]), "c2_desc": desc([cfg.BM, cfg.BN2])})
     else:
         constexprs.update({"b2_desc": None, "c2_desc": None})
-    constexprs["A_KMAJOR"] = grad_x
-    constexprs["STORE_DELAY_NS"] = store_delay_ns
-    constexprs["ABLATE"] = ablate
-    if grad_x:
-        sig.update({"a2_desc": desc(a_block), "bk2_desc": desc([cfg.BK, cfg.BN])})
-    else:
-        constexprs.update({"a2_desc": None, "bk2_desc": None})
+    if probe:  # the switches, off unless given
+        constexprs["A_KMAJOR"] = grad_x
+        constexprs["STORE_DELAY_NS"] = store_delay_ns
+        constexprs["ABLATE"] = ablate
+        if grad_x:
+            sig.update({"a2_desc": desc(a_block), "bk2_desc": desc([cfg.BK, cfg.BN])})
+        else:
+            constexprs.update({"a2_desc": None, "bk2_desc": None})
+        constexprs["PLAIN_STORE"] = plain_store
+        if not plain_store:
+            constexprs["out_ptr"] = None
     constexprs["PDL"] = pdl  # 0: the default launch (common.PDL)
-    constexprs["PLAIN_STORE"] = plain_store
     constexprs["WG_STORE"] = cfg.wg_store
-    if not plain_store:
-        constexprs["out_ptr"] = None
     sig.update({k: "constexpr" for k in constexprs})
     if plain_store:
         sig["out_ptr"] = "*bf16"
     entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "store_delay_ns": store_delay_ns, "ablate": ablate,
-             "plain_store": plain_store}
+             "plain_store": plain_store, "probe": probe}
     # out_ptr as a launch specializes it: 16-byte aligned (every launcher's outputs are).
-    attrs = {(list(inspect.signature(gluon_wgrad.wgrad_kernel.fn).parameters).index("out_ptr"),): [["tt.divisibility", 16]]} \
+    attrs = {(list(inspect.signature(kernel.fn).parameters).index("out_ptr"),): [["tt.divisibility", 16]]} \
         if plain_store else None
     try:
-        k = triton.compile(GluonASTSource(gluon_wgrad.wgrad_kernel, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+        k = triton.compile(GluonASTSource(kernel, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4 if cfg.pingpong else cfg.num_warps, "maxnreg": cfg.maxnreg})
     except Exception as err:  # reported per config; the test fails on it with the message
         return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
-    return wgrad_report(k, entry)
+    report = wgrad_report(k, entry)
+    if compare:
+        other = compile_one(cfg, pdl, probe=not probe)
+        report["probe_ptx_same"] = other["error"] is None and other["ptx"] == report["ptx"]
+    return report
 
 
 def wgrad_report(k, entry: dict) -> dict:
@@ -110,7 +137,7 @@ def wgrad_report(k, entry: dict) -> dict:
     return {**entry, "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
             "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
             "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg"),
-            "st_global": ptx.count("st.global")}
+            "st_global": ptx.count("st.global"), "ptx": strip_debug(ptx)}
 
 
 def compile_resident(cfg, pdl: int = 0) -> dict:
@@ -119,7 +146,7 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
     constexprs = {"KT": cfg.resident_k // cfg.BK, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
                   "STORE_REGS": cfg.store_regs, "GROUP": cfg.GROUP_M, "DEFER": cfg.defer, "PDL": pdl}
     sig.update({k: "constexpr" for k in constexprs})
-    entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": False, "store_delay_ns": 0, "ablate": 0}
+    entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": False, "store_delay_ns": 0, "ablate": 0, "probe": False}
     try:
         k = triton.compile(GluonASTSource(gluon_wgrad_resident.wgrad_resident_kernel, sig, constexprs),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg})
@@ -163,8 +190,10 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         table = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
         configs = list(dict.fromkeys(table + [dataclasses.replace(c, defer=not c.defer) for c in table]
                                      + list(candidates.PINGPONG_CANDIDATES) + list(candidates.WIDE_CANDIDATES)))
-        results = [compile_one(c) for c in configs] + [compile_one(c, pdl) for c in (table[0], candidates.WIDE_CANDIDATES[0])
-                                                       for pdl in (1, 2)]
+        results = [compile_one(c, compare=c in table) for c in configs] + [
+            compile_one(c, pdl, compare=c in table) for c in (table[0], candidates.WIDE_CANDIDATES[0]) for pdl in (1, 2)]
+        # The table's other configs with PDL modes 1 and 2, beside the lab's copy of the kernel.
+        results += [compile_one(c, pdl, compare=True) for c in table[1:] for pdl in (1, 2)]
         # The tests' storer delay (STORE_DELAY_NS) on the ping-pong kernels with one and two output buffers.
         results += [compile_one(c, store_delay_ns=20000) for c in (candidates.WIDE_CANDIDATES[0], candidates.WIDE_CANDIDATES[3])]
         # The probes' ablations (ABLATE 1-6) on the first cooperative table config.
@@ -195,6 +224,8 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
             results += [compile_dswiglu(0, False, pdl=pdl) for pdl in (1, 2)]
     else:
         raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x or dswiglu)")
+    for r in results:  # the PTX text only for the comparison above
+        r.pop("ptx", None)
     with open(path, "w") as f:
         json.dump({"triton": triton.__version__, "results": results}, f)
 

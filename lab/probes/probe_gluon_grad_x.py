@@ -1,5 +1,5 @@
-"""GPU probe of the Gluon grad_x kernel (``gluon_wgrad.launch_grad_x_gluon``, the weight-gradient
-kernel's ``A_KMAJOR`` orientation): bitwise against the tl grad_x kernel, then timed beside it.
+"""GPU probe of the Gluon grad_x kernel (``swiglu_lab.experiments.gluon_wgrad_probe.launch_grad_x_gluon``,
+the weight-gradient kernel's ``A_KMAJOR`` orientation): bitwise against the tl grad_x kernel, then timed beside it.
 
 Answer (data/tuning/gluon_grad_x_probe_96ffe16_20261202.csv, gluon_grad_x_deep_1bc9f92_20261202.csv,
 docs/kernels.md): bitwise the tl kernel everywhere, but slower at every T but 1024 (0.74-0.99x its
@@ -46,7 +46,7 @@ def check(T: int, H: int, I: int, candidates, seed: int) -> list[dict]:
     import torch
 
     from swiglu.kernels import backward, common
-    from swiglu.kernels.gluon_wgrad import launch_grad_x_gluon
+    from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_x_gluon
 
     d_gate, d_up, gw, uw = inputs(T, H, I, seed)
     plan = backward.backward_plan(T, H, I, backward.plan_device(d_gate.device))
@@ -73,7 +73,7 @@ def timing(T: int, H: int, I: int, candidates, iters: int, block: int, flush) ->
     import torch
 
     from swiglu.kernels import backward, common
-    from swiglu.kernels.gluon_wgrad import launch_grad_x_gluon
+    from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_x_gluon
     from swiglu_lab.bench.timing import time_iterations
 
     d_gate, d_up, gw, uw = inputs(T, H, I, seed=T)

@@ -28,7 +28,8 @@ every candidate measured gave the same bits).
 
 ``--ablate`` adds, for the table's config (and each tile of ``--tiles`` when given), the same
 kernel with its stores skipped (a ping-pong config: only that one), with its loads skipped after the ring's first fill, with both, without its wgmmas (zeros
-stored), and without wgmmas and loads (the store path alone) (``wgrad_kernel``'s ABLATE; their
+stored), and without wgmmas and loads (the store path alone) (the ABLATE switch of
+``swiglu_lab.experiments.gluon_wgrad_probe``, the library's kernel with the probes' switches; their
 outputs are not checked), and ``fill_`` of the output (the write ceiling): the
 time each part of the weight gradient costs alone, at the clock it runs at.
 
@@ -105,7 +106,7 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     import torch
 
     from swiglu.kernels import backward
-    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_weight_gluon
 
     M, N = a.shape[1], b.shape[1]
     out = {"cublas": lambda o: torch.matmul(a.T, b, out=o)}

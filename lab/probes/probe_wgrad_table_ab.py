@@ -109,6 +109,11 @@ def main(argv=None) -> int:
     if any(g is not None and g.resident_k for other in others.values() for g in other[0].values()):
         # A table entry with resident_k runs this lab kernel (it sets backward.RESIDENT_LAUNCHER).
         import swiglu_lab.experiments.gluon_wgrad_resident  # noqa: F401
+    if any(g is not None and g.plain_store for t in (ours, *others.values()) for g in t[0].values()) or any(
+            g is not None for t in (ours, *others.values()) for g in t[3].values()):
+        # An entry with plain_store, or a gluon_grad_x entry, runs this lab kernel (it sets
+        # backward.PLAIN_STORE_LAUNCHER and backward.GRAD_X_LAUNCHER).
+        import swiglu_lab.experiments.gluon_wgrad_probe  # noqa: F401
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

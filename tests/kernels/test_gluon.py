@@ -131,24 +131,27 @@ def test_backward_keeps_tl_for_other_buckets_and_overrides(gluon_recorded):
     assert gluon_recorded == []
 
 
+def _gluon_grad_x_everywhere(monkeypatch, launcher) -> None:
+    """Gluon 'available' with a grad_x table entry at every bucket (the first candidate) and
+    ``launcher`` as its launcher (``backward.GRAD_X_LAUNCHER``, the lab's); the other kernels tl."""
+    monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
+    for table in ("GLUON_DSWIGLU", "GLUON_CONFIGS"):
+        monkeypatch.setattr(backward, table, {b: None for b in common.TOKEN_BUCKETS})
+    monkeypatch.setattr(backward, "GLUON_GRAD_X", {b: GRAD_X_CANDIDATES[0] for b in common.TOKEN_BUCKETS})
+    monkeypatch.setattr(backward, "GRAD_X_LAUNCHER", launcher)
+
+
 @pytest.fixture
 def grad_x_recorded(monkeypatch):
-    """Gluon 'available' with a grad_x table entry at every bucket (the first candidate) and its
-    launch replaced by a matmul that records its arguments; the other kernels run tl."""
-    from swiglu.kernels import gluon_wgrad
-
+    """``_gluon_grad_x_everywhere`` with a matmul for the launcher that records its arguments."""
     calls = []
 
     def fake(d_gate, d_up, gw, uw, out, cfg, nprog):
         calls.append((tuple(d_gate.shape), tuple(gw.shape), tuple(out.shape), cfg, nprog))
         out.copy_((d_gate.float() @ gw.float() + d_up.float() @ uw.float()).to(out.dtype))
 
-    monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
-    for table in ("GLUON_DSWIGLU", "GLUON_CONFIGS"):
-        monkeypatch.setattr(backward, table, {b: None for b in common.TOKEN_BUCKETS})
-    monkeypatch.setattr(backward, "GLUON_GRAD_X", {b: GRAD_X_CANDIDATES[0] for b in common.TOKEN_BUCKETS})
-    monkeypatch.setattr(gluon_wgrad, "launch_grad_x_gluon", fake)
+    _gluon_grad_x_everywhere(monkeypatch, fake)
     backward.clear_plans()
     yield calls
     backward.clear_plans()
@@ -169,6 +172,39 @@ def test_backward_takes_the_gluon_grad_x_where_the_table_has_one(grad_x_recorded
     empty = [t[:, :0] if t.dim() == 3 else t for t in inp.as_tuple()]  # the [1, T, *] tensors with T = 0
     assert backward.triton_swiglu_backward(*empty)[0].shape == (1, 0, 16)
     assert len(grad_x_recorded) == 1
+
+
+def test_lab_launchers_run_only_once_the_lab_sets_them(monkeypatch):
+    """A gluon_grad_x entry, or a weight-gradient config with plain_store, runs the lab's copy of the
+    kernel (``swiglu_lab.experiments.gluon_wgrad_probe``, which sets ``backward.GRAD_X_LAUNCHER`` and
+    ``PLAIN_STORE_LAUNCHER`` when imported); unset, the backward says so. The library's own launcher
+    refuses a plain_store config."""
+    gluon = triton_minor(__import__("triton").__version__) in GLUON_TRITONS
+    if gluon:  # imported before anything is patched: the import sets the launchers
+        from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+        from swiglu_lab.experiments import gluon_wgrad_probe
+
+        assert backward.PLAIN_STORE_LAUNCHER is gluon_wgrad_probe.launch_grad_weight_gluon
+        assert backward.GRAD_X_LAUNCHER is gluon_wgrad_probe.launch_grad_x_gluon
+    _gluon_grad_x_everywhere(monkeypatch, None)
+    backward.clear_plans()
+    try:
+        with pytest.raises(ValueError, match="sets backward.GRAD_X_LAUNCHER when imported"):
+            backward.triton_swiglu_backward(*make_inputs(1, 5, 16, 48, seed=5).as_tuple())
+    finally:
+        backward.clear_plans()
+    cfg = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=1, plain_store=1)
+    a, b, out = torch.zeros(8, 256), torch.zeros(8, 128), torch.empty(256, 128)
+    monkeypatch.setattr(backward, "PLAIN_STORE_LAUNCHER", None)
+    with pytest.raises(ValueError, match="sets backward.PLAIN_STORE_LAUNCHER when imported"):
+        backward.launch_weight_gradient(a, b, out, None, cfg, 1)
+    ran = []
+    monkeypatch.setattr(backward, "PLAIN_STORE_LAUNCHER", lambda *args: ran.append(args[3:]))
+    backward.launch_weight_gradient(a, b, out, None, cfg, 1)
+    assert ran == [(cfg, 1)]
+    if gluon:
+        with pytest.raises(ValueError, match="runs swiglu_lab.experiments.gluon_wgrad_probe"):
+            launch_grad_weight_gluon(a, b, out, cfg, 1)
 
 
 def test_gluon_grad_x_gives_way_where_its_tiles_leave_sms_idle(monkeypatch):
@@ -272,7 +308,10 @@ def compile_report(tmp_path_factory, which: str, *worker_args: str) -> dict:
 def test_table_configs_compile_for_sm90(tmp_path_factory, which):
     """Every table config compiles with each triton the kernels are written for: wgmma, TMA loads
     and stores, register reallocation (warp specialization), no spills, shared memory within the
-    estimate and the H200's limit."""
+    estimate and the H200's limit. The lab's copy with the probes' switches
+    (``swiglu_lab.experiments.gluon_wgrad_probe``) compiles each table config, every switch off,
+    to the library kernel's PTX (debug lines aside), at each PDL mode: what a probe measures with a
+    switch on is the shipped kernel less that part."""
     report = compile_report(tmp_path_factory, which)
     assert triton_minor(report["triton"]) in GLUON_TRITONS
     assert report["results"]
@@ -301,6 +340,13 @@ def test_table_configs_compile_for_sm90(tmp_path_factory, which):
     assert {r["pdl"] for r in report["results"]} == {0, 1, 2}
     assert {r["ablate"] for r in report["results"]} == {0, 1, 2, 3, 4, 5, 6}
     assert sorted(r.get("plain_store") for r in report["results"] if r.get("plain_store")) == [1, 1, 1, 2]
+    # The switches compile in the lab's copy only.
+    assert all(r["probe"] == bool(r["ablate"] or r["store_delay_ns"] or r.get("plain_store")) for r in report["results"])
+    table = {c for c in backward.GLUON_CONFIGS.values() if c is not None}
+    compared = {(GluonConfig(**r["config"]), r["pdl"]) for r in report["results"] if "probe_ptx_same" in r}
+    assert compared == {(c, pdl) for c in table for pdl in (0, 1, 2)}
+    assert all(r["probe_ptx_same"] for r in report["results"] if "probe_ptx_same" in r), \
+        [(r["config"], r["pdl"]) for r in report["results"] if r.get("probe_ptx_same") is False]
 
 
 @pytest.mark.parametrize("which", WHICH_TRITONS)
@@ -326,7 +372,9 @@ def test_grad_x_candidates_compile_for_sm90(tmp_path_factory, which):
 
 
 def test_grad_x_launcher_takes_cooperative_configs_only():
-    from swiglu.kernels.gluon_wgrad import launch_grad_x_gluon
+    if triton_minor(__import__("triton").__version__) not in GLUON_TRITONS:
+        pytest.skip("Gluon's kernels are written for " + ", ".join(GLUON_TRITONS))
+    from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_x_gluon
 
     t = torch.empty(0)
     for bad in (replace(GRAD_X_CANDIDATES[0], pingpong=True), replace(GRAD_X_CANDIDATES[0], defer=True)):
@@ -414,7 +462,7 @@ def test_gluon_grad_x_gives_the_tl_kernels_bits(T, H, I):
     tiles and K halves ending inside a k-step included, NaN-poisoned output fully written, the
     same bits again on a second launch."""
     _gluon_or_skip()
-    from swiglu.kernels.gluon_wgrad import launch_grad_x_gluon
+    from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_x_gluon
 
     gen = torch.Generator(device="cuda").manual_seed(T * 7 + H)
     d_gate, d_up = (torch.randn(T, I, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
@@ -450,9 +498,10 @@ def test_pingpong_epilogues_wait_for_a_slow_storer():
     warpgroup that wrote its output buffer before the other warpgroup's tile was stored would
     show on every launch: tiles lost or swapped, or (as on the H200 with the turn-taking wait
     removed) a deadlock, reported here after 60 s. With one output buffer (the table's 128 x 192
-    tile at T = 129-256) and with two, the ping-pong kernel gives the cooperative kernel's bits."""
+    tile at T = 129-256) and with two, the ping-pong kernel gives the cooperative kernel's bits.
+    (The switch is the lab's copy's, ``swiglu_lab.experiments.gluon_wgrad_probe``.)"""
     _gluon_or_skip()
-    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_weight_gluon
 
     K, M, N = 200, 4096, 4096  # 5-6 tiles per program: every warpgroup reaches its second tile
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -477,7 +526,7 @@ def test_probe_ablations_run_to_the_end_and_do_what_they_say():
     that are stale after the ring's first fill; 4 and 6 (no wgmma) store every tile as zeros; 0
     is the kernel as the backward runs it."""
     _gluon_or_skip()
-    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_weight_gluon
 
     cfg = next(g for g in backward.GLUON_CONFIGS.values() if g is not None and not g.pingpong)
     K, M, N = 256, 2048, 1536
@@ -507,7 +556,7 @@ def test_plain_store_gives_the_tma_store_bits(M, N, K):
     kernel's bits at the same tile, every element written (the output NaN-poisoned), nothing past
     it (guard elements around it stay NaN), at ragged sizes."""
     from swiglu.kernels import backward, common
-    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_weight_gluon
     from triton_checks import guarded, guards_untouched
 
     table = next(g for g in backward.GLUON_CONFIGS.values() if g is not None and not g.pingpong)

@@ -3,5 +3,8 @@ their compiles tested) so the probe still runs. Nothing in the library or the be
 the probes, the scripts that build their inputs (scripts/table_variant.py, scripts/ncu_wgrad.py)
 and the tests do. ``gluon_wgrad_resident``: the weight gradient with A held in shared memory,
 which the library's backward runs for a table entry with ``GluonConfig.resident_k`` once imported.
-``candidates``: the library's Gluon kernels' candidate configurations that the probes measure and
-the tests compile (a table entry's ``"candidate"`` index points into them)."""
+``gluon_wgrad_probe``: the library's weight-gradient kernel with the probes' and tests' switches
+(ablations, st.global stores, a slowed storer, the grad_x orientation), which the library's
+backward runs for a table entry with ``GluonConfig.plain_store`` or a ``gluon_grad_x`` entry once
+imported. ``candidates``: the library's Gluon kernels' candidate configurations that the probes
+measure and the tests compile (a table entry's ``"candidate"`` index points into them)."""

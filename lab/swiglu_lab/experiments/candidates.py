@@ -5,7 +5,7 @@ lists). Measurements: docs/kernels.md and the data READMEs.
 
 - ``PINGPONG_CANDIDATES``, ``WIDE_CANDIDATES``: ``gluon_wgrad``'s ping-pong weight-gradient tiles
   (``lab/probes/probe_wgrad_defer.py``, ``scripts/table_variant.py --gluon-grad-weights``).
-- ``GRAD_X_CANDIDATES``: ``gluon_wgrad.launch_grad_x_gluon``'s tiles (``lab/probes/probe_gluon_grad_x.py``,
+- ``GRAD_X_CANDIDATES``: ``gluon_wgrad_probe.launch_grad_x_gluon``'s tiles (``lab/probes/probe_gluon_grad_x.py``,
   ``scripts/table_variant.py --gluon-grad-x``).
 - ``DSWIGLU_CANDIDATES``: ``gluon_dswiglu``'s (``lab/probes/probe_gluon_dswiglu.py --configs``,
   ``scripts/table_variant.py --gluon-dswiglu``).
@@ -38,10 +38,11 @@ WIDE_CANDIDATES = (
     GluonConfig(BM=256, BN=128, BN2=64, BK=32, STAGES=3, NC=1, GROUP_M=16),
 )
 
-# ----------------------------------------------------------------------------- gluon_wgrad: grad_x
+# ----------------------------------------------------------------------------- gluon_wgrad_probe: grad_x
 #: grad_x candidates (cooperative: at T <= 512 a program has about one tile, so a second MMA
 #: warpgroup on other tiles would idle): the tl table's 128 x 256 and 64 x 256 tiles, 128 x 128,
-#: and 128 x 256 in K-steps of 32; compiled for sm_90 by the CPU tests, not yet run on a GPU.
+#: and 128 x 256 in K-steps of 32; compiled for sm_90 by the CPU tests; on the H200 bitwise the tl
+#: grad_x kernel and slower than it but at T = 1024 (data/tuning/gluon_grad_x_probe_96ffe16_20261202.csv).
 GRAD_X_CANDIDATES = (
     GluonConfig(BM=128, BN=256, BK=64, STAGES=3, NC=1, GROUP_M=8),
     GluonConfig(BM=64, BN=256, BK=64, STAGES=4, NC=1, GROUP_M=8, num_warps=4),

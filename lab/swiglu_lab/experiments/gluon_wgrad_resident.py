@@ -112,7 +112,7 @@ def _store_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_e
         mbarrier.wait(c_ready.index(buf), (j // NC) & 1)
         tma.async_copy_shared_to_global(c_desc, [(t // num_n) * BM, (t % num_n) * BN], c_bufs.index(buf))
         # At most NC-1 stores pending: tile j-(NC-1)'s buffer, index (j+1) % NC, is free
-        # (gluon_wgrad._store_tiles).
+        # (gluon_wgrad._store_partition).
         tma.store_wait(pendings=NC - 1)
         mbarrier.arrive(c_empty.index((j + 1) % NC), pred=j >= NC - 1)
     tma.store_wait(pendings=0)

@@ -104,6 +104,11 @@ def launch_weight_gradient(a, b, out, c: KernelConfig, g: GluonConfig | None, np
             raise ValueError(f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident's kernel, "
                              f"which sets backward.RESIDENT_LAUNCHER when imported (not imported), got {g}")
         launcher = RESIDENT_LAUNCHER
+    elif g.plain_store:
+        if PLAIN_STORE_LAUNCHER is None:
+            raise ValueError(f"a config with plain_store runs swiglu_lab.experiments.gluon_wgrad_probe's kernel, "
+                             f"which sets backward.PLAIN_STORE_LAUNCHER when imported (not imported), got {g}")
+        launcher = PLAIN_STORE_LAUNCHER
     else:
         launcher = _gluon().wgrad.launch_grad_weight_gluon
     launcher(a, b, out, g, nprog or tile_programs(a.device, M, N, g))
@@ -113,6 +118,11 @@ def launch_weight_gradient(a, b, out, c: KernelConfig, g: GluonConfig | None, np
 #: ships none; the lab's ``swiglu_lab.experiments.gluon_wgrad_resident`` sets it when imported, so
 #: a table entry with ``resident_k`` (the lab's A/B tables) runs that kernel. None: such an entry raises.
 RESIDENT_LAUNCHER = None
+#: The same for a ``GluonConfig`` with ``plain_store`` (st.global instead of TMA stores) and for a
+#: ``gluon_grad_x`` table entry (the Gluon grad_x, ``GLUON_GRAD_X``): the lab's
+#: ``swiglu_lab.experiments.gluon_wgrad_probe`` sets both when imported. None: such an entry raises.
+PLAIN_STORE_LAUNCHER = None
+GRAD_X_LAUNCHER = None
 
 _GLUON_MODULES: list = []
 
@@ -397,13 +407,15 @@ def launch_planned_dswiglu(plan: BackwardPlan, go, down_w, gate, up, act, d_gate
 
 
 def launch_planned_grad_x(plan: BackwardPlan, d_gate, d_up, gate_w, up_w, grad_x) -> None:
-    """``launch_grad_x``'s contract with ``plan``'s kernel: the Gluon grad_x where the plan has one,
-    else the tl one."""
+    """``launch_grad_x``'s contract with ``plan``'s kernel: the Gluon grad_x where the plan has one
+    (``GRAD_X_LAUNCHER``, which the lab sets; ValueError where it is unset), else the tl one."""
     if plan.gluon_grad_x is None:
         launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x, plan.grad_x_programs)
-    else:
-        _gluon().wgrad.launch_grad_x_gluon(d_gate, d_up, gate_w, up_w, grad_x, plan.gluon_grad_x,
-                                           plan.gluon_grad_x_programs)
+        return
+    if GRAD_X_LAUNCHER is None:
+        raise ValueError(f"a gluon_grad_x table entry runs swiglu_lab.experiments.gluon_wgrad_probe's kernel, which "
+                         f"sets backward.GRAD_X_LAUNCHER when imported (not imported), got {plan.gluon_grad_x}")
+    GRAD_X_LAUNCHER(d_gate, d_up, gate_w, up_w, grad_x, plan.gluon_grad_x, plan.gluon_grad_x_programs)
 
 
 def launch_backward(

@@ -89,10 +89,10 @@ class GluonConfig:
     # K (BM + BN) / (BM BN); GROUP_M programs then take each run of tiles in turn (1-64). 0: the
     # ring of A and B stages (``gluon_wgrad``).
     resident_k: int = 0
-    # Cooperative only, not deferred: each tile stored with st.global instead of TMA stores
-    # (``gluon_wgrad.wgrad_kernel``'s PLAIN_STORE): 1 by the MMA warps (through a layout conversion
-    # in shared memory; the output buffers go unused, NC = 1), 2 by the storer warp from its
-    # buffer; 0 TMA stores.
+    # Cooperative only, not deferred: each tile stored with st.global instead of TMA stores (the
+    # lab's ``swiglu_lab.experiments.gluon_wgrad_probe``, run once imported: its kernel's
+    # PLAIN_STORE): 1 by the MMA warps (through a layout conversion in shared memory; the output
+    # buffers go unused, NC = 1), 2 by the storer warp from its buffer; 0 TMA stores.
     plain_store: int = 0
     # Ping-pong with BN = 2 * BN2 only: each MMA warpgroup stores its own tile by TMA in three
     # BN2-wide chunks through wg_store chunk buffers of its own (quack's epilogue), no storer warp
@@ -226,8 +226,9 @@ CONFIGS: dict[str, dict[int, KernelConfig]] = {k: {} for k in KERNELS}
 #: The Gluon weight-gradient kernel (``gluon_wgrad``) per bucket where it measured faster than the
 #: tl kernel; None: the tl kernel.
 GLUON_CONFIGS: dict[int, GluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
-#: The Gluon grad_x (``gluon_wgrad.launch_grad_x_gluon``) per bucket where it measured faster than
-#: the tl grad_x kernel; None: the tl kernel (every bucket until a GPU run has measured it).
+#: The Gluon grad_x (the lab's ``swiglu_lab.experiments.gluon_wgrad_probe.launch_grad_x_gluon``, run
+#: once imported) per bucket where it measured faster than the tl grad_x kernel; None: the tl kernel
+#: (every bucket: it measured slower, data/tuning/gluon_grad_x_probe_96ffe16_20261202.csv).
 GLUON_GRAD_X: dict[int, GluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
 #: The Gluon dSwiGLU kernel (``gluon_dswiglu``) per bucket where it measured faster; None: tl.
 GLUON_DSWIGLU: dict[int, DswigluGluonConfig | None] = {b: None for b in TOKEN_BUCKETS}
