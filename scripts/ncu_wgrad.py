@@ -55,7 +55,7 @@ def main(argv=None) -> None:
             cfg = replace(parse_tile(args.tile, cfg), pingpong=False, BN2=0)
         nprog = backward.tile_programs(dev, M, N, cfg)
         print(f"T = {T}: {cfg}, {nprog} programs")
-        run = lambda: backward.launch_weight_gradient(a, b, out, None, cfg, nprog)  # noqa: E731
+        run = lambda: backward.launch_grad_weight_gluon_or_tl(a, b, out, None, cfg, nprog)  # noqa: E731
     for _ in range(args.calls):
         run()
     torch.cuda.synchronize()

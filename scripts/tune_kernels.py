@@ -25,7 +25,7 @@ from triton.testing import do_bench
 
 from swiglu import make_inputs
 from swiglu_lab.bench.tables import backward_table
-from swiglu.kernels.backward import TUNED_CONFIGS_PATH, KernelConfig, launch_dswiglu, launch_grad_weights, launch_grad_x
+from swiglu.kernels.backward import TUNED_CONFIGS_PATH, KernelConfig, launch_dswiglu, launch_mlp_grad_weights, launch_grad_x
 
 K = KernelConfig
 # The winners behind tuned_configs.json and their nearest rivals, for a re-run after a kernel
@@ -129,7 +129,7 @@ def main(argv=None) -> None:
                 outs = [torch.empty_like(gw), torch.empty_like(uw), torch.empty_like(dw)]
                 refs = [d_gate_ref.t() @ x, d_up_ref.t() @ x, go.t() @ h_ref]
 
-                run = lambda c: launch_grad_weights(d_gate_ref, d_up_ref, h_ref, x, go, *outs, c)  # noqa: E731
+                run = lambda c: launch_mlp_grad_weights(d_gate_ref, d_up_ref, h_ref, x, go, *outs, c)  # noqa: E731
                 cublas = lambda: (d_gate_ref.t() @ x, d_up_ref.t() @ x, go.t() @ h_ref)  # noqa: E731
                 kflops = 3 * flops
             else:

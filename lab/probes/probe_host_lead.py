@@ -82,8 +82,8 @@ def steps(T: int, H: int, I: int, device: torch.device) -> dict:
         "tma_ready x8": lambda: [tma_ready(t) for t in flat],
         "torch.empty [T, I] x3": lambda: [torch.empty((T, I), device=device, dtype=torch.bfloat16) for _ in range(3)],
         f"dSwiGLU launch ({'Gluon' if gd is not None else 'tl'})": dswiglu,
-        "weight-gradient launch": lambda: bw.launch_weight_gradient(d_gate, x, grad_w, plan.grad_weights,
-                                                                    plan.gluon_grad_weights),
+        "weight-gradient launch": lambda: bw.launch_grad_weight_gluon_or_tl(d_gate, x, grad_w, plan.grad_weights,
+                                                                            plan.gluon_grad_weights),
         "grad_x launch (tl)": lambda: bw.launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x),
         "yardstick: torch.mm(out=) launch": lambda: torch.mm(a_mm, b_mm, out=out_mm),
     }

@@ -102,7 +102,7 @@ def build_ops(T: int, H: int, I: int, device):
                                      ("grad_gate_weight", d_gate, x, (I, H), plan.grad_weight_programs_ih)):
         w_ours, w_ref = [empty(*shape)], [empty(*shape)]
         ops[name] = ((lambda a=a, b=b, o=w_ours[0], n=nprog:
-                      backward.launch_weight_gradient(a, b, o, plan.grad_weights, plan.gluon_grad_weights, n)),
+                      backward.launch_grad_weight_gluon_or_tl(a, b, o, plan.grad_weights, plan.gluon_grad_weights, n)),
                      (lambda a=a, b=b, o=w_ref[0]: torch.mm(a.t(), b, out=o)), w_ours, w_ref, gemm)
     return ops
 

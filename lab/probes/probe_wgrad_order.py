@@ -79,10 +79,10 @@ def main(argv=None) -> int:
             for kernel, c, gc in variants:
                 out.fill_(float("nan"))
                 try:
-                    backward.launch_weight_gradient(a, b, out, c, gc)
+                    backward.launch_grad_weight_gluon_or_tl(a, b, out, c, gc)
                     torch.cuda.synchronize()
                     ok = bool(((out.float() - want.float()).abs() <= want.float().abs() * 2 ** -6 + 1e-2).all())
-                    ms = timed(lambda: backward.launch_weight_gradient(a, b, out, c, gc))
+                    ms = timed(lambda: backward.launch_grad_weight_gluon_or_tl(a, b, out, c, gc))
                 except Exception as exc:  # one failing variant must not end the probe
                     print(f"T={T} {kernel} GROUP_M={(gc or c).GROUP_M}: {type(exc).__name__}: {exc}", flush=True)
                     ok, ms = False, float("nan")

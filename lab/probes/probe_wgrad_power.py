@@ -137,7 +137,7 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
                 label = (f"resident {i} ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} K{cfg.resident_k} G{group}"
                          f"{' defer' if defer else ''})")
                 nprog = backward.tile_programs(dev, M, N, cfg)
-                out[label] = (lambda c, p: lambda o: backward.launch_weight_gradient(a, b, o, None, c, p))(cfg, nprog)
+                out[label] = (lambda c, p: lambda o: backward.launch_grad_weight_gluon_or_tl(a, b, o, None, c, p))(cfg, nprog)
     if ablate:
         out["fill_ (write ceiling)"] = lambda o: o.fill_(1.0)
         for name in tiles or ("table",):

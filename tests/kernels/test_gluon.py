@@ -103,8 +103,8 @@ def gluon_recorded(monkeypatch):
     monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
     monkeypatch.setattr(backward, "GLUON_DSWIGLU", {b: None for b in common.TOKEN_BUCKETS})  # tl dSwiGLU here
-    real_any = backward.launch_weight_gradient
-    monkeypatch.setattr(backward, "launch_weight_gradient",
+    real_any = backward.launch_grad_weight_gluon_or_tl
+    monkeypatch.setattr(backward, "launch_grad_weight_gluon_or_tl",
                         lambda a, b, out, c, g, nprog=None: fake_any(a, b, out, c, g) if g is not None
                         else real_any(a, b, out, c, g, nprog))
     return calls
@@ -197,10 +197,10 @@ def test_lab_launchers_run_only_once_the_lab_sets_them(monkeypatch):
     a, b, out = torch.zeros(8, 256), torch.zeros(8, 128), torch.empty(256, 128)
     monkeypatch.setattr(backward, "PLAIN_STORE_LAUNCHER", None)
     with pytest.raises(ValueError, match="sets backward.PLAIN_STORE_LAUNCHER when imported"):
-        backward.launch_weight_gradient(a, b, out, None, cfg, 1)
+        backward.launch_grad_weight_gluon_or_tl(a, b, out, None, cfg, 1)
     ran = []
     monkeypatch.setattr(backward, "PLAIN_STORE_LAUNCHER", lambda *args: ran.append(args[3:]))
-    backward.launch_weight_gradient(a, b, out, None, cfg, 1)
+    backward.launch_grad_weight_gluon_or_tl(a, b, out, None, cfg, 1)
     assert ran == [(cfg, 1)]
     if gluon:
         with pytest.raises(ValueError, match="runs swiglu_lab.experiments.gluon_wgrad_probe"):
@@ -412,7 +412,7 @@ def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    backward.launch_weight_gradient(a, b, out, backward.config_for("grad_weights", K), g)
+    backward.launch_grad_weight_gluon_or_tl(a, b, out, backward.config_for("grad_weights", K), g)
     want = (a.float().T @ b.float())
     assert torch.isfinite(out).all()
     err = (out.float() - want).abs()
@@ -422,11 +422,11 @@ def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
     rel = ((out.float() - want) / want.abs().clamp_min(1e-3)).flatten()
     assert rel.mean().abs() <= 4 * rel.std() / rel.numel() ** 0.5 + 1e-6
     again = torch.full_like(out, float("nan"))
-    backward.launch_weight_gradient(a, b, again, backward.config_for("grad_weights", K), g)
+    backward.launch_grad_weight_gluon_or_tl(a, b, again, backward.config_for("grad_weights", K), g)
     assert torch.equal(out, again)
     # The other epilogue placement (GluonConfig.defer) writes the same bits.
     other = torch.full_like(out, float("nan"))
-    backward.launch_weight_gradient(a, b, other, backward.config_for("grad_weights", K), replace(g, defer=not g.defer))
+    backward.launch_grad_weight_gluon_or_tl(a, b, other, backward.config_for("grad_weights", K), replace(g, defer=not g.defer))
     assert torch.equal(out, other)
 
 
@@ -446,10 +446,10 @@ def test_pingpong_weight_gradient_gives_the_cooperative_kernels_bits(K, M, N):
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     for cfg in PINGPONG_CANDIDATES + WIDE_CANDIDATES:
         want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        backward.launch_weight_gradient(a, b, want, backward.config_for("grad_weights", K),
-                                        replace(cfg, pingpong=False, BN2=0, mma_regs=0))
+        backward.launch_grad_weight_gluon_or_tl(a, b, want, backward.config_for("grad_weights", K),
+                                                replace(cfg, pingpong=False, BN2=0, mma_regs=0))
         got = torch.full_like(want, float("nan"))
-        backward.launch_weight_gradient(a, b, got, backward.config_for("grad_weights", K), cfg)
+        backward.launch_grad_weight_gluon_or_tl(a, b, got, backward.config_for("grad_weights", K), cfg)
         assert torch.isfinite(got).all() and torch.equal(got, want), cfg
 
 
@@ -510,8 +510,8 @@ def test_pingpong_epilogues_wait_for_a_slow_storer():
     for cfg in (backward.GLUON_CONFIGS[256], WIDE_CANDIDATES[3]):
         assert cfg.pingpong
         want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        backward.launch_weight_gradient(a, b, want, backward.config_for("grad_weights", K),
-                                        replace(cfg, pingpong=False, BN2=0, mma_regs=0))
+        backward.launch_grad_weight_gluon_or_tl(a, b, want, backward.config_for("grad_weights", K),
+                                                replace(cfg, pingpong=False, BN2=0, mma_regs=0))
         got = torch.full_like(want, float("nan"))
         launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), store_delay_ns=20_000)
         _finishes_within(60)
@@ -661,9 +661,9 @@ def test_resident_configs_check_their_fields_and_tokens(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(backward, "RESIDENT_LAUNCHER", None)
         with pytest.raises(ValueError, match="sets backward.RESIDENT_LAUNCHER when imported"):
-            backward.launch_weight_gradient(a, b, torch.empty(256, 128, dtype=torch.bfloat16), None, cfg, 1)
+            backward.launch_grad_weight_gluon_or_tl(a, b, torch.empty(256, 128, dtype=torch.bfloat16), None, cfg, 1)
     with pytest.raises(ValueError, match="resident_k=128, got 129"):
-        backward.launch_weight_gradient(a, b, torch.empty(256, 128, dtype=torch.bfloat16), None, cfg, 1)
+        backward.launch_grad_weight_gluon_or_tl(a, b, torch.empty(256, 128, dtype=torch.bfloat16), None, cfg, 1)
     with pytest.raises(ValueError, match="runs swiglu_lab.experiments.gluon_wgrad_resident"):
         launch_grad_weight_gluon(a[:128], b[:128], torch.empty(256, 128, dtype=torch.bfloat16), cfg, 1)
 
@@ -702,7 +702,7 @@ def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
     bound = want.abs() * 2.0 ** -7 + K * 2.0 ** -23 * (a.float().abs().T @ b.float().abs())
     for _ in range(2):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        backward.launch_weight_gradient(a, b, out, None, cfg)
+        backward.launch_grad_weight_gluon_or_tl(a, b, out, None, cfg)
         _finishes_within(60)
         assert torch.isfinite(out).all()
         err = (out.float() - want).abs()
@@ -710,7 +710,7 @@ def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
         assert torch.equal(out, want_bits), cfg
         # The other epilogue placement (GluonConfig.defer), the same bits.
         other = torch.full_like(out, float("nan"))
-        backward.launch_weight_gradient(a, b, other, None, replace(cfg, defer=not cfg.defer))
+        backward.launch_grad_weight_gluon_or_tl(a, b, other, None, replace(cfg, defer=not cfg.defer))
         _finishes_within(60)
         assert torch.equal(other, want_bits), replace(cfg, defer=not cfg.defer)
 
@@ -735,11 +735,11 @@ def test_pingpong_with_one_output_buffer_is_right_launch_after_launch(K):
     got = torch.empty_like(want)
     for cfg in sorted(set(single), key=str):
         want.fill_(float("nan"))
-        backward.launch_weight_gradient(a, b, want, tl_cfg, replace(cfg, pingpong=False, BN2=0, mma_regs=0))
+        backward.launch_grad_weight_gluon_or_tl(a, b, want, tl_cfg, replace(cfg, pingpong=False, BN2=0, mma_regs=0))
         bad = 0
         for _ in range(20):
             got.fill_(float("nan"))
-            backward.launch_weight_gradient(a, b, got, tl_cfg, cfg)
+            backward.launch_grad_weight_gluon_or_tl(a, b, got, tl_cfg, cfg)
             _finishes_within(60)
             bad += not torch.equal(got, want)
         assert bad == 0, f"{cfg}: {bad} of 20 launches differ from the cooperative kernel's bits"

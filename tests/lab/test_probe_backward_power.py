@@ -34,12 +34,12 @@ def test_every_variant_runs_and_ours_match_the_reference(capsys, tmp_path):
 def test_a_wrong_weight_gradient_fails_the_probe(capsys, monkeypatch, tmp_path):
     from swiglu.kernels import backward
 
-    real = backward.launch_weight_gradient
+    real = backward.launch_grad_weight_gluon_or_tl
 
     def off(a, b, out, *rest):
         real(a, b, out, *rest)
         out.mul_(1.05)  # a 5% bug
 
-    monkeypatch.setattr(backward, "launch_weight_gradient", off)
+    monkeypatch.setattr(backward, "launch_grad_weight_gluon_or_tl", off)
     assert probe.main([*ARGS, "--out", str(tmp_path)]) == 1
     assert "MISMATCH: ['T=33 ours grad_gate_weight [I,H]', 'T=33 ours grad_down_weight [H,I]']" in capsys.readouterr().out

@@ -223,7 +223,7 @@ class _LocalBackward:
         dev, I, H = self.go.device, self.I, self.H
         ggw, guw = (torch.empty((I, H), device=dev, dtype=torch.bfloat16) for _ in range(2))
         gdw = torch.empty((H, I), device=dev, dtype=torch.bfloat16)
-        self.tb.launch_grad_weights(self.d_gate, self.d_up, self.h, self.x, self.go, ggw, guw, gdw, self.cfg_w)
+        self.tb.launch_mlp_grad_weights(self.d_gate, self.d_up, self.h, self.x, self.go, ggw, guw, gdw, self.cfg_w)
         return ggw, guw, gdw
 
 

@@ -213,7 +213,7 @@ def launch_grad_weight_resident(a: torch.Tensor, b: torch.Tensor, out: torch.Ten
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``common.tma_ready``), 1 <= K <= ``cfg.resident_k`` (ValueError otherwise); ``num_programs``
     persistent programs (one per SM). The contract of ``gluon_wgrad.launch_grad_weight_gluon``;
-    ``backward.launch_weight_gradient`` calls this for a config with ``resident_k`` once this module
+    ``backward.launch_grad_weight_gluon_or_tl`` calls this for a config with ``resident_k`` once this module
     is imported (``backward.RESIDENT_LAUNCHER``)."""
     K = a.shape[0]
     if not 1 <= K <= cfg.resident_k:

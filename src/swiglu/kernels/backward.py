@@ -78,7 +78,9 @@ def padded_tokens(T: int, wgrad_cfg: KernelConfig) -> int:
 
 
 def launch_grad_weight(a, b, out, c: KernelConfig, nprog: int | None = None) -> None:
-    """out = a.T @ b: a [T, M], b [T, N], out [M, N] (a weight gradient, K = tokens)."""
+    """out = a.T @ b: a [T, M], b [T, N], out [M, N] (a weight gradient, K = tokens) by the tl kernel
+    (``tl_kernels.grad_weight_kernel``), as ``launch_grad_x`` and ``launch_dswiglu`` launch theirs;
+    ``launch_grad_weight_gluon_or_tl`` picks between it and the Gluon one."""
     T, M = a.shape
     N = b.shape[1]
     # K = T rounded up to BK, not T: the descriptors zero-fill rows >= T, and T = 1 would be
@@ -92,7 +94,7 @@ def launch_grad_weight(a, b, out, c: KernelConfig, nprog: int | None = None) -> 
     )
 
 
-def launch_weight_gradient(a, b, out, c: KernelConfig, g: GluonConfig | None, nprog: int | None = None) -> None:
+def launch_grad_weight_gluon_or_tl(a, b, out, c: KernelConfig, g: GluonConfig | None, nprog: int | None = None) -> None:
     """out = a.T @ b with the Gluon kernel when ``g`` is given, else the tl kernel (``c``);
     ``nprog`` persistent programs (default: one per SM, at most one per tile)."""
     if g is None:
@@ -171,13 +173,14 @@ def gluon_dswiglu_config_for(tokens: int, device: torch.device, hidden_size: int
     return _gluon_config_for_bucket(bucket_for(tokens), device, "dswiglu", shape)
 
 
-def launch_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
-                        c: KernelConfig, g: GluonConfig | None = None) -> None:
-    """grad_down_weight = go.T @ h, grad_gate_weight = d_gate.T @ x, grad_up_weight = d_up.T @ x
-    (a None output is skipped; its input may then be None too); Gluon kernel when ``g`` is given."""
+def launch_mlp_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
+                            c: KernelConfig, g: GluonConfig | None = None) -> None:
+    """The MLP's three weight gradients, each by ``launch_grad_weight_gluon_or_tl``: grad_down_weight
+    = go.T @ h, grad_gate_weight = d_gate.T @ x, grad_up_weight = d_up.T @ x (a None output is
+    skipped; its input may then be None too); Gluon kernel when ``g`` is given."""
     for a, b, out in ((go, h, grad_down_weight), (d_gate, x, grad_gate_weight), (d_up, x, grad_up_weight)):
         if out is not None:
-            launch_weight_gradient(a, b, out, c, g)
+            launch_grad_weight_gluon_or_tl(a, b, out, c, g)
 
 
 def grad_x_tail_splits(T: int, H: int, I: int, c: KernelConfig, nprog: int) -> tuple[int, int]:
@@ -487,20 +490,20 @@ def launch_backward(
     grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = None
     if need_grad_down_weight:
         grad_down_weight = _alloc(outs[3], (H, I), dev)
-        launch_weight_gradient(go, h, grad_down_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_hi)
+        launch_grad_weight_gluon_or_tl(go, h, grad_down_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_hi)
     del h
     if need_grad_x:
         grad_x = _alloc(outs[0], (T, H), dev)
         launch_planned_grad_x(plan, d_gate, d_up, gate_w, up_w, grad_x)
     if need_grad_gate_weight:
         grad_gate_weight = _alloc(outs[1], (I, H), dev)
-        launch_weight_gradient(d_gate, xf, grad_gate_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
+        launch_grad_weight_gluon_or_tl(d_gate, xf, grad_gate_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
     del d_gate
     if release_gate:
         _release(gate_output)
     if need_grad_up_weight:
         grad_up_weight = _alloc(outs[2], (I, H), dev)
-        launch_weight_gradient(d_up, xf, grad_up_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
+        launch_grad_weight_gluon_or_tl(d_up, xf, grad_up_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
     if release_up:
         _release(up_output)
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
