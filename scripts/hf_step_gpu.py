@@ -9,7 +9,7 @@
 
 Variants (``--variants``, comma-separated; default: all but ``unpatched+compile``):
 ``unpatched``; ``swiglu`` (``apply``); ``swiglu_pdl`` (the same with programmatic dependent launch, mode 2,
-``swiglu.kernels.common.set_pdl(2)`` around each of its steps: what PDL gives the step); ``liger`` (only when ``liger_kernel`` imports, else
+``swiglu.kernels.launch.set_pdl(2)`` around each of its steps: what PDL gives the step); ``liger`` (only when ``liger_kernel`` imports, else
 recorded as skipped with the reason); ``swiglu+compile`` (the patched model under
 ``torch.compile(model, mode="reduce-overhead")``: Inductor plus CUDA graphs);
 ``unpatched+compile`` (the same compile of the unpatched model, on request only: a second
@@ -147,14 +147,14 @@ class Variant:
 
     def step(self):
         if self.name.startswith("swiglu_pdl"):
-            from swiglu.kernels import common
+            from swiglu.kernels import launch
 
-            saved = common.PDL
-            common.set_pdl(2)
+            saved = launch.PDL
+            launch.set_pdl(2)
             try:
                 self._step()
             finally:
-                common.set_pdl(saved)
+                launch.set_pdl(saved)
         else:
             self._step()
 

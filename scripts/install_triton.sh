@@ -4,7 +4,7 @@
 #                                   PYTHONPATH (sourced in the shell that runs the kernels;
 #                                   /tmp/triton-3.7/env.sh sets it again)
 # The image's own triton 3.6.0 stays installed beside it; the library's kernels run under either
-# (common.GLUON_TRITONS); torch.compile is not checked with 3.7.
+# (devices.GLUON_TRITONS); torch.compile is not checked with 3.7.
 DEST=/tmp/triton-3.7
 ARCHIVE=.triton/triton.tar.xz
 [ -f "$ARCHIVE" ] || { echo "$ARCHIVE missing: run scripts/pack_triton.sh here and carry .triton" >&2; return 1 2>/dev/null || exit 1; }

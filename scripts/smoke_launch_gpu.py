@@ -1,4 +1,4 @@
-"""GPU smoke check of the cached launch path (swiglu.kernels.common.launch): the first call per
+"""GPU smoke check of the cached launch path (swiglu.kernels.launch.launch): the first call per
 key goes through Triton's JIT, later ones through the compiled kernel's runner; both must give
 bit-identical gradients, close to the float64 oracle. Exits 1 otherwise.
 

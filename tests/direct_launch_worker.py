@@ -1,5 +1,5 @@
 """Run with triton 3.6 on the path (tests/kernels/test_direct_launch.py): compares what triton 3.6's own
-descriptor wrapper hands its C launcher with what ``swiglu.kernels.common.direct_runner`` hands it,
+descriptor wrapper hands its C launcher with what ``swiglu.kernels.launch.direct_runner`` hands it,
 for a signature with descriptors, ints and constexprs; a fake fill and a fake C launcher record
 the calls (no GPU). Prints one JSON line."""
 
@@ -24,7 +24,7 @@ def fill(ptr, swizzle, elem_size, dtype, block, shape, strides, padding):
 triton.runtime.driver = SimpleNamespace(active=SimpleNamespace(
     utils=SimpleNamespace(fill_tma_descriptor=fill), get_current_device=lambda: 0, get_current_stream=lambda d: 1234))
 
-from swiglu.kernels import common  # noqa: E402
+from swiglu.kernels import launch, tma  # noqa: E402
 
 signature = {"a": "tensordesc<bf16[64, 32]>", "n": "i32", "BM": "constexpr", "b": "*bf16", "c": "tensordesc<bf16[16, 64]>"}
 meta = [dict(swizzle=128, elem_size=2, elem_type=9, block_size=[64, 32], fp4_padded=False),
@@ -32,7 +32,7 @@ meta = [dict(swizzle=128, elem_size=2, elem_type=9, block_size=[64, 32], fp4_pad
 calls = []
 wrapped = drv.wrap_handle_tensordesc(lambda *a: calls.append(a), signature, meta)
 a, c = torch.empty(100, 96, dtype=torch.bfloat16), torch.empty(30, 64, dtype=torch.bfloat16)[:, :48]
-args = (common.Tma(a, [64, 32]), 100, 64, "ptr-b", common.Tma(c, [16, 64]))
+args = (tma.Tma(a, [64, 32]), 100, 64, "ptr-b", tma.Tma(c, [16, 64]))
 launcher = SimpleNamespace(launch=wrapped, global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
                            launch_pdl=False)
 
@@ -45,17 +45,17 @@ class Compiled(SimpleNamespace):
 
 
 compiled = Compiled(run=launcher, function=77, packed_metadata=("packed",))
-run = common.direct_runner(compiled, (132, 1, 1))
-compiled[(132, 1, 1)](*common.as_descriptors(args))  # (the runner passes its launch metadata and empty hook chains: no-ops)
+run = launch.direct_runner(compiled, (132, 1, 1))
+compiled[(132, 1, 1)](*tma.as_descriptors(args))  # (the runner passes its launch metadata and empty hook chains: no-ops)
 run(*args)
 run(*args)  # the same memory: the maps are reused, no fill
-moved = (common.Tma(a.clone(), [64, 32]), *args[1:])
+moved = (tma.Tma(a.clone(), [64, 32]), *args[1:])
 run(*moved)  # one descriptor on new memory: one fill
 hooked = []
 triton.knobs.runtime.launch_enter_hook.add(lambda metadata: hooked.append(metadata))
 slow_before = len(calls)
 Compiled.__getitem__ = lambda self, grid: (lambda *a: hooked.append("slow"))
-run_hooked = common.direct_runner(compiled, (132, 1, 1))
+run_hooked = launch.direct_runner(compiled, (132, 1, 1))
 run_hooked(*args)
 print(json.dumps(dict(triton=triton.__version__, direct=run is not None and run.__name__ == "run",
                       triton_call=[repr(x) for x in calls[0]], direct_call=[repr(x) for x in calls[1]],

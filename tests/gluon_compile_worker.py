@@ -17,7 +17,7 @@ dswiglu: the experimental dSwiGLU kernel's candidates (``candidates.DSWIGLU_CAND
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
 
-Run with a triton of ``common.GLUON_TRITONS`` first on PYTHONPATH (make test installs the GPU machine's
+Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test installs the GPU machine's
 3.6.0 under .venv/triton-3.6.0) and src/ after it. Writes ``{"triton": version, "results": [...]}``
 (one entry per compile: shared memory, registers, spills, key PTX instructions) to OUT.json.
 ``candidates``: ``swiglu_lab.experiments.candidates``, the lists the probes measure.
@@ -107,7 +107,7 @@ def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0
         constexprs["PLAIN_STORE"] = plain_store
         if not plain_store:
             constexprs["out_ptr"] = None
-    constexprs["PDL"] = pdl  # 0: the default launch (common.PDL)
+    constexprs["PDL"] = pdl  # 0: the default launch (launch.PDL)
     constexprs["WG_STORE"] = cfg.wg_store
     sig.update({k: "constexpr" for k in constexprs})
     if plain_store:

@@ -99,7 +99,7 @@ def variants_at(T: int, dev, gen, H: int = 16384, I: int = 53248):
 
     from swiglu.inputs import make_inputs
     from swiglu.kernels import backward
-    from swiglu.kernels.common import tma_ready
+    from swiglu.kernels.tma import tma_ready
     from swiglu.reference import reference_backward
 
     inp = make_inputs(1, T, H, I, generator=gen, device=dev)

@@ -145,7 +145,9 @@ def ulp_close(torch, got, ref, ulps=2):
 def tl_launcher(go, dw, gate, up, act, d_gate, d_up, h, c):
     """backward.launch_dswiglu with its descriptors built once (same kernel, same arguments)."""
     from swiglu.kernels import tl_kernels as kernels
-    from swiglu.kernels.common import launch_kwargs, tile_programs, tma_descriptor
+    from swiglu.kernels.devices import tile_programs
+    from swiglu.kernels.launch import launch_kwargs
+    from swiglu.kernels.tma import tma_descriptor
     T, H = go.shape
     I = dw.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
@@ -167,7 +169,7 @@ def run_worker(ci, T_list, recompute_T):
     from swiglu.kernels import gluon_dswiglu as D
     from swiglu.kernels.backward import config_for, launch_dswiglu
     from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES
-    from swiglu.kernels.common import tile_programs
+    from swiglu.kernels.devices import tile_programs
 
     print(f"torch {torch.__version__} triton {triton.__version__} device {torch.cuda.get_device_name()}", flush=True)
     cfg = DSWIGLU_CANDIDATES[ci]

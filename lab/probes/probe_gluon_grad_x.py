@@ -45,7 +45,7 @@ def check(T: int, H: int, I: int, candidates, seed: int) -> list[dict]:
     """Each candidate's output against the tl kernel's: same bits, or its error over the bound."""
     import torch
 
-    from swiglu.kernels import backward, common
+    from swiglu.kernels import backward, devices
     from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_x_gluon
 
     d_gate, d_up, gw, uw = inputs(T, H, I, seed)
@@ -58,7 +58,7 @@ def check(T: int, H: int, I: int, candidates, seed: int) -> list[dict]:
     rows = []
     for index, cfg in candidates:
         got = torch.full_like(want, float("nan"))
-        launch_grad_x_gluon(d_gate, d_up, gw, uw, got, cfg, common.tile_programs(got.device, T, H, cfg))
+        launch_grad_x_gluon(d_gate, d_up, gw, uw, got, cfg, devices.tile_programs(got.device, T, H, cfg))
         torch.cuda.synchronize()
         same = torch.equal(got, want)
         err = ((got.float() - exact).abs() / bound).max().item()
@@ -72,7 +72,7 @@ def timing(T: int, H: int, I: int, candidates, iters: int, block: int, flush) ->
     """Median ms of the tl kernel and of each candidate, in turns of ``block`` calls."""
     import torch
 
-    from swiglu.kernels import backward, common
+    from swiglu.kernels import backward, devices
     from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_x_gluon
     from swiglu_lab.bench.timing import time_iterations
 
@@ -81,7 +81,7 @@ def timing(T: int, H: int, I: int, candidates, iters: int, block: int, flush) ->
     plan = backward.backward_plan(T, H, I, backward.plan_device(d_gate.device))
     calls = {"tl": lambda: backward.launch_grad_x(d_gate, d_up, gw, uw, out, plan.grad_x, plan.grad_x_programs)}
     for index, cfg in candidates:
-        nprog = common.tile_programs(out.device, T, H, cfg)
+        nprog = devices.tile_programs(out.device, T, H, cfg)
         calls[index] = lambda cfg=cfg, nprog=nprog: launch_grad_x_gluon(d_gate, d_up, gw, uw, out, cfg, nprog)
     for call in calls.values():  # compiled and launched once before the clock
         call()
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
-    from swiglu.kernels.common import GluonConfig
+    from swiglu.kernels.configs import GluonConfig
     from swiglu_lab.experiments.candidates import GRAD_X_CANDIDATES
 
     picked = [int(i) for i in args.configs.split(",") if i] or range(len(GRAD_X_CANDIDATES))

@@ -15,7 +15,7 @@ in microseconds. The steps before the first launch (validation, the backend deci
 the TMA-ready views, the [T, I] buffers, the dSwiGLU launch) add up to the host lead, the GPU
 idle time that follows the L2 flush in the benchmark's protocol; the later launches and a plain
 ``torch.mm`` launch are printed as yardsticks, and the whole backward once more through Triton's
-own Python runner (``swiglu.kernels.common.DIRECT_LAUNCH`` off). Writes ``host_lead.csv`` to ``--out``.
+own Python runner (``swiglu.kernels.launch.DIRECT_LAUNCH`` off). Writes ``host_lead.csv`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def time_us(fn, iters: int, warmup: int, device: torch.device) -> list[float]:
 def steps(T: int, H: int, I: int, device: torch.device) -> dict:
     """name -> zero-argument callable, in the order the backward runs them."""
     from swiglu.kernels import backward as bw
-    from swiglu.kernels.common import tma_ready
+    from swiglu.kernels.tma import tma_ready
 
     tensors = swiglu.make_inputs(1, T, H, I, seed=0, device=device).as_tuple()
     flat = tuple(t.reshape(-1, t.shape[-1]) for t in tensors[:5]) + tensors[5:]
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         p.error("needs a CUDA GPU")
     device = torch.device("cuda", torch.cuda.current_device())
     rows = []
-    from swiglu.kernels import common
+    from swiglu.kernels import launch
 
     def record(T, name, fn):
         us = sorted(time_us(fn, args.iters, args.warmup, device))
@@ -114,12 +114,12 @@ def main(argv=None) -> int:
         table = steps(T, args.hidden_size, args.intermediate_size, device)
         for name, fn in table.items():
             record(T, name, fn)
-        # The same whole backward through Triton's Python runner (common.DIRECT_LAUNCH off).
-        common.DIRECT_LAUNCH = False
-        common.clear_launches()
+        # The same whole backward through Triton's Python runner (launch.DIRECT_LAUNCH off).
+        launch.DIRECT_LAUNCH = False
+        launch.clear_launches()
         record(T, "whole backward, Triton's runner", table["whole backward (5 launches)"])
-        common.DIRECT_LAUNCH = True
-        common.clear_launches()
+        launch.DIRECT_LAUNCH = True
+        launch.clear_launches()
         if args.profile:
             import cProfile
             import pstats

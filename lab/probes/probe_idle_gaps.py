@@ -15,13 +15,13 @@ so it stays off.
   start and last kernel's end not covered by a kernel (launch gaps); medians over the calls.
 
 ``event_kernels``: the continuous loop once more with a CUDA event recorded after each of our
-launches (``swiglu.kernels.common.launch`` wrapped in every launcher module), so each kernel's
+launches (``swiglu.kernels.launch.launch`` wrapped in every launcher module), so each kernel's
 unprofiled time is the span between consecutive events (the first from the event before the call):
 medians per position, to set beside the profiled ones (``kernels``) and find which kernel runs
 longer outside the profiler.
 
 ``--pdl all``: each token count measured in every programmatic dependent launch mode (0 off,
-1 trigger at start, 2 at the end: ``swiglu.kernels.common.PDL``), one after the other in the
+1 trigger at start, 2 at the end: ``swiglu.kernels.launch.PDL``), one after the other in the
 same process (``pdl`` column);
 the gaps and the continuous loop say what PDL saves per backward. (``event_kernels`` records an
 event between launches, which stands between a kernel and its PDL predecessor.)
@@ -87,13 +87,13 @@ def event_split(call, make, iters: int, dev, flush) -> list[float]:
     after each of its launches, in a continuous loop like ``time_iterations`` (ms)."""
     import torch
 
-    from swiglu.kernels import backward, common, forward, gluon_dswiglu, gluon_wgrad
+    from swiglu.kernels import backward, forward, gluon_dswiglu, gluon_wgrad, launch
 
     modules = (backward, forward, gluon_dswiglu, gluon_wgrad)
     marks: list = []
 
     def launch_and_mark(*args, **kwargs):
-        common.launch(*args, **kwargs)
+        launch.launch(*args, **kwargs)
         marks.append(torch.cuda.Event(enable_timing=True))
         marks[-1].record()
 
@@ -132,16 +132,16 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
-    from swiglu.kernels import common
+    from swiglu.kernels import launch
     from swiglu_lab.bench import environment
 
     dev = torch.device("cuda", torch.cuda.current_device())
-    modes = {"default": [common.PDL], "all": list(common.PDL_MODES)}.get(args.pdl) or [int(args.pdl)]
+    modes = {"default": [launch.PDL], "all": list(launch.PDL_MODES)}.get(args.pdl) or [int(args.pdl)]
     rows = []
     for T in args.tokens:
         for pdl in modes:
-            common.set_pdl(pdl)
-            rows.append({**measure(T, args.iters), "pdl": common.PDL})
+            launch.set_pdl(pdl)
+            rows.append({**measure(T, args.iters), "pdl": launch.PDL})
             torch.cuda.empty_cache()
             r = rows[-1]
             print(f"T={T} pdl={r['pdl']}: continuous {r['continuous_ms']} ms, synchronized {r['synchronized_ms']} ms; profiled: lead "

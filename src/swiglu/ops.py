@@ -110,7 +110,7 @@ def auto_reason(device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
     ``device`` (None: it takes Triton). Triton needs all of: a CUDA device (the interpreter is for
     explicit ``"triton"`` only), bfloat16 (the kernels' dtype), an NVIDIA sm_90+ GPU whose shared
     memory fits the configuration tables and whose architecture they were tuned for
-    (``swiglu.kernels.common.device_reason`` and ``untuned_reason``), Triton installed, and, given
+    (``swiglu.kernels.devices.device_reason`` and ``untuned_reason``), Triton installed, and, given
     the sizes, hidden_size and intermediate_size multiples of 8. Imports Triton only for a bf16
     CUDA device."""
     device = torch.device(device)

@@ -162,7 +162,7 @@ def check_shardable(hidden_size: int, intermediate_size: int, tp: int, *, need_t
     local = intermediate_size // tp
     if not need_triton:
         return
-    from .kernels.common import ALIGN_ELEMENTS  # imports Triton, which need_triton means will run
+    from .kernels.tma import ALIGN_ELEMENTS  # imports Triton, which need_triton means will run
 
     if local % ALIGN_ELEMENTS:
         raise ValueError(

@@ -1,4 +1,4 @@
-"""``swiglu.kernels.common.direct_runner``: the C launcher gets the very arguments triton 3.6's own
+"""``swiglu.kernels.launch.direct_runner``: the C launcher gets the very arguments triton 3.6's own
 runner would give it (checked against triton 3.6's descriptor wrapper with a fake C launcher, in a
 subprocess with that triton on the path); on the GPU, the whole-backward tests run through it."""
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from swiglu.kernels import common
+from swiglu.kernels import configs, devices, launch, tma
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
@@ -22,9 +22,9 @@ EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
 
 def test_expand_descriptors_replaces_each_descriptor_by_its_map_shape_and_strides():
     t = torch.empty(40, 24, dtype=torch.bfloat16)
-    d = common.Tma(t, [8, 16])
+    d = tma.Tma(t, [8, 16])
     seen = []
-    out = common.expand_descriptors(("x", d, 5, d), ((1, 128, 2, 9, [8, 16]), (3, 64, 2, 9, [8, 16])),
+    out = launch.expand_descriptors(("x", d, 5, d), ((1, 128, 2, 9, [8, 16]), (3, 64, 2, 9, [8, 16])),
                                     lambda *a: seen.append(a) or f"map{len(seen)}")
     assert out == ["x", "map2", 40, 24, 24, 1, 5, "map1", 40, 24, 24, 1]  # filled last position first
     assert seen[1] == (t.data_ptr(), 128, 2, 9, [8, 16], t.shape, t.stride(), 0)
@@ -44,7 +44,7 @@ def test_expand_descriptors_fills_once_per_address_and_geometry(monkeypatch):
     meta = ((0, 128, 2, 9, [8, 16]),)
 
     def expand(t, position_meta=meta):
-        return common.expand_descriptors((common.Tma(t, [8, 16]),), position_meta, fill, maps)
+        return launch.expand_descriptors((tma.Tma(t, [8, 16]),), position_meta, fill, maps)
 
     first = expand(base)
     assert expand(base) == first and len(seen) == 1
@@ -52,10 +52,10 @@ def test_expand_descriptors_fills_once_per_address_and_geometry(monkeypatch):
     assert expand(base[:40])[0] == "map3"  # another shape, same address
     assert expand(base[:, :16])[0] == "map4"  # same address, other shape and row stride kept
     assert expand(base.view(32, 64))[0] == "map5"  # same address and size, other strides
-    assert common.expand_descriptors((0, common.Tma(base, [8, 16])), ((1, 128, 2, 9, [8, 16]),), fill,
+    assert launch.expand_descriptors((0, tma.Tma(base, [8, 16])), ((1, 128, 2, 9, [8, 16]),), fill,
                                      maps)[1] == "map6"  # another position
     assert expand(base) == first and len(seen) == 6
-    monkeypatch.setattr(common, "_MAPS_MAX", 8)
+    monkeypatch.setattr(launch, "_MAPS_MAX", 8)
     filled = len(seen)
     for i in range(20):  # bounded: 20 new geometries, never more than 8 kept
         expand(base[: i + 1])
@@ -67,7 +67,7 @@ def test_as_descriptors_builds_tritons_descriptors_for_its_own_path():
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     t = torch.empty(16, 32, dtype=torch.bfloat16)
-    plain, n = common.as_descriptors((common.Tma(t, [8, 16]), 7))
+    plain, n = tma.as_descriptors((tma.Tma(t, [8, 16]), 7))
     assert isinstance(plain, TensorDescriptor) and plain.base is t and list(plain.block_shape) == [8, 16] and n == 7
     assert tuple(plain.shape) == (16, 32) and tuple(plain.strides) == (32, 1)
 
@@ -76,10 +76,10 @@ def test_no_direct_runner_on_another_triton_or_when_switched_off(monkeypatch):
     import triton
 
     compiled = SimpleNamespace(run=None)
-    if common.triton_minor(triton.__version__) != common.DIRECT_LAUNCH_TRITON:
-        assert common.direct_runner(compiled, (1, 1, 1)) is None
-    monkeypatch.setattr(common, "DIRECT_LAUNCH", False)
-    assert common.direct_runner(compiled, (1, 1, 1)) is None
+    if devices.triton_minor(triton.__version__) != launch.DIRECT_LAUNCH_TRITON:
+        assert launch.direct_runner(compiled, (1, 1, 1)) is None
+    monkeypatch.setattr(launch, "DIRECT_LAUNCH", False)
+    assert launch.direct_runner(compiled, (1, 1, 1)) is None
 
 
 def test_direct_runner_hands_the_c_launcher_what_triton_36_does(tmp_path):
@@ -91,7 +91,7 @@ def test_direct_runner_hands_the_c_launcher_what_triton_36_does(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert common.triton_minor(report["triton"]) == common.DIRECT_LAUNCH_TRITON and report["direct"]
+    assert devices.triton_minor(report["triton"]) == launch.DIRECT_LAUNCH_TRITON and report["direct"]
     assert report["n_calls"] == 4
     assert report["direct_call"] == report["triton_call"]
     assert len(report["triton_call"]) == 13 + (1 + 4) + 1 + 1 + 1 + (1 + 4)  # base, a, n, BM, b, c
@@ -105,17 +105,17 @@ def test_direct_runner_hands_the_c_launcher_what_triton_36_does(tmp_path):
 def _backward(tensors, direct: bool):
     from swiglu import swiglu_mlp_backward
 
-    common.DIRECT_LAUNCH = direct
-    common.clear_launches()
+    launch.DIRECT_LAUNCH = direct
+    launch.clear_launches()
     try:
         first = swiglu_mlp_backward(*tensors, impl="triton")  # Triton's own launch path
         again = swiglu_mlp_backward(*tensors, impl="triton")  # the cached launch (direct or runner)
         torch.cuda.synchronize()
-        runners = [entry[0] for entry in common._LAUNCHES.values()]
+        runners = [entry[0] for entry in launch._LAUNCHES.values()]
         return first, again, runners
     finally:
-        common.DIRECT_LAUNCH = True
-        common.clear_launches()
+        launch.DIRECT_LAUNCH = True
+        launch.clear_launches()
 
 
 @pytest.mark.gpu
@@ -134,7 +134,7 @@ def test_direct_launches_give_the_bits_of_tritons_runner(T, H, I):
     tensors = make_inputs(1, T, H, I, seed=T, device="cuda").as_tuple()
     first, direct, runners = _backward(tensors, True)
     _, slow, slow_runners = _backward(tensors, False)
-    if common.triton_minor(triton.__version__) == common.DIRECT_LAUNCH_TRITON:
+    if devices.triton_minor(triton.__version__) == launch.DIRECT_LAUNCH_TRITON:
         assert runners and all(r.__name__ == "run" for r in runners)
     assert not any(getattr(r, "__name__", "") == "run" for r in slow_runners)
     for name, a, b, c, ref in zip(("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight"), first, direct,
@@ -145,9 +145,9 @@ def test_direct_launches_give_the_bits_of_tritons_runner(T, H, I):
 
 def test_launch_refuses_a_descriptor_passed_by_keyword(monkeypatch):
     """Keyword values are kept from a key's first launch, so a tensor there would go stale."""
-    monkeypatch.setattr(common, "_LAUNCHES", {})
+    monkeypatch.setattr(launch, "_LAUNCHES", {})
     with pytest.raises(TypeError, match="positionally"):
-        common.launch(object(), (1,), ("k",), desc=common.Tma(torch.empty(8, 8), [8, 8]))
+        launch.launch(object(), (1,), ("k",), desc=tma.Tma(torch.empty(8, 8), [8, 8]))
 
 
 # ------------------------------------------------------------------ PDL and the cached keywords
@@ -168,52 +168,52 @@ class _FakeKernel:
                                                     (0, False, {"BM": 64, "PDL": 0}),
                                                     (1, True, {"BM": 64, "PDL": 0})])
 def test_launch_passes_pdl_to_every_kernel(monkeypatch, pdl, interpret, expect):
-    """Every kernel launched through ``common.launch`` gets the PDL constexpr, and triton's
+    """Every kernel launched through ``launch.launch`` gets the PDL constexpr, and triton's
     launch_pdl option with it; never in the interpreter (a recorder patches INTERPRET at call time)."""
-    monkeypatch.setattr(common, "_LAUNCHES", {})
-    monkeypatch.setattr(common, "PDL", pdl)
-    monkeypatch.setattr(common, "INTERPRET", interpret)
+    monkeypatch.setattr(launch, "_LAUNCHES", {})
+    monkeypatch.setattr(launch, "PDL", pdl)
+    monkeypatch.setattr(devices, "INTERPRET", interpret)
     kernel = _FakeKernel()
-    common.launch(kernel, (1,), ("fake", pdl, interpret), 7, BM=64)
+    launch.launch(kernel, (1,), ("fake", pdl, interpret), 7, BM=64)
     assert kernel.calls == [expect]
 
 
 def test_each_pdl_setting_keeps_its_own_launches(monkeypatch):
     """A compiled launch of one setting is never run under the other (its launch attribute and
     PDL constexpr are the compiled kernel's), and switching back finds the first one's launches."""
-    monkeypatch.setattr(common, "INTERPRET", False)
-    monkeypatch.setattr(common, "PDL", True)
+    monkeypatch.setattr(devices, "INTERPRET", False)
+    monkeypatch.setattr(launch, "PDL", True)
     on = {("k",): "compiled with PDL"}
-    monkeypatch.setattr(common, "_LAUNCHES", on)
-    monkeypatch.setattr(common, "_LAUNCHES_BY_PDL", {True: on})
-    common.set_pdl(False)
-    assert common.PDL == 0 and common._LAUNCHES == {}
-    common._LAUNCHES[("k",)] = "plain"
-    common.set_pdl(True)
-    assert common.PDL == 1 and common._LAUNCHES is on and on == {("k",): "compiled with PDL"}
-    common.set_pdl(False)
-    assert common._LAUNCHES == {("k",): "plain"}
+    monkeypatch.setattr(launch, "_LAUNCHES", on)
+    monkeypatch.setattr(launch, "_LAUNCHES_BY_PDL", {True: on})
+    launch.set_pdl(False)
+    assert launch.PDL == 0 and launch._LAUNCHES == {}
+    launch._LAUNCHES[("k",)] = "plain"
+    launch.set_pdl(True)
+    assert launch.PDL == 1 and launch._LAUNCHES is on and on == {("k",): "compiled with PDL"}
+    launch.set_pdl(False)
+    assert launch._LAUNCHES == {("k",): "plain"}
     for bad in (3, 1.0, "1"):
         with pytest.raises(ValueError, match="mode must be one of"):
-            common.set_pdl(bad)
+            launch.set_pdl(bad)
 
 
 def test_a_bad_swiglu_pdl_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(common, "INTERPRET", False)  # as on a GPU: the value is used
+    monkeypatch.setattr(devices, "INTERPRET", False)  # as on a GPU: the value is used
     monkeypatch.setenv("SWIGLU_PDL", "yes")
     with pytest.raises(ValueError, match="SWIGLU_PDL must be one of 0, 1, 2"):
-        common._pdl_from_env()
+        launch._pdl_from_env()
     monkeypatch.setenv("SWIGLU_PDL", "2")
-    assert common._pdl_from_env() == 2
-    monkeypatch.setattr(common, "INTERPRET", True)
-    assert common._pdl_from_env() == 0  # never in the interpreter
+    assert launch._pdl_from_env() == 2
+    monkeypatch.setattr(devices, "INTERPRET", True)
+    assert launch._pdl_from_env() == 0  # never in the interpreter
 
 
 def test_launch_kwargs_follow_the_interpreter_switch(monkeypatch):
-    """UPCAST follows ``common.INTERPRET`` at each call: the compile tests' recorder patches it to
+    """UPCAST follows ``devices.INTERPRET`` at each call: the compile tests' recorder patches it to
     True while collecting, and a dict cached then would give every later GPU launch of that config
     fp32 operands (TF32 dots: other bits)."""
-    cfg = common.KernelConfig(BM=64, BN=64, BK=32, GROUP_M=3)  # a config of this test alone
+    cfg = configs.KernelConfig(BM=64, BN=64, BK=32, GROUP_M=3)  # a config of this test alone
     for flag in (True, False, True, False):
-        monkeypatch.setattr(common, "INTERPRET", flag)
-        assert common.launch_kwargs(cfg)["UPCAST"] is flag
+        monkeypatch.setattr(devices, "INTERPRET", flag)
+        assert launch.launch_kwargs(cfg)["UPCAST"] is flag

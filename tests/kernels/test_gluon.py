@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from swiglu import make_inputs, reference_backward
-from swiglu.kernels import backward, common, configs
-from swiglu.kernels.common import GLUON_TRITONS, GluonConfig, KernelConfig, triton_minor
+from swiglu.kernels import backward, configs, devices, tma
+from swiglu.kernels.configs import GluonConfig, KernelConfig
+from swiglu.kernels.devices import GLUON_TRITONS, triton_minor
 
 from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES, GRAD_X_CANDIDATES, PINGPONG_CANDIDATES, WIDE_CANDIDATES
 
@@ -37,25 +38,25 @@ EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
 
 
 def test_gluon_needs_cuda_and_the_pinned_triton(monkeypatch):
-    monkeypatch.setattr(common, "INTERPRET", False)
-    assert "CUDA" in common.gluon_unavailable_reason(torch.device("cpu"))
-    monkeypatch.setattr(common, "INTERPRET", True)
-    assert "interpreter" in common.gluon_unavailable_reason(torch.device("cuda", 0))
-    monkeypatch.setattr(common, "INTERPRET", False)
+    monkeypatch.setattr(devices, "INTERPRET", False)
+    assert "CUDA" in devices.gluon_unavailable_reason(torch.device("cpu"))
+    monkeypatch.setattr(devices, "INTERPRET", True)
+    assert "interpreter" in devices.gluon_unavailable_reason(torch.device("cuda", 0))
+    monkeypatch.setattr(devices, "INTERPRET", False)
     import triton
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     for version in ("3.6.0", "3.7.1"):
         monkeypatch.setattr(triton, "__version__", version)
-        assert common.gluon_unavailable_reason(torch.device("cuda", 0)) is None, version
+        assert devices.gluon_unavailable_reason(torch.device("cuda", 0)) is None, version
     for version in ("3.5.1", "3.8.0", "3.10.0", "4.6.0"):
         monkeypatch.setattr(triton, "__version__", version)
-        assert "triton 3.6.x and 3.7.x" in common.gluon_unavailable_reason(torch.device("cuda", 0)), version
+        assert "triton 3.6.x and 3.7.x" in devices.gluon_unavailable_reason(torch.device("cuda", 0)), version
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (10, 0))
     monkeypatch.setattr(triton, "__version__", "3.7.1")
-    assert "sm_90" in common.gluon_unavailable_reason(torch.device("cuda", 0))
+    assert "sm_90" in devices.gluon_unavailable_reason(torch.device("cuda", 0))
     monkeypatch.setenv("SWIGLU_GLUON", "0")
-    assert common.gluon_unavailable_reason(torch.device("cuda", 0)) == "SWIGLU_GLUON=0"
+    assert devices.gluon_unavailable_reason(torch.device("cuda", 0)) == "SWIGLU_GLUON=0"
 
 
 def test_table_buckets_and_shared_memory():
@@ -75,7 +76,7 @@ def test_wide_tiles_count_their_second_chunk_and_reject_bad_widths():
     assert wide.tile_n == 192
     # 3 stages of A [64, 128] and B [64, 192], one [128, 192] output buffer, the barriers
     assert wide.smem_bytes() == 3 * (64 * 128 + 64 * 192) * 2 + 128 * 192 * 2 + 1024
-    assert common.tile_programs(torch.device("cpu"), 256, 16384, wide, persistent=False) == 2 * 86
+    assert devices.tile_programs(torch.device("cpu"), 256, 16384, wide, persistent=False) == 2 * 86
     assert GluonConfig(BM=256, BN=128, BN2=64).tile_n == 192  # the wide cooperative tile
     for bad in (dict(BN2=64, defer=True), dict(BN2=64, plain_store=1), dict(BN2=64, resident_k=128),
                 dict(BN2=48, pingpong=True), dict(BN2=128, pingpong=True), dict(BN2=4, pingpong=True)):
@@ -102,7 +103,7 @@ def gluon_recorded(monkeypatch):
 
     monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
-    monkeypatch.setattr(backward, "GLUON_DSWIGLU", {b: None for b in common.TOKEN_BUCKETS})  # tl dSwiGLU here
+    monkeypatch.setattr(backward, "GLUON_DSWIGLU", {b: None for b in configs.TOKEN_BUCKETS})  # tl dSwiGLU here
     real_any = backward.launch_grad_weight_gluon_or_tl
     monkeypatch.setattr(backward, "launch_grad_weight_gluon_or_tl",
                         lambda a, b, out, c, g, nprog=None: fake_any(a, b, out, c, g) if g is not None
@@ -137,8 +138,8 @@ def _gluon_grad_x_everywhere(monkeypatch, launcher) -> None:
     monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
     for table in ("GLUON_DSWIGLU", "GLUON_CONFIGS"):
-        monkeypatch.setattr(backward, table, {b: None for b in common.TOKEN_BUCKETS})
-    monkeypatch.setattr(backward, "GLUON_GRAD_X", {b: GRAD_X_CANDIDATES[0] for b in common.TOKEN_BUCKETS})
+        monkeypatch.setattr(backward, table, {b: None for b in configs.TOKEN_BUCKETS})
+    monkeypatch.setattr(backward, "GLUON_GRAD_X", {b: GRAD_X_CANDIDATES[0] for b in configs.TOKEN_BUCKETS})
     monkeypatch.setattr(backward, "GRAD_X_LAUNCHER", launcher)
 
 
@@ -217,8 +218,8 @@ def test_gluon_grad_x_gives_way_where_its_tiles_leave_sms_idle(monkeypatch):
 
     monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
-    monkeypatch.setattr(common, "device_sms", lambda device: 132)
-    monkeypatch.setattr(backward, "GLUON_GRAD_X", {b: GRAD_X_CANDIDATES[0] for b in common.TOKEN_BUCKETS})
+    monkeypatch.setattr(devices, "device_sms", lambda device: 132)
+    monkeypatch.setattr(backward, "GLUON_GRAD_X", {b: GRAD_X_CANDIDATES[0] for b in configs.TOKEN_BUCKETS})
     backward.clear_plans()
     try:
         cuda = torch.device("cuda", 0)
@@ -388,7 +389,7 @@ def test_grad_x_launcher_takes_cooperative_configs_only():
 def _gluon_or_skip():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    reason = common.gluon_unavailable_reason(torch.device("cuda"))
+    reason = devices.gluon_unavailable_reason(torch.device("cuda"))
     if reason:
         pytest.skip(reason)
 
@@ -474,7 +475,7 @@ def test_gluon_grad_x_gives_the_tl_kernels_bits(T, H, I):
         backward.launch_grad_x(d_gate, d_up, gw, uw, want, tl_cfg)
         for _ in range(2):
             got = torch.full_like(want, float("nan"))
-            launch_grad_x_gluon(d_gate, d_up, gw, uw, got, cfg, common.tile_programs(got.device, T, H, cfg))
+            launch_grad_x_gluon(d_gate, d_up, gw, uw, got, cfg, devices.tile_programs(got.device, T, H, cfg))
             assert torch.isfinite(got).all() and torch.equal(got, want), cfg
 
 
@@ -513,7 +514,7 @@ def test_pingpong_epilogues_wait_for_a_slow_storer():
         backward.launch_grad_weight_gluon_or_tl(a, b, want, backward.config_for("grad_weights", K),
                                                 replace(cfg, pingpong=False, BN2=0, mma_regs=0))
         got = torch.full_like(want, float("nan"))
-        launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), store_delay_ns=20_000)
+        launch_grad_weight_gluon(a, b, got, cfg, devices.tile_programs(got.device, M, N, cfg), store_delay_ns=20_000)
         _finishes_within(60)
         assert torch.isfinite(got).all() and torch.equal(got, want), cfg
 
@@ -536,7 +537,7 @@ def test_probe_ablations_run_to_the_end_and_do_what_they_say():
     want = (a.float().T @ b.float())
     for ablate in (0, 1, 2, 3, 4, 5, 6):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        launch_grad_weight_gluon(a, b, out, cfg, common.tile_programs(out.device, M, N, cfg), ablate=ablate)
+        launch_grad_weight_gluon(a, b, out, cfg, devices.tile_programs(out.device, M, N, cfg), ablate=ablate)
         _finishes_within(60)
         if ablate & 1:
             assert torch.isnan(out).all(), ablate
@@ -555,7 +556,7 @@ def test_plain_store_gives_the_tma_store_bits(M, N, K):
     (st.global by the MMA warps or by the storer warp instead of TMA stores): the TMA-store
     kernel's bits at the same tile, every element written (the output NaN-poisoned), nothing past
     it (guard elements around it stay NaN), at ragged sizes."""
-    from swiglu.kernels import backward, common
+    from swiglu.kernels import backward, devices
     from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_weight_gluon
     from triton_checks import guarded, guards_untouched
 
@@ -564,19 +565,19 @@ def test_plain_store_gives_the_tma_store_bits(M, N, K):
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    launch_grad_weight_gluon(a, b, want, table, common.tile_programs(want.device, M, N, table))
+    launch_grad_weight_gluon(a, b, want, table, devices.tile_programs(want.device, M, N, table))
     variants = ((replace(table, NC=1), 1), (replace(table, NC=1, STAGES=5), 1), (table, 2), (replace(table, NC=1), 2))
     for cfg, mode in variants + ((replace(table, NC=1, plain_store=1), 0), (replace(table, plain_store=2), 0)):
         got, guard = guarded(M, N, "cuda")
         got = got.view(M, N)
-        launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), plain_store=mode)
+        launch_grad_weight_gluon(a, b, got, cfg, devices.tile_programs(got.device, M, N, cfg), plain_store=mode)
         _finishes_within(60)
         assert guards_untouched(guard), f"a store outside out, {cfg}, {mode}"
         assert torch.isfinite(got).all() and torch.equal(got, want), (cfg, mode)
     for (cfg, mode), ablate in [(v, m) for v in variants[::2] for m in (2, 4, 6)]:
         # The probes' ablations beside it: they finish; without wgmma, zeros.
         got = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        launch_grad_weight_gluon(a, b, got, cfg, common.tile_programs(got.device, M, N, cfg), ablate=ablate,
+        launch_grad_weight_gluon(a, b, got, cfg, devices.tile_programs(got.device, M, N, cfg), ablate=ablate,
                                  plain_store=mode)
         _finishes_within(60)
         assert (got == 0).all() if ablate & 4 else torch.isfinite(got).all(), (mode, ablate)
@@ -617,7 +618,7 @@ def test_wg_store_gives_the_storer_bits(M, N, K):
     chunks of its own, no storer warp): the storer kernel's bits at the same tile, every element
     written (NaN-poisoned output), nothing past it (guard elements stay NaN), at ragged sizes
     (N = 1000: chunks partly and wholly past N) and one token."""
-    from swiglu.kernels import common
+    from swiglu.kernels import devices
     from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
     from triton_checks import guarded, guards_untouched
 
@@ -625,10 +626,10 @@ def test_wg_store_gives_the_storer_bits(M, N, K):
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    launch_grad_weight_gluon(a, b, want, WIDE_CANDIDATES[0], common.tile_programs(want.device, M, N, WIDE_CANDIDATES[0]))
+    launch_grad_weight_gluon(a, b, want, WIDE_CANDIDATES[0], devices.tile_programs(want.device, M, N, WIDE_CANDIDATES[0]))
     # The same bits from 32- and 64-deep k-steps: each element sums the same products in k order.
     for cfg, chunks in ((WIDE_CANDIDATES[0], 2), (WIDE_CANDIDATES[0], 1), (replace(WIDE_CANDIDATES[2], STAGES=8), 2)):
-        nprog = common.tile_programs(want.device, M, N, cfg)
+        nprog = devices.tile_programs(want.device, M, N, cfg)
         got, guard = guarded(M, N, "cuda")
         got = got.view(M, N)
         launch_grad_weight_gluon(a, b, got, replace(cfg, wg_store=chunks), nprog)
@@ -697,7 +698,7 @@ def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     ring = replace(cfg, resident_k=0, STAGES=2, NC=1)
     want_bits = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    launch_grad_weight_gluon(a, b, want_bits, ring, common.tile_programs(a.device, M, N, ring))
+    launch_grad_weight_gluon(a, b, want_bits, ring, devices.tile_programs(a.device, M, N, ring))
     want = a.float().T @ b.float()
     bound = want.abs() * 2.0 ** -7 + K * 2.0 ** -23 * (a.float().abs().T @ b.float().abs())
     for _ in range(2):
@@ -756,7 +757,7 @@ def test_dswiglu_table_entries():
 
     table = json.loads(backward.TUNED_CONFIGS_PATH.read_text())["gluon_dswiglu"]
     chosen = {b: g for b, g in backward.GLUON_DSWIGLU.items() if g is not None}
-    assert set(chosen) == set(common.TOKEN_BUCKETS) - {128}
+    assert set(chosen) == set(configs.TOKEN_BUCKETS) - {128}
     for bucket, g in chosen.items():
         entry = table[configs.bucket_key(bucket)]
         assert g == DSWIGLU_CANDIDATES[entry["candidate"]]
@@ -794,7 +795,7 @@ def dswiglu_recorded(monkeypatch):
 
     monkeypatch.setattr(backward, "gluon_unavailable_reason", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
-    monkeypatch.setattr(backward, "GLUON_CONFIGS", {b: None for b in common.TOKEN_BUCKETS})
+    monkeypatch.setattr(backward, "GLUON_CONFIGS", {b: None for b in configs.TOKEN_BUCKETS})
     monkeypatch.setattr(gluon_dswiglu, "launch_dswiglu_gluon_trusted", fake)
     backward.clear_plans()
     yield calls
@@ -825,7 +826,7 @@ def test_plans_take_the_shapes_own_dswiglu_entry(dswiglu_recorded):
         tokens = 1500 if bucket == 2048 else (bucket if bucket < configs.OPEN_BUCKET else 8192)
         assert backward.backward_plan(tokens, *llama, cpu).gluon_dswiglu == g
         assert backward.backward_plan(tokens, 16384, 53248, cpu).gluon_dswiglu == backward.GLUON_DSWIGLU[bucket]
-    for bucket in set(common.TOKEN_BUCKETS) - set(own) - {128}:
+    for bucket in set(configs.TOKEN_BUCKETS) - set(own) - {128}:
         assert backward.backward_plan(bucket, *llama, cpu).gluon_dswiglu == backward.GLUON_DSWIGLU[bucket]
 
 
@@ -986,7 +987,7 @@ def test_dswiglu_trusted_launch_passes_what_the_checked_one_does(monkeypatch):
         gluon_dswiglu.launch_dswiglu_gluon_trusted(go, dw, gate, up, a, *outs, cfg, 7)
         got_grid, got, got_kw = seen.pop()
         assert got_grid == grid and got_kw == want_kw and len(got) == len(want)
-        for g, w in zip(common.as_descriptors(got[:2]), want[:2]):  # descriptors, as Triton's path builds them
+        for g, w in zip(tma.as_descriptors(got[:2]), want[:2]):  # descriptors, as Triton's path builds them
             assert g.base is w.base and list(g.block_shape) == list(w.block_shape) and g.layout == w.layout
             assert type(g) is type(w)
         for g, w in zip(got[2:], want[2:]):

@@ -16,7 +16,7 @@ import torch
 import swiglu.kernels.backward as backward
 from swiglu import make_inputs
 from swiglu.kernels.backward import config_for, triton_swiglu_backward
-from swiglu.kernels.common import cdiv, tile_programs
+from swiglu.kernels.devices import cdiv, tile_programs
 from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 from triton_checks import PAD, SMALL, SMALL_CONFIGS, check, check_args, fresh_seed, guarded_outputs

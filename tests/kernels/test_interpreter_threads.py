@@ -1,5 +1,5 @@
 """Kernels launched from several Python threads at once under TRITON_INTERPRET=1: Triton's
-interpreter keeps the running launch's grid in process-wide state, so ``common.launch`` runs
+interpreter keeps the running launch's grid in process-wide state, so ``launch.launch`` runs
 interpreted launches one at a time. Each thread's results are bitwise those of the same
 computation run alone. Interpreter only (compiled launches on a GPU need no lock)."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import swiglu
-from swiglu.kernels import common
+from swiglu.kernels import devices
 
 # (T, H, I): different grids and tile counts per thread, T on both sides of a 128-row tile.
 SHAPES = [(7, 16, 48), (33, 32, 64), (130, 16, 48), (5, 24, 40)]
@@ -26,7 +26,7 @@ def _forward_backward(mlp: swiglu.SwiGLUMLP, x: torch.Tensor, grad_output: torch
     return [out.detach(), x.grad, *(p.grad for p in mlp.parameters())]
 
 
-@pytest.mark.skipif(not common.INTERPRET, reason="needs TRITON_INTERPRET=1")
+@pytest.mark.skipif(not devices.INTERPRET, reason="needs TRITON_INTERPRET=1")
 def test_threads_launching_at_once_get_the_results_they_get_alone():
     # Modules and inputs are drawn here, not in the threads (the global RNG is shared).
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (``swiglu.kernels.common.PDL``) on the GPU: the same bits as plain
+"""Programmatic dependent launch (``swiglu.kernels.launch.PDL``) on the GPU: the same bits as plain
 launches in every kernel of the forward and the backward, eagerly and replayed from a CUDA graph
 (``pytest -m gpu``; the CPU side is in tests/kernels/test_direct_launch.py and the sm_90 compile tests)."""
 
@@ -9,7 +9,7 @@ import torch
 
 from swiglu import make_inputs, reference_backward
 from swiglu.accuracy import benchmark_criterion
-from swiglu.kernels import backward, common, forward
+from swiglu.kernels import backward, forward, launch
 
 pytestmark = pytest.mark.gpu
 NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
@@ -17,9 +17,9 @@ NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
 
 @pytest.fixture
 def restore_pdl():
-    saved = common.PDL
+    saved = launch.PDL
     yield
-    common.set_pdl(saved)
+    launch.set_pdl(saved)
 
 
 def _poisoned(T, H, I):
@@ -51,13 +51,13 @@ def test_pdl_gives_the_bits_of_plain_launches(restore_pdl, T, H, I):
     tensors = make_inputs(1, T, H, I, seed=T + I, device="cuda").as_tuple()
     x, weights = tensors[1], tensors[5:]
     results = {}
-    for pdl in common.PDL_MODES:
-        common.set_pdl(pdl)
+    for pdl in launch.PDL_MODES:
+        launch.set_pdl(pdl)
         results[pdl] = (*_backward(tensors, T, H, I), *_backward(tensors, T, H, I, lean=True),
                         *forward.triton_swiglu_forward(x, *weights, config=forward.FUSED_CANDIDATES["fused_128"],
                                                        return_activated_gate=True))
     torch.cuda.synchronize()
-    for mode in common.PDL_MODES[1:]:
+    for mode in launch.PDL_MODES[1:]:
         for i, (a, b) in enumerate(zip(results[0], results[mode])):
             assert not torch.isnan(b).any(), f"output {i} with PDL {mode} left NaN (unwritten)"
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), \
@@ -71,7 +71,7 @@ def test_pdl_gives_the_bits_of_plain_launches(restore_pdl, T, H, I):
 def test_pdl_launches_replay_from_a_cuda_graph(restore_pdl, T, H, I, mode):
     """The backward captured in a CUDA graph with PDL launches (programmatic edges) and replayed on
     new inputs copied into the captured buffers: the eager backward's bits on those inputs."""
-    common.set_pdl(mode)
+    launch.set_pdl(mode)
     static = [t.clone() for t in make_inputs(1, T, H, I, seed=T, device="cuda").as_tuple()]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

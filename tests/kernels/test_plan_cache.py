@@ -153,12 +153,12 @@ def test_auto_decision_follows_dtype_and_sizes(device):
 
 
 def test_launch_reuses_the_compiled_kernel_with_the_same_arguments(monkeypatch):
-    """common.launch: Triton's path once per key, then the compiled kernel's runner with every
+    """launch.launch: Triton's path once per key, then the compiled kernel's runner with every
     argument in signature order (positional, then keyword constexprs); another key compiles again."""
-    from swiglu.kernels import common
+    from swiglu.kernels import devices, launch
 
-    monkeypatch.setattr(common, "INTERPRET", False)
-    monkeypatch.setattr(common, "_LAUNCHES", {})
+    monkeypatch.setattr(devices, "INTERPRET", False)
+    monkeypatch.setattr(launch, "_LAUNCHES", {})
     jit_calls, runner_calls = [], []
 
     class Compiled:
@@ -177,24 +177,24 @@ def test_launch_reuses_the_compiled_kernel_with_the_same_arguments(monkeypatch):
             return run
 
     k = Kernel()
-    common.launch(k, (3,), ("k", 10), "A", "B", 10, BLOCK=64, FLAG=True, num_warps=4)
-    common.launch(k, (3,), ("k", 10), "A2", "B2", 10, BLOCK=64, FLAG=True, num_warps=4)
-    common.launch(k, (5,), ("k", 20), "A3", "B3", 20, BLOCK=64, FLAG=True, num_warps=4)
+    launch.launch(k, (3,), ("k", 10), "A", "B", 10, BLOCK=64, FLAG=True, num_warps=4)
+    launch.launch(k, (3,), ("k", 10), "A2", "B2", 10, BLOCK=64, FLAG=True, num_warps=4)
+    launch.launch(k, (5,), ("k", 20), "A3", "B3", 20, BLOCK=64, FLAG=True, num_warps=4)
     assert [c[0] for c in jit_calls] == [(3,), (5,)]
     assert runner_calls == [((3, 1, 1), ("A2", "B2", 10, 64, True))]
 
 
 def test_plan_programs_follow_reserved_sms(monkeypatch):
-    """The persistent programs planned per launch are keyed by ``common.RESERVED_SMS`` (the TP
+    """The persistent programs planned per launch are keyed by ``devices.RESERVED_SMS`` (the TP
     bench changes it between runs): a plan made before the change is not served after it."""
-    from swiglu.kernels import backward, common
+    from swiglu.kernels import backward, devices
 
-    monkeypatch.setattr(common, "num_programs",
-                        lambda device, tiles, persistent=True: min(tiles, 132 - common.RESERVED_SMS))
+    monkeypatch.setattr(devices, "num_programs",
+                        lambda device, tiles, persistent=True: min(tiles, 132 - devices.RESERVED_SMS))
     ops.clear_plans()
     dev = torch.device("cpu")
     before = backward.backward_plan(4096, 16384, 53248, dev)
-    monkeypatch.setattr(common, "RESERVED_SMS", 8)
+    monkeypatch.setattr(devices, "RESERVED_SMS", 8)
     after = backward.backward_plan(4096, 16384, 53248, dev)
     programs = ("dswiglu_programs", "grad_weight_programs_hi", "grad_weight_programs_ih", "grad_x_programs")
     assert [getattr(before, f) for f in programs] == [132] * 4
@@ -222,12 +222,12 @@ def test_grad_x_tiles_fill_the_gpu_where_the_table_would_not():
 
 
 def test_the_plan_takes_the_filling_grad_x_tiles_on_cuda_only_when_not_given(monkeypatch):
-    from swiglu.kernels import backward, common
+    from swiglu.kernels import backward, devices
 
     for name in ("gluon_config_for", "gluon_dswiglu_config_for"):
         monkeypatch.setattr(backward, name, lambda *args, **kwargs: None)
     monkeypatch.setattr(backward, "check_shared_memory", lambda kernel, cfg, device: None)
-    monkeypatch.setattr(common, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(devices, "_num_sms", lambda index: 132)
     cuda = torch.device("cuda", 0)
     table = backward.config_for("grad_x", 256)
     assert backward._make_plan(256, 4096, 14336, cuda, {}).grad_x == backward.GRAD_X_NARROW[1]

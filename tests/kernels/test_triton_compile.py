@@ -41,7 +41,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from swiglu.kernels import forward
 from swiglu.kernels import tl_kernels as kernels
 from swiglu.kernels import backward as triton_backward
-from swiglu.kernels import common
+from swiglu.kernels import devices
 from swiglu.kernels.shared_memory import SM90_SHARED_MEMORY_BYTES, estimate_shared_memory
 from swiglu.kernels.backward import CONFIGS, TOKEN_BUCKETS, KernelConfig
 from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
@@ -137,13 +137,13 @@ def record_launches(tokens: int, configs: dict | None = None, check_shared: bool
         for name in (*KERNEL_NAMES.values(), SPLIT_TAIL_KERNEL, *FORWARD_KERNELS):
             mp.setattr(kernels, name, _Recorder(name, getattr(kernels, name).fn, launches))
         # Meta tensors pass the device check only as "interpreted"; UPCAST is reset in _launch_spec.
-        mp.setattr(common, "INTERPRET", True)
-        mp.setattr(common, "TRITON_INTERPRETS", True)  # also in a GPU process, where triton is compiled
-        common.device_reason.cache_clear()
-        mp.setattr(common, "_num_sms", lambda index: H200_SMS)
-        num_programs = common.num_programs
+        mp.setattr(devices, "INTERPRET", True)
+        mp.setattr(devices, "TRITON_INTERPRETS", True)  # also in a GPU process, where triton is compiled
+        devices.device_reason.cache_clear()
+        mp.setattr(devices, "_num_sms", lambda index: H200_SMS)
+        num_programs = devices.num_programs
         on_h200 = lambda device, tiles, persistent=True: num_programs(torch.device("cuda", 0), tiles, persistent)  # noqa: E731
-        mp.setattr(common, "num_programs", on_h200)  # every launcher's count goes through it (tile_programs)
+        mp.setattr(devices, "num_programs", on_h200)  # every launcher's count goes through it (tile_programs)
         inputs = _meta_inputs(tokens)
         if not (isinstance(forward_config, str) and forward_config == "no forward"):
             x, weights = inputs[1], inputs[5:]
@@ -152,7 +152,7 @@ def record_launches(tokens: int, configs: dict | None = None, check_shared: bool
             if lean:
                 inputs[4] = None
             triton_backward.triton_swiglu_backward(*inputs, configs=configs, **need)
-    common.device_reason.cache_clear()  # answers given under the fake interpreter go with it
+    devices.device_reason.cache_clear()  # answers given under the fake interpreter go with it
     return launches
 
 

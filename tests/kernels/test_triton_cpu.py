@@ -159,9 +159,9 @@ def test_errors(device):
 
 def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):
     import swiglu.kernels.backward as tb
-    import swiglu.kernels.common as common
+    import swiglu.kernels.devices as devices
 
-    monkeypatch.setattr(common, "INTERPRET", False)
+    monkeypatch.setattr(devices, "INTERPRET", False)
     inp = make_inputs(1, 4, 64, 136, seed=1)
     with pytest.raises(ValueError, match="needs CUDA tensors.*TRITON_INTERPRET"):
         tb.triton_swiglu_backward(*inp.as_tuple())

@@ -17,7 +17,7 @@ import torch
 
 import swiglu
 from swiglu import ops
-from swiglu.kernels import common
+from swiglu.kernels import devices
 
 H200 = dict(name="NVIDIA H200", major=9, minor=0, shared_memory_per_block_optin=232448)
 B200 = dict(name="NVIDIA B200", major=10, minor=0, shared_memory_per_block_optin=232448)
@@ -43,7 +43,7 @@ def _tensors(dtype=torch.bfloat16, inter=48, hidden=16):
 
 def test_the_h200_takes_triton(fake_gpu):
     fake_gpu(H200)
-    assert common.device_reason(CUDA) is None and common.untuned_reason(CUDA) is None
+    assert devices.device_reason(CUDA) is None and devices.untuned_reason(CUDA) is None
     assert swiglu.backend_reason(CUDA) is None
     assert ops.resolve_impl("auto", *_tensors()) == "triton"
     assert "triton" in swiglu.available_impls(CUDA)
@@ -52,7 +52,7 @@ def test_the_h200_takes_triton(fake_gpu):
 def test_consumer_blackwell_without_the_shared_memory_takes_the_reference(fake_gpu, caplog):
     """sm_120 with 99 KiB per block: the tables need ~193 KiB (sized for the H200's 227 KiB)."""
     fake_gpu(RTX5090)
-    reason = common.device_reason(CUDA)
+    reason = devices.device_reason(CUDA)
     assert reason and "shared memory" in reason and "101376" in reason and "sm_120" in reason, reason
     with caplog.at_level(logging.DEBUG, logger="swiglu"):
         assert ops.resolve_impl("auto", *_tensors()) == "reference"
@@ -65,7 +65,7 @@ def test_consumer_blackwell_without_the_shared_memory_takes_the_reference(fake_g
 
 def test_b200_is_untuned_auto_takes_the_reference_explicit_triton_runs(fake_gpu):
     fake_gpu(B200)
-    assert common.device_reason(CUDA) is None  # the sm_90 tables fit and the kernels run there
+    assert devices.device_reason(CUDA) is None  # the sm_90 tables fit and the kernels run there
     assert "sm_100" in swiglu.backend_reason(CUDA) and "tuned" in swiglu.backend_reason(CUDA)
     assert ops.resolve_impl("auto", *_tensors()) == "reference"
     assert ops.resolve_impl("triton", *_tensors()) == "triton"
@@ -74,7 +74,7 @@ def test_b200_is_untuned_auto_takes_the_reference_explicit_triton_runs(fake_gpu)
 
 def test_rocm_reporting_capability_9_is_not_hopper(fake_gpu):
     fake_gpu(MI300, hip="6.2.41133")
-    reason = common.device_reason(CUDA)
+    reason = devices.device_reason(CUDA)
     assert reason and "ROCm" in reason, reason
     assert ops.resolve_impl("auto", *_tensors()) == "reference"
     assert swiglu.available_impls(CUDA) == ["reference"]
@@ -84,7 +84,7 @@ def test_rocm_reporting_capability_9_is_not_hopper(fake_gpu):
 
 def test_pre_hopper(fake_gpu):
     fake_gpu(A100)
-    assert "sm_80" in common.device_reason(CUDA)
+    assert "sm_80" in devices.device_reason(CUDA)
     assert ops.resolve_impl("auto", *_tensors()) == "reference"
 
 
@@ -108,7 +108,7 @@ def test_available_impls_on_this_cpu(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert swiglu.available_impls("cpu") == ["reference"]
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert swiglu.available_impls("cpu") == (["reference", "triton"] if common.INTERPRET else ["reference"])
+    assert swiglu.available_impls("cpu") == (["reference", "triton"] if devices.INTERPRET else ["reference"])
     assert "CUDA" in swiglu.backend_reason("cpu")
 
 

@@ -272,7 +272,7 @@ def test_forward_config_table():
 def test_a_shape_entry_replaces_the_bucket_choice_at_that_shape_only(monkeypatch):
     """``configs_by_shape``: its bucket's choice at its (hidden_size, intermediate_size), the
     shape-agnostic table's everywhere else (other shapes, other buckets, no shape given)."""
-    from swiglu.kernels.common import bucket_for
+    from swiglu.kernels.configs import bucket_for
 
     fused = fwd.FUSED_SMALL
     monkeypatch.setitem(fwd.FORWARD_CONFIGS, bucket_for(300), fused)
@@ -290,7 +290,7 @@ def test_a_shape_entry_replaces_the_bucket_choice_at_that_shape_only(monkeypatch
 def test_the_forward_takes_its_shapes_entry(device, monkeypatch):
     """``triton_swiglu_forward(config="auto")`` looks the shape up: the fused kernel where the
     bucket's entry is fused, cuBLAS where the shape's own entry says so, with the same values."""
-    from swiglu.kernels.common import bucket_for
+    from swiglu.kernels.configs import bucket_for
 
     inp = make_inputs(1, 40, 64, 136, seed=3, device=device)
     monkeypatch.setitem(fwd.FORWARD_CONFIGS, bucket_for(40), fwd.FUSED_SMALL)

@@ -501,7 +501,7 @@ def test_triton_path_errors_at_forward(monkeypatch, triton_backward, device):
         swiglu.SwiGLUMLP(44, I, impl="triton", dtype=torch.bfloat16).to(device)(x)
     # The kernels were decorated for the interpreter at import; switching it off is what a
     # process without TRITON_INTERPRET=1 sees.
-    monkeypatch.setattr(pytest.importorskip("swiglu.kernels.common"), "INTERPRET", False)
+    monkeypatch.setattr(pytest.importorskip("swiglu.kernels.devices"), "INTERPRET", False)
     ops.clear_plans()  # the decisions are cached per process; this test changes the process
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs CUDA tensors"):

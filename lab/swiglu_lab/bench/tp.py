@@ -23,7 +23,7 @@ Parts (``--parts``, in this order; each writes its rows as soon as it ends):
 * ``overlap``: ``tp_serial`` (backward, then all-reduce), ``tp_early`` (grad_x first, its
   all-reduce issued async on NCCL's stream while the weight-gradient kernels run) and
   ``tp_early_reserve<k>`` (the same with the weight-gradient kernels leaving k SMs to NCCL:
-  ``swiglu.kernels.common.RESERVED_SMS``); under sequence parallelism ``tp_sp_serial`` (grad_x,
+  ``swiglu.kernels.devices.RESERVED_SMS``); under sequence parallelism ``tp_sp_serial`` (grad_x,
   then one reduce-scatter) and ``tp_sp_chunks<k>`` (grad_x in k row chunks per rank block, each
   reduced to its rank while the next computes: ``sp_backward``); every variant checked bitwise
   against its serial path. NCCL channel limits: run again with ``--nccl-max-channels``.
@@ -231,18 +231,18 @@ def overlapped_backward(local: tuple, group, reserve_sms: int | None) -> tuple:
     """Our backward with grad_x's all-reduce started as soon as grad_x exists (async on NCCL's
     stream) while the weight-gradient kernels run; ``reserve_sms`` k leaves k SMs idle in those
     kernels (None: ``serial``, the all-reduce after everything). Returns local tensors."""
-    from swiglu.kernels import backward as tb, common
+    from swiglu.kernels import backward as tb, devices
 
     step = _LocalBackward(local)
     tb.launch_grad_x(step.d_gate, step.d_up, step.gw, step.uw, step.grad_x, step.cfg_x)
     grad_x = step.grad_x
     work = dist.all_reduce(grad_x, group=group, async_op=True) if reserve_sms is not None else None
-    old = common.RESERVED_SMS
-    common.RESERVED_SMS = reserve_sms or 0
+    old = devices.RESERVED_SMS
+    devices.RESERVED_SMS = reserve_sms or 0
     try:
         ggw, guw, gdw = step.weight_gradients()
     finally:
-        common.RESERVED_SMS = old
+        devices.RESERVED_SMS = old
     if work is None:
         dist.all_reduce(grad_x, group=group)
     else:

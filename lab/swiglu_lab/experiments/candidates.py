@@ -13,7 +13,7 @@ lists). Measurements: docs/kernels.md and the data READMEs.
 
 from __future__ import annotations
 
-from swiglu.kernels.common import DswigluGluonConfig, GluonConfig
+from swiglu.kernels.configs import DswigluGluonConfig, GluonConfig
 
 # ----------------------------------------------------------------------------- gluon_wgrad: ping-pong
 #: The ping-pong kernel's candidates (two MMA warpgroups on alternate tiles), compiled for sm_90 by

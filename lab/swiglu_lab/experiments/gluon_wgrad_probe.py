@@ -38,7 +38,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from swiglu.kernels import backward
-from swiglu.kernels.common import GluonConfig, Tma, launch
+from swiglu.kernels.configs import GluonConfig
+from swiglu.kernels.launch import launch
+from swiglu.kernels.tma import Tma
 from swiglu.kernels.gluon_wgrad import (
     _chunk2,
     _cta_barrier,
@@ -558,7 +560,7 @@ def _launch_constants(cfg: GluonConfig):
 def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
                         grad_x: torch.Tensor, cfg: GluonConfig, num_programs: int) -> None:
     """grad_x = d_gate @ gate_weight + d_up @ up_weight: d_gate, d_up [T, I], gate_weight,
-    up_weight [I, H], grad_x [T, H]; bf16 CUDA sm_90 tensors usable by TMA (``common.tma_ready``),
+    up_weight [I, H], grad_x [T, H]; bf16 CUDA sm_90 tensors usable by TMA (``tma.tma_ready``),
     one fp32 accumulator over gate's K range then up's (the tl grad_x kernel's order);
     ``num_programs`` persistent programs. The contract of ``backward.launch_grad_x``; the caller
     checks device, sizes and shared memory. A cooperative ``cfg`` only (no ``pingpong``, ``BN2``,

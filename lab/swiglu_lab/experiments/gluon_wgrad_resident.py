@@ -26,7 +26,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from swiglu.kernels import backward
-from swiglu.kernels.common import GluonConfig, Tma, launch
+from swiglu.kernels.configs import GluonConfig
+from swiglu.kernels.launch import launch
+from swiglu.kernels.tma import Tma
 from swiglu.kernels.gluon_wgrad import _cta_barrier, _epilogue_store, _layout, _mma_layout, _pdl_end, _pdl_start
 
 
@@ -211,7 +213,7 @@ def wgrad_resident_kernel(a_desc, b_desc, c_desc, KT: gl.constexpr, STAGES: gl.c
 def launch_grad_weight_resident(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
                                 num_programs: int) -> None:
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
-    (``common.tma_ready``), 1 <= K <= ``cfg.resident_k`` (ValueError otherwise); ``num_programs``
+    (``tma.tma_ready``), 1 <= K <= ``cfg.resident_k`` (ValueError otherwise); ``num_programs``
     persistent programs (one per SM). The contract of ``gluon_wgrad.launch_grad_weight_gluon``;
     ``backward.launch_grad_weight_gluon_or_tl`` calls this for a config with ``resident_k`` once this module
     is imported (``backward.RESIDENT_LAUNCHER``)."""

@@ -4,8 +4,11 @@
   the fused forward and the SwiGLU product).
 - ``configs``: the configuration dataclasses, the token buckets and the backward's one table
   (``backward_configs.json``: tl and Gluon kernels, each entry with the time it measured).
-- ``common``: what the launchers share (TMA descriptors, the persistent grid size, cached launches,
-  supported devices and sizes).
+- ``devices``: where the kernels run (the interpreter switch, supported devices, triton releases
+  and sizes) and the persistent grid's size on a device.
+- ``tma``: the host's TMA descriptors (``tma_ready``, ``Tma``, ``tma_descriptor``).
+- ``launch``: the cached launch and direct C launcher, programmatic dependent launch (``set_pdl``)
+  and the interpreter's lock.
 - ``backward``: the backward launchers and ``triton_swiglu_backward``.
 - ``gluon_wgrad``, ``gluon_dswiglu``: the warp-specialized Gluon kernels (sm_90, triton 3.6 and 3.7).
 - ``forward``: the fused forward launcher; table ``forward_configs.json``.

@@ -14,11 +14,13 @@ from functools import lru_cache
 import torch
 
 from ..checks import spans_whole_storage, validate_backward_inputs
-from . import common
+from . import devices
 from . import tl_kernels as kernels
-from .common import (INTERPRET, TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig, bucket_for, cdiv,  # noqa: F401
-                     device_reason, gluon_unavailable_reason, launch, launch_kwargs, num_programs, sizes_reason, Tma, tile_programs, tma_ready,
-                     unsupported_reason, untuned_reason)
+from .configs import TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig, bucket_for  # noqa: F401
+from .devices import (INTERPRET, cdiv, device_reason, gluon_unavailable_reason, num_programs, sizes_reason,  # noqa: F401
+                      tile_programs, unsupported_reason, untuned_reason)
+from .launch import launch, launch_kwargs
+from .tma import Tma, tma_ready
 from .forward import launch_swiglu_product
 from .configs import (CONFIGS, GLUON_CONFIGS, GLUON_DSWIGLU, GLUON_DSWIGLU_BY_SHAPE,  # noqa: F401 (the table)
                       GLUON_GRAD_X, TUNED_CONFIGS_PATH, shape_choice)
@@ -131,7 +133,7 @@ _GLUON_MODULES: list = []
 
 def _gluon():
     """The Gluon launcher modules (``.wgrad``: ``gluon_wgrad``, ``.dswiglu``: ``gluon_dswiglu``),
-    imported on first use: only where Gluon runs (``common.GLUON_TRITONS``); an import statement
+    imported on first use: only where Gluon runs (``devices.GLUON_TRITONS``); an import statement
     per launch costs host time."""
     if not _GLUON_MODULES:
         from types import SimpleNamespace
@@ -159,7 +161,7 @@ def _gluon_config_for_bucket(bucket: int, device: torch.device, kernel: str = "g
 
 def gluon_config_for(tokens: int, device: torch.device) -> GluonConfig | None:
     """The Gluon weight-gradient config at ``tokens`` on ``device``, or None for the tl kernel: no
-    table entry, Gluon unavailable here (``common.gluon_unavailable_reason``), or a config larger
+    table entry, Gluon unavailable here (``devices.gluon_unavailable_reason``), or a config larger
     than the device's shared memory."""
     return _gluon_config_for_bucket(bucket_for(tokens), device)
 
@@ -238,7 +240,7 @@ class BackwardPlan:
     gluon_dswiglu: DswigluGluonConfig | None = None
     gluon_grad_x: GluonConfig | None = None
     #: Persistent programs of each launch (0: none planned, the launcher decides), for
-    #: ``common.RESERVED_SMS`` as it was when planned (it is part of the plan's key).
+    #: ``devices.RESERVED_SMS`` as it was when planned (it is part of the plan's key).
     dswiglu_programs: int = 0
     gluon_dswiglu_programs: int = 0
     grad_weight_programs_hi: int = 0  # the [H, I] output (grad_down_weight)
@@ -255,7 +257,7 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     wgrad_cfg = configs.get("grad_weights") or config_for("grad_weights", T)
     grad_x_cfg = configs.get("grad_x") or config_for("grad_x", T)
     if "grad_x" not in configs and device.type == "cuda" and T > 0:
-        grad_x_cfg = grad_x_config_filling(T, H, grad_x_cfg, common.device_sms(device))
+        grad_x_cfg = grad_x_config_filling(T, H, grad_x_cfg, devices.device_sms(device))
     # The Gluon weight-gradient kernel where the table has one for this bucket (an explicit
     # configs["grad_weights"] means the tl kernel with that config).
     gluon_wgrad_cfg = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, device)
@@ -263,7 +265,7 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     gluon_grad_x_cfg = None if "grad_x" in configs or T == 0 else _gluon_config_for_bucket(bucket_for(T), device,
                                                                                            "grad_x")
     if gluon_grad_x_cfg is not None and device.type == "cuda" and not grad_x_fills(
-            T, H, gluon_grad_x_cfg, common.device_sms(device)):
+            T, H, gluon_grad_x_cfg, devices.device_sms(device)):
         # Its tiles, chosen at Hermes' hidden_size, would leave SMs idle here (a smaller H): the
         # tl kernel with the filling tile instead.
         gluon_grad_x_cfg = None
@@ -305,13 +307,13 @@ def backward_plan(tokens: int, hidden_size: int, intermediate_size: int, device:
                   configs: dict[str, KernelConfig] | None = None) -> BackwardPlan:
     """The ``BackwardPlan`` for these sizes on ``device`` (a CUDA device with its index, or the
     CPU under the interpreter). Without ``configs`` it comes from a bounded cache keyed by the
-    sizes, the device and ``common.RESERVED_SMS`` (the tables, the triton release and ``SWIGLU_GLUON`` are fixed for the
+    sizes, the device and ``devices.RESERVED_SMS`` (the tables, the triton release and ``SWIGLU_GLUON`` are fixed for the
     process; ``clear_plans`` empties it); ``configs`` overrides the table per kernel
     ("dswiglu", "grad_weights", "grad_x") and is planned afresh. Raises ValueError for an unknown
     ``configs`` key or a configuration larger than the device's shared memory."""
     if configs:
         return _make_plan(tokens, hidden_size, intermediate_size, device, configs)
-    return _cached_plan(tokens, hidden_size, intermediate_size, device, common.RESERVED_SMS)
+    return _cached_plan(tokens, hidden_size, intermediate_size, device, devices.RESERVED_SMS)
 
 
 def clear_plans() -> None:

@@ -2,7 +2,7 @@
 ``backward_configs.json`` (the measured choice per kernel and bucket, with its time, and for the
 Gluon dSwiGLU kernel per (hidden_size, intermediate_size) where that shape measured another; written by
 scripts/tune_kernels.py and the Gluon probes, read here once at import). Data only: the launchers
-(``backward``, ``forward``) and the device checks (``common``) import it, it imports none of them.
+(``backward``, ``forward``) and the device checks (``devices``) import it, it imports none of them.
 """
 
 from __future__ import annotations
@@ -279,5 +279,5 @@ _load(TUNED_CONFIGS_PATH)
 
 def table_shared_memory() -> int:
     """The largest shared-memory estimate over the tl table (bytes per block): what a device must
-    offer for impl="triton" to run at every T (``common.device_reason``)."""
+    offer for impl="triton" to run at every T (``devices.device_reason``)."""
     return max((estimate_shared_memory(k, c) for k, table in CONFIGS.items() for c in table.values()), default=0)

@@ -25,9 +25,10 @@ import torch
 import torch.nn.functional as F
 
 from . import tl_kernels as kernels
-from .common import (INTERPRET, TOKEN_BUCKETS, KernelConfig, bucket_for, cdiv, launch, Tma, tile_programs, tma_ready,
-                     unsupported_reason)
-from .configs import parse_bucket, parse_by_shape, shape_choice
+from .configs import TOKEN_BUCKETS, KernelConfig, bucket_for, parse_bucket, parse_by_shape, shape_choice
+from .devices import INTERPRET, cdiv, tile_programs, unsupported_reason
+from .launch import launch
+from .tma import Tma, tma_ready
 from ..checks import check_dense
 
 #: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'

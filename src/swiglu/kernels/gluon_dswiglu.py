@@ -1,4 +1,4 @@
-"""Gluon dSwiGLU GEMM for Hopper (sm_90), written for triton 3.6 and 3.7 (``common.GLUON_TRITONS``): the
+"""Gluon dSwiGLU GEMM for Hopper (sm_90), written for triton 3.6 and 3.7 (``devices.GLUON_TRITONS``): the
 contract of ``backward.launch_dswiglu`` (``g = grad_output @ down_weight`` with the SwiGLU backward
 in the epilogue, writing d_gate, d_up, h), with the epilogue in its own warps while the MMA warps
 run the next tile. Bitwise the tl kernel's outputs (same rounding points, same PTX ops, same K
@@ -20,8 +20,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .common import DswigluGluonConfig, Tma, launch
-from .common import tile_programs
+from .configs import DswigluGluonConfig
+from .devices import tile_programs
+from .launch import launch
+from .tma import Tma
 from .gluon_wgrad import _cta_barrier, _layout, _mma_layout, _pdl_end, _pdl_start, _tile_mn
 
 
@@ -316,7 +318,7 @@ def launch_dswiglu_gluon(go, down_w, gate, up, act, d_gate, d_up, h, cfg: Dswigl
                          num_programs: int | None = None) -> None:
     """The contract of ``backward.launch_dswiglu``: ``g = go @ down_w`` [T, I] with the SwiGLU backward
     epilogue, writes d_gate, d_up, h [T, I]; ``act`` None: activated_gate recomputed from gate.
-    go [T, H], down_w [H, I] bf16 CUDA sm_90 tensors usable by TMA (``common.tma_ready``); gate/up/act
+    go [T, H], down_w [H, I] bf16 CUDA sm_90 tensors usable by TMA (``tma.tma_ready``); gate/up/act
     share one row stride, and so do d_gate/d_up/h (plain pointer accesses: any row stride >= I).
     ``num_programs`` persistent programs, default one per SM. Checks its tensors (ValueError)."""
     grid, args, kw = _prepare(go, down_w, gate, up, act, d_gate, d_up, h, cfg, num_programs)
@@ -336,9 +338,9 @@ def make_launch(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonCon
 def launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig,
                                  num_programs: int) -> None:
     """``launch_dswiglu_gluon`` without its checks, for ``backward.launch_backward``: the caller
-    made every tensor TMA-ready (``common.tma_ready``) and checked that gate/up/act share one row
+    made every tensor TMA-ready (``tma.tma_ready``) and checked that gate/up/act share one row
     stride and d_gate/d_up/h another. The compiled kernel is looked up per key after the first
-    launch (``common.launch``)."""
+    launch (``launch.launch``)."""
     T, I = go.shape[0], down_w.shape[1]
     key = ("gluon_dswiglu", go.device, T, I, go.shape[1], gate.stride(0), d_gate.stride(0), num_programs, act is None,
            cfg)

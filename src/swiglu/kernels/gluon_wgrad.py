@@ -1,4 +1,4 @@
-"""Gluon weight-gradient GEMM for Hopper (sm_90), written for triton 3.6 and 3.7 (``common.GLUON_TRITONS``).
+"""Gluon weight-gradient GEMM for Hopper (sm_90), written for triton 3.6 and 3.7 (``devices.GLUON_TRITONS``).
 
     out[M, N] = A^T @ B,  A [K, M] row-major (d_gate, d_up or grad_output),  B [K, N] row-major (x or h),
     out bf16 [M, N], fp32 accumulation, K = tokens (any K >= 1: TMA zero-fills past K).
@@ -32,7 +32,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .common import GluonConfig, Tma, launch
+from .configs import GluonConfig
+from .launch import launch
+from .tma import Tma
 
 #: The barrier of a CTA's threads: ``gl.thread_barrier`` in triton 3.6, ``gl.barrier`` from 3.7
 #: (the same ``bar.sync`` of the CTA where the launch has one CTA per cluster).
@@ -502,7 +504,7 @@ def _layout(block: tuple[int, int]):
 def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
                              num_programs: int) -> None:
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
-    (``common.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
+    (``tma.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory.
     A config with ``resident_k`` is ``swiglu_lab.experiments.gluon_wgrad_resident``'s, one with
     ``plain_store`` ``swiglu_lab.experiments.gluon_wgrad_probe``'s (ValueError here). A config's

@@ -6,7 +6,7 @@ the backward reuses it). Every kernel is a grouped GEMM over that order: an M ti
 consecutive sorted pairs of one expert (each program finds its tile from ``expert_start``: no
 tile tables), and the gathers of x and grad_out rows are the GEMMs' own loads (no [S, H] copy of
 tokens). Pairs whose expert id is outside [0, E) sort last and belong to no tile. Launches take
-``common.launch``'s cached path (a forward's host time: a few allocations, five launches).
+``launch.launch``'s cached path (a forward's host time: a few allocations, five launches).
 
 - ``moe_up_kernel``: gate|up = x[tok] @ gate_up_proj[e].T, SwiGLU in the epilogue (h, and gate,
   up kept for the backward, [S, I] each).
@@ -33,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET, cdiv, launch
+from .devices import INTERPRET, cdiv
+from .launch import launch
 from .tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start
 
 
@@ -417,7 +418,7 @@ class Routing:
 
 def _spec(a):
     """What Triton specializes a launch on, per argument: a tensor's dtype and 16-byte alignment,
-    an int's value (``common.launch``'s key)."""
+    an int's value (``launch.launch``'s key)."""
     if isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() % 16 == 0
     return a

@@ -62,7 +62,7 @@ def _bf16(x, UPCAST: tl.constexpr):
 
 @triton.jit
 def _pdl_start(PDL: tl.constexpr):
-    """With programmatic dependent launch (``common.PDL`` 1 or 2): wait until the previous kernel
+    """With programmatic dependent launch (``launch.PDL`` 1 or 2): wait until the previous kernel
     on the stream has finished and its writes are visible (before any global memory access, reads
     and writes alike: a freed buffer may be reused); mode 1 then lets the next kernel launch."""
     if PDL:
