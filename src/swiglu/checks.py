@@ -62,13 +62,10 @@ def validate_backward_inputs(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, 
     grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = tensors
     tensors = dict(zip(ARG_NAMES, tensors))
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        check_dense(name, t)
+        check_tensor(name, t)
     # Per-tensor dtype checks before the comparison with x, so a bad x is blamed on x.
     for name, t in tensors.items():
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must have a floating dtype ({', '.join(map(str, FLOAT_DTYPES))}), got {t.dtype}")
+        check_floating(name, t)
         if dtypes is not None and t.dtype not in dtypes:
             raise TypeError(f"{name} must have dtype in {list(dtypes)}, got {t.dtype}")
     dtype = x.dtype
@@ -180,6 +177,19 @@ def check_mlp_shapes(
 
 
 _FLOAT_SET = frozenset(FLOAT_DTYPES)
+
+
+def check_tensor(name: str, t) -> None:
+    """TypeError naming ``name`` unless ``t`` is a torch.Tensor, dense and strided (``check_dense``)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(name, t)
+
+
+def check_floating(name: str, t: torch.Tensor) -> None:
+    """TypeError naming ``name`` unless ``t``'s dtype is one of ``FLOAT_DTYPES``."""
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have a floating dtype ({', '.join(map(str, FLOAT_DTYPES))}), got {t.dtype}")
 
 
 def check_dense(name: str, t: torch.Tensor) -> None:

@@ -23,7 +23,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
-from .checks import FLOAT_DTYPES, check_dense
+from .checks import FLOAT_DTYPES, check_dense, check_floating
 from .ops import (add_flop_formula, auto_reason, dispatch_mode_active, on_clear_plans, transforms_active,
                   triton_reason)
 
@@ -56,8 +56,7 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
         check_dense(name, t)
     for name in ("x", "gate_up_proj", "down_proj"):
         t = named[name]
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must have a floating dtype ({', '.join(map(str, FLOAT_DTYPES))}), got {t.dtype}")
+        check_floating(name, t)
         if t.dtype != x.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; x and the expert weights must share one dtype")
     if top_k_index.dtype not in _INDEX_DTYPES:

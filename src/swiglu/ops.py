@@ -37,7 +37,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .checks import (FLOAT_DTYPES, check_backward_inputs, check_dense, check_mlp_shapes, inputs_look_valid,
+from .checks import (check_backward_inputs, check_floating, check_mlp_shapes, check_tensor, inputs_look_valid,
                      spans_whole_storage)
 from .reference import activated_gate_of, reference_gradients
 
@@ -79,12 +79,9 @@ def validate_forward_inputs(
     """
     tensors = {"x": x, "gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        check_dense(name, t)
+        check_tensor(name, t)
     for name, t in tensors.items():
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must have a floating dtype ({', '.join(map(str, FLOAT_DTYPES))}), got {t.dtype}")
+        check_floating(name, t)
         if t.dtype != x.dtype and not autocast:
             raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; x and the weights must share one dtype")
         if t.device != x.device:

@@ -29,7 +29,7 @@ from .configs import TOKEN_BUCKETS, KernelConfig, bucket_for, parse_bucket, pars
 from .devices import INTERPRET, cdiv, tile_programs, unsupported_reason
 from .launch import launch
 from .tma import Tma, tma_ready
-from ..checks import check_dense
+from ..checks import check_tensor
 
 #: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
 #: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
@@ -154,9 +154,7 @@ def triton_swiglu_forward(
     """
     tensors = {"x": x, "gate_weight": gate_weight, "up_weight": up_weight, "down_weight": down_weight}
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        check_dense(name, t)
+        check_tensor(name, t)
         if t.dtype != torch.bfloat16:
             raise TypeError(f"{name} must be bfloat16 for the Triton forward, got {t.dtype}")
     inter, hidden = gate_weight.shape if gate_weight.dim() == 2 else (None, None)
