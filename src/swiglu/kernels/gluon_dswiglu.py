@@ -51,6 +51,17 @@ def _sigmoid(x):
 
 
 @gluon.jit
+def _program_tiles(T, I, BM: gl.constexpr, BN: gl.constexpr):
+    """This program's share of the persistent loop over the [T, I] output's BM x BN tiles, as every
+    partition walks it: (num_m, num_n, pid, nprog, its tile count); tile t is pid + t * nprog."""
+    num_m = gl.cdiv(T, BM)
+    num_n = gl.cdiv(I, BN)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    return num_m, num_n, pid, nprog, gl.cdiv(num_m * num_n - pid, nprog)
+
+
+@gluon.jit
 def _load_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
                     gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out,
                     GROUP_M: gl.constexpr, EPI_M: gl.constexpr, EPI_N: gl.constexpr, RECOMPUTE_ACT: gl.constexpr):
@@ -59,11 +70,7 @@ def _load_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_
     BN: gl.constexpr = down_desc.block_type.shape[1]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     K = go_desc.shape[1]
-    num_m = gl.cdiv(T, BM)
-    num_n = gl.cdiv(I, BN)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(T, I, BM, BN)
     k_tiles = gl.cdiv(K, BK)
     p = 0
     for t in range(num_tiles):
@@ -106,11 +113,7 @@ def _epilogue_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty
     NP: gl.constexpr = NPM * NPN
     NG: gl.constexpr = g_bufs.type.shape[0] // NP
     layout: gl.constexpr = _epi_layout(EPI_N, gl.num_warps())
-    num_m = gl.cdiv(T, BM)
-    num_n = gl.cdiv(I, BN)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(T, I, BM, BN)
 
     # In-piece offsets (int32) and coordinates, shared by every piece.
     r = gl.expand_dims(gl.arange(0, EPI_M, layout=gl.SliceLayout(1, layout)), 1)
@@ -187,11 +190,7 @@ def _mma_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_r
     NG: gl.constexpr = g_bufs.type.shape[0]
     NUM_WARPS: gl.constexpr = gl.num_warps()
     K = go_desc.shape[1]
-    num_m = gl.cdiv(T, BM)
-    num_n = gl.cdiv(I, BN)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    num_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(T, I, BM, BN)
     k_tiles = gl.cdiv(K, BK)
 
     mma_layout: gl.constexpr = _mma_layout(BM, BN, NUM_WARPS)
