@@ -101,6 +101,19 @@ def _piece_base(t, p, pid, nprog, num_m, num_n, T, I, stride_in, stride_out,
 
 
 @gluon.jit
+def _load_inputs(gate_ptr, up_ptr, act_ptr, base, offs, mask, RECOMPUTE_ACT: gl.constexpr):
+    """A piece's gate, up and activated gate at ``base + offs`` (masked loads); gate again in the
+    activated gate's place where RECOMPUTE_ACT (the epilogue recomputes it)."""
+    gate = gl.load(gate_ptr + base + offs, mask=mask)
+    up = gl.load(up_ptr + base + offs, mask=mask)
+    if RECOMPUTE_ACT:
+        act = gate
+    else:
+        act = gl.load(act_ptr + base + offs, mask=mask)
+    return gate, up, act
+
+
+@gluon.jit
 def _epilogue_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
                         gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out,
                         GROUP_M: gl.constexpr, EPI_M: gl.constexpr, EPI_N: gl.constexpr,
@@ -125,12 +138,7 @@ def _epilogue_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty
     base_in, base_out, rows_left, cols_left = _piece_base(0, 0, pid, nprog, num_m, num_n, T, I, stride_in,
                                                           stride_out, BM, BN, EPI_M, EPI_N, GROUP_M)
     mask = (r < rows_left) & (c < cols_left) & (num_tiles > 0)
-    nx_gate = gl.load(gate_ptr + base_in + offs_in, mask=mask)
-    nx_up = gl.load(up_ptr + base_in + offs_in, mask=mask)
-    if RECOMPUTE_ACT:
-        nx_act = nx_gate
-    else:
-        nx_act = gl.load(act_ptr + base_in + offs_in, mask=mask)
+    nx_gate, nx_up, nx_act = _load_inputs(gate_ptr, up_ptr, act_ptr, base_in, offs_in, mask, RECOMPUTE_ACT)
 
     for t in range(num_tiles):
         buf = t % NG
@@ -150,12 +158,7 @@ def _epilogue_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty
             nbase_in, nbase_out, nrows, ncols = _piece_base(nt, npc, pid, nprog, num_m, num_n, T, I, stride_in,
                                                             stride_out, BM, BN, EPI_M, EPI_N, GROUP_M)
             mask = (r < nrows) & (c < ncols) & (nt < num_tiles)
-            nx_gate = gl.load(gate_ptr + nbase_in + offs_in, mask=mask)
-            nx_up = gl.load(up_ptr + nbase_in + offs_in, mask=mask)
-            if RECOMPUTE_ACT:
-                nx_act = nx_gate
-            else:
-                nx_act = gl.load(act_ptr + nbase_in + offs_in, mask=mask)
+            nx_gate, nx_up, nx_act = _load_inputs(gate_ptr, up_ptr, act_ptr, nbase_in, offs_in, mask, RECOMPUTE_ACT)
 
             # The tl kernel's _dswiglu_piece, op for op.
             g = g_bf.to(gl.float32)
