@@ -6,6 +6,7 @@ not a test.
     python scripts/host_overhead.py --device cuda        # GPU: --shape tiny
     python scripts/host_overhead.py --profile            # + cProfile of SwiGLUMLP fwd+bwd
     python scripts/host_overhead.py --device cuda --shape llama-3-8b --enqueue --iters 200
+    python scripts/host_overhead.py --stub-launches --profile   # CPU: the GPU path's Python, launches stubbed
 
 Rows: ``swiglu.SwiGLUMLP`` forward+backward; ``swiglu.module.PlainSwiGLUMLP`` (three
 ``nn.Linear``, PyTorch autograd) forward+backward; ``swiglu.swiglu_mlp_backward`` with
@@ -40,6 +41,22 @@ work between them), each iteration synchronized. The benchmark's own loop does n
 between iterations, so there the host runs ahead (``lab/probes/probe_idle_gaps.py`` measures that
 case). Writes ``idle_gap.csv``.
 
+``--stub-launches`` (CPU, TRITON_INTERPRET unset): the Python the Triton path runs on the GPU
+machine, measured on this CPU with the kernel launches stubbed, beside the stock modules' host cost
+at the same tiny shape (their CPU arithmetic is a few microseconds there: what is left is PyTorch's
+dispatcher and autograd, which the stock model pays per op on any device). For the run
+(``stubbed_launches``): ``impl="auto"`` and ``"triton"`` resolve to the Triton path for bfloat16 CPU
+tensors; every kernel choice is the one the H200 makes at ``--stub-plan`` (default T=512, H=4096,
+I=14336: Llama-3-8B's MLP at 512 tokens), its tables read as on that machine (Gluon kernels where
+they have entries, grad_x's tile rule for 132 SMs), while the tensors have ``--shape``'s sizes (x as
+[1, T, H], as in a Hugging Face model); a key's first launch gets a stand-in for the compiled kernel,
+and every later one runs ``swiglu.kernels.common``'s cached launch with triton 3.6's per-launch
+work (the hook check, the stream query, the CUtensorMap memo) and a C launcher and descriptor fill
+that do nothing. What stays out: the C launcher's own time (a few microseconds per launch on the
+GPU machine) and CUDA's allocator against the CPU's. Adds forward-only rows of transformers'
+LlamaMLP, stock and patched; ``--profile`` then profiles the patched and the stock LlamaMLP. Host
+microseconds on this CPU: compare ratios and differences, not the GPU machine's times.
+
 ``--profile``: cProfile over ``--iters`` SwiGLUMLP forward+backward calls and as many of the
 nn.Linear block's, top 15 functions by tottime and by cumulative time (printed, and written to
 ``cprofile.txt``). On CUDA the backward's Python runs in autograd's device thread: Python 3.12's cProfile
@@ -50,6 +67,7 @@ forward and the wait in ``run_backward``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import csv
 import gc
@@ -62,6 +80,7 @@ import pstats
 import statistics
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -81,6 +100,137 @@ CSV_FIELDS = ["implementation", "description", "us_median", "us_p20", "us_p80", 
               "ratio_to_nn_linear"]
 
 
+#: The H200's SMs and opt-in shared memory per block: what ``stubbed_launches`` plans for.
+H200_SMS, H200_SHARED_MEMORY = 132, 232448
+#: ``--stub-plan``'s default: Llama-3-8B's MLP at 512 tokens (the host-bound HF step).
+STUB_PLAN = (512, 4096, 14336)
+
+
+class _StubCompiled:
+    """What ``kernel[grid](...)`` returns under ``stubbed_launches``: no kernel, the descriptor
+    positions and blocks of the first launch (what triton 3.6's launcher records per kernel)."""
+
+    packed_metadata = None
+
+    def __init__(self, args):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        self.descriptors = tuple((i, 128, 2, 9, list(a.block_shape)) for i, a in enumerate(args)
+                                 if isinstance(a, (TensorDescriptor, GluonDescriptor)))
+
+    def __getitem__(self, grid):
+        return lambda *args: None
+
+
+def _stub_direct_runner(compiled, grid, *extra):
+    """``common.direct_runner`` with a C launcher and a CUtensorMap fill that do nothing: the
+    library's own per-launch closure where it has one (``common.direct_run``), else a copy of
+    triton 3.6's direct runner's as it was before that existed (the same Python per launch)."""
+    from triton import knobs
+
+    from swiglu.kernels import common
+
+    def noop(*args):
+        return None
+
+    def fill(*args):
+        return object()
+
+    head = (*grid, None, None, False, False, None, None, None, None, None, None)
+    slow = compiled[grid]
+    parts = dict(raw=noop, head=head, descriptors=compiled.descriptors, fill=fill, device=lambda: 0,
+                 stream=lambda device: 0, slow=slow)
+    if hasattr(common, "direct_run"):
+        return common.direct_run(**parts, rest=extra[0] if extra else ())
+    runtime, maps = knobs.runtime, {}
+
+    def run(*args):
+        if common._has_hooks(runtime.launch_enter_hook) or common._has_hooks(runtime.launch_exit_hook):
+            return slow(*common.as_descriptors(args))
+        base = list(head)
+        base[3] = parts["stream"](parts["device"]())
+        noop(*base, *common.expand_descriptors(args, compiled.descriptors, fill, maps))
+
+    return run
+
+
+@contextlib.contextmanager
+def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H200_SMS,
+                     shared_memory: int = H200_SHARED_MEMORY):
+    """Inside: the Triton path runs on bfloat16 CPU tensors with its launches stubbed (the module
+    docstring's ``--stub-launches``). Patches and restores: ``swiglu.ops.auto_reason`` and
+    ``triton_reason`` (None for bfloat16), the backward's Gluon table reads (as on a device with
+    ``shared_memory`` bytes per block) and its plan cache (the plan at ``plan_shape`` with ``sms``
+    SMs, carrying the call's sizes), the forward's configuration choice (``plan_shape``'s),
+    ``JITFunction.run`` and ``common.direct_runner``; the decision, plan and launch caches are
+    emptied on entry and exit. Needs TRITON_INTERPRET unset (RuntimeError otherwise)."""
+    from functools import lru_cache
+
+    from triton.runtime.jit import JITFunction
+
+    from swiglu import ops
+    from swiglu.kernels import backward, common, forward
+
+    if common.INTERPRET:
+        raise RuntimeError("--stub-launches measures the GPU path's Python: run it without TRITON_INTERPRET=1")
+    pT, pH, pI = plan_shape
+    real = dict(run=JITFunction.run, direct_runner=common.direct_runner,
+                gluon=backward._gluon_config_for_bucket, plan=backward._cached_plan,
+                forward_config_for=forward.forward_config_for, auto_reason=ops.auto_reason,
+                triton_reason=ops.triton_reason)
+
+    def gluon_config(bucket, device, kernel="grad_weights", shape=None):
+        # backward._gluon_config_for_bucket where Gluon runs (triton 3.6, sm_90).
+        if kernel == "grad_weights":
+            g = backward.GLUON_CONFIGS[bucket]
+        elif kernel == "grad_x":
+            g = backward.GLUON_GRAD_X[bucket]
+        else:
+            g = backward.shape_choice(backward.GLUON_DSWIGLU, backward.GLUON_DSWIGLU_BY_SHAPE, bucket, shape)
+        return g if g is not None and g.smem_bytes() <= shared_memory else None
+
+    @lru_cache(maxsize=None)
+    def plan(T, H, I, device, reserved_sms):
+        p = backward._make_plan(pT, pH, pI, device, {})
+        # The rules _make_plan applies on a CUDA device only (its SM count).
+        grad_x = backward.grad_x_config_filling(pT, pH, p.grad_x, sms)
+        gluon_grad_x = p.gluon_grad_x if p.gluon_grad_x is not None and backward.grad_x_fills(
+            pT, pH, p.gluon_grad_x, sms) else None
+        return replace(p, tokens=T, hidden_size=H, intermediate_size=I, grad_x=grad_x, gluon_grad_x=gluon_grad_x)
+
+    def forward_config_for(tokens, hidden_size=None, intermediate_size=None):
+        return real["forward_config_for"](pT, pH, pI)
+
+    def auto_reason(device, dtype=torch.bfloat16, hidden_size=None, intermediate_size=None):
+        return None if dtype == torch.bfloat16 else real["auto_reason"](device, dtype, hidden_size, intermediate_size)
+
+    def stub_run(self, *args, grid, warmup, **kwargs):
+        return _StubCompiled(args)
+
+    def clear():
+        ops._resolve.cache_clear()
+        backward._cached_plan.cache_clear()
+        common.clear_launches()
+
+    JITFunction.run = stub_run
+    common.direct_runner = _stub_direct_runner
+    backward._gluon_config_for_bucket, backward._cached_plan = gluon_config, plan
+    forward.forward_config_for = forward_config_for
+    ops.auto_reason, ops.triton_reason = auto_reason, lambda device, hidden_size, intermediate_size: None
+    clear()
+    try:
+        yield
+    finally:
+        clear()
+        JITFunction.run = real["run"]
+        common.direct_runner = real["direct_runner"]
+        backward._gluon_config_for_bucket, backward._cached_plan = real["gluon"], real["plan"]
+        forward.forward_config_for = real["forward_config_for"]
+        ops.auto_reason, ops.triton_reason = real["auto_reason"], real["triton_reason"]
+        clear()
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -93,14 +243,17 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def build_calls(device: torch.device, dtype: torch.dtype, H: int, I: int, T: int) -> dict:
-    """name -> (description, call, reset): ``reset`` runs untimed before each ``call``."""
+def build_calls(device: torch.device, dtype: torch.dtype, H: int, I: int, T: int, stub: bool = False) -> dict:
+    """name -> (description, call, reset): ``reset`` runs untimed before each ``call``. ``stub``
+    (inside ``stubbed_launches``): x is [1, T, H], the Triton backward row is always there, and
+    LlamaMLP's forward-only rows are added."""
     torch.manual_seed(0)
     fused = swiglu.SwiGLUMLP(H, I, device=device, dtype=dtype)
     plain = PlainSwiGLUMLP(H, I, device=device, dtype=dtype)
     plain.load_state_dict(fused.state_dict())
-    x = torch.randn(T, H, device=device, dtype=dtype, requires_grad=True)
-    grad_output = torch.randn(T, H, device=device, dtype=dtype)
+    lead = (1, T) if stub else (T,)
+    x = torch.randn(*lead, H, device=device, dtype=dtype, requires_grad=True)
+    grad_output = torch.randn(*lead, H, device=device, dtype=dtype)
     inputs = swiglu.make_inputs(1, T, H, I, seed=0, device=device, dtype=dtype).as_tuple()
 
     def step(module):
@@ -123,7 +276,7 @@ def build_calls(device: torch.device, dtype: torch.dtype, H: int, I: int, T: int
         "backward_reference": ('swiglu_mlp_backward(impl="reference")',
                                lambda: swiglu.swiglu_mlp_backward(*inputs, impl="reference"), noop),
     }
-    if "triton" in swiglu.available_impls(device):
+    if stub or "triton" in swiglu.available_impls(device):
         calls["backward_triton"] = ('swiglu_mlp_backward(impl="triton")',
                                     lambda: swiglu.swiglu_mlp_backward(*inputs, impl="triton"), noop)
     try:  # transformers' LlamaMLP, stock and patched by swiglu.integrations.transformers.apply
@@ -142,6 +295,9 @@ def build_calls(device: torch.device, dtype: torch.dtype, H: int, I: int, T: int
         swiglu_hf.apply(patched)
         calls["hf_LlamaMLP_fwd_bwd"] = ("transformers LlamaMLP forward+backward", *step(stock))
         calls["hf_LlamaMLP_swiglu_fwd_bwd"] = ("LlamaMLP patched by swiglu_hf.apply, forward+backward", *step(patched))
+        if stub:  # the forward alone (its graph freed when the output is dropped)
+            calls["hf_LlamaMLP_fwd"] = ("transformers LlamaMLP forward", lambda: stock(x), noop)
+            calls["hf_LlamaMLP_swiglu_fwd"] = ("LlamaMLP patched by swiglu_hf.apply, forward", lambda: patched(x), noop)
     if device.type == "cuda":
         try:
             from types import SimpleNamespace
@@ -279,12 +435,13 @@ def measure_idle(device: torch.device, tokens: list[int], H: int, I: int, iters:
     return rows
 
 
-def profile(calls: dict, iters: int, device: torch.device, top: int = 15) -> str:
-    """cProfile of SwiGLUMLP's forward+backward and of the nn.Linear block's, ``iters`` calls
-    each, top ``top`` functions by tottime and by cumulative time."""
+def profile(calls: dict, iters: int, device: torch.device, top: int = 15,
+            names: tuple[str, ...] = ("swiglu_SwiGLUMLP_fwd_bwd", BASELINE)) -> str:
+    """cProfile of each row of ``names`` (default: SwiGLUMLP's forward+backward and the nn.Linear
+    block's), ``iters`` calls each, top ``top`` functions by tottime and by cumulative time."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     parts = []
-    for name in ("swiglu_SwiGLUMLP_fwd_bwd", "nn_linear_fwd_bwd"):
+    for name in names:
         description, call, reset = calls[name]
         profiler = cProfile.Profile()
         for _ in range(iters):
@@ -314,6 +471,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--enqueue", action="store_true",
                         help="CUDA: time each call to its return, synchronized after (the host's enqueue time)")
     parser.add_argument("--profile", action="store_true", help="also cProfile SwiGLUMLP fwd+bwd and the nn.Linear block's (cprofile.txt)")
+    parser.add_argument("--stub-launches", action="store_true",
+                        help="CPU: the Triton path's Python with its launches stubbed, kernels chosen as the H200 "
+                             "does at --stub-plan (module docstring)")
+    parser.add_argument("--stub-plan", default=",".join(map(str, STUB_PLAN)),
+                        help="T,H,I whose kernel choices --stub-launches takes (default: Llama-3-8B at 512 tokens)")
     parser.add_argument("--idle", default="", help="CUDA: token counts for the idle-gap measurement, e.g. 128,2048")
     parser.add_argument("--idle-hidden", type=int, default=16384)
     parser.add_argument("--idle-intermediate", type=int, default=53248)
@@ -322,13 +484,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
         parser.error("--iters and --rounds must be >= 1, --warmup >= 0")
+    try:
+        args.stub_plan = tuple(int(v) for v in args.stub_plan.split(","))
+        if len(args.stub_plan) != 3 or min(args.stub_plan) < 1:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--stub-plan takes three positive ints T,H,I, got {args.stub_plan!r}")
+    if args.stub_launches and (args.device or "cpu") != "cpu":
+        parser.error("--stub-launches runs on the CPU (--device cpu)")
     return args
 
 
 def main(argv=None) -> dict:
     """Run, write the CSV and JSON, print the table; returns ``{"rows", "csv", "json"}``."""
     args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(args.device or ("cpu" if args.stub_launches or not torch.cuda.is_available() else "cuda"))
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA GPU here")
     shape_name = args.shape or ("tiny" if device.type == "cuda" else "overhead")
@@ -338,12 +508,18 @@ def main(argv=None) -> dict:
     threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else None)
     if threads is not None:
         torch.set_num_threads(threads)
+    stub = stubbed_launches(args.stub_plan) if args.stub_launches else contextlib.nullcontext()
+    profiled = ("hf_LlamaMLP_swiglu_fwd_bwd", "hf_LlamaMLP_fwd_bwd") if args.stub_launches else \
+        ("swiglu_SwiGLUMLP_fwd_bwd", BASELINE)
     try:
-        calls = build_calls(device, dtype, shape["H"], shape["I"], shape["T"])
-        started = datetime.now(timezone.utc)
-        samples = measure(calls, device, args.warmup, args.iters, args.rounds, args.enqueue and device.type == "cuda")
-        rows = summarize(calls, samples)
-        profile_text = profile(calls, args.iters, device) if args.profile else None
+        with stub:
+            calls = build_calls(device, dtype, shape["H"], shape["I"], shape["T"], stub=args.stub_launches)
+            started = datetime.now(timezone.utc)
+            samples = measure(calls, device, args.warmup, args.iters, args.rounds,
+                              args.enqueue and device.type == "cuda")
+            rows = summarize(calls, samples)
+            profile_text = profile(calls, args.iters, device, top=25 if args.stub_launches else 15,
+                                   names=tuple(n for n in profiled if n in calls)) if args.profile else None
         idle_tokens = [int(t) for t in args.idle.split(",") if t.strip()]
         idle_rows = measure_idle(device, idle_tokens, args.idle_hidden, args.idle_intermediate, args.idle_iters) \
             if idle_tokens and device.type == "cuda" else []
@@ -361,6 +537,10 @@ def main(argv=None) -> dict:
         torch_threads=torch.get_num_threads() if threads is None else threads,
         triton_interpret=os.environ.get("TRITON_INTERPRET"),
         auto_backend_reason=swiglu.backend_reason(device, dtype),
+        stub_launches=dict(plan_shape=dict(zip("THI", args.stub_plan)), sms=H200_SMS,
+                           shared_memory_per_block=H200_SHARED_MEMORY, x_shape=[1, shape["T"], shape["H"]],
+                           note="host-only microseconds on this CPU, kernel launches stubbed: not GPU-machine times")
+        if args.stub_launches else None,
         implementations=list(calls), baseline=BASELINE,
         protocol=__doc__.split("Protocol: ", 1)[1].split("\n\n")[0].replace("\n", " "),
     )
@@ -388,12 +568,18 @@ def main(argv=None) -> dict:
     print(f"\nhost overhead per call, {meta['device_name']} ({device}), {shape_name} H={shape['H']} "
           f"I={shape['I']} T={shape['T']} {args.dtype}, threads {meta['torch_threads']}, "
           f"median of {args.iters} (warm-up {args.warmup})"
-          f"{', enqueue time (no synchronize inside the clock)' if meta['enqueue'] else ''}; torch {torch.__version__}, commit {meta['git_commit']}\n")
+          f"{', enqueue time (no synchronize inside the clock)' if meta['enqueue'] else ''}; torch {torch.__version__}, commit {meta['git_commit']}"
+          f"{'; launches stubbed, kernels as the H200 picks at T,H,I = ' + args.stub_plan.__str__() if args.stub_launches else ''}\n")
     width = max(len(r["implementation"]) for r in rows)
     print(f"{'implementation':<{width}}  {'us median':>10}  {'p20-p80':>17}  {'x nn.Linear':>11}")
     for r in rows:
         print(f"{r['implementation']:<{width}}  {r['us_median']:>10.1f}  "
               f"{r['us_p20']:>8.1f}-{r['us_p80']:<8.1f}  {r['ratio_to_nn_linear']:>10.2f}x")
+    by_name = {r["implementation"]: r["us_median"] for r in rows}
+    for patched, stock in (("hf_LlamaMLP_swiglu_fwd_bwd", "hf_LlamaMLP_fwd_bwd"), ("hf_LlamaMLP_swiglu_fwd", "hf_LlamaMLP_fwd")):
+        if patched in by_name and stock in by_name:
+            print(f"{patched} against {stock}: {by_name[patched] - by_name[stock]:+.1f} us "
+                  f"({by_name[patched] / by_name[stock]:.2f}x)")
     if idle_rows:
         print("\nidle GPU time per backward (eager minus CUDA-graph replay, L2 flushed, medians, ms):")
         for r in idle_rows:

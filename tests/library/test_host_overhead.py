@@ -6,8 +6,12 @@ import csv
 import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import swiglu
@@ -54,3 +58,37 @@ def test_profile_writes_both_blocks_by_both_orders(tmp_path):
         for order in ("tottime", "cumulative"):
             assert any(block in h and h.endswith(f"by {order}") for h in headers), (block, order, headers)
     assert "swiglu/ops.py" in text  # our frames are in the profile
+
+
+def test_stub_launches_refuses_the_interpreter():
+    """Under TRITON_INTERPRET=1 (conftest on a CPU) every launch takes Triton's path: nothing to stub."""
+    from swiglu.kernels import common
+
+    if not common.INTERPRET:
+        pytest.skip("TRITON_INTERPRET unset in this process")
+    with pytest.raises(RuntimeError, match="without TRITON_INTERPRET"):
+        with host_overhead.stubbed_launches():
+            pass
+
+
+def test_stub_launches_runs_the_gpu_path_on_the_cpu(tmp_path):
+    """``--stub-launches``: the Triton rows run on the CPU with the H200's kernel choices at
+    Llama-3-8B, 512 tokens (its Gluon weight-gradient launcher in the profile), in a process
+    without TRITON_INTERPRET."""
+    if torch.cuda.is_available():
+        pytest.skip("a CPU measurement")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "lab"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_overhead.py"), "--stub-launches", "--warmup",
+                           "1", "--iters", "3", "--rounds", "1", "--profile", "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "host_overhead.csv", newline="") as f:
+        rows = {row["implementation"]: row for row in csv.DictReader(f)}
+    assert "backward_triton" in rows
+    if importlib.util.find_spec("transformers") is not None:
+        assert {"hf_LlamaMLP_fwd", "hf_LlamaMLP_swiglu_fwd", "hf_LlamaMLP_swiglu_fwd_bwd"} <= set(rows)
+        text = (tmp_path / "cprofile.txt").read_text()
+        assert "gluon_wgrad.py" in text and "launch_backward" in text
+    meta = json.loads((tmp_path / "host_overhead.json").read_text())
+    assert meta["stub_launches"]["plan_shape"] == {"T": 512, "H": 4096, "I": 14336}
