@@ -47,18 +47,20 @@ class Compiled(SimpleNamespace):
 compiled = Compiled(run=launcher, function=77, packed_metadata=("packed",))
 run = launch.direct_runner(compiled, (132, 1, 1))
 compiled[(132, 1, 1)](*tma.as_descriptors(args))  # (the runner passes its launch metadata and empty hook chains: no-ops)
-run(*args)
-run(*args)  # the same memory: the maps are reused, no fill
+run(args)
+run(args)  # the same memory: the maps are reused, no fill
 moved = (tma.Tma(a.clone(), [64, 32]), *args[1:])
-run(*moved)  # one descriptor on new memory: one fill
+run(moved)  # one descriptor on new memory: one fill
+launch.direct_runner(compiled, (132, 1, 1), ("rest",))(args)  # the keyword values a key's first launch gave, appended
 hooked = []
 triton.knobs.runtime.launch_enter_hook.add(lambda metadata: hooked.append(metadata))
 slow_before = len(calls)
 Compiled.__getitem__ = lambda self, grid: (lambda *a: hooked.append("slow"))
 run_hooked = launch.direct_runner(compiled, (132, 1, 1))
-run_hooked(*args)
+run_hooked(args)
 print(json.dumps(dict(triton=triton.__version__, direct=run is not None and run.__name__ == "run",
                       triton_call=[repr(x) for x in calls[0]], direct_call=[repr(x) for x in calls[1]],
                       repeat_call=[repr(x) for x in calls[2]], moved_call=[repr(x) for x in calls[3]],
+                      rest_call=[repr(x) for x in calls[4]],
                       n_calls=slow_before, fills=[repr(f) for f in fills], hooked=hooked)))
 sys.exit(0)

@@ -92,12 +92,14 @@ def test_direct_runner_hands_the_c_launcher_what_triton_36_does(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert devices.triton_minor(report["triton"]) == launch.DIRECT_LAUNCH_TRITON and report["direct"]
-    assert report["n_calls"] == 4
+    assert report["n_calls"] == 5
     assert report["direct_call"] == report["triton_call"]
     assert len(report["triton_call"]) == 13 + (1 + 4) + 1 + 1 + 1 + (1 + 4)  # base, a, n, BM, b, c
-    assert len(report["fills"]) == 2 + 2 + 1  # Triton's call, the first direct one; the second none; new memory one
+    # Triton's call, the first direct one; the second none; new memory one; a new runner (rest) its own
+    assert len(report["fills"]) == 2 + 2 + 1 + 2
     assert report["repeat_call"] == report["direct_call"]
     assert report["moved_call"] != report["direct_call"] and report["moved_call"][13:] != report["direct_call"][13:]
+    assert report["rest_call"] == report["direct_call"] + ["'rest'"]
     assert report["hooked"] == ["slow"]  # a hook added (a profiler): Triton's runner takes the call
 
 
@@ -111,7 +113,7 @@ def _backward(tensors, direct: bool):
         first = swiglu_mlp_backward(*tensors, impl="triton")  # Triton's own launch path
         again = swiglu_mlp_backward(*tensors, impl="triton")  # the cached launch (direct or runner)
         torch.cuda.synchronize()
-        runners = [entry[0] for entry in launch._LAUNCHES.values()]
+        runners = list(launch._LAUNCHES.values())
         return first, again, runners
     finally:
         launch.DIRECT_LAUNCH = True

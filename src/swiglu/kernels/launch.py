@@ -102,14 +102,11 @@ def expand_descriptors(args: tuple, descriptors: tuple, fill, maps: dict | None 
     return out
 
 
-def _has_hooks(chain) -> bool:
-    return chain is not None and (not hasattr(chain, "calls") or bool(chain.calls))
-
-
-def direct_runner(compiled, grid: tuple[int, int, int]):
+def direct_runner(compiled, grid: tuple[int, int, int], rest: tuple = ()):
     """What ``compiled[grid]`` runs, without triton 3.6's Python layers between it and the C
     launcher (runner, ``CudaLauncher.__call__``, the descriptor wrapper: about half a launch's
-    host time): the same C call with the same arguments. None where this triton's launcher is not
+    host time): the same C call with the same arguments, as ``direct_run``'s ``run(args)`` (the
+    arguments before ``rest``, which it appends). None where this triton's launcher is not
     the one it was written for (another release, global or profile scratch, fp4 or pointer-lowered
     descriptors); where a launch hook is set (e.g. proton's) each call takes Triton's runner.
     Skipped besides: Triton's per-launch metadata dict, built only for those hooks."""
@@ -118,7 +115,6 @@ def direct_runner(compiled, grid: tuple[int, int, int]):
     if not DIRECT_LAUNCH or triton_minor(triton.__version__) != DIRECT_LAUNCH_TRITON:
         return None
     try:
-        from triton import knobs
         from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
         from triton.runtime import driver
 
@@ -141,17 +137,28 @@ def direct_runner(compiled, grid: tuple[int, int, int]):
         slow = compiled[grid]
     except (AttributeError, ImportError, KeyError, TypeError):
         return None
+    return direct_run(raw, head, descriptors, fill, device, stream, slow, rest)
+
+
+def direct_run(raw, head: tuple, descriptors: tuple, fill, device, stream, slow, rest: tuple = ()):
+    """``direct_runner``'s per-launch closure ``run(args)``: ``raw`` (the C launcher) called with
+    ``head`` (grid, stream slot, function, launch options, metadata: triton 3.6's order) with the
+    slot at index 3 set to ``stream(device())``, then ``args`` with its ``Tma`` arguments expanded
+    at ``descriptors`` (``expand_descriptors``, memoized per runner), then ``rest``; ``slow``
+    (``compiled[grid]``) takes the call, with Triton descriptors, while a launch hook is set."""
+    from triton import knobs
+
     runtime = knobs.runtime
     maps: dict = {}
+    grid, tail = head[:3], head[4:]
 
-    def run(*args):
-        # Triton's hooks are chains (empty unless a tool such as proton added one); an empty
-        # chain called around the launch does nothing, so the C launcher gets None instead.
-        if _has_hooks(runtime.launch_enter_hook) or _has_hooks(runtime.launch_exit_hook):
-            return slow(*as_descriptors(args))
-        base = list(head)
-        base[3] = stream(device())
-        raw(*base, *expand_descriptors(args, descriptors, fill, maps))
+    def run(args):
+        # Triton's hooks are chains (empty unless a tool such as proton added one) or plain
+        # callables; an empty chain called around the launch does nothing.
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if (enter is not None and getattr(enter, "calls", True)) or (leave is not None and getattr(leave, "calls", True)):
+            return slow(*as_descriptors(args), *rest)
+        raw(*grid, stream(device()), *tail, *expand_descriptors(args, descriptors, fill, maps), *rest)
 
     return run
 
@@ -169,28 +176,28 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     (positionally). In the interpreter every launch takes Triton's path, and launches from
     several threads run one at a time (its state is process-wide). Every kernel launched here
     takes a ``PDL`` constexpr, set by this function (``PDL``)."""
-    cache, pdl = _LAUNCHES, PDL  # read once: the mode this launch is compiled and filed under
-    entry = cache.get(key)
-    if entry is None:
-        if any(type(v) is Tma for v in kwargs.values()):
-            raise TypeError("launch takes Tma arguments positionally (keyword values are kept per key)")
-        # Every kernel launched here takes the PDL constexpr (tl_kernels._pdl_start); launch_pdl
-        # is triton's compile option for the launch attribute.
-        # (INTERPRET read here too: the compile tests' recorder patches it.)
-        kwargs = dict(kwargs, PDL=pdl, launch_pdl=True) if pdl and not devices.INTERPRET else dict(kwargs, PDL=0)
-        compiled = kernel[grid](*as_descriptors(args), **kwargs)
-        if devices.INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
-            return
-        names = kernel.arg_names
-        if len(cache) >= _LAUNCHES_MAX:
-            cache.clear()
-        grid3 = tuple(grid) + (1,) * (3 - len(grid))  # the runner takes 3-D
-        # The keyword arguments' values in signature order, kept: the key determines them.
-        rest = tuple(kwargs[name] for name in names[len(args):])
-        cache[key] = (direct_runner(compiled, grid3) or _with_descriptors(compiled[grid3]), rest)
+    cache = _LAUNCHES  # read once: the mode this launch is compiled and filed under
+    runner = cache.get(key)
+    if runner is not None:
+        runner(args)  # the keyword arguments' values are the runner's (the key's first launch's)
         return
-    runner, rest = entry
-    runner(*args, *rest)
+    if any(type(v) is Tma for v in kwargs.values()):
+        raise TypeError("launch takes Tma arguments positionally (keyword values are kept per key)")
+    # Every kernel launched here takes the PDL constexpr (tl_kernels._pdl_start); launch_pdl
+    # is triton's compile option for the launch attribute.
+    # (INTERPRET read here too: the compile tests' recorder patches it.)
+    pdl = PDL
+    kwargs = dict(kwargs, PDL=pdl, launch_pdl=True) if pdl and not devices.INTERPRET else dict(kwargs, PDL=0)
+    compiled = kernel[grid](*as_descriptors(args), **kwargs)
+    if devices.INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
+        return
+    names = kernel.arg_names
+    if len(cache) >= _LAUNCHES_MAX:
+        cache.clear()
+    grid3 = tuple(grid) + (1,) * (3 - len(grid))  # the runner takes 3-D
+    # The keyword arguments' values in signature order, kept: the key determines them.
+    rest = tuple(kwargs[name] for name in names[len(args):])
+    cache[key] = direct_runner(compiled, grid3, rest) or _with_descriptors(compiled[grid3], rest)
 
 
 #: Triton's interpreter keeps the running launch's grid and program ids in process-wide state: two
@@ -208,9 +215,9 @@ if devices.INTERPRET:
             _plain_launch(kernel, grid, key, *args, **kwargs)
 
 
-def _with_descriptors(runner):
-    def runner_with_descriptors(*args):
-        return runner(*as_descriptors(args))
+def _with_descriptors(runner, rest: tuple):
+    def runner_with_descriptors(args):
+        return runner(*as_descriptors(args), *rest)
 
     return runner_with_descriptors
 
