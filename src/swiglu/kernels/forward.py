@@ -117,7 +117,7 @@ def launch_swiglu_product(gate, up, h, act=None) -> None:
     )
 
 
-def _empty(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+def _empty(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     # Every kernel output is allocated here (tests fill them with NaN to catch unwritten tiles).
     return torch.empty(shape, device=device, dtype=torch.bfloat16)
 
@@ -178,11 +178,24 @@ def run_forward(x, gate_weight, up_weight, down_weight, config: KernelConfig | N
     """``triton_swiglu_forward`` without its checks, for ``swiglu.ops``, which validated the
     inputs and resolved the Triton path for their device and sizes."""
     inter, hidden = gate_weight.shape
-    lead = tuple(x.shape[:-1])
-    xf = tma_ready(x)
-    T = xf.shape[0]
+    T = x.numel() // hidden
     cfg = forward_config_for(T, hidden, inter) if isinstance(config, str) else config
     dev = x.device
+    if cfg is None and T > 0 and x.dim() != 2 and x.is_contiguous() and x.data_ptr() % 16 == 0 \
+            and (hidden * x.element_size()) % 16 == 0:
+        # The cuBLAS path for an x [..., H] whose [T, H] view tma_ready would take as it is: the
+        # GEMMs on x itself (the same as on the view) and h with x's leading dimensions, so no
+        # output needs a reshape.
+        shape = (*x.shape[:-1], inter)
+        act = _empty(shape, dev) if return_activated_gate else None
+        h = _empty(shape, dev)
+        gate = F.linear(x, gate_weight)
+        up = F.linear(x, up_weight)
+        launch_swiglu_product(gate, up, h, act)
+        out = F.linear(h, down_weight)
+        return (out, gate, up, act) if return_activated_gate else (out, gate, up)
+    lead = tuple(x.shape[:-1])
+    xf = tma_ready(x)
     act = _empty((T, inter), dev) if return_activated_gate else None
     h = _empty((T, inter), dev)
     if T == 0:  # no tokens: no launches (a zero-size grid is an error)
