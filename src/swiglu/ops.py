@@ -47,11 +47,27 @@ _AUTOCAST_DEVICES = ("cuda", "cpu")
 _log = logging.getLogger("swiglu")
 
 
+#: The kernel modules once imported (an import statement costs host time at every call).
+_KERNELS: dict = {}
+
+
 def _triton():
     # Imported at first use: ``import swiglu`` does not import Triton.
-    from .kernels import backward
+    backend = _KERNELS.get("backward")
+    if backend is None:
+        from .kernels import backward as backend
 
-    return backward
+        _KERNELS["backward"] = backend
+    return backend
+
+
+def _triton_forward():
+    module = _KERNELS.get("forward")
+    if module is None:
+        from .kernels import forward as module
+
+        _KERNELS["forward"] = module
+    return module
 
 
 # --------------------------------------------------------------------------- validation
@@ -202,38 +218,58 @@ def run_backward(tensors, needs: tuple[bool, bool, bool, bool], impl: str,
         if tensors[4] is None:
             tensors = (*tensors[:4], activated_gate_of(tensors[2]), *tensors[5:])
         return reference_gradients(tensors, needs)
-    backend = _triton()
-    x, gate_weight = tensors[1], tensors[5]
-    flat = tuple(t if t is None or t.dim() == 2 else t.reshape(-1, t.shape[-1]) for t in tensors[:5])
+    backend = _KERNELS.get("backward") or _triton()
+    grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = tensors
+    xf = _rows(x)
     inter, hidden = gate_weight.shape
-    plan = backend.backward_plan(flat[1].shape[0], hidden, inter, backend.plan_device(x.device))
-    grad_x, *grad_weights = backend.launch_backward((*flat, *tensors[5:]), plan=plan, needs=needs,
-                                                    overwrite_activations=consume, release_activations=consume)
-    return (grad_x if grad_x is None or x.dim() == 2 else grad_x.reshape(x.shape), *grad_weights)
+    plan = backend.backward_plan(xf.shape[0], hidden, inter, backend.plan_device(x.device))
+    grad_x, *grad_weights = backend.launch_backward(
+        (_rows(grad_output), xf, _rows(gate_output), _rows(up_output), _rows(activated_gate), gate_weight, up_weight,
+         down_weight), plan=plan, needs=needs, overwrite_activations=consume, release_activations=consume)
+    return (grad_x if grad_x is None or xf is x else grad_x.reshape(x.shape), *grad_weights)
+
+
+def _rows(t: torch.Tensor | None) -> torch.Tensor | None:
+    # An activation as [tokens, size] (a view where its strides allow).
+    return t if t is None or t.dim() == 2 else t.reshape(-1, t.shape[-1])
+
+
+def _autocast_type(x: torch.Tensor) -> str | None:
+    """x's device type where an autocast region is active for it (``_AUTOCAST_DEVICES``), else None.
+    (``is_cuda``/``is_cpu``: reading ``x.device.type`` costs more than the rest of the check.)"""
+    device_type = "cuda" if x.is_cuda else "cpu" if x.is_cpu else None
+    return device_type if device_type is not None and torch.is_autocast_enabled(device_type) else None
 
 
 def _no_autocast(x: torch.Tensor):
     # The backends compute in their inputs' dtype, as the fake implementations promise, even when
-    # a backward runs inside an autocast region.
-    if x.device.type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(x.device.type):
-        return torch.autocast(x.device.type, enabled=False)
-    return contextlib.nullcontext()
+    # a backward runs inside an autocast region. (The eager carrier's hot paths call
+    # ``_autocast_type`` and enter no context manager outside autocast.)
+    device_type = _autocast_type(x)
+    return contextlib.nullcontext() if device_type is None else torch.autocast(device_type, enabled=False)
 
 
 def _forward(x, gate_weight, up_weight, down_weight, impl: str, save_activated_gate: bool):
     """``(out, gate_output, up_output, activated_gate or None)``: the Triton forward where the
     lean mode's backward is Triton (its silu formula is the one that backward recomputes with),
-    else nn.Linear's ops in nn.Linear's order (the same bits)."""
-    with _no_autocast(x):
-        if not save_activated_gate and impl == "triton":
-            from .kernels.forward import run_forward  # inputs validated, the Triton path resolved
+    else nn.Linear's ops in nn.Linear's order (the same bits). Outside any autocast region."""
+    device_type = _autocast_type(x)
+    if device_type is not None:
+        with torch.autocast(device_type, enabled=False):
+            return _forward_ops(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)
+    return _forward_ops(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)
 
-            out, gate_output, up_output = run_forward(x, gate_weight, up_weight, down_weight)
-            return out, gate_output, up_output, None
-        gate_output = F.linear(x, gate_weight)
-        activated_gate = activated_gate_of(gate_output)
-        up_output = F.linear(x, up_weight)
-        out = F.linear(activated_gate * up_output, down_weight)
+
+def _forward_ops(x, gate_weight, up_weight, down_weight, impl: str, save_activated_gate: bool):
+    if not save_activated_gate and impl == "triton":
+        # Inputs validated, the Triton path resolved.
+        out, gate_output, up_output = (_KERNELS.get("forward") or _triton_forward()).run_forward(
+            x, gate_weight, up_weight, down_weight)
+        return out, gate_output, up_output, None
+    gate_output = F.linear(x, gate_weight)
+    activated_gate = activated_gate_of(gate_output)
+    up_output = F.linear(x, up_weight)
+    out = F.linear(activated_gate * up_output, down_weight)
     return out, gate_output, up_output, activated_gate if save_activated_gate else None
 
 
@@ -292,9 +328,13 @@ class _SwiGLUFunction(torch.autograd.Function):
         consume = owned is not None and gate_output is owned[0]() and up_output is owned[1]() \
             and spans_whole_storage(gate_output) and spans_whole_storage(up_output)
         ctx.consumed = consume  # before the launch: a failure after the overwrite must not let a retry read them
-        with _no_autocast(x):
-            grads = run_backward((grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                                  down_weight), needs, ctx.impl, consume)
+        tensors = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
+        device_type = _autocast_type(x)
+        if device_type is None:
+            grads = run_backward(tensors, needs, ctx.impl, consume)
+        else:
+            with torch.autocast(device_type, enabled=False):
+                grads = run_backward(tensors, needs, ctx.impl, consume)
         return (*grads, None, None, None)
 
 
@@ -556,19 +596,19 @@ def _renamed(backward_impl: str, impl: str) -> str:
 def _swiglu_mlp(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers=False,
                 hidden_size=None, intermediate_size=None):
     """``swiglu_mlp`` checked against declared sizes (``SwiGLUMLP``): validate once, decide once."""
-    for name, flag in (("save_activated_gate", save_activated_gate), ("reuse_saved_buffers", reuse_saved_buffers)):
-        if flag is not True and flag is not False:
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    autocast = isinstance(x, torch.Tensor) and x.device.type in _AUTOCAST_DEVICES \
-        and torch.is_autocast_enabled(x.device.type)
-    if autocast or not inputs_look_valid(x, gate_weight, up_weight, down_weight, hidden_size=hidden_size,
-                                         intermediate_size=intermediate_size):
+    if save_activated_gate is not True and save_activated_gate is not False:
+        raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
+    if reuse_saved_buffers is not True and reuse_saved_buffers is not False:
+        raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
+    autocast = _autocast_type(x) if isinstance(x, torch.Tensor) else None
+    if autocast is not None or not inputs_look_valid(x, gate_weight, up_weight, down_weight, hidden_size=hidden_size,
+                                                     intermediate_size=intermediate_size):
         validate_forward_inputs(x, gate_weight, up_weight, down_weight, impl, hidden_size=hidden_size,
-                                intermediate_size=intermediate_size, autocast=autocast)
-    if autocast:
+                                intermediate_size=intermediate_size, autocast=autocast is not None)
+    if autocast is not None:
         # What autocast does to nn.Linear: compute in its dtype (the casts' autograd returns
         # float32 gradients to float32 master weights).
-        dtype = torch.get_autocast_dtype(x.device.type)
+        dtype = torch.get_autocast_dtype(autocast)
         x, gate_weight, up_weight, down_weight = (t.to(dtype) for t in (x, gate_weight, up_weight, down_weight))
     if torch.compiler.is_compiling():
         # The custom ops resolve impl in their bodies, at run time (the device queries behind
@@ -580,12 +620,20 @@ def _swiglu_mlp(x, gate_weight, up_weight, down_weight, impl, save_activated_gat
         # torch.func (grad, vmap, jacrev...): the same formula in plain differentiable ops, which
         # every transform supports (the kernels cannot read functorch's wrapped tensors).
         return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
-    with torch.autocast(x.device.type, enabled=False) if autocast else contextlib.nullcontext():
-        if _plain(x) and _plain(gate_weight) and _plain(up_weight) and _plain(down_weight) \
-                and not dispatch_mode_active():
-            return _SwiGLUFunction.apply(x, gate_weight, up_weight, down_weight, impl, save_activated_gate,
-                                         reuse_saved_buffers)
-        return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]
+    if autocast is not None:
+        with torch.autocast(autocast, enabled=False):
+            return _eager(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers)
+    return _eager(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers)
+
+
+def _eager(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers):
+    # Plain tensors and no dispatch mode: the autograd.Function; else the custom op.
+    plain = _PLAIN_TYPES
+    if type(x) in plain and type(gate_weight) in plain and type(up_weight) in plain and type(down_weight) in plain \
+            and not dispatch_mode_active():
+        return _SwiGLUFunction.apply(x, gate_weight, up_weight, down_weight, impl, save_activated_gate,
+                                     reuse_saved_buffers)
+    return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]
 
 
 def transforms_active() -> bool:
@@ -602,8 +650,6 @@ def dispatch_mode_active() -> bool:
     return torch._C._len_torch_dispatch_stack() > 0
 
 
-def _plain(t: torch.Tensor) -> bool:
-    # A tensor or parameter, not a subclass (DTensor and other wrappers take the custom op, whose
-    # dispatch they implement).
-    cls = type(t)
-    return cls is torch.Tensor or cls is torch.nn.Parameter
+#: A tensor or parameter, not a subclass (DTensor and other wrappers take the custom op, whose
+#: dispatch they implement).
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
