@@ -319,6 +319,41 @@ def test_a_hook_added_after_patching_falls_back_with_a_warning(op_calls):
     assert len(seen) == 2 and len(op_calls) == 1  # the hook ran in both; layer 0 still used the op
 
 
+@pytest.mark.parametrize("change, match", [
+    ("act_hook", "act_fn has hooks"),
+    ("act_gelu", "not SiLU"),
+    ("bias", "up_proj has a bias"),
+    ("global_hook", "global module forward hooks"),
+])
+def test_what_appears_after_patching_takes_the_original_forward(change, match, op_calls):
+    """The patched forward's few-reads check (plain projections, a SiLU without hooks, no global
+    hooks) hands anything else to the full one: each of these, added after ``apply``, makes the
+    layer run its original forward with the warning."""
+    plain = build("llama")
+    ours = copy.deepcopy(plain)
+    swiglu_hf.apply(ours)
+    handles = []
+    for model in (ours, plain):
+        mlp = model.model.layers[1].mlp
+        if change == "act_hook":
+            handles.append(mlp.act_fn.register_forward_hook(lambda mod, inp, out: out * 2))
+        elif change == "act_gelu":
+            mlp.act_fn = nn.GELU()
+        elif change == "bias":
+            mlp.up_proj.bias = nn.Parameter(torch.full((mlp.up_proj.out_features,), 0.5, dtype=torch.float64))
+    if change == "global_hook":
+        handles.append(nn.modules.module.register_module_forward_hook(lambda mod, inp, out: None))
+    try:
+        ids = batch(8)
+        with pytest.warns(UserWarning, match=f"runs its original forward: .*{match}"):
+            logits = ours(ids).logits
+        torch.testing.assert_close(logits, plain(ids).logits, rtol=1e-12, atol=1e-12)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(op_calls) == (0 if change == "global_hook" else 1)  # layer 0 still used the op
+
+
 def test_apply_arguments_and_unpatch():
     model = build("llama")
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):

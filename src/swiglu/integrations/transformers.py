@@ -35,9 +35,10 @@ import warnings
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _torch_module
 
 from ..checks import FLOAT_DTYPES
-from ..module import projection_reason
+from ..module import _fusable_fast, projection_reason
 from ..moe import swiglu_moe as _swiglu_moe
 from ..ops import _check_impl, _renamed, _swiglu_mlp
 
@@ -105,6 +106,11 @@ def _act_fn_reason(module: nn.Module) -> str | None:
     return None
 
 
+def _silu_fast(act) -> bool:
+    # A SiLU module without hooks (``_act_fn_reason`` finds nothing), in a few reads.
+    return _is_silu(act) and not _has_hooks(act)
+
+
 def _runtime_reason(module: nn.Module) -> str | None:
     """Why the fused op cannot stand in for this module's forward right now (None when it can).
     Cheap: types, biases and hook dictionaries only, so it runs at every forward."""
@@ -122,7 +128,7 @@ def _runtime_reason(module: nn.Module) -> str | None:
     reason = _act_fn_reason(module)
     if reason:
         return reason
-    if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+    if _torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks:
         return "global module forward hooks are registered; the fused op would not run them on the projections"
     return None
 
@@ -180,12 +186,20 @@ class _SwigluForward(nn.Module):
         return _unpickle, (self._swiglu_base,), self.__getstate__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        reason = _runtime_reason(self)
-        if reason is not None:
-            warnings.warn(f"swiglu: {type(self).__qualname__} runs its original forward: {reason}", stacklevel=2)
-            return super().forward(x)
-        return _swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, self.swiglu_impl,
-                           self.swiglu_save_activated_gate, self.swiglu_reuse_saved_buffers)
+        children = self._modules
+        gate, up, down = children.get("gate_proj"), children.get("up_proj"), children.get("down_proj")
+        if _fusable_fast(gate) and _fusable_fast(up) and _fusable_fast(down) and _silu_fast(children.get("act_fn")) \
+                and not (_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks):
+            # The usual case, in a few reads (``_runtime_reason``'s verdict; plain nn.Linear weights).
+            weights = gate._parameters["weight"], up._parameters["weight"], down._parameters["weight"]
+        else:
+            reason = _runtime_reason(self)
+            if reason is not None:
+                warnings.warn(f"swiglu: {type(self).__qualname__} runs its original forward: {reason}", stacklevel=2)
+                return super().forward(x)
+            weights = self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight
+        return _swiglu_mlp(x, *weights, self.swiglu_impl, self.swiglu_save_activated_gate,
+                           self.swiglu_reuse_saved_buffers)
 
 
 def _unpickle(base: type, state: dict | None = None) -> nn.Module:
