@@ -102,7 +102,6 @@ def launch_grad_weight_gluon_or_tl(a, b, out, c: KernelConfig, g: GluonConfig | 
     if g is None:
         launch_grad_weight(a, b, out, c, nprog)
         return
-    M, N = a.shape[1], b.shape[1]
     if g.resident_k:
         if RESIDENT_LAUNCHER is None:
             raise ValueError(f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident's kernel, "
@@ -114,8 +113,8 @@ def launch_grad_weight_gluon_or_tl(a, b, out, c: KernelConfig, g: GluonConfig | 
                              f"which sets backward.PLAIN_STORE_LAUNCHER when imported (not imported), got {g}")
         launcher = PLAIN_STORE_LAUNCHER
     else:
-        launcher = _gluon().wgrad.launch_grad_weight_gluon
-    launcher(a, b, out, g, nprog or tile_programs(a.device, M, N, g))
+        launcher = (_GLUON_MODULES or _gluon_modules())[0].wgrad.launch_grad_weight_gluon
+    launcher(a, b, out, g, nprog or tile_programs(a.device, a.shape[1], b.shape[1], g))
 
 
 #: The launcher of a ``GluonConfig`` with ``resident_k`` (A held in shared memory): the library
@@ -135,13 +134,17 @@ def _gluon():
     """The Gluon launcher modules (``.wgrad``: ``gluon_wgrad``, ``.dswiglu``: ``gluon_dswiglu``),
     imported on first use: only where Gluon runs (``devices.GLUON_TRITONS``); an import statement
     per launch costs host time."""
+    return (_GLUON_MODULES or _gluon_modules())[0]
+
+
+def _gluon_modules() -> list:
     if not _GLUON_MODULES:
         from types import SimpleNamespace
 
         from . import gluon_dswiglu, gluon_wgrad
 
         _GLUON_MODULES.append(SimpleNamespace(wgrad=gluon_wgrad, dswiglu=gluon_dswiglu))
-    return _GLUON_MODULES[0]
+    return _GLUON_MODULES
 
 
 @lru_cache(maxsize=256)
@@ -392,7 +395,7 @@ def triton_swiglu_backward(
 
 def plan_device(device: torch.device) -> torch.device:
     """``device`` with its index (``cuda`` -> ``cuda:<current>``): the plan cache's key."""
-    if device.type == "cuda" and device.index is None:
+    if device.index is None and device.type == "cuda":  # a tensor's CUDA device has its index
         return torch.device("cuda", torch.cuda.current_device())
     return device
 
@@ -478,7 +481,8 @@ def launch_backward(
             with torch.no_grad():  # inputs may require grad; this is a backward, never recorded
                 torch.mul(act, up, out=h)
     # Storage freed after its last reader (release_activations): gate's, then up's.
-    release_gate, release_up = (release_activations and spans_whole_storage(t) for t in (gate_output, up_output))
+    release_gate = release_activations and spans_whole_storage(gate_output)
+    release_up = release_activations and spans_whole_storage(up_output)
     del gate, up, act
 
     # Order for memory, not speed (the launches are independent once d_gate, d_up and h exist):

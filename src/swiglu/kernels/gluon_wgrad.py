@@ -510,13 +510,13 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     ``plain_store`` ``swiglu_lab.experiments.gluon_wgrad_probe``'s (ValueError here). A config's
     ``wg_store`` (ping-pong, BN = 2 * BN2) selects ``wgrad_kernel``'s WG_STORE."""
     M, N, K = out.shape[0], out.shape[1], a.shape[0]
-    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), *wide, consts, kw = _launch_constants(cfg)
-    descs = [Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout)]
+    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), wide, consts, kw = _launch_constants(cfg)
     if wide:  # the second chunk's blocks on the same b and out
         (b2_block, b2_layout), (c2_block, c2_layout) = wide
-        descs += [*consts, Tma(b, b2_block, b2_layout), Tma(out, c2_block, c2_layout), cfg.BN2]
+        descs = (Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout), *consts,
+                 Tma(b, b2_block, b2_layout), Tma(out, c2_block, c2_layout), cfg.BN2)
     else:
-        descs += consts
+        descs = (Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout), *consts)
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg), *descs, **kw)
 
 
@@ -536,4 +536,5 @@ def _launch_constants(cfg: GluonConfig):
     if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
         kw.update(b2_desc=None, c2_desc=None, BN2=0)
     kw.update(WG_STORE=cfg.wg_store)
-    return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, kw)
+    specs = tuple((b, _layout(tuple(b))) for b in blocks)
+    return (*specs[:3], specs[3:], consts, kw)  # a, b, out, the wide kernel's second (b, out) or (), ...
