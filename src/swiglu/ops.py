@@ -226,7 +226,8 @@ def run_backward(tensors, needs: tuple[bool, bool, bool, bool], impl: str,
     grad_x, *grad_weights = backend.launch_backward(
         (_rows(grad_output), xf, _rows(gate_output), _rows(up_output), _rows(activated_gate), gate_weight, up_weight,
          down_weight), plan=plan, needs=needs, overwrite_activations=consume, release_activations=consume)
-    return (grad_x if grad_x is None or xf is x else grad_x.reshape(x.shape), *grad_weights)
+    # (Sizes as separate ints: torch parses them faster than a torch.Size.)
+    return (grad_x if grad_x is None or xf is x else grad_x.reshape(*x.shape), *grad_weights)
 
 
 def _rows(t: torch.Tensor | None) -> torch.Tensor | None:
