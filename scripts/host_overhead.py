@@ -536,7 +536,8 @@ def main(argv=None) -> dict:
         warmup=args.warmup, iters=args.iters, rounds=args.rounds,
         torch_threads=torch.get_num_threads() if threads is None else threads,
         triton_interpret=os.environ.get("TRITON_INTERPRET"),
-        auto_backend_reason=swiglu.backend_reason(device, dtype),
+        auto_backend_reason="stubbed: 'auto' took the Triton path (stub_launches)" if args.stub_launches
+        else swiglu.backend_reason(device, dtype),
         stub_launches=dict(plan_shape=dict(zip("THI", args.stub_plan)), sms=H200_SMS,
                            shared_memory_per_block=H200_SHARED_MEMORY, x_shape=[1, shape["T"], shape["H"]],
                            note="host-only microseconds on this CPU, kernel launches stubbed: not GPU-machine times")
