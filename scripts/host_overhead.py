@@ -50,7 +50,7 @@ tensors; every kernel choice is the one the H200 makes at ``--stub-plan`` (defau
 I=14336: Llama-3-8B's MLP at 512 tokens), its tables read as on that machine (Gluon kernels where
 they have entries, grad_x's tile rule for 132 SMs), while the tensors have ``--shape``'s sizes (x as
 [1, T, H], as in a Hugging Face model); a key's first launch gets a stand-in for the compiled kernel,
-and every later one runs ``swiglu.kernels.common``'s cached launch with triton 3.6's per-launch
+and every later one runs ``swiglu.kernels.launch``'s cached launch with triton 3.6's per-launch
 work (the hook check, the stream query, the CUtensorMap memo) and a C launcher and descriptor fill
 that do nothing. What stays out: the C launcher's own time (a few microseconds per launch on the
 GPU machine) and CUDA's allocator against the CPU's. Adds forward-only rows of transformers'
@@ -124,12 +124,10 @@ class _StubCompiled:
 
 
 def _stub_direct_runner(compiled, grid, *extra):
-    """``common.direct_runner`` with a C launcher and a CUtensorMap fill that do nothing: the
-    library's own per-launch closure where it has one (``common.direct_run``), else a copy of
-    triton 3.6's direct runner's as it was before that existed (the same Python per launch)."""
-    from triton import knobs
-
-    from swiglu.kernels import common
+    """``launch.direct_runner`` with a C launcher and a CUtensorMap fill that do nothing: the
+    library's own per-launch closure (``launch.direct_run``), so the Python per launch is the
+    GPU path's."""
+    from swiglu.kernels import launch
 
     def noop(*args):
         return None
@@ -138,21 +136,8 @@ def _stub_direct_runner(compiled, grid, *extra):
         return object()
 
     head = (*grid, None, None, False, False, None, None, None, None, None, None)
-    slow = compiled[grid]
-    parts = dict(raw=noop, head=head, descriptors=compiled.descriptors, fill=fill, device=lambda: 0,
-                 stream=lambda device: 0, slow=slow)
-    if hasattr(common, "direct_run"):
-        return common.direct_run(**parts, rest=extra[0] if extra else ())
-    runtime, maps = knobs.runtime, {}
-
-    def run(*args):
-        if common._has_hooks(runtime.launch_enter_hook) or common._has_hooks(runtime.launch_exit_hook):
-            return slow(*common.as_descriptors(args))
-        base = list(head)
-        base[3] = parts["stream"](parts["device"]())
-        noop(*base, *common.expand_descriptors(args, compiled.descriptors, fill, maps))
-
-    return run
+    return launch.direct_run(raw=noop, head=head, descriptors=compiled.descriptors, fill=fill, device=lambda: 0,
+                             stream=lambda device: 0, slow=compiled[grid], rest=extra[0] if extra else ())
 
 
 @contextlib.contextmanager
@@ -163,19 +148,19 @@ def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H2
     ``triton_reason`` (None for bfloat16), the backward's Gluon table reads (as on a device with
     ``shared_memory`` bytes per block) and its plan cache (the plan at ``plan_shape`` with ``sms``
     SMs, carrying the call's sizes), the forward's configuration choice (``plan_shape``'s),
-    ``JITFunction.run`` and ``common.direct_runner``; the decision, plan and launch caches are
+    ``JITFunction.run`` and ``launch.direct_runner``; the decision, plan and launch caches are
     emptied on entry and exit. Needs TRITON_INTERPRET unset (RuntimeError otherwise)."""
     from functools import lru_cache
 
     from triton.runtime.jit import JITFunction
 
     from swiglu import ops
-    from swiglu.kernels import backward, common, forward
+    from swiglu.kernels import backward, devices, forward, launch
 
-    if common.INTERPRET:
+    if devices.INTERPRET:
         raise RuntimeError("--stub-launches measures the GPU path's Python: run it without TRITON_INTERPRET=1")
     pT, pH, pI = plan_shape
-    real = dict(run=JITFunction.run, direct_runner=common.direct_runner,
+    real = dict(run=JITFunction.run, direct_runner=launch.direct_runner,
                 gluon=backward._gluon_config_for_bucket, plan=backward._cached_plan,
                 forward_config_for=forward.forward_config_for, auto_reason=ops.auto_reason,
                 triton_reason=ops.triton_reason)
@@ -211,10 +196,10 @@ def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H2
     def clear():
         ops._resolve.cache_clear()
         backward._cached_plan.cache_clear()
-        common.clear_launches()
+        launch.clear_launches()
 
     JITFunction.run = stub_run
-    common.direct_runner = _stub_direct_runner
+    launch.direct_runner = _stub_direct_runner
     backward._gluon_config_for_bucket, backward._cached_plan = gluon_config, plan
     forward.forward_config_for = forward_config_for
     ops.auto_reason, ops.triton_reason = auto_reason, lambda device, hidden_size, intermediate_size: None
@@ -224,7 +209,7 @@ def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H2
     finally:
         clear()
         JITFunction.run = real["run"]
-        common.direct_runner = real["direct_runner"]
+        launch.direct_runner = real["direct_runner"]
         backward._gluon_config_for_bucket, backward._cached_plan = real["gluon"], real["plan"]
         forward.forward_config_for = real["forward_config_for"]
         ops.auto_reason, ops.triton_reason = real["auto_reason"], real["triton_reason"]

@@ -62,9 +62,9 @@ def test_profile_writes_both_blocks_by_both_orders(tmp_path):
 
 def test_stub_launches_refuses_the_interpreter():
     """Under TRITON_INTERPRET=1 (conftest on a CPU) every launch takes Triton's path: nothing to stub."""
-    from swiglu.kernels import common
+    from swiglu.kernels import devices
 
-    if not common.INTERPRET:
+    if not devices.INTERPRET:
         pytest.skip("TRITON_INTERPRET unset in this process")
     with pytest.raises(RuntimeError, match="without TRITON_INTERPRET"):
         with host_overhead.stubbed_launches():
