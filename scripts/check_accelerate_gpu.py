@@ -30,8 +30,9 @@ def check(name, ok, detail=""):
 
 def mlp(dtype, device, H=64, I=128):
     torch.manual_seed(0)
-    return LlamaMLP(LlamaConfig(hidden_size=H, intermediate_size=I, num_attention_heads=2,
-                                num_key_value_heads=2)).to(device=device, dtype=dtype)
+    return LlamaMLP(LlamaConfig(hidden_size=H, intermediate_size=I, num_attention_heads=2, num_key_value_heads=2)).to(
+        device=device, dtype=dtype
+    )
 
 
 calls = []
@@ -53,12 +54,13 @@ for dtype in (torch.float32, torch.bfloat16):
     n = len(calls)
     names = swiglu_hf.apply(m)
     got = m(x)
-    check(f"AlignDevicesHook(io_same_device) then apply, {dtype}",
-          names == [""] and len(calls) == n + 1 and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2),
-          f"(fused op calls: {len(calls) - n})")
+    check(
+        f"AlignDevicesHook(io_same_device) then apply, {dtype}",
+        names == [""] and len(calls) == n + 1 and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2),
+        f"(fused op calls: {len(calls) - n})",
+    )
     c = copy.deepcopy(m)
-    check(f"deepcopy of the hooked patched module, {dtype}",
-          torch.allclose(c(x).float(), want.float(), rtol=2e-2, atol=2e-2))
+    check(f"deepcopy of the hooked patched module, {dtype}", torch.allclose(c(x).float(), want.float(), rtol=2e-2, atol=2e-2))
 ours = swiglu.SwiGLUMLP(64, 128, device="cuda")
 plain = swiglu.module.PlainSwiGLUMLP(64, 128, device="cuda")
 plain.load_state_dict(ours.state_dict())
@@ -67,6 +69,9 @@ with torch.autocast("cuda", dtype=torch.float16):
     a, b = ours(x), plain(x)
 ref = plain.double()(x.double())
 ratio = ((a.double() - ref).norm() / (b.double() - ref).norm()).item()
-check("float16 CUDA autocast: dtype and error against the nn.Linear module's", a.dtype == torch.float16 and ratio < 1.5,
-      f"(dtype {a.dtype}, error ratio {ratio:.2f})")
+check(
+    "float16 CUDA autocast: dtype and error against the nn.Linear module's",
+    a.dtype == torch.float16 and ratio < 1.5,
+    f"(dtype {a.dtype}, error ratio {ratio:.2f})",
+)
 sys.exit(0 if all(results) else 1)

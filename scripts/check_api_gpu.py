@@ -43,8 +43,9 @@ from swiglu.kernels import backward as triton_backward
 from swiglu.ops import resolve_impl
 from swiglu.kernels.backward import CONFIGS, KernelConfig, triton_swiglu_backward
 
-OVERSIZED_EXAMPLE = KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True,
-                             flatten=True)
+OVERSIZED_EXAMPLE = KernelConfig(
+    BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True, flatten=True
+)
 KERNEL_KEYS = {v: k for k, v in shared_memory.KERNELS.items()}
 rows: list[dict] = []
 
@@ -75,8 +76,7 @@ class _Capture:
 def shared_memory_checks(dev) -> None:
     limit = shared_memory.shared_memory_limit(dev)
     props = torch.cuda.get_device_properties(dev)
-    record("limit", limit == props.shared_memory_per_block_optin,
-           f"{limit} bytes per block ({torch.cuda.get_device_name(dev)})")
+    record("limit", limit == props.shared_memory_per_block_optin, f"{limit} bytes per block ({torch.cuda.get_device_name(dev)})")
     configs = {(k, c) for k, table in CONFIGS.items() for c in table.values()}
     for kernel in CONFIGS:
         base = CONFIGS[kernel][4096]
@@ -100,9 +100,12 @@ def shared_memory_checks(dev) -> None:
                 if real is None:
                     record(f"smem {kernel} {cfg}", False, "the launch returned no compiled kernel to read")
                     continue
-                record(f"smem {kernel} {cfg.BM}x{cfg.BN}x{cfg.BK} s{cfg.num_stages}w{cfg.num_warps} E{cfg.EPI_SPLIT}"
-                       f"{' ws' if cfg.warp_specialize else ''}{' flat' if cfg.flatten else ''}",
-                       real <= est <= limit, f"Triton {real}, estimate {est}")
+                record(
+                    f"smem {kernel} {cfg.BM}x{cfg.BN}x{cfg.BK} s{cfg.num_stages}w{cfg.num_warps} E{cfg.EPI_SPLIT}"
+                    f"{' ws' if cfg.warp_specialize else ''}{' flat' if cfg.flatten else ''}",
+                    real <= est <= limit,
+                    f"Triton {real}, estimate {est}",
+                )
     finally:
         for n, fn in originals.items():
             setattr(kernels, n, fn)
@@ -135,8 +138,7 @@ def zero_token_checks(dev) -> None:
                 x = torch.randn(*lead, 256, device=dev, dtype=torch.bfloat16, requires_grad=True)
                 mlp(x).backward(torch.ones(*lead, 256, device=dev, dtype=torch.bfloat16))
                 grads = [p.grad for p in mlp.parameters()]
-                ok = (x.grad.shape == x.shape and all(g is not None and not g.count_nonzero() for g in grads)
-                      and not launches)
+                ok = x.grad.shape == x.shape and all(g is not None and not g.count_nonzero() for g in grads) and not launches
                 record(f"zero tokens {impl} {list(lead)}", ok, f"grad_x {list(x.grad.shape)}, launches {len(launches)}")
     finally:
         for n, fn in originals.items():
@@ -199,8 +201,11 @@ def compiled_autograd_check(dev) -> None:
         torch._dynamo.reset()
         for mode, g in zip(("inductor", "aot_eager"), grads[1:]):
             ok = all(torch.equal(a, b) for a, b in zip(g, grads[0]))
-            record(f"compiled autograd ({mode}, {'lean' if lean else 'saved'}) == eager", ok,
-                   f"T={tokens} H={hidden} I={inter}, impl {resolve_impl('auto', x0, m.gate_proj.weight)}")
+            record(
+                f"compiled autograd ({mode}, {'lean' if lean else 'saved'}) == eager",
+                ok,
+                f"T={tokens} H={hidden} I={inter}, impl {resolve_impl('auto', x0, m.gate_proj.weight)}",
+            )
 
 
 def flop_count_check(dev) -> None:
@@ -214,8 +219,7 @@ def flop_count_check(dev) -> None:
     unit = tokens * hidden * inter
     for name, fn, want in (
         ("module fwd+bwd", lambda: m(x).sum().backward(), 18 * unit),
-        ("custom op fwd+bwd", lambda: torch.ops.swiglu.mlp_forward(x, *w, "auto", False)[0].sum().backward(),
-         18 * unit),
+        ("custom op fwd+bwd", lambda: torch.ops.swiglu.mlp_forward(x, *w, "auto", False)[0].sum().backward(), 18 * unit),
         ("swiglu_mlp_backward", lambda: swiglu.swiglu_mlp_backward(*t), 12 * unit),
     ):
         with FlopCounterMode(display=False) as counter:
@@ -241,8 +245,15 @@ def main() -> int:
         print("no CUDA GPU", file=sys.stderr)
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
-    checks = (shared_memory_checks, zero_token_checks, double_backward_check, subnormal_check,
-              compiled_autograd_check, flop_count_check, compiled_backward_check)
+    checks = (
+        shared_memory_checks,
+        zero_token_checks,
+        double_backward_check,
+        subnormal_check,
+        compiled_autograd_check,
+        flop_count_check,
+        compiled_backward_check,
+    )
     wanted = sys.argv[1:]  # check names without "_check(s)", e.g. flop_count; none: all
     for check in checks:
         if not wanted or check.__name__.removesuffix("s").removesuffix("_check") in wanted:

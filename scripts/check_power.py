@@ -26,10 +26,16 @@ from swiglu_lab.bench.timing import L2Flusher
 def _row(name: str, columns: dict, iterations: int) -> dict:
     duration = columns["energy_window_s"]
     counter_w = columns["energy_j"] * iterations / duration if duration > 0 else float("nan")
-    return {"window": name, "seconds": duration, "samples": columns["power_samples"],
-            "sampled_w": columns["power_w"], "counter_w": counter_w,
-            "counter_vs_sampled": counter_w / columns["power_w"] if columns["power_w"] > 0 else float("nan"),
-            "sm_clock_mhz": columns["sm_clock_mhz"], "energy_per_iter_j": columns["energy_j"]}
+    return {
+        "window": name,
+        "seconds": duration,
+        "samples": columns["power_samples"],
+        "sampled_w": columns["power_w"],
+        "counter_w": counter_w,
+        "counter_vs_sampled": counter_w / columns["power_w"] if columns["power_w"] > 0 else float("nan"),
+        "sm_clock_mhz": columns["sm_clock_mhz"],
+        "energy_per_iter_j": columns["energy_j"],
+    }
 
 
 def main() -> None:
@@ -73,8 +79,13 @@ def main() -> None:
         flush = L2Flusher(device)
         t0 = time.time()
         flush_j = measure_flush_energy(monitor, flush, device)
-        rows.append({"window": f"L2 flush ({flush.nbytes / 1e6:.0f} MB zeroed)", "seconds": time.time() - t0,
-                     "energy_per_iter_j": flush_j})
+        rows.append(
+            {
+                "window": f"L2 flush ({flush.nbytes / 1e6:.0f} MB zeroed)",
+                "seconds": time.time() - t0,
+                "energy_per_iter_j": flush_j,
+            }
+        )
     finally:
         monitor.close()
 

@@ -37,10 +37,16 @@ FIELDS = ["variant", "seq_len", "layers", "activation_checkpointing", "step_ms",
 def build(args):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.kv_heads, vocab_size=args.vocab_size,
-                         max_position_embeddings=args.max_seq, attn_implementation="sdpa")
+    config = LlamaConfig(
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        vocab_size=args.vocab_size,
+        max_position_embeddings=args.max_seq,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     with torch.device(args.device):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
@@ -72,9 +78,16 @@ class Trainer:
                 self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        row = dict(variant=self.variant, seq_len=seq, layers=self.args.layers,
-                   activation_checkpointing=checkpointing, step_ms=float("nan"), tokens_per_s=float("nan"),
-                   peak_gib=float("nan"), oom=False)
+        row = dict(
+            variant=self.variant,
+            seq_len=seq,
+            layers=self.args.layers,
+            activation_checkpointing=checkpointing,
+            step_ms=float("nan"),
+            tokens_per_s=float("nan"),
+            peak_gib=float("nan"),
+            oom=False,
+        )
         cuda = self.args.device.startswith("cuda")
         try:
             if cuda:
@@ -98,8 +111,7 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
         finally:
             if checkpointing:
-                (getattr(self.model, "activation_checkpointing_disable", None)
-                 or self.model.gradient_checkpointing_disable)()
+                (getattr(self.model, "activation_checkpointing_disable", None) or self.model.gradient_checkpointing_disable)()
             gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
@@ -107,8 +119,9 @@ class Trainer:
 
     def state_bytes(self) -> dict:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        states = sum(t.numel() * t.element_size() for s in self.opt.state.values() for t in s.values()
-                     if isinstance(t, torch.Tensor))
+        states = sum(
+            t.numel() * t.element_size() for s in self.opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)
+        )
         return dict(weights_gib=weights / 2**30, gradients_gib=weights / 2**30, adamw_states_gib=states / 2**30)
 
     def close(self) -> None:
@@ -124,8 +137,7 @@ def longest(trainer: Trainer, args, rows: list[dict], deadline: float) -> int:
     def fits(seq: int) -> bool:
         row = trainer.trial(seq, steps=2)
         rows.append(row)
-        print(f"  {trainer.variant:10s} seq {seq:6d}: {'OOM' if row['oom'] else 'peak %.2f GiB' % row['peak_gib']}",
-              flush=True)
+        print(f"  {trainer.variant:10s} seq {seq:6d}: {'OOM' if row['oom'] else 'peak %.2f GiB' % row['peak_gib']}", flush=True)
         return not row["oom"]
 
     good, bad, seq = 0, None, args.start_seq
@@ -163,8 +175,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-seq", type=int, default=131072)
     p.add_argument("--granularity", type=int, default=1024)
     p.add_argument("--steps", type=int, default=4, help="timed steps of the comparison (after one warm step)")
-    p.add_argument("--compare-seq", default="", help="lengths to compare (default: the stock model's longest plus "
-                                                      "one granularity step, and the patched model's longest; 'none': no comparison)")
+    p.add_argument(
+        "--compare-seq",
+        default="",
+        help="lengths to compare (default: the stock model's longest plus "
+        "one granularity step, and the patched model's longest; 'none': no comparison)",
+    )
     p.add_argument("--time-budget-s", type=float, default=420)
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=os.environ.get("OUT") or "build/hf_long_seq")
@@ -190,8 +206,12 @@ def main(argv=None) -> int:
         trainer.close()
     base = best.get("unpatched", 0)
     # Default: just past the stock model's longest, and the patched model's longest.
-    compare = [] if args.compare_seq == "none" else [int(s) for s in args.compare_seq.split(",") if s] or \
-        sorted({s for s in (base + args.granularity, best.get("swiglu", 0)) if base and s > base})
+    compare = (
+        []
+        if args.compare_seq == "none"
+        else [int(s) for s in args.compare_seq.split(",") if s]
+        or sorted({s for s in (base + args.granularity, best.get("swiglu", 0)) if base and s > base})
+    )
     for seq in compare:
         for variant, checkpointing in (("unpatched", True), ("swiglu", False), ("liger", False), ("unpatched", False)):
             if variant not in variants or time.monotonic() > deadline:
@@ -201,18 +221,26 @@ def main(argv=None) -> int:
             row = trainer.trial(seq, steps=args.steps + 1, checkpointing=checkpointing)
             row["compare"] = True
             rows.append(row)
-            print(f"  compare {variant:10s} ckpt={checkpointing!s:5s} seq {seq}: "
-                  f"{'OOM' if row['oom'] else '%.0f tokens/s, %.2f GiB' % (row['tokens_per_s'], row['peak_gib'])}",
-                  flush=True)
+            print(
+                f"  compare {variant:10s} ckpt={checkpointing!s:5s} seq {seq}: "
+                f"{'OOM' if row['oom'] else '%.0f tokens/s, %.2f GiB' % (row['tokens_per_s'], row['peak_gib'])}",
+                flush=True,
+            )
             trainer.close()
     with open(out / "long_seq.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    meta = dict(utc=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                commit=os.environ.get("SWIGLU_GIT_COMMIT", ""), args=vars(args), longest=best, state_memory=memory,
-                torch=torch.__version__, alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-                device=torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device)
+    meta = dict(
+        utc=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        commit=os.environ.get("SWIGLU_GIT_COMMIT", ""),
+        args=vars(args),
+        longest=best,
+        state_memory=memory,
+        torch=torch.__version__,
+        alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        device=torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
+    )
     try:
         import transformers
         import triton
@@ -227,8 +255,10 @@ def main(argv=None) -> int:
         print(f"{v:12s} {best[v]:11d}  {m['weights_gib'] + m['gradients_gib'] + m['adamw_states_gib']:.1f}")
     for r in rows:
         if r.get("compare"):
-            print(f"compare {r['variant']:10s} ckpt={r['activation_checkpointing']!s:5s} seq {r['seq_len']}: "
-                  f"{r['tokens_per_s']:.0f} tokens/s, peak {r['peak_gib']:.2f} GiB, oom {r['oom']}")
+            print(
+                f"compare {r['variant']:10s} ckpt={r['activation_checkpointing']!s:5s} seq {r['seq_len']}: "
+                f"{r['tokens_per_s']:.0f} tokens/s, peak {r['peak_gib']:.2f} GiB, oom {r['oom']}"
+            )
     return 0
 
 

@@ -82,20 +82,53 @@ VARIANTS = ("unpatched", "swiglu", "swiglu_pdl", "swiglu_reuse", "liger", "swigl
 DEFAULT_VARIANTS = ("unpatched", "swiglu", "liger", "swiglu+compile")
 #: Variants whose failure is recorded instead of ending the run (peers and compiled variants).
 GUARDED = ("liger", "swiglu+compile", "unpatched+compile")
-CSV_FIELDS = ["variant", "status", "error", "mlp_forward", "ms_median", "ms_min", "ms_p20", "ms_p80", "host_ms_median",
-              "gpu_busy_ms", "gpu_idle_ms", "peak_gib",
-              "first_step_s", "first_loss", "last_loss", "grad_norm", "speedup", "peak_saved_gib", "loss_rel_diff",
-              "last_loss_rel_diff", "grad_norm_rel_diff", "reference", "layers", "hidden_size", "intermediate_size",
-              "tokens", "device", "torch", "transformers", "swiglu"]
+CSV_FIELDS = [
+    "variant",
+    "status",
+    "error",
+    "mlp_forward",
+    "ms_median",
+    "ms_min",
+    "ms_p20",
+    "ms_p80",
+    "host_ms_median",
+    "gpu_busy_ms",
+    "gpu_idle_ms",
+    "peak_gib",
+    "first_step_s",
+    "first_loss",
+    "last_loss",
+    "grad_norm",
+    "speedup",
+    "peak_saved_gib",
+    "loss_rel_diff",
+    "last_loss_rel_diff",
+    "grad_norm_rel_diff",
+    "reference",
+    "layers",
+    "hidden_size",
+    "intermediate_size",
+    "tokens",
+    "device",
+    "torch",
+    "transformers",
+    "swiglu",
+]
 
 
 def build(args):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-                         num_hidden_layers=args.layers, num_attention_heads=32, num_key_value_heads=8,
-                         vocab_size=32000, max_position_embeddings=max(args.seq, 2048),
-                         attn_implementation="sdpa")
+    config = LlamaConfig(
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=32000,
+        max_position_embeddings=max(args.seq, 2048),
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
@@ -121,8 +154,9 @@ def patch(model, variant: str):
         # which would make every later model (the compiled variants') a Liger model: undone at once.
         saved = dict(vars(modeling_llama))
         try:
-            apply_liger_kernel_to_llama(rope=False, cross_entropy=False, fused_linear_cross_entropy=False,
-                                        rms_norm=False, swiglu=True, model=model)
+            apply_liger_kernel_to_llama(
+                rope=False, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=False, swiglu=True, model=model
+            )
         finally:
             for name in set(vars(modeling_llama)) - set(saved):
                 delattr(modeling_llama, name)
@@ -140,8 +174,13 @@ class Variant:
         self.compiled = variant.endswith("+compile")
         self.model = patch(build(args), variant)
         self.run = torch.compile(self.model, mode="reduce-overhead") if self.compiled else self.model
-        self.ids = torch.randint(0, self.model.config.vocab_size, (args.batch, args.seq), device="cuda",
-                                 generator=torch.Generator("cuda").manual_seed(1))
+        self.ids = torch.randint(
+            0,
+            self.model.config.vocab_size,
+            (args.batch, args.seq),
+            device="cuda",
+            generator=torch.Generator("cuda").manual_seed(1),
+        )
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.losses, self.times, self.host, self.peak = [], [], [], 0
 
@@ -191,8 +230,9 @@ class Variant:
             synchronize(self.device)
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-        self.times += time_iterations(self.step, tuple, iters, self.device, flush=lambda: synchronize(self.device),
-                                      host_ms=self.host)
+        self.times += time_iterations(
+            self.step, tuple, iters, self.device, flush=lambda: synchronize(self.device), host_ms=self.host
+        )
         if not self.compiled:
             self.peak = max(self.peak, torch.cuda.max_memory_allocated() - base)
         else:
@@ -203,16 +243,30 @@ class Variant:
         grads = [p.grad.float().norm() for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.linalg.vector_norm(torch.stack(grads)).item() if grads else float("nan")
         stats = time_stats(self.times)
-        profiled = profile_steps(self.step, self.args.profile, self.device,
-                                 Path(self.args.out) / f"kernels_{self.name}.csv") \
-            if self.args.profile and not self.compiled else {}
+        profiled = (
+            profile_steps(self.step, self.args.profile, self.device, Path(self.args.out) / f"kernels_{self.name}.csv")
+            if self.args.profile and not self.compiled
+            else {}
+        )
         forward = self.model.model.layers[0].mlp.forward  # Liger binds its forward on the instance
         func = getattr(forward, "__func__", forward)
-        return dict(variant=self.name, status="ok", error="", mlp_forward=f"{func.__module__}.{func.__qualname__}",
-                    ms_median=stats["median_ms"], ms_min=stats["min_ms"], ms_p20=stats["p20_ms"],
-                    ms_p80=stats["p80_ms"], host_ms_median=statistics.median(self.host),
-                    peak_gib=self.peak / 2**30, first_step_s=self.first_step_s,
-                    first_loss=losses[0], last_loss=losses[-1], grad_norm=grad_norm, **profiled)
+        return dict(
+            variant=self.name,
+            status="ok",
+            error="",
+            mlp_forward=f"{func.__module__}.{func.__qualname__}",
+            ms_median=stats["median_ms"],
+            ms_min=stats["min_ms"],
+            ms_p20=stats["p20_ms"],
+            ms_p80=stats["p80_ms"],
+            host_ms_median=statistics.median(self.host),
+            peak_gib=self.peak / 2**30,
+            first_step_s=self.first_step_s,
+            first_loss=losses[0],
+            last_loss=losses[-1],
+            grad_norm=grad_norm,
+            **profiled,
+        )
 
 
 def blocks(iters: int, rounds: int) -> list[int]:
@@ -246,7 +300,7 @@ def measure_interleaved(variants: list[str], args, rows: list[dict]) -> None:
             rows.append(failed_row(name, exc))
     for r, n in enumerate(blocks(args.iters, args.rounds)):
         names = list(live)
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             live[name].time_block(n)
     for name in variants:
         if name in live:
@@ -281,12 +335,19 @@ def profile_steps(step, steps: int, device, path: Path) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Apart from the kernels' profile: host profiling slows the host.
     prof = profiled([torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
-    runtime = pd.DataFrame([(e.name, (e.time_range.end - e.time_range.start) / 1e3) for e in prof.events()
-                            if e.device_type.name == "CPU" and e.name.startswith("cu")], columns=["call", "ms"])
+    runtime = pd.DataFrame(
+        [
+            (e.name, (e.time_range.end - e.time_range.start) / 1e3)
+            for e in prof.events()
+            if e.device_type.name == "CPU" and e.name.startswith("cu")
+        ],
+        columns=["call", "ms"],
+    )
     if len(runtime):
         runtime = (runtime.groupby("call").agg(calls=("ms", "size"), ms=("ms", "sum")) / steps).reset_index()
-        runtime.sort_values("ms", ascending=False).to_csv(path.with_name(path.name.replace("kernels_", "runtime_")),
-                                                          index=False, float_format="%.4f")
+        runtime.sort_values("ms", ascending=False).to_csv(
+            path.with_name(path.name.replace("kernels_", "runtime_")), index=False, float_format="%.4f"
+        )
     busy = timeline.length(timeline.union([(a, b) for _, a, b in kernels])) / 1e3 / steps
     span = (max(b for _, _, b in kernels) - min(a for _, a, _ in kernels)) / 1e3 / steps
     table = pd.DataFrame(kernels, columns=["kernel", "start_us", "end_us"])
@@ -330,17 +391,24 @@ def add_model_arguments(parser: argparse.ArgumentParser, seq: int = 2048) -> Non
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="variants: " + ", ".join(VARIANTS) + "; default: "
-                                     + ",".join(DEFAULT_VARIANTS))
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="variants: " + ", ".join(VARIANTS) + "; default: " + ",".join(DEFAULT_VARIANTS),
+    )
     add_model_arguments(parser)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5, help="blocks the eager variants' timed steps are split into")
-    parser.add_argument("--variants", default="default",
-                        help="comma-separated subset of the variants below, 'all', or 'default' (the default)")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="profile N more steps per eager variant (kernels_<variant>.csv; 0: none)")
+    parser.add_argument(
+        "--variants", default="default", help="comma-separated subset of the variants below, 'all', or 'default' (the default)"
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile N more steps per eager variant (kernels_<variant>.csv; 0: none)",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "build/hf_step"))
     args = parser.parse_args(argv)
     variants = parse_variants(args.variants, parser)
@@ -380,18 +448,28 @@ def main(argv=None):
     ok = [r for r in rows if r["status"] == "ok"]
     ref = next((r for r in ok if r["variant"] == "unpatched"), ok[0] if ok else None)
     tokens = args.batch * args.seq
-    common = dict(layers=args.layers, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-                  tokens=tokens, device=torch.cuda.get_device_name(), torch=torch.__version__,
-                  transformers=transformers.__version__, swiglu=swiglu.__version__)
+    common = dict(
+        layers=args.layers,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        tokens=tokens,
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        swiglu=swiglu.__version__,
+    )
     for row in rows:
         row.update(common)
         if row["status"] != "ok":
             continue
-        row.update(reference=ref["variant"], speedup=ref["ms_median"] / row["ms_median"],
-                   peak_saved_gib=ref["peak_gib"] - row["peak_gib"],
-                   loss_rel_diff=abs(row["first_loss"] - ref["first_loss"]) / abs(ref["first_loss"]),
-                   last_loss_rel_diff=abs(row["last_loss"] - ref["first_loss"]) / abs(ref["first_loss"]),
-                   grad_norm_rel_diff=abs(row["grad_norm"] - ref["grad_norm"]) / abs(ref["grad_norm"]))
+        row.update(
+            reference=ref["variant"],
+            speedup=ref["ms_median"] / row["ms_median"],
+            peak_saved_gib=ref["peak_gib"] - row["peak_gib"],
+            loss_rel_diff=abs(row["first_loss"] - ref["first_loss"]) / abs(ref["first_loss"]),
+            last_loss_rel_diff=abs(row["last_loss"] - ref["first_loss"]) / abs(ref["first_loss"]),
+            grad_norm_rel_diff=abs(row["grad_norm"] - ref["grad_norm"]) / abs(ref["grad_norm"]),
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "hf_step.csv", "w", newline="") as f:
@@ -399,12 +477,22 @@ def main(argv=None):
         writer.writeheader()
         writer.writerows(rows)
     meta = dict(
-        script="scripts/hf_step_gpu.py", date_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        gpu=torch.cuda.get_device_name(), nvml_before=nvml_before, nvml_after=nvml_after,
-        cuda=torch.version.cuda, torch=torch.__version__, triton=dist_version("triton"),
-        transformers=transformers.__version__, liger_kernel=dist_version("liger-kernel", "liger_kernel"),
-        swiglu=swiglu.__version__, python=platform.python_version(), git_commit=git_info()["commit"],
-        args=vars(args), variants_requested=variants, reference=ref["variant"] if ref else None,
+        script="scripts/hf_step_gpu.py",
+        date_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        gpu=torch.cuda.get_device_name(),
+        nvml_before=nvml_before,
+        nvml_after=nvml_after,
+        cuda=torch.version.cuda,
+        torch=torch.__version__,
+        triton=dist_version("triton"),
+        transformers=transformers.__version__,
+        liger_kernel=dist_version("liger-kernel", "liger_kernel"),
+        swiglu=swiglu.__version__,
+        python=platform.python_version(),
+        git_commit=git_info()["commit"],
+        args=vars(args),
+        variants_requested=variants,
+        reference=ref["variant"] if ref else None,
         status={r["variant"]: r["status"] + (f": {r['error']}" if r.get("error") else "") for r in rows},
         protocol=__doc__,
     )
@@ -414,12 +502,16 @@ def main(argv=None):
     if suspect:
         print(f"\nWARNING: loss or gradient norm more than 1% off {ref['variant']}'s: {', '.join(suspect)}")
     print(f"\nCSV: {out / 'hf_step.csv'}, metadata: {out / 'hf_step.json'}")
-    print(f"\nLlama-shaped, {args.layers} layers, H={args.hidden_size}, I={args.intermediate_size}, "
-          f"{args.batch}x{args.seq} tokens, bf16, {common['device']}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, commit {meta['git_commit']}; rel. diffs against "
-          f"{ref['variant'] if ref else '-'}\n")
-    print("| MLP | step ms (median) | speedup | host ms (median) | GPU busy / idle ms | peak GiB above weights "
-          "| saved GiB | first loss rel. diff | grad norm rel. diff |")
+    print(
+        f"\nLlama-shaped, {args.layers} layers, H={args.hidden_size}, I={args.intermediate_size}, "
+        f"{args.batch}x{args.seq} tokens, bf16, {common['device']}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, commit {meta['git_commit']}; rel. diffs against "
+        f"{ref['variant'] if ref else '-'}\n"
+    )
+    print(
+        "| MLP | step ms (median) | speedup | host ms (median) | GPU busy / idle ms | peak GiB above weights "
+        "| saved GiB | first loss rel. diff | grad norm rel. diff |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         if row["status"] != "ok":
@@ -427,9 +519,11 @@ def main(argv=None):
             print(f"| {row['variant']} | {row['status']}: {error} | | | | | | | |")
             continue
         gpu = f"{row['gpu_busy_ms']:.1f} / {row['gpu_idle_ms']:.2f}" if "gpu_busy_ms" in row else "-"
-        print(f"| {row['variant']} | {row['ms_median']:.1f} | {row['speedup']:.3f} | {row['host_ms_median']:.1f} | "
-              f"{gpu} | {row['peak_gib']:.2f} | "
-              f"{row['peak_saved_gib']:.2f} | {row['loss_rel_diff']:.1e} | {row['grad_norm_rel_diff']:.1e} |")
+        print(
+            f"| {row['variant']} | {row['ms_median']:.1f} | {row['speedup']:.3f} | {row['host_ms_median']:.1f} | "
+            f"{gpu} | {row['peak_gib']:.2f} | "
+            f"{row['peak_saved_gib']:.2f} | {row['loss_rel_diff']:.1e} | {row['grad_norm_rel_diff']:.1e} |"
+        )
     if not ok:
         sys.exit("every variant failed")
 

@@ -92,12 +92,10 @@ import swiglu  # noqa: E402
 from swiglu_lab.bench.environment import dist_version, git_info, nvml_info  # noqa: E402
 from swiglu.module import PlainSwiGLUMLP  # noqa: E402
 
-SHAPES = {"tiny": dict(H=256, I=512, T=16), "overhead": dict(H=16, I=32, T=2),
-          "llama-3-8b": dict(H=4096, I=14336, T=2048)}
+SHAPES = {"tiny": dict(H=256, I=512, T=16), "overhead": dict(H=16, I=32, T=2), "llama-3-8b": dict(H=4096, I=14336, T=2048)}
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 BASELINE = "nn_linear_fwd_bwd"
-CSV_FIELDS = ["implementation", "description", "us_median", "us_p20", "us_p80", "us_min", "calls",
-              "ratio_to_nn_linear"]
+CSV_FIELDS = ["implementation", "description", "us_median", "us_p20", "us_p80", "us_min", "calls", "ratio_to_nn_linear"]
 
 
 #: The H200's SMs and opt-in shared memory per block: what ``stubbed_launches`` plans for.
@@ -116,8 +114,9 @@ class _StubCompiled:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        self.descriptors = tuple((i, 128, 2, 9, list(a.block_shape)) for i, a in enumerate(args)
-                                 if isinstance(a, (TensorDescriptor, GluonDescriptor)))
+        self.descriptors = tuple(
+            (i, 128, 2, 9, list(a.block_shape)) for i, a in enumerate(args) if isinstance(a, (TensorDescriptor, GluonDescriptor))
+        )
 
     def __getitem__(self, grid):
         return lambda *args: None
@@ -136,13 +135,20 @@ def _stub_direct_runner(compiled, grid, *extra):
         return object()
 
     head = (*grid, None, None, False, False, None, None, None, None, None, None)
-    return launch.direct_run(raw=noop, head=head, descriptors=compiled.descriptors, fill=fill, device=lambda: 0,
-                             stream=lambda device: 0, slow=compiled[grid], rest=extra[0] if extra else ())
+    return launch.direct_run(
+        raw=noop,
+        head=head,
+        descriptors=compiled.descriptors,
+        fill=fill,
+        device=lambda: 0,
+        stream=lambda device: 0,
+        slow=compiled[grid],
+        rest=extra[0] if extra else (),
+    )
 
 
 @contextlib.contextmanager
-def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H200_SMS,
-                     shared_memory: int = H200_SHARED_MEMORY):
+def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H200_SMS, shared_memory: int = H200_SHARED_MEMORY):
     """Inside: the Triton path runs on bfloat16 CPU tensors with its launches stubbed (the module
     docstring's ``--stub-launches``). Patches and restores: ``swiglu.ops.auto_reason`` and
     ``triton_reason`` (None for bfloat16), the backward's Gluon table reads (as on a device with
@@ -160,10 +166,15 @@ def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H2
     if devices.INTERPRET:
         raise RuntimeError("--stub-launches measures the GPU path's Python: run it without TRITON_INTERPRET=1")
     pT, pH, pI = plan_shape
-    real = dict(run=JITFunction.run, direct_runner=launch.direct_runner,
-                gluon=backward._gluon_config_for_bucket, plan=backward._cached_plan,
-                forward_config_for=forward.forward_config_for, auto_reason=ops.auto_reason,
-                triton_reason=ops.triton_reason)
+    real = dict(
+        run=JITFunction.run,
+        direct_runner=launch.direct_runner,
+        gluon=backward._gluon_config_for_bucket,
+        plan=backward._cached_plan,
+        forward_config_for=forward.forward_config_for,
+        auto_reason=ops.auto_reason,
+        triton_reason=ops.triton_reason,
+    )
 
     def gluon_config(bucket, device, kernel="grad_weights", shape=None):
         # backward._gluon_config_for_bucket where Gluon runs (triton 3.6, sm_90).
@@ -180,8 +191,9 @@ def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H2
         p = backward._make_plan(pT, pH, pI, device, {})
         # The rules _make_plan applies on a CUDA device only (its SM count).
         grad_x = backward.grad_x_config_filling(pT, pH, p.grad_x, sms)
-        gluon_grad_x = p.gluon_grad_x if p.gluon_grad_x is not None and backward.grad_x_fills(
-            pT, pH, p.gluon_grad_x, sms) else None
+        gluon_grad_x = (
+            p.gluon_grad_x if p.gluon_grad_x is not None and backward.grad_x_fills(pT, pH, p.gluon_grad_x, sms) else None
+        )
         return replace(p, tokens=T, hidden_size=H, intermediate_size=I, grad_x=grad_x, gluon_grad_x=gluon_grad_x)
 
     def forward_config_for(tokens, hidden_size=None, intermediate_size=None):
@@ -258,12 +270,18 @@ def build_calls(device: torch.device, dtype: torch.dtype, H: int, I: int, T: int
     calls = {
         "swiglu_SwiGLUMLP_fwd_bwd": ("swiglu.SwiGLUMLP forward+backward", *step(fused)),
         BASELINE: ("PlainSwiGLUMLP (3x nn.Linear) forward+backward", *step(plain)),
-        "backward_reference": ('swiglu_mlp_backward(impl="reference")',
-                               lambda: swiglu.swiglu_mlp_backward(*inputs, impl="reference"), noop),
+        "backward_reference": (
+            'swiglu_mlp_backward(impl="reference")',
+            lambda: swiglu.swiglu_mlp_backward(*inputs, impl="reference"),
+            noop,
+        ),
     }
     if stub or "triton" in swiglu.available_impls(device):
-        calls["backward_triton"] = ('swiglu_mlp_backward(impl="triton")',
-                                    lambda: swiglu.swiglu_mlp_backward(*inputs, impl="triton"), noop)
+        calls["backward_triton"] = (
+            'swiglu_mlp_backward(impl="triton")',
+            lambda: swiglu.swiglu_mlp_backward(*inputs, impl="triton"),
+            noop,
+        )
     try:  # transformers' LlamaMLP, stock and patched by swiglu.integrations.transformers.apply
         from transformers import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaMLP
@@ -306,8 +324,9 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def measure(calls: dict, device: torch.device, warmup: int, iters: int, rounds: int,
-            enqueue: bool = False) -> dict[str, list[float]]:
+def measure(
+    calls: dict, device: torch.device, warmup: int, iters: int, rounds: int, enqueue: bool = False
+) -> dict[str, list[float]]:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _, call, reset in calls.values():
         for _ in range(warmup):
@@ -330,7 +349,7 @@ def measure(calls: dict, device: torch.device, warmup: int, iters: int, rounds: 
     try:
         for r, n in enumerate(blocks):
             names = list(calls)
-            names = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+            names = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
             for name in names:
                 _, call, reset = calls[name]
                 out = samples[name]
@@ -357,17 +376,36 @@ def summarize(calls: dict, samples: dict[str, list[float]]) -> list[dict]:
     rows = []
     for name, values in samples.items():
         values = sorted(values)
-        rows.append(dict(implementation=name, description=calls[name][0], us_median=statistics.median(values),
-                         us_p20=_percentile(values, 0.2), us_p80=_percentile(values, 0.8), us_min=values[0],
-                         calls=len(values)))
+        rows.append(
+            dict(
+                implementation=name,
+                description=calls[name][0],
+                us_median=statistics.median(values),
+                us_p20=_percentile(values, 0.2),
+                us_p80=_percentile(values, 0.8),
+                us_min=values[0],
+                calls=len(values),
+            )
+        )
     base = next(r["us_median"] for r in rows if r["implementation"] == BASELINE)
     for row in rows:
         row["ratio_to_nn_linear"] = row["us_median"] / base
     return rows
 
 
-IDLE_FIELDS = ["tokens", "hidden_size", "intermediate_size", "eager_ms_median", "graph_ms_median", "idle_ms",
-               "eager_ms_p20", "eager_ms_p80", "graph_ms_p20", "graph_ms_p80", "iters"]
+IDLE_FIELDS = [
+    "tokens",
+    "hidden_size",
+    "intermediate_size",
+    "eager_ms_median",
+    "graph_ms_median",
+    "idle_ms",
+    "eager_ms_p20",
+    "eager_ms_p80",
+    "graph_ms_p20",
+    "graph_ms_p80",
+    "iters",
+]
 
 
 def measure_idle(device: torch.device, tokens: list[int], H: int, I: int, iters: int) -> list[dict]:
@@ -411,17 +449,28 @@ def measure_idle(device: torch.device, tokens: list[int], H: int, I: int, iters:
         del static_out, graph
         args = None  # freed (call closes over it)
         e, g = sorted(spans["eager"]), sorted(spans["graph"])
-        rows.append(dict(tokens=T, hidden_size=H, intermediate_size=I, eager_ms_median=statistics.median(e),
-                         graph_ms_median=statistics.median(g),
-                         idle_ms=statistics.median(e) - statistics.median(g),
-                         eager_ms_p20=_percentile(e, 0.2), eager_ms_p80=_percentile(e, 0.8),
-                         graph_ms_p20=_percentile(g, 0.2), graph_ms_p80=_percentile(g, 0.8), iters=iters))
+        rows.append(
+            dict(
+                tokens=T,
+                hidden_size=H,
+                intermediate_size=I,
+                eager_ms_median=statistics.median(e),
+                graph_ms_median=statistics.median(g),
+                idle_ms=statistics.median(e) - statistics.median(g),
+                eager_ms_p20=_percentile(e, 0.2),
+                eager_ms_p80=_percentile(e, 0.8),
+                graph_ms_p20=_percentile(g, 0.2),
+                graph_ms_p80=_percentile(g, 0.8),
+                iters=iters,
+            )
+        )
         torch.cuda.empty_cache()
     return rows
 
 
-def profile(calls: dict, iters: int, device: torch.device, top: int = 15,
-            names: tuple[str, ...] = ("swiglu_SwiGLUMLP_fwd_bwd", BASELINE)) -> str:
+def profile(
+    calls: dict, iters: int, device: torch.device, top: int = 15, names: tuple[str, ...] = ("swiglu_SwiGLUMLP_fwd_bwd", BASELINE)
+) -> str:
     """cProfile of each row of ``names`` (default: SwiGLUMLP's forward+backward and the nn.Linear
     block's), ``iters`` calls each, top ``top`` functions by tottime and by cumulative time."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -443,24 +492,36 @@ def profile(calls: dict, iters: int, device: torch.device, top: int = 15,
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="cpu or cuda[:n] (default: cuda when available)")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
-                        help="tiny: H=256 I=512 T=16; overhead: H=16 I=32 T=2 (default: tiny on CUDA, overhead on CPU)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="tiny: H=256 I=512 T=16; overhead: H=16 I=32 T=2 (default: tiny on CUDA, overhead on CPU)",
+    )
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on the CPU (default 1)")
     parser.add_argument("--warmup", type=int, default=50, help="untimed calls per implementation")
     parser.add_argument("--iters", type=int, default=2000, help="timed calls per implementation")
     parser.add_argument("--rounds", type=int, default=5, help="blocks the timed calls are split into")
-    parser.add_argument("--enqueue", action="store_true",
-                        help="CUDA: time each call to its return, synchronized after (the host's enqueue time)")
-    parser.add_argument("--profile", action="store_true", help="also cProfile SwiGLUMLP fwd+bwd and the nn.Linear block's (cprofile.txt)")
-    parser.add_argument("--stub-launches", action="store_true",
-                        help="CPU: the Triton path's Python with its launches stubbed, kernels chosen as the H200 "
-                             "does at --stub-plan (module docstring)")
-    parser.add_argument("--stub-plan", default=",".join(map(str, STUB_PLAN)),
-                        help="T,H,I whose kernel choices --stub-launches takes (default: Llama-3-8B at 512 tokens)")
+    parser.add_argument(
+        "--enqueue", action="store_true", help="CUDA: time each call to its return, synchronized after (the host's enqueue time)"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="also cProfile SwiGLUMLP fwd+bwd and the nn.Linear block's (cprofile.txt)"
+    )
+    parser.add_argument(
+        "--stub-launches",
+        action="store_true",
+        help="CPU: the Triton path's Python with its launches stubbed, kernels chosen as the H200 "
+        "does at --stub-plan (module docstring)",
+    )
+    parser.add_argument(
+        "--stub-plan",
+        default=",".join(map(str, STUB_PLAN)),
+        help="T,H,I whose kernel choices --stub-launches takes (default: Llama-3-8B at 512 tokens)",
+    )
     parser.add_argument("--idle", default="", help="CUDA: token counts for the idle-gap measurement, e.g. 128,2048")
     parser.add_argument("--idle-hidden", type=int, default=16384)
     parser.add_argument("--idle-intermediate", type=int, default=53248)
@@ -494,40 +555,68 @@ def main(argv=None) -> dict:
     if threads is not None:
         torch.set_num_threads(threads)
     stub = stubbed_launches(args.stub_plan) if args.stub_launches else contextlib.nullcontext()
-    profiled = ("hf_LlamaMLP_swiglu_fwd_bwd", "hf_LlamaMLP_fwd_bwd") if args.stub_launches else \
-        ("swiglu_SwiGLUMLP_fwd_bwd", BASELINE)
+    profiled = (
+        ("hf_LlamaMLP_swiglu_fwd_bwd", "hf_LlamaMLP_fwd_bwd") if args.stub_launches else ("swiglu_SwiGLUMLP_fwd_bwd", BASELINE)
+    )
     try:
         with stub:
             calls = build_calls(device, dtype, shape["H"], shape["I"], shape["T"], stub=args.stub_launches)
             started = datetime.now(timezone.utc)
-            samples = measure(calls, device, args.warmup, args.iters, args.rounds,
-                              args.enqueue and device.type == "cuda")
+            samples = measure(calls, device, args.warmup, args.iters, args.rounds, args.enqueue and device.type == "cuda")
             rows = summarize(calls, samples)
-            profile_text = profile(calls, args.iters, device, top=25 if args.stub_launches else 15,
-                                   names=tuple(n for n in profiled if n in calls)) if args.profile else None
+            profile_text = (
+                profile(
+                    calls,
+                    args.iters,
+                    device,
+                    top=25 if args.stub_launches else 15,
+                    names=tuple(n for n in profiled if n in calls),
+                )
+                if args.profile
+                else None
+            )
         idle_tokens = [int(t) for t in args.idle.split(",") if t.strip()]
-        idle_rows = measure_idle(device, idle_tokens, args.idle_hidden, args.idle_intermediate, args.idle_iters) \
-            if idle_tokens and device.type == "cuda" else []
+        idle_rows = (
+            measure_idle(device, idle_tokens, args.idle_hidden, args.idle_intermediate, args.idle_iters)
+            if idle_tokens and device.type == "cuda"
+            else []
+        )
     finally:
         torch.set_num_threads(threads_before)
 
     meta = dict(
         script="scripts/host_overhead.py",
         date_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        device=str(device), device_name=device_name(device),
-        torch=torch.__version__, triton=dist_version("triton"), python=platform.python_version(),
-        swiglu=swiglu.__version__, git_commit=git_info()["commit"], platform=platform.platform(),
-        shape=dict(name=shape_name, **shape), dtype=args.dtype, enqueue=bool(args.enqueue and device.type == "cuda"),
-        warmup=args.warmup, iters=args.iters, rounds=args.rounds,
+        device=str(device),
+        device_name=device_name(device),
+        torch=torch.__version__,
+        triton=dist_version("triton"),
+        python=platform.python_version(),
+        swiglu=swiglu.__version__,
+        git_commit=git_info()["commit"],
+        platform=platform.platform(),
+        shape=dict(name=shape_name, **shape),
+        dtype=args.dtype,
+        enqueue=bool(args.enqueue and device.type == "cuda"),
+        warmup=args.warmup,
+        iters=args.iters,
+        rounds=args.rounds,
         torch_threads=torch.get_num_threads() if threads is None else threads,
         triton_interpret=os.environ.get("TRITON_INTERPRET"),
-        auto_backend_reason="stubbed: 'auto' took the Triton path (stub_launches)" if args.stub_launches
+        auto_backend_reason="stubbed: 'auto' took the Triton path (stub_launches)"
+        if args.stub_launches
         else swiglu.backend_reason(device, dtype),
-        stub_launches=dict(plan_shape=dict(zip("THI", args.stub_plan)), sms=H200_SMS,
-                           shared_memory_per_block=H200_SHARED_MEMORY, x_shape=[1, shape["T"], shape["H"]],
-                           note="host-only microseconds on this CPU, kernel launches stubbed: not GPU-machine times")
-        if args.stub_launches else None,
-        implementations=list(calls), baseline=BASELINE,
+        stub_launches=dict(
+            plan_shape=dict(zip("THI", args.stub_plan)),
+            sms=H200_SMS,
+            shared_memory_per_block=H200_SHARED_MEMORY,
+            x_shape=[1, shape["T"], shape["H"]],
+            note="host-only microseconds on this CPU, kernel launches stubbed: not GPU-machine times",
+        )
+        if args.stub_launches
+        else None,
+        implementations=list(calls),
+        baseline=BASELINE,
         protocol=__doc__.split("Protocol: ", 1)[1].split("\n\n")[0].replace("\n", " "),
     )
     if device.type == "cuda":
@@ -551,26 +640,34 @@ def main(argv=None) -> dict:
     if profile_text is not None:
         print(profile_text)
         (out / "cprofile.txt").write_text(profile_text + "\n")
-    print(f"\nhost overhead per call, {meta['device_name']} ({device}), {shape_name} H={shape['H']} "
-          f"I={shape['I']} T={shape['T']} {args.dtype}, threads {meta['torch_threads']}, "
-          f"median of {args.iters} (warm-up {args.warmup})"
-          f"{', enqueue time (no synchronize inside the clock)' if meta['enqueue'] else ''}; torch {torch.__version__}, commit {meta['git_commit']}"
-          f"{'; launches stubbed, kernels as the H200 picks at T,H,I = ' + args.stub_plan.__str__() if args.stub_launches else ''}\n")
+    print(
+        f"\nhost overhead per call, {meta['device_name']} ({device}), {shape_name} H={shape['H']} "
+        f"I={shape['I']} T={shape['T']} {args.dtype}, threads {meta['torch_threads']}, "
+        f"median of {args.iters} (warm-up {args.warmup})"
+        f"{', enqueue time (no synchronize inside the clock)' if meta['enqueue'] else ''}; torch {torch.__version__}, commit {meta['git_commit']}"
+        f"{'; launches stubbed, kernels as the H200 picks at T,H,I = ' + args.stub_plan.__str__() if args.stub_launches else ''}\n"
+    )
     width = max(len(r["implementation"]) for r in rows)
     print(f"{'implementation':<{width}}  {'us median':>10}  {'p20-p80':>17}  {'x nn.Linear':>11}")
     for r in rows:
-        print(f"{r['implementation']:<{width}}  {r['us_median']:>10.1f}  "
-              f"{r['us_p20']:>8.1f}-{r['us_p80']:<8.1f}  {r['ratio_to_nn_linear']:>10.2f}x")
+        print(
+            f"{r['implementation']:<{width}}  {r['us_median']:>10.1f}  "
+            f"{r['us_p20']:>8.1f}-{r['us_p80']:<8.1f}  {r['ratio_to_nn_linear']:>10.2f}x"
+        )
     by_name = {r["implementation"]: r["us_median"] for r in rows}
     for patched, stock in (("hf_LlamaMLP_swiglu_fwd_bwd", "hf_LlamaMLP_fwd_bwd"), ("hf_LlamaMLP_swiglu_fwd", "hf_LlamaMLP_fwd")):
         if patched in by_name and stock in by_name:
-            print(f"{patched} against {stock}: {by_name[patched] - by_name[stock]:+.1f} us "
-                  f"({by_name[patched] / by_name[stock]:.2f}x)")
+            print(
+                f"{patched} against {stock}: {by_name[patched] - by_name[stock]:+.1f} us "
+                f"({by_name[patched] / by_name[stock]:.2f}x)"
+            )
     if idle_rows:
         print("\nidle GPU time per backward (eager minus CUDA-graph replay, L2 flushed, medians, ms):")
         for r in idle_rows:
-            print(f"  T={r['tokens']:>5}  eager {r['eager_ms_median']:.3f}  graph {r['graph_ms_median']:.3f}  "
-                  f"idle {r['idle_ms']:.3f}")
+            print(
+                f"  T={r['tokens']:>5}  eager {r['eager_ms_median']:.3f}  graph {r['graph_ms_median']:.3f}  "
+                f"idle {r['idle_ms']:.3f}"
+            )
     print(f"\nCSV: {csv_path}\nJSON: {json_path}")
     return dict(rows=rows, csv=csv_path, json=json_path)
 

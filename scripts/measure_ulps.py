@@ -20,9 +20,21 @@ from swiglu.kernels.backward import triton_swiglu_backward  # noqa: E402
 from ulp_oracle import NAMES, same_rounding_fp32, ulp_stats  # noqa: E402
 from triton_checks import SMALL_CONFIGS  # noqa: E402
 
-SHAPES = [(1, 7, 200, 344), (1, 211, 64, 136), (3, 37, 72, 200), (1, 1, 64, 128), (2, 64, 128, 64), (1, 100, 72, 136),
-          (1, 77, 128, 264), (1, 129, 136, 72), (1, 17, 72, 136), (2, 19, 72, 136), (1, 1, 8, 8), (1, 2, 16, 24),
-          (1, 65, 24, 16)]
+SHAPES = [
+    (1, 7, 200, 344),
+    (1, 211, 64, 136),
+    (3, 37, 72, 200),
+    (1, 1, 64, 128),
+    (2, 64, 128, 64),
+    (1, 100, 72, 136),
+    (1, 77, 128, 264),
+    (1, 129, 136, 72),
+    (1, 17, 72, 136),
+    (2, 19, 72, 136),
+    (1, 1, 8, 8),
+    (1, 2, 16, 24),
+    (1, 65, 24, 16),
+]
 
 
 def z(s):
@@ -44,15 +56,20 @@ def main(seeds: int) -> None:
                 for name, g, f, a in zip(NAMES, got, sums, allowances):
                     ref = f.bfloat16()
                     s = ulp_stats(g, ref, a, f)
-                    w = worst.setdefault(name, dict(max_ulps=0.0, max_excess=-1e9, off=0.0, gt1=0.0, z=0.0,
-                                                    unexplained=0.0))
-                    w.update(max_ulps=max(w["max_ulps"], s.max_ulps), max_excess=max(w["max_excess"], s.max_excess_ulps),
-                             off=max(w["off"], s.off_fraction), gt1=max(w["gt1"], s.gt1_fraction), z=max(w["z"], z(s)),
-                             unexplained=max(w["unexplained"], s.unexplained_fraction))
+                    w = worst.setdefault(name, dict(max_ulps=0.0, max_excess=-1e9, off=0.0, gt1=0.0, z=0.0, unexplained=0.0))
+                    w.update(
+                        max_ulps=max(w["max_ulps"], s.max_ulps),
+                        max_excess=max(w["max_excess"], s.max_excess_ulps),
+                        off=max(w["off"], s.off_fraction),
+                        gt1=max(w["gt1"], s.gt1_fraction),
+                        z=max(w["z"], z(s)),
+                        unexplained=max(w["unexplained"], s.unexplained_fraction),
+                    )
                     for factor in (0.999, 1.001):
                         b = ulp_stats((f * factor).bfloat16(), ref, a, f)
-                        p = planted.setdefault(f"{name} x {factor}", dict(min_off=1.0, n_at_min_off=0, min_z=1e9,
-                                                                         min_unexplained=1.0))
+                        p = planted.setdefault(
+                            f"{name} x {factor}", dict(min_off=1.0, n_at_min_off=0, min_z=1e9, min_unexplained=1.0)
+                        )
                         if b.off_fraction < p["min_off"]:
                             p.update(min_off=b.off_fraction, n_at_min_off=b.n)
                         p["min_z"] = min(p["min_z"], z(b))

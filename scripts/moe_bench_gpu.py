@@ -83,7 +83,14 @@ import torch
 from swiglu.moe import moe_float64, moe_reference, swiglu_moe
 from swiglu_lab.bench import power
 from swiglu_lab.bench.environment import (
-    UTC_FORMAT, dist_version, git_info, gpu_info, make_run_id, nvml_info, software_info, utc_now,
+    UTC_FORMAT,
+    dist_version,
+    git_info,
+    gpu_info,
+    make_run_id,
+    nvml_info,
+    software_info,
+    utc_now,
 )
 from swiglu_lab.bench.stats import time_stats
 from swiglu_lab.bench.timing import L2Flusher, synchronize, time_iterations
@@ -96,13 +103,56 @@ MODES = moe_research.MODES
 ROUTINGS = ("balanced", "skewed")
 OUTPUTS = ("out", "grad_x", "grad_top_k_weights", "grad_gate_up_proj", "grad_down_proj")
 ERR_COLUMNS = [f"err_{o}" for o in OUTPUTS]
-FIELDS = ["shape", "H", "I", "E", "k", "tokens", "routing", "impl", "mode", "status", "ms", "p20_ms", "p80_ms",
-          "min_ms", "reps", "tflops", "peak_gib", "first_call_s", "oom", "max_expert_pairs", *ERR_COLUMNS, "max_ratio_vs_eager",
-          "power_w", "sm_clock_mhz", "energy_j", "energy_window_s", "device", "error"]
-CHECK_FIELDS = ["shape", "H", "I", "E", "k", "check_experts", "check_tokens", "routing", "impl", "output", "status",
-                "rel_err", "eager_rel_err", "ratio_vs_eager", "error"]
-QUICK = dict(shapes="qwen3-30b-a3b,mixtral-8x7b", tokens="2048,8192", routings="balanced", warmup=1, reps=4,
-             rounds=1, check_tokens=128)
+FIELDS = [
+    "shape",
+    "H",
+    "I",
+    "E",
+    "k",
+    "tokens",
+    "routing",
+    "impl",
+    "mode",
+    "status",
+    "ms",
+    "p20_ms",
+    "p80_ms",
+    "min_ms",
+    "reps",
+    "tflops",
+    "peak_gib",
+    "first_call_s",
+    "oom",
+    "max_expert_pairs",
+    *ERR_COLUMNS,
+    "max_ratio_vs_eager",
+    "power_w",
+    "sm_clock_mhz",
+    "energy_j",
+    "energy_window_s",
+    "device",
+    "error",
+]
+CHECK_FIELDS = [
+    "shape",
+    "H",
+    "I",
+    "E",
+    "k",
+    "check_experts",
+    "check_tokens",
+    "routing",
+    "impl",
+    "output",
+    "status",
+    "rel_err",
+    "eager_rel_err",
+    "ratio_vs_eager",
+    "error",
+]
+QUICK = dict(
+    shapes="qwen3-30b-a3b,mixtral-8x7b", tokens="2048,8192", routings="balanced", warmup=1, reps=4, rounds=1, check_tokens=128
+)
 
 
 # ------------------------------------------------------------------------------ implementations
@@ -199,11 +249,17 @@ def make_inputs(tokens: int, shape, experts: int, kind: str, device, seed: int) 
     bf16 = dict(device=device, dtype=torch.bfloat16, generator=gen)
     index, weights = routing(tokens, experts, k, kind, device, gen)
     x = torch.randn(tokens, H, **bf16)
-    gate_up = torch.randn(experts, 2 * I, H, **bf16).mul_(H ** -0.5)
-    down = torch.randn(experts, H, I, **bf16).mul_(I ** -0.5)
+    gate_up = torch.randn(experts, 2 * I, H, **bf16).mul_(H**-0.5)
+    down = torch.randn(experts, H, I, **bf16).mul_(I**-0.5)
     grad_out = torch.randn(tokens, H, **bf16)
-    return dict(x=x.requires_grad_(), idx=index, w=weights.requires_grad_(), gu=gate_up.requires_grad_(),
-                dp=down.requires_grad_(), go=grad_out)
+    return dict(
+        x=x.requires_grad_(),
+        idx=index,
+        w=weights.requires_grad_(),
+        gu=gate_up.requires_grad_(),
+        dp=down.requires_grad_(),
+        go=grad_out,
+    )
 
 
 def leaves(inp: dict) -> tuple:
@@ -240,8 +296,16 @@ def spot_check(shape, impls: dict, args, device) -> list[dict]:
     (balanced routing), ratio to the eager loop's error (the eager loop always runs here)."""
     experts = check_experts(shape, args.check_gib)
     tokens = args.check_tokens
-    base = dict(shape=shape.name, H=shape.hidden_size, I=shape.intermediate_size, E=shape.num_experts, k=shape.top_k,
-                check_experts=experts, check_tokens=tokens, routing="balanced")
+    base = dict(
+        shape=shape.name,
+        H=shape.hidden_size,
+        I=shape.intermediate_size,
+        E=shape.num_experts,
+        k=shape.top_k,
+        check_experts=experts,
+        check_tokens=tokens,
+        routing="balanced",
+    )
     rows = []
     try:
         inp = make_inputs(tokens, shape, experts, "balanced", device, seed=args.seed + 1)
@@ -268,8 +332,18 @@ def spot_check(shape, impls: dict, args, device) -> list[dict]:
                     rows.append(dict(base, impl=name, output=output, status="error", error=res))
                     continue
                 ref = eager[j] if isinstance(eager, list) else math.nan
-                rows.append(dict(base, impl=name, output=output, status="ok", rel_err=res[j], eager_rel_err=ref,
-                                 ratio_vs_eager=res[j] / ref if ref and ref > 0 else math.nan, error=""))
+                rows.append(
+                    dict(
+                        base,
+                        impl=name,
+                        output=output,
+                        status="ok",
+                        rel_err=res[j],
+                        eager_rel_err=ref,
+                        ratio_vs_eager=res[j] / ref if ref and ref > 0 else math.nan,
+                        error="",
+                    )
+                )
     except torch.cuda.OutOfMemoryError as exc:
         for name in impls:
             rows.append(dict(base, impl=name, output="all", status="oom", error=str(exc).splitlines()[0][:200]))
@@ -299,9 +373,12 @@ def combine_power(blocks: list[dict]) -> dict:
         return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else math.nan
 
     calls = sum(b["energy_iters"] for b in blocks)
-    return dict(power_w=mean("power_w") if n else math.nan, sm_clock_mhz=mean("sm_clock_mhz") if n else math.nan,
-                energy_j=sum(b["energy_j"] * b["energy_iters"] for b in blocks) / calls,
-                energy_window_s=sum(b["energy_window_s"] for b in blocks))
+    return dict(
+        power_w=mean("power_w") if n else math.nan,
+        sm_clock_mhz=mean("sm_clock_mhz") if n else math.nan,
+        energy_j=sum(b["energy_j"] * b["energy_iters"] for b in blocks) / calls,
+        energy_window_s=sum(b["energy_window_s"] for b in blocks),
+    )
 
 
 def time_mode(fn, inp: dict, mode: str, iters: int, device, flush, monitor) -> tuple[list[float], dict | None]:
@@ -351,11 +428,20 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def run_case(shape, tokens: int, kind: str, impls: dict, args, device, flush, monitor, case_index: int,
-             eager_ok: dict) -> list[dict]:
+def run_case(
+    shape, tokens: int, kind: str, impls: dict, args, device, flush, monitor, case_index: int, eager_ok: dict
+) -> list[dict]:
     """Every implementation and mode in one case; one row each."""
-    base = dict(shape=shape.name, H=shape.hidden_size, I=shape.intermediate_size, E=shape.num_experts,
-                k=shape.top_k, tokens=tokens, routing=kind, device=args.device_name)
+    base = dict(
+        shape=shape.name,
+        H=shape.hidden_size,
+        I=shape.intermediate_size,
+        E=shape.num_experts,
+        k=shape.top_k,
+        tokens=tokens,
+        routing=kind,
+        device=args.device_name,
+    )
     rows = []
 
     def mark(names, status, error="", oom=False):
@@ -396,8 +482,11 @@ def run_case(shape, tokens: int, kind: str, impls: dict, args, device, flush, mo
                 took = min(took, (time.perf_counter() - start) * 1e3 - took)
                 if took > args.eager_max_ms:
                     eager_ok[(shape.name, kind)] = False
-                    failed[name] = ("skipped", f"one forward + backward took {took:.0f} ms > --eager-max-ms "
-                                    f"{args.eager_max_ms:.0f}", False)
+                    failed[name] = (
+                        "skipped",
+                        f"one forward + backward took {took:.0f} ms > --eager-max-ms {args.eager_max_ms:.0f}",
+                        False,
+                    )
                     continue
             for mode in MODES:
                 for _ in range(args.warmup):
@@ -437,14 +526,27 @@ def run_case(shape, tokens: int, kind: str, impls: dict, args, device, flush, mo
             continue
         for mode in MODES:
             stats = time_stats(timed[name].times[mode])
-            flop = {"forward": 6, "backward": 12, "forward+backward": 18}[mode] * S * shape.hidden_size * \
-                shape.intermediate_size
+            flop = {"forward": 6, "backward": 12, "forward+backward": 18}[mode] * S * shape.hidden_size * shape.intermediate_size
             pw = combine_power([b for b in timed[name].power if b["mode"] == mode])
-            rows.append(dict(base, impl=name, mode=mode, status="ok", ms=stats["median_ms"], p20_ms=stats["p20_ms"],
-                             p80_ms=stats["p80_ms"], min_ms=stats["min_ms"], reps=len(timed[name].times[mode]),
-                             tflops=flop / (stats["median_ms"] * 1e-3) / 1e12, peak_gib=peaks[name],
-                             first_call_s=first.get(name, math.nan), oom=False,
-                             error="", **pw))
+            rows.append(
+                dict(
+                    base,
+                    impl=name,
+                    mode=mode,
+                    status="ok",
+                    ms=stats["median_ms"],
+                    p20_ms=stats["p20_ms"],
+                    p80_ms=stats["p80_ms"],
+                    min_ms=stats["min_ms"],
+                    reps=len(timed[name].times[mode]),
+                    tflops=flop / (stats["median_ms"] * 1e-3) / 1e12,
+                    peak_gib=peaks[name],
+                    first_call_s=first.get(name, math.nan),
+                    oom=False,
+                    error="",
+                    **pw,
+                )
+            )
     del inp
     release(device)
     return rows
@@ -492,20 +594,23 @@ def print_table(rows: list[dict], checks: list[dict]) -> None:
     for (shape, tokens, kind, impl), modes in table.items():
         both = modes.get("forward+backward", {})
         if both.get("status") != "ok":
-            print(f"| {shape} | {tokens} | {kind} | {impl} | {both.get('status', '?')}: "
-                  f"{str(both.get('error', ''))[:60].replace('|', '/')} | | | | | |")
+            print(
+                f"| {shape} | {tokens} | {kind} | {impl} | {both.get('status', '?')}: "
+                f"{str(both.get('error', ''))[:60].replace('|', '/')} | | | | | |"
+            )
             continue
         ms = lambda m: f"{modes[m]['ms']:.3f}" if modes.get(m, {}).get("status") == "ok" else "-"  # noqa: E731
         ratio = both.get("max_ratio_vs_eager", math.nan)
         peak = both.get("peak_gib", math.nan)
-        print(f"| {shape} | {tokens} | {kind} | {impl} | {ms('forward')} | {ms('backward')} | {ms('forward+backward')} "
-              f"| {both['tflops']:.0f} | {peak:.2f} | {ratio:.2f} |")
+        print(
+            f"| {shape} | {tokens} | {kind} | {impl} | {ms('forward')} | {ms('backward')} | {ms('forward+backward')} "
+            f"| {both['tflops']:.0f} | {peak:.2f} | {ratio:.2f} |"
+        )
     bad = [c for c in checks if c["status"] != "ok" or (c.get("ratio_vs_eager", 0) or 0) > 2]
     if bad:
         print("\nCHECK: out or gradients more than 2x the eager loop's error against float64, or failed:")
         for c in bad:
-            print(f"  {c['shape']} {c['impl']} {c['output']}: {c['status']} ratio {c.get('ratio_vs_eager')} "
-                  f"{c.get('error', '')}")
+            print(f"  {c['shape']} {c['impl']} {c['output']}: {c['status']} ratio {c.get('ratio_vs_eager')} {c.get('error', '')}")
 
 
 def parse_list(text: str, known: tuple | dict | None, what: str, parser) -> list[str]:
@@ -519,8 +624,11 @@ def parse_list(text: str, known: tuple | dict | None, what: str, parser) -> list
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "build/moe_bench")
-    parser.add_argument("--shapes", default=",".join(moe_research.DEFAULT_SHAPES),
-                        help=f"comma-separated, of: {', '.join(moe_research.MOE_SHAPES)}")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(moe_research.DEFAULT_SHAPES),
+        help=f"comma-separated, of: {', '.join(moe_research.MOE_SHAPES)}",
+    )
     parser.add_argument("--tokens", default=",".join(map(str, moe_research.DEFAULT_TOKENS)))
     parser.add_argument("--routings", default=",".join(ROUTINGS))
     parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of: {', '.join(IMPLS)}")
@@ -531,12 +639,16 @@ def main(argv=None) -> int:
     parser.add_argument("--check-gib", type=float, default=40.0, help="float64 weights + gradients of the check, at most")
     parser.add_argument("--eager-max-tokens", type=int, default=2048)
     parser.add_argument("--eager-max-ms", type=float, default=300.0)
-    parser.add_argument("--ours-impl", default="", help="impl= of swiglu_moe (default: triton; reference on a CPU "
-                        "without TRITON_INTERPRET=1)")
+    parser.add_argument(
+        "--ours-impl", default="", help="impl= of swiglu_moe (default: triton; reference on a CPU without TRITON_INTERPRET=1)"
+    )
     parser.add_argument("--time-budget-s", type=float, default=470.0, help="no case starts after this")
     parser.add_argument("--quick", action="store_true", help="~1 minute: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
-    parser.add_argument("--liger-autotune", action="store_true",
-                        help="let Liger's fused MoE autotune (minutes of compilation per run; default off)")
+    parser.add_argument(
+        "--liger-autotune",
+        action="store_true",
+        help="let Liger's fused MoE autotune (minutes of compilation per run; default off)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-power", action="store_true", help="no NVML power/clock sampling")
     parser.add_argument("--device", default="cuda")
@@ -574,25 +686,52 @@ def main(argv=None) -> int:
     monitor, monitor_line = (None, "--no-power") if args.no_power else power.open_monitor(device)
     git = git_info(REPO)
     meta = dict(
-        script="scripts/moe_bench_gpu.py", run_id=make_run_id(started, git["commit"]),
-        date_utc=started.strftime(UTC_FORMAT), complete=False, seconds=None,
-        git_commit=git["commit"], git_dirty=git["dirty"], gpu=gpu_info(device), nvml_before=nvml_before,
-        nvml_after=None, software=software_info(),
-        transformers=dist_version("transformers"), liger_kernel=dist_version("liger-kernel", "liger_kernel"),
+        script="scripts/moe_bench_gpu.py",
+        run_id=make_run_id(started, git["commit"]),
+        date_utc=started.strftime(UTC_FORMAT),
+        complete=False,
+        seconds=None,
+        git_commit=git["commit"],
+        git_dirty=git["dirty"],
+        gpu=gpu_info(device),
+        nvml_before=nvml_before,
+        nvml_after=None,
+        software=software_info(),
+        transformers=dist_version("transformers"),
+        liger_kernel=dist_version("liger-kernel", "liger_kernel"),
         liger_autotune=os.environ.get("LIGER_FUSED_MOE_AUTOTUNE", "1 (liger's default)") if "liger" in impls else None,
-        python=platform.python_version(), ours_impl=args.ours_impl, eager_source=eager_forward()[1],
-        power=monitor.describe() if monitor else None, power_backend=monitor_line,
+        python=platform.python_version(),
+        ours_impl=args.ours_impl,
+        eager_source=eager_forward()[1],
+        power=monitor.describe() if monitor else None,
+        power_backend=monitor_line,
         shapes={s.name: dict(H=s.hidden_size, I=s.intermediate_size, E=s.num_experts, k=s.top_k) for s in shapes},
-        args=dict(vars(args)), skipped=skipped, protocol=__doc__,
+        args=dict(vars(args)),
+        skipped=skipped,
+        protocol=__doc__,
     )
     rows, checks, eager_ok = [], [], {}
 
     def not_run(shape, t, kind, names, why):
         for name in names:
             for mode in MODES:
-                rows.append(dict(shape=shape.name, H=shape.hidden_size, I=shape.intermediate_size, E=shape.num_experts,
-                                 k=shape.top_k, tokens=t, routing=kind, impl=name, mode=mode, status="skipped",
-                                 oom=False, device=args.device_name, error=why))
+                rows.append(
+                    dict(
+                        shape=shape.name,
+                        H=shape.hidden_size,
+                        I=shape.intermediate_size,
+                        E=shape.num_experts,
+                        k=shape.top_k,
+                        tokens=t,
+                        routing=kind,
+                        impl=name,
+                        mode=mode,
+                        status="skipped",
+                        oom=False,
+                        device=args.device_name,
+                        error=why,
+                    )
+                )
 
     case_index = 0
     try:
@@ -615,23 +754,36 @@ def main(argv=None) -> int:
                     rows += case
                     for name, why in skipped.items():
                         not_run(shape, t, kind, [name], why)
-                    firsts = ", ".join(f"{r['impl']} {r['first_call_s']:.1f}" for r in case
-                                       if r["mode"] == "forward" and r.get("first_call_s", math.nan) > 1)
-                    print(f"--- {shape.name} T={t} {kind}: {time.perf_counter() - t0:.1f} s"
-                          + (f" (first calls, s: {firsts})" if firsts else ""), file=sys.stderr, flush=True)
+                    firsts = ", ".join(
+                        f"{r['impl']} {r['first_call_s']:.1f}"
+                        for r in case
+                        if r["mode"] == "forward" and r.get("first_call_s", math.nan) > 1
+                    )
+                    print(
+                        f"--- {shape.name} T={t} {kind}: {time.perf_counter() - t0:.1f} s"
+                        + (f" (first calls, s: {firsts})" if firsts else ""),
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     write_outputs(out, rows, checks, meta)
     finally:
         if monitor:
             monitor.close()
-        meta.update(complete=True, seconds=round((utc_now() - started).total_seconds(), 1),
-                    nvml_after=nvml_info(device) if device.type == "cuda" else {})
+        meta.update(
+            complete=True,
+            seconds=round((utc_now() - started).total_seconds(), 1),
+            nvml_after=nvml_info(device) if device.type == "cuda" else {},
+        )
         write_outputs(out, rows, checks, meta)
     attach_errors(rows, checks)
-    print(f"\nCSV: {out / moe_research.BENCH_CSV}, checks: {out / moe_research.CHECK_CSV}, "
-          f"metadata: {out / moe_research.META_JSON}")
-    print(f"{args.device_name}, torch {torch.__version__}, transformers {meta['transformers']}, liger "
-          f"{meta['liger_kernel']} (autotune {meta['liger_autotune']}), commit {meta['git_commit']}, "
-          f"ours impl={args.ours_impl}, {meta['seconds']:.0f} s")
+    print(
+        f"\nCSV: {out / moe_research.BENCH_CSV}, checks: {out / moe_research.CHECK_CSV}, metadata: {out / moe_research.META_JSON}"
+    )
+    print(
+        f"{args.device_name}, torch {torch.__version__}, transformers {meta['transformers']}, liger "
+        f"{meta['liger_kernel']} (autotune {meta['liger_autotune']}), commit {meta['git_commit']}, "
+        f"ours impl={args.ours_impl}, {meta['seconds']:.0f} s"
+    )
     print_table(rows, checks)
     return 0 if any(r["status"] == "ok" for r in rows) else 1
 

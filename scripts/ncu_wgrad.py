@@ -29,8 +29,12 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--hidden-size", type=int, default=16384)
     ap.add_argument("--intermediate-size", type=int, default=53248)
-    ap.add_argument("--tile", default="table", help='"table", "cublas", "BMxBNxBK S<stages> NC<buffers>" or '
-                    '"resident:I" (swiglu_lab.experiments.gluon_wgrad_resident.RESIDENT_CANDIDATES[I])')
+    ap.add_argument(
+        "--tile",
+        default="table",
+        help='"table", "cublas", "BMxBNxBK S<stages> NC<buffers>" or '
+        '"resident:I" (swiglu_lab.experiments.gluon_wgrad_resident.RESIDENT_CANDIDATES[I])',
+    )
     ap.add_argument("--calls", type=int, default=2)
     args = ap.parse_args(argv)
     dev = torch.device("cuda")

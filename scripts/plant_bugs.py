@@ -34,8 +34,11 @@ BUGS = {
         "src/swiglu/kernels/tl_kernels.py",
         "\n    _store_split(gx_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)",
         "\n    _store_split(gx_desc, acc * 0.999, off_m, off_n, BN, EPI_SPLIT, UPCAST)",
-        ["tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64", "tests/library/test_module.py::test_triton_path_bf16_grads",
-         "tests/library/test_forward.py::test_lean_module_on_triton_is_the_backward_of_its_forward"],
+        [
+            "tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64",
+            "tests/library/test_module.py::test_triton_path_bf16_grads",
+            "tests/library/test_forward.py::test_lean_module_on_triton_is_the_backward_of_its_forward",
+        ],
         "grad_x 0.1% too small (the fp32 result scaled by 0.999 before its rounding to bf16)",
     ),
     "grad_x_split_tail_run_lost": (
@@ -56,7 +59,10 @@ BUGS = {
         "src/swiglu/kernels/tl_kernels.py",
         "            _store_split(c_desc, acc, off_m, off_n, BN, EPI_SPLIT, UPCAST)",
         "            _store_split(c_desc, acc * 1.001, off_m, off_n, BN, EPI_SPLIT, UPCAST)",
-        ["tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64", "tests/library/test_module.py::test_triton_path_frozen_weights"],
+        [
+            "tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64",
+            "tests/library/test_module.py::test_triton_path_frozen_weights",
+        ],
         "every weight gradient 0.1% too large (TMA-store path of grad_weight_kernel)",
     ),
     "unrounded_g": (
@@ -70,7 +76,10 @@ BUGS = {
         "src/swiglu/kernels/backward.py",
         "    recompute = activated_gate is None\n",
         "    raise RuntimeError('planted bug: the Triton backward fails')\n    recompute = activated_gate is None\n",
-        ["tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64", "tests/library/test_module.py::test_triton_path_bf16_grads"],
+        [
+            "tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64",
+            "tests/library/test_module.py::test_triton_path_bf16_grads",
+        ],
         "the Triton backward raises on every call",
     ),
     "median_as_mean": (
@@ -92,8 +101,13 @@ BUGS = {
 
 def copy_repo(dest: Path) -> None:
     """Tracked and untracked (not ignored) files of the working tree, as they are now."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           check=True, capture_output=True, text=True).stdout.split("\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
     if dest.exists():
         shutil.rmtree(dest)
     for name in filter(None, files):
@@ -113,9 +127,19 @@ def plant(dest: Path, file: str, old: str, new: str) -> None:
 
 def run_tests(dest: Path, tests: list[str]) -> tuple[int, str, list[str]]:
     """pytest in the copy; returns (exit status, summary line, failed test ids)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(dest / "src"), str(dest / "lab")]), TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *tests], cwd=dest,
-                          env=env, capture_output=True, text=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(dest / "src"), str(dest / "lab")]),
+        TRITON_INTERPRET="1",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *tests],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     lines = done.stdout.strip().splitlines()
     failed = [m.group(1) for line in lines if (m := re.match(r"FAILED (\S+)", line))]
     return done.returncode, (lines[-1] if lines else done.stderr.strip()[-300:]), failed

@@ -52,8 +52,10 @@ def apply_set(table: dict, path: str, value) -> list[str]:
         section, (bucket, field) = table.setdefault(parts[0], {}), parts[1:]
         label = parts[0]
     else:
-        raise SystemExit(f"--set {path}: expected SECTION.BUCKET.FIELD (SECTION one of {', '.join(GLUON_SECTIONS)}) "
-                         "or configs.KERNEL.BUCKET.FIELD")
+        raise SystemExit(
+            f"--set {path}: expected SECTION.BUCKET.FIELD (SECTION one of {', '.join(GLUON_SECTIONS)}) "
+            "or configs.KERNEL.BUCKET.FIELD"
+        )
     buckets = list(section) if bucket == "*" else [bucket]
     changed = []
     for b in buckets:
@@ -73,8 +75,11 @@ def apply_candidate(table: dict, section: str, spec: str, candidates) -> str:
     if not index.isdigit() or int(index) >= len(candidates):
         raise SystemExit(f"{section} {spec}: expected BUCKET=INDEX with INDEX in 0..{len(candidates) - 1}")
     config = candidates[int(index)]
-    table.setdefault(section, {})[bucket] = {"config": dataclasses.asdict(config), "candidate": int(index),
-                                             "variant": f"candidate {index} (scripts/table_variant.py)"}
+    table.setdefault(section, {})[bucket] = {
+        "config": dataclasses.asdict(config),
+        "candidate": int(index),
+        "variant": f"candidate {index} (scripts/table_variant.py)",
+    }
     return f"{section}.{bucket} = candidate {index}"
 
 
@@ -101,8 +106,10 @@ def main(argv=None) -> int:
             bucket, _, index = spec.partition("=")
             changes.append(apply_candidate(table, "gluon_grad_weights", spec, RESIDENT_CANDIDATES))
             if bucket.isdigit() and int(bucket) > RESIDENT_CANDIDATES[int(index)].resident_k:
-                raise SystemExit(f"--gluon-resident {spec}: the candidate holds {RESIDENT_CANDIDATES[int(index)].resident_k} "
-                                 f"tokens, fewer than bucket {bucket}'s")
+                raise SystemExit(
+                    f"--gluon-resident {spec}: the candidate holds {RESIDENT_CANDIDATES[int(index)].resident_k} "
+                    f"tokens, fewer than bucket {bucket}'s"
+                )
     if args.gluon_dswiglu:
         from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES
 

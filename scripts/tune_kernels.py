@@ -64,11 +64,26 @@ def measure_ceilings() -> list[dict]:
     a = torch.empty(n, device="cuda", dtype=torch.bfloat16).normal_()
     b = torch.empty_like(a)
     rows = []
-    for name, fn, nbytes in (("write (fill_)", lambda: b.fill_(1.0), 2 * n), ("read (sum)", lambda: a.sum(), 2 * n),
-                             ("copy", lambda: b.copy_(a), 4 * n)):
+    for name, fn, nbytes in (
+        ("write (fill_)", lambda: b.fill_(1.0), 2 * n),
+        ("read (sum)", lambda: a.sum(), 2 * n),
+        ("copy", lambda: b.copy_(a), 4 * n),
+    ):
         ms = do_bench(fn, rep=200, return_mode="median")
-        rows.append(dict(tokens=0, kernel="ceiling", config=name, config_dict={}, cublas_ms=ms, ms=ms,
-                         tflops=float("nan"), err=0.0, compile_s=0.0, note=f"{nbytes / ms / 1e6:.0f} GB/s"))
+        rows.append(
+            dict(
+                tokens=0,
+                kernel="ceiling",
+                config=name,
+                config_dict={},
+                cublas_ms=ms,
+                ms=ms,
+                tflops=float("nan"),
+                err=0.0,
+                compile_s=0.0,
+                note=f"{nbytes / ms / 1e6:.0f} GB/s",
+            )
+        )
         print(rows[-1], flush=True)
     a = b = None  # freed (the timed lambdas close over the names)
     torch.cuda.empty_cache()
@@ -81,8 +96,13 @@ def write_best(rows: list[dict], path: str) -> None:
     utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with open(path if os.path.exists(path) else TUNED_CONFIGS_PATH) as f:
         old = json.load(f)
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, utc=utc,
-                protocol="scripts/tune_kernels.py: triton.testing.do_bench median, L2 flushed by do_bench")
+    meta = dict(
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        utc=utc,
+        protocol="scripts/tune_kernels.py: triton.testing.do_bench median, L2 flushed by do_bench",
+    )
     with open(path, "w") as f:
         json.dump(backward_table(rows, old, meta), f, indent=1)
 
@@ -99,8 +119,12 @@ def main(argv=None) -> None:
     ap.add_argument("--intermediate-size", type=int, default=53248)
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--write-best", default=None, help="write the fastest correct config per kernel and "
-                    "token bucket to this JSON (the format of swiglu/kernels/backward_configs.json)")
+    ap.add_argument(
+        "--write-best",
+        default=None,
+        help="write the fastest correct config per kernel and "
+        "token bucket to this JSON (the format of swiglu/kernels/backward_configs.json)",
+    )
     ap.add_argument("--ceilings", action="store_true", help="also measure write/read/copy bandwidth first")
     args = ap.parse_args(argv)
     H, I = args.hidden_size, args.intermediate_size
@@ -139,11 +163,24 @@ def main(argv=None) -> None:
                 cublas = lambda: (d_gate_ref @ gw, d_up_ref @ uw)  # noqa: E731
                 kflops = 2 * flops
             ms = cublas_ms = do_bench(cublas, rep=args.rep, return_mode="median")
-            rows.append(dict(tokens=T, kernel=kernel, config="cublas", config_dict={}, cublas_ms=ms, ms=ms,
-                             tflops=kflops / ms / 1e9, err=0.0, compile_s=0.0, note=""))
+            rows.append(
+                dict(
+                    tokens=T,
+                    kernel=kernel,
+                    config="cublas",
+                    config_dict={},
+                    cublas_ms=ms,
+                    ms=ms,
+                    tflops=kflops / ms / 1e9,
+                    err=0.0,
+                    compile_s=0.0,
+                    note="",
+                )
+            )
             for c in CANDIDATES[kernel]:
-                row = dict(tokens=T, kernel=kernel, config=str(tuple(asdict(c).values())), config_dict=asdict(c),
-                           cublas_ms=cublas_ms)
+                row = dict(
+                    tokens=T, kernel=kernel, config=str(tuple(asdict(c).values())), config_dict=asdict(c), cublas_ms=cublas_ms
+                )
                 try:
                     for o in outs:
                         o.fill_(float("nan"))
@@ -155,8 +192,13 @@ def main(argv=None) -> None:
                     ms = do_bench(lambda: run(c), rep=args.rep, return_mode="median")
                     row.update(ms=ms, tflops=kflops / ms / 1e9, note="")
                 except Exception as e:  # record and go on: one bad config must not end the sweep
-                    row.update(ms=float("nan"), tflops=float("nan"), err=float("nan"), compile_s=float("nan"),
-                               note=f"{type(e).__name__}: {str(e)[:200]}")
+                    row.update(
+                        ms=float("nan"),
+                        tflops=float("nan"),
+                        err=float("nan"),
+                        compile_s=float("nan"),
+                        note=f"{type(e).__name__}: {str(e)[:200]}",
+                    )
                     traceback.print_exc(limit=2)
                 rows.append(row)
                 print(row, flush=True)
@@ -171,8 +213,11 @@ def main(argv=None) -> None:
         w.writerows(rows)
     print(f"\n{'T':>6} {'kernel':<13} {'config':<52} {'ms':>8} {'TFLOP/s':>8} {'err':>8} note", file=sys.stderr)
     for r in rows:
-        print(f"{r['tokens']:>6} {r['kernel']:<13} {r['config']:<52} {r['ms']:>8.3f} {r['tflops']:>8.1f} "
-              f"{r['err']:>8.1e} {r['note'][:60]}", file=sys.stderr)
+        print(
+            f"{r['tokens']:>6} {r['kernel']:<13} {r['config']:<52} {r['ms']:>8.3f} {r['tflops']:>8.1f} "
+            f"{r['err']:>8.1e} {r['note'][:60]}",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

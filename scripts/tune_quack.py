@@ -45,20 +45,27 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=int, nargs="+", default=[128, 256, 512, 1024])
     p.add_argument("--hidden-size", type=int, default=16384)
     p.add_argument("--intermediate-size", type=int, default=53248)
-    p.add_argument("--cache-dir", default=str(REPO / "data" / "tuning" / "quack_cache"),
-                   help="quack's autotune cache (QUACK_CACHE_DIR); default data/tuning/quack_cache")
-    p.add_argument("--kernel-cache-dir", default=None,
-                   help="quack's compiled-kernel .o cache (default <tmp>/swiglu_quack_kernels)")
-    p.add_argument("--search", choices=("reduced", "full"), default=None,
-                   help="candidate configs (default $SWIGLU_QUACK_SEARCH or reduced)")
+    p.add_argument(
+        "--cache-dir",
+        default=str(REPO / "data" / "tuning" / "quack_cache"),
+        help="quack's autotune cache (QUACK_CACHE_DIR); default data/tuning/quack_cache",
+    )
+    p.add_argument(
+        "--kernel-cache-dir", default=None, help="quack's compiled-kernel .o cache (default <tmp>/swiglu_quack_kernels)"
+    )
+    p.add_argument(
+        "--search", choices=("reduced", "full"), default=None, help="candidate configs (default $SWIGLU_QUACK_SEARCH or reduced)"
+    )
     p.add_argument("--max-minutes", type=float, default=8.0)
     p.add_argument("--bench-calls", type=int, default=60, help="timed calls per candidate (quack: 200)")
     p.add_argument("--bench-warmup-ms", type=float, default=60.0, help="warm-up per candidate (quack: 200)")
-    p.add_argument("--compile-workers", type=int, default=None,
-                   help="QUACK_COMPILE_WORKERS (default: CPU count - 2, at least 8)")
-    p.add_argument("--no-kernel-cache", action="store_true",
-                   help="QUACK_CACHE_ENABLED=0: no .o cache and no async compile pool (slower; the workaround "
-                   "for a CuTe-DSL whose objects quack cannot hash into its kernel-cache key)")
+    p.add_argument("--compile-workers", type=int, default=None, help="QUACK_COMPILE_WORKERS (default: CPU count - 2, at least 8)")
+    p.add_argument(
+        "--no-kernel-cache",
+        action="store_true",
+        help="QUACK_CACHE_ENABLED=0: no .o cache and no async compile pool (slower; the workaround "
+        "for a CuTe-DSL whose objects quack cannot hash into its kernel-cache key)",
+    )
     p.add_argument("--verify-tokens", type=int, nargs="*", default=[])
     p.add_argument("--iters", type=int, default=10, help="timed iterations per impl in --verify-tokens")
     p.add_argument("--summary", default=None, help="write a JSON summary here")
@@ -97,10 +104,16 @@ def main(argv=None) -> int:
     import quack.gemm_runtime.autotune as rt
 
     qa._bench_cuda_graph_l2_rotate = functools.partial(
-        qa._bench_cuda_graph_l2_rotate, n_timed_calls=args.bench_calls, warmup_target_ms=args.bench_warmup_ms)
-    info = {**quack_peer.versions(), "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
-            "compile_workers": os.environ["QUACK_COMPILE_WORKERS"], "bench_calls": args.bench_calls,
-            "bench_warmup_ms": args.bench_warmup_ms}
+        qa._bench_cuda_graph_l2_rotate, n_timed_calls=args.bench_calls, warmup_target_ms=args.bench_warmup_ms
+    )
+    info = {
+        **quack_peer.versions(),
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "compile_workers": os.environ["QUACK_COMPILE_WORKERS"],
+        "bench_calls": args.bench_calls,
+        "bench_warmup_ms": args.bench_warmup_ms,
+    }
     print(f"tune_quack: {json.dumps(info)}", flush=True)
     fn = quack_peer.build(device, allow_tuning=True)
     H, I = args.hidden_size, args.intermediate_size
@@ -118,13 +131,14 @@ def main(argv=None) -> int:
         # the sweep's bench time grows with T; the first shape also paid the compiles
         estimate = last[1] * max(1.3, 0.8 * T / last[0]) if last is not None else 0.0
         if elapsed + estimate > budget_s:
-            print(f"tune_quack: T={T} skipped: {elapsed:.0f}s elapsed + ~{estimate:.0f}s estimate > "
-                  f"{budget_s:.0f}s budget", flush=True)
+            print(
+                f"tune_quack: T={T} skipped: {elapsed:.0f}s elapsed + ~{estimate:.0f}s estimate > {budget_s:.0f}s budget",
+                flush=True,
+            )
             summary["skipped"].append(T)
             continue
         before = choices()
-        inputs = quack_peer.to_quack_layout(
-            make_inputs(1, T, H, I, mode="benchmark", seed=0, device=device).as_tuple())
+        inputs = quack_peer.to_quack_layout(make_inputs(1, T, H, I, mode="benchmark", seed=0, device=device).as_tuple())
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = fn(*inputs)
@@ -138,12 +152,14 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         new = {k: v for k, v in choices().items() if k not in before}
         last = (T, took)
-        print(f"tune_quack: T={T} tuned in {took:.1f}s (second call {again * 1e3:.1f} ms host, total "
-              f"{time.perf_counter() - t_start:.0f}s); {len(new)} new choices:", flush=True)
+        print(
+            f"tune_quack: T={T} tuned in {took:.1f}s (second call {again * 1e3:.1f} ms host, total "
+            f"{time.perf_counter() - t_start:.0f}s); {len(new)} new choices:",
+            flush=True,
+        )
         for (name, key), cfg in new.items():
             print(f"    {name} {key[:160]} -> {cfg}", flush=True)
-        summary["tuned"].append({"tokens": T, "seconds": round(took, 1),
-                                 "choices": [[n, k, c] for (n, k), c in new.items()]})
+        summary["tuned"].append({"tokens": T, "seconds": round(took, 1), "choices": [[n, k, c] for (n, k), c in new.items()]})
     files = sorted(str(p.relative_to(args.cache_dir)) for p in Path(args.cache_dir).rglob("*.autotune.json"))
     print(f"tune_quack: {len(files)} autotune files under {args.cache_dir}", flush=True)
     summary["files"] = files
@@ -180,22 +196,25 @@ def verify(fn, args, device, quack_peer) -> list[dict]:
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
             checks = {n: benchmark_criterion(o, r, row["atol"]) for n, o, r in zip(names, out, ref)}
-            row[mode] = {n: {"passed": bool(c.passed), "match": round(float(c.match_fraction), 5)}
-                         for n, c in checks.items()}
+            row[mode] = {n: {"passed": bool(c.passed), "match": round(float(c.match_fraction), 5)} for n, c in checks.items()}
             row[f"{mode}_first_call_s"] = round(first, 2)
-            print(f"verify T={T} {mode:<9} first call {first:.2f}s; "
-                  + ", ".join(f"{n} {'ok' if c.passed else 'FAIL'} {c.match_fraction:.4f}" for n, c in checks.items()),
-                  flush=True)
+            print(
+                f"verify T={T} {mode:<9} first call {first:.2f}s; "
+                + ", ".join(f"{n} {'ok' if c.passed else 'FAIL'} {c.match_fraction:.4f}" for n, c in checks.items()),
+                flush=True,
+            )
             del out, ref
             if mode == "benchmark":
                 prepared = quack_peer.to_quack_layout(inputs)
-                for name, call, make in (("eager", reference_backward, lambda: inputs),
-                                         ("quack", fn, lambda: prepared)):
+                for name, call, make in (("eager", reference_backward, lambda: inputs), ("quack", fn, lambda: prepared)):
                     time_iterations(call, make, 2, device, flush)
                     times = time_iterations(call, make, args.iters, device, flush)
                     row[f"{name}_median_ms"] = round(statistics.median(times), 4)
-                print(f"verify T={T} median ms: eager {row['eager_median_ms']:.3f}, quack {row['quack_median_ms']:.3f} "
-                      f"(x{row['eager_median_ms'] / row['quack_median_ms']:.2f} vs eager)", flush=True)
+                print(
+                    f"verify T={T} median ms: eager {row['eager_median_ms']:.3f}, quack {row['quack_median_ms']:.3f} "
+                    f"(x{row['eager_median_ms'] / row['quack_median_ms']:.2f} vs eager)",
+                    flush=True,
+                )
                 del prepared
             inputs = None  # freed (the lambdas above close over it)
             torch.cuda.empty_cache()

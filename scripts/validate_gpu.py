@@ -36,8 +36,16 @@ def main(argv=None) -> int:
         raise SystemExit("validate_gpu.py needs a CUDA GPU (notebook 02 runs the reduced sizes on a CPU)")
     shapes = [(c.name, c.batch_size, c.seq_len, c.atol) for c in swiglu.select_cases(args.cases)]
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
-    results = validate.run_validation(shapes, impls, swiglu.HIDDEN_SIZE, swiglu.INTERMEDIATE_SIZE, device="cuda",
-                                      rounds=args.rounds, seed=args.seed, mode="benchmark")
+    results = validate.run_validation(
+        shapes,
+        impls,
+        swiglu.HIDDEN_SIZE,
+        swiglu.INTERMEDIATE_SIZE,
+        device="cuda",
+        rounds=args.rounds,
+        seed=args.seed,
+        mode="benchmark",
+    )
     results = results.drop(columns=["seconds"], errors="ignore")
     results.insert(0, "device", torch.cuda.get_device_name())
     results["commit"] = git_info(REPO)["commit"]

@@ -54,5 +54,7 @@ except ImportError as exc:
     assert "swiglu[hf]" in str(exc), exc
 else:
     raise AssertionError("patch_classes worked without transformers")
-print(f"wheel smoke test passed: swiglu {swiglu.__version__} from {site}, torch {torch.__version__}, "
-      f"python {sys.version.split()[0]}")
+print(
+    f"wheel smoke test passed: swiglu {swiglu.__version__} from {site}, torch {torch.__version__}, "
+    f"python {sys.version.split()[0]}"
+)

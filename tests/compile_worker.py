@@ -44,8 +44,12 @@ def pdl_report(ptx: str) -> dict:
     first = GLOBAL_ACCESS.search(ptx)
     first = first.start() if first else len(ptx)
     wait, trigger = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
-    return {"gdc_wait": ptx.count("griddepcontrol.wait"), "gdc_trigger": ptx.count("griddepcontrol.launch_dependents"),
-            "wait_before_access": 0 <= wait < first, "trigger_before_access": 0 <= trigger < first}
+    return {
+        "gdc_wait": ptx.count("griddepcontrol.wait"),
+        "gdc_trigger": ptx.count("griddepcontrol.launch_dependents"),
+        "wait_before_access": 0 <= wait < first,
+        "trigger_before_access": 0 <= trigger < first,
+    }
 
 
 def pdl_problems(result: dict, pdl: int) -> list[str]:
@@ -55,9 +59,11 @@ def pdl_problems(result: dict, pdl: int) -> list[str]:
     if pdl == 0:
         return [] if result["gdc_wait"] == result["gdc_trigger"] == 0 else ["PDL instructions in a plain launch"]
     if not (result["gdc_wait"] == 1 == result["gdc_trigger"] and result["wait_before_access"]):
-        return [f"PDL mode {pdl}: want one griddepcontrol.wait before any global memory access and one "
-                f"launch_dependents, got {result['gdc_wait']} / {result['gdc_trigger']}, wait first: "
-                f"{result['wait_before_access']}"]
+        return [
+            f"PDL mode {pdl}: want one griddepcontrol.wait before any global memory access and one "
+            f"launch_dependents, got {result['gdc_wait']} / {result['gdc_trigger']}, wait first: "
+            f"{result['wait_before_access']}"
+        ]
     if result["trigger_before_access"] != (pdl == 1):
         return [f"PDL mode {pdl}: launch_dependents {'after' if pdl == 1 else 'before'} the first global access"]
     return []
@@ -83,14 +89,24 @@ def compile_one(kernels, spec: dict) -> dict:
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in spec["divisible_by_16"]}
     start = time.perf_counter()
     try:
-        compiled = triton.compile(ASTSource(fn=fn, signature=spec["signature"], constexprs=spec["constexprs"],
-                                            attrs=attrs), target=GPUTarget(*TARGET), options=spec["options"])
+        compiled = triton.compile(
+            ASTSource(fn=fn, signature=spec["signature"], constexprs=spec["constexprs"], attrs=attrs),
+            target=GPUTarget(*TARGET),
+            options=spec["options"],
+        )
     except Exception as err:  # reported per spec; the test fails on it with the message
         return {"error": f"{type(err).__name__}: {err}"[-4000:], "seconds": time.perf_counter() - start}
     ptx = compiled.asm["ptx"]
-    return {"error": None, "seconds": time.perf_counter() - start, "shared": compiled.metadata.shared,
-            "num_warps": compiled.metadata.num_warps, "cubin_bytes": len(compiled.asm["cubin"]),
-            "wgmma_mma_async": ptx.count("wgmma.mma_async"), "target": ".target sm_90" in ptx, **pdl_report(ptx)}
+    return {
+        "error": None,
+        "seconds": time.perf_counter() - start,
+        "shared": compiled.metadata.shared,
+        "num_warps": compiled.metadata.num_warps,
+        "cubin_bytes": len(compiled.asm["cubin"]),
+        "wgmma_mma_async": ptx.count("wgmma.mma_async"),
+        "target": ".target sm_90" in ptx,
+        **pdl_report(ptx),
+    }
 
 
 def main(results_path: str) -> None:

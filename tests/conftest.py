@@ -23,22 +23,39 @@ SLOW_FILES = {
     "test_triton_compile.py",  # sm_90 compiles of every tl kernel with both tritons
     "test_notebooks.py",  # executes the notebooks
     "test_reproducible.py",  # redraws the committed figures
-    "test_fsdp.py", "test_parallel.py", "test_tp_model.py",  # gloo process groups
-    "test_make.py", "test_wheel.py",  # virtual environments and wheels
-    "test_probe_backward_power.py", "test_probe_in_step.py", "test_multicast_probe.py",
-    "test_lean_ownership.py", "test_direct_launch.py", "test_plan_cache.py", "test_hf_long_seq_script.py",
-    "test_moe_bench_script.py", "test_moe_notebook.py",  # the MoE bench script on the CPU (interpreter)
+    "test_fsdp.py",
+    "test_parallel.py",
+    "test_tp_model.py",  # gloo process groups
+    "test_make.py",
+    "test_wheel.py",  # virtual environments and wheels
+    "test_probe_backward_power.py",
+    "test_probe_in_step.py",
+    "test_multicast_probe.py",
+    "test_lean_ownership.py",
+    "test_direct_launch.py",
+    "test_plan_cache.py",
+    "test_hf_long_seq_script.py",
+    "test_moe_bench_script.py",
+    "test_moe_notebook.py",  # the MoE bench script on the CPU (interpreter)
 }
 SLOW_TESTS = (
-    "test_latest_run_loads_the_newest_and_none_without_one", "test_tables_and_figure_from_the_tiny_run",
-    "test_table_configs_compile_for_sm90", "test_grad_x_candidates_compile_for_sm90",
-    "test_dswiglu_candidates_compile_for_sm90", "test_each_tuned_config_on_its_own",
-    "test_compiled_autograd_with_torchs_inductor_helper", "test_gradcheck_and_gradgradcheck",
-    "test_30_steps_of_training_track_the_unpatched_model", "test_run_with_fake_nvml_fills_power_columns",
-    "test_failures_print_at_once_only_when_asked", "test_backward_gradients_are_differentiable_by_the_reference_formula",
+    "test_latest_run_loads_the_newest_and_none_without_one",
+    "test_tables_and_figure_from_the_tiny_run",
+    "test_table_configs_compile_for_sm90",
+    "test_grad_x_candidates_compile_for_sm90",
+    "test_dswiglu_candidates_compile_for_sm90",
+    "test_each_tuned_config_on_its_own",
+    "test_compiled_autograd_with_torchs_inductor_helper",
+    "test_gradcheck_and_gradgradcheck",
+    "test_30_steps_of_training_track_the_unpatched_model",
+    "test_run_with_fake_nvml_fills_power_columns",
+    "test_failures_print_at_once_only_when_asked",
+    "test_backward_gradients_are_differentiable_by_the_reference_formula",
     "test_opcheck_every_util_with_inputs_requiring_grad",
     "test_runner_records_a_breakdown_per_case_and_impl_and_the_writer_keeps_it_apart",
-    "test_split_tiles_against_float64", "test_config_options", "test_odd_shapes_against_float64",
+    "test_split_tiles_against_float64",
+    "test_config_options",
+    "test_odd_shapes_against_float64",
 )
 
 
@@ -81,8 +98,7 @@ def pytest_runtest_logreport(report):
     if report.failed and os.environ.get("SWIGLU_FAILURES_AT_ONCE") == "1":
         import sys
 
-        print(f"\nFAILED {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n", file=sys.__stderr__,
-              flush=True)
+        print(f"\nFAILED {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n", file=sys.__stderr__, flush=True)
 
 
 @pytest.fixture

@@ -49,8 +49,11 @@ def _stacks(dtype, impl="reference", save_activated_gate=False, seed=0, reuse_sa
     with torch.no_grad():
         for p in oracle.parameters():
             p.copy_((torch.randn_like(p) / p.shape[1] ** 0.5).to(dtype))  # values exact in dtype
-    ours = Stack(lambda: swiglu.SwiGLUMLP(H, I, dtype=dtype, impl=impl, save_activated_gate=save_activated_gate,
-                                          reuse_saved_buffers=reuse_saved_buffers))
+    ours = Stack(
+        lambda: swiglu.SwiGLUMLP(
+            H, I, dtype=dtype, impl=impl, save_activated_gate=save_activated_gate, reuse_saved_buffers=reuse_saved_buffers
+        )
+    )
     ours.load_state_dict(oracle.state_dict())
     return ours.to(DEVICE), oracle.to(DEVICE)
 
@@ -97,8 +100,9 @@ def _compare(ours, oracle, dp_rank, dp_size, dtype, compute_dtype=None):
     per = 4 // dp_size
     mine = slice(dp_rank * per, (dp_rank + 1) * per)
     batches = [_batch(s, torch.float64) for s in range(STEPS)]
-    got_grads, got_params = _train(ours, ours.parameters(), [(x[mine].to(dtype), t[mine]) for x, t in batches],
-                                   compute_dtype or dtype)
+    got_grads, got_params = _train(
+        ours, ours.parameters(), [(x[mine].to(dtype), t[mine]) for x, t in batches], compute_dtype or dtype
+    )
     rounded = copy.deepcopy(oracle)
     want_grads = {}
     for step, (x, target) in enumerate(batches):
@@ -241,9 +245,18 @@ def scenario_fsdp_hf_llama(rank, world):
 
     from swiglu.integrations import transformers as swiglu_hf
 
-    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=2, num_attention_heads=2,
-                                      num_key_value_heads=1, head_dim=8, vocab_size=64, pad_token_id=0,
-                                      bos_token_id=1, eos_token_id=2)
+    config = transformers.LlamaConfig(
+        hidden_size=H,
+        intermediate_size=I,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        vocab_size=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     oracle = transformers.LlamaForCausalLM(config).to(DEVICE)
     with torch.no_grad():
@@ -263,7 +276,7 @@ def scenario_fsdp_hf_llama(rank, world):
     swiglu_hf._swiglu_mlp = lambda *a, **k: calls.append(1) or real(*a, **k)
     try:
         ids = torch.randint(3, 64, (2 * world, 8), generator=torch.Generator().manual_seed(5)).to(DEVICE)
-        mine = ids[2 * rank: 2 * rank + 2]  # equal token counts: the mean of rank means is the global mean
+        mine = ids[2 * rank : 2 * rank + 2]  # equal token counts: the mean of rank means is the global mean
         model(mine, labels=mine).loss.backward()
     finally:
         swiglu_hf._swiglu_mlp = real
@@ -273,7 +286,7 @@ def scenario_fsdp_hf_llama(rank, world):
     return _check({n: _rel(_full(p.grad), want[n].grad) for n, p in model.named_parameters()}, 1e-5)
 
 
-SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+SCENARIOS = {name[len("scenario_") :]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
 def run(rank: int, world_size: int, port: int, out_dir: str, names: list[str], device_type: str = "cpu") -> None:
@@ -286,8 +299,13 @@ def run(rank: int, world_size: int, port: int, out_dir: str, names: list[str], d
         DEVICE = torch.device("cuda", rank)
         torch.cuda.set_device(DEVICE)
     backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=60),
-                            device_id=DEVICE if device_type == "cuda" else None)
+    dist.init_process_group(
+        backend,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=60),
+        device_id=DEVICE if device_type == "cuda" else None,
+    )
     results = {}
     try:
         for name in names:

@@ -56,8 +56,9 @@ def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
 
         with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
             f.write(ptx)
-        info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
-                              capture_output=True, text=True).stderr
+        info = subprocess.run(
+            [get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True
+        ).stderr
         os.unlink(f.name)
         return int(re.search(r"Used (\d+) registers", info).group(1)), int(re.search(r"(\d+) bytes spill stores", info).group(1))
     except Exception:
@@ -77,8 +78,16 @@ def strip_debug(ptx: str) -> str:
     return "\n".join(lines)
 
 
-def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0, ablate: int = 0,
-                plain_store: int = 0, probe: bool = False, compare: bool = False) -> dict:
+def compile_one(
+    cfg,
+    pdl: int = 0,
+    grad_x: bool = False,
+    store_delay_ns: int = 0,
+    ablate: int = 0,
+    plain_store: int = 0,
+    probe: bool = False,
+    compare: bool = False,
+) -> dict:
     """``cfg``'s compile by the library's kernel, or with a switch given (or ``probe``) by the lab's
     copy with the switches (``gluon_wgrad_probe``). ``compare``: also the other kernel with every
     switch off, whether the two PTX texts are the same (``probe_ptx_same``)."""
@@ -87,11 +96,22 @@ def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0
     kernel = (gluon_wgrad_probe if probe else gluon_wgrad).wgrad_kernel
     a_block = [cfg.BM, cfg.BK] if grad_x else [cfg.BK, cfg.BM]
     sig = {"a_desc": desc(a_block), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
-    constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
-                  "STORE_REGS": cfg.store_regs}
+    constexprs = {
+        "GROUP_M": cfg.GROUP_M,
+        "STAGES": cfg.STAGES,
+        "NC": cfg.NC,
+        "LOAD_REGS": cfg.load_regs,
+        "STORE_REGS": cfg.store_regs,
+    }
     # Every constexpr given, defaults too: triton 3.7 binds a signature without them wrongly.
-    constexprs.update({"PINGPONG": cfg.pingpong, "MMA_REGS": (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0,
-                       "DEFER": False if cfg.pingpong else cfg.defer, "BN2": cfg.BN2})
+    constexprs.update(
+        {
+            "PINGPONG": cfg.pingpong,
+            "MMA_REGS": (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0,
+            "DEFER": False if cfg.pingpong else cfg.defer,
+            "BN2": cfg.BN2,
+        }
+    )
     if cfg.BN2:
         sig.update({"b2_desc": desc([cfg.BK, cfg.BN2]), "c2_desc": desc([cfg.BM, cfg.BN2])})
     else:
@@ -112,14 +132,25 @@ def compile_one(cfg, pdl: int = 0, grad_x: bool = False, store_delay_ns: int = 0
     sig.update({k: "constexpr" for k in constexprs})
     if plain_store:
         sig["out_ptr"] = "*bf16"
-    entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": grad_x, "store_delay_ns": store_delay_ns, "ablate": ablate,
-             "plain_store": plain_store, "probe": probe}
+    entry = {
+        "config": cfg.__dict__,
+        "pdl": pdl,
+        "grad_x": grad_x,
+        "store_delay_ns": store_delay_ns,
+        "ablate": ablate,
+        "plain_store": plain_store,
+        "probe": probe,
+    }
     # out_ptr as a launch specializes it: 16-byte aligned (every launcher's outputs are).
-    attrs = {(list(inspect.signature(kernel.fn).parameters).index("out_ptr"),): [["tt.divisibility", 16]]} \
-        if plain_store else None
+    attrs = (
+        {(list(inspect.signature(kernel.fn).parameters).index("out_ptr"),): [["tt.divisibility", 16]]} if plain_store else None
+    )
     try:
-        k = triton.compile(GluonASTSource(kernel, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": 4 if cfg.pingpong else cfg.num_warps, "maxnreg": cfg.maxnreg})
+        k = triton.compile(
+            GluonASTSource(kernel, sig, constexprs, attrs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": 4 if cfg.pingpong else cfg.num_warps, "maxnreg": cfg.maxnreg},
+        )
     except Exception as err:  # reported per config; the test fails on it with the message
         return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
     report = wgrad_report(k, entry)
@@ -134,22 +165,43 @@ def wgrad_report(k, entry: dict) -> dict:
     spills and its key PTX instructions."""
     ptx = k.asm["ptx"]
     regs, spills = ptxas_info(ptx)
-    return {**entry, "error": None, **pdl_report(ptx), "shared": k.metadata.shared, "regs": regs, "spills": spills,
-            "wgmma": ptx.count("wgmma.mma_async"), "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
-            "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"), "setmaxnreg": ptx.count("setmaxnreg"),
-            "st_global": ptx.count("st.global"), "ptx": strip_debug(ptx)}
+    return {
+        **entry,
+        "error": None,
+        **pdl_report(ptx),
+        "shared": k.metadata.shared,
+        "regs": regs,
+        "spills": spills,
+        "wgmma": ptx.count("wgmma.mma_async"),
+        "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
+        "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
+        "setmaxnreg": ptx.count("setmaxnreg"),
+        "st_global": ptx.count("st.global"),
+        "ptx": strip_debug(ptx),
+    }
 
 
 def compile_resident(cfg, pdl: int = 0) -> dict:
     """``swiglu_lab.experiments.gluon_wgrad_resident``'s kernel at ``cfg``, reported as ``compile_one`` does."""
     sig = {"a_desc": desc([cfg.BK, cfg.BM]), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
-    constexprs = {"KT": cfg.resident_k // cfg.BK, "STAGES": cfg.STAGES, "NC": cfg.NC, "LOAD_REGS": cfg.load_regs,
-                  "STORE_REGS": cfg.store_regs, "GROUP": cfg.GROUP_M, "DEFER": cfg.defer, "PDL": pdl}
+    constexprs = {
+        "KT": cfg.resident_k // cfg.BK,
+        "STAGES": cfg.STAGES,
+        "NC": cfg.NC,
+        "LOAD_REGS": cfg.load_regs,
+        "STORE_REGS": cfg.store_regs,
+        "GROUP": cfg.GROUP_M,
+        "DEFER": cfg.defer,
+        "PDL": pdl,
+    }
     sig.update({k: "constexpr" for k in constexprs})
     entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": False, "store_delay_ns": 0, "ablate": 0, "probe": False}
     try:
-        k = triton.compile(GluonASTSource(gluon_wgrad_resident.wgrad_resident_kernel, sig, constexprs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg})
+        k = triton.compile(
+            GluonASTSource(gluon_wgrad_resident.wgrad_resident_kernel, sig, constexprs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
+        )
     except Exception as err:  # reported per config; the test fails on it with the message
         return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
     return wgrad_report(k, entry)
@@ -160,9 +212,18 @@ def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: in
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
     sig.update({p: "*bf16" for p in ("gate_ptr", "up_ptr", "act_ptr", "dgate_ptr", "dup_ptr", "h_ptr")})
     sig.update({s: "i32" for s in ("T", "I", "stride_in", "stride_out")})
-    constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "NG": cfg.NG, "EPI_M": cfg.EPI_M, "EPI_N": cfg.EPI_N,
-                  "RECOMPUTE_ACT": recompute, "EPI_WARPS": cfg.epi_warps, "LOAD_REGS": cfg.load_regs,
-                  "EPI_REGS": cfg.epi_regs, "PDL": pdl}
+    constexprs = {
+        "GROUP_M": cfg.GROUP_M,
+        "STAGES": cfg.STAGES,
+        "NG": cfg.NG,
+        "EPI_M": cfg.EPI_M,
+        "EPI_N": cfg.EPI_N,
+        "RECOMPUTE_ACT": recompute,
+        "EPI_WARPS": cfg.epi_warps,
+        "LOAD_REGS": cfg.load_regs,
+        "EPI_REGS": cfg.epi_regs,
+        "PDL": pdl,
+    }
     if t_is_one:
         constexprs["T"] = 1
     sig.update({k: "constexpr" for k in constexprs})
@@ -171,27 +232,46 @@ def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: in
     attrs = {(gluon_dswiglu.dswiglu_gluon_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in args}
     entry = {"index": index, "config": cfg.__dict__, "recompute": recompute, "T_is_one": t_is_one, "pdl": pdl}
     try:
-        k = triton.compile(GluonASTSource(gluon_dswiglu.dswiglu_gluon_kernel, sig, constexprs, attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg})
+        k = triton.compile(
+            GluonASTSource(gluon_dswiglu.dswiglu_gluon_kernel, sig, constexprs, attrs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
+        )
     except Exception as err:  # reported per config; the test fails on it with the message
         return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
     ptx = k.asm["ptx"]
     regs, spills = ptxas_info(ptx)
-    return {**entry, "error": None, "shared": k.metadata.shared, "regs": regs, "spills": spills,
-            "wgmma": ptx.count("wgmma.mma_async"), "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
-            "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"), "setmaxnreg": ptx.count("setmaxnreg"),
-            "ld_global_v4": len(re.findall(r"ld\.global[.\w]*\.v4", ptx)),
-            "st_global_v4": len(re.findall(r"st\.global[.\w]*\.v4", ptx)), **pdl_report(ptx)}
+    return {
+        **entry,
+        "error": None,
+        "shared": k.metadata.shared,
+        "regs": regs,
+        "spills": spills,
+        "wgmma": ptx.count("wgmma.mma_async"),
+        "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
+        "tma_store": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
+        "setmaxnreg": ptx.count("setmaxnreg"),
+        "ld_global_v4": len(re.findall(r"ld\.global[.\w]*\.v4", ptx)),
+        "st_global_v4": len(re.findall(r"st\.global[.\w]*\.v4", ptx)),
+        **pdl_report(ptx),
+    }
 
 
 def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> None:
     if kind == "wgrad":
         # Each table config as it is and with the other epilogue placement (deferred or not).
         table = list(dict.fromkeys(c for c in GLUON_CONFIGS.values() if c is not None))
-        configs = list(dict.fromkeys(table + [dataclasses.replace(c, defer=not c.defer) for c in table]
-                                     + list(candidates.PINGPONG_CANDIDATES) + list(candidates.WIDE_CANDIDATES)))
+        configs = list(
+            dict.fromkeys(
+                table
+                + [dataclasses.replace(c, defer=not c.defer) for c in table]
+                + list(candidates.PINGPONG_CANDIDATES)
+                + list(candidates.WIDE_CANDIDATES)
+            )
+        )
         results = [compile_one(c, compare=c in table) for c in configs] + [
-            compile_one(c, pdl, compare=c in table) for c in (table[0], candidates.WIDE_CANDIDATES[0]) for pdl in (1, 2)]
+            compile_one(c, pdl, compare=c in table) for c in (table[0], candidates.WIDE_CANDIDATES[0]) for pdl in (1, 2)
+        ]
         # The table's other configs with PDL modes 1 and 2, beside the lab's copy of the kernel.
         results += [compile_one(c, pdl, compare=True) for c in table[1:] for pdl in (1, 2)]
         # The tests' storer delay (STORE_DELAY_NS) on the ping-pong kernels with one and two output buffers.
@@ -206,8 +286,10 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # ... and by the storer warp from the output buffers (PLAIN_STORE 2), as the table has them.
         results.append(compile_one(cooperative, plain_store=2))
         # The ping-pong MMA warpgroups storing their own chunks (wg_store), 64- and 32-deep k-steps.
-        results += [compile_one(dataclasses.replace(candidates.WIDE_CANDIDATES[0], wg_store=2)),
-                    compile_one(dataclasses.replace(candidates.WIDE_CANDIDATES[2], STAGES=8, wg_store=2))]
+        results += [
+            compile_one(dataclasses.replace(candidates.WIDE_CANDIDATES[0], wg_store=2)),
+            compile_one(dataclasses.replace(candidates.WIDE_CANDIDATES[2], STAGES=8, wg_store=2)),
+        ]
         # The resident-A kernel's candidates (swiglu_lab.experiments.gluon_wgrad_resident), the first also deferred and with
         # PDL modes 1 and 2.
         results += [compile_resident(c) for c in gluon_wgrad_resident.RESIDENT_CANDIDATES]
@@ -215,7 +297,8 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         results += [compile_resident(gluon_wgrad_resident.RESIDENT_CANDIDATES[0], pdl) for pdl in (1, 2)]
     elif kind == "grad_x":
         results = [compile_one(c, grad_x=True) for c in candidates.GRAD_X_CANDIDATES] + [
-            compile_one(candidates.GRAD_X_CANDIDATES[0], pdl, grad_x=True) for pdl in (1, 2)]
+            compile_one(candidates.GRAD_X_CANDIDATES[0], pdl, grad_x=True) for pdl in (1, 2)
+        ]
     elif kind == "dswiglu":
         indices = range(len(candidates.DSWIGLU_CANDIDATES)) if not indices else indices
         results = [compile_dswiglu(i, r) for i in indices for r in (False, True)]

@@ -26,8 +26,7 @@ import swiglu.ops as ops  # noqa: E402
 def _inputs(device, T, H, I, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, H, generator=g).bfloat16().to(device).requires_grad_()
-    w = [(torch.randn(s, generator=g) / s[1] ** 0.5).bfloat16().to(device).requires_grad_()
-         for s in ((I, H), (I, H), (H, I))]
+    w = [(torch.randn(s, generator=g) / s[1] ** 0.5).bfloat16().to(device).requires_grad_() for s in ((I, H), (I, H), (H, I))]
     return x, w
 
 

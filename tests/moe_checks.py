@@ -62,8 +62,14 @@ class MoEInputs:
     def flat(self):
         """(x [T, H], top_k_index [T, k], top_k_weights [T, k], gate_up_proj, down_proj, grad_out [T, H])."""
         H, k = self.x.shape[-1], self.top_k_index.shape[-1]
-        return (self.x.reshape(-1, H), self.top_k_index.reshape(-1, k), self.top_k_weights.reshape(-1, k),
-                self.gate_up_proj, self.down_proj, self.grad_out.reshape(-1, H))
+        return (
+            self.x.reshape(-1, H),
+            self.top_k_index.reshape(-1, k),
+            self.top_k_weights.reshape(-1, k),
+            self.gate_up_proj,
+            self.down_proj,
+            self.grad_out.reshape(-1, H),
+        )
 
 
 def routing(gen, T, E, k, kind="balanced", dtype=torch.int64):
@@ -85,8 +91,21 @@ def routing(gen, T, E, k, kind="balanced", dtype=torch.int64):
     return idx.to(dtype)
 
 
-def make_moe(seed, T, H, I, E, k, *, kind="balanced", lead=None, weights_dtype=torch.float32,
-             index_dtype=torch.int64, dtype=torch.bfloat16, device="cpu") -> MoEInputs:
+def make_moe(
+    seed,
+    T,
+    H,
+    I,
+    E,
+    k,
+    *,
+    kind="balanced",
+    lead=None,
+    weights_dtype=torch.float32,
+    index_dtype=torch.int64,
+    dtype=torch.bfloat16,
+    device="cpu",
+) -> MoEInputs:
     """Random inputs of a size where every output is O(1): weights ~ N(0, 1/fan_in), routing
     weights a softmax over k (positive, as a router's), grad_out ~ N(0, 1). ``lead``: x's leading
     dims (their product T), default (T,)."""
@@ -99,8 +118,14 @@ def make_moe(seed, T, H, I, E, k, *, kind="balanced", lead=None, weights_dtype=t
     gu = torch.randn(E, 2 * I, H, generator=gen) * H**-0.5
     dp = torch.randn(E, H, I, generator=gen) * I**-0.5
     go = torch.randn(*lead, H, generator=gen)
-    return MoEInputs(x.to(device, dtype), idx.reshape(*lead, k).to(device), w.reshape(*lead, k).to(device, weights_dtype),
-                     gu.to(device, dtype), dp.to(device, dtype), go.to(device, dtype))
+    return MoEInputs(
+        x.to(device, dtype),
+        idx.reshape(*lead, k).to(device),
+        w.reshape(*lead, k).to(device, weights_dtype),
+        gu.to(device, dtype),
+        dp.to(device, dtype),
+        go.to(device, dtype),
+    )
 
 
 def run(inp: MoEInputs, impl: str, **kwargs):
@@ -177,8 +202,9 @@ def _scale_error(d: torch.Tensor, o: torch.Tensor) -> tuple[float, float]:
     return s, max(float(p.norm()), float(p.sum(0).norm()), float(p.sum(1).norm())) / oo
 
 
-def bound_failure(name: str, got: torch.Tensor, ref: torch.Tensor, o: torch.Tensor,
-                  same: torch.Tensor | None = None) -> str | None:
+def bound_failure(
+    name: str, got: torch.Tensor, ref: torch.Tensor, o: torch.Tensor, same: torch.Tensor | None = None
+) -> str | None:
     """Why ``got`` fails the check against the oracle ``o`` given the bf16 reference ``ref``
     (None: it passes); the scale check against ``same`` (``same_rounding``'s) when given, else
     ``ref``. See the module's docstring."""
@@ -195,13 +221,14 @@ def bound_failure(name: str, got: torch.Tensor, ref: torch.Tensor, o: torch.Tens
         return None if err == 0 else f"{name}: oracle is zero, got an error of norm {err:.3e}"
     floor = BF16_U * norm * (n**-0.5 + SMALL_N / n)
     if err > FACTOR * ref_err + floor:
-        return (f"{name}: relative error {err / norm:.3e} > {FACTOR} x reference's {ref_err / norm:.3e} + floor "
-                f"{floor / norm:.1e}")
+        return f"{name}: relative error {err / norm:.3e} > {FACTOR} x reference's {ref_err / norm:.3e} + floor {floor / norm:.1e}"
     if n >= 64:
         s, se = _scale_error(g - (r if same is None else _as_2d(same)), o)
         if abs(s) > SHIFT_Z * se + SHIFT_FLOOR:
-            return (f"{name}: scaled by {s:+.3e} against the reference along the oracle (s.e. {se:.1e}, "
-                    f"limit {SHIFT_Z} s.e. + {SHIFT_FLOOR:.0e})")
+            return (
+                f"{name}: scaled by {s:+.3e} against the reference along the oracle (s.e. {se:.1e}, "
+                f"limit {SHIFT_Z} s.e. + {SHIFT_FLOOR:.0e})"
+            )
     return None
 
 

@@ -18,8 +18,15 @@ from triton.compiler import ASTSource
 from swiglu.kernels import moe as M
 
 UNIT_STRIDES = ("stride_xh", "stride_gh", "stride_wi", "stride_w1", "stride_am", "stride_bn", "stride_cn")
-INDEX_PTRS = {"order_ptr": "*i32", "expert_start_ptr": "*i32", "counts_ptr": "*i32", "rw_ptr": "*fp32",
-              "part_ptr": "*fp32", "gw_ptr": "*fp32", "idx_ptr": "*i64"}
+INDEX_PTRS = {
+    "order_ptr": "*i32",
+    "expert_start_ptr": "*i32",
+    "counts_ptr": "*i32",
+    "rw_ptr": "*fp32",
+    "part_ptr": "*fp32",
+    "gw_ptr": "*fp32",
+    "idx_ptr": "*i64",
+}
 
 
 def compile_one(fn, options: dict, **const) -> dict:
@@ -29,52 +36,106 @@ def compile_one(fn, options: dict, **const) -> dict:
     for name in fn.arg_names:
         if name in UNIT_STRIDES or (fn is M.moe_up_kernel and name == "stride_wh"):
             const[name] = 1
-    signature = {n: "constexpr" if n in const else INDEX_PTRS.get(n, "*bf16") if n.endswith("_ptr") else "i32"
-                 for n in fn.arg_names}
-    divisible = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if n not in const and (n.endswith("_ptr") or n in ("H", "I", "N", "K", "M") or n.startswith("stride_"))}
+    signature = {
+        n: "constexpr" if n in const else INDEX_PTRS.get(n, "*bf16") if n.endswith("_ptr") else "i32" for n in fn.arg_names
+    }
+    divisible = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(fn.arg_names)
+        if n not in const and (n.endswith("_ptr") or n in ("H", "I", "N", "K", "M") or n.startswith("stride_"))
+    }
     label = {"kernel": fn.__name__, **{k: v for k, v in const.items() if not k.startswith("stride")}}
     try:
-        c = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=const, attrs=divisible),
-                           target=GPUTarget("cuda", 90, 32), options=options)
+        c = triton.compile(
+            ASTSource(fn=fn, signature=signature, constexprs=const, attrs=divisible),
+            target=GPUTarget("cuda", 90, 32),
+            options=options,
+        )
     except Exception as err:  # reported per kernel; the test fails on it with the message
         return {**label, "error": f"{type(err).__name__}: {err}"[-3000:]}
-    return {**label, "error": None, "shared": c.metadata.shared, "wgmma": c.asm["ptx"].count("wgmma.mma_async"),
-            "num_stages": options["num_stages"]}
+    return {
+        **label,
+        "error": None,
+        "shared": c.metadata.shared,
+        "wgmma": c.asm["ptx"].count("wgmma.mma_async"),
+        "num_stages": options["num_stages"],
+    }
 
 
 def main() -> None:
     results = []
     for S, E, H, I in json.loads(sys.argv[1]):
         plan = M.moe_plan(S, E, H, I)
-        for role, fn, extra in (("up", M.moe_up_kernel, {}),
-                                ("down", M.moe_down_kernel, dict(B_TRANS=True, SCALE=True)),
-                                ("grad_x", M.moe_down_kernel, dict(B_TRANS=False, SCALE=False)),
-                                ("dswiglu", M.moe_dswiglu_kernel, {}),
-                                ("wgrad_gu", M.moe_wgrad_kernel, dict(A_GATHER=False, B_GATHER=True)),
-                                ("wgrad_dp", M.moe_wgrad_kernel, dict(A_GATHER=True, B_GATHER=False))):
+        for role, fn, extra in (
+            ("up", M.moe_up_kernel, {}),
+            ("down", M.moe_down_kernel, dict(B_TRANS=True, SCALE=True)),
+            ("grad_x", M.moe_down_kernel, dict(B_TRANS=False, SCALE=False)),
+            ("dswiglu", M.moe_dswiglu_kernel, {}),
+            ("wgrad_gu", M.moe_wgrad_kernel, dict(A_GATHER=False, B_GATHER=True)),
+            ("wgrad_dp", M.moe_wgrad_kernel, dict(A_GATHER=True, B_GATHER=False)),
+        ):
             t = getattr(plan, role)
             if fn is M.moe_dswiglu_kernel:
                 extra = dict(extra, EPI_SPLIT=t.EPI_SPLIT)
             if fn is not M.moe_wgrad_kernel:
                 extra = dict(extra, E_PAD=triton.next_power_of_2(E + 1))
-            results.append({"role": role, "shape": [S, E, H, I],
-                            **compile_one(fn, dict(num_warps=t.num_warps, num_stages=t.num_stages), BM=t.BM,
-                                          BN=t.BN, BK=t.BK, **extra)})
+            results.append(
+                {
+                    "role": role,
+                    "shape": [S, E, H, I],
+                    **compile_one(fn, dict(num_warps=t.num_warps, num_stages=t.num_stages), BM=t.BM, BN=t.BN, BK=t.BK, **extra),
+                }
+            )
         # The wide dSwiGLU tile with its epilogue in two pieces: a candidate of lab/probes/moe_sweep.py.
-        results.append({"role": "dswiglu_split2", "shape": [S, E, H, I],
-                        **compile_one(M.moe_dswiglu_kernel, dict(num_warps=8, num_stages=3), BM=128, BN=128, BK=64,
-                                      EPI_SPLIT=2, E_PAD=triton.next_power_of_2(E + 1))})
+        results.append(
+            {
+                "role": "dswiglu_split2",
+                "shape": [S, E, H, I],
+                **compile_one(
+                    M.moe_dswiglu_kernel,
+                    dict(num_warps=8, num_stages=3),
+                    BM=128,
+                    BN=128,
+                    BK=64,
+                    EPI_SPLIT=2,
+                    E_PAD=triton.next_power_of_2(E + 1),
+                ),
+            }
+        )
         chunk, sub, e_pad = M._route_blocks(S, E)
         for fn in (M.moe_count_kernel, M.moe_order_kernel):
-            results.append({"role": "routing", "shape": [S, E, H, I],
-                            **compile_one(fn, dict(num_warps=4, num_stages=1), CHUNK=chunk, SUB=sub, E_PAD=e_pad)})
+            results.append(
+                {
+                    "role": "routing",
+                    "shape": [S, E, H, I],
+                    **compile_one(fn, dict(num_warps=4, num_stages=1), CHUNK=chunk, SUB=sub, E_PAD=e_pad),
+                }
+            )
     # The forward's combine (no partial sums) and the backward's (grad_x and the routing-weight gradient).
-    results.append({"role": "combine", **compile_one(M.moe_combine_kernel, dict(num_warps=4, num_stages=1), TOP_K=8,
-                                                     BN=1024, P_PAD=1, HAS_Y=True, HAS_PART=False, part_ptr=None,
-                                                     gw_ptr=None)})
-    results.append({"role": "combine", **compile_one(M.moe_combine_kernel, dict(num_warps=4, num_stages=1), TOP_K=8,
-                                                     BN=1024, P_PAD=16, HAS_Y=True, HAS_PART=True)})
+    results.append(
+        {
+            "role": "combine",
+            **compile_one(
+                M.moe_combine_kernel,
+                dict(num_warps=4, num_stages=1),
+                TOP_K=8,
+                BN=1024,
+                P_PAD=1,
+                HAS_Y=True,
+                HAS_PART=False,
+                part_ptr=None,
+                gw_ptr=None,
+            ),
+        }
+    )
+    results.append(
+        {
+            "role": "combine",
+            **compile_one(
+                M.moe_combine_kernel, dict(num_warps=4, num_stages=1), TOP_K=8, BN=1024, P_PAD=16, HAS_Y=True, HAS_PART=True
+            ),
+        }
+    )
     print(json.dumps({"triton": triton.__version__, "results": results}))
 
 

@@ -41,8 +41,15 @@ class _Spy:
 
     def __enter__(self):
         def spy(tensors, needs, *args, **kw):
-            self.calls.append(dict(types={type(a).__name__ for a in tensors}, gate_weight=list(tensors[5].shape),
-                                   down_weight=list(tensors[7].shape), x=list(tensors[1].shape), needs=list(needs)))
+            self.calls.append(
+                dict(
+                    types={type(a).__name__ for a in tensors},
+                    gate_weight=list(tensors[5].shape),
+                    down_weight=list(tensors[7].shape),
+                    x=list(tensors[1].shape),
+                    needs=list(needs),
+                )
+            )
             return self.original(tensors, needs, *args, **kw)
 
         self.ops.run_backward = spy
@@ -126,8 +133,9 @@ def scenario_replicated(mesh):
     assert len(spy.calls) == 1, spy.calls
     call = spy.calls[0]
     # activated_gate is None in the memory-lean mode (the default): recomputed, not passed.
-    assert call["types"] <= {"Tensor", "NoneType"} and "Tensor" in call["types"], \
+    assert call["types"] <= {"Tensor", "NoneType"} and "Tensor" in call["types"], (
         f"the backward saw {call['types']}, not local tensors"
+    )
     assert call["gate_weight"] == [I // n, H] and call["down_weight"] == [H, I // n], call
     assert call["x"] == [2, 5, H] and call["needs"] == [True] * 4, call
     # forward: out all-reduced; backward: grad_x all-reduced; nothing else.
@@ -381,7 +389,7 @@ def scenario_uneven_sequence(mesh):
     return {}
 
 
-SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+SCENARIOS = {name[len("scenario_") :]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
 def run(rank: int, world_size: int, port: int, out_dir: str, names: list[str]) -> None:
@@ -417,8 +425,9 @@ def run_nccl_uneven(rank: int, world_size: int, port: int, out_dir: str) -> None
     call works."""
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timedelta(seconds=120),
-                            device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl", rank=rank, world_size=world_size, timeout=timedelta(seconds=120), device_id=torch.device("cuda", rank)
+    )
     from torch.distributed.device_mesh import init_device_mesh
 
     import swiglu

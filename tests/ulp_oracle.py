@@ -121,13 +121,16 @@ class UlpStats:
     unexplained_fraction: float = math.nan  # outside [bf16(sum - allowance), bf16(sum + allowance)]
 
     def __str__(self):
-        return (f"n={self.n} max={self.max_ulps:.0f} ulp (excess {self.max_excess_ulps:.2f}) "
-                f"off={self.off_fraction:.2e} >1ulp={self.gt1_fraction:.2e} "
-                f"mean rel={self.mean_rel:.2e} +- {self.se_rel:.1e} unexplained={self.unexplained_fraction:.2e}")
+        return (
+            f"n={self.n} max={self.max_ulps:.0f} ulp (excess {self.max_excess_ulps:.2f}) "
+            f"off={self.off_fraction:.2e} >1ulp={self.gt1_fraction:.2e} "
+            f"mean rel={self.mean_rel:.2e} +- {self.se_rel:.1e} unexplained={self.unexplained_fraction:.2e}"
+        )
 
 
-def ulp_stats(got: torch.Tensor, ref: torch.Tensor, allowance: torch.Tensor | None = None,
-              sum32: torch.Tensor | None = None) -> UlpStats:
+def ulp_stats(
+    got: torch.Tensor, ref: torch.Tensor, allowance: torch.Tensor | None = None, sum32: torch.Tensor | None = None
+) -> UlpStats:
     """``UlpStats`` of bf16-valued ``got`` against ``ref`` (any float dtypes, same shape), on their
     device: float32 elementwise (differences of nearby bf16 values are exact there), float64 sums.
     With ``sum32`` (the fp32 sum that ``ref`` rounds) and ``allowance``, also the fraction of
@@ -153,8 +156,16 @@ def ulp_stats(got: torch.Tensor, ref: torch.Tensor, allowance: torch.Tensor | No
     m = rel.numel()
     mean = float(rel.mean()) if m else 0.0
     se = float(rel.std() / m**0.5) if m > 1 else math.inf
-    return UlpStats(n=n, max_ulps=max_ulps, max_excess_ulps=max_excess, off_fraction=off / n, gt1_fraction=gt1 / n,
-                    mean_rel=mean, se_rel=se, unexplained_fraction=unexplained)
+    return UlpStats(
+        n=n,
+        max_ulps=max_ulps,
+        max_excess_ulps=max_excess,
+        off_fraction=off / n,
+        gt1_fraction=gt1 / n,
+        mean_rel=mean,
+        se_rel=se,
+        unexplained_fraction=unexplained,
+    )
 
 
 def check_ulps(name, got, ref, seed, allowance=None, device_type=None, sum32=None, terms=None) -> UlpStats:
@@ -170,8 +181,9 @@ def check_ulps(name, got, ref, seed, allowance=None, device_type=None, sum32=Non
     assert s.max_excess_ulps <= limits["max_excess_ulps"], f"{where}: beyond {limits['max_excess_ulps']} ulp + fp32 order"
     slack = SLACK_ELEMENTS / max(1, s.n)
     if limits["max_unexplained_fraction"] is not None and sum32 is not None:
-        assert s.unexplained_fraction <= limits["max_unexplained_fraction"] + slack, \
+        assert s.unexplained_fraction <= limits["max_unexplained_fraction"] + slack, (
             f"{where}: elements that no fp32 sum within the allowance rounds to"
+        )
     if limits["max_gt1_fraction"] is not None:
         assert s.gt1_fraction <= limits["max_gt1_fraction"] + slack, f"{where}: too many elements > 1 ulp off"
     if limits["max_off_fraction"] is not None:
@@ -179,8 +191,7 @@ def check_ulps(name, got, ref, seed, allowance=None, device_type=None, sum32=Non
     floor = MIN_SHIFT
     if terms is not None and (device_type or got.device.type) == "cuda" and s.mean_rel < 0:
         floor = max(MIN_SHIFT, TC_SHIFT_PER_TERM * terms)  # truncation only shrinks
-    assert abs(s.mean_rel) <= max(MEAN_Z * s.se_rel, floor), \
-        f"{where}: systematic shift (mean > {MEAN_Z} s.e. and > {floor:.2g})"
+    assert abs(s.mean_rel) <= max(MEAN_Z * s.se_rel, floor), f"{where}: systematic shift (mean > {MEAN_Z} s.e. and > {floor:.2g})"
     return s
 
 
@@ -286,25 +297,40 @@ def same_rounding_fp32(args, **needs):
     has_g = need_x or need_gate or need_up
     pairs = iter(calls[1:] if has_g else calls)
     groups = {}
-    for name, count, flag in (("grad_down_weight", 1, need_down), ("grad_x", 2, need_x),
-                              ("grad_gate_weight", 1, need_gate), ("grad_up_weight", 1, need_up)):
+    for name, count, flag in (
+        ("grad_down_weight", 1, need_down),
+        ("grad_x", 2, need_x),
+        ("grad_gate_weight", 1, need_gate),
+        ("grad_up_weight", 1, need_up),
+    ):
         if flag:
             groups[name] = [next(pairs) for _ in range(count)]
     assert next(pairs, None) is None, "swiglu.reference changed its GEMM order: update same_rounding_fp32"
     g_ref = results[0] if has_g else None
     g_pair = [calls[0]] if has_g else None
-    flips = intermediate_flips(args, g_ref, _fp32_gemm(*calls[0]) if has_g else None,
-                               fp32_order_allowance(g_pair) if has_g else None, recomputed_act)
+    flips = intermediate_flips(
+        args, g_ref, _fp32_gemm(*calls[0]) if has_g else None, fp32_order_allowance(g_pair) if has_g else None, recomputed_act
+    )
     d_gate, d_up, h, ref_gate = flips
-    recorded = (groups["grad_x"][0][0] if "grad_x" in groups else
-                groups["grad_gate_weight"][0][0].t() if "grad_gate_weight" in groups else None)
-    assert recorded is None or torch.equal(recorded, ref_gate), \
+    recorded = (
+        groups["grad_x"][0][0]
+        if "grad_x" in groups
+        else groups["grad_gate_weight"][0][0].t()
+        if "grad_gate_weight" in groups
+        else None
+    )
+    assert recorded is None or torch.equal(recorded, ref_gate), (
         "swiglu.reference changed its d_gate formula: update intermediate_flips"
+    )
     # Which operand of each final GEMM is an intermediate ([T, I]; the weight gradients read it
     # transposed), and how far it may move.
-    t = (lambda d: None if d is None else d.t())
-    moved = {"grad_down_weight": [(None, h)], "grad_x": [(d_gate, None), (d_up, None)],
-             "grad_gate_weight": [(t(d_gate), None)], "grad_up_weight": [(t(d_up), None)]}
+    t = lambda d: None if d is None else d.t()
+    moved = {
+        "grad_down_weight": [(None, h)],
+        "grad_x": [(d_gate, None), (d_up, None)],
+        "grad_gate_weight": [(t(d_gate), None)],
+        "grad_up_weight": [(t(d_up), None)],
+    }
     sums, allowances = [], []
     for name, o in zip(NAMES, out):
         ps = groups.get(name)
@@ -383,8 +409,10 @@ class BackwardSpy:
     def __call__(self, tensors, **kw):
         before = [None if a is None else a.detach().clone() for a in tensors]
         out = self.real(tensors, **kw)
-        flags = dict(zip(NEEDS, kw.get("needs", (True,) * 4)),
-                     **{k: kw.get(k, False) for k in ("overwrite_activations", "release_activations")})
+        flags = dict(
+            zip(NEEDS, kw.get("needs", (True,) * 4)),
+            **{k: kw.get(k, False) for k in ("overwrite_activations", "release_activations")},
+        )
         self.calls.append((before, flags, out))
         return out
 

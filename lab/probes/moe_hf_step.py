@@ -32,11 +32,22 @@ def main():
     ap.add_argument("--profile", action="store_true", help="per variant: GPU kernel time per step and the top kernels")
     args = ap.parse_args()
     h, i, e, heads = (64, 32, 8, 4) if args.tiny else (2048, 768, 128, 32)
-    cfg = Qwen3MoeConfig(hidden_size=h, moe_intermediate_size=i, intermediate_size=3 * h, num_experts=e,
-                         num_experts_per_tok=min(8, e // 2), num_hidden_layers=args.layers, num_attention_heads=heads,
-                         num_key_value_heads=4, head_dim=h // heads * (1 if args.tiny else 2),
-                         vocab_size=32000 if not args.tiny else 128, max_position_embeddings=args.seq,
-                         decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    cfg = Qwen3MoeConfig(
+        hidden_size=h,
+        moe_intermediate_size=i,
+        intermediate_size=3 * h,
+        num_experts=e,
+        num_experts_per_tok=min(8, e // 2),
+        num_hidden_layers=args.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=4,
+        head_dim=h // heads * (1 if args.tiny else 2),
+        vocab_size=32000 if not args.tiny else 128,
+        max_position_embeddings=args.seq,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+    )
     dev = args.device
     torch.manual_seed(0)
     base = Qwen3MoeForCausalLM(cfg).to(dev, torch.bfloat16)
@@ -65,16 +76,19 @@ def main():
     first = {n: step(*mo).item() for n, mo in models.items()}
     times = {n: [] for n in models}
     for block in range(args.steps):
-        for n in (list(models) if block % 2 == 0 else list(models)[::-1]):
+        for n in list(models) if block % 2 == 0 else list(models)[::-1]:
             sync(dev)
             t = time.perf_counter()
             step(*models[n])
             sync(dev)
             times[n].append((time.perf_counter() - t) * 1e3)
-    print(f"experts {[type(l.mlp.experts).__name__ for l in models['swiglu'][0].model.layers][:1]} "
-          f"impl {[mo[0].config._experts_implementation for mo in models.values()]}")
+    print(
+        f"experts {[type(l.mlp.experts).__name__ for l in models['swiglu'][0].model.layers][:1]} "
+        f"impl {[mo[0].config._experts_implementation for mo in models.values()]}"
+    )
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
+
         for n, mo in models.items():
             with profile(activities=[ProfilerActivity.CUDA]) as p:
                 for _ in range(2):
@@ -84,13 +98,18 @@ def main():
             for ev in p.events():
                 if ev.device_type.name == "CUDA":
                     agg[ev.name[:60]] = agg.get(ev.name[:60], 0) + ev.device_time_total / 2 / 1000
-            print(f"profile {n}: GPU kernels {sum(agg.values()):.2f} ms per step; top: " +
-                  "; ".join(f"{v:.2f} {k}" for k, v in sorted(agg.items(), key=lambda kv: -kv[1])[:6]), flush=True)
+            print(
+                f"profile {n}: GPU kernels {sum(agg.values()):.2f} ms per step; top: "
+                + "; ".join(f"{v:.2f} {k}" for k, v in sorted(agg.items(), key=lambda kv: -kv[1])[:6]),
+                flush=True,
+            )
     g = statistics.median(times["grouped_mm"])
     for n in models:
         med = statistics.median(times[n])
-        print(f"moe_hf_step layers={args.layers} seq={args.seq} {n:10s} step {med:8.2f} ms  "
-              f"speedup vs grouped_mm {g / med:5.3f}x  first loss {first[n]:.4f}")
+        print(
+            f"moe_hf_step layers={args.layers} seq={args.seq} {n:10s} step {med:8.2f} ms  "
+            f"speedup vs grouped_mm {g / med:5.3f}x  first loss {first[n]:.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ backward; after the counting-sort routing, cached launches and the eager carrier
 GPU-bound (host 0.14 ms) and the backward waits ~0.34 ms for its first launch.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_host.py [shape ...]
 """
+
 import statistics
 import sys
 import time
@@ -33,7 +34,10 @@ def timed(fn, behind: bool, reps=10):
         if behind:
             spin()
         a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize()
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
         ts.append(a.elapsed_time(b))
     return statistics.median(ts)
 
@@ -42,7 +46,9 @@ def host(fn, reps=20):
     ts = []
     for _ in range(reps):
         spin(5)
-        t = time.perf_counter(); fn(); ts.append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1e3)
         torch.cuda.synchronize()
     return statistics.median(ts)
 
@@ -61,10 +67,13 @@ def run(name, T=8192):
         b = lambda: torch.autograd.grad(out, (xs, ws, gus, dps), go, retain_graph=True)  # noqa: E731
         r = {m: (timed(fn_, False), timed(fn_, True), host(fn_)) for m, fn_ in (("fwd", f), ("bwd", b))}
         for m, (ev, gpu, h) in r.items():
-            print(f"{name:12s} {iname:6s} {m}: events {ev:6.3f} ms  gpu {gpu:6.3f}  host {h:6.3f}  "
-                  f"host cost {ev - gpu:6.3f}", flush=True)
+            print(
+                f"{name:12s} {iname:6s} {m}: events {ev:6.3f} ms  gpu {gpu:6.3f}  host {h:6.3f}  host cost {ev - gpu:6.3f}",
+                flush=True,
+            )
         if iname == "ours":
             from torch.profiler import ProfilerActivity, profile
+
             with profile(activities=[ProfilerActivity.CUDA]) as p:
                 for _ in range(3):
                     torch.autograd.grad(f(), (xs, ws, gus, dps), go)

@@ -63,8 +63,9 @@ class Reasons:
 
         pynvml.nvmlInit()
         self.nvml, self.handle = pynvml, _nvml_handle(pynvml, device)
-        self.read = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons",
-                            getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+        self.read = getattr(
+            pynvml, "nvmlDeviceGetCurrentClocksEventReasons", getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        )
         self.samples: list[int] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
@@ -120,18 +121,23 @@ def variants_at(T: int, dev, gen, H: int = 16384, I: int = 53248):
         backward.launch_planned_grad_x(plan, d_gate, d_up, gate_w, up_w, o_th)
 
     wg, gwg = plan.grad_weights, plan.gluon_grad_weights
-    checks = {"ours grad_gate_weight [I,H]": (o_ih, ref_gate_w), "ours grad_down_weight [H,I]": (o_hi, ref_down_w),
-              "ours grad_x": (o_th, ref_x.reshape(T, H))}
+    checks = {
+        "ours grad_gate_weight [I,H]": (o_ih, ref_gate_w),
+        "ours grad_down_weight [H,I]": (o_hi, ref_down_w),
+        "ours grad_x": (o_th, ref_x.reshape(T, H)),
+    }
     return {
         "ours backward": lambda: backward.launch_backward(tensors, plan=plan, needs=(True,) * 4),
         "eager backward": lambda: reference_backward(*tensors),
         "ours dSwiGLU": lambda: backward.launch_planned_dswiglu(plan, go, down_w, gate, up, act, g_gate, g_up, g_hi),
         "cublas g = go @ down_w": lambda: torch.matmul(go, down_w, out=o_ti),
-        "ours grad_gate_weight [I,H]": lambda: backward.launch_grad_weight_gluon_or_tl(d_gate, x, o_ih, wg, gwg,
-                                                                                        plan.grad_weight_programs_ih),
+        "ours grad_gate_weight [I,H]": lambda: backward.launch_grad_weight_gluon_or_tl(
+            d_gate, x, o_ih, wg, gwg, plan.grad_weight_programs_ih
+        ),
         "cublas grad_gate_weight [I,H]": lambda: torch.matmul(d_gate.T, x, out=o_ih),
-        "ours grad_down_weight [H,I]": lambda: backward.launch_grad_weight_gluon_or_tl(go, h, o_hi, wg, gwg,
-                                                                                       plan.grad_weight_programs_hi),
+        "ours grad_down_weight [H,I]": lambda: backward.launch_grad_weight_gluon_or_tl(
+            go, h, o_hi, wg, gwg, plan.grad_weight_programs_hi
+        ),
         "cublas grad_down_weight [H,I]": lambda: torch.matmul(go.T, h, out=o_hi),
         "ours grad_x": grad_x,
         "cublas grad_x (K = 2I)": lambda: torch.matmul(d_cat, w_cat, out=o_th),
@@ -182,6 +188,7 @@ def main(argv=None) -> int:
                     failed.append(f"T={T} {label}")
             calls[label] = max(3, math.ceil(args.seconds * 1e3 / timer(fn, 3)[0]))
         for flush in (int(f) for f in args.flush.split(",")):
+
             def measure(label, flush=flush, fns=fns):
                 if reasons:
                     reasons.window()
@@ -193,11 +200,19 @@ def main(argv=None) -> int:
                 ms = statistics.median(g["ms"] for g in got)
                 mhz = statistics.mean(g.get("sm_clock_mhz", math.nan) for g in got)
                 summary = power_summary(got)
-                rows.append(dict(T=T, variant=label, flush=bool(flush), calls=calls[label],
-                                 **{k: summary[k] for k in ("ms_per_call", "power_w", "sm_clock_mhz")},
-                                 kcycles_per_call=round(ms * mhz, 1), energy_j_per_call=summary["energy_j_per_call"],
-                                 power_capped=round(statistics.mean(g["capped"] for g in got), 2),
-                                 slowdown=round(statistics.mean(g["slowed"] for g in got), 2)))
+                rows.append(
+                    dict(
+                        T=T,
+                        variant=label,
+                        flush=bool(flush),
+                        calls=calls[label],
+                        **{k: summary[k] for k in ("ms_per_call", "power_w", "sm_clock_mhz")},
+                        kcycles_per_call=round(ms * mhz, 1),
+                        energy_j_per_call=summary["energy_j_per_call"],
+                        power_capped=round(statistics.mean(g["capped"] for g in got), 2),
+                        slowdown=round(statistics.mean(g["slowed"] for g in got), 2),
+                    )
+                )
         del fns, checks, measure  # the variants' tensors, before the next T's
         if dev.type == "cuda":
             torch.cuda.empty_cache()

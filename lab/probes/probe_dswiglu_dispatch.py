@@ -19,8 +19,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-SHAPES = [(4096, 14336, 512), (4096, 14336, 2048), (4096, 14336, 8192), (8192, 28672, 2048), (16384, 53248, 256),
-          (16384, 53248, 2048)]
+SHAPES = [
+    (4096, 14336, 512),
+    (4096, 14336, 2048),
+    (4096, 14336, 8192),
+    (8192, 28672, 2048),
+    (16384, 53248, 256),
+    (16384, 53248, 2048),
+]
 
 
 def main(argv=None) -> int:
@@ -54,8 +60,13 @@ def main(argv=None) -> int:
                 end.synchronize()
                 times[name].append(start.elapsed_time(end))
         g = backward.gluon_dswiglu_config_for(T, torch.device("cuda"), H, I)
-        row = dict(hidden_size=H, intermediate_size=I, tokens=T, gluon=g.name() if g else "",
-                   **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()})
+        row = dict(
+            hidden_size=H,
+            intermediate_size=I,
+            tokens=T,
+            gluon=g.name() if g else "",
+            **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()},
+        )
         row["tl_over_table"] = round(row["tl_dswiglu_ms"] / row["table_ms"], 4)
         rows.append(row)
         print(row, flush=True)
@@ -68,8 +79,10 @@ def main(argv=None) -> int:
         w.writerows(rows)
     print("| H | I | T | table ms | tl dSwiGLU ms | tl / table |\n|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['hidden_size']} | {r['intermediate_size']} | {r['tokens']} | {r['table_ms']} | {r['tl_dswiglu_ms']} | "
-              f"{r['tl_over_table']} |")
+        print(
+            f"| {r['hidden_size']} | {r['intermediate_size']} | {r['tokens']} | {r['table_ms']} | {r['tl_dswiglu_ms']} | "
+            f"{r['tl_over_table']} |"
+        )
     return 0
 
 

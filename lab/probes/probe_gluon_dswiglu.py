@@ -64,9 +64,9 @@ def first_line(e: BaseException) -> str:
 
 
 class Ctx:
-
     def __init__(self):
         import torch
+
         self.torch = torch
         self.flush_buf = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=DEVICE)
         self.key = None
@@ -113,8 +113,7 @@ class Ctx:
 def compare(torch, got, ref):
     """[d_gate, d_up, h] vs [d_gate, d_up, h]: fraction bitwise equal each, max abs diff, NaN count."""
     eq = [float((a.view(torch.int16) == b.view(torch.int16)).float().mean().item()) for a, b in zip(got, ref)]
-    maxdiff = max(float(torch.nan_to_num((a.float() - b.float()).abs(), nan=float("inf")).max().item())
-                  for a, b in zip(got, ref))
+    maxdiff = max(float(torch.nan_to_num((a.float() - b.float()).abs(), nan=float("inf")).max().item()) for a, b in zip(got, ref))
     nan = sum(int(torch.isnan(a).sum().item()) for a in got)
     return dict(eq_dgate=eq[0], eq_dup=eq[1], eq_h=eq[2], maxdiff=maxdiff, nan=nan)
 
@@ -128,8 +127,7 @@ def reference64(torch, go, dw, gate, up, act):
     a = bf(gt * s) if act is None else act.double()
     u = up.double()
     d_act = bf(g * u)
-    return [(d_act * s * (1 + gt * (1 - s))).to(torch.bfloat16), (g * a).to(torch.bfloat16),
-            (a * u).to(torch.bfloat16)]
+    return [(d_act * s * (1 + gt * (1 - s))).to(torch.bfloat16), (g * a).to(torch.bfloat16), (a * u).to(torch.bfloat16)]
 
 
 def ulp_close(torch, got, ref, ulps=2):
@@ -148,13 +146,24 @@ def tl_launcher(go, dw, gate, up, act, d_gate, d_up, h, c):
     from swiglu.kernels.devices import tile_programs
     from swiglu.kernels.launch import launch_kwargs
     from swiglu.kernels.tma import tma_descriptor
+
     T, H = go.shape
     I = dw.shape[1]
     piece = [c.BM, c.BN // c.EPI_SPLIT]
     nprog = tile_programs(go.device, T, I, c)
-    args = (tma_descriptor(go, [c.BM, c.BK]), tma_descriptor(dw, [c.BK, c.BN]),
-            tma_descriptor(gate, piece), tma_descriptor(up, piece), tma_descriptor(gate if act is None else act, piece),
-            tma_descriptor(d_gate, piece), tma_descriptor(d_up, piece), tma_descriptor(h, piece), T, H, I)
+    args = (
+        tma_descriptor(go, [c.BM, c.BK]),
+        tma_descriptor(dw, [c.BK, c.BN]),
+        tma_descriptor(gate, piece),
+        tma_descriptor(up, piece),
+        tma_descriptor(gate if act is None else act, piece),
+        tma_descriptor(d_gate, piece),
+        tma_descriptor(d_up, piece),
+        tma_descriptor(h, piece),
+        T,
+        H,
+        I,
+    )
     kw = dict(NUM_PROGRAMS=nprog, RECOMPUTE_ACT=act is None, **launch_kwargs(c))
 
     def run():
@@ -223,23 +232,46 @@ def run_worker(ci, T_list, recompute_T):
         g_out = torch.empty(T, I_BIG, device=DEVICE, dtype=torch.bfloat16)
         cub = ctx.time_fn(lambda: torch.matmul(go, dw, out=g_out))
         g_out = None  # freed (the timed lambda above closes over the name)
-        rows.append(dict(kind="cublas", config="torch.matmul(go, dw)", T=T, H=H_BIG, I=I_BIG, recompute="",
-                         case="big", ms=round(cub, 4), tflops=round(flops / (cub * 1e-3) / 1e12, 1), vs_cublas=1.0,
-                         ok=True))
-        for recompute in ((False, True) if T == recompute_T else (False, )):
+        rows.append(
+            dict(
+                kind="cublas",
+                config="torch.matmul(go, dw)",
+                T=T,
+                H=H_BIG,
+                I=I_BIG,
+                recompute="",
+                case="big",
+                ms=round(cub, 4),
+                tflops=round(flops / (cub * 1e-3) / 1e12, 1),
+                vs_cublas=1.0,
+                ok=True,
+            )
+        )
+        for recompute in (False, True) if T == recompute_T else (False,):
             a = None if recompute else act
             # tl kernel: reference outputs (NaN-poisoned first) and its time
             ref = ctx.outs(T, I_BIG)
-            tl_row = dict(kind="tl", config=f"tl {c_tl.BM}x{c_tl.BN}x{c_tl.BK} S{c_tl.num_stages} "
-                          f"G{c_tl.GROUP_M} ws{int(c_tl.warp_specialize)} fl{int(c_tl.flatten)}",
-                          T=T, H=H_BIG, I=I_BIG, recompute=recompute, case="big")
+            tl_row = dict(
+                kind="tl",
+                config=f"tl {c_tl.BM}x{c_tl.BN}x{c_tl.BK} S{c_tl.num_stages} "
+                f"G{c_tl.GROUP_M} ws{int(c_tl.warp_specialize)} fl{int(c_tl.flatten)}",
+                T=T,
+                H=H_BIG,
+                I=I_BIG,
+                recompute=recompute,
+                case="big",
+            )
             try:
                 launch_dswiglu(go, dw, gate, up, a, *ref, c_tl)
                 torch.cuda.synchronize()
                 tl_row["nan"] = sum(int(torch.isnan(x).sum().item()) for x in ref)
                 ms = ctx.time_fn(tl_launcher(go, dw, gate, up, a, *ref, c_tl))
-                tl_row.update(ms=round(ms, 4), tflops=round(flops / (ms * 1e-3) / 1e12, 1),
-                              vs_cublas=round(cub / ms, 3), ok=tl_row["nan"] == 0)
+                tl_row.update(
+                    ms=round(ms, 4),
+                    tflops=round(flops / (ms * 1e-3) / 1e12, 1),
+                    vs_cublas=round(cub / ms, 3),
+                    ok=tl_row["nan"] == 0,
+                )
             except Exception as e:
                 tl_row.update(ok=False, error=first_line(e))
             rows.append(tl_row)
@@ -253,8 +285,12 @@ def run_worker(ci, T_list, recompute_T):
                 row.update(compare(torch, got, ref))
                 row["ok"] = row["nan"] == 0 and min(row["eq_dgate"], row["eq_dup"], row["eq_h"]) == 1.0
                 ms = ctx.time_fn(D.make_launch(go, dw, gate, up, a, *got, cfg, nprog_for(T, I_BIG)))
-                row.update(ms=round(ms, 4), tflops=round(flops / (ms * 1e-3) / 1e12, 1), vs_cublas=round(cub / ms, 3),
-                           vs_tl=round(tl_ms / ms, 3) if tl_ms else "")
+                row.update(
+                    ms=round(ms, 4),
+                    tflops=round(flops / (ms * 1e-3) / 1e12, 1),
+                    vs_cublas=round(cub / ms, 3),
+                    vs_tl=round(tl_ms / ms, 3) if tl_ms else "",
+                )
                 del got
             except Exception as e:
                 row.update(ok=False, error=first_line(e))
@@ -262,22 +298,60 @@ def run_worker(ci, T_list, recompute_T):
                 traceback.print_exc()
             rows.append(row)
             del ref
-            print(f"  T={T:5d} rec={int(recompute)}: cuBLAS {cub:.4f}  tl {tl_ms}  gluon {row.get('ms')} ms "
-                  f"({row.get('tflops')} TF/s, vs tl {row.get('vs_tl')}, vs cuBLAS {row.get('vs_cublas')})  "
-                  f"eq {row.get('eq_dgate')}/{row.get('eq_dup')}/{row.get('eq_h')} maxdiff {row.get('maxdiff')} "
-                  f"nan {row.get('nan')} ok={row.get('ok')}", flush=True)
+            print(
+                f"  T={T:5d} rec={int(recompute)}: cuBLAS {cub:.4f}  tl {tl_ms}  gluon {row.get('ms')} ms "
+                f"({row.get('tflops')} TF/s, vs tl {row.get('vs_tl')}, vs cuBLAS {row.get('vs_cublas')})  "
+                f"eq {row.get('eq_dgate')}/{row.get('eq_dup')}/{row.get('eq_h')} maxdiff {row.get('maxdiff')} "
+                f"nan {row.get('nan')} ok={row.get('ok')}",
+                flush=True,
+            )
     return rows
 
 
 # ----------------------------------------------------------------------------- driver
 
-KEYS = ["kind", "config", "T", "H", "I", "recompute", "case", "ms", "tflops", "vs_cublas", "vs_tl", "ok", "eq_dgate",
-        "eq_dup", "eq_h", "maxdiff", "nan", "eq64_min", "ulp2_64", "tl_eq64_min", "error"]
+KEYS = [
+    "kind",
+    "config",
+    "T",
+    "H",
+    "I",
+    "recompute",
+    "case",
+    "ms",
+    "tflops",
+    "vs_cublas",
+    "vs_tl",
+    "ok",
+    "eq_dgate",
+    "eq_dup",
+    "eq_h",
+    "maxdiff",
+    "nan",
+    "eq64_min",
+    "ulp2_64",
+    "tl_eq64_min",
+    "error",
+]
 
 
 def print_table(rows):
-    hdr = ["kind", "config", "T", "rec", "case", "ms", "TF/s", "vs cuBLAS", "vs tl", "ok", "eq dg/du/h", "maxdiff",
-           "nan", "error"]
+    hdr = [
+        "kind",
+        "config",
+        "T",
+        "rec",
+        "case",
+        "ms",
+        "TF/s",
+        "vs cuBLAS",
+        "vs tl",
+        "ok",
+        "eq dg/du/h",
+        "maxdiff",
+        "nan",
+        "error",
+    ]
     print("\n" + " | ".join(hdr))
     seen = set()
     for r in rows:
@@ -287,10 +361,27 @@ def print_table(rows):
                 continue
             seen.add(key)
         eq = "" if r.get("eq_dgate") is None else f"{r['eq_dgate']:.6f}/{r['eq_dup']:.6f}/{r['eq_h']:.6f}"
-        print(" | ".join(str(x) for x in [r["kind"], r["config"], r.get("T", ""), r.get("recompute", ""), r.get("case", ""),
-                                           r.get("ms", ""), r.get("tflops", ""), r.get("vs_cublas", ""),
-                                           r.get("vs_tl", ""), r.get("ok", ""), eq, r.get("maxdiff", ""),
-                                           r.get("nan", ""), r.get("error", "")]))
+        print(
+            " | ".join(
+                str(x)
+                for x in [
+                    r["kind"],
+                    r["config"],
+                    r.get("T", ""),
+                    r.get("recompute", ""),
+                    r.get("case", ""),
+                    r.get("ms", ""),
+                    r.get("tflops", ""),
+                    r.get("vs_cublas", ""),
+                    r.get("vs_tl", ""),
+                    r.get("ok", ""),
+                    eq,
+                    r.get("maxdiff", ""),
+                    r.get("nan", ""),
+                    r.get("error", ""),
+                ]
+            )
+        )
 
 
 def print_summary(rows, cfg_indices, candidates):
@@ -307,8 +398,10 @@ def print_summary(rows, cfg_indices, candidates):
         for r in rows:
             if r.get("case") == "big" and r["T"] == T and (r["kind"] == "cublas" or bool(r["recompute"]) == rec):
                 cell[names.get(r["config"], r["kind"])] = r
+
         def ms(r):
             return f"{r['ms']:8.4f}" if r and r.get("ms") not in (None, "") else "   -    "
+
         out = [f"{T:<5} {int(rec):>3}", ms(cell.get("cublas")), ms(cell.get("tl"))]
         for i in names.values():
             r = cell.get(i)
@@ -323,7 +416,9 @@ def print_summary(rows, cfg_indices, candidates):
 def main():
     global H_BIG, I_BIG
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default=None, help="comma-separated indices into swiglu_lab.experiments.candidates.DSWIGLU_CANDIDATES")
+    ap.add_argument(
+        "--configs", default=None, help="comma-separated indices into swiglu_lab.experiments.candidates.DSWIGLU_CANDIDATES"
+    )
     ap.add_argument("--out", default=None, help="CSV path (default $OUT/gluon_dswiglu_probe.csv when OUT is set)")
     ap.add_argument("--T", default=",".join(map(str, T_LIST)))
     ap.add_argument("--recompute-T", type=int, default=RECOMPUTE_T)
@@ -341,6 +436,7 @@ def main():
     T_list = [int(x) for x in args.T.split(",") if x]
 
     from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES
+
     cfg_indices = list(range(len(DSWIGLU_CANDIDATES))) if args.configs is None else [int(x) for x in args.configs.split(",")]
 
     if args.worker is not None:
@@ -362,8 +458,22 @@ def main():
                 rows.append(dict(kind="gluon", config=name, ok=False, error="skipped (budget)"))
                 continue
             res = tempfile.mktemp(suffix=".json")
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(ci), "--result", res, "--T", args.T,
-                   "--recompute-T", str(args.recompute_T), "--hidden-size", str(H_BIG), "--intermediate-size", str(I_BIG)]
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                str(ci),
+                "--result",
+                res,
+                "--T",
+                args.T,
+                "--recompute-T",
+                str(args.recompute_T),
+                "--hidden-size",
+                str(H_BIG),
+                "--intermediate-size",
+                str(I_BIG),
+            ]
             t0 = time.time()
             timed_out = False
             try:

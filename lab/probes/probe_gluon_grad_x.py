@@ -35,10 +35,12 @@ def inputs(T: int, H: int, I: int, seed: int):
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
+
     def rand(*shape, scale=1.0):
         return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(torch.bfloat16)
+
     # Weights at nn.Linear's init scale, activations' gradients O(1): sums of order one.
-    return rand(T, I), rand(T, I), rand(I, H, scale=I ** -0.5), rand(I, H, scale=I ** -0.5)
+    return rand(T, I), rand(T, I), rand(I, H, scale=I**-0.5), rand(I, H, scale=I**-0.5)
 
 
 def check(T: int, H: int, I: int, candidates, seed: int) -> list[dict]:
@@ -53,8 +55,9 @@ def check(T: int, H: int, I: int, candidates, seed: int) -> list[dict]:
     want = torch.full((T, H), float("nan"), device="cuda", dtype=torch.bfloat16)
     backward.launch_grad_x(d_gate, d_up, gw, uw, want, plan.grad_x, plan.grad_x_programs)
     exact = d_gate.float() @ gw.float() + d_up.float() @ uw.float()
-    bound = exact.abs() * 2.0 ** -7 + 2 * I * 2.0 ** -23 * (d_gate.float().abs() @ gw.float().abs()
-                                                            + d_up.float().abs() @ uw.float().abs())
+    bound = exact.abs() * 2.0**-7 + 2 * I * 2.0**-23 * (
+        d_gate.float().abs() @ gw.float().abs() + d_up.float().abs() @ uw.float().abs()
+    )
     rows = []
     for index, cfg in candidates:
         got = torch.full_like(want, float("nan"))
@@ -62,8 +65,19 @@ def check(T: int, H: int, I: int, candidates, seed: int) -> list[dict]:
         torch.cuda.synchronize()
         same = torch.equal(got, want)
         err = ((got.float() - exact).abs() / bound).max().item()
-        rows.append(dict(T=T, H=H, I=I, config=index, label=str(cfg), tl_config=str(plan.grad_x), same_bits=same,
-                         finite=bool(torch.isfinite(got).all()), max_err_over_bound=round(err, 4)))
+        rows.append(
+            dict(
+                T=T,
+                H=H,
+                I=I,
+                config=index,
+                label=str(cfg),
+                tl_config=str(plan.grad_x),
+                same_bits=same,
+                finite=bool(torch.isfinite(got).all()),
+                max_err_over_bound=round(err, 4),
+            )
+        )
         print(f"T={T} H={H} I={I} #{index}: same bits as tl {same}, max error / bound {err:.3f}", flush=True)
     return rows
 
@@ -96,8 +110,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     p.add_argument("--configs", default="", help="GRAD_X_CANDIDATES indices (default all)")
-    p.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE,...",
-                   help="an extra cooperative GluonConfig, e.g. BM=128,BN=128,BK=64,STAGES=6,NC=1 (repeatable)")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE,...",
+        help="an extra cooperative GluonConfig, e.g. BM=128,BN=128,BK=64,STAGES=6,NC=1 (repeatable)",
+    )
     p.add_argument("--hidden-size", type=int, default=16384)
     p.add_argument("--intermediate-size", type=int, default=53248)
     p.add_argument("--iters", type=int, default=30)
@@ -128,8 +147,7 @@ def main(argv=None) -> int:
         checked = check(T, H, I, candidates, seed=T)
         ms = timing(T, H, I, candidates, args.iters, args.block, flush)
         for r in checked:
-            r.update(ms=round(ms[r["config"]], 4), tl_ms=round(ms["tl"], 4),
-                     tl_over_gluon=round(ms["tl"] / ms[r["config"]], 4))
+            r.update(ms=round(ms[r["config"]], 4), tl_ms=round(ms["tl"], 4), tl_over_gluon=round(ms["tl"] / ms[r["config"]], 4))
         rows += checked
         torch.cuda.empty_cache()
     table = pd.DataFrame(rows)

@@ -77,13 +77,16 @@ def steps(T: int, H: int, I: int, device: torch.device) -> dict:
         "whole backward (5 launches)": lambda: swiglu.swiglu_mlp_backward(*tensors, impl="triton"),
         "check_backward_inputs": lambda: check_backward_inputs(*tensors),
         "resolve_impl": lambda: ops.resolve_impl("triton", tensors[1], tensors[5]),
-        "reshape x5 + backward_plan": lambda: (tuple(t.reshape(-1, t.shape[-1]) for t in tensors[:5]),
-                                               bw.backward_plan(T, H, I, bw.plan_device(device))),
+        "reshape x5 + backward_plan": lambda: (
+            tuple(t.reshape(-1, t.shape[-1]) for t in tensors[:5]),
+            bw.backward_plan(T, H, I, bw.plan_device(device)),
+        ),
         "tma_ready x8": lambda: [tma_ready(t) for t in flat],
         "torch.empty [T, I] x3": lambda: [torch.empty((T, I), device=device, dtype=torch.bfloat16) for _ in range(3)],
         f"dSwiGLU launch ({'Gluon' if gd is not None else 'tl'})": dswiglu,
-        "weight-gradient launch": lambda: bw.launch_grad_weight_gluon_or_tl(d_gate, x, grad_w, plan.grad_weights,
-                                                                            plan.gluon_grad_weights),
+        "weight-gradient launch": lambda: bw.launch_grad_weight_gluon_or_tl(
+            d_gate, x, grad_w, plan.grad_weights, plan.gluon_grad_weights
+        ),
         "grad_x launch (tl)": lambda: bw.launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x),
         "yardstick: torch.mm(out=) launch": lambda: torch.mm(a_mm, b_mm, out=out_mm),
     }
@@ -107,8 +110,16 @@ def main(argv=None) -> int:
 
     def record(T, name, fn):
         us = sorted(time_us(fn, args.iters, args.warmup, device))
-        rows.append(dict(tokens=T, step=name, us_median=statistics.median(us), us_p20=us[len(us) // 5],
-                         us_p80=us[4 * len(us) // 5], iters=args.iters))
+        rows.append(
+            dict(
+                tokens=T,
+                step=name,
+                us_median=statistics.median(us),
+                us_p20=us[len(us) // 5],
+                us_p80=us[4 * len(us) // 5],
+                iters=args.iters,
+            )
+        )
 
     for T in args.tokens:
         table = steps(T, args.hidden_size, args.intermediate_size, device)

@@ -73,13 +73,20 @@ def measure(T: int, iters: int) -> dict:
     event_ms = event_split(call, make, iters, dev, flush)
     rows = profile_calls(call, make, 12, dev, flush)
     med = statistics.median
-    return dict(tokens=T, continuous_ms=round(med(continuous), 4), synchronized_ms=round(med(synchronized), 4),
-                lead_ms=round(rows[0]["lead_ms"], 4), busy_ms=round(rows[0]["busy_ms"], 4),
-                gaps_ms=round(rows[0]["gaps_ms"], 4),
-                kernels=" ".join(f"{r['kernel'].split('(')[0][:24]}:{r['ms']:.3f}" for r in rows),
-                event_kernels=" ".join(f"{v:.3f}" for v in event_ms), event_total_ms=round(sum(event_ms), 4),
-                profiled_iterations=rows[0]["profiled_calls"], iters=iters,
-                **{k: a - b for k, a, b in zip(ALLOC_KEYS, after, before)})
+    return dict(
+        tokens=T,
+        continuous_ms=round(med(continuous), 4),
+        synchronized_ms=round(med(synchronized), 4),
+        lead_ms=round(rows[0]["lead_ms"], 4),
+        busy_ms=round(rows[0]["busy_ms"], 4),
+        gaps_ms=round(rows[0]["gaps_ms"], 4),
+        kernels=" ".join(f"{r['kernel'].split('(')[0][:24]}:{r['ms']:.3f}" for r in rows),
+        event_kernels=" ".join(f"{v:.3f}" for v in event_ms),
+        event_total_ms=round(sum(event_ms), 4),
+        profiled_iterations=rows[0]["profiled_calls"],
+        iters=iters,
+        **{k: a - b for k, a, b in zip(ALLOC_KEYS, after, before)},
+    )
 
 
 def event_split(call, make, iters: int, dev, flush) -> list[float]:
@@ -122,8 +129,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[128, 512])
     p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--pdl", choices=["default", "0", "1", "2", "all"], default="default",
-                   help="programmatic dependent launch mode: as configured (SWIGLU_PDL), 0, 1, 2, or all three")
+    p.add_argument(
+        "--pdl",
+        choices=["default", "0", "1", "2", "all"],
+        default="default",
+        help="programmatic dependent launch mode: as configured (SWIGLU_PDL), 0, 1, 2, or all three",
+    )
     p.add_argument("--out", default=str(REPO / "build" / "idle_gaps"))
     args = p.parse_args(argv)
     if args.iters < 1:
@@ -144,17 +155,27 @@ def main(argv=None) -> int:
             rows.append({**measure(T, args.iters), "pdl": launch.PDL})
             torch.cuda.empty_cache()
             r = rows[-1]
-            print(f"T={T} pdl={r['pdl']}: continuous {r['continuous_ms']} ms, synchronized {r['synchronized_ms']} ms; profiled: lead "
-                  f"{r['lead_ms']} busy {r['busy_ms']} gaps {r['gaps_ms']} ms; device allocs {r['num_device_alloc']}, "
-                  f"frees {r['num_device_free']}", flush=True)
-            print(f"    profiled kernels: {r['kernels']}\n    unprofiled (events): {r['event_kernels']} "
-                  f"(total {r['event_total_ms']})", flush=True)
+            print(
+                f"T={T} pdl={r['pdl']}: continuous {r['continuous_ms']} ms, synchronized {r['synchronized_ms']} ms; profiled: lead "
+                f"{r['lead_ms']} busy {r['busy_ms']} gaps {r['gaps_ms']} ms; device allocs {r['num_device_alloc']}, "
+                f"frees {r['num_device_free']}",
+                flush=True,
+            )
+            print(
+                f"    profiled kernels: {r['kernels']}\n    unprofiled (events): {r['event_kernels']} "
+                f"(total {r['event_total_ms']})",
+                flush=True,
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "idle_gaps.csv", index=False)
-    env = {"git": environment.git_info(REPO), "gpu": environment.gpu_info(dev),
-           "nvidia_smi": environment.nvidia_smi_info(dev), "software": environment.software_info(),
-           "utc": environment.utc_now().isoformat(timespec="seconds")}
+    env = {
+        "git": environment.git_info(REPO),
+        "gpu": environment.gpu_info(dev),
+        "nvidia_smi": environment.nvidia_smi_info(dev),
+        "software": environment.software_info(),
+        "utc": environment.utc_now().isoformat(timespec="seconds"),
+    }
     (out / "environment.json").write_text(json.dumps(env, indent=1, default=str) + "\n")
     return 0
 

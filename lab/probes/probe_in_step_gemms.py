@@ -77,9 +77,9 @@ def build_ops(T: int, H: int, I: int, device):
         from swiglu.kernels import gluon_dswiglu
 
         def dswiglu_ours():
-            gluon_dswiglu.launch_dswiglu_gluon(go, dw, gate, up, act, *d_ours, plan.gluon_dswiglu,
-                                               plan.gluon_dswiglu_programs)
+            gluon_dswiglu.launch_dswiglu_gluon(go, dw, gate, up, act, *d_ours, plan.gluon_dswiglu, plan.gluon_dswiglu_programs)
     else:
+
         def dswiglu_ours():
             backward.launch_dswiglu(go, dw, gate, up, act, *d_ours, plan.dswiglu, plan.dswiglu_programs)
 
@@ -95,15 +95,30 @@ def build_ops(T: int, H: int, I: int, device):
         torch.mm(d_gate, gw, out=gx_ref[0])
         gx_ref[0].addmm_(d_up, uw)
 
-    ops["grad_x"] = (lambda: backward.launch_grad_x(d_gate, d_up, gw, uw, gx_ours[0], plan.grad_x, plan.grad_x_programs),
-                     grad_x_cublas, gx_ours, gx_ref, 2 * gemm)
+    ops["grad_x"] = (
+        lambda: backward.launch_grad_x(d_gate, d_up, gw, uw, gx_ours[0], plan.grad_x, plan.grad_x_programs),
+        grad_x_cublas,
+        gx_ours,
+        gx_ref,
+        2 * gemm,
+    )
     h = d_ours[2].clone()
-    for name, a, b, shape, nprog in (("grad_down_weight", go, h, (H, I), plan.grad_weight_programs_hi),
-                                     ("grad_gate_weight", d_gate, x, (I, H), plan.grad_weight_programs_ih)):
+    for name, a, b, shape, nprog in (
+        ("grad_down_weight", go, h, (H, I), plan.grad_weight_programs_hi),
+        ("grad_gate_weight", d_gate, x, (I, H), plan.grad_weight_programs_ih),
+    ):
         w_ours, w_ref = [empty(*shape)], [empty(*shape)]
-        ops[name] = ((lambda a=a, b=b, o=w_ours[0], n=nprog:
-                      backward.launch_grad_weight_gluon_or_tl(a, b, o, plan.grad_weights, plan.gluon_grad_weights, n)),
-                     (lambda a=a, b=b, o=w_ref[0]: torch.mm(a.t(), b, out=o)), w_ours, w_ref, gemm)
+        ops[name] = (
+            (
+                lambda a=a, b=b, o=w_ours[0], n=nprog: backward.launch_grad_weight_gluon_or_tl(
+                    a, b, o, plan.grad_weights, plan.gluon_grad_weights, n
+                )
+            ),
+            (lambda a=a, b=b, o=w_ref[0]: torch.mm(a.t(), b, out=o)),
+            w_ours,
+            w_ref,
+            gemm,
+        )
     return ops
 
 
@@ -155,10 +170,12 @@ def main(argv=None) -> int:
     try:
         from tqdm import tqdm
     except ImportError:
+
         def tqdm(it, **_):
             return it
+
     for r in tqdm(range(args.rounds), desc="rounds"):
-        for name, impl, fn in entries[r % len(entries):] + entries[:r % len(entries)]:
+        for name, impl, fn in entries[r % len(entries) :] + entries[: r % len(entries)]:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             sync()
             a.record()
@@ -170,23 +187,39 @@ def main(argv=None) -> int:
     rows = []
     for name, (*_, flop) in ops.items():
         ours_ms, cublas_ms = (statistics.median(times[(name, i)]) for i in ("ours", "cublas"))
-        rows.append(dict(op=name, tokens=T, hidden_size=H, intermediate_size=I, ours_ms=round(ours_ms, 4),
-                         cublas_ms=round(cublas_ms, 4), ours_over_cublas=round(ours_ms / cublas_ms, 4),
-                         ours_tflops=round(flop / ours_ms / 1e9, 1), cublas_tflops=round(flop / cublas_ms / 1e9, 1),
-                         rel_err=errors.get(name, float("nan")), repeats=args.repeats, rounds=args.rounds,
-                         gpu=torch.cuda.get_device_name(device)))
+        rows.append(
+            dict(
+                op=name,
+                tokens=T,
+                hidden_size=H,
+                intermediate_size=I,
+                ours_ms=round(ours_ms, 4),
+                cublas_ms=round(cublas_ms, 4),
+                ours_over_cublas=round(ours_ms / cublas_ms, 4),
+                ours_tflops=round(flop / ours_ms / 1e9, 1),
+                cublas_tflops=round(flop / cublas_ms / 1e9, 1),
+                rel_err=errors.get(name, float("nan")),
+                repeats=args.repeats,
+                rounds=args.rounds,
+                gpu=torch.cuda.get_device_name(device),
+            )
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "in_step_gemms.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    print(f"\nT={T} H={H} I={I}, {args.repeats} launches per span, median of {args.rounds} rounds "
-          f"(dswiglu's cuBLAS row: the GEMM alone, without the epilogue)")
+    print(
+        f"\nT={T} H={H} I={I}, {args.repeats} launches per span, median of {args.rounds} rounds "
+        f"(dswiglu's cuBLAS row: the GEMM alone, without the epilogue)"
+    )
     print(f"{'op':<18} {'ours ms':>9} {'cuBLAS ms':>10} {'ours/cuBLAS':>12} {'TFLOP/s':>15} {'rel err':>9}")
     for r in rows:
-        print(f"{r['op']:<18} {r['ours_ms']:>9.4f} {r['cublas_ms']:>10.4f} {r['ours_over_cublas']:>12.3f} "
-              f"{r['ours_tflops']:>7.1f}/{r['cublas_tflops']:<7.1f} {r['rel_err']:>9.1e}")
+        print(
+            f"{r['op']:<18} {r['ours_ms']:>9.4f} {r['cublas_ms']:>10.4f} {r['ours_over_cublas']:>12.3f} "
+            f"{r['ours_tflops']:>7.1f}/{r['cublas_tflops']:<7.1f} {r['rel_err']:>9.1e}"
+        )
     print(f"CSV: {out / 'in_step_gemms.csv'}")
     return 0
 

@@ -24,8 +24,18 @@ import sys
 
 import triton
 
-from swiglu_lab.experiments.multicast_tile import (BK, BM, BN, NUM_WARPS, PTX_NEEDS, compile_check, descriptors,
-                                                   multicast_tile_kernel, too_old)
+from swiglu_lab.experiments.multicast_tile import (
+    BK,
+    BM,
+    BN,
+    NUM_WARPS,
+    PTX_NEEDS,
+    compile_check,
+    descriptors,
+    multicast_tile_kernel,
+    too_old,
+)
+
 
 def gpu_check() -> bool:
     """Run at 1, 8 and 132 clusters, multicast off and on; True when every result is right."""
@@ -40,16 +50,18 @@ def gpu_check() -> bool:
         ref = a.double().T @ b.double()
         for multicast in (False, True):
             c = torch.full((M, BN), float("nan"), device="cuda", dtype=torch.bfloat16)
-            multicast_tile_kernel[(clusters,)](*descriptors(a, b, c, BM, BN, BK), multicast, num_warps=NUM_WARPS,
-                                               num_ctas=2)
+            multicast_tile_kernel[(clusters,)](*descriptors(a, b, c, BM, BN, BK), multicast, num_warps=NUM_WARPS, num_ctas=2)
             torch.cuda.synchronize()
             # fp32 accumulation over K = 64, then one bf16 rounding: within one bf16 ulp of |ref|.
             err = (c.double() - ref).abs()
             bound = ref.abs() * 2.0**-8 + 1e-2
             right = not torch.isnan(c).any().item() and bool((err <= bound).all())
             ok &= right
-            print(f"clusters {clusters:3d}, multicast {multicast!s:5}: max |err| {err.max().item():.3g} "
-                  f"(max |ref| {ref.abs().max().item():.3g}): {'right' if right else 'WRONG'}", flush=True)
+            print(
+                f"clusters {clusters:3d}, multicast {multicast!s:5}: max |err| {err.max().item():.3g} "
+                f"(max |ref| {ref.abs().max().item():.3g}): {'right' if right else 'WRONG'}",
+                flush=True,
+            )
     return ok
 
 
@@ -61,8 +73,10 @@ def main(argv=None) -> int:
         print(too_old())
         return 1
     missing = compile_check()
-    print(f"triton {triton.__version__}: compiled for sm_90" + (f", PTX lacks {missing}" if missing else
-                                                              ", PTX has " + ", ".join(PTX_NEEDS)))
+    print(
+        f"triton {triton.__version__}: compiled for sm_90"
+        + (f", PTX lacks {missing}" if missing else ", PTX has " + ", ".join(PTX_NEEDS))
+    )
     if missing:
         return 1
     return 0 if args.compile_only or gpu_check() else 1

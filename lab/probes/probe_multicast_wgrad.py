@@ -45,8 +45,13 @@ from swiglu_lab.experiments.multicast_tile import descriptors, too_old
 #: The 2-CTA variants by name: (warp-specialized, multicast settings, peer arrive). "ws:local"
 #: is the warp-specialized kernel with no cross-CTA arrive at all (each CTA frees its own stages;
 #: right without multicast only), the first step of a bisection when a variant hangs.
-KINDS = {"ws": (True, (False, True), True), "plain": (False, (False, True), True),
-         "ws:local": (True, (False, ), False), "ws:peer": (True, (False, ), True), "ws:multicast": (True, (True, ), True)}
+KINDS = {
+    "ws": (True, (False, True), True),
+    "plain": (False, (False, True), True),
+    "ws:local": (True, (False,), False),
+    "ws:peer": (True, (False,), True),
+    "ws:multicast": (True, (True,), True),
+}
 
 
 def _two_cta_variants(a, b, like_out, clusters: int, kinds: tuple[str, ...]) -> dict:
@@ -58,14 +63,20 @@ def _two_cta_variants(a, b, like_out, clusters: int, kinds: tuple[str, ...]) -> 
         kernel = mw.multicast_wgrad_ws_kernel if ws else mw.multicast_wgrad_kernel
         opts = dict(num_warps=mw.NUM_WARPS, num_ctas=2, **(dict(maxnreg=mw.MAXNREG) if ws else {}))
         for multicast in multicasts:
+
             def ptx_of(consts, kernel=kernel, opts=opts):
-                return kernel.warmup(*descriptors(a, b, like_out, mw.BM, mw.BN, mw.BK), **consts,
-                                     grid=(clusters,), **opts).asm["ptx"]
+                return kernel.warmup(*descriptors(a, b, like_out, mw.BM, mw.BN, mw.BK), **consts, grid=(clusters,), **opts).asm[
+                    "ptx"
+                ]
+
             consts = mw.planned(ptx_of, multicast, ws) if peer else dict(mw.constexprs(multicast, ws=ws), FREE_COUNT=1)
-            label = (f"2-CTA{' WS' if ws else ''}{'' if peer else ' no peer arrive'} "
-                     f"{'multicast' if multicast else 'each CTA loads B'}")
-            variants[label] = (lambda k, c, o: lambda out: k[(clusters,)](*descriptors(a, b, out, mw.BM, mw.BN, mw.BK), **c, **o))(
-                kernel, consts, opts)
+            label = (
+                f"2-CTA{' WS' if ws else ''}{'' if peer else ' no peer arrive'} "
+                f"{'multicast' if multicast else 'each CTA loads B'}"
+            )
+            variants[label] = (
+                lambda k, c, o: lambda out: k[(clusters,)](*descriptors(a, b, out, mw.BM, mw.BN, mw.BK), **c, **o)
+            )(kernel, consts, opts)
     return variants
 
 
@@ -115,8 +126,11 @@ def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: 
             same = bool(torch.equal(o, outs[twin][1])) if twin != label and twin in outs else None
             same_1cta = bool(torch.equal(o, outs["1-CTA table"][1])) if "WS" in label and same_tile else None
             ok &= close and same is not False and same_1cta is not False
-            print(f"   returned in {time.time() - t0:.1f} s; close to cuBLAS {close}; bitwise its twin without "
-                  f"multicast {same}; bitwise the 1-CTA table kernel {same_1cta}", flush=True)
+            print(
+                f"   returned in {time.time() - t0:.1f} s; close to cuBLAS {close}; bitwise its twin without "
+                f"multicast {same}; bitwise the 1-CTA table kernel {same_1cta}",
+                flush=True,
+            )
             outs[label] = (fn, o)
         if T not in tokens:
             continue
@@ -127,8 +141,13 @@ def gpu_run(tokens: list[int], check_tokens: list[int], seconds: float, rounds: 
                 ms, power = sustained(lambda: fn(o), n, monitor)  # noqa: B023 (called at once)
                 times[label].append((ms, power.get("sm_clock_mhz"), power.get("power_w")))
         for label, got in times.items():
-            row = dict(T=T, variant=label, ms=statistics.median(x[0] for x in got),
-                       sm_clock_mhz=statistics.mean(x[1] or 0 for x in got), power_w=statistics.mean(x[2] or 0 for x in got))
+            row = dict(
+                T=T,
+                variant=label,
+                ms=statistics.median(x[0] for x in got),
+                sm_clock_mhz=statistics.mean(x[1] or 0 for x in got),
+                power_w=statistics.mean(x[2] or 0 for x in got),
+            )
             rows.append(row)
     print("\n| T | variant | ms per call | SM MHz | W | / 1-CTA table |\n|---|---|---:|---:|---:|---:|")
     for row in rows:
@@ -160,9 +179,11 @@ def main(argv=None) -> int:
     if args.compile_only:
         for ws in (False, True):
             ptx = mw.compile_check(ws)
-            print(f"triton {triton.__version__}, {'warp-specialized' if ws else 'one partition'}: both passes compiled "
-                  f"for sm_90; multicast load {'multicast::cluster' in ptx}, peer arrive "
-                  f"{'mbarrier.arrive.shared::cluster' in ptx}")
+            print(
+                f"triton {triton.__version__}, {'warp-specialized' if ws else 'one partition'}: both passes compiled "
+                f"for sm_90; multicast load {'multicast::cluster' in ptx}, peer arrive "
+                f"{'mbarrier.arrive.shared::cluster' in ptx}"
+            )
         return 0
     ints = [int(t) for t in args.tokens.split(",")], [int(t) for t in args.check_tokens.split(",") if t]
     return 0 if gpu_run(*ints, args.seconds, args.rounds, kinds) else 1

@@ -44,9 +44,11 @@ def impls_with_copies(impls: dict, to_layout) -> dict:
         to_layout(args)  # the same GPU work as quack's prepare; its result is dropped
         return args
 
-    return {**impls,
-            "quack-copy-each-call": replace(impls["quack"], name="quack-copy-each-call", prepare_every_call=True),
-            "triton-after-copy": replace(impls["triton"], name="triton-after-copy", prepare=copy_then)}
+    return {
+        **impls,
+        "quack-copy-each-call": replace(impls["quack"], name="quack-copy-each-call", prepare_every_call=True),
+        "triton-after-copy": replace(impls["triton"], name="triton-after-copy", prepare=copy_then),
+    }
 
 
 def main(argv=None) -> int:
@@ -66,8 +68,14 @@ def main(argv=None) -> int:
     frames = []
     for r in range(args.rounds):
         order = list(IMPL_NAMES) if r % 2 == 0 else list(reversed(IMPL_NAMES))
-        config = BenchConfig(cases=select_cases(args.cases), hidden_size=HIDDEN_SIZE, intermediate_size=INTERMEDIATE_SIZE,
-                             impls=order, device=torch.device("cuda"), measure_ceilings=False)
+        config = BenchConfig(
+            cases=select_cases(args.cases),
+            hidden_size=HIDDEN_SIZE,
+            intermediate_size=INTERMEDIATE_SIZE,
+            impls=order,
+            device=torch.device("cuda"),
+            measure_ceilings=False,
+        )
         frames.append(run_benchmark(config, impls=impls, progress=False).rows.assign(round=r))
     rows = pd.concat(frames, ignore_index=True)
     out = Path(args.out)

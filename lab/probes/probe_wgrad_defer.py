@@ -41,13 +41,16 @@ CANDIDATES = ("table", "128x128x64 S4 NC3", "128x256x32 S4 NC2", "128x256x64 S3 
 
 def gluon_label(cfg, table: bool = False) -> str:
     """A Gluon variant's label, as ``swiglu_lab.bench.tables.gluon_wgrad_table`` parses it back."""
-    return (f"gluon {'table ' if table else ''}{'ping-pong ' if cfg.pingpong else ''}{cfg.BM}x{cfg.BN}"
-            f"{f'+{cfg.BN2}' if cfg.BN2 else ''}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}{f' r{cfg.mma_regs}' if cfg.mma_regs else ''}"
-            f"{' defer' if cfg.defer else ''}")
+    return (
+        f"gluon {'table ' if table else ''}{'ping-pong ' if cfg.pingpong else ''}{cfg.BM}x{cfg.BN}"
+        f"{f'+{cfg.BN2}' if cfg.BN2 else ''}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}{f' r{cfg.mma_regs}' if cfg.mma_regs else ''}"
+        f"{' defer' if cfg.defer else ''}"
+    )
 
 
-def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool = False, wide: bool = False,
-            only_table: bool = False) -> list[dict]:
+def measure(
+    T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool = False, wide: bool = False, only_table: bool = False
+) -> list[dict]:
     """Rows for one token count and orientation (see the module docstring)."""
     import torch
 
@@ -62,8 +65,10 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
     a = torch.randn(T, M, device=dev, dtype=torch.bfloat16, generator=gen)
     b = torch.randn(T, N, device=dev, dtype=torch.bfloat16, generator=gen)
     ref = torch.matmul(a.T, b)
-    variants = {"cublas": lambda out: torch.matmul(a.T, b, out=out),
-                f"tl {tl_cfg.BM}x{tl_cfg.BN}x{tl_cfg.BK}": lambda out: backward.launch_grad_weight(a, b, out, tl_cfg)}
+    variants = {
+        "cublas": lambda out: torch.matmul(a.T, b, out=out),
+        f"tl {tl_cfg.BM}x{tl_cfg.BN}x{tl_cfg.BK}": lambda out: backward.launch_grad_weight(a, b, out, tl_cfg),
+    }
 
     def gluon(cfg):  # the Gluon kernel with cfg, one persistent program per SM as the backward runs it
         nprog = backward.tile_programs(dev, M, N, cfg)
@@ -75,7 +80,7 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
         if base in tried:
             continue
         tried.add(base)
-        for defer in (False, ) if only_table else (False, True):
+        for defer in (False,) if only_table else (False, True):
             cfg = replace(base, defer=defer)
             variants[gluon_label(cfg, name == "table")] = gluon(cfg)
     if pingpong:  # the ping-pong kernel's candidates, bitwise against their cooperative twins
@@ -103,12 +108,22 @@ def measure(T: int, M: int, N: int, dev, flush, gen, iters: int, pingpong: bool 
     scale = ref.float().abs().max().item()
     rows = []
     for label, out in outs.items():
-        pair = label.replace(" defer", "") if label.endswith(" defer") else (
-            label.replace(" pingpong", " twin") if label.endswith(" pingpong") else twin.get(label))
+        pair = (
+            label.replace(" defer", "")
+            if label.endswith(" defer")
+            else (label.replace(" pingpong", " twin") if label.endswith(" pingpong") else twin.get(label))
+        )
         close = bool(torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2 * scale))
-        rows.append(dict(T=T, shape=f"{M}x{N}", variant=label, ms=round(statistics.median(times[label]), 4),
-                         close_to_cublas=close,
-                         bitwise_defer_off=None if pair is None else bool(torch.equal(out, outs[pair]))))
+        rows.append(
+            dict(
+                T=T,
+                shape=f"{M}x{N}",
+                variant=label,
+                ms=round(statistics.median(times[label]), 4),
+                close_to_cublas=close,
+                bitwise_defer_off=None if pair is None else bool(torch.equal(out, outs[pair])),
+            )
+        )
     return rows
 
 
@@ -118,11 +133,18 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--pingpong", action="store_true", help="also the ping-pong kernel's candidates")
-    p.add_argument("--wide", action="store_true", help="also swiglu_lab.experiments.candidates.WIDE_CANDIDATES (ping-pong 128 x 128 and 128 x 192 at 232 registers, cooperative 256 x 192)")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="also swiglu_lab.experiments.candidates.WIDE_CANDIDATES (ping-pong 128 x 128 and 128 x 192 at 232 registers, cooperative 256 x 192)",
+    )
     p.add_argument("--only-table", action="store_true", help="of CANDIDATES the table's alone, without defer")
-    p.add_argument("--write-table", action="store_true",
-                   help="write the winners into src/swiglu/kernels/backward_configs.json (swiglu_lab.bench.tables."
-                   "gluon_wgrad_table: only where faster than the current choice by 2%%)")
+    p.add_argument(
+        "--write-table",
+        action="store_true",
+        help="write the winners into src/swiglu/kernels/backward_configs.json (swiglu_lab.bench.tables."
+        "gluon_wgrad_table: only where faster than the current choice by 2%%)",
+    )
     args = p.parse_args(argv)
 
     import torch
@@ -143,7 +165,8 @@ def main(argv=None) -> int:
             pd.DataFrame(rows).to_csv(out_dir / "wgrad_defer.csv", index=False)
             for r in new:
                 flags = ("" if r["close_to_cublas"] else "  NOT CLOSE") + (
-                    "" if r["bitwise_defer_off"] in (None, True) else "  DIFFERS FROM its twin")
+                    "" if r["bitwise_defer_off"] in (None, True) else "  DIFFERS FROM its twin"
+                )
                 print(f"T={r['T']:5d} {r['shape']:12s} {r['variant']:40s} {r['ms']:8.4f} ms{flags}", flush=True)
     if args.write_table:
         import json
@@ -153,8 +176,9 @@ def main(argv=None) -> int:
         from swiglu_lab.bench.tables import gluon_wgrad_table
 
         old = json.loads(Path(TUNED_CONFIGS_PATH).read_text())
-        base = {k: v for k, v in asdict(GluonConfig()).items() if k in ("GROUP_M", "num_warps", "maxnreg", "load_regs",
-                                                                          "store_regs")}
+        base = {
+            k: v for k, v in asdict(GluonConfig()).items() if k in ("GROUP_M", "num_warps", "maxnreg", "load_regs", "store_regs")
+        }
         record = Path("data", "tuning", f"wgrad_defer_{datetime.now(timezone.utc):%Y%m%d}.csv")  # copy the CSV there
         new = gluon_wgrad_table(rows, old, base, f"{record} (lab/probes/probe_wgrad_defer.py)")
         Path(TUNED_CONFIGS_PATH).write_text(json.dumps(new, indent=1) + "\n")

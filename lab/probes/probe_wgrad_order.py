@@ -68,6 +68,7 @@ def main(argv=None) -> int:
             rows.append(dict(base, kernel="fill_", config="", GROUP_M="", ms=ms, write_tbps=gb / ms, ok=True))
             tl = backward.config_for("grad_weights", T)
             g = backward.gluon_config_for(T, dev)
+
             def group_ms(table_value):
                 return [table_value if v == "table" else int(v) for v in args.group_m.split(",")]
 
@@ -81,16 +82,19 @@ def main(argv=None) -> int:
                 try:
                     backward.launch_grad_weight_gluon_or_tl(a, b, out, c, gc)
                     torch.cuda.synchronize()
-                    ok = bool(((out.float() - want.float()).abs() <= want.float().abs() * 2 ** -6 + 1e-2).all())
+                    ok = bool(((out.float() - want.float()).abs() <= want.float().abs() * 2**-6 + 1e-2).all())
                     ms = timed(lambda: backward.launch_grad_weight_gluon_or_tl(a, b, out, c, gc))
                 except Exception as exc:  # one failing variant must not end the probe
                     print(f"T={T} {kernel} GROUP_M={(gc or c).GROUP_M}: {type(exc).__name__}: {exc}", flush=True)
                     ok, ms = False, float("nan")
-                rows.append(dict(base, kernel=kernel, config=str(gc or c), GROUP_M=(gc or c).GROUP_M, ms=ms,
-                                 write_tbps=gb / ms, ok=ok))
-            for r in rows[-len(variants) - 2:]:
-                print(f"T={T} {M}x{N} {r['kernel']:6} G={r['GROUP_M']!s:3} {r['ms']:.4f} ms {r['write_tbps']:.2f} TB/s ok={r['ok']}",
-                      flush=True)
+                rows.append(
+                    dict(base, kernel=kernel, config=str(gc or c), GROUP_M=(gc or c).GROUP_M, ms=ms, write_tbps=gb / ms, ok=ok)
+                )
+            for r in rows[-len(variants) - 2 :]:
+                print(
+                    f"T={T} {M}x{N} {r['kernel']:6} G={r['GROUP_M']!s:3} {r['ms']:.4f} ms {r['write_tbps']:.2f} TB/s ok={r['ok']}",
+                    flush=True,
+                )
             a = b = out = want = None  # freed (the timed lambdas close over the names)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

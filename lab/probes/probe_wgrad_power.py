@@ -78,7 +78,7 @@ def in_turn(labels, rounds: int, measure) -> dict[str, list[dict]]:
     labels = list(labels)
     got = {label: [] for label in labels}
     for r in range(rounds):
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+        for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
             got[label].append(measure(label))
     return got
 
@@ -87,19 +87,28 @@ def power_summary(got: list[dict]) -> dict:
     """One variant's rounds (each with ``ms`` and ``sustained``'s power columns) -> the median ms
     per call and the mean board W, SM MHz and J per call (NaN without a monitor)."""
     mhz = statistics.mean(g.get("sm_clock_mhz", math.nan) for g in got)
-    return dict(ms_per_call=round(statistics.median(g["ms"] for g in got), 4),
-                power_w=round(statistics.mean(g.get("power_w", math.nan) for g in got), 1),
-                sm_clock_mhz=mhz if math.isnan(mhz) else round(mhz),
-                energy_j_per_call=round(statistics.mean(g.get("energy_j", math.nan) for g in got), 4))
+    return dict(
+        ms_per_call=round(statistics.median(g["ms"] for g in got), 4),
+        power_w=round(statistics.mean(g.get("power_w", math.nan) for g in got), 1),
+        sm_clock_mhz=mhz if math.isnan(mhz) else round(mhz),
+        energy_j_per_call=round(statistics.mean(g.get("energy_j", math.nan) for g in got), 4),
+    )
 
 
 #: ``--ablate``'s variants: label suffix -> ``launch_grad_weight_gluon``'s ``ablate``.
-ABLATIONS = {"stores skipped": 1, "loads skipped": 2, "loads and stores skipped": 3, "wgmma skipped": 4,
-             "wgmma and stores skipped": 5, "wgmma and loads skipped": 6}
+ABLATIONS = {
+    "stores skipped": 1,
+    "loads skipped": 2,
+    "loads and stores skipped": 3,
+    "wgmma skipped": 4,
+    "wgmma and stores skipped": 5,
+    "wgmma and loads skipped": 6,
+}
 
 
-def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = None, groups: str = "",
-                defers: str = "", tiles: tuple = ()):
+def variants_at(
+    T: int, a, b, dev, ablate: bool = False, resident: str | None = None, groups: str = "", defers: str = "", tiles: tuple = ()
+):
     """label -> callable(out) for one token count (``--ablate``: the ablations and ``fill_`` too,
     their labels in ``unchecked``; ``tiles``: the Gluon tiles instead of ``TILES``; ``--resident``: ``swiglu_lab.experiments.gluon_wgrad_resident``'s candidates that hold
     T tokens)."""
@@ -121,21 +130,29 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
     for name in tiles or TILES:
         cfg, plain = tile_config(name, table)
         nprog = backward.tile_programs(dev, M, N, cfg)
-        label = f"gluon {name}" + (f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}"
-                                   f"{' ping-pong' if cfg.pingpong else ''})" if name == "table" else "")
+        label = f"gluon {name}" + (
+            f" ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC}{' ping-pong' if cfg.pingpong else ''})"
+            if name == "table"
+            else ""
+        )
         out[label] = (lambda c, p, pl: lambda o: launch_grad_weight_gluon(a, b, o, c, p, plain_store=pl))(cfg, nprog, plain)
     if resident is not None:
         from swiglu_lab.experiments.gluon_wgrad_resident import RESIDENT_CANDIDATES
 
         chosen = [int(i) for i in resident.split(",")] if resident else range(len(RESIDENT_CANDIDATES))
         for i in chosen:
-            for group, defer in [(int(g), bool(int(d))) for g in (groups.split(",") if groups else [RESIDENT_CANDIDATES[i].GROUP_M])
-                                 for d in (defers.split(",") if defers else [int(RESIDENT_CANDIDATES[i].defer)])]:
+            for group, defer in [
+                (int(g), bool(int(d)))
+                for g in (groups.split(",") if groups else [RESIDENT_CANDIDATES[i].GROUP_M])
+                for d in (defers.split(",") if defers else [int(RESIDENT_CANDIDATES[i].defer)])
+            ]:
                 cfg = replace(RESIDENT_CANDIDATES[i], GROUP_M=group, defer=defer)
                 if T > cfg.resident_k:
                     continue
-                label = (f"resident {i} ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} K{cfg.resident_k} G{group}"
-                         f"{' defer' if defer else ''})")
+                label = (
+                    f"resident {i} ({cfg.BM}x{cfg.BN}x{cfg.BK} S{cfg.STAGES} NC{cfg.NC} K{cfg.resident_k} G{group}"
+                    f"{' defer' if defer else ''})"
+                )
                 nprog = backward.tile_programs(dev, M, N, cfg)
                 out[label] = (lambda c, p: lambda o: backward.launch_grad_weight_gluon_or_tl(a, b, o, None, c, p))(cfg, nprog)
     if ablate:
@@ -145,8 +162,9 @@ def variants_at(T: int, a, b, dev, ablate: bool = False, resident: str | None = 
             nprog = backward.tile_programs(dev, M, N, cfg)
             for suffix, mode in ABLATIONS.items():
                 if not (plain and mode & 1) and not (cfg.pingpong and mode != 1):  # ping-pong: stores skipped only
-                    out[f"gluon {name}, {suffix}"] = (lambda c, p, m, pl: lambda o: launch_grad_weight_gluon(
-                        a, b, o, c, p, ablate=m, plain_store=pl))(cfg, nprog, mode, plain)
+                    out[f"gluon {name}, {suffix}"] = (
+                        lambda c, p, m, pl: lambda o: launch_grad_weight_gluon(a, b, o, c, p, ablate=m, plain_store=pl)
+                    )(cfg, nprog, mode, plain)
     return out
 
 
@@ -159,7 +177,7 @@ def tile_config(name: str, table):
     tile, mode = name, 0
     for suffix, m in ((" plain2", 2), (" plain", 1)):
         if name.endswith(suffix):
-            tile, mode = name[:-len(suffix)], m
+            tile, mode = name[: -len(suffix)], m
             break
     # A cooperative tile; a wide one ("BMxBN+BN2xBK ...": two accumulators) is never deferred.
     base = replace(table, pingpong=False, BN2=0, mma_regs=0, wg_store=0, **({"defer": False} if "+" in tile else {}))
@@ -182,14 +200,32 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--flush", default="0,1", help="0: back to back; 1: L2 flush before each call")
     p.add_argument("--ablate", action="store_true", help="add the kernel's ablations and fill_ (module docstring)")
-    p.add_argument("--resident", nargs="?", const="", default=None, metavar="I,J",
-                   help="add gluon_wgrad_resident's candidates (A held in shared memory): all, or these indices")
-    p.add_argument("--resident-groups", default="", metavar="G,H",
-                   help="each resident candidate at these GROUP_M (programs per run of tiles) instead of its own")
-    p.add_argument("--tiles", default="", metavar='"table;128x128x64 S2 NC5"',
-                   help="the Gluon tiles, ';'-separated (default: " + "; ".join(TILES) + ")")
-    p.add_argument("--resident-defer", default="", metavar="0,1",
-                   help="each resident candidate with these defer values (0/1) instead of its own")
+    p.add_argument(
+        "--resident",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="I,J",
+        help="add gluon_wgrad_resident's candidates (A held in shared memory): all, or these indices",
+    )
+    p.add_argument(
+        "--resident-groups",
+        default="",
+        metavar="G,H",
+        help="each resident candidate at these GROUP_M (programs per run of tiles) instead of its own",
+    )
+    p.add_argument(
+        "--tiles",
+        default="",
+        metavar='"table;128x128x64 S2 NC5"',
+        help="the Gluon tiles, ';'-separated (default: " + "; ".join(TILES) + ")",
+    )
+    p.add_argument(
+        "--resident-defer",
+        default="",
+        metavar="0,1",
+        help="each resident candidate with these defer values (0/1) instead of its own",
+    )
     p.add_argument("--out", default=str(REPO / "build" / "probe"))
     args = p.parse_args(argv)
     dev = torch.device("cuda")
@@ -205,28 +241,50 @@ def main(argv=None) -> int:
         ref = torch.matmul(a.T, b).float()
         scale = ref.abs().max().item()
         outs, calls, table_out = {}, {}, None
-        for label, fn in variants_at(T, a, b, dev, args.ablate, args.resident, args.resident_groups, args.resident_defer,
-                                         tuple(t for t in args.tiles.split(";") if t)).items():
+        for label, fn in variants_at(
+            T,
+            a,
+            b,
+            dev,
+            args.ablate,
+            args.resident,
+            args.resident_groups,
+            args.resident_defer,
+            tuple(t for t in args.tiles.split(";") if t),
+        ).items():
             o = torch.full((I, H), float("nan"), device=dev, dtype=torch.bfloat16)
             fn(o)
             torch.cuda.synchronize()
             close = None if unchecked(label) else bool(torch.allclose(o.float(), ref, rtol=2e-2, atol=2e-2 * scale))
             if label.startswith("gluon table (") or table_out is None and label.startswith("gluon ") and close:
                 table_out = o  # the table's Gluon kernel, or the first Gluon tile where the table has none
-            same = None if table_out is None or table_out is o or not label.startswith(("resident", "gluon ")) \
-                or unchecked(label) else bool(torch.equal(o, table_out))
+            same = (
+                None
+                if table_out is None or table_out is o or not label.startswith(("resident", "gluon ")) or unchecked(label)
+                else bool(torch.equal(o, table_out))
+            )
             calls[label] = max(3, math.ceil(args.seconds * 1e3 / sustained(lambda: fn(o), 3)[0]))  # noqa: B023
             outs[label] = (fn, o, close, same)
         del ref
         for flush in (int(f) for f in args.flush.split(",")):
+
             def measure(label, flush=flush):
                 fn, o, _, _ = outs[label]
                 ms, power = sustained(lambda: fn(o), calls[label], monitor, flush_buf.zero_ if flush else None)
                 return dict(ms=ms, **power)
 
             for label, got in in_turn(outs, args.rounds, measure).items():
-                rows.append(dict(T=T, variant=label, flush=bool(flush), calls=calls[label], **power_summary(got),
-                                 close_to_cublas=outs[label][2], same_bits_as_table=outs[label][3]))
+                rows.append(
+                    dict(
+                        T=T,
+                        variant=label,
+                        flush=bool(flush),
+                        calls=calls[label],
+                        **power_summary(got),
+                        close_to_cublas=outs[label][2],
+                        same_bits_as_table=outs[label][3],
+                    )
+                )
     df = pd.DataFrame(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -66,21 +66,35 @@ def measure(T: int, ours: tuple, other: tuple, flush, iters: int, block: int = 1
     backward.GLUON_GRAD_X.update(ours[3])
     backward.clear_plans()
     bucket = backward.bucket_for(T)
-    row = dict(tokens=T, block=block, table=str(ours[0][bucket]), against=str(other[0][bucket]),
-               table_dswiglu=str(ours[1][bucket]), against_dswiglu=str(other[1][bucket]),
-               table_grad_x=str(ours[3][bucket]), against_grad_x=str(other[3][bucket]),
-               **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()},
-               same_bits=all(torch.equal(x, y) for x, y in zip(outs["table"], outs["against"])))
+    row = dict(
+        tokens=T,
+        block=block,
+        table=str(ours[0][bucket]),
+        against=str(other[0][bucket]),
+        table_dswiglu=str(ours[1][bucket]),
+        against_dswiglu=str(other[1][bucket]),
+        table_grad_x=str(ours[3][bucket]),
+        against_grad_x=str(other[3][bucket]),
+        **{f"{k}_ms": round(statistics.median(v), 4) for k, v in times.items()},
+        same_bits=all(torch.equal(x, y) for x, y in zip(outs["table"], outs["against"])),
+    )
     row["against_over_table"] = round(row["against_ms"] / row["table_ms"], 4)
-    print(f"T={T}: table {row['table_ms']} ms, against {row['against_ms']} ms, against/table "
-          f"{row['against_over_table']}, same bits {row['same_bits']}", flush=True)
+    print(
+        f"T={T}: table {row['table_ms']} ms, against {row['against_ms']} ms, against/table "
+        f"{row['against_over_table']}, same bits {row['same_bits']}",
+        flush=True,
+    )
     return row
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--against-json", required=True, nargs="+",
-                   help="backward_configs.json files whose kernel configurations to compare, each in turn")
+    p.add_argument(
+        "--against-json",
+        required=True,
+        nargs="+",
+        help="backward_configs.json files whose kernel configurations to compare, each in turn",
+    )
     p.add_argument("--tokens", default="128,1024,2048")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--block", type=int, default=1, help="calls per turn (1: alternate call by call)")
@@ -92,25 +106,37 @@ def main(argv=None) -> int:
     from swiglu.kernels import backward
     from swiglu.kernels.configs import DswigluGluonConfig, GluonConfig, KernelConfig, parse_bucket
 
-    ours = (dict(backward.GLUON_CONFIGS), dict(backward.GLUON_DSWIGLU),
-            {kernel: dict(entries) for kernel, entries in backward.CONFIGS.items()}, dict(backward.GLUON_GRAD_X))
+    ours = (
+        dict(backward.GLUON_CONFIGS),
+        dict(backward.GLUON_DSWIGLU),
+        {kernel: dict(entries) for kernel, entries in backward.CONFIGS.items()},
+        dict(backward.GLUON_GRAD_X),
+    )
     others = {}
     for path in args.against_json:
-        others[path] = other = ({b: None for b in ours[0]}, {b: None for b in ours[1]}, {kernel: {} for kernel in ours[2]},
-                                {b: None for b in ours[3]})
+        others[path] = other = (
+            {b: None for b in ours[0]},
+            {b: None for b in ours[1]},
+            {kernel: {} for kernel in ours[2]},
+            {b: None for b in ours[3]},
+        )
         table = json.loads(Path(path).read_text())
         for kernel, entries in table.get("configs", {}).items():
             for key, entry in entries.items():
                 other[2][kernel][parse_bucket(key)] = KernelConfig(**entry["config"])
-        for i, (section, cls) in ((0, ("gluon_grad_weights", GluonConfig)), (1, ("gluon_dswiglu", DswigluGluonConfig)),
-                                  (3, ("gluon_grad_x", GluonConfig))):
+        for i, (section, cls) in (
+            (0, ("gluon_grad_weights", GluonConfig)),
+            (1, ("gluon_dswiglu", DswigluGluonConfig)),
+            (3, ("gluon_grad_x", GluonConfig)),
+        ):
             for key, entry in table.get(section, {}).items():
                 other[i][parse_bucket(key)] = cls(**entry["config"])
     if any(g is not None and g.resident_k for other in others.values() for g in other[0].values()):
         # A table entry with resident_k runs this lab kernel (it sets backward.RESIDENT_LAUNCHER).
         import swiglu_lab.experiments.gluon_wgrad_resident  # noqa: F401
     if any(g is not None and g.plain_store for t in (ours, *others.values()) for g in t[0].values()) or any(
-            g is not None for t in (ours, *others.values()) for g in t[3].values()):
+        g is not None for t in (ours, *others.values()) for g in t[3].values()
+    ):
         # An entry with plain_store, or a gluon_grad_x entry, runs this lab kernel (it sets
         # backward.PLAIN_STORE_LAUNCHER and backward.GRAD_X_LAUNCHER).
         import swiglu_lab.experiments.gluon_wgrad_probe  # noqa: F401

@@ -78,11 +78,12 @@ def validate_backward_inputs(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, 
             raise ValueError(f"{name} is on {t.device} but x is on {device}; all inputs must share one device")
 
     if x.dim() not in (2, 3):
-        raise ValueError(
-            f"x must be [tokens, hidden_size] or [batch_size, seq_len, hidden_size], got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"x must be [tokens, hidden_size] or [batch_size, seq_len, hidden_size], got shape {tuple(x.shape)}")
     hidden, inter = check_mlp_shapes(
-        x, gate_weight, up_weight, down_weight,
+        x,
+        gate_weight,
+        up_weight,
+        down_weight,
         like_x={"grad_output": grad_output},
         activations={"gate_output": gate_output, "up_output": up_output, "activated_gate": activated_gate},
     )
@@ -142,8 +143,12 @@ def check_mlp_shapes(
     hidden = x.shape[-1] if hidden_size is None else hidden_size
     h_from = declared_h or f"hidden_size {hidden} from x"
     if intermediate_size is None:
-        votes = {"gate_weight": gate_weight.shape[0], "up_weight": up_weight.shape[0],
-                 "down_weight": down_weight.shape[1], **{n: t.shape[-1] for n, t in activations.items()}}
+        votes = {
+            "gate_weight": gate_weight.shape[0],
+            "up_weight": up_weight.shape[0],
+            "down_weight": down_weight.shape[1],
+            **{n: t.shape[-1] for n, t in activations.items()},
+        }
         counts = [list(votes.values()).count(v) for v in votes.values()]
         inter = list(votes.values())[counts.index(max(counts))]  # first of the most common
         agreeing = [n for n, v in votes.items() if v == inter]
@@ -171,8 +176,10 @@ def check_mlp_shapes(
             raise ValueError(f"{name} must have shape {shape} ({why}), got {list(tensors[name].shape)}{hint}")
     for label, size in (("hidden_size", hidden), ("intermediate_size", inter)):
         if size <= 0:
-            raise ValueError(f"{label} must be positive, got {size} (x {list(x.shape)}, gate_weight "
-                             f"{list(gate_weight.shape)}); zero tokens are supported, an empty {label} is not")
+            raise ValueError(
+                f"{label} must be positive, got {size} (x {list(x.shape)}, gate_weight "
+                f"{list(gate_weight.shape)}); zero tokens are supported, an empty {label} is not"
+            )
     return hidden, inter
 
 
@@ -201,8 +208,9 @@ def check_dense(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name} must be a dense (strided) tensor, got a nested tensor")
 
 
-def inputs_look_valid(x, gate_weight, up_weight, down_weight, *activations, like_x=(), hidden_size=None,
-                      intermediate_size=None, ranks=None) -> bool:
+def inputs_look_valid(
+    x, gate_weight, up_weight, down_weight, *activations, like_x=(), hidden_size=None, intermediate_size=None, ranks=None
+) -> bool:
     """True when the tensors are surely what the validators above accept (the common case, in a
     few comparisons: one dense floating dtype, one device, x [..., H] (rank in ``ranks`` when
     given), ``like_x`` tensors x's shape, weights [I, H] / [I, H] / [H, I], ``activations``
@@ -220,8 +228,13 @@ def inputs_look_valid(x, gate_weight, up_weight, down_weight, *activations, like
     if gate_weight.dim() != 2 or x.dim() < 1 or (ranks is not None and x.dim() not in ranks):
         return False
     inter, hidden = gate_weight.shape
-    if hidden <= 0 or inter <= 0 or x.shape[-1] != hidden or up_weight.shape != gate_weight.shape \
-            or down_weight.shape != (hidden, inter):
+    if (
+        hidden <= 0
+        or inter <= 0
+        or x.shape[-1] != hidden
+        or up_weight.shape != gate_weight.shape
+        or down_weight.shape != (hidden, inter)
+    ):
         return False
     if (hidden_size is not None and hidden_size != hidden) or (intermediate_size is not None and intermediate_size != inter):
         return False
@@ -240,8 +253,17 @@ def check_backward_inputs(*tensors: torch.Tensor, any_rank: bool = False) -> Non
     [B, S, H], as ``swiglu_mlp_backward`` documents."""
     grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = tensors
     acts = tensors[:5]
-    if inputs_look_valid(x, gate_weight, up_weight, down_weight, gate_output, up_output, activated_gate,
-                         like_x=(grad_output,), ranks=None if any_rank else (2, 3)):
+    if inputs_look_valid(
+        x,
+        gate_weight,
+        up_weight,
+        down_weight,
+        gate_output,
+        up_output,
+        activated_gate,
+        like_x=(grad_output,),
+        ranks=None if any_rank else (2, 3),
+    ):
         return
     if any_rank:
         acts = tuple(t.reshape(-1, t.shape[-1]) if isinstance(t, torch.Tensor) and t.dim() > 3 else t for t in acts)

@@ -91,8 +91,9 @@ def make_inputs(
     except (RuntimeError, TypeError):
         raise ValueError(f"device must name a torch device ('cpu', 'cuda', 'cuda:1'), got {device!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r} but torch finds no CUDA GPU here (torch.cuda.is_available() is "
-                         "False); use device='cpu'")
+        raise ValueError(
+            f"device={str(device)!r} but torch finds no CUDA GPU here (torch.cuda.is_available() is False); use device='cpu'"
+        )
     if device.type == "meta":
         raise ValueError("device='meta' holds no values to draw; make the inputs on a real device")
     if generator is None and seed is not None:
@@ -118,6 +119,4 @@ def make_inputs(
         up_output = x @ up_weight.t()
         activated_gate = torch.nn.functional.silu(gate_output)
         grad_output = randn(*lead, H)
-    return BackwardInputs(
-        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight
-    )
+    return BackwardInputs(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)

@@ -74,8 +74,9 @@ class SwiGLUMLP(nn.Module):
             if size <= 0:
                 raise ValueError(f"{label} must be a positive int, got {size!r}")
         if dtype is not None and dtype not in FLOAT_DTYPES:
-            raise TypeError(f"dtype must be one of {', '.join(map(str, FLOAT_DTYPES))} (the weights' dtype) or None, "
-                            f"got {dtype!r}")
+            raise TypeError(
+                f"dtype must be one of {', '.join(map(str, FLOAT_DTYPES))} (the weights' dtype) or None, got {dtype!r}"
+            )
         if device is not None:
             try:
                 device = torch.device(device)
@@ -94,8 +95,9 @@ class SwiGLUMLP(nn.Module):
             raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
         self.reuse_saved_buffers = reuse_saved_buffers
         if device is not None and device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={str(device)!r} but torch finds no CUDA GPU here (torch.cuda.is_available() is "
-                             "False); use device='cpu'")
+            raise ValueError(
+                f"device={str(device)!r} but torch finds no CUDA GPU here (torch.cuda.is_available() is False); use device='cpu'"
+            )
         kw = dict(bias=False, device=device, dtype=dtype)
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
@@ -113,18 +115,31 @@ class SwiGLUMLP(nn.Module):
             reason = _plain_path_reason(self)
             if reason:
                 return self._plain_forward(x, reason)
-        return _swiglu_mlp(x, gate_proj.weight, up_proj.weight, down_proj.weight, self.impl,
-                           self.save_activated_gate, getattr(self, "reuse_saved_buffers", False), self.hidden_size,
-                           self.intermediate_size)
+        return _swiglu_mlp(
+            x,
+            gate_proj.weight,
+            up_proj.weight,
+            down_proj.weight,
+            self.impl,
+            self.save_activated_gate,
+            getattr(self, "reuse_saved_buffers", False),
+            self.hidden_size,
+            self.intermediate_size,
+        )
 
     def _plain_forward(self, x: torch.Tensor, reason: str) -> torch.Tensor:
         if not getattr(self, "_plain_path_warned", False):
             self._plain_path_warned = True
-            warnings.warn(f"SwiGLUMLP runs the plain PyTorch formula (its projections called as modules, "
-                          f"no fused backward): {reason}", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"SwiGLUMLP runs the plain PyTorch formula (its projections called as modules, no fused backward): {reason}",
+                UserWarning,
+                stacklevel=3,
+            )
         if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"x must be a tensor of shape [..., {self.hidden_size}] (hidden_size), got "
-                             f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+            raise ValueError(
+                f"x must be a tensor of shape [..., {self.hidden_size}] (hidden_size), got "
+                f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
+            )
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     @property
@@ -133,8 +148,10 @@ class SwiGLUMLP(nn.Module):
         return self.impl
 
     def extra_repr(self) -> str:
-        return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
-                f"impl={self.impl!r}, save_activated_gate={self.save_activated_gate}")
+        return (
+            f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+            f"impl={self.impl!r}, save_activated_gate={self.save_activated_gate}"
+        )
 
 
 def _is_parallel_style_hook(fn) -> bool:
@@ -160,15 +177,21 @@ def _fusable_fast(proj: nn.Module) -> bool:
         return False
     params = proj._parameters  # read directly: Module.__getattr__ costs more than the whole check
     weight_type = type(params.get("weight"))
-    return (weight_type is nn.Parameter or weight_type is torch.Tensor) and params.get("bias", False) is None \
-        and not forward_replaced(proj) and not (
-            proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
+    return (
+        (weight_type is nn.Parameter or weight_type is torch.Tensor)
+        and params.get("bias", False) is None
+        and not forward_replaced(proj)
+        and not (proj._forward_hooks or proj._forward_pre_hooks or proj._backward_hooks or proj._backward_pre_hooks)
+    )
 
 
 # Tensor subclasses the fused op serves: DTensor (its sharding rules) and the tensors that stand
 # for plain ones while torch.compile / torch.export trace (FakeTensor, FunctionalTensor).
-_SERVED_SUBCLASSES = (("torch.distributed.tensor", "DTensor"), ("torch._subclasses.fake_tensor", "FakeTensor"),
-                      ("torch._subclasses.functional_tensor", "FunctionalTensor"))
+_SERVED_SUBCLASSES = (
+    ("torch.distributed.tensor", "DTensor"),
+    ("torch._subclasses.fake_tensor", "FakeTensor"),
+    ("torch._subclasses.functional_tensor", "FunctionalTensor"),
+)
 
 
 def _weight_reason(name: str, weight) -> str | None:
@@ -182,8 +205,10 @@ def _weight_reason(name: str, weight) -> str | None:
         # Looked up where already imported: a weight cannot be of a class never imported.
         if kind is getattr(sys.modules.get(module), attr, None):
             return None
-    return (f"{name}.weight is a {kind.__module__}.{kind.__qualname__}, not a plain tensor (a quantized weight, "
-            "e.g. torchao's quantize_, computes the projection in its own dispatch, which the fused op bypasses)")
+    return (
+        f"{name}.weight is a {kind.__module__}.{kind.__qualname__}, not a plain tensor (a quantized weight, "
+        "e.g. torchao's quantize_, computes the projection in its own dispatch, which the fused op bypasses)"
+    )
 
 
 def projection_reason(name: str, proj: nn.Module, *, parallel_style_hooks: bool = True) -> str | None:
@@ -198,8 +223,10 @@ def projection_reason(name: str, proj: nn.Module, *, parallel_style_hooks: bool 
         return None
     kind = parametrize.type_before_parametrizations(proj)
     if kind is not nn.Linear:
-        return (f"{name} is a {kind.__module__}.{kind.__qualname__}, not a plain nn.Linear (an adapter, quantized or "
-                "float8 Linear, or a wrapper computes more than x @ weight.T)")
+        return (
+            f"{name} is a {kind.__module__}.{kind.__qualname__}, not a plain nn.Linear (an adapter, quantized or "
+            "float8 Linear, or a wrapper computes more than x @ weight.T)"
+        )
     if parametrize.is_parametrized(proj):
         if set(proj.parametrizations) - {"weight"}:
             return f"{name} has parametrizations of {sorted(set(proj.parametrizations) - {'weight'})}"
@@ -213,13 +240,19 @@ def projection_reason(name: str, proj: nn.Module, *, parallel_style_hooks: bool 
             return reason
     if proj.bias is not None:
         return f"{name} has a bias; the fused op has none"
-    for kind_, hooks in (("forward pre-hook", proj._forward_pre_hooks), ("forward hook", proj._forward_hooks),
-                         ("backward hook", proj._backward_hooks), ("backward pre-hook", proj._backward_pre_hooks)):
+    for kind_, hooks in (
+        ("forward pre-hook", proj._forward_pre_hooks),
+        ("forward hook", proj._forward_hooks),
+        ("backward hook", proj._backward_hooks),
+        ("backward pre-hook", proj._backward_pre_hooks),
+    ):
         if any(not (parallel_style_hooks and _is_parallel_style_hook(h)) for h in hooks.values()):
             return f"{name} has a {kind_} (e.g. a tensor-parallel plan, PEFT), which the fused op would not run"
     if forward_replaced(proj):
-        return (f"{name}'s forward is replaced on the instance (e.g. accelerate's offload or device hooks, "
-                "which load the weight when it runs)")
+        return (
+            f"{name}'s forward is replaced on the instance (e.g. accelerate's offload or device hooks, "
+            "which load the weight when it runs)"
+        )
     return None
 
 
@@ -333,8 +366,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--impl", default="auto", choices=IMPLS)
     args = parser.parse_args(argv)
     result = measure_step_time(
-        args.hidden_size, args.intermediate_size, args.tokens,
-        warmup=args.warmup, iters=args.iters, impl=args.impl,
+        args.hidden_size,
+        args.intermediate_size,
+        args.tokens,
+        warmup=args.warmup,
+        iters=args.iters,
+        impl=args.impl,
     )
     print(json.dumps(result, indent=2))
 

@@ -24,8 +24,7 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES, check_dense, check_floating
-from .ops import (add_flop_formula, auto_reason, dispatch_mode_active, on_clear_plans, transforms_active,
-                  triton_reason)
+from .ops import add_flop_formula, auto_reason, dispatch_mode_active, on_clear_plans, transforms_active, triton_reason
 
 #: ``impl=`` of ``swiglu_moe``.
 MOE_IMPLS = ("auto", "reference", "triton")
@@ -44,15 +43,22 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
     ``top_k_weights``, a non-str ``impl``) or ValueError (ranks, shapes, devices, an unknown
     ``impl``, and an index outside [0, E) where that is known without a device synchronization:
     CPU tensors), each naming the argument."""
-    named = {"x": x, "top_k_index": top_k_index, "top_k_weights": top_k_weights, "gate_up_proj": gate_up_proj,
-             "down_proj": down_proj}
+    named = {
+        "x": x,
+        "top_k_index": top_k_index,
+        "top_k_weights": top_k_weights,
+        "gate_up_proj": gate_up_proj,
+        "down_proj": down_proj,
+    }
     dtensor = sys.modules.get("torch.distributed.tensor")  # loaded wherever a DTensor exists
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if dtensor is not None and isinstance(t, dtensor.DTensor):
-            raise TypeError(f"{name} is a DTensor: swiglu_moe takes local tensors (shard the experts outside it, "
-                            "e.g. expert parallelism with local weights)")
+            raise TypeError(
+                f"{name} is a DTensor: swiglu_moe takes local tensors (shard the experts outside it, "
+                "e.g. expert parallelism with local weights)"
+            )
         check_dense(name, t)
     for name in ("x", "gate_up_proj", "down_proj"):
         t = named[name]
@@ -69,43 +75,53 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
     if x.dim() < 1:
         raise ValueError("x must be [..., hidden_size], got a 0-d tensor")
     if gate_up_proj.dim() != 3:
-        raise ValueError(f"gate_up_proj must be [num_experts, 2 * intermediate_size, hidden_size], got shape "
-                         f"{tuple(gate_up_proj.shape)}")
+        raise ValueError(
+            f"gate_up_proj must be [num_experts, 2 * intermediate_size, hidden_size], got shape {tuple(gate_up_proj.shape)}"
+        )
     E, two_i, H = gate_up_proj.shape
     if two_i % 2 or two_i == 0:
-        raise ValueError(f"gate_up_proj's second dimension must be 2 * intermediate_size (gate rows, then up rows), "
-                         f"got {two_i}")
+        raise ValueError(f"gate_up_proj's second dimension must be 2 * intermediate_size (gate rows, then up rows), got {two_i}")
     if E == 0 or H == 0:
-        raise ValueError(f"gate_up_proj must have at least one expert and a nonzero hidden_size, got shape "
-                         f"{tuple(gate_up_proj.shape)}")
+        raise ValueError(
+            f"gate_up_proj must have at least one expert and a nonzero hidden_size, got shape {tuple(gate_up_proj.shape)}"
+        )
     I = two_i // 2
     if x.shape[-1] != H:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must be gate_up_proj's hidden_size ({H})")
     if tuple(down_proj.shape) != (E, H, I):
-        raise ValueError(f"down_proj must be [num_experts, hidden_size, intermediate_size] = {(E, H, I)} to match "
-                         f"gate_up_proj, got {tuple(down_proj.shape)}")
+        raise ValueError(
+            f"down_proj must be [num_experts, hidden_size, intermediate_size] = {(E, H, I)} to match "
+            f"gate_up_proj, got {tuple(down_proj.shape)}"
+        )
     T = x.numel() // H
     if top_k_index.dim() < 1 or top_k_index.numel() == 0 and T > 0:
         raise ValueError(f"top_k_index must be [..., k] with k >= 1, got shape {tuple(top_k_index.shape)}")
     k = top_k_index.shape[-1]
     lead = tuple(x.shape[:-1])
     if tuple(top_k_index.shape[:-1]) not in (lead, (T,)) or k == 0:
-        raise ValueError(f"top_k_index must be [{', '.join(map(str, lead)) or 'T'}, k] (or [T, k] with T = {T}) to "
-                         f"match x {tuple(x.shape)}, got {tuple(top_k_index.shape)}")
+        raise ValueError(
+            f"top_k_index must be [{', '.join(map(str, lead)) or 'T'}, k] (or [T, k] with T = {T}) to "
+            f"match x {tuple(x.shape)}, got {tuple(top_k_index.shape)}"
+        )
     if top_k_weights.shape != top_k_index.shape:
-        raise ValueError(f"top_k_weights must have top_k_index's shape {tuple(top_k_index.shape)} (one weight per "
-                         f"routed expert; [T, num_experts] routing weights are not supported), got "
-                         f"{tuple(top_k_weights.shape)}")
+        raise ValueError(
+            f"top_k_weights must have top_k_index's shape {tuple(top_k_index.shape)} (one weight per "
+            f"routed expert; [T, num_experts] routing weights are not supported), got "
+            f"{tuple(top_k_weights.shape)}"
+        )
     if not isinstance(impl, str):
         raise TypeError(f"impl must be a str, one of {list(MOE_IMPLS)}, got {type(impl).__name__}")
     if impl not in MOE_IMPLS:
         raise ValueError(f"impl must be one of {list(MOE_IMPLS)}, got {impl!r}")
-    if top_k_index.device.type == "cpu" and top_k_index.numel() and not torch.compiler.is_compiling() \
-            and not dispatch_mode_active():
+    if (
+        top_k_index.device.type == "cpu"
+        and top_k_index.numel()
+        and not torch.compiler.is_compiling()
+        and not dispatch_mode_active()
+    ):
         lo, hi = int(top_k_index.min()), int(top_k_index.max())
         if lo < 0 or hi >= E:
-            raise ValueError(f"top_k_index must hold expert ids in [0, {E}) (num_experts = {E}), got values in "
-                             f"[{lo}, {hi}]")
+            raise ValueError(f"top_k_index must hold expert ids in [0, {E}) (num_experts = {E}), got values in [{lo}, {hi}]")
     return T, H, I, E, k
 
 
@@ -217,8 +233,9 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
     """
     if isinstance(x, torch.Tensor) and x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)  # as F.linear under autocast
-        x, gate_up_proj, down_proj = (t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CASTS else t
-                                      for t in (x, gate_up_proj, down_proj))
+        x, gate_up_proj, down_proj = (
+            t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CASTS else t for t in (x, gate_up_proj, down_proj)
+        )
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
     impl = moe_impl(impl, x)
     x2 = x.reshape(T, H)
@@ -230,8 +247,12 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
         impl = "reference"  # torch.func transforms and forward-mode AD: the ops have no rule for them
     if impl == "reference":
         out = moe_reference(x2, idx, w, gate_up_proj, down_proj)
-    elif torch.compiler.is_compiling() or dispatch_mode_active() or x.device.type == "meta" \
-            or not _plain(x, w, gate_up_proj, down_proj):
+    elif (
+        torch.compiler.is_compiling()
+        or dispatch_mode_active()
+        or x.device.type == "meta"
+        or not _plain(x, w, gate_up_proj, down_proj)
+    ):
         out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj)[0]
     else:
         out = _MoEFunction.apply(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj)
@@ -255,8 +276,9 @@ on_clear_plans(_resolve.cache_clear)
 
 
 @torch.library.custom_op("swiglu::moe_forward", mutates_args=())
-def moe_forward(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up_proj: torch.Tensor,
-                down_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_forward(
+    x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out [T, H], gate [S, I], up [S, I], order [S], expert_start [E + 1])`` by the Triton
     kernels: gate, up are the forward's bf16 projections in expert-sorted order, order and
     expert_start the sort (int32), all kept for the backward. Validated inputs, [T, H] and
@@ -275,17 +297,29 @@ def _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj):
 
 
 @torch.library.custom_op("swiglu::moe_backward", mutates_args=())
-def moe_backward(grad_out: torch.Tensor, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                 gate_up_proj: torch.Tensor, down_proj: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-                 order: torch.Tensor, expert_start: torch.Tensor, need_grad_x: bool = True,
-                 need_grad_top_k_weights: bool = True, need_grad_gate_up_proj: bool = True,
-                 need_grad_down_proj: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    order: torch.Tensor,
+    expert_start: torch.Tensor,
+    need_grad_x: bool = True,
+    need_grad_top_k_weights: bool = True,
+    need_grad_gate_up_proj: bool = True,
+    need_grad_down_proj: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` by the Triton
     kernels, from ``moe_forward``'s saved outputs; a gradient not needed is an empty [0] tensor and
     its GEMM does not run. Not differentiable again (no double backward)."""
     needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
-    grads = _run_backward(grad_out, (x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order,
-                                     expert_start), needs)
+    grads = _run_backward(
+        grad_out, (x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order, expert_start), needs
+    )
     return tuple(g if need else x.new_empty(0) for g, need in zip(grads, needs))
 
 
@@ -300,12 +334,24 @@ def _run_backward(grad_out, saved, needs):
 
 
 @moe_backward.register_fake
-def _moe_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order,
-                       expert_start, need_grad_x=True, need_grad_top_k_weights=True, need_grad_gate_up_proj=True,
-                       need_grad_down_proj=True):
+def _moe_backward_fake(
+    grad_out,
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    gate,
+    up,
+    order,
+    expert_start,
+    need_grad_x=True,
+    need_grad_top_k_weights=True,
+    need_grad_gate_up_proj=True,
+    need_grad_down_proj=True,
+):
     needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
-    return tuple(t.new_empty(t.shape if need else (0,))
-                 for t, need in zip((x, top_k_weights, gate_up_proj, down_proj), needs))
+    return tuple(t.new_empty(t.shape if need else (0,)) for t, need in zip((x, top_k_weights, gate_up_proj, down_proj), needs))
 
 
 def _moe_setup_context(ctx, inputs, output):
@@ -327,8 +373,7 @@ def _gradients(ctx, grad_out, direct: bool):
         gx, gw, ggu, gdp = _run_backward(grad_out, ctx.saved_tensors, wanted)
     else:
         gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted)
-    return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None,
-            gdp if needs[4] else None)
+    return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None, gdp if needs[4] else None)
 
 
 def _moe_op_backward(ctx, grad_out, *unused):
@@ -348,8 +393,9 @@ class _MoEFunction(torch.autograd.Function):
         from .kernels.moe import moe_forward as run
 
         out, gate, up, routing = run(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
-        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, routing.order,
-                              routing.expert_start)
+        ctx.save_for_backward(
+            x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, routing.order, routing.expert_start
+        )
         ctx.set_materialize_grads(False)
         return out
 
@@ -369,11 +415,19 @@ def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwar
     return 6 * pairs * x_shape[-1] * args[2][-1]  # args: top_k_weights, gate_up_proj, down_proj shapes
 
 
-def _moe_backward_flops(grad_out_shape, x_shape, top_k_index_shape, top_k_weights_shape, gate_up_proj_shape,
-                        down_proj_shape, *args, out_shape=None, **kwargs) -> int:
+def _moe_backward_flops(
+    grad_out_shape,
+    x_shape,
+    top_k_index_shape,
+    top_k_weights_shape,
+    gate_up_proj_shape,
+    down_proj_shape,
+    *args,
+    out_shape=None,
+    **kwargs,
+) -> int:
     """Six GEMMs of 2 H I FLOPs per routed pair: g, grad_x's two, the three weight gradients."""
-    return 2 * _moe_forward_flops(x_shape, top_k_index_shape, top_k_weights_shape, gate_up_proj_shape,
-                                  down_proj_shape)
+    return 2 * _moe_forward_flops(x_shape, top_k_index_shape, top_k_weights_shape, gate_up_proj_shape, down_proj_shape)
 
 
 add_flop_formula("moe_forward", _moe_forward_flops)

@@ -37,8 +37,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .checks import (check_backward_inputs, check_floating, check_mlp_shapes, check_tensor, inputs_look_valid,
-                     spans_whole_storage)
+from .checks import check_backward_inputs, check_floating, check_mlp_shapes, check_tensor, inputs_look_valid, spans_whole_storage
 from .reference import activated_gate_of, reference_gradients
 
 #: The backends: ``impl=`` of ``swiglu_mlp``, ``SwiGLUMLP`` and ``swiglu_mlp_backward``.
@@ -102,8 +101,7 @@ def validate_forward_inputs(
             raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; x and the weights must share one dtype")
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}; x and the weights must share one device")
-    check_mlp_shapes(x, gate_weight, up_weight, down_weight, hidden_size=hidden_size,
-                     intermediate_size=intermediate_size)
+    check_mlp_shapes(x, gate_weight, up_weight, down_weight, hidden_size=hidden_size, intermediate_size=intermediate_size)
     _check_impl(impl)
 
 
@@ -117,8 +115,12 @@ def _check_impl(impl) -> None:
 # --------------------------------------------------------------------------- the backend decision
 
 
-def auto_reason(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, hidden_size: int | None = None,
-                intermediate_size: int | None = None) -> str | None:
+def auto_reason(
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    hidden_size: int | None = None,
+    intermediate_size: int | None = None,
+) -> str | None:
     """Why ``impl="auto"`` takes the reference rather than the Triton path for ``dtype`` inputs on
     ``device`` (None: it takes Triton). Triton needs all of: a CUDA device (the interpreter is for
     explicit ``"triton"`` only), bfloat16 (the kernels' dtype), an NVIDIA sm_90+ GPU whose shared
@@ -128,8 +130,10 @@ def auto_reason(device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
     CUDA device."""
     device = torch.device(device)
     if device.type != "cuda":
-        return f"impl='auto' takes the Triton path only on CUDA GPUs (got device {device}); " \
-               "under TRITON_INTERPRET=1 ask for the 'triton' implementation explicitly"
+        return (
+            f"impl='auto' takes the Triton path only on CUDA GPUs (got device {device}); "
+            "under TRITON_INTERPRET=1 ask for the 'triton' implementation explicitly"
+        )
     if dtype != torch.bfloat16:
         return f"the Triton kernels compute in bfloat16 (got {dtype}); cast to bfloat16 or use a bfloat16 autocast"
     try:
@@ -206,8 +210,9 @@ def clear_plans() -> None:
 # --------------------------------------------------------------------------- the backward route
 
 
-def run_backward(tensors, needs: tuple[bool, bool, bool, bool], impl: str,
-                 consume: bool = False) -> tuple[torch.Tensor | None, ...]:
+def run_backward(
+    tensors, needs: tuple[bool, bool, bool, bool], impl: str, consume: bool = False
+) -> tuple[torch.Tensor | None, ...]:
     """The one route from every entry (``swiglu_mlp_backward``, the autograd formulas, the raw op)
     to the backends, for inputs already validated and ``impl`` already resolved ("reference" or
     "triton"). ``tensors``: the eight inputs in ``swiglu.checks.ARG_NAMES`` order
@@ -224,8 +229,21 @@ def run_backward(tensors, needs: tuple[bool, bool, bool, bool], impl: str,
     inter, hidden = gate_weight.shape
     plan = backend.backward_plan(xf.shape[0], hidden, inter, backend.plan_device(x.device))
     grad_x, *grad_weights = backend.launch_backward(
-        (_rows(grad_output), xf, _rows(gate_output), _rows(up_output), _rows(activated_gate), gate_weight, up_weight,
-         down_weight), plan=plan, needs=needs, overwrite_activations=consume, release_activations=consume)
+        (
+            _rows(grad_output),
+            xf,
+            _rows(gate_output),
+            _rows(up_output),
+            _rows(activated_gate),
+            gate_weight,
+            up_weight,
+            down_weight,
+        ),
+        plan=plan,
+        needs=needs,
+        overwrite_activations=consume,
+        release_activations=consume,
+    )
     # (Sizes as separate ints: torch parses them faster than a torch.Size.)
     return (grad_x if grad_x is None or xf is x else grad_x.reshape(*x.shape), *grad_weights)
 
@@ -265,7 +283,8 @@ def _forward_ops(x, gate_weight, up_weight, down_weight, impl: str, save_activat
     if not save_activated_gate and impl == "triton":
         # Inputs validated, the Triton path resolved.
         out, gate_output, up_output = (_KERNELS.get("forward") or _triton_forward()).run_forward(
-            x, gate_weight, up_weight, down_weight)
+            x, gate_weight, up_weight, down_weight
+        )
         return out, gate_output, up_output, None
     gate_output = F.linear(x, gate_weight)
     activated_gate = activated_gate_of(gate_output)
@@ -279,7 +298,8 @@ _SECOND_BACKWARD = (
     "gradients over the saved gate/up activations. To backpropagate a graph more than once (also split "
     "backward passes, e.g. autograd.grad of x first and of the weights later), use "
     "reuse_saved_buffers=False (the default of SwiGLUMLP, swiglu_mlp and swiglu.integrations.transformers.apply) "
-    "and pass retain_graph=True to every backward but the last")
+    "and pass retain_graph=True to every backward but the last"
+)
 
 
 def _double_backward(grad_output, x, gate_weight, up_weight, down_weight, needs):
@@ -288,8 +308,9 @@ def _double_backward(grad_output, x, gate_weight, up_weight, down_weight, needs)
     with _no_autocast(x):
         gate_output = F.linear(x, gate_weight)
         up_output = F.linear(x, up_weight)
-        return reference_gradients((grad_output, x, gate_output, up_output, F.silu(gate_output), gate_weight,
-                                    up_weight, down_weight), needs)
+        return reference_gradients(
+            (grad_output, x, gate_output, up_output, F.silu(gate_output), gate_weight, up_weight, down_weight), needs
+        )
 
 
 class _SwiGLUFunction(torch.autograd.Function):
@@ -298,13 +319,15 @@ class _SwiGLUFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers):
-        out, gate_output, up_output, activated_gate = _forward(x, gate_weight, up_weight, down_weight, impl,
-                                                               save_activated_gate)
+        out, gate_output, up_output, activated_gate = _forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)
         ctx.save_for_backward(x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
         ctx.impl = impl
         # What the backward may consume: the forward's own gate/up, recognized by identity.
-        ctx.owned = (weakref.ref(gate_output), weakref.ref(up_output)) \
-            if reuse_saved_buffers and impl == "triton" and not save_activated_gate else None
+        ctx.owned = (
+            (weakref.ref(gate_output), weakref.ref(up_output))
+            if reuse_saved_buffers and impl == "triton" and not save_activated_gate
+            else None
+        )
         ctx.consumed = False
         return out
 
@@ -322,12 +345,18 @@ class _SwiGLUFunction(torch.autograd.Function):
         if torch.compiler.is_compiling():
             # Compiled autograd traces this backward: the custom op is opaque to it, the
             # launcher's Python is not (and buffers are never consumed there).
-            grads = mlp_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                                 down_weight, *needs, ctx.impl)
+            grads = mlp_backward(
+                grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, *needs, ctx.impl
+            )
             return (*(g if need else None for g, need in zip(grads, needs)), None, None, None)
         owned = ctx.owned
-        consume = owned is not None and gate_output is owned[0]() and up_output is owned[1]() \
-            and spans_whole_storage(gate_output) and spans_whole_storage(up_output)
+        consume = (
+            owned is not None
+            and gate_output is owned[0]()
+            and up_output is owned[1]()
+            and spans_whole_storage(gate_output)
+            and spans_whole_storage(up_output)
+        )
         ctx.consumed = consume  # before the launch: a failure after the overwrite must not let a retry read them
         tensors = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
         device_type = _autocast_type(x)
@@ -392,21 +421,41 @@ def mlp_backward(
     custom op cannot return None) and its GEMMs never run. ``activated_gate`` None: recomputed
     from gate_output (memory-lean mode). Never writes an input."""
     # A cheap check for direct callers (the autograd formula's inputs pass it at once).
-    check_backward_inputs(grad_output, x, gate_output, up_output,
-                          gate_output if activated_gate is None else activated_gate, gate_weight, up_weight,
-                          down_weight, any_rank=True)
+    check_backward_inputs(
+        grad_output,
+        x,
+        gate_output,
+        up_output,
+        gate_output if activated_gate is None else activated_gate,
+        gate_weight,
+        up_weight,
+        down_weight,
+        any_rank=True,
+    )
     impl = resolve_impl(impl, x, gate_weight)
     needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
     with _no_autocast(x):
-        grads = run_backward((grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                              down_weight), needs, impl)
+        grads = run_backward(
+            (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight), needs, impl
+        )
     return tuple(g.contiguous() if need else x.new_empty(0) for g, need in zip(grads, needs))
 
 
 @mlp_backward.register_fake
 def _mlp_backward_fake(
-    grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
-    need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight, impl,
+    grad_output,
+    x,
+    gate_output,
+    up_output,
+    activated_gate,
+    gate_weight,
+    up_weight,
+    down_weight,
+    need_grad_x,
+    need_grad_gate_weight,
+    need_grad_up_weight,
+    need_grad_down_weight,
+    impl,
 ):
     shapes = (x.shape, gate_weight.shape, up_weight.shape, down_weight.shape)
     needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
@@ -417,8 +466,9 @@ def _setup_context(ctx, inputs, output):
     x, gate_weight, up_weight, down_weight, impl = inputs[:5]
     save_activated_gate = inputs[5] if len(inputs) > 5 else True
     _, gate_output, up_output, activated_gate = output
-    ctx.save_for_backward(x, gate_output, up_output, activated_gate if save_activated_gate else None,
-                          gate_weight, up_weight, down_weight)
+    ctx.save_for_backward(
+        x, gate_output, up_output, activated_gate if save_activated_gate else None, gate_weight, up_weight, down_weight
+    )
     ctx.mark_non_differentiable(gate_output, up_output, activated_gate)
     ctx.set_materialize_grads(False)  # no zero-filled [T, I] gradients for the three activations
     ctx.impl = impl  # as given under torch.compile; mlp_backward's body resolves it (cached)
@@ -431,8 +481,9 @@ def _op_backward(ctx, grad_output, *unused_grads):
     x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = ctx.saved_tensors
     if torch.is_grad_enabled():
         return (*_double_backward(grad_output, x, gate_weight, up_weight, down_weight, needs), None, None)
-    grads = mlp_backward(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
-                         *needs, ctx.impl)
+    grads = mlp_backward(
+        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, *needs, ctx.impl
+    )
     return tuple(g if need else None for g, need in zip(grads, needs)) + (None, None)
 
 
@@ -453,6 +504,7 @@ def _backward_of_backward(ctx, *cotangents):
     index = [i for i in range(8) if wanted[i] and tensors[i] is not None]
     kept = [(c, n) for c, n in zip(cotangents, needs) if n]
     if index and kept and not all(c is None for c, _ in kept):
+
         def formula(*primals):
             ts = list(tensors)
             for i, p in zip(index, primals):
@@ -489,14 +541,33 @@ def _mlp_forward_flops(x_shape, gate_weight_shape, *args, out_shape=None, **kwar
     return 6 * tokens * hidden * inter
 
 
-def _mlp_backward_flops(grad_output_shape, x_shape, gate_output_shape, up_output_shape, activated_gate_shape,
-                        gate_weight_shape, up_weight_shape, down_weight_shape, need_grad_x, need_grad_gate_weight,
-                        need_grad_up_weight, need_grad_down_weight, *args, out_shape=None, **kwargs) -> int:
+def _mlp_backward_flops(
+    grad_output_shape,
+    x_shape,
+    gate_output_shape,
+    up_output_shape,
+    activated_gate_shape,
+    gate_weight_shape,
+    up_weight_shape,
+    down_weight_shape,
+    need_grad_x,
+    need_grad_gate_weight,
+    need_grad_up_weight,
+    need_grad_down_weight,
+    *args,
+    out_shape=None,
+    **kwargs,
+) -> int:
     """The GEMMs the requested gradients run, 2 T H I FLOPs each: g = grad_output @ down_weight
     (for any of grad_x, grad_gate_weight, grad_up_weight), grad_x's two, one per weight gradient."""
     tokens, hidden, inter = _gemm_sizes(x_shape, gate_weight_shape)
-    gemms = (2 * need_grad_x + need_grad_gate_weight + need_grad_up_weight + need_grad_down_weight
-             + (need_grad_x or need_grad_gate_weight or need_grad_up_weight))
+    gemms = (
+        2 * need_grad_x
+        + need_grad_gate_weight
+        + need_grad_up_weight
+        + need_grad_down_weight
+        + (need_grad_x or need_grad_gate_weight or need_grad_up_weight)
+    )
     return 2 * gemms * tokens * hidden * inter
 
 
@@ -594,18 +665,36 @@ def _renamed(backward_impl: str, impl: str) -> str:
     return backward_impl
 
 
-def _swiglu_mlp(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers=False,
-                hidden_size=None, intermediate_size=None):
+def _swiglu_mlp(
+    x,
+    gate_weight,
+    up_weight,
+    down_weight,
+    impl,
+    save_activated_gate,
+    reuse_saved_buffers=False,
+    hidden_size=None,
+    intermediate_size=None,
+):
     """``swiglu_mlp`` checked against declared sizes (``SwiGLUMLP``): validate once, decide once."""
     if save_activated_gate is not True and save_activated_gate is not False:
         raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
     if reuse_saved_buffers is not True and reuse_saved_buffers is not False:
         raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
     autocast = _autocast_type(x) if isinstance(x, torch.Tensor) else None
-    if autocast is not None or not inputs_look_valid(x, gate_weight, up_weight, down_weight, hidden_size=hidden_size,
-                                                     intermediate_size=intermediate_size):
-        validate_forward_inputs(x, gate_weight, up_weight, down_weight, impl, hidden_size=hidden_size,
-                                intermediate_size=intermediate_size, autocast=autocast is not None)
+    if autocast is not None or not inputs_look_valid(
+        x, gate_weight, up_weight, down_weight, hidden_size=hidden_size, intermediate_size=intermediate_size
+    ):
+        validate_forward_inputs(
+            x,
+            gate_weight,
+            up_weight,
+            down_weight,
+            impl,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            autocast=autocast is not None,
+        )
     if autocast is not None:
         # What autocast does to nn.Linear: compute in its dtype (the casts' autograd returns
         # float32 gradients to float32 master weights).
@@ -630,10 +719,14 @@ def _swiglu_mlp(x, gate_weight, up_weight, down_weight, impl, save_activated_gat
 def _eager(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers):
     # Plain tensors and no dispatch mode: the autograd.Function; else the custom op.
     plain = _PLAIN_TYPES
-    if type(x) in plain and type(gate_weight) in plain and type(up_weight) in plain and type(down_weight) in plain \
-            and not dispatch_mode_active():
-        return _SwiGLUFunction.apply(x, gate_weight, up_weight, down_weight, impl, save_activated_gate,
-                                     reuse_saved_buffers)
+    if (
+        type(x) in plain
+        and type(gate_weight) in plain
+        and type(up_weight) in plain
+        and type(down_weight) in plain
+        and not dispatch_mode_active()
+    ):
+        return _SwiGLUFunction.apply(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers)
     return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]
 
 

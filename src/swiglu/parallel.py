@@ -49,22 +49,36 @@ if AVAILABLE:
         last = x.ndim - 1
         # Memory-lean mode: activated_gate comes back as an empty [0] tensor, replicated.
         act = Shard(last) if save_activated_gate else Replicate()
-        tp = ([Partial(), Shard(last), Shard(last), act],
-              [Replicate(), Shard(0), Shard(0), Shard(1), None, None])
+        tp = ([Partial(), Shard(last), Shard(last), act], [Replicate(), Shard(0), Shard(0), Shard(1), None, None])
         replicated = ([Replicate()] * 4, [Replicate()] * 4 + [None, None])
         return [tp, replicated]
 
     @register_sharding(torch.ops.swiglu.mlp_backward.default)
-    def _backward_sharding(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight,
-                           down_weight, need_grad_x, need_grad_gate_weight, need_grad_up_weight,
-                           need_grad_down_weight, impl):
+    def _backward_sharding(
+        grad_output,
+        x,
+        gate_output,
+        up_output,
+        activated_gate,
+        gate_weight,
+        up_weight,
+        down_weight,
+        need_grad_x,
+        need_grad_gate_weight,
+        need_grad_up_weight,
+        need_grad_down_weight,
+        impl,
+    ):
         last = x.ndim - 1
         act = None if activated_gate is None else Shard(last)  # None: recomputed (memory-lean mode)
-        tp = ([Partial(), Shard(0), Shard(0), Shard(1)],
-              [Replicate(), Replicate(), Shard(last), Shard(last), act, Shard(0), Shard(0), Shard(1)]
-              + [None] * 5)
-        replicated = ([Replicate()] * 4, [Replicate()] * 4 + [None if activated_gate is None else Replicate()]
-                      + [Replicate()] * 3 + [None] * 5)
+        tp = (
+            [Partial(), Shard(0), Shard(0), Shard(1)],
+            [Replicate(), Replicate(), Shard(last), Shard(last), act, Shard(0), Shard(0), Shard(1)] + [None] * 5,
+        )
+        replicated = (
+            [Replicate()] * 4,
+            [Replicate()] * 4 + [None if activated_gate is None else Replicate()] + [Replicate()] * 3 + [None] * 5,
+        )
         return [tp, replicated]
 
     def _hash_flags(op, first_flag: int) -> None:
@@ -78,7 +92,8 @@ if AVAILABLE:
         from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
         DTensor._op_dispatcher.sharding_propagator.op_to_schema_info[op] = RuntimeSchemaInfo(
-            static_argnum=first_flag, needs_pytree=True)
+            static_argnum=first_flag, needs_pytree=True
+        )
 
     _hash_flags(torch.ops.swiglu.mlp_backward.default, 8)  # need_grad_x, ..., impl
     _hash_flags(torch.ops.swiglu.mlp_forward.default, 4)  # impl (cheap, and exact)
@@ -86,8 +101,9 @@ if AVAILABLE:
 
 def _check_sequence_dim(sequence_dim: int) -> None:
     if isinstance(sequence_dim, bool) or not isinstance(sequence_dim, int) or sequence_dim < 0:
-        raise ValueError(f"sequence_dim must be a non-negative int (1 for [batch_size, seq_len, H], 0 for "
-                         f"[tokens, H]), got {sequence_dim!r}")
+        raise ValueError(
+            f"sequence_dim must be a non-negative int (1 for [batch_size, seq_len, H], 0 for [tokens, H]), got {sequence_dim!r}"
+        )
 
 
 def _require_distributed() -> None:
@@ -132,12 +148,16 @@ def tensor_parallel_plan(
         raise TypeError(f"prefix must be a str (a module path such as 'layers.*.mlp'), got {type(prefix).__name__}")
     _check_sequence_dim(sequence_dim)
     outer = Shard(sequence_dim) if sequence_parallel else Replicate()
-    key = (lambda name: f"{prefix}.{name}" if prefix else name)
+    key = lambda name: f"{prefix}.{name}" if prefix else name
     plan: dict[str, ParallelStyle] = {}
     if fused:
         plan[prefix] = PrepareModuleInputOutput(
-            input_layouts=(outer,), desired_input_layouts=(Replicate(),), use_local_input=False,
-            output_layouts=(Partial(),), desired_output_layouts=(outer,), use_local_output=True,
+            input_layouts=(outer,),
+            desired_input_layouts=(Replicate(),),
+            use_local_input=False,
+            output_layouts=(Partial(),),
+            desired_output_layouts=(outer,),
+            use_local_output=True,
         )
         plan[key("gate_proj")] = ColwiseParallel()
         plan[key("up_proj")] = ColwiseParallel()
@@ -158,7 +178,8 @@ def check_shardable(hidden_size: int, intermediate_size: int, tp: int, *, need_t
     if intermediate_size % tp:
         raise ValueError(
             f"intermediate_size={intermediate_size} is not divisible by the tensor-parallel size {tp} "
-            f"(hidden_size={hidden_size} is not split): uneven shards are not supported")
+            f"(hidden_size={hidden_size} is not split): uneven shards are not supported"
+        )
     local = intermediate_size // tp
     if not need_triton:
         return
@@ -168,7 +189,8 @@ def check_shardable(hidden_size: int, intermediate_size: int, tp: int, *, need_t
         raise ValueError(
             f"local intermediate_size {intermediate_size} / {tp} = {local} is not a multiple of "
             f"{ALIGN_ELEMENTS}: the Triton backward needs 16-byte aligned rows (use an intermediate_size "
-            f"divisible by {ALIGN_ELEMENTS * tp}, or impl='reference')")
+            f"divisible by {ALIGN_ELEMENTS * tp}, or impl='reference')"
+        )
 
 
 def parallelize(
@@ -207,15 +229,13 @@ def parallelize(
     from torch.distributed.device_mesh import DeviceMesh
 
     if not isinstance(mesh, DeviceMesh):
-        raise TypeError(f"mesh must be a torch.distributed.device_mesh.DeviceMesh (e.g. mesh['tp']), got "
-                        f"{type(mesh).__name__}")
+        raise TypeError(f"mesh must be a torch.distributed.device_mesh.DeviceMesh (e.g. mesh['tp']), got {type(mesh).__name__}")
     if mesh.ndim != 1:
         raise ValueError(f"mesh must be 1-D (the tensor-parallel dimension, e.g. mesh['tp']), got {mesh.ndim}-D")
     _check_sequence_dim(sequence_dim)
     inter, hidden = module.gate_proj.weight.shape
     fused = isinstance(module, SwiGLUMLP)
-    need_triton = fused and (module.impl == "triton"
-                             or (module.impl == "auto" and mesh.device_type == "cuda"))
+    need_triton = fused and (module.impl == "triton" or (module.impl == "auto" and mesh.device_type == "cuda"))
     check_shardable(hidden, inter, mesh.size(), need_triton=need_triton)
     plan = tensor_parallel_plan(fused=fused, sequence_parallel=sequence_parallel, sequence_dim=sequence_dim)
     root = plan.pop("", None)
@@ -265,9 +285,11 @@ class _SequenceShards:
                 f"sequence-parallel shards of x along dim {dim} have local lengths {lengths} (this rank, "
                 f"{self.mesh.get_local_rank()}: {x.shape[dim]}) for a global length {total}; uneven shards must "
                 f"follow torch.chunk's split, {expected} (ceil({total} / {n}) = {chunk} per rank, the last ranks "
-                f"fewer), or pass x as a DTensor")
+                f"fewer), or pass x as a DTensor"
+            )
         shape = list(x.shape)
         shape[dim] = total
         stride = torch.empty(shape, device="meta").stride()
-        return (DTensor.from_local(x, self.mesh, [Shard(dim)], run_check=False, shape=torch.Size(shape),
-                                   stride=stride),) + tuple(args[1:])
+        return (DTensor.from_local(x, self.mesh, [Shard(dim)], run_check=False, shape=torch.Size(shape), stride=stride),) + tuple(
+            args[1:]
+        )

@@ -127,8 +127,9 @@ def float64_backward(
     ``reference_backward``'s. Memory: about 4x the bf16 inputs plus float64 outputs (~40 GB at
     Hermes' size with T = 8192). Raises as ``reference_backward`` (mixed dtypes included).
     """
-    check_backward_inputs(grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight,
-                          any_rank=True)
+    check_backward_inputs(
+        grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, any_rank=True
+    )
     up64 = [t.double() for t in (grad_output, x, gate_output, up_output, activated_gate)]
     go, xf, gate, up, act = (_flat(t) for t in up64)
     gw, uw, dw = gate_weight.double(), up_weight.double(), down_weight.double()

@@ -41,20 +41,27 @@ class Hardware:
 #: Peak rates with their sources. Dense (not 2:4-sparse) bf16 figures throughout.
 HARDWARE: dict[str, Hardware] = {
     "H100-SXM": Hardware(
-        "H100 SXM", 989.4, 3.35,
+        "H100 SXM",
+        989.4,
+        3.35,
         "NVIDIA H100 Tensor Core GPU datasheet: 1,979 TFLOPS bf16 with sparsity (989.4 dense), 3.35 TB/s HBM3",
     ),
     "H200-SXM": Hardware(
-        "H200 SXM", 989.4, 4.8,
+        "H200 SXM",
+        989.4,
+        4.8,
         "NVIDIA H200 Tensor Core GPU datasheet: 1,979 TFLOPS bf16 with sparsity (989.4 dense), 4.8 TB/s HBM3e",
     ),
     "B200-HGX": Hardware(
-        "B200 (HGX, datasheet)", 2250.0, 7.7,
-        "NVIDIA HGX B200 datasheet: 4.5 PFLOPS bf16 per GPU with sparsity (2.25 dense); 7.7 TB/s "
-        "as docs/problem.md quotes it",
+        "B200 (HGX, datasheet)",
+        2250.0,
+        7.7,
+        "NVIDIA HGX B200 datasheet: 4.5 PFLOPS bf16 per GPU with sparsity (2.25 dense); 7.7 TB/s as docs/problem.md quotes it",
     ),
     "B200-benchmark": Hardware(
-        "B200 (SOL-ExecBench, 1.5 GHz lock)", 1811.0, 7.67,
+        "B200 (SOL-ExecBench, 1.5 GHz lock)",
+        1811.0,
+        7.67,
         "SOL-ExecBench peak rates for B200 with the SM clock locked at 1.5 GHz (docs/problem.md)",
     ),
 }

@@ -111,9 +111,7 @@ def select_cases(selection: str | int | Iterable[str | int] | None = None) -> li
         if text.isdigit():
             matches = [c for c in CASES if c.tokens == int(text)]
             if not matches:
-                raise ValueError(
-                    f"no case has {text} tokens; token counts are {sorted({c.tokens for c in CASES})}"
-                )
+                raise ValueError(f"no case has {text} tokens; token counts are {sorted({c.tokens for c in CASES})}")
         else:
             matches = [get_case(text)]
         chosen.extend(c for c in matches if c not in chosen)

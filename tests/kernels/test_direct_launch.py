@@ -24,8 +24,9 @@ def test_expand_descriptors_replaces_each_descriptor_by_its_map_shape_and_stride
     t = torch.empty(40, 24, dtype=torch.bfloat16)
     d = tma.Tma(t, [8, 16])
     seen = []
-    out = launch.expand_descriptors(("x", d, 5, d), ((1, 128, 2, 9, [8, 16]), (3, 64, 2, 9, [8, 16])),
-                                    lambda *a: seen.append(a) or f"map{len(seen)}")
+    out = launch.expand_descriptors(
+        ("x", d, 5, d), ((1, 128, 2, 9, [8, 16]), (3, 64, 2, 9, [8, 16])), lambda *a: seen.append(a) or f"map{len(seen)}"
+    )
     assert out == ["x", "map2", 40, 24, 24, 1, 5, "map1", 40, 24, 24, 1]  # filled last position first
     assert seen[1] == (t.data_ptr(), 128, 2, 9, [8, 16], t.shape, t.stride(), 0)
 
@@ -52,8 +53,9 @@ def test_expand_descriptors_fills_once_per_address_and_geometry(monkeypatch):
     assert expand(base[:40])[0] == "map3"  # another shape, same address
     assert expand(base[:, :16])[0] == "map4"  # same address, other shape and row stride kept
     assert expand(base.view(32, 64))[0] == "map5"  # same address and size, other strides
-    assert launch.expand_descriptors((0, tma.Tma(base, [8, 16])), ((1, 128, 2, 9, [8, 16]),), fill,
-                                     maps)[1] == "map6"  # another position
+    assert (
+        launch.expand_descriptors((0, tma.Tma(base, [8, 16])), ((1, 128, 2, 9, [8, 16]),), fill, maps)[1] == "map6"
+    )  # another position
     assert expand(base) == first and len(seen) == 6
     monkeypatch.setattr(launch, "_MAPS_MAX", 8)
     filled = len(seen)
@@ -87,8 +89,9 @@ def test_direct_runner_hands_the_c_launcher_what_triton_36_does(tmp_path):
         pytest.skip("SWIGLU_EXTRA_TRITON_DIR unset (make test sets it to the GPU machine's triton)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([EXTRA_TRITON_DIR, str(ROOT / "src")])
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "direct_launch_worker.py")], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "direct_launch_worker.py")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert devices.triton_minor(report["triton"]) == launch.DIRECT_LAUNCH_TRITON and report["direct"]
@@ -121,8 +124,9 @@ def _backward(tensors, direct: bool):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T, H, I", [(1, 520, 1176), (77, 384, 520), (300, 1000, 1176), (2048, 1024, 2816),
-                                     (128, 16384, 53248), (256, 16384, 53248)])
+@pytest.mark.parametrize(
+    "T, H, I", [(1, 520, 1176), (77, 384, 520), (300, 1000, 1176), (2048, 1024, 2816), (128, 16384, 53248), (256, 16384, 53248)]
+)
 def test_direct_launches_give_the_bits_of_tritons_runner(T, H, I):
     """Every gradient bitwise the same through the direct C launch, Triton's runner and Triton's
     first (JIT) launch, at odd T, in the tl and the Gluon buckets; every cached launch direct."""
@@ -139,8 +143,9 @@ def test_direct_launches_give_the_bits_of_tritons_runner(T, H, I):
     if devices.triton_minor(triton.__version__) == launch.DIRECT_LAUNCH_TRITON:
         assert runners and all(r.__name__ == "run" for r in runners)
     assert not any(getattr(r, "__name__", "") == "run" for r in slow_runners)
-    for name, a, b, c, ref in zip(("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight"), first, direct,
-                                  slow, reference_backward(*tensors)):
+    for name, a, b, c, ref in zip(
+        ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight"), first, direct, slow, reference_backward(*tensors)
+    ):
         assert torch.equal(a, b) and torch.equal(b, c), name
         assert benchmark_criterion(b, ref, 0.13).passed, name
 
@@ -165,10 +170,15 @@ class _FakeKernel:
         return lambda *args, **kwargs: self.calls.append(kwargs)
 
 
-@pytest.mark.parametrize("pdl, interpret, expect", [(1, False, {"BM": 64, "PDL": 1, "launch_pdl": True}),
-                                                    (2, False, {"BM": 64, "PDL": 2, "launch_pdl": True}),
-                                                    (0, False, {"BM": 64, "PDL": 0}),
-                                                    (1, True, {"BM": 64, "PDL": 0})])
+@pytest.mark.parametrize(
+    "pdl, interpret, expect",
+    [
+        (1, False, {"BM": 64, "PDL": 1, "launch_pdl": True}),
+        (2, False, {"BM": 64, "PDL": 2, "launch_pdl": True}),
+        (0, False, {"BM": 64, "PDL": 0}),
+        (1, True, {"BM": 64, "PDL": 0}),
+    ],
+)
 def test_launch_passes_pdl_to_every_kernel(monkeypatch, pdl, interpret, expect):
     """Every kernel launched through ``launch.launch`` gets the PDL constexpr, and triton's
     launch_pdl option with it; never in the interpreter (a recorder patches INTERPRET at call time)."""

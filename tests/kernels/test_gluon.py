@@ -78,8 +78,14 @@ def test_wide_tiles_count_their_second_chunk_and_reject_bad_widths():
     assert wide.smem_bytes() == 3 * (64 * 128 + 64 * 192) * 2 + 128 * 192 * 2 + 1024
     assert devices.tile_programs(torch.device("cpu"), 256, 16384, wide, persistent=False) == 2 * 86
     assert GluonConfig(BM=256, BN=128, BN2=64).tile_n == 192  # the wide cooperative tile
-    for bad in (dict(BN2=64, defer=True), dict(BN2=64, plain_store=1), dict(BN2=64, resident_k=128),
-                dict(BN2=48, pingpong=True), dict(BN2=128, pingpong=True), dict(BN2=4, pingpong=True)):
+    for bad in (
+        dict(BN2=64, defer=True),
+        dict(BN2=64, plain_store=1),
+        dict(BN2=64, resident_k=128),
+        dict(BN2=48, pingpong=True),
+        dict(BN2=128, pingpong=True),
+        dict(BN2=4, pingpong=True),
+    ):
         with pytest.raises(ValueError, match="BN2"):
             GluonConfig(BM=128, BN=128, **bad)
 
@@ -105,9 +111,11 @@ def gluon_recorded(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _FakeProps())
     monkeypatch.setattr(backward, "GLUON_DSWIGLU", {b: None for b in configs.TOKEN_BUCKETS})  # tl dSwiGLU here
     real_any = backward.launch_grad_weight_gluon_or_tl
-    monkeypatch.setattr(backward, "launch_grad_weight_gluon_or_tl",
-                        lambda a, b, out, c, g, nprog=None: fake_any(a, b, out, c, g) if g is not None
-                        else real_any(a, b, out, c, g, nprog))
+    monkeypatch.setattr(
+        backward,
+        "launch_grad_weight_gluon_or_tl",
+        lambda a, b, out, c, g, nprog=None: fake_any(a, b, out, c, g) if g is not None else real_any(a, b, out, c, g, nprog),
+    )
     return calls
 
 
@@ -117,8 +125,11 @@ def test_backward_takes_gluon_for_table_buckets(gluon_recorded, tokens, bucket):
     grads = backward.triton_swiglu_backward(*inp.as_tuple())
     assert [c[2] for c in gluon_recorded] == [backward.GLUON_CONFIGS[bucket]] * 3
     # grad_down_weight (go.T @ h), grad_gate_weight (d_gate.T @ x), grad_up_weight (d_up.T @ x)
-    assert [c[:2] for c in gluon_recorded] == [((tokens, 16), (tokens, 48)), ((tokens, 48), (tokens, 16)),
-                                               ((tokens, 48), (tokens, 16))]
+    assert [c[:2] for c in gluon_recorded] == [
+        ((tokens, 16), (tokens, 48)),
+        ((tokens, 48), (tokens, 16)),
+        ((tokens, 48), (tokens, 16)),
+    ]
     ref = reference_backward(*inp.as_tuple())
     for got, want in zip(grads[1:], ref[1:]):
         assert got.shape == want.shape and torch.isfinite(got).all()
@@ -270,8 +281,13 @@ def _start_worker(which: str, worker_args: tuple, folder) -> tuple | str:
     out = folder / "results.json"
     # Output to files, not pipes: a pipe nobody reads yet could fill and stall the worker.
     logs = [open(folder / name, "w+") for name in ("stdout.txt", "stderr.txt")]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gluon_compile_worker.py"), str(out), *worker_args],
-                            env=env, stdout=logs[0], stderr=logs[1], text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "gluon_compile_worker.py"), str(out), *worker_args],
+        env=env,
+        stdout=logs[0],
+        stderr=logs[1],
+        text=True,
+    )
     return proc, out, logs
 
 
@@ -294,8 +310,9 @@ def compile_report(tmp_path_factory, which: str, *worker_args: str) -> dict:
     call per ``worker_args`` starts the workers of both, side by side. Skips where that triton is
     missing or not one the kernels are written for."""
     if worker_args not in _STARTED:
-        _STARTED[worker_args] = {w: _start_worker(w, worker_args, tmp_path_factory.mktemp("gluon_compile"))
-                                 for w in WHICH_TRITONS}
+        _STARTED[worker_args] = {
+            w: _start_worker(w, worker_args, tmp_path_factory.mktemp("gluon_compile")) for w in WHICH_TRITONS
+        }
     started = _STARTED[worker_args].pop(which)
     if isinstance(started, str):
         pytest.skip(started)
@@ -346,8 +363,9 @@ def test_table_configs_compile_for_sm90(tmp_path_factory, which):
     table = {c for c in backward.GLUON_CONFIGS.values() if c is not None}
     compared = {(GluonConfig(**r["config"]), r["pdl"]) for r in report["results"] if "probe_ptx_same" in r}
     assert compared == {(c, pdl) for c in table for pdl in (0, 1, 2)}
-    assert all(r["probe_ptx_same"] for r in report["results"] if "probe_ptx_same" in r), \
-        [(r["config"], r["pdl"]) for r in report["results"] if r.get("probe_ptx_same") is False]
+    assert all(r["probe_ptx_same"] for r in report["results"] if "probe_ptx_same" in r), [
+        (r["config"], r["pdl"]) for r in report["results"] if r.get("probe_ptx_same") is False
+    ]
 
 
 @pytest.mark.parametrize("which", WHICH_TRITONS)
@@ -400,8 +418,9 @@ GLUON_WGRAD_BUCKETS = [b for b, g in backward.GLUON_CONFIGS.items() if g is not 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bucket", GLUON_WGRAD_BUCKETS)
-@pytest.mark.parametrize("K, M, N", [(None, 53248, 16384), (None, 16384, 53248), (1, 1000, 1176), (200, 1000, 1176),
-                                     (77, 384, 520)])
+@pytest.mark.parametrize(
+    "K, M, N", [(None, 53248, 16384), (None, 16384, 53248), (1, 1000, 1176), (200, 1000, 1176), (77, 384, 520)]
+)
 def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
     """out = a.T @ b against the fp32 product: within one bf16 ulp plus the fp32 summation-order
     bound (K * 2**-23 * |a|.T @ |b|, Higham's gamma_K), NaN-poisoned output fully written, no
@@ -414,10 +433,10 @@ def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     backward.launch_grad_weight_gluon_or_tl(a, b, out, backward.config_for("grad_weights", K), g)
-    want = (a.float().T @ b.float())
+    want = a.float().T @ b.float()
     assert torch.isfinite(out).all()
     err = (out.float() - want).abs()
-    bound = want.abs() * 2.0 ** -7 + K * 2.0 ** -23 * (a.float().abs().T @ b.float().abs())
+    bound = want.abs() * 2.0**-7 + K * 2.0**-23 * (a.float().abs().T @ b.float().abs())
     assert (err <= bound).all(), f"max error {(err / bound).max().item():.2f} x the bound"
     # A systematic error (a scale) moves the signed mean: within 4 standard errors of 0.
     rel = ((out.float() - want) / want.abs().clamp_min(1e-3)).flatten()
@@ -432,8 +451,9 @@ def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("K, M, N", [(256, 53248, 16384), (1024, 16384, 53248), (1, 1000, 1176), (77, 384, 520),
-                                     (300, 1000, 1176)])
+@pytest.mark.parametrize(
+    "K, M, N", [(256, 53248, 16384), (1024, 16384, 53248), (1, 1000, 1176), (77, 384, 520), (300, 1000, 1176)]
+)
 def test_pingpong_weight_gradient_gives_the_cooperative_kernels_bits(K, M, N):
     """The ping-pong kernel, at 168 and 232 registers, with 128 x 128 and 128 x (128 + 64) tiles,
     and the wide cooperative 256 x (128 + 64) tiles: each output element summed over K in the same
@@ -447,16 +467,16 @@ def test_pingpong_weight_gradient_gives_the_cooperative_kernels_bits(K, M, N):
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     for cfg in PINGPONG_CANDIDATES + WIDE_CANDIDATES:
         want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        backward.launch_grad_weight_gluon_or_tl(a, b, want, backward.config_for("grad_weights", K),
-                                                replace(cfg, pingpong=False, BN2=0, mma_regs=0))
+        backward.launch_grad_weight_gluon_or_tl(
+            a, b, want, backward.config_for("grad_weights", K), replace(cfg, pingpong=False, BN2=0, mma_regs=0)
+        )
         got = torch.full_like(want, float("nan"))
         backward.launch_grad_weight_gluon_or_tl(a, b, got, backward.config_for("grad_weights", K), cfg)
         assert torch.isfinite(got).all() and torch.equal(got, want), cfg
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T, H, I", [(200, 520, 1176), (1, 520, 1176), (77, 384, 1000), (128, 16384, 53248),
-                                     (512, 16384, 53248)])
+@pytest.mark.parametrize("T, H, I", [(200, 520, 1176), (1, 520, 1176), (77, 384, 1000), (128, 16384, 53248), (512, 16384, 53248)])
 def test_gluon_grad_x_gives_the_tl_kernels_bits(T, H, I):
     """grad_x = d_gate @ gate_weight + d_up @ up_weight by each Gluon candidate: the tl grad_x
     kernel's bits (one fp32 accumulator, gate's K range then up's, the same k-steps), partial
@@ -467,7 +487,7 @@ def test_gluon_grad_x_gives_the_tl_kernels_bits(T, H, I):
 
     gen = torch.Generator(device="cuda").manual_seed(T * 7 + H)
     d_gate, d_up = (torch.randn(T, I, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
-    gw, uw = ((torch.randn(I, H, device="cuda", generator=gen) * I ** -0.5).to(torch.bfloat16) for _ in range(2))
+    gw, uw = ((torch.randn(I, H, device="cuda", generator=gen) * I**-0.5).to(torch.bfloat16) for _ in range(2))
     for cfg in GRAD_X_CANDIDATES:
         # The tl kernel on the same tile and k-step (3 stages fit every candidate's tile).
         tl_cfg = KernelConfig(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, num_stages=3, num_warps=cfg.num_warps)
@@ -511,8 +531,9 @@ def test_pingpong_epilogues_wait_for_a_slow_storer():
     for cfg in (backward.GLUON_CONFIGS[256], WIDE_CANDIDATES[3]):
         assert cfg.pingpong
         want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        backward.launch_grad_weight_gluon_or_tl(a, b, want, backward.config_for("grad_weights", K),
-                                                replace(cfg, pingpong=False, BN2=0, mma_regs=0))
+        backward.launch_grad_weight_gluon_or_tl(
+            a, b, want, backward.config_for("grad_weights", K), replace(cfg, pingpong=False, BN2=0, mma_regs=0)
+        )
         got = torch.full_like(want, float("nan"))
         launch_grad_weight_gluon(a, b, got, cfg, devices.tile_programs(got.device, M, N, cfg), store_delay_ns=20_000)
         _finishes_within(60)
@@ -534,7 +555,7 @@ def test_probe_ablations_run_to_the_end_and_do_what_they_say():
     gen = torch.Generator(device="cuda").manual_seed(5)
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
-    want = (a.float().T @ b.float())
+    want = a.float().T @ b.float()
     for ablate in (0, 1, 2, 3, 4, 5, 6):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         launch_grad_weight_gluon(a, b, out, cfg, devices.tile_programs(out.device, M, N, cfg), ablate=ablate)
@@ -577,8 +598,7 @@ def test_plain_store_gives_the_tma_store_bits(M, N, K):
     for (cfg, mode), ablate in [(v, m) for v in variants[::2] for m in (2, 4, 6)]:
         # The probes' ablations beside it: they finish; without wgmma, zeros.
         got = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        launch_grad_weight_gluon(a, b, got, cfg, devices.tile_programs(got.device, M, N, cfg), ablate=ablate,
-                                 plain_store=mode)
+        launch_grad_weight_gluon(a, b, got, cfg, devices.tile_programs(got.device, M, N, cfg), ablate=ablate, plain_store=mode)
         _finishes_within(60)
         assert (got == 0).all() if ablate & 4 else torch.isfinite(got).all(), (mode, ablate)
     with pytest.raises(ValueError, match="plain_store"):
@@ -611,8 +631,11 @@ def test_wg_store_configs_check_their_fields():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K", [(53248 // 8, 16384 // 8, 256), (1000, 1032, 77), (1000, 1000, 300), (136, 200, 1)],
-                         ids=["hermes_slice", "ragged", "ragged_wide", "one_token"])
+@pytest.mark.parametrize(
+    "M,N,K",
+    [(53248 // 8, 16384 // 8, 256), (1000, 1032, 77), (1000, 1000, 300), (136, 200, 1)],
+    ids=["hermes_slice", "ragged", "ragged_wide", "one_token"],
+)
 def test_wg_store_gives_the_storer_bits(M, N, K):
     """The ping-pong kernel with ``wg_store`` (each MMA warpgroup stores its tile by TMA in
     chunks of its own, no storer warp): the storer kernel's bits at the same tile, every element
@@ -679,8 +702,10 @@ def _resident_candidates():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("index", range(len(_resident_candidates())))
-@pytest.mark.parametrize("K, M, N", [(None, 53248, 16384), (None, 16384, 53248), (1, 1000, 1176), (77, 384, 520),
-                                     (None, 1000, 1176), (200, 2048, 1536)])
+@pytest.mark.parametrize(
+    "K, M, N",
+    [(None, 53248, 16384), (None, 16384, 53248), (1, 1000, 1176), (77, 384, 520), (None, 1000, 1176), (200, 2048, 1536)],
+)
 def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
     """``swiglu_lab.experiments.gluon_wgrad_resident`` (A held in shared memory): within the fp32 bound of
     ``test_gluon_weight_gradient_matches_fp32``, NaN-poisoned output fully written, and bitwise the
@@ -700,7 +725,7 @@ def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
     want_bits = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     launch_grad_weight_gluon(a, b, want_bits, ring, devices.tile_programs(a.device, M, N, ring))
     want = a.float().T @ b.float()
-    bound = want.abs() * 2.0 ** -7 + K * 2.0 ** -23 * (a.float().abs().T @ b.float().abs())
+    bound = want.abs() * 2.0**-7 + K * 2.0**-23 * (a.float().abs().T @ b.float().abs())
     for _ in range(2):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         backward.launch_grad_weight_gluon_or_tl(a, b, out, None, cfg)
@@ -853,14 +878,16 @@ def test_backward_keeps_tl_dswiglu_where_gluon_cannot_run(dswiglu_recorded):
     args = list(inp.as_tuple())
     want = backward.triton_swiglu_backward(*args)
     assert len(dswiglu_recorded) == 1
+
     def wide(t):  # the same values, each row inside a row twice as long
-        return torch.cat([t, torch.randn_like(t)], dim=-1)[..., :t.shape[-1]]
+        return torch.cat([t, torch.randn_like(t)], dim=-1)[..., : t.shape[-1]]
 
     for gate, up, overwrite in ((wide(args[2]), args[3], False), (wide(args[2]), wide(args[3]), True)):
         got = backward.triton_swiglu_backward(*args[:2], gate, up, *args[4:], overwrite_activations=overwrite)
         assert len(dswiglu_recorded) == 1, (gate.stride(), up.stride())
         for g, w in zip(got, want):
             assert torch.equal(g, w)
+
 
 #: DSWIGLU_CANDIDATES indices that compile without spills (triton 3.6.0 and 3.7.1, ptxas -v, with and without RECOMPUTE_ACT);
 #: config 1 (32x64 epilogue pieces) spills 60 B (24 B recomputing act), so nothing is asserted on it.
@@ -875,7 +902,8 @@ def check_dswiglu_compiles(report: dict) -> None:
     results = report["results"]
     n = len(DSWIGLU_CANDIDATES)
     assert {(r["index"], r["recompute"]) for r in results if not r["T_is_one"] and r["pdl"] == 0} == {
-        (i, rec) for i in range(n) for rec in (False, True)}
+        (i, rec) for i in range(n) for rec in (False, True)
+    }
     assert any(r["T_is_one"] for r in results)
     assert {r["pdl"] for r in results} == {0, 1, 2}
     for r in results:
@@ -906,18 +934,42 @@ def test_dswiglu_compile_check_can_fail():
 
     def entry(i, rec, t1=False, **kw):
         cfg = DSWIGLU_CANDIDATES[i]
-        return {"index": i, "config": cfg.__dict__, "recompute": rec, "T_is_one": t1, "error": None,
-                "shared": cfg.smem_bytes() - 724, "regs": cfg.maxnreg, "spills": 60 if i not in DSWIGLU_SPILL_FREE else 0,
-                "wgmma": 4, "tma_load": 5, "tma_store": 0, "setmaxnreg": 10, "ld_global_v4": 8, "st_global_v4": 6,
-                "pdl": 0, "gdc_wait": 0, "gdc_trigger": 0, "wait_before_access": False, "trigger_before_access": False,
-                **kw}
+        return {
+            "index": i,
+            "config": cfg.__dict__,
+            "recompute": rec,
+            "T_is_one": t1,
+            "error": None,
+            "shared": cfg.smem_bytes() - 724,
+            "regs": cfg.maxnreg,
+            "spills": 60 if i not in DSWIGLU_SPILL_FREE else 0,
+            "wgmma": 4,
+            "tma_load": 5,
+            "tma_store": 0,
+            "setmaxnreg": 10,
+            "ld_global_v4": 8,
+            "st_global_v4": 6,
+            "pdl": 0,
+            "gdc_wait": 0,
+            "gdc_trigger": 0,
+            "wait_before_access": False,
+            "trigger_before_access": False,
+            **kw,
+        }
 
     pdl_on = dict(gdc_wait=1, gdc_trigger=1, wait_before_access=True)
     good = [entry(i, rec) for i in range(len(DSWIGLU_CANDIDATES)) for rec in (False, True)] + [entry(0, False, True)]
     good += [entry(0, False, pdl=1, trigger_before_access=True, **pdl_on), entry(0, False, pdl=2, **pdl_on)]
     check_dswiglu_compiles({"triton": GLUON_TRITONS[0] + ".0", "results": good})
-    for bad in ({"spills": 8}, {"wgmma": 0}, {"tma_store": 1}, {"shared": 240000}, {"error": "CompilationError"},
-                {"regs": 256}, {"gdc_wait": 1}):
+    for bad in (
+        {"spills": 8},
+        {"wgmma": 0},
+        {"tma_store": 1},
+        {"shared": 240000},
+        {"error": "CompilationError"},
+        {"regs": 256},
+        {"gdc_wait": 1},
+    ):
         results = [dict(r) for r in good]
         results[0].update(bad)
         with pytest.raises(AssertionError):
@@ -999,7 +1051,7 @@ def _dswiglu_inputs(T, H, I, seed):
     """go, dw, gate, up, act as the backward sees them (act = bf16(silu(gate)), the forward's)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     go = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
-    dw = (torch.randn(H, I, device="cuda", generator=gen) * H ** -0.5).to(torch.bfloat16)
+    dw = (torch.randn(H, I, device="cuda", generator=gen) * H**-0.5).to(torch.bfloat16)
     gate = (torch.randn(T, I, device="cuda", generator=gen) * 2.0).to(torch.bfloat16)
     up = torch.randn(T, I, device="cuda", generator=gen).to(torch.bfloat16)
     act = (gate.float() * torch.sigmoid(gate.float())).to(torch.bfloat16)
@@ -1025,11 +1077,13 @@ def _dswiglu_runs_or_fail(index: int) -> None:
     """Run config ``index`` once in a subprocess with a time limit before the in-process test: a
     never-run warp-specialized kernel may deadlock on an mbarrier, which would hang pytest."""
     if index not in _DSWIGLU_SMOKE:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "lab"),
-                                                            os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "lab"), os.environ.get("PYTHONPATH", "")])
+        )
         try:
-            proc = subprocess.run([sys.executable, "-c", _SMOKE_CODE, str(index)], env=env, capture_output=True,
-                                  text=True, timeout=180)
+            proc = subprocess.run(
+                [sys.executable, "-c", _SMOKE_CODE, str(index)], env=env, capture_output=True, text=True, timeout=180
+            )
             ok = proc.returncode == 0 and proc.stdout.strip().endswith("ok")
             _DSWIGLU_SMOKE[index] = None if ok else f"exit {proc.returncode}: {proc.stderr[-2000:]}"
         except subprocess.TimeoutExpired:
@@ -1040,8 +1094,7 @@ def _dswiglu_runs_or_fail(index: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("recompute", [False, True], ids=["act", "recompute"])
-@pytest.mark.parametrize("T, H, I", [(1, 520, 1176), (77, 384, 520), (300, 1000, 1176), (128, 16384, 53248),
-                                     (512, 16384, 53248)])
+@pytest.mark.parametrize("T, H, I", [(1, 520, 1176), (77, 384, 520), (300, 1000, 1176), (128, 16384, 53248), (512, 16384, 53248)])
 @pytest.mark.parametrize("index", range(len(DSWIGLU_CANDIDATES)))  # every candidate, however many
 def test_gluon_dswiglu_bitwise_tl(index, T, H, I, recompute):
     """The Gluon dSwiGLU kernel (candidate ``index``) against the tl kernel (backward.launch_dswiglu):
@@ -1065,16 +1118,29 @@ def test_gluon_dswiglu_bitwise_tl(index, T, H, I, recompute):
         same = g.view(torch.int16) == w.view(torch.int16)
         if not same.all():
             diff = torch.nan_to_num((g.float() - w.float()).abs(), nan=float("inf"))
-            report.append(f"{name}: {same.float().mean().item():.6f} bitwise equal, {torch.isnan(g).sum().item()} NaN, "
-                          f"max abs diff {diff.max().item():.3g}")
+            report.append(
+                f"{name}: {same.float().mean().item():.6f} bitwise equal, {torch.isnan(g).sum().item()} NaN, "
+                f"max abs diff {diff.max().item():.3g}"
+            )
     assert not report, f"config {index} ({cfg.name()}), T={T} H={H} I={I} recompute={recompute}: " + "; ".join(report)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["act", "recompute", "overwrite"])
-@pytest.mark.parametrize("T, H, I", [(129, 1000, 1176), (300, 1000, 1176), (700, 384, 2056), (1500, 1000, 1176),
-                                     (2984, 520, 1176), (5000, 384, 520), (300, 16384, 53248),
-                                     (1500, 4096, 14336), (4500, 4096, 14336)])  # the shape's own entries
+@pytest.mark.parametrize(
+    "T, H, I",
+    [
+        (129, 1000, 1176),
+        (300, 1000, 1176),
+        (700, 384, 2056),
+        (1500, 1000, 1176),
+        (2984, 520, 1176),
+        (5000, 384, 520),
+        (300, 16384, 53248),
+        (1500, 4096, 14336),
+        (4500, 4096, 14336),
+    ],
+)  # the shape's own entries
 def test_backward_with_gluon_dswiglu_bitwise_tl(T, H, I, mode):
     """The whole backward as dispatched (Gluon dSwiGLU from the table) against the same backward
     with the tl dSwiGLU kernel: all four gradients bitwise equal, NaN-poisoned outputs, in each
@@ -1093,8 +1159,9 @@ def test_backward_with_gluon_dswiglu_bitwise_tl(T, H, I, mode):
         if mode == "overwrite":
             a[2], a[3] = a[2].clone(), a[3].clone()
         out = tuple(torch.full(s, float("nan"), device="cuda", dtype=torch.bfloat16) for s in shapes)
-        results.append(backward.triton_swiglu_backward(*a, configs=plan_configs, out=out,
-                                                       overwrite_activations=mode == "overwrite"))
+        results.append(
+            backward.triton_swiglu_backward(*a, configs=plan_configs, out=out, overwrite_activations=mode == "overwrite")
+        )
     torch.cuda.synchronize()
     for name, g, w in zip(("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight"), *results):
         assert not torch.isnan(w).any(), f"{name}: the tl path left NaN"

@@ -105,9 +105,16 @@ def test_repeated_runs_are_bitwise_equal(device):
     """The finisher adds the runs in run order: the same bits whichever program arrives last."""
     T, H, I = SHAPES[1]
     inp = make_inputs(1, T, H, I, seed=fresh_seed(), device=device)
-    runs = [triton_swiglu_backward(*inp.as_tuple(), configs={**SMALL_CONFIGS, "grad_x": SPLIT},
-                                   need_grad_gate_weight=False, need_grad_up_weight=False,
-                                   need_grad_down_weight=False)[0] for _ in range(2)]
+    runs = [
+        triton_swiglu_backward(
+            *inp.as_tuple(),
+            configs={**SMALL_CONFIGS, "grad_x": SPLIT},
+            need_grad_gate_weight=False,
+            need_grad_up_weight=False,
+            need_grad_down_weight=False,
+        )[0]
+        for _ in range(2)
+    ]
     assert torch.equal(runs[0], runs[1])
 
 

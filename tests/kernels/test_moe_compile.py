@@ -31,8 +31,7 @@ def test_moe_kernels_compile_for_sm90_and_pipeline(which):
     if which == "extra":
         paths.insert(0, os.environ["SWIGLU_EXTRA_TRITON_DIR"])
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, str(WORKER), json.dumps(SHAPES)], env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run([sys.executable, str(WORKER), json.dumps(SHAPES)], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     errors = [r for r in report["results"] if r["error"]]

@@ -89,8 +89,7 @@ def test_cuda_graph_replay_is_bitwise_eager():
     results of the same inputs."""
     T, H, I, E, k = 512, 1024, 512, 16, 4
     seed = fresh_seed()
-    first, second = (make_moe(seed + i, T, H, I, E, k, kind=kind, device="cuda")
-                     for i, kind in enumerate(("balanced", "skewed")))
+    first, second = (make_moe(seed + i, T, H, I, E, k, kind=kind, device="cuda") for i, kind in enumerate(("balanced", "skewed")))
     static = [t.detach().clone() for t in first.flat()]
     x, idx, w, gu, dp, go = static
     leaves = [t.requires_grad_(True) for t in (x, w, gu, dp)]

@@ -22,8 +22,18 @@ import swiglu
 import swiglu.kernels.moe as kmoe
 from swiglu.moe import moe_float64, moe_reference
 
-from moe_checks import (NAMES, assert_matches, bound_failure, check_impl, failures, fresh_seed, make_moe, oracle, run,
-                        same_rounding)
+from moe_checks import (
+    NAMES,
+    assert_matches,
+    bound_failure,
+    check_impl,
+    failures,
+    fresh_seed,
+    make_moe,
+    oracle,
+    run,
+    same_rounding,
+)
 
 PAD = 64
 
@@ -42,8 +52,7 @@ CASES = {
 
 
 def _assert_untouched(inp, before, seed):
-    for name, t, b in zip(("x", "top_k_index", "top_k_weights", "gate_up_proj", "down_proj", "grad_out"),
-                          inp.tensors(), before):
+    for name, t, b in zip(("x", "top_k_index", "top_k_weights", "gate_up_proj", "down_proj", "grad_out"), inp.tensors(), before):
         assert torch.equal(t, b), f"seed={seed}: {name} was modified"
 
 
@@ -108,8 +117,7 @@ def test_non_contiguous_inputs(device):
     inp.top_k_weights = torch.stack([inp.top_k_weights, inp.top_k_weights], dim=2)[:, :, 1]
     inp.gate_up_proj = wide(inp.gate_up_proj, 2)[:, :, :H]
     inp.down_proj = wide(inp.down_proj, 0)[E:]
-    assert not any(t.is_contiguous() for t in (inp.x, inp.grad_out, inp.top_k_index, inp.top_k_weights,
-                                               inp.gate_up_proj))
+    assert not any(t.is_contiguous() for t in (inp.x, inp.grad_out, inp.top_k_index, inp.top_k_weights, inp.gate_up_proj))
     check_impl(inp, "triton", seed)
 
 
@@ -159,8 +167,7 @@ class _Guarded:
                 copies.append((name, t, view, buf))
             self.kernel[grid](*args, **kwargs)
             for name, t, view, buf in copies:
-                assert _intact(buf[:PAD]) and _intact(buf[-PAD:]), \
-                    f"{self.kernel.fn.__name__}: store outside {name}"
+                assert _intact(buf[:PAD]) and _intact(buf[-PAD:]), f"{self.kernel.fn.__name__}: store outside {name}"
                 t.copy_(view)
             self.launches.append(self.kernel.fn.__name__)
 
@@ -300,8 +307,7 @@ def test_checker_rejects_one_expert_weight_gradient_scaled(device, monkeypatch):
     real = kmoe.moe_backward
 
     def planted(grad_out, x, top_k_index, top_k_weights, *rest, **kw):
-        return real(grad_out, x, top_k_index, _scaled_weights(top_k_weights, top_k_index == target, 1.001), *rest,
-                    **kw)
+        return real(grad_out, x, top_k_index, _scaled_weights(top_k_weights, top_k_index == target, 1.001), *rest, **kw)
 
     monkeypatch.setattr(kmoe, "moe_backward", planted)
     bad = run(inp, "triton")
@@ -328,10 +334,10 @@ def test_checker_rejects_one_pair_output_scaled(device, monkeypatch):
     real = kmoe.moe_forward
     mask = torch.zeros(T, k, dtype=torch.bool, device=device)
     mask[t, 0] = True
-    monkeypatch.setattr(kmoe, "moe_forward", lambda x, i, w, *a, **kw: real(x, i, _scaled_weights(w, mask, 1.001), *a,
-                                                                           **kw))
+    monkeypatch.setattr(kmoe, "moe_forward", lambda x, i, w, *a, **kw: real(x, i, _scaled_weights(w, mask, 1.001), *a, **kw))
     with torch.no_grad():
         bad = swiglu.swiglu_moe(x, idx, w, gu, dp, impl="triton")
     assert torch.equal(bad[0], got[0]) and not torch.equal(bad[t], got[t])
-    assert bound_failure(f"out[{t}]", bad[t], ref[t], o[t]) is not None, \
+    assert bound_failure(f"out[{t}]", bad[t], ref[t], o[t]) is not None, (
         f"seed={seed}: a 0.1% error in one pair's output passed the check"
+    )

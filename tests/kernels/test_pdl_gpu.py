@@ -43,8 +43,9 @@ def _backward(tensors, T, H, I, lean=False):
     return backward.triton_swiglu_backward(*args, out=_poisoned(T, H, I))
 
 
-@pytest.mark.parametrize("T, H, I", [(1, 520, 1176), (77, 384, 520), (300, 1000, 1176), (1500, 4096, 14336),
-                                     (128, 16384, 53248), (512, 16384, 53248)])
+@pytest.mark.parametrize(
+    "T, H, I", [(1, 520, 1176), (77, 384, 520), (300, 1000, 1176), (1500, 4096, 14336), (128, 16384, 53248), (512, 16384, 53248)]
+)
 def test_pdl_gives_the_bits_of_plain_launches(restore_pdl, T, H, I):
     """The backward (both dSwiGLU kernels' buckets, lean and not) and the fused forward in every
     PDL mode: bitwise equal, every output written, and right by the benchmark's criterion."""
@@ -53,15 +54,16 @@ def test_pdl_gives_the_bits_of_plain_launches(restore_pdl, T, H, I):
     results = {}
     for pdl in launch.PDL_MODES:
         launch.set_pdl(pdl)
-        results[pdl] = (*_backward(tensors, T, H, I), *_backward(tensors, T, H, I, lean=True),
-                        *forward.triton_swiglu_forward(x, *weights, config=forward.FUSED_CANDIDATES["fused_128"],
-                                                       return_activated_gate=True))
+        results[pdl] = (
+            *_backward(tensors, T, H, I),
+            *_backward(tensors, T, H, I, lean=True),
+            *forward.triton_swiglu_forward(x, *weights, config=forward.FUSED_CANDIDATES["fused_128"], return_activated_gate=True),
+        )
     torch.cuda.synchronize()
     for mode in launch.PDL_MODES[1:]:
         for i, (a, b) in enumerate(zip(results[0], results[mode])):
             assert not torch.isnan(b).any(), f"output {i} with PDL {mode} left NaN (unwritten)"
-            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), \
-                f"output {i} differs with PDL {mode}, T={T} H={H} I={I}"
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"output {i} differs with PDL {mode}, T={T} H={H} I={I}"
     for name, got, ref in zip(NAMES, results[1], reference_backward(*tensors)):
         assert benchmark_criterion(got, ref, 0.13).passed, name
 

@@ -55,9 +55,15 @@ def _check(got, want, label):
 def test_alternating_calls_match_the_oracle_and_a_fresh_state(device):
     frozen_sets = [(), ("gate",), ("x", "down")]
     runs = []
-    for i, ((T, H, I), frozen, save, transposed, impl) in enumerate(zip(
-            SHAPES * 2, itertools.cycle(frozen_sets), itertools.cycle([False, True]),
-            itertools.cycle([False, False, True]), itertools.cycle(["triton", "triton", "reference"]))):
+    for i, ((T, H, I), frozen, save, transposed, impl) in enumerate(
+        zip(
+            SHAPES * 2,
+            itertools.cycle(frozen_sets),
+            itertools.cycle([False, True]),
+            itertools.cycle([False, False, True]),
+            itertools.cycle(["triton", "triton", "reference"]),
+        )
+    ):
         x, go, *w = _inputs(T, H, I, i, device, transposed)
         got = _grads(x, go, w, impl, frozen, save)
         label = f"call {i} (T={T}, H={H}, I={I}, {impl}, frozen={frozen}, save={save}, transposed={transposed})"
@@ -83,9 +89,17 @@ def test_threads_deciding_at_once(device):
     dev = backward.plan_device(torch.device(device))
 
     def answers():
-        return [(backward.backward_plan(T, H, I, dev),
-                 ops.resolve_impl("triton", torch.empty(1, H, dtype=torch.bfloat16, device=device),
-                                  torch.empty(I, H, dtype=torch.bfloat16, device=device))) for T, H, I in keys]
+        return [
+            (
+                backward.backward_plan(T, H, I, dev),
+                ops.resolve_impl(
+                    "triton",
+                    torch.empty(1, H, dtype=torch.bfloat16, device=device),
+                    torch.empty(I, H, dtype=torch.bfloat16, device=device),
+                ),
+            )
+            for T, H, I in keys
+        ]
 
     alone = answers()
     ops.clear_plans()
@@ -174,6 +188,7 @@ def test_launch_reuses_the_compiled_kernel_with_the_same_arguments(monkeypatch):
             def run(*args, **kwargs):
                 jit_calls.append((grid, args, kwargs))
                 return Compiled()
+
             return run
 
     k = Kernel()
@@ -189,8 +204,7 @@ def test_plan_programs_follow_reserved_sms(monkeypatch):
     bench changes it between runs): a plan made before the change is not served after it."""
     from swiglu.kernels import backward, devices
 
-    monkeypatch.setattr(devices, "num_programs",
-                        lambda device, tiles, persistent=True: min(tiles, 132 - devices.RESERVED_SMS))
+    monkeypatch.setattr(devices, "num_programs", lambda device, tiles, persistent=True: min(tiles, 132 - devices.RESERVED_SMS))
     ops.clear_plans()
     dev = torch.device("cpu")
     before = backward.backward_plan(4096, 16384, 53248, dev)

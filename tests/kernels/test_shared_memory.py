@@ -19,8 +19,9 @@ from swiglu.kernels.backward import CONFIGS, KernelConfig, triton_swiglu_backwar
 
 from triton_checks import SMALL, SMALL_CONFIGS
 
-OVERSIZED_DSWIGLU = KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True,
-                             flatten=True)
+OVERSIZED_DSWIGLU = KernelConfig(
+    BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True, flatten=True
+)
 
 
 @pytest.fixture
@@ -43,8 +44,11 @@ def test_every_table_config_fits(kernel):
 OVERSIZED = KernelConfig(BM=256, BN=256, BK=128, EPI_SPLIT=2, num_stages=4, num_warps=8)
 
 
-@pytest.mark.parametrize("kernel,cfg", [("dswiglu", OVERSIZED_DSWIGLU), ("grad_weights", OVERSIZED), ("grad_x", OVERSIZED)],
-                         ids=["dswiglu-oversized", "grad_weights-oversized", "grad_x-oversized"])
+@pytest.mark.parametrize(
+    "kernel,cfg",
+    [("dswiglu", OVERSIZED_DSWIGLU), ("grad_weights", OVERSIZED), ("grad_x", OVERSIZED)],
+    ids=["dswiglu-oversized", "grad_weights-oversized", "grad_x-oversized"],
+)
 def test_oversized_config_rejected_before_launch(device, no_kernel_launch, kernel, cfg):
     inp = make_inputs(1, 8, 16, 24, seed=0, device=device)
     configs = {**SMALL_CONFIGS, kernel: cfg}
@@ -52,8 +56,11 @@ def test_oversized_config_rejected_before_launch(device, no_kernel_launch, kerne
     est = estimate_shared_memory(kernel, cfg)
     limit = shared_memory.shared_memory_limit(device)
     assert est > limit
-    with pytest.raises(ValueError, match=rf"^{name} \('{kernel}'\) with KernelConfig\(BM={cfg.BM}, BN={cfg.BN}, "
-                                         rf"BK={cfg.BK}.* needs about {est} bytes .* {limit} bytes per block"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{name} \('{kernel}'\) with KernelConfig\(BM={cfg.BM}, BN={cfg.BN}, "
+        rf"BK={cfg.BK}.* needs about {est} bytes .* {limit} bytes per block",
+    ):
         triton_swiglu_backward(*inp.as_tuple(), configs=configs)
 
 

@@ -310,8 +310,9 @@ def test_epilogue_rounding_matches_reference_bitwise(device):
     # same-rounding reference (one fp32 accumulator, as the kernel) and the float64 rule. The
     # benchmark's reference rounds its two GEMMs to bf16 before adding them; with 64 elements one
     # cancellation can fail the benchmark criterion against it although the kernel is closer to float64.
-    sums, allowance = same_rounding_fp32(inp.as_tuple(), need_grad_gate_weight=False,
-                                         need_grad_up_weight=False, need_grad_down_weight=False)
+    sums, allowance = same_rounding_fp32(
+        inp.as_tuple(), need_grad_gate_weight=False, need_grad_up_weight=False, need_grad_down_weight=False
+    )
     check_ulps("grad_x", got[0], sums[0].to(torch.bfloat16), seed, allowance[0], sum32=sums[0])
     oracle = float64_backward(*inp.as_tuple())[0]
     e_t, e_r = relative_error(got[0], oracle), relative_error(ref[0], oracle)
@@ -352,8 +353,11 @@ def _misaligned(t):
     return view
 
 
-@pytest.mark.parametrize("index", range(8), ids=["grad_output", "x", "gate_output", "up_output", "activated_gate",
-                                                 "gate_weight", "up_weight", "down_weight"])
+@pytest.mark.parametrize(
+    "index",
+    range(8),
+    ids=["grad_output", "x", "gate_output", "up_output", "activated_gate", "gate_weight", "up_weight", "down_weight"],
+)
 def test_misaligned_contiguous_input(device, index):
     seed = _seed()
     inp = make_inputs(1, 9, 16, 24, seed=seed, device=device)

@@ -93,8 +93,13 @@ def _arg_spec(name: str, value, spec: dict) -> None:
 def _launch_spec(kernel_name: str, fn, args, kwargs) -> dict:
     """The compile specification (signature, constexprs, attributes, options) of one launch."""
     kwargs = dict(kwargs)
-    spec = {"kernel": kernel_name, "signature": {}, "constexprs": {}, "divisible_by_16": [],
-            "options": {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}}
+    spec = {
+        "kernel": kernel_name,
+        "signature": {},
+        "constexprs": {},
+        "divisible_by_16": [],
+        "options": {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs},
+    }
     params = inspect.signature(fn).parameters
     for name, value in inspect.signature(fn).bind(*args, **kwargs).arguments.items():
         if "constexpr" in str(params[name].annotation):
@@ -123,8 +128,15 @@ def _meta_inputs(tokens: int) -> list[torch.Tensor]:
     return [torch.empty(s, dtype=torch.bfloat16, device="meta") for s in shapes]
 
 
-def record_launches(tokens: int, configs: dict | None = None, check_shared: bool = True, *, lean: bool = False,
-                    forward_config="no forward", **need) -> list[dict]:
+def record_launches(
+    tokens: int,
+    configs: dict | None = None,
+    check_shared: bool = True,
+    *,
+    lean: bool = False,
+    forward_config="no forward",
+    **need,
+) -> list[dict]:
     """The kernel launches of ``triton_swiglu_backward`` at ``tokens`` on the H200 (132 SMs), as
     compile specs, without running anything. ``lean``: activated_gate is recomputed (None);
     ``forward_config`` (``"auto"``, None or a KernelConfig): record ``triton_swiglu_forward``'s
@@ -162,16 +174,21 @@ def _spec_key(spec: dict) -> str:
 
 def _label(spec: dict) -> str:
     c, o = spec["constexprs"], spec["options"]
-    flags = "".join(f"-{f}" for f, on in (("ws", c.get("WARP_SPECIALIZE")), ("flat", c.get("FLATTEN")),
-                                          ("plainstore", c.get("TMA_STORE") is False)) if on)
+    flags = "".join(
+        f"-{f}"
+        for f, on in (("ws", c.get("WARP_SPECIALIZE")), ("flat", c.get("FLATTEN")), ("plainstore", c.get("TMA_STORE") is False))
+        if on
+    )
     extra = ""
     ints = [n for n in ("T", "K_PAD", "NUM_PROGRAMS", "numel") if n in spec["divisible_by_16"]]  # varies with T
     ints = f"-div16:{'+'.join(ints)}" if ints else ""
     if spec["kernel"] == "swiglu_product_kernel":
         return f"{spec['kernel']}-B{c['BLOCK']}-w{o['num_warps']}{ints}"
     extra += "-recompute" if c.get("RECOMPUTE_ACT") else ""
-    return (f"{spec['kernel']}-{c['BM']}x{c['BN']}x{c['BK']}-s{o['num_stages']}w{o['num_warps']}"
-            f"-G{c['GROUP_M']}-E{c['EPI_SPLIT']}{flags}{extra}{ints}")
+    return (
+        f"{spec['kernel']}-{c['BM']}x{c['BN']}x{c['BK']}-s{o['num_stages']}w{o['num_warps']}"
+        f"-G{c['GROUP_M']}-E{c['EPI_SPLIT']}{flags}{extra}{ints}"
+    )
 
 
 def launch_specs() -> list[dict]:
@@ -184,10 +201,15 @@ def launch_specs() -> list[dict]:
     unique: dict[str, dict] = {}
     # The memory-lean mode: the backward with RECOMPUTE_ACT (all gradients, and grad_down_weight
     # alone: the product kernel), the forward's table and every fused candidate.
-    calls = [{}, dict(need_grad_x=False, need_grad_up_weight=False, need_grad_down_weight=False), dict(lean=True),
-             dict(lean=True, need_grad_x=False, need_grad_gate_weight=False, need_grad_up_weight=False),
-             dict(forward_config="auto"), *(dict(forward_config=c) for c in forward.FUSED_CANDIDATES.values()),
-             *(dict(configs={"grad_x": c}) for c in triton_backward.GRAD_X_NARROW)]  # planned where H is small
+    calls = [
+        {},
+        dict(need_grad_x=False, need_grad_up_weight=False, need_grad_down_weight=False),
+        dict(lean=True),
+        dict(lean=True, need_grad_x=False, need_grad_gate_weight=False, need_grad_up_weight=False),
+        dict(forward_config="auto"),
+        *(dict(forward_config=c) for c in forward.FUSED_CANDIDATES.values()),
+        *(dict(configs={"grad_x": c}) for c in triton_backward.GRAD_X_NARROW),
+    ]  # planned where H is small
     for tokens in token_counts:
         for call in calls:
             for spec in record_launches(tokens, **call):
@@ -198,16 +220,24 @@ def launch_specs() -> list[dict]:
 
 def oversized_spec() -> dict:
     """grad_x's launch with ``OVERSIZED``: must be reported as over the shared memory limit."""
-    launches = record_launches(4096, configs={"grad_x": OVERSIZED}, check_shared=False, need_grad_gate_weight=False,
-                               need_grad_up_weight=False, need_grad_down_weight=False)
+    launches = record_launches(
+        4096,
+        configs={"grad_x": OVERSIZED},
+        check_shared=False,
+        need_grad_gate_weight=False,
+        need_grad_up_weight=False,
+        need_grad_down_weight=False,
+    )
     (spec,) = [s for s in launches if s["kernel"] == KERNEL_NAMES["grad_x"]]
     return spec
 
 
 #: An example that fails deep inside Triton without the check: 128x256x64 tiles, 3 stages, unsplit epilogue, flattened warp-specialized
 #: loop: 279576 bytes of shared memory with triton 3.6-3.7, against the H200's 232448.
-OVERSIZED_EXAMPLE = ("dswiglu", KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8,
-                                         warp_specialize=True, flatten=True))
+OVERSIZED_EXAMPLE = (
+    "dswiglu",
+    KernelConfig(BM=128, BN=256, BK=64, EPI_SPLIT=1, num_stages=3, num_warps=8, warp_specialize=True, flatten=True),
+)
 
 
 def _calibration_configs() -> list[tuple[str, KernelConfig]]:
@@ -219,8 +249,9 @@ def _calibration_configs() -> list[tuple[str, KernelConfig]]:
         for epi, ws, flat in itertools.product((1, 2, 4), (False, True), (False, True)):
             out.append((kernel, KernelConfig(EPI_SPLIT=epi, warp_specialize=ws, flatten=flat)))
         for epi, ws, flat in ((1, False, False), (4, False, True), (1, True, False), (4, True, True)):
-            out.append((kernel, KernelConfig(BM=64, BN=256, num_stages=4, num_warps=8, EPI_SPLIT=epi,
-                                             warp_specialize=ws, flatten=flat)))
+            out.append(
+                (kernel, KernelConfig(BM=64, BN=256, num_stages=4, num_warps=8, EPI_SPLIT=epi, warp_specialize=ws, flatten=flat))
+            )
         for ws in (False, True):
             out.append((kernel, KernelConfig(BM=64, BN=128, num_stages=3, num_warps=4, EPI_SPLIT=2, warp_specialize=ws)))
     for flat in (False, True):
@@ -232,10 +263,19 @@ def _config_of(spec: dict) -> tuple[str, KernelConfig]:
     """(launcher kernel key, KernelConfig) a compile spec was recorded with."""
     c, o = spec["constexprs"], spec["options"]
     kernel = {**{v: k for k, v in KERNEL_NAMES.items()}, SPLIT_TAIL_KERNEL: "grad_x"}[spec["kernel"]]
-    return kernel, KernelConfig(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], EPI_SPLIT=c["EPI_SPLIT"],
-                                num_stages=o["num_stages"], num_warps=o["num_warps"],
-                                warp_specialize=c["WARP_SPECIALIZE"], flatten=c["FLATTEN"],
-                                tma_store=c.get("TMA_STORE", True), split_tail=spec["kernel"] == SPLIT_TAIL_KERNEL)
+    return kernel, KernelConfig(
+        BM=c["BM"],
+        BN=c["BN"],
+        BK=c["BK"],
+        GROUP_M=c["GROUP_M"],
+        EPI_SPLIT=c["EPI_SPLIT"],
+        num_stages=o["num_stages"],
+        num_warps=o["num_warps"],
+        warp_specialize=c["WARP_SPECIALIZE"],
+        flatten=c["FLATTEN"],
+        tma_store=c.get("TMA_STORE", True),
+        split_tail=spec["kernel"] == SPLIT_TAIL_KERNEL,
+    )
 
 
 def calibration_specs() -> list[dict]:
@@ -270,8 +310,9 @@ def start_compile(specs: list[dict], cache_dir, triton_dir: str | None = None):
     results_path = os.path.join(cache_dir, "results.json")
     # Output to files, not pipes: a pipe nobody reads yet could fill and stall the worker.
     logs = [open(os.path.join(cache_dir, name), "w+") for name in ("stdout.txt", "stderr.txt")]
-    proc = subprocess.Popen([sys.executable, WORKER, results_path], stdin=subprocess.PIPE, stdout=logs[0],
-                            stderr=logs[1], env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, results_path], stdin=subprocess.PIPE, stdout=logs[0], stderr=logs[1], env=env, text=True
+    )
     proc.stdin.write(json.dumps(specs))
     proc.stdin.close()
     return proc, results_path, logs
@@ -310,6 +351,7 @@ def problems(result: dict, dots: bool = True, pdl: int = 0) -> list[str]:
 
 # ---------------------------------------------------------------- tests
 
+
 def pdl_specs(specs: list[dict]) -> list[dict]:
     """Each kernel's first table launch again in PDL modes 1 and 2 (the table's launches are the
     default, mode 0), for the ordering check."""
@@ -317,8 +359,7 @@ def pdl_specs(specs: list[dict]) -> list[dict]:
     for s in specs:
         if not {"oversized", "calibration"} & set(map(str, s["uses"])):
             first.setdefault(s["kernel"], s)
-    return [{**s, "constexprs": {**s["constexprs"], "PDL": mode}, "uses": ["pdl"]} for s in first.values()
-            for mode in (1, 2)]
+    return [{**s, "constexprs": {**s["constexprs"], "PDL": mode}, "uses": ["pdl"]} for s in first.values() for mode in (1, 2)]
 
 
 _SPECS: list[dict] = []
@@ -381,13 +422,25 @@ def test_every_config_is_launched():
     specs = _table_specs()
     for kernel, table in CONFIGS.items():
         for cfg in set(table.values()):
-            want = {"BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "GROUP_M": cfg.GROUP_M, "EPI_SPLIT": cfg.EPI_SPLIT,
-                    "WARP_SPECIALIZE": cfg.warp_specialize, "FLATTEN": cfg.flatten, "UPCAST": False}
+            want = {
+                "BM": cfg.BM,
+                "BN": cfg.BN,
+                "BK": cfg.BK,
+                "GROUP_M": cfg.GROUP_M,
+                "EPI_SPLIT": cfg.EPI_SPLIT,
+                "WARP_SPECIALIZE": cfg.warp_specialize,
+                "FLATTEN": cfg.flatten,
+                "UPCAST": False,
+            }
             if kernel == "grad_weights":
                 want["TMA_STORE"] = cfg.tma_store
-            hits = [s for s in specs if s["kernel"] == KERNEL_NAMES[kernel]
-                    and want.items() <= s["constexprs"].items()
-                    and s["options"] == {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}]
+            hits = [
+                s
+                for s in specs
+                if s["kernel"] == KERNEL_NAMES[kernel]
+                and want.items() <= s["constexprs"].items()
+                and s["options"] == {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            ]
             assert hits, f"{kernel} config {cfg} is never launched by the recorded calls"
     # dswiglu's piece descriptors are [BM, BN // EPI_SPLIT]; grad_weight reads A transposed [BK, BM].
     for s in specs:
@@ -406,12 +459,20 @@ def test_every_config_is_launched():
     # The lean mode's kernels are among the compiled: the recompute epilogue, both forward paths,
     # and every fused candidate of the forward's table.
     kinds = {(s["kernel"], s["constexprs"].get("RECOMPUTE_ACT")) for s in specs}
-    assert {("dswiglu_gemm_kernel", True), ("dswiglu_gemm_kernel", False), ("swiglu_product_kernel", None),
-            ("swiglu_forward_kernel", None)} <= kinds
+    assert {
+        ("dswiglu_gemm_kernel", True),
+        ("dswiglu_gemm_kernel", False),
+        ("swiglu_product_kernel", None),
+        ("swiglu_forward_kernel", None),
+    } <= kinds
     fused = [s for s in specs if s["kernel"] == "swiglu_forward_kernel"]
     for cfg in {*forward.FUSED_CANDIDATES.values(), *(c for c in forward.FORWARD_CONFIGS.values() if c)}:
-        assert any(s["constexprs"]["BM"] == cfg.BM and s["constexprs"]["BN"] == cfg.BN
-                   and s["options"] == {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages} for s in fused), cfg
+        assert any(
+            s["constexprs"]["BM"] == cfg.BM
+            and s["constexprs"]["BN"] == cfg.BN
+            and s["options"] == {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            for s in fused
+        ), cfg
 
 
 def _table_specs() -> list[dict]:
@@ -441,14 +502,21 @@ def test_pdl_modes_wait_before_any_global_access(compiled):
 def test_pdl_check_can_fail():
     """The ordering check rejects a wait after the first access, a missing or doubled
     instruction, PDL code in a plain launch and a trigger on the wrong side of the access."""
-    good = {1: dict(gdc_wait=1, gdc_trigger=1, wait_before_access=True, trigger_before_access=True),
-            2: dict(gdc_wait=1, gdc_trigger=1, wait_before_access=True, trigger_before_access=False),
-            0: dict(gdc_wait=0, gdc_trigger=0, wait_before_access=False, trigger_before_access=False)}
+    good = {
+        1: dict(gdc_wait=1, gdc_trigger=1, wait_before_access=True, trigger_before_access=True),
+        2: dict(gdc_wait=1, gdc_trigger=1, wait_before_access=True, trigger_before_access=False),
+        0: dict(gdc_wait=0, gdc_trigger=0, wait_before_access=False, trigger_before_access=False),
+    }
     for mode, r in good.items():
         assert pdl_problems(r, mode) == []
-    bad = [(1, dict(good[1], wait_before_access=False)), (1, dict(good[1], gdc_wait=2)), (2, dict(good[2], gdc_trigger=0)),
-           (0, dict(good[0], gdc_wait=1)), (1, dict(good[1], trigger_before_access=False)),
-           (2, dict(good[2], trigger_before_access=True))]
+    bad = [
+        (1, dict(good[1], wait_before_access=False)),
+        (1, dict(good[1], gdc_wait=2)),
+        (2, dict(good[2], gdc_trigger=0)),
+        (0, dict(good[0], gdc_wait=1)),
+        (1, dict(good[1], trigger_before_access=False)),
+        (2, dict(good[2], trigger_before_access=True)),
+    ]
     for mode, r in bad:
         assert pdl_problems(r, mode), (mode, r)
 
@@ -504,7 +572,9 @@ if __name__ == "__main__":  # the table: python tests/kernels/test_triton_compil
             version, results = compile_specs(specs, cache, triton_dir)
         for spec, res in zip(specs, results):
             est = estimate_shared_memory(*_config_of(spec)) if spec["kernel"] in KERNEL_NAMES.values() else "-"
-            print(f"{_label(spec):62s} shared {res.get('shared', '-'):>7} est {est:>7} "
-                  f"wgmma {res.get('wgmma_mma_async', '-'):>4} {res['seconds']:5.1f} s  tokens {spec['uses']}  "
-                  f"{'; '.join(problems(res, spec['kernel'] != 'swiglu_product_kernel')) or 'ok'}")
+            print(
+                f"{_label(spec):62s} shared {res.get('shared', '-'):>7} est {est:>7} "
+                f"wgmma {res.get('wgmma_mma_async', '-'):>4} {res['seconds']:5.1f} s  tokens {spec['uses']}  "
+                f"{'; '.join(problems(res, spec['kernel'] != 'swiglu_product_kernel')) or 'ok'}"
+            )
         print(f"{len(specs)} kernels compiled with triton {version} in {time.perf_counter() - start:.1f} s")

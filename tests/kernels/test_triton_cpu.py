@@ -56,17 +56,23 @@ def _distinct_configs():
     from swiglu.kernels.backward import GRAD_X_NARROW
 
     seen = []
-    for kernel, cfg in [(k, c) for k, table in CONFIGS.items() for c in table.values()] + \
-            [("grad_x", c) for c in GRAD_X_NARROW]:
+    for kernel, cfg in [(k, c) for k, table in CONFIGS.items() for c in table.values()] + [("grad_x", c) for c in GRAD_X_NARROW]:
         if (kernel, cfg) not in seen:
             seen.append((kernel, cfg))
     return seen
 
 
-@pytest.mark.parametrize("kernel,cfg", _distinct_configs(), ids=lambda v: v if isinstance(v, str) else
-                         f"{v.BM}x{v.BN}x{v.BK}_g{v.GROUP_M}_e{v.EPI_SPLIT}_s{v.num_stages}_w{v.num_warps}"
-                         f"{'_ws' if v.warp_specialize else ''}{'_fl' if v.flatten else ''}"
-                         f"{'' if v.persistent else '_np'}{'' if v.tma_store else '_st'}")
+@pytest.mark.parametrize(
+    "kernel,cfg",
+    _distinct_configs(),
+    ids=lambda v: (
+        v
+        if isinstance(v, str)
+        else f"{v.BM}x{v.BN}x{v.BK}_g{v.GROUP_M}_e{v.EPI_SPLIT}_s{v.num_stages}_w{v.num_warps}"
+        f"{'_ws' if v.warp_specialize else ''}{'_fl' if v.flatten else ''}"
+        f"{'' if v.persistent else '_np'}{'' if v.tma_store else '_st'}"
+    ),
+)
 def test_each_tuned_config_on_its_own(device, kernel, cfg):
     """The tuned config runs alone for its kernel (the others use small tiles), at a token count
     that is not a multiple of its tile and sizes that leave partial tiles in every dimension."""
@@ -79,8 +85,11 @@ def test_each_tuned_config_on_its_own(device, kernel, cfg):
     check(inp, got, seed)
 
 
-@pytest.mark.parametrize("variant", [{"persistent": False}, {"tma_store": False}, {"flatten": True}, {"EPI_SPLIT": 4},
-                                     {"EPI_SPLIT": 1}], ids=lambda v: next(iter(v)) + "=" + str(next(iter(v.values()))))
+@pytest.mark.parametrize(
+    "variant",
+    [{"persistent": False}, {"tma_store": False}, {"flatten": True}, {"EPI_SPLIT": 4}, {"EPI_SPLIT": 1}],
+    ids=lambda v: next(iter(v)) + "=" + str(next(iter(v.values()))),
+)
 def test_config_options(device, variant):
     seed = _seed()
     cfg = replace(SMALL, **variant)
@@ -93,8 +102,7 @@ def test_config_options(device, variant):
 def test_skipped_gradients(device, flags):
     seed = _seed()
     inp = make_inputs(1, 37, 64, 136, seed=seed, device=device)
-    need = dict(zip(("need_grad_x", "need_grad_gate_weight", "need_grad_up_weight", "need_grad_down_weight"),
-                    map(bool, flags)))
+    need = dict(zip(("need_grad_x", "need_grad_gate_weight", "need_grad_up_weight", "need_grad_down_weight"), map(bool, flags)))
     got = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS, **need)
     full = triton_swiglu_backward(*inp.as_tuple(), configs=SMALL_CONFIGS)
     for name, flag, g, f in zip(NAMES, flags, got, full):

@@ -69,20 +69,35 @@ def test_triton_full_size(case):
     failures = []
     for name, g, r in zip(NAMES, got, ref):
         crit = benchmark_criterion(g.reshape(r.shape), r, case.atol, case.rtol)
-        rows.append(dict(case=case.name, tokens=T, output=name, seed=seed, match_fraction=crit.match_fraction,
-                         nonfinite=crit.nonfinite, max_abs_error=crit.max_abs_error, criterion_passed=crit.passed))
+        rows.append(
+            dict(
+                case=case.name,
+                tokens=T,
+                output=name,
+                seed=seed,
+                match_fraction=crit.match_fraction,
+                nonfinite=crit.nonfinite,
+                max_abs_error=crit.max_abs_error,
+                criterion_passed=crit.passed,
+            )
+        )
         if not crit.passed:
             failures.append(f"{name}: benchmark criterion failed {crit}")
     sums, allowances = same_rounding_fp32(args)
     same = [f.to(torch.bfloat16) for f in sums]
     for row, g, s, a, f in zip(rows, got, same, allowances, sums):
         stats = ulp_stats(g.reshape(s.shape), s, a, f)
-        row.update(max_ulps=stats.max_ulps, max_excess_ulps=stats.max_excess_ulps, off_fraction=stats.off_fraction,
-                   gt1_fraction=stats.gt1_fraction, mean_rel=stats.mean_rel, se_rel=stats.se_rel,
-                   unexplained_fraction=stats.unexplained_fraction)
+        row.update(
+            max_ulps=stats.max_ulps,
+            max_excess_ulps=stats.max_excess_ulps,
+            off_fraction=stats.off_fraction,
+            gt1_fraction=stats.gt1_fraction,
+            mean_rel=stats.mean_rel,
+            se_rel=stats.se_rel,
+            unexplained_fraction=stats.unexplained_fraction,
+        )
         try:
-            check_ulps(row["output"], g.reshape(s.shape), s, seed, a, sum32=f,
-                       terms=2 * I if row["output"] == "grad_x" else T)
+            check_ulps(row["output"], g.reshape(s.shape), s, seed, a, sum32=f, terms=2 * I if row["output"] == "grad_x" else T)
         except AssertionError as e:
             failures.append(str(e))
     del allowances, sums
@@ -126,8 +141,9 @@ def test_intermediates_are_released_early(need_down, mode):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    got = triton_swiglu_backward(*args, need_grad_down_weight=need_down, overwrite_activations=mode != "default",
-                                 release_activations=mode == "release")
+    got = triton_swiglu_backward(
+        *args, need_grad_down_weight=need_down, overwrite_activations=mode != "default", release_activations=mode == "release"
+    )
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     assert expected - (2 << 20) <= peak <= expected + (2 << 20), f"peak {peak} B, launch order gives {expected} B"

@@ -163,8 +163,10 @@ def test_tables_and_figures_survive_a_failed_implementation(tmp_path):
     hw = analysis.hardware_table()
     points = table.assign(flop_per_byte=[roofline.arithmetic_intensity(t) for t in table["tokens"]])
     for name, fig in {
-        "lat": plots.latency_plot(table, "f"), "sp": plots.speedup_plot(table, "f"),
-        "sol": plots.sol_fraction_plot(table, "f"), "gm": plots.gmean_plot(summary.reset_index(), "f"),
+        "lat": plots.latency_plot(table, "f"),
+        "sp": plots.speedup_plot(table, "f"),
+        "sol": plots.sol_fraction_plot(table, "f"),
+        "gm": plots.gmean_plot(summary.reset_index(), "f"),
         "roof": plots.roofline_plot(hw, analysis.roofline_table(hardware=hw), points, "f"),
     }.items():
         paths = plots.save(fig, name, tmp_path / "fig", formats=("png", "pdf"))
@@ -231,8 +233,10 @@ def test_power_figures(tmp_path):
         assert all(p.stat().st_size > 1000 for p in paths)
 
 
-@pytest.mark.parametrize("name,loaded,clock", [("dmon_20261129T180943Z-643a0c9.txt", 173, 1430.12),
-                                               ("dmon_20261129T182915Z-d465888.txt", 165, 1448.45)])
+@pytest.mark.parametrize(
+    "name,loaded,clock",
+    [("dmon_20261129T180943Z-643a0c9.txt", 173, 1430.12), ("dmon_20261129T182915Z-d465888.txt", 165, 1448.45)],
+)
 def test_recorded_dmon_traces_match_their_readme(name, loaded, clock):
     # data/power/README.md states these figures (from awk); the parser must agree.
     trace = analysis.read_dmon(analysis.repo_root() / "data" / "power" / name)
@@ -260,7 +264,8 @@ def test_sustained_roof_sources(tmp_path):
     (tmp_path / "dmon_20261201T010000Z-old.txt").write_text(
         "# gpu    pwr  gtemp  mtemp   mclk   pclk\n# Idx      W      C      C    MHz    MHz\n"
         "    0     82     37     40   3201   1980\n    0    690     57     47   3201   1400\n"
-        "    0    700     58     48   3201   1500\n")
+        "    0    700     58     48   3201   1500\n"
+    )
     hw, why = analysis.sustained_roof(old, tmp_path)
     assert hw.peak_tflops == pytest.approx(989.4 * 1450 / 1980) and "2 of 3 samples above 650 W" in why
     assert analysis.sustained_roof(None, tmp_path)[0] is None

@@ -22,11 +22,18 @@ import torch
 from swiglu import make_inputs, reference_backward
 from swiglu_lab.bench import environment, power
 from swiglu_lab.bench.cli import format_summary, main
-from swiglu_lab.bench.impls import IMPLS, BenchImpl, cublas_gemms, default_impls, liger_prepare, make_liger_backward, unavailable_reason
+from swiglu_lab.bench.impls import (
+    IMPLS,
+    BenchImpl,
+    cublas_gemms,
+    default_impls,
+    liger_prepare,
+    make_liger_backward,
+    unavailable_reason,
+)
 from swiglu_lab.bench.runner import BenchConfig, check_outputs, pick_hardware, run_benchmark
 from swiglu_lab.bench.schema import COLUMNS, check_row, coerce, read_rows, rows_to_frame
-from swiglu_lab.bench.stats import (Ceilings, add_speedups, per_case_table, power_summary, sol_columns, summary_table,
-                                time_stats)
+from swiglu_lab.bench.stats import Ceilings, add_speedups, per_case_table, power_summary, sol_columns, summary_table, time_stats
 from swiglu_lab.bench.storage import INDEX_COLUMNS, RunWriter, write_run
 from swiglu_lab.bench.timing import L2Flusher, alternating, time_iterations
 from swiglu.workloads import select_cases
@@ -43,8 +50,7 @@ H, I = 16384, 53248
 STATS_CASES = [
     # sorted [1, 2, 3, 5, 8, 13, 40], n = 7: median x[3] = 5; mean 72 / 7;
     # p20 at h = 1.2: 2 + 0.2 (3 - 2) = 2.2; p80 at h = 4.8: 8 + 0.8 (13 - 8) = 12.
-    ([13.0, 2.0, 40.0, 5.0, 1.0, 8.0, 3.0], {"median_ms": 5.0, "p20_ms": 2.2, "p80_ms": 12.0, "mean_ms": 72 / 7,
-                                            "min_ms": 1.0}),
+    ([13.0, 2.0, 40.0, 5.0, 1.0, 8.0, 3.0], {"median_ms": 5.0, "p20_ms": 2.2, "p80_ms": 12.0, "mean_ms": 72 / 7, "min_ms": 1.0}),
     # sorted [0.5, 0.75, 1, 4], n = 4 (even: the median interpolates): median at h = 1.5:
     # 0.75 + 0.5 (1 - 0.75) = 0.875; mean 6.25 / 4 = 1.5625;
     # p20 at h = 0.6: 0.5 + 0.6 (0.75 - 0.5) = 0.65; p80 at h = 2.4: 1 + 0.4 (4 - 1) = 2.2.
@@ -114,24 +120,47 @@ def test_sol_columns_without_a_datasheet_are_nan():
 
 def test_a_cpu_run_gets_no_gpu_datasheet():
     cases = select_cases("s128_b1")
-    assert BenchConfig(cases=cases, hidden_size=64, intermediate_size=96, impls=["eager"],
-                       device=torch.device("cpu")).hardware == ""
+    assert (
+        BenchConfig(cases=cases, hidden_size=64, intermediate_size=96, impls=["eager"], device=torch.device("cpu")).hardware == ""
+    )
     with pytest.raises(ValueError, match="hardware='H200-SXM' for a cpu run"):
-        BenchConfig(cases=cases, hidden_size=64, intermediate_size=96, impls=["eager"],
-                    device=torch.device("cpu"), hardware="H200-SXM")
+        BenchConfig(
+            cases=cases, hidden_size=64, intermediate_size=96, impls=["eager"], device=torch.device("cpu"), hardware="H200-SXM"
+        )
 
 
 # ------------------------------------------------------------------------------- schema, summaries
 def fake_row(case: str, impl: str, median_ms: float, correct=True, tokens: int = 4096) -> dict:
     # The other statistics differ from the median, so a summary that reads the wrong one fails.
-    stats = {"median_ms": median_ms, "p20_ms": 0.9 * median_ms, "p80_ms": 1.2 * median_ms,
-             "mean_ms": 1.3 * median_ms, "min_ms": 0.8 * median_ms}
+    stats = {
+        "median_ms": median_ms,
+        "p20_ms": 0.9 * median_ms,
+        "p80_ms": 1.2 * median_ms,
+        "mean_ms": 1.3 * median_ms,
+        "min_ms": 0.8 * median_ms,
+    }
     return {
-        "run_id": "", "case": case, "seq_len": tokens, "batch_size": 1, "tokens": tokens, "hidden_size": H,
-        "intermediate_size": I, "impl": impl, "protocol": "full", "warmup": 10, "iters": 50, **stats,
-        "first_call_s": 0.5, "host_ms": 0.35, "hardware": "H200-SXM", "speedup_vs_eager": math.nan,
-        "speedup_vs_compile": math.nan, "peak_mem_gb": 1.5, "correct": correct,
-        "min_match_fraction": 0.999 if correct is True else math.nan, "note": f"{impl} note",
+        "run_id": "",
+        "case": case,
+        "seq_len": tokens,
+        "batch_size": 1,
+        "tokens": tokens,
+        "hidden_size": H,
+        "intermediate_size": I,
+        "impl": impl,
+        "protocol": "full",
+        "warmup": 10,
+        "iters": 50,
+        **stats,
+        "first_call_s": 0.5,
+        "host_ms": 0.35,
+        "hardware": "H200-SXM",
+        "speedup_vs_eager": math.nan,
+        "speedup_vs_compile": math.nan,
+        "peak_mem_gb": 1.5,
+        "correct": correct,
+        "min_match_fraction": 0.999 if correct is True else math.nan,
+        "note": f"{impl} note",
         **power.empty_power_columns(),
         **sol_columns(tokens, H, I, median_ms, "H200-SXM", Ceilings(4.0, 760.0)),
     }
@@ -203,8 +232,13 @@ def test_speedup_vs_compile_is_nan_without_compile():
 # -------------------------------------------------------------------------------------- storage
 def test_write_run_is_append_only_and_round_trips(tmp_path):
     frame = fake_frame()
-    meta = {"utc": "2026-11-29T17:15:00Z", "gpu": {"name": "NVIDIA H200"}, "protocol": {"name": "full"},
-            "git": {"commit": "d946c89"}, "ceilings": {"copy_tbps": math.nan}}
+    meta = {
+        "utc": "2026-11-29T17:15:00Z",
+        "gpu": {"name": "NVIDIA H200"},
+        "protocol": {"name": "full"},
+        "git": {"commit": "d946c89"},
+        "ceilings": {"copy_tbps": math.nan},
+    }
     run_id = environment.make_run_id(meta["utc"], "d946c89")
     assert run_id == "20261129T171500Z-d946c89"
     first, csv1, json1 = write_run(frame, meta, tmp_path, run_id)
@@ -324,8 +358,16 @@ def test_liger_wrapper(mode, passes):
 
 # ----------------------------------------------------------------------------- runner, end to end
 def _cpu_config(impls, **kw):
-    return BenchConfig(cases=select_cases("s128_b1"), hidden_size=64, intermediate_size=96, impls=impls,
-                       device=torch.device("cpu"), protocol="cpu-smoke", measure_ceilings=False, **kw)
+    return BenchConfig(
+        cases=select_cases("s128_b1"),
+        hidden_size=64,
+        intermediate_size=96,
+        impls=impls,
+        device=torch.device("cpu"),
+        protocol="cpu-smoke",
+        measure_ceilings=False,
+        **kw,
+    )
 
 
 def test_failing_and_wrong_impls_are_recorded_not_fatal():
@@ -335,8 +377,11 @@ def test_failing_and_wrong_impls_are_recorded_not_fatal():
     def doubled(*args):
         return tuple(2 * o for o in reference_backward(*args))
 
-    impls = {**IMPLS, "boom": BenchImpl("boom", "always raises", lambda d: boom),
-             "doubled": BenchImpl("doubled", "twice the reference", lambda d: doubled)}
+    impls = {
+        **IMPLS,
+        "boom": BenchImpl("boom", "always raises", lambda d: boom),
+        "doubled": BenchImpl("doubled", "twice the reference", lambda d: doubled),
+    }
     result = run_benchmark(_cpu_config(["eager", "boom", "doubled"]), impls=impls, progress=False, log=lambda s: None)
     rows = result.rows.set_index("impl")
     assert rows.loc["eager", "correct"] == True  # noqa: E712 - pandas boolean scalar
@@ -368,13 +413,20 @@ def test_read_only_prepare_runs_once_per_set_and_a_writing_call_is_caught():
         args[1].add_(1.0)  # x
         return out
 
-    impls = {**IMPLS,
-             "once": BenchImpl("once", "read-only prepare", lambda d: recording, prepare=counting_prepare,
-                               prepare_every_call=False),
-             "writer": BenchImpl("writer", "writes x", lambda d: writes_input, prepare=lambda a: tuple(t.clone() for t in a),
-                                 prepare_every_call=False),
-             "passthrough": BenchImpl("passthrough", "writes x, which its prepare passes through", lambda d: writes_input,
-                                      prepare=lambda a: tuple(a), prepare_every_call=False)}
+    impls = {
+        **IMPLS,
+        "once": BenchImpl("once", "read-only prepare", lambda d: recording, prepare=counting_prepare, prepare_every_call=False),
+        "writer": BenchImpl(
+            "writer", "writes x", lambda d: writes_input, prepare=lambda a: tuple(t.clone() for t in a), prepare_every_call=False
+        ),
+        "passthrough": BenchImpl(
+            "passthrough",
+            "writes x, which its prepare passes through",
+            lambda d: writes_input,
+            prepare=lambda a: tuple(a),
+            prepare_every_call=False,
+        ),
+    }
     result = run_benchmark(_cpu_config(["once", "writer", "passthrough"]), impls=impls, progress=False, log=lambda s: None)
     rows = result.rows.set_index("impl")
     assert rows.loc["once", "correct"] == True and rows.loc["once", "median_ms"] > 0  # noqa: E712
@@ -399,8 +451,10 @@ def test_rows_are_handed_over_case_by_case():
 
 
 def test_cli_cpu_smoke_end_to_end(tmp_path, capsys):
-    assert main(["--device", "cpu", "--impls", "eager,cublas-gemms", "--cases", "s128_b1",
-                 "--out", str(tmp_path), "--no-progress"]) == 0
+    assert (
+        main(["--device", "cpu", "--impls", "eager,cublas-gemms", "--cases", "s128_b1", "--out", str(tmp_path), "--no-progress"])
+        == 0
+    )
     out = capsys.readouterr().out
     csvs = sorted(p for p in tmp_path.glob("*.csv") if p.name != "runs.csv")
     assert len(csvs) == 1
@@ -433,8 +487,24 @@ def test_cli_cpu_smoke_end_to_end(tmp_path, capsys):
 def test_cli_cpu_run_goes_under_build_by_default(tmp_path, monkeypatch, capsys):
     (tmp_path / "data" / "bench").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    assert main(["--device", "cpu", "--impls", "eager", "--cases", "s128_b1", "--hidden-size", "64",
-                 "--intermediate-size", "96", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--device",
+                "cpu",
+                "--impls",
+                "eager",
+                "--cases",
+                "s128_b1",
+                "--hidden-size",
+                "64",
+                "--intermediate-size",
+                "96",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "writing to build/bench" in capsys.readouterr().out
     assert len(list((tmp_path / "build" / "bench").glob("*.json"))) == 1
     assert (tmp_path / "build" / "bench" / "runs.csv").is_file()
@@ -517,8 +587,10 @@ def fake_monitor(nvml: FakeNvml, min_window_s: float = 0.0) -> power.PowerMonito
 
 
 def test_window_columns_arithmetic():
-    samples = [power.Sample(t, p, c) for t, p, c in [(0.5, 999, 999), (1.0, 300, 1400), (1.5, 500, 1600),
-                                                    (2.0, 400, 1500), (2.5, 999, 999)]]
+    samples = [
+        power.Sample(t, p, c)
+        for t, p, c in [(0.5, 999, 999), (1.0, 300, 1400), (1.5, 500, 1600), (2.0, 400, 1500), (2.5, 999, 999)]
+    ]
     cols = power.window_columns(samples, 1.0, 2.0, 12_000.0, 40)  # 12 J over 40 iterations
     assert cols["power_w"] == pytest.approx(400.0) and cols["sm_clock_mhz"] == pytest.approx(1500.0)
     assert cols["power_samples"] == 3 and cols["energy_iters"] == 40
@@ -593,8 +665,9 @@ def test_run_with_fake_nvml_fills_power_columns():
 
     impls = {**IMPLS, "late": BenchImpl("late", "raises in the timed loop", lambda d: fails_in_timing)}
     try:
-        result = run_benchmark(_cpu_config(["eager", "late", "cublas-gemms"]), impls=impls, progress=False,
-                               log=lambda s: None, monitor=monitor)
+        result = run_benchmark(
+            _cpu_config(["eager", "late", "cublas-gemms"]), impls=impls, progress=False, log=lambda s: None, monitor=monitor
+        )
     finally:
         monitor.close()
     rows = result.rows.set_index("impl")
@@ -632,10 +705,16 @@ def test_runs_recorded_without_power_columns_still_read(tmp_path):
     back = read_rows(path)
     assert list(back.columns) == list(COLUMNS) and back[list(power.POWER_COLUMNS)].isna().all().all()
     assert power_summary(back) is None
-    assert "power: not recorded" in format_summary(back, {
-        "protocol": {"name": "full", "warmup": 10, "iters": 50}, "gpu": {"name": "x"},
-        "hardware": {"name": "H200", "peak_tflops": 989.4, "peak_tbps": 4.8},
-        "shape": {"hidden_size": H, "intermediate_size": I}, "power": {"backend": None, "status": "CPU run"}})
+    assert "power: not recorded" in format_summary(
+        back,
+        {
+            "protocol": {"name": "full", "warmup": 10, "iters": 50},
+            "gpu": {"name": "x"},
+            "hardware": {"name": "H200", "peak_tflops": 989.4, "peak_tbps": 4.8},
+            "shape": {"hidden_size": H, "intermediate_size": I},
+            "power": {"backend": None, "status": "CPU run"},
+        },
+    )
 
 
 def test_max_autotune_is_opt_in():
@@ -653,7 +732,8 @@ def test_nvidia_smi_fallback_with_a_fake_nvidia_smi(tmp_path, monkeypatch):
         "print('timestamp, power.draw [W], clocks.sm [MHz]', flush=True)\n"
         "while True:\n"
         "    print(datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3] + ', 321.5, 1755', flush=True)\n"
-        "    time.sleep(0.005)\n")
+        "    time.sleep(0.005)\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monitor = power.PowerMonitor(power._NvidiaSmiBackend("0", 0.005), interval_s=0.005)

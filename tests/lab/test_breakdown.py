@@ -18,13 +18,20 @@ from swiglu_lab.bench.storage import KERNELS_DIR, RunWriter  # noqa: E402
 from swiglu_lab.research import analysis, plots  # noqa: E402
 
 
-@pytest.mark.parametrize("name, role", [
-    ("dswiglu_gemm_kernel", "dSwiGLU GEMM"), ("dswiglu_gluon_kernel", "dSwiGLU GEMM"),
-    ("kernel_cutlass_gemm_dgated_sm90", "dSwiGLU GEMM"), ("grad_x_kernel", "grad_x GEMM"),
-    ("grad_weight_kernel", "weight-gradient GEMM"), ("wgrad_kernel", "weight-gradient GEMM"),
-    ("sm90_xmma_gemm_bf16bf16_bf16f32", "GEMM (library)"), ("aten::mm", "GEMM (library)"),
-    ("triton_poi_fused_mul_silu_0", "elementwise / other"),
-])
+@pytest.mark.parametrize(
+    "name, role",
+    [
+        ("dswiglu_gemm_kernel", "dSwiGLU GEMM"),
+        ("dswiglu_gluon_kernel", "dSwiGLU GEMM"),
+        ("kernel_cutlass_gemm_dgated_sm90", "dSwiGLU GEMM"),
+        ("grad_x_kernel", "grad_x GEMM"),
+        ("grad_weight_kernel", "weight-gradient GEMM"),
+        ("wgrad_kernel", "weight-gradient GEMM"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", "GEMM (library)"),
+        ("aten::mm", "GEMM (library)"),
+        ("triton_poi_fused_mul_silu_0", "elementwise / other"),
+    ],
+)
 def test_kernel_roles(name, role):
     assert breakdown.kernel_role(name) == role
 
@@ -32,8 +39,7 @@ def test_kernel_roles(name, role):
 def test_summarize_known_intervals():
     # Two calls starting at 0 and 1000 us. Call 1: a [10, 110], b [100, 300] (overlapping: busy
     # 290), c [350, 400]; call 2: a [1020, 1120], b [1120, 1320], c [1330, 1390].
-    calls = [[("a", 10, 110), ("b", 100, 300), ("c", 350, 400)],
-             [("a", 1020, 1120), ("b", 1120, 1320), ("c", 1330, 1390)]]
+    calls = [[("a", 10, 110), ("b", 100, 300), ("c", 350, 400)], [("a", 1020, 1120), ("b", 1120, 1320), ("c", 1330, 1390)]]
     rows = breakdown.summarize(calls, [0.0, 1000.0])
     assert [r["kernel"] for r in rows] == ["a", "b", "c"] and [r["position"] for r in rows] == [0, 1, 2]
     assert [r["ms"] for r in rows] == pytest.approx([0.100, 0.200, 0.055])
@@ -47,8 +53,15 @@ def test_summarize_known_intervals():
 def test_split_at_flushes_assigns_each_kernel_to_the_flush_before_it():
     flush = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<unsigned char>, x>"
     other_fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, x>"
-    kernels = [("early", 0, 5), (flush, 10, 40), ("a", 45, 100), (other_fill, 101, 102), ("b", 103, 200),
-               (flush, 150, 180), ("a", 190, 260)]  # the host ran ahead: the next flush is queued behind b
+    kernels = [
+        ("early", 0, 5),
+        (flush, 10, 40),
+        ("a", 45, 100),
+        (other_fill, 101, 102),
+        ("b", 103, 200),
+        (flush, 150, 180),
+        ("a", 190, 260),
+    ]  # the host ran ahead: the next flush is queued behind b
     calls, ends = breakdown.split_at_flushes(kernels)
     assert ends == [40, 180]
     assert [[k[0] for k in c] for c in calls] == [["a", other_fill, "b"], ["a"]]
@@ -79,9 +92,16 @@ def test_profile_calls_on_the_cpu_sees_each_op_of_each_call():
 
 
 def test_runner_records_a_breakdown_per_case_and_impl_and_the_writer_keeps_it_apart(tmp_path):
-    config = BenchConfig(cases=select_cases("s128_b1,s256_b1"), hidden_size=64, intermediate_size=96,
-                         impls=["eager", "cublas-gemms"], device=torch.device("cpu"), protocol="cpu-smoke",
-                         measure_ceilings=False, breakdown=2)
+    config = BenchConfig(
+        cases=select_cases("s128_b1,s256_b1"),
+        hidden_size=64,
+        intermediate_size=96,
+        impls=["eager", "cublas-gemms"],
+        device=torch.device("cpu"),
+        protocol="cpu-smoke",
+        measure_ceilings=False,
+        breakdown=2,
+    )
     handed = []
     result = run_benchmark(config, progress=False, log=lambda s: None, on_kernels=handed.append)
     k = result.kernels
@@ -106,8 +126,15 @@ def test_runner_records_a_breakdown_per_case_and_impl_and_the_writer_keeps_it_ap
 
 
 def test_no_breakdown_by_default():
-    config = BenchConfig(cases=select_cases("s128_b1"), hidden_size=64, intermediate_size=96, impls=["eager"],
-                         device=torch.device("cpu"), protocol="cpu-smoke", measure_ceilings=False)
+    config = BenchConfig(
+        cases=select_cases("s128_b1"),
+        hidden_size=64,
+        intermediate_size=96,
+        impls=["eager"],
+        device=torch.device("cpu"),
+        protocol="cpu-smoke",
+        measure_ceilings=False,
+    )
     result = run_benchmark(config, progress=False, log=lambda s: None)
     assert result.kernels is None and result.metadata["protocol"]["kernel_breakdown"] == "none"
 
@@ -115,14 +142,30 @@ def test_no_breakdown_by_default():
 def _synthetic_kernels() -> pd.DataFrame:
     rows = []
     for tokens, scale in ((128, 1.0), (2048, 10.0)):
-        for impl, kernels, idle in (("triton", [("dswiglu_gemm_kernel", 0.5), ("grad_weight_kernel", 0.6),
-                                                ("grad_x_kernel", 0.8)], 0.15),
-                                    ("quack", [("gemm_dgated", 0.5), ("gemm", 1.2)], 0.05)):
+        for impl, kernels, idle in (
+            ("triton", [("dswiglu_gemm_kernel", 0.5), ("grad_weight_kernel", 0.6), ("grad_x_kernel", 0.8)], 0.15),
+            ("quack", [("gemm_dgated", 0.5), ("gemm", 1.2)], 0.05),
+        ):
             busy = sum(ms for _, ms in kernels) * scale
             for position, (name, ms) in enumerate(kernels):
-                rows.append(dict(run_id="r", case=f"c{tokens}", tokens=tokens, impl=impl, position=position, kernel=name,
-                                 role=breakdown.kernel_role(name), ms=ms * scale, seen=3, busy_ms=busy, lead_ms=0.3,
-                                 span_ms=0.3 + busy, profiled_calls=3, timed_ms=busy + idle))
+                rows.append(
+                    dict(
+                        run_id="r",
+                        case=f"c{tokens}",
+                        tokens=tokens,
+                        impl=impl,
+                        position=position,
+                        kernel=name,
+                        role=breakdown.kernel_role(name),
+                        ms=ms * scale,
+                        seen=3,
+                        busy_ms=busy,
+                        lead_ms=0.3,
+                        span_ms=0.3 + busy,
+                        profiled_calls=3,
+                        timed_ms=busy + idle,
+                    )
+                )
     return pd.DataFrame(rows, columns=list(breakdown.COLUMNS))
 
 

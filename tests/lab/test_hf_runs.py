@@ -14,13 +14,24 @@ from swiglu_lab.research import hf_step, plots
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(folder: Path, date: str, commit: str, speedups: dict, rounds: bool, tokens: int = 2048,
-         failed: tuple = ()) -> None:
+def _run(folder: Path, date: str, commit: str, speedups: dict, rounds: bool, tokens: int = 2048, failed: tuple = ()) -> None:
     folder.mkdir(parents=True)
-    rows = [dict(variant=v, status="ok", ms_median=27.0 / s, speedup=s, peak_gib=2.0, host_ms_median=15.0,
-                 layers=4, hidden_size=4096, intermediate_size=14336, tokens=tokens) for v, s in speedups.items()]
-    rows += [dict(variant=v, status="failed", layers=4, hidden_size=4096, intermediate_size=14336, tokens=tokens)
-             for v in failed]
+    rows = [
+        dict(
+            variant=v,
+            status="ok",
+            ms_median=27.0 / s,
+            speedup=s,
+            peak_gib=2.0,
+            host_ms_median=15.0,
+            layers=4,
+            hidden_size=4096,
+            intermediate_size=14336,
+            tokens=tokens,
+        )
+        for v, s in speedups.items()
+    ]
+    rows += [dict(variant=v, status="failed", layers=4, hidden_size=4096, intermediate_size=14336, tokens=tokens) for v in failed]
     pd.DataFrame(rows).to_csv(folder / "hf_step.csv", index=False)
     args = {"layers": 4, "iters": 30, **({"rounds": 5} if rounds else {})}
     (folder / "hf_step.json").write_text(json.dumps({"date_utc": date, "git_commit": commit, "args": args}))
@@ -28,8 +39,15 @@ def _run(folder: Path, date: str, commit: str, speedups: dict, rounds: bool, tok
 
 def test_runs_read_back_in_date_order_with_their_protocol(tmp_path):
     _run(tmp_path / "b", "2026-12-01T19:00:00Z", "bbbbbbb", {"unpatched": 1.0, "swiglu": 1.02, "liger": 1.01}, True)
-    _run(tmp_path / "a" / "llama8b_8192", "2026-12-01T09:00:00Z", "aaaaaaa", {"unpatched": 1.0, "swiglu": 0.97}, False,
-         tokens=8192, failed=("liger",))
+    _run(
+        tmp_path / "a" / "llama8b_8192",
+        "2026-12-01T09:00:00Z",
+        "aaaaaaa",
+        {"unpatched": 1.0, "swiglu": 0.97},
+        False,
+        tokens=8192,
+        failed=("liger",),
+    )
     runs = hf_step.load_runs(tmp_path)
     assert list(runs.columns) == hf_step.COLUMNS
     assert list(dict.fromkeys(runs["run"])) == ["a/llama8b_8192", "b"]  # by date
@@ -49,8 +67,7 @@ def test_a_full_commit_hash_reads_back_short(tmp_path):
 
 def test_the_figure_draws_every_speedup_but_the_unpatched_baseline(tmp_path):
     _run(tmp_path / "b", "2026-12-01T19:00:00Z", "bbbbbbb", {"unpatched": 1.0, "swiglu": 1.02, "liger": 1.01}, True)
-    _run(tmp_path / "c", "2026-12-01T20:00:00Z", "ccccccc", {"unpatched": 1.0, "swiglu": 0.99, "swiglu+compile": 1.13},
-         False)
+    _run(tmp_path / "c", "2026-12-01T20:00:00Z", "ccccccc", {"unpatched": 1.0, "swiglu": 0.99, "swiglu+compile": 1.13}, False)
     runs = hf_step.load_runs(tmp_path)
     fig = plots.hf_step_plot(runs, "footer")
     drawn = fig.plotted.set_index(["x", "series"])["y"].to_dict()

@@ -41,9 +41,17 @@ def test_eager_variants_are_timed_in_rotated_blocks(monkeypatch):
     hf_step.measure_interleaved(["unpatched", "swiglu", "liger"], args, rows)
     assert [r["variant"] for r in rows] == ["unpatched", "swiglu", "liger"]
     timed = [e[1:] for e in log if e[0] == "time"]
-    assert timed == [("unpatched", 3), ("swiglu", 3), ("liger", 3),
-                     ("swiglu", 2), ("liger", 2), ("unpatched", 2),
-                     ("liger", 2), ("unpatched", 2), ("swiglu", 2)]
+    assert timed == [
+        ("unpatched", 3),
+        ("swiglu", 3),
+        ("liger", 3),
+        ("swiglu", 2),
+        ("liger", 2),
+        ("unpatched", 2),
+        ("liger", 2),
+        ("unpatched", 2),
+        ("swiglu", 2),
+    ]
     assert log.index(("warm", "liger")) < log.index(("time", "unpatched", 3))  # all warmed before any timing
 
 

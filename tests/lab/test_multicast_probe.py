@@ -25,9 +25,11 @@ pytestmark = pytest.mark.skipif(not NEW_ENOUGH, reason=f"needs triton >= 3.7, th
 def _compiled(name: str, **kwargs):
     """``swiglu_lab.experiments.<name>``'s ``compile_check(**kwargs)``, run in a fresh
     interpreter-free process."""
-    code = ("import importlib, json\n"
-            f"m = importlib.import_module('swiglu_lab.experiments.{name}')\n"
-            f"print(json.dumps(m.compile_check(**{kwargs!r})))\n")
+    code = (
+        "import importlib, json\n"
+        f"m = importlib.import_module('swiglu_lab.experiments.{name}')\n"
+        f"print(json.dumps(m.compile_check(**{kwargs!r})))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "lab"), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

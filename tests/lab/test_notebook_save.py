@@ -28,9 +28,15 @@ HOOK = "swiglu_lab.research.notebook_save.strip_for_git"
 def _as_lab_leaves_it(nb):
     """What a Run All and a save in JupyterLab add (seen with JupyterLab 4 and ipykernel)."""
     nb = copy.deepcopy(nb)
-    nb.metadata["language_info"] = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
-                                    "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
-                                    "pygments_lexer": "ipython3", "version": "3.11.7"}
+    nb.metadata["language_info"] = {
+        "codemirror_mode": {"name": "ipython", "version": 3},
+        "file_extension": ".py",
+        "mimetype": "text/x-python",
+        "name": "python",
+        "nbconvert_exporter": "python",
+        "pygments_lexer": "ipython3",
+        "version": "3.11.7",
+    }
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     for k, cell in enumerate(nb.cells):
         cell.metadata["execution"] = {"iopub.execute_input": "2026-12-01T09:00:00.000Z"}
@@ -86,8 +92,7 @@ def test_the_hook_cleans_only_the_repositorys_notebooks(tmp_path):
         assert any(c.get("outputs") for c in saved["cells"]), f"{parts} lost its outputs"
         assert saved["metadata"]["language_info"].get("version") == "3.11.7", parts
     cleaned = json.loads(_save(root, "/".join(("notebooks", "mine.ipynb")), copy.deepcopy(nb)).read_text())
-    assert not any(c.get("outputs") for c in cleaned["cells"]) and cleaned["metadata"]["language_info"] == {
-        "name": "python"}
+    assert not any(c.get("outputs") for c in cleaned["cells"]) and cleaned["metadata"]["language_info"] == {"name": "python"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -157,8 +162,10 @@ def test_a_run_with_other_choices_writes_under_build(capsys):
     defaults = analysis.parameter_defaults("03_latency")
     assert analysis.output_dirs("03_latency", defaults, root) == (root / "figures", root / "data" / "derived")
     subset = {**defaults, "cases": "s128_b1,s256_b1"}
-    assert analysis.output_dirs("03_latency", subset, root) == (root / "build/reproduce/figures",
-                                                                 root / "build/reproduce/derived")
+    assert analysis.output_dirs("03_latency", subset, root) == (
+        root / "build/reproduce/figures",
+        root / "build/reproduce/derived",
+    )
     assert "cases differ" in capsys.readouterr().out
     assert analysis.output_dirs("03_latency", {**subset, "overwrite": True}, root)[0] == root / "figures"
     mine = {**subset, "figures_dir": "build/mine", "derived_dir": "build/mine"}
@@ -179,8 +186,9 @@ def test_a_kernel_without_swiglu_is_told_how_to_set_up(path):
     check = next(c for c in nb.cells if c.get("id") == "setup-check")
     # -S and no PYTHONPATH: no site-packages, so neither the editable installs nor any swiglu_lab is importable.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-S", "-c", check.source], capture_output=True, text=True, timeout=60,
-                          cwd="/", env=env)
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", check.source], capture_output=True, text=True, timeout=60, cwd="/", env=env
+    )
     assert done.returncode != 0 and "make lab" in done.stderr and "ModuleNotFoundError" in done.stderr, done.stderr
     ok = subprocess.run([sys.executable, "-c", check.source], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr

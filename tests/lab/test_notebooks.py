@@ -31,8 +31,15 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXPECTED_FIGURES = {
     "01_roofline": ["01_roofline", "01_sol_per_case"],
     "02_validation": ["02_validation_errors_cpu", "02_validation_ratio_cpu"],
-    "03_latency": ["03_latency_per_case", "03_speedup", "03_sol_fraction", "03_gmean", "03_energy", "03_clock_power",
-                   "03_kernel_breakdown"],
+    "03_latency": [
+        "03_latency_per_case",
+        "03_speedup",
+        "03_sol_fraction",
+        "03_gmean",
+        "03_energy",
+        "03_clock_power",
+        "03_kernel_breakdown",
+    ],
     "04_history": ["04_history"],
     "05_tensor_parallel": ["05_tp_measured", "05_tp_model"],
     "06_training_memory": ["06_training_memory", "06_hf_step"],
@@ -55,7 +62,8 @@ def test_committed_notebook_has_no_outputs(path):
         if cell["cell_type"] != "code":
             continue
         assert cell["outputs"] == [], (
-            f"{path.name} cell {k} has stored outputs: run `python -m swiglu_lab.research.reproduce --strip-outputs`")
+            f"{path.name} cell {k} has stored outputs: run `python -m swiglu_lab.research.reproduce --strip-outputs`"
+        )
         assert cell["execution_count"] is None, f"{path.name} cell {k} has an execution count"
     assert "papermill" not in book["metadata"], f"{path.name} is an executed notebook (papermill metadata)"
 
@@ -109,8 +117,14 @@ def smoke(tmp_path_factory):
     write_synthetic_run(tmp / "bench", kernels=True)
     with plotted_into(tmp / "plotted"):
         results = reproduce.run(
-            smoke=True, device="cpu", bench_dir=tmp / "bench", figures_dir=tmp / "figures",
-            derived_dir=tmp / "derived", build_dir=tmp / "notebooks", engine="papermill", progress=False,
+            smoke=True,
+            device="cpu",
+            bench_dir=tmp / "bench",
+            figures_dir=tmp / "figures",
+            derived_dir=tmp / "derived",
+            build_dir=tmp / "notebooks",
+            engine="papermill",
+            progress=False,
             tp_dir=tmp / "tp",  # no TP run recorded there (data/tp/ has real ones)
         )
     return tmp, results
@@ -235,8 +249,15 @@ def test_power_notebooks_with_a_run_that_recorded_power(tmp_path):
     write_synthetic_run(tmp_path / "bench", power=True)
     with plotted_into(tmp_path / "plotted"):
         results = reproduce.run(
-            "01,03", smoke=True, device="cpu", bench_dir=tmp_path / "bench", figures_dir=tmp_path / "figures",
-            derived_dir=tmp_path / "derived", build_dir=tmp_path / "notebooks", engine="papermill", progress=False,
+            "01,03",
+            smoke=True,
+            device="cpu",
+            bench_dir=tmp_path / "bench",
+            figures_dir=tmp_path / "figures",
+            derived_dir=tmp_path / "derived",
+            build_dir=tmp_path / "notebooks",
+            engine="papermill",
+            progress=False,
         )
     assert [r.ok for r in results] == [True, True], [r.error for r in results]
     texts = {r.name: _outputs_text(r.output) for r in results}
@@ -262,8 +283,15 @@ def test_latency_notebook_without_recorded_run(tmp_path):
     (tmp_path / "bench").mkdir()
     write_synthetic_run(tmp_path / "bench", protocol="quick")  # a quick run is not a full-protocol run
     results = reproduce.run(
-        "03", smoke=True, device="cpu", bench_dir=tmp_path / "bench", figures_dir=tmp_path / "figures",
-        derived_dir=tmp_path / "derived", build_dir=tmp_path / "notebooks", engine="papermill", progress=False,
+        "03",
+        smoke=True,
+        device="cpu",
+        bench_dir=tmp_path / "bench",
+        figures_dir=tmp_path / "figures",
+        derived_dir=tmp_path / "derived",
+        build_dir=tmp_path / "notebooks",
+        engine="papermill",
+        progress=False,
     )
     assert results[0].ok, results[0].error
     assert "No recorded H200 run" in _outputs_text(results[0].output)
@@ -287,9 +315,16 @@ def test_tensor_parallel_notebook_with_a_recorded_run(tmp_path):
     write_synthetic_tp_run(tmp_path / "tp", bus_gbps=300.0, latency_ms=0.02, hidden=0.5)
     with plotted_into(tmp_path / "plotted"):
         results = reproduce.run(
-            "05", smoke=True, device="cpu", bench_dir=tmp_path / "bench", tp_dir=tmp_path / "tp",
-            figures_dir=tmp_path / "figures", derived_dir=tmp_path / "derived", build_dir=tmp_path / "notebooks",
-            engine="papermill", progress=False,
+            "05",
+            smoke=True,
+            device="cpu",
+            bench_dir=tmp_path / "bench",
+            tp_dir=tmp_path / "tp",
+            figures_dir=tmp_path / "figures",
+            derived_dir=tmp_path / "derived",
+            build_dir=tmp_path / "notebooks",
+            engine="papermill",
+            progress=False,
         )
     assert results[0].ok, results[0].error
     text = _outputs_text(results[0].output)
@@ -312,8 +347,13 @@ def test_python_engine_runs_a_notebook_without_jupyter(tmp_path):
     # The GPU machine has no papermill: the same notebooks run in-process there.
     write_synthetic_run(tmp_path / "bench")
     results = reproduce.run(
-        "04", bench_dir=tmp_path / "bench", figures_dir=tmp_path / "figures", derived_dir=tmp_path / "derived",
-        build_dir=tmp_path / "notebooks", engine="python", progress=False,
+        "04",
+        bench_dir=tmp_path / "bench",
+        figures_dir=tmp_path / "figures",
+        derived_dir=tmp_path / "derived",
+        build_dir=tmp_path / "notebooks",
+        engine="python",
+        progress=False,
     )
     assert results[0].ok, results[0].error
     assert (tmp_path / "figures" / "04_history.svg").is_file()
@@ -377,12 +417,21 @@ def test_tp_runs_recorded_by_two_commands_are_merged(tmp_path):
 def test_papermill_kernels_run_without_the_unencrypted_tcp_warning(tmp_path, capfd):
     # Over TCP, ipykernel printed "Kernel is running over TCP without encryption" once per notebook.
     pytest.importorskip("papermill")
-    book = {"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "x = 1",
-                       "outputs": [], "execution_count": None},
-                      {"cell_type": "code", "metadata": {}, "source": "print(x + 1)", "outputs": [],
-                       "execution_count": None}],
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-            "nbformat": 4, "nbformat_minor": 5}
+    book = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {"tags": ["parameters"]},
+                "source": "x = 1",
+                "outputs": [],
+                "execution_count": None,
+            },
+            {"cell_type": "code", "metadata": {}, "source": "print(x + 1)", "outputs": [], "execution_count": None},
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     src = tmp_path / "tiny.ipynb"
     src.write_text(json.dumps(book))
     reproduce.execute_papermill(src, tmp_path / "out.ipynb", {"x": 41}, tmp_path)
@@ -397,11 +446,15 @@ def test_importing_the_lab_in_a_kernel_prints_no_progress_bar_warning(tmp_path):
     # update jupyter and ipywidgets" in the first cell of notebooks 01 and 02 (kernels without ipywidgets).
     pytest.importorskip("papermill")
     code = "import swiglu_lab.bench, swiglu_lab.bench.cli\nfrom swiglu_lab.research import analysis, plots\nprint('imported')"
-    book = {"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "", "outputs": [],
-                       "execution_count": None},
-                      {"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None}],
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-            "nbformat": 4, "nbformat_minor": 5}
+    book = {
+        "cells": [
+            {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "", "outputs": [], "execution_count": None},
+            {"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None},
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     src = tmp_path / "imports.ipynb"
     src.write_text(json.dumps(book))
     reproduce.execute_papermill(src, tmp_path / "out.ipynb", {}, tmp_path)
@@ -413,11 +466,18 @@ def test_a_tp_timeline_is_loaded_beside_its_run_and_drawn(tmp_path):
     from swiglu_lab.research import plots, tp_report
 
     write_synthetic_tp_run(tmp_path, run_id="20261201T000000Z-first")
-    events = pd.DataFrame([
-        dict(case="s128_b1", tokens=128, variant=v, rank=r, name=n, kind=k, start_us=s, end_us=e)
-        for v in ("tp_serial", "tp_sp_chunks2") for r in (0, 1)
-        for n, k, s, e in (("dswiglu_gemm_kernel", "compute", 0, 400), ("grad_x_kernel", "compute", 400, 900),
-                           ("ncclDevKernel_AllReduce", "comm", *((900, 1100) if v == "tp_serial" else (600, 900))))])
+    events = pd.DataFrame(
+        [
+            dict(case="s128_b1", tokens=128, variant=v, rank=r, name=n, kind=k, start_us=s, end_us=e)
+            for v in ("tp_serial", "tp_sp_chunks2")
+            for r in (0, 1)
+            for n, k, s, e in (
+                ("dswiglu_gemm_kernel", "compute", 0, 400),
+                ("grad_x_kernel", "compute", 400, 900),
+                ("ncclDevKernel_AllReduce", "comm", *((900, 1100) if v == "tp_serial" else (600, 900))),
+            )
+        ]
+    )
     events.to_csv(tmp_path / "tp_20261201T000000Z-first_timeline.csv", index=False)
     run = tp_report.load_tp_run(tmp_path)
     assert run.run_id == "20261201T000000Z-first"  # the timeline file is not a timing run

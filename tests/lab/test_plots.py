@@ -48,8 +48,9 @@ def overlaps(texts, margin: float = -1) -> list[tuple[str, str]]:
     fig = texts[0].figure
     renderer = fig.canvas.get_renderer()
     fig.draw_without_rendering()
-    boxes = [(t.get_text(), Text.get_window_extent(t, renderer).padded(margin)) for t in texts
-             if t.get_visible() and t.get_text()]
+    boxes = [
+        (t.get_text(), Text.get_window_extent(t, renderer).padded(margin)) for t in texts if t.get_visible() and t.get_text()
+    ]
     return [(a, b) for (a, ba), (b, bb) in itertools.combinations(boxes, 2) if ba.overlaps(bb)]
 
 
@@ -190,8 +191,9 @@ def test_gmean_says_when_an_implementation_timed_fewer_cases(table):
 
 def test_history_leaves_out_a_partial_run_and_says_so(tmp_path):
     write_synthetic_run(tmp_path, run_id="20261201T000000Z-a", utc="2026-12-01T00:00:00Z")
-    write_synthetic_run(tmp_path, run_id="20261201T010000Z-b", utc="2026-12-01T01:00:00Z",
-                        cases=[c for c in analysis.CASES if c.tokens >= 4096])  # 8 of 18: a fake dip
+    write_synthetic_run(
+        tmp_path, run_id="20261201T010000Z-b", utc="2026-12-01T01:00:00Z", cases=[c for c in analysis.CASES if c.tokens >= 4096]
+    )  # 8 of 18: a fake dip
     write_synthetic_run(tmp_path, run_id="20261201T020000Z-c", utc="2026-12-01T02:00:00Z")
     history = analysis.run_history(tmp_path)
     fig = plots.history_plot(history, "f")
@@ -207,9 +209,20 @@ def test_history_leaves_out_a_partial_run_and_says_so(tmp_path):
 def test_history_run_labels_do_not_overprint(n_runs):
     """Two-line labels (date; time and commit) level while they fit; with many runs (23 in
     figures/04_history.png) one line each, slanted, clear of their neighbours."""
-    history = pd.DataFrame([{"run_id": f"run{k:02d}", "impl": impl, "cases": 18, "gmean_ms": 34.0 + k / 10 + j,
-                             "utc": f"2026-12-{1 + k // 10:02d}T{k % 24:02d}:{k:02d}:00Z", "commit": f"{k:07x}"}
-                            for k in range(n_runs) for j, impl in enumerate(("eager", "triton"))])
+    history = pd.DataFrame(
+        [
+            {
+                "run_id": f"run{k:02d}",
+                "impl": impl,
+                "cases": 18,
+                "gmean_ms": 34.0 + k / 10 + j,
+                "utc": f"2026-12-{1 + k // 10:02d}T{k % 24:02d}:{k:02d}:00Z",
+                "commit": f"{k:07x}",
+            }
+            for k in range(n_runs)
+            for j, impl in enumerate(("eager", "triton"))
+        ]
+    )
     fig = plots.history_plot(history, "f")
     ax = fig.axes[0]
     fig.draw_without_rendering()
@@ -227,9 +240,15 @@ def test_history_run_labels_do_not_overprint(n_runs):
 
 
 def test_history_marks_an_implementation_that_fails_correctness():
-    history = pd.DataFrame({
-        "run_id": ["a", "a", "b", "b", "b"], "impl": ["eager", "triton", "eager", "triton", "liger"],
-        "cases": 18, "gmean_ms": [36.0, 34.0, 36.2, 34.1, 34.05], "all_correct": [True, True, True, True, False]})
+    history = pd.DataFrame(
+        {
+            "run_id": ["a", "a", "b", "b", "b"],
+            "impl": ["eager", "triton", "eager", "triton", "liger"],
+            "cases": 18,
+            "gmean_ms": [36.0, 34.0, 36.2, 34.1, 34.05],
+            "all_correct": [True, True, True, True, False],
+        }
+    )
     fig = plots.history_plot(history, "f")
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert [t for t in legend if "correctness" in t] == ["Liger SiLU-mul + cuBLAS (FAILS the correctness check)"]
@@ -288,8 +307,11 @@ def test_training_step_plot_categories_spread_and_the_missing_point(tmp_path):
     runs = [train_step.load_run(p) for p in sorted((ROOT / "data" / "train_step").glob("*/train_step.json"))]
     history = pd.concat([r["steps"].assign(run_id=r["meta"]["run_id"]) for r in runs], ignore_index=True)
     fig = plots.training_step_plot(latest["steps"], history, "f")
-    assert [a.get_title() for a in fig.axes] == ["step speed-up over nn.Linear", "saved activations per layer",
-                                                 "peak memory of the step"]
+    assert [a.get_title() for a in fig.axes] == [
+        "step speed-up over nn.Linear",
+        "saved activations per layer",
+        "peak memory of the step",
+    ]
     speed = fig.plotted[fig.plotted["panel"] == "speed-up"].set_index(["series", "x"])
     for _, r in steps.iterrows():
         p = speed.loc[(r["variant"], r["tokens"])]
@@ -318,9 +340,26 @@ def test_tp_model_explains_an_efficiency_above_one_and_fits_its_width(tmp_path):
     assert eff.set_index("x")["y"].to_dict() == pytest.approx(expected.to_dict())
 
 
-@pytest.mark.parametrize("name", ["latency", "speedup", "sol", "gmean", "energy", "clock", "history", "roofline",
-                                  "sol_bar", "ratio", "tp_measured", "tp_model", "train_step", "hf_step",
-                                  "long_seq"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "latency",
+        "speedup",
+        "sol",
+        "gmean",
+        "energy",
+        "clock",
+        "history",
+        "roofline",
+        "sol_bar",
+        "ratio",
+        "tp_measured",
+        "tp_model",
+        "train_step",
+        "hf_step",
+        "long_seq",
+    ],
+)
 def test_every_figure_is_readable_at_readme_width(name, tmp_path):
     spread_run(tmp_path / "bench")
     write_synthetic_run(tmp_path / "power", power=True)
@@ -341,14 +380,19 @@ def test_every_figure_is_readable_at_readme_width(name, tmp_path):
         "energy": lambda: plots.energy_plot(power, footer),
         "clock": lambda: plots.clock_power_plot(power, footer, max_clock_mhz=1980.0, power_limit_w=700.0),
         "history": lambda: plots.history_plot(analysis.run_history(tmp_path / "bench"), footer),
-        "roofline": lambda: plots.roofline_plot(hw, analysis.roofline_table(hardware=hw), table.assign(
-            flop_per_byte=[roofline.arithmetic_intensity(t) for t in table["tokens"]]), footer),
+        "roofline": lambda: plots.roofline_plot(
+            hw,
+            analysis.roofline_table(hardware=hw),
+            table.assign(flop_per_byte=[roofline.arithmetic_intensity(t) for t in table["tokens"]]),
+            footer,
+        ),
         "sol_bar": lambda: plots.sol_bar_plot(analysis.roofline_table(hardware=hw), footer),
         "ratio": lambda: plots.error_ratio_plot(pd.read_csv(ROOT / "data" / "derived" / "validation_cuda.csv"), 2.0, footer),
         "tp_measured": lambda: tp_report.measured_plot(measured, footer),
         "tp_model": lambda: tp_report.model_plot(tp_model.model_table(rows, (2, 4, 8), latency, bw), measured, footer),
         "train_step": lambda: plots.training_step_plot(
-            train_step.latest_run(ROOT / "data" / "train_step")["steps"], None, footer),
+            train_step.latest_run(ROOT / "data" / "train_step")["steps"], None, footer
+        ),
         "hf_step": lambda: plots.hf_step_plot(hf_step.load_runs(ROOT / "data" / "hf_step"), footer),
         "long_seq": lambda: plots.long_seq_plot(hf_step.load_long_seq(ROOT / "data" / "hf_long_seq"), footer),
     }
@@ -362,8 +406,12 @@ def test_every_figure_is_readable_at_readme_width(name, tmp_path):
 def test_comparisons_show_their_spread_or_say_there_is_none(table, tmp_path):
     write_synthetic_run(tmp_path / "power", power=True)
     power = analysis.power_table(analysis.load_run(tmp_path / "power").rows)
-    for fig in (plots.latency_plot(table), plots.speedup_plot(table), plots.sol_fraction_plot(table),
-                plots.gmean_plot(analysis.latency_summary(table))):
+    for fig in (
+        plots.latency_plot(table),
+        plots.speedup_plot(table),
+        plots.sol_fraction_plot(table),
+        plots.gmean_plot(analysis.latency_summary(table)),
+    ):
         assert fig.plotted["lo"].notna().all() and (fig.plotted["lo"] <= fig.plotted["y"]).all()
         assert (fig.plotted["hi"] >= fig.plotted["y"]).all()
     for fig in (plots.energy_plot(power), plots.clock_power_plot(power)):
@@ -394,9 +442,12 @@ def test_hf_step_speedups_above_the_axis_sit_on_its_edge_with_their_value():
     """A compiled model's 3x over the eager step (the host-bound regime) must not flatten the eager
     comparisons: it is drawn on the top edge (``HF_YMAX``), its value written beside it, and
     recorded unclipped."""
-    runs = pd.DataFrame([
-        dict(run="r1", shape="s", variant=v, speedup=y, side_by_side=True, commit="abc1234")
-        for v, y in (("unpatched", 1.0), ("swiglu", 0.97), ("swiglu+compile", 3.12))])
+    runs = pd.DataFrame(
+        [
+            dict(run="r1", shape="s", variant=v, speedup=y, side_by_side=True, commit="abc1234")
+            for v, y in (("unpatched", 1.0), ("swiglu", 0.97), ("swiglu+compile", 3.12))
+        ]
+    )
     fig = plots.hf_step_plot(runs)
     ax = fig.axes[0]
     assert ax.get_ylim()[1] == plots.HF_YMAX
@@ -411,11 +462,20 @@ def test_long_seq_runs_load_and_their_longest_lengths(tmp_path):
     run, with the first out-of-memory length above it; a checkpointed row never counts."""
     run = tmp_path / "a"
     run.mkdir()
-    rows = [("unpatched", 4096, False, 70.0, False), ("unpatched", 8192, False, float("nan"), True),
-            ("unpatched", 6144, False, 90.0, False), ("unpatched", 16384, True, 75.0, False),
-            ("swiglu", 8192, False, 100.0, False), ("swiglu", 9216, False, float("nan"), True)]
-    pd.DataFrame([dict(variant=v, seq_len=s, layers=2, activation_checkpointing=c, step_ms=1.0, tokens_per_s=1.0,
-                       peak_gib=p, oom=o) for v, s, c, p, o in rows]).to_csv(run / "long_seq.csv", index=False)
+    rows = [
+        ("unpatched", 4096, False, 70.0, False),
+        ("unpatched", 8192, False, float("nan"), True),
+        ("unpatched", 6144, False, 90.0, False),
+        ("unpatched", 16384, True, 75.0, False),
+        ("swiglu", 8192, False, 100.0, False),
+        ("swiglu", 9216, False, float("nan"), True),
+    ]
+    pd.DataFrame(
+        [
+            dict(variant=v, seq_len=s, layers=2, activation_checkpointing=c, step_ms=1.0, tokens_per_s=1.0, peak_gib=p, oom=o)
+            for v, s, c, p, o in rows
+        ]
+    ).to_csv(run / "long_seq.csv", index=False)
     table = hf_step.load_long_seq(tmp_path)
     assert list(table.columns) == hf_step.LONG_SEQ_COLUMNS and set(table["run"]) == {"a"}
     longest = hf_step.longest_without_checkpointing(table).set_index("variant")

@@ -17,15 +17,35 @@ probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe)
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU wiring check (on a GPU: run the probe)")
-ARGS = ["--device", "cpu", "--tokens", "33", "--hidden-size", "64", "--intermediate-size", "96", "--seconds", "0.001",
-        "--rounds", "1"]
+ARGS = [
+    "--device",
+    "cpu",
+    "--tokens",
+    "33",
+    "--hidden-size",
+    "64",
+    "--intermediate-size",
+    "96",
+    "--seconds",
+    "0.001",
+    "--rounds",
+    "1",
+]
 
 
 def test_every_variant_runs_and_ours_match_the_reference(capsys, tmp_path):
     assert probe.main([*ARGS, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for label in ("ours backward", "eager backward", "ours dSwiGLU", "cublas g = go @ down_w", "ours grad_x",
-                  "cublas grad_x (K = 2I)", "ours grad_down_weight [H,I]", "cublas grad_gate_weight [I,H]"):
+    for label in (
+        "ours backward",
+        "eager backward",
+        "ours dSwiGLU",
+        "cublas g = go @ down_w",
+        "ours grad_x",
+        "cublas grad_x (K = 2I)",
+        "ours grad_down_weight [H,I]",
+        "cublas grad_gate_weight [I,H]",
+    ):
         assert label in out
     assert out.count("max error / max |reference|") == 3
     assert len(list(tmp_path.glob("backward_power_*.csv"))) == 1

@@ -31,8 +31,15 @@ CPU = torch.device("cpu")
 def _fresh_configuration(monkeypatch):
     """Each test starts unconfigured, and the env vars configure() sets are restored."""
     monkeypatch.setattr(quack_peer, "_configured", {})
-    for name in ("QUACK_CACHE_DIR", "QUACK_CACHE_AUTOTUNING", "QUACK_COMPILE_WORKERS", "QUACK_CACHE_ENABLED",
-                 quack_peer.SEARCH_ENV, quack_peer.CACHE_ENV, quack_peer.KERNEL_CACHE_ENV):
+    for name in (
+        "QUACK_CACHE_DIR",
+        "QUACK_CACHE_AUTOTUNING",
+        "QUACK_COMPILE_WORKERS",
+        "QUACK_CACHE_ENABLED",
+        quack_peer.SEARCH_ENV,
+        quack_peer.CACHE_ENV,
+        quack_peer.KERNEL_CACHE_ENV,
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -76,8 +83,7 @@ def test_unavailable_reasons(monkeypatch):
     why = unavailable_reason("quack", cuda)
     assert "quack-kernels is not installed" in why and "[quack] extra" in why
     assert f"quack-kernels=={quack_peer.QUACK_VERSION}" in why and quack_peer.CUTLASS_DSL_VERSION in why
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "cutlass" else object())
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cutlass" else object())
     assert "nvidia-cutlass-dsl is not installed" in quack_peer.unavailable_reason(cuda)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     assert quack_peer.unavailable_reason(cuda) is None
@@ -104,8 +110,11 @@ def test_metadata_fields(monkeypatch):
     monkeypatch.setattr(metadata, "version", fake_version)
     monkeypatch.setattr(quack_peer, "_configured", {"search": "reduced", "tuning_cache_dir": "/x"})
     v = quack_peer.versions()
-    assert v == {"quack_kernels": "0.6.5", "nvidia_cutlass_dsl": "4.7.1",
-                 "quack_peer": {"search": "reduced", "tuning_cache_dir": "/x"}}
+    assert v == {
+        "quack_kernels": "0.6.5",
+        "nvidia_cutlass_dsl": "4.7.1",
+        "quack_peer": {"search": "reduced", "tuning_cache_dir": "/x"},
+    }
     monkeypatch.setattr(metadata, "version", lambda dist: (_ for _ in ()).throw(metadata.PackageNotFoundError(dist)))
     monkeypatch.setattr(quack_peer, "_configured", {})
     assert quack_peer.versions() == {"quack_kernels": None, "nvidia_cutlass_dsl": None, "quack_peer": None}
@@ -181,8 +190,9 @@ def fake_linear_act_backward(ctx, dout):
     return dx, dweight, None, None, None, None, None
 
 
-FAKE_BACKWARD = quack_peer.make_quack_backward(fake_dact_linear_backward, FAKE_DGATED_OPS,
-                                               fake_linear_act_backward, FAKE_GATED_OPS)
+FAKE_BACKWARD = quack_peer.make_quack_backward(
+    fake_dact_linear_backward, FAKE_DGATED_OPS, fake_linear_act_backward, FAKE_GATED_OPS
+)
 
 
 @pytest.mark.parametrize("batch_size,seq_len", [(1, 5), (2, 3)])
@@ -226,8 +236,9 @@ def quack_sm90_configs(epilogue=None):
         pingpong = [(m, n) for m, n in pingpong if n % 32 == 0]
     tiles = [(m, n, False) for m, n in coop] + [(m, n, True) for m, n in pingpong]
     swaps = [False] if epilogue == "gated" else [False, True]
-    return [FakeGemmConfig(m, n, pp, cm, cn, sab) for (m, n, pp), (cm, cn), sab
-            in itertools.product(tiles, [(1, 2), (2, 1)], swaps)]
+    return [
+        FakeGemmConfig(m, n, pp, cm, cn, sab) for (m, n, pp), (cm, cn), sab in itertools.product(tiles, [(1, 2), (2, 1)], swaps)
+    ]
 
 
 def test_reduced_search_sizes():
@@ -268,24 +279,34 @@ def fake_quack(monkeypatch):
     cache = types.ModuleType("quack.cache")
     cache.CACHE_DIR = None
     gi = types.ModuleType("quack.gemm_interface")
-    gi.gemm_tuned = SimpleNamespace(configs=[AutotuneConfig(c) for c in quack_sm90_configs()
-                                             + [FakeGemmConfig(256, 256, False, device_capacity=10)]])
+    gi.gemm_tuned = SimpleNamespace(
+        configs=[AutotuneConfig(c) for c in quack_sm90_configs() + [FakeGemmConfig(256, 256, False, device_capacity=10)]]
+    )
     runtime = types.ModuleType("quack.gemm_runtime")
     runtime.__path__ = []
     rt = types.ModuleType("quack.gemm_runtime.autotune")
     rt._MOD_TUNERS = {}
     rt._config_space = lambda mod, device: quack_sm90_configs("gated")
     quack.cache, quack.gemm_interface, quack.gemm_runtime, runtime.autotune = cache, gi, runtime, rt
-    for name, module in (("quack", quack), ("quack.cache", cache), ("quack.gemm_interface", gi),
-                         ("quack.gemm_runtime", runtime), ("quack.gemm_runtime.autotune", rt)):
+    for name, module in (
+        ("quack", quack),
+        ("quack.cache", cache),
+        ("quack.gemm_interface", gi),
+        ("quack.gemm_runtime", runtime),
+        ("quack.gemm_runtime.autotune", rt),
+    ):
         monkeypatch.setitem(sys.modules, name, module)
     return SimpleNamespace(cache=cache, gi=gi, rt=rt)
 
 
 def test_configure_points_quack_at_the_cache_and_restricts(fake_quack, tmp_path):
     got = quack_peer.configure("reduced", tmp_path / "tune", tmp_path / "kernels")
-    assert got == {"search": "reduced", "tuning_cache_dir": str(tmp_path / "tune"),
-                   "kernel_cache_dir": str(tmp_path / "kernels"), "sm90_gemm_candidates": 24}
+    assert got == {
+        "search": "reduced",
+        "tuning_cache_dir": str(tmp_path / "tune"),
+        "kernel_cache_dir": str(tmp_path / "kernels"),
+        "sm90_gemm_candidates": 24,
+    }
     assert os.environ["QUACK_CACHE_DIR"] == str(tmp_path / "tune") and os.environ["QUACK_CACHE_AUTOTUNING"] == "1"
     assert fake_quack.cache.CACHE_DIR == str(tmp_path / "kernels") and (tmp_path / "tune").is_dir()
     assert len(fake_quack.gi.gemm_tuned.configs) == 25  # 24 SM90 + the SM100 one, left alone
@@ -381,8 +402,13 @@ def test_check_install_location(monkeypatch, extern):
     quack, runtime = types.ModuleType("quack"), types.ModuleType("quack.gemm_runtime")
     quack.__path__, runtime.__path__ = [], []
     quack.gemm_runtime, runtime.identity = runtime, identity
-    for name, module in (("cutlass", cutlass), ("cutlass.cute", cute), ("quack", quack),
-                         ("quack.gemm_runtime", runtime), ("quack.gemm_runtime.identity", identity)):
+    for name, module in (
+        ("cutlass", cutlass),
+        ("cutlass.cute", cute),
+        ("quack", quack),
+        ("quack.gemm_runtime", runtime),
+        ("quack.gemm_runtime.identity", identity),
+    ):
         monkeypatch.setitem(sys.modules, name, module)
     if extern:
         quack_peer.check_install_location()

@@ -66,15 +66,32 @@ def test_significant_digits():
 
 
 def test_stable_table_rounds_error_measures_and_drops_unstable_columns():
-    rows = pd.DataFrame({"impl": ["triton"], "rel_err": [0.0029972778], "ratio": [0.8632682511],
-                         "rel_err_bf16_ref": [0.0034720121], "oracle_rms": [1.1684836], "match_fraction": [0.99987],
-                         "max_abs_err": [0.03125], "seconds": [1.5], "passed": [True]})
+    rows = pd.DataFrame(
+        {
+            "impl": ["triton"],
+            "rel_err": [0.0029972778],
+            "ratio": [0.8632682511],
+            "rel_err_bf16_ref": [0.0034720121],
+            "oracle_rms": [1.1684836],
+            "match_fraction": [0.99987],
+            "max_abs_err": [0.03125],
+            "seconds": [1.5],
+            "passed": [True],
+        }
+    )
     before = rows.copy()
     out = validate.stable_table(rows)
     pd.testing.assert_frame_equal(rows, before)  # input untouched
     assert list(out.columns) == ["impl", "rel_err", "ratio", "rel_err_bf16_ref", "oracle_rms", "match_fraction", "passed"]
-    assert out.iloc[0].to_dict() == {"impl": "triton", "rel_err": 0.003, "ratio": 0.86, "rel_err_bf16_ref": 0.0035,
-                                     "oracle_rms": 1.2, "match_fraction": 0.99987, "passed": True}
+    assert out.iloc[0].to_dict() == {
+        "impl": "triton",
+        "rel_err": 0.003,
+        "ratio": 0.86,
+        "rel_err_bf16_ref": 0.0035,
+        "oracle_rms": 1.2,
+        "match_fraction": 0.99987,
+        "passed": True,
+    }
 
 
 def test_committed_cpu_table_is_in_the_stable_form():
@@ -176,9 +193,12 @@ def test_a_new_peer_gets_its_own_row_and_column(tmp_path):
         pd.concat([frame, peer]).to_csv(tmp_path / name, index=False)
     blocks = docs_tables.render(tmp_path, ROOT / "data" / "bench")
     row = next(line for line in blocks["headline"].splitlines() if line.startswith("| newpeer"))
-    assert row.split("|")[2].strip() == next(
-        line for line in blocks["headline"].splitlines() if line.startswith("| torch.compile (default)")
-    ).split("|")[2].strip()  # the peer's row carries its own data (here: a copy of compile's)
+    assert (
+        row.split("|")[2].strip()
+        == next(line for line in blocks["headline"].splitlines() if line.startswith("| torch.compile (default)"))
+        .split("|")[2]
+        .strip()
+    )  # the peer's row carries its own data (here: a copy of compile's)
     assert "| case | T |" in blocks["per-case"] and "newpeer" in blocks["per-case"].splitlines()[2]
     assert "newpeer" in blocks["history"].splitlines()[0]
 
@@ -243,8 +263,15 @@ def test_reproduce_redraws_the_committed_figures_and_tables_byte_for_byte(tmp_pa
     pinned = re.search(r"^MATPLOTLIB_VERSION \?= (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     if matplotlib.__version__ != pinned:
         pytest.skip(f"matplotlib {matplotlib.__version__}, not the pinned {pinned}: figures differ by design")
-    results = reproduce.run("03,04,05,06", figures_dir=tmp_path / "figures", derived_dir=tmp_path / "derived",
-                            build_dir=tmp_path / "notebooks", engine="python", progress=False, root=ROOT)
+    results = reproduce.run(
+        "03,04,05,06",
+        figures_dir=tmp_path / "figures",
+        derived_dir=tmp_path / "derived",
+        build_dir=tmp_path / "notebooks",
+        engine="python",
+        progress=False,
+        root=ROOT,
+    )
     assert all(r.ok for r in results), [r.error for r in results]
     drawn = sorted((tmp_path / "figures").iterdir())
     assert len(drawn) == 2 * 13  # 03: seven figures, 04, 05: two, 06: three

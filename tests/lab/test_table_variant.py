@@ -54,9 +54,14 @@ def test_a_candidate_enters_before_set_changes_it(tmp_path):
     assert got["gluon_grad_weights"]["256"] == TABLE["gluon_grad_weights"]["256"]
 
 
-@pytest.mark.parametrize("path, message", [("gluon_grad_weights.999.GROUP_M=8", "no bucket '999'"),
-                                           ("gluon_grad_weights.256.NOPE=8", "no field 'NOPE'"),
-                                           ("grad_x.128.GROUP_M=8", "expected SECTION.BUCKET.FIELD")])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("gluon_grad_weights.999.GROUP_M=8", "no bucket '999'"),
+        ("gluon_grad_weights.256.NOPE=8", "no field 'NOPE'"),
+        ("grad_x.128.GROUP_M=8", "expected SECTION.BUCKET.FIELD"),
+    ],
+)
 def test_paths_the_table_does_not_have_are_refused(tmp_path, path, message):
     with pytest.raises(SystemExit, match=message):
         tv.main(["--out", str(tmp_path / "v.json"), "--set", path])

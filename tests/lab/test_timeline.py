@@ -9,8 +9,12 @@ from swiglu_lab.bench import timeline
 
 
 def _events(rows):
-    return pd.DataFrame([dict(case="c", tokens=8, variant=v, rank=r, name=n, kind=timeline.kind_of(n), start_us=s,
-                              end_us=e) for v, r, n, s, e in rows])
+    return pd.DataFrame(
+        [
+            dict(case="c", tokens=8, variant=v, rank=r, name=n, kind=timeline.kind_of(n), start_us=s, end_us=e)
+            for v, r, n, s, e in rows
+        ]
+    )
 
 
 def test_kinds():
@@ -20,13 +24,18 @@ def test_kinds():
 
 
 def test_exposed_communication_and_idle():
-    ev = _events([
-        ("serial", 0, "dswiglu_gemm_kernel", 100, 200), ("serial", 0, "grad_x_kernel", 200, 300),
-        ("serial", 0, "ncclDevKernel_AllReduce", 300, 380),  # after all compute: 80 exposed
-        ("early", 0, "grad_x_kernel", 1000, 1100), ("early", 0, "ncclDevKernel_AllReduce", 1100, 1160),
-        ("early", 0, "grad_weight_kernel", 1100, 1150),  # 50 of the 60 covered: 10 exposed
-        ("early", 1, "grad_x_kernel", 1010, 1100), ("early", 1, "ncclDevKernel_AllReduce", 1120, 1170),  # idle 20
-    ])
+    ev = _events(
+        [
+            ("serial", 0, "dswiglu_gemm_kernel", 100, 200),
+            ("serial", 0, "grad_x_kernel", 200, 300),
+            ("serial", 0, "ncclDevKernel_AllReduce", 300, 380),  # after all compute: 80 exposed
+            ("early", 0, "grad_x_kernel", 1000, 1100),
+            ("early", 0, "ncclDevKernel_AllReduce", 1100, 1160),
+            ("early", 0, "grad_weight_kernel", 1100, 1150),  # 50 of the 60 covered: 10 exposed
+            ("early", 1, "grad_x_kernel", 1010, 1100),
+            ("early", 1, "ncclDevKernel_AllReduce", 1120, 1170),  # idle 20
+        ]
+    )
     s = timeline.summary(ev).set_index(["variant", "rank"])
     assert s.loc[("serial", 0), "exposed_comm_us"] == 80 and s.loc[("serial", 0), "idle_us"] == 0
     assert s.loc[("early", 0), "exposed_comm_us"] == pytest.approx(10)

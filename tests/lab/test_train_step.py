@@ -48,13 +48,13 @@ def test_another_shapes_table_goes_beside_the_packages(tmp_path, monkeypatch):
     forward._load_forward_configs(path)
     assert forward.forward_config_for(100, H, I) == TINY and forward.forward_config_for(200, H, I) is None
     assert forward.forward_config_for(100) is forward.FORWARD_CONFIGS[128]  # the shape-agnostic choice, as shipped
-    assert forward.FORWARD_CONFIGS[128] == (None if base["configs"]["128"]["config"] is None
-                                            else KernelConfig(**base["configs"]["128"]["config"]))
+    assert forward.FORWARD_CONFIGS[128] == (
+        None if base["configs"]["128"]["config"] is None else KernelConfig(**base["configs"]["128"]["config"])
+    )
 
 
 def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
-    rows, table = train_step.tune_forward(H, I, (3, 130), device=device, candidates={"cublas": None, "fused": TINY},
-                                          iters=(0, 1))
+    rows, table = train_step.tune_forward(H, I, (3, 130), device=device, candidates={"cublas": None, "fused": TINY}, iters=(0, 1))
     assert {(r["tokens"], r["candidate"]) for r in rows} == {(t, c) for t in (3, 130) for c in ("cublas", "fused")}
     assert set(table) == {128, 256} and all(v[0] in ("cublas", "fused") for v in table.values())
     doc = forward_table({128: ("fused", TINY, 1.0, 3), 256: ("cublas", None, 2.0, 130)}, {})
@@ -62,8 +62,9 @@ def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
     path.write_text(json.dumps(doc))
     forward._load_forward_configs(path)
     assert forward.forward_config_for(100) == TINY and forward.forward_config_for(200) is None
-    steps = train_step.measure_steps(H, I, (3, 130), variants=("plain", "saved", "lean", "lean_cublas"),
-                                     device=device, iters=(0, 1))
+    steps = train_step.measure_steps(
+        H, I, (3, 130), variants=("plain", "saved", "lean", "lean_cublas"), device=device, iters=(0, 1)
+    )
     got = {(r["tokens"], r["variant"]): r for r in steps}
     # lean_cublas only where the table picks the fused kernel (T = 3 here).
     assert set(got) == {(t, v) for t in (3, 130) for v in ("plain", "saved", "lean")} | {(3, "lean_cublas")}
@@ -73,8 +74,14 @@ def test_measure_write_read_plot(device, tmp_path, restore_forward_table):
     assert got[3, "lean"]["forward"] == "fused" and got[130, "lean"]["forward"] == "cublas"
     for r in steps:  # allocator statistics on the GPU only
         assert r["peak_bytes"] >= r["floor_bytes"] if device == "cuda" else pd.isna(r["floor_bytes"])
-    meta = dict(utc="2026-11-30T00:00:00Z", run_id="20261130T000000Z-test", gpu={"name": "CPU"},
-                software={"torch": "x", "triton": "y"}, hidden_size=H, intermediate_size=I)
+    meta = dict(
+        utc="2026-11-30T00:00:00Z",
+        run_id="20261130T000000Z-test",
+        gpu={"name": "CPU"},
+        software={"torch": "x", "triton": "y"},
+        hidden_size=H,
+        intermediate_size=I,
+    )
     run = dict(meta=meta, checks=[], forward=rows, steps=steps, forward_configs=doc)
     train_step.write_run(run, tmp_path / "run")
     back = train_step.load_run(tmp_path / "run")

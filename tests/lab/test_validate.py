@@ -85,8 +85,9 @@ def test_unknown_impl_name_is_reported_not_raised(inputs):
 
 def test_run_validation_draws_fresh_inputs_per_round():
     samples = {}
-    df = run_validation([("a", 1, 3, 0.13), ("b", 2, 2, 0.13)], ["reference"], H, I, rounds=2,
-                        samples=samples, sample_size=10, progress=False)
+    df = run_validation(
+        [("a", 1, 3, 0.13), ("b", 2, 2, 0.13)], ["reference"], H, I, rounds=2, samples=samples, sample_size=10, progress=False
+    )
     assert len(df) == 2 * 2 * 4 and df["passed"].all()
     errs = df[df["output"] == "grad_x"].groupby("case")["rel_err"].apply(list)
     assert errs["a"][0] != errs["a"][1]  # a second round saw different inputs

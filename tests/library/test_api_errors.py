@@ -18,9 +18,10 @@ H = I = 64  # H == I: gate_output can then be the same tensor as x or grad_outpu
 
 def _inputs():
     g = torch.Generator().manual_seed(random.SystemRandom().randrange(1 << 31))
-    r = (lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).bfloat16())
-    return dict(go=r(8, H), x=r(8, H), up=r(8, I), gw=r(I, H, scale=H ** -0.5), uw=r(I, H, scale=H ** -0.5),
-                dw=r(H, I, scale=I ** -0.5))
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).bfloat16()
+    return dict(
+        go=r(8, H), x=r(8, H), up=r(8, I), gw=r(I, H, scale=H**-0.5), uw=r(I, H, scale=H**-0.5), dw=r(H, I, scale=I**-0.5)
+    )
 
 
 @pytest.mark.parametrize("shared", ["x", "grad_output"])
@@ -31,17 +32,13 @@ def test_lean_op_refuses_gate_output_that_shares_memory_with_a_read_input(shared
     go, x = t["go"].clone(), t["x"].clone()
     gate = x if shared == "x" else go
     with pytest.raises(ValueError, match=f"gate_output, which shares memory with {shared}"):
-        triton_swiglu_backward(go, x, gate, t["up"].clone(), None, t["gw"], t["uw"], t["dw"],
-                               overwrite_activations=True)
+        triton_swiglu_backward(go, x, gate, t["up"].clone(), None, t["gw"], t["uw"], t["dw"], overwrite_activations=True)
     # The same values in memory of their own: right (the check blocks aliasing, not the values).
     gate = gate.clone()
-    want = float64_backward(go, x, gate, t["up"], torch.nn.functional.silu(gate.float()).bfloat16(),
-                            t["gw"], t["uw"], t["dw"])
-    got = triton_swiglu_backward(go, x, gate, t["up"].clone(), None, t["gw"], t["uw"], t["dw"],
-                                 overwrite_activations=True)
+    want = float64_backward(go, x, gate, t["up"], torch.nn.functional.silu(gate.float()).bfloat16(), t["gw"], t["uw"], t["dw"])
+    got = triton_swiglu_backward(go, x, gate, t["up"].clone(), None, t["gw"], t["uw"], t["dw"], overwrite_activations=True)
     for g, w in zip(got, want):
         assert relative_error(g.reshape(w.shape), w) < 2e-2
-
 
 
 @pytest.mark.parametrize("written", ["gate_output", "up_output"])
@@ -52,10 +49,11 @@ def test_overwriting_backward_refuses_activated_gate_that_overlaps_what_it_write
     t = _inputs()
     T, s = t["go"].shape[0], 3
     buf = torch.randn((T + s) * I).bfloat16()
-    act, shifted = buf[: T * I].view(T, I), buf[s * I:].view(T, I)
+    act, shifted = buf[: T * I].view(T, I), buf[s * I :].view(T, I)
     gate, up = (shifted, t["up"].clone()) if written == "gate_output" else (t["up"].clone(), shifted)
     with pytest.raises(ValueError, match=f"{written}, which shares memory with activated_gate"):
         triton_swiglu_backward(t["go"], t["x"], gate, up, act, t["gw"], t["uw"], t["dw"], overwrite_activations=True)
+
 
 def test_device_queries_on_a_machine_without_that_device():
     if torch.cuda.is_available():
@@ -113,8 +111,11 @@ def test_nested_tensors_get_type_errors_naming_the_argument():
     args = [t["go"], t["x"], t["up"], t["up"], t["up"], t["gw"], t["uw"], t["dw"]]
     for i, name in ((0, "grad_output"), (2, "gate_output")):
         bad = list(args)
-        bad[i] = torch.nested.nested_tensor([args[i][:2], args[i][:1]]) if args[i].dim() == 2 else \
-            torch.nested.nested_tensor([args[i][0], args[i][0]])
+        bad[i] = (
+            torch.nested.nested_tensor([args[i][:2], args[i][:1]])
+            if args[i].dim() == 2
+            else torch.nested.nested_tensor([args[i][0], args[i][0]])
+        )
         with pytest.raises(TypeError, match=f"{name} must be a dense .* nested tensor"):
             swiglu.swiglu_mlp_backward(*bad, impl="reference")
 
@@ -182,10 +183,12 @@ def test_interpreter_switched_on_after_triton_was_imported_is_named():
     import subprocess
     import sys
 
-    code = ("import os, triton; os.environ['TRITON_INTERPRET'] = '1'; import swiglu\n"
-            "inp = swiglu.make_inputs(1, 4, 16, 48, seed=0)\n"
-            "try:\n    swiglu.swiglu_mlp_backward(*inp.as_tuple(), impl='triton')\n"
-            "except ValueError as e:\n    print(e)\n")
+    code = (
+        "import os, triton; os.environ['TRITON_INTERPRET'] = '1'; import swiglu\n"
+        "inp = swiglu.make_inputs(1, 4, 16, 48, seed=0)\n"
+        "try:\n    swiglu.swiglu_mlp_backward(*inp.as_tuple(), impl='triton')\n"
+        "except ValueError as e:\n    print(e)\n"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert "set before triton is imported" in done.stdout, (done.stdout, done.stderr[-2000:])

@@ -11,8 +11,9 @@ import swiglu
 
 
 def _inputs(device, batch=2, seq=5, hidden=32, inter=64, seed=0):
-    return swiglu.make_inputs(batch_size=batch, seq_len=seq, hidden_size=hidden, intermediate_size=inter,
-                              device=device, seed=seed, mode="forward").as_tuple()
+    return swiglu.make_inputs(
+        batch_size=batch, seq_len=seq, hidden_size=hidden, intermediate_size=inter, device=device, seed=seed, mode="forward"
+    ).as_tuple()
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton", "auto"])

@@ -32,6 +32,7 @@ def fake_gpu(monkeypatch):
     def install(props, hip=None):
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(**props))
         monkeypatch.setattr(torch.version, "hip", hip)
+
     return install
 
 
@@ -112,8 +113,9 @@ def test_available_impls_on_this_cpu(monkeypatch):
     assert "CUDA" in swiglu.backend_reason("cpu")
 
 
-@pytest.mark.parametrize("props,hip", [(RTX5090, None), (B200, None), (MI300, "6.2.41133")],
-                         ids=["sm_120_99KiB", "sm_100", "rocm"])
+@pytest.mark.parametrize(
+    "props,hip", [(RTX5090, None), (B200, None), (MI300, "6.2.41133")], ids=["sm_120_99KiB", "sm_100", "rocm"]
+)
 def test_auto_takes_the_reference_on_unfit_gpus(fake_gpu, props, hip):
     """Unfit GPUs through the API (auto would take Triton on all three without the fitness check)."""
     fake_gpu(props, hip)

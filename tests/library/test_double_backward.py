@@ -56,8 +56,7 @@ def _gradient_penalty(module, x, go):
 
 def test_gradient_penalty_matches_plain_float64(request):
     ours, plain, x, go = _pair(request, torch.float64, "reference")
-    for name, a, b in zip(("grad_x", "x.grad") + PARAM_NAMES, _gradient_penalty(ours, x, go),
-                          _gradient_penalty(plain, x, go)):
+    for name, a, b in zip(("grad_x", "x.grad") + PARAM_NAMES, _gradient_penalty(ours, x, go), _gradient_penalty(plain, x, go)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
 
 
@@ -76,6 +75,5 @@ def test_double_backward_uses_the_reference_formula(request, monkeypatch, impl, 
     ours, _, x, go = _pair(request, torch.bfloat16, impl, device)
     ref = swiglu.SwiGLUMLP(H, I, impl="reference", dtype=torch.bfloat16).to(device)
     ref.load_state_dict(ours.state_dict())
-    for name, a, b in zip(("grad_x", "x.grad") + PARAM_NAMES, _gradient_penalty(ours, x, go),
-                          _gradient_penalty(ref, x, go)):
+    for name, a, b in zip(("grad_x", "x.grad") + PARAM_NAMES, _gradient_penalty(ours, x, go), _gradient_penalty(ref, x, go)):
         assert torch.isfinite(a).all() and torch.equal(a, b), name

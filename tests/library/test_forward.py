@@ -49,16 +49,16 @@ def _plain_forward(x, gw, uw, dw):
 @pytest.fixture
 def nan_outputs(monkeypatch):
     """Every output of the Triton forward starts as NaN."""
-    monkeypatch.setattr(fwd, "_empty", lambda shape, device: torch.full(shape, float("nan"), device=device,
-                                                                         dtype=torch.bfloat16))
+    monkeypatch.setattr(fwd, "_empty", lambda shape, device: torch.full(shape, float("nan"), device=device, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("config", list(FORWARD_CONFIGS), ids=str)
-@pytest.mark.parametrize("batch_size,seq_len,hidden_size,intermediate_size",
-                         [(1, 1, 64, 128), (1, 7, 200, 344), (1, 77, 64, 136), (2, 5, 72, 200)],
-                         ids=["T1", "T7_H200_I344", "T77", "b2_s5"])
-def test_forward_against_float64_and_plain_bf16(device, nan_outputs, config, batch_size, seq_len, hidden_size,
-                                                intermediate_size):
+@pytest.mark.parametrize(
+    "batch_size,seq_len,hidden_size,intermediate_size",
+    [(1, 1, 64, 128), (1, 7, 200, 344), (1, 77, 64, 136), (2, 5, 72, 200)],
+    ids=["T1", "T7_H200_I344", "T77", "b2_s5"],
+)
+def test_forward_against_float64_and_plain_bf16(device, nan_outputs, config, batch_size, seq_len, hidden_size, intermediate_size):
     seed = fresh_seed()
     inp = make_inputs(batch_size, seq_len, hidden_size, intermediate_size, seed=seed, device=device)
     args = (inp.x, *_weights(inp))
@@ -85,8 +85,9 @@ def test_recomputed_activation_is_bitwise_the_forwards(device, config):
     epilogue (activated_gate=None) gives bitwise the gradients of the backward given it."""
     seed = fresh_seed()
     inp = make_inputs(1, 45, 64, 136, seed=seed, device=device)
-    out, gate, up, act = fwd.triton_swiglu_forward(inp.x, *_weights(inp), config=FORWARD_CONFIGS[config],
-                                                   return_activated_gate=True)
+    out, gate, up, act = fwd.triton_swiglu_forward(
+        inp.x, *_weights(inp), config=FORWARD_CONFIGS[config], return_activated_gate=True
+    )
     act2, h2 = (torch.full((45, 136), float("nan"), device=device, dtype=torch.bfloat16) for _ in range(2))
     fwd.launch_swiglu_product(gate.reshape(45, 136), up.reshape(45, 136), h2, act2)
     assert torch.equal(act2, act.reshape(45, 136)), f"product kernel's activation differs, seed={seed}"
@@ -98,13 +99,32 @@ def test_recomputed_activation_is_bitwise_the_forwards(device, config):
         assert torch.equal(a, b), f"{name}: recomputing activated_gate changed the result, seed={seed}"
     assert given[2].abs().max() > 0  # grad_up_weight = (g * act).T @ x: a wrong act would show
     # grad_down_weight alone: h from the product kernel instead of the epilogue.
-    down_only = triton_swiglu_backward(go, inp.x, gate, up, None, *_weights(inp), configs=SMALL_CONFIGS,
-                                       need_grad_x=False, need_grad_gate_weight=False, need_grad_up_weight=False)
+    down_only = triton_swiglu_backward(
+        go,
+        inp.x,
+        gate,
+        up,
+        None,
+        *_weights(inp),
+        configs=SMALL_CONFIGS,
+        need_grad_x=False,
+        need_grad_gate_weight=False,
+        need_grad_up_weight=False,
+    )
     assert torch.equal(down_only[3], given[3]), f"grad_down_weight alone differs, seed={seed}"
 
 
-@pytest.mark.parametrize("needs", [(True, True, True, True), (True, False, False, False), (False, True, False, True),
-                                   (False, False, True, False), (False, False, False, True)], ids=str)
+@pytest.mark.parametrize(
+    "needs",
+    [
+        (True, True, True, True),
+        (True, False, False, False),
+        (False, True, False, True),
+        (False, False, True, False),
+        (False, False, False, True),
+    ],
+    ids=str,
+)
 def test_overwrite_activations_is_bitwise_and_writes_only_gate_up(device, needs):
     """overwrite_activations=True (the lean autograd path): d_gate/d_up go into the given gate/up
     buffers; every gradient is bitwise the default's, which leaves its inputs as they were; no
@@ -116,15 +136,14 @@ def test_overwrite_activations_is_bitwise_and_writes_only_gate_up(device, needs)
     gate, up = inp.gate_output, inp.up_output
     others = [inp.grad_output, inp.x, *_weights(inp)]
     before = [t.clone() for t in (*others, gate, up)]
-    flags = dict(zip(("need_grad_x", "need_grad_gate_weight", "need_grad_up_weight", "need_grad_down_weight"),
-                     needs))
-    want = triton_swiglu_backward(inp.grad_output, inp.x, gate, up, None, *_weights(inp), configs=SMALL_CONFIGS,
-                                  **flags)
+    flags = dict(zip(("need_grad_x", "need_grad_gate_weight", "need_grad_up_weight", "need_grad_down_weight"), needs))
+    want = triton_swiglu_backward(inp.grad_output, inp.x, gate, up, None, *_weights(inp), configs=SMALL_CONFIGS, **flags)
     for t, b in zip((*others, gate, up), before):
         assert torch.equal(t, b), "the default backward wrote an input"
     g2, u2 = gate.clone(), up.clone()
-    got = triton_swiglu_backward(inp.grad_output, inp.x, g2, u2, None, *_weights(inp), configs=SMALL_CONFIGS,
-                                 overwrite_activations=True, **flags)
+    got = triton_swiglu_backward(
+        inp.grad_output, inp.x, g2, u2, None, *_weights(inp), configs=SMALL_CONFIGS, overwrite_activations=True, **flags
+    )
     for name, a, b, need in zip(NAMES, got, want, needs):
         assert (a is None) == (b is None) == (not need), name
         if need:
@@ -134,13 +153,24 @@ def test_overwrite_activations_is_bitwise_and_writes_only_gate_up(device, needs)
     dswiglu_ran = any(needs[:3])
     assert torch.equal(g2, gate) != dswiglu_ran and torch.equal(u2, up) != dswiglu_ran
     with pytest.raises(ValueError, match="separate memory"):
-        triton_swiglu_backward(inp.grad_output, inp.x, g2, g2, None, *_weights(inp), configs=SMALL_CONFIGS,
-                               overwrite_activations=True)
+        triton_swiglu_backward(
+            inp.grad_output, inp.x, g2, g2, None, *_weights(inp), configs=SMALL_CONFIGS, overwrite_activations=True
+        )
     # release_activations: same gradients; gate/up's own storage freed, a view of a larger buffer kept.
     g3 = gate.clone()
     both = torch.stack([up, up])
-    got = triton_swiglu_backward(inp.grad_output, inp.x, g3, both[0], None, *_weights(inp), configs=SMALL_CONFIGS,
-                                 overwrite_activations=True, release_activations=True, **flags)
+    got = triton_swiglu_backward(
+        inp.grad_output,
+        inp.x,
+        g3,
+        both[0],
+        None,
+        *_weights(inp),
+        configs=SMALL_CONFIGS,
+        overwrite_activations=True,
+        release_activations=True,
+        **flags,
+    )
     for name, a, b, need in zip(NAMES, got, want, needs):
         assert not need or torch.equal(a, b), f"{name} differs when releasing, seed={seed}"
     assert g3.untyped_storage().nbytes() == 0, "gate_output's storage was not released"
@@ -157,8 +187,9 @@ def test_retain_graph_backpropagates_twice_unless_buffers_are_reused(device):
     x = torch.randn(9, 48, generator=gen).bfloat16().to(device)
     go = torch.randn(9, 48, generator=gen).bfloat16().to(device)
     for save, reuse in ((False, False), (True, False), (False, True)):
-        mlp = swiglu.SwiGLUMLP(48, 80, impl="triton", save_activated_gate=save, reuse_saved_buffers=reuse,
-                               device=device, dtype=torch.bfloat16)
+        mlp = swiglu.SwiGLUMLP(
+            48, 80, impl="triton", save_activated_gate=save, reuse_saved_buffers=reuse, device=device, dtype=torch.bfloat16
+        )
         out = mlp(x)
         out.backward(go, retain_graph=True)
         first = mlp.down_proj.weight.grad.clone()
@@ -216,8 +247,11 @@ def test_saved_activations_per_layer(tokens):
     H, I = 48, 80
     x = torch.randn(tokens, H, requires_grad=True)
     counts = {}
-    for name, module in [("plain", PlainSwiGLUMLP(H, I)), ("saved", swiglu.SwiGLUMLP(H, I, save_activated_gate=True)),
-                         ("lean", swiglu.SwiGLUMLP(H, I))]:
+    for name, module in [
+        ("plain", PlainSwiGLUMLP(H, I)),
+        ("saved", swiglu.SwiGLUMLP(H, I, save_activated_gate=True)),
+        ("lean", swiglu.SwiGLUMLP(H, I)),
+    ]:
         saved = saved_activations(module, x)
         counts[name] = saved.count((tokens, I))
         assert saved.count((tokens, H)) == 1, name
@@ -344,8 +378,9 @@ def test_modes_checkpointing_frozen_and_compile(mode):
                 torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
     torch._dynamo.reset()
     ours, plain = _same_weights(MODES[mode])
-    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward),
-                           bw_compiler=lambda gm, _: make_boxed_func(gm.forward))
+    backend = aot_autograd(
+        fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=lambda gm, _: make_boxed_func(gm.forward)
+    )
     compiled = torch.compile(ours, backend=backend, fullgraph=True)
     for g, r in zip(_grads(compiled, x, go), _grads(plain, x, go)):
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
@@ -381,15 +416,16 @@ def test_opcheck_lean_ops():
 
     gen = torch.Generator().manual_seed(fresh_seed())
     x = torch.randn(2, 5, 48, generator=gen, dtype=torch.float64).requires_grad_(True)
-    w = [(torch.randn(s, generator=gen, dtype=torch.float64) / s[1] ** 0.5).requires_grad_(True)
-         for s in ((80, 48), (80, 48), (48, 80))]
+    w = [
+        (torch.randn(s, generator=gen, dtype=torch.float64) / s[1] ** 0.5).requires_grad_(True)
+        for s in ((80, 48), (80, 48), (48, 80))
+    ]
     torch.library.opcheck(ops.mlp_forward, (x, *w, "reference", False))
     out, gate, up, act = ops.mlp_forward(x, *w, "reference", False)
     assert act.shape == (0,)
     go = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     for needs in [(True, True, True, True), (False, False, True, False)]:
-        torch.library.opcheck(ops.mlp_backward, (go, x.detach(), gate, up, None, *(t.detach() for t in w), *needs,
-                                                 "reference"))
+        torch.library.opcheck(ops.mlp_backward, (go, x.detach(), gate, up, None, *(t.detach() for t in w), *needs, "reference"))
 
 
 @pytest.mark.parametrize("mode", list(MODES))

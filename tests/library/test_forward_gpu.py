@@ -52,8 +52,9 @@ def test_recomputed_activation_is_bitwise_the_forwards(candidate, tokens):
         assert torch.equal(a, b), f"{name}: recomputed activated_gate changed the result, seed={seed}"
 
 
-@pytest.mark.parametrize("shape", [(1, 4096, 14336), (200, 4096, 14336), (1024, 4096, 14336), (256, 16384, 53248)],
-                         ids=lambda s: "T%d_H%d_I%d" % s)
+@pytest.mark.parametrize(
+    "shape", [(1, 4096, 14336), (200, 4096, 14336), (1024, 4096, 14336), (256, 16384, 53248)], ids=lambda s: "T%d_H%d_I%d" % s
+)
 def test_forward_tolerance(shape):
     tokens, H, I = shape
     seed = _seed()
@@ -70,4 +71,6 @@ def test_forward_tolerance(shape):
         # ulp oracle ("cuda" thresholds) against nn.Linear's down_proj of the forward's own h.
         check_ulps(name, got, F.linear(act * up, inp.down_weight), seed)
         err = relative_error(got, oracle)
-        assert err <= plain_err + ulp_norm(oracle), f"{name}: rel error {err:.3e} > plain bf16 {plain_err:.3e} + one ulp, seed={seed}"
+        assert err <= plain_err + ulp_norm(oracle), (
+            f"{name}: rel error {err:.3e} > plain bf16 {plain_err:.3e} + one ulp, seed={seed}"
+        )

@@ -21,8 +21,9 @@ import torch.multiprocessing as mp
 
 import fsdp_worker
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="needs torch.distributed with gloo")
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
+)
 
 WORLD = 2
 TIMEOUT_S = 150
@@ -37,8 +38,13 @@ def _free_port() -> int:
 def spawn(out_dir, device_type: str) -> list[dict]:
     """Run every scenario of tests/fsdp_worker.py on WORLD ranks; returns each rank's results."""
     names = list(fsdp_worker.SCENARIOS)
-    ctx = mp.start_processes(fsdp_worker.run, args=(WORLD, _free_port(), str(out_dir), names, device_type),
-                             nprocs=WORLD, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        fsdp_worker.run,
+        args=(WORLD, _free_port(), str(out_dir), names, device_type),
+        nprocs=WORLD,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while not ctx.join(timeout=1):  # raises ProcessExitedException when a rank exits non-zero
@@ -68,8 +74,10 @@ def test_scenario(results, scenario):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
-                    reason="needs 2 CUDA GPUs and NCCL")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
+    reason="needs 2 CUDA GPUs and NCCL",
+)
 def test_all_scenarios_on_two_gpus_with_nccl(tmp_path):
     """The same scenarios with NCCL on 2 GPUs (the Triton kernels compiled, not interpreted)."""
     results = spawn(tmp_path, "cuda")

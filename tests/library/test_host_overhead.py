@@ -24,8 +24,7 @@ spec.loader.exec_module(host_overhead)
 
 def test_host_overhead_smoke(tmp_path):
     threads = torch.get_num_threads()
-    result = host_overhead.main(["--device", "cpu", "--warmup", "1", "--iters", "4", "--rounds", "2",
-                                 "--out", str(tmp_path)])
+    result = host_overhead.main(["--device", "cpu", "--warmup", "1", "--iters", "4", "--rounds", "2", "--out", str(tmp_path)])
     assert torch.get_num_threads() == threads  # restored
     with open(tmp_path / "host_overhead.csv", newline="") as f:
         rows = {row["implementation"]: row for row in csv.DictReader(f)}
@@ -49,8 +48,7 @@ def test_host_overhead_smoke(tmp_path):
 
 
 def test_profile_writes_both_blocks_by_both_orders(tmp_path):
-    host_overhead.main(["--device", "cpu", "--warmup", "1", "--iters", "3", "--rounds", "1", "--profile",
-                        "--out", str(tmp_path)])
+    host_overhead.main(["--device", "cpu", "--warmup", "1", "--iters", "3", "--rounds", "1", "--profile", "--out", str(tmp_path)])
     text = (tmp_path / "cprofile.txt").read_text()
     headers = [line for line in text.splitlines() if line.startswith("=====")]
     assert len(headers) == 4, headers
@@ -79,9 +77,26 @@ def test_stub_launches_runs_the_gpu_path_on_the_cpu(tmp_path):
         pytest.skip("a CPU measurement")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "lab"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_overhead.py"), "--stub-launches", "--warmup",
-                           "1", "--iters", "3", "--rounds", "1", "--profile", "--out", str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "host_overhead.py"),
+            "--stub-launches",
+            "--warmup",
+            "1",
+            "--iters",
+            "3",
+            "--rounds",
+            "1",
+            "--profile",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(tmp_path / "host_overhead.csv", newline="") as f:
         rows = {row["implementation"]: row for row in csv.DictReader(f)}

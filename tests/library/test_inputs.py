@@ -81,8 +81,13 @@ def test_forward_mode_is_a_real_forward_pass(request):
     x = inp.x.double().reshape(-1, 72)
     for name, w in (("gate_output", inp.gate_weight), ("up_output", inp.up_weight)):
         exact = x @ w.double().t()
-        check_ulps(name, getattr(inp, name).reshape(-1, 40), exact.to(torch.bfloat16), _seed(request),
-                   fp32_order_allowance([(x, w.double().t())]))
+        check_ulps(
+            name,
+            getattr(inp, name).reshape(-1, 40),
+            exact.to(torch.bfloat16),
+            _seed(request),
+            fp32_order_allowance([(x, w.double().t())]),
+        )
     g = inp.gate_output.double()
     check_ulps("activated_gate", inp.activated_gate, (g / (1 + torch.exp(-g))).to(torch.bfloat16), _seed(request))
     assert not torch.equal(inp.gate_output, inp.up_output)
@@ -138,11 +143,14 @@ def test_bad_arguments(kwargs, message):
         make_inputs(**args, mode=mode)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(hidden_size=2.5), r"hidden_size must be a positive int, got 2.5 \(float\)"),
-    (dict(batch_size=True), r"batch_size must be a positive int, got True \(bool\)"),
-    (dict(seq_len="4"), r"seq_len must be a positive int, got '4' \(str\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(hidden_size=2.5), r"hidden_size must be a positive int, got 2.5 \(float\)"),
+        (dict(batch_size=True), r"batch_size must be a positive int, got True \(bool\)"),
+        (dict(seq_len="4"), r"seq_len must be a positive int, got '4' \(str\)"),
+    ],
+)
 def test_sizes_of_another_type(kwargs, message):
     args = dict(batch_size=1, seq_len=2, hidden_size=8, intermediate_size=16)
     args.update(kwargs)

@@ -27,9 +27,19 @@ from swiglu.integrations import transformers as swiglu_hf  # noqa: E402
 
 F64_TOL = 1e-12
 BF16_FACTOR, BF16_FLOOR = 2.0, 1e-3
-SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8, vocab_size=96, max_position_embeddings=64,
-             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    vocab_size=96,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
@@ -183,8 +193,7 @@ def test_a_second_patch_classes_leaves_models_built_before_alone(registered, mon
     calls = []
     real = swiglu_hf._swiglu_mlp
     monkeypatch.setattr(swiglu_hf, "_swiglu_mlp", lambda *a, **k: calls.append(a[4:6]) or real(*a, **k))
-    config = transformers.LlamaConfig(**{**SMALL, "num_hidden_layers": 1, "num_key_value_heads": 4,
-                                         "vocab_size": 64})
+    config = transformers.LlamaConfig(**{**SMALL, "num_hidden_layers": 1, "num_key_value_heads": 4, "vocab_size": 64})
     stock = transformers.AutoModelForCausalLM.from_config(config).double()
     swiglu_hf.patch_classes(impl="reference", save_activated_gate=True)
     model_a = transformers.AutoModelForCausalLM.from_config(config).double()
@@ -270,13 +279,16 @@ def _apply_warns(model, match):
     return names
 
 
-@pytest.mark.parametrize("case, match", [
-    ("bias", "gate_proj has a bias"),
-    ("phi3", "packed gate_up_proj"),
-    ("gemma", "not SiLU"),
-    ("adapter", "not a plain nn.Linear"),
-    ("hook", "up_proj has a forward hook"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("bias", "gate_proj has a bias"),
+        ("phi3", "packed gate_up_proj"),
+        ("gemma", "not SiLU"),
+        ("adapter", "not a plain nn.Linear"),
+        ("hook", "up_proj has a forward hook"),
+    ],
+)
 def test_models_it_cannot_serve_are_left_alone(case, match):
     if case == "bias":
         model = build("llama", mlp_bias=True)
@@ -319,12 +331,15 @@ def test_a_hook_added_after_patching_falls_back_with_a_warning(op_calls):
     assert len(seen) == 2 and len(op_calls) == 1  # the hook ran in both; layer 0 still used the op
 
 
-@pytest.mark.parametrize("change, match", [
-    ("act_hook", "act_fn has hooks"),
-    ("act_gelu", "not SiLU"),
-    ("bias", "up_proj has a bias"),
-    ("global_hook", "global module forward hooks"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ("act_hook", "act_fn has hooks"),
+        ("act_gelu", "not SiLU"),
+        ("bias", "up_proj has a bias"),
+        ("global_hook", "global module forward hooks"),
+    ],
+)
 def test_what_appears_after_patching_takes_the_original_forward(change, match, op_calls):
     """The patched forward's few-reads check (plain projections, a SiLU without hooks, no global
     hooks) hands anything else to the full one: each of these, added after ``apply``, makes the
@@ -421,9 +436,11 @@ def test_a_patched_model_pickles_and_loads_patched(op_calls, tmp_path):
     assert len(op_calls) == SMALL["num_hidden_layers"]
     path = tmp_path / "model.pt"
     torch.save(ours, path)
-    code = ("import torch, sys; from swiglu.integrations import transformers as h; "
-            f"m = torch.load({str(path)!r}, weights_only=False); "
-            "print(type(m.model.layers[0].mlp).__name__, isinstance(m.model.layers[0].mlp, h._SwigluForward))")
+    code = (
+        "import torch, sys; from swiglu.integrations import transformers as h; "
+        f"m = torch.load({str(path)!r}, weights_only=False); "
+        "print(type(m.model.layers[0].mlp).__name__, isinstance(m.model.layers[0].mlp, h._SwigluForward))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["SwigluLlamaMLP", "True"]

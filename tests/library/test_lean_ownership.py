@@ -26,10 +26,14 @@ CASES = ["op_outputs", "views", "aliases", "saved_tensors_hook", "grad_fn", "opc
 
 
 def _run_worker(device, T, H, I, cases, timeout=300):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2] / "src"),
-                                                       os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, str(WORKER), device, str(T), str(H), str(I), *cases],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2] / "src"), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, str(WORKER), device, str(T), str(H), str(I), *cases],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     assert done.returncode == 0, f"worker exited with {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     assert done.stdout.split() == [w for c in cases for w in ("ok", c)], done.stdout
 
@@ -49,8 +53,7 @@ class _LeanSpy:
         import swiglu.kernels.backward as module
 
         self.module, self.original = module, module.launch_backward
-        module.launch_backward = lambda *a, **kw: self.calls.append(kw["overwrite_activations"]) or \
-            self.original(*a, **kw)
+        module.launch_backward = lambda *a, **kw: self.calls.append(kw["overwrite_activations"]) or self.original(*a, **kw)
         return self
 
     def __exit__(self, *exc):

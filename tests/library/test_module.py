@@ -205,7 +205,9 @@ def test_frozen_inputs_skip_their_gradients(request, monkeypatch, frozen):
     needs = []
     real_run = ops.run_backward
     monkeypatch.setattr(
-        ops, "run_backward", lambda tensors, needs_, *a: needs.append(dict(zip(NEED_FLAGS, needs_))) or real_run(tensors, needs_, *a)
+        ops,
+        "run_backward",
+        lambda tensors, needs_, *a: needs.append(dict(zip(NEED_FLAGS, needs_))) or real_run(tensors, needs_, *a),
     )
     gemms = []
     real_gemm = reference_module._gemm
@@ -354,12 +356,21 @@ BAD_CALLS = {
     "x_not_tensor": (lambda w: ([[1.0] * H], *w), {}, TypeError, "x must be a torch.Tensor"),
     "x_int": (lambda w: (torch.ones(3, H, dtype=torch.int32), *w), {}, TypeError, "x must have a floating dtype"),
     "up_weight_dtype": (lambda w: (torch.randn(3, H), w[0], w[1].double(), w[2]), {}, TypeError, "up_weight has dtype"),
-    "x_hidden": (lambda w: (torch.randn(3, H + 1), *w), {}, ValueError, rf"hidden_size {H + 1} from x.*weights agree on hidden_size {H}"),
+    "x_hidden": (
+        lambda w: (torch.randn(3, H + 1), *w),
+        {},
+        ValueError,
+        rf"hidden_size {H + 1} from x.*weights agree on hidden_size {H}",
+    ),
     "gate_weight_rank": (lambda w: (torch.randn(3, H), w[0][None], w[1], w[2]), {}, ValueError, "gate_weight must be 2-D"),
     "up_weight_shape": (lambda w: (torch.randn(3, H), w[0], w[1][:-1], w[2]), {}, ValueError, "up_weight must have shape"),
     "down_weight_shape": (lambda w: (torch.randn(3, H), w[0], w[1], w[2].t()), {}, ValueError, "down_weight must have shape"),
-    "empty_hidden": (lambda w: (torch.randn(3, 0), torch.randn(I, 0), torch.randn(I, 0), torch.randn(0, I)), {},
-                     ValueError, "hidden_size must be positive"),
+    "empty_hidden": (
+        lambda w: (torch.randn(3, 0), torch.randn(I, 0), torch.randn(I, 0), torch.randn(0, I)),
+        {},
+        ValueError,
+        "hidden_size must be positive",
+    ),
     "device": (lambda w: (torch.randn(3, H, device="meta"), *w), {}, ValueError, "on cpu but x is on meta"),
     "impl_name": (lambda w: (torch.randn(3, H), *w), {"impl": "cuda"}, ValueError, "impl must be one of"),
     "triton_fp32": (lambda w: (torch.randn(3, H), *w), {"impl": "triton"}, TypeError, "needs bfloat16"),
@@ -375,8 +386,10 @@ def test_bad_inputs_raise_at_forward(case):
 
 @pytest.mark.parametrize(
     "kwargs,match",
-    [(dict(hidden_size=0, intermediate_size=I), "hidden_size"),
-     (dict(hidden_size=H, intermediate_size=I, impl="fast"), "impl must be one of")],
+    [
+        (dict(hidden_size=0, intermediate_size=I), "hidden_size"),
+        (dict(hidden_size=H, intermediate_size=I, impl="fast"), "impl must be one of"),
+    ],
 )
 def test_bad_module_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -484,13 +497,23 @@ def test_triton_path_frozen_weights(request, monkeypatch, triton_backward, devic
     _, plain_grads = _run(plain, x, go)
     _, oracle = _float64_oracle(plain, x, go)
     assert [{k: v for k, v in kw.items() if k.startswith(("need", "overwrite", "release"))} for _, kw, _ in spy.calls] == [
-        dict(need_grad_x=True, need_grad_gate_weight=False, need_grad_up_weight=True, need_grad_down_weight=True,
-             overwrite_activations=False, release_activations=False)]  # lean, saved tensors never written
+        dict(
+            need_grad_x=True,
+            need_grad_gate_weight=False,
+            need_grad_up_weight=True,
+            need_grad_down_weight=True,
+            overwrite_activations=False,
+            release_activations=False,
+        )
+    ]  # lean, saved tensors never written
     assert grads[1] is None and plain_grads[1] is None
     spy.check(grads, seed=request.node.nodeid)
     keep = [0, 2, 3]
     _assert_bf16_close(
-        [grads[i].cpu() for i in keep], [plain_grads[i] for i in keep], [oracle[i] for i in keep], "triton ",
+        [grads[i].cpu() for i in keep],
+        [plain_grads[i] for i in keep],
+        [oracle[i] for i in keep],
+        "triton ",
         names=("grad_x", "up_proj.weight", "down_proj.weight"),
     )
 
@@ -508,15 +531,18 @@ def test_triton_path_errors_at_forward(monkeypatch, triton_backward, device):
             swiglu.SwiGLUMLP(H, I, impl="triton", dtype=torch.bfloat16)(torch.randn(3, H, dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("args, kwargs, exc, match", [
-    ((32.0, 64), {}, TypeError, r"hidden_size must be a positive int, got 32.0 \(float\)"),
-    ((32, True), {}, TypeError, r"intermediate_size must be a positive int, got True \(bool\)"),
-    ((0, 64), {}, ValueError, "hidden_size must be a positive int, got 0"),
-    ((32, 64), {"dtype": torch.int32}, TypeError, "dtype must be one of"),
-    ((32, 64), {"dtype": "bfloat16"}, TypeError, "dtype must be one of"),
-    ((32, 64), {"dtype": torch.float8_e4m3fn}, TypeError, "dtype must be one of"),  # floating, no matmul
-    ((32, 64), {"device": "bogus"}, ValueError, "device must be a torch.device, a device string or None, got 'bogus'"),
-])
+@pytest.mark.parametrize(
+    "args, kwargs, exc, match",
+    [
+        ((32.0, 64), {}, TypeError, r"hidden_size must be a positive int, got 32.0 \(float\)"),
+        ((32, True), {}, TypeError, r"intermediate_size must be a positive int, got True \(bool\)"),
+        ((0, 64), {}, ValueError, "hidden_size must be a positive int, got 0"),
+        ((32, 64), {"dtype": torch.int32}, TypeError, "dtype must be one of"),
+        ((32, 64), {"dtype": "bfloat16"}, TypeError, "dtype must be one of"),
+        ((32, 64), {"dtype": torch.float8_e4m3fn}, TypeError, "dtype must be one of"),  # floating, no matmul
+        ((32, 64), {"device": "bogus"}, ValueError, "device must be a torch.device, a device string or None, got 'bogus'"),
+    ],
+)
 def test_bad_constructor_arguments_name_the_argument(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         swiglu.SwiGLUMLP(*args, **kwargs)

@@ -29,15 +29,17 @@ PARAM_NAMES = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
 def _init_state(seed, hidden_size=H, intermediate_size=I):
     """float64 weights with std 1/sqrt(fan_in), the Llama layout."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    shapes = {"gate_proj.weight": (intermediate_size, hidden_size), "up_proj.weight": (intermediate_size, hidden_size),
-              "down_proj.weight": (hidden_size, intermediate_size)}
+    shapes = {
+        "gate_proj.weight": (intermediate_size, hidden_size),
+        "up_proj.weight": (intermediate_size, hidden_size),
+        "down_proj.weight": (hidden_size, intermediate_size),
+    }
     return {k: torch.randn(s, generator=gen, device="cuda", dtype=torch.float64) / math.sqrt(s[1]) for k, s in shapes.items()}
 
 
 def _models(seed, impl="triton", save_activated_gate=False):
     state = _init_state(seed)
-    ours = swiglu.SwiGLUMLP(H, I, impl=impl, save_activated_gate=save_activated_gate, device="cuda",
-                            dtype=torch.bfloat16)
+    ours = swiglu.SwiGLUMLP(H, I, impl=impl, save_activated_gate=save_activated_gate, device="cuda", dtype=torch.bfloat16)
     plain = PlainSwiGLUMLP(H, I, device="cuda", dtype=torch.bfloat16)
     plain64 = PlainSwiGLUMLP(H, I, device="cuda", dtype=torch.float64)
     ours.load_state_dict({k: v.bfloat16() for k, v in state.items()})

@@ -22,8 +22,13 @@ def _good(seed=0):
 
 def _args(**override):
     inp = _good()
-    args = dict(x=inp.x, top_k_index=inp.top_k_index, top_k_weights=inp.top_k_weights,
-                gate_up_proj=inp.gate_up_proj, down_proj=inp.down_proj)
+    args = dict(
+        x=inp.x,
+        top_k_index=inp.top_k_index,
+        top_k_weights=inp.top_k_weights,
+        gate_up_proj=inp.gate_up_proj,
+        down_proj=inp.down_proj,
+    )
     args.update(override)
     return args
 
@@ -40,16 +45,25 @@ BAD = {
     "down_dtype": (lambda a: dict(down_proj=a["down_proj"].half()), TypeError, "down_proj"),
     "gate_up_2d": (lambda a: dict(gate_up_proj=a["gate_up_proj"][0]), ValueError, "gate_up_proj"),
     "gate_up_odd": (lambda a: dict(gate_up_proj=a["gate_up_proj"][:, :-1]), ValueError, "gate_up_proj"),
-    "gate_up_no_experts": (lambda a: dict(gate_up_proj=a["gate_up_proj"][:0], down_proj=a["down_proj"][:0]),
-                           ValueError, "gate_up_proj"),
+    "gate_up_no_experts": (
+        lambda a: dict(gate_up_proj=a["gate_up_proj"][:0], down_proj=a["down_proj"][:0]),
+        ValueError,
+        "gate_up_proj",
+    ),
     "down_shape": (lambda a: dict(down_proj=a["down_proj"].transpose(1, 2)), ValueError, "down_proj"),
     "down_experts": (lambda a: dict(down_proj=a["down_proj"][:-1]), ValueError, "down_proj"),
     "index_float": (lambda a: dict(top_k_index=a["top_k_index"].float()), TypeError, "top_k_index"),
     "index_int16": (lambda a: dict(top_k_index=a["top_k_index"].to(torch.int16)), TypeError, "top_k_index"),
-    "index_rows": (lambda a: dict(top_k_index=a["top_k_index"][:-1], top_k_weights=a["top_k_weights"][:-1]),
-                   ValueError, "top_k_index"),
-    "index_k0": (lambda a: dict(top_k_index=a["top_k_index"][:, :0], top_k_weights=a["top_k_weights"][:, :0]),
-                 ValueError, "top_k_index"),
+    "index_rows": (
+        lambda a: dict(top_k_index=a["top_k_index"][:-1], top_k_weights=a["top_k_weights"][:-1]),
+        ValueError,
+        "top_k_index",
+    ),
+    "index_k0": (
+        lambda a: dict(top_k_index=a["top_k_index"][:, :0], top_k_weights=a["top_k_weights"][:, :0]),
+        ValueError,
+        "top_k_index",
+    ),
     "index_1d": (lambda a: dict(top_k_index=a["top_k_index"][:, 0]), ValueError, "top_k_index"),
     "index_too_big": (lambda a: dict(top_k_index=a["top_k_index"].clone().fill_(E)), ValueError, "top_k_index"),
     "index_negative": (lambda a: dict(top_k_index=a["top_k_index"].clone().fill_(-1)), ValueError, "top_k_index"),
@@ -72,8 +86,9 @@ def test_bad_argument_names_it(case, impl):
         swiglu.swiglu_moe(**args, impl=impl)
 
 
-@pytest.mark.parametrize("impl,error", [("cuda", ValueError), ("Triton", ValueError), ("", ValueError),
-                                        (None, TypeError), (1, TypeError)])
+@pytest.mark.parametrize(
+    "impl,error", [("cuda", ValueError), ("Triton", ValueError), ("", ValueError), (None, TypeError), (1, TypeError)]
+)
 def test_bad_impl_names_it(impl, error):
     with pytest.raises(error, match="impl"):
         swiglu.swiglu_moe(**_args(), impl=impl)
@@ -154,8 +169,9 @@ def test_shapes_dtypes_and_no_mutation(weights_dtype, index_dtype, lead):
     out = swiglu.swiglu_moe(*inp.args())
     assert all(out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() for t in inp.tensors())
     # [T, k] routing for [B, S, H] x: the same result.
-    flat = swiglu.swiglu_moe(inp.x, inp.top_k_index.reshape(12, K), inp.top_k_weights.reshape(12, K),
-                             inp.gate_up_proj, inp.down_proj)
+    flat = swiglu.swiglu_moe(
+        inp.x, inp.top_k_index.reshape(12, K), inp.top_k_weights.reshape(12, K), inp.gate_up_proj, inp.down_proj
+    )
     assert torch.equal(out, flat)
 
 

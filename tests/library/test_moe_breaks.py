@@ -66,8 +66,9 @@ def test_forward_mode_ad_triton_is_right_or_raises(how):
 
     def check(got):
         assert got is not None, "tangent dropped (None)"
-        assert torch.allclose(got.float(), expected.float(), rtol=0.05, atol=0.05), \
+        assert torch.allclose(got.float(), expected.float(), rtol=0.05, atol=0.05), (
             f"tangent max {got.float().abs().max()} vs reference {expected.float().abs().max()}"
+        )
 
     _clear_or_works(lambda: jvp("triton"), check)
 
@@ -100,10 +101,13 @@ def test_fake_tensor_mode_gives_fake_output():
     assert out.shape == inp.x.shape
 
 
-@pytest.mark.xfail(strict=True, reason="torch.compile(fullgraph=True) with impl='reference' (what 'auto' picks on CPU "
-                   "and for non-bf16 CUDA tensors, so what apply(model) runs in fp32) fails with "
-                   "GuardOnDataDependentSymNode (the reference's nonzero()/tolist() loop), where transformers' default "
-                   "'grouped_mm' experts implementation compiles fullgraph")
+@pytest.mark.xfail(
+    strict=True,
+    reason="torch.compile(fullgraph=True) with impl='reference' (what 'auto' picks on CPU "
+    "and for non-bf16 CUDA tensors, so what apply(model) runs in fp32) fails with "
+    "GuardOnDataDependentSymNode (the reference's nonzero()/tolist() loop), where transformers' default "
+    "'grouped_mm' experts implementation compiles fullgraph",
+)
 def test_reference_compiles_fullgraph():
     inp = _inputs()
     x, idx, w, gu, dp = (t.float() if t.is_floating_point() else t for t in inp.args())
@@ -117,8 +121,7 @@ def test_func_grad_over_triton_works_or_names_the_op(how):
     inp = _inputs()
     x, idx, w, gu, dp = inp.args()
     f = lambda xx: swiglu.swiglu_moe(xx, idx, w, gu, dp, impl="triton")  # noqa: E731
-    ref = torch.func.vjp(lambda xx: swiglu.swiglu_moe(xx, idx, w, gu, dp, impl="reference"), x.clone())[1](
-        inp.grad_out)[0]
+    ref = torch.func.vjp(lambda xx: swiglu.swiglu_moe(xx, idx, w, gu, dp, impl="reference"), x.clone())[1](inp.grad_out)[0]
 
     def run():
         if how == "grad":
@@ -159,8 +162,11 @@ def test_autocast_leaves_float64_alone():
 # --------------------------------------------------------------------------- probed and right
 
 
-@pytest.mark.parametrize("shape", [(7, 24, 40, 4, 2), (5, 40, 72, 3, 2), (6, 72, 8, 4, 2), (3, 32, 32, 1, 1),
-                                   (5, 32, 32, 3, 3), (5, 24, 40, 3, 5)], ids=str)
+@pytest.mark.parametrize(
+    "shape",
+    [(7, 24, 40, 4, 2), (5, 40, 72, 3, 2), (6, 72, 8, 4, 2), (3, 32, 32, 1, 1), (5, 32, 32, 3, 3), (5, 24, 40, 3, 5)],
+    ids=str,
+)
 def test_triton_odd_shapes_against_float64(shape):
     """H, I not multiples of 16, I < 16, E = 1, k = E, k > E (duplicates)."""
     t, h, i, e, k = shape
@@ -217,8 +223,7 @@ def test_triton_gradient_accumulation_retain_graph_and_frozen_weights():
 def test_triton_stride_zero_routing_x_and_weights():
     inp = _inputs()
     x, idx, w, gu, dp = inp.args()
-    views = (x[:1].expand(T, H), idx[:1].expand(T, K), w[:1].expand(T, K), gu[:1].expand(E, -1, -1),
-             dp[:1].expand(E, -1, -1))
+    views = (x[:1].expand(T, H), idx[:1].expand(T, K), w[:1].expand(T, K), gu[:1].expand(E, -1, -1), dp[:1].expand(E, -1, -1))
     got = swiglu.swiglu_moe(*views, impl="triton")
     assert torch.equal(got, swiglu.swiglu_moe(*(v.contiguous() for v in views), impl="triton"))
 
@@ -273,8 +278,12 @@ def test_hf_pickle_and_to_float32_after_apply(moe_calls):
 def test_hf_peft_lora_on_expert_parameters(moe_calls):
     peft = pytest.importorskip("peft")
     base = build("qwen3_moe")
-    cfg = peft.LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False,
-                          target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    cfg = peft.LoraConfig(
+        r=4,
+        target_modules=["q_proj"],
+        init_lora_weights=False,
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    )
     lora = peft.get_peft_model(base, cfg)
     ours = copy.deepcopy(lora)
     swiglu_hf.apply(ours, impl="reference")

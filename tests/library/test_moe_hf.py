@@ -31,33 +31,89 @@ from swiglu.integrations import transformers as swiglu_hf  # noqa: E402
 F32_TOL = 1e-5
 BF16_FACTOR, BF16_FLOOR = 2.0, 2e-3
 MODULE_FACTOR, MODULE_FLOOR = 1.5, 5e-4
-SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             vocab_size=128, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 #: family: (config class, model class, config overrides, names apply returns)
 FAMILIES = {
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                  dict(moe_intermediate_size=32, intermediate_size=96, num_experts=8, num_experts_per_tok=2),
-                  ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]),
-    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
-                  dict(moe_intermediate_size=32, intermediate_size=96, shared_expert_intermediate_size=48,
-                       num_experts=8, num_experts_per_tok=2),
-                  ["model.layers.0.mlp.experts", "model.layers.0.mlp.shared_expert", "model.layers.1.mlp.experts",
-                   "model.layers.1.mlp.shared_expert"]),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
-                ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]),
-    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2),
-              ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]),
-    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
-                    dict(moe_intermediate_size=32, intermediate_size=96, n_routed_experts=8, num_experts_per_tok=2,
-                         n_group=1, topk_group=1, first_k_dense_replace=1, n_shared_experts=1, kv_lora_rank=16,
-                         q_lora_rank=32, head_dim=8, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-                    ["model.layers.0.mlp", "model.layers.1.mlp.experts", "model.layers.1.mlp.shared_experts"]),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(moe_intermediate_size=32, intermediate_size=96, num_experts=8, num_experts_per_tok=2),
+        ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"],
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            moe_intermediate_size=32,
+            intermediate_size=96,
+            shared_expert_intermediate_size=48,
+            num_experts=8,
+            num_experts_per_tok=2,
+        ),
+        [
+            "model.layers.0.mlp.experts",
+            "model.layers.0.mlp.shared_expert",
+            "model.layers.1.mlp.experts",
+            "model.layers.1.mlp.shared_expert",
+        ],
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
+        ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"],
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2),
+        ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"],
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            moe_intermediate_size=32,
+            intermediate_size=96,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            head_dim=8,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        ["model.layers.0.mlp", "model.layers.1.mlp.experts", "model.layers.1.mlp.shared_experts"],
+    ),
 }
-GPT_OSS = ("GptOssConfig", "GptOssForCausalLM",
-           dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), [])
+GPT_OSS = (
+    "GptOssConfig",
+    "GptOssForCausalLM",
+    dict(
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
+    [],
+)
 
 
 def build(family: str, dtype=torch.float32, seed: int = 0, **overrides) -> nn.Module:
@@ -266,8 +322,11 @@ def test_gpt_oss_falls_back_with_a_warning(moe_calls):
         assert swiglu_hf.apply(ours) == []
     assert ours.config._experts_implementation == "grouped_mm"
     experts = copy.deepcopy(ours.model.layers[0].mlp.experts)  # each reason in turn, on a copy
-    for attr, value, match in [("has_bias", False, "transposed"), ("is_transposed", False, "interleaved"),
-                               ("is_concatenated", True, "custom gating")]:
+    for attr, value, match in [
+        ("has_bias", False, "transposed"),
+        ("is_transposed", False, "interleaved"),
+        ("is_concatenated", True, "custom gating"),
+    ]:
         setattr(experts, attr, value)
         assert match in swiglu_hf.experts_unsupported_reason(experts)
     ids = batch()
@@ -275,18 +334,25 @@ def test_gpt_oss_falls_back_with_a_warning(moe_calls):
     assert moe_calls == []
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda m: setattr(m, "is_transposed", True), "transposed expert weights"),
-    (lambda m: setattr(m, "is_concatenated", False), "interleaved gate/up"),
-    (lambda m: setattr(m, "has_gate", False), "no gate"),
-    (lambda m: setattr(m, "has_post_expert_norm", True), "a norm after each expert"),
-    (lambda m: setattr(m, "act_fn", nn.GELU()), "act_fn is GELU"),
-    (lambda m: setattr(m, "_apply_gate", lambda x: x), "custom gating"),
-    (lambda m: setattr(m, "__class__", type("Gated", (type(m),), {"_apply_gate": lambda self, x: x})),
-     r"custom gating \(Gated._apply_gate\)"),
-    (lambda m: setattr(m, "gate_up_proj", nn.Parameter(m.gate_up_proj.data.to(torch.float8_e4m3fn),
-                                                       requires_grad=False)), "float8"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda m: setattr(m, "is_transposed", True), "transposed expert weights"),
+        (lambda m: setattr(m, "is_concatenated", False), "interleaved gate/up"),
+        (lambda m: setattr(m, "has_gate", False), "no gate"),
+        (lambda m: setattr(m, "has_post_expert_norm", True), "a norm after each expert"),
+        (lambda m: setattr(m, "act_fn", nn.GELU()), "act_fn is GELU"),
+        (lambda m: setattr(m, "_apply_gate", lambda x: x), "custom gating"),
+        (
+            lambda m: setattr(m, "__class__", type("Gated", (type(m),), {"_apply_gate": lambda self, x: x})),
+            r"custom gating \(Gated._apply_gate\)",
+        ),
+        (
+            lambda m: setattr(m, "gate_up_proj", nn.Parameter(m.gate_up_proj.data.to(torch.float8_e4m3fn), requires_grad=False)),
+            "float8",
+        ),
+    ],
+)
 def test_each_unsupported_experts_module_is_named(change, match):
     experts = build("mixtral", num_hidden_layers=1).model.layers[0].mlp.experts
     assert swiglu_hf.experts_unsupported_reason(experts) is None

@@ -66,11 +66,15 @@ def test_flop_counter_around_the_backward_alone_counts_its_gemms():
 
 def test_opcheck_forward_and_backward_ops():
     x, idx, w, gu, dp = _inputs(12)
-    torch.library.opcheck(moe_forward, (x, idx, w, gu, dp),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(
+        moe_forward, (x, idx, w, gu, dp), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
+    )
     out, gate, up, order, start = moe_forward(x, idx, w, gu, dp)
-    torch.library.opcheck(moe_backward, (torch.randn_like(out), x, idx, w, gu, dp, gate, up, order, start),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        moe_backward,
+        (torch.randn_like(out), x, idx, w, gu, dp, gate, up, order, start),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])

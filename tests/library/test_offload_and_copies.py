@@ -65,8 +65,7 @@ def _accelerate_hook(module: nn.Module, hook) -> None:
 
 
 def _mlp(seed=0):
-    config = transformers.LlamaConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2,
-                                      num_key_value_heads=2)
+    config = transformers.LlamaConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=2)
     torch.manual_seed(seed)
     return transformers.models.llama.modeling_llama.LlamaMLP(config).double()
 

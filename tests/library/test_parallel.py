@@ -21,8 +21,9 @@ from torch.multiprocessing.spawn import ProcessException
 
 import tp_worker
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="needs torch.distributed with gloo")
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
+)
 
 TIMEOUT_S = 150  # the whole spawn; a hung collective fails the test instead of hanging CI
 WORLD_SCENARIOS = {
@@ -41,8 +42,9 @@ def spawn(world_size: int, names: list[str], out_dir) -> list[dict]:
     """Run ``tp_worker.run`` on ``world_size`` processes; returns each rank's results. Fails when a
     rank raises or exits non-zero (even after writing its results: a crash in teardown is a
     crash), and kills the processes and fails when they outlive ``TIMEOUT_S``."""
-    ctx = mp.start_processes(tp_worker.run, args=(world_size, _free_port(), str(out_dir), names),
-                             nprocs=world_size, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        tp_worker.run, args=(world_size, _free_port(), str(out_dir), names), nprocs=world_size, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while True:
@@ -75,8 +77,11 @@ def ranks(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("world,scenario", [(w, s) for w, names in WORLD_SCENARIOS.items() for s in names],
-                         ids=lambda v: f"tp{v}" if isinstance(v, int) else v)
+@pytest.mark.parametrize(
+    "world,scenario",
+    [(w, s) for w, names in WORLD_SCENARIOS.items() for s in names],
+    ids=lambda v: f"tp{v}" if isinstance(v, int) else v,
+)
 def test_scenario(ranks, world, scenario):
     """Only the scenarios each world size runs are collected (TP = 4 runs four; the others at TP = 2
     only, for CPU time): no test that always skips."""
@@ -135,9 +140,31 @@ def test_bench_tp_cli_on_cpu(tmp_path):
 
     import pandas as pd
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-           "-m", "swiglu_lab.bench", "--tp", "2", "--device", "cpu", "--parts", "check,train,overlap,timeline", "--cases", "s128_b1",
-           "--reserve-sms", "8", "--sp-chunks", "2,3", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "swiglu_lab.bench",
+        "--tp",
+        "2",
+        "--device",
+        "cpu",
+        "--parts",
+        "check,train,overlap,timeline",
+        "--cases",
+        "s128_b1",
+        "--reserve-sms",
+        "8",
+        "--sp-chunks",
+        "2,3",
+        "--out",
+        str(tmp_path),
+    ]
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -150,8 +177,7 @@ def test_bench_tp_cli_on_cpu(tmp_path):
     assert record["nccl_env"]["NCCL_NVLS_ENABLE"] == "0"
     assert "correctness: 4/4 gathered outputs pass" in done.stdout
     rows = pd.read_csv(next(p for p in tmp_path.glob("tp_*.csv") if not p.name.endswith(("_check.csv", "_timeline.csv"))))
-    assert list(rows["impl"]) == ["tp_serial", "tp_early", "tp_early_reserve8", "tp_sp_serial", "tp_sp_chunks2",
-                                  "tp_sp_chunks3"]
+    assert list(rows["impl"]) == ["tp_serial", "tp_early", "tp_early_reserve8", "tp_sp_serial", "tp_sp_chunks2", "tp_sp_chunks3"]
     assert (rows["median_ms"] > 0).all()
     allreduce, sp = rows[~rows["impl"].str.startswith("tp_sp")], rows[rows["impl"].str.startswith("tp_sp")]
     assert allreduce["note"].str.contains("bitwise equal to tp_serial: True").all(), allreduce["note"].tolist()

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_uneven_sequence_shards_on_nccl(tmp_path):
-    ctx = mp.start_processes(tp_worker.run_nccl_uneven, args=(2, _free_port(), str(tmp_path)), nprocs=2,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        tp_worker.run_nccl_uneven, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while not ctx.join(timeout=1):

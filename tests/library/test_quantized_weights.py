@@ -58,12 +58,12 @@ class Int8WeightOnly(torch.Tensor):
         if func is aten.detach.default:  # nn.Parameter(subclass) detaches
             return cls(args[0].qdata, args[0].scale, args[0].dtype)
         if func in (aten.t.default, aten.mm.default, aten.addmm.default, aten.linear.default, aten.matmul.default):
+
             def plain(t):
                 return t.dequantize() if isinstance(t, cls) else t
 
             return func(*tree_map(plain, args), **tree_map(plain, kwargs))
-        raise NotImplementedError(f"{cls.__name__} dispatch: attempting to run unimplemented operator/function: "
-                                  f"{func}")
+        raise NotImplementedError(f"{cls.__name__} dispatch: attempting to run unimplemented operator/function: {func}")
 
 
 def quantize_(mlp: nn.Module) -> None:
@@ -84,8 +84,7 @@ def _mlp_warnings(caught):
     return [str(w.message) for w in caught if issubclass(w.category, UserWarning) and "SwiGLUMLP" in str(w.message)]
 
 
-@pytest.mark.parametrize("dtype, impl", [(torch.float64, "reference"), (torch.float64, "auto"),
-                                         (torch.bfloat16, "triton")])
+@pytest.mark.parametrize("dtype, impl", [(torch.float64, "reference"), (torch.float64, "auto"), (torch.bfloat16, "triton")])
 def test_swiglu_mlp_with_quantized_weights_runs_its_projections(dtype, impl):
     """Output and grad_x equal the plain MLP's on the dequantized weights (float64 to 1e-12;
     bf16: the same ops, bitwise); one warning over three calls naming the weight's class."""
@@ -148,8 +147,9 @@ def test_a_parametrized_quantized_weight_is_caught():
     lin = nn.Linear(H, I, bias=False, dtype=torch.float64)
     parametrize.register_parametrization(lin, "weight", Double())
     assert projection_reason("up_proj", lin) is None
-    lin.parametrizations.weight.original = nn.Parameter(Int8WeightOnly.quantize(lin.parametrizations.weight.original),
-                                                        requires_grad=False)
+    lin.parametrizations.weight.original = nn.Parameter(
+        Int8WeightOnly.quantize(lin.parametrizations.weight.original), requires_grad=False
+    )
     assert "up_proj.weight is a" in projection_reason("up_proj", lin)
 
 
@@ -169,9 +169,18 @@ def test_export_keeps_the_fused_op():
 
 def _tiny_llama(dtype=torch.float64):
     transformers = pytest.importorskip("transformers", minversion="5.3")
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=4, vocab_size=64,
-                                      max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=64,
+        max_position_embeddings=32,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).to(dtype)
 

@@ -71,13 +71,22 @@ def test_gate_weight_of_the_wrong_width_is_blamed():
     """gate_weight [128, 32] with x [..., 64]: the error names gate_weight, not a later operand."""
     x = torch.randn(3, 64)
     gate_weight, up_weight, down_weight = torch.randn(128, 32), torch.randn(128, 64), torch.randn(64, 128)
-    with pytest.raises(ValueError, match=r"^gate_weight must have shape \[128, 64\] .*hidden_size 64 from x.*"
-                                         r"got \[128, 32\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"^gate_weight must have shape \[128, 64\] .*hidden_size 64 from x.*"
+        r"got \[128, 32\]",
+    ):
         swiglu.swiglu_mlp(x, gate_weight, up_weight, down_weight)
     with pytest.raises(ValueError, match=r"^gate_weight must have shape \[128, 64\]"):
         swiglu.swiglu_mlp_backward(
-            torch.randn(3, 64), x, torch.randn(3, 128), torch.randn(3, 128), torch.randn(3, 128),
-            gate_weight, up_weight, down_weight,
+            torch.randn(3, 64),
+            x,
+            torch.randn(3, 128),
+            torch.randn(3, 128),
+            torch.randn(3, 128),
+            gate_weight,
+            up_weight,
+            down_weight,
         )
 
 
@@ -89,8 +98,10 @@ FORWARD_CASES = [
 
 
 def _weights(gen):
-    return {n: torch.randn(s, generator=gen, dtype=torch.float64) for n, s in
-            (("gate_weight", (I, H)), ("up_weight", (I, H)), ("down_weight", (H, I)))}
+    return {
+        n: torch.randn(s, generator=gen, dtype=torch.float64)
+        for n, s in (("gate_weight", (I, H)), ("up_weight", (I, H)), ("down_weight", (H, I)))
+    }
 
 
 @pytest.mark.parametrize("name,label,bad", FORWARD_CASES, ids=[f"{c[0]}-{c[1]}" for c in FORWARD_CASES])

@@ -93,8 +93,12 @@ def _check_against_float64(inp, got, seed, skip=()):
             assert torch.isfinite(o).all(), f"{name}, seed={seed}"
             ref_err = relative_error(r, o)
             assert ref_err < 0.5, f"{name}: the reference itself fails ({ref_err:.3e}): flushed subnormals?"
-    check(inp, tuple(None if n in skip else g for n, g in zip(NAMES, got)), seed,
-          **{need: n not in skip for need, n in zip(NEEDS, NAMES)})
+    check(
+        inp,
+        tuple(None if n in skip else g for n, g in zip(NAMES, got)),
+        seed,
+        **{need: n not in skip for need, n in zip(NEEDS, NAMES)},
+    )
 
 
 def test_subnormal_down_weight(device, gemm_without_flush):

@@ -17,9 +17,21 @@ def _rows(bus_gbps=300.0, latency_ms=0.02):
     rows = []
     for case, tokens, single in (("a", 1024, 16.0), ("b", 4096, 64.0)):
         comm = latency_ms + float(tp_model.bus_bytes(tokens, H, 2)) / (bus_gbps * 1e9) * 1e3
+
         def add(impl, ms, local=I // 2):
-            rows.append(dict(case=case, tokens=tokens, hidden_size=H, intermediate_size=I, tp=2,
-                             local_intermediate_size=local, impl=impl, median_ms=ms))
+            rows.append(
+                dict(
+                    case=case,
+                    tokens=tokens,
+                    hidden_size=H,
+                    intermediate_size=I,
+                    tp=2,
+                    local_intermediate_size=local,
+                    impl=impl,
+                    median_ms=ms,
+                )
+            )
+
         add("ours_local_compute", single, I)
         for n in (2, 4, 8):
             add("ours_local_compute", single / n * 1.05, I // n)

@@ -78,7 +78,9 @@ def test_select_by_token_count():
     assert select_cases(["s128_b8", 1024, "3376"]) == [get_case("s128_b8"), get_case("s256_b4"), get_case("s211_b16")]
 
 
-@pytest.mark.parametrize("selection,message", [("s1_b1", "unknown case 's1_b1'"), (4097, "no case has 4097 tokens"), ("0", "no case has 0 tokens")])
+@pytest.mark.parametrize(
+    "selection,message", [("s1_b1", "unknown case 's1_b1'"), (4097, "no case has 4097 tokens"), ("0", "no case has 0 tokens")]
+)
 def test_select_errors(selection, message):
     with pytest.raises(ValueError, match=message):
         select_cases(selection)

@@ -105,10 +105,10 @@ def test_flop_counter_sees_every_gemm(request, impl, lean, device):
 
     assert _count(plain_step) == 18 * tokens * H * I
     assert _count(lambda: m(x).sum().backward()) == 18 * tokens * H * I
-    assert _count(lambda: torch.ops.swiglu.mlp_forward(x, *w, impl, not lean)[0].sum().backward()) \
-        == 18 * tokens * H * I
-    t = swiglu.make_inputs(batch_size=2, seq_len=tokens // 2, hidden_size=H, intermediate_size=I,
-                           device=device, seed=1, mode="forward").as_tuple()
+    assert _count(lambda: torch.ops.swiglu.mlp_forward(x, *w, impl, not lean)[0].sum().backward()) == 18 * tokens * H * I
+    t = swiglu.make_inputs(
+        batch_size=2, seq_len=tokens // 2, hidden_size=H, intermediate_size=I, device=device, seed=1, mode="forward"
+    ).as_tuple()
     t = tuple(a.bfloat16() for a in t)
     assert _count(lambda: swiglu.swiglu_mlp_backward(*t, impl=impl)) == 12 * tokens * H * I
     # a frozen gate_weight: no d_gate.T @ x
@@ -157,10 +157,8 @@ def test_backward_gradients_are_differentiable_by_the_reference_formula(request,
         return
     t = _saved(request, torch.bfloat16, requires_grad=True, device=device)
     leaves = [t[i] for i in (1, 5, 6, 7)]
-    got = torch.autograd.grad(sum((g.float() ** 2).sum() for g in swiglu.swiglu_mlp_backward(*t, impl="triton")),
-                              leaves)
-    want = torch.autograd.grad(sum((g.float() ** 2).sum()
-                                   for g in swiglu.reference.reference_gradients(t)), leaves)
+    got = torch.autograd.grad(sum((g.float() ** 2).sum() for g in swiglu.swiglu_mlp_backward(*t, impl="triton")), leaves)
+    want = torch.autograd.grad(sum((g.float() ** 2).sum() for g in swiglu.reference.reference_gradients(t)), leaves)
     for g, w in zip(got, want):
         assert torch.allclose(g.float(), w.float(), rtol=0.05, atol=0.05 * w.float().abs().max().item())
 
@@ -189,11 +187,14 @@ def test_flop_formulas_whichever_is_imported_first(order):
     imports = ["import swiglu", "import torch.utils.flop_counter as fc"]
     if order == "flop_counter_first":
         imports.reverse()
-    code = "; ".join(imports + [
-        "import sys, torch",
-        "assert torch.ops.swiglu.mlp_forward in fc.flop_registry",
-        "assert torch.ops.swiglu.mlp_backward in fc.flop_registry",
-    ])
+    code = "; ".join(
+        imports
+        + [
+            "import sys, torch",
+            "assert torch.ops.swiglu.mlp_forward in fc.flop_registry",
+            "assert torch.ops.swiglu.mlp_backward in fc.flop_registry",
+        ]
+    )
     lean = "import sys, swiglu; assert 'torch.utils.flop_counter' not in sys.modules and 'triton' not in sys.modules"
-    for c in ((code, lean) if order == "swiglu_first" else (code,)):
+    for c in (code, lean) if order == "swiglu_first" else (code,):
         subprocess.run([sys.executable, "-c", c], check=True, env={**__import__("os").environ, "TRITON_INTERPRET": "0"})

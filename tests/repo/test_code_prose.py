@@ -22,9 +22,12 @@ def _docstrings(path: Path):
 
 
 def test_library_docstrings_are_contracts_of_at_most_25_lines():
-    long = [f"{p.relative_to(ROOT)}:{name} ({doc.count(chr(10)) + 1} lines)"
-            for p in sorted((ROOT / "src" / "swiglu").rglob("*.py")) for name, doc in _docstrings(p)
-            if doc.count("\n") + 1 > 25]
+    long = [
+        f"{p.relative_to(ROOT)}:{name} ({doc.count(chr(10)) + 1} lines)"
+        for p in sorted((ROOT / "src" / "swiglu").rglob("*.py"))
+        for name, doc in _docstrings(p)
+        if doc.count("\n") + 1 > 25
+    ]
     assert not long, long
 
 

@@ -17,7 +17,7 @@ def _headline_run_id() -> str:
 def _section(text: str, title: str) -> str:
     start = text.index(f"## {title}")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else None]
+    return text[start : end if end != -1 else None]
 
 
 def test_results_prose_describes_the_headline_run():

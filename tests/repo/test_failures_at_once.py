@@ -11,14 +11,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(tmp_path, at_once: bool) -> subprocess.CompletedProcess:
     shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "test_planted.py").write_text('def test_fails():\n    assert 1 == 2, "planted failure"\n\n'
-                                              'def test_ok():\n    pass\n')
+    (tmp_path / "test_planted.py").write_text(
+        'def test_fails():\n    assert 1 == 2, "planted failure"\n\ndef test_ok():\n    pass\n'
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     env.pop("SWIGLU_FAILURES_AT_ONCE", None)
     if at_once:
         env["SWIGLU_FAILURES_AT_ONCE"] = "1"
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 def test_failures_print_at_once_only_when_asked(tmp_path):

@@ -43,10 +43,18 @@ INTEGRATION_THIRD_PARTY = {"swiglu.integrations.transformers": {"transformers"}}
 #: Import names of the lab's dependencies (lab/pyproject.toml: the required ones, the notebooks
 #: extra and its Jupyter stack, the liger and quack peers) besides the library's torch and triton.
 LAB_THIRD_PARTY = LIBRARY_THIRD_PARTY | {
-    "numpy", "pandas", "tqdm", "pynvml",  # required (nvidia-ml-py is imported as pynvml)
-    "matplotlib", "papermill", "nbformat", "jupyter_client", "IPython",  # notebooks
+    "numpy",
+    "pandas",
+    "tqdm",
+    "pynvml",  # required (nvidia-ml-py is imported as pynvml)
+    "matplotlib",
+    "papermill",
+    "nbformat",
+    "jupyter_client",
+    "IPython",  # notebooks
     "liger_kernel",  # liger
-    "quack", "cutlass",  # quack (nvidia-cutlass-dsl is imported as cutlass)
+    "quack",
+    "cutlass",  # quack (nvidia-cutlass-dsl is imported as cutlass)
 }
 
 
@@ -153,8 +161,21 @@ def test_lab_pyproject_declares_the_lab_third_party():
     project = tomllib.loads((ROOT / "lab" / "pyproject.toml").read_text())["project"]
     requirements = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
     declared = {re.match(r"[\w.-]+", r).group(0) for r in requirements}
-    for dist in ("swiglu", "numpy", "pandas", "tqdm", "nvidia-ml-py", "matplotlib", "papermill", "nbformat",
-                 "jupyterlab", "ipykernel", "liger-kernel", "quack-kernels", "nvidia-cutlass-dsl"):
+    for dist in (
+        "swiglu",
+        "numpy",
+        "pandas",
+        "tqdm",
+        "nvidia-ml-py",
+        "matplotlib",
+        "papermill",
+        "nbformat",
+        "jupyterlab",
+        "ipykernel",
+        "liger-kernel",
+        "quack-kernels",
+        "nvidia-cutlass-dsl",
+    ):
         assert dist in declared, f"lab/pyproject.toml does not declare {dist}"
 
 
@@ -167,7 +188,7 @@ def test_no_import_cycle():
         stack.append(n)
         for m in sorted(GRAPH[n]):
             if state.get(m) == 1:
-                cycle = stack[stack.index(m):] + [m]
+                cycle = stack[stack.index(m) :] + [m]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if m not in state:
                 visit(m)
@@ -182,9 +203,12 @@ def test_no_import_cycle():
 def test_checker_sees_a_planted_cycle_and_a_wrong_import(monkeypatch):
     """The rules can fail: a kernels module importing the library, the library importing the lab,
     bench importing research, a lazy import back."""
-    for importer, imported in (("swiglu.kernels.launch", "swiglu.api"), ("swiglu.api", "swiglu_lab.bench.stats"),
-                               ("swiglu_lab.bench.cli", "swiglu_lab.research.analysis"),
-                               ("swiglu_lab.paths", "swiglu_lab.bench.stats")):
+    for importer, imported in (
+        ("swiglu.kernels.launch", "swiglu.api"),
+        ("swiglu.api", "swiglu_lab.bench.stats"),
+        ("swiglu_lab.bench.cli", "swiglu_lab.research.analysis"),
+        ("swiglu_lab.paths", "swiglu_lab.bench.stats"),
+    ):
         monkeypatch.setitem(GRAPH, importer, GRAPH[importer] | {imported})
         with pytest.raises(AssertionError, match="imports"):
             test_imports_respect_the_parts(importer)
@@ -224,10 +248,15 @@ def test_probes_index_names_every_probe():
 
 def sys_path_edits(source: str) -> list[int]:
     """Lines of ``source`` that change ``sys.path`` (assign to it or a slice of it, call a method on it)."""
+
     def is_sys_path(node) -> bool:
         node = node.value if isinstance(node, ast.Subscript) else node
-        return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
-                and node.value.id == "sys")
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        )
 
     lines = []
     for node in ast.walk(ast.parse(source)):
@@ -243,13 +272,21 @@ def test_scripts_and_probes_leave_sys_path_alone():
     """Scripts and probes import the installed swiglu and swiglu_lab (or PYTHONPATH=src:lab), never by
     editing sys.path."""
     root = Path(__file__).resolve().parents[2]
-    edits = {str(p.relative_to(root)): sys_path_edits(p.read_text())
-             for folder in ("scripts", "lab/probes") for p in sorted((root / folder).glob("*.py"))}
+    edits = {
+        str(p.relative_to(root)): sys_path_edits(p.read_text())
+        for folder in ("scripts", "lab/probes")
+        for p in sorted((root / folder).glob("*.py"))
+    }
     assert not {k: v for k, v in edits.items() if v}
 
 
 def test_the_sys_path_check_sees_each_kind_of_edit():
-    for code in ("import sys\nsys.path.insert(0, 'src')", "import sys\nsys.path[:0] = ['src']",
-                 "import sys\nsys.path.append('x')", "import sys\nsys.path = []", "import sys\nsys.path += ['x']"):
+    for code in (
+        "import sys\nsys.path.insert(0, 'src')",
+        "import sys\nsys.path[:0] = ['src']",
+        "import sys\nsys.path.append('x')",
+        "import sys\nsys.path = []",
+        "import sys\nsys.path += ['x']",
+    ):
         assert sys_path_edits(code) == [2], code
     assert sys_path_edits("import sys\nprint(sys.path[0])\nfrom x import y  # sys.path") == []

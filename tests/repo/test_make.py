@@ -16,8 +16,14 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU 
 
 
 def make(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", *args], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        ["make", "--no-print-directory", "-o", ".venv/.installed", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def lab_command(*args: str) -> str:
@@ -100,7 +106,6 @@ def test_lab_serves_the_whole_clone_and_opens_in_notebooks():
     assert (ROOT / "notebooks").is_dir() and "notebooks/" not in args
 
 
-
 def _script(path: Path, text: str) -> str:
     path.write_text("#!/bin/sh\n" + text)
     path.chmod(0o755)
@@ -114,13 +119,26 @@ def test_another_python_recreates_the_venv(tmp_path):
     venv = tmp_path / "venv"
     py = _script(tmp_path / "py", f'[ "$1 $2" = "-m pip" ] && exit 0\nexec {venv}/bin/python "$@"\n')
     # An interpreter that reports another version than the one it runs (as python3.12 beside 3.11 would).
-    other = _script(tmp_path / "other", f'case "$2" in *python_version*) echo "CPython 3.99.0"; exit 0;; esac\n'
-                                        f'exec {sys.executable} "$@"\n')
+    other = _script(
+        tmp_path / "other", f'case "$2" in *python_version*) echo "CPython 3.99.0"; exit 0;; esac\nexec {sys.executable} "$@"\n'
+    )
 
     def build(python: str) -> subprocess.CompletedProcess:
-        result = subprocess.run(["make", "--no-print-directory", f"VENV={venv}", f"PY={py}", "INSTALL_TORCH=true",
-                                 f"PYTHON={python}", f"{venv}/.installed"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            [
+                "make",
+                "--no-print-directory",
+                f"VENV={venv}",
+                f"PY={py}",
+                "INSTALL_TORCH=true",
+                f"PYTHON={python}",
+                f"{venv}/.installed",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         return result
 

@@ -23,14 +23,24 @@ OUTSIDE = [re.compile(p) for p in (r"\.\./", "/" + "work/", r"\.library/")]
 
 
 def scanned_files() -> list[Path]:
-    files = [p for folder in ("src", "lab", "tests", "notebooks", "scripts", "docs") for p in (ROOT / folder).rglob("*")
-             if p.is_file() and p.suffix in {".py", ".ipynb", ".md", ".json", ".toml", ".txt"}]
+    files = [
+        p
+        for folder in ("src", "lab", "tests", "notebooks", "scripts", "docs")
+        for p in (ROOT / folder).rglob("*")
+        if p.is_file() and p.suffix in {".py", ".ipynb", ".md", ".json", ".toml", ".txt"}
+    ]
     files += [ROOT / n for n in ("README.md", "NOTES.md", "Makefile", "environment.yml", "pyproject.toml", ".ci/run")]
     files += sorted((ROOT / "data").rglob("README.md"))
     # This file's own examples are dangling on purpose (test_the_scanner_finds_...).
     # Build outputs (egg-info metadata) are not the repository's text: a stale one lists moved files.
-    return [p for p in files if p.is_file() and "__pycache__" not in p.parts and p != Path(__file__).resolve()
-            and not any(part.endswith(".egg-info") for part in p.parts)]
+    return [
+        p
+        for p in files
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and p != Path(__file__).resolve()
+        and not any(part.endswith(".egg-info") for part in p.parts)
+    ]
 
 
 #: A Markdown link or image target (up to an anchor or a title).
@@ -56,8 +66,7 @@ def dangling(text: str, root: Path = ROOT, base: Path | None = None) -> list[str
     With ``base`` (the folder of the Markdown file the text is from), relative link targets that
     resolve inside ``root`` (``../figures/x.png`` from docs/) are allowed."""
     if base is not None:
-        text = MD_LINK.sub(lambda m: "]()" if m.group(1) and not link_problems(m.group(0), base, root) else m.group(0),
-                           text)
+        text = MD_LINK.sub(lambda m: "]()" if m.group(1) and not link_problems(m.group(0), base, root) else m.group(0), text)
     bad = []
     for match in TOKEN.finditer(text):
         token = match.group(1).rstrip(".,:;")
@@ -74,16 +83,27 @@ def dangling(text: str, root: Path = ROOT, base: Path | None = None) -> list[str
 def test_the_scanner_finds_dangling_and_outside_paths(tmp_path):
     (tmp_path / "data" / "bench").mkdir(parents=True)
     (tmp_path / "data" / "bench" / "run1.csv").write_text("x")
-    text = ("see shared/spec/problem.md, data/bench/run1.csv, data/bench/<run>.csv and data/bench/{run_id}.json; "
-            "docs/missing.md or ../elsewhere")
+    text = (
+        "see shared/spec/problem.md, data/bench/run1.csv, data/bench/<run>.csv and data/bench/{run_id}.json; "
+        "docs/missing.md or ../elsewhere"
+    )
     assert dangling(text, tmp_path) == ["shared/spec/problem.md", "data/bench/{run_id}.json", "docs/missing.md", "../"]
 
 
 def test_scan_covers_the_documented_places():
     names = {str(p.relative_to(ROOT)) for p in scanned_files()}
-    assert {"README.md", "NOTES.md", "Makefile", "src/swiglu/kernels/tl_kernels.py", "lab/swiglu_lab/bench/cli.py",
-            "lab/pyproject.toml", "tests/conftest.py",
-            "notebooks/02_validation.ipynb", "data/spec/README.md", "docs/problem.md"} <= names
+    assert {
+        "README.md",
+        "NOTES.md",
+        "Makefile",
+        "src/swiglu/kernels/tl_kernels.py",
+        "lab/swiglu_lab/bench/cli.py",
+        "lab/pyproject.toml",
+        "tests/conftest.py",
+        "notebooks/02_validation.ipynb",
+        "data/spec/README.md",
+        "docs/problem.md",
+    } <= names
 
 
 @pytest.mark.parametrize("path", scanned_files(), ids=lambda p: str(p.relative_to(ROOT)))

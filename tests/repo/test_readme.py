@@ -18,15 +18,15 @@ SKETCH = "# sketch:"
 
 def python_blocks(text: str) -> list[tuple[int, str]]:
     """(line number, code) of each ```python block."""
-    return [(text[: m.start()].count("\n") + 2, m.group(1))
-            for m in re.finditer(r"^```python\n(.*?)^```", text, flags=re.S | re.M)]
+    return [
+        (text[: m.start()].count("\n") + 2, m.group(1)) for m in re.finditer(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    ]
 
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCKS = [(str(doc.relative_to(ROOT)), line, code) for doc in DOCUMENTS for line, code in python_blocks(doc.read_text())]
 # A block repeated word for word (docs/usage.md repeats the README's training loop) runs once.
-RUNNABLE = list({code: (name, line, code) for name, line, code in reversed(BLOCKS)
-                 if not code.startswith(SKETCH)}.values())[::-1]
+RUNNABLE = list({code: (name, line, code) for name, line, code in reversed(BLOCKS) if not code.startswith(SKETCH)}.values())[::-1]
 
 
 def test_blocks_are_found_and_sketches_say_why():
@@ -62,13 +62,17 @@ def test_one_story_for_where_the_cpu_build_of_torch_comes_from():
     triton_version = re.search(r"pip install -q triton==(\S+)", makefile).group(1)
     pins = {name: _makefile_value(f"{name.upper()}_VERSION", makefile) for name in ("matplotlib", "numpy", "pandas")}
     env = (ROOT / "environment.yml").read_text()
-    for line in (f"- --extra-index-url {index}", f"- torch=={torch_version}+cpu", f"- triton=={triton_version}",
-                 *(f"- {name}=={version}" for name, version in pins.items())):
+    for line in (
+        f"- --extra-index-url {index}",
+        f"- torch=={torch_version}+cpu",
+        f"- triton=={triton_version}",
+        *(f"- {name}=={version}" for name, version in pins.items()),
+    ):
         assert line in env, f"environment.yml lacks {line!r} (the Makefile's CPU install)"
-    conda = README[README.index("### Conda"):README.index("## Using the package")]
+    conda = README[README.index("### Conda") : README.index("## Using the package")]
     for text in (index, f"torch=={torch_version}+cpu", f"triton=={triton_version}"):
         assert text in conda, f"README's conda section lacks {text!r}"
-    install = README[README.index("## Two commands"):README.index("### Conda")]
+    install = README[README.index("## Two commands") : README.index("### Conda")]
     for text in (index, f"torch=={torch_version}", f"triton=={triton_version}"):
         assert text in install, f"README's install section lacks {text!r}"
 
@@ -76,7 +80,7 @@ def test_one_story_for_where_the_cpu_build_of_torch_comes_from():
 def test_the_hf_install_says_how_to_get_the_cpu_build_of_torch():
     """``pip install -e '.[hf]'`` alone pulls CUDA torch and its nvidia packages on a CPU-only
     machine: the README's Hugging Face section installs torch from the CPU index first."""
-    section = README[README.index("## Use it in a Hugging Face training script"):]
+    section = README[README.index("## Use it in a Hugging Face training script") :]
     block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1).splitlines()
     index = _makefile_value("TORCH_CPU_INDEX", (ROOT / "Makefile").read_text())
     hf = next(k for k, line in enumerate(block) if line.startswith("pip install -e '.[hf]'"))

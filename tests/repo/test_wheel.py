@@ -28,8 +28,12 @@ def wheel_names(tmp_path_factory) -> list[str]:
     for name in ("src", "lab"):
         shutil.copytree(ROOT / name, tree / name, ignore=ignore)
     dist = tree / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
-                    str(tree)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(tree)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = dist.glob("swiglu-*.whl")
     with zipfile.ZipFile(wheel) as z:
         return z.namelist()
@@ -43,7 +47,10 @@ def test_the_wheel_holds_the_library_only(wheel_names):
 
 
 def test_the_wheel_holds_every_library_module_and_table(wheel_names):
-    sources = {str(p.relative_to(ROOT / "src")) for p in (ROOT / "src" / "swiglu").rglob("*")
-               if p.suffix in {".py", ".json"} and "__pycache__" not in p.parts}
+    sources = {
+        str(p.relative_to(ROOT / "src"))
+        for p in (ROOT / "src" / "swiglu").rglob("*")
+        if p.suffix in {".py", ".json"} and "__pycache__" not in p.parts
+    }
     missing = sorted(sources - set(wheel_names))
     assert not missing, f"library files missing from the wheel: {missing}"

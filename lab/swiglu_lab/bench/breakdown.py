@@ -27,8 +27,23 @@ from .timing import time_iterations
 
 #: The range name around each profiled call.
 MARK = "swiglu_bench::call"
-COLUMNS = ("run_id", "case", "tokens", "impl", "position", "kernel", "role", "ms", "seen",
-           "busy_ms", "lead_ms", "gaps_ms", "span_ms", "profiled_calls", "timed_ms")
+COLUMNS = (
+    "run_id",
+    "case",
+    "tokens",
+    "impl",
+    "position",
+    "kernel",
+    "role",
+    "ms",
+    "seen",
+    "busy_ms",
+    "lead_ms",
+    "gaps_ms",
+    "span_ms",
+    "profiled_calls",
+    "timed_ms",
+)
 #: The L2 flush's kernel (``timing.L2Flusher`` zeroes a uint8 buffer): where one call ends on
 #: the device timeline and the next begins.
 FLUSH_KERNEL = "FillFunctor<unsigned char>"
@@ -56,8 +71,7 @@ def call_kernels(prof) -> tuple[list[list[tuple[str, float, float]]], list[float
     """Per ``MARK`` range of a finished CPU ``torch.profiler.profile`` (in time order): its start
     (us) and the ``(name, start_us, end_us)`` of the ops directly under it, in start order.
     Returns (per-range op lists, range starts)."""
-    marks = sorted((e for e in prof.events() if e.name == MARK and e.device_type.name == "CPU"),
-                   key=lambda e: e.time_range.start)
+    marks = sorted((e for e in prof.events() if e.name == MARK and e.device_type.name == "CPU"), key=lambda e: e.time_range.start)
     calls = [[(c.name, float(c.time_range.start), float(c.time_range.end)) for c in m.cpu_children] for m in marks]
     return [sorted(c, key=lambda k: k[1]) for c in calls], [float(m.time_range.start) for m in marks]
 
@@ -79,8 +93,11 @@ def split_at_flushes(kernels: list[tuple[str, float, float]]) -> tuple[list[list
 def device_kernels(prof) -> list[tuple[str, float, float]]:
     """The device kernels of a finished profile, less the ranges of ``record_function``
     annotations (ours and any library's), which the profiler also puts on the device's timeline."""
-    return [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
-            if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False)]
+    return [
+        (e.name, float(e.time_range.start), float(e.time_range.end))
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False)
+    ]
 
 
 def _busy_us(kernels: list[tuple[str, float, float]]) -> float:
@@ -103,16 +120,29 @@ def summarize(calls: list[list[tuple[str, float, float]]], starts: list[float]) 
     for position in range(max(len(c) for c, _ in calls_with)):
         names = [c[position][0] for c, _ in calls_with if len(c) > position]
         name = statistics.mode(names)
-        durations = [(c[position][2] - c[position][1]) / 1e3 for c, _ in calls_with
-                     if len(c) > position and c[position][0] == name]
-        rows.append(dict(position=position, kernel=name, role=kernel_role(name), ms=statistics.median(durations),
-                         seen=len(durations), busy_ms=busy, lead_ms=lead, gaps_ms=gaps, span_ms=span,
-                         profiled_calls=len(calls_with)))
+        durations = [
+            (c[position][2] - c[position][1]) / 1e3 for c, _ in calls_with if len(c) > position and c[position][0] == name
+        ]
+        rows.append(
+            dict(
+                position=position,
+                kernel=name,
+                role=kernel_role(name),
+                ms=statistics.median(durations),
+                seen=len(durations),
+                busy_ms=busy,
+                lead_ms=lead,
+                gaps_ms=gaps,
+                span_ms=span,
+                profiled_calls=len(calls_with),
+            )
+        )
     return rows
 
 
-def profile_calls(fn: Callable, make_args: Callable[[], tuple], iters: int, device: torch.device,
-                  flush: Callable[[], None] = lambda: None) -> list[dict]:
+def profile_calls(
+    fn: Callable, make_args: Callable[[], tuple], iters: int, device: torch.device, flush: Callable[[], None] = lambda: None
+) -> list[dict]:
     """Profile ``iters`` calls of ``fn(*make_args())`` as the module docstring says; returns
     ``summarize``'s rows. On a GPU ``flush`` must launch the ``FLUSH_KERNEL`` (``timing.L2Flusher``):
     ValueError when the profile does not hold one per call."""
@@ -128,8 +158,10 @@ def profile_calls(fn: Callable, make_args: Callable[[], tuple], iters: int, devi
             time_iterations(fn, lambda: next(prepared), iters, device, flush)  # the timed loop itself
         calls, ends = split_at_flushes(device_kernels(prof))
         if len(calls) != iters:
-            raise ValueError(f"the profile holds {len(calls)} L2 flushes ({FLUSH_KERNEL!r} kernels) for {iters} calls: "
-                             "profile_calls needs timing.L2Flusher as flush and no such kernel in the calls")
+            raise ValueError(
+                f"the profile holds {len(calls)} L2 flushes ({FLUSH_KERNEL!r} kernels) for {iters} calls: "
+                "profile_calls needs timing.L2Flusher as flush and no such kernel in the calls"
+            )
         return summarize(calls, ends)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(iters):

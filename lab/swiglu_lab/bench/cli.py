@@ -70,37 +70,63 @@ def build_parser() -> argparse.ArgumentParser:
         "scripts/tune_quack.py). Tensor parallel: torchrun --nproc-per-node N "
         "-m swiglu_lab.bench --tp N --help (swiglu_lab.bench.tp).",
     )
-    p.add_argument("--cases", default=None,
-                   help="comma-separated case names (s128_b8) and/or token counts (4096 = every case with "
-                   f"4096 tokens); default: all 18 (CPU: {CPU_CASES})")
+    p.add_argument(
+        "--cases",
+        default=None,
+        help="comma-separated case names (s128_b8) and/or token counts (4096 = every case with "
+        f"4096 tokens); default: all 18 (CPU: {CPU_CASES})",
+    )
     p.add_argument("--impls", default=None, help=f"comma-separated, from: {','.join(ORDER)}")
-    p.add_argument("--model", choices=sorted(MODEL_SHAPES), default=None,
-                   help="model shape (default hermes-4-405b: H=16384, I=53248)")
+    p.add_argument(
+        "--model", choices=sorted(MODEL_SHAPES), default=None, help="model shape (default hermes-4-405b: H=16384, I=53248)"
+    )
     p.add_argument("--hidden-size", type=int, default=None, help="H, overrides --model")
     p.add_argument("--intermediate-size", type=int, default=None, help="I, overrides --model")
-    p.add_argument("--out", default=None,
-                   help=f"output folder (default: {GPU_OUT} for a GPU run, {SCRATCH_OUT} otherwise; a run not made "
-                   f"on a GPU is refused in {GPU_OUT})")
-    p.add_argument("--quick", action="store_true",
-                   help=f"development mode: {PROTOCOLS['quick'][0]} warm-ups, {PROTOCOLS['quick'][1]} "
-                   "iterations, marked protocol=quick")
-    p.add_argument("--max-autotune", action="store_true",
-                   help='also run torch.compile(mode="max-autotune-no-cudagraphs"): max-autotune\'s GEMM and Triton '
-                   "autotuning without the CUDA graphs the protocol excludes (minutes per case, in first_call_s)")
-    p.add_argument("--hardware", choices=sorted(roofline.HARDWARE), default=None,
-                   help="datasheet for sol_ms (default from the GPU name: H100, H200, B200; none for another "
-                   "GPU or a CPU run, whose SOL columns stay empty)")
-    p.add_argument("--breakdown", type=int, default=None,
-                   help="profiled calls per impl and case for the per-kernel breakdown (kernels/<run_id>.csv; "
-                   "default 3 on a GPU, 0 on the CPU; 0: none)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help=f"output folder (default: {GPU_OUT} for a GPU run, {SCRATCH_OUT} otherwise; a run not made "
+        f"on a GPU is refused in {GPU_OUT})",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"development mode: {PROTOCOLS['quick'][0]} warm-ups, {PROTOCOLS['quick'][1]} iterations, marked protocol=quick",
+    )
+    p.add_argument(
+        "--max-autotune",
+        action="store_true",
+        help='also run torch.compile(mode="max-autotune-no-cudagraphs"): max-autotune\'s GEMM and Triton '
+        "autotuning without the CUDA graphs the protocol excludes (minutes per case, in first_call_s)",
+    )
+    p.add_argument(
+        "--hardware",
+        choices=sorted(roofline.HARDWARE),
+        default=None,
+        help="datasheet for sol_ms (default from the GPU name: H100, H200, B200; none for another "
+        "GPU or a CPU run, whose SOL columns stay empty)",
+    )
+    p.add_argument(
+        "--breakdown",
+        type=int,
+        default=None,
+        help="profiled calls per impl and case for the per-kernel breakdown (kernels/<run_id>.csv; "
+        "default 3 on a GPU, 0 on the CPU; 0: none)",
+    )
     p.add_argument("--seed", type=int, default=BENCHMARK_SEED, help=f"input seed (default {BENCHMARK_SEED})")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                   help="cuda (default when a GPU is present) or cpu: a tiny smoke run "
-                   f"(H={CPU_SHAPE[0]}, I={CPU_SHAPE[1]}, host timers)")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default=None,
+        help=f"cuda (default when a GPU is present) or cpu: a tiny smoke run (H={CPU_SHAPE[0]}, I={CPU_SHAPE[1]}, host timers)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--reindex", action="store_true",
-                   help="only rebuild <out>/runs.csv from the complete runs' JSON files (after copying runs "
-                   "in from the GPU machine), then exit; no GPU needed")
+    p.add_argument(
+        "--reindex",
+        action="store_true",
+        help="only rebuild <out>/runs.csv from the complete runs' JSON files (after copying runs "
+        "in from the GPU machine), then exit; no GPU needed",
+    )
     return p
 
 
@@ -117,9 +143,15 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
     cpu = protocol["name"] == "cpu-smoke"
     if cpu:
         rows = rows.assign(impl=rows["impl"].replace("cublas-gemms", "gemms-only"))
-    lines = ["", "per-case median latency (ms); sol_ms = datasheet SOL "
-             + (f"({hw['name']}: {hw['peak_tflops']} TFLOP/s, {hw['peak_tbps']} TB/s)" if hw.get("key")
-                else "(none: no datasheet for the device this ran on)")]
+    lines = [
+        "",
+        "per-case median latency (ms); sol_ms = datasheet SOL "
+        + (
+            f"({hw['name']}: {hw['peak_tflops']} TFLOP/s, {hw['peak_tbps']} TB/s)"
+            if hw.get("key")
+            else "(none: no datasheet for the device this ran on)"
+        ),
+    ]
     per_case = per_case_table(rows).reset_index().rename(columns={"index": "case"})
     summary = summary_table(rows)
     if cpu:  # no datasheet: the SOL columns would be all NaN
@@ -134,13 +166,19 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
         f"{protocol['name'].upper()} ({protocol['warmup']} warm-ups, {protocol['iters']} iterations) | "
         f"{len(sol)} cases | H={metadata['shape']['hidden_size']} I={metadata['shape']['intermediate_size']}",
         "geometric means over the cases each impl timed; "
-        + ("gemms-only is a LOWER BOUND (the six GEMMs alone, torch.matmul on the CPU)" if cpu
-           else "sol_fraction = gmean SOL / gmean latency (datasheet; _measured: from this run's copy/GEMM "
-                "ceilings); cublas-gemms is a LOWER BOUND"),
+        + (
+            "gemms-only is a LOWER BOUND (the six GEMMs alone, torch.matmul on the CPU)"
+            if cpu
+            else "sol_fraction = gmean SOL / gmean latency (datasheet; _measured: from this run's copy/GEMM "
+            "ceilings); cublas-gemms is a LOWER BOUND"
+        ),
         _fmt(summary),
-        ("speed of light: none (CPU run)" if cpu else
-         f"speed of light, gmean: datasheet {gm(sol['sol_ms']):.3f} ms, measured ceilings "
-         f"{gm(sol['sol_ms_measured']):.3f} ms"),
+        (
+            "speed of light: none (CPU run)"
+            if cpu
+            else f"speed of light, gmean: datasheet {gm(sol['sol_ms']):.3f} ms, measured ceilings "
+            f"{gm(sol['sol_ms_measured']):.3f} ms"
+        ),
     ]
     power = power_summary(rows)
     record = metadata.get("power") or {}
@@ -148,11 +186,15 @@ def format_summary(rows: pd.DataFrame, metadata: dict) -> str:
         lines.append(f"power: not recorded ({record.get('status', 'no power data')})")
     else:
         top = f"{record['max_sm_clock_mhz']:.0f} MHz" if record.get("max_sm_clock_mhz") else "?"
-        lines += ["", f"power per case: J = energy per backward (L2 flush subtracted), W = mean board power, "
-                  f"MHz = mean SM clock (max {top}); {record.get('backend')}, "
-                  f"{record.get('power_source')}; energy: {record.get('energy_source')}",
-                  power.reset_index().rename(columns={"index": "case"}).to_string(
-                      index=False, float_format=lambda v: f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}", na_rep="-")]
+        lines += [
+            "",
+            f"power per case: J = energy per backward (L2 flush subtracted), W = mean board power, "
+            f"MHz = mean SM clock (max {top}); {record.get('backend')}, "
+            f"{record.get('power_source')}; energy: {record.get('energy_source')}",
+            power.reset_index()
+            .rename(columns={"index": "case"})
+            .to_string(index=False, float_format=lambda v: f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}", na_rep="-"),
+        ]
     if protocol["name"] != "full":
         lines.append(f"NOTE: protocol {protocol['name'].upper()}: not the benchmark protocol.")
     return "\n".join(lines)
@@ -173,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.device is None:
         if not torch.cuda.is_available():
-            parser.error("no CUDA GPU found. This harness times GPU implementations; for a tiny CPU "
-                         "smoke run of the harness itself pass --device cpu")
+            parser.error(
+                "no CUDA GPU found. This harness times GPU implementations; for a tiny CPU "
+                "smoke run of the harness itself pass --device cpu"
+            )
         args.device = "cuda"
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no CUDA GPU (use --device cpu for the smoke mode)")
@@ -182,11 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (GPU_OUT if device.type == "cuda" else SCRATCH_OUT)
     committed = (repo_root() / GPU_OUT).resolve()
     if device.type != "cuda" and committed in (Path(out).resolve(), *Path(out).resolve().parents):
-        parser.error(f"--out {out}: {GPU_OUT}/ holds GPU measurements only; a {device.type} run goes to "
-                     f"{SCRATCH_OUT}/ (the default) or another folder")
+        parser.error(
+            f"--out {out}: {GPU_OUT}/ holds GPU measurements only; a {device.type} run goes to "
+            f"{SCRATCH_OUT}/ (the default) or another folder"
+        )
     if device.type != "cuda" and args.hardware:
-        parser.error(f"--hardware {args.hardware} with --device {device.type}: the speed of light of a GPU the "
-                     "run was not made on would mislead")
+        parser.error(
+            f"--hardware {args.hardware} with --device {device.type}: the speed of light of a GPU the "
+            "run was not made on would mislead"
+        )
 
     if args.model:
         default_h, default_i = MODEL_SHAPES[args.model].hidden_size, MODEL_SHAPES[args.model].intermediate_size
@@ -222,15 +270,26 @@ def main(argv: list[str] | None = None) -> int:
     hardware = args.hardware or (pick_hardware(torch.cuda.get_device_name(device)) if device.type == "cuda" else "")
     warmup, iters = PROTOCOLS[protocol]
     print(BANNERS[protocol].format(w=warmup, n=iters))
-    print(f"device {device} | H={hidden} I={inter} | {len(cases)} cases | "
-          f"impls {','.join(display_name(n, device) for n in impls)} | "
-          f"datasheet {hardware or 'none (SOL columns empty)'} | writing to {out}")
+    print(
+        f"device {device} | H={hidden} I={inter} | {len(cases)} cases | "
+        f"impls {','.join(display_name(n, device) for n in impls)} | "
+        f"datasheet {hardware or 'none (SOL columns empty)'} | writing to {out}"
+    )
     for name, reason in skipped.items():
         print(f"note: skipping {name}: {reason}")
 
-    config = BenchConfig(cases=cases, hidden_size=hidden, intermediate_size=inter, impls=impls, device=device,
-                         protocol=protocol, seed=args.seed, hardware=hardware, skipped=skipped,
-                         breakdown=(3 if device.type == "cuda" else 0) if args.breakdown is None else max(0, args.breakdown))
+    config = BenchConfig(
+        cases=cases,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        impls=impls,
+        device=device,
+        protocol=protocol,
+        seed=args.seed,
+        hardware=hardware,
+        skipped=skipped,
+        breakdown=(3 if device.type == "cuda" else 0) if args.breakdown is None else max(0, args.breakdown),
+    )
     command = f"python -m swiglu_lab.bench {argv_text}".strip()
     writer: list[RunWriter] = []
 
@@ -240,17 +299,26 @@ def main(argv: list[str] | None = None) -> int:
         tqdm.write(f"writing {writer[0].csv_path} (case by case) and {writer[0].json_path.name}")
 
     kernels_csv: list[Path] = []
-    result = run_benchmark(config, progress=not args.no_progress, on_start=on_start, on_case=lambda f: writer[0].append(f),
-                           on_kernels=lambda f: kernels_csv.append(writer[0].append_kernels(f)))
+    result = run_benchmark(
+        config,
+        progress=not args.no_progress,
+        on_start=on_start,
+        on_case=lambda f: writer[0].append(f),
+        on_kernels=lambda f: kernels_csv.append(writer[0].append_kernels(f)),
+    )
     metadata = dict(result.metadata, command=command)
     writer[0].finish(metadata)
     metadata["run_id"] = writer[0].run_id
-    print(f"\nwrote {writer[0].csv_path} ({writer[0].n_rows} rows), {writer[0].json_path}; "
-          f"indexed in {writer[0].out_dir / 'runs.csv'}")
+    print(
+        f"\nwrote {writer[0].csv_path} ({writer[0].n_rows} rows), {writer[0].json_path}; "
+        f"indexed in {writer[0].out_dir / 'runs.csv'}"
+    )
     print(format_summary(result.rows, metadata))
     if result.kernels is not None:
         table = per_role(result.kernels)
-        print(f"\nkernel breakdown (ms per backward: kernels, median of {config.breakdown} profiled calls; idle = lead + "
-              f"gaps, measured in the profiled loop; timed_minus_busy: timed median - busy): {kernels_csv[-1]}")
+        print(
+            f"\nkernel breakdown (ms per backward: kernels, median of {config.breakdown} profiled calls; idle = lead + "
+            f"gaps, measured in the profiled loop; timed_minus_busy: timed median - busy): {kernels_csv[-1]}"
+        )
         print(_fmt(table))
     return 0

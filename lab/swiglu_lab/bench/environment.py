@@ -59,7 +59,8 @@ def git_info(repo_dir: str | Path | None = None) -> dict:
     status = _run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=top.strip()) if top else None
     if commit and status is not None:
         changed = [
-            line for line in status.splitlines()
+            line
+            for line in status.splitlines()
             if line.strip() and (not line.startswith("??") or line[3:].startswith(("src/", "lab/")))
         ]
         return {"commit": commit.strip(), "dirty": bool(changed), "source": "git"}

@@ -200,8 +200,7 @@ IMPLS: dict[str, BenchImpl] = {
             "kernels (swiglu.kernels.gluon_wgrad, swiglu.kernels.gluon_dswiglu)",
             _build_triton_tl,
         ),
-        BenchImpl("quack", quack_peer.NOTE, quack_peer.build, prepare=quack_peer.to_quack_layout,
-                  prepare_every_call=False),
+        BenchImpl("quack", quack_peer.NOTE, quack_peer.build, prepare=quack_peer.to_quack_layout, prepare_every_call=False),
     )
 }
 

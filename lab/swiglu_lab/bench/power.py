@@ -71,8 +71,7 @@ class Sample:
     sm_clock_mhz: float
 
 
-def window_columns(samples: list[Sample], t0: float, t1: float, energy_mj: float | None,
-                   iterations: int) -> dict:
+def window_columns(samples: list[Sample], t0: float, t1: float, energy_mj: float | None, iterations: int) -> dict:
     """The power columns of one window from its readings.
 
     Args:
@@ -115,8 +114,7 @@ def window_columns(samples: list[Sample], t0: float, t1: float, energy_mj: float
 def with_flush_energy(columns: dict, flush_energy_j: float) -> dict:
     """``columns`` with ``flush_energy_j`` (J per L2 flush alone) and ``energy_per_backward_j``
     = ``energy_j - flush_energy_j`` (the flush precedes every iteration of the window)."""
-    return {**columns, "flush_energy_j": flush_energy_j,
-            "energy_per_backward_j": columns["energy_j"] - flush_energy_j}
+    return {**columns, "flush_energy_j": flush_energy_j, "energy_per_backward_j": columns["energy_j"] - flush_energy_j}
 
 
 # ----------------------------------------------------------------------------------- backends
@@ -161,10 +159,12 @@ class _NvmlBackend:
     def describe(self) -> dict:
         info = {
             "backend": "nvml (nvidia-ml-py)",
-            "power_source": "NVML_FI_DEV_POWER_INSTANT (instantaneous board power)" if self.instant
+            "power_source": "NVML_FI_DEV_POWER_INSTANT (instantaneous board power)"
+            if self.instant
             else "nvmlDeviceGetPowerUsage (board power; a trailing 1 s average on Hopper)",
             "clock_source": "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)",
-            "energy_source": "nvmlDeviceGetTotalEnergyConsumption delta (mJ counter)" if self.has_counter
+            "energy_source": "nvmlDeviceGetTotalEnergyConsumption delta (mJ counter)"
+            if self.has_counter
             else "mean sampled power x window duration (no energy counter)",
         }
         nvml, handle = self.nvml, self.handle
@@ -207,8 +207,15 @@ class _NvidiaSmiBackend:
 
     def __init__(self, target: str, interval_s: float):
         self.target, self.samples = target, []
-        cmd = ["nvidia-smi", "--query-gpu=timestamp,power.draw,clocks.sm", "--format=csv,noheader,nounits",
-               "-lms", str(max(1, round(interval_s * 1e3))), "-i", target]
+        cmd = [
+            "nvidia-smi",
+            "--query-gpu=timestamp,power.draw,clocks.sm",
+            "--format=csv,noheader,nounits",
+            "-lms",
+            str(max(1, round(interval_s * 1e3))),
+            "-i",
+            target,
+        ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -223,10 +230,14 @@ class _NvidiaSmiBackend:
         return None
 
     def describe(self) -> dict:
-        return {"backend": "nvidia-smi -lms (pynvml unavailable)", "power_source": "nvidia-smi power.draw",
-                "clock_source": "nvidia-smi clocks.sm",
-                "energy_source": "mean sampled power x window duration (no energy counter)",
-                "max_sm_clock_mhz": None, "power_limit_w": None}
+        return {
+            "backend": "nvidia-smi -lms (pynvml unavailable)",
+            "power_source": "nvidia-smi power.draw",
+            "clock_source": "nvidia-smi clocks.sm",
+            "energy_source": "mean sampled power x window duration (no energy counter)",
+            "max_sm_clock_mhz": None,
+            "power_limit_w": None,
+        }
 
     def close(self) -> None:
         self.proc.terminate()
@@ -335,8 +346,9 @@ def _nvml_handle(pynvml, device: torch.device):
     return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 
-def open_monitor(device: torch.device, interval_s: float = DEFAULT_INTERVAL_S,
-                 min_window_s: float = DEFAULT_MIN_WINDOW_S) -> tuple[PowerMonitor | None, str]:
+def open_monitor(
+    device: torch.device, interval_s: float = DEFAULT_INTERVAL_S, min_window_s: float = DEFAULT_MIN_WINDOW_S
+) -> tuple[PowerMonitor | None, str]:
     """A monitor for ``device`` and a line saying which backend, or ``(None, why)`` on CPU or
     when neither NVML nor nvidia-smi works (the run goes on without power columns)."""
     if device.type != "cuda":
@@ -363,8 +375,7 @@ def open_monitor(device: torch.device, interval_s: float = DEFAULT_INTERVAL_S,
     return None, "no power backend: " + "; ".join(reasons)
 
 
-def measure_flush_energy(monitor: PowerMonitor, flush: Callable[[], None], device: torch.device,
-                         block: int = 50) -> float:
+def measure_flush_energy(monitor: PowerMonitor, flush: Callable[[], None], device: torch.device, block: int = 50) -> float:
     """Energy of one L2 flush alone (J): flushes in blocks of ``block`` (synchronized) until the
     window lasts ``monitor.min_window_s``, energy over the window / flushes."""
     for _ in range(3):  # warm the clocks up before the window

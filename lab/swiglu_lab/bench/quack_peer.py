@@ -62,10 +62,16 @@ ACTIVATION = "swiglu"
 #: (128x192 ping-pong), the square 128x128 ping-pong for skinny shapes, 128x208 ping-pong and the
 #: large cooperative tiles: 6 tiles -> 24 plain configs, 5 gated tiles (208 is not a gated tile)
 #: -> 10 dgated configs, with both clusters and both swap_ab values kept.
-REDUCED_SM90_TILES = frozenset({
-    (128, 128, True), (128, 192, True), (128, 208, True),
-    (256, 128, False), (256, 192, False), (128, 256, False),
-})
+REDUCED_SM90_TILES = frozenset(
+    {
+        (128, 128, True),
+        (128, 192, True),
+        (128, 208, True),
+        (256, 128, False),
+        (256, 192, False),
+        (128, 256, False),
+    }
+)
 SEARCH_SPACES = ("reduced", "full")
 SEARCH_ENV = "SWIGLU_QUACK_SEARCH"
 CACHE_ENV = "SWIGLU_QUACK_CACHE_DIR"
@@ -81,8 +87,10 @@ def unavailable_reason(device: torch.device) -> str | None:
         return "quack runs on NVIDIA GPUs only (CuTe-DSL kernels, SM90 here); skipped"
     for module, dist in (("quack", "quack-kernels"), ("cutlass", "nvidia-cutlass-dsl")):
         if importlib.util.find_spec(module) is None:
-            return (f"{dist} is not installed (the lab's [quack] extra: quack-kernels=={QUACK_VERSION}, "
-                    f"nvidia-cutlass-dsl[cu13]=={CUTLASS_DSL_VERSION}); skipped")
+            return (
+                f"{dist} is not installed (the lab's [quack] extra: quack-kernels=={QUACK_VERSION}, "
+                f"nvidia-cutlass-dsl[cu13]=={CUTLASS_DSL_VERSION}); skipped"
+            )
     return None
 
 
@@ -117,8 +125,7 @@ def keep_config(config, space: str) -> bool:
 _configured: dict = {}
 
 
-def configure(space: str | None = None, cache_dir: str | Path | None = None,
-              kernel_dir: str | Path | None = None) -> dict:
+def configure(space: str | None = None, cache_dir: str | Path | None = None, kernel_dir: str | Path | None = None) -> dict:
     """Point quack at the tuning cache and restrict its search; idempotent, before any tuned
     call. Returns the settings (also recorded in the run metadata).
 
@@ -160,8 +167,9 @@ def configure(space: str | None = None, cache_dir: str | Path | None = None,
 
     rt._config_space = _config_space
     n_sm90 = sum(1 for c in tuner.configs if c.kwargs["config"].device_capacity == 9)
-    _configured.update(search=space, tuning_cache_dir=str(cache_dir), kernel_cache_dir=str(kernel_dir),
-                       sm90_gemm_candidates=n_sm90)
+    _configured.update(
+        search=space, tuning_cache_dir=str(cache_dir), kernel_cache_dir=str(kernel_dir), sm90_gemm_candidates=n_sm90
+    )
     return dict(_configured)
 
 
@@ -198,8 +206,7 @@ def to_quack_layout(args: tuple) -> tuple:
 
 
 # ---------------------------------------------------------------------------------- backward
-def make_quack_backward(dact_linear_backward: Callable, dgated_ops, linear_act_backward: Callable,
-                        gated_ops) -> Callable:
+def make_quack_backward(dact_linear_backward: Callable, dgated_ops, linear_act_backward: Callable, gated_ops) -> Callable:
     """The backward ``mlp_func(..., activation="swiglu", tuned=True)`` runs, as a function of
     ``to_quack_layout``'s operands returning the benchmark's four gradients.
 
@@ -212,14 +219,25 @@ def make_quack_backward(dact_linear_backward: Callable, dgated_ops, linear_act_b
 
     def quack_backward(grad_output, x, preact, w1, w2):
         fc2 = SimpleNamespace(
-            ops=dgated_ops, saved_tensors=(preact, w2, None), needs_input_grad=(True, True, False, False, False, False,
-                                                                                False),
-            activation=ACTIVATION, weight_dtype=w2.dtype, fuse_grad_accum=False, bias_dtype=None, compute_dbias=False)
+            ops=dgated_ops,
+            saved_tensors=(preact, w2, None),
+            needs_input_grad=(True, True, False, False, False, False, False),
+            activation=ACTIVATION,
+            weight_dtype=w2.dtype,
+            fuse_grad_accum=False,
+            bias_dtype=None,
+            compute_dbias=False,
+        )
         dpreact, grad_w2 = dact_linear_backward(fc2, grad_output)[:2]
         fc1 = SimpleNamespace(
-            ops=gated_ops, saved_tensors=(x.flatten(0, -2), w1, None),
+            ops=gated_ops,
+            saved_tensors=(x.flatten(0, -2), w1, None),
             needs_input_grad=(True, True, False, False, False, False, False),
-            weight_dtype=w1.dtype, fuse_grad_accum=False, bias_dtype=None, compute_dbias=False)
+            weight_dtype=w1.dtype,
+            fuse_grad_accum=False,
+            bias_dtype=None,
+            compute_dbias=False,
+        )
         grad_x, grad_w1 = linear_act_backward(fc1, dpreact)[:2]
         grad_gate_weight, grad_up_weight = deinterleave(grad_w1, dim=0)
         return grad_x.reshape(x.shape), grad_gate_weight, grad_up_weight, grad_w2
@@ -243,7 +261,8 @@ def check_install_location() -> None:
         raise RuntimeError(
             f"nvidia-cutlass-dsl is imported from {cute.__file__}, outside a site-packages/dist-packages "
             "folder: quack 0.6.5's epilogue fingerprint then recurses into CuTe-DSL's globals and fails; "
-            "install it under a folder named site-packages")
+            "install it under a folder named site-packages"
+        )
 
 
 def refuse_tuning(autotuner_module) -> None:
@@ -256,8 +275,10 @@ def refuse_tuning(autotuner_module) -> None:
     where = cache.relative_to(root) if cache.is_relative_to(root) else cache
 
     def _refuse(*args, **kwargs):
-        raise RuntimeError(f"quack has no tuned choice for this shape in {where}: tune it first "
-                           "(scripts/tune_quack.py --tokens T); the bench does not tune")
+        raise RuntimeError(
+            f"quack has no tuned choice for this shape in {where}: tune it first "
+            "(scripts/tune_quack.py --tokens T); the bench does not tune"
+        )
 
     autotuner_module._gpu_warmup = _refuse
 
@@ -293,9 +314,11 @@ def versions() -> dict:
     return out
 
 
-NOTE = (f"quack-kernels mlp_func(activation='swiglu', tuned=True) backward (quack's gemm_dgated + 3 "
-        f"GEMMs, CuTe-DSL); W1 [2I,H] and preact [T,2I] interleaved gate/up in the untimed prepare, "
-        f"once per input set (a quack user keeps them so); dW1's even/odd rows returned as views; tuned configs from "
-        f"data/tuning/quack_cache ({SEARCH_ENV}=reduced search unless set); recomputes "
-        f"silu(gate_output) instead of reading activated_gate, so it fails the reference check on the "
-        f"benchmark's independent inputs")
+NOTE = (
+    f"quack-kernels mlp_func(activation='swiglu', tuned=True) backward (quack's gemm_dgated + 3 "
+    f"GEMMs, CuTe-DSL); W1 [2I,H] and preact [T,2I] interleaved gate/up in the untimed prepare, "
+    f"once per input set (a quack user keeps them so); dW1's even/odd rows returned as views; tuned configs from "
+    f"data/tuning/quack_cache ({SEARCH_ENV}=reduced search unless set); recomputes "
+    f"silu(gate_output) instead of reading activated_gate, so it fails the reference check on the "
+    f"benchmark's independent inputs"
+)

@@ -42,8 +42,7 @@ from swiglu.workloads import Case
 from . import environment
 from .breakdown import frame as kernel_frame, profile_calls
 from .impls import IMPLS, BenchImpl
-from .power import (PowerMonitor, empty_power_columns, extension_iterations, measure_flush_energy, open_monitor,
-                    with_flush_energy)
+from .power import PowerMonitor, empty_power_columns, extension_iterations, measure_flush_energy, open_monitor, with_flush_energy
 from .schema import coerce, rows_to_frame
 from .stats import Ceilings, add_speedups, nan_stats, sol_columns, time_stats
 from .timing import L2Flusher, alternating, measure_ceilings, synchronize, time_iterations
@@ -81,8 +80,10 @@ class BenchConfig:
         if self.hardware and self.hardware not in roofline.HARDWARE:
             raise ValueError(f"hardware must be one of {list(roofline.HARDWARE)} or '', got {self.hardware!r}")
         if self.hardware and self.device.type != "cuda":
-            raise ValueError(f"hardware={self.hardware!r} for a {self.device.type} run: a GPU's speed of light "
-                             "says nothing about a run that was not made on it (leave hardware unset)")
+            raise ValueError(
+                f"hardware={self.hardware!r} for a {self.device.type} run: a GPU's speed of light "
+                "says nothing about a run that was not made on it (leave hardware unset)"
+            )
         if not self.cases:
             raise ValueError("cases must not be empty")
 
@@ -146,8 +147,10 @@ def unchanged(used: tuple, snapshot: tuple) -> None:
     (``BenchImpl.prepare_every_call``), else its later iterations time other inputs."""
     for i, (a, b) in enumerate(zip(used, snapshot)):
         if isinstance(a, torch.Tensor) and not torch.equal(a, b):
-            raise InputsChanged(f"argument {i} changed during the timed calls: the call writes into its inputs, "
-                                "so its prepare must run before every call (prepare_every_call=True)")
+            raise InputsChanged(
+                f"argument {i} changed during the timed calls: the call writes into its inputs, "
+                "so its prepare must run before every call (prepare_every_call=True)"
+            )
 
 
 def measure_impl(
@@ -166,10 +169,16 @@ def measure_impl(
     given), memory and correctness of one impl on one case (see the module docstring); with
     ``breakdown`` > 0 also that many profiled calls (``breakdown.profile_calls``; their rows under
     the key ``"kernels"``). Never raises: errors end up in the returned ``note``."""
-    result = {**nan_stats(), **empty_power_columns(), "first_call_s": math.nan, "host_ms": math.nan,
-              "peak_mem_gb": math.nan,
-              "correct": pd.NA if not impl.checks_correctness else False,
-              "min_match_fraction": math.nan, "note": impl.note}
+    result = {
+        **nan_stats(),
+        **empty_power_columns(),
+        "first_call_s": math.nan,
+        "host_ms": math.nan,
+        "peak_mem_gb": math.nan,
+        "correct": pd.NA if not impl.checks_correctness else False,
+        "min_match_fraction": math.nan,
+        "note": impl.note,
+    }
     stage = "build"
     try:
         fn = impl.build(device)
@@ -245,8 +254,14 @@ def measure_impl(
     return result
 
 
-def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, flush_nbytes: int,
-                   ceiling_record: dict, power_record: dict | None = None) -> dict:
+def build_metadata(
+    config: BenchConfig,
+    impls: dict[str, BenchImpl],
+    started,
+    flush_nbytes: int,
+    ceiling_record: dict,
+    power_record: dict | None = None,
+) -> dict:
     """The run's metadata record: flat summary keys (``gpu_name``, ``git_commit``, ... as
     ``swiglu_lab.research.analysis`` reads them), then GPU, software, git, protocol, shape, cases, impls,
     datasheet and measured ceilings."""
@@ -277,7 +292,8 @@ def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, fl
             "warmup": warmup,
             "iters": iters,
             "statistic": "median (also p20, p80, mean, min)",
-            "timer": "CUDA events on the current stream around each call" if device.type == "cuda"
+            "timer": "CUDA events on the current stream around each call"
+            if device.type == "cuda"
             else "host wall clock (CPU smoke: says nothing about GPU speed)",
             "l2_flush_bytes": flush_nbytes,
             "l2_flush": "a 2 x L2-size buffer zeroed before every iteration" if flush_nbytes else "none (CPU)",
@@ -287,20 +303,37 @@ def build_metadata(config: BenchConfig, impls: dict[str, BenchImpl], started, fl
             "seed": config.seed,
             "first_call": "one call before the warm-ups, host-timed with synchronize: first_call_s",
             "side_streams": "implementations must join the current stream before returning",
-            "kernel_breakdown": (f"{config.breakdown} calls per impl and case under torch.profiler after the timed "
-                                 "iterations, on a GPU in a loop like the timed one (flush, call; split at the flush "
-                                 "kernels), on a CPU each call in its own range (swiglu_lab.bench.breakdown): "
-                                 "kernels/<run_id>.csv") if config.breakdown else "none",
+            "kernel_breakdown": (
+                f"{config.breakdown} calls per impl and case under torch.profiler after the timed "
+                "iterations, on a GPU in a loop like the timed one (flush, call; split at the flush "
+                "kernels), on a CPU each call in its own range (swiglu_lab.bench.breakdown): "
+                "kernels/<run_id>.csv"
+            )
+            if config.breakdown
+            else "none",
         },
         "shape": {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size},
         "cases": [c.name for c in config.cases],
         "impls": list(config.impls),
         "impl_notes": {n: impls[n].note for n in config.impls},
         "skipped_impls": dict(config.skipped),
-        "hardware": ({"key": config.hardware, "name": hw.name, "peak_tflops": hw.peak_tflops,
-                      "peak_tbps": hw.peak_tbps, "source": hw.source} if hw else
-                     {"key": "", "name": "none (no datasheet for this device: SOL columns empty)",
-                      "peak_tflops": None, "peak_tbps": None, "source": ""}),
+        "hardware": (
+            {
+                "key": config.hardware,
+                "name": hw.name,
+                "peak_tflops": hw.peak_tflops,
+                "peak_tbps": hw.peak_tbps,
+                "source": hw.source,
+            }
+            if hw
+            else {
+                "key": "",
+                "name": "none (no datasheet for this device: SOL columns empty)",
+                "peak_tflops": None,
+                "peak_tbps": None,
+                "source": "",
+            }
+        ),
         "ceilings": ceiling_record,
         "power": power_record,
     }
@@ -352,18 +385,52 @@ def run_benchmark(
     else:
         why = "given by the caller" if monitor is not None else "no monitor (monitor=None)"
     power_record = {**monitor.describe(), "status": why} if monitor is not None else {"backend": None, "status": why}
-    log(f"power: {why}" + (f"; {power_record['power_source']}; energy: {power_record['energy_source']}"
-                           if monitor is not None else ""))
+    log(
+        f"power: {why}"
+        + (f"; {power_record['power_source']}; energy: {power_record['energy_source']}" if monitor is not None else "")
+    )
     try:
-        return _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, power_record, progress, log,
-                    on_start, on_case, on_kernels)
+        return _run(
+            config,
+            impls,
+            device,
+            warmup,
+            iters,
+            H,
+            I,
+            flush,
+            started,
+            monitor,
+            power_record,
+            progress,
+            log,
+            on_start,
+            on_case,
+            on_kernels,
+        )
     finally:
         if own_monitor and monitor is not None:
             monitor.close()
 
 
-def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, power_record, progress, log,
-         on_start, on_case, on_kernels=None) -> BenchResult:
+def _run(
+    config,
+    impls,
+    device,
+    warmup,
+    iters,
+    H,
+    I,
+    flush,
+    started,
+    monitor,
+    power_record,
+    progress,
+    log,
+    on_start,
+    on_case,
+    on_kernels=None,
+) -> BenchResult:
     """The body of ``run_benchmark``, apart so that the monitor it opened is closed on any exit."""
     ceilings, ceiling_record = Ceilings(), {"skipped": True}
     if config.measure_ceilings and device.type != "cuda":
@@ -371,8 +438,10 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
         ceiling_record = {"skipped": "not a CUDA device: no speed of light for this op"}
     elif config.measure_ceilings:
         ceilings, ceiling_record = measure_ceilings(device, quick=config.protocol != "full", flush=flush)
-        log(f"ceilings: copy {ceilings.copy_tbps:.3f} TB/s, bf16 GEMM {ceilings.gemm_tflops:.1f} TFLOP/s "
-            f"at {ceiling_record['gemm_shape'][0]}^3")
+        log(
+            f"ceilings: copy {ceilings.copy_tbps:.3f} TB/s, bf16 GEMM {ceilings.gemm_tflops:.1f} TFLOP/s "
+            f"at {ceiling_record['gemm_shape'][0]}^3"
+        )
     metadata = build_metadata(config, impls, started, flush.nbytes, ceiling_record, power_record)
     if on_start is not None:
         on_start(dict(metadata))
@@ -390,12 +459,14 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
         rows, case_kernels = [], []
         for name in config.impls:
             bar.set_postfix_str(f"{case.name} {name}")
-            measured = measure_impl(impls[name], sets, reference, case, device, warmup, iters, flush, monitor,
-                                    config.breakdown)
+            measured = measure_impl(impls[name], sets, reference, case, device, warmup, iters, flush, monitor, config.breakdown)
             kernels = measured.pop("kernels", None)
             if kernels:
-                case_kernels.append(kernel_frame(kernels, run_id="", case=case.name, tokens=case.tokens, impl=name,
-                                                 timed_ms=measured["median_ms"]))
+                case_kernels.append(
+                    kernel_frame(
+                        kernels, run_id="", case=case.name, tokens=case.tokens, impl=name, timed_ms=measured["median_ms"]
+                    )
+                )
             if math.isfinite(measured["energy_j"]):
                 measured = with_flush_energy(measured, flush_energy_j)
             _cleanup(device)
@@ -419,11 +490,16 @@ def _run(config, impls, device, warmup, iters, H, I, flush, started, monitor, po
             }
             rows.append(row)
             sol = f"SOL {row['sol_fraction']:.3f}  " if math.isfinite(row["sol_fraction"]) else ""  # none on a CPU
-            log(f"{case.name:>10} {display_name(name, config.device):<22} median {row['median_ms']:9.3f} ms  "
+            log(
+                f"{case.name:>10} {display_name(name, config.device):<22} median {row['median_ms']:9.3f} ms  "
                 f"{sol}correct {'n/a' if row['correct'] is pd.NA else row['correct']}"
-                + (f"  {row['power_w']:.0f} W {row['sm_clock_mhz']:.0f} MHz {row['energy_per_backward_j']:.3f} J"
-                   if math.isfinite(row["power_w"]) else "")
-                + ("  ERROR" if row["note"].startswith("ERROR") else ""))
+                + (
+                    f"  {row['power_w']:.0f} W {row['sm_clock_mhz']:.0f} MHz {row['energy_per_backward_j']:.3f} J"
+                    if math.isfinite(row["power_w"])
+                    else ""
+                )
+                + ("  ERROR" if row["note"].startswith("ERROR") else "")
+            )
             bar.update()
         del sets, reference
         _cleanup(device)

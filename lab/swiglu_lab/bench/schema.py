@@ -57,8 +57,14 @@ COLUMNS: dict[str, str] = {
 
 #: Columns added after the first recorded runs; a CSV without them reads back with them empty.
 LATER_COLUMNS = (
-    "power_w", "sm_clock_mhz", "power_samples", "energy_j", "flush_energy_j", "energy_per_backward_j",
-    "energy_iters", "energy_window_s",
+    "power_w",
+    "sm_clock_mhz",
+    "power_samples",
+    "energy_j",
+    "flush_energy_j",
+    "energy_per_backward_j",
+    "energy_iters",
+    "energy_window_s",
 )
 #: Added after the power columns: runs recorded before read back with it empty.
 HOST_COLUMNS = ("host_ms",)

@@ -184,6 +184,5 @@ def power_summary(df: pd.DataFrame) -> pd.DataFrame | None:
     impls = list(dict.fromkeys(df["impl"]))
     wide = df.set_index(["case", "impl"])[columns].unstack("impl").reindex(index=cases)
     wide = wide.reindex(columns=pd.MultiIndex.from_product([columns, impls]))
-    wide.columns = [f"{'J' if q.startswith('energy') else 'W' if q == 'power_w' else 'MHz'} {impl}"
-                    for q, impl in wide.columns]
+    wide.columns = [f"{'J' if q.startswith('energy') else 'W' if q == 'power_w' else 'MHz'} {impl}" for q, impl in wide.columns]
     return wide

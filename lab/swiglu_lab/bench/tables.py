@@ -27,23 +27,34 @@ def backward_table(rows: list[dict], old: dict, meta: dict) -> dict:
         cur = best.setdefault(r["kernel"], {}).get(key)
         if cur is None or r["ms"] < cur["ms"]:
             best[r["kernel"]][key] = r
-    configs = {kernel: {k: {"utc": old["meta"].get("utc"), **e} for k, e in entries.items()}
-               for kernel, entries in old["configs"].items()}
+    configs = {
+        kernel: {k: {"utc": old["meta"].get("utc"), **e} for k, e in entries.items()}
+        for kernel, entries in old["configs"].items()
+    }
     for kernel, entries in best.items():
         for key, r in entries.items():
             configs.setdefault(kernel, {})[key] = dict(
-                config=r["config_dict"], measured_tokens=r["tokens"], ms=round(r["ms"], 4), tflops=round(r["tflops"], 1),
-                cublas_ms=round(r["cublas_ms"], 4), utc=meta.get("utc"))
+                config=r["config_dict"],
+                measured_tokens=r["tokens"],
+                ms=round(r["ms"], 4),
+                tflops=round(r["tflops"], 1),
+                cublas_ms=round(r["cublas_ms"], 4),
+                utc=meta.get("utc"),
+            )
     return {**old, "meta": {**old["meta"], **meta}, "configs": configs}
 
 
 def forward_table(table: dict, meta: dict) -> dict:
     """The forward table in ``forward_configs.json``'s format from ``{bucket: (candidate name,
     KernelConfig or None for cuBLAS, ms, measured tokens)}``."""
-    return {"note": "written by swiglu_lab.research.train_step (scripts/train_step_gpu.py); fastest forward per token bucket",
-            "meta": meta,
-            "configs": {bucket_key(b): {"candidate": name, "config": None if cfg is None else asdict(cfg), "ms": ms,
-                                        "measured_tokens": T} for b, (name, cfg, ms, T) in sorted(table.items())}}
+    return {
+        "note": "written by swiglu_lab.research.train_step (scripts/train_step_gpu.py); fastest forward per token bucket",
+        "meta": meta,
+        "configs": {
+            bucket_key(b): {"candidate": name, "config": None if cfg is None else asdict(cfg), "ms": ms, "measured_tokens": T}
+            for b, (name, cfg, ms, T) in sorted(table.items())
+        },
+    }
 
 
 def shape_forward_table(doc: dict, hidden_size: int, intermediate_size: int, base: dict) -> dict:
@@ -70,8 +81,10 @@ def parse_tile(text: str, base):
 #: (``lab/probes/probe_wgrad_defer.py``'s ``gluon_label``; the "ping-pong " prefix: the ping-pong
 #: kernel, the table's entry or a wide candidate; the " pingpong" suffix: a ping-pong candidate,
 #: " twin": the cooperative kernel timed beside it).
-_GLUON_LABEL = re.compile(r"gluon (table )?(ping-pong )?(\d+)x(\d+)(?:\+(\d+))?x(\d+) S(\d+) NC(\d+)(?: r(\d+))?"
-                          r"( defer)?( pingpong| twin)?$")
+_GLUON_LABEL = re.compile(
+    r"gluon (table )?(ping-pong )?(\d+)x(\d+)(?:\+(\d+))?x(\d+) S(\d+) NC(\d+)(?: r(\d+))?"
+    r"( defer)?( pingpong| twin)?$"
+)
 
 
 def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, margin: float = 0.02) -> dict:
@@ -90,24 +103,42 @@ def gluon_wgrad_table(rows: list[dict], old: dict, base: dict, source: str, marg
         shapes = {r["shape"] for rs in variants.values() for r in rs}
 
         def total(rs):
-            ok = len(rs) == len(shapes) and all(str(r["close_to_cublas"]) == "True" for r in rs) and all(
-                str(r["bitwise_defer_off"]) in ("True", "None", "", "nan") for r in rs)
+            ok = (
+                len(rs) == len(shapes)
+                and all(str(r["close_to_cublas"]) == "True" for r in rs)
+                and all(str(r["bitwise_defer_off"]) in ("True", "None", "", "nan") for r in rs)
+            )
             return sum(float(r["ms"]) for r in rs) if ok else float("inf")
 
         gluon = {v: total(rs) for v, rs in variants.items() if _GLUON_LABEL.match(v)}
         if not gluon:
             continue
         best = min(gluon, key=gluon.get)
-        current = next((v for v in variants if v.startswith("gluon table ") and not v.endswith(" defer")), None) \
-            if bucket_key(bucket_for(T)) in section else next((v for v in variants if v.startswith("tl ")), None)
+        current = (
+            next((v for v in variants if v.startswith("gluon table ") and not v.endswith(" defer")), None)
+            if bucket_key(bucket_for(T)) in section
+            else next((v for v in variants if v.startswith("tl ")), None)
+        )
         if current is None or not gluon[best] < (1 - margin) * total(variants[current]):
             continue
         _, table_pingpong, bm, bn, bn2, bk, stages, nc, regs, defer, pingpong = _GLUON_LABEL.match(best).groups()
-        config = {**base, "BM": int(bm), "BN": int(bn), "BK": int(bk), "STAGES": int(stages), "NC": int(nc),
-                  "defer": defer is not None, "pingpong": pingpong == " pingpong" or table_pingpong is not None,
-                  "BN2": int(bn2 or 0), "mma_regs": int(regs or 0)}
+        config = {
+            **base,
+            "BM": int(bm),
+            "BN": int(bn),
+            "BK": int(bk),
+            "STAGES": int(stages),
+            "NC": int(nc),
+            "defer": defer is not None,
+            "pingpong": pingpong == " pingpong" or table_pingpong is not None,
+            "BN2": int(bn2 or 0),
+            "mma_regs": int(regs or 0),
+        }
         times = {r["shape"]: float(r["ms"]) for r in variants[best]}
         section[bucket_key(bucket_for(T))] = {
-            "config": config, "ms_" + "_".join(sorted(times)): [times[k] for k in sorted(times)],
-            "replaced": f"{current}: {total(variants[current]):.4f} ms (both orientations)", "source": source}
+            "config": config,
+            "ms_" + "_".join(sorted(times)): [times[k] for k in sorted(times)],
+            "replaced": f"{current}: {total(variants[current]):.4f} ms (both orientations)",
+            "source": source,
+        }
     return {**old, "gluon_grad_weights": section}

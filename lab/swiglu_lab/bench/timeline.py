@@ -14,7 +14,7 @@ TIMELINE_COLUMNS = ("case", "tokens", "variant", "rank", "name", "kind", "start_
 
 
 def kind_of(name: str) -> str:
-    """"comm" for a collective's kernel or op, else "compute"."""
+    """ "comm" for a collective's kernel or op, else "compute"."""
     lowered = name.lower()
     return "comm" if any(m in lowered for m in COMM_MARKERS) else "compute"
 
@@ -84,7 +84,16 @@ def summary(events: pd.DataFrame) -> pd.DataFrame:
         comm = union(list(zip(g.loc[g["kind"] == "comm", "start_us"], g.loc[g["kind"] == "comm", "end_us"])))
         span = g["end_us"].max() - g["start_us"].min()
         busy = length(union(compute + comm))
-        rows.append(dict(case=case, variant=variant, rank=rank, span_us=span, compute_us=length(compute),
-                         comm_us=length(comm), exposed_comm_us=length(comm) - _overlap(compute, comm),
-                         idle_us=span - busy))
+        rows.append(
+            dict(
+                case=case,
+                variant=variant,
+                rank=rank,
+                span_us=span,
+                compute_us=length(compute),
+                comm_us=length(comm),
+                exposed_comm_us=length(comm) - _overlap(compute, comm),
+                idle_us=span - busy,
+            )
+        )
     return pd.DataFrame(rows)

@@ -72,9 +72,27 @@ from .timing import L2Flusher
 PARTS = ("check", "train", "timing", "model", "overlap", "timeline")
 CPU_SHAPE = (64, 128)  # --device cpu: tiny, I/8 = 16 stays a multiple of 8
 CPU_CASES = "s128_b1,s256_b2"
-TIMING_COLUMNS = ("run_id", "case", "seq_len", "batch_size", "tokens", "hidden_size", "intermediate_size", "tp",
-                  "local_intermediate_size", "impl", "protocol", "warmup", "iters", "median_ms", "p20_ms", "p80_ms",
-                  "mean_ms", "min_ms", "note")
+TIMING_COLUMNS = (
+    "run_id",
+    "case",
+    "seq_len",
+    "batch_size",
+    "tokens",
+    "hidden_size",
+    "intermediate_size",
+    "tp",
+    "local_intermediate_size",
+    "impl",
+    "protocol",
+    "warmup",
+    "iters",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "mean_ms",
+    "min_ms",
+    "note",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,16 +103,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cases", default=None, help="case names / token counts (default: all 18; CPU: %s)" % CPU_CASES)
     p.add_argument("--out", default="data/tp", help="output folder (default data/tp)")
     p.add_argument("--quick", action="store_true", help=f"{PROTOCOLS['quick']} warm-ups/iterations (not the protocol)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cpu: gloo, tiny shapes, Triton interpreter (checks the script, says nothing about speed)")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: gloo, tiny shapes, Triton interpreter (checks the script, says nothing about speed)",
+    )
     p.add_argument("--hidden-size", type=int, default=None)
     p.add_argument("--intermediate-size", type=int, default=None)
     p.add_argument("--reserve-sms", default="8,16,32", help="overlap part: SMs left to NCCL (comma-separated)")
-    p.add_argument("--sp-chunks", default="2,4",
-                   help="overlap part: row chunks of the sequence-parallel grad_x per rank block (comma-separated; "
-                        "empty: no sequence-parallel rows)")
-    p.add_argument("--nccl-max-channels", type=int, default=None,
-                   help="sets NCCL_MAX_NCHANNELS (and NCCL_MIN_NCHANNELS to 1) before NCCL starts")
+    p.add_argument(
+        "--sp-chunks",
+        default="2,4",
+        help="overlap part: row chunks of the sequence-parallel grad_x per rank block (comma-separated; "
+        "empty: no sequence-parallel rows)",
+    )
+    p.add_argument(
+        "--nccl-max-channels",
+        type=int,
+        default=None,
+        help="sets NCCL_MAX_NCHANNELS (and NCCL_MIN_NCHANNELS to 1) before NCCL starts",
+    )
     p.add_argument("--train-steps", type=int, default=3)
     p.add_argument("--seed", type=int, default=BENCHMARK_SEED)
     return p
@@ -112,7 +141,9 @@ def init(args) -> tuple:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # our kernels on the CPU (before swiglu.kernels.backward)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
-            raise SystemExit(f"{name} is not set: start with `torchrun --nproc-per-node {args.tp} -m swiglu_lab.bench --tp {args.tp}`")
+            raise SystemExit(
+                f"{name} is not set: start with `torchrun --nproc-per-node {args.tp} -m swiglu_lab.bench --tp {args.tp}`"
+            )
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -148,8 +179,11 @@ def metadata(args, device, H, I, cases, protocol) -> dict:
     return {
         "kind": "tensor-parallel",
         "utc": environment.utc_now().strftime(environment.UTC_FORMAT),
-        "git_commit": git["commit"], "git": git,
-        "tp": args.tp, "world_size": dist.get_world_size(), "backend": dist.get_backend(),
+        "git_commit": git["commit"],
+        "git": git,
+        "tp": args.tp,
+        "world_size": dist.get_world_size(),
+        "backend": dist.get_backend(),
         "gpu_count": torch.cuda.device_count() if device.type == "cuda" else 0,
         "gpu": environment.gpu_info(device),
         "nvidia_smi_topo": topo,
@@ -157,12 +191,18 @@ def metadata(args, device, H, I, cases, protocol) -> dict:
         "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_SYMM", "TORCH_NCCL"))},
         "software": environment.software_info(),
         "shape": {"hidden_size": H, "intermediate_size": I, "local_intermediate_size": I // args.tp},
-        "cases": [c.name for c in cases], "parts": args.parts.split(","),
-        "protocol": {"name": protocol, "warmup": warmup, "iters": iters, "statistic": "median of per-iteration max over ranks",
-                     "timer": "CUDA events on the current stream" if device.type == "cuda" else "host wall clock",
-                     "l2_flush": "2 x L2 zeroed before every iteration on every rank" if device.type == "cuda" else "none",
-                     "rank_alignment": "1-element all-reduce before each iteration (outside the timed span)",
-                     "input_sets": "2 alternating (benchmark-mode inputs; modules: real forward)"},
+        "cases": [c.name for c in cases],
+        "parts": args.parts.split(","),
+        "protocol": {
+            "name": protocol,
+            "warmup": warmup,
+            "iters": iters,
+            "statistic": "median of per-iteration max over ranks",
+            "timer": "CUDA events on the current stream" if device.type == "cuda" else "host wall clock",
+            "l2_flush": "2 x L2 zeroed before every iteration on every rank" if device.type == "cuda" else "none",
+            "rank_alignment": "1-element all-reduce before each iteration (outside the timed span)",
+            "input_sets": "2 alternating (benchmark-mode inputs; modules: real forward)",
+        },
         "command": "torchrun -m swiglu_lab.bench " + " ".join(sys.argv[1:]),
     }
 
@@ -182,8 +222,16 @@ def shard(inputs: tuple, rank: int, tp: int) -> tuple:
     go, x, gate, up, act, gw, uw, dw = inputs
     n = gw.shape[0] // tp
     s = slice(rank * n, (rank + 1) * n)
-    return (go, x, gate[..., s].contiguous(), up[..., s].contiguous(), act[..., s].contiguous(),
-            gw[s].contiguous(), uw[s].contiguous(), dw[:, s].contiguous())
+    return (
+        go,
+        x,
+        gate[..., s].contiguous(),
+        up[..., s].contiguous(),
+        act[..., s].contiguous(),
+        gw[s].contiguous(),
+        uw[s].contiguous(),
+        dw[:, s].contiguous(),
+    )
 
 
 def tp_backward(local: tuple, mesh, impl: str) -> tuple:
@@ -282,9 +330,8 @@ def sp_backward(local: tuple, group, chunks: int | None) -> tuple:
                 part = slice(owner * rows + lo, owner * rows + hi)
                 if hi > lo:
                     tb.launch_grad_x(d_gate[part], d_up[part], gw, uw, grad_x[part], step.cfg_x)
-                    works.append(dist.reduce(grad_x[part], dst=dist.get_global_rank(group, owner), group=group,
-                                             async_op=True))
-        mine = grad_x[rank * rows:(rank + 1) * rows]
+                    works.append(dist.reduce(grad_x[part], dst=dist.get_global_rank(group, owner), group=group, async_op=True))
+        mine = grad_x[rank * rows : (rank + 1) * rows]
     ggw, guw, gdw = step.weight_gradients()
     for work in works:
         work.wait()  # the current stream waits for the reductions before anything reads grad_x
@@ -355,9 +402,22 @@ class Timer:
 def _row(case, H, I, tp, local_i, impl, protocol, times, note=""):
     warmup, iters = PROTOCOLS[protocol]
     stats = time_stats(times) if times else {k: math.nan for k in ("median_ms", "p20_ms", "p80_ms", "mean_ms", "min_ms")}
-    return dict(case=case.name, seq_len=case.seq_len, batch_size=case.batch_size, tokens=case.tokens, hidden_size=H,
-                intermediate_size=I, tp=tp, local_intermediate_size=local_i, impl=impl, protocol=protocol,
-                warmup=warmup, iters=iters, **stats, note=note)
+    return dict(
+        case=case.name,
+        seq_len=case.seq_len,
+        batch_size=case.batch_size,
+        tokens=case.tokens,
+        hidden_size=H,
+        intermediate_size=I,
+        tp=tp,
+        local_intermediate_size=local_i,
+        impl=impl,
+        protocol=protocol,
+        warmup=warmup,
+        iters=iters,
+        **stats,
+        note=note,
+    )
 
 
 def _timed(rows, timer, case, H, I, tp, local_i, impl, protocol, fn, make_args):
@@ -391,12 +451,10 @@ def part_check(cases, H, I, device, mesh, impl, seed) -> list[dict]:
         local = shard(inputs, rank, tp)
         first = tp_backward(local, mesh, impl)
         again = tp_backward(local, mesh, impl)
-        bitwise = torch.tensor([int(all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(first, again)))],
-                               device=device)
+        bitwise = torch.tensor([int(all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(first, again)))], device=device)
         del again
         single = triton_swiglu_backward(*local)  # our backward on this shard alone
-        same_w = torch.tensor([int(all(torch.equal(a.to_local(), b) for a, b in zip(first[1:], single[1:])))],
-                              device=device)
+        same_w = torch.tensor([int(all(torch.equal(a.to_local(), b) for a, b in zip(first[1:], single[1:])))], device=device)
         del single
         dist.all_reduce(bitwise, op=dist.ReduceOp.MIN)
         dist.all_reduce(same_w, op=dist.ReduceOp.MIN)
@@ -406,14 +464,25 @@ def part_check(cases, H, I, device, mesh, impl, seed) -> list[dict]:
             ref = reference_backward(*inputs)
             for name, out, want in zip(OUTPUT_NAMES, gathered, ref):
                 res = benchmark_criterion(out, want, case.atol, case.rtol)
-                rows.append(dict(case=case.name, tokens=case.tokens, output=name, passed=res.passed,
-                                 match_fraction=res.match_fraction, nonfinite=res.nonfinite,
-                                 max_abs_error=res.max_abs_error, rel_err_vs_reference=relative_error(out, want),
-                                 bitwise_repeatable=bool(bitwise.item()),
-                                 weight_shards_equal_one_gpu_triton=bool(same_w.item()) if name != "grad_x" else None))
-            log(f"  check {case.name:>9}: " + ", ".join(f"{r['output']} {'ok' if r['passed'] else 'FAIL'} "
-                                                      f"({r['match_fraction']:.4f})" for r in rows[-4:])
-                + f"; bitwise repeatable {bool(bitwise.item())}; weight shards == one-GPU Triton {bool(same_w.item())}")
+                rows.append(
+                    dict(
+                        case=case.name,
+                        tokens=case.tokens,
+                        output=name,
+                        passed=res.passed,
+                        match_fraction=res.match_fraction,
+                        nonfinite=res.nonfinite,
+                        max_abs_error=res.max_abs_error,
+                        rel_err_vs_reference=relative_error(out, want),
+                        bitwise_repeatable=bool(bitwise.item()),
+                        weight_shards_equal_one_gpu_triton=bool(same_w.item()) if name != "grad_x" else None,
+                    )
+                )
+            log(
+                f"  check {case.name:>9}: "
+                + ", ".join(f"{r['output']} {'ok' if r['passed'] else 'FAIL'} ({r['match_fraction']:.4f})" for r in rows[-4:])
+                + f"; bitwise repeatable {bool(bitwise.item())}; weight shards == one-GPU Triton {bool(same_w.item())}"
+            )
             del ref
         del gathered, inputs, local
         _cleanup(device)
@@ -436,8 +505,10 @@ def part_train(H, I, device, mesh, steps, seed) -> dict:
     tp.load_state_dict(start)
     swiglu.parallelize(tp, mesh)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
-    batches = [tuple(same_everywhere([torch.randn(*tokens, H, generator=gen, device=device, dtype=dtype)
-                                      for _ in range(2)])) for _ in range(steps)]
+    batches = [
+        tuple(same_everywhere([torch.randn(*tokens, H, generator=gen, device=device, dtype=dtype) for _ in range(2)]))
+        for _ in range(steps)
+    ]
 
     def train(module):
         lr = 0.05  # relative update ~ lr * |grad| / |w|: several bf16 ulps per step
@@ -459,23 +530,38 @@ def part_train(H, I, device, mesh, steps, seed) -> dict:
         single = swiglu.SwiGLUMLP(H, I, device=device, dtype=dtype)
         single.load_state_dict(start)
         losses_single, losses_plain = train(single), train(plain)
-        result = {"steps": steps, "tokens": list(tokens), "losses_tp": losses_tp, "losses_plain": losses_plain,
-                  "losses_single_gpu_ours": losses_single, "params": {}}
+        result = {
+            "steps": steps,
+            "tokens": list(tokens),
+            "losses_tp": losses_tp,
+            "losses_plain": losses_plain,
+            "losses_single_gpu_ours": losses_single,
+            "params": {},
+        }
         for name, w_plain in plain.state_dict().items():
             update = relative_error(w_plain, start[name])
             d_tp = relative_error(tp_state[name], w_plain) / update
             d_single = relative_error(single.state_dict()[name], w_plain) / update
-            result["params"][name] = {"update_rel": update, "tp_vs_plain_over_update": d_tp,
-                                      "single_vs_plain_over_update": d_single}
+            result["params"][name] = {
+                "update_rel": update,
+                "tp_vs_plain_over_update": d_tp,
+                "single_vs_plain_over_update": d_single,
+            }
         loss_dev = max(abs(a - b) / abs(b) for a, b in zip(losses_tp, losses_plain))
         worst = max(v["tp_vs_plain_over_update"] for v in result["params"].values())
         yard = max(v["single_vs_plain_over_update"] for v in result["params"].values())
-        result.update(max_loss_rel_dev=loss_dev, worst_tp_vs_plain=worst, worst_single_vs_plain=yard,
-                      passed=bool(loss_dev < 1e-2 and worst <= max(2 * yard, 0.05)),
-                      rule="loss within 1% of the plain module each step, and every weight's distance to the "
-                           "plain module's (relative to its update) <= max(2 x the one-GPU SwiGLUMLP's, 0.05)")
-        log(f"  train: {steps} SGD steps, loss dev {loss_dev:.2e}, weights tp-vs-plain {worst:.3f} of the update "
-            f"(one-GPU ours {yard:.3f}) -> {'ok' if result['passed'] else 'FAIL'}")
+        result.update(
+            max_loss_rel_dev=loss_dev,
+            worst_tp_vs_plain=worst,
+            worst_single_vs_plain=yard,
+            passed=bool(loss_dev < 1e-2 and worst <= max(2 * yard, 0.05)),
+            rule="loss within 1% of the plain module each step, and every weight's distance to the "
+            "plain module's (relative to its update) <= max(2 x the one-GPU SwiGLUMLP's, 0.05)",
+        )
+        log(
+            f"  train: {steps} SGD steps, loss dev {loss_dev:.2e}, weights tp-vs-plain {worst:.3f} of the update "
+            f"(one-GPU ours {yard:.3f}) -> {'ok' if result['passed'] else 'FAIL'}"
+        )
         del single
     del plain, tp_state, start
     _cleanup(device)
@@ -513,8 +599,7 @@ def part_timing(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
         sets = _sets(shard(inputs, rank, tp))
         del inputs
         common = (case, H, I, tp, I // tp)
-        _timed(rows, timer, *common, "ours_local_compute", protocol,
-               lambda *a: swiglu_mlp_backward(*a, impl=impl), _cycle(sets))
+        _timed(rows, timer, *common, "ours_local_compute", protocol, lambda *a: swiglu_mlp_backward(*a, impl=impl), _cycle(sets))
         _timed(rows, timer, *common, "tp_ours", protocol, lambda *a: tp_backward(a, mesh, impl), _cycle(sets))
         bufs = [torch.randn(case.tokens, H, device=device, dtype=torch.bfloat16) for _ in range(2)]
         work = [torch.empty_like(b) for b in bufs]
@@ -565,8 +650,19 @@ def part_model(cases, H, I, device, mesh, impl, protocol, seed, rows) -> None:
     for case in cases:
         for n in sizes:
             sets = _sets(make_inputs(case.batch_size, case.seq_len, H, I // n, seed=seed, device=device).as_tuple())
-            _timed(rows, timer, case, H, I, tp, I // n, "ours_local_compute", protocol,
-                   lambda *a: swiglu_mlp_backward(*a, impl=impl), _cycle(sets))
+            _timed(
+                rows,
+                timer,
+                case,
+                H,
+                I,
+                tp,
+                I // n,
+                "ours_local_compute",
+                protocol,
+                lambda *a: swiglu_mlp_backward(*a, impl=impl),
+                _cycle(sets),
+            )
             del sets
             _cleanup(device)
 
@@ -615,8 +711,10 @@ def part_timeline(cases, H, I, device, mesh, seed, reserve, sp_chunks) -> list[d
 
     rank, tp, group = mesh.get_local_rank(), mesh.size(), mesh.get_group()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    variants = [("tp_serial", lambda a: overlapped_backward(a, group, None)),
-                ("tp_early", lambda a: overlapped_backward(a, group, reserve))]
+    variants = [
+        ("tp_serial", lambda a: overlapped_backward(a, group, None)),
+        ("tp_early", lambda a: overlapped_backward(a, group, reserve)),
+    ]
     if sp_chunks:
         variants += [("tp_sp_serial", lambda a: sp_backward(a, group, None))]
         variants += [(f"tp_sp_chunks{k}", lambda a, k=k: sp_backward(a, group, k)) for k in sp_chunks]
@@ -637,9 +735,19 @@ def part_timeline(cases, H, I, device, mesh, seed, reserve, sp_chunks) -> list[d
                 fn(local)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-            mine += [dict(case=case.name, tokens=case.tokens, variant=name, rank=rank, name=e["name"],
-                          kind=timeline.kind_of(e["name"]), start_us=e["start_us"], end_us=e["end_us"])
-                     for e in timeline.profiler_events(prof, device.type)]
+            mine += [
+                dict(
+                    case=case.name,
+                    tokens=case.tokens,
+                    variant=name,
+                    rank=rank,
+                    name=e["name"],
+                    kind=timeline.kind_of(e["name"]),
+                    start_us=e["start_us"],
+                    end_us=e["end_us"],
+                )
+                for e in timeline.profiler_events(prof, device.type)
+            ]
         del local
         _cleanup(device)
     gathered = [None] * tp if rank == 0 else None
@@ -656,21 +764,36 @@ def summary_text(rows: pd.DataFrame, checks: pd.DataFrame, train: dict) -> str:
     lines = []
     if not checks.empty:
         failed = checks[~checks["passed"].astype(bool)]
-        lines.append(f"correctness: {len(checks) - len(failed)}/{len(checks)} gathered outputs pass the criterion; "
-                     f"bitwise repeatable: {bool(checks['bitwise_repeatable'].all())}"
-                     + (f"; FAILED: {', '.join(failed['case'] + ':' + failed['output'])}" if len(failed) else ""))
+        lines.append(
+            f"correctness: {len(checks) - len(failed)}/{len(checks)} gathered outputs pass the criterion; "
+            f"bitwise repeatable: {bool(checks['bitwise_repeatable'].all())}"
+            + (f"; FAILED: {', '.join(failed['case'] + ':' + failed['output'])}" if len(failed) else "")
+        )
     if train:
         lines.append(f"training: {'ok' if train.get('passed') else 'FAIL'} (loss dev {train['max_loss_rel_dev']:.2e})")
     if not rows.empty:
         table = tp_model.case_table(rows)
-        cols = ["case", "tokens", "single_ms", "compute_ms", "allreduce_ms", "tp_ours_ms", "tp_ours_module_ms",
-                "tp_plain_module_ms", "overlap", "efficiency"]
+        cols = [
+            "case",
+            "tokens",
+            "single_ms",
+            "compute_ms",
+            "allreduce_ms",
+            "tp_ours_ms",
+            "tp_ours_module_ms",
+            "tp_plain_module_ms",
+            "overlap",
+            "efficiency",
+        ]
         lines.append(table[[c for c in cols if c in table]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
         over = rows[rows["impl"].str.startswith(("tp_serial", "tp_early", "tp_sp_"))]
         if not over.empty:
             lines.append("overlap attempts, median ms:")
-            lines.append(over.pivot_table(index="case", columns="impl", values="median_ms", sort=False)
-                         .to_string(float_format=lambda v: f"{v:.3f}"))
+            lines.append(
+                over.pivot_table(index="case", columns="impl", values="median_ms", sort=False).to_string(
+                    float_format=lambda v: f"{v:.3f}"
+                )
+            )
     return "\n".join(lines)
 
 
@@ -701,8 +824,10 @@ def main(argv: list[str] | None = None, exit_now: bool = False) -> int:
     out = Path(args.out)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        log(f"tensor-parallel run {run_id}: TP={args.tp} on {meta['gpu']['name']}, H={H} I={I} (local {I // args.tp}), "
-            f"{len(cases)} cases, parts {','.join(parts)}, protocol {protocol}; NCCL {meta['nccl_version']}")
+        log(
+            f"tensor-parallel run {run_id}: TP={args.tp} on {meta['gpu']['name']}, H={H} I={I} (local {I // args.tp}), "
+            f"{len(cases)} cases, parts {','.join(parts)}, protocol {protocol}; NCCL {meta['nccl_version']}"
+        )
     reserves = [int(k) for k in args.reserve_sms.split(",") if k.strip()]
     sp_chunks = [int(k) for k in args.sp_chunks.split(",") if k.strip()]
     rows: list[dict] = []
@@ -719,10 +844,12 @@ def main(argv: list[str] | None = None, exit_now: bool = False) -> int:
         if checks:
             pd.DataFrame(checks).assign(run_id=run_id).to_csv(out / f"tp_{run_id}_check.csv", index=False, float_format="%.6g")
         if timelines:
-            pd.DataFrame(timelines).assign(run_id=run_id).to_csv(out / f"tp_{run_id}_timeline.csv", index=False,
-                                                                 float_format="%.6g")
-        record = dict(meta, run_id=run_id, seconds=seconds, train=train,
-                      finished_utc=environment.utc_now().strftime(environment.UTC_FORMAT))
+            pd.DataFrame(timelines).assign(run_id=run_id).to_csv(
+                out / f"tp_{run_id}_timeline.csv", index=False, float_format="%.6g"
+            )
+        record = dict(
+            meta, run_id=run_id, seconds=seconds, train=train, finished_utc=environment.utc_now().strftime(environment.UTC_FORMAT)
+        )
         (out / f"tp_{run_id}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
 
     for part in parts:
@@ -749,9 +876,12 @@ def main(argv: list[str] | None = None, exit_now: bool = False) -> int:
             from . import timeline
 
             print("timeline (us per backward; exposed_comm: communication no compute covered):")
-            print(timeline.summary(pd.DataFrame(timelines)).groupby(["case", "variant"], sort=False)
-                  [["span_us", "compute_us", "comm_us", "exposed_comm_us", "idle_us"]].max()
-                  .to_string(float_format=lambda v: f"{v:.1f}"))
+            print(
+                timeline.summary(pd.DataFrame(timelines))
+                .groupby(["case", "variant"], sort=False)[["span_us", "compute_us", "comm_us", "exposed_comm_us", "idle_us"]]
+                .max()
+                .to_string(float_format=lambda v: f"{v:.1f}")
+            )
     dist.barrier()
     dist.destroy_process_group()
     # A failed check must fail the command (rank 0 holds the results; the other ranks exit 0).

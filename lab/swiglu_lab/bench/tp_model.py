@@ -26,7 +26,12 @@ import pandas as pd
 
 #: Rows of one run: impl names written by swiglu_lab.bench.tp.
 COMPUTE, ALLREDUCE, TP_OURS, TP_PLAIN_MODULE, TP_OURS_MODULE = (
-    "ours_local_compute", "tp_allreduce", "tp_ours", "tp_plain_module", "tp_ours_module")
+    "ours_local_compute",
+    "tp_allreduce",
+    "tp_ours",
+    "tp_plain_module",
+    "tp_ours_module",
+)
 BYTES_PER_ELEMENT = 2  # bf16
 
 
@@ -48,8 +53,11 @@ def fit_allreduce(rows: pd.DataFrame) -> tuple[float, float]:
     """``(latency_ms, bus_gbps)`` of a least-squares line ``t = latency + bus_bytes / bw`` through
     the measured ``tp_allreduce`` medians (one point per token count). Raises ``ValueError`` with
     fewer than two distinct token counts."""
-    sel = rows[rows["impl"] == ALLREDUCE].groupby("tokens").agg(
-        t=("median_ms", "median"), hidden=("hidden_size", "first"), tp=("tp", "first"))
+    sel = (
+        rows[rows["impl"] == ALLREDUCE]
+        .groupby("tokens")
+        .agg(t=("median_ms", "median"), hidden=("hidden_size", "first"), tp=("tp", "first"))
+    )
     if len(sel) < 2:
         raise ValueError(f"need tp_allreduce rows at >= 2 token counts to fit bandwidth, got {len(sel)}")
     x = bus_bytes(sel.index.values, int(sel["hidden"].iloc[0]), int(sel["tp"].iloc[0]))
@@ -99,8 +107,9 @@ def case_table(rows: pd.DataFrame) -> pd.DataFrame:
     return t.reset_index()
 
 
-def model_table(rows: pd.DataFrame, tps=(2, 4, 8), latency_ms: float | None = None,
-                bus_gbps: float | None = None) -> pd.DataFrame:
+def model_table(
+    rows: pd.DataFrame, tps=(2, 4, 8), latency_ms: float | None = None, bus_gbps: float | None = None
+) -> pd.DataFrame:
     """Modelled TP scaling per case and TP size from one-GPU compute times at local I = I/N
     (``ours_local_compute`` rows) and the collective model (module docstring); latency and
     bandwidth default to ``fit_allreduce(rows)``. Columns: case, tokens, tp, compute_ms,
@@ -122,8 +131,19 @@ def model_table(rows: pd.DataFrame, tps=(2, 4, 8), latency_ms: float | None = No
             tokens = int(cases[case])
             comm = latency_ms + float(bus_bytes(tokens, hidden, n)) / (bus_gbps * 1e9) * 1e3
             serial = c_ms + comm
-            out.append(dict(case=case, tokens=tokens, tp=n, compute_ms=c_ms, comm_ms=comm, serial_ms=serial,
-                            hide_window_ms=c_ms / 2, comm_fraction=comm / serial, hidden=comm <= c_ms / 2,
-                            efficiency_serial=single.get(case, np.nan) / (n * serial),
-                            efficiency_hidden=single.get(case, np.nan) / (n * c_ms)))
+            out.append(
+                dict(
+                    case=case,
+                    tokens=tokens,
+                    tp=n,
+                    compute_ms=c_ms,
+                    comm_ms=comm,
+                    serial_ms=serial,
+                    hide_window_ms=c_ms / 2,
+                    comm_fraction=comm / serial,
+                    hidden=comm <= c_ms / 2,
+                    efficiency_serial=single.get(case, np.nan) / (n * serial),
+                    efficiency_hidden=single.get(case, np.nan) / (n * c_ms),
+                )
+            )
     return pd.DataFrame(out)

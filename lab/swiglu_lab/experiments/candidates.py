@@ -19,8 +19,10 @@ from swiglu.kernels.configs import DswigluGluonConfig, GluonConfig
 #: The ping-pong kernel's candidates (two MMA warpgroups on alternate tiles), compiled for sm_90 by
 #: the CPU tests (192 bytes of epilogue spills at 168 registers) and checked bitwise against the
 #: cooperative kernel on the GPU.
-PINGPONG_CANDIDATES = (GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True),
-                       GluonConfig(BM=128, BN=128, BK=32, STAGES=6, NC=2, pingpong=True))
+PINGPONG_CANDIDATES = (
+    GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True),
+    GluonConfig(BM=128, BN=128, BK=32, STAGES=6, NC=2, pingpong=True),
+)
 
 #: quack's 128 x 192 ping-pong tiles (a 128 x 128 and a 128 x 64 chunk, ``GluonConfig.BN2``),
 #: each MMA warpgroup at 232 registers for its 192 accumulator registers per thread, and the

@@ -91,9 +91,25 @@ def _a_operand(a_bufs, s, A_KMAJOR: gl.constexpr):
 
 
 @gluon.jit
-def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                       GROUP_M: gl.constexpr, b2_desc, b2_bufs, A_KMAJOR: gl.constexpr, a2_desc, bk2_desc,
-                       SKIP_LOADS: gl.constexpr = False):
+def _load_partition(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_bufs,
+    b_bufs,
+    c_bufs,
+    ready,
+    empty,
+    c_ready,
+    c_empty,
+    GROUP_M: gl.constexpr,
+    b2_desc,
+    b2_bufs,
+    A_KMAJOR: gl.constexpr,
+    a2_desc,
+    bk2_desc,
+    SKIP_LOADS: gl.constexpr = False,
+):
     # BN2 > 0 (the wide kernel): each stage also brings the tile's second B chunk, columns
     # BN .. BN + BN2 (b2_desc, b2_bufs: b_desc, b_bufs otherwise, unused).
     # A_KMAJOR (grad_x): A [M, K] in blocks [BM, BK]; the second K half comes from a2_desc and
@@ -105,8 +121,9 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
     BN: gl.constexpr = b_desc.block_type.shape[1]
     BN2: gl.constexpr = _chunk2(b_desc.block_type.shape, b2_desc.block_type.shape)
     BNT: gl.constexpr = BN + BN2
-    STAGE_BYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (
-        b2_desc.block_type.nbytes if BN2 > 0 else 0)
+    STAGE_BYTES: gl.constexpr = (
+        a_desc.block_type.nbytes + b_desc.block_type.nbytes + (b2_desc.block_type.nbytes if BN2 > 0 else 0)
+    )
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BNT)
     k_tiles = _k_steps(a_desc, BK, A_KMAJOR)
@@ -120,20 +137,82 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
             bar = ready.index(s)
             if SKIP_LOADS:
                 if p < STAGES:
-                    _stage_loads(a_desc, b_desc, a_bufs, b_bufs, bar, s, kk, k_tiles, pid_m, pid_n, BM, BK, BN, BNT,
-                                 BN2, STAGE_BYTES, A_KMAJOR, a2_desc, bk2_desc, b2_desc, b2_bufs)
+                    _stage_loads(
+                        a_desc,
+                        b_desc,
+                        a_bufs,
+                        b_bufs,
+                        bar,
+                        s,
+                        kk,
+                        k_tiles,
+                        pid_m,
+                        pid_n,
+                        BM,
+                        BK,
+                        BN,
+                        BNT,
+                        BN2,
+                        STAGE_BYTES,
+                        A_KMAJOR,
+                        a2_desc,
+                        bk2_desc,
+                        b2_desc,
+                        b2_bufs,
+                    )
                 else:
                     mbarrier.arrive(bar)
             else:
-                _stage_loads(a_desc, b_desc, a_bufs, b_bufs, bar, s, kk, k_tiles, pid_m, pid_n, BM, BK, BN, BNT, BN2,
-                             STAGE_BYTES, A_KMAJOR, a2_desc, bk2_desc, b2_desc, b2_bufs)
+                _stage_loads(
+                    a_desc,
+                    b_desc,
+                    a_bufs,
+                    b_bufs,
+                    bar,
+                    s,
+                    kk,
+                    k_tiles,
+                    pid_m,
+                    pid_n,
+                    BM,
+                    BK,
+                    BN,
+                    BNT,
+                    BN2,
+                    STAGE_BYTES,
+                    A_KMAJOR,
+                    a2_desc,
+                    bk2_desc,
+                    b2_desc,
+                    b2_bufs,
+                )
             p += 1
 
 
 @gluon.jit
-def _stage_loads(a_desc, b_desc, a_bufs, b_bufs, bar, s, kk, k_tiles, pid_m, pid_n, BM: gl.constexpr,
-                 BK: gl.constexpr, BN: gl.constexpr, BNT: gl.constexpr, BN2: gl.constexpr, STAGE_BYTES: gl.constexpr,
-                 A_KMAJOR: gl.constexpr, a2_desc, bk2_desc, b2_desc, b2_bufs):
+def _stage_loads(
+    a_desc,
+    b_desc,
+    a_bufs,
+    b_bufs,
+    bar,
+    s,
+    kk,
+    k_tiles,
+    pid_m,
+    pid_n,
+    BM: gl.constexpr,
+    BK: gl.constexpr,
+    BN: gl.constexpr,
+    BNT: gl.constexpr,
+    BN2: gl.constexpr,
+    STAGE_BYTES: gl.constexpr,
+    A_KMAJOR: gl.constexpr,
+    a2_desc,
+    bk2_desc,
+    b2_desc,
+    b2_bufs,
+):
     # One stage of tile (pid_m, pid_n), k-step kk: its operands into stage s, counted on bar.
     mbarrier.expect(bar, STAGE_BYTES)
     if A_KMAJOR:
@@ -156,43 +235,111 @@ def _stage_loads(a_desc, b_desc, a_bufs, b_bufs, bar, s, kk, k_tiles, pid_m, pid
 
 
 @gluon.jit
-def _load_partition_wgrad(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                          GROUP_M: gl.constexpr, b2_desc, b2_bufs):
-    _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M,
-                    b2_desc, b2_bufs, False, a_desc, b_desc)
+def _load_partition_wgrad(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M: gl.constexpr, b2_desc, b2_bufs
+):
+    _load_partition(
+        a_desc,
+        b_desc,
+        c_desc,
+        a_bufs,
+        b_bufs,
+        c_bufs,
+        ready,
+        empty,
+        c_ready,
+        c_empty,
+        GROUP_M,
+        b2_desc,
+        b2_bufs,
+        False,
+        a_desc,
+        b_desc,
+    )
 
 
 @gluon.jit
-def _load_partition_wgrad_unloaded(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                                   GROUP_M: gl.constexpr, b2_desc, b2_bufs):
+def _load_partition_wgrad_unloaded(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M: gl.constexpr, b2_desc, b2_bufs
+):
     # ABLATE & 2 (the probe's): the ring filled once, then released without loads.
-    _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M,
-                    b2_desc, b2_bufs, False, a_desc, b_desc, True)
+    _load_partition(
+        a_desc,
+        b_desc,
+        c_desc,
+        a_bufs,
+        b_bufs,
+        c_bufs,
+        ready,
+        empty,
+        c_ready,
+        c_empty,
+        GROUP_M,
+        b2_desc,
+        b2_bufs,
+        False,
+        a_desc,
+        b_desc,
+        True,
+    )
 
 
 @gluon.jit
-def _load_partition_grad_x(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                           GROUP_M: gl.constexpr, a2_desc, bk2_desc):
-    _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M,
-                    b_desc, b_bufs, True, a2_desc, bk2_desc)
+def _load_partition_grad_x(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M: gl.constexpr, a2_desc, bk2_desc
+):
+    _load_partition(
+        a_desc,
+        b_desc,
+        c_desc,
+        a_bufs,
+        b_bufs,
+        c_bufs,
+        ready,
+        empty,
+        c_ready,
+        c_empty,
+        GROUP_M,
+        b_desc,
+        b_bufs,
+        True,
+        a2_desc,
+        bk2_desc,
+    )
 
 
 @gluon.jit
-def _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                        GROUP_M: gl.constexpr, c2_desc, c2_bufs):
+def _store_partition(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M: gl.constexpr, c2_desc, c2_bufs
+):
     _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M, c2_desc, c2_bufs, 0, False)
 
 
 @gluon.jit
-def _store_partition_delayed(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                             GROUP_M: gl.constexpr, c2_desc, c2_bufs, delay_ns):
+def _store_partition_delayed(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_bufs,
+    b_bufs,
+    c_bufs,
+    ready,
+    empty,
+    c_ready,
+    c_empty,
+    GROUP_M: gl.constexpr,
+    c2_desc,
+    c2_bufs,
+    delay_ns,
+):
     # The tests' storer (``STORE_DELAY_NS``): each store issued delay_ns after its tile is handed over.
     _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M, c2_desc, c2_bufs, delay_ns, True)
 
 
 @gluon.jit
-def _store_partition_skipped(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                             GROUP_M: gl.constexpr, c2_desc, c2_bufs):
+def _store_partition_skipped(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M: gl.constexpr, c2_desc, c2_bufs
+):
     # ABLATE & 1 (the probe's): each tile's buffer taken and freed in the same order, nothing stored.
     _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M, c2_desc, c2_bufs, 0, False, True)
 
@@ -212,8 +359,18 @@ def _spin(ns):
 
 
 @gluon.jit
-def _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M: gl.constexpr, c2_desc, c2_bufs, delay_ns,
-                 DELAY: gl.constexpr, SKIP: gl.constexpr = False):
+def _store_tiles(
+    c_desc,
+    c_bufs,
+    c_ready,
+    c_empty,
+    GROUP_M: gl.constexpr,
+    c2_desc,
+    c2_bufs,
+    delay_ns,
+    DELAY: gl.constexpr,
+    SKIP: gl.constexpr = False,
+):
     # BN2 > 0: each tile's second chunk too (c2_desc, c2_bufs: c_desc, c_bufs otherwise, unused).
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = c_desc.block_type.shape[1]
@@ -236,7 +393,6 @@ def _store_tiles(c_desc, c_bufs, c_ready, c_empty, GROUP_M: gl.constexpr, c2_des
         tma.store_wait(pendings=NC - 1)
         mbarrier.arrive(c_empty.index((t + 1) % NC), pred=t >= NC - 1)
     tma.store_wait(pendings=0)
-
 
 
 @gluon.constexpr_function
@@ -268,8 +424,7 @@ def _epilogue_plain(out, t, c_desc, c_ready, c_empty, out_ptr, GROUP_M: gl.const
     layout: gl.constexpr = _plain_store_layout(BN, gl.num_warps())
     num_m, num_n, pid, nprog, _ = _program_tiles(c_desc, BM, BN)
     pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
-    _store_rows(gl.convert_layout(out, layout), out_ptr, pid_m * BM, pid_n * BN, c_desc.shape[0], c_desc.shape[1],
-                layout)
+    _store_rows(gl.convert_layout(out, layout), out_ptr, pid_m * BM, pid_n * BN, c_desc.shape[0], c_desc.shape[1], layout)
     buf = t % NC
     mbarrier.wait(c_empty.index(buf), ((t // NC) & 1) ^ 1)
     _cta_barrier()
@@ -277,8 +432,22 @@ def _epilogue_plain(out, t, c_desc, c_ready, c_empty, out_ptr, GROUP_M: gl.const
 
 
 @gluon.jit
-def _store_partition_plain(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                           GROUP_M: gl.constexpr, c2_desc, c2_bufs, out_ptr):
+def _store_partition_plain(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_bufs,
+    b_bufs,
+    c_bufs,
+    ready,
+    empty,
+    c_ready,
+    c_empty,
+    GROUP_M: gl.constexpr,
+    c2_desc,
+    c2_bufs,
+    out_ptr,
+):
     # PLAIN_STORE 2: the storer warp reads each tile's buffer in 8-row pieces and writes them with
     # st.global (no TMA store); the buffer is free once read.
     BM: gl.constexpr = c_desc.block_type.shape[0]
@@ -298,12 +467,27 @@ def _store_partition_plain(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready
         mbarrier.arrive(c_empty.index(buf))
 
 
-
 @gluon.jit
-def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                      GROUP_M: gl.constexpr, DEFER: gl.constexpr, A_KMAJOR: gl.constexpr,
-                      SKIP_MMA: gl.constexpr = False, b2_bufs=None, c2_bufs=None, out_ptr=None,
-                      PLAIN_STORE: gl.constexpr = 0):
+def _mma_partition(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_bufs,
+    b_bufs,
+    c_bufs,
+    ready,
+    empty,
+    c_ready,
+    c_empty,
+    GROUP_M: gl.constexpr,
+    DEFER: gl.constexpr,
+    A_KMAJOR: gl.constexpr,
+    SKIP_MMA: gl.constexpr = False,
+    b2_bufs=None,
+    c2_bufs=None,
+    out_ptr=None,
+    PLAIN_STORE: gl.constexpr = 0,
+):
     # SKIP_MMA (the probe's ablation, ABLATE & 4): every barrier as it is, no wgmma: the tiles
     # stored are zeros, and what is left times the loads and the store path alone.
     # b2_bufs / c2_bufs narrower than b_bufs / c_bufs (the wide tile BM x (BN + BN2), e.g. quack's
@@ -342,7 +526,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
                 if BN2 > 0:  # the two wgmma groups of step c may run on
                     acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
                 else:
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             # wgmma of step c-1 is done in this warpgroup; sync the partition (both warpgroups) before
             # thread 0 releases its stage to the loader.
             _cta_barrier()
@@ -352,7 +536,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
             if BN2 > 0:
                 acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
             else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _cta_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
         if DEFER:
@@ -369,12 +553,31 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
 
 
 @gluon.jit
-def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
-                 LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False,
-                 PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, b2_desc=None, c2_desc=None,
-                 BN2: gl.constexpr = 0, A_KMAJOR: gl.constexpr = False, a2_desc=None, bk2_desc=None,
-                 STORE_DELAY_NS: gl.constexpr = 0, ABLATE: gl.constexpr = 0, out_ptr=None,
-                 PLAIN_STORE: gl.constexpr = 0, PDL: gl.constexpr = False, WG_STORE: gl.constexpr = 0):
+def wgrad_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    NC: gl.constexpr,
+    LOAD_REGS: gl.constexpr,
+    STORE_REGS: gl.constexpr,
+    DEFER: gl.constexpr = False,
+    PINGPONG: gl.constexpr = False,
+    MMA_REGS: gl.constexpr = 0,
+    b2_desc=None,
+    c2_desc=None,
+    BN2: gl.constexpr = 0,
+    A_KMAJOR: gl.constexpr = False,
+    a2_desc=None,
+    bk2_desc=None,
+    STORE_DELAY_NS: gl.constexpr = 0,
+    ABLATE: gl.constexpr = 0,
+    out_ptr=None,
+    PLAIN_STORE: gl.constexpr = 0,
+    PDL: gl.constexpr = False,
+    WG_STORE: gl.constexpr = 0,
+):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
     (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0:
@@ -400,18 +603,27 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     dtype: gl.constexpr = c_desc.dtype
     gl.static_assert(not (A_KMAJOR and PINGPONG), "grad_x (A_KMAJOR) runs the cooperative partitions only")
     gl.static_assert(STORE_DELAY_NS == 0 or PINGPONG, "STORE_DELAY_NS is the ping-pong kernel's test switch")
-    gl.static_assert(not WG_STORE or (PINGPONG and BN2 > 0 and BN == 2 * BN2 and STORE_DELAY_NS == 0 and ABLATE == 0),
-                     "WG_STORE is the ping-pong kernel's with BN = 2 * BN2")
-    gl.static_assert(BN2 == 0 or PINGPONG or not (DEFER or A_KMAJOR or ABLATE or PLAIN_STORE),
-                     "the wide cooperative tile (BN2 without PINGPONG) takes no DEFER, A_KMAJOR, ABLATE or PLAIN_STORE")
-    gl.static_assert(ABLATE == 0 or not (A_KMAJOR or PINGPONG and ABLATE != 1),
-                     "ABLATE is the weight gradient's probe switch (ping-pong: 1 only)")
-    gl.static_assert(not PLAIN_STORE or not (PINGPONG or A_KMAJOR or DEFER or (ABLATE & 1)),
-                     "PLAIN_STORE is the cooperative weight gradient's probe switch (no DEFER, no ABLATE bit 1)")
+    gl.static_assert(
+        not WG_STORE or (PINGPONG and BN2 > 0 and BN == 2 * BN2 and STORE_DELAY_NS == 0 and ABLATE == 0),
+        "WG_STORE is the ping-pong kernel's with BN = 2 * BN2",
+    )
+    gl.static_assert(
+        BN2 == 0 or PINGPONG or not (DEFER or A_KMAJOR or ABLATE or PLAIN_STORE),
+        "the wide cooperative tile (BN2 without PINGPONG) takes no DEFER, A_KMAJOR, ABLATE or PLAIN_STORE",
+    )
+    gl.static_assert(
+        ABLATE == 0 or not (A_KMAJOR or PINGPONG and ABLATE != 1),
+        "ABLATE is the weight gradient's probe switch (ping-pong: 1 only)",
+    )
+    gl.static_assert(
+        not PLAIN_STORE or not (PINGPONG or A_KMAJOR or DEFER or (ABLATE & 1)),
+        "PLAIN_STORE is the cooperative weight gradient's probe switch (no DEFER, no ABLATE bit 1)",
+    )
 
     # A's stages in A's block shape: [BK, BM] (weight gradients) or [BM, BK] (grad_x).
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], a_desc.block_type.shape[1]],
-                                       a_desc.layout)
+    a_bufs = gl.allocate_shared_memory(
+        a_desc.dtype, [STAGES, a_desc.block_type.shape[0], a_desc.block_type.shape[1]], a_desc.layout
+    )
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK, BN], b_desc.layout)
     if WG_STORE:  # WG_STORE chunk buffers [BM, BN2] per MMA warpgroup; NC unused
         c_bufs = gl.allocate_shared_memory(dtype, [2 * WG_STORE, BM, BN2], c2_desc.layout)
@@ -441,62 +653,98 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
             b2_desc, c2_desc, b2_bufs, c2_bufs = b_desc, c_desc, b_bufs, c_bufs
         pp_args = args[:-1] + (order, GROUP_M, b2_bufs, c2_bufs)
         if WG_STORE:
-            gl.warp_specialize([
-                (_mma_pingpong_first_wg_store, pp_args + (c2_desc, )),
-                (_mma_pingpong_second_wg_store, pp_args + (c2_desc, )),
-                (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
-                (_store_partition_idle, args + (c2_desc, c2_bufs)),
-            ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+            gl.warp_specialize(
+                [
+                    (_mma_pingpong_first_wg_store, pp_args + (c2_desc,)),
+                    (_mma_pingpong_second_wg_store, pp_args + (c2_desc,)),
+                    (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
+                    (_store_partition_idle, args + (c2_desc, c2_bufs)),
+                ],
+                [4, 1, 1],
+                [MMA_REGS, LOAD_REGS, STORE_REGS],
+            )
         elif STORE_DELAY_NS > 0:
             delay = gl.program_id(0) * 0 + STORE_DELAY_NS  # a value: worker arguments cannot be constexprs
-            gl.warp_specialize([
-                (_mma_pingpong_first, pp_args),
-                (_mma_pingpong_second, pp_args),
-                (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
-                (_store_partition_delayed, args + (c2_desc, c2_bufs, delay)),
-            ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+            gl.warp_specialize(
+                [
+                    (_mma_pingpong_first, pp_args),
+                    (_mma_pingpong_second, pp_args),
+                    (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
+                    (_store_partition_delayed, args + (c2_desc, c2_bufs, delay)),
+                ],
+                [4, 1, 1],
+                [MMA_REGS, LOAD_REGS, STORE_REGS],
+            )
         else:
-            gl.warp_specialize([
-                (_mma_pingpong_first, pp_args),
-                (_mma_pingpong_second, pp_args),
-                (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
-                (_store_partition_skipped if ABLATE & 1 else _store_partition, args + (c2_desc, c2_bufs)),
-            ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+            gl.warp_specialize(
+                [
+                    (_mma_pingpong_first, pp_args),
+                    (_mma_pingpong_second, pp_args),
+                    (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
+                    (_store_partition_skipped if ABLATE & 1 else _store_partition, args + (c2_desc, c2_bufs)),
+                ],
+                [4, 1, 1],
+                [MMA_REGS, LOAD_REGS, STORE_REGS],
+            )
     elif A_KMAJOR:
-        gl.warp_specialize([
-            (_mma_partition, args + (False, A_KMAJOR)),
-            (_load_partition_grad_x, args + (a2_desc, bk2_desc)),
-            (_store_partition, args + (c_desc, c_bufs)),
-        ], [1, 1], [LOAD_REGS, STORE_REGS])
+        gl.warp_specialize(
+            [
+                (_mma_partition, args + (False, A_KMAJOR)),
+                (_load_partition_grad_x, args + (a2_desc, bk2_desc)),
+                (_store_partition, args + (c_desc, c_bufs)),
+            ],
+            [1, 1],
+            [LOAD_REGS, STORE_REGS],
+        )
     elif BN2 > 0:  # the wide cooperative tile
         b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BK, BN2], b2_desc.layout)
         c2_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN2], c2_desc.layout)
-        gl.warp_specialize([
-            (_mma_partition, args + (False, False, False, b2_bufs, c2_bufs)),
-            (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
-            (_store_partition, args + (c2_desc, c2_bufs)),
-        ], [1, 1], [LOAD_REGS, STORE_REGS])
+        gl.warp_specialize(
+            [
+                (_mma_partition, args + (False, False, False, b2_bufs, c2_bufs)),
+                (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
+                (_store_partition, args + (c2_desc, c2_bufs)),
+            ],
+            [1, 1],
+            [LOAD_REGS, STORE_REGS],
+        )
     else:
         # ABLATE (probes): bit 1 the storer that skips its stores, bit 2 the loader that stops
         # loading, bit 4 the MMA warps without wgmma. PLAIN_STORE 1: out_ptr goes to the MMA warps
         # (a partition argument only where given: None is no value) and the storer only keeps the
         # barriers; 2: the storer that writes with st.global.
-        gl.warp_specialize([
-            (_mma_partition, args + (DEFER, A_KMAJOR, (ABLATE & 4) != 0)
-             + ((b_bufs, c_bufs, out_ptr, PLAIN_STORE) if PLAIN_STORE == 1 else ())),
-            (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
-            (_store_partition_plain, args + (c_desc, c_bufs, out_ptr)) if PLAIN_STORE == 2 else
-            (_store_partition_skipped if ABLATE & 1 or PLAIN_STORE == 1 else _store_partition, args + (c_desc, c_bufs)),
-        ], [1, 1], [LOAD_REGS, STORE_REGS])
+        gl.warp_specialize(
+            [
+                (
+                    _mma_partition,
+                    args
+                    + (DEFER, A_KMAJOR, (ABLATE & 4) != 0)
+                    + ((b_bufs, c_bufs, out_ptr, PLAIN_STORE) if PLAIN_STORE == 1 else ()),
+                ),
+                (_load_partition_wgrad_unloaded if ABLATE & 2 else _load_partition_wgrad, args + (b_desc, b_bufs)),
+                (_store_partition_plain, args + (c_desc, c_bufs, out_ptr))
+                if PLAIN_STORE == 2
+                else (_store_partition_skipped if ABLATE & 1 or PLAIN_STORE == 1 else _store_partition, args + (c_desc, c_bufs)),
+            ],
+            [1, 1],
+            [LOAD_REGS, STORE_REGS],
+        )
     _pdl_end(PDL)
 
 
 # ----------------------------------------------------------------------------- launchers
 
 
-def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
-                             num_programs: int, store_delay_ns: int = 0, ablate: int = 0,
-                             plain_store: int = 0) -> None:
+def launch_grad_weight_gluon(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    cfg: GluonConfig,
+    num_programs: int,
+    store_delay_ns: int = 0,
+    ablate: int = 0,
+    plain_store: int = 0,
+) -> None:
     """``gluon_wgrad.launch_grad_weight_gluon`` (the library's launcher: its contract, a config's
     ``wg_store`` too; a config with ``resident_k`` is ``swiglu_lab.experiments.gluon_wgrad_resident``'s,
     ValueError here) with the switches. ``store_delay_ns`` (tests, a ping-pong ``cfg`` with the
@@ -521,33 +769,58 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     plain = plain_store or cfg.plain_store
     if plain:
         if cfg.pingpong or cfg.defer or ablate & 1 or not out.is_contiguous():
-            raise ValueError(f"plain_store takes a cooperative config without defer, ablate without bit 1 and a contiguous "
-                             f"out, got {cfg}, ablate={ablate}, out strides {out.stride()}")
+            raise ValueError(
+                f"plain_store takes a cooperative config without defer, ablate without bit 1 and a contiguous "
+                f"out, got {cfg}, ablate={ablate}, out strides {out.stride()}"
+            )
         # out's pointer positionally (keyword values are kept per launch key), after every
         # argument before it in the signature (kw is the cached constants' dict: copied).
         kw = dict(kw)
-        descs += [kw.pop(name) for name in ("b2_desc", "c2_desc", "BN2", "A_KMAJOR", "a2_desc", "bk2_desc",
-                                            "STORE_DELAY_NS", "ABLATE")] + [out]
+        descs += [
+            kw.pop(name) for name in ("b2_desc", "c2_desc", "BN2", "A_KMAJOR", "a2_desc", "bk2_desc", "STORE_DELAY_NS", "ABLATE")
+        ] + [out]
         kw.pop("out_ptr")
         kw = dict(kw, PLAIN_STORE=int(plain))
-    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad_probe", a.device, M, N, K, num_programs, cfg, store_delay_ns,
-                                           ablate, plain), *descs, **kw)
+    launch(
+        wgrad_kernel,
+        (num_programs,),
+        ("gluon_wgrad_probe", a.device, M, N, K, num_programs, cfg, store_delay_ns, ablate, plain),
+        *descs,
+        **kw,
+    )
 
 
 @lru_cache(maxsize=None)
 def _launch_constants(cfg: GluonConfig):
     # What a launch takes from its config alone, built once per config (host time per launch).
     if cfg.resident_k:
-        raise ValueError(f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident.launch_grad_weight_resident, got {cfg}")
-    blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (
-        ([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
-    consts = (cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer, cfg.pingpong,
-              (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0)
+        raise ValueError(
+            f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident.launch_grad_weight_resident, got {cfg}"
+        )
+    blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
+    consts = (
+        cfg.GROUP_M,
+        cfg.STAGES,
+        cfg.NC,
+        cfg.load_regs,
+        cfg.store_regs,
+        cfg.defer,
+        cfg.pingpong,
+        (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0,
+    )
     kw = dict(num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
     if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
         kw.update(b2_desc=None, c2_desc=None, BN2=0)
-    kw.update(A_KMAJOR=False, a2_desc=None, bk2_desc=None, STORE_DELAY_NS=0, ABLATE=0,  # grad_x's, tests', probes' switches
-              out_ptr=None, PLAIN_STORE=0, WG_STORE=cfg.wg_store)
+    kw.update(
+        A_KMAJOR=False,
+        a2_desc=None,
+        bk2_desc=None,
+        STORE_DELAY_NS=0,
+        ABLATE=0,  # grad_x's, tests', probes' switches
+        out_ptr=None,
+        PLAIN_STORE=0,
+        WG_STORE=cfg.wg_store,
+    )
     return tuple((b, _layout(tuple(b))) for b in blocks) + (consts, kw)
 
 
@@ -557,8 +830,15 @@ def _launch_constants(cfg: GluonConfig):
 # Candidates: swiglu_lab.experiments.candidates.GRAD_X_CANDIDATES.
 
 
-def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
-                        grad_x: torch.Tensor, cfg: GluonConfig, num_programs: int) -> None:
+def launch_grad_x_gluon(
+    d_gate: torch.Tensor,
+    d_up: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    grad_x: torch.Tensor,
+    cfg: GluonConfig,
+    num_programs: int,
+) -> None:
     """grad_x = d_gate @ gate_weight + d_up @ up_weight: d_gate, d_up [T, I], gate_weight,
     up_weight [I, H], grad_x [T, H]; bf16 CUDA sm_90 tensors usable by TMA (``tma.tma_ready``),
     one fp32 accumulator over gate's K range then up's (the tl grad_x kernel's order);
@@ -568,11 +848,28 @@ def launch_grad_x_gluon(d_gate: torch.Tensor, d_up: torch.Tensor, gate_weight: t
     (``backward.GRAD_X_LAUNCHER``)."""
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), consts = _grad_x_constants(cfg)
     T, H, I = grad_x.shape[0], grad_x.shape[1], d_gate.shape[1]
-    launch(wgrad_kernel, (num_programs,), ("gluon_grad_x", d_gate.device, T, H, I, num_programs, cfg),
-           Tma(d_gate, a_block, a_layout), Tma(gate_weight, b_block, b_layout), Tma(grad_x, c_block, c_layout),
-           *consts, None, None, 0, True, Tma(d_up, a_block, a_layout), Tma(up_weight, b_block, b_layout),
-           STORE_DELAY_NS=0, ABLATE=0, out_ptr=None, PLAIN_STORE=0, WG_STORE=0, num_warps=cfg.num_warps,
-           maxnreg=cfg.maxnreg)
+    launch(
+        wgrad_kernel,
+        (num_programs,),
+        ("gluon_grad_x", d_gate.device, T, H, I, num_programs, cfg),
+        Tma(d_gate, a_block, a_layout),
+        Tma(gate_weight, b_block, b_layout),
+        Tma(grad_x, c_block, c_layout),
+        *consts,
+        None,
+        None,
+        0,
+        True,
+        Tma(d_up, a_block, a_layout),
+        Tma(up_weight, b_block, b_layout),
+        STORE_DELAY_NS=0,
+        ABLATE=0,
+        out_ptr=None,
+        PLAIN_STORE=0,
+        WG_STORE=0,
+        num_warps=cfg.num_warps,
+        maxnreg=cfg.maxnreg,
+    )
 
 
 @lru_cache(maxsize=None)

@@ -52,8 +52,7 @@ def _run(c_desc, BM: gl.constexpr, BN: gl.constexpr, GROUP: gl.constexpr):
 
 
 @gluon.jit
-def _load_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_empty, ready, empty, c_ready,
-                    c_empty):
+def _load_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_empty, ready, empty, c_ready, c_empty):
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -102,8 +101,7 @@ def _load_b(b_desc, b_bufs, ready, empty, p, kk, pid_n):
 
 
 @gluon.jit
-def _store_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_empty, ready, empty, c_ready,
-                     c_empty):
+def _store_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_empty, ready, empty, c_ready, c_empty):
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = c_desc.block_type.shape[1]
     NC: gl.constexpr = c_bufs.type.shape[0]
@@ -121,8 +119,9 @@ def _store_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_e
 
 
 @gluon.jit
-def _mma_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_empty, ready, empty, c_ready,
-                   c_empty, DEFER: gl.constexpr):
+def _mma_partition(
+    a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_empty, ready, empty, c_ready, c_empty, DEFER: gl.constexpr
+):
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -150,12 +149,12 @@ def _mma_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_emp
             if DEFER:
                 if kk == 0 and i > 0:  # the previous tile's epilogue while this tile's first wgmma runs
                     _epilogue_store(prev, i - 1, c_desc, c_bufs, c_ready, c_empty)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             # Step c-1's wgmma is done in both warpgroups before its stage goes back to the loader.
             _cta_barrier()
             mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
             c += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _cta_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
         # The run's last tile on these rows: A's block is free for the next rows.
@@ -170,9 +169,19 @@ def _mma_partition(a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_emp
 
 
 @gluon.jit
-def wgrad_resident_kernel(a_desc, b_desc, c_desc, KT: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
-                          LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, GROUP: gl.constexpr = 1,
-                          DEFER: gl.constexpr = False, PDL: gl.constexpr = False):
+def wgrad_resident_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    KT: gl.constexpr,
+    STAGES: gl.constexpr,
+    NC: gl.constexpr,
+    LOAD_REGS: gl.constexpr,
+    STORE_REGS: gl.constexpr,
+    GROUP: gl.constexpr = 1,
+    DEFER: gl.constexpr = False,
+    PDL: gl.constexpr = False,
+):
     """``out = A^T @ B`` with A's [K, BM] block resident: KT = resident_k / BK blocks of
     [BK, BM] (K <= KT * BK, the launcher checks), STAGES B stages [BK, BN], NC output buffers,
     GROUP programs taking each run of tiles in turn (``GluonConfig.GROUP_M``; ``_run``); DEFER: each
@@ -202,16 +211,19 @@ def wgrad_resident_kernel(a_desc, b_desc, c_desc, KT: gl.constexpr, STAGES: gl.c
         mbarrier.init(c_empty.index(i), count=1)
     _pdl_start(PDL)
     args = (a_desc, b_desc, c_desc, a_res, b_bufs, c_bufs, a_ready, a_empty, ready, empty, c_ready, c_empty)
-    gl.warp_specialize([
-        (_mma_partition, args + (DEFER, )),
-        (_load_partition, args),
-        (_store_partition, args),
-    ], [1, 1], [LOAD_REGS, STORE_REGS])
+    gl.warp_specialize(
+        [
+            (_mma_partition, args + (DEFER,)),
+            (_load_partition, args),
+            (_store_partition, args),
+        ],
+        [1, 1],
+        [LOAD_REGS, STORE_REGS],
+    )
     _pdl_end(PDL)
 
 
-def launch_grad_weight_resident(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
-                                num_programs: int) -> None:
+def launch_grad_weight_resident(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig, num_programs: int) -> None:
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``tma.tma_ready``), 1 <= K <= ``cfg.resident_k`` (ValueError otherwise); ``num_programs``
     persistent programs (one per SM). The contract of ``gluon_wgrad.launch_grad_weight_gluon``;
@@ -222,8 +234,16 @@ def launch_grad_weight_resident(a: torch.Tensor, b: torch.Tensor, out: torch.Ten
         raise ValueError(f"the resident weight gradient takes 1 <= tokens <= resident_k={cfg.resident_k}, got {K}")
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), consts, kw = _launch_constants(cfg)
     M, N = out.shape
-    launch(wgrad_resident_kernel, (num_programs,), ("gluon_wgrad_resident", a.device, M, N, K, num_programs, cfg),
-           Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout), *consts, **kw)
+    launch(
+        wgrad_resident_kernel,
+        (num_programs,),
+        ("gluon_wgrad_resident", a.device, M, N, K, num_programs, cfg),
+        Tma(a, a_block, a_layout),
+        Tma(b, b_block, b_layout),
+        Tma(out, c_block, c_layout),
+        *consts,
+        **kw,
+    )
 
 
 @lru_cache(maxsize=None)

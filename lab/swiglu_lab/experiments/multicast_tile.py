@@ -9,8 +9,7 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 try:  # triton >= 3.7; too_old() names the version otherwise
     from triton.experimental.gluon.language.nvidia.hopper import cluster
@@ -46,19 +45,25 @@ def compile_sm90(fn, bm: int, bn: int, bk: int, consts: dict, num_warps: int, ma
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    signature = {name: f"tensordesc<bf16{list(block)},{smem_layout(block, cga)!r}>"
-                 for name, (block, cga) in zip(("a_desc", "b_desc", "c_desc"), blocks(bm, bn, bk))}
+    signature = {
+        name: f"tensordesc<bf16{list(block)},{smem_layout(block, cga)!r}>"
+        for name, (block, cga) in zip(("a_desc", "b_desc", "c_desc"), blocks(bm, bn, bk))
+    }
     signature.update({k: "constexpr" for k in consts})
-    return triton.compile(GluonASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_ctas": 2, "maxnreg": maxnreg})
+    return triton.compile(
+        GluonASTSource(fn, signature, consts),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_ctas": 2, "maxnreg": maxnreg},
+    )
 
 
 def descriptors(a, b, c, bm: int, bn: int, bk: int) -> list:
     """Host TMA descriptors of A [K, M], B [K, N] and C [M, N] for ``blocks(bm, bn, bk)``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return [TensorDescriptor.from_tensor(t, block, smem_layout(block, cga))
-            for t, (block, cga) in zip((a, b, c), blocks(bm, bn, bk))]
+    return [
+        TensorDescriptor.from_tensor(t, block, smem_layout(block, cga)) for t, (block, cga) in zip((a, b, c), blocks(bm, bn, bk))
+    ]
 
 
 @gluon.jit
@@ -77,11 +82,13 @@ def multicast_tile_kernel(a_desc, b_desc, c_desc, MULTICAST: gl.constexpr):
     tma.async_copy_global_to_shared(a_desc, [0, pid * BM2], bar, a_smem)
     tma.async_copy_global_to_shared(b_desc, [0, 0], bar, b_smem, multicast=MULTICAST)
     mbarrier.wait(bar, 0)
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                         instr_shape=[16, BN_, 16], cga_layout=[[1, 0]])
-    acc = warpgroup_mma(a_smem.permute((1, 0)), b_smem, gl.zeros([BM2, BN_], gl.float32, acc_layout),
-                        use_acc=False, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BN_, 16], cga_layout=[[1, 0]]
+    )
+    acc = warpgroup_mma(
+        a_smem.permute((1, 0)), b_smem, gl.zeros([BM2, BN_], gl.float32, acc_layout), use_acc=False, is_async=True
+    )
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     c_smem.store(acc.to(c_desc.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(c_desc, [pid * BM2, 0], c_smem)

@@ -18,8 +18,7 @@ import re
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from swiglu.kernels.gluon_wgrad import _epilogue_store, _program_tiles, _store_partition, _tile_mn
 from swiglu_lab.experiments.multicast_tile import cluster, compile_sm90
@@ -46,7 +45,13 @@ def _peer_arrive(offset):
         mapa.shared::cluster.u32 %pa_r, %pa_a, %pa_k;
         @%pa_p mbarrier.arrive.shared::cluster.b64 _, [%pa_r];
         mov.u32 $0, 0;
-        }""", "=r,r", [offset], dtype=gl.int32, is_pure=False, pack=1)
+        }""",
+        "=r,r",
+        [offset],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @gluon.jit
@@ -61,13 +66,26 @@ def _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, kk, pid_m, pid_n,
     mbarrier.wait(free.index(s), ((j // STAGES_) & 1) ^ 1)
     mbarrier.expect(ready.index(s), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
     tma.async_copy_global_to_shared(a_desc, [kk * BK_, pid_m * BM2], ready.index(s), a_bufs.index(s))
-    tma.async_copy_global_to_shared(b_desc, [kk * BK_, pid_n * BN_], ready.index(s), b_bufs.index(s),
-                                    multicast=MULTICAST)
+    tma.async_copy_global_to_shared(b_desc, [kk * BK_, pid_n * BN_], ready.index(s), b_bufs.index(s), multicast=MULTICAST)
 
 
 @gluon.jit
-def _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, pid, nprog, num_m, num_n, k_tiles,
-          MULTICAST: gl.constexpr, GROUP_M: gl.constexpr):
+def _load(
+    a_desc,
+    b_desc,
+    a_bufs,
+    b_bufs,
+    ready,
+    free,
+    j,
+    pid,
+    nprog,
+    num_m,
+    num_n,
+    k_tiles,
+    MULTICAST: gl.constexpr,
+    GROUP_M: gl.constexpr,
+):
     # Step j of this program: its tile j // k_tiles, k-step j % k_tiles.
     pid_m, pid_n = _tile_mn(pid + (j // k_tiles) * nprog, num_m, num_n, GROUP_M)
     _load_step(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, j % k_tiles, pid_m, pid_n, MULTICAST)
@@ -82,9 +100,17 @@ def _release(free, s, FREE_OFF: gl.constexpr, PEER: gl.constexpr):
 
 
 @gluon.jit
-def multicast_wgrad_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER: gl.constexpr,
-                           FREE_COUNT: gl.constexpr, MULTICAST: gl.constexpr, STAGES: gl.constexpr,
-                           GROUP_M: gl.constexpr):
+def multicast_wgrad_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    FREE_OFF: gl.constexpr,
+    PEER: gl.constexpr,
+    FREE_COUNT: gl.constexpr,
+    MULTICAST: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+):
     BK_: gl.constexpr = a_desc.block_type.shape[0]
     BM2: gl.constexpr = a_desc.block_type.shape[1]
     BN_: gl.constexpr = b_desc.block_type.shape[1]
@@ -103,22 +129,24 @@ def multicast_wgrad_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER:
     total = num_tiles * k_tiles  # this program's k-steps over all its tiles
     for j in range(0, min(STAGES - 1, total)):
         _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, j, pid, nprog, num_m, num_n, k_tiles, MULTICAST, GROUP_M)
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                         instr_shape=[16, BN_, 16], cga_layout=[[1, 0]])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BN_, 16], cga_layout=[[1, 0]]
+    )
     acc = gl.zeros([BM2, BN_], gl.float32, acc_layout)
     for g in range(total):
         s = g % STAGES
         kk = g % k_tiles
         mbarrier.wait(ready.index(s), (g // STAGES) & 1)
         acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         if kk > 0:  # step g - 1's wgmma is done: free its stage
             _release(free, (g + STAGES - 1) % STAGES, FREE_OFF, PEER)
         if g + STAGES - 1 < total:
-            _load(a_desc, b_desc, a_bufs, b_bufs, ready, free, g + STAGES - 1, pid, nprog, num_m, num_n, k_tiles,
-                  MULTICAST, GROUP_M)
+            _load(
+                a_desc, b_desc, a_bufs, b_bufs, ready, free, g + STAGES - 1, pid, nprog, num_m, num_n, k_tiles, MULTICAST, GROUP_M
+            )
         if kk == k_tiles - 1:  # the tile's last step: epilogue
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _release(free, s, FREE_OFF, PEER)
             pid_m, pid_n = _tile_mn(pid + (g // k_tiles) * nprog, num_m, num_n, GROUP_M)
             tma.store_wait(0)
@@ -154,8 +182,9 @@ def _cluster_sync():
 
 
 @gluon.jit
-def _ws_load(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty,
-             GROUP_M: gl.constexpr, MULTICAST: gl.constexpr):
+def _ws_load(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M: gl.constexpr, MULTICAST: gl.constexpr
+):
     BK_: gl.constexpr = a_desc.block_type.shape[0]
     BM2: gl.constexpr = a_desc.block_type.shape[1]
     BN_: gl.constexpr = b_desc.block_type.shape[1]
@@ -171,8 +200,9 @@ def _ws_load(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_read
 
 
 @gluon.jit
-def _ws_mma(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty,
-            FREE_OFF: gl.constexpr, PEER: gl.constexpr):
+def _ws_mma(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, FREE_OFF: gl.constexpr, PEER: gl.constexpr
+):
     BK_: gl.constexpr = a_desc.block_type.shape[0]
     BM2: gl.constexpr = a_desc.block_type.shape[1]
     BN_: gl.constexpr = b_desc.block_type.shape[1]
@@ -180,8 +210,9 @@ def _ws_mma(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready
     _cluster_sync()
     num_tiles = _program_tiles(c_desc, BM2, BN_)[4]
     k_tiles = gl.cdiv(a_desc.shape[0], BK_)
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                         instr_shape=[16, BN_, 16], cga_layout=[[1, 0]])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BN_, 16], cga_layout=[[1, 0]]
+    )
     acc = gl.zeros([BM2, BN_], gl.float32, acc_layout)
     c = 0
     for t in range(num_tiles):
@@ -189,11 +220,11 @@ def _ws_mma(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready
             s = c % STAGES_
             mbarrier.wait(ready.index(s), (c // STAGES_) & 1)
             acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             if kk > 0:
                 _release(free, (c + STAGES_ - 1) % STAGES_, FREE_OFF, PEER)
             c += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _release(free, (c + STAGES_ - 1) % STAGES_, FREE_OFF, PEER)
         _epilogue_store(acc.to(c_desc.dtype), t, c_desc, c_bufs, c_ready, c_empty)
     # done: this CTA's arrive and the peer's on the last entry; past it neither CTA touches the other
@@ -204,14 +235,24 @@ def _ws_mma(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready
 @gluon.jit
 def _ws_store(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M: gl.constexpr):
     _cluster_sync()
-    _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M,
-                     c_desc, c_bufs)  # no second output chunk
+    _store_partition(
+        a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M, c_desc, c_bufs
+    )  # no second output chunk
 
 
 @gluon.jit
-def multicast_wgrad_ws_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PEER: gl.constexpr,
-                              FREE_COUNT: gl.constexpr, MULTICAST: gl.constexpr, STAGES: gl.constexpr,
-                              GROUP_M: gl.constexpr, NC: gl.constexpr):
+def multicast_wgrad_ws_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    FREE_OFF: gl.constexpr,
+    PEER: gl.constexpr,
+    FREE_COUNT: gl.constexpr,
+    MULTICAST: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    NC: gl.constexpr,
+):
     BK_: gl.constexpr = a_desc.block_type.shape[0]
     BM2: gl.constexpr = a_desc.block_type.shape[1]
     BN_: gl.constexpr = b_desc.block_type.shape[1]
@@ -232,11 +273,15 @@ def multicast_wgrad_ws_kernel(a_desc, b_desc, c_desc, FREE_OFF: gl.constexpr, PE
     mbarrier.fence_init_release_cluster()  # the cluster barrier: at each partition's start
     # The worker partitions' argument tuples written out: a constexpr appended with + reaches them
     # as a plain int (triton 3.7.1).
-    gl.warp_specialize([
-        (_ws_mma, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, FREE_OFF, PEER)),
-        (_ws_load, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M, MULTICAST)),
-        (_ws_store, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M)),
-    ], [2, 2], [40, 40])
+    gl.warp_specialize(
+        [
+            (_ws_mma, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, FREE_OFF, PEER)),
+            (_ws_load, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M, MULTICAST)),
+            (_ws_store, (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, free, c_ready, c_empty, GROUP_M)),
+        ],
+        [2, 2],
+        [40, 40],
+    )
 
 
 def free_offsets(ptx: str, count: int) -> list[int]:
@@ -254,8 +299,15 @@ def free_offsets(ptx: str, count: int) -> list[int]:
 
 def constexprs(multicast: bool, free_off: int = 0, peer: bool = False, ws: bool = False) -> dict:
     """The kernel's constexprs (``ws``: ``multicast_wgrad_ws_kernel``'s)."""
-    return dict(FREE_OFF=free_off, PEER=peer, FREE_COUNT=2 if peer else TAG, MULTICAST=multicast,
-                STAGES=STAGES, GROUP_M=GROUP_M, **(dict(NC=NC) if ws else {}))
+    return dict(
+        FREE_OFF=free_off,
+        PEER=peer,
+        FREE_COUNT=2 if peer else TAG,
+        MULTICAST=multicast,
+        STAGES=STAGES,
+        GROUP_M=GROUP_M,
+        **(dict(NC=NC) if ws else {}),
+    )
 
 
 def planned(compile_fn, multicast: bool, ws: bool = False) -> dict:

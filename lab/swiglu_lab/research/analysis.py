@@ -87,39 +87,88 @@ SUBSET_OUTPUT = ("build/reproduce/figures", "build/reproduce/derived")
 #: JupyterLab keeps an edited parameters cell, and the edit must not become the default.
 NOTEBOOK_DEFAULTS = {
     "01_roofline": {
-        "cases": "all", "hidden_size": 16384, "intermediate_size": 53248, "bench_dir": "data/bench", "run_id": "",
-        "protocol": "full", "power_dir": "data/power", "figures_dir": "figures", "derived_dir": "data/derived",
-        "overwrite": False, "figure_formats": "png,svg",
+        "cases": "all",
+        "hidden_size": 16384,
+        "intermediate_size": 53248,
+        "bench_dir": "data/bench",
+        "run_id": "",
+        "protocol": "full",
+        "power_dir": "data/power",
+        "figures_dir": "figures",
+        "derived_dir": "data/derived",
+        "overwrite": False,
+        "figure_formats": "png,svg",
     },
     "02_validation": {
-        "device": "auto", "impls": "reference,triton", "full_size": None, "cases": "all", "hidden_size": 16384,
-        "intermediate_size": 53248, "cpu_hidden_size": 256, "cpu_intermediate_size": 512,
-        "cpu_shapes": "1x1,1x7,1x211,8x16,16x13", "cpu_atol": 0.13, "rounds": 1, "mode": "benchmark", "seed": 200,
-        "sample_size": 200000, "figures_dir": "figures", "scratch_figures_dir": "build/figures",
-        "derived_dir": "data/derived", "overwrite": False, "recorded_validation": "data/derived/validation_cuda.csv",
+        "device": "auto",
+        "impls": "reference,triton",
+        "full_size": None,
+        "cases": "all",
+        "hidden_size": 16384,
+        "intermediate_size": 53248,
+        "cpu_hidden_size": 256,
+        "cpu_intermediate_size": 512,
+        "cpu_shapes": "1x1,1x7,1x211,8x16,16x13",
+        "cpu_atol": 0.13,
+        "rounds": 1,
+        "mode": "benchmark",
+        "seed": 200,
+        "sample_size": 200000,
+        "figures_dir": "figures",
+        "scratch_figures_dir": "build/figures",
+        "derived_dir": "data/derived",
+        "overwrite": False,
+        "recorded_validation": "data/derived/validation_cuda.csv",
         "figure_formats": "png,svg",
     },
     "03_latency": {
-        "bench_dir": "data/bench", "run_id": "", "protocol": "full", "power_dir": "data/power", "live": False,
-        "device": "auto", "cases": "all", "impls": "", "live_args": "", "figures_dir": "figures",
-        "derived_dir": "data/derived", "overwrite": False, "figure_formats": "png,svg",
+        "bench_dir": "data/bench",
+        "run_id": "",
+        "protocol": "full",
+        "power_dir": "data/power",
+        "live": False,
+        "device": "auto",
+        "cases": "all",
+        "impls": "",
+        "live_args": "",
+        "figures_dir": "figures",
+        "derived_dir": "data/derived",
+        "overwrite": False,
+        "figure_formats": "png,svg",
     },
     "04_history": {
-        "bench_dir": "data/bench", "protocol": "full", "figures_dir": "figures", "derived_dir": "data/derived",
-        "overwrite": False, "figure_formats": "png,svg",
+        "bench_dir": "data/bench",
+        "protocol": "full",
+        "figures_dir": "figures",
+        "derived_dir": "data/derived",
+        "overwrite": False,
+        "figure_formats": "png,svg",
     },
     "05_tensor_parallel": {
-        "tp_dir": "data/tp", "tp_run_id": "", "bench_dir": "data/bench", "figures_dir": "figures",
-        "derived_dir": "data/derived", "overwrite": False, "figure_formats": "png,svg",
+        "tp_dir": "data/tp",
+        "tp_run_id": "",
+        "bench_dir": "data/bench",
+        "figures_dir": "figures",
+        "derived_dir": "data/derived",
+        "overwrite": False,
+        "figure_formats": "png,svg",
     },
     "06_training_memory": {
-        "train_step_dir": "data/train_step", "hf_step_dir": "data/hf_step", "hf_long_seq_dir": "data/hf_long_seq",
+        "train_step_dir": "data/train_step",
+        "hf_step_dir": "data/hf_step",
+        "hf_long_seq_dir": "data/hf_long_seq",
         "figures_dir": "figures",
-        "derived_dir": "data/derived", "overwrite": False, "figure_formats": "png,svg",
+        "derived_dir": "data/derived",
+        "overwrite": False,
+        "figure_formats": "png,svg",
     },
     "07_moe": {
-        "moe_bench_dir": "data/moe_bench", "run": "", "figures_dir": "figures", "derived_dir": "data/derived",
-        "overwrite": False, "figure_formats": "png,svg",
+        "moe_bench_dir": "data/moe_bench",
+        "run": "",
+        "figures_dir": "figures",
+        "derived_dir": "data/derived",
+        "overwrite": False,
+        "figure_formats": "png,svg",
     },
 }
 
@@ -145,8 +194,10 @@ def output_dirs(notebook: str, values: dict, root: str | Path | None = None) -> 
     committed = (figures, derived) == (defaults["figures_dir"], defaults["derived_dir"])
     if changed and committed and not values.get("overwrite", False):
         figures, derived = SUBSET_OUTPUT
-        print(f"{', '.join(changed)} differ from this notebook's defaults: figures and tables go to "
-              f"{figures}/ and {derived}/, not the committed folders (overwrite = True writes those)")
+        print(
+            f"{', '.join(changed)} differ from this notebook's defaults: figures and tables go to "
+            f"{figures}/ and {derived}/, not the committed folders (overwrite = True writes those)"
+        )
     return resolve_path(figures, root), resolve_path(derived, root)
 
 
@@ -385,8 +436,10 @@ def latency_table(rows: pd.DataFrame, ceilings: dict | None = None) -> pd.DataFr
     df["gflop"] = [roofline.flops(int(t), int(h), int(i)) / 1e9 for t, h, i, _ in shape]
     df["tflops"] = df["gflop"] / df["median_ms"]  # GFLOP / ms = TFLOP/s
     df["sol_ms"] = [roofline.sol_time_s(int(t), k, int(h), int(i)) * 1e3 if k else math.nan for t, h, i, k in shape]
-    df["sol_ms_measured"] = [roofline.sol_time_s(int(t), measured, int(h), int(i)) * 1e3
-                             if ceilings is not None or k == "H200-SXM" else math.nan for t, h, i, k in shape]
+    df["sol_ms_measured"] = [
+        roofline.sol_time_s(int(t), measured, int(h), int(i)) * 1e3 if ceilings is not None or k == "H200-SXM" else math.nan
+        for t, h, i, k in shape
+    ]
     df["sol_fraction"] = df["sol_ms"] / df["median_ms"]
     df["sol_fraction_measured"] = df["sol_ms_measured"] / df["median_ms"]
     has_spread = {"p20_ms", "p80_ms"} <= set(df.columns)
@@ -435,9 +488,13 @@ def latency_summary(table: pd.DataFrame) -> pd.DataFrame:
                 "sol_fraction": gsol / gm if gm > 0 else math.nan,
                 "gmean_speedup_vs_eager": _gmean(t["speedup_vs_eager"]),
                 "gmean_speedup_vs_compile": _gmean(t["speedup_vs_compile"]),
-                **{f"gmean_speedup_vs_{base}_{end}": _gmean(t[f"speedup_vs_{base}_{end}"])
-                   if f"speedup_vs_{base}_{end}" in t else math.nan
-                   for base in ("eager", "compile") for end in ("lo", "hi")},
+                **{
+                    f"gmean_speedup_vs_{base}_{end}": _gmean(t[f"speedup_vs_{base}_{end}"])
+                    if f"speedup_vs_{base}_{end}" in t
+                    else math.nan
+                    for base in ("eager", "compile")
+                    for end in ("lo", "hi")
+                },
                 "iters": int(t["iters"].max()) if "iters" in t and t["iters"].notna().any() else None,
                 "all_correct": bool(correct.map(_truthy).all()) if len(correct) else None,
             }
@@ -477,8 +534,20 @@ def run_history(bench_dir: str | Path, protocol: str | None = "full") -> pd.Data
 
 
 #: Columns of ``run_history`` (data/derived/history.csv).
-HISTORY_COLUMNS = ["run_id", "utc", "gpu", "protocol", "commit", "impl", "cases", "gmean_ms", "gmean_p20_ms",
-                   "gmean_p80_ms", "sol_fraction", "all_correct"]
+HISTORY_COLUMNS = [
+    "run_id",
+    "utc",
+    "gpu",
+    "protocol",
+    "commit",
+    "impl",
+    "cases",
+    "gmean_ms",
+    "gmean_p20_ms",
+    "gmean_p80_ms",
+    "sol_fraction",
+    "all_correct",
+]
 
 
 def run_footer(meta: dict | None, run_id: str | None = None) -> str:
@@ -530,7 +599,10 @@ def _driver_version() -> str:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         )
         return out.stdout.strip().splitlines()[0]
     except Exception:  # noqa: BLE001 - footer detail only
@@ -574,8 +646,16 @@ def slug(text: str) -> str:
 
 # ------------------------------------------------------------------------------ power and energy
 #: Per-row power columns ``swiglu_lab.bench`` records since it samples power (absent in older runs).
-POWER_COLUMNS = ("power_w", "sm_clock_mhz", "power_samples", "energy_j", "flush_energy_j",
-                 "energy_per_backward_j", "energy_iters", "energy_window_s")
+POWER_COLUMNS = (
+    "power_w",
+    "sm_clock_mhz",
+    "power_samples",
+    "energy_j",
+    "flush_energy_j",
+    "energy_per_backward_j",
+    "energy_iters",
+    "energy_window_s",
+)
 
 #: The H200's maximum SM clock (MHz; nvidia-smi ``clocks.max.sm``), when a run does not record it.
 H200_MAX_SM_CLOCK_MHZ = 1980.0
@@ -583,8 +663,11 @@ H200_MAX_SM_CLOCK_MHZ = 1980.0
 
 def has_power_data(rows: pd.DataFrame | None) -> bool:
     """True when ``rows`` (a run's rows) hold at least one measured energy per backward."""
-    return (rows is not None and "energy_per_backward_j" in rows
-            and pd.to_numeric(rows["energy_per_backward_j"], errors="coerce").notna().any())
+    return (
+        rows is not None
+        and "energy_per_backward_j" in rows
+        and pd.to_numeric(rows["energy_per_backward_j"], errors="coerce").notna().any()
+    )
 
 
 def power_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -607,8 +690,9 @@ def power_table(rows: pd.DataFrame) -> pd.DataFrame:
     for column, default in (("hidden_size", HIDDEN_SIZE), ("intermediate_size", INTERMEDIATE_SIZE)):
         if column not in df:
             df[column] = default
-    gflop = [roofline.flops(int(t), int(h), int(i)) / 1e9
-             for t, h, i in zip(df["tokens"], df["hidden_size"], df["intermediate_size"])]
+    gflop = [
+        roofline.flops(int(t), int(h), int(i)) / 1e9 for t, h, i in zip(df["tokens"], df["hidden_size"], df["intermediate_size"])
+    ]
     df["gflop_per_j"] = gflop / df["energy_per_backward_j"]
     base = df[df["impl"] == "compile"].set_index("case")["energy_per_backward_j"]
     df["energy_vs_compile"] = df["energy_per_backward_j"] / df["case"].map(base)
@@ -656,8 +740,11 @@ def sustained_sm_clock_mhz(rows: pd.DataFrame, hardware: str = "H200-SXM") -> fl
     df = df[df["sm_clock_mhz"].notna()]
     if df.empty:
         return math.nan
-    shape = zip(df["tokens"], df.get("hidden_size", pd.Series(HIDDEN_SIZE, index=df.index)),
-                df.get("intermediate_size", pd.Series(INTERMEDIATE_SIZE, index=df.index)))
+    shape = zip(
+        df["tokens"],
+        df.get("hidden_size", pd.Series(HIDDEN_SIZE, index=df.index)),
+        df.get("intermediate_size", pd.Series(INTERMEDIATE_SIZE, index=df.index)),
+    )
     compute = [roofline.bound(int(t), hardware, int(h), int(i)) == "compute" for t, h, i in shape]
     heavy = df[compute]
     return float((heavy if len(heavy) else df)["sm_clock_mhz"].mean())
@@ -698,8 +785,10 @@ def read_dmon(path: str | Path) -> pd.DataFrame:
     when a data line does not have the six columns."""
     frame = pd.read_csv(path, sep=r"\s+", comment="#", header=None, engine="python")
     if frame.shape[1] != len(DMON_COLUMNS):
-        raise ValueError(f"{path}: expected the {len(DMON_COLUMNS)} columns of `nvidia-smi dmon -s pc` "
-                         f"({', '.join(DMON_COLUMNS)}), got {frame.shape[1]}")
+        raise ValueError(
+            f"{path}: expected the {len(DMON_COLUMNS)} columns of `nvidia-smi dmon -s pc` "
+            f"({', '.join(DMON_COLUMNS)}), got {frame.shape[1]}"
+        )
     frame.columns = list(DMON_COLUMNS)
     frame = frame.apply(pd.to_numeric, errors="coerce")
     frame.insert(0, "sample", range(len(frame)))
@@ -729,8 +818,9 @@ def dmon_trace(power_dir: str | Path, run_id: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def sustained_roof(run: BenchRun | None, power_dir: str | Path, base: str = "H200-SXM",
-                   loaded_above_w: float = 650.0) -> tuple[roofline.Hardware | None, str]:
+def sustained_roof(
+    run: BenchRun | None, power_dir: str | Path, base: str = "H200-SXM", loaded_above_w: float = 650.0
+) -> tuple[roofline.Hardware | None, str]:
     """The roof at the SM clock a run sustained, and a line saying where the clock comes from:
     the run's per-case clocks (``sustained_hardware``), else the mean SM clock of the samples
     above ``loaded_above_w`` W in its ``dmon_trace`` (runs recorded before the harness sampled
@@ -747,7 +837,8 @@ def sustained_roof(run: BenchRun | None, power_dir: str | Path, base: str = "H20
             clock, top = s["loaded_mean_sm_clock_mhz"], max_sm_clock_mhz(run.meta) or H200_MAX_SM_CLOCK_MHZ
             name = f"{roofline.HARDWARE[base].name} at the sustained SM clock ({clock:.0f} of {top:.0f} MHz, dmon)"
             hw = roofline.at_sm_clock(base, clock, top, name)
-            return hw, (f"{hw.name}: {hw.peak_tflops:.1f} TFLOP/s (mean SM clock of the {s['loaded_samples']} of "
-                        f"{s['samples']} samples above {loaded_above_w:.0f} W in {trace.name})")
-    return None, (f"no power data recorded in run {run.run_id} and no dmon trace for it: "
-                  "no roof at the sustained SM clock")
+            return hw, (
+                f"{hw.name}: {hw.peak_tflops:.1f} TFLOP/s (mean SM clock of the {s['loaded_samples']} of "
+                f"{s['samples']} samples above {loaded_above_w:.0f} W in {trace.name})"
+            )
+    return None, (f"no power data recorded in run {run.run_id} and no dmon trace for it: no roof at the sustained SM clock")

@@ -24,8 +24,7 @@ from .analysis import IMPL_LABELS, load_run, order_impls
 
 #: Documents that hold generated blocks (relative to the repository root).
 DOCUMENTS = ("README.md", "docs/results.md", "docs/history.md", "docs/tensor-parallel.md", "docs/training.md")
-BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) [^>]*-->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)",
-                   re.S)
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) [^>]*-->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
 OURS = "triton"
 
 
@@ -53,10 +52,12 @@ def _run_line(run_id: str, bench_dir: Path, cases: int, spread: str) -> str:
     meta = run.meta if run is not None else {}
     proto = meta.get("protocol") if isinstance(meta.get("protocol"), dict) else {}
     iters = proto.get("iters", "?")
-    return (f"Run `{run_id}` ({meta.get('gpu_name', 'GPU ?')}, {meta.get('utc', '?')[:10]}, commit "
-            f"{str(meta.get('git_commit', '?'))[:7]}; torch {meta.get('torch', '?')}, triton {meta.get('triton', '?')}): "
-            f"{cases} cases, {proto.get('warmup', '?')} warm-ups and {iters} timed iterations per case and implementation, "
-            "median, L2 flushed before each iteration. " + spread)
+    return (
+        f"Run `{run_id}` ({meta.get('gpu_name', 'GPU ?')}, {meta.get('utc', '?')[:10]}, commit "
+        f"{str(meta.get('git_commit', '?'))[:7]}; torch {meta.get('torch', '?')}, triton {meta.get('triton', '?')}): "
+        f"{cases} cases, {proto.get('warmup', '?')} warm-ups and {iters} timed iterations per case and implementation, "
+        "median, L2 flushed before each iteration. " + spread
+    )
 
 
 def headline(derived_dir: Path, bench_dir: Path) -> str:
@@ -67,22 +68,29 @@ def headline(derived_dir: Path, bench_dir: Path) -> str:
     if s is None or s.empty:
         return "(no recorded full-protocol run: `make bench` on the GPU, then `make reproduce`)\n"
     cases = int(s["cases"].max())
-    spread = ("Geometric means over the cases; p20-p80: the same over each case's 20th and 80th percentile "
-              "(a speed-up's: this implementation's, torch.compile at its median).")
-    lines = [_run_line(str(s["run_id"].iloc[0]), bench_dir, cases, spread), "",
-             "| implementation | ms (p20-p80) | speed-up over torch.compile (p20-p80) | over eager | fraction of H200 SOL "
-             f"| correct on all {cases} cases |",
-             "|---|---|---|---|---|---|"]
+    spread = (
+        "Geometric means over the cases; p20-p80: the same over each case's 20th and 80th percentile "
+        "(a speed-up's: this implementation's, torch.compile at its median)."
+    )
+    lines = [
+        _run_line(str(s["run_id"].iloc[0]), bench_dir, cases, spread),
+        "",
+        "| implementation | ms (p20-p80) | speed-up over torch.compile (p20-p80) | over eager | fraction of H200 SOL "
+        f"| correct on all {cases} cases |",
+        "|---|---|---|---|---|---|",
+    ]
     for _, r in s.iterrows():
-        vs_c = (f"{r['gmean_speedup_vs_compile']:.3f}x ({_range(r['gmean_speedup_vs_compile_lo'], r['gmean_speedup_vs_compile_hi'], '.3f')})"
-                if pd.notna(r.get("gmean_speedup_vs_compile")) else "-")
+        vs_c = (
+            f"{r['gmean_speedup_vs_compile']:.3f}x ({_range(r['gmean_speedup_vs_compile_lo'], r['gmean_speedup_vs_compile_hi'], '.3f')})"
+            if pd.notna(r.get("gmean_speedup_vs_compile"))
+            else "-"
+        )
         correct = {"True": "yes", "False": "**no**"}.get(str(r["all_correct"]), "n/a (not the gradients)")
         ms = f"{r['gmean_ms']:.2f} ({_range(r['gmean_p20_ms'], r['gmean_p80_ms'], '.2f')})"
         if r["impl"] == OURS:
             ms, vs_c = f"**{ms}**", f"**{vs_c}**"
         label = _label(r["impl"]) + (f" ({int(r['cases'])} of {cases} cases)" if int(r["cases"]) < cases else "")
-        lines.append(f"| {label} | {ms} | {vs_c} | {r['gmean_speedup_vs_eager']:.3f}x | "
-                     f"{r['sol_fraction']:.2f} | {correct} |")
+        lines.append(f"| {label} | {ms} | {vs_c} | {r['gmean_speedup_vs_eager']:.3f}x | {r['sol_fraction']:.2f} | {correct} |")
     sol = float(s["gmean_sol_ms"].max())
     lines.append(f"| H200 speed of light, datasheet (989.4 TFLOP/s, 4.8 TB/s) | {sol:.2f} | | | 1 | |")
     if per_case is not None and per_case["sol_ms_measured"].notna().any():
@@ -101,12 +109,15 @@ def _common_cases_line(per_case: pd.DataFrame, summary: pd.DataFrame) -> str:
     missing = sorted(set(per_case["case"]) - common)
     means = {i: _gmean(g.loc[g["case"].isin(common), "median_ms"]) for i, g in timed.groupby("impl")}
     partial = ", ".join(_label(i) for i in summary.loc[summary["cases"] < summary["cases"].max(), "impl"])
-    text = (f"{partial} timed fewer cases (no time for {', '.join(missing)}: see the run's notes); over the "
-            f"{len(common)} cases every implementation timed, geometric means: "
-            + ", ".join(f"{_label(i)} {means[i]:.2f} ms" for i in order_impls(means)))
+    text = (
+        f"{partial} timed fewer cases (no time for {', '.join(missing)}: see the run's notes); over the "
+        f"{len(common)} cases every implementation timed, geometric means: "
+        + ", ".join(f"{_label(i)} {means[i]:.2f} ms" for i in order_impls(means))
+    )
     if OURS in means:
-        text += "; speed-up of ours over " + ", ".join(f"{_label(i)} {means[i] / means[OURS]:.3f}x" for i in order_impls(means)
-                                           if i != OURS)
+        text += "; speed-up of ours over " + ", ".join(
+            f"{_label(i)} {means[i] / means[OURS]:.3f}x" for i in order_impls(means) if i != OURS
+        )
     return text + "."
 
 
@@ -126,8 +137,12 @@ def per_case(derived_dir: Path, bench_dir: Path) -> str:
         head += ["J per backward, ours / torch.compile", "ours' board power, SM clock"]
     head.append("H200 SOL (datasheet)")
     spread = "Ours over torch.compile: the ratio of medians; p20-p80: ours' 20th and 80th percentile over compile's median."
-    lines = [_run_line(str(t["run_id"].iloc[0]), bench_dir, t["case"].nunique(), spread), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        _run_line(str(t["run_id"].iloc[0]), bench_dir, t["case"].nunique(), spread),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for (T, case), g in t.groupby(["tokens", "case"], sort=False):
         g = g.set_index("impl")
         cells = [case, str(T)]
@@ -136,7 +151,9 @@ def per_case(derived_dir: Path, bench_dir: Path) -> str:
             cells.append("-" if pd.isna(v) else (f"**{v:.2f}**" if i == OURS else f"{v:.2f}"))
         if OURS in impls and "compile" in impls:
             r = g.loc[OURS]
-            cells.append(f"{r['speedup_vs_compile']:.3f}x ({_range(r['speedup_vs_compile_lo'], r['speedup_vs_compile_hi'], '.3f')})")
+            cells.append(
+                f"{r['speedup_vs_compile']:.3f}x ({_range(r['speedup_vs_compile_lo'], r['speedup_vs_compile_hi'], '.3f')})"
+            )
         if power is not None:
             p = power[power["case"] == case].set_index("impl")
             e = lambda i: p["energy_per_backward_j"].get(i, np.nan)  # noqa: E731
@@ -162,8 +179,12 @@ def history(derived_dir: Path, bench_dir: Path) -> str:
     for run_id, g in h.groupby("run_id", sort=False):
         g = g.set_index("impl")
         cases = int(g["cases"].max())
-        cells = [f"`{run_id}`", str(g["utc"].iloc[0]).replace("T", " ").rstrip("Z"), str(g["commit"].iloc[0]),
-                 f"{cases}" + ("" if cases == most else " (not comparable)")]
+        cells = [
+            f"`{run_id}`",
+            str(g["utc"].iloc[0]).replace("T", " ").rstrip("Z"),
+            str(g["commit"].iloc[0]),
+            f"{cases}" + ("" if cases == most else " (not comparable)"),
+        ]
         for i in impls:
             v = g["gmean_ms"].get(i, np.nan)
             bad = str(g["all_correct"].get(i, "")) == "False"
@@ -171,8 +192,11 @@ def history(derived_dir: Path, bench_dir: Path) -> str:
         ours, comp = g["gmean_ms"].get(OURS, np.nan), g["gmean_ms"].get("compile", np.nan)
         cells.append(f"{comp / ours:.3f}x" if pd.notna(ours) and pd.notna(comp) else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Geometric-mean median latency (ms) over the cases each run timed; \\* fails the correctness check. "
-              f"A run of fewer than {most} cases averages other cases: compare it only with itself."]
+    lines += [
+        "",
+        "Geometric-mean median latency (ms) over the cases each run timed; \\* fails the correctness check. "
+        f"A run of fewer than {most} cases averages other cases: compare it only with itself.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -184,25 +208,37 @@ def tp_per_case(derived_dir: Path, bench_dir: Path) -> str:
         return "(no recorded tensor-parallel run)\n"
     n = int(t["tp"].iloc[0])
     t = t.sort_values(["tokens", "case"])
-    lines = [f"| case | T | ours, one GPU | **ours, TP={n}** (op + all-reduce; p20-p80) | `SwiGLUMLP` module, TP={n} | "
-             f"`nn.Linear` module, TP={n} | grad_x all-reduce alone | scaling efficiency |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| case | T | ours, one GPU | **ours, TP={n}** (op + all-reduce; p20-p80) | `SwiGLUMLP` module, TP={n} | "
+        f"`nn.Linear` module, TP={n} | grad_x all-reduce alone | scaling efficiency |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for _, r in t.iterrows():
         spread = _range(r.get("tp_ours_p20_ms"), r.get("tp_ours_p80_ms"), ".2f")
-        lines.append(f"| {r['case']} | {r['tokens']} | {r['single_ms']:.2f} | **{r['tp_ours_ms']:.2f}** ({spread}) | "
-                     f"{r['tp_ours_module_ms']:.2f} | {r['tp_plain_module_ms']:.2f} | {r['allreduce_ms']:.3f} | "
-                     f"{r['efficiency']:.3f} |")
+        lines.append(
+            f"| {r['case']} | {r['tokens']} | {r['single_ms']:.2f} | **{r['tp_ours_ms']:.2f}** ({spread}) | "
+            f"{r['tp_ours_module_ms']:.2f} | {r['tp_plain_module_ms']:.2f} | {r['allreduce_ms']:.3f} | "
+            f"{r['efficiency']:.3f} |"
+        )
     g1, gn = _gmean(t["single_ms"]), _gmean(t["tp_ours_ms"])
-    lines += ["", f"Geometric means: {g1:.2f} ms on one GPU, {gn:.2f} ms at TP = {n} (efficiency {g1 / (n * gn):.3f}); "
-              f"ours over the `nn.Linear` module {_gmean(t['tp_plain_module_ms']) / gn:.3f}x "
-              f"({(t['tp_plain_module_ms'] / t['tp_ours_ms']).min():.3f}-{(t['tp_plain_module_ms'] / t['tp_ours_ms']).max():.3f}x "
-              f"per case), the parallelized `SwiGLUMLP` module's backward over it "
-              f"{_gmean(t['tp_plain_module_ms']) / _gmean(t['tp_ours_module_ms']):.3f}x."]
+    lines += [
+        "",
+        f"Geometric means: {g1:.2f} ms on one GPU, {gn:.2f} ms at TP = {n} (efficiency {g1 / (n * gn):.3f}); "
+        f"ours over the `nn.Linear` module {_gmean(t['tp_plain_module_ms']) / gn:.3f}x "
+        f"({(t['tp_plain_module_ms'] / t['tp_ours_ms']).min():.3f}-{(t['tp_plain_module_ms'] / t['tp_ours_ms']).max():.3f}x "
+        f"per case), the parallelized `SwiGLUMLP` module's backward over it "
+        f"{_gmean(t['tp_plain_module_ms']) / _gmean(t['tp_ours_module_ms']):.3f}x.",
+    ]
     return "\n".join(lines) + "\n"
 
 
-STEP_VARIANTS = {"plain": "nn.Linear", "compile": "torch.compile(nn.Linear)", "saved": "ours, activated_gate saved",
-                 "lean": "**ours, memory-lean**", "lean_cublas": "ours, memory-lean with the cuBLAS forward"}
+STEP_VARIANTS = {
+    "plain": "nn.Linear",
+    "compile": "torch.compile(nn.Linear)",
+    "saved": "ours, activated_gate saved",
+    "lean": "**ours, memory-lean**",
+    "lean_cublas": "ours, memory-lean with the cuBLAS forward",
+}
 
 
 def train_step(derived_dir: Path, bench_dir: Path) -> str:
@@ -228,14 +264,16 @@ def train_step(derived_dir: Path, bench_dir: Path) -> str:
         lean = g.loc["lean"] if "lean" in g.index else None
         cells.append(f"{lean['speedup_vs_plain']:.3f}x, {lean['peak_vs_plain']:.3f}x" if lean is not None else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Each cell: saved [T, I] tensors per layer, saved GB per layer, peak memory of the step (weights "
-              "and their gradients included), median step time."]
+    lines += [
+        "",
+        "Each cell: saved [T, I] tensors per layer, saved GB per layer, peak memory of the step (weights "
+        "and their gradients included), median step time.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 #: Block name -> renderer(derived_dir, bench_dir).
-BLOCKS = {"headline": headline, "per-case": per_case, "history": history, "tp-per-case": tp_per_case,
-          "train-step": train_step}
+BLOCKS = {"headline": headline, "per-case": per_case, "history": history, "tp-per-case": tp_per_case, "train-step": train_step}
 
 
 def render(derived_dir: str | Path, bench_dir: str | Path | None = None) -> dict[str, str]:
@@ -246,6 +284,7 @@ def render(derived_dir: str | Path, bench_dir: str | Path | None = None) -> dict
 def fill(text: str, blocks: dict[str, str]) -> str:
     """``text`` with every generated block replaced by ``blocks[name]``. Raises ``ValueError`` for
     a block name ``blocks`` lacks."""
+
     def sub(m: re.Match) -> str:
         name = m.group("name")
         if name not in blocks:
@@ -255,8 +294,9 @@ def fill(text: str, blocks: dict[str, str]) -> str:
     return BLOCK.sub(sub, text)
 
 
-def update(root: str | Path, derived_dir: str | Path, bench_dir: str | Path | None, target: str | Path | None = None
-           ) -> list[Path]:
+def update(
+    root: str | Path, derived_dir: str | Path, bench_dir: str | Path | None, target: str | Path | None = None
+) -> list[Path]:
     """Rewrite the generated blocks of ``DOCUMENTS`` under ``root`` from ``derived_dir``; write the
     results under ``target`` (default: ``root``, in place; a build folder for a subset run).
     Returns the paths written with new content."""

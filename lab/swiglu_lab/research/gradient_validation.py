@@ -53,9 +53,7 @@ def _rms(t: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(t)) / t.numel() ** 0.5
 
 
-def _error_sample(
-    out: torch.Tensor, oracle: torch.Tensor, scale: float, n: int, generator: torch.Generator
-) -> torch.Tensor:
+def _error_sample(out: torch.Tensor, oracle: torch.Tensor, scale: float, n: int, generator: torch.Generator) -> torch.Tensor:
     """``|out - oracle| / scale`` at ``n`` random elements (all when fewer), float64 on the CPU."""
     o, r = out.reshape(-1), oracle.reshape(-1)
     if o.numel() > n:
@@ -124,29 +122,65 @@ def validate_case(
         if outs is not None and not all(torch.equal(a, b) for a, b in zip(before, tensors)):
             status = "error: inputs were modified"
         for k, name in enumerate(OUTPUT_NAMES):
-            row = {**base, "impl": impl, "output": name, "status": status, "seconds": seconds,
-                   "rel_err_bf16_ref": ref_err[k], "oracle_rms": oracle_rms[k]}
+            row = {
+                **base,
+                "impl": impl,
+                "output": name,
+                "status": status,
+                "seconds": seconds,
+                "rel_err_bf16_ref": ref_err[k],
+                "oracle_rms": oracle_rms[k],
+            }
             if outs is None:
-                rows.append({**row, "rel_err": float("nan"), "ratio": float("nan"), "within_factor": False,
-                             "criterion_pass": False, "match_fraction": float("nan"), "nonfinite": -1,
-                             "max_abs_err": float("nan"), "passed": False})
+                rows.append(
+                    {
+                        **row,
+                        "rel_err": float("nan"),
+                        "ratio": float("nan"),
+                        "within_factor": False,
+                        "criterion_pass": False,
+                        "match_fraction": float("nan"),
+                        "nonfinite": -1,
+                        "max_abs_err": float("nan"),
+                        "passed": False,
+                    }
+                )
                 continue
             out = outs[k]
             if out.shape != oracle[k].shape:
                 row["status"] = f"error: {name} has shape {tuple(out.shape)}, expected {tuple(oracle[k].shape)}"
-                rows.append({**row, "rel_err": float("nan"), "ratio": float("nan"), "within_factor": False,
-                             "criterion_pass": False, "match_fraction": float("nan"), "nonfinite": -1,
-                             "max_abs_err": float("nan"), "passed": False})
+                rows.append(
+                    {
+                        **row,
+                        "rel_err": float("nan"),
+                        "ratio": float("nan"),
+                        "within_factor": False,
+                        "criterion_pass": False,
+                        "match_fraction": float("nan"),
+                        "nonfinite": -1,
+                        "max_abs_err": float("nan"),
+                        "passed": False,
+                    }
+                )
                 continue
             err = relative_error(out, oracle[k])
             # A zero reference error (exact) only happens for tiny sums; then demand exactness too.
             ratio = err / ref_err[k] if ref_err[k] > 0 else (1.0 if err == 0 else float("inf"))
             crit = benchmark_criterion(out, ref[k], atol, rtol)
             within = bool(ratio <= factor)
-            rows.append({**row, "rel_err": err, "ratio": ratio, "within_factor": within,
-                         "criterion_pass": crit.passed, "match_fraction": crit.match_fraction,
-                         "nonfinite": crit.nonfinite, "max_abs_err": crit.max_abs_error,
-                         "passed": bool(row["status"] == "ok" and within and crit.passed)})
+            rows.append(
+                {
+                    **row,
+                    "rel_err": err,
+                    "ratio": ratio,
+                    "within_factor": within,
+                    "criterion_pass": crit.passed,
+                    "match_fraction": crit.match_fraction,
+                    "nonfinite": crit.nonfinite,
+                    "max_abs_err": crit.max_abs_error,
+                    "passed": bool(row["status"] == "ok" and within and crit.passed),
+                }
+            )
             # impl "reference" is the bf16 reference itself: its sample would duplicate that one.
             if samples is not None and impl != "reference":
                 samples[(impl, name)] = _error_sample(out, oracle[k], oracle_rms[k], sample_size, gen)
@@ -211,11 +245,11 @@ def run_validation(
     for label, batch_size, seq_len, atol in shapes:
         for r in range(rounds):
             bar.set_postfix_str(f"{label} round {r}")
-            inputs = make_inputs(batch_size, seq_len, hidden_size, intermediate_size,
-                                 mode=mode, generator=gen, device=device)
+            inputs = make_inputs(batch_size, seq_len, hidden_size, intermediate_size, mode=mode, generator=gen, device=device)
             case_samples = {} if (samples is not None and r == 0) else None
-            for row in validate_case(inputs, impls, atol, case=label, samples=case_samples,
-                                     sample_size=sample_size, seed=seed + r):
+            for row in validate_case(
+                inputs, impls, atol, case=label, samples=case_samples, sample_size=sample_size, seed=seed + r
+            ):
                 rows.append({**row, "batch_size": batch_size, "seq_len": seq_len, "atol": atol, "round": r})
             if case_samples:
                 samples.update({(label, *key): v for key, v in case_samples.items()})

@@ -15,8 +15,22 @@ from pathlib import Path
 import pandas as pd
 
 #: Columns of ``load_runs``' table.
-COLUMNS = ["run", "date_utc", "commit", "side_by_side", "shape", "layers", "hidden_size", "intermediate_size",
-           "tokens", "variant", "ms_median", "speedup", "peak_gib", "host_ms_median"]
+COLUMNS = [
+    "run",
+    "date_utc",
+    "commit",
+    "side_by_side",
+    "shape",
+    "layers",
+    "hidden_size",
+    "intermediate_size",
+    "tokens",
+    "variant",
+    "ms_median",
+    "speedup",
+    "peak_gib",
+    "host_ms_median",
+]
 
 
 def shape_label(layers: int, hidden_size: int, intermediate_size: int, tokens: int) -> str:
@@ -36,22 +50,42 @@ def load_runs(path: str | Path) -> pd.DataFrame:
         table = table[table["status"] == "ok"]
         run = csv_path.parent.relative_to(path).as_posix()
         for _, r in table.iterrows():
-            rows.append(dict(
-                run=run, date_utc=meta.get("date_utc", run.split("/")[0]), commit=str(meta.get("git_commit") or "")[:7],
-                side_by_side="rounds" in meta.get("args", {}),
-                shape=shape_label(int(r["layers"]), int(r["hidden_size"]), int(r["intermediate_size"]), int(r["tokens"])),
-                layers=int(r["layers"]), hidden_size=int(r["hidden_size"]), intermediate_size=int(r["intermediate_size"]),
-                tokens=int(r["tokens"]), variant=r["variant"], ms_median=float(r["ms_median"]),
-                speedup=float(r["speedup"]), peak_gib=float(r["peak_gib"]),
-                host_ms_median=float(r["host_ms_median"]) if "host_ms_median" in r and pd.notna(r["host_ms_median"])
-                else float("nan")))
+            rows.append(
+                dict(
+                    run=run,
+                    date_utc=meta.get("date_utc", run.split("/")[0]),
+                    commit=str(meta.get("git_commit") or "")[:7],
+                    side_by_side="rounds" in meta.get("args", {}),
+                    shape=shape_label(int(r["layers"]), int(r["hidden_size"]), int(r["intermediate_size"]), int(r["tokens"])),
+                    layers=int(r["layers"]),
+                    hidden_size=int(r["hidden_size"]),
+                    intermediate_size=int(r["intermediate_size"]),
+                    tokens=int(r["tokens"]),
+                    variant=r["variant"],
+                    ms_median=float(r["ms_median"]),
+                    speedup=float(r["speedup"]),
+                    peak_gib=float(r["peak_gib"]),
+                    host_ms_median=float(r["host_ms_median"])
+                    if "host_ms_median" in r and pd.notna(r["host_ms_median"])
+                    else float("nan"),
+                )
+            )
     out = pd.DataFrame(rows, columns=COLUMNS)
     return out.sort_values(["date_utc", "run"], kind="stable").reset_index(drop=True)
 
 
 #: Columns of ``load_long_seq``' table (``scripts/hf_long_seq_gpu.py``'s CSV plus the run folder).
-LONG_SEQ_COLUMNS = ["run", "variant", "seq_len", "layers", "activation_checkpointing", "step_ms", "tokens_per_s",
-                    "peak_gib", "oom"]
+LONG_SEQ_COLUMNS = [
+    "run",
+    "variant",
+    "seq_len",
+    "layers",
+    "activation_checkpointing",
+    "step_ms",
+    "tokens_per_s",
+    "peak_gib",
+    "oom",
+]
 
 
 def load_long_seq(path: str | Path) -> pd.DataFrame:
@@ -81,7 +115,12 @@ def longest_without_checkpointing(table: pd.DataFrame) -> pd.DataFrame:
         best = fits.loc[fits["seq_len"].idxmax()] if len(fits) else None
         longest = int(best["seq_len"]) if best is not None else 0
         over = part[part["oom"] & (part["seq_len"] > longest)]["seq_len"]
-        rows.append(dict(variant=variant, longest_seq=longest,
-                         peak_gib=float(best["peak_gib"]) if best is not None else float("nan"),
-                         first_oom_seq=int(over.min()) if len(over) else 0))
+        rows.append(
+            dict(
+                variant=variant,
+                longest_seq=longest,
+                peak_gib=float(best["peak_gib"]) if best is not None else float("nan"),
+                first_oom_seq=int(over.min()) if len(over) else 0,
+            )
+        )
     return pd.DataFrame(rows, columns=["variant", "longest_seq", "peak_gib", "first_oom_seq"])

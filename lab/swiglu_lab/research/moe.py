@@ -61,13 +61,16 @@ class MoEShape:
 #: The benchmark's shapes (the models' configs: hidden_size, moe_intermediate_size (Mixtral:
 #: intermediate_size), num_experts (n_routed_experts), num_experts_per_tok); ``tiny`` is for
 #: CPU tests only.
-MOE_SHAPES: dict[str, MoEShape] = {s.name: s for s in (
-    MoEShape("qwen3-30b-a3b", "Qwen3-30B-A3B", 2048, 768, 128, 8),
-    MoEShape("qwen3-235b-a22b", "Qwen3-235B-A22B", 4096, 1536, 128, 8),
-    MoEShape("mixtral-8x7b", "Mixtral-8x7B", 4096, 14336, 8, 2),
-    MoEShape("deepseek-v3", "DeepSeek-V3 (routed)", 7168, 2048, 256, 8),
-    MoEShape("tiny", "tiny (CPU tests)", 64, 96, 8, 2),
-)}
+MOE_SHAPES: dict[str, MoEShape] = {
+    s.name: s
+    for s in (
+        MoEShape("qwen3-30b-a3b", "Qwen3-30B-A3B", 2048, 768, 128, 8),
+        MoEShape("qwen3-235b-a22b", "Qwen3-235B-A22B", 4096, 1536, 128, 8),
+        MoEShape("mixtral-8x7b", "Mixtral-8x7B", 4096, 14336, 8, 2),
+        MoEShape("deepseek-v3", "DeepSeek-V3 (routed)", 7168, 2048, 256, 8),
+        MoEShape("tiny", "tiny (CPU tests)", 64, 96, 8, 2),
+    )
+}
 #: The shapes a default run measures (all but ``tiny``) and its token counts.
 DEFAULT_SHAPES = ("qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "deepseek-v3")
 DEFAULT_TOKENS = (2048, 8192, 32768)
@@ -107,15 +110,20 @@ def min_bytes(tokens: int, shape: MoEShape, mode: str = "forward+backward") -> i
     return {"forward": forward, "backward": backward, "forward+backward": forward + backward}[mode]
 
 
-def sol_time_s(tokens: int, shape: MoEShape, mode: str = "forward+backward",
-               hardware: roofline.Hardware | str = "H200-SXM") -> float:
+def sol_time_s(
+    tokens: int, shape: MoEShape, mode: str = "forward+backward", hardware: roofline.Hardware | str = "H200-SXM"
+) -> float:
     """``max(FLOPs / peak_flops, bytes / peak_bandwidth)`` in seconds."""
     hw = roofline.HARDWARE[hardware] if isinstance(hardware, str) else hardware
     return max(flops(tokens, shape, mode) / (hw.peak_tflops * 1e12), min_bytes(tokens, shape, mode) / (hw.peak_tbps * 1e12))
 
 
-def roofline_table(shapes: Iterable[str] = DEFAULT_SHAPES, tokens: Iterable[int] = DEFAULT_TOKENS,
-                   modes: Sequence[str] = MODES, hardware: str = "H200-SXM") -> pd.DataFrame:
+def roofline_table(
+    shapes: Iterable[str] = DEFAULT_SHAPES,
+    tokens: Iterable[int] = DEFAULT_TOKENS,
+    modes: Sequence[str] = MODES,
+    hardware: str = "H200-SXM",
+) -> pd.DataFrame:
     """One row per shape, token count and mode: GFLOP, minimum GB, intensity (FLOP/byte), the
     bound, SOL ms and the rate at SOL (TFLOP/s)."""
     hw = roofline.HARDWARE[hardware]
@@ -126,10 +134,24 @@ def roofline_table(shapes: Iterable[str] = DEFAULT_SHAPES, tokens: Iterable[int]
             for mode in modes:
                 f, b = flops(t, s, mode), min_bytes(t, s, mode)
                 sol = sol_time_s(t, s, mode, hw)
-                rows.append(dict(shape=name, H=s.hidden_size, I=s.intermediate_size, E=s.num_experts, k=s.top_k,
-                                 tokens=t, mode=mode, gflop=f / 1e9, min_gb=b / 1e9, intensity=f / b,
-                                 bound="compute" if f / b >= hw.ridge_intensity else "memory",
-                                 sol_ms=sol * 1e3, sol_tflops=f / sol / 1e12, hardware=hardware))
+                rows.append(
+                    dict(
+                        shape=name,
+                        H=s.hidden_size,
+                        I=s.intermediate_size,
+                        E=s.num_experts,
+                        k=s.top_k,
+                        tokens=t,
+                        mode=mode,
+                        gflop=f / 1e9,
+                        min_gb=b / 1e9,
+                        intensity=f / b,
+                        bound="compute" if f / b >= hw.ridge_intensity else "memory",
+                        sol_ms=sol * 1e3,
+                        sol_tflops=f / sol / 1e12,
+                        hardware=hardware,
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -171,14 +193,33 @@ def latency_table(rows: pd.DataFrame, hardware: str = "H200-SXM") -> pd.DataFram
     ok = rows[rows["status"] == "ok"].copy()
     if ok.empty:
         return ok.assign(sol_ms=[], sol_fraction=[], speedup_vs_grouped_mm=[])
-    ok["sol_ms"] = [sol_time_s(int(r.tokens), MoEShape(r.shape, r.shape, int(r.H), int(r.I), int(r.E), int(r.k)),
-                               r.mode, hardware) * 1e3 for r in ok.itertuples()]
+    ok["sol_ms"] = [
+        sol_time_s(int(r.tokens), MoEShape(r.shape, r.shape, int(r.H), int(r.I), int(r.E), int(r.k)), r.mode, hardware) * 1e3
+        for r in ok.itertuples()
+    ]
     ok["sol_fraction"] = ok["sol_ms"] / ok["ms"]
     key = ["shape", "tokens", "routing", "mode"]
     base = ok[ok["impl"] == "grouped_mm"].set_index(key)["ms"]
     ok["speedup_vs_grouped_mm"] = [base.get(tuple(r[k] for k in key), math.nan) / r["ms"] for _, r in ok.iterrows()]
-    cols = ["shape", "H", "I", "E", "k", "tokens", "routing", "impl", "mode", "ms", "p20_ms", "p80_ms", "tflops",
-            "sol_ms", "sol_fraction", "speedup_vs_grouped_mm", "peak_gib"]
+    cols = [
+        "shape",
+        "H",
+        "I",
+        "E",
+        "k",
+        "tokens",
+        "routing",
+        "impl",
+        "mode",
+        "ms",
+        "p20_ms",
+        "p80_ms",
+        "tflops",
+        "sol_ms",
+        "sol_fraction",
+        "speedup_vs_grouped_mm",
+        "peak_gib",
+    ]
     return ok[[c for c in cols if c in ok]].reset_index(drop=True)
 
 
@@ -189,8 +230,9 @@ def validation_table(checks: pd.DataFrame) -> pd.DataFrame:
     if checks.empty:
         return pd.DataFrame(columns=["shape", "impl", "status"])
     ok = checks[checks["status"] == "ok"]
-    wide = ok.pivot_table(index=["shape", "check_tokens", "check_experts", "impl"], columns="output",
-                          values="rel_err", aggfunc="first")
+    wide = ok.pivot_table(
+        index=["shape", "check_tokens", "check_experts", "impl"], columns="output", values="rel_err", aggfunc="first"
+    )
     wide.columns = [f"rel_err_{c}" for c in wide.columns]
     ratio = ok.groupby(["shape", "check_tokens", "check_experts", "impl"])["ratio_vs_eager"].max()
     wide["max_ratio_vs_eager"] = ratio
@@ -204,18 +246,25 @@ def validation_table(checks: pd.DataFrame) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------- the figure
 #: Display labels and styles of the implementations a run records (ours last, on top).
-MOE_LABELS = {"eager": "transformers eager (loop over experts)", "grouped_mm": "transformers grouped_mm",
-              "liger": "Liger fused MoE", "triton": "swiglu Triton (ours)"}
-MOE_STYLE = {"eager": ("#4d4d4d", "o"), "grouped_mm": ("#1f77b4", "s"), "liger": ("#ff7f0e", "^"),
-             "triton": ("#d62728", "*")}
+MOE_LABELS = {
+    "eager": "transformers eager (loop over experts)",
+    "grouped_mm": "transformers grouped_mm",
+    "liger": "Liger fused MoE",
+    "triton": "swiglu Triton (ours)",
+}
+MOE_STYLE = {"eager": ("#4d4d4d", "o"), "grouped_mm": ("#1f77b4", "s"), "liger": ("#ff7f0e", "^"), "triton": ("#d62728", "*")}
 
 
 def case_label(tokens: int, routing: str) -> str:
     return f"T={tokens} {routing[:4]}."
 
 
-def moe_plot(table: pd.DataFrame, footer: str = "", mode: str = "forward+backward",
-             title: str = "MoE experts, forward + backward: latency and rate per case") -> "object":
+def moe_plot(
+    table: pd.DataFrame,
+    footer: str = "",
+    mode: str = "forward+backward",
+    title: str = "MoE experts, forward + backward: latency and rate per case",
+) -> "object":
     """Two rows of panels, one column per shape: the median ``mode`` latency (log scale,
     whiskers p20-p80, a black dash at the H200 SOL) and the TFLOP/s it reaches, per case
     (tokens x routing) and implementation (``latency_table`` rows)."""
@@ -242,31 +291,43 @@ def moe_plot(table: pd.DataFrame, footer: str = "", mode: str = "forward+backwar
                 if t[column].notna().sum() == 0:
                     continue
                 color, marker = MOE_STYLE.get(impl, plots.impl_style(impl, k))
-                s = dict(key=impl, label=MOE_LABELS.get(impl, impl), y=t[column].to_numpy(float), color=color,
-                         marker=marker)
+                s = dict(key=impl, label=MOE_LABELS.get(impl, impl), y=t[column].to_numpy(float), color=color, marker=marker)
                 if column == "ms":
                     s.update(lo=t["p20_ms"].to_numpy(float), hi=t["p80_ms"].to_numpy(float))
                 series.append(s)
             plots._dodged(ax, keys, series, records, f"{name}: {column}")
             if column == "ms":
                 sol = d.drop_duplicates("case").set_index("case").reindex(keys)["sol_ms"].to_numpy(float)
-                ax.plot(np.arange(len(keys)), sol, ls="none", marker="_", ms=14, mew=2, color="black",
-                        label="H200 SOL (989 TFLOP/s, 4.8 TB/s)", zorder=4)
-                records += [{"panel": f"{name}: sol_ms", "series": "sol", "x": c, "y": float(v), "lo": math.nan,
-                             "hi": math.nan} for c, v in zip(keys, sol) if not np.isnan(v)]
+                ax.plot(
+                    np.arange(len(keys)),
+                    sol,
+                    ls="none",
+                    marker="_",
+                    ms=14,
+                    mew=2,
+                    color="black",
+                    label="H200 SOL (989 TFLOP/s, 4.8 TB/s)",
+                    zorder=4,
+                )
+                records += [
+                    {"panel": f"{name}: sol_ms", "series": "sol", "x": c, "y": float(v), "lo": math.nan, "hi": math.nan}
+                    for c, v in zip(keys, sol)
+                    if not np.isnan(v)
+                ]
                 ax.set_yscale("log")
                 ax.set_title(MOE_SHAPES[name].label if name in MOE_SHAPES else name, fontsize=plots.MIN_FONT_PT + 1)
             else:
                 ax.set_ylim(bottom=0)
-            ax.set_xticks(range(len(keys)), keys, rotation=50, ha="right", rotation_mode="anchor",
-                          fontsize=plots.MIN_FONT_PT)
+            ax.set_xticks(range(len(keys)), keys, rotation=50, ha="right", rotation_mode="anchor", fontsize=plots.MIN_FONT_PT)
             ax.grid(True, axis="y", lw=0.3, alpha=0.5)
             if col == 0:
                 ax.set_ylabel(f"{mode} {unit}" if column == "ms" else f"{unit} ({mode})")
     fig.suptitle(title)
     fig.tight_layout()
     iters = int(part["reps"].max()) if "reps" in part and part["reps"].notna().any() else None
-    note = (f"whiskers: p20-p80 of the {iters or ''} timed iterations per case (CUDA events, L2 flushed before each); "
-            "bal.: softmax of random logits, top-k; skew.: a third of the tokens route to expert 0; "
-            "a missing marker: not run (eager where slow) or out of memory")
+    note = (
+        f"whiskers: p20-p80 of the {iters or ''} timed iterations per case (CUDA events, L2 flushed before each); "
+        "bal.: softmax of random logits, top-k; skew.: a third of the tokens route to expert 0; "
+        "a missing marker: not run (eager where slow) or out of memory"
+    )
     return plots._finish_panels(fig, records, footer, legend_axes=list(axes[0]), ncol=3, note=note)

@@ -64,8 +64,17 @@ HARDWARE_STYLE = {
 _FALLBACK_COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
 # Type sizes (points) for everything drawn here; nothing below MIN_FONT_PT.
-plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8,
-                     "ytick.labelsize": 8, "legend.fontsize": 8, "figure.titlesize": 10.5})
+plt.rcParams.update(
+    {
+        "font.size": 9,
+        "axes.titlesize": 10,
+        "axes.labelsize": 9,
+        "xtick.labelsize": 8,
+        "ytick.labelsize": 8,
+        "legend.fontsize": 8,
+        "figure.titlesize": 10.5,
+    }
+)
 
 
 def impl_style(impl: str, k: int = 0) -> tuple[str, str]:
@@ -128,8 +137,7 @@ def placeholder(title: str, message: str, footer: str = "") -> Figure:
     fig, ax = plt.subplots(figsize=(8, 2.8))
     ax.axis("off")
     ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=10.5, fontweight="bold")
-    ax.text(0.5, 0.5, "\n".join(textwrap.wrap(message, 90)), ha="center", va="center", fontsize=9,
-            transform=ax.transAxes)
+    ax.text(0.5, 0.5, "\n".join(textwrap.wrap(message, 90)), ha="center", va="center", fontsize=9, transform=ax.transAxes)
     fig.plotted = pd.DataFrame(columns=PLOTTED_COLUMNS)
     add_footer(fig, footer)
     return fig
@@ -149,8 +157,9 @@ def _column(frame: pd.DataFrame, column: str) -> np.ndarray:
     return frame[column].to_numpy(float) if column in frame else np.full(len(frame), np.nan)
 
 
-def _dodged(ax, categories: Sequence, series: Sequence[dict], records: list, panel: str,
-            width: float = 0.72, horizontal: bool = False) -> None:
+def _dodged(
+    ax, categories: Sequence, series: Sequence[dict], records: list, panel: str, width: float = 0.72, horizontal: bool = False
+) -> None:
     """Markers side by side within each category (x = 0, 1, ...), one group per ``series`` item:
     ``dict(key, label, y, lo, hi, color, marker, hollow)`` with y/lo/hi aligned to ``categories``
     (NaN: no point / no whisker). Appends one ``PLOTTED_COLUMNS`` record per drawn point."""
@@ -164,8 +173,17 @@ def _dodged(ax, categories: Sequence, series: Sequence[dict], records: list, pan
         err = np.vstack([np.where(np.isnan(lo), 0, y - lo), np.where(np.isnan(hi), 0, hi - y)])
         has_err = not (np.isnan(lo).all() and np.isnan(hi).all())
         color, marker = s["color"], s["marker"]
-        kw = dict(ls="none", marker=marker, color=color, ms=6 if marker != "*" else 8, elinewidth=1.3,
-                  mfc="white" if s.get("hollow") else color, mec=color, label=s["label"], zorder=3)
+        kw = dict(
+            ls="none",
+            marker=marker,
+            color=color,
+            ms=6 if marker != "*" else 8,
+            elinewidth=1.3,
+            mfc="white" if s.get("hollow") else color,
+            mec=color,
+            label=s["label"],
+            zorder=3,
+        )
         if horizontal:
             ax.errorbar(y, pos, xerr=err if has_err else None, **kw)
         else:
@@ -175,8 +193,9 @@ def _dodged(ax, categories: Sequence, series: Sequence[dict], records: list, pan
                 records.append({"panel": panel, "series": s["key"], "x": c, "y": float(yy), "lo": float(l), "hi": float(h)})
 
 
-def _impl_series(table: pd.DataFrame, cases: Sequence[str], impls: Iterable[str], column: str,
-                 lo: str | None = None, hi: str | None = None) -> list[dict]:
+def _impl_series(
+    table: pd.DataFrame, cases: Sequence[str], impls: Iterable[str], column: str, lo: str | None = None, hi: str | None = None
+) -> list[dict]:
     """``_dodged`` series per implementation: ``column`` (and whisker columns) per case."""
     out = []
     for k, impl in enumerate(impls):
@@ -188,8 +207,18 @@ def _impl_series(table: pd.DataFrame, cases: Sequence[str], impls: Iterable[str]
         failed = "correct" in table and (table.loc[table["impl"] == impl, "correct"].astype(str) == "False").any()
         if failed:
             label += " (FAILS correctness)"
-        out.append(dict(key=impl, label=label, y=_column(t, column), lo=_column(t, lo) if lo else None,
-                        hi=_column(t, hi) if hi else None, color=color, marker=marker, hollow=failed))
+        out.append(
+            dict(
+                key=impl,
+                label=label,
+                y=_column(t, column),
+                lo=_column(t, lo) if lo else None,
+                hi=_column(t, hi) if hi else None,
+                color=color,
+                marker=marker,
+                hollow=failed,
+            )
+        )
     for s in out:
         if s["lo"] is None:
             s.pop("lo"), s.pop("hi")
@@ -204,27 +233,26 @@ def _spread_note(table: pd.DataFrame, what: str = "timed iterations") -> str:
     return f"whiskers: p20-p80 of the {n}{what} per case; {runs} run{'s' if runs != 1 else ''}"
 
 
-def _finish_panels(fig: Figure, records: list, footer: str, legend_axes=None, ncol: int = 3,
-                   note: str = "") -> Figure:
+def _finish_panels(fig: Figure, records: list, footer: str, legend_axes=None, ncol: int = 3, note: str = "") -> Figure:
     """One legend for the figure under the panels (from ``legend_axes``' handles), a note line,
     the footer, and ``fig.plotted``."""
     if legend_axes is not None:
         handles, labels = [], []
-        for ax in (legend_axes if isinstance(legend_axes, (list, tuple, np.ndarray)) else [legend_axes]):
+        for ax in legend_axes if isinstance(legend_axes, (list, tuple, np.ndarray)) else [legend_axes]:
             for h, lab in zip(*ax.get_legend_handles_labels()):
                 if lab not in labels:
                     handles.append(h)
                     labels.append(lab)
         if handles:
-            fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), ncol=ncol, frameon=False,
-                       fontsize=MIN_FONT_PT)
+            fig.legend(
+                handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), ncol=ncol, frameon=False, fontsize=MIN_FONT_PT
+            )
     if note:
         chars = max(40, int(fig.get_figwidth() * 72 / (0.55 * MIN_FONT_PT)) - 2)
         note = "\n".join(line for part in note.split("\n") for line in textwrap.wrap(part, chars))
         fig.draw_without_rendering()
         renderer = fig.canvas.get_renderer()
-        bottoms = [ax.get_tightbbox(renderer).y0 for ax in fig.axes] + \
-                  [lg.get_window_extent(renderer).y0 for lg in fig.legends]
+        bottoms = [ax.get_tightbbox(renderer).y0 for ax in fig.axes] + [lg.get_window_extent(renderer).y0 for lg in fig.legends]
         fig.text(0.01, min(bottoms) / fig.bbox.height - 0.01, note, fontsize=MIN_FONT_PT, va="top", ha="left")
     fig.plotted = pd.DataFrame(records, columns=PLOTTED_COLUMNS)
     add_footer(fig, footer)
@@ -253,16 +281,23 @@ def roofline_plot(
     x = np.logspace(math.log10(lo), math.log10(hi), 400)
     for key, hw in hardware.items():
         color, ls = HARDWARE_STYLE.get(key, ("0.5", "-"))
-        ax.plot(x, np.minimum(hw.peak_tflops, x * hw.peak_tbps), color=color, ls=ls, lw=1.6,
-                label=f"{hw.name}: {hw.peak_tflops:.0f} TFLOP/s, {hw.peak_tbps:.2f} TB/s")
+        ax.plot(
+            x,
+            np.minimum(hw.peak_tflops, x * hw.peak_tbps),
+            color=color,
+            ls=ls,
+            lw=1.6,
+            label=f"{hw.name}: {hw.peak_tflops:.0f} TFLOP/s, {hw.peak_tbps:.2f} TB/s",
+        )
     for v in np.unique(ai):
         ax.axvline(v, color="0.85", lw=0.6, zorder=0)
     # The token counts on a top axis at their intensities: powers of two first, then the others
     # where they fit (grey lines mark every case), so no two labels touch.
     ticks = cases.drop_duplicates("tokens").sort_values("tokens")
     width_pt = fig.get_figwidth() * 72 * 0.775
-    where = {int(t): (math.log10(v) - math.log10(lo)) / math.log10(hi / lo)
-             for t, v in zip(ticks["tokens"], ticks["flop_per_byte"])}
+    where = {
+        int(t): (math.log10(v) - math.log10(lo)) / math.log10(hi / lo) for t, v in zip(ticks["tokens"], ticks["flop_per_byte"])
+    }
     chosen: list[int] = []
     for t in sorted(where, key=lambda t: (t & (t - 1) != 0, t)):
         half = lambda n: 0.65 * MIN_FONT_PT * (len(str(n)) + 2) / 2 / width_pt  # noqa: E731
@@ -281,12 +316,21 @@ def roofline_plot(
             for sel, failed in ((ok, False), (~ok, True)):
                 if not sel.any():
                     continue
-                ax.scatter(p.loc[sel, "flop_per_byte"], p.loc[sel, "tflops"], marker=marker, s=40, zorder=3,
-                           facecolor="none" if failed else color, edgecolor=color if failed else "white",
-                           linewidth=1.0 if failed else 0.4,
-                           label=label + (" (FAILS correctness)" if failed else ""))
-                records += [{"panel": "roofline", "series": impl, "x": float(a), "y": float(b), "lo": math.nan,
-                             "hi": math.nan} for a, b in zip(p.loc[sel, "flop_per_byte"], p.loc[sel, "tflops"])]
+                ax.scatter(
+                    p.loc[sel, "flop_per_byte"],
+                    p.loc[sel, "tflops"],
+                    marker=marker,
+                    s=40,
+                    zorder=3,
+                    facecolor="none" if failed else color,
+                    edgecolor=color if failed else "white",
+                    linewidth=1.0 if failed else 0.4,
+                    label=label + (" (FAILS correctness)" if failed else ""),
+                )
+                records += [
+                    {"panel": "roofline", "series": impl, "x": float(a), "y": float(b), "lo": math.nan, "hi": math.nan}
+                    for a, b in zip(p.loc[sel, "flop_per_byte"], p.loc[sel, "tflops"])
+                ]
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -297,8 +341,9 @@ def roofline_plot(
     top.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     top.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     others = [str(t) for t in where if t not in chosen]
-    top.set_xlabel("tokens T of the cases (grey lines)" + (f"; also {', '.join(others)} between" if others else ""),
-                   fontsize=MIN_FONT_PT)
+    top.set_xlabel(
+        "tokens T of the cases (grey lines)" + (f"; also {', '.join(others)} between" if others else ""), fontsize=MIN_FONT_PT
+    )
     ax.set_ylabel("attainable / achieved bf16 TFLOP/s")
     ax.set_title(title)
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
@@ -329,8 +374,7 @@ def sol_bar_plot(table: pd.DataFrame, footer: str = "", title: str = "Speed-of-l
         mem = (t["bound"] == "memory").to_numpy()
         pos = np.arange(len(cases)) + (k - (n - 1) / 2) * (0.72 / n if n > 1 else 0)
         color = series[k]["color"]
-        ax.plot(pos[mem], t["sol_ms"].to_numpy(float)[mem], ls="none", marker="o", ms=6, mfc="white", mec=color,
-                zorder=4)
+        ax.plot(pos[mem], t["sol_ms"].to_numpy(float)[mem], ls="none", marker="o", ms=6, mfc="white", mec=color, zorder=4)
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
@@ -378,10 +422,25 @@ def error_histograms(
             color, _ = impl_style(impl, k)
             zeros = int((d == 0).sum())
             label = f"{impl} ({d.size:,} elements{f', {zeros:,} exact' if zeros else ''})"
-            ax.hist(d[d > 0], bins=bins, histtype="step", lw=1.4, color=color, label=label,
-                    ls="--" if impl == "bf16 reference" else "-")
-            records.append({"panel": output, "series": impl, "x": "median", "y": float(np.median(d)),
-                            "lo": float(np.quantile(d, 0.2)), "hi": float(np.quantile(d, 0.8))})
+            ax.hist(
+                d[d > 0],
+                bins=bins,
+                histtype="step",
+                lw=1.4,
+                color=color,
+                label=label,
+                ls="--" if impl == "bf16 reference" else "-",
+            )
+            records.append(
+                {
+                    "panel": output,
+                    "series": impl,
+                    "x": "median",
+                    "y": float(np.median(d)),
+                    "lo": float(np.quantile(d, 0.2)),
+                    "hi": float(np.quantile(d, 0.8)),
+                }
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(output)
@@ -396,8 +455,9 @@ def error_histograms(
     return fig
 
 
-def error_ratio_plot(rows: pd.DataFrame, factor: float = 2.0, footer: str = "",
-                     title: str = "Relative error / bf16 reference's own relative error") -> Figure:
+def error_ratio_plot(
+    rows: pd.DataFrame, factor: float = 2.0, footer: str = "", title: str = "Relative error / bf16 reference's own relative error"
+) -> Figure:
     """Per shape (x) and output (panel): the float64 relative-error ratio of each implementation
     (``validate_case`` rows with status ok; the worst round), with the acceptance line at
     ``factor``. Rows whose status is not ok are listed under the figure, not drawn."""
@@ -405,8 +465,7 @@ def error_ratio_plot(rows: pd.DataFrame, factor: float = 2.0, footer: str = "",
     outputs = list(dict.fromkeys(rows["output"]))
     cases, labels = _case_labels(rows)  # the order and "(T=...)" labels of the latency figures
     width = min(MAX_WIDTH_IN, max(6.0, 0.45 * len(cases) + 2.5))
-    fig, axes = plt.subplots(len(outputs), 1, figsize=(width, 1.5 * len(outputs) + 1.8), sharex=True,
-                             sharey=True, squeeze=False)
+    fig, axes = plt.subplots(len(outputs), 1, figsize=(width, 1.5 * len(outputs) + 1.8), sharex=True, sharey=True, squeeze=False)
     records: list = []
     impls = list(dict.fromkeys(rows["impl"]))
     for ax, output in zip(axes.flat, outputs):
@@ -415,8 +474,7 @@ def error_ratio_plot(rows: pd.DataFrame, factor: float = 2.0, footer: str = "",
             t = ok[(ok["output"] == output) & (ok["impl"] == impl)].groupby("case")["ratio"].max().reindex(cases)
             color, marker = impl_style(impl, k)
             # The reference's ratio is 1 by definition: a hollow ring, so a point at 1.0 shows through.
-            series.append(dict(key=impl, label=impl, y=t.to_numpy(float), color=color, marker=marker,
-                               hollow=impl == "reference"))
+            series.append(dict(key=impl, label=impl, y=t.to_numpy(float), color=color, marker=marker, hollow=impl == "reference"))
         _dodged(ax, cases, series, records, output, width=0.4)
         ax.axhline(factor, color="red", lw=1, ls="--", label=f"accept <= {factor:g}")
         ax.text(0.005, 0.94, output, transform=ax.transAxes, fontsize=9, fontweight="bold", va="top")
@@ -431,8 +489,7 @@ def error_ratio_plot(rows: pd.DataFrame, factor: float = 2.0, footer: str = "",
     bad = rows[rows["status"] != "ok"]
     note = ""
     if len(bad):
-        note = "not drawn (status not ok): " + "; ".join(
-            f"{i}: {s}" for (i, s), _ in bad.groupby(["impl", "status"], sort=False))
+        note = "not drawn (status not ok): " + "; ".join(f"{i}: {s}" for (i, s), _ in bad.groupby(["impl", "status"], sort=False))
     return _finish_panels(fig, records, footer, note="\n".join(textwrap.wrap(note, 120)))
 
 
@@ -463,8 +520,7 @@ def latency_plot(table: pd.DataFrame, footer: str = "", title: str = "Latency pe
     first = None
     sol = table.drop_duplicates("case").set_index("case")
     for r, row_groups in enumerate(layout):
-        inner = outer[r].subgridspec(1, len(row_groups), width_ratios=[len(c) + 0.6 for _, c in row_groups],
-                                     wspace=0.55)
+        inner = outer[r].subgridspec(1, len(row_groups), width_ratios=[len(c) + 0.6 for _, c in row_groups], wspace=0.55)
         for k, (T, cases) in enumerate(row_groups):
             ax = fig.add_subplot(inner[k])
             first = first or ax
@@ -478,8 +534,9 @@ def latency_plot(table: pd.DataFrame, footer: str = "", title: str = "Latency pe
             if k == 0:
                 ax.set_ylabel("median latency (ms)")
     fig.suptitle(title, y=1.0)
-    return _finish_panels(fig, records, footer, first, ncol=2,
-                          note=_spread_note(table) + "; SOL: the H200 datasheet speed of light of the case")
+    return _finish_panels(
+        fig, records, footer, first, ncol=2, note=_spread_note(table) + "; SOL: the H200 datasheet speed of light of the case"
+    )
 
 
 def _speedup_series(table: pd.DataFrame, base: str, cases: Sequence[str]) -> list[dict]:
@@ -494,14 +551,19 @@ def speedup_plot(table: pd.DataFrame, footer: str = "", title: str = "Speed-up p
     gets no panel, and the title says so), p20-p80 whiskers (``analysis.latency_table``'s
     ``speedup_vs_<base>_lo/_hi``)."""
     cases, labels = _case_labels(table)
-    bases = [b for b in ("eager", "compile") if b in set(table["impl"])
-             and f"speedup_vs_{b}" in table and table.loc[table["impl"] != b, f"speedup_vs_{b}"].notna().any()]
+    bases = [
+        b
+        for b in ("eager", "compile")
+        if b in set(table["impl"])
+        and f"speedup_vs_{b}" in table
+        and table.loc[table["impl"] != b, f"speedup_vs_{b}"].notna().any()
+    ]
     missing = [IMPL_LABELS.get(b, b) for b in ("eager", "compile") if b not in bases]
     if not bases:
-        return placeholder(title, f"No baseline to compare with: neither {' nor '.join(missing)} is among the "
-                           "plotted implementations.", footer)
-    fig, axes = plt.subplots(len(bases), 1, figsize=(MAX_WIDTH_IN, 3.3 * len(bases) + 1.2), sharex=True,
-                             squeeze=False)
+        return placeholder(
+            title, f"No baseline to compare with: neither {' nor '.join(missing)} is among the plotted implementations.", footer
+        )
+    fig, axes = plt.subplots(len(bases), 1, figsize=(MAX_WIDTH_IN, 3.3 * len(bases) + 1.2), sharex=True, squeeze=False)
     records: list = []
     for ax, base in zip(axes.flat, bases):
         _dodged(ax, cases, _speedup_series(table, base, cases), records, f"over {base}")
@@ -512,11 +574,13 @@ def speedup_plot(table: pd.DataFrame, footer: str = "", title: str = "Speed-up p
         ax.set_xlim(-0.6, len(cases) - 0.4)
     _case_ticks(axes.flat[-1], labels)
     axes.flat[-1].set_xlabel("case (sorted by tokens T)")
-    axes.flat[0].set_title(title + (f"\n(no {', '.join(missing)} among the plotted implementations: no panel over it)"
-                                    if missing else ""))
+    axes.flat[0].set_title(
+        title + (f"\n(no {', '.join(missing)} among the plotted implementations: no panel over it)" if missing else "")
+    )
     fig.tight_layout()
-    return _finish_panels(fig, records, footer, list(axes.flat), note=_spread_note(table, "timed iterations")
-                          + " (the baseline at its median)")
+    return _finish_panels(
+        fig, records, footer, list(axes.flat), note=_spread_note(table, "timed iterations") + " (the baseline at its median)"
+    )
 
 
 def sol_fraction_plot(table: pd.DataFrame, footer: str = "", title: str = "Fraction of the H200 speed of light") -> Figure:
@@ -524,17 +588,25 @@ def sol_fraction_plot(table: pd.DataFrame, footer: str = "", title: str = "Fract
     present, measured ceilings (second panel); p20-p80 whiskers."""
     measured = "sol_fraction_measured" in table and table["sol_fraction_measured"].notna().any()
     cases, labels = _case_labels(table)
-    fig, axes = plt.subplots(2 if measured else 1, 1, figsize=(MAX_WIDTH_IN, 7.5 if measured else 4.5), sharex=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        2 if measured else 1, 1, figsize=(MAX_WIDTH_IN, 7.5 if measured else 4.5), sharex=True, squeeze=False
+    )
     records: list = []
     t = table.copy()
     for col, sol in (("sol_fraction", "sol_ms"), ("sol_fraction_measured", "sol_ms_measured")):
         if sol in t and "p20_ms" in t:
             t[f"{col}_lo"], t[f"{col}_hi"] = t[sol] / t["p80_ms"], t[sol] / t["p20_ms"]
-    for ax, (col, what) in zip(axes.flat, [("sol_fraction", "datasheet 989 TFLOP/s, 4.8 TB/s"),
-                                           ("sol_fraction_measured", "measured ceilings")]):
-        series = _impl_series(t, cases, order_impls(t["impl"]), col, f"{col}_lo" if f"{col}_lo" in t else None,
-                              f"{col}_hi" if f"{col}_hi" in t else None)
+    for ax, (col, what) in zip(
+        axes.flat, [("sol_fraction", "datasheet 989 TFLOP/s, 4.8 TB/s"), ("sol_fraction_measured", "measured ceilings")]
+    ):
+        series = _impl_series(
+            t,
+            cases,
+            order_impls(t["impl"]),
+            col,
+            f"{col}_lo" if f"{col}_lo" in t else None,
+            f"{col}_hi" if f"{col}_hi" in t else None,
+        )
         _dodged(ax, cases, series, records, col)
         ax.axhline(1.0, color="#2ca02c", lw=1.2)
         top = float(np.nanmax(t[col].to_numpy(float), initial=1.0)) if col in t else 1.0
@@ -549,8 +621,10 @@ def sol_fraction_plot(table: pd.DataFrame, footer: str = "", title: str = "Fract
     return _finish_panels(fig, records, footer, axes.flat[0], note=_spread_note(table))
 
 
-_NO_POWER_SPREAD = ("no spread recorded: one reading per case and implementation (means over the timed loop; "
-                    "energy from the board's energy counter), one run")
+_NO_POWER_SPREAD = (
+    "no spread recorded: one reading per case and implementation (means over the timed loop; "
+    "energy from the board's energy counter), one run"
+)
 
 
 def energy_plot(table: pd.DataFrame, footer: str = "", title: str = "Energy per backward") -> Figure:
@@ -567,11 +641,17 @@ def energy_plot(table: pd.DataFrame, footer: str = "", title: str = "Energy per 
     axes[0].set_ylabel("GFLOP per joule\n(12*T*H*I / energy per backward)")
     axes[0].set_title(title)
     if table["energy_vs_compile"].notna().any():
-        _dodged(axes[1], cases, _impl_series(table, cases, [i for i in impls if i != "compile"], "energy_vs_compile"),
-                records, "energy_vs_compile")
+        _dodged(
+            axes[1],
+            cases,
+            _impl_series(table, cases, [i for i in impls if i != "compile"], "energy_vs_compile"),
+            records,
+            "energy_vs_compile",
+        )
     else:
-        axes[1].text(0.5, 0.5, "no torch.compile energy among the plotted implementations", ha="center",
-                     transform=axes[1].transAxes)
+        axes[1].text(
+            0.5, 0.5, "no torch.compile energy among the plotted implementations", ha="center", transform=axes[1].transAxes
+        )
     axes[1].axhline(1.0, color="black", lw=0.8)
     axes[1].set_ylabel("energy per backward /\ntorch.compile's (x)")
     for ax in axes:
@@ -583,8 +663,13 @@ def energy_plot(table: pd.DataFrame, footer: str = "", title: str = "Energy per 
     return _finish_panels(fig, records, footer, axes[0], note=_NO_POWER_SPREAD)
 
 
-def clock_power_plot(table: pd.DataFrame, footer: str = "", title: str = "SM clock and board power",
-                     max_clock_mhz: float | None = None, power_limit_w: float | None = None) -> Figure:
+def clock_power_plot(
+    table: pd.DataFrame,
+    footer: str = "",
+    title: str = "SM clock and board power",
+    max_clock_mhz: float | None = None,
+    power_limit_w: float | None = None,
+) -> Figure:
     """Two panels per case: the mean SM clock (MHz) and mean board power (W) each
     implementation ran at during its timed loop, with the maximum clock and the power limit as
     lines when known. ``table``: ``analysis.power_table`` output."""
@@ -600,8 +685,15 @@ def clock_power_plot(table: pd.DataFrame, footer: str = "", title: str = "SM clo
         if limit:
             unit = "MHz" if column == "sm_clock_mhz" else "W"
             ax.axhline(limit, color="#b00000", lw=1.2, ls="--")
-            ax.text(len(cases) - 0.45, limit, f"{limit_label}, {limit:.0f} {unit}", color="#b00000", ha="right",
-                    va="bottom", fontsize=MIN_FONT_PT)
+            ax.text(
+                len(cases) - 0.45,
+                limit,
+                f"{limit_label}, {limit:.0f} {unit}",
+                color="#b00000",
+                ha="right",
+                va="bottom",
+                fontsize=MIN_FONT_PT,
+            )
         values = table[column].to_numpy(float) if column in table else np.array([])
         top = max(float(np.nanmax(values, initial=0.0)), limit or 0)
         ax.set_ylim(0.5 * float(np.nanmin(values, initial=top)) if values.size else 0, top * 1.06 or 1)
@@ -624,8 +716,7 @@ def gmean_plot(summary: pd.DataFrame, footer: str = "", title: str = "Geometric 
     s = summary[summary["gmean_ms"].notna()].reset_index(drop=True)
     if s.empty:
         return placeholder(title, "no implementation has a latency", footer)
-    base = next((b for b in ("compile", "eager") if b in set(s["impl"])
-                 and s[f"gmean_speedup_vs_{b}"].notna().any()), None)
+    base = next((b for b in ("compile", "eager") if b in set(s["impl"]) and s[f"gmean_speedup_vs_{b}"].notna().any()), None)
     if base:
         col = f"gmean_speedup_vs_{base}"
         x, lo, hi = _column(s, col), _column(s, f"{col}_lo"), _column(s, f"{col}_hi")
@@ -647,10 +738,23 @@ def gmean_plot(summary: pd.DataFrame, footer: str = "", title: str = "Geometric 
         color, marker = impl_style(r["impl"], k)
         ax.axhline(y, color="0.9", lw=0.6, zorder=0)
         err = None if np.isnan(lo[k]) else [[x[k] - lo[k]], [hi[k] - x[k]]]
-        ax.errorbar([x[k]], [y], xerr=err, ls="none", marker=marker, ms=9 if marker == "*" else 7, color=color,
-                    mfc="white" if failed else color, mec=color, elinewidth=1.6, capsize=3, zorder=3)
-        records.append({"panel": "gmean", "series": r["impl"], "x": r["impl"], "y": float(x[k]),
-                        "lo": float(lo[k]), "hi": float(hi[k])})
+        ax.errorbar(
+            [x[k]],
+            [y],
+            xerr=err,
+            ls="none",
+            marker=marker,
+            ms=9 if marker == "*" else 7,
+            color=color,
+            mfc="white" if failed else color,
+            mec=color,
+            elinewidth=1.6,
+            capsize=3,
+            zorder=3,
+        )
+        records.append(
+            {"panel": "gmean", "series": r["impl"], "x": r["impl"], "y": float(x[k]), "lo": float(lo[k]), "hi": float(hi[k])}
+        )
         parts = [f"{r['gmean_ms']:.2f} ms"]
         if pd.notna(r.get("gmean_p20_ms")):
             parts[0] += f" (p20-p80 {r['gmean_p20_ms']:.2f}-{r['gmean_p80_ms']:.2f})"
@@ -661,8 +765,14 @@ def gmean_plot(summary: pd.DataFrame, footer: str = "", title: str = "Geometric 
         if failed:
             # A fast wrong answer must not read as a result (Liger recomputes silu(gate_output)).
             parts.append("FAILS the correctness check")
-        ax.text(left + 0.005 * (right - left), y + 0.3, ", ".join(parts), va="center", fontsize=MIN_FONT_PT,
-                color="#b00000" if failed else "black")
+        ax.text(
+            left + 0.005 * (right - left),
+            y + 0.3,
+            ", ".join(parts),
+            va="center",
+            fontsize=MIN_FONT_PT,
+            color="#b00000" if failed else "black",
+        )
     if base:
         ax.axvline(1.0, color=impl_style(base)[0], lw=0.8, ls=":")
     ax.set_yticks(range(n), [textwrap.fill(label, 28) for label in s["label"][::-1]])
@@ -670,8 +780,10 @@ def gmean_plot(summary: pd.DataFrame, footer: str = "", title: str = "Geometric 
     ax.grid(True, axis="x", lw=0.3, alpha=0.5)
     iters = int(s["iters"].max()) if "iters" in s and s["iters"].notna().any() else None
     cases = int(s["cases"].max()) if "cases" in s else 0
-    note = (f"whiskers: each implementation's p20-p80 of {f'{iters} ' if iters else ''}timed iterations per case "
-            f"(the baseline at its median), geometric mean over {cases} cases; one run")
+    note = (
+        f"whiskers: each implementation's p20-p80 of {f'{iters} ' if iters else ''}timed iterations per case "
+        f"(the baseline at its median), geometric mean over {cases} cases; one run"
+    )
     if "gmean_sol_ms" in s and s["gmean_sol_ms"].notna().any():
         note += f"\nH200 speed of light (datasheet), geometric mean: {float(s['gmean_sol_ms'].max()):.2f} ms"
     ax.set_xlabel(xlabel)
@@ -714,13 +826,28 @@ def history_plot(history: pd.DataFrame, footer: str = "", title: str = "Geometri
         ax.plot(xs, y, color=color, lw=0.8, alpha=0.5, zorder=2)  # the same code path over time
         err = np.vstack([np.where(np.isnan(lo), 0, y - lo), np.where(np.isnan(hi), 0, hi - y)])
         all_failed = measured.any() and failed[measured].all()
-        ax.errorbar(xs, y, yerr=err, ls="none", marker=marker, color=color, ms=7 if marker == "*" else 5,
-                    mfc="white" if all_failed else color, mec=color, elinewidth=1.2, label=label, zorder=3)
+        ax.errorbar(
+            xs,
+            y,
+            yerr=err,
+            ls="none",
+            marker=marker,
+            color=color,
+            ms=7 if marker == "*" else 5,
+            mfc="white" if all_failed else color,
+            mec=color,
+            elinewidth=1.2,
+            label=label,
+            zorder=3,
+        )
         for x in np.flatnonzero(failed & np.isfinite(y)):
             # An open marker where it fails: a fast wrong answer must not read as a result.
             ax.plot([xs[x]], [y[x]], marker=marker, color=color, mfc="white", ls="none", zorder=4)
-        records += [{"panel": "history", "series": impl, "x": r, "y": float(v), "lo": float(a), "hi": float(b)}
-                    for r, v, a, b in zip(runs, y, lo, hi) if np.isfinite(v)]
+        records += [
+            {"panel": "history", "series": impl, "x": r, "y": float(v), "lo": float(a), "hi": float(b)}
+            for r, v, a, b in zip(runs, y, lo, hi)
+            if np.isfinite(v)
+        ]
     ticks = []
     for r in runs:
         utc = str(first.loc[r, "utc"]) if "utc" in first and pd.notna(first.loc[r, "utc"]) else ""
@@ -731,8 +858,14 @@ def history_plot(history: pd.DataFrame, footer: str = "", title: str = "Geometri
     boxes = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()]
     if any(a.x1 > b.x0 for a, b in zip(boxes, boxes[1:])):
         # Too many runs for level labels: one line each, slanted, so neighbours clear each other.
-        ax.set_xticks(range(len(runs)), [t.replace("\n", " ") for t in ticks], fontsize=MIN_FONT_PT, rotation=45,
-                      ha="right", rotation_mode="anchor")
+        ax.set_xticks(
+            range(len(runs)),
+            [t.replace("\n", " ") for t in ticks],
+            fontsize=MIN_FONT_PT,
+            rotation=45,
+            ha="right",
+            rotation_mode="anchor",
+        )
         fig.set_figheight(fig.get_figheight() + 1.0)  # room for the slanted labels, not taken from the plot
     ax.set_xlim(-0.5, len(runs) - 0.5)
     ax.set_ylabel("geometric-mean median latency (ms)")
@@ -740,24 +873,38 @@ def history_plot(history: pd.DataFrame, footer: str = "", title: str = "Geometri
     ax.set_title(title)
     ax.grid(True, axis="y", lw=0.3, alpha=0.5)
     fig.tight_layout()
-    note = (f"each point: geometric mean over the {int(per_run.max())} cases of one run; whiskers: p20-p80 of "
-            "the timed iterations per case (geometric mean); one run per point")
+    note = (
+        f"each point: geometric mean over the {int(per_run.max())} cases of one run; whiskers: p20-p80 of "
+        "the timed iterations per case (geometric mean); one run per point"
+    )
     if len(partial):
-        note += "\nleft out (fewer cases, not comparable): " + ", ".join(
-            f"{r} ({int(c)} cases)" for r, c in partial.items())
+        note += "\nleft out (fewer cases, not comparable): " + ", ".join(f"{r} ({int(c)} cases)" for r, c in partial.items())
     return _finish_panels(fig, records, footer, ax, ncol=2, note=note)
 
 
 #: Labels of the training-step variants (``swiglu_lab.research.train_step``'s names).
-STEP_LABELS = {"plain": "nn.Linear (eager)", "compile": "torch.compile(nn.Linear)",
-               "saved": "ours, activated_gate saved", "lean": "ours, memory-lean",
-               "lean_cublas": "ours, memory-lean, cuBLAS forward"}
-STEP_STYLE = {"plain": ("#4d4d4d", "o"), "compile": ("#1f77b4", "s"), "saved": ("#ff7f0e", "D"),
-              "lean": ("#d62728", "*"), "lean_cublas": ("#9467bd", "v")}
+STEP_LABELS = {
+    "plain": "nn.Linear (eager)",
+    "compile": "torch.compile(nn.Linear)",
+    "saved": "ours, activated_gate saved",
+    "lean": "ours, memory-lean",
+    "lean_cublas": "ours, memory-lean, cuBLAS forward",
+}
+STEP_STYLE = {
+    "plain": ("#4d4d4d", "o"),
+    "compile": ("#1f77b4", "s"),
+    "saved": ("#ff7f0e", "D"),
+    "lean": ("#d62728", "*"),
+    "lean_cublas": ("#9467bd", "v"),
+}
 
 
-def training_step_plot(steps: pd.DataFrame, runs: pd.DataFrame | None = None, footer: str = "",
-                       title: str = "Training step (forward + backward) of one MLP layer") -> Figure:
+def training_step_plot(
+    steps: pd.DataFrame,
+    runs: pd.DataFrame | None = None,
+    footer: str = "",
+    title: str = "Training step (forward + backward) of one MLP layer",
+) -> Figure:
     """Three panels over the token counts T (categories), one marker per variant side by side:
     step speed-up over nn.Linear (x) with min-max whiskers over the recorded ``runs`` (all
     runs' step rows with a ``run_id`` column; none: no whiskers), saved activations per layer
@@ -807,10 +954,19 @@ def training_step_plot(steps: pd.DataFrame, runs: pd.DataFrame | None = None, fo
     ax_p.set_ylabel("GB")
     if "floor_bytes" in steps and steps["floor_bytes"].notna().any():
         floor = steps.groupby("tokens")["floor_bytes"].max().reindex(tokens).to_numpy(float) / 1e9
-        ax_p.hlines(floor, np.arange(len(tokens)) - 0.45, np.arange(len(tokens)) + 0.45, color="k", lw=1.2,
-                    label="floor: weights, inputs, output, all gradients + one [T, I]", zorder=2)
-        records += [{"panel": "peak", "series": "floor", "x": t, "y": float(f), "lo": math.nan, "hi": math.nan}
-                    for t, f in zip(tokens, floor)]
+        ax_p.hlines(
+            floor,
+            np.arange(len(tokens)) - 0.45,
+            np.arange(len(tokens)) + 0.45,
+            color="k",
+            lw=1.2,
+            label="floor: weights, inputs, output, all gradients + one [T, I]",
+            zorder=2,
+        )
+        records += [
+            {"panel": "peak", "series": "floor", "x": t, "y": float(f), "lo": math.nan, "hi": math.nan}
+            for t, f in zip(tokens, floor)
+        ]
     for ax in axes:
         ax.set_xticks(range(len(tokens)), [f"T={t}" for t in tokens])
         ax.set_xlim(-0.6, len(tokens) - 0.4)
@@ -821,20 +977,35 @@ def training_step_plot(steps: pd.DataFrame, runs: pd.DataFrame | None = None, fo
     h2, l2 = ax_p.get_legend_handles_labels()
     handles += [h for h, lab in zip(h2, l2) if lab.startswith("floor")]
     labels += [lab for lab in l2 if lab.startswith("floor")]
-    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), ncol=2, frameon=False,
-               fontsize=MIN_FONT_PT)
-    note = (f"speed-up whiskers: min-max over the {n_runs} recorded runs (their code differs: see each run's commit); "
-            "marker: the latest run" if n_runs > 1 else "one run: no spread recorded (medians of the timed steps)")
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), ncol=2, frameon=False, fontsize=MIN_FONT_PT)
+    note = (
+        f"speed-up whiskers: min-max over the {n_runs} recorded runs (their code differs: see each run's commit); "
+        "marker: the latest run"
+        if n_runs > 1
+        else "one run: no spread recorded (medians of the timed steps)"
+    )
     note += "; memory: the allocator's exact peak and saved bytes of the latest run (no spread)"
     return _finish_panels(fig, records, footer, note="\n".join(textwrap.wrap(note, 130)))
 
 
-HF_LABELS = {"swiglu": "ours (swiglu_hf.apply)", "swiglu_pdl": "ours, PDL", "swiglu_nopdl": "ours, PDL off",
-             "swiglu_reuse": "ours, reusing saved buffers", "liger": "Liger's SwiGLU MLP",
-             "swiglu+compile": "ours + torch.compile", "unpatched+compile": "unpatched + torch.compile"}
-HF_STYLE = {"swiglu": ("#d62728", "*"), "swiglu_pdl": ("#e377c2", "P"), "swiglu_nopdl": ("#7f7f7f", "x"),
-            "swiglu_reuse": ("#9467bd", "v"), "liger": ("#ff7f0e", "^"), "swiglu+compile": ("#8c564b", "D"),
-            "unpatched+compile": ("#1f77b4", "s")}
+HF_LABELS = {
+    "swiglu": "ours (swiglu_hf.apply)",
+    "swiglu_pdl": "ours, PDL",
+    "swiglu_nopdl": "ours, PDL off",
+    "swiglu_reuse": "ours, reusing saved buffers",
+    "liger": "Liger's SwiGLU MLP",
+    "swiglu+compile": "ours + torch.compile",
+    "unpatched+compile": "unpatched + torch.compile",
+}
+HF_STYLE = {
+    "swiglu": ("#d62728", "*"),
+    "swiglu_pdl": ("#e377c2", "P"),
+    "swiglu_nopdl": ("#7f7f7f", "x"),
+    "swiglu_reuse": ("#9467bd", "v"),
+    "liger": ("#ff7f0e", "^"),
+    "swiglu+compile": ("#8c564b", "D"),
+    "unpatched+compile": ("#1f77b4", "s"),
+}
 #: The step speed-up the Hugging Face goal asks for (a dashed line in ``hf_step_plot``).
 HF_TARGET = 1.05
 #: ``hf_step_plot``'s y-axis top: a compiled model's speed-up over the eager one where the host is
@@ -843,8 +1014,9 @@ HF_TARGET = 1.05
 HF_YMAX = 1.3
 
 
-def hf_step_plot(runs: pd.DataFrame, footer: str = "",
-                 title: str = "Hugging Face training step: speed-up over the unpatched model") -> Figure:
+def hf_step_plot(
+    runs: pd.DataFrame, footer: str = "", title: str = "Hugging Face training step: speed-up over the unpatched model"
+) -> Figure:
     """One panel per model shape (``hf_step.load_runs``' ``shape``), the recorded runs in date order
     along x (labelled by commit): each variant's step speed-up over the same run's unpatched model,
     filled where the run timed the variants side by side, hollow where one after the other. A grey
@@ -853,8 +1025,9 @@ def hf_step_plot(runs: pd.DataFrame, footer: str = "",
     runs = runs[runs["variant"] != "unpatched"]
     shapes = list(runs.groupby("shape")["run"].nunique().sort_values(ascending=False).index)
     widths = [max(4, runs[runs["shape"] == sh]["run"].nunique()) for sh in shapes]
-    fig, axes = plt.subplots(1, len(shapes), figsize=(MAX_WIDTH_IN, 4.2), squeeze=False,
-                             gridspec_kw={"width_ratios": widths}, sharey=True)
+    fig, axes = plt.subplots(
+        1, len(shapes), figsize=(MAX_WIDTH_IN, 4.2), squeeze=False, gridspec_kw={"width_ratios": widths}, sharey=True
+    )
     records: list = []
     for ax, shape in zip(axes[0], shapes):
         part = runs[runs["shape"] == shape]
@@ -869,16 +1042,32 @@ def hf_step_plot(runs: pd.DataFrame, footer: str = "",
             y = d["speedup"].to_numpy(float)
             shown = np.minimum(y, HF_YMAX - 0.01)
             for mask, fill in ((side, color), (~side, "white")):
-                ax.plot(pos[mask], shown[mask], ls="none", marker=marker, color=color, mfc=fill, mec=color,
-                        ms=6 if marker != "*" else 8, label=HF_LABELS.get(v, v) if fill == color else None, zorder=3)
+                ax.plot(
+                    pos[mask],
+                    shown[mask],
+                    ls="none",
+                    marker=marker,
+                    color=color,
+                    mfc=fill,
+                    mec=color,
+                    ms=6 if marker != "*" else 8,
+                    label=HF_LABELS.get(v, v) if fill == color else None,
+                    zorder=3,
+                )
             for xx, yy in zip(pos, y):
                 if yy >= HF_YMAX:  # on the top edge, its value beside it (two variants' labels stacked)
-                    ax.annotate(f"{yy:.2f}x", (xx, HF_YMAX - 0.01), xytext=(0, -12 - 10 * (k % 2)),
-                                textcoords="offset points", ha="center", fontsize=MIN_FONT_PT, color=color)
+                    ax.annotate(
+                        f"{yy:.2f}x",
+                        (xx, HF_YMAX - 0.01),
+                        xytext=(0, -12 - 10 * (k % 2)),
+                        textcoords="offset points",
+                        ha="center",
+                        fontsize=MIN_FONT_PT,
+                        color=color,
+                    )
             for run, yy in zip(order, y):
                 if not np.isnan(yy):
-                    records.append({"panel": shape, "series": v, "x": run, "y": float(yy), "lo": math.nan,
-                                    "hi": math.nan})
+                    records.append({"panel": shape, "series": v, "x": run, "y": float(yy), "lo": math.nan, "hi": math.nan})
         ax.axhline(1.0, color="0.5", lw=0.8)
         ax.axhline(HF_TARGET, color="0.3", lw=0.8, ls="--")
         commits = [part.loc[part["run"] == r, "commit"].iloc[0] or r.split("/")[0][-7:] for r in order]
@@ -891,15 +1080,19 @@ def hf_step_plot(runs: pd.DataFrame, footer: str = "",
     axes[0][0].plot([], [], ls="--", color="0.3", lw=0.8, label=f"the goal, {HF_TARGET:.2f}x")
     fig.suptitle(title)
     fig.tight_layout()
-    note = ("filled: eager variants timed side by side in rotated blocks (one process); hollow: one after the other, "
-            "where the machine's CPU drift moved the same code by up to 10%; each run's own unpatched model is 1.0x; "
-            "x: the runs in date order, by commit (at dc30132 ours ran with PDL, mode 1, beside 'PDL off')")
+    note = (
+        "filled: eager variants timed side by side in rotated blocks (one process); hollow: one after the other, "
+        "where the machine's CPU drift moved the same code by up to 10%; each run's own unpatched model is 1.0x; "
+        "x: the runs in date order, by commit (at dc30132 ours ran with PDL, mode 1, beside 'PDL off')"
+    )
     return _finish_panels(fig, records, footer, legend_axes=list(axes[0]), ncol=4, note=note)
 
 
-def long_seq_plot(table: pd.DataFrame, footer: str = "",
-                  title: str = "Full-depth Llama-3-8B shape on one GPU: memory and speed against sequence length"
-                  ) -> Figure:
+def long_seq_plot(
+    table: pd.DataFrame,
+    footer: str = "",
+    title: str = "Full-depth Llama-3-8B shape on one GPU: memory and speed against sequence length",
+) -> Figure:
     """Left: peak memory of a step against sequence length without activation checkpointing
     (``hf_step.load_long_seq`` rows), each variant's points joined, an x at a length that ran out
     of memory. Right: tokens/s at the lengths timed side by side, the stock model with
@@ -917,31 +1110,50 @@ def long_seq_plot(table: pd.DataFrame, footer: str = "",
         oom = sorted(set(part[part["oom"]]["seq_len"]))
         top = float(plain["peak_gib"].max())
         ax.plot([s / 1024 for s in oom], [top * 1.02] * len(oom), ls="none", marker="x", color=color, ms=6)
-        records += [{"panel": "peak", "series": variant, "x": int(s), "y": float(y), "lo": math.nan, "hi": math.nan}
-                    for s, y in ok.items()]
+        records += [
+            {"panel": "peak", "series": variant, "x": int(s), "y": float(y), "lo": math.nan, "hi": math.nan}
+            for s, y in ok.items()
+        ]
     ax.set_xlabel("sequence length (thousand tokens)")
     ax.set_ylabel("peak GiB of a step (weights, gradients, AdamW included)")
     ax.set_title("no checkpointing (x: out of memory)", fontsize=MIN_FONT_PT + 1)
     ax.grid(True, lw=0.3, alpha=0.5)
-    timed = table[table["tokens_per_s"].notna() & (table["run"].isin(
-        table[table["activation_checkpointing"]]["run"]))]
+    timed = table[table["tokens_per_s"].notna() & (table["run"].isin(table[table["activation_checkpointing"]]["run"]))]
     timed = timed[timed["seq_len"].isin(set(table[table["activation_checkpointing"]]["seq_len"]))]
     lengths = sorted(set(timed["seq_len"]))
-    series = [("unpatched", True, "stock + checkpointing"), ("swiglu", False, "ours, no checkpointing"),
-              ("liger", False, "Liger, no checkpointing")]
+    series = [
+        ("unpatched", True, "stock + checkpointing"),
+        ("swiglu", False, "ours, no checkpointing"),
+        ("liger", False, "Liger, no checkpointing"),
+    ]
     width = 0.8 / len(series)
     for k, (variant, ckpt, label) in enumerate(series):
         color = styles.get(variant, ("0.4", "o"))[0] if not ckpt else "0.55"
-        ys = [timed[(timed["variant"] == variant) & (timed["activation_checkpointing"] == ckpt)
-                    & (timed["seq_len"] == s)]["tokens_per_s"].max() for s in lengths]
+        ys = [
+            timed[(timed["variant"] == variant) & (timed["activation_checkpointing"] == ckpt) & (timed["seq_len"] == s)][
+                "tokens_per_s"
+            ].max()
+            for s in lengths
+        ]
         pos = np.arange(len(lengths)) + (k - (len(series) - 1) / 2) * width
         bx.bar(pos, [0 if np.isnan(y) else y for y in ys], width, color=color, label=label)
         for xx, y in zip(pos, ys):
             if np.isnan(y):
-                bx.annotate("OOM", (xx, 0), xytext=(0, 3), textcoords="offset points", ha="center",
-                            fontsize=MIN_FONT_PT, color=color, rotation=90)
-        records += [{"panel": "tokens_per_s", "series": label, "x": int(s), "y": float(y), "lo": math.nan,
-                     "hi": math.nan} for s, y in zip(lengths, ys) if not np.isnan(y)]
+                bx.annotate(
+                    "OOM",
+                    (xx, 0),
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=MIN_FONT_PT,
+                    color=color,
+                    rotation=90,
+                )
+        records += [
+            {"panel": "tokens_per_s", "series": label, "x": int(s), "y": float(y), "lo": math.nan, "hi": math.nan}
+            for s, y in zip(lengths, ys)
+            if not np.isnan(y)
+        ]
     bx.set_xticks(range(len(lengths)), [f"{s:,}" for s in lengths])
     bx.set_xlabel("sequence length (tokens)")
     bx.set_ylabel("tokens/s")
@@ -957,8 +1169,13 @@ def tp_timeline_plot(events: pd.DataFrame, footer: str = "", title: str = "Per-r
     from its start to its end (``swiglu_lab.bench.timeline`` rows of one case, aligned), compute and
     communication in two colours, the communication no compute covered in the panel's title."""
     variants = list(dict.fromkeys(events["variant"]))
-    fig, axes = plt.subplots(len(variants), 1, figsize=(11, 1.1 + 1.0 * len(variants) * max(1, events["rank"].nunique()) / 2),
-                             sharex=True, squeeze=False)
+    fig, axes = plt.subplots(
+        len(variants),
+        1,
+        figsize=(11, 1.1 + 1.0 * len(variants) * max(1, events["rank"].nunique()) / 2),
+        sharex=True,
+        squeeze=False,
+    )
     stats = timeline.summary(events).groupby("variant")[["exposed_comm_us", "span_us"]].max()
     colours = {"compute": "#1f77b4", "comm": "#d62728"}
     for ax, variant in zip(axes[:, 0], variants):
@@ -968,13 +1185,21 @@ def tp_timeline_plot(events: pd.DataFrame, footer: str = "", title: str = "Per-r
             for kind, colour in colours.items():
                 rows = part[(part["rank"] == rank) & (part["kind"] == kind)]
                 spans = list(zip(rows["start_us"] / 1e3, (rows["end_us"] - rows["start_us"]) / 1e3))
-                ax.broken_barh(spans, (i + (0.05 if kind == "compute" else 0.5), 0.45), facecolors=colour,
-                               label=kind if (i == 0 and ax is axes[0, 0]) else None)
+                ax.broken_barh(
+                    spans,
+                    (i + (0.05 if kind == "compute" else 0.5), 0.45),
+                    facecolors=colour,
+                    label=kind if (i == 0 and ax is axes[0, 0]) else None,
+                )
         ax.set_yticks([i + 0.5 for i in range(len(ranks))], [f"rank {r}" for r in ranks])
         ax.set_ylim(0, len(ranks))
         st = stats.loc[variant]
-        ax.set_title(f"{variant}: span {st['span_us'] / 1e3:.3f} ms, communication not covered by compute "
-                     f"{st['exposed_comm_us'] / 1e3:.3f} ms (worst rank)", fontsize=9, loc="left")
+        ax.set_title(
+            f"{variant}: span {st['span_us'] / 1e3:.3f} ms, communication not covered by compute "
+            f"{st['exposed_comm_us'] / 1e3:.3f} ms (worst rank)",
+            fontsize=9,
+            loc="left",
+        )
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("ms from the start of the backward")
     fig.suptitle(title)
@@ -1001,8 +1226,13 @@ ROLE_COLORS = {
 }
 
 
-def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = None, base: str | None = None,
-                          footer: str = "", title: str = "Where one backward's time goes, kernel by kernel") -> Figure:
+def kernel_breakdown_plot(
+    kernels: pd.DataFrame,
+    impls: Sequence[str] | None = None,
+    base: str | None = None,
+    footer: str = "",
+    title: str = "Where one backward's time goes, kernel by kernel",
+) -> Figure:
     """Stacked bars per token count, one bar per implementation, as tall as its timed median:
     first the timed median minus the profiled kernels' busy time, split into the GPU idle time
     the profiled loop measured (lead + gaps, where the run has ``gaps_ms``) and the rest, then
@@ -1039,19 +1269,29 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
             # Kernel times are the profiled calls'; each kernel's share of them fills the rest of
             # the timed median (the profiled busy time can exceed it by a few percent).
             share = (total - idle) / rows["ms"].sum() if rows["ms"].sum() > 0 else 0.0
-            segments = split + [(IDLE, idle - sum(ms for _, ms in split))] + [
-                (role, ms * share) for role, ms in zip(rows["role"], rows["ms"])]
+            segments = (
+                split
+                + [(IDLE, idle - sum(ms for _, ms in split))]
+                + [(role, ms * share) for role, ms in zip(rows["role"], rows["ms"])]
+            )
             bottom = 0.0
             x = xi + (j - (len(impls) - 1) / 2) * width
             for role, ms in segments:
                 height = ms / scale
-                ax.bar(x, height, width * 0.92, bottom=bottom, color=ROLE_COLORS.get(role, "#7f7f7f"),
-                       edgecolor="0.3", linewidth=0.4, label=role if role not in seen else None)
+                ax.bar(
+                    x,
+                    height,
+                    width * 0.92,
+                    bottom=bottom,
+                    color=ROLE_COLORS.get(role, "#7f7f7f"),
+                    edgecolor="0.3",
+                    linewidth=0.4,
+                    label=role if role not in seen else None,
+                )
                 seen.add(role)
                 records.append(dict(panel="breakdown", series=f"{impl}: {role}", x=t, y=bottom + height, lo=bottom, hi=ms))
                 bottom += height
-            ax.text(x, bottom + 0.01, "ours" if impl == "triton" else impl, rotation=90, ha="center", va="bottom",
-                    fontsize=8)
+            ax.text(x, bottom + 0.01, "ours" if impl == "triton" else impl, rotation=90, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(tokens)), [str(t) if bases[t] == base else f"{t}\n(vs {bases[t]})" for t in tokens])
     ax.set_xlabel("tokens T")
     ax.set_ylabel(f"time / {base}'s timed median (ours = triton)")
@@ -1065,8 +1305,11 @@ def kernel_breakdown_plot(kernels: pd.DataFrame, impls: Sequence[str] | None = N
     looped = "gaps_ms" in k and k["gaps_ms"].notna().any()
     how = "in a loop like the timed one" if looped else "each flushed and synchronized"
     fig.tight_layout()
-    add_footer(fig, f"Bar height: the timed median (the benchmark's protocol); kernels: their shares of the kernel time "
-                    f"torch.profiler measured, median of {calls} calls per bar ({how}). {footer}")
+    add_footer(
+        fig,
+        f"Bar height: the timed median (the benchmark's protocol); kernels: their shares of the kernel time "
+        f"torch.profiler measured, median of {calls} calls per bar ({how}). {footer}",
+    )
     fig.plotted = pd.DataFrame(records, columns=PLOTTED_COLUMNS)
     return fig
 
@@ -1106,8 +1349,7 @@ def finish(fig: Figure, name: str, figures_dir: str | Path, formats: Sequence[st
     plotted_dir = os.environ.get(PLOTTED_DIR_ENV)
     if plotted_dir:
         Path(plotted_dir).mkdir(parents=True, exist_ok=True)
-        getattr(fig, "plotted", pd.DataFrame(columns=PLOTTED_COLUMNS)).to_csv(Path(plotted_dir) / f"{name}.csv",
-                                                                              index=False)
+        getattr(fig, "plotted", pd.DataFrame(columns=PLOTTED_COLUMNS)).to_csv(Path(plotted_dir) / f"{name}.csv", index=False)
     paths = save(fig, name, figures_dir, formats)
     print(f"saved {name}.{{{','.join(p.suffix[1:] for p in paths)}}} in {display_path(figures_dir)}")
     show(fig)

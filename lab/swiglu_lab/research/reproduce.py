@@ -41,8 +41,7 @@ from pathlib import Path
 from ..paths import repo_root
 
 #: The notebooks, in execution order (file stems under notebooks/).
-NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history", "05_tensor_parallel", "06_training_memory",
-             "07_moe")
+NOTEBOOKS = ("01_roofline", "02_validation", "03_latency", "04_history", "05_tensor_parallel", "06_training_memory", "07_moe")
 #: Notebooks that wait for their first recorded GPU run: ``make reproduce`` leaves them out (so a
 #: run writes no placeholder figure to commit), ``--only`` still runs them. With the run committed,
 #: the notebook moves into ``NOTEBOOKS`` (and its figures, tables and outputs are committed).
@@ -93,8 +92,7 @@ def parameter_names(notebook: str | Path) -> list[str]:
     for cell in book["cells"]:
         if cell["cell_type"] == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
             tree = ast.parse("".join(cell["source"]))
-            return [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
-                    if isinstance(t, ast.Name)]
+            return [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)]
     raise ValueError(f"{notebook} has no cell tagged 'parameters'")
 
 
@@ -179,6 +177,7 @@ def execute_papermill(src: Path, out: Path, params: dict, cwd: Path) -> None:
     # The kernel talks to papermill over Unix sockets in a temporary folder, not TCP (over TCP
     # ipykernel warns, once per notebook, that the traffic is unencrypted).
     with tempfile.TemporaryDirectory(prefix="swiglu-kernel-") as sockets:
+
         class IPCKernelManager(AsyncKernelManager):
             def __init__(self, **kwargs):
                 super().__init__(**kwargs)
@@ -186,8 +185,14 @@ def execute_papermill(src: Path, out: Path, params: dict, cwd: Path) -> None:
                 self.ip = str(Path(sockets) / "kernel")
 
         papermill.execute_notebook(
-            str(src), str(out), parameters=params, kernel_name="python3", cwd=str(cwd),
-            progress_bar=False, log_output=False, kernel_manager_class=IPCKernelManager,
+            str(src),
+            str(out),
+            parameters=params,
+            kernel_name="python3",
+            cwd=str(cwd),
+            progress_bar=False,
+            log_output=False,
+            kernel_manager_class=IPCKernelManager,
         )
 
 
@@ -232,7 +237,9 @@ def execute_python(src: Path, out: Path, params: dict, cwd: Path, echo: bool = F
                 raise RuntimeError(f"{src.name} cell {k} failed: {type(exc).__name__}: {exc}") from exc
             finally:
                 cell["execution_count"] = count
-                cell["outputs"] = [{"name": "stdout", "output_type": "stream", "text": buffer.getvalue()}] if buffer.getvalue() else []
+                cell["outputs"] = (
+                    [{"name": "stdout", "output_type": "stream", "text": buffer.getvalue()}] if buffer.getvalue() else []
+                )
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps(book, indent=1))
     finally:
@@ -279,20 +286,31 @@ def run(
     from tqdm import tqdm
 
     root = Path(root) if root else repo_root()
-    subset = bool(only or run_id or protocol != "full" or Path(bench_dir) != Path("data/bench")
-                  or Path(tp_dir) != Path("data/tp"))
+    subset = bool(
+        only or run_id or protocol != "full" or Path(bench_dir) != Path("data/bench") or Path(tp_dir) != Path("data/tp")
+    )
     base = Path("build/smoke") if smoke else (SUBSET_DIR if subset and not overwrite else Path())
     figures_dir = Path(figures_dir) if figures_dir else base / "figures"
     derived_dir = Path(derived_dir) if derived_dir else base / ("data/derived" if base == Path() else "derived")
     # The committed folders: only then do the documents in the clone follow (else the docs folder under build).
-    committed = all((p if p.is_absolute() else root / p).resolve() == (root / q).resolve()
-                    for p, q in ((figures_dir, "figures"), (derived_dir, "data/derived")))
+    committed = all(
+        (p if p.is_absolute() else root / p).resolve() == (root / q).resolve()
+        for p, q in ((figures_dir, "figures"), (derived_dir, "data/derived"))
+    )
     docs_target = root if committed else root / (base if base != Path() else SUBSET_DIR) / "docs"
     build_dir = Path(build_dir) if build_dir else (base / "notebooks" if smoke else Path("build/notebooks"))
     scratch_figures_dir = figures_dir if smoke else Path("build/figures")
-    absolute = {k: (p if p.is_absolute() else root / p) for k, p in
-                {"figures": figures_dir, "derived": derived_dir, "build": build_dir, "bench": Path(bench_dir),
-                 "scratch": scratch_figures_dir, "tp": Path(tp_dir)}.items()}
+    absolute = {
+        k: (p if p.is_absolute() else root / p)
+        for k, p in {
+            "figures": figures_dir,
+            "derived": derived_dir,
+            "build": build_dir,
+            "bench": Path(bench_dir),
+            "scratch": scratch_figures_dir,
+            "tp": Path(tp_dir),
+        }.items()
+    }
     if engine == "auto":
         engine = "papermill" if _papermill_available() else "python"
     if engine not in ("papermill", "python"):
@@ -312,10 +330,19 @@ def run(
         bar.set_postfix_str(src.stem)
         out = absolute["build"] / src.name
         params = notebook_parameters(
-            src.stem, smoke=smoke, live=live, device=device, bench_dir=absolute["bench"], run_id=run_id,
-            protocol=protocol, figures_dir=absolute["figures"], derived_dir=absolute["derived"],
-            scratch_figures_dir=absolute["scratch"], declared=parameter_names(src),
-            tp_dir=absolute["tp"], overwrite=overwrite,
+            src.stem,
+            smoke=smoke,
+            live=live,
+            device=device,
+            bench_dir=absolute["bench"],
+            run_id=run_id,
+            protocol=protocol,
+            figures_dir=absolute["figures"],
+            derived_dir=absolute["derived"],
+            scratch_figures_dir=absolute["scratch"],
+            declared=parameter_names(src),
+            tp_dir=absolute["tp"],
+            overwrite=overwrite,
         )
         for name in DERIVED.get(src.stem, ()):  # this notebook's tables of an earlier run
             (absolute["derived"] / name).unlink(missing_ok=True)
@@ -328,11 +355,16 @@ def run(
             results.append(Result(src.stem, True, time.perf_counter() - start, out))
         except Exception as exc:  # noqa: BLE001 - report and go on with the next notebook
             message = str(exc).strip().splitlines()
-            results.append(Result(src.stem, False, time.perf_counter() - start, out,
-                                  f"{type(exc).__name__}: {message[-1] if message else ''}"))
+            results.append(
+                Result(
+                    src.stem, False, time.perf_counter() - start, out, f"{type(exc).__name__}: {message[-1] if message else ''}"
+                )
+            )
         r = results[-1]
-        bar.write(f"{'ok  ' if r.ok else 'FAIL'} {r.name:15s} {r.seconds:7.1f} s  -> {_rel(out, root)}"
-                  + (f"\n     {r.error}" if r.error else ""))
+        bar.write(
+            f"{'ok  ' if r.ok else 'FAIL'} {r.name:15s} {r.seconds:7.1f} s  -> {_rel(out, root)}"
+            + (f"\n     {r.error}" if r.error else "")
+        )
     bar.close()
     if docs is None:
         docs = not smoke and committed and (overwrite or len(notebooks) == len(NOTEBOOKS))
@@ -340,8 +372,10 @@ def run(
         from . import docs_tables
 
         changed = docs_tables.update(root, absolute["derived"], absolute["bench"], docs_target)
-        print(f"docs: {len(changed)} file(s) updated from {_rel(absolute['derived'], root)}"
-              + (f": {', '.join(_rel(p, root) for p in changed)}" if changed else ""))
+        print(
+            f"docs: {len(changed)} file(s) updated from {_rel(absolute['derived'], root)}"
+            + (f": {', '.join(_rel(p, root) for p in changed)}" if changed else "")
+        )
     return results
 
 
@@ -353,29 +387,54 @@ def _rel(path: Path, root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swiglu_lab.research.reproduce", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m swiglu_lab.research.reproduce",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--smoke", action="store_true", help="fast CI configuration (tiny sizes, outputs under build/smoke/)")
-    parser.add_argument("--live", action="store_true", help="re-measure latency on the GPU (python -m swiglu_lab.bench) instead of reading data/bench/")
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="re-measure latency on the GPU (python -m swiglu_lab.bench) instead of reading data/bench/",
+    )
     parser.add_argument("--only", default=None, help=f"comma-separated notebooks by name, number or part: {', '.join(NOTEBOOKS)}")
     parser.add_argument("--device", default="auto", help="auto (cuda when present), cuda or cpu")
     parser.add_argument("--run-id", default="", help="recorded bench run to plot (default: the latest full-protocol run)")
-    parser.add_argument("--protocol", default="full", help="plot the latest run of this bench protocol: full (default), quick, cpu-smoke")
+    parser.add_argument(
+        "--protocol", default="full", help="plot the latest run of this bench protocol: full (default), quick, cpu-smoke"
+    )
     parser.add_argument("--bench-dir", default="data/bench", help="recorded bench runs (default: data/bench)")
     parser.add_argument("--tp-dir", default="data/tp", help="recorded tensor-parallel runs (default: data/tp)")
-    parser.add_argument("--figures-dir", default=None,
-                        help="default: figures/ (build/smoke/figures/ with --smoke, build/reproduce/figures/ for a subset)")
-    parser.add_argument("--derived-dir", default=None,
-                        help="default: data/derived/ (build/smoke/derived/ with --smoke, build/reproduce/derived/ for a subset)")
+    parser.add_argument(
+        "--figures-dir",
+        default=None,
+        help="default: figures/ (build/smoke/figures/ with --smoke, build/reproduce/figures/ for a subset)",
+    )
+    parser.add_argument(
+        "--derived-dir",
+        default=None,
+        help="default: data/derived/ (build/smoke/derived/ with --smoke, build/reproduce/derived/ for a subset)",
+    )
     parser.add_argument("--build-dir", default=None, help="executed notebooks; default: build/notebooks/")
-    parser.add_argument("--engine", default="auto", choices=["auto", "papermill", "python"],
-                        help="papermill when installed, else python (cells run in this process)")
+    parser.add_argument(
+        "--engine",
+        default="auto",
+        choices=["auto", "papermill", "python"],
+        help="papermill when installed, else python (cells run in this process)",
+    )
     parser.add_argument("--verbose", action="store_true", help="python engine: also print each cell's output here")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="with --only/--run-id/--protocol/--bench-dir/--tp-dir: write into figures/, data/derived/ "
-                        "and the docs anyway (default: build/reproduce/)")
-    parser.add_argument("--strip-outputs", action="store_true",
-                        help="rewrite notebooks/*.ipynb in their committed form (no outputs, no volatile metadata), run nothing")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --only/--run-id/--protocol/--bench-dir/--tp-dir: write into figures/, data/derived/ "
+        "and the docs anyway (default: build/reproduce/)",
+    )
+    parser.add_argument(
+        "--strip-outputs",
+        action="store_true",
+        help="rewrite notebooks/*.ipynb in their committed form (no outputs, no volatile metadata), run nothing",
+    )
     parser.add_argument("--list", action="store_true", help="list the notebooks and their parameters, run nothing")
     args = parser.parse_args(argv)
     root = repo_root()
@@ -389,16 +448,31 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     start = time.perf_counter()
     try:
-        results = run(args.only, smoke=args.smoke, live=args.live, device=args.device, bench_dir=args.bench_dir,
-                      run_id=args.run_id, protocol=args.protocol, figures_dir=args.figures_dir, derived_dir=args.derived_dir,
-                      build_dir=args.build_dir, tp_dir=args.tp_dir, engine=args.engine, root=root, verbose=args.verbose,
-                      overwrite=args.overwrite)
+        results = run(
+            args.only,
+            smoke=args.smoke,
+            live=args.live,
+            device=args.device,
+            bench_dir=args.bench_dir,
+            run_id=args.run_id,
+            protocol=args.protocol,
+            figures_dir=args.figures_dir,
+            derived_dir=args.derived_dir,
+            build_dir=args.build_dir,
+            tp_dir=args.tp_dir,
+            engine=args.engine,
+            root=root,
+            verbose=args.verbose,
+            overwrite=args.overwrite,
+        )
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     failed = [r for r in results if not r.ok]
-    print(f"{len(results) - len(failed)}/{len(results)} notebooks ran in {time.perf_counter() - start:.1f} s"
-          + (f"; FAILED: {', '.join(r.name for r in failed)} (see the executed notebooks)" if failed else ""))
+    print(
+        f"{len(results) - len(failed)}/{len(results)} notebooks ran in {time.perf_counter() - start:.1f} s"
+        + (f"; FAILED: {', '.join(r.name for r in failed)} (see the executed notebooks)" if failed else "")
+    )
     return 1 if failed else 0
 
 

@@ -49,9 +49,12 @@ def load_tp_run(tp_dir: str | Path, run_id: str = "") -> TPRun | None:
     ``run_id`` given (comma-separated for several): those runs only, merged the same way; the
     ``run_id`` of the result names every merged run. Raises ``ValueError`` for an unknown id."""
     tp_dir = Path(tp_dir)
-    csvs = sorted(p for p in tp_dir.glob("tp_*.csv") if not p.name.endswith(("_check.csv", "_timeline.csv"))) \
-        if tp_dir.is_dir() else []
-    ids = [p.stem[len("tp_"):] for p in csvs]
+    csvs = (
+        sorted(p for p in tp_dir.glob("tp_*.csv") if not p.name.endswith(("_check.csv", "_timeline.csv")))
+        if tp_dir.is_dir()
+        else []
+    )
+    ids = [p.stem[len("tp_") :] for p in csvs]
     if run_id:
         wanted = [r.strip() for r in run_id.split(",") if r.strip()]
         missing = [r for r in wanted if r not in ids]
@@ -60,13 +63,14 @@ def load_tp_run(tp_dir: str | Path, run_id: str = "") -> TPRun | None:
         csvs = [p for p, i in zip(csvs, ids) if i in wanted]
     if not csvs:
         return None
-    frames = {p.stem[len("tp_"):]: pd.read_csv(p) for p in csvs}
+    frames = {p.stem[len("tp_") :]: pd.read_csv(p) for p in csvs}
     # A run of the check part alone times nothing (an empty CSV): it contributes its correctness
     # records, never rows (an empty frame would turn every merged column into objects).
     timed = {k: f for k, f in frames.items() if not f.empty}
     key = ["tp", "hidden_size", "intermediate_size"]
     if not run_id and timed:
         target = timed[list(timed)[-1]][key].iloc[0].tolist()
+
         def key_of(rid: str) -> list:  # a check-only run's TP size and shape, from its metadata
             path = tp_dir / f"tp_{rid}.json"
             meta = json.loads(path.read_text()) if path.is_file() else {}
@@ -135,10 +139,22 @@ def model_inputs(run: TPRun | None, bench_dir: str | Path) -> tuple[pd.DataFrame
     rows = []
     for _, r in ours.iterrows():
         for n in (1, 2, 4, 8):
-            rows.append(dict(case=r["case"], tokens=int(r["tokens"]), hidden_size=H, intermediate_size=I, tp=2,
-                             local_intermediate_size=I // n, impl=tp_model.COMPUTE, median_ms=r["median_ms"] / n))
-    source = (f"NO TP RUN: one-GPU Triton times from bench run {bench.run_id}, compute at I/N ASSUMED = one-GPU / N, "
-              f"all-reduce ASSUMED {ASSUMED_BUS_GBPS:.0f} GB/s + {ASSUMED_LATENCY_MS} ms")
+            rows.append(
+                dict(
+                    case=r["case"],
+                    tokens=int(r["tokens"]),
+                    hidden_size=H,
+                    intermediate_size=I,
+                    tp=2,
+                    local_intermediate_size=I // n,
+                    impl=tp_model.COMPUTE,
+                    median_ms=r["median_ms"] / n,
+                )
+            )
+    source = (
+        f"NO TP RUN: one-GPU Triton times from bench run {bench.run_id}, compute at I/N ASSUMED = one-GPU / N, "
+        f"all-reduce ASSUMED {ASSUMED_BUS_GBPS:.0f} GB/s + {ASSUMED_LATENCY_MS} ms"
+    )
     return pd.DataFrame(rows), ASSUMED_LATENCY_MS, ASSUMED_BUS_GBPS, source
 
 
@@ -155,9 +171,10 @@ def measured_plot(table: pd.DataFrame, footer: str = "", title: str = "Tensor pa
     records: list = []
     eff = []
     for col, key, label, color, marker in (
-            ("tp_ours_ms", "ours", f"ours, TP={n} (op + all-reduce)", "#d62728", "*"),
-            ("tp_ours_module_ms", "ours_module", f"SwiGLUMLP module, TP={n}", "#ff9896", "o"),
-            ("tp_plain_module_ms", "plain_module", f"nn.Linear module, TP={n} (all-reduces grad_x twice)", "#4d4d4d", "s")):
+        ("tp_ours_ms", "ours", f"ours, TP={n} (op + all-reduce)", "#d62728", "*"),
+        ("tp_ours_module_ms", "ours_module", f"SwiGLUMLP module, TP={n}", "#ff9896", "o"),
+        ("tp_plain_module_ms", "plain_module", f"nn.Linear module, TP={n} (all-reduces grad_x twice)", "#4d4d4d", "s"),
+    ):
         if col not in t or t[col].isna().all():
             continue
         s = dict(key=key, label=label, y=(t["single_ms"] / (n * t[col])).to_numpy(float), color=color, marker=marker)
@@ -171,28 +188,45 @@ def measured_plot(table: pd.DataFrame, footer: str = "", title: str = "Tensor pa
     ax.set_title(title)
     ax.grid(True, axis="y", lw=0.3, alpha=0.5)
     ax.legend(loc="lower right", fontsize=8)
-    comm = [dict(key="allreduce", label="grad_x all-reduce alone", y=t["allreduce_ms"].to_numpy(float),
-                 color="#1f77b4", marker="o")]
+    comm = [
+        dict(key="allreduce", label="grad_x all-reduce alone", y=t["allreduce_ms"].to_numpy(float), color="#1f77b4", marker="o")
+    ]
     if "compute_ms" in t and t["compute_ms"].notna().any():
-        comm.append(dict(key="exposed", label=f"ours, TP={n} minus its local compute (exposed + waiting)",
-                         y=(t["tp_ours_ms"] - t["compute_ms"]).to_numpy(float), color="#d62728", marker="D"))
+        comm.append(
+            dict(
+                key="exposed",
+                label=f"ours, TP={n} minus its local compute (exposed + waiting)",
+                y=(t["tp_ours_ms"] - t["compute_ms"]).to_numpy(float),
+                color="#d62728",
+                marker="D",
+            )
+        )
     _dodged(ax2, cases, comm, records, "communication")
     ax2.set_yscale("log")
     ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax2.set_ylabel("ms per backward (log)")
     ax2.grid(True, axis="y", which="both", lw=0.3, alpha=0.5)
     ax2.legend(loc="upper left", fontsize=8)
-    ax2.set_xticks(range(len(cases)), [f"{c} (T={tok})" for c, tok in zip(t["case"], t["tokens"])], rotation=40,
-                   ha="right", rotation_mode="anchor", fontsize=8)
+    ax2.set_xticks(
+        range(len(cases)),
+        [f"{c} (T={tok})" for c, tok in zip(t["case"], t["tokens"])],
+        rotation=40,
+        ha="right",
+        rotation_mode="anchor",
+        fontsize=8,
+    )
     ax2.set_xlim(-0.6, len(cases) - 0.4)
     fig.tight_layout()
-    note = ("whiskers (ours): p20-p80 of the timed iterations of the TP backward (an iteration's time is the "
-            "slower rank's); the modules and the all-reduce: medians, no whiskers; one run per case")
+    note = (
+        "whiskers (ours): p20-p80 of the timed iterations of the TP backward (an iteration's time is the "
+        "slower rank's); the modules and the all-reduce: medians, no whiskers; one run per case"
+    )
     return _finish_panels(fig, records, footer, note=note)
 
 
-def model_plot(model: pd.DataFrame, measured: pd.DataFrame | None = None, footer: str = "",
-               title: str = "Tensor-parallel scaling model") -> Figure:
+def model_plot(
+    model: pd.DataFrame, measured: pd.DataFrame | None = None, footer: str = "", title: str = "Tensor-parallel scaling model"
+) -> Figure:
     """Left: modelled efficiency per token count T (categories) for each TP size, serial
     (all-reduce after the backward) and hidden (all-reduce fully overlapped), with the measured
     TP points beside. Right: the all-reduce's time over the per-rank compute against the window
@@ -208,23 +242,53 @@ def model_plot(model: pd.DataFrame, measured: pd.DataFrame | None = None, footer
     for n in sorted(set(model["tp"])):
         m = g.loc[n].reindex(tokens)
         c = colors.get(n, "0.4")
-        eff.append(dict(key=f"TP={n} serial", label=f"TP={n} model, serial", y=m["efficiency_serial"].to_numpy(float),
-                        color=c, marker=markers.get(n, "o")))
-        eff.append(dict(key=f"TP={n} hidden", label=f"TP={n} model, all-reduce hidden",
-                        y=m["efficiency_hidden"].to_numpy(float), color=c, marker=markers.get(n, "o"), hollow=True))
-        ratio.append(dict(key=f"TP={n}", label=f"TP={n}", y=(m["comm_ms"] / m["compute_ms"]).to_numpy(float),
-                          color=c, marker=markers.get(n, "o")))
+        eff.append(
+            dict(
+                key=f"TP={n} serial",
+                label=f"TP={n} model, serial",
+                y=m["efficiency_serial"].to_numpy(float),
+                color=c,
+                marker=markers.get(n, "o"),
+            )
+        )
+        eff.append(
+            dict(
+                key=f"TP={n} hidden",
+                label=f"TP={n} model, all-reduce hidden",
+                y=m["efficiency_hidden"].to_numpy(float),
+                color=c,
+                marker=markers.get(n, "o"),
+                hollow=True,
+            )
+        )
+        ratio.append(
+            dict(
+                key=f"TP={n}",
+                label=f"TP={n}",
+                y=(m["comm_ms"] / m["compute_ms"]).to_numpy(float),
+                color=c,
+                marker=markers.get(n, "o"),
+            )
+        )
     if measured is not None and not measured.empty:
         mm = measured.groupby("tokens").median(numeric_only=True).reindex(tokens)
         n = int(measured["tp"].iloc[0])
-        eff.append(dict(key=f"TP={n} measured", label=f"TP={n} measured", y=mm["efficiency"].to_numpy(float),
-                        color="k", marker="*"))
+        eff.append(
+            dict(key=f"TP={n} measured", label=f"TP={n} measured", y=mm["efficiency"].to_numpy(float), color="k", marker="*")
+        )
     _dodged(ax, tokens, eff, records, "efficiency", width=0.8)
     _dodged(ax2, tokens, ratio, records, "all-reduce / compute", width=0.6)
     ax.axhline(1.0, color="0.6", lw=0.8)
     ax2.axhline(0.5, color="0.3", ls=":", lw=1.2)
-    ax2.text(len(tokens) - 0.5, 0.45, "hide window: the weight-gradient\nGEMMs (3 of 6) = 0.5", ha="right",
-             va="top", fontsize=MIN_FONT_PT, color="0.3")
+    ax2.text(
+        len(tokens) - 0.5,
+        0.45,
+        "hide window: the weight-gradient\nGEMMs (3 of 6) = 0.5",
+        ha="right",
+        va="top",
+        fontsize=MIN_FONT_PT,
+        color="0.3",
+    )
     for a in (ax, ax2):
         a.set_xticks(range(len(tokens)), [str(t) for t in tokens], rotation=40, ha="right", rotation_mode="anchor")
         a.set_xlim(-0.6, len(tokens) - 0.4)
@@ -240,11 +304,12 @@ def model_plot(model: pd.DataFrame, measured: pd.DataFrame | None = None, footer
     ax2.set_title("Where the all-reduce stops fitting behind the weight gradients")
     fig.tight_layout()
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), ncol=4, frameon=False,
-               fontsize=MIN_FONT_PT)
-    note = ("No spread: one modelled value per case (medians over the cases of each T). Efficiency above 1: one GPU ran "
-            "the I/N shard in less than 1/N of the whole backward's time (measured per-rank compute), and the "
-            "model adds nothing but the all-reduce.")
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), ncol=4, frameon=False, fontsize=MIN_FONT_PT)
+    note = (
+        "No spread: one modelled value per case (medians over the cases of each T). Efficiency above 1: one GPU ran "
+        "the I/N shard in less than 1/N of the whole backward's time (measured per-rank compute), and the "
+        "model adds nothing but the all-reduce."
+    )
     import textwrap
 
     return _finish_panels(fig, records, footer, note="\n".join(textwrap.wrap(note, 125)))

@@ -50,8 +50,13 @@ from ..bench.tables import forward_table, shape_forward_table
 from ..bench.timing import median_step_ms
 
 VARIANTS = ("plain", "compile", "saved", "lean", "lean_cublas")
-LABELS = {"plain": "nn.Linear (eager)", "compile": "torch.compile(nn.Linear)", "saved": "ours, saved act",
-          "lean": "ours, memory-lean", "lean_cublas": "ours, lean + cuBLAS forward"}
+LABELS = {
+    "plain": "nn.Linear (eager)",
+    "compile": "torch.compile(nn.Linear)",
+    "saved": "ours, saved act",
+    "lean": "ours, memory-lean",
+    "lean_cublas": "ours, lean + cuBLAS forward",
+}
 STEP_TOKENS = (1024, 4096, 8192)
 FORWARD_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -91,8 +96,14 @@ def run_checks() -> list[dict]:
         given = triton_swiglu_backward(inp.grad_output, inp.x, gate, up, act, *w)
         recomputed = triton_swiglu_backward(inp.grad_output, inp.x, gate, up, None, *w)
         same = torch.equal(act2, act.view(300, -1)) and all(torch.equal(a, b) for a, b in zip(given, recomputed))
-        rows.append(dict(check="bitwise_recompute", variant=name, passed=same,
-                         detail="act, product kernel and the 4 gradients with act given vs recomputed"))
+        rows.append(
+            dict(
+                check="bitwise_recompute",
+                variant=name,
+                passed=same,
+                detail="act, product kernel and the 4 gradients with act given vs recomputed",
+            )
+        )
     # The fused forward's tolerance at a mid size and odd token counts.
     for tokens in (1, 200, 1024):
         fi = make_inputs(1, tokens, 4096, 14336, device="cuda", seed=12 + tokens)
@@ -106,15 +117,22 @@ def run_checks() -> list[dict]:
             got = forward.triton_swiglu_forward(fi.x, *fw, config=cfg)[0]
             crit = benchmark_criterion(got, want, atol)
             err, plain_err = relative_error(got, oracle), relative_error(want, oracle)
-            rows.append(dict(check="forward_tolerance", variant=f"{name}_T{tokens}",
-                             passed=bool(crit.passed and err <= 2 * plain_err + 1e-6),
-                             detail=f"criterion {crit.passed} ({crit.match_fraction:.4f}); rel err {err:.3e} vs plain {plain_err:.3e}"))
+            rows.append(
+                dict(
+                    check="forward_tolerance",
+                    variant=f"{name}_T{tokens}",
+                    passed=bool(crit.passed and err <= 2 * plain_err + 1e-6),
+                    detail=f"criterion {crit.passed} ({crit.match_fraction:.4f}); rel err {err:.3e} vs plain {plain_err:.3e}",
+                )
+            )
         del plain, oracle
     # Gradients of both modes against float64 (the tests/library/test_module_gpu.py rule).
     H, I, T = 1024, 2816, 512
     gen = torch.Generator(device="cuda").manual_seed(13)
-    state = {k: torch.randn(s, generator=gen, device="cuda", dtype=torch.float64) / s[1] ** 0.5
-             for k, s in (("gate_proj.weight", (I, H)), ("up_proj.weight", (I, H)), ("down_proj.weight", (H, I)))}
+    state = {
+        k: torch.randn(s, generator=gen, device="cuda", dtype=torch.float64) / s[1] ** 0.5
+        for k, s in (("gate_proj.weight", (I, H)), ("up_proj.weight", (I, H)), ("down_proj.weight", (H, I)))
+    }
     x = torch.randn(T, H, generator=gen, device="cuda").bfloat16()
     go = torch.randn(T, H, generator=gen, device="cuda").bfloat16()
 
@@ -129,35 +147,59 @@ def run_checks() -> list[dict]:
     for mode, save in (("lean", False), ("saved", True)):
         ours = grads(SwiGLUMLP(H, I, save_activated_gate=save, device="cuda", dtype=torch.bfloat16), torch.bfloat16)
         errs = [(relative_error(o, r), relative_error(p, r)) for o, p, r in zip(ours, plain_g, oracle)]
-        rows.append(dict(check="grads_float64", variant=mode, passed=all(e <= 2 * pe + 1e-3 for e, pe in errs),
-                         detail="; ".join(f"{e:.2e}/{pe:.2e}" for e, pe in errs)))
+        rows.append(
+            dict(
+                check="grads_float64",
+                variant=mode,
+                passed=all(e <= 2 * pe + 1e-3 for e, pe in errs),
+                detail="; ".join(f"{e:.2e}/{pe:.2e}" for e, pe in errs),
+            )
+        )
     return rows
 
 
 # ------------------------------------------------------------------ 2. forward table
 
 
-def tune_forward(hidden_size: int, intermediate_size: int, tokens=FORWARD_TOKENS, *, device: str = "cuda",
-                 candidates: dict | None = None, iters: tuple[int, int] | None = None) -> tuple[list[dict], dict]:
+def tune_forward(
+    hidden_size: int,
+    intermediate_size: int,
+    tokens=FORWARD_TOKENS,
+    *,
+    device: str = "cuda",
+    candidates: dict | None = None,
+    iters: tuple[int, int] | None = None,
+) -> tuple[list[dict], dict]:
     """Time the forward (all of it: gate/up, product, down_proj) per candidate and T. Returns the
     rows and the table {bucket: (candidate name, KernelConfig or None, ms)}, fastest per bucket."""
     from swiglu.kernels import forward
     from swiglu.kernels.backward import bucket_for
 
     gen = torch.Generator(device=device).manual_seed(0)
-    w = [torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5
-         for s in ((intermediate_size, hidden_size), (intermediate_size, hidden_size), (hidden_size, intermediate_size))]
+    w = [
+        torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5
+        for s in ((intermediate_size, hidden_size), (intermediate_size, hidden_size), (hidden_size, intermediate_size))
+    ]
     candidates = candidates if candidates is not None else {"cublas": None, **forward.FUSED_CANDIDATES}
     rows, table = [], {}
     for T in tokens:
         x = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16)
         warmup, n = _iters(T, iters)
-        plain_ms = median_step_ms(lambda: torch.nn.functional.linear(
-            torch.nn.functional.silu(x @ w[0].t()) * (x @ w[1].t()), w[2]), warmup, n, device)
+        plain_ms = median_step_ms(
+            lambda: torch.nn.functional.linear(torch.nn.functional.silu(x @ w[0].t()) * (x @ w[1].t()), w[2]), warmup, n, device
+        )
         for name, cfg in candidates.items():
             ms = median_step_ms(lambda: forward.triton_swiglu_forward(x, *w, config=cfg), warmup, n, device)
-            rows.append(dict(tokens=T, candidate=name, ms=ms, plain_ms=plain_ms, speedup_vs_plain=plain_ms / ms,
-                             config=None if cfg is None else asdict(cfg)))
+            rows.append(
+                dict(
+                    tokens=T,
+                    candidate=name,
+                    ms=ms,
+                    plain_ms=plain_ms,
+                    speedup_vs_plain=plain_ms / ms,
+                    config=None if cfg is None else asdict(cfg),
+                )
+            )
         best = min((r for r in rows if r["tokens"] == T), key=lambda r: r["ms"])
         bucket = bucket_for(T)
         # The largest T measured in a bucket decides it; buckets never measured keep their entry.
@@ -184,8 +226,15 @@ def step_floor_bytes(start_bytes: int, grad_bytes: int, tokens: int, hidden_size
     return start_bytes + grad_bytes + 2 * (2 * tokens * hidden_size) + 2 * tokens * intermediate_size
 
 
-def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, *, variants=VARIANTS,
-                  device: str = "cuda", iters: tuple[int, int] | None = None) -> list[dict]:
+def measure_steps(
+    hidden_size: int,
+    intermediate_size: int,
+    tokens=STEP_TOKENS,
+    *,
+    variants=VARIANTS,
+    device: str = "cuda",
+    iters: tuple[int, int] | None = None,
+) -> list[dict]:
     """Step time, peak memory and saved activations per variant and T (module docstring); the
     "lean_cublas" variant runs only where the forward table picks the fused kernel. Off CUDA
     (CPU tests) the memory columns are 0 and times are perf_counter's."""
@@ -198,8 +247,7 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
     gen = torch.Generator(device=device).manual_seed(1)
     names = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
     shapes = ((intermediate_size, hidden_size), (intermediate_size, hidden_size), (hidden_size, intermediate_size))
-    state = {n: torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5
-             for n, s in zip(names, shapes)}
+    state = {n: torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5 for n, s in zip(names, shapes)}
     rows = []
     for T in tokens:
         x = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -211,8 +259,9 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
             if variant in ("plain", "compile"):
                 module = PlainSwiGLUMLP(hidden_size, intermediate_size, device="meta", dtype=torch.bfloat16)
             else:
-                module = SwiGLUMLP(hidden_size, intermediate_size, save_activated_gate=variant == "saved",
-                                   device="meta", dtype=torch.bfloat16)
+                module = SwiGLUMLP(
+                    hidden_size, intermediate_size, save_activated_gate=variant == "saved", device="meta", dtype=torch.bfloat16
+                )
             module.load_state_dict(state, assign=True)
             if variant == "compile":
                 torch._dynamo.reset()
@@ -236,14 +285,24 @@ def measure_steps(hidden_size: int, intermediate_size: int, tokens=STEP_TOKENS, 
             finally:
                 forward.FORWARD_CONFIGS.update(saved_table)
             grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
-            floor = step_floor_bytes(base, grad_bytes, T, hidden_size, intermediate_size) if device == "cuda" \
-                else float("nan")
-            rows.append(dict(tokens=T, variant=variant, label=LABELS[variant], ms=ms, peak_bytes=peak,
-                             floor_bytes=floor, peak_vs_floor=peak / floor,
-                             peak_over_start_bytes=peak - base, start_bytes=base, saved_bytes=saved.bytes,
-                             saved_TxI=saved.count((T, intermediate_size)),
-                             tflops=18 * T * hidden_size * intermediate_size / (ms * 1e-3) / 1e12,
-                             forward="fused" if variant == "lean" and fused_here else "cublas"))
+            floor = step_floor_bytes(base, grad_bytes, T, hidden_size, intermediate_size) if device == "cuda" else float("nan")
+            rows.append(
+                dict(
+                    tokens=T,
+                    variant=variant,
+                    label=LABELS[variant],
+                    ms=ms,
+                    peak_bytes=peak,
+                    floor_bytes=floor,
+                    peak_vs_floor=peak / floor,
+                    peak_over_start_bytes=peak - base,
+                    start_bytes=base,
+                    saved_bytes=saved.bytes,
+                    saved_TxI=saved.count((T, intermediate_size)),
+                    tflops=18 * T * hidden_size * intermediate_size / (ms * 1e-3) / 1e12,
+                    forward="fused" if variant == "lean" and fused_here else "cublas",
+                )
+            )
             module = None  # freed (the timed lambda closes over it)
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -271,7 +330,6 @@ def write_run(run: dict, out: str | Path) -> None:
     pd.DataFrame(run["checks"] or [{}]).to_csv(out / "checks.csv", index=False)
 
 
-
 def load_run(path: str | Path) -> dict | None:
     """A run written by ``main`` (its ``train_step.json``, or the folder holding it) as
     ``{"meta", "steps": DataFrame, "forward": DataFrame, "checks": DataFrame}``; None when the
@@ -281,8 +339,12 @@ def load_run(path: str | Path) -> dict | None:
     if not path.exists():
         return None
     run = json.loads(path.read_text())
-    return {"meta": run["meta"], "steps": pd.DataFrame(run["steps"]), "forward": pd.DataFrame(run["forward"]),
-            "checks": pd.DataFrame(run["checks"])}
+    return {
+        "meta": run["meta"],
+        "steps": pd.DataFrame(run["steps"]),
+        "forward": pd.DataFrame(run["forward"]),
+        "checks": pd.DataFrame(run["checks"]),
+    }
 
 
 def latest_run(folder: str | Path) -> dict | None:
@@ -321,8 +383,15 @@ def main(argv: list[str] | None = None) -> dict:
     H, I = args.hidden_size, args.intermediate_size
     when = utc_now()
     git = git_info()
-    meta = dict(utc=when.strftime("%Y-%m-%dT%H:%M:%SZ"), run_id=make_run_id(when, git["commit"]), git=git,
-                gpu=gpu_info(torch.device("cuda")), software=software_info(), hidden_size=H, intermediate_size=I)
+    meta = dict(
+        utc=when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        run_id=make_run_id(when, git["commit"]),
+        git=git,
+        gpu=gpu_info(torch.device("cuda")),
+        software=software_info(),
+        hidden_size=H,
+        intermediate_size=I,
+    )
     t0 = time.perf_counter()
     checks = [] if args.skip_checks else run_checks()
     print(f"[{time.perf_counter() - t0:.0f} s] checks done", flush=True)

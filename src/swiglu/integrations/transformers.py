@@ -67,8 +67,16 @@ def computes_swiglu(cls: type) -> bool:
     except (OSError, TypeError, SyntaxError, AttributeError):
         return False
     args = tree.args if isinstance(tree, ast.FunctionDef) else None
-    if args is None or tree.decorator_list or len(args.args) != 2 or args.posonlyargs or args.kwonlyargs \
-            or args.vararg or args.kwarg or args.defaults:
+    if (
+        args is None
+        or tree.decorator_list
+        or len(args.args) != 2
+        or args.posonlyargs
+        or args.kwonlyargs
+        or args.vararg
+        or args.kwarg
+        or args.defaults
+    ):
         return False
     x = args.args[1].arg
     formula = f"self.down_proj(self.act_fn(self.gate_proj({x})) * self.up_proj({x}))"
@@ -79,20 +87,24 @@ def computes_swiglu(cls: type) -> bool:
     if len(body) == 2 and isinstance(body[0], ast.Assign) and isinstance(body[1], ast.Return):
         (target,) = body[0].targets if len(body[0].targets) == 1 else (None,)
         returned = body[1].value
-        return (isinstance(target, ast.Name) and isinstance(returned, ast.Name) and target.id == returned.id
-                and ast.dump(body[0].value) == expected)
+        return (
+            isinstance(target, ast.Name)
+            and isinstance(returned, ast.Name)
+            and target.id == returned.id
+            and ast.dump(body[0].value) == expected
+        )
     return False
 
 
 def _has_hooks(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks)
 
 
 def _is_silu(act) -> bool:
     # transformers' ACT2FN: "silu" -> transformers.activations.SiLUActivation, "swish" -> nn.SiLU.
-    return isinstance(act, nn.SiLU) or (type(act).__name__ == "SiLUActivation"
-                                        and type(act).__module__.startswith("transformers."))
+    return isinstance(act, nn.SiLU) or (
+        type(act).__name__ == "SiLUActivation" and type(act).__module__.startswith("transformers.")
+    )
 
 
 def _act_fn_reason(module: nn.Module) -> str | None:
@@ -139,19 +151,21 @@ def unsupported_reason(module: nn.Module) -> str | None:
     projections that are not bias-free plain ``nn.Linear``, carry hooks or hold a tensor-subclass
     (quantized) weight; an activation other than SiLU."""
     if hasattr(module, "gate_up_proj"):
-        return ("packed gate_up_proj (one [2 * intermediate_size, hidden_size] projection, e.g. Phi-3 or fused "
-                "MoE experts); the op needs separate gate_proj and up_proj")
+        return (
+            "packed gate_up_proj (one [2 * intermediate_size, hidden_size] projection, e.g. Phi-3 or fused "
+            "MoE experts); the op needs separate gate_proj and up_proj"
+        )
     if not computes_swiglu(type(module)):
-        return (f"its forward ({type(module).__qualname__}.forward) is not "
-                f"down_proj(act_fn(gate_proj(x)) * up_proj(x))")
+        return f"its forward ({type(module).__qualname__}.forward) is not down_proj(act_fn(gate_proj(x)) * up_proj(x))"
     if "forward" in module.__dict__ and "_old_forward" not in module.__dict__:
         return "its forward is replaced on the instance (module.forward = ...), so a patched class would not run"
     return _runtime_reason(module)
 
 
 def _looks_like_mlp(module: nn.Module) -> bool:
-    return hasattr(module, "down_proj") and (hasattr(module, "gate_up_proj")
-                                             or (hasattr(module, "gate_proj") and hasattr(module, "up_proj")))
+    return hasattr(module, "down_proj") and (
+        hasattr(module, "gate_up_proj") or (hasattr(module, "gate_proj") and hasattr(module, "up_proj"))
+    )
 
 
 # --------------------------------------------------------------------------- the patched forward
@@ -188,8 +202,13 @@ class _SwigluForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         children = self._modules
         gate, up, down = children.get("gate_proj"), children.get("up_proj"), children.get("down_proj")
-        if _fusable_fast(gate) and _fusable_fast(up) and _fusable_fast(down) and _silu_fast(children.get("act_fn")) \
-                and not (_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks):
+        if (
+            _fusable_fast(gate)
+            and _fusable_fast(up)
+            and _fusable_fast(down)
+            and _silu_fast(children.get("act_fn"))
+            and not (_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
+        ):
             # The usual case, in a few reads (``_runtime_reason``'s verdict; plain nn.Linear weights).
             weights = gate._parameters["weight"], up._parameters["weight"], down._parameters["weight"]
         else:
@@ -198,8 +217,7 @@ class _SwigluForward(nn.Module):
                 warnings.warn(f"swiglu: {type(self).__qualname__} runs its original forward: {reason}", stacklevel=2)
                 return super().forward(x)
             weights = self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight
-        return _swiglu_mlp(x, *weights, self.swiglu_impl, self.swiglu_save_activated_gate,
-                           self.swiglu_reuse_saved_buffers)
+        return _swiglu_mlp(x, *weights, self.swiglu_impl, self.swiglu_save_activated_gate, self.swiglu_reuse_saved_buffers)
 
 
 def _unpickle(base: type, state: dict | None = None) -> nn.Module:
@@ -216,8 +234,11 @@ def swiglu_class(cls: type) -> type:
         return cls
     sub = _SUBCLASSES.get(cls)
     if sub is None:
-        sub = type(f"Swiglu{cls.__name__}", (_SwigluForward, cls),
-                   {"__module__": __name__, "__qualname__": f"Swiglu{cls.__qualname__}", "_swiglu_base": cls})
+        sub = type(
+            f"Swiglu{cls.__name__}",
+            (_SwigluForward, cls),
+            {"__module__": __name__, "__qualname__": f"Swiglu{cls.__qualname__}", "_swiglu_base": cls},
+        )
         _SUBCLASSES[cls] = sub
     return sub
 
@@ -264,8 +285,10 @@ def _other_experts_interface(module: nn.Module) -> str | None:
     except ImportError:
         return None
     if isinstance(module, FP8Experts):
-        return ("FP8 experts dispatch through transformers' FP8 experts interface, which has no "
-                f"{EXPERTS_IMPLEMENTATION!r}; the model's experts implementation is left as it is")
+        return (
+            "FP8 experts dispatch through transformers' FP8 experts interface, which has no "
+            f"{EXPERTS_IMPLEMENTATION!r}; the model's experts implementation is left as it is"
+        )
     return None
 
 
@@ -303,22 +326,28 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
             return f"{name} has dtype {w.dtype} (quantized?); the op takes {', '.join(map(str, FLOAT_DTYPES))}"
         weights[name] = w
     gate_up, down = weights["gate_up_proj"], weights["down_proj"]
-    if gate_up.dim() != 3 or gate_up.shape[1] % 2 or tuple(down.shape) != (gate_up.shape[0], gate_up.shape[2],
-                                                                            gate_up.shape[1] // 2):
-        return (f"gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not [E, 2I, H] and "
-                f"[E, H, I]")
+    if (
+        gate_up.dim() != 3
+        or gate_up.shape[1] % 2
+        or tuple(down.shape) != (gate_up.shape[0], gate_up.shape[2], gate_up.shape[1] // 2)
+    ):
+        return f"gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not [E, 2I, H] and [E, H, I]"
     return None
 
 
 def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, down) -> str | None:
     """Why this call cannot run the op (None when it can): a few shape, type and flag checks."""
     if top_k_weights.shape != top_k_index.shape:
-        return (f"top_k_weights {tuple(top_k_weights.shape)} is not top_k_index's shape {tuple(top_k_index.shape)} "
-                f"(dense [tokens, num_experts] routing weights); the op takes one weight per routed expert")
+        return (
+            f"top_k_weights {tuple(top_k_weights.shape)} is not top_k_index's shape {tuple(top_k_index.shape)} "
+            f"(dense [tokens, num_experts] routing weights); the op takes one weight per routed expert"
+        )
     plain = (torch.Tensor, nn.Parameter)
     if type(gate_up) not in plain or type(down) not in plain:
-        return (f"the expert weights are {type(gate_up).__name__} / {type(down).__name__} (a tensor subclass: "
-                f"quantized or distributed), not plain tensors")
+        return (
+            f"the expert weights are {type(gate_up).__name__} / {type(down).__name__} (a tensor subclass: "
+            f"quantized or distributed), not plain tensors"
+        )
     if module.__dict__.get("_is_expert_parallel"):
         return "expert parallelism (sharded experts, sentinel expert ids) is not covered"
     if hidden_states.dtype != gate_up.dtype and not torch.is_autocast_enabled(hidden_states.device.type):
@@ -346,13 +375,15 @@ def _fallback_forward(module: nn.Module, name: str):
             return fn
     eager = getattr(type(module).forward, "__wrapped__", None)
     if eager is None:
-        raise RuntimeError(f"swiglu: {type(module).__qualname__} has no experts implementation {name!r} to fall "
-                           f"back to and no eager forward")
+        raise RuntimeError(
+            f"swiglu: {type(module).__qualname__} has no experts implementation {name!r} to fall back to and no eager forward"
+        )
     return eager
 
 
-def swiglu_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                           top_k_weights: torch.Tensor) -> torch.Tensor:
+def swiglu_experts_forward(
+    self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """The experts forward registered as ``"swiglu"`` in transformers' ``ExpertsInterface``:
     ``swiglu.swiglu_moe(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
     self.down_proj, impl=...)``, [T, H] out.
@@ -368,16 +399,16 @@ def swiglu_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_i
     if state is None:
         state = _experts_state(self)
         if state[1] is not None:
-            warnings.warn(f"swiglu: {type(self).__qualname__} runs its {state[2]!r} experts implementation: "
-                          f"{state[1]}", stacklevel=2)
+            warnings.warn(
+                f"swiglu: {type(self).__qualname__} runs its {state[2]!r} experts implementation: {state[1]}", stacklevel=2
+            )
     impl, reason, fallback = state
     if reason is None:
         gate_up, down = self.gate_up_proj, self.down_proj
         reason = _call_reason(self, hidden_states, top_k_index, top_k_weights, gate_up, down)
         if reason is None:
             return _swiglu_moe(hidden_states, top_k_index, top_k_weights, gate_up, down, impl=impl)
-        warnings.warn(f"swiglu: {type(self).__qualname__} runs its {fallback!r} experts implementation: {reason}",
-                      stacklevel=2)
+        warnings.warn(f"swiglu: {type(self).__qualname__} runs its {fallback!r} experts implementation: {reason}", stacklevel=2)
     return _fallback_forward(self, fallback)(self, hidden_states, top_k_index, top_k_weights)
 
 
@@ -400,13 +431,16 @@ def register_experts(impl: str | None = None) -> str:
     try:
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
     except ImportError as exc:
-        raise ImportError(f"swiglu.integrations.transformers.register_experts needs transformers with "
-                          f"transformers.integrations.moe (pip install 'swiglu[hf]'): {exc}") from exc
+        raise ImportError(
+            f"swiglu.integrations.transformers.register_experts needs transformers with "
+            f"transformers.integrations.moe (pip install 'swiglu[hf]'): {exc}"
+        ) from exc
     current = ALL_EXPERTS_FUNCTIONS.get(EXPERTS_IMPLEMENTATION)
-    if current is not None and current is not swiglu_experts_forward and \
-            getattr(current, "__module__", None) != __name__:
-        raise ValueError(f"transformers' ExpertsInterface already maps {EXPERTS_IMPLEMENTATION!r} to "
-                         f"{getattr(current, '__qualname__', current)!r}")
+    if current is not None and current is not swiglu_experts_forward and getattr(current, "__module__", None) != __name__:
+        raise ValueError(
+            f"transformers' ExpertsInterface already maps {EXPERTS_IMPLEMENTATION!r} to "
+            f"{getattr(current, '__qualname__', current)!r}"
+        )
     if current is not swiglu_experts_forward:
         ExpertsInterface.register(EXPERTS_IMPLEMENTATION, swiglu_experts_forward)
     if impl is not None:
@@ -419,8 +453,11 @@ def _set_experts_implementation(model: nn.Module, configs: list, name_of) -> Non
     ``set_experts_implementation`` when ``model`` is a transformers model and one name fits all,
     else (and for configs that call did not reach) on the config."""
     names = {name_of(c) for c in configs}
-    if len(names) == 1 and callable(getattr(model, "set_experts_implementation", None)) and \
-            getattr(model, "config", None) is not None:
+    if (
+        len(names) == 1
+        and callable(getattr(model, "set_experts_implementation", None))
+        and getattr(model, "config", None) is not None
+    ):
         model.set_experts_implementation(next(iter(names)))
     for config in configs:
         if config._experts_implementation != name_of(config):
@@ -457,13 +494,15 @@ def _apply_experts(model: nn.Module, experts: list, impl: str) -> set[str]:
             for name, module in experts:
                 if id(module.config) == key and name in served:
                     served.discard(name)
-                    skipped.setdefault((type(module).__qualname__, module.__dict__[_EXPERTS_STATE][2], reason),
-                                       []).append(name)
+                    skipped.setdefault((type(module).__qualname__, module.__dict__[_EXPERTS_STATE][2], reason), []).append(name)
     if configs:
         _set_experts_implementation(model, list(configs.values()), lambda c: EXPERTS_IMPLEMENTATION)
     for (cls, fallback, reason), names in skipped.items():
-        warnings.warn(f"swiglu: {len(names)} {cls} experts module(s) ({_short(names)}) keep their {fallback!r} "
-                      f"experts implementation: {reason}", stacklevel=3)
+        warnings.warn(
+            f"swiglu: {len(names)} {cls} experts module(s) ({_short(names)}) keep their {fallback!r} "
+            f"experts implementation: {reason}",
+            stacklevel=3,
+        )
     return served
 
 
@@ -488,8 +527,14 @@ def _unpatch_experts(model: nn.Module) -> list[str]:
 # --------------------------------------------------------------------------- public calls
 
 
-def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = False,
-          reuse_saved_buffers: bool = False, backward_impl: str | None = None) -> list[str]:
+def apply(
+    model: nn.Module,
+    *,
+    impl: str = "auto",
+    save_activated_gate: bool = False,
+    reuse_saved_buffers: bool = False,
+    backward_impl: str | None = None,
+) -> list[str]:
     """Patch every SwiGLU MLP inside ``model`` (in place) to run ``swiglu.swiglu_mlp``, and switch
     its mixture-of-experts experts modules to ``swiglu.swiglu_moe``.
 
@@ -543,8 +588,7 @@ def apply(model: nn.Module, *, impl: str = "auto", save_activated_gate: bool = F
         module.swiglu_reuse_saved_buffers = reuse_saved_buffers
         patched.append(name)
     for (cls, reason), names in skipped.items():
-        warnings.warn(f"swiglu: left {len(names)} {cls} module(s) unpatched ({_short(names)}): {reason}",
-                      stacklevel=2)
+        warnings.warn(f"swiglu: left {len(names)} {cls} module(s) unpatched ({_short(names)}): {reason}", stacklevel=2)
     if experts:
         served = _apply_experts(model, experts, impl)
         unserved = {name for name, _ in experts} - served
@@ -568,8 +612,9 @@ def unpatch(model: nn.Module) -> list[str]:
     return names
 
 
-def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, impl: str = "auto", backward_impl: str | None = None,
-                  save_activated_gate: bool = False) -> list[str]:
+def patch_classes(
+    model_types=DEFAULT_MODEL_TYPES, *, impl: str = "auto", backward_impl: str | None = None, save_activated_gate: bool = False
+) -> list[str]:
     """Register our subclasses of these model types' SwiGLU MLP classes with transformers' patch
     mapping, so that ``from_pretrained`` / ``from_config`` (and code inside
     ``transformers.monkey_patching.apply_patches()``) build models with them. Call before loading.
@@ -598,27 +643,35 @@ def patch_classes(model_types=DEFAULT_MODEL_TYPES, *, impl: str = "auto", backwa
     try:
         from transformers import monkey_patching
     except ImportError as exc:
-        raise ImportError(f"swiglu.integrations.transformers.patch_classes needs transformers>={MIN_TRANSFORMERS} "
-                          f"(pip install 'swiglu[hf]'): {exc}") from exc
+        raise ImportError(
+            f"swiglu.integrations.transformers.patch_classes needs transformers>={MIN_TRANSFORMERS} "
+            f"(pip install 'swiglu[hf]'): {exc}"
+        ) from exc
     mapping = {}
     for model_type in model_types:
         try:
             module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
         except ModuleNotFoundError as exc:
             raise ValueError(f"model_types: transformers has no model type {model_type!r} ({exc})") from exc
-        found = [obj for obj in vars(module).values()
-                 if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__ == module.__name__
-                 and computes_swiglu(obj)]
+        found = [
+            obj
+            for obj in vars(module).values()
+            if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__ == module.__name__ and computes_swiglu(obj)
+        ]
         if not found:
-            raise ValueError(f"model_types: transformers.models.{model_type} has no MLP class computing "
-                             f"down_proj(act_fn(gate_proj(x)) * up_proj(x))")
+            raise ValueError(
+                f"model_types: transformers.models.{model_type} has no MLP class computing "
+                f"down_proj(act_fn(gate_proj(x)) * up_proj(x))"
+            )
         for cls in found:
             mapping[cls.__name__] = swiglu_class(cls)
     current = monkey_patching.get_patch_mapping()
     taken = sorted(n for n in mapping if n in current and current[n] is not _REGISTERED.get(n))
     if taken:
-        raise ValueError(f"transformers' patch mapping already replaces {taken} with another class; "
-                         f"unregister it first (transformers.monkey_patching.unregister_patch_mapping)")
+        raise ValueError(
+            f"transformers' patch mapping already replaces {taken} with another class; "
+            f"unregister it first (transformers.monkey_patching.unregister_patch_mapping)"
+        )
     monkey_patching.register_patch_mapping(mapping, overwrite=True)
     _REGISTERED.update(mapping)
     for sub in mapping.values():

@@ -17,14 +17,21 @@ from ..checks import spans_whole_storage, validate_backward_inputs
 from . import devices
 from . import tl_kernels as kernels
 from .configs import TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig, bucket_for  # noqa: F401
+
+# fmt: off
 from .devices import (INTERPRET, cdiv, device_reason, gluon_unavailable_reason, num_programs, sizes_reason,  # noqa: F401
                       tile_programs, unsupported_reason, untuned_reason)
+# fmt: on
 from .launch import launch, launch_kwargs
 from .tma import Tma, tma_ready
 from .forward import launch_swiglu_product
+
+# fmt: off
 from .configs import (CONFIGS, GLUON_CONFIGS, GLUON_DSWIGLU, GLUON_DSWIGLU_BY_SHAPE,  # noqa: F401 (the table)
                       GLUON_GRAD_X, TUNED_CONFIGS_PATH, shape_choice)
+# fmt: on
 from .shared_memory import check_shared_memory
+
 
 def config_for(kernel: str, tokens: int) -> KernelConfig:
     """The configuration ``kernel`` ("dswiglu", "grad_weights", "grad_x") uses at ``tokens``: the
@@ -66,11 +73,23 @@ def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig, 
     piece = [c.BM, c.BN // c.EPI_SPLIT]
     nprog = nprog or tile_programs(go.device, T, I, c)
     launch(
-        kernels.dswiglu_gemm_kernel, (nprog,), ("dswiglu", go.device, T, H, I, nprog, act is None, c),
-        Tma(go, [c.BM, c.BK]), Tma(down_w, [c.BK, c.BN]),
-        Tma(gate, piece), Tma(up, piece), Tma(gate if act is None else act, piece),
-        Tma(d_gate, piece), Tma(d_up, piece), Tma(h, piece),
-        T, H, I, NUM_PROGRAMS=nprog, RECOMPUTE_ACT=act is None, **launch_kwargs(c),
+        kernels.dswiglu_gemm_kernel,
+        (nprog,),
+        ("dswiglu", go.device, T, H, I, nprog, act is None, c),
+        Tma(go, [c.BM, c.BK]),
+        Tma(down_w, [c.BK, c.BN]),
+        Tma(gate, piece),
+        Tma(up, piece),
+        Tma(gate if act is None else act, piece),
+        Tma(d_gate, piece),
+        Tma(d_up, piece),
+        Tma(h, piece),
+        T,
+        H,
+        I,
+        NUM_PROGRAMS=nprog,
+        RECOMPUTE_ACT=act is None,
+        **launch_kwargs(c),
     )
 
 
@@ -90,9 +109,19 @@ def launch_grad_weight(a, b, out, c: KernelConfig, nprog: int | None = None) -> 
     nprog = nprog or tile_programs(a.device, M, N, c, c.persistent)
     K = padded_tokens(T, c)
     launch(
-        kernels.grad_weight_kernel, (nprog,), ("grad_weight", a.device, M, N, K, nprog, c),
-        Tma(a, [c.BK, c.BM]), Tma(b, [c.BK, c.BN]), Tma(out, [c.BM, c.BN // c.EPI_SPLIT]), out,
-        M, N, K, nprog, TMA_STORE=c.tma_store, **launch_kwargs(c),
+        kernels.grad_weight_kernel,
+        (nprog,),
+        ("grad_weight", a.device, M, N, K, nprog, c),
+        Tma(a, [c.BK, c.BM]),
+        Tma(b, [c.BK, c.BN]),
+        Tma(out, [c.BM, c.BN // c.EPI_SPLIT]),
+        out,
+        M,
+        N,
+        K,
+        nprog,
+        TMA_STORE=c.tma_store,
+        **launch_kwargs(c),
     )
 
 
@@ -104,13 +133,17 @@ def launch_grad_weight_gluon_or_tl(a, b, out, c: KernelConfig, g: GluonConfig | 
         return
     if g.resident_k:
         if RESIDENT_LAUNCHER is None:
-            raise ValueError(f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident's kernel, "
-                             f"which sets backward.RESIDENT_LAUNCHER when imported (not imported), got {g}")
+            raise ValueError(
+                f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident's kernel, "
+                f"which sets backward.RESIDENT_LAUNCHER when imported (not imported), got {g}"
+            )
         launcher = RESIDENT_LAUNCHER
     elif g.plain_store:
         if PLAIN_STORE_LAUNCHER is None:
-            raise ValueError(f"a config with plain_store runs swiglu_lab.experiments.gluon_wgrad_probe's kernel, "
-                             f"which sets backward.PLAIN_STORE_LAUNCHER when imported (not imported), got {g}")
+            raise ValueError(
+                f"a config with plain_store runs swiglu_lab.experiments.gluon_wgrad_probe's kernel, "
+                f"which sets backward.PLAIN_STORE_LAUNCHER when imported (not imported), got {g}"
+            )
         launcher = PLAIN_STORE_LAUNCHER
     else:
         launcher = (_GLUON_MODULES or _gluon_modules())[0].wgrad.launch_grad_weight_gluon
@@ -148,8 +181,9 @@ def _gluon_modules() -> list:
 
 
 @lru_cache(maxsize=256)
-def _gluon_config_for_bucket(bucket: int, device: torch.device, kernel: str = "grad_weights",
-                             shape: tuple[int, int] | None = None):
+def _gluon_config_for_bucket(
+    bucket: int, device: torch.device, kernel: str = "grad_weights", shape: tuple[int, int] | None = None
+):
     if kernel == "grad_weights":
         g = GLUON_CONFIGS[bucket]
     elif kernel == "grad_x":
@@ -169,8 +203,9 @@ def gluon_config_for(tokens: int, device: torch.device) -> GluonConfig | None:
     return _gluon_config_for_bucket(bucket_for(tokens), device)
 
 
-def gluon_dswiglu_config_for(tokens: int, device: torch.device, hidden_size: int | None = None,
-                             intermediate_size: int | None = None) -> DswigluGluonConfig | None:
+def gluon_dswiglu_config_for(
+    tokens: int, device: torch.device, hidden_size: int | None = None, intermediate_size: int | None = None
+) -> DswigluGluonConfig | None:
     """The Gluon dSwiGLU config at ``tokens`` on ``device``, or None for the tl kernel (the same
     conditions as ``gluon_config_for``); at a (hidden_size, intermediate_size) with its own
     measured entry for the bucket (``GLUON_DSWIGLU_BY_SHAPE``), that one."""
@@ -178,8 +213,9 @@ def gluon_dswiglu_config_for(tokens: int, device: torch.device, hidden_size: int
     return _gluon_config_for_bucket(bucket_for(tokens), device, "dswiglu", shape)
 
 
-def launch_mlp_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight,
-                            c: KernelConfig, g: GluonConfig | None = None) -> None:
+def launch_mlp_grad_weights(
+    d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight, c: KernelConfig, g: GluonConfig | None = None
+) -> None:
     """The MLP's three weight gradients, each by ``launch_grad_weight_gluon_or_tl``: grad_down_weight
     = go.T @ h, grad_gate_weight = d_gate.T @ x, grad_up_weight = d_up.T @ x (a None output is
     skipped; its input may then be None too); Gluon kernel when ``g`` is given."""
@@ -210,19 +246,38 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig,
         ws = torch.empty((tail * splits, c.BM, c.BN), device=d_gate.device, dtype=torch.float32)
         count = torch.zeros((tail,), device=d_gate.device, dtype=torch.int32)
         launch(
-            kernels.grad_x_split_tail_kernel, (nprog,), ("grad_x_split_tail", d_gate.device, T, H, I, nprog, c),
-            Tma(d_gate, [c.BM, c.BK]), Tma(d_up, [c.BM, c.BK]),
-            Tma(gate_weight, [c.BK, c.BN]), Tma(up_weight, [c.BK, c.BN]),
-            Tma(grad_x, [c.BM, c.BN // c.EPI_SPLIT]), ws, count,
-            T, H, I, nprog, splits, **launch_kwargs(c),
+            kernels.grad_x_split_tail_kernel,
+            (nprog,),
+            ("grad_x_split_tail", d_gate.device, T, H, I, nprog, c),
+            Tma(d_gate, [c.BM, c.BK]),
+            Tma(d_up, [c.BM, c.BK]),
+            Tma(gate_weight, [c.BK, c.BN]),
+            Tma(up_weight, [c.BK, c.BN]),
+            Tma(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
+            ws,
+            count,
+            T,
+            H,
+            I,
+            nprog,
+            splits,
+            **launch_kwargs(c),
         )
         return
     launch(
-        kernels.grad_x_kernel, (nprog,), ("grad_x", d_gate.device, T, H, I, nprog, c),
-        Tma(d_gate, [c.BM, c.BK]), Tma(d_up, [c.BM, c.BK]),
-        Tma(gate_weight, [c.BK, c.BN]), Tma(up_weight, [c.BK, c.BN]),
+        kernels.grad_x_kernel,
+        (nprog,),
+        ("grad_x", d_gate.device, T, H, I, nprog, c),
+        Tma(d_gate, [c.BM, c.BK]),
+        Tma(d_up, [c.BM, c.BK]),
+        Tma(gate_weight, [c.BK, c.BN]),
+        Tma(up_weight, [c.BK, c.BN]),
         Tma(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
-        T, H, I, nprog, **launch_kwargs(c),
+        T,
+        H,
+        I,
+        nprog,
+        **launch_kwargs(c),
     )
 
 
@@ -265,10 +320,12 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
     # configs["grad_weights"] means the tl kernel with that config).
     gluon_wgrad_cfg = None if "grad_weights" in configs or T == 0 else gluon_config_for(T, device)
     gluon_dswiglu_cfg = None if "dswiglu" in configs or T == 0 else gluon_dswiglu_config_for(T, device, H, I)
-    gluon_grad_x_cfg = None if "grad_x" in configs or T == 0 else _gluon_config_for_bucket(bucket_for(T), device,
-                                                                                           "grad_x")
-    if gluon_grad_x_cfg is not None and device.type == "cuda" and not grad_x_fills(
-            T, H, gluon_grad_x_cfg, devices.device_sms(device)):
+    gluon_grad_x_cfg = None if "grad_x" in configs or T == 0 else _gluon_config_for_bucket(bucket_for(T), device, "grad_x")
+    if (
+        gluon_grad_x_cfg is not None
+        and device.type == "cuda"
+        and not grad_x_fills(T, H, gluon_grad_x_cfg, devices.device_sms(device))
+    ):
         # Its tiles, chosen at Hermes' hidden_size, would leave SMs idle here (a smaller H): the
         # tl kernel with the filling tile instead.
         gluon_grad_x_cfg = None
@@ -280,25 +337,35 @@ def _make_plan(T: int, H: int, I: int, device: torch.device, configs: dict[str, 
                 check_shared_memory(kernel, cfg, device)
     # (The tl dSwiGLU config is checked even where Gluon's is planned: it runs when the strides
     # rule Gluon out, launch_backward.)
-    return BackwardPlan(T, H, I, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg,
-                        gluon_grad_x_cfg, *_programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg,
-                                                     gluon_wgrad_cfg, gluon_dswiglu_cfg, gluon_grad_x_cfg))
+    return BackwardPlan(
+        T,
+        H,
+        I,
+        dswiglu_cfg,
+        wgrad_cfg,
+        grad_x_cfg,
+        gluon_wgrad_cfg,
+        gluon_dswiglu_cfg,
+        gluon_grad_x_cfg,
+        *_programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg, gluon_grad_x_cfg),
+    )
 
 
-def _programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg,
-              gluon_grad_x_cfg) -> tuple:
+def _programs(T, H, I, device, dswiglu_cfg, wgrad_cfg, grad_x_cfg, gluon_wgrad_cfg, gluon_dswiglu_cfg, gluon_grad_x_cfg) -> tuple:
     # BackwardPlan's *_programs fields, in their order.
     if T == 0:
         return ()
     w = gluon_wgrad_cfg or wgrad_cfg
     persistent = gluon_wgrad_cfg is not None or wgrad_cfg.persistent
     gd = gluon_dswiglu_cfg
-    return (tile_programs(device, T, I, dswiglu_cfg),
-            0 if gd is None else tile_programs(device, T, I, gd),
-            tile_programs(device, H, I, w, persistent),
-            tile_programs(device, I, H, w, persistent),
-            tile_programs(device, T, H, grad_x_cfg, grad_x_cfg.persistent),
-            0 if gluon_grad_x_cfg is None else tile_programs(device, T, H, gluon_grad_x_cfg))
+    return (
+        tile_programs(device, T, I, dswiglu_cfg),
+        0 if gd is None else tile_programs(device, T, I, gd),
+        tile_programs(device, H, I, w, persistent),
+        tile_programs(device, I, H, w, persistent),
+        tile_programs(device, T, H, grad_x_cfg, grad_x_cfg.persistent),
+        0 if gluon_grad_x_cfg is None else tile_programs(device, T, H, gluon_grad_x_cfg),
+    )
 
 
 @lru_cache(maxsize=1024)
@@ -306,8 +373,9 @@ def _cached_plan(T: int, H: int, I: int, device: torch.device, reserved_sms: int
     return _make_plan(T, H, I, device, {})
 
 
-def backward_plan(tokens: int, hidden_size: int, intermediate_size: int, device: torch.device,
-                  configs: dict[str, KernelConfig] | None = None) -> BackwardPlan:
+def backward_plan(
+    tokens: int, hidden_size: int, intermediate_size: int, device: torch.device, configs: dict[str, KernelConfig] | None = None
+) -> BackwardPlan:
     """The ``BackwardPlan`` for these sizes on ``device`` (a CUDA device with its index, or the
     CPU under the interpreter). Without ``configs`` it comes from a bounded cache keyed by the
     sizes, the device and ``devices.RESERVED_SMS`` (the tables, the triton release and ``SWIGLU_GLUON`` are fixed for the
@@ -372,24 +440,34 @@ def triton_swiglu_backward(
     """
     recompute = activated_gate is None
     problem = validate_backward_inputs(
-        grad_output, x, gate_output, up_output, gate_output if recompute else activated_gate,
-        gate_weight, up_weight, down_weight, dtypes=(torch.bfloat16,),
+        grad_output,
+        x,
+        gate_output,
+        up_output,
+        gate_output if recompute else activated_gate,
+        gate_weight,
+        up_weight,
+        down_weight,
+        dtypes=(torch.bfloat16,),
     )
     reason = unsupported_reason(x, gate_weight)
     if reason:
         raise ValueError(f"impl='triton' {reason}")
     if release_activations and not overwrite_activations:
         raise ValueError("release_activations=True needs overwrite_activations=True")
-    plan = backward_plan(problem.tokens, problem.hidden_size, problem.intermediate_size, plan_device(x.device),
-                         configs)
+    plan = backward_plan(problem.tokens, problem.hidden_size, problem.intermediate_size, plan_device(x.device), configs)
     inputs = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
     T, H, I = plan.tokens, plan.hidden_size, plan.intermediate_size
     outs = _check_out(out, [t for t in inputs if t is not None], [(T, H), (I, H), (I, H), (H, I)], x.device)
     flat = [None if t is None else t.reshape(-1, t.shape[-1]) for t in inputs[:5]]
     grad_x, *grad_weights = launch_backward(
-        (*flat, gate_weight, up_weight, down_weight), plan=plan,
+        (*flat, gate_weight, up_weight, down_weight),
+        plan=plan,
         needs=(need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight),
-        overwrite_activations=overwrite_activations, release_activations=release_activations, out=outs)
+        overwrite_activations=overwrite_activations,
+        release_activations=release_activations,
+        out=outs,
+    )
     return (None if grad_x is None else grad_x.reshape(x.shape), *grad_weights)
 
 
@@ -405,11 +483,24 @@ def launch_planned_dswiglu(plan: BackwardPlan, go, down_w, gate, up, act, d_gate
     and the strides allow (it addresses gate/up/act with one row stride and d_gate/d_up/h with
     another), else the tl one. TMA-ready 2-D tensors, [T, *] as the plan's T."""
     gd = plan.gluon_dswiglu
-    if (gd is not None and gate.stride(0) == up.stride(0) and (act is None or act.stride(0) == up.stride(0))
-            and d_gate.stride(0) == d_up.stride(0) == h.stride(0)):
+    if (
+        gd is not None
+        and gate.stride(0) == up.stride(0)
+        and (act is None or act.stride(0) == up.stride(0))
+        and d_gate.stride(0) == d_up.stride(0) == h.stride(0)
+    ):
         _gluon().dswiglu.launch_dswiglu_gluon_trusted(
-            go, down_w, gate, up, act, d_gate, d_up, h, gd,
-            plan.gluon_dswiglu_programs or tile_programs(go.device, plan.tokens, plan.intermediate_size, gd))
+            go,
+            down_w,
+            gate,
+            up,
+            act,
+            d_gate,
+            d_up,
+            h,
+            gd,
+            plan.gluon_dswiglu_programs or tile_programs(go.device, plan.tokens, plan.intermediate_size, gd),
+        )
     else:
         launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, plan.dswiglu, plan.dswiglu_programs)
 
@@ -421,8 +512,10 @@ def launch_planned_grad_x(plan: BackwardPlan, d_gate, d_up, gate_w, up_w, grad_x
         launch_grad_x(d_gate, d_up, gate_w, up_w, grad_x, plan.grad_x, plan.grad_x_programs)
         return
     if GRAD_X_LAUNCHER is None:
-        raise ValueError(f"a gluon_grad_x table entry runs swiglu_lab.experiments.gluon_wgrad_probe's kernel, which "
-                         f"sets backward.GRAD_X_LAUNCHER when imported (not imported), got {plan.gluon_grad_x}")
+        raise ValueError(
+            f"a gluon_grad_x table entry runs swiglu_lab.experiments.gluon_wgrad_probe's kernel, which "
+            f"sets backward.GRAD_X_LAUNCHER when imported (not imported), got {plan.gluon_grad_x}"
+        )
     GRAD_X_LAUNCHER(d_gate, d_up, gate_w, up_w, grad_x, plan.gluon_grad_x, plan.gluon_grad_x_programs)
 
 
@@ -448,8 +541,10 @@ def launch_backward(
     if T == 0:
         # No tokens (e.g. an MoE expert that got none this step): nothing to launch; the weight
         # gradients are sums over zero tokens, so zeros, and grad_x is empty, as nn.Linear gives.
-        return tuple(_alloc(buf, shape, dev).zero_() if need else None
-                     for buf, shape, need in zip(outs, [(T, H), (I, H), (I, H), (H, I)], needs))
+        return tuple(
+            _alloc(buf, shape, dev).zero_() if need else None
+            for buf, shape, need in zip(outs, [(T, H), (I, H), (I, H), (H, I)], needs)
+        )
     wgrad_cfg, gluon_wgrad_cfg = plan.grad_weights, plan.gluon_grad_weights
     need_d = need_grad_x or need_grad_gate_weight or need_grad_up_weight  # dswiglu runs (d_gate, d_up)
     go, xf = tma_ready(grad_output), tma_ready(x)
@@ -463,11 +558,19 @@ def launch_backward(
                 raise ValueError("overwrite_activations needs gate_output and up_output in separate memory")
             # They are written (d_gate, d_up) while the others are still read: no shared memory.
             for name, t in (("gate_output", gate), ("up_output", up)):
-                for other, u in (("grad_output", go), ("x", xf), ("activated_gate", act), ("gate_weight", gate_w),
-                                 ("up_weight", up_w), ("down_weight", down_w)):
+                for other, u in (
+                    ("grad_output", go),
+                    ("x", xf),
+                    ("activated_gate", act),
+                    ("gate_weight", gate_w),
+                    ("up_weight", up_w),
+                    ("down_weight", down_w),
+                ):
                     if u is not None and _overlap(t, u):
-                        raise ValueError(f"overwrite_activations writes over {name}, which shares memory with "
-                                         f"{other}: pass a tensor of its own (e.g. {name}.clone())")
+                        raise ValueError(
+                            f"overwrite_activations writes over {name}, which shares memory with "
+                            f"{other}: pass a tensor of its own (e.g. {name}.clone())"
+                        )
             d_gate, d_up = gate, up
         else:
             d_gate = torch.empty(T, I, device=dev, dtype=torch.bfloat16)
@@ -547,15 +650,16 @@ def _check_out(out, inputs, shapes, dev) -> list:
         if buf.dtype != torch.bfloat16 or buf.device != dev:
             raise TypeError(f"out[{name}] must be bfloat16 on {dev}, got {buf.dtype} on {buf.device}")
         if buf.numel() != shape[0] * shape[1] or not buf.is_contiguous():
-            raise ValueError(f"out[{name}] must be contiguous with {shape[0] * shape[1]} elements {list(shape)}, "
-                             f"got shape {list(buf.shape)}")
+            raise ValueError(
+                f"out[{name}] must be contiguous with {shape[0] * shape[1]} elements {list(shape)}, got shape {list(buf.shape)}"
+            )
         if buf.data_ptr() % 16:
             raise ValueError(f"out[{name}] must start at a 16-byte aligned address (TMA), got {buf.data_ptr():#x}")
         if any(_overlap(buf, t) for t in inputs):
             raise ValueError(f"out[{name}] overlaps an input; outputs must not alias inputs")
     given = [(n, b) for n, b in zip(names, out) if b is not None]
     for i, (n1, b1) in enumerate(given):
-        for n2, b2 in given[i + 1:]:
+        for n2, b2 in given[i + 1 :]:
             if _overlap(b1, b2):
                 raise ValueError(f"out[{n1}] and out[{n2}] overlap; outputs must not alias each other")
     return list(out)
@@ -563,10 +667,10 @@ def _check_out(out, inputs, shapes, dev) -> list:
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the memory spans of a and b intersect (conservative for strided views)."""
+
     def span(t: torch.Tensor) -> tuple[int, int]:
         extent = t.numel() and sum((d - 1) * st for d, st in zip(t.shape, t.stride())) + 1
         return t.data_ptr(), t.data_ptr() + extent * t.element_size()
 
     (a_lo, a_hi), (b_lo, b_hi) = span(a), span(b)
     return a_lo < b_hi and b_lo < a_hi
-

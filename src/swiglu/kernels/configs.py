@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .shared_memory import estimate_shared_memory
 
+
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile shape and launch parameters of one kernel launch."""
@@ -46,11 +47,14 @@ class KernelConfig:
         if self.GROUP_M < 1:
             raise ValueError(f"KernelConfig.GROUP_M must be >= 1, got {self.GROUP_M}")
         if self.EPI_SPLIT not in (1, 2, 4) or self.BN // self.EPI_SPLIT < 8:
-            raise ValueError(f"KernelConfig.EPI_SPLIT must be 1, 2 or 4 with BN // EPI_SPLIT >= 8, got "
-                             f"{self.EPI_SPLIT} for BN={self.BN}")
+            raise ValueError(
+                f"KernelConfig.EPI_SPLIT must be 1, 2 or 4 with BN // EPI_SPLIT >= 8, got {self.EPI_SPLIT} for BN={self.BN}"
+            )
         if self.num_stages < 1 or self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"KernelConfig needs num_stages >= 1 and num_warps in 1..16 (a power of two), got "
-                             f"{self.num_stages} and {self.num_warps}")
+            raise ValueError(
+                f"KernelConfig needs num_stages >= 1 and num_warps in 1..16 (a power of two), got "
+                f"{self.num_stages} and {self.num_warps}"
+            )
 
 
 @dataclass(frozen=True)
@@ -114,24 +118,32 @@ class GluonConfig:
         return self.STAGES * (self.BK * self.BM + self.BK * self.tile_n) * 2 + output + conversion + 1024
 
     def __post_init__(self) -> None:
-        if self.BN2 and (self.BN2 & (self.BN2 - 1) or not 8 <= self.BN2 < self.BN
-                         or not self.pingpong and (self.defer or self.plain_store or self.resident_k)):
-            raise ValueError(f"GluonConfig.BN2 must be 0 or a power of two in [8, BN) (without pingpong: no defer, "
-                             f"plain_store or resident_k), got {self}")
+        if self.BN2 and (
+            self.BN2 & (self.BN2 - 1)
+            or not 8 <= self.BN2 < self.BN
+            or not self.pingpong
+            and (self.defer or self.plain_store or self.resident_k)
+        ):
+            raise ValueError(
+                f"GluonConfig.BN2 must be 0 or a power of two in [8, BN) (without pingpong: no defer, "
+                f"plain_store or resident_k), got {self}"
+            )
         if self.STAGES < 2:
             # A one-stage ring deadlocks from two k-steps up: step c waits for its stage while
             # step c - 1's wgmma, which releases it, is still held.
             raise ValueError(f"GluonConfig.STAGES must be >= 2, got {self.STAGES}")
         if self.plain_store not in (0, 1, 2) or self.plain_store and (self.pingpong or self.defer or self.resident_k):
-            raise ValueError(f"GluonConfig.plain_store must be 0, 1 or 2, and 0 with pingpong, defer or resident_k, "
-                             f"got {self}")
+            raise ValueError(f"GluonConfig.plain_store must be 0, 1 or 2, and 0 with pingpong, defer or resident_k, got {self}")
         if self.wg_store and (self.wg_store < 0 or not self.pingpong or self.BN != 2 * self.BN2 or self.plain_store):
-            raise ValueError(f"GluonConfig.wg_store must be 0 or, with pingpong and BN = 2 * BN2 (no plain_store), "
-                             f"the chunk buffers per MMA warpgroup, got {self.wg_store} ({self})")
-        if self.resident_k and (self.pingpong or self.resident_k < 0 or self.resident_k % self.BK
-                                or not 1 <= self.GROUP_M <= 64):
-            raise ValueError(f"GluonConfig.resident_k must be 0 or, without pingpong and with GROUP_M in "
-                             f"1..64, a positive multiple of BK={self.BK}, got {self.resident_k} (GROUP_M {self.GROUP_M})")
+            raise ValueError(
+                f"GluonConfig.wg_store must be 0 or, with pingpong and BN = 2 * BN2 (no plain_store), "
+                f"the chunk buffers per MMA warpgroup, got {self.wg_store} ({self})"
+            )
+        if self.resident_k and (self.pingpong or self.resident_k < 0 or self.resident_k % self.BK or not 1 <= self.GROUP_M <= 64):
+            raise ValueError(
+                f"GluonConfig.resident_k must be 0 or, without pingpong and with GROUP_M in "
+                f"1..64, a positive multiple of BK={self.BK}, got {self.resident_k} (GROUP_M {self.GROUP_M})"
+            )
 
 
 @dataclass(frozen=True)
@@ -161,8 +173,10 @@ class DswigluGluonConfig:
     epi_regs: int = 168
 
     def name(self) -> str:
-        return (f"{self.BM}x{self.BN}x{self.BK} S{self.STAGES} NG{self.NG} epi{self.EPI_M}x{self.EPI_N} "
-                f"G{self.GROUP_M} w{self.num_warps}+1+{self.epi_warps} r{self.maxnreg}/{self.epi_regs}")
+        return (
+            f"{self.BM}x{self.BN}x{self.BK} S{self.STAGES} NG{self.NG} epi{self.EPI_M}x{self.EPI_N} "
+            f"G{self.GROUP_M} w{self.num_warps}+1+{self.epi_warps} r{self.maxnreg}/{self.epi_regs}"
+        )
 
     def smem_bytes(self) -> int:
         return self.STAGES * (self.BM * self.BK + self.BK * self.BN) * 2 + self.NG * self.BM * self.BN * 2 + 1024
@@ -183,8 +197,10 @@ class DswigluGluonConfig:
 
     def __post_init__(self) -> None:
         if self.EPI_N != 64 or self.BM % self.EPI_M or self.BN % self.EPI_N or self.EPI_M % 8:
-            raise ValueError(f"{self.name()}: pieces are [EPI_M, 64] with EPI_M a multiple of 8 dividing BM "
-                             "(one 128-byte-swizzled column block of the g tile, see the kernel)")
+            raise ValueError(
+                f"{self.name()}: pieces are [EPI_M, 64] with EPI_M a multiple of 8 dividing BM "
+                "(one 128-byte-swizzled column block of the g tile, see the kernel)"
+            )
         if self.total_warps() * 32 * self.maxnreg > 65536:
             raise ValueError(f"{self.name()}: {self.total_warps()} warps x 32 x {self.maxnreg} registers > 65536")
         if not 24 <= self.mma_regs() <= 256:
@@ -270,8 +286,9 @@ def _load(path: Path) -> None:
         GLUON_GRAD_X[parse_bucket(key)] = GluonConfig(**entry["config"])
     for key, entry in table.get("gluon_dswiglu", {}).items():
         GLUON_DSWIGLU[parse_bucket(key)] = DswigluGluonConfig(**entry["config"])
-    GLUON_DSWIGLU_BY_SHAPE.update(parse_by_shape(table.get("gluon_dswiglu_by_shape", {}),
-                                                 lambda e: DswigluGluonConfig(**e["config"])))
+    GLUON_DSWIGLU_BY_SHAPE.update(
+        parse_by_shape(table.get("gluon_dswiglu_by_shape", {}), lambda e: DswigluGluonConfig(**e["config"]))
+    )
 
 
 _load(TUNED_CONFIGS_PATH)

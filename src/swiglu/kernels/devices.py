@@ -42,7 +42,7 @@ GLUON_TRITONS = ("3.6", "3.7")
 
 
 def triton_minor(version: str) -> str:
-    """"3.6" of "3.6.0"."""
+    """ "3.6" of "3.6.0"."""
     return ".".join(version.split(".")[:2])
 
 
@@ -57,8 +57,10 @@ def gluon_unavailable_reason(device: torch.device) -> str | None:
     if INTERPRET or device.type != "cuda":
         return "Gluon kernels run on CUDA devices only (not in the Triton interpreter)"
     if triton_minor(triton.__version__) not in GLUON_TRITONS:
-        return (f"Gluon kernels are written for triton {' and '.join(v + '.x' for v in GLUON_TRITONS)}; "
-                f"this is triton {triton.__version__}")
+        return (
+            f"Gluon kernels are written for triton {' and '.join(v + '.x' for v in GLUON_TRITONS)}; "
+            f"this is triton {triton.__version__}"
+        )
     if torch.cuda.get_device_capability(device) != (9, 0):
         return "Gluon kernels are written for sm_90 (Hopper)"
     return None
@@ -129,15 +131,21 @@ def device_reason(device: torch.device | str) -> str | None:
     device = torch.device(device)
     if device.type != "cuda":
         if INTERPRET and not TRITON_INTERPRETS:
-            return ("needs TRITON_INTERPRET=1 set before triton is imported (it was set later, so Triton's own "
-                    "functions are compiled for a GPU): set it in the environment or at the top of the script")
+            return (
+                "needs TRITON_INTERPRET=1 set before triton is imported (it was set later, so Triton's own "
+                "functions are compiled for a GPU): set it in the environment or at the top of the script"
+            )
         if INTERPRET:
             return None
-        return (f"needs CUDA tensors (got device {device}); on a CPU use impl='reference', or set "
-                "TRITON_INTERPRET=1 before importing swiglu to run the kernels in Triton's interpreter")
+        return (
+            f"needs CUDA tensors (got device {device}); on a CPU use impl='reference', or set "
+            "TRITON_INTERPRET=1 before importing swiglu to run the kernels in Triton's interpreter"
+        )
     if torch.version.hip:
-        return (f"needs an NVIDIA GPU (TMA descriptors, Hopper's wgmma); this is a ROCm build (HIP "
-                f"{torch.version.hip}): use impl='reference'")
+        return (
+            f"needs an NVIDIA GPU (TMA descriptors, Hopper's wgmma); this is a ROCm build (HIP "
+            f"{torch.version.hip}): use impl='reference'"
+        )
     props = _cuda_properties(device)
     if isinstance(props, str):
         return props
@@ -146,8 +154,10 @@ def device_reason(device: torch.device | str) -> str | None:
     limit = getattr(props, "shared_memory_per_block_optin", None)
     need = table_shared_memory()
     if limit is not None and need > limit:
-        return (f"needs {need} bytes of shared memory per block for its kernel configurations (tuned for the "
-                f"H200, sm_90); {props.name} (sm_{props.major}{props.minor}) allows {limit}: use impl='reference'")
+        return (
+            f"needs {need} bytes of shared memory per block for its kernel configurations (tuned for the "
+            f"H200, sm_90); {props.name} (sm_{props.major}{props.minor}) allows {limit}: use impl='reference'"
+        )
     return None
 
 
@@ -163,8 +173,10 @@ def untuned_reason(device: torch.device | str) -> str | None:
         return props
     if (props.major, props.minor) not in TUNED_ARCHS:
         tuned = ", ".join(f"sm_{a}{b}" for a, b in TUNED_ARCHS)
-        return (f"no kernel configuration was tuned for {props.name} (sm_{props.major}{props.minor}; tables "
-                f"exist for {tuned}); impl='triton' runs the sm_90 tables there anyway")
+        return (
+            f"no kernel configuration was tuned for {props.name} (sm_{props.major}{props.minor}; tables "
+            f"exist for {tuned}); impl='triton' runs the sm_90 tables there anyway"
+        )
     return None
 
 
@@ -173,9 +185,11 @@ def sizes_reason(hidden_size: int, intermediate_size: int) -> str | None:
     intermediate_size must be multiples of ``ALIGN_ELEMENTS`` (16-byte aligned rows for TMA)."""
     for label, size in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
         if size % ALIGN_ELEMENTS:
-            return (f"needs {label} to be a multiple of {ALIGN_ELEMENTS}, got {size} (hidden_size and "
-                    f"intermediate_size must be multiples of {ALIGN_ELEMENTS}: TMA needs 16-byte aligned rows); "
-                    "use impl='reference' for this shape")
+            return (
+                f"needs {label} to be a multiple of {ALIGN_ELEMENTS}, got {size} (hidden_size and "
+                f"intermediate_size must be multiples of {ALIGN_ELEMENTS}: TMA needs 16-byte aligned rows); "
+                "use impl='reference' for this shape"
+            )
     return None
 
 

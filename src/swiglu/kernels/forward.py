@@ -70,8 +70,7 @@ def _entry_config(entry: dict) -> KernelConfig | None:
 _load_forward_configs(FORWARD_CONFIGS_PATH)
 
 
-def forward_config_for(tokens: int, hidden_size: int | None = None,
-                       intermediate_size: int | None = None) -> KernelConfig | None:
+def forward_config_for(tokens: int, hidden_size: int | None = None, intermediate_size: int | None = None) -> KernelConfig | None:
     """The fused kernel's configuration at ``tokens``, or None where cuBLAS is chosen; at a
     (hidden_size, intermediate_size) with its own measured entry for the bucket
     (``FORWARD_CONFIGS_BY_SHAPE``), that one. Raises TypeError when only one of the two sizes
@@ -96,12 +95,31 @@ def launch_fused_forward(x, gate_weight, up_weight, gate, up, act, h, c: KernelC
     piece = [c.BM, c.BN // c.EPI_SPLIT]
     nprog = tile_programs(x.device, T, I, c, c.persistent)
     launch(
-        kernels.swiglu_forward_kernel, (nprog,), ("swiglu_forward", x.device, T, H, I, nprog, act is not None, c),
-        Tma(x, [c.BM, c.BK]), Tma(gate_weight, [c.BN, c.BK]), Tma(up_weight, [c.BN, c.BK]),
-        Tma(gate, piece), Tma(up, piece), Tma(h if act is None else act, piece), Tma(h, piece),
-        T, H, I, nprog, BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EPI_SPLIT=c.EPI_SPLIT,
-        WARP_SPECIALIZE=c.warp_specialize, FLATTEN=c.flatten, STORE_ACT=act is not None, UPCAST=INTERPRET,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        kernels.swiglu_forward_kernel,
+        (nprog,),
+        ("swiglu_forward", x.device, T, H, I, nprog, act is not None, c),
+        Tma(x, [c.BM, c.BK]),
+        Tma(gate_weight, [c.BN, c.BK]),
+        Tma(up_weight, [c.BN, c.BK]),
+        Tma(gate, piece),
+        Tma(up, piece),
+        Tma(h if act is None else act, piece),
+        Tma(h, piece),
+        T,
+        H,
+        I,
+        nprog,
+        BM=c.BM,
+        BN=c.BN,
+        BK=c.BK,
+        GROUP_M=c.GROUP_M,
+        EPI_SPLIT=c.EPI_SPLIT,
+        WARP_SPECIALIZE=c.warp_specialize,
+        FLATTEN=c.flatten,
+        STORE_ACT=act is not None,
+        UPCAST=INTERPRET,
+        num_warps=c.num_warps,
+        num_stages=c.num_stages,
     )
 
 
@@ -111,8 +129,17 @@ def launch_swiglu_product(gate, up, h, act=None) -> None:
     n = gate.numel()
     grid = (cdiv(n, PRODUCT_BLOCK),)
     launch(
-        kernels.swiglu_product_kernel, grid, ("swiglu_product", gate.device, n, act is not None),
-        gate, up, h if act is None else act, h, n, BLOCK=PRODUCT_BLOCK, STORE_ACT=act is not None, UPCAST=INTERPRET,
+        kernels.swiglu_product_kernel,
+        grid,
+        ("swiglu_product", gate.device, n, act is not None),
+        gate,
+        up,
+        h if act is None else act,
+        h,
+        n,
+        BLOCK=PRODUCT_BLOCK,
+        STORE_ACT=act is not None,
+        UPCAST=INTERPRET,
         num_warps=4,
     )
 
@@ -158,13 +185,16 @@ def triton_swiglu_forward(
         if t.dtype != torch.bfloat16:
             raise TypeError(f"{name} must be bfloat16 for the Triton forward, got {t.dtype}")
     inter, hidden = gate_weight.shape if gate_weight.dim() == 2 else (None, None)
-    if (gate_weight.dim() != 2 or tuple(up_weight.shape) != (inter, hidden)
-            or tuple(down_weight.shape) != (hidden, inter)):
-        raise ValueError(f"gate_weight and up_weight must be [I, H] and down_weight [H, I], got "
-                         f"{list(gate_weight.shape)}, {list(up_weight.shape)}, {list(down_weight.shape)}")
+    if gate_weight.dim() != 2 or tuple(up_weight.shape) != (inter, hidden) or tuple(down_weight.shape) != (hidden, inter):
+        raise ValueError(
+            f"gate_weight and up_weight must be [I, H] and down_weight [H, I], got "
+            f"{list(gate_weight.shape)}, {list(up_weight.shape)}, {list(down_weight.shape)}"
+        )
     if x.dim() < 1 or x.shape[-1] != hidden or 0 in (inter, hidden):
-        raise ValueError(f"x must have shape [..., {hidden}] and the weights no empty size, got x {list(x.shape)}, "
-                         f"gate_weight {list(gate_weight.shape)}")
+        raise ValueError(
+            f"x must have shape [..., {hidden}] and the weights no empty size, got x {list(x.shape)}, "
+            f"gate_weight {list(gate_weight.shape)}"
+        )
     reason = unsupported_reason(x, gate_weight)
     if reason:
         raise ValueError(f"the Triton forward {reason}")
@@ -173,16 +203,23 @@ def triton_swiglu_forward(
     return run_forward(x, gate_weight, up_weight, down_weight, config, return_activated_gate)
 
 
-def run_forward(x, gate_weight, up_weight, down_weight, config: KernelConfig | None | str = "auto",
-                return_activated_gate: bool = False) -> tuple[torch.Tensor, ...]:
+def run_forward(
+    x, gate_weight, up_weight, down_weight, config: KernelConfig | None | str = "auto", return_activated_gate: bool = False
+) -> tuple[torch.Tensor, ...]:
     """``triton_swiglu_forward`` without its checks, for ``swiglu.ops``, which validated the
     inputs and resolved the Triton path for their device and sizes."""
     inter, hidden = gate_weight.shape
     T = x.numel() // hidden
     cfg = forward_config_for(T, hidden, inter) if isinstance(config, str) else config
     dev = x.device
-    if cfg is None and T > 0 and x.dim() != 2 and x.is_contiguous() and x.data_ptr() % 16 == 0 \
-            and (hidden * x.element_size()) % 16 == 0:
+    if (
+        cfg is None
+        and T > 0
+        and x.dim() != 2
+        and x.is_contiguous()
+        and x.data_ptr() % 16 == 0
+        and (hidden * x.element_size()) % 16 == 0
+    ):
         # The cuBLAS path for an x [..., H] whose [T, H] view tma_ready would take as it is: the
         # GEMMs on x itself (the same as on the view) and h with x's leading dimensions, so no
         # output needs a reshape.

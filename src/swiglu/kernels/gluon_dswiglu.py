@@ -62,9 +62,31 @@ def _program_tiles(T, I, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _load_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
-                    gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out,
-                    GROUP_M: gl.constexpr, EPI_M: gl.constexpr, EPI_N: gl.constexpr, RECOMPUTE_ACT: gl.constexpr):
+def _load_partition(
+    go_desc,
+    down_desc,
+    a_bufs,
+    b_bufs,
+    g_bufs,
+    ready,
+    empty,
+    g_ready,
+    g_empty,
+    gate_ptr,
+    up_ptr,
+    act_ptr,
+    dgate_ptr,
+    dup_ptr,
+    h_ptr,
+    T,
+    I,
+    stride_in,
+    stride_out,
+    GROUP_M: gl.constexpr,
+    EPI_M: gl.constexpr,
+    EPI_N: gl.constexpr,
+    RECOMPUTE_ACT: gl.constexpr,
+):
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BK: gl.constexpr = go_desc.block_type.shape[1]
     BN: gl.constexpr = down_desc.block_type.shape[1]
@@ -86,8 +108,23 @@ def _load_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_
 
 
 @gluon.jit
-def _piece_base(t, p, pid, nprog, num_m, num_n, T, I, stride_in, stride_out,
-                BM: gl.constexpr, BN: gl.constexpr, EPI_M: gl.constexpr, EPI_N: gl.constexpr, GROUP_M: gl.constexpr):
+def _piece_base(
+    t,
+    p,
+    pid,
+    nprog,
+    num_m,
+    num_n,
+    T,
+    I,
+    stride_in,
+    stride_out,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    EPI_M: gl.constexpr,
+    EPI_N: gl.constexpr,
+    GROUP_M: gl.constexpr,
+):
     """Piece p of the program's tile t: int64 element offsets of its first element in the input
     and output tensors, and how many of its rows and columns lie inside [T, I]. Pieces are
     column-major in the tile (p = pn * NPM + pm), the order of the g piece views."""
@@ -114,10 +151,31 @@ def _load_inputs(gate_ptr, up_ptr, act_ptr, base, offs, mask, RECOMPUTE_ACT: gl.
 
 
 @gluon.jit
-def _epilogue_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
-                        gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out,
-                        GROUP_M: gl.constexpr, EPI_M: gl.constexpr, EPI_N: gl.constexpr,
-                        RECOMPUTE_ACT: gl.constexpr):
+def _epilogue_partition(
+    go_desc,
+    down_desc,
+    a_bufs,
+    b_bufs,
+    g_bufs,
+    ready,
+    empty,
+    g_ready,
+    g_empty,
+    gate_ptr,
+    up_ptr,
+    act_ptr,
+    dgate_ptr,
+    dup_ptr,
+    h_ptr,
+    T,
+    I,
+    stride_in,
+    stride_out,
+    GROUP_M: gl.constexpr,
+    EPI_M: gl.constexpr,
+    EPI_N: gl.constexpr,
+    RECOMPUTE_ACT: gl.constexpr,
+):
     # g_bufs here is the [NG * NP, EPI_M, EPI_N] piece view of the g ring (see the kernel).
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BN: gl.constexpr = down_desc.block_type.shape[1]
@@ -135,8 +193,9 @@ def _epilogue_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty
     offs_out = r * stride_out + c
 
     # Prefetch: inputs of piece 0 of tile 0.
-    base_in, base_out, rows_left, cols_left = _piece_base(0, 0, pid, nprog, num_m, num_n, T, I, stride_in,
-                                                          stride_out, BM, BN, EPI_M, EPI_N, GROUP_M)
+    base_in, base_out, rows_left, cols_left = _piece_base(
+        0, 0, pid, nprog, num_m, num_n, T, I, stride_in, stride_out, BM, BN, EPI_M, EPI_N, GROUP_M
+    )
     mask = (r < rows_left) & (c < cols_left) & (num_tiles > 0)
     nx_gate, nx_up, nx_act = _load_inputs(gate_ptr, up_ptr, act_ptr, base_in, offs_in, mask, RECOMPUTE_ACT)
 
@@ -155,8 +214,9 @@ def _epilogue_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty
             # Prefetch the next piece's inputs (piece 0 of the next tile after the last piece).
             nt = t + (p + 1) // NP
             npc = (p + 1) % NP
-            nbase_in, nbase_out, nrows, ncols = _piece_base(nt, npc, pid, nprog, num_m, num_n, T, I, stride_in,
-                                                            stride_out, BM, BN, EPI_M, EPI_N, GROUP_M)
+            nbase_in, nbase_out, nrows, ncols = _piece_base(
+                nt, npc, pid, nprog, num_m, num_n, T, I, stride_in, stride_out, BM, BN, EPI_M, EPI_N, GROUP_M
+            )
             mask = (r < nrows) & (c < ncols) & (nt < num_tiles)
             nx_gate, nx_up, nx_act = _load_inputs(gate_ptr, up_ptr, act_ptr, nbase_in, offs_in, mask, RECOMPUTE_ACT)
 
@@ -184,8 +244,7 @@ def _epilogue_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty
 
 
 @gluon.jit
-def _mma_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I,
-                   GROUP_M: gl.constexpr):
+def _mma_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I, GROUP_M: gl.constexpr):
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BK: gl.constexpr = go_desc.block_type.shape[1]
     BN: gl.constexpr = down_desc.block_type.shape[1]
@@ -204,13 +263,13 @@ def _mma_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_r
             s = c % STAGES
             mbarrier.wait(ready.index(s), (c // STAGES) & 1)
             acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             # The wgmma of step c-1 is done in this warpgroup; sync both warpgroups before thread 0
             # releases its stage to the loader.
             _cta_barrier()
             mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
             c += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _cta_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
 
@@ -225,12 +284,30 @@ def _mma_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_r
 
 
 @gluon.jit
-def dswiglu_gluon_kernel(go_desc, down_desc, gate_ptr, up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr,
-                         T, I, stride_in, stride_out,
-                         GROUP_M: gl.constexpr, STAGES: gl.constexpr, NG: gl.constexpr,
-                         EPI_M: gl.constexpr, EPI_N: gl.constexpr, RECOMPUTE_ACT: gl.constexpr,
-                         EPI_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, EPI_REGS: gl.constexpr,
-                         PDL: gl.constexpr = False):
+def dswiglu_gluon_kernel(
+    go_desc,
+    down_desc,
+    gate_ptr,
+    up_ptr,
+    act_ptr,
+    dgate_ptr,
+    dup_ptr,
+    h_ptr,
+    T,
+    I,
+    stride_in,
+    stride_out,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    NG: gl.constexpr,
+    EPI_M: gl.constexpr,
+    EPI_N: gl.constexpr,
+    RECOMPUTE_ACT: gl.constexpr,
+    EPI_WARPS: gl.constexpr,
+    LOAD_REGS: gl.constexpr,
+    EPI_REGS: gl.constexpr,
+    PDL: gl.constexpr = False,
+):
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BK: gl.constexpr = go_desc.block_type.shape[1]
     BN: gl.constexpr = down_desc.block_type.shape[1]
@@ -265,15 +342,69 @@ def dswiglu_gluon_kernel(go_desc, down_desc, gate_ptr, up_ptr, act_ptr, dgate_pt
 
     # The worker argument tuples are written inline: a tuple assigned to a name first turns its
     # constexpr entries into tensors (code_generator.visit_Assign), and EPI_M etc. must stay constexpr.
-    gl.warp_specialize([
-        (_mma_partition, (go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I, GROUP_M)),
-        (_load_partition, (go_desc, down_desc, a_bufs, b_bufs, g_pieces, ready, empty, g_ready, g_empty, gate_ptr, up_ptr,
-                           act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out, GROUP_M, EPI_M, EPI_N,
-                           RECOMPUTE_ACT)),
-        (_epilogue_partition, (go_desc, down_desc, a_bufs, b_bufs, g_pieces, ready, empty, g_ready, g_empty, gate_ptr,
-                               up_ptr, act_ptr, dgate_ptr, dup_ptr, h_ptr, T, I, stride_in, stride_out, GROUP_M, EPI_M,
-                               EPI_N, RECOMPUTE_ACT)),
-    ], [1, EPI_WARPS], [LOAD_REGS, EPI_REGS])
+    gl.warp_specialize(
+        [
+            (_mma_partition, (go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I, GROUP_M)),
+            (
+                _load_partition,
+                (
+                    go_desc,
+                    down_desc,
+                    a_bufs,
+                    b_bufs,
+                    g_pieces,
+                    ready,
+                    empty,
+                    g_ready,
+                    g_empty,
+                    gate_ptr,
+                    up_ptr,
+                    act_ptr,
+                    dgate_ptr,
+                    dup_ptr,
+                    h_ptr,
+                    T,
+                    I,
+                    stride_in,
+                    stride_out,
+                    GROUP_M,
+                    EPI_M,
+                    EPI_N,
+                    RECOMPUTE_ACT,
+                ),
+            ),
+            (
+                _epilogue_partition,
+                (
+                    go_desc,
+                    down_desc,
+                    a_bufs,
+                    b_bufs,
+                    g_pieces,
+                    ready,
+                    empty,
+                    g_ready,
+                    g_empty,
+                    gate_ptr,
+                    up_ptr,
+                    act_ptr,
+                    dgate_ptr,
+                    dup_ptr,
+                    h_ptr,
+                    T,
+                    I,
+                    stride_in,
+                    stride_out,
+                    GROUP_M,
+                    EPI_M,
+                    EPI_N,
+                    RECOMPUTE_ACT,
+                ),
+            ),
+        ],
+        [1, EPI_WARPS],
+        [LOAD_REGS, EPI_REGS],
+    )
     _pdl_end(PDL)
 
 
@@ -282,8 +413,10 @@ def dswiglu_gluon_kernel(go_desc, down_desc, gate_ptr, up_ptr, act_ptr, dgate_pt
 
 def _check_2d(name, t, shape):
     if tuple(t.shape) != tuple(shape) or t.stride(-1) != 1 or t.dtype != torch.bfloat16:
-        raise ValueError(f"{name}: expected a bf16 [{shape[0]}, {shape[1]}] tensor with unit last stride, got "
-                         f"{t.dtype} {tuple(t.shape)} strides {t.stride()}")
+        raise ValueError(
+            f"{name}: expected a bf16 [{shape[0]}, {shape[1]}] tensor with unit last stride, got "
+            f"{t.dtype} {tuple(t.shape)} strides {t.stride()}"
+        )
 
 
 def _prepare(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, num_programs: int | None):
@@ -311,13 +444,34 @@ def _prepare(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig
 def _kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T: int, I: int, cfg: DswigluGluonConfig) -> tuple:
     """``dswiglu_gluon_kernel``'s positional arguments, constexprs included (one row stride for
     gate/up/act, one for d_gate/d_up/h; ``act`` None: recomputed, gate passed in its place)."""
-    return (go_desc, down_desc, gate, up, gate if act is None else act, d_gate, d_up, h, T, I, gate.stride(0),
-            d_gate.stride(0), cfg.GROUP_M, cfg.STAGES, cfg.NG, cfg.EPI_M, cfg.EPI_N, act is None, cfg.epi_warps,
-            cfg.load_regs, cfg.epi_regs)
+    return (
+        go_desc,
+        down_desc,
+        gate,
+        up,
+        gate if act is None else act,
+        d_gate,
+        d_up,
+        h,
+        T,
+        I,
+        gate.stride(0),
+        d_gate.stride(0),
+        cfg.GROUP_M,
+        cfg.STAGES,
+        cfg.NG,
+        cfg.EPI_M,
+        cfg.EPI_N,
+        act is None,
+        cfg.epi_warps,
+        cfg.load_regs,
+        cfg.epi_regs,
+    )
 
 
-def launch_dswiglu_gluon(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig = DswigluGluonConfig(),
-                         num_programs: int | None = None) -> None:
+def launch_dswiglu_gluon(
+    go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig = DswigluGluonConfig(), num_programs: int | None = None
+) -> None:
     """The contract of ``backward.launch_dswiglu``: ``g = go @ down_w`` [T, I] with the SwiGLU backward
     epilogue, writes d_gate, d_up, h [T, I]; ``act`` None: activated_gate recomputed from gate.
     go [T, H], down_w [H, I] bf16 CUDA sm_90 tensors usable by TMA (``tma.tma_ready``); gate/up/act
@@ -337,17 +491,20 @@ def make_launch(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonCon
     return run
 
 
-def launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig,
-                                 num_programs: int) -> None:
+def launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, num_programs: int) -> None:
     """``launch_dswiglu_gluon`` without its checks, for ``backward.launch_backward``: the caller
     made every tensor TMA-ready (``tma.tma_ready``) and checked that gate/up/act share one row
     stride and d_gate/d_up/h another. The compiled kernel is looked up per key after the first
     launch (``launch.launch``)."""
     T, I = go.shape[0], down_w.shape[1]
-    key = ("gluon_dswiglu", go.device, T, I, go.shape[1], gate.stride(0), d_gate.stride(0), num_programs, act is None,
-           cfg)
+    key = ("gluon_dswiglu", go.device, T, I, go.shape[1], gate.stride(0), d_gate.stride(0), num_programs, act is None, cfg)
     go_desc = Tma(go, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
     down_desc = Tma(down_w, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
-    launch(dswiglu_gluon_kernel, (num_programs,), key, *_kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h,
-                                                                       T, I, cfg),
-           num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+    launch(
+        dswiglu_gluon_kernel,
+        (num_programs,),
+        key,
+        *_kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T, I, cfg),
+        num_warps=cfg.num_warps,
+        maxnreg=cfg.maxnreg,
+    )

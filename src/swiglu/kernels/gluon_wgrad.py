@@ -70,8 +70,9 @@ def _instr_n(BM, BN, num_warps):
 
 @gluon.constexpr_function
 def _mma_layout(BM, BN, num_warps):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=_warps_per_cta(BM, num_warps),
-                                     instr_shape=[16, _instr_n(BM, BN, num_warps), 16])
+    return gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=_warps_per_cta(BM, num_warps), instr_shape=[16, _instr_n(BM, BN, num_warps), 16]
+    )
 
 
 @gluon.jit
@@ -131,8 +132,9 @@ def _program_tiles(c_desc, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                    GROUP_M: gl.constexpr, b2_desc, b2_bufs):
+def _load_partition(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M: gl.constexpr, b2_desc, b2_bufs
+):
     # BN2 > 0 (the wide kernel): each stage also brings the tile's second B chunk, columns
     # BN .. BN + BN2 (b2_desc, b2_bufs: b_desc, b_bufs otherwise, unused).
     BK: gl.constexpr = a_desc.block_type.shape[0]
@@ -140,8 +142,9 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
     BN: gl.constexpr = b_desc.block_type.shape[1]
     BN2: gl.constexpr = _chunk2(b_desc.block_type.shape, b2_desc.block_type.shape)
     BNT: gl.constexpr = BN + BN2
-    STAGE_BYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (
-        b2_desc.block_type.nbytes if BN2 > 0 else 0)
+    STAGE_BYTES: gl.constexpr = (
+        a_desc.block_type.nbytes + b_desc.block_type.nbytes + (b2_desc.block_type.nbytes if BN2 > 0 else 0)
+    )
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BNT)
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
@@ -162,8 +165,9 @@ def _load_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty
 
 
 @gluon.jit
-def _store_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                     GROUP_M: gl.constexpr, c2_desc, c2_bufs):
+def _store_partition(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M: gl.constexpr, c2_desc, c2_bufs
+):
     # BN2 > 0: each tile's second chunk too (c2_desc, c2_bufs: c_desc, c_bufs otherwise, unused).
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = c_desc.block_type.shape[1]
@@ -203,8 +207,9 @@ def _epilogue_store(out, t, c_desc, c_bufs, c_ready, c_empty, out2=None, c2_bufs
 
 
 @gluon.jit
-def _store_partition_idle(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                          GROUP_M: gl.constexpr, c2_desc, c2_bufs):
+def _store_partition_idle(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M: gl.constexpr, c2_desc, c2_bufs
+):
     # WG_STORE: the MMA warpgroups store their own tiles; the storer has none.
     pass
 
@@ -244,8 +249,22 @@ def _epilogue_wg_store(acc, acc2, q, i, WHICH: gl.constexpr, c2_desc, c_bufs, GR
 
 
 @gluon.jit
-def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                   GROUP_M: gl.constexpr, DEFER: gl.constexpr, b2_bufs=None, c2_bufs=None):
+def _mma_partition(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_bufs,
+    b_bufs,
+    c_bufs,
+    ready,
+    empty,
+    c_ready,
+    c_empty,
+    GROUP_M: gl.constexpr,
+    DEFER: gl.constexpr,
+    b2_bufs=None,
+    c2_bufs=None,
+):
     # b2_bufs / c2_bufs narrower than b_bufs / c_bufs (the wide tile BM x (BN + BN2), e.g. quack's
     # 256 x 192; not with DEFER): a second accumulator for the tile's columns BN .. BN + BN2, a
     # second wgmma per step on the same A stage, the narrower chunk converted first
@@ -280,7 +299,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
             if BN2 > 0:  # the two wgmma groups of step c may run on
                 acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
             else:
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             # wgmma of step c-1 is done in this warpgroup; sync the partition (both warpgroups) before
             # thread 0 releases its stage to the loader.
             _cta_barrier()
@@ -289,7 +308,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
         if BN2 > 0:
             acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
         else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _cta_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
         if DEFER:
@@ -310,9 +329,25 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
 
 
 @gluon.jit
-def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M: gl.constexpr, WHICH: gl.constexpr, b2_bufs, c2_bufs,
-                            c2_desc=None, WG_STORE: gl.constexpr = False):
+def _mma_pingpong_partition(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_bufs,
+    b_bufs,
+    c_bufs,
+    ready,
+    empty,
+    c_ready,
+    c_empty,
+    order,
+    GROUP_M: gl.constexpr,
+    WHICH: gl.constexpr,
+    b2_bufs,
+    c2_bufs,
+    c2_desc=None,
+    WG_STORE: gl.constexpr = False,
+):
     # Warpgroup WHICH (0 or 1) takes the program's tiles WHICH, WHICH + 2, ...; the loader fills
     # the shared ring in tile order, so each epilogue overlaps the other warpgroup's mainloop.
     # Step g of the program (tile i, k-step kk: g = i * k_tiles + kk) uses stage g % STAGES with
@@ -354,14 +389,14 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
                 # The two wgmma groups of step g may run on; step g - 1's are done.
                 acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
             else:
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             _cta_barrier()
             mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)
         mbarrier.arrive(order.index(WHICH))  # every thread of this warpgroup passed its last ready wait
         if BN2 > 0:
             acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
         else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _cta_barrier()
         mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES))
         if WG_STORE:
@@ -383,38 +418,120 @@ def _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, read
 
 
 @gluon.jit
-def _mma_pingpong_first(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                        order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs):
-    _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M, 0, b2_bufs, c2_bufs)
+def _mma_pingpong_first(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs
+):
+    _mma_pingpong_partition(
+        a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, order, GROUP_M, 0, b2_bufs, c2_bufs
+    )
 
 
 @gluon.jit
-def _mma_pingpong_second(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                         order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs):
-    _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M, 1, b2_bufs, c2_bufs)
+def _mma_pingpong_second(
+    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs
+):
+    _mma_pingpong_partition(
+        a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, order, GROUP_M, 1, b2_bufs, c2_bufs
+    )
 
 
 @gluon.jit
-def _mma_pingpong_first_wg_store(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                                 order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs, c2_desc):
-    _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M, 0, b2_bufs, c2_bufs, c2_desc, True)
+def _mma_pingpong_first_wg_store(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_bufs,
+    b_bufs,
+    c_bufs,
+    ready,
+    empty,
+    c_ready,
+    c_empty,
+    order,
+    GROUP_M: gl.constexpr,
+    b2_bufs,
+    c2_bufs,
+    c2_desc,
+):
+    _mma_pingpong_partition(
+        a_desc,
+        b_desc,
+        c_desc,
+        a_bufs,
+        b_bufs,
+        c_bufs,
+        ready,
+        empty,
+        c_ready,
+        c_empty,
+        order,
+        GROUP_M,
+        0,
+        b2_bufs,
+        c2_bufs,
+        c2_desc,
+        True,
+    )
 
 
 @gluon.jit
-def _mma_pingpong_second_wg_store(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                                  order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs, c2_desc):
-    _mma_pingpong_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty,
-                            order, GROUP_M, 1, b2_bufs, c2_bufs, c2_desc, True)
+def _mma_pingpong_second_wg_store(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_bufs,
+    b_bufs,
+    c_bufs,
+    ready,
+    empty,
+    c_ready,
+    c_empty,
+    order,
+    GROUP_M: gl.constexpr,
+    b2_bufs,
+    c2_bufs,
+    c2_desc,
+):
+    _mma_pingpong_partition(
+        a_desc,
+        b_desc,
+        c_desc,
+        a_bufs,
+        b_bufs,
+        c_bufs,
+        ready,
+        empty,
+        c_ready,
+        c_empty,
+        order,
+        GROUP_M,
+        1,
+        b2_bufs,
+        c2_bufs,
+        c2_desc,
+        True,
+    )
 
 
 @gluon.jit
-def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
-                 LOAD_REGS: gl.constexpr, STORE_REGS: gl.constexpr, DEFER: gl.constexpr = False,
-                 PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 0, b2_desc=None, c2_desc=None,
-                 BN2: gl.constexpr = 0, PDL: gl.constexpr = False, WG_STORE: gl.constexpr = 0):
+def wgrad_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    NC: gl.constexpr,
+    LOAD_REGS: gl.constexpr,
+    STORE_REGS: gl.constexpr,
+    DEFER: gl.constexpr = False,
+    PINGPONG: gl.constexpr = False,
+    MMA_REGS: gl.constexpr = 0,
+    b2_desc=None,
+    c2_desc=None,
+    BN2: gl.constexpr = 0,
+    PDL: gl.constexpr = False,
+    WG_STORE: gl.constexpr = 0,
+):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
     (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0:
@@ -428,8 +545,9 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
     dtype: gl.constexpr = c_desc.dtype
-    gl.static_assert(not WG_STORE or (PINGPONG and BN2 > 0 and BN == 2 * BN2),
-                     "WG_STORE is the ping-pong kernel's with BN = 2 * BN2")
+    gl.static_assert(
+        not WG_STORE or (PINGPONG and BN2 > 0 and BN == 2 * BN2), "WG_STORE is the ping-pong kernel's with BN = 2 * BN2"
+    )
     gl.static_assert(BN2 == 0 or PINGPONG or not DEFER, "the wide cooperative tile (BN2 without PINGPONG) takes no DEFER")
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK, BM], a_desc.layout)
@@ -462,33 +580,49 @@ def wgrad_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.const
             b2_desc, c2_desc, b2_bufs, c2_bufs = b_desc, c_desc, b_bufs, c_bufs
         pp_args = args[:-1] + (order, GROUP_M, b2_bufs, c2_bufs)
         if WG_STORE:
-            gl.warp_specialize([
-                (_mma_pingpong_first_wg_store, pp_args + (c2_desc, )),
-                (_mma_pingpong_second_wg_store, pp_args + (c2_desc, )),
-                (_load_partition, args + (b2_desc, b2_bufs)),
-                (_store_partition_idle, args + (c2_desc, c2_bufs)),
-            ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+            gl.warp_specialize(
+                [
+                    (_mma_pingpong_first_wg_store, pp_args + (c2_desc,)),
+                    (_mma_pingpong_second_wg_store, pp_args + (c2_desc,)),
+                    (_load_partition, args + (b2_desc, b2_bufs)),
+                    (_store_partition_idle, args + (c2_desc, c2_bufs)),
+                ],
+                [4, 1, 1],
+                [MMA_REGS, LOAD_REGS, STORE_REGS],
+            )
         else:
-            gl.warp_specialize([
-                (_mma_pingpong_first, pp_args),
-                (_mma_pingpong_second, pp_args),
-                (_load_partition, args + (b2_desc, b2_bufs)),
-                (_store_partition, args + (c2_desc, c2_bufs)),
-            ], [4, 1, 1], [MMA_REGS, LOAD_REGS, STORE_REGS])
+            gl.warp_specialize(
+                [
+                    (_mma_pingpong_first, pp_args),
+                    (_mma_pingpong_second, pp_args),
+                    (_load_partition, args + (b2_desc, b2_bufs)),
+                    (_store_partition, args + (c2_desc, c2_bufs)),
+                ],
+                [4, 1, 1],
+                [MMA_REGS, LOAD_REGS, STORE_REGS],
+            )
     elif BN2 > 0:  # the wide cooperative tile
         b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BK, BN2], b2_desc.layout)
         c2_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN2], c2_desc.layout)
-        gl.warp_specialize([
-            (_mma_partition, args + (False, b2_bufs, c2_bufs)),
-            (_load_partition, args + (b2_desc, b2_bufs)),
-            (_store_partition, args + (c2_desc, c2_bufs)),
-        ], [1, 1], [LOAD_REGS, STORE_REGS])
+        gl.warp_specialize(
+            [
+                (_mma_partition, args + (False, b2_bufs, c2_bufs)),
+                (_load_partition, args + (b2_desc, b2_bufs)),
+                (_store_partition, args + (c2_desc, c2_bufs)),
+            ],
+            [1, 1],
+            [LOAD_REGS, STORE_REGS],
+        )
     else:
-        gl.warp_specialize([
-            (_mma_partition, args + (DEFER, )),
-            (_load_partition, args + (b_desc, b_bufs)),
-            (_store_partition, args + (c_desc, c_bufs)),
-        ], [1, 1], [LOAD_REGS, STORE_REGS])
+        gl.warp_specialize(
+            [
+                (_mma_partition, args + (DEFER,)),
+                (_load_partition, args + (b_desc, b_bufs)),
+                (_store_partition, args + (c_desc, c_bufs)),
+            ],
+            [1, 1],
+            [LOAD_REGS, STORE_REGS],
+        )
     _pdl_end(PDL)
 
 
@@ -501,8 +635,7 @@ def _layout(block: tuple[int, int]):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
 
 
-def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig,
-                             num_programs: int) -> None:
+def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GluonConfig, num_programs: int) -> None:
     """out = a.T @ b: a [K, M], b [K, N], out [M, N]; bf16 CUDA sm_90 tensors usable by TMA
     (``tma.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory.
@@ -513,8 +646,15 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), wide, consts, kw = _launch_constants(cfg)
     if wide:  # the second chunk's blocks on the same b and out
         (b2_block, b2_layout), (c2_block, c2_layout) = wide
-        descs = (Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout), *consts,
-                 Tma(b, b2_block, b2_layout), Tma(out, c2_block, c2_layout), cfg.BN2)
+        descs = (
+            Tma(a, a_block, a_layout),
+            Tma(b, b_block, b_layout),
+            Tma(out, c_block, c_layout),
+            *consts,
+            Tma(b, b2_block, b2_layout),
+            Tma(out, c2_block, c2_layout),
+            cfg.BN2,
+        )
     else:
         descs = (Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout), *consts)
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg), *descs, **kw)
@@ -524,14 +664,24 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
 def _launch_constants(cfg: GluonConfig):
     # What a launch takes from its config alone, built once per config (host time per launch).
     if cfg.resident_k:
-        raise ValueError(f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident.launch_grad_weight_resident, got {cfg}")
+        raise ValueError(
+            f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident.launch_grad_weight_resident, got {cfg}"
+        )
     if cfg.plain_store:
-        raise ValueError(f"a config with plain_store runs swiglu_lab.experiments.gluon_wgrad_probe.launch_grad_weight_gluon, "
-                         f"got {cfg}")
-    blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (
-        ([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
-    consts = (cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, cfg.defer, cfg.pingpong,
-              (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0)
+        raise ValueError(
+            f"a config with plain_store runs swiglu_lab.experiments.gluon_wgrad_probe.launch_grad_weight_gluon, got {cfg}"
+        )
+    blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
+    consts = (
+        cfg.GROUP_M,
+        cfg.STAGES,
+        cfg.NC,
+        cfg.load_regs,
+        cfg.store_regs,
+        cfg.defer,
+        cfg.pingpong,
+        (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0,
+    )
     kw = dict(num_warps=4 if cfg.pingpong else cfg.num_warps, maxnreg=cfg.maxnreg)
     if not cfg.BN2:  # the wide kernel's arguments, absent (positional after the constants where present)
         kw.update(b2_desc=None, c2_desc=None, BN2=0)

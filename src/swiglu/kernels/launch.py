@@ -43,8 +43,9 @@ PDL_MODES = (0, 1, 2)
 def _pdl_from_env() -> int:
     value = os.environ.get("SWIGLU_PDL", "0")
     if value not in {str(m) for m in PDL_MODES}:
-        raise ValueError(f"SWIGLU_PDL must be one of {', '.join(map(str, PDL_MODES))} (off, trigger at start, "
-                         f"trigger at end), got {value!r}")
+        raise ValueError(
+            f"SWIGLU_PDL must be one of {', '.join(map(str, PDL_MODES))} (off, trigger at start, trigger at end), got {value!r}"
+        )
     return 0 if devices.INTERPRET else int(value)
 
 
@@ -98,7 +99,7 @@ def expand_descriptors(args: tuple, descriptors: tuple, fill, maps: dict | None 
                 if len(maps) >= _MAPS_MAX:
                     maps.clear()
                 maps[key] = piece
-        out[position:position + 1] = piece
+        out[position : position + 1] = piece
     return out
 
 
@@ -122,18 +123,37 @@ def direct_runner(compiled, grid: tuple[int, int, int], rest: tuple = ()):
         if launcher.global_scratch_size or launcher.profile_scratch_size:
             return None
         wrapped = launcher.launch
-        cells = dict(zip(wrapped.__code__.co_freevars, (c.cell_contents for c in wrapped.__closure__ or ()))) \
-            if hasattr(wrapped, "__code__") else {}
+        cells = (
+            dict(zip(wrapped.__code__.co_freevars, (c.cell_contents for c in wrapped.__closure__ or ())))
+            if hasattr(wrapped, "__code__")
+            else {}
+        )
         raw, metas = cells.get("launcher", wrapped), cells.get("tensordesc_meta", [])
         positions = sorted(cells.get("tensordesc_indices", ()))
         if len(positions) != len(metas) or any(m is None or m["fp4_padded"] for m in metas):
             return None
-        descriptors = tuple((p, m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"])
-                            for p, m in zip(positions, metas))
-        fill, device, stream = driver.active.utils.fill_tma_descriptor, driver.active.get_current_device, \
-            driver.active.get_current_stream
-        head = (*grid, None, compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
-                compiled.packed_metadata, None, None, None)
+        descriptors = tuple(
+            (p, m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"])
+            for p, m in zip(positions, metas)
+        )
+        fill, device, stream = (
+            driver.active.utils.fill_tma_descriptor,
+            driver.active.get_current_device,
+            driver.active.get_current_stream,
+        )
+        head = (
+            *grid,
+            None,
+            compiled.function,
+            launcher.launch_cooperative_grid,
+            launcher.launch_pdl,
+            None,
+            None,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+        )
         slow = compiled[grid]
     except (AttributeError, ImportError, KeyError, TypeError):
         return None
@@ -196,7 +216,7 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
         cache.clear()
     grid3 = tuple(grid) + (1,) * (3 - len(grid))  # the runner takes 3-D
     # The keyword arguments' values in signature order, kept: the key determines them.
-    rest = tuple(kwargs[name] for name in names[len(args):])
+    rest = tuple(kwargs[name] for name in names[len(args) :])
     cache[key] = direct_runner(compiled, grid3, rest) or _with_descriptors(compiled[grid3], rest)
 
 
@@ -232,8 +252,15 @@ def launch_kwargs(cfg: KernelConfig) -> dict:
 
 @lru_cache(maxsize=None)
 def _launch_kwargs(cfg: KernelConfig, upcast: bool) -> dict:
-    return dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize,
-                FLATTEN=cfg.flatten, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
-                EPI_SPLIT=cfg.EPI_SPLIT, UPCAST=upcast)
-
-
+    return dict(
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        WARP_SPECIALIZE=cfg.warp_specialize,
+        FLATTEN=cfg.flatten,
+        BM=cfg.BM,
+        BN=cfg.BN,
+        BK=cfg.BK,
+        GROUP_M=cfg.GROUP_M,
+        EPI_SPLIT=cfg.EPI_SPLIT,
+        UPCAST=upcast,
+    )

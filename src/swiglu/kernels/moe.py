@@ -51,8 +51,7 @@ def _route_key(idx_ptr, p, S, E, E_PAD: tl.constexpr):
 
 
 @triton.jit
-def moe_count_kernel(idx_ptr, counts_ptr, S, E, CHUNK: tl.constexpr, SUB: tl.constexpr, E_PAD: tl.constexpr,
-                     PDL: tl.constexpr):
+def moe_count_kernel(idx_ptr, counts_ptr, S, E, CHUNK: tl.constexpr, SUB: tl.constexpr, E_PAD: tl.constexpr, PDL: tl.constexpr):
     """counts[c, b]: how many pairs of chunk c (CHUNK consecutive pair ids) have key b."""
     _pdl_start(PDL)
     c = tl.program_id(0)
@@ -65,8 +64,19 @@ def moe_count_kernel(idx_ptr, counts_ptr, S, E, CHUNK: tl.constexpr, SUB: tl.con
 
 
 @triton.jit
-def moe_order_kernel(idx_ptr, counts_ptr, order_ptr, expert_start_ptr, S, E, num_chunks,
-                     CHUNK: tl.constexpr, SUB: tl.constexpr, E_PAD: tl.constexpr, PDL: tl.constexpr):
+def moe_order_kernel(
+    idx_ptr,
+    counts_ptr,
+    order_ptr,
+    expert_start_ptr,
+    S,
+    E,
+    num_chunks,
+    CHUNK: tl.constexpr,
+    SUB: tl.constexpr,
+    E_PAD: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """The stable counting sort's scatter: each pair of chunk c goes to its key's start + the
     counts of that key in chunks before c + its rank among the chunk's earlier pairs of that
     key. Chunk 0 also writes expert_start [E + 1]."""
@@ -113,12 +123,31 @@ def _grouped_tile(expert_start_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.conste
 
 
 @triton.jit
-def moe_up_kernel(x_ptr, w_ptr, order_ptr, expert_start_ptr,
-                  gate_ptr, up_ptr, h_ptr,
-                  H, I, E, TOP_K, num_n,
-                  stride_xt, stride_xh, stride_we, stride_wn, stride_wh,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E_PAD: tl.constexpr, UPCAST: tl.constexpr,
-                  PDL: tl.constexpr):
+def moe_up_kernel(
+    x_ptr,
+    w_ptr,
+    order_ptr,
+    expert_start_ptr,
+    gate_ptr,
+    up_ptr,
+    h_ptr,
+    H,
+    I,
+    E,
+    TOP_K,
+    num_n,
+    stride_xt,
+    stride_xh,
+    stride_we,
+    stride_wn,
+    stride_wh,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    E_PAD: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+):
     _pdl_start(PDL)
     e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
@@ -152,12 +181,29 @@ def moe_up_kernel(x_ptr, w_ptr, order_ptr, expert_start_ptr,
 
 
 @triton.jit
-def moe_down_kernel(a_ptr, w_ptr, order_ptr, expert_start_ptr, rw_ptr, y_ptr,
-                    N, K, E, num_n,
-                    stride_we, stride_w0, stride_w1,
-                    B_TRANS: tl.constexpr, SCALE: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E_PAD: tl.constexpr, UPCAST: tl.constexpr,
-                    PDL: tl.constexpr):
+def moe_down_kernel(
+    a_ptr,
+    w_ptr,
+    order_ptr,
+    expert_start_ptr,
+    rw_ptr,
+    y_ptr,
+    N,
+    K,
+    E,
+    num_n,
+    stride_we,
+    stride_w0,
+    stride_w1,
+    B_TRANS: tl.constexpr,
+    SCALE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    E_PAD: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """y[pair] = a[row] @ B_e (* routing weight) for the sorted rows of one tile, written to the
     pair's row of y [S, N]. a: [S, K] contiguous, sorted order. B_e = w[e].T ([N, K] stored,
     B_TRANS) or w[e] ([K, N] stored)."""
@@ -211,12 +257,35 @@ def _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr
 
 
 @triton.jit
-def moe_dswiglu_kernel(go_ptr, w_ptr, order_ptr, expert_start_ptr, rw_ptr,
-                       gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr,
-                       H, I, E, TOP_K, num_n,
-                       stride_gt, stride_gh, stride_we, stride_wh, stride_wi,
-                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPI_SPLIT: tl.constexpr,
-                       E_PAD: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+def moe_dswiglu_kernel(
+    go_ptr,
+    w_ptr,
+    order_ptr,
+    expert_start_ptr,
+    rw_ptr,
+    gate_ptr,
+    up_ptr,
+    dgu_ptr,
+    hw_ptr,
+    part_ptr,
+    H,
+    I,
+    E,
+    TOP_K,
+    num_n,
+    stride_gt,
+    stride_gh,
+    stride_we,
+    stride_wh,
+    stride_wi,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    E_PAD: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
     EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile)."""
     _pdl_start(PDL)
@@ -241,19 +310,40 @@ def moe_dswiglu_kernel(go_ptr, w_ptr, order_ptr, expert_start_ptr, rw_ptr,
         else:
             a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
             c0 = pid_n * BN + tl.arange(0, BN // 2)
-            part = _dswiglu_piece(a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST) \
-                + _dswiglu_piece(a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST)
+            part = _dswiglu_piece(a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST) + _dswiglu_piece(
+                a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST
+            )
         # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
         tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
 
 
 @triton.jit
-def moe_wgrad_kernel(a_ptr, b_ptr, order_ptr, expert_start_ptr, c_ptr,
-                     M, N, TOP_K, num_m, num_n,
-                     stride_at, stride_am, stride_bt, stride_bn, stride_ce, stride_cm, stride_cn,
-                     A_GATHER: tl.constexpr, B_GATHER: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr,
-                     PDL: tl.constexpr):
+def moe_wgrad_kernel(
+    a_ptr,
+    b_ptr,
+    order_ptr,
+    expert_start_ptr,
+    c_ptr,
+    M,
+    N,
+    TOP_K,
+    num_m,
+    num_n,
+    stride_at,
+    stride_am,
+    stride_bt,
+    stride_bn,
+    stride_ce,
+    stride_cm,
+    stride_cn,
+    A_GATHER: tl.constexpr,
+    B_GATHER: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """c[e] = A_e^T @ B_e over the sorted pairs of expert e (varlen K). A row r is a[r] (sorted
     order) or, when A_GATHER, a[order[r] // TOP_K] (a token's row); the same for B."""
     _pdl_start(PDL)
@@ -283,19 +373,31 @@ def moe_wgrad_kernel(a_ptr, b_ptr, order_ptr, expert_start_ptr, c_ptr,
             br = tok.to(tl.int64)
         else:
             br = r.to(tl.int64)
-        a = tl.load(a_ptr + ar[:, None] * stride_at + ms[None, :] * stride_am, mask=r_ok[:, None] & m_ok[None, :],
-                    other=0.0)
-        b = tl.load(b_ptr + br[:, None] * stride_bt + ns[None, :] * stride_bn, mask=r_ok[:, None] & n_ok[None, :],
-                    other=0.0)
+        a = tl.load(a_ptr + ar[:, None] * stride_at + ms[None, :] * stride_am, mask=r_ok[:, None] & m_ok[None, :], other=0.0)
+        b = tl.load(b_ptr + br[:, None] * stride_bt + ns[None, :] * stride_bn, mask=r_ok[:, None] & n_ok[None, :], other=0.0)
         acc = _dot(tl.trans(a), b, acc, UPCAST)
     c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
     tl.store(c, _bf16(acc, UPCAST), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
-def moe_combine_kernel(y_ptr, idx_ptr, out_ptr, part_ptr, gw_ptr, N, E, NUM_PART,
-                       TOP_K: tl.constexpr, BN: tl.constexpr, P_PAD: tl.constexpr, HAS_Y: tl.constexpr,
-                       HAS_PART: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+def moe_combine_kernel(
+    y_ptr,
+    idx_ptr,
+    out_ptr,
+    part_ptr,
+    gw_ptr,
+    N,
+    E,
+    NUM_PART,
+    TOP_K: tl.constexpr,
+    BN: tl.constexpr,
+    P_PAD: tl.constexpr,
+    HAS_Y: tl.constexpr,
+    HAS_PART: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """HAS_Y: out[t] = sum_j y[t * TOP_K + j] in fp32, j in order (deterministic). HAS_PART (the
     backward): gw[t, j] = the sum of pair t * TOP_K + j's NUM_PART partial sums (fp32). Pairs whose
     expert id is outside [0, E) were never written: they add nothing and get gw 0."""
@@ -371,9 +473,14 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
         w = Tile(BN=t.BN, BK=32, num_warps=4, num_stages=1, BM=p(max(H, I), 64))
         return MoEPlan(up=t, down=t, dswiglu=Tile(t.BN, t.BK, 4, 1, 16), grad_x=t, wgrad_gu=w, wgrad_dp=w)
     bm = 64 if S < 128 * E else 128
-    return MoEPlan(up=Tile(128, 64, 8, 3, bm), down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm),
-                   dswiglu=Tile(64, 64, 4, 4, 64) if I <= 1024 else Tile(128, 64, 8, 4, 64),
-                   grad_x=Tile(256, 64, 8, 3, bm), wgrad_gu=Tile(128, 64, 8, 3, 128), wgrad_dp=Tile(128, 64, 8, 3, 128))
+    return MoEPlan(
+        up=Tile(128, 64, 8, 3, bm),
+        down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm),
+        dswiglu=Tile(64, 64, 4, 4, 64) if I <= 1024 else Tile(128, 64, 8, 4, 64),
+        grad_x=Tile(256, 64, 8, 3, bm),
+        wgrad_gu=Tile(128, 64, 8, 3, 128),
+        wgrad_dp=Tile(128, 64, 8, 3, 128),
+    )
 
 
 def _route_blocks(S: int, E: int) -> tuple[int, int, int]:
@@ -412,8 +519,7 @@ class Routing:
         idx = top_k_index.reshape(-1)
         meta = dict(CHUNK=chunk, SUB=sub, E_PAD=e_pad)
         _launch(moe_count_kernel, (num_chunks,), 4, 1, idx, counts, S, E, **meta)
-        _launch(moe_order_kernel, (num_chunks,), 4, 1, idx, counts, self.order, self.expert_start, S, E, num_chunks,
-                **meta)
+        _launch(moe_order_kernel, (num_chunks,), 4, 1, idx, counts, self.order, self.expert_start, S, E, num_chunks, **meta)
 
 
 def _spec(a):
@@ -434,45 +540,134 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, **meta) -> None:
     the rest idle) x the N tiles."""
     num_n = cdiv(N, tile.BN)
     grid = ((cdiv(r.S, tile.BM) + r.E) * num_n,)
-    _launch(kernel, grid, tile.num_warps, tile.num_stages, *args, num_n, *meta.pop("strides"), **meta, BM=tile.BM,
-            BN=tile.BN, BK=tile.BK, E_PAD=r.E_PAD, UPCAST=INTERPRET)
+    _launch(
+        kernel,
+        grid,
+        tile.num_warps,
+        tile.num_stages,
+        *args,
+        num_n,
+        *meta.pop("strides"),
+        **meta,
+        BM=tile.BM,
+        BN=tile.BN,
+        BK=tile.BK,
+        E_PAD=r.E_PAD,
+        UPCAST=INTERPRET,
+    )
 
 
 def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
     H, I = x.shape[1], gate.shape[1]
-    _grouped(moe_up_kernel, r, I, tile, x, gate_up_proj, r.order, r.expert_start, gate, up, h, H, I, r.E, k,
-             strides=(x.stride(0), x.stride(1), *gate_up_proj.stride()))
+    _grouped(
+        moe_up_kernel,
+        r,
+        I,
+        tile,
+        x,
+        gate_up_proj,
+        r.order,
+        r.expert_start,
+        gate,
+        up,
+        h,
+        H,
+        I,
+        r.E,
+        k,
+        strides=(x.stride(0), x.stride(1), *gate_up_proj.stride()),
+    )
 
 
 def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
     """y[pair] [S, N] = a[row] @ w[e].T (* routing weight; ``transposed``: the forward's down
     projection) or a[row] @ w[e] (grad_x's pieces)."""
     N, K = y.shape[1], a.shape[1]
-    _grouped(moe_down_kernel, r, N, tile, a, w, r.order, r.expert_start, weights, y, N, K, r.E,
-             strides=w.stride(), B_TRANS=transposed, SCALE=transposed)
+    _grouped(
+        moe_down_kernel,
+        r,
+        N,
+        tile,
+        a,
+        w,
+        r.order,
+        r.expert_start,
+        weights,
+        y,
+        N,
+        K,
+        r.E,
+        strides=w.stride(),
+        B_TRANS=transposed,
+        SCALE=transposed,
+    )
 
 
 def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile):
     """dgu [S, 2I], hw [S, I] and the routing-weight partial sums part [S, cdiv(I, BN)] (by pair
     id; rows of pairs outside every tile are not written)."""
     H, I = grad_out.shape[1], gate.shape[1]
-    _grouped(moe_dswiglu_kernel, r, I, tile, grad_out, down_proj, r.order, r.expert_start, weights, gate, up, dgu,
-             hw, part, H, I, r.E, k, strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
-             EPI_SPLIT=tile.EPI_SPLIT)
+    _grouped(
+        moe_dswiglu_kernel,
+        r,
+        I,
+        tile,
+        grad_out,
+        down_proj,
+        r.order,
+        r.expert_start,
+        weights,
+        gate,
+        up,
+        dgu,
+        hw,
+        part,
+        H,
+        I,
+        r.E,
+        k,
+        strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
+        EPI_SPLIT=tile.EPI_SPLIT,
+    )
 
 
 def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, tile: Tile):
     """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``)."""
     E, M, N = c.shape
     num_m, num_n = cdiv(M, tile.BM), cdiv(N, tile.BN)
-    _launch(moe_wgrad_kernel, (E * num_m * num_n,), tile.num_warps, tile.num_stages, a, b, r.order, r.expert_start,
-            c, M, N, k, num_m, num_n, a.stride(0), a.stride(1), b.stride(0), b.stride(1), *c.stride(),
-            A_GATHER=a_gather, B_GATHER=b_gather, BM=tile.BM, BN=tile.BN, BK=tile.BK, UPCAST=INTERPRET)
+    _launch(
+        moe_wgrad_kernel,
+        (E * num_m * num_n,),
+        tile.num_warps,
+        tile.num_stages,
+        a,
+        b,
+        r.order,
+        r.expert_start,
+        c,
+        M,
+        N,
+        k,
+        num_m,
+        num_n,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        *c.stride(),
+        A_GATHER=a_gather,
+        B_GATHER=b_gather,
+        BM=tile.BM,
+        BN=tile.BN,
+        BK=tile.BK,
+        UPCAST=INTERPRET,
+    )
 
 
-def combine(y: torch.Tensor | None, top_k_index: torch.Tensor, E: int, N: int, dtype: torch.dtype,
-            part: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def combine(
+    y: torch.Tensor | None, top_k_index: torch.Tensor, E: int, N: int, dtype: torch.dtype, part: torch.Tensor | None = None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(out, gw)``: out [T, N] each token's k pair rows of y [S, N] summed (fp32, fixed order;
     None without y); gw [T, k] fp32 each pair's partial sums of ``part`` [S, P] summed (None
     without part)."""
@@ -484,9 +679,26 @@ def combine(y: torch.Tensor | None, top_k_index: torch.Tensor, E: int, N: int, d
         BN = min(1024, _pow2(N))
         num_part = part.shape[1] if part is not None else 1
         grid = (T, cdiv(N, BN) if y is not None else 1)
-        _launch(moe_combine_kernel, grid, 4, 1, y, top_k_index, out, part, gw, N, E, num_part, TOP_K=k, BN=BN,
-                P_PAD=_pow2(num_part), HAS_Y=y is not None, HAS_PART=part is not None,
-                UPCAST=INTERPRET)
+        _launch(
+            moe_combine_kernel,
+            grid,
+            4,
+            1,
+            y,
+            top_k_index,
+            out,
+            part,
+            gw,
+            N,
+            E,
+            num_part,
+            TOP_K=k,
+            BN=BN,
+            P_PAD=_pow2(num_part),
+            HAS_Y=y is not None,
+            HAS_PART=part is not None,
+            UPCAST=INTERPRET,
+        )
     return out, gw
 
 
@@ -510,8 +722,19 @@ def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: Mo
     return combine(y, top_k_index, E, H, x.dtype)[0], gate, up, r
 
 
-def moe_backward(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up,
-                 plan: MoEPlan | None = None, routing: Routing | None = None, needs=(True, True, True, True)):
+def moe_backward(
+    grad_out,
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    gate,
+    up,
+    plan: MoEPlan | None = None,
+    routing: Routing | None = None,
+    needs=(True, True, True, True),
+):
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
     gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, the
     forward's order bitwise). A gradient not in ``needs`` (grad_x, top_k_weights, gate_up_proj,

@@ -91,9 +91,19 @@ def _tile_mn(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _mainloop(a_desc, b_desc, off_m, off_n, K, acc,
-              A_TRANS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-              UPCAST: tl.constexpr):
+def _mainloop(
+    a_desc,
+    b_desc,
+    off_m,
+    off_n,
+    K,
+    acc,
+    A_TRANS: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """acc += A[off_m:off_m+BM, :K] @ B[:K, off_n:off_n+BN]; A is stored [K, M] when A_TRANS."""
     for k in tl.range(0, tl.cdiv(K, BK)):
         off_k = k * BK
@@ -134,8 +144,19 @@ def _activated_gate(gate, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n,
-                   UPCAST: tl.constexpr, RECOMPUTE_ACT: tl.constexpr = False):
+def _dswiglu_piece(
+    acc,
+    gate_desc,
+    up_desc,
+    act_desc,
+    dgate_desc,
+    dup_desc,
+    h_desc,
+    off_m,
+    off_n,
+    UPCAST: tl.constexpr,
+    RECOMPUTE_ACT: tl.constexpr = False,
+):
     """SwiGLU backward on one [BM, BN/EPI_SPLIT] piece of g, in the reference's bf16 rounding
     order (docs/problem.md steps 2-4): g, d_act, d_up, d_gate and h are each rounded to
     bf16 where the reference's bf16 tensors are. RECOMPUTE_ACT: activated_gate is not read
@@ -156,45 +177,74 @@ def _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_de
 
 @triton.jit
 def dswiglu_gemm_kernel(
-    go_desc, down_desc,  # grad_output [T, H], down_weight [H, I]
-    gate_desc, up_desc, act_desc,  # gate_output, up_output, activated_gate [T, I]
-    dgate_desc, dup_desc, h_desc,  # outputs [T, I]
-    T, H, I,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    FLATTEN: tl.constexpr, UPCAST: tl.constexpr, RECOMPUTE_ACT: tl.constexpr = False, PDL: tl.constexpr = False,
+    go_desc,
+    down_desc,  # grad_output [T, H], down_weight [H, I]
+    gate_desc,
+    up_desc,
+    act_desc,  # gate_output, up_output, activated_gate [T, I]
+    dgate_desc,
+    dup_desc,
+    h_desc,  # outputs [T, I]
+    T,
+    H,
+    I,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+    RECOMPUTE_ACT: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     _pdl_start(PDL)
     num_m = tl.cdiv(T, BM)
     num_n = tl.cdiv(I, BN)
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
-                         warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
         off_m = pid_m * BM
         off_n = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = _mainloop(go_desc, down_desc, off_m, off_n, H, acc, False, BM, BN, BK, UPCAST)
         if EPI_SPLIT == 1:
-            _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
-                           RECOMPUTE_ACT)
+            _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, RECOMPUTE_ACT)
         else:
             a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
             if EPI_SPLIT == 2:
-                _dswiglu_piece(a0, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
-                               RECOMPUTE_ACT)
-                _dswiglu_piece(a1, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + BN // 2, UPCAST, RECOMPUTE_ACT)
+                _dswiglu_piece(
+                    a0, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, RECOMPUTE_ACT
+                )
+                _dswiglu_piece(
+                    a1, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n + BN // 2, UPCAST, RECOMPUTE_ACT
+                )
             else:
                 a00, a01 = tl.split(tl.permute(tl.reshape(a0, (BM, 2, BN // 4)), (0, 2, 1)))
                 a10, a11 = tl.split(tl.permute(tl.reshape(a1, (BM, 2, BN // 4)), (0, 2, 1)))
-                _dswiglu_piece(a00, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST,
-                               RECOMPUTE_ACT)
-                _dswiglu_piece(a01, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + BN // 4, UPCAST, RECOMPUTE_ACT)
-                _dswiglu_piece(a10, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + BN // 2, UPCAST, RECOMPUTE_ACT)
-                _dswiglu_piece(a11, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m,
-                               off_n + 3 * BN // 4, UPCAST, RECOMPUTE_ACT)
+                _dswiglu_piece(
+                    a00, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, RECOMPUTE_ACT
+                )
+                _dswiglu_piece(
+                    a01, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n + BN // 4, UPCAST, RECOMPUTE_ACT
+                )
+                _dswiglu_piece(
+                    a10, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n + BN // 2, UPCAST, RECOMPUTE_ACT
+                )
+                _dswiglu_piece(
+                    a11,
+                    gate_desc,
+                    up_desc,
+                    act_desc,
+                    dgate_desc,
+                    dup_desc,
+                    h_desc,
+                    off_m,
+                    off_n + 3 * BN // 4,
+                    UPCAST,
+                    RECOMPUTE_ACT,
+                )
     _pdl_end(PDL)
 
 
@@ -204,18 +254,27 @@ def grad_weight_kernel(
     b_desc,  # B [K, N] (x or h); rows >= K read as zeros
     c_desc,  # output C [M, N]
     c_ptr,  # the same output as a pointer (row stride N), for TMA_STORE=False
-    M, N, K_PAD, NUM_PROGRAMS,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, TMA_STORE: tl.constexpr,
-    UPCAST: tl.constexpr, PDL: tl.constexpr = False,
+    M,
+    N,
+    K_PAD,
+    NUM_PROGRAMS,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    TMA_STORE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """C = A.T @ B (a weight gradient: K = tokens, rounded up to BK by the launcher; the
     descriptors zero-fill the rows past the real K)."""
     _pdl_start(PDL)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
-                         warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
         off_m = pid_m * BM
         off_n = pid_n * BN
@@ -234,9 +293,23 @@ def grad_weight_kernel(
 
 
 @triton.jit
-def _grad_x_tile(dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, num_n, I,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                 EPI_SPLIT: tl.constexpr, UPCAST: tl.constexpr):
+def _grad_x_tile(
+    dgate_desc,
+    dup_desc,
+    gw_desc,
+    uw_desc,
+    gx_desc,
+    tile,
+    num_m,
+    num_n,
+    I,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """One whole grad_x tile: both K loops into one fp32 accumulator, then its bf16 store."""
     pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
     off_m = pid_m * BM
@@ -249,27 +322,39 @@ def _grad_x_tile(dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, n
 
 @triton.jit
 def grad_x_kernel(
-    dgate_desc, dup_desc,  # [T, I]
-    gw_desc, uw_desc,  # gate_weight, up_weight [I, H]
+    dgate_desc,
+    dup_desc,  # [T, I]
+    gw_desc,
+    uw_desc,  # gate_weight, up_weight [I, H]
     gx_desc,  # grad_x [T, H]
-    T, H, I, NUM_PROGRAMS,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    T,
+    H,
+    I,
+    NUM_PROGRAMS,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    UPCAST: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     _pdl_start(PDL)
     num_m = tl.cdiv(T, BM)
     num_n = tl.cdiv(H, BN)
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
-                         warp_specialize=WARP_SPECIALIZE):
-        _grad_x_tile(dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, num_n, I, BM, BN, BK, GROUP_M,
-                     EPI_SPLIT, UPCAST)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        _grad_x_tile(
+            dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, num_n, I, BM, BN, BK, GROUP_M, EPI_SPLIT, UPCAST
+        )
     _pdl_end(PDL)
 
 
 @triton.jit
-def _grad_x_steps(dgate_desc, dup_desc, gw_desc, uw_desc, off_m, off_n, k0, k1, K_STEPS, acc,
-                  BK: tl.constexpr, UPCAST: tl.constexpr):
+def _grad_x_steps(
+    dgate_desc, dup_desc, gw_desc, uw_desc, off_m, off_n, k0, k1, K_STEPS, acc, BK: tl.constexpr, UPCAST: tl.constexpr
+):
     """acc += k-steps [k0, k1) of one grad_x tile: steps below K_STEPS over (d_gate, gate_weight),
     the rest over (d_up, up_weight)."""
     for k in tl.range(k0, tl.minimum(k1, K_STEPS)):
@@ -282,14 +367,26 @@ def _grad_x_steps(dgate_desc, dup_desc, gw_desc, uw_desc, off_m, off_n, k0, k1, 
 
 @triton.jit
 def grad_x_split_tail_kernel(
-    dgate_desc, dup_desc,  # [T, I]
-    gw_desc, uw_desc,  # gate_weight, up_weight [I, H]
+    dgate_desc,
+    dup_desc,  # [T, I]
+    gw_desc,
+    uw_desc,  # gate_weight, up_weight [I, H]
     gx_desc,  # grad_x [T, H]
     ws_ptr,  # fp32 [tail * SPLITS, BM, BN]: the runs of the last tiles
     count_ptr,  # int32 [tail], zeros: the runs of each last tile done so far
-    T, H, I, NUM_PROGRAMS, SPLITS,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    T,
+    H,
+    I,
+    NUM_PROGRAMS,
+    SPLITS,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    UPCAST: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """``grad_x_kernel``'s result with its last partial wave split over K. The whole waves run as
@@ -306,8 +403,9 @@ def grad_x_split_tail_kernel(
     tiles = num_m * num_n
     tail = tiles % NUM_PROGRAMS
     for tile in tl.range(pid, tiles - tail, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        _grad_x_tile(dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, num_n, I, BM, BN, BK, GROUP_M,
-                     EPI_SPLIT, UPCAST)
+        _grad_x_tile(
+            dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, num_n, I, BM, BN, BK, GROUP_M, EPI_SPLIT, UPCAST
+        )
     if pid < tail * SPLITS:
         local = pid // SPLITS
         run = pid % SPLITS
@@ -316,8 +414,20 @@ def grad_x_split_tail_kernel(
         off_m = pid_m * BM
         off_n = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc = _grad_x_steps(dgate_desc, dup_desc, gw_desc, uw_desc, off_m, off_n, run * 2 * k_steps // SPLITS,
-                            (run + 1) * 2 * k_steps // SPLITS, k_steps, acc, BK, UPCAST)
+        acc = _grad_x_steps(
+            dgate_desc,
+            dup_desc,
+            gw_desc,
+            uw_desc,
+            off_m,
+            off_n,
+            run * 2 * k_steps // SPLITS,
+            (run + 1) * 2 * k_steps // SPLITS,
+            k_steps,
+            acc,
+            BK,
+            UPCAST,
+        )
         tile_elems = BM * BN
         offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
         tl.store(ws_ptr + pid.to(tl.int64) * tile_elems + offs, acc)
@@ -342,8 +452,9 @@ def grad_x_split_tail_kernel(
 
 
 @triton.jit
-def _swiglu_forward_piece(acc_gate, acc_up, gate_desc, up_desc, act_desc, h_desc, off_m, off_n,
-                          STORE_ACT: tl.constexpr, UPCAST: tl.constexpr):
+def _swiglu_forward_piece(
+    acc_gate, acc_up, gate_desc, up_desc, act_desc, h_desc, off_m, off_n, STORE_ACT: tl.constexpr, UPCAST: tl.constexpr
+):
     """Round the two fp32 projections to bf16, store them (saved for the backward), and store
     h = bf16(bf16(silu(gate)) * up), the nn.Linear module's rounding order; activated_gate too
     when STORE_ACT."""
@@ -360,12 +471,26 @@ def _swiglu_forward_piece(acc_gate, acc_up, gate_desc, up_desc, act_desc, h_desc
 @triton.jit
 def swiglu_forward_kernel(
     x_desc,  # x [T, H], block [BM, BK]
-    gw_desc, uw_desc,  # gate_weight, up_weight [I, H], block [BN, BK] (B = W.T, read K-major)
-    gate_desc, up_desc, act_desc, h_desc,  # outputs [T, I], block [BM, BN // EPI_SPLIT]
-    T, H, I, NUM_PROGRAMS,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI_SPLIT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr, STORE_ACT: tl.constexpr,
-    UPCAST: tl.constexpr, PDL: tl.constexpr = False,
+    gw_desc,
+    uw_desc,  # gate_weight, up_weight [I, H], block [BN, BK] (B = W.T, read K-major)
+    gate_desc,
+    up_desc,
+    act_desc,
+    h_desc,  # outputs [T, I], block [BM, BN // EPI_SPLIT]
+    T,
+    H,
+    I,
+    NUM_PROGRAMS,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    STORE_ACT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """gate_output = x @ gate_weight.T and up_output = x @ up_weight.T for one [BM, BN] tile
     each (two fp32 accumulators sharing the x tile), then ``_swiglu_forward_piece``
@@ -373,8 +498,7 @@ def swiglu_forward_kernel(
     _pdl_start(PDL)
     num_m = tl.cdiv(T, BM)
     num_n = tl.cdiv(I, BN)
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN,
-                         warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
         off_m = pid_m * BM
         off_n = pid_n * BN
@@ -391,14 +515,22 @@ def swiglu_forward_kernel(
             g0, g1 = tl.split(tl.permute(tl.reshape(acc_g, (BM, 2, BN // 2)), (0, 2, 1)))
             u0, u1 = tl.split(tl.permute(tl.reshape(acc_u, (BM, 2, BN // 2)), (0, 2, 1)))
             _swiglu_forward_piece(g0, u0, gate_desc, up_desc, act_desc, h_desc, off_m, off_n, STORE_ACT, UPCAST)
-            _swiglu_forward_piece(g1, u1, gate_desc, up_desc, act_desc, h_desc, off_m, off_n + BN // 2,
-                                  STORE_ACT, UPCAST)
+            _swiglu_forward_piece(g1, u1, gate_desc, up_desc, act_desc, h_desc, off_m, off_n + BN // 2, STORE_ACT, UPCAST)
     _pdl_end(PDL)
 
 
 @triton.jit
-def swiglu_product_kernel(gate_ptr, up_ptr, act_ptr, h_ptr, numel, BLOCK: tl.constexpr, STORE_ACT: tl.constexpr,
-                          UPCAST: tl.constexpr, PDL: tl.constexpr = False):
+def swiglu_product_kernel(
+    gate_ptr,
+    up_ptr,
+    act_ptr,
+    h_ptr,
+    numel,
+    BLOCK: tl.constexpr,
+    STORE_ACT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """h = bf16(bf16(silu(gate)) * up) elementwise over contiguous [T, I] bf16 tensors: the
     forward's cuBLAS path (where the fused kernel does not win), same formula as its epilogue;
     activated_gate is written too when STORE_ACT."""

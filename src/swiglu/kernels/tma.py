@@ -28,8 +28,7 @@ def tma_descriptor(t: torch.Tensor, block: list[int], cls: type = TensorDescript
     configurations (power-of-two blocks) already guarantee for every launcher's tensors: a fifth
     of a launch's host time otherwise."""
     desc = object.__new__(cls)
-    desc.__dict__.update(_descriptor_defaults(cls), base=t, shape=t.shape, strides=t.stride(), block_shape=block,
-                         **extra)
+    desc.__dict__.update(_descriptor_defaults(cls), base=t, shape=t.shape, strides=t.stride(), block_shape=block, **extra)
     return desc
 
 
