@@ -24,7 +24,15 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES, check_dense, check_floating
-from .ops import add_flop_formula, auto_reason, dispatch_mode_active, on_clear_plans, transforms_active, triton_reason
+from .ops import (
+    PLAIN_TENSOR_TYPES,
+    add_flop_formula,
+    auto_reason,
+    dispatch_mode_active,
+    on_clear_plans,
+    transforms_active,
+    triton_reason,
+)
 
 #: ``impl=`` of ``swiglu_moe``.
 MOE_IMPLS = ("auto", "reference", "triton")
@@ -241,27 +249,23 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
     x2 = x.reshape(T, H)
     idx = top_k_index.reshape(T, k)
     w = top_k_weights.reshape(T, k)
-    if x.device.type == "meta":
+    meta = x.device.type == "meta"
+    if meta:
         impl = "triton"  # the ops' fake implementations propagate shapes, forward and backward
     elif impl == "triton" and (transforms_active() or _has_tangent(x, top_k_weights, gate_up_proj, down_proj)):
         impl = "reference"  # torch.func transforms and forward-mode AD: the ops have no rule for them
     if impl == "reference":
         out = moe_reference(x2, idx, w, gate_up_proj, down_proj)
     elif (
-        torch.compiler.is_compiling()
+        meta
+        or torch.compiler.is_compiling()
         or dispatch_mode_active()
-        or x.device.type == "meta"
-        or not _plain(x, w, gate_up_proj, down_proj)
+        or not all(type(t) in PLAIN_TENSOR_TYPES for t in (x, w, gate_up_proj, down_proj))
     ):
         out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj)[0]
     else:
         out = _MoEFunction.apply(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj)
     return out.reshape(x.shape)
-
-
-def _plain(*tensors) -> bool:
-    """Tensors or parameters, not subclasses (which take the custom ops)."""
-    return all(type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
 
 
 def _has_tangent(*tensors) -> bool:
@@ -283,6 +287,11 @@ def moe_forward(
     kernels: gate, up are the forward's bf16 projections in expert-sorted order, order and
     expert_start the sort (int32), all kept for the backward. Validated inputs, [T, H] and
     contiguous [T, k]. An op, so torch.compile traces through it and dispatch modes see it."""
+    return _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
+
+
+def _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj):
+    """The Triton forward: ``(out, gate, up, order, expert_start)``, the last four kept for the backward."""
     from .kernels.moe import moe_forward as run
 
     out, gate, up, routing = run(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
@@ -390,12 +399,8 @@ class _MoEFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, top_k_index, top_k_weights, gate_up_proj, down_proj):
-        from .kernels.moe import moe_forward as run
-
-        out, gate, up, routing = run(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
-        ctx.save_for_backward(
-            x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, routing.order, routing.expert_start
-        )
+        out, *kept = _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
+        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept)
         ctx.set_materialize_grads(False)
         return out
 

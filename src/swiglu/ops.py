@@ -718,7 +718,7 @@ def _swiglu_mlp(
 
 def _eager(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers):
     # Plain tensors and no dispatch mode: the autograd.Function; else the custom op.
-    plain = _PLAIN_TYPES
+    plain = PLAIN_TENSOR_TYPES
     if (
         type(x) in plain
         and type(gate_weight) in plain
@@ -746,4 +746,4 @@ def dispatch_mode_active() -> bool:
 
 #: A tensor or parameter, not a subclass (DTensor and other wrappers take the custom op, whose
 #: dispatch they implement).
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)

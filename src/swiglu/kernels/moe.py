@@ -484,10 +484,10 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
 
 
 def _route_blocks(S: int, E: int) -> tuple[int, int, int]:
-    """(CHUNK, SUB, E_PAD) of the counting sort: E_PAD bins (E experts and the out-of-range key),
-    at most 256 chunks (each chunk's program reads every chunk's counts), sub-blocks of SUB pairs
-    whose one-hot [SUB, E_PAD] stays near 4096 elements. Small chunks in the interpreter, so that
-    the tests sort across several."""
+    """(CHUNK, SUB, E_PAD) of the counting sort: E_PAD bins (E experts and the out-of-range key;
+    the grouped kernels' E_PAD too), at most 256 chunks (each chunk's program reads every chunk's
+    counts), sub-blocks of SUB pairs whose one-hot [SUB, E_PAD] stays near 4096 elements. Small
+    chunks in the interpreter, so that the tests sort across several."""
     e_pad = _pow2(E + 1)
     if INTERPRET:
         return 16, 8, e_pad
@@ -501,23 +501,23 @@ class Routing:
     expert_start)`` of an earlier Routing of the same ``top_k_index``."""
 
     def __init__(self, top_k_index: torch.Tensor, E: int, saved: tuple[torch.Tensor, torch.Tensor] | None = None):
-        self.S, self.E = top_k_index.numel(), E
-        self.E_PAD = _pow2(E + 1)
+        S = top_k_index.numel()
+        self.S, self.E = S, E
+        chunk, sub, self.E_PAD = _route_blocks(S, E)
         if saved is not None:
             self.order, self.expert_start = saved
             return
-        S, dev = self.S, top_k_index.device
+        dev = top_k_index.device
         # Separate allocations: order and expert_start are outputs of one op (they must not alias).
         self.order = torch.empty(S, dtype=torch.int32, device=dev)
         if S == 0:
             self.expert_start = torch.zeros(E + 1, dtype=torch.int32, device=dev)
             return
         self.expert_start = torch.empty(E + 1, dtype=torch.int32, device=dev)
-        chunk, sub, e_pad = _route_blocks(S, E)
         num_chunks = cdiv(S, chunk)
-        counts = torch.empty(num_chunks, e_pad, dtype=torch.int32, device=dev)
+        counts = torch.empty(num_chunks, self.E_PAD, dtype=torch.int32, device=dev)
         idx = top_k_index.reshape(-1)
-        meta = dict(CHUNK=chunk, SUB=sub, E_PAD=e_pad)
+        meta = dict(CHUNK=chunk, SUB=sub, E_PAD=self.E_PAD)
         _launch(moe_count_kernel, (num_chunks,), 4, 1, idx, counts, S, E, **meta)
         _launch(moe_order_kernel, (num_chunks,), 4, 1, idx, counts, self.order, self.expert_start, S, E, num_chunks, **meta)
 
@@ -535,9 +535,10 @@ def _launch(kernel, grid: tuple[int, ...], num_warps: int, num_stages: int, *arg
     launch(kernel, grid, key, *args, num_warps=num_warps, num_stages=num_stages, **meta)
 
 
-def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, **meta) -> None:
+def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **meta) -> None:
     """A grouped-GEMM launch: cdiv(S, BM) + E M tiles (an upper bound of sum_e cdiv(count_e, BM);
-    the rest idle) x the N tiles."""
+    the rest idle) x the N tiles; ``args`` the kernel's arguments before num_n, ``strides`` those
+    after it."""
     num_n = cdiv(N, tile.BN)
     grid = ((cdiv(r.S, tile.BM) + r.E) * num_n,)
     _launch(
@@ -547,7 +548,7 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, **meta) -> None:
         tile.num_stages,
         *args,
         num_n,
-        *meta.pop("strides"),
+        *strides,
         **meta,
         BM=tile.BM,
         BN=tile.BN,
