@@ -18,9 +18,7 @@ import time
 
 import torch
 
-from moe_probe import SHAPES, impls, inputs
-
-flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+from moe_probe import SHAPES, flush, impls, inputs  # flush: moe_probe's 256 MiB L2 flush buffer
 
 
 def spin(ms=20.0):
