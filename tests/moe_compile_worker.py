@@ -29,7 +29,9 @@ INDEX_PTRS = {
 }
 
 
-def compile_one(fn, options: dict, **const) -> dict:
+def compile_one(fn, options: dict, descriptors: dict | None = None, **const) -> dict:
+    """``descriptors``: argument name -> TMA box of the arguments given as descriptors."""
+    descriptors = descriptors or {}
     const = dict(const, PDL=0)
     if "UPCAST" in fn.arg_names:
         const["UPCAST"] = False
@@ -37,12 +39,21 @@ def compile_one(fn, options: dict, **const) -> dict:
         if name in UNIT_STRIDES or (fn is M.moe_up_kernel and name == "stride_wh"):
             const[name] = 1
     signature = {
-        n: "constexpr" if n in const else INDEX_PTRS.get(n, "*bf16") if n.endswith("_ptr") else "i32" for n in fn.arg_names
+        n: "constexpr"
+        if n in const
+        else f"tensordesc<bf16{list(descriptors[n])}>"
+        if n in descriptors
+        else INDEX_PTRS.get(n, "*bf16")
+        if n.endswith("_ptr")
+        else "i32"
+        for n in fn.arg_names
     }
     divisible = {
         (i,): [["tt.divisibility", 16]]
         for i, n in enumerate(fn.arg_names)
-        if n not in const and (n.endswith("_ptr") or n in ("H", "I", "N", "K", "M") or n.startswith("stride_"))
+        if n not in const
+        and n not in descriptors
+        and (n.endswith("_ptr") or n in ("H", "I", "N", "K", "M") or n.startswith("stride_"))
     }
     label = {"kernel": fn.__name__, **{k: v for k, v in const.items() if not k.startswith("stride")}}
     try:
@@ -66,6 +77,7 @@ def main() -> None:
     results = []
     for S, E, H, I in json.loads(sys.argv[1]):
         plan = M.moe_plan(S, E, H, I)
+        e_pad = triton.next_power_of_2(E + 1)
         for role, fn, extra in (
             ("up", M.moe_up_kernel, {}),
             ("down", M.moe_down_kernel, dict(B_TRANS=True, SCALE=True)),
@@ -75,17 +87,33 @@ def main() -> None:
             ("wgrad_dp", M.moe_wgrad_kernel, dict(A_GATHER=True, B_GATHER=False)),
         ):
             t = getattr(plan, role)
+            # With TMA where the launchers take it (these sizes allow it everywhere), and without.
+            variants = [{}]
             if fn is M.moe_dswiglu_kernel:
                 extra = dict(extra, EPI_SPLIT=t.EPI_SPLIT)
-            if fn is not M.moe_wgrad_kernel:
-                extra = dict(extra, E_PAD=triton.next_power_of_2(E + 1))
-            results.append(
-                {
-                    "role": role,
-                    "shape": [S, E, H, I],
-                    **compile_one(fn, dict(num_warps=t.num_warps, num_stages=t.num_stages), BM=t.BM, BN=t.BN, BK=t.BK, **extra),
-                }
-            )
+                variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BK, t.BN)})]
+            if fn is M.moe_up_kernel:
+                variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)})]
+            if fn is M.moe_down_kernel:
+                box = (t.BN, t.BK) if extra["B_TRANS"] else (t.BK, t.BN)
+                variants = [
+                    dict(A_TMA=False, B_TMA=False),
+                    dict(A_TMA=True, B_TMA=True, descriptors={"a_ptr": (t.BM, t.BK), "w_ptr": box}),
+                ]
+            if fn is M.moe_wgrad_kernel and t.PERSISTENT:
+                fn, extra = M.moe_wgrad_persistent_kernel, dict(extra, E_PAD=e_pad)
+            if fn is not M.moe_wgrad_kernel and fn is not M.moe_wgrad_persistent_kernel:
+                extra = dict(extra, E_PAD=e_pad)
+            for v in variants:
+                results.append(
+                    {
+                        "role": role,
+                        "shape": [S, E, H, I],
+                        **compile_one(
+                            fn, dict(num_warps=t.num_warps, num_stages=t.num_stages), BM=t.BM, BN=t.BN, BK=t.BK, **extra, **v
+                        ),
+                    }
+                )
         # The wide dSwiGLU tile with its epilogue in two pieces: a candidate of lab/probes/moe_sweep.py.
         results.append(
             {
@@ -98,7 +126,9 @@ def main() -> None:
                     BN=128,
                     BK=64,
                     EPI_SPLIT=2,
-                    E_PAD=triton.next_power_of_2(E + 1),
+                    E_PAD=e_pad,
+                    B_TMA=True,
+                    descriptors={"w_ptr": (64, 128)},
                 ),
             }
         )

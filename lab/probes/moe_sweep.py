@@ -7,6 +7,7 @@ Qwen3-30B-A3B), level with Liger's fused MoE. Run: PYTHONPATH=src:lab python3 la
 [shape ...] (moe_probe.SHAPES names; default qwen3-30b qwen3-235b; mixtral and deepseek-v3 not swept yet)
 """
 
+import dataclasses
 import sys
 import time
 import torch
@@ -15,7 +16,10 @@ from swiglu.kernels import moe as M
 import moe_probe as P  # beside this file
 
 T0 = time.time()
-RUN = sys.argv[1:] or ["qwen3-30b", "qwen3-235b"]
+RUN = [a for a in sys.argv[1:] if not a.startswith("--")] or ["qwen3-30b", "qwen3-235b"]
+# --roles=wgrad_gu,wgrad_dp,dswiglu: sweep only these (the others keep moe_plan's tiles); --no-bench
+ROLES = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--roles=")), None)
+BENCH = "--no-bench" not in sys.argv
 
 
 def ms(fn):
@@ -30,14 +34,16 @@ PAIRS = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (128, 64, 4, 4), (64
 DSW = [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4), (64, 64, 8, 3), (128, 32, 8, 4), (64, 128, 4, 3)]
 # (BN, BK, warps, stages, EPI_SPLIT): wide dSwiGLU tiles with the epilogue in two column pieces
 DSW += [(128, 64, 8, 3, 2), (128, 64, 8, 4, 2), (256, 64, 8, 3, 2)]
+# (BM, BN, BK, warps, stages[, programs per SM of the persistent kernel])
 WG = [
     (128, 128, 64, 8, 3),
-    (128, 128, 32, 8, 4),
-    (128, 256, 64, 8, 3),
-    (256, 128, 64, 8, 3),
-    (128, 128, 64, 4, 3),
-    (64, 128, 64, 4, 4),
     (128, 128, 64, 8, 4),
+    (128, 256, 64, 8, 3),
+    (128, 128, 64, 4, 4),
+    (128, 128, 64, 8, 3, 1),
+    (128, 128, 64, 8, 4, 1),
+    (128, 256, 64, 8, 3, 1),
+    (128, 128, 32, 8, 5, 1),
 ]
 best_all = {}
 for name in RUN:
@@ -56,45 +62,72 @@ for name in RUN:
     ggu = torch.empty_like(gu)
     gdp = torch.empty_like(dp)
     res = {}
+    want = lambda role: ROLES is None or role in ROLES  # noqa: E731
     for BM in (64, 128):
         r = M.Routing(idx, E)
         M.launch_up(x, gu, r, k, gate, up, h, M.Tile(128, 64, 8, 3, BM))
-        for c in UP:
+        for c in UP if want("up") else []:
             res[("up", BM, c)] = ms(lambda: M.launch_up(x, gu, r, k, gate, up, h, M.Tile(*c, BM)))
         for c in PAIRS:
-            res[("down", BM, c)] = ms(lambda: M.launch_pairs(h, dp, r, w, y, M.Tile(*c, BM), True))
-            res[("grad_x", BM, c)] = ms(lambda: M.launch_pairs(dgu, gu, r, w, y, M.Tile(*c, BM), False))
-        for c in DSW:
+            if want("down"):
+                res[("down", BM, c)] = ms(lambda: M.launch_pairs(h, dp, r, w, y, M.Tile(*c, BM), True))
+            if want("grad_x"):
+                res[("grad_x", BM, c)] = ms(lambda: M.launch_pairs(dgu, gu, r, w, y, M.Tile(*c, BM), False))
+        for c in DSW if want("dswiglu") else []:
             part = torch.zeros(S, -(-I // c[0]), device="cuda")
             res[("dswiglu", BM, c)] = ms(
                 lambda: M.launch_dswiglu(go, dp, r, k, w, gate, up, dgu, hw, part, M.Tile(*c[:4], BM, *c[4:]))
             )
         print(f"{name} BM={BM} done {time.time() - T0:.0f}s", flush=True)
+    # TMA for the weights (and the down projections' A) against pointer loads, at moe_plan's tiles
+    base = M.moe_plan(S, E, H, I)
+    r = M.Routing(idx, E)
+    part = torch.zeros(S, -(-I // base.dswiglu.BN), device="cuda")
+    runs = {
+        "up": lambda t: M.launch_up(x, gu, r, k, gate, up, h, t),
+        "down": lambda t: M.launch_pairs(h, dp, r, w, y, t, True),
+        "grad_x": lambda t: M.launch_pairs(dgu, gu, r, w, y, t, False),
+        "dswiglu": lambda t: M.launch_dswiglu(go, dp, r, k, w, gate, up, dgu, hw, part, t),
+    }
+    for role, fn in runs.items():
+        t = getattr(base, role)
+        on, off = ms(lambda: fn(t)), ms(lambda: fn(dataclasses.replace(t, TMA=False)))
+        print(f"{name} {role:9s} TMA {on:.3f} ms, pointer loads {off:.3f} ms ({t})", flush=True)
     for c in WG:
-        t = M.Tile(c[1], c[2], c[3], c[4], c[0])
-        res[("wgrad_gu", 0, c)] = ms(lambda: M.launch_wgrad(ggu, dgu, x, r, k, False, True, t))
-        res[("wgrad_dp", 0, c)] = ms(lambda: M.launch_wgrad(gdp, go, hw, r, k, True, False, t))
+        t = M.Tile(c[1], c[2], c[3], c[4], c[0], PERSISTENT=c[5] if len(c) > 5 else 0)
+        if want("wgrad_gu"):
+            res[("wgrad_gu", 0, c)] = ms(lambda: M.launch_wgrad(ggu, dgu, x, r, k, False, True, t))
+        if want("wgrad_dp"):
+            res[("wgrad_dp", 0, c)] = ms(lambda: M.launch_wgrad(gdp, go, hw, r, k, True, False, t))
     for role in ("up", "down", "grad_x", "dswiglu", "wgrad_gu", "wgrad_dp"):
         rows = sorted((v, bm, c) for (ro, bm, c), v in res.items() if ro == role)
+        if not rows:
+            continue
         print(
             f"{name} {role:9s} " + "  ".join(f"{v:.3f}ms BM{bm} {c}" for v, bm, c in rows[:4]) + f"   worst {rows[-1][0]:.3f}",
             flush=True,
         )
         best_all[(name, role)] = rows
     print(f"time {time.time() - T0:.0f}s", flush=True)
-# Best plan per shape (BM shared: pick the BM with the lower sum over m-tiled roles)
-for name in RUN:
+# Best plan per shape (BM shared: pick the BM with the lower sum over m-tiled roles); roles not swept keep moe_plan's
+for name in RUN if BENCH else []:
     H, I, E, k = P.SHAPES[name]
-    sums = {}
-    for BM in (64, 128):
-        sums[BM] = sum(min(v for v, bm, c in best_all[(name, ro)] if bm == BM) for ro in ("up", "down", "grad_x", "dswiglu"))
-    BM = min(sums, key=sums.get)
-    pick = {ro: min((v, c) for v, bm, c in best_all[(name, ro)] if bm == BM)[1] for ro in ("up", "down", "grad_x", "dswiglu")}
-    wg = {ro: min(best_all[(name, ro)])[2] for ro in ("wgrad_gu", "wgrad_dp")}
-    plan = M.MoEPlan(
-        **{ro: M.Tile(*c[:4], BM, *c[4:]) for ro, c in pick.items()},
-        **{ro: M.Tile(c[1], c[2], c[3], c[4], c[0]) for ro, c in wg.items()},
-    )
+    base = M.moe_plan(8192 * k, E, H, I)
+    grouped = [ro for ro in ("up", "down", "grad_x", "dswiglu") if (name, ro) in best_all]
+    tiles = {}
+    if grouped:
+        sums = {}
+        for BM in (64, 128):
+            sums[BM] = sum(min(v for v, bm, c in best_all[(name, ro)] if bm == BM) for ro in grouped)
+        BM = min(sums, key=sums.get)
+        for ro in grouped:
+            c = min((v, c) for v, bm, c in best_all[(name, ro)] if bm == BM)[1]
+            tiles[ro] = M.Tile(*c[:4], BM, *c[4:])
+    for ro in ("wgrad_gu", "wgrad_dp"):
+        if (name, ro) in best_all:
+            c = min(best_all[(name, ro)])[2]
+            tiles[ro] = M.Tile(c[1], c[2], c[3], c[4], c[0], PERSISTENT=c[5] if len(c) > 5 else 0)
+    plan = dataclasses.replace(base, **tiles)
     print("PLAN", name, plan, flush=True)
     orig = M.moe_plan
     M.moe_plan = lambda *a, plan=plan: plan

@@ -33,8 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .devices import INTERPRET, cdiv
+from .devices import INTERPRET, cdiv, device_sms
 from .launch import launch
+from .tma import Tma
 from .tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start
 
 
@@ -104,7 +105,7 @@ def moe_order_kernel(
 @triton.jit
 def _grouped_tile(expert_start_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.constexpr, E_PAD: tl.constexpr):
     """This program's tile of a grouped GEMM (N tiles fastest): its expert (>= E: idle), its
-    sorted-pair rows and columns, and which of them are real. The M tiles are each expert's
+    first sorted-pair row, its rows and columns, and which of them are real. The M tiles are each expert's
     cdiv(count, BM) tiles in expert order, found from expert_start (E_PAD >= E)."""
     pid = tl.program_id(0)
     pid_m = pid // num_n
@@ -117,9 +118,10 @@ def _grouped_tile(expert_start_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.conste
     sel = bins == e
     first = tl.sum(tl.where(sel, cum - tiles, 0), axis=0)
     end = tl.sum(tl.where(sel, hi, 0), axis=0)
-    rows = tl.sum(tl.where(sel, lo, 0), axis=0) + (pid_m - first) * BM + tl.arange(0, BM)
+    row0 = tl.sum(tl.where(sel, lo, 0), axis=0) + (pid_m - first) * BM
+    rows = row0 + tl.arange(0, BM)
     cols = (pid % num_n) * BN + tl.arange(0, BN)
-    return e, rows, (rows < end) & (e < E), cols, cols < N, pid % num_n
+    return e, row0, rows, (rows < end) & (e < E), cols, cols < N, pid % num_n
 
 
 @triton.jit
@@ -145,30 +147,40 @@ def moe_up_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     E_PAD: tl.constexpr,
+    B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue. B_TMA: w_ptr is a TMA
+    descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past an expert's rows
+    feeds only masked columns; past H it reads zeros)."""
     _pdl_start(PDL)
-    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
+    e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
         tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
         ks = tl.arange(0, BK)
         a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
-        w_base = w_ptr + e.to(tl.int64) * stride_we
-        g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
-        u_ptrs = g_ptrs + I * stride_wn
+        if not B_TMA:
+            w_base = w_ptr + e.to(tl.int64) * stride_we
+            g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+            u_ptrs = g_ptrs + I * stride_wn
+        w_row = e * 2 * I + pid_n * BN
         acc_g = tl.zeros((BM, BN), dtype=tl.float32)
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, H, BK):
             k_ok = (k0 + ks) < H
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            bg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            bu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if B_TMA:
+                bg = tl.trans(w_ptr.load([w_row, k0]))
+                bu = tl.trans(w_ptr.load([w_row + I, k0]))
+            else:
+                bg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                bu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                g_ptrs += BK * stride_wh
+                u_ptrs += BK * stride_wh
             acc_g = _dot(a, bg, acc_g, UPCAST)
             acc_u = _dot(a, bu, acc_u, UPCAST)
             a_ptrs += BK * stride_xh
-            g_ptrs += BK * stride_wh
-            u_ptrs += BK * stride_wh
         gate = _bf16(acc_g, UPCAST)
         up = _bf16(acc_u, UPCAST)
         act = _activated_gate(_f32(gate, UPCAST), UPCAST)
@@ -201,32 +213,48 @@ def moe_down_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     E_PAD: tl.constexpr,
+    A_TMA: tl.constexpr,
+    B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y[pair] = a[row] @ B_e (* routing weight) for the sorted rows of one tile, written to the
     pair's row of y [S, N]. a: [S, K] contiguous, sorted order. B_e = w[e].T ([N, K] stored,
-    B_TRANS) or w[e] ([K, N] stored)."""
+    B_TRANS) or w[e] ([K, N] stored). A_TMA: a_ptr is a TMA descriptor of a with [BM, BK]
+    boxes (rows past the expert's feed only masked rows); B_TMA: w_ptr is one of w as [E * rows,
+    cols] with [BN, BK] boxes (B_TRANS; past an expert's rows: masked columns) or [BK, BN] (the
+    launcher checks K % BK == 0: a box never reaches the next expert's rows)."""
     _pdl_start(PDL)
-    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, N, num_n, BM, BN, E_PAD)
+    e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, N, num_n, BM, BN, E_PAD)
     if e < E:
         ks = tl.arange(0, BK)
-        a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :]
-        w_base = w_ptr + e.to(tl.int64) * stride_we
-        if B_TRANS:
-            b_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_w0 + ks[:, None] * stride_w1
-            b_step = BK * stride_w1
-        else:
-            b_ptrs = w_base + ks.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1
-            b_step = BK * stride_w0
+        if not A_TMA:
+            a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :]
+        if not B_TMA:
+            w_base = w_ptr + e.to(tl.int64) * stride_we
+            if B_TRANS:
+                b_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_w0 + ks[:, None] * stride_w1
+                b_step = BK * stride_w1
+            else:
+                b_ptrs = w_base + ks.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1
+                b_step = BK * stride_w0
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
             k_ok = (k0 + ks) < K
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if A_TMA:
+                a = a_ptr.load([row0, k0])
+            else:
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                a_ptrs += BK
+            if B_TMA:
+                if B_TRANS:
+                    b = tl.trans(w_ptr.load([e * N + pid_n * BN, k0]))
+                else:
+                    b = w_ptr.load([e * K + k0, pid_n * BN])
+            else:
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                b_ptrs += b_step
             acc = _dot(a, b, acc, UPCAST)
-            a_ptrs += BK
-            b_ptrs += b_step
         pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
         if SCALE:
             w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
@@ -283,27 +311,33 @@ def moe_dswiglu_kernel(
     BK: tl.constexpr,
     EPI_SPLIT: tl.constexpr,
     E_PAD: tl.constexpr,
+    B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
-    EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile)."""
+    EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). B_TMA:
+    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0)."""
     _pdl_start(PDL)
-    e, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
+    e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
         pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
         tok = pair // TOP_K
         ks = tl.arange(0, BK)
         a_ptrs = go_ptr + tok.to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
-        b_ptrs = w_ptr + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wh + cols[None, :] * stride_wi
+        if not B_TMA:
+            b_ptrs = w_ptr + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wh + cols[None, :] * stride_wi
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, H, BK):
             k_ok = (k0 + ks) < H
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if B_TMA:
+                b = w_ptr.load([e * H + k0, pid_n * BN])
+            else:
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                b_ptrs += BK * stride_wh
             acc = _dot(a, b, acc, UPCAST)
             a_ptrs += BK * stride_gh
-            b_ptrs += BK * stride_wh
         w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
         if EPI_SPLIT == 1:
             part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST)
@@ -315,6 +349,47 @@ def moe_dswiglu_kernel(
             )
         # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
         tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
+
+
+@triton.jit
+def _wgrad_tokens(order_ptr, r, end, TOP_K, GATHER: tl.constexpr):
+    """The token ids of sorted rows r (< end; 0 past it), when an operand is gathered."""
+    if GATHER:
+        return tl.load(order_ptr + r, mask=r < end, other=0) // TOP_K
+    return r
+
+
+@triton.jit
+def _wgrad_operands(
+    a_ptr,
+    b_ptr,
+    r,
+    r_ok,
+    tok,
+    ms,
+    ns,
+    M,
+    N,
+    stride_at,
+    stride_am,
+    stride_bt,
+    stride_bn,
+    A_GATHER: tl.constexpr,
+    B_GATHER: tl.constexpr,
+):
+    """One K step's operand tiles [BK, BM] and [BK, BN] of the weight gradients: rows r of a
+    (token rows tok when A_GATHER) and of b (likewise); rows past the expert's end read as zeros."""
+    if A_GATHER:
+        ar = tok.to(tl.int64)
+    else:
+        ar = r.to(tl.int64)
+    if B_GATHER:
+        br = tok.to(tl.int64)
+    else:
+        br = r.to(tl.int64)
+    a = tl.load(a_ptr + ar[:, None] * stride_at + ms[None, :] * stride_am, mask=r_ok[:, None] & (ms < M)[None, :], other=0.0)
+    b = tl.load(b_ptr + br[:, None] * stride_bt + ns[None, :] * stride_bn, mask=r_ok[:, None] & (ns < N)[None, :], other=0.0)
+    return a, b
 
 
 @triton.jit
@@ -360,24 +435,113 @@ def moe_wgrad_kernel(
     n_ok = ns < N
     ks = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    tok = _wgrad_tokens(order_ptr, start + ks, end, TOP_K, A_GATHER or B_GATHER)
     for r0 in range(start, end, BK):
         r = r0 + ks
         r_ok = r < end
-        if A_GATHER or B_GATHER:
-            tok = tl.load(order_ptr + r, mask=r_ok, other=0) // TOP_K
-        if A_GATHER:
-            ar = tok.to(tl.int64)
-        else:
-            ar = r.to(tl.int64)
-        if B_GATHER:
-            br = tok.to(tl.int64)
-        else:
-            br = r.to(tl.int64)
-        a = tl.load(a_ptr + ar[:, None] * stride_at + ms[None, :] * stride_am, mask=r_ok[:, None] & m_ok[None, :], other=0.0)
-        b = tl.load(b_ptr + br[:, None] * stride_bt + ns[None, :] * stride_bn, mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+        # The next step's token ids now: a gather index loaded in the step that uses it would
+        # hold the pipeline to two stages (one copy in flight).
+        tok_next = _wgrad_tokens(order_ptr, r + BK, end, TOP_K, A_GATHER or B_GATHER)
+        a, b = _wgrad_operands(
+            a_ptr, b_ptr, r, r_ok, tok, ms, ns, M, N, stride_at, stride_am, stride_bt, stride_bn, A_GATHER, B_GATHER
+        )
         acc = _dot(tl.trans(a), b, acc, UPCAST)
+        tok = tok_next
     c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
     tl.store(c, _bf16(acc, UPCAST), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _program_k_steps(expert_start_ptr, pid, E, per_e, NUM_PROGRAMS, BK: tl.constexpr, E_PAD: tl.constexpr):
+    """The K steps program pid runs in all: its tiles are pid, pid + NUM_PROGRAMS, ...; expert e
+    owns tiles [e * per_e, (e + 1) * per_e), each of max(1, cdiv(count_e, BK)) steps (an expert
+    without pairs still writes its zero tiles). Vector arithmetic over the experts, no loop."""
+    bins = tl.arange(0, E_PAD)
+    ok = bins < E
+    cnt = tl.load(expert_start_ptr + bins + 1, mask=ok, other=0) - tl.load(expert_start_ptr + bins, mask=ok, other=0)
+    steps = tl.maximum((cnt + BK - 1) // BK, 1)
+    # tiles t <= x with t = pid (mod NUM_PROGRAMS): (x - pid) // NUM_PROGRAMS + 1 for x >= pid
+    hi = (bins + 1) * per_e - 1
+    lo = bins * per_e - 1
+    n_hi = tl.where(hi >= pid, (hi - pid) // NUM_PROGRAMS + 1, 0)
+    n_lo = tl.where(lo >= pid, (lo - pid) // NUM_PROGRAMS + 1, 0)
+    return tl.sum(tl.where(ok, (n_hi - n_lo) * steps, 0), axis=0)
+
+
+@triton.jit
+def moe_wgrad_persistent_kernel(
+    a_ptr,
+    b_ptr,
+    order_ptr,
+    expert_start_ptr,
+    c_ptr,
+    M,
+    N,
+    E,
+    TOP_K,
+    num_m,
+    num_n,
+    NUM_PROGRAMS,
+    stride_at,
+    stride_am,
+    stride_bt,
+    stride_bn,
+    stride_ce,
+    stride_cm,
+    stride_cn,
+    A_GATHER: tl.constexpr,
+    B_GATHER: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    E_PAD: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """``moe_wgrad_kernel``'s product, persistent: each program runs its tiles (expert-major, N
+    fastest) as one flat loop of K steps, so the next tile's loads are in flight while a tile's
+    epilogue stores (an expert's K, ~512 pairs at Qwen3 shapes, is only a few steps)."""
+    _pdl_start(PDL)
+    pid = tl.program_id(0)
+    per_e = num_m * num_n
+    total = _program_k_steps(expert_start_ptr, pid, E, per_e, NUM_PROGRAMS, BK, E_PAD)
+    ks = tl.arange(0, BK)
+    tile = pid
+    e, start, end, k_steps, ms, ns = _wgrad_tile(expert_start_ptr, tile, E, per_e, num_n, BM, BN, BK)
+    ki = 0
+    tok = _wgrad_tokens(order_ptr, start + ks, end, TOP_K, A_GATHER or B_GATHER)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(0, total):
+        r = start + ki * BK + ks
+        a, b = _wgrad_operands(
+            a_ptr, b_ptr, r, r < end, tok, ms, ns, M, N, stride_at, stride_am, stride_bt, stride_bn, A_GATHER, B_GATHER
+        )
+        acc = _dot(tl.trans(a), b, acc, UPCAST)
+        if ki == k_steps - 1:
+            c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
+            tl.store(c, _bf16(acc, UPCAST), mask=(ms < M)[:, None] & (ns < N)[None, :])
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            tile += NUM_PROGRAMS
+            e, start, end, k_steps, ms, ns = _wgrad_tile(expert_start_ptr, tile, E, per_e, num_n, BM, BN, BK)
+            ki = 0
+        else:
+            ki += 1
+        # The next step's token ids now (see moe_wgrad_kernel).
+        tok = _wgrad_tokens(order_ptr, start + ki * BK + ks, end, TOP_K, A_GATHER or B_GATHER)
+
+
+@triton.jit
+def _wgrad_tile(expert_start_ptr, tile, E, per_e, num_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Tile ``tile`` of the weight gradients (expert-major, N fastest): its expert, the expert's
+    sorted rows [start, end), its K steps (at least one) and its output rows and columns. A tile
+    past the last (the persistent loop's lookahead) is clamped to the last expert."""
+    e = tl.minimum(tile // per_e, E - 1)
+    start = tl.load(expert_start_ptr + e)
+    end = tl.load(expert_start_ptr + e + 1)
+    k_steps = tl.maximum((end - start + BK - 1) // BK, 1)
+    ms = ((tile % per_e) // num_n) * BM + tl.arange(0, BM)
+    ns = (tile % num_n) * BN + tl.arange(0, BN)
+    return e, start, end, k_steps, ms, ns
 
 
 @triton.jit
@@ -442,6 +606,8 @@ class Tile:
     num_stages: int = 3
     BM: int = 128
     EPI_SPLIT: int = 1  # the dSwiGLU kernel's epilogue in this many column pieces (1 or 2)
+    PERSISTENT: int = 0  # weight gradients: programs per SM of the persistent kernel (0: one per tile)
+    TMA: bool = True  # grouped kernels: the weights (and the down projections' A) through TMA where they allow it
 
 
 @dataclass(frozen=True)
@@ -524,14 +690,26 @@ class Routing:
 
 def _spec(a):
     """What Triton specializes a launch on, per argument: a tensor's dtype and 16-byte alignment,
-    an int's value (``launch.launch``'s key)."""
+    a descriptor's dtype and box, an int's value (``launch.launch``'s key)."""
     if isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() % 16 == 0
+    if type(a) is Tma:
+        return a.tensor.dtype, tuple(a.block)
     return a
 
 
+def _tma(t: torch.Tensor, block: list[int], use: bool):
+    """A TMA descriptor argument over ``t`` viewed as 2-D ([E * rows, cols] for expert weights) with
+    this box, when ``use`` and the memory allows one (contiguous, 16-byte aligned base and rows);
+    else None (the kernel takes pointer loads)."""
+    if not use or not t.is_contiguous() or t.data_ptr() % 16 or (t.shape[-1] * t.element_size()) % 16 or t.numel() == 0:
+        return None
+    return Tma(t.view(-1, t.shape[-1]), block)
+
+
 def _launch(kernel, grid: tuple[int, ...], num_warps: int, num_stages: int, *args, **meta) -> None:
-    key = (kernel, grid, num_warps, num_stages, args[0].device, *map(_spec, args), *meta.values())
+    first = args[0].tensor if type(args[0]) is Tma else args[0]
+    key = (kernel, grid, num_warps, num_stages, first.device, *map(_spec, args), *meta.values())
     launch(kernel, grid, key, *args, num_warps=num_warps, num_stages=num_stages, **meta)
 
 
@@ -561,13 +739,14 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
 def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
     H, I = x.shape[1], gate.shape[1]
+    w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA)
     _grouped(
         moe_up_kernel,
         r,
         I,
         tile,
         x,
-        gate_up_proj,
+        w or gate_up_proj,
         r.order,
         r.expert_start,
         gate,
@@ -578,6 +757,7 @@ def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
         r.E,
         k,
         strides=(x.stride(0), x.stride(1), *gate_up_proj.stride()),
+        B_TMA=w is not None,
     )
 
 
@@ -585,13 +765,15 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
     """y[pair] [S, N] = a[row] @ w[e].T (* routing weight; ``transposed``: the forward's down
     projection) or a[row] @ w[e] (grad_x's pieces)."""
     N, K = y.shape[1], a.shape[1]
+    a_desc = _tma(a, [tile.BM, tile.BK], tile.TMA)
+    w_desc = _tma(w, [tile.BN, tile.BK] if transposed else [tile.BK, tile.BN], tile.TMA and (transposed or K % tile.BK == 0))
     _grouped(
         moe_down_kernel,
         r,
         N,
         tile,
-        a,
-        w,
+        a_desc or a,
+        w_desc or w,
         r.order,
         r.expert_start,
         weights,
@@ -602,6 +784,8 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
         strides=w.stride(),
         B_TRANS=transposed,
         SCALE=transposed,
+        A_TMA=a_desc is not None,
+        B_TMA=w_desc is not None,
     )
 
 
@@ -609,13 +793,14 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
     """dgu [S, 2I], hw [S, I] and the routing-weight partial sums part [S, cdiv(I, BN)] (by pair
     id; rows of pairs outside every tile are not written)."""
     H, I = grad_out.shape[1], gate.shape[1]
+    w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA and H % tile.BK == 0)
     _grouped(
         moe_dswiglu_kernel,
         r,
         I,
         tile,
         grad_out,
-        down_proj,
+        w or down_proj,
         r.order,
         r.expert_start,
         weights,
@@ -630,38 +815,49 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
         k,
         strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
         EPI_SPLIT=tile.EPI_SPLIT,
+        B_TMA=w is not None,
     )
 
 
 def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, tile: Tile):
-    """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``)."""
+    """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``, or
+    ``moe_wgrad_persistent_kernel`` when ``tile.PERSISTENT``)."""
     E, M, N = c.shape
     num_m, num_n = cdiv(M, tile.BM), cdiv(N, tile.BN)
+    tiles = E * num_m * num_n
+    head = (a, b, r.order, r.expert_start, c, M, N)
+    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), *c.stride())
+    meta = dict(A_GATHER=a_gather, B_GATHER=b_gather, BM=tile.BM, BN=tile.BN, BK=tile.BK)
+    if tile.PERSISTENT:
+        programs = min(tiles, tile.PERSISTENT * (device_sms(c.device) if c.device.type == "cuda" else 2))
+        _launch(
+            moe_wgrad_persistent_kernel,
+            (programs,),
+            tile.num_warps,
+            tile.num_stages,
+            *head,
+            E,
+            k,
+            num_m,
+            num_n,
+            programs,
+            *strides,
+            **meta,
+            E_PAD=r.E_PAD,
+            UPCAST=INTERPRET,
+        )
+        return
     _launch(
         moe_wgrad_kernel,
-        (E * num_m * num_n,),
+        (tiles,),
         tile.num_warps,
         tile.num_stages,
-        a,
-        b,
-        r.order,
-        r.expert_start,
-        c,
-        M,
-        N,
+        *head,
         k,
         num_m,
         num_n,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        *c.stride(),
-        A_GATHER=a_gather,
-        B_GATHER=b_gather,
-        BM=tile.BM,
-        BN=tile.BN,
-        BK=tile.BK,
+        *strides,
+        **meta,
         UPCAST=INTERPRET,
     )
 
