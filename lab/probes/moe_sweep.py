@@ -91,8 +91,8 @@ for name in RUN:
     }
     for role, fn in runs.items():
         t = getattr(base, role)
-        on, off = ms(lambda: fn(t)), ms(lambda: fn(dataclasses.replace(t, TMA=False)))
-        print(f"{name} {role:9s} TMA {on:.3f} ms, pointer loads {off:.3f} ms ({t})", flush=True)
+        got = {(a, b): ms(lambda: fn(dataclasses.replace(t, TMA_A=a, TMA_B=b))) for a in (True, False) for b in (True, False)}
+        print(f"{name} {role:9s} TMA (A, B): " + "  ".join(f"{ab} {v:.3f}" for ab, v in got.items()) + f" ms ({t})", flush=True)
     for c in WG:
         t = M.Tile(c[1], c[2], c[3], c[4], c[0], PERSISTENT=c[5] if len(c) > 5 else 0)
         if want("wgrad_gu"):

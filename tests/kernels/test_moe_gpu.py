@@ -8,11 +8,14 @@ inputs every run, the seed printed on a failure; ``SWIGLU_TEST_SEED`` replays on
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 import swiglu
 import swiglu.kernels.moe as kmoe
+from swiglu.kernels import launch
 from swiglu.moe import moe_float64, moe_reference
 
 from moe_checks import NAMES, assert_matches, fresh_seed, make_moe, oracle, run, same_rounding
@@ -113,3 +116,51 @@ def test_cuda_graph_replay_is_bitwise_eager():
     want = run(second, "triton")
     for name, a, b in zip(NAMES, captured, want):
         assert torch.equal(a.reshape(b.shape), b), f"seed={seed}: {name} differs after graph replay"
+
+
+def _in_fresh_thread(fn):
+    """fn() run in a new thread (no CUDA context current there until something binds one)."""
+    box = {}
+
+    def work():
+        try:
+            box["out"] = fn()
+        except BaseException as err:  # re-raised in the caller
+            box["err"] = err
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+def test_launches_from_a_thread_without_a_cuda_context():
+    """A thread whose first CUDA work is our launches (autograd's device thread can be one: its
+    backward's buffers come from the caching allocator, so nothing binds the context before the
+    first TMA descriptor is filled): first launches (Triton's path, launches cleared) and cached
+    launches on new addresses both work there, bitwise the main thread's results; MoE and dense."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 512, 1024, 512, 16, 4, kind="balanced", device="cuda")
+    want = run(inp, "triton")
+    x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
+    ws = [torch.randn(*s, device="cuda", dtype=torch.bfloat16) / 32 for s in ((512, 1024), (512, 1024), (1024, 512))]
+
+    def dense():
+        leaves = [t.clone().requires_grad_() for t in (x, *ws)]
+        out = swiglu.swiglu_mlp(*leaves, impl="triton")
+        return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+
+    dense_want = dense()
+    torch.cuda.synchronize()
+    for cleared in (True, False):
+        if cleared:
+            launch.clear_launches()
+        got = _in_fresh_thread(lambda: run(inp, "triton"))
+        dense_got = _in_fresh_thread(dense)
+        torch.cuda.synchronize()
+        for name, a, b in zip(NAMES, got, want):
+            assert torch.equal(a, b), f"seed={seed}: {name} (launches cleared: {cleared})"
+        for a, b in zip(dense_got, dense_want):
+            assert torch.equal(a, b), f"dense (launches cleared: {cleared})"

@@ -94,13 +94,47 @@ def expand_descriptors(args: tuple, descriptors: tuple, fill, maps: dict | None 
         key = (position, ptr, shape, strides)
         piece = None if maps is None else maps.get(key)
         if piece is None:
-            piece = (fill(ptr, swizzle, elem_size, dtype, block, shape, strides, 0), *shape, *strides)
+            try:
+                tensor_map = fill(ptr, swizzle, elem_size, dtype, block, shape, strides, 0)
+            except RuntimeError:
+                # No CUDA context current on this thread yet (see ensure_cuda_context): bind it, retry.
+                if not ensure_cuda_context(t.device.index):
+                    raise
+                tensor_map = fill(ptr, swizzle, elem_size, dtype, block, shape, strides, 0)
+            piece = (tensor_map, *shape, *strides)
             if maps is not None:
                 if len(maps) >= _MAPS_MAX:
                     maps.clear()
                 maps[key] = piece
         out[position : position + 1] = piece
     return out
+
+
+def ensure_cuda_context(device_index: int) -> bool:
+    """Make the device's primary CUDA context current on this thread if none is; True if it bound
+    one. Filling a TMA descriptor (``cuTensorMapEncodeTiled``) needs a current context, and a
+    thread can reach a launch without one: autograd's device thread runs a backward whose tensors
+    all come from the caching allocator (no CUDA runtime call binds the context there first).
+    Triton's kernel launcher binds the context the same way, but only after the descriptors."""
+    import ctypes
+
+    cuda = _libcuda()
+    ctx = ctypes.c_void_p()
+    if cuda is None or cuda.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or ctx.value:
+        return False
+    if cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device_index) != 0:
+        return False
+    return cuda.cuCtxSetCurrent(ctx) == 0
+
+
+@lru_cache(maxsize=None)
+def _libcuda():
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
 
 
 def direct_runner(compiled, grid: tuple[int, int, int], rest: tuple = ()):
@@ -208,6 +242,8 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     # (INTERPRET read here too: the compile tests' recorder patches it.)
     pdl = PDL
     kwargs = dict(kwargs, PDL=pdl, launch_pdl=True) if pdl and not devices.INTERPRET else dict(kwargs, PDL=0)
+    if not devices.INTERPRET and any(type(a) is Tma for a in args):
+        ensure_cuda_context(next(a.tensor.device.index for a in args if type(a) is Tma))  # as expand_descriptors
     compiled = kernel[grid](*as_descriptors(args), **kwargs)
     if devices.INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
         return

@@ -19,8 +19,10 @@ tokens). Pairs whose expert id is outside [0, E) sort last and belong to no tile
 - ``moe_wgrad_kernel``: varlen-K weight gradients, one program per (expert, output tile), K over
   the expert's pairs; an expert with no pairs writes zeros.
 
-Pointer loads (a gathered row set is not a TMA box); under TRITON_INTERPRET=1 tiles are upcast to
-fp32 (``tl_kernels._dot``). Expert offsets are int64 (E * 2I * H passes 2**31 at DeepSeek-V3's
+Gathered rows are pointer loads (not a TMA box); the expert weights and the down projections'
+sorted rows take TMA descriptors where the plan says so and the memory allows (``Tile.TMA_A``,
+``TMA_B``; pointer loads otherwise, bitwise the same). Under TRITON_INTERPRET=1 tiles are upcast
+to fp32 (``tl_kernels._dot``). Expert offsets are int64 (E * 2I * H passes 2**31 at DeepSeek-V3's
 shape). Design, measurements and the bound: docs/moe.md.
 """
 
@@ -607,7 +609,8 @@ class Tile:
     BM: int = 128
     EPI_SPLIT: int = 1  # the dSwiGLU kernel's epilogue in this many column pieces (1 or 2)
     PERSISTENT: int = 0  # weight gradients: programs per SM of the persistent kernel (0: one per tile)
-    TMA: bool = True  # grouped kernels: the weights (and the down projections' A) through TMA where they allow it
+    TMA_A: bool = True  # down projections (forward and grad_x): the sorted-row operand through TMA
+    TMA_B: bool = True  # grouped kernels: the expert weights through TMA where the memory allows it
 
 
 @dataclass(frozen=True)
@@ -626,12 +629,13 @@ class MoEPlan:
 
 @lru_cache(maxsize=256)
 def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
-    """The tiles for S routed pairs over E experts of these sizes. Chosen by the sweep in
+    """The tiles for S routed pairs over E experts of these sizes. Chosen by the sweeps in
     data/tuning/moe_tiles_sweep_20261204.log (H200, Qwen3-30B-A3B and Qwen3-235B-A22B shapes, 8192
-    tokens): the dSwiGLU GEMM (epilogue-heavy) is fastest with 64-pair M tiles, grad_x and the
-    wide down projection with BN 256; experts averaging fewer than 128 pairs get 64-pair M tiles
-    everywhere. Under the interpreter: blocks no larger than the sizes (powers of two, >= 16), one
-    stage."""
+    tokens): the dSwiGLU GEMM (epilogue-heavy) with 64-pair M tiles, 128 columns and its epilogue in
+    two pieces (no register spills), grad_x and the wide down projection with BN 256, grad_x with
+    pointer loads (TMA was slower there), grad_down_proj with 128x256 tiles; experts averaging
+    fewer than 128 pairs get 64-pair M tiles everywhere. Under the interpreter: blocks no larger than
+    the sizes (powers of two, >= 16), one stage."""
     if INTERPRET:
         p = lambda n, cap: max(16, min(cap, _pow2(n)))  # noqa: E731
         bm = p(max(1, S // max(E, 1)), 32)
@@ -642,10 +646,10 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
     return MoEPlan(
         up=Tile(128, 64, 8, 3, bm),
         down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm),
-        dswiglu=Tile(64, 64, 4, 4, 64) if I <= 1024 else Tile(128, 64, 8, 4, 64),
-        grad_x=Tile(256, 64, 8, 3, bm),
+        dswiglu=Tile(128, 64, 8, 4 if I <= 1024 else 3, 64, EPI_SPLIT=2),
+        grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False),
         wgrad_gu=Tile(128, 64, 8, 3, 128),
-        wgrad_dp=Tile(128, 64, 8, 3, 128),
+        wgrad_dp=Tile(256, 64, 8, 3, 128),
     )
 
 
@@ -739,7 +743,7 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
 def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
     H, I = x.shape[1], gate.shape[1]
-    w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA)
+    w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
     _grouped(
         moe_up_kernel,
         r,
@@ -765,8 +769,8 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
     """y[pair] [S, N] = a[row] @ w[e].T (* routing weight; ``transposed``: the forward's down
     projection) or a[row] @ w[e] (grad_x's pieces)."""
     N, K = y.shape[1], a.shape[1]
-    a_desc = _tma(a, [tile.BM, tile.BK], tile.TMA)
-    w_desc = _tma(w, [tile.BN, tile.BK] if transposed else [tile.BK, tile.BN], tile.TMA and (transposed or K % tile.BK == 0))
+    a_desc = _tma(a, [tile.BM, tile.BK], tile.TMA_A)
+    w_desc = _tma(w, [tile.BN, tile.BK] if transposed else [tile.BK, tile.BN], tile.TMA_B and (transposed or K % tile.BK == 0))
     _grouped(
         moe_down_kernel,
         r,
@@ -793,7 +797,7 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
     """dgu [S, 2I], hw [S, I] and the routing-weight partial sums part [S, cdiv(I, BN)] (by pair
     id; rows of pairs outside every tile are not written)."""
     H, I = grad_out.shape[1], gate.shape[1]
-    w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA and H % tile.BK == 0)
+    w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
     _grouped(
         moe_dswiglu_kernel,
         r,
