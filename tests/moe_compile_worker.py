@@ -100,9 +100,7 @@ def main() -> None:
                     dict(A_TMA=False, B_TMA=False),
                     dict(A_TMA=True, B_TMA=True, descriptors={"a_ptr": (t.BM, t.BK), "w_ptr": box}),
                 ]
-            if fn is M.moe_wgrad_kernel and t.PERSISTENT:
-                fn, extra = M.moe_wgrad_persistent_kernel, dict(extra, E_PAD=e_pad)
-            if fn is not M.moe_wgrad_kernel and fn is not M.moe_wgrad_persistent_kernel:
+            if fn is not M.moe_wgrad_kernel:
                 extra = dict(extra, E_PAD=e_pad)
             for v in variants:
                 results.append(

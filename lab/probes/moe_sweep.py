@@ -34,17 +34,8 @@ PAIRS = [(128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (128, 64, 4, 4), (64
 DSW = [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4), (64, 64, 8, 3), (128, 32, 8, 4), (64, 128, 4, 3)]
 # (BN, BK, warps, stages, EPI_SPLIT): wide dSwiGLU tiles with the epilogue in two column pieces
 DSW += [(128, 64, 8, 3, 2), (128, 64, 8, 4, 2), (256, 64, 8, 3, 2)]
-# (BM, BN, BK, warps, stages[, programs per SM of the persistent kernel])
-WG = [
-    (128, 128, 64, 8, 3),
-    (128, 128, 64, 8, 4),
-    (128, 256, 64, 8, 3),
-    (128, 128, 64, 4, 4),
-    (128, 128, 64, 8, 3, 1),
-    (128, 128, 64, 8, 4, 1),
-    (128, 256, 64, 8, 3, 1),
-    (128, 128, 32, 8, 5, 1),
-]
+# (BM, BN, BK, warps, stages)
+WG = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4)]
 best_all = {}
 for name in RUN:
     H, I, E, k = P.SHAPES[name]
@@ -94,7 +85,7 @@ for name in RUN:
         got = {(a, b): ms(lambda: fn(dataclasses.replace(t, TMA_A=a, TMA_B=b))) for a in (True, False) for b in (True, False)}
         print(f"{name} {role:9s} TMA (A, B): " + "  ".join(f"{ab} {v:.3f}" for ab, v in got.items()) + f" ms ({t})", flush=True)
     for c in WG:
-        t = M.Tile(c[1], c[2], c[3], c[4], c[0], PERSISTENT=c[5] if len(c) > 5 else 0)
+        t = M.Tile(c[1], c[2], c[3], c[4], c[0])
         if want("wgrad_gu"):
             res[("wgrad_gu", 0, c)] = ms(lambda: M.launch_wgrad(ggu, dgu, x, r, k, False, True, t))
         if want("wgrad_dp"):
@@ -126,7 +117,7 @@ for name in RUN if BENCH else []:
     for ro in ("wgrad_gu", "wgrad_dp"):
         if (name, ro) in best_all:
             c = min(best_all[(name, ro)])[2]
-            tiles[ro] = M.Tile(c[1], c[2], c[3], c[4], c[0], PERSISTENT=c[5] if len(c) > 5 else 0)
+            tiles[ro] = M.Tile(c[1], c[2], c[3], c[4], c[0])
     plan = dataclasses.replace(base, **tiles)
     print("PLAN", name, plan, flush=True)
     orig = M.moe_plan

@@ -468,7 +468,7 @@ def test_pingpong_weight_gradient_gives_the_cooperative_kernels_bits(K, M, N):
     for cfg in PINGPONG_CANDIDATES + WIDE_CANDIDATES:
         want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         backward.launch_grad_weight_gluon_or_tl(
-            a, b, want, backward.config_for("grad_weights", K), replace(cfg, pingpong=False, BN2=0, mma_regs=0)
+            a, b, want, backward.config_for("grad_weights", K), replace(cfg, pingpong=False, BN2=0, mma_regs=0, wg_store=0)
         )
         got = torch.full_like(want, float("nan"))
         backward.launch_grad_weight_gluon_or_tl(a, b, got, backward.config_for("grad_weights", K), cfg)
@@ -532,7 +532,7 @@ def test_pingpong_epilogues_wait_for_a_slow_storer():
         assert cfg.pingpong
         want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         backward.launch_grad_weight_gluon_or_tl(
-            a, b, want, backward.config_for("grad_weights", K), replace(cfg, pingpong=False, BN2=0, mma_regs=0)
+            a, b, want, backward.config_for("grad_weights", K), replace(cfg, pingpong=False, BN2=0, mma_regs=0, wg_store=0)
         )
         got = torch.full_like(want, float("nan"))
         launch_grad_weight_gluon(a, b, got, cfg, devices.tile_programs(got.device, M, N, cfg), store_delay_ns=20_000)
@@ -761,7 +761,7 @@ def test_pingpong_with_one_output_buffer_is_right_launch_after_launch(K):
     got = torch.empty_like(want)
     for cfg in sorted(set(single), key=str):
         want.fill_(float("nan"))
-        backward.launch_grad_weight_gluon_or_tl(a, b, want, tl_cfg, replace(cfg, pingpong=False, BN2=0, mma_regs=0))
+        backward.launch_grad_weight_gluon_or_tl(a, b, want, tl_cfg, replace(cfg, pingpong=False, BN2=0, mma_regs=0, wg_store=0))
         bad = 0
         for _ in range(20):
             got.fill_(float("nan"))

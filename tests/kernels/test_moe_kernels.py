@@ -287,36 +287,6 @@ def test_dswiglu_epilogue_in_two_pieces(device):
     assert_matches((out, *two), run(inp, "reference"), oracle(inp), seed)
 
 
-@pytest.mark.parametrize("case", ["T20_skewed", "E64_T5", "all_on_one_expert"])
-@pytest.mark.parametrize("persistent", [0, 1])
-def test_weight_gradient_kernels_agree(device, case, persistent):
-    """The weight gradients of the persistent kernel (several tiles per program, experts without
-    pairs among them) and the per-tile kernel with the other setting are bitwise equal: the same K
-    steps in the same order; both against the oracle."""
-    seed = fresh_seed()
-    T, H, I, E, k, kind = CASES[case][:6]
-    inp = make_moe(seed, T, H, I, E, k, kind=kind, device=device)
-    x, idx, w, gu, dp, go = inp.flat()
-    out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp)
-    plan = kmoe.moe_plan(T * k, E, H, I)
-    other = 1 - persistent
-    a = dataclasses.replace(
-        plan,
-        wgrad_gu=dataclasses.replace(plan.wgrad_gu, PERSISTENT=persistent),
-        wgrad_dp=dataclasses.replace(plan.wgrad_dp, PERSISTENT=persistent),
-    )
-    b = dataclasses.replace(
-        plan,
-        wgrad_gu=dataclasses.replace(plan.wgrad_gu, PERSISTENT=other),
-        wgrad_dp=dataclasses.replace(plan.wgrad_dp, PERSISTENT=other),
-    )
-    one = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan=a)
-    two = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan=b)
-    for name, g1, g2 in zip(NAMES[1:], one, two):
-        assert torch.equal(g1, g2), f"seed={seed}: {name}"
-    assert_matches((out, *one), run(inp, "reference"), oracle(inp), seed)
-
-
 @pytest.mark.parametrize("sizes", [(13, 64, 96, 4, 2), (7, 48, 40, 3, 2)])
 def test_tma_and_pointer_loads_agree(device, sizes):
     """Weights (and the down projections' A) read through TMA descriptors or through pointer

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .devices import INTERPRET, cdiv, device_sms
+from .devices import INTERPRET, cdiv
 from .launch import launch
 from .tma import Tma
 from .tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start
@@ -454,99 +454,6 @@ def moe_wgrad_kernel(
 
 
 @triton.jit
-def _program_k_steps(expert_start_ptr, pid, E, per_e, NUM_PROGRAMS, BK: tl.constexpr, E_PAD: tl.constexpr):
-    """The K steps program pid runs in all: its tiles are pid, pid + NUM_PROGRAMS, ...; expert e
-    owns tiles [e * per_e, (e + 1) * per_e), each of max(1, cdiv(count_e, BK)) steps (an expert
-    without pairs still writes its zero tiles). Vector arithmetic over the experts, no loop."""
-    bins = tl.arange(0, E_PAD)
-    ok = bins < E
-    cnt = tl.load(expert_start_ptr + bins + 1, mask=ok, other=0) - tl.load(expert_start_ptr + bins, mask=ok, other=0)
-    steps = tl.maximum((cnt + BK - 1) // BK, 1)
-    # tiles t <= x with t = pid (mod NUM_PROGRAMS): (x - pid) // NUM_PROGRAMS + 1 for x >= pid
-    hi = (bins + 1) * per_e - 1
-    lo = bins * per_e - 1
-    n_hi = tl.where(hi >= pid, (hi - pid) // NUM_PROGRAMS + 1, 0)
-    n_lo = tl.where(lo >= pid, (lo - pid) // NUM_PROGRAMS + 1, 0)
-    return tl.sum(tl.where(ok, (n_hi - n_lo) * steps, 0), axis=0)
-
-
-@triton.jit
-def moe_wgrad_persistent_kernel(
-    a_ptr,
-    b_ptr,
-    order_ptr,
-    expert_start_ptr,
-    c_ptr,
-    M,
-    N,
-    E,
-    TOP_K,
-    num_m,
-    num_n,
-    NUM_PROGRAMS,
-    stride_at,
-    stride_am,
-    stride_bt,
-    stride_bn,
-    stride_ce,
-    stride_cm,
-    stride_cn,
-    A_GATHER: tl.constexpr,
-    B_GATHER: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    E_PAD: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """``moe_wgrad_kernel``'s product, persistent: each program runs its tiles (expert-major, N
-    fastest) as one flat loop of K steps, so the next tile's loads are in flight while a tile's
-    epilogue stores (an expert's K, ~512 pairs at Qwen3 shapes, is only a few steps)."""
-    _pdl_start(PDL)
-    pid = tl.program_id(0)
-    per_e = num_m * num_n
-    total = _program_k_steps(expert_start_ptr, pid, E, per_e, NUM_PROGRAMS, BK, E_PAD)
-    ks = tl.arange(0, BK)
-    tile = pid
-    e, start, end, k_steps, ms, ns = _wgrad_tile(expert_start_ptr, tile, E, per_e, num_n, BM, BN, BK)
-    ki = 0
-    tok = _wgrad_tokens(order_ptr, start + ks, end, TOP_K, A_GATHER or B_GATHER)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for _ in range(0, total):
-        r = start + ki * BK + ks
-        a, b = _wgrad_operands(
-            a_ptr, b_ptr, r, r < end, tok, ms, ns, M, N, stride_at, stride_am, stride_bt, stride_bn, A_GATHER, B_GATHER
-        )
-        acc = _dot(tl.trans(a), b, acc, UPCAST)
-        if ki == k_steps - 1:
-            c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
-            tl.store(c, _bf16(acc, UPCAST), mask=(ms < M)[:, None] & (ns < N)[None, :])
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            tile += NUM_PROGRAMS
-            e, start, end, k_steps, ms, ns = _wgrad_tile(expert_start_ptr, tile, E, per_e, num_n, BM, BN, BK)
-            ki = 0
-        else:
-            ki += 1
-        # The next step's token ids now (see moe_wgrad_kernel).
-        tok = _wgrad_tokens(order_ptr, start + ki * BK + ks, end, TOP_K, A_GATHER or B_GATHER)
-
-
-@triton.jit
-def _wgrad_tile(expert_start_ptr, tile, E, per_e, num_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Tile ``tile`` of the weight gradients (expert-major, N fastest): its expert, the expert's
-    sorted rows [start, end), its K steps (at least one) and its output rows and columns. A tile
-    past the last (the persistent loop's lookahead) is clamped to the last expert."""
-    e = tl.minimum(tile // per_e, E - 1)
-    start = tl.load(expert_start_ptr + e)
-    end = tl.load(expert_start_ptr + e + 1)
-    k_steps = tl.maximum((end - start + BK - 1) // BK, 1)
-    ms = ((tile % per_e) // num_n) * BM + tl.arange(0, BM)
-    ns = (tile % num_n) * BN + tl.arange(0, BN)
-    return e, start, end, k_steps, ms, ns
-
-
-@triton.jit
 def moe_combine_kernel(
     y_ptr,
     idx_ptr,
@@ -608,7 +515,6 @@ class Tile:
     num_stages: int = 3
     BM: int = 128
     EPI_SPLIT: int = 1  # the dSwiGLU kernel's epilogue in this many column pieces (1 or 2)
-    PERSISTENT: int = 0  # weight gradients: programs per SM of the persistent kernel (0: one per tile)
     TMA_A: bool = True  # down projections (forward and grad_x): the sorted-row operand through TMA
     TMA_B: bool = True  # grouped kernels: the expert weights through TMA where the memory allows it
 
@@ -824,33 +730,13 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
 
 
 def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, tile: Tile):
-    """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``, or
-    ``moe_wgrad_persistent_kernel`` when ``tile.PERSISTENT``)."""
+    """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``)."""
     E, M, N = c.shape
     num_m, num_n = cdiv(M, tile.BM), cdiv(N, tile.BN)
     tiles = E * num_m * num_n
     head = (a, b, r.order, r.expert_start, c, M, N)
     strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), *c.stride())
     meta = dict(A_GATHER=a_gather, B_GATHER=b_gather, BM=tile.BM, BN=tile.BN, BK=tile.BK)
-    if tile.PERSISTENT:
-        programs = min(tiles, tile.PERSISTENT * (device_sms(c.device) if c.device.type == "cuda" else 2))
-        _launch(
-            moe_wgrad_persistent_kernel,
-            (programs,),
-            tile.num_warps,
-            tile.num_stages,
-            *head,
-            E,
-            k,
-            num_m,
-            num_n,
-            programs,
-            *strides,
-            **meta,
-            E_PAD=r.E_PAD,
-            UPCAST=INTERPRET,
-        )
-        return
     _launch(
         moe_wgrad_kernel,
         (tiles,),
