@@ -528,7 +528,8 @@ def test_pingpong_epilogues_wait_for_a_slow_storer():
     gen = torch.Generator(device="cuda").manual_seed(11)
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
-    for cfg in (backward.GLUON_CONFIGS[256], WIDE_CANDIDATES[3]):
+    # wg_store=0: the storer warp stores every tile (the path the delay slows).
+    for cfg in (replace(backward.GLUON_CONFIGS[256], wg_store=0), replace(WIDE_CANDIDATES[3], wg_store=0)):
         assert cfg.pingpong
         want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         backward.launch_grad_weight_gluon_or_tl(

@@ -182,6 +182,18 @@ def guard_kernels(monkeypatch):
     return launches
 
 
+def test_gpu_routing_blocks_stay_in_their_chunk(monkeypatch):
+    """The GPU's counting-sort blocks (the interpreter uses others): a sub-block never runs past its
+    chunk (SUB <= CHUNK, CHUNK a multiple of SUB), at most 256 chunks, every expert and the
+    out-of-range key have a bin. With SUB > CHUNK (once, at E < 8) a chunk counted its
+    neighbours' pairs."""
+    monkeypatch.setattr(kmoe, "INTERPRET", False)
+    for E in (1, 2, 3, 7, 8, 15, 64, 128, 256, 384):
+        for S in (1, 255, 256, 400, 4096, 65536, 1 << 20, 5 << 20):
+            chunk, sub, e_pad = kmoe._route_blocks(S, E)
+            assert sub <= chunk and chunk % sub == 0 and -(-S // chunk) <= 256 and e_pad > E, (E, S, chunk, sub, e_pad)
+
+
 @pytest.mark.parametrize("E", [3, 8, 64, 256])
 def test_routing_is_a_stable_sort_by_expert(device, E):
     """``Routing``'s counting sort (several chunks and sub-blocks under the interpreter) against
@@ -247,7 +259,7 @@ def test_direct_out_of_range_ids_are_skipped(device, guard_kernels, kind):
             assert not g.count_nonzero(), f"seed={seed}: {name} nonzero with every id out of range"
         return
     o = moe_float64(x, idx, w, gu, dp, go)
-    o_zeroed = moe_float64(x, idx.clamp(0, E - 1), w.masked_fill(bad, 0), gu, dp, go)
+    o_zeroed = moe_float64(x, idx.clamp(0, E - 1), w.masked_fill(bad.to(w.device), 0), gu, dp, go)
     for name, a, b in zip(NAMES, o, o_zeroed):  # the oracle skips them: as if their weights were zero
         if name == "grad_top_k_weights":
             a, b = a[~bad], b[~bad]

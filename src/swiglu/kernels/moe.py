@@ -567,7 +567,9 @@ def _route_blocks(S: int, E: int) -> tuple[int, int, int]:
     e_pad = _pow2(E + 1)
     if INTERPRET:
         return 16, 8, e_pad
-    return max(256, _pow2(cdiv(S, 256))), max(16, 4096 // e_pad), e_pad
+    chunk = max(256, _pow2(cdiv(S, 256)))
+    # SUB <= CHUNK: a sub-block must not run into the next chunk's pairs (few experts: wide SUB).
+    return chunk, min(chunk, max(16, 4096 // e_pad)), e_pad
 
 
 class Routing:
