@@ -91,6 +91,25 @@ def _tile_mn(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _tile_grid(M, N, BM: tl.constexpr, BN: tl.constexpr):
+    """(num_m, num_n): the BM x BN tiles covering an [M, N] output."""
+    return tl.cdiv(M, BM), tl.cdiv(N, BN)
+
+
+@triton.jit
+def _tile_offsets(tile, num_m, num_n, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(off_m, off_n): the first row and column of ``tile``, in ``_tile_mn``'s grouped order."""
+    pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
+    return pid_m * BM, pid_n * BN
+
+
+@triton.jit
+def _halves(x, BN: tl.constexpr):
+    """The column halves of a [rows, BN] tile (an epilogue's pieces)."""
+    return tl.split(tl.permute(tl.reshape(x, (x.shape[0], 2, BN // 2)), (0, 2, 1)))
+
+
+@triton.jit
 def _mainloop(
     a_desc,
     b_desc,
@@ -122,13 +141,13 @@ def _store_split(c_desc, acc, off_m, off_n, BN: tl.constexpr, EPI_SPLIT: tl.cons
     if EPI_SPLIT == 1:
         c_desc.store([off_m, off_n], _bf16(acc, UPCAST))
     else:
-        a0, a1 = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, BN // 2)), (0, 2, 1)))
+        a0, a1 = _halves(acc, BN)
         if EPI_SPLIT == 2:
             c_desc.store([off_m, off_n], _bf16(a0, UPCAST))
             c_desc.store([off_m, off_n + BN // 2], _bf16(a1, UPCAST))
         else:
-            a00, a01 = tl.split(tl.permute(tl.reshape(a0, (acc.shape[0], 2, BN // 4)), (0, 2, 1)))
-            a10, a11 = tl.split(tl.permute(tl.reshape(a1, (acc.shape[0], 2, BN // 4)), (0, 2, 1)))
+            a00, a01 = _halves(a0, BN // 2)
+            a10, a11 = _halves(a1, BN // 2)
             c_desc.store([off_m, off_n], _bf16(a00, UPCAST))
             c_desc.store([off_m, off_n + BN // 4], _bf16(a01, UPCAST))
             c_desc.store([off_m, off_n + BN // 2], _bf16(a10, UPCAST))
@@ -201,18 +220,15 @@ def dswiglu_gemm_kernel(
     PDL: tl.constexpr = False,
 ):
     _pdl_start(PDL)
-    num_m = tl.cdiv(T, BM)
-    num_n = tl.cdiv(I, BN)
+    num_m, num_n = _tile_grid(T, I, BM, BN)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
-        off_m = pid_m * BM
-        off_n = pid_n * BN
+        off_m, off_n = _tile_offsets(tile, num_m, num_n, BM, BN, GROUP_M)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = _mainloop(go_desc, down_desc, off_m, off_n, H, acc, False, BM, BN, BK, UPCAST)
         if EPI_SPLIT == 1:
             _dswiglu_piece(acc, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, RECOMPUTE_ACT)
         else:
-            a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+            a0, a1 = _halves(acc, BN)
             if EPI_SPLIT == 2:
                 _dswiglu_piece(
                     a0, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, RECOMPUTE_ACT
@@ -221,8 +237,8 @@ def dswiglu_gemm_kernel(
                     a1, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n + BN // 2, UPCAST, RECOMPUTE_ACT
                 )
             else:
-                a00, a01 = tl.split(tl.permute(tl.reshape(a0, (BM, 2, BN // 4)), (0, 2, 1)))
-                a10, a11 = tl.split(tl.permute(tl.reshape(a1, (BM, 2, BN // 4)), (0, 2, 1)))
+                a00, a01 = _halves(a0, BN // 2)
+                a10, a11 = _halves(a1, BN // 2)
                 _dswiglu_piece(
                     a00, gate_desc, up_desc, act_desc, dgate_desc, dup_desc, h_desc, off_m, off_n, UPCAST, RECOMPUTE_ACT
                 )
@@ -272,12 +288,9 @@ def grad_weight_kernel(
     """C = A.T @ B (a weight gradient: K = tokens, rounded up to BK by the launcher; the
     descriptors zero-fill the rows past the real K)."""
     _pdl_start(PDL)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
+    num_m, num_n = _tile_grid(M, N, BM, BN)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
-        off_m = pid_m * BM
-        off_n = pid_n * BN
+        off_m, off_n = _tile_offsets(tile, num_m, num_n, BM, BN, GROUP_M)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = _mainloop(a_desc, b_desc, off_m, off_n, K_PAD, acc, True, BM, BN, BK, UPCAST)
         if TMA_STORE:
@@ -311,9 +324,7 @@ def _grad_x_tile(
     UPCAST: tl.constexpr,
 ):
     """One whole grad_x tile: both K loops into one fp32 accumulator, then its bf16 store."""
-    pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
-    off_m = pid_m * BM
-    off_n = pid_n * BN
+    off_m, off_n = _tile_offsets(tile, num_m, num_n, BM, BN, GROUP_M)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc = _mainloop(dgate_desc, gw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
     acc = _mainloop(dup_desc, uw_desc, off_m, off_n, I, acc, False, BM, BN, BK, UPCAST)
@@ -342,8 +353,7 @@ def grad_x_kernel(
     PDL: tl.constexpr = False,
 ):
     _pdl_start(PDL)
-    num_m = tl.cdiv(T, BM)
-    num_n = tl.cdiv(H, BN)
+    num_m, num_n = _tile_grid(T, H, BM, BN)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         _grad_x_tile(
             dgate_desc, dup_desc, gw_desc, uw_desc, gx_desc, tile, num_m, num_n, I, BM, BN, BK, GROUP_M, EPI_SPLIT, UPCAST
@@ -398,8 +408,7 @@ def grad_x_split_tail_kernel(
     given NUM_PROGRAMS and SPLITS) and stores the tile. Every output element is written once."""
     _pdl_start(PDL)
     pid = tl.program_id(0)
-    num_m = tl.cdiv(T, BM)
-    num_n = tl.cdiv(H, BN)
+    num_m, num_n = _tile_grid(T, H, BM, BN)
     tiles = num_m * num_n
     tail = tiles % NUM_PROGRAMS
     for tile in tl.range(pid, tiles - tail, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
@@ -410,9 +419,7 @@ def grad_x_split_tail_kernel(
         local = pid // SPLITS
         run = pid % SPLITS
         k_steps = tl.cdiv(I, BK)
-        pid_m, pid_n = _tile_mn(tiles - tail + local, num_m, num_n, GROUP_M)
-        off_m = pid_m * BM
-        off_n = pid_n * BN
+        off_m, off_n = _tile_offsets(tiles - tail + local, num_m, num_n, BM, BN, GROUP_M)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc = _grad_x_steps(
             dgate_desc,
@@ -496,12 +503,9 @@ def swiglu_forward_kernel(
     each (two fp32 accumulators sharing the x tile), then ``_swiglu_forward_piece``
     (activated_gate is written only when STORE_ACT; act_desc is unused otherwise)."""
     _pdl_start(PDL)
-    num_m = tl.cdiv(T, BM)
-    num_n = tl.cdiv(I, BN)
+    num_m, num_n = _tile_grid(T, I, BM, BN)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_mn(tile, num_m, num_n, GROUP_M)
-        off_m = pid_m * BM
-        off_n = pid_n * BN
+        off_m, off_n = _tile_offsets(tile, num_m, num_n, BM, BN, GROUP_M)
         acc_g = tl.zeros((BM, BN), dtype=tl.float32)
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
         for k in tl.range(0, tl.cdiv(H, BK)):
@@ -512,8 +516,8 @@ def swiglu_forward_kernel(
         if EPI_SPLIT == 1:
             _swiglu_forward_piece(acc_g, acc_u, gate_desc, up_desc, act_desc, h_desc, off_m, off_n, STORE_ACT, UPCAST)
         else:
-            g0, g1 = tl.split(tl.permute(tl.reshape(acc_g, (BM, 2, BN // 2)), (0, 2, 1)))
-            u0, u1 = tl.split(tl.permute(tl.reshape(acc_u, (BM, 2, BN // 2)), (0, 2, 1)))
+            g0, g1 = _halves(acc_g, BN)
+            u0, u1 = _halves(acc_u, BN)
             _swiglu_forward_piece(g0, u0, gate_desc, up_desc, act_desc, h_desc, off_m, off_n, STORE_ACT, UPCAST)
             _swiglu_forward_piece(g1, u1, gate_desc, up_desc, act_desc, h_desc, off_m, off_n + BN // 2, STORE_ACT, UPCAST)
     _pdl_end(PDL)
