@@ -24,14 +24,14 @@ from .configs import DswigluGluonConfig
 from .devices import tile_programs
 from .launch import launch
 from .tma import Tma
-from .gluon_wgrad import _cta_barrier, _layout, _mma_layout, _pdl_end, _pdl_start, _tile_mn
+from .gluon_wgrad import _cta_barrier, _layout, _mma_layout, _pdl_end, _pdl_start, _ring_barriers, _tile_mn
 
 
 # Candidates (``DswigluGluonConfig`` variants the probes measure): swiglu_lab.experiments.candidates.
 
 
 # ----------------------------------------------------------------------------- helpers
-# (_mma_layout, _tile_mn and _layout are gluon_wgrad's)
+# (_mma_layout, _ring_barriers, _tile_mn and _layout are gluon_wgrad's)
 
 
 @gluon.constexpr_function
@@ -328,16 +328,7 @@ def dswiglu_gluon_kernel(
     NP: gl.constexpr = (BM // EPI_M) * (BN // EPI_N)
     piece_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([EPI_M, EPI_N], gl.bfloat16)
     g_pieces = g_bufs._reinterpret(gl.bfloat16, [NG * NP, EPI_M, EPI_N], piece_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    g_ready = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
-    g_empty = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(NG):
-        mbarrier.init(g_ready.index(i), count=1)
-        mbarrier.init(g_empty.index(i), count=1)
+    ready, empty, g_ready, g_empty = _ring_barriers(STAGES, NG)
     _pdl_start(PDL)
 
     # The worker argument tuples are written inline: a tuple assigned to a name first turns its

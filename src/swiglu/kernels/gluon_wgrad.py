@@ -34,6 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .configs import GluonConfig
 from .launch import launch
+from .tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
 from .tma import Tma
 
 #: The barrier of a CTA's threads: ``gl.thread_barrier`` in triton 3.6, ``gl.barrier`` from 3.7
@@ -99,14 +100,20 @@ def _griddepcontrol(ASM: gl.constexpr):
 
 
 @gluon.jit
-def _tile_mn(tile, num_m, num_n, GROUP_M: gl.constexpr):
-    """Grouped tile order (the repo's _tile_mn): GROUP_M row-tiles sweep the columns together."""
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    group_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % per_group) % group_m
-    pid_n = (tile % per_group) // group_m
-    return pid_m, pid_n
+def _ring_barriers(STAGES: gl.constexpr, NOUT: gl.constexpr):
+    """(ready, empty, out_ready, out_empty): initialized mbarriers (count 1) of a STAGES-deep
+    operand ring and of NOUT output buffers, in that allocation order."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    out_ready = gl.allocate_shared_memory(gl.int64, [NOUT, 1], mbarrier.MBarrierLayout())
+    out_empty = gl.allocate_shared_memory(gl.int64, [NOUT, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(NOUT):
+        mbarrier.init(out_ready.index(i), count=1)
+        mbarrier.init(out_empty.index(i), count=1)
+    return ready, empty, out_ready, out_empty
 
 
 @gluon.constexpr_function
@@ -556,16 +563,7 @@ def wgrad_kernel(
         c_bufs = gl.allocate_shared_memory(dtype, [2 * WG_STORE, BM, BN2], c2_desc.layout)
     else:
         c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
-    c_empty = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(NC):
-        mbarrier.init(c_ready.index(i), count=1)
-        mbarrier.init(c_empty.index(i), count=1)
+    ready, empty, c_ready, c_empty = _ring_barriers(STAGES, NC)
     _pdl_start(PDL)
 
     args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M)
