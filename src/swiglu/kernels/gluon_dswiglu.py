@@ -24,14 +24,14 @@ from .configs import DswigluGluonConfig
 from .devices import tile_programs
 from .launch import launch
 from .tma import Tma
-from .gluon_wgrad import _cta_barrier, _layout, _mma_layout, _pdl_end, _pdl_start, _ring_barriers, _tile_mn
+from .gluon_wgrad import _cta_barrier, _fill_stage, _layout, _mma_layout, _pdl_end, _pdl_start, _ring_barriers, _tile_mn
 
 
 # Candidates (``DswigluGluonConfig`` variants the probes measure): swiglu_lab.experiments.candidates.
 
 
 # ----------------------------------------------------------------------------- helpers
-# (_mma_layout, _ring_barriers, _tile_mn and _layout are gluon_wgrad's)
+# (_mma_layout, _ring_barriers, _fill_stage, _tile_mn and _layout are gluon_wgrad's)
 
 
 @gluon.constexpr_function
@@ -62,35 +62,10 @@ def _program_tiles(T, I, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _load_partition(
-    go_desc,
-    down_desc,
-    a_bufs,
-    b_bufs,
-    g_bufs,
-    ready,
-    empty,
-    g_ready,
-    g_empty,
-    gate_ptr,
-    up_ptr,
-    act_ptr,
-    dgate_ptr,
-    dup_ptr,
-    h_ptr,
-    T,
-    I,
-    stride_in,
-    stride_out,
-    GROUP_M: gl.constexpr,
-    EPI_M: gl.constexpr,
-    EPI_N: gl.constexpr,
-    RECOMPUTE_ACT: gl.constexpr,
-):
+def _load_partition(go_desc, down_desc, a_bufs, b_bufs, ready, empty, T, I, GROUP_M: gl.constexpr):
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BK: gl.constexpr = go_desc.block_type.shape[1]
     BN: gl.constexpr = down_desc.block_type.shape[1]
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     K = go_desc.shape[1]
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(T, I, BM, BN)
     k_tiles = gl.cdiv(K, BK)
@@ -98,10 +73,7 @@ def _load_partition(
     for t in range(num_tiles):
         pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
         for kk in range(k_tiles):
-            s = p % STAGES
-            mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, go_desc.block_type.nbytes + down_desc.block_type.nbytes)
+            s, bar = _fill_stage(p, ready, empty, go_desc.block_type.nbytes + down_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(go_desc, [pid_m * BM, kk * BK], bar, a_bufs.index(s))
             tma.async_copy_global_to_shared(down_desc, [kk * BK, pid_n * BN], bar, b_bufs.index(s))
             p += 1
@@ -138,9 +110,10 @@ def _piece_base(
 
 
 @gluon.jit
-def _load_inputs(gate_ptr, up_ptr, act_ptr, base, offs, mask, RECOMPUTE_ACT: gl.constexpr):
-    """A piece's gate, up and activated gate at ``base + offs`` (masked loads); gate again in the
-    activated gate's place where RECOMPUTE_ACT (the epilogue recomputes it)."""
+def _load_inputs(ins, base, offs, mask, RECOMPUTE_ACT: gl.constexpr):
+    """A piece's gate, up and activated gate at ``base + offs`` (masked loads from ``ins``, their
+    pointers); gate again in the activated gate's place where RECOMPUTE_ACT (the epilogue recomputes it)."""
+    gate_ptr, up_ptr, act_ptr = ins
     gate = gl.load(gate_ptr + base + offs, mask=mask)
     up = gl.load(up_ptr + base + offs, mask=mask)
     if RECOMPUTE_ACT:
@@ -154,19 +127,11 @@ def _load_inputs(gate_ptr, up_ptr, act_ptr, base, offs, mask, RECOMPUTE_ACT: gl.
 def _epilogue_partition(
     go_desc,
     down_desc,
-    a_bufs,
-    b_bufs,
     g_bufs,
-    ready,
-    empty,
     g_ready,
     g_empty,
-    gate_ptr,
-    up_ptr,
-    act_ptr,
-    dgate_ptr,
-    dup_ptr,
-    h_ptr,
+    ins,
+    outs,
     T,
     I,
     stride_in,
@@ -176,7 +141,8 @@ def _epilogue_partition(
     EPI_N: gl.constexpr,
     RECOMPUTE_ACT: gl.constexpr,
 ):
-    # g_bufs here is the [NG * NP, EPI_M, EPI_N] piece view of the g ring (see the kernel).
+    # g_bufs here is the [NG * NP, EPI_M, EPI_N] piece view of the g ring (see the kernel); ins:
+    # the gate, up and activated gate pointers (row stride stride_in), outs: d_gate's, d_up's and h's.
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BN: gl.constexpr = down_desc.block_type.shape[1]
     NPM: gl.constexpr = BM // EPI_M
@@ -185,6 +151,7 @@ def _epilogue_partition(
     NG: gl.constexpr = g_bufs.type.shape[0] // NP
     layout: gl.constexpr = _epi_layout(EPI_N, gl.num_warps())
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(T, I, BM, BN)
+    dgate_ptr, dup_ptr, h_ptr = outs
 
     # In-piece offsets (int32) and coordinates, shared by every piece.
     r = gl.expand_dims(gl.arange(0, EPI_M, layout=gl.SliceLayout(1, layout)), 1)
@@ -197,7 +164,7 @@ def _epilogue_partition(
         0, 0, pid, nprog, num_m, num_n, T, I, stride_in, stride_out, BM, BN, EPI_M, EPI_N, GROUP_M
     )
     mask = (r < rows_left) & (c < cols_left) & (num_tiles > 0)
-    nx_gate, nx_up, nx_act = _load_inputs(gate_ptr, up_ptr, act_ptr, base_in, offs_in, mask, RECOMPUTE_ACT)
+    nx_gate, nx_up, nx_act = _load_inputs(ins, base_in, offs_in, mask, RECOMPUTE_ACT)
 
     for t in range(num_tiles):
         buf = t % NG
@@ -218,7 +185,7 @@ def _epilogue_partition(
                 nt, npc, pid, nprog, num_m, num_n, T, I, stride_in, stride_out, BM, BN, EPI_M, EPI_N, GROUP_M
             )
             mask = (r < nrows) & (c < ncols) & (nt < num_tiles)
-            nx_gate, nx_up, nx_act = _load_inputs(gate_ptr, up_ptr, act_ptr, nbase_in, offs_in, mask, RECOMPUTE_ACT)
+            nx_gate, nx_up, nx_act = _load_inputs(ins, nbase_in, offs_in, mask, RECOMPUTE_ACT)
 
             # The tl kernel's _dswiglu_piece, op for op.
             g = g_bf.to(gl.float32)
@@ -336,52 +303,17 @@ def dswiglu_gluon_kernel(
     gl.warp_specialize(
         [
             (_mma_partition, (go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty, T, I, GROUP_M)),
-            (
-                _load_partition,
-                (
-                    go_desc,
-                    down_desc,
-                    a_bufs,
-                    b_bufs,
-                    g_pieces,
-                    ready,
-                    empty,
-                    g_ready,
-                    g_empty,
-                    gate_ptr,
-                    up_ptr,
-                    act_ptr,
-                    dgate_ptr,
-                    dup_ptr,
-                    h_ptr,
-                    T,
-                    I,
-                    stride_in,
-                    stride_out,
-                    GROUP_M,
-                    EPI_M,
-                    EPI_N,
-                    RECOMPUTE_ACT,
-                ),
-            ),
+            (_load_partition, (go_desc, down_desc, a_bufs, b_bufs, ready, empty, T, I, GROUP_M)),
             (
                 _epilogue_partition,
                 (
                     go_desc,
                     down_desc,
-                    a_bufs,
-                    b_bufs,
                     g_pieces,
-                    ready,
-                    empty,
                     g_ready,
                     g_empty,
-                    gate_ptr,
-                    up_ptr,
-                    act_ptr,
-                    dgate_ptr,
-                    dup_ptr,
-                    h_ptr,
+                    (gate_ptr, up_ptr, act_ptr),
+                    (dgate_ptr, dup_ptr, h_ptr),
                     T,
                     I,
                     stride_in,

@@ -135,6 +135,19 @@ def _program_tiles(c_desc, BM: gl.constexpr, BN: gl.constexpr):
     return num_m, num_n, pid, nprog, gl.cdiv(num_m * num_n - pid, nprog)
 
 
+@gluon.jit
+def _fill_stage(p, ready, empty, NBYTES: gl.constexpr):
+    """The loader's step p: waits until its stage (p % STAGES) is free, announces NBYTES on its
+    ready barrier; returns (stage, ready barrier) for the step's TMA loads."""
+    STAGES: gl.constexpr = ready.type.shape[0]
+    s = p % STAGES
+    # Fresh barriers: waiting on parity 1 passes at once (08-warp-specialization.py).
+    mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
+    bar = ready.index(s)
+    mbarrier.expect(bar, NBYTES)
+    return s, bar
+
+
 # ----------------------------------------------------------------------------- kernel
 
 
@@ -152,18 +165,13 @@ def _load_partition(
     STAGE_BYTES: gl.constexpr = (
         a_desc.block_type.nbytes + b_desc.block_type.nbytes + (b2_desc.block_type.nbytes if BN2 > 0 else 0)
     )
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(c_desc, BM, BNT)
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
     p = 0
     for t in range(num_tiles):
         pid_m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, GROUP_M)
         for kk in range(k_tiles):
-            s = p % STAGES
-            # Fresh barriers: waiting on parity 1 passes at once (08-warp-specialization.py).
-            mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, STAGE_BYTES)
+            s, bar = _fill_stage(p, ready, empty, STAGE_BYTES)
             tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], bar, a_bufs.index(s))
             tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BNT], bar, b_bufs.index(s))
             if BN2 > 0:  # a box wholly past N (the last column tile) is zero-filled, its bytes counted
