@@ -47,8 +47,7 @@ from swiglu.kernels.gluon_wgrad import (
     _epilogue_store,
     _layout,
     _mma_layout,
-    _mma_pingpong_first,
-    _mma_pingpong_first_wg_store,
+    _mma_pingpong_partition,
     _mma_pingpong_second,
     _mma_pingpong_second_wg_store,
     _pdl_end,
@@ -655,8 +654,8 @@ def wgrad_kernel(
         if WG_STORE:
             gl.warp_specialize(
                 [
-                    (_mma_pingpong_first_wg_store, pp_args + (c2_desc,)),
-                    (_mma_pingpong_second_wg_store, pp_args + (c2_desc,)),
+                    (_mma_pingpong_partition, pp_args + (c2_desc, True, 0)),
+                    (_mma_pingpong_second_wg_store, (pp_args, c2_desc)),
                     (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
                     (_store_partition_idle, args + (c2_desc, c2_bufs)),
                 ],
@@ -667,8 +666,8 @@ def wgrad_kernel(
             delay = gl.program_id(0) * 0 + STORE_DELAY_NS  # a value: worker arguments cannot be constexprs
             gl.warp_specialize(
                 [
-                    (_mma_pingpong_first, pp_args),
-                    (_mma_pingpong_second, pp_args),
+                    (_mma_pingpong_partition, pp_args + (c2_desc, False, 0)),
+                    (_mma_pingpong_second, (pp_args, c2_desc)),
                     (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
                     (_store_partition_delayed, args + (c2_desc, c2_bufs, delay)),
                 ],
@@ -678,8 +677,8 @@ def wgrad_kernel(
         else:
             gl.warp_specialize(
                 [
-                    (_mma_pingpong_first, pp_args),
-                    (_mma_pingpong_second, pp_args),
+                    (_mma_pingpong_partition, pp_args + (c2_desc, False, 0)),
+                    (_mma_pingpong_second, (pp_args, c2_desc)),
                     (_load_partition_wgrad, args + (b2_desc, b2_bufs)),
                     (_store_partition_skipped if ABLATE & 1 else _store_partition, args + (c2_desc, c2_bufs)),
                 ],

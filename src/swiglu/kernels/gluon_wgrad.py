@@ -357,12 +357,14 @@ def _mma_pingpong_partition(
     c_empty,
     order,
     GROUP_M: gl.constexpr,
-    WHICH: gl.constexpr,
     b2_bufs,
     c2_bufs,
-    c2_desc=None,
-    WG_STORE: gl.constexpr = False,
+    c2_desc,
+    WG_STORE: gl.constexpr,
+    WHICH: gl.constexpr,
 ):
+    # Both MMA warpgroups run this partition: the first as the default partition, the second
+    # through _mma_pingpong_second* (c2_desc: unused without WG_STORE).
     # Warpgroup WHICH (0 or 1) takes the program's tiles WHICH, WHICH + 2, ...; the loader fills
     # the shared ring in tile order, so each epilogue overlaps the other warpgroup's mainloop.
     # Step g of the program (tile i, k-step kk: g = i * k_tiles + kk) uses stage g % STAGES with
@@ -433,99 +435,14 @@ def _mma_pingpong_partition(
 
 
 @gluon.jit
-def _mma_pingpong_first(
-    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs
-):
-    _mma_pingpong_partition(
-        a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, order, GROUP_M, 0, b2_bufs, c2_bufs
-    )
+def _mma_pingpong_second(pp_args, c2_desc):
+    # A worker partition's arguments arrive as values, so its constexprs are set here.
+    _mma_pingpong_partition(*pp_args, c2_desc, False, 1)
 
 
 @gluon.jit
-def _mma_pingpong_second(
-    a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, order, GROUP_M: gl.constexpr, b2_bufs, c2_bufs
-):
-    _mma_pingpong_partition(
-        a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, order, GROUP_M, 1, b2_bufs, c2_bufs
-    )
-
-
-@gluon.jit
-def _mma_pingpong_first_wg_store(
-    a_desc,
-    b_desc,
-    c_desc,
-    a_bufs,
-    b_bufs,
-    c_bufs,
-    ready,
-    empty,
-    c_ready,
-    c_empty,
-    order,
-    GROUP_M: gl.constexpr,
-    b2_bufs,
-    c2_bufs,
-    c2_desc,
-):
-    _mma_pingpong_partition(
-        a_desc,
-        b_desc,
-        c_desc,
-        a_bufs,
-        b_bufs,
-        c_bufs,
-        ready,
-        empty,
-        c_ready,
-        c_empty,
-        order,
-        GROUP_M,
-        0,
-        b2_bufs,
-        c2_bufs,
-        c2_desc,
-        True,
-    )
-
-
-@gluon.jit
-def _mma_pingpong_second_wg_store(
-    a_desc,
-    b_desc,
-    c_desc,
-    a_bufs,
-    b_bufs,
-    c_bufs,
-    ready,
-    empty,
-    c_ready,
-    c_empty,
-    order,
-    GROUP_M: gl.constexpr,
-    b2_bufs,
-    c2_bufs,
-    c2_desc,
-):
-    _mma_pingpong_partition(
-        a_desc,
-        b_desc,
-        c_desc,
-        a_bufs,
-        b_bufs,
-        c_bufs,
-        ready,
-        empty,
-        c_ready,
-        c_empty,
-        order,
-        GROUP_M,
-        1,
-        b2_bufs,
-        c2_bufs,
-        c2_desc,
-        True,
-    )
+def _mma_pingpong_second_wg_store(pp_args, c2_desc):
+    _mma_pingpong_partition(*pp_args, c2_desc, True, 1)
 
 
 @gluon.jit
@@ -585,28 +502,16 @@ def wgrad_kernel(
         else:  # placeholders (partition arguments must be values), never read
             b2_desc, c2_desc, b2_bufs, c2_bufs = b_desc, c_desc, b_bufs, c_bufs
         pp_args = args[:-1] + (order, GROUP_M, b2_bufs, c2_bufs)
-        if WG_STORE:
-            gl.warp_specialize(
-                [
-                    (_mma_pingpong_first_wg_store, pp_args + (c2_desc,)),
-                    (_mma_pingpong_second_wg_store, pp_args + (c2_desc,)),
-                    (_load_partition, args + (b2_desc, b2_bufs)),
-                    (_store_partition_idle, args + (c2_desc, c2_bufs)),
-                ],
-                [4, 1, 1],
-                [MMA_REGS, LOAD_REGS, STORE_REGS],
-            )
-        else:
-            gl.warp_specialize(
-                [
-                    (_mma_pingpong_first, pp_args),
-                    (_mma_pingpong_second, pp_args),
-                    (_load_partition, args + (b2_desc, b2_bufs)),
-                    (_store_partition, args + (c2_desc, c2_bufs)),
-                ],
-                [4, 1, 1],
-                [MMA_REGS, LOAD_REGS, STORE_REGS],
-            )
+        gl.warp_specialize(
+            [
+                (_mma_pingpong_partition, pp_args + (c2_desc, WG_STORE, 0)),
+                (_mma_pingpong_second_wg_store if WG_STORE else _mma_pingpong_second, (pp_args, c2_desc)),
+                (_load_partition, args + (b2_desc, b2_bufs)),
+                (_store_partition_idle if WG_STORE else _store_partition, args + (c2_desc, c2_bufs)),
+            ],
+            [4, 1, 1],
+            [MMA_REGS, LOAD_REGS, STORE_REGS],
+        )
     elif BN2 > 0:  # the wide cooperative tile
         b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BK, BN2], b2_desc.layout)
         c2_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN2], c2_desc.layout)
