@@ -241,43 +241,22 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig,
     H = gate_weight.shape[1]
     nprog = nprog or tile_programs(d_gate.device, T, H, c, c.persistent)
     tail, splits = grad_x_tail_splits(T, H, I, c, nprog) if c.split_tail else (0, 1)
-    if splits > 1:
-        # Each last tile's runs, and their arrival counts.
-        ws = torch.empty((tail * splits, c.BM, c.BN), device=d_gate.device, dtype=torch.float32)
-        count = torch.zeros((tail,), device=d_gate.device, dtype=torch.int32)
-        launch(
-            kernels.grad_x_split_tail_kernel,
-            (nprog,),
-            ("grad_x_split_tail", d_gate.device, T, H, I, nprog, c),
-            Tma(d_gate, [c.BM, c.BK]),
-            Tma(d_up, [c.BM, c.BK]),
-            Tma(gate_weight, [c.BK, c.BN]),
-            Tma(up_weight, [c.BK, c.BN]),
-            Tma(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
-            ws,
-            count,
-            T,
-            H,
-            I,
-            nprog,
-            splits,
-            **launch_kwargs(c),
-        )
-        return
-    launch(
-        kernels.grad_x_kernel,
-        (nprog,),
-        ("grad_x", d_gate.device, T, H, I, nprog, c),
+    descs = (
         Tma(d_gate, [c.BM, c.BK]),
         Tma(d_up, [c.BM, c.BK]),
         Tma(gate_weight, [c.BK, c.BN]),
         Tma(up_weight, [c.BK, c.BN]),
         Tma(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
-        T,
-        H,
-        I,
-        nprog,
-        **launch_kwargs(c),
+    )
+    if splits > 1:
+        # Each last tile's runs, and their arrival counts.
+        ws = torch.empty((tail * splits, c.BM, c.BN), device=d_gate.device, dtype=torch.float32)
+        count = torch.zeros((tail,), device=d_gate.device, dtype=torch.int32)
+        key = ("grad_x_split_tail", d_gate.device, T, H, I, nprog, c)
+        launch(kernels.grad_x_split_tail_kernel, (nprog,), key, *descs, ws, count, T, H, I, nprog, splits, **launch_kwargs(c))
+        return
+    launch(
+        kernels.grad_x_kernel, (nprog,), ("grad_x", d_gate.device, T, H, I, nprog, c), *descs, T, H, I, nprog, **launch_kwargs(c)
     )
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from . import tl_kernels as kernels
 from .configs import TOKEN_BUCKETS, KernelConfig, bucket_for, parse_bucket, parse_by_shape, shape_choice
 from .devices import INTERPRET, cdiv, tile_programs, unsupported_reason
-from .launch import launch
+from .launch import launch, launch_kwargs
 from .tma import Tma, tma_ready
 from ..checks import check_tensor
 
@@ -109,17 +109,8 @@ def launch_fused_forward(x, gate_weight, up_weight, gate, up, act, h, c: KernelC
         H,
         I,
         nprog,
-        BM=c.BM,
-        BN=c.BN,
-        BK=c.BK,
-        GROUP_M=c.GROUP_M,
-        EPI_SPLIT=c.EPI_SPLIT,
-        WARP_SPECIALIZE=c.warp_specialize,
-        FLATTEN=c.flatten,
         STORE_ACT=act is not None,
-        UPCAST=INTERPRET,
-        num_warps=c.num_warps,
-        num_stages=c.num_stages,
+        **launch_kwargs(c),
     )
 
 
