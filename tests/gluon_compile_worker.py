@@ -10,7 +10,8 @@ kernel with the probes' and tests' switches (``swiglu_lab.experiments.gluon_wgra
 wide candidates with the tests' storer delay, the first cooperative table config with the probes'
 ablations (ABLATE 1-6) and st.global stores (PLAIN_STORE), and each table config (PDL modes 0-2)
 with every switch off, whose PTX (debug lines aside) must be the library kernel's
-(``probe_ptx_same``).
+(``probe_ptx_same``). A config only the lab's copy runs (``GluonConfig.lab_only``: a cooperative
+table config deferred, the wide cooperative candidates) is compiled by it.
 grad_x: the lab kernel's grad_x orientation (``A_KMAJOR``), its candidates
 (``candidates.GRAD_X_CANDIDATES``), the first also with PDL modes 1 and 2.
 dswiglu: the experimental dSwiGLU kernel's candidates (``candidates.DSWIGLU_CANDIDATES``, all or the given
@@ -92,7 +93,8 @@ def compile_one(
     copy with the switches (``gluon_wgrad_probe``). ``compare``: also the other kernel with every
     switch off, whether the two PTX texts are the same (``probe_ptx_same``)."""
     plain_store = int(plain_store or cfg.plain_store)
-    probe = probe or bool(grad_x or store_delay_ns or ablate or plain_store)
+    # The lab's copy too for what only it runs (GluonConfig.lab_only: a deferred or wide cooperative tile).
+    probe = probe or cfg.lab_only or bool(grad_x or store_delay_ns or ablate or plain_store)
     kernel = (gluon_wgrad_probe if probe else gluon_wgrad).wgrad_kernel
     a_block = [cfg.BM, cfg.BK] if grad_x else [cfg.BK, cfg.BM]
     sig = {"a_desc": desc(a_block), "b_desc": desc([cfg.BK, cfg.BN]), "c_desc": desc([cfg.BM, cfg.BN])}
@@ -108,7 +110,6 @@ def compile_one(
         {
             "PINGPONG": cfg.pingpong,
             "MMA_REGS": (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0,
-            "DEFER": False if cfg.pingpong else cfg.defer,
             "BN2": cfg.BN2,
         }
     )
@@ -117,6 +118,7 @@ def compile_one(
     else:
         constexprs.update({"b2_desc": None, "c2_desc": None})
     if probe:  # the switches, off unless given
+        constexprs["DEFER"] = False if cfg.pingpong else cfg.defer
         constexprs["A_KMAJOR"] = grad_x
         constexprs["STORE_DELAY_NS"] = store_delay_ns
         constexprs["ABLATE"] = ablate

@@ -56,7 +56,7 @@ def measure(
 
     from swiglu.kernels import backward
     from swiglu.kernels.configs import GluonConfig
-    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from swiglu_lab.experiments.gluon_wgrad_probe import launch_grad_weight_gluon  # the deferred and wide cooperative tiles too
     from swiglu_lab.experiments.candidates import PINGPONG_CANDIDATES, WIDE_CANDIDATES
     from swiglu_lab.bench.timing import time_iterations
 

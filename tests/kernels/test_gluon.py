@@ -187,10 +187,11 @@ def test_backward_takes_the_gluon_grad_x_where_the_table_has_one(grad_x_recorded
 
 
 def test_lab_launchers_run_only_once_the_lab_sets_them(monkeypatch):
-    """A gluon_grad_x entry, or a weight-gradient config with plain_store, runs the lab's copy of the
-    kernel (``swiglu_lab.experiments.gluon_wgrad_probe``, which sets ``backward.GRAD_X_LAUNCHER`` and
+    """A gluon_grad_x entry, or a weight-gradient config with plain_store, a deferred or a wide
+    cooperative tile (``GluonConfig.lab_only``), runs the lab's copy of the kernel
+    (``swiglu_lab.experiments.gluon_wgrad_probe``, which sets ``backward.GRAD_X_LAUNCHER`` and
     ``PLAIN_STORE_LAUNCHER`` when imported); unset, the backward says so. The library's own launcher
-    refuses a plain_store config."""
+    refuses such a config."""
     gluon = triton_minor(__import__("triton").__version__) in GLUON_TRITONS
     if gluon:  # imported before anything is patched: the import sets the launchers
         from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
@@ -212,11 +213,17 @@ def test_lab_launchers_run_only_once_the_lab_sets_them(monkeypatch):
         backward.launch_grad_weight_gluon_or_tl(a, b, out, None, cfg, 1)
     ran = []
     monkeypatch.setattr(backward, "PLAIN_STORE_LAUNCHER", lambda *args: ran.append(args[3:]))
-    backward.launch_grad_weight_gluon_or_tl(a, b, out, None, cfg, 1)
-    assert ran == [(cfg, 1)]
+    # The deferred and the wide cooperative tiles are the lab's too (GluonConfig.lab_only).
+    deferred = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=1, defer=True)
+    wide = GluonConfig(BM=256, BN=128, BN2=64, BK=32, STAGES=4, NC=1, GROUP_M=16)
+    for lab in (cfg, deferred, wide):
+        backward.launch_grad_weight_gluon_or_tl(a, b, out, None, lab, 1)
+    assert ran == [(cfg, 1), (deferred, 1), (wide, 1)]
+    assert not replace(deferred, pingpong=True).lab_only  # the ping-pong kernel ignores defer
     if gluon:
-        with pytest.raises(ValueError, match="runs swiglu_lab.experiments.gluon_wgrad_probe"):
-            launch_grad_weight_gluon(a, b, out, cfg, 1)
+        for lab in (cfg, deferred, wide):
+            with pytest.raises(ValueError, match="runs swiglu_lab.experiments.gluon_wgrad_probe"):
+                launch_grad_weight_gluon(a, b, out, lab, 1)
 
 
 def test_gluon_grad_x_gives_way_where_its_tiles_leave_sms_idle(monkeypatch):
@@ -358,8 +365,11 @@ def test_table_configs_compile_for_sm90(tmp_path_factory, which):
     assert {r["pdl"] for r in report["results"]} == {0, 1, 2}
     assert {r["ablate"] for r in report["results"]} == {0, 1, 2, 3, 4, 5, 6}
     assert sorted(r.get("plain_store") for r in report["results"] if r.get("plain_store")) == [1, 1, 1, 2]
-    # The switches compile in the lab's copy only.
-    assert all(r["probe"] == bool(r["ablate"] or r["store_delay_ns"] or r.get("plain_store")) for r in report["results"])
+    # The switches, and the configs only the lab runs, compile in the lab's copy only.
+    assert all(
+        r["probe"] == bool(r["ablate"] or r["store_delay_ns"] or r.get("plain_store") or GluonConfig(**r["config"]).lab_only)
+        for r in report["results"]
+    )
     table = {c for c in backward.GLUON_CONFIGS.values() if c is not None}
     compared = {(GluonConfig(**r["config"]), r["pdl"]) for r in report["results"] if "probe_ptx_same" in r}
     assert compared == {(c, pdl) for c in table for pdl in (0, 1, 2)}
@@ -426,6 +436,8 @@ def test_gluon_weight_gradient_matches_fp32(bucket, K, M, N):
     bound (K * 2**-23 * |a|.T @ |b|, Higham's gamma_K), NaN-poisoned output fully written, no
     systematic error, bitwise repeatable."""
     _gluon_or_skip()
+    from swiglu_lab.experiments import gluon_wgrad_probe  # noqa: F401 (runs the deferred cooperative epilogue below)
+
     g = backward.GLUON_CONFIGS[bucket]
     K = min(bucket, 8192) if K is None else K
     gen = torch.Generator(device="cuda").manual_seed(min(bucket, 8192) * 7 + K)
@@ -461,6 +473,7 @@ def test_pingpong_weight_gradient_gives_the_cooperative_kernels_bits(K, M, N):
     tiles and wholly out-of-range second chunks at N = 1176 and 520), for each compile-checked
     candidate."""
     _gluon_or_skip()
+    from swiglu_lab.experiments import gluon_wgrad_probe  # noqa: F401 (runs the wide cooperative candidates)
 
     gen = torch.Generator(device="cuda").manual_seed(K + M)
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -713,7 +726,7 @@ def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
     ring kernel's output at the same tile and K-step (the same wgmma sequence per element), launch
     after launch; every launch finishes (a lost A-block phase would hang)."""
     _gluon_or_skip()
-    from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from swiglu_lab.experiments import gluon_wgrad_probe  # noqa: F401 (runs a deferred ring)
 
     cfg = _resident_candidates()[index]
     K = cfg.resident_k if K is None else K
@@ -724,7 +737,7 @@ def test_resident_weight_gradient_gives_the_ring_kernels_bits(index, K, M, N):
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     ring = replace(cfg, resident_k=0, STAGES=2, NC=1)
     want_bits = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    launch_grad_weight_gluon(a, b, want_bits, ring, devices.tile_programs(a.device, M, N, ring))
+    backward.launch_grad_weight_gluon_or_tl(a, b, want_bits, None, ring, devices.tile_programs(a.device, M, N, ring))
     want = a.float().T @ b.float()
     bound = want.abs() * 2.0**-7 + K * 2.0**-23 * (a.float().abs().T @ b.float().abs())
     for _ in range(2):

@@ -138,11 +138,12 @@ def launch_grad_weight_gluon_or_tl(a, b, out, c: KernelConfig, g: GluonConfig | 
                 f"which sets backward.RESIDENT_LAUNCHER when imported (not imported), got {g}"
             )
         launcher = RESIDENT_LAUNCHER
-    elif g.plain_store:
+    elif g.lab_only:
         if PLAIN_STORE_LAUNCHER is None:
             raise ValueError(
-                f"a config with plain_store runs swiglu_lab.experiments.gluon_wgrad_probe's kernel, "
-                f"which sets backward.PLAIN_STORE_LAUNCHER when imported (not imported), got {g}"
+                f"a config with plain_store, a deferred cooperative epilogue or the wide cooperative tile runs "
+                f"swiglu_lab.experiments.gluon_wgrad_probe's kernel, which sets backward.PLAIN_STORE_LAUNCHER "
+                f"when imported (not imported), got {g}"
             )
         launcher = PLAIN_STORE_LAUNCHER
     else:
@@ -154,8 +155,8 @@ def launch_grad_weight_gluon_or_tl(a, b, out, c: KernelConfig, g: GluonConfig | 
 #: ships none; the lab's ``swiglu_lab.experiments.gluon_wgrad_resident`` sets it when imported, so
 #: a table entry with ``resident_k`` (the lab's A/B tables) runs that kernel. None: such an entry raises.
 RESIDENT_LAUNCHER = None
-#: The same for a ``GluonConfig`` with ``plain_store`` (st.global instead of TMA stores) and for a
-#: ``gluon_grad_x`` table entry (the Gluon grad_x, ``GLUON_GRAD_X``): the lab's
+#: The same for a ``GluonConfig.lab_only`` config (st.global instead of TMA stores, a deferred or
+#: wide cooperative tile) and for a ``gluon_grad_x`` table entry (the Gluon grad_x, ``GLUON_GRAD_X``): the lab's
 #: ``swiglu_lab.experiments.gluon_wgrad_probe`` sets both when imported. None: such an entry raises.
 PLAIN_STORE_LAUNCHER = None
 GRAD_X_LAUNCHER = None

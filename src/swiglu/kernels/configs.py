@@ -72,14 +72,14 @@ class GluonConfig:
     load_regs: int = 40
     store_regs: int = 40
     # Each tile's bf16 output stored to shared memory only after the next tile's first wgmma is
-    # issued, so the tensor cores work through the epilogue (bitwise the same output).
+    # issued, so the tensor cores work through the epilogue (bitwise the same output; ``lab_only``).
     defer: bool = False
     # Two 4-warp MMA warpgroups on alternate tiles (``gluon_wgrad.wgrad_kernel`` with PINGPONG;
     # num_warps and defer then unused), each tile BM x BN: the table's choice at T = 257-512.
     pingpong: bool = False
     # A second output chunk BN2 columns wide beside the BN one (its own operand and output
     # buffers, a second accumulator), so a tile is BM x (BN + BN2) (Triton blocks are powers of
-    # two): quack's 128 x 192 with pingpong, its cooperative 256 x 192 without (not deferred,
+    # two): quack's 128 x 192 with pingpong, its cooperative 256 x 192 without (``lab_only``; not deferred,
     # TMA stores); 0: none.
     BN2: int = 0
     # Ping-pong only: setmaxnreg of the second MMA warpgroup (the first, the default partition,
@@ -107,6 +107,13 @@ class GluonConfig:
     def tile_n(self) -> int:
         """A tile's columns: BN + BN2."""
         return self.BN + self.BN2
+
+    @property
+    def lab_only(self) -> bool:
+        """Whether only the lab's copy of the kernel runs this config (``swiglu_lab.experiments.gluon_wgrad_probe``,
+        once imported): st.global stores, or a ring (no ``resident_k``) cooperative tile deferred or wide;
+        ``gluon_wgrad`` refuses it."""
+        return not self.resident_k and bool(self.plain_store or not self.pingpong and (self.defer or self.BN2))
 
     def smem_bytes(self) -> int:
         """Shared memory the kernel allocates (bytes): operand ring, output ring, barriers. Triton's

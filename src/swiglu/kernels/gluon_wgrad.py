@@ -264,77 +264,34 @@ def _epilogue_wg_store(acc, acc2, q, i, WHICH: gl.constexpr, c2_desc, c_bufs, GR
 
 
 @gluon.jit
-def _mma_partition(
-    a_desc,
-    b_desc,
-    c_desc,
-    a_bufs,
-    b_bufs,
-    c_bufs,
-    ready,
-    empty,
-    c_ready,
-    c_empty,
-    GROUP_M: gl.constexpr,
-    DEFER: gl.constexpr,
-    b2_bufs=None,
-    c2_bufs=None,
-):
-    # b2_bufs / c2_bufs narrower than b_bufs / c_bufs (the wide tile BM x (BN + BN2), e.g. quack's
-    # 256 x 192; not with DEFER): a second accumulator for the tile's columns BN .. BN + BN2, a
-    # second wgmma per step on the same A stage, the narrower chunk converted first
-    # (_epilogue_store). None: no second chunk.
+def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M: gl.constexpr):
+    # Both MMA warpgroups on one tile. Its deferred epilogue (``GluonConfig.defer``) and the wide
+    # cooperative tile (BN2 without pingpong) are the lab's (``swiglu_lab.experiments.gluon_wgrad_probe``).
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
-    BN2: gl.constexpr = 0 if b2_bufs is None else _chunk2(b_bufs.type.shape, b2_bufs.type.shape)
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = c_desc.dtype
-    num_tiles = _program_tiles(c_desc, BM, BN + BN2)[4]
+    num_tiles = _program_tiles(c_desc, BM, BN)[4]
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
 
-    mma_layout: gl.constexpr = _mma_layout(BM, BN, NUM_WARPS)
-    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
-    prev = gl.zeros((BM, BN), dtype=dtype, layout=mma_layout)  # DEFER: the last tile's output, not stored yet
-    if BN2 > 0:
-        acc2 = gl.zeros((BM, BN2), dtype=gl.float32, layout=_mma_layout(BM, BN2, NUM_WARPS))
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=_mma_layout(BM, BN, gl.num_warps()))
     c = 0
     for t in range(num_tiles):
         for kk in range(k_tiles):
             s = c % STAGES
             mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-            a_s = a_bufs.index(s).permute((1, 0))
-            acc = warpgroup_mma(a_s, b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            if BN2 > 0:
-                acc2 = warpgroup_mma(a_s, b2_bufs.index(s), acc2, use_acc=kk > 0, is_async=True)
-            if DEFER:
-                if kk == 0 and t > 0:  # the previous tile's epilogue while this tile's first wgmma runs
-                    _epilogue_store(prev, t - 1, c_desc, c_bufs, c_ready, c_empty)
-            if BN2 > 0:  # the two wgmma groups of step c may run on
-                acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             # wgmma of step c-1 is done in this warpgroup; sync the partition (both warpgroups) before
             # thread 0 releases its stage to the loader.
             _cta_barrier()
             mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
             c += 1
-        if BN2 > 0:
-            acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _cta_barrier()
         mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
-        if DEFER:
-            prev = acc.to(dtype)
-        elif BN2 > 0:
-            _epilogue_store(acc, t, c_desc, c_bufs, c_ready, c_empty, acc2, c2_bufs)
-        else:
-            _epilogue_store(acc.to(dtype), t, c_desc, c_bufs, c_ready, c_empty)
-    if DEFER:
-        if num_tiles > 0:
-            _epilogue_store(prev, num_tiles - 1, c_desc, c_bufs, c_ready, c_empty)
+        _epilogue_store(acc.to(dtype), t, c_desc, c_bufs, c_ready, c_empty)
 
 
 # ----------------------------------------------------------------------------- ping-pong partitions
@@ -455,7 +412,6 @@ def wgrad_kernel(
     NC: gl.constexpr,
     LOAD_REGS: gl.constexpr,
     STORE_REGS: gl.constexpr,
-    DEFER: gl.constexpr = False,
     PINGPONG: gl.constexpr = False,
     MMA_REGS: gl.constexpr = 0,
     b2_desc=None,
@@ -466,10 +422,9 @@ def wgrad_kernel(
 ):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
-    (launch with num_warps=4; the second gets MMA_REGS registers; DEFER unused). BN2 > 0:
+    (launch with num_warps=4; the second gets MMA_REGS registers). BN2 > 0 (PINGPONG only):
     tiles BM x (BN + BN2), the second chunk through ``b2_desc`` / ``c2_desc`` (blocks [BK, BN2] /
-    [BM, BN2] on the same B and out), in the ping-pong kernel or (without PINGPONG: the wide
-    cooperative tile, no DEFER) both MMA warpgroups on one tile. WG_STORE > 0 (PINGPONG with
+    [BM, BN2] on the same B and out). WG_STORE > 0 (PINGPONG with
     BN = 2 * BN2): each MMA warpgroup stores its own tiles by TMA in three BN2-wide chunks through
     WG_STORE chunk buffers of its own (c2_desc's blocks), the storer idle and NC unused; the same
     values."""
@@ -480,7 +435,7 @@ def wgrad_kernel(
     gl.static_assert(
         not WG_STORE or (PINGPONG and BN2 > 0 and BN == 2 * BN2), "WG_STORE is the ping-pong kernel's with BN = 2 * BN2"
     )
-    gl.static_assert(BN2 == 0 or PINGPONG or not DEFER, "the wide cooperative tile (BN2 without PINGPONG) takes no DEFER")
+    gl.static_assert(BN2 == 0 or PINGPONG, "the wide cooperative tile (BN2 without PINGPONG) is the lab's (gluon_wgrad_probe)")
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK, BM], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK, BN], b_desc.layout)
@@ -512,22 +467,10 @@ def wgrad_kernel(
             [4, 1, 1],
             [MMA_REGS, LOAD_REGS, STORE_REGS],
         )
-    elif BN2 > 0:  # the wide cooperative tile
-        b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BK, BN2], b2_desc.layout)
-        c2_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN2], c2_desc.layout)
-        gl.warp_specialize(
-            [
-                (_mma_partition, args + (False, b2_bufs, c2_bufs)),
-                (_load_partition, args + (b2_desc, b2_bufs)),
-                (_store_partition, args + (c2_desc, c2_bufs)),
-            ],
-            [1, 1],
-            [LOAD_REGS, STORE_REGS],
-        )
     else:
         gl.warp_specialize(
             [
-                (_mma_partition, args + (DEFER,)),
+                (_mma_partition, args),
                 (_load_partition, args + (b_desc, b_bufs)),
                 (_store_partition, args + (c_desc, c_bufs)),
             ],
@@ -578,9 +521,10 @@ def _launch_constants(cfg: GluonConfig):
         raise ValueError(
             f"a config with resident_k runs swiglu_lab.experiments.gluon_wgrad_resident.launch_grad_weight_resident, got {cfg}"
         )
-    if cfg.plain_store:
+    if cfg.lab_only:
         raise ValueError(
-            f"a config with plain_store runs swiglu_lab.experiments.gluon_wgrad_probe.launch_grad_weight_gluon, got {cfg}"
+            "a config with plain_store, a deferred cooperative epilogue or the wide cooperative tile runs "
+            f"swiglu_lab.experiments.gluon_wgrad_probe.launch_grad_weight_gluon, got {cfg}"
         )
     blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
     consts = (
@@ -589,7 +533,6 @@ def _launch_constants(cfg: GluonConfig):
         cfg.NC,
         cfg.load_regs,
         cfg.store_regs,
-        cfg.defer,
         cfg.pingpong,
         (cfg.mma_regs or cfg.maxnreg) if cfg.pingpong else 0,
     )
