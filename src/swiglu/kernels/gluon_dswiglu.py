@@ -12,26 +12,31 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .configs import DswigluGluonConfig
 from .devices import tile_programs
 from .launch import launch
 from .tma import Tma
-from .gluon_wgrad import _cta_barrier, _fill_stage, _layout, _mma_layout, _pdl_end, _pdl_start, _ring_barriers, _tile_mn
+from .gluon_wgrad import (
+    _cta_barrier,
+    _fill_stage,
+    _layout,
+    _mma_tile,
+    _mma_layout,
+    _pdl_end,
+    _pdl_start,
+    _ring_barriers,
+    _tile_mn,
+)
 
 
 # Candidates (``DswigluGluonConfig`` variants the probes measure): swiglu_lab.experiments.candidates.
 
 
 # ----------------------------------------------------------------------------- helpers
-# (_mma_layout, _ring_barriers, _fill_stage, _tile_mn and _layout are gluon_wgrad's)
+# (_mma_layout, _mma_tile, _ring_barriers, _fill_stage, _tile_mn and _layout are gluon_wgrad's)
 
 
 @gluon.constexpr_function
@@ -215,7 +220,6 @@ def _mma_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_r
     BM: gl.constexpr = go_desc.block_type.shape[0]
     BK: gl.constexpr = go_desc.block_type.shape[1]
     BN: gl.constexpr = down_desc.block_type.shape[1]
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     NG: gl.constexpr = g_bufs.type.shape[0]
     NUM_WARPS: gl.constexpr = gl.num_warps()
     K = go_desc.shape[1]
@@ -226,20 +230,7 @@ def _mma_partition(go_desc, down_desc, a_bufs, b_bufs, g_bufs, ready, empty, g_r
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
     c = 0
     for t in range(num_tiles):
-        for kk in range(k_tiles):
-            s = c % STAGES
-            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            # The wgmma of step c-1 is done in this warpgroup; sync both warpgroups before thread 0
-            # releases its stage to the loader.
-            _cta_barrier()
-            mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
-            c += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _cta_barrier()
-        mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
-
+        acc, c = _mma_tile(a_bufs, b_bufs, ready, empty, acc, c, k_tiles, False)
         buf = t % NG
         mbarrier.wait(g_empty.index(buf), ((t // NG) & 1) ^ 1)
         g_bufs.index(buf).store(acc.to(gl.bfloat16))

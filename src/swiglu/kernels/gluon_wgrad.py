@@ -264,13 +264,37 @@ def _epilogue_wg_store(acc, acc2, q, i, WHICH: gl.constexpr, c2_desc, c_bufs, GR
 
 
 @gluon.jit
+def _mma_tile(a_bufs, b_bufs, ready, empty, acc, c, k_tiles, A_T: gl.constexpr):
+    """One tile's mainloop of MMA warps that share it: k_tiles wgmma steps through the ring from the
+    program's step c, each stage released once its wgmma is done; returns (acc, the next step).
+    A_T: A's stages are [BK, BM], used transposed."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    for kk in range(k_tiles):
+        s = c % STAGES
+        mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+        a_s = a_bufs.index(s)
+        if A_T:
+            a_s = a_s.permute((1, 0))
+        acc = warpgroup_mma(a_s, b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        # wgmma of step c-1 is done in this warpgroup; sync the partition (both warpgroups) before
+        # thread 0 releases its stage to the loader.
+        _cta_barrier()
+        mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
+        c += 1
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    _cta_barrier()
+    mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
+    return acc, c
+
+
+@gluon.jit
 def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M: gl.constexpr):
     # Both MMA warpgroups on one tile. Its deferred epilogue (``GluonConfig.defer``) and the wide
     # cooperative tile (BN2 without pingpong) are the lab's (``swiglu_lab.experiments.gluon_wgrad_probe``).
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     dtype: gl.constexpr = c_desc.dtype
     num_tiles = _program_tiles(c_desc, BM, BN)[4]
     k_tiles = gl.cdiv(a_desc.shape[0], BK)
@@ -278,19 +302,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=_mma_layout(BM, BN, gl.num_warps()))
     c = 0
     for t in range(num_tiles):
-        for kk in range(k_tiles):
-            s = c % STAGES
-            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            # wgmma of step c-1 is done in this warpgroup; sync the partition (both warpgroups) before
-            # thread 0 releases its stage to the loader.
-            _cta_barrier()
-            mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
-            c += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _cta_barrier()
-        mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES))
+        acc, c = _mma_tile(a_bufs, b_bufs, ready, empty, acc, c, k_tiles, True)
         _epilogue_store(acc.to(dtype), t, c_desc, c_bufs, c_ready, c_empty)
 
 
