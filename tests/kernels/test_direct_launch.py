@@ -31,6 +31,34 @@ def test_expand_descriptors_replaces_each_descriptor_by_its_map_shape_and_stride
     assert seen[1] == (t.data_ptr(), 128, 2, 9, [8, 16], t.shape, t.stride(), 0)
 
 
+def test_expand_descriptors_binds_a_cuda_context_and_retries_once(monkeypatch):
+    """A fill that fails (no CUDA context on this thread) binds the device's context and fills
+    again; where nothing was bound (a context was already current, or no driver) the error stands."""
+    t = torch.empty(16, 16, dtype=torch.bfloat16)
+    meta = ((0, 128, 2, 9, [8, 16]),)
+    calls, bound = [], []
+
+    def fill(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("Triton Error [CUDA]: Failed to create tensor map descriptor: invalid device context")
+        return "map"
+
+    monkeypatch.setattr(launch, "ensure_cuda_context", lambda index: bound.append(index) or True)
+    assert launch.expand_descriptors((tma.Tma(t, [8, 16]),), meta, fill)[0] == "map"
+    assert len(calls) == 2 and bound == [t.device.index]
+    calls.clear()
+    monkeypatch.setattr(launch, "ensure_cuda_context", lambda index: False)
+    with pytest.raises(RuntimeError, match="invalid device context"):
+        launch.expand_descriptors((tma.Tma(t, [8, 16]),), meta, fill)
+    assert len(calls) == 1
+
+
+def test_ensure_cuda_context_without_a_driver_binds_nothing(monkeypatch):
+    monkeypatch.setattr(launch, "_libcuda", lambda: None)
+    assert launch.ensure_cuda_context(0) is False
+
+
 def test_expand_descriptors_fills_once_per_address_and_geometry(monkeypatch):
     """The memo: the same memory and geometry at a position reuse its map; another address,
     shape, stride or position fills a new one (a stale map would point a kernel elsewhere)."""
