@@ -14,6 +14,7 @@ poisons the results.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import pytest
 import torch
@@ -297,6 +298,40 @@ def test_dswiglu_epilogue_in_two_pieces(device):
         if name != "grad_top_k_weights":
             assert torch.equal(a, b), f"seed={seed}: {name}"
     assert_matches((out, *two), run(inp, "reference"), oracle(inp), seed)
+
+
+def test_backward_frees_each_buffer_after_its_last_reader(device, monkeypatch):
+    """The backward's own buffers (every torch.empty / empty_like it makes, tracked until freed):
+    their peak is that of the order grad_x (its [S, H] pieces freed), grad_gate_up_proj (d_gate|d_up
+    freed), grad_down_proj, below the peak of computing grad_down_proj first (the order before)."""
+    seed = fresh_seed()
+    T, H, I, E, k = 16, 32, 64, 4, 2
+    S = T * k
+    inp = make_moe(seed, T, H, I, E, k, device=device)
+    x, idx, w, gu, dp, go = inp.flat()
+    out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp)
+    live, peak = {}, [0]
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def track(t):
+        key = id(t)
+        live[key] = t.untyped_storage().nbytes()
+        peak[0] = max(peak[0], sum(live.values()))
+        weakref.finalize(t, live.pop, key, None)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: track(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: track(empty_like(*a, **kw)))
+    grads = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, routing=routing)
+    monkeypatch.undo()
+    b = 2  # bf16
+    dgu, hw, dx_pairs, g_gu, g_dp = S * 2 * I * b, S * I * b, S * H * b, gu.numel() * b, dp.numel() * b
+    part = S * (-(-I // kmoe.moe_plan(S, E, H, I).dswiglu.BN)) * 4
+    outs = T * H * b + S * 4  # grad_x and the fp32 routing-weight gradient, made by the combine
+    want = max(dgu + hw + part + dx_pairs + outs, dgu + hw + outs + g_gu, hw + outs + g_gu + g_dp)
+    before = max(dgu + hw + part + g_dp, dgu + part + g_dp + dx_pairs + g_gu)
+    assert peak[0] == want < before, (peak[0], want, before)
+    assert_matches((out, *grads), run(inp, "reference"), oracle(inp), seed)
 
 
 @pytest.mark.parametrize("sizes", [(13, 64, 96, 4, 2), (7, 48, 40, 3, 2)])

@@ -840,22 +840,25 @@ def moe_backward(
     part = torch.empty(S, cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
     if S:  # first, so that the GPU starts while the host allocates the rest
         launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu)
-    # grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw first: hw's memory then returns to the
-    # allocator (stream-ordered) before grad_x's pieces and grad_gate_up_proj are allocated, so the
-    # backward's peak holds one [S, I] buffer less.
-    grad_dp = torch.empty_like(down_proj) if needs[3] else None
-    if needs[3]:
-        launch_wgrad(grad_dp, grad_out, hw, r, k, True, False, plan.wgrad_dp)
-    del hw
+    # Each buffer is freed after its last reader, in the order that keeps the fewest alive beside
+    # the weight gradients (which are outputs): grad_x's pieces and their sum first (dx_pairs
+    # freed), then grad_gate_up_proj (dgu freed), then grad_down_proj (hw freed). The peak is the
+    # saved gate/up, hw and the two weight gradients, or gate/up, dgu, hw and grad_gate_up_proj.
     dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
     if S and needs[0]:
         launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
+    grad_x, grad_w = combine(dx_pairs, top_k_index, E, H, x.dtype, part if needs[1] else None)
+    del dx_pairs, part
     # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok].
     grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
     if needs[2]:
         launch_wgrad(grad_gu, dgu, x, r, k, False, True, plan.wgrad_gu)
     del dgu
-    grad_x, grad_w = combine(dx_pairs, top_k_index, E, H, x.dtype, part if needs[1] else None)
+    # grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw.
+    grad_dp = torch.empty_like(down_proj) if needs[3] else None
+    if needs[3]:
+        launch_wgrad(grad_dp, grad_out, hw, r, k, True, False, plan.wgrad_dp)
+    del hw
     if grad_w is not None and grad_w.dtype != top_k_weights.dtype:
         grad_w = grad_w.to(top_k_weights.dtype)
     return grad_x, grad_w, grad_gu, grad_dp
