@@ -19,11 +19,9 @@ tokens). Pairs whose expert id is outside [0, E) sort last and belong to no tile
 - ``moe_wgrad_kernel``: varlen-K weight gradients, one program per (expert, output tile), K over
   the expert's pairs; an expert with no pairs writes zeros.
 
-Gathered rows are pointer loads (not a TMA box); the expert weights and the down projections'
-sorted rows take TMA descriptors where the plan says so and the memory allows (``Tile.TMA_A``,
-``TMA_B``; pointer loads otherwise, bitwise the same). Under TRITON_INTERPRET=1 tiles are upcast
-to fp32 (``tl_kernels._dot``). Expert offsets are int64 (E * 2I * H passes 2**31 at DeepSeek-V3's
-shape). Design, measurements and the bound: docs/moe.md.
+Gathered rows are pointer loads; expert weights and the down projections' sorted rows take TMA
+where the plan and the memory allow (``Tile.TMA_A``, ``TMA_B``; bitwise the same). Interpreter:
+fp32 tiles (``tl_kernels._dot``). Expert offsets are int64 (E * 2I * H passes 2**31). docs/moe.md.
 """
 
 from __future__ import annotations
