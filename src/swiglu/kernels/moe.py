@@ -505,7 +505,7 @@ def _pow2(n: int) -> int:
 @dataclass(frozen=True)
 class Tile:
     """One kernel's tile and launch options. BM: the grouped kernels' M tile (BM sorted pairs of
-    one expert; the routing keeps one tile table per BM) or the weight gradients' M tile."""
+    one expert, found in the kernel from ``expert_start``) or the weight gradients' M tile."""
 
     BN: int = 128
     BK: int = 64
