@@ -23,7 +23,7 @@ from .devices import (INTERPRET, cdiv, device_reason, gluon_unavailable_reason, 
                       tile_programs, unsupported_reason, untuned_reason)
 # fmt: on
 from .launch import launch, launch_kwargs
-from .tma import Tma, tma_ready
+from .tma import Tma, tma_ready, tuple_new
 from .forward import launch_swiglu_product
 
 # fmt: off
@@ -243,11 +243,11 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig,
     nprog = nprog or tile_programs(d_gate.device, T, H, c, c.persistent)
     tail, splits = grad_x_tail_splits(T, H, I, c, nprog) if c.split_tail else (0, 1)
     descs = (
-        Tma(d_gate, [c.BM, c.BK]),
-        Tma(d_up, [c.BM, c.BK]),
-        Tma(gate_weight, [c.BK, c.BN]),
-        Tma(up_weight, [c.BK, c.BN]),
-        Tma(grad_x, [c.BM, c.BN // c.EPI_SPLIT]),
+        tuple_new(Tma, (d_gate, [c.BM, c.BK], None)),
+        tuple_new(Tma, (d_up, [c.BM, c.BK], None)),
+        tuple_new(Tma, (gate_weight, [c.BK, c.BN], None)),
+        tuple_new(Tma, (up_weight, [c.BK, c.BN], None)),
+        tuple_new(Tma, (grad_x, [c.BM, c.BN // c.EPI_SPLIT], None)),
     )
     if splits > 1:
         # Each last tile's runs, and their arrival counts.
@@ -465,9 +465,10 @@ def launch_planned_dswiglu(plan: BackwardPlan, go, down_w, gate, up, act, d_gate
     gd = plan.gluon_dswiglu
     if (
         gd is not None
-        and gate.stride(0) == up.stride(0)
-        and (act is None or act.stride(0) == up.stride(0))
-        and d_gate.stride(0) == d_up.stride(0) == h.stride(0)
+        # stride()[0]: torch parses stride(0)'s argument slower than it builds the tuple.
+        and gate.stride()[0] == up.stride()[0]
+        and (act is None or act.stride()[0] == up.stride()[0])
+        and d_gate.stride()[0] == d_up.stride()[0] == h.stride()[0]
     ):
         _gluon().dswiglu.launch_dswiglu_gluon_trusted(
             go,
@@ -516,13 +517,12 @@ def launch_backward(
     grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = tensors
     need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight = needs
     T, H, I = plan.tokens, plan.hidden_size, plan.intermediate_size
-    dev = x.device
     outs = out or (None, None, None, None)
     if T == 0:
         # No tokens (e.g. an MoE expert that got none this step): nothing to launch; the weight
         # gradients are sums over zero tokens, so zeros, and grad_x is empty, as nn.Linear gives.
         return tuple(
-            _alloc(buf, shape, dev).zero_() if need else None
+            _alloc(buf, shape, x).zero_() if need else None
             for buf, shape, need in zip(outs, [(T, H), (I, H), (I, H), (H, I)], needs)
         )
     wgrad_cfg, gluon_wgrad_cfg = plan.grad_weights, plan.gluon_grad_weights
@@ -553,12 +553,12 @@ def launch_backward(
                         )
             d_gate, d_up = gate, up
         else:
-            d_gate = torch.empty(T, I, device=dev, dtype=torch.bfloat16)
-            d_up = torch.empty(T, I, device=dev, dtype=torch.bfloat16)
-        h = torch.empty(T, I, device=dev, dtype=torch.bfloat16)  # written by the epilogue
+            d_gate = _alloc(None, (T, I), go)
+            d_up = _alloc(None, (T, I), go)
+        h = _alloc(None, (T, I), go)  # written by the epilogue
         launch_planned_dswiglu(plan, go, down_w, gate, up, act, d_gate, d_up, h)
     elif need_grad_down_weight:
-        h = torch.empty(T, I, device=dev, dtype=torch.bfloat16)
+        h = _alloc(None, (T, I), go)
         if act is None:  # only grad_down_weight wanted: h alone, no g GEMM
             launch_swiglu_product(gate.contiguous(), up.contiguous(), h)  # it reads flat memory
         else:
@@ -579,20 +579,20 @@ def launch_backward(
     # another stream allocated).
     grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = None
     if need_grad_down_weight:
-        grad_down_weight = _alloc(outs[3], (H, I), dev)
+        grad_down_weight = _alloc(outs[3], (H, I), go)
         launch_grad_weight_gluon_or_tl(go, h, grad_down_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_hi)
     del h
     if need_grad_x:
-        grad_x = _alloc(outs[0], (T, H), dev)
+        grad_x = _alloc(outs[0], (T, H), go)
         launch_planned_grad_x(plan, d_gate, d_up, gate_w, up_w, grad_x)
     if need_grad_gate_weight:
-        grad_gate_weight = _alloc(outs[1], (I, H), dev)
+        grad_gate_weight = _alloc(outs[1], (I, H), go)
         launch_grad_weight_gluon_or_tl(d_gate, xf, grad_gate_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
     del d_gate
     if release_gate:
         _release(gate_output)
     if need_grad_up_weight:
-        grad_up_weight = _alloc(outs[2], (I, H), dev)
+        grad_up_weight = _alloc(outs[2], (I, H), go)
         launch_grad_weight_gluon_or_tl(d_up, xf, grad_up_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
     if release_up:
         _release(up_output)
@@ -611,9 +611,11 @@ def _release(t: torch.Tensor) -> None:
     t.untyped_storage().resize_(0)
 
 
-def _alloc(buf: torch.Tensor | None, shape: tuple[int, int], dev: torch.device) -> torch.Tensor:
-    # The sizes as separate ints: torch parses them faster than a tuple (host time per call).
-    return torch.empty(*shape, device=dev, dtype=torch.bfloat16) if buf is None else buf.view(shape)
+def _alloc(buf: torch.Tensor | None, shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+    # A bf16 buffer on ``like``'s device (every input is bf16 there). ``new_empty`` with the sizes
+    # as separate ints: torch parses it faster than ``torch.empty`` with dtype and device, or a
+    # tuple (host time per call).
+    return like.new_empty(*shape) if buf is None else buf.view(shape)
 
 
 def _check_out(out, inputs, shapes, dev) -> list:

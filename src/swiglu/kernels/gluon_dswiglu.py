@@ -9,6 +9,8 @@ Design, partitions, barrier phases and measurements: docs/kernels.md.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -18,7 +20,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .configs import DswigluGluonConfig
 from .devices import tile_programs
 from .launch import launch
-from .tma import Tma
+from .tma import Tma, tuple_new
 from .gluon_wgrad import (
     _cta_barrier,
     _fill_stage,
@@ -351,13 +353,16 @@ def _prepare(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig
         num_programs = tile_programs(go.device, T, I, cfg)
     go_desc = TensorDescriptor.from_tensor(go, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
     down_desc = TensorDescriptor.from_tensor(down_w, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
-    args = _kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T, I, cfg)
+    args = _kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T, I, cfg, stride_in, stride_out)
     return (num_programs,), args, dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
 
 
-def _kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T: int, I: int, cfg: DswigluGluonConfig) -> tuple:
-    """``dswiglu_gluon_kernel``'s positional arguments, constexprs included (one row stride for
-    gate/up/act, one for d_gate/d_up/h; ``act`` None: recomputed, gate passed in its place)."""
+def _kernel_args(
+    go_desc, down_desc, gate, up, act, d_gate, d_up, h, T: int, I: int, cfg: DswigluGluonConfig, stride_in: int, stride_out: int
+) -> tuple:
+    """``dswiglu_gluon_kernel``'s positional arguments, constexprs included (``stride_in`` the one
+    row stride of gate/up/act, ``stride_out`` that of d_gate/d_up/h; ``act`` None: recomputed,
+    gate passed in its place)."""
     return (
         go_desc,
         down_desc,
@@ -369,8 +374,8 @@ def _kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T: int, I: 
         h,
         T,
         I,
-        gate.stride(0),
-        d_gate.stride(0),
+        stride_in,
+        stride_out,
         cfg.GROUP_M,
         cfg.STAGES,
         cfg.NG,
@@ -410,15 +415,42 @@ def launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, cfg
     made every tensor TMA-ready (``tma.tma_ready``) and checked that gate/up/act share one row
     stride and d_gate/d_up/h another. The compiled kernel is looked up per key after the first
     launch (``launch.launch``)."""
-    T, I = go.shape[0], down_w.shape[1]
-    key = ("gluon_dswiglu", go.device, T, I, go.shape[1], gate.stride(0), d_gate.stride(0), num_programs, act is None, cfg)
-    go_desc = Tma(go, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
-    down_desc = Tma(down_w, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
+    T, H = go.shape
+    I = down_w.shape[1]
+    # stride()[0]: torch parses stride(0)'s argument slower than it builds the tuple.
+    stride_in, stride_out = gate.stride()[0], d_gate.stride()[0]
+    go_block, go_layout, down_block, down_layout, kw = _trusted_constants(cfg)
     launch(
         dswiglu_gluon_kernel,
         (num_programs,),
-        key,
-        *_kernel_args(go_desc, down_desc, gate, up, act, d_gate, d_up, h, T, I, cfg),
-        num_warps=cfg.num_warps,
-        maxnreg=cfg.maxnreg,
+        ("gluon_dswiglu", go.device, T, I, H, stride_in, stride_out, num_programs, act is None, cfg),
+        *_kernel_args(
+            tuple_new(Tma, (go, go_block, go_layout)),
+            tuple_new(Tma, (down_w, down_block, down_layout)),
+            gate,
+            up,
+            act,
+            d_gate,
+            d_up,
+            h,
+            T,
+            I,
+            cfg,
+            stride_in,
+            stride_out,
+        ),
+        **kw,
+    )
+
+
+@lru_cache(maxsize=None)
+def _trusted_constants(cfg: DswigluGluonConfig) -> tuple:
+    # The descriptors' blocks and layouts and the launch keywords, built once per config (host
+    # time per launch).
+    return (
+        [cfg.BM, cfg.BK],
+        _layout((cfg.BM, cfg.BK)),
+        [cfg.BK, cfg.BN],
+        _layout((cfg.BK, cfg.BN)),
+        dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
     )

@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .configs import GluonConfig
 from .launch import launch
 from .tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
-from .tma import Tma
+from .tma import Tma, tuple_new
 
 #: The barrier of a CTA's threads: ``gl.thread_barrier`` in triton 3.6, ``gl.barrier`` from 3.7
 #: (the same ``bar.sync`` of the CTA where the launch has one CTA per cluster).
@@ -508,21 +508,27 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     A config with ``resident_k`` is ``swiglu_lab.experiments.gluon_wgrad_resident``'s, one with
     ``plain_store`` ``swiglu_lab.experiments.gluon_wgrad_probe``'s (ValueError here). A config's
     ``wg_store`` (ping-pong, BN = 2 * BN2) selects ``wgrad_kernel``'s WG_STORE."""
-    M, N, K = out.shape[0], out.shape[1], a.shape[0]
+    M, N = out.shape
+    K = a.shape[0]
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), wide, consts, kw = _launch_constants(cfg)
     if wide:  # the second chunk's blocks on the same b and out
         (b2_block, b2_layout), (c2_block, c2_layout) = wide
         descs = (
-            Tma(a, a_block, a_layout),
-            Tma(b, b_block, b_layout),
-            Tma(out, c_block, c_layout),
+            tuple_new(Tma, (a, a_block, a_layout)),
+            tuple_new(Tma, (b, b_block, b_layout)),
+            tuple_new(Tma, (out, c_block, c_layout)),
             *consts,
-            Tma(b, b2_block, b2_layout),
-            Tma(out, c2_block, c2_layout),
+            tuple_new(Tma, (b, b2_block, b2_layout)),
+            tuple_new(Tma, (out, c2_block, c2_layout)),
             cfg.BN2,
         )
     else:
-        descs = (Tma(a, a_block, a_layout), Tma(b, b_block, b_layout), Tma(out, c_block, c_layout), *consts)
+        descs = (
+            tuple_new(Tma, (a, a_block, a_layout)),
+            tuple_new(Tma, (b, b_block, b_layout)),
+            tuple_new(Tma, (out, c_block, c_layout)),
+            *consts,
+        )
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg), *descs, **kw)
 
 
