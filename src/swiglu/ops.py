@@ -225,16 +225,16 @@ def run_backward(
         return reference_gradients(tensors, needs)
     backend = _KERNELS.get("backward") or _triton()
     grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = tensors
-    xf = _rows(x)
     inter, hidden = gate_weight.shape
+    xf = _rows(x, hidden)
     plan = backend.backward_plan(xf.shape[0], hidden, inter, backend.plan_device(x.device))
     grad_x, *grad_weights = backend.launch_backward(
         (
-            _rows(grad_output),
+            _rows(grad_output, hidden),
             xf,
-            _rows(gate_output),
-            _rows(up_output),
-            _rows(activated_gate),
+            _rows(gate_output, inter),
+            _rows(up_output, inter),
+            _rows(activated_gate, inter),
             gate_weight,
             up_weight,
             down_weight,
@@ -244,13 +244,13 @@ def run_backward(
         overwrite_activations=consume,
         release_activations=consume,
     )
-    # (Sizes as separate ints: torch parses them faster than a torch.Size.)
-    return (grad_x if grad_x is None or xf is x else grad_x.reshape(*x.shape), *grad_weights)
+    # grad_x is contiguous: a view in x's shape (view_as parses faster than reshape's sizes).
+    return (grad_x if grad_x is None or xf is x else grad_x.view_as(x), *grad_weights)
 
 
-def _rows(t: torch.Tensor | None) -> torch.Tensor | None:
-    # An activation as [tokens, size] (a view where its strides allow).
-    return t if t is None or t.dim() == 2 else t.reshape(-1, t.shape[-1])
+def _rows(t: torch.Tensor | None, size: int) -> torch.Tensor | None:
+    # An activation [..., size] as [tokens, size] (a view where its strides allow).
+    return t if t is None or t.dim() == 2 else t.reshape(-1, size)
 
 
 def _autocast_type(x: torch.Tensor) -> str | None:

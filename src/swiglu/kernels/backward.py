@@ -22,7 +22,7 @@ from .configs import TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfi
 from .devices import (INTERPRET, cdiv, device_reason, gluon_unavailable_reason, num_programs, sizes_reason,  # noqa: F401
                       tile_programs, unsupported_reason, untuned_reason)
 # fmt: on
-from .launch import launch, launch_kwargs
+from .launch import CONFIG_TOKENS, launch, launch_kwargs
 from .tma import Tma, tma_ready, tuple_new
 from .forward import launch_swiglu_product
 
@@ -242,23 +242,30 @@ def launch_grad_x(d_gate, d_up, gate_weight, up_weight, grad_x, c: KernelConfig,
     H = gate_weight.shape[1]
     nprog = nprog or tile_programs(d_gate.device, T, H, c, c.persistent)
     tail, splits = grad_x_tail_splits(T, H, I, c, nprog) if c.split_tail else (0, 1)
+    d_block, w_block, out_block, kwargs, token = _grad_x_constants(c, devices.INTERPRET)
     descs = (
-        tuple_new(Tma, (d_gate, [c.BM, c.BK], None)),
-        tuple_new(Tma, (d_up, [c.BM, c.BK], None)),
-        tuple_new(Tma, (gate_weight, [c.BK, c.BN], None)),
-        tuple_new(Tma, (up_weight, [c.BK, c.BN], None)),
-        tuple_new(Tma, (grad_x, [c.BM, c.BN // c.EPI_SPLIT], None)),
+        tuple_new(Tma, (d_gate, d_block, None)),
+        tuple_new(Tma, (d_up, d_block, None)),
+        tuple_new(Tma, (gate_weight, w_block, None)),
+        tuple_new(Tma, (up_weight, w_block, None)),
+        tuple_new(Tma, (grad_x, out_block, None)),
     )
     if splits > 1:
         # Each last tile's runs, and their arrival counts.
         ws = torch.empty((tail * splits, c.BM, c.BN), device=d_gate.device, dtype=torch.float32)
         count = torch.zeros((tail,), device=d_gate.device, dtype=torch.int32)
-        key = ("grad_x_split_tail", d_gate.device, T, H, I, nprog, c)
-        launch(kernels.grad_x_split_tail_kernel, (nprog,), key, *descs, ws, count, T, H, I, nprog, splits, **launch_kwargs(c))
+        key = ("grad_x_split_tail", d_gate.device, T, H, I, nprog, token)
+        launch(kernels.grad_x_split_tail_kernel, (nprog,), key, *descs, ws, count, T, H, I, nprog, splits, **kwargs)
         return
-    launch(
-        kernels.grad_x_kernel, (nprog,), ("grad_x", d_gate.device, T, H, I, nprog, c), *descs, T, H, I, nprog, **launch_kwargs(c)
-    )
+    launch(kernels.grad_x_kernel, (nprog,), ("grad_x", d_gate.device, T, H, I, nprog, token), *descs, T, H, I, nprog, **kwargs)
+
+
+@lru_cache(maxsize=None)
+def _grad_x_constants(c: KernelConfig, interpret: bool) -> tuple:
+    # The descriptors' blocks (d_gate/d_up, the weights, grad_x), the configuration keywords
+    # (``launch_kwargs``, for this INTERPRET) and the config's token in launch keys, built once
+    # per config (host time per launch).
+    return [c.BM, c.BK], [c.BK, c.BN], [c.BM, c.BN // c.EPI_SPLIT], launch_kwargs(c), next(CONFIG_TOKENS)
 
 
 @dataclass(frozen=True)

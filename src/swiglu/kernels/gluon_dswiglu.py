@@ -19,7 +19,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .configs import DswigluGluonConfig
 from .devices import tile_programs
-from .launch import launch
+from .launch import CONFIG_TOKENS, launch
 from .tma import Tma, tuple_new
 from .gluon_wgrad import (
     _cta_barrier,
@@ -419,11 +419,11 @@ def launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, cfg
     I = down_w.shape[1]
     # stride()[0]: torch parses stride(0)'s argument slower than it builds the tuple.
     stride_in, stride_out = gate.stride()[0], d_gate.stride()[0]
-    go_block, go_layout, down_block, down_layout, kw = _trusted_constants(cfg)
+    go_block, go_layout, down_block, down_layout, kw, token = _trusted_constants(cfg)
     launch(
         dswiglu_gluon_kernel,
         (num_programs,),
-        ("gluon_dswiglu", go.device, T, I, H, stride_in, stride_out, num_programs, act is None, cfg),
+        ("gluon_dswiglu", go.device, T, I, H, stride_in, stride_out, num_programs, act is None, token),
         *_kernel_args(
             tuple_new(Tma, (go, go_block, go_layout)),
             tuple_new(Tma, (down_w, down_block, down_layout)),
@@ -445,12 +445,13 @@ def launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, cfg
 
 @lru_cache(maxsize=None)
 def _trusted_constants(cfg: DswigluGluonConfig) -> tuple:
-    # The descriptors' blocks and layouts and the launch keywords, built once per config (host
-    # time per launch).
+    # The descriptors' blocks and layouts, the launch keywords and the config's token in launch
+    # keys, built once per config (host time per launch).
     return (
         [cfg.BM, cfg.BK],
         _layout((cfg.BM, cfg.BK)),
         [cfg.BK, cfg.BN],
         _layout((cfg.BK, cfg.BN)),
         dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg),
+        next(CONFIG_TOKENS),
     )

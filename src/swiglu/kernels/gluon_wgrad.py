@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .configs import GluonConfig
-from .launch import launch
+from .launch import CONFIG_TOKENS, launch
 from .tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
 from .tma import Tma, tuple_new
 
@@ -510,7 +510,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     ``wg_store`` (ping-pong, BN = 2 * BN2) selects ``wgrad_kernel``'s WG_STORE."""
     M, N = out.shape
     K = a.shape[0]
-    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), wide, consts, kw = _launch_constants(cfg)
+    (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), wide, consts, kw, token = _launch_constants(cfg)
     if wide:  # the second chunk's blocks on the same b and out
         (b2_block, b2_layout), (c2_block, c2_layout) = wide
         descs = (
@@ -529,7 +529,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
             tuple_new(Tma, (out, c_block, c_layout)),
             *consts,
         )
-    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, cfg), *descs, **kw)
+    launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, token), *descs, **kw)
 
 
 @lru_cache(maxsize=None)
@@ -559,4 +559,5 @@ def _launch_constants(cfg: GluonConfig):
         kw.update(b2_desc=None, c2_desc=None, BN2=0)
     kw.update(WG_STORE=cfg.wg_store)
     specs = tuple((b, _layout(tuple(b))) for b in blocks)
-    return (*specs[:3], specs[3:], consts, kw)  # a, b, out, the wide kernel's second (b, out) or (), ...
+    # a, b, out, the wide kernel's second (b, out) or (), ..., the config's token in launch keys
+    return (*specs[:3], specs[3:], consts, kw, next(CONFIG_TOKENS))

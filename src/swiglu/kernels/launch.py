@@ -7,6 +7,7 @@ alone; ``INTERPRET`` is ``devices.INTERPRET``, read there at each call.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from contextlib import nullcontext
@@ -72,6 +73,12 @@ def set_pdl(mode: int) -> None:
         raise ValueError(f"set_pdl: mode must be one of {PDL_MODES}, got {mode!r}")
     PDL = 0 if devices.INTERPRET else int(mode)
     _LAUNCHES = _LAUNCHES_BY_PDL.setdefault(PDL, {})
+
+
+#: Ints that stand for a configuration in launch keys, drawn once per configuration by a
+#: launcher's per-config cache: an int hashes in a fraction of a config dataclass's time (a key
+#: is hashed at every launch). Never reused, so a token names one configuration.
+CONFIG_TOKENS = itertools.count()
 
 
 #: Filled CUtensorMaps each direct runner keeps (``expand_descriptors``' ``maps``), bounded:
