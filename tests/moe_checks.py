@@ -203,11 +203,17 @@ def _scale_error(d: torch.Tensor, o: torch.Tensor) -> tuple[float, float]:
 
 
 def bound_failure(
-    name: str, got: torch.Tensor, ref: torch.Tensor, o: torch.Tensor, same: torch.Tensor | None = None
+    name: str,
+    got: torch.Tensor,
+    ref: torch.Tensor,
+    o: torch.Tensor,
+    same: torch.Tensor | None = None,
+    ref_rel: float = 0.0,
 ) -> str | None:
     """Why ``got`` fails the check against the oracle ``o`` given the bf16 reference ``ref``
     (None: it passes); the scale check against ``same`` (``same_rounding``'s) when given, else
-    ``ref``. See the module's docstring."""
+    ``ref``. ``ref_rel``: a relative error the reference is known to have on the whole tensor this
+    is a slice of (the bound takes the larger). See the module's docstring."""
     if got.shape != o.shape:
         return f"{name}: shape {tuple(got.shape)}, expected {tuple(o.shape)}"
     if not torch.isfinite(got).all():
@@ -217,6 +223,7 @@ def bound_failure(
         return None
     g, r, o = _as_2d(got), _as_2d(ref), _as_2d(o)
     err, ref_err, norm = float((g - o).norm()), float((r - o).norm()), float(o.norm())
+    ref_err = max(ref_err, ref_rel * norm)
     if norm == 0:
         return None if err == 0 else f"{name}: oracle is zero, got an error of norm {err:.3e}"
     floor = BF16_U * norm * (n**-0.5 + SMALL_N / n)
@@ -235,7 +242,11 @@ def bound_failure(
 def failures(got, ref, oracle_, same=None, *, experts=True) -> list[str]:
     """Every failing check of the outputs ``got`` (``NAMES`` order) against the oracle, bounded by
     the bf16 reference ``ref``; with ``experts``, also each expert's slice of the weight gradients
-    on its own (an expert that the oracle gives a zero gradient must have exactly zero)."""
+    on its own (an expert that the oracle gives a zero gradient must have exactly zero). A slice's
+    bound is at least the reference's relative error on the whole gradient: an expert with one or
+    two pairs has a rank-1 or -2 gradient whose few shared roundings make the reference's error on
+    it a noisy sample (2x it failed about one seed in a hundred at 64 experts and 10 pairs), while
+    its scale check against ``same`` still catches a 0.1% error in that expert."""
     bad = []
     same = same or (None,) * len(NAMES)
     for name, g, r, o, sr in zip(NAMES, got, ref, oracle_, same):
@@ -243,8 +254,11 @@ def failures(got, ref, oracle_, same=None, *, experts=True) -> list[str]:
             bad.append(f"{name}: dtype {g.dtype}, reference has {r.dtype}")
         bad.append(bound_failure(name, g, r, o, sr))
         if experts and name in ("grad_gate_up_proj", "grad_down_proj"):
+            o64 = o.detach().double()
+            norm = float(o64.norm())
+            rel = float((r.detach().double() - o64).norm()) / norm if norm else 0.0
             for e in range(o.shape[0]):
-                bad.append(bound_failure(f"{name}[{e}]", g[e], r[e], o[e], None if sr is None else sr[e]))
+                bad.append(bound_failure(f"{name}[{e}]", g[e], r[e], o[e], None if sr is None else sr[e], rel))
     return [b for b in bad if b]
 
 
