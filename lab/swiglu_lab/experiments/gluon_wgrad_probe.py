@@ -53,6 +53,7 @@ from swiglu.kernels.gluon_wgrad import (
     _pdl_end,
     _pdl_start,
     _program_tiles,
+    _ring_barriers,
     _store_partition_idle,
     _tile_mn,
 )
@@ -628,16 +629,7 @@ def wgrad_kernel(
         c_bufs = gl.allocate_shared_memory(dtype, [2 * WG_STORE, BM, BN2], c2_desc.layout)
     else:
         c_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
-    c_empty = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(NC):
-        mbarrier.init(c_ready.index(i), count=1)
-        mbarrier.init(c_empty.index(i), count=1)
+    ready, empty, c_ready, c_empty = _ring_barriers(STAGES, NC)
     _pdl_start(PDL)
 
     args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, GROUP_M)
