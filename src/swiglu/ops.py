@@ -42,6 +42,11 @@ from .reference import activated_gate_of, reference_gradients
 
 #: The backends: ``impl=`` of ``swiglu_mlp``, ``SwiGLUMLP`` and ``swiglu_mlp_backward``.
 IMPLS = ("auto", "reference", "triton")
+#: ``swiglu_mlp(impl="auto")`` runs torch's ops (cuBLAS, autograd in C++) below this many
+#: tokens x hidden_size x intermediate_size. Llama-3-8B's layer at 512 tokens (3.0e10) on one H200:
+#: the Triton backward's GPU time equals cuBLAS's (Hugging Face step GPU-busy 7.0 vs 7.1 ms, 4 layers)
+#: and the step is host-bound (data/hf_step/20261204T120116Z-de8d047); at 2048 tokens it gains.
+AUTO_TORCH_OPS_BELOW = 2**35
 _AUTOCAST_DEVICES = ("cuda", "cpu")
 _log = logging.getLogger("swiglu")
 
@@ -636,7 +641,9 @@ def swiglu_mlp(
         gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` layout), x's floating
             dtype and device (under ``torch.autocast`` all four are cast to its dtype).
         impl: ``"auto"`` | ``"reference"`` | ``"triton"`` as ``swiglu_mlp_backward``
-            (``backward_impl``: its former name, DeprecationWarning).
+            (``backward_impl``: its former name, DeprecationWarning). Where "auto" picks Triton
+            but tokens x H x I < ``AUTO_TORCH_OPS_BELOW``, torch's own ops run (nn.Linear's
+            bits and saved tensors: too little work for the kernels to gain on cuBLAS).
         save_activated_gate: False (memory-lean: 2 saved [T, I] tensors, activated_gate recomputed
             with the forward's formula); True: 3 saved, ``nn.Linear``'s forward bit for bit.
         reuse_saved_buffers: lean mode on the eager Triton path: the backward writes d_gate/d_up
@@ -705,7 +712,12 @@ def _swiglu_mlp(
         # the decision are not traceable); the cached decision costs nothing there.
         _check_impl(impl)
         return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]
+    auto = impl == "auto"
     impl = resolve_impl(impl, x, gate_weight)
+    if auto and impl == "triton" and x.numel() * gate_weight.shape[0] < AUTO_TORCH_OPS_BELOW:
+        # Too little work for the kernels to gain GPU time over cuBLAS, while an autograd.Function
+        # costs host time where the step waits on the host: torch's ops, nn.Linear's bits.
+        return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
     if transforms_active():
         # torch.func (grad, vmap, jacrev...): the same formula in plain differentiable ops, which
         # every transform supports (the kernels cannot read functorch's wrapped tensors).
