@@ -43,10 +43,11 @@ from .reference import activated_gate_of, reference_gradients
 #: The backends: ``impl=`` of ``swiglu_mlp``, ``SwiGLUMLP`` and ``swiglu_mlp_backward``.
 IMPLS = ("auto", "reference", "triton")
 #: ``swiglu_mlp(impl="auto")`` runs torch's ops (cuBLAS, autograd in C++) below this many
-#: tokens x hidden_size x intermediate_size. Llama-3-8B's layer at 512 tokens (3.0e10) on one H200:
-#: the Triton backward's GPU time equals cuBLAS's (Hugging Face step GPU-busy 7.0 vs 7.1 ms, 4 layers)
-#: and the step is host-bound (data/hf_step/20261204T120116Z-de8d047); at 2048 tokens it gains.
-AUTO_TORCH_OPS_BELOW = 2**35
+#: tokens x hidden_size x intermediate_size. Llama-3-8B's layer on one H200, 4-layer Hugging Face
+#: step: at 512 tokens (3.0e10) the kernels' GPU time equals cuBLAS's (GPU busy 7.0 vs 7.1 ms), at
+#: 1024 it gains 2.4% (12.2 vs 12.5) while the step is host-bound and the autograd.Function's host
+#: time costs more (0.953x); at 2048 (1.2e11) the step is GPU-bound and gains (data/hf_step/).
+AUTO_TORCH_OPS_BELOW = 2**36
 _AUTOCAST_DEVICES = ("cuda", "cpu")
 _log = logging.getLogger("swiglu")
 
