@@ -642,9 +642,8 @@ def swiglu_mlp(
         gate_weight, up_weight: [I, H]; down_weight: [H, I] (``nn.Linear`` layout), x's floating
             dtype and device (under ``torch.autocast`` all four are cast to its dtype).
         impl: ``"auto"`` | ``"reference"`` | ``"triton"`` as ``swiglu_mlp_backward``
-            (``backward_impl``: its former name, DeprecationWarning). Where "auto" picks Triton
-            but tokens x H x I < ``AUTO_TORCH_OPS_BELOW``, torch's own ops run (nn.Linear's
-            bits and saved tensors: too little work for the kernels to gain on cuBLAS).
+            (``backward_impl``: its former name); "auto" runs torch's own ops (nn.Linear's bits)
+            where it picks Triton but tokens x H x I < ``AUTO_TORCH_OPS_BELOW``.
         save_activated_gate: False (memory-lean: 2 saved [T, I] tensors, activated_gate recomputed
             with the forward's formula); True: 3 saved, ``nn.Linear``'s forward bit for bit.
         reuse_saved_buffers: lean mode on the eager Triton path: the backward writes d_gate/d_up
