@@ -447,24 +447,17 @@ def mlp_backward(
     return tuple(g.contiguous() if need else x.new_empty(0) for g, need in zip(grads, needs))
 
 
+def split_backward_args(args) -> tuple[tuple, tuple[bool, bool, bool, bool], str]:
+    """``(tensors, needs, impl)`` from ``mlp_backward``'s arguments in its schema's order (the
+    eight tensors in ``ARG_NAMES`` order, the four need_grad_* flags, impl), as the dispatcher
+    passes them to the op's fake kernel and to its sharding rule (``swiglu.parallel``)."""
+    return args[:8], args[8:12], args[12]
+
+
 @mlp_backward.register_fake
-def _mlp_backward_fake(
-    grad_output,
-    x,
-    gate_output,
-    up_output,
-    activated_gate,
-    gate_weight,
-    up_weight,
-    down_weight,
-    need_grad_x,
-    need_grad_gate_weight,
-    need_grad_up_weight,
-    need_grad_down_weight,
-    impl,
-):
-    shapes = (x.shape, gate_weight.shape, up_weight.shape, down_weight.shape)
-    needs = (need_grad_x, need_grad_gate_weight, need_grad_up_weight, need_grad_down_weight)
+def _mlp_backward_fake(*args):
+    (_, x, _, _, _, *weights), needs, _ = split_backward_args(args)
+    shapes = (x.shape, *(w.shape for w in weights))
     return tuple(x.new_empty(shape if need else (0,)) for shape, need in zip(shapes, needs))
 
 

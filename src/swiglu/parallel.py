@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .module import SwiGLUMLP
-from . import ops  # noqa: F401 - defines torch.ops.swiglu.mlp_forward / mlp_backward
+from . import ops  # defines torch.ops.swiglu.mlp_forward / mlp_backward
 
 AVAILABLE = dist.is_available()
 
@@ -54,21 +54,8 @@ if AVAILABLE:
         return [tp, replicated]
 
     @register_sharding(torch.ops.swiglu.mlp_backward.default)
-    def _backward_sharding(
-        grad_output,
-        x,
-        gate_output,
-        up_output,
-        activated_gate,
-        gate_weight,
-        up_weight,
-        down_weight,
-        need_grad_x,
-        need_grad_gate_weight,
-        need_grad_up_weight,
-        need_grad_down_weight,
-        impl,
-    ):
+    def _backward_sharding(*args):
+        (_, x, _, _, activated_gate, *_), _, _ = ops.split_backward_args(args)
         last = x.ndim - 1
         act = None if activated_gate is None else Shard(last)  # None: recomputed (memory-lean mode)
         tp = (
