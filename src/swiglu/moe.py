@@ -343,23 +343,10 @@ def _run_backward(grad_out, saved, needs):
 
 
 @moe_backward.register_fake
-def _moe_backward_fake(
-    grad_out,
-    x,
-    top_k_index,
-    top_k_weights,
-    gate_up_proj,
-    down_proj,
-    gate,
-    up,
-    order,
-    expert_start,
-    need_grad_x=True,
-    need_grad_top_k_weights=True,
-    need_grad_gate_up_proj=True,
-    need_grad_down_proj=True,
-):
-    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
+def _moe_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, *saved_and_needs):
+    # After the saved gate, up, order and expert_start, the need_grad_* flags; the dispatcher
+    # leaves out trailing ones equal to their default (True).
+    needs = (*saved_and_needs[4:], True, True, True, True)[:4]
     return tuple(t.new_empty(t.shape if need else (0,)) for t, need in zip((x, top_k_weights, gate_up_proj, down_proj), needs))
 
 
