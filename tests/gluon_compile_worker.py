@@ -11,7 +11,8 @@ wide candidates with the tests' storer delay, the first cooperative table config
 ablations (ABLATE 1-6) and st.global stores (PLAIN_STORE), and each table config (PDL modes 0-2)
 with every switch off, whose PTX (debug lines aside) must be the library kernel's
 (``probe_ptx_same``). A config only the lab's copy runs (``GluonConfig.lab_only``: a cooperative
-table config deferred, the wide cooperative candidates) is compiled by it.
+table config deferred, the wide cooperative candidates, the ping-pong ones with the storer warp) is
+compiled by it.
 grad_x: the lab kernel's grad_x orientation (``A_KMAJOR``), its candidates
 (``candidates.GRAD_X_CANDIDATES``), the first also with PDL modes 1 and 2.
 dswiglu: the experimental dSwiGLU kernel's candidates (``candidates.DSWIGLU_CANDIDATES``, all or the given

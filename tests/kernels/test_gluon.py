@@ -213,15 +213,17 @@ def test_lab_launchers_run_only_once_the_lab_sets_them(monkeypatch):
         backward.launch_grad_weight_gluon_or_tl(a, b, out, None, cfg, 1)
     ran = []
     monkeypatch.setattr(backward, "PLAIN_STORE_LAUNCHER", lambda *args: ran.append(args[3:]))
-    # The deferred and the wide cooperative tiles are the lab's too (GluonConfig.lab_only).
+    # The deferred and the wide cooperative tiles, and the ping-pong tile with the storer warp (no
+    # wg_store), are the lab's too (GluonConfig.lab_only).
     deferred = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=1, defer=True)
     wide = GluonConfig(BM=256, BN=128, BN2=64, BK=32, STAGES=4, NC=1, GROUP_M=16)
-    for lab in (cfg, deferred, wide):
+    storer = GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=4, NC=1, pingpong=True, mma_regs=232)
+    for lab in (cfg, deferred, wide, storer):
         backward.launch_grad_weight_gluon_or_tl(a, b, out, None, lab, 1)
-    assert ran == [(cfg, 1), (deferred, 1), (wide, 1)]
-    assert not replace(deferred, pingpong=True).lab_only  # the ping-pong kernel ignores defer
+    assert ran == [(cfg, 1), (deferred, 1), (wide, 1), (storer, 1)]
+    assert not replace(storer, wg_store=2, defer=True).lab_only  # the ping-pong kernel ignores defer
     if gluon:
-        for lab in (cfg, deferred, wide):
+        for lab in (cfg, deferred, wide, storer):
             with pytest.raises(ValueError, match="runs swiglu_lab.experiments.gluon_wgrad_probe"):
                 launch_grad_weight_gluon(a, b, out, lab, 1)
 
@@ -657,13 +659,15 @@ def test_wg_store_gives_the_storer_bits(M, N, K):
     (N = 1000: chunks partly and wholly past N) and one token."""
     from swiglu.kernels import devices
     from swiglu.kernels.gluon_wgrad import launch_grad_weight_gluon
+    from swiglu_lab.experiments import gluon_wgrad_probe  # the storer warp's ping-pong kernel
     from triton_checks import guarded, guards_untouched
 
     gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
     want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    launch_grad_weight_gluon(a, b, want, WIDE_CANDIDATES[0], devices.tile_programs(want.device, M, N, WIDE_CANDIDATES[0]))
+    nprog = devices.tile_programs(want.device, M, N, WIDE_CANDIDATES[0])
+    gluon_wgrad_probe.launch_grad_weight_gluon(a, b, want, WIDE_CANDIDATES[0], nprog)
     # The same bits from 32- and 64-deep k-steps: each element sums the same products in k order.
     for cfg, chunks in ((WIDE_CANDIDATES[0], 2), (WIDE_CANDIDATES[0], 1), (replace(WIDE_CANDIDATES[2], STAGES=8), 2)):
         nprog = devices.tile_programs(want.device, M, N, cfg)

@@ -141,7 +141,8 @@ def launch_grad_weight_gluon_or_tl(a, b, out, c: KernelConfig, g: GluonConfig | 
     elif g.lab_only:
         if PLAIN_STORE_LAUNCHER is None:
             raise ValueError(
-                f"a config with plain_store, a deferred cooperative epilogue or the wide cooperative tile runs "
+                f"a config with plain_store, a deferred cooperative epilogue, the wide cooperative tile or the "
+                f"ping-pong tile with the storer warp runs "
                 f"swiglu_lab.experiments.gluon_wgrad_probe's kernel, which sets backward.PLAIN_STORE_LAUNCHER "
                 f"when imported (not imported), got {g}"
             )
@@ -156,7 +157,7 @@ def launch_grad_weight_gluon_or_tl(a, b, out, c: KernelConfig, g: GluonConfig | 
 #: a table entry with ``resident_k`` (the lab's A/B tables) runs that kernel. None: such an entry raises.
 RESIDENT_LAUNCHER = None
 #: The same for a ``GluonConfig.lab_only`` config (st.global instead of TMA stores, a deferred or
-#: wide cooperative tile) and for a ``gluon_grad_x`` table entry (the Gluon grad_x, ``GLUON_GRAD_X``): the lab's
+#: wide cooperative tile, the ping-pong tile with the storer warp) and for a ``gluon_grad_x`` table entry (the Gluon grad_x, ``GLUON_GRAD_X``): the lab's
 #: ``swiglu_lab.experiments.gluon_wgrad_probe`` sets both when imported. None: such an entry raises.
 PLAIN_STORE_LAUNCHER = None
 GRAD_X_LAUNCHER = None

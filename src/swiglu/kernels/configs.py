@@ -75,7 +75,8 @@ class GluonConfig:
     # issued, so the tensor cores work through the epilogue (bitwise the same output; ``lab_only``).
     defer: bool = False
     # Two 4-warp MMA warpgroups on alternate tiles (``gluon_wgrad.wgrad_kernel`` with PINGPONG;
-    # num_warps and defer then unused), each tile BM x BN: the table's choice at T = 257-512.
+    # num_warps and defer then unused), each tile BM x BN: the table's choice at T = 129-2048, with
+    # ``wg_store``; without it (the storer warp stores the tiles) ``lab_only``.
     pingpong: bool = False
     # A second output chunk BN2 columns wide beside the BN one (its own operand and output
     # buffers, a second accumulator), so a tile is BM x (BN + BN2) (Triton blocks are powers of
@@ -111,9 +112,13 @@ class GluonConfig:
     @property
     def lab_only(self) -> bool:
         """Whether only the lab's copy of the kernel runs this config (``swiglu_lab.experiments.gluon_wgrad_probe``,
-        once imported): st.global stores, or a ring (no ``resident_k``) cooperative tile deferred or wide;
-        ``gluon_wgrad`` refuses it."""
-        return not self.resident_k and bool(self.plain_store or not self.pingpong and (self.defer or self.BN2))
+        once imported): st.global stores, a ring (no ``resident_k``) cooperative tile deferred or wide,
+        or a ping-pong tile stored by the storer warp (no ``wg_store``); ``gluon_wgrad`` refuses it."""
+        if self.resident_k:
+            return False
+        if self.pingpong:
+            return not self.wg_store
+        return bool(self.plain_store or self.defer or self.BN2)
 
     def smem_bytes(self) -> int:
         """Shared memory the kernel allocates (bytes): operand ring, output ring, barriers. Triton's

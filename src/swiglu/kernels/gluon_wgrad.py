@@ -12,7 +12,8 @@ themselves, in chunks (``GluonConfig.wg_store``), so neither waits for the other
 T = 4096 and 8192 that ping-pong tile took 0.987-1.012x the tl kernel's whole-backward time in four
 A/B runs (data/tuning/table_ab_wide_buckets_6f59c81_20261202.csv), so those buckets keep the tl
 kernel. The probes' and tests' variants of this kernel (ablations, st.global stores, a slowed
-storer, the grad_x orientation) are ``swiglu_lab.experiments.gluon_wgrad_probe``'s.
+storer, the grad_x orientation, the ping-pong tile with the storer warp) are
+``swiglu_lab.experiments.gluon_wgrad_probe``'s.
 Design and measurements: docs/kernels.md.
 """
 
@@ -308,7 +309,9 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
 
 # ----------------------------------------------------------------------------- ping-pong partitions
 # Two MMA warpgroups on alternate tiles, so one's epilogue runs under the other's MMAs (quack's
-# ping-pong schedule), instead of two warpgroups on one tile; the table's choice at T = 129-2048.
+# ping-pong schedule), instead of two warpgroups on one tile; the table's choice at T = 129-2048,
+# each warpgroup storing its own tiles (WG_STORE). Without WG_STORE (the storer warp's epilogue)
+# the partition runs in the lab's copy of the kernel, which imports it (gluon_wgrad_probe).
 # Candidates: swiglu_lab.experiments.candidates (PINGPONG_CANDIDATES, WIDE_CANDIDATES).
 
 
@@ -333,7 +336,8 @@ def _mma_pingpong_partition(
     WHICH: gl.constexpr,
 ):
     # Both MMA warpgroups run this partition: the first as the default partition, the second
-    # through _mma_pingpong_second* (c2_desc: unused without WG_STORE).
+    # through _mma_pingpong_second_wg_store, or the lab's _mma_pingpong_second (c2_desc: unused
+    # without WG_STORE).
     # Warpgroup WHICH (0 or 1) takes the program's tiles WHICH, WHICH + 2, ...; the loader fills
     # the shared ring in tile order, so each epilogue overlaps the other warpgroup's mainloop.
     # Step g of the program (tile i, k-step kk: g = i * k_tiles + kk) uses stage g % STAGES with
@@ -404,13 +408,8 @@ def _mma_pingpong_partition(
 
 
 @gluon.jit
-def _mma_pingpong_second(pp_args, c2_desc):
-    # A worker partition's arguments arrive as values, so its constexprs are set here.
-    _mma_pingpong_partition(*pp_args, c2_desc, False, 1)
-
-
-@gluon.jit
 def _mma_pingpong_second_wg_store(pp_args, c2_desc):
+    # A worker partition's arguments arrive as values, so its constexprs are set here.
     _mma_pingpong_partition(*pp_args, c2_desc, True, 1)
 
 
@@ -434,12 +433,11 @@ def wgrad_kernel(
 ):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
-    (launch with num_warps=4; the second gets MMA_REGS registers). BN2 > 0 (PINGPONG only):
-    tiles BM x (BN + BN2), the second chunk through ``b2_desc`` / ``c2_desc`` (blocks [BK, BN2] /
-    [BM, BN2] on the same B and out). WG_STORE > 0 (PINGPONG with
-    BN = 2 * BN2): each MMA warpgroup stores its own tiles by TMA in three BN2-wide chunks through
-    WG_STORE chunk buffers of its own (c2_desc's blocks), the storer idle and NC unused; the same
-    values."""
+    (launch with num_warps=4; the second gets MMA_REGS registers). PINGPONG takes BN2 > 0 and
+    WG_STORE > 0 with BN = 2 * BN2: tiles BM x (BN + BN2), the second chunk through ``b2_desc`` /
+    ``c2_desc`` (blocks [BK, BN2] / [BM, BN2] on the same B and out), each MMA warpgroup storing
+    its own tiles by TMA in three BN2-wide chunks through WG_STORE chunk buffers of its own
+    (c2_desc's blocks), the storer idle and NC unused; the same values."""
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -448,6 +446,7 @@ def wgrad_kernel(
         not WG_STORE or (PINGPONG and BN2 > 0 and BN == 2 * BN2), "WG_STORE is the ping-pong kernel's with BN = 2 * BN2"
     )
     gl.static_assert(BN2 == 0 or PINGPONG, "the wide cooperative tile (BN2 without PINGPONG) is the lab's (gluon_wgrad_probe)")
+    gl.static_assert(not PINGPONG or WG_STORE > 0, "the ping-pong tile with the storer warp is the lab's (gluon_wgrad_probe)")
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK, BM], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK, BN], b_desc.layout)
@@ -463,18 +462,15 @@ def wgrad_kernel(
         order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(order.index(i), count=1)
-        if BN2 > 0:
-            b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BK, BN2], b2_desc.layout)
-            c2_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN2], c2_desc.layout)
-        else:  # placeholders (partition arguments must be values), never read
-            b2_desc, c2_desc, b2_bufs, c2_bufs = b_desc, c_desc, b_bufs, c_bufs
+        b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BK, BN2], b2_desc.layout)
+        c2_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN2], c2_desc.layout)
         pp_args = args[:-1] + (order, GROUP_M, b2_bufs, c2_bufs)
         gl.warp_specialize(
             [
                 (_mma_pingpong_partition, pp_args + (c2_desc, WG_STORE, 0)),
-                (_mma_pingpong_second_wg_store if WG_STORE else _mma_pingpong_second, (pp_args, c2_desc)),
+                (_mma_pingpong_second_wg_store, (pp_args, c2_desc)),
                 (_load_partition, args + (b2_desc, b2_bufs)),
-                (_store_partition_idle if WG_STORE else _store_partition, args + (c2_desc, c2_bufs)),
+                (_store_partition_idle, args + (c2_desc, c2_bufs)),
             ],
             [4, 1, 1],
             [MMA_REGS, LOAD_REGS, STORE_REGS],
@@ -506,8 +502,9 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     (``tma.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory.
     A config with ``resident_k`` is ``swiglu_lab.experiments.gluon_wgrad_resident``'s, one with
-    ``plain_store`` ``swiglu_lab.experiments.gluon_wgrad_probe``'s (ValueError here). A config's
-    ``wg_store`` (ping-pong, BN = 2 * BN2) selects ``wgrad_kernel``'s WG_STORE."""
+    ``plain_store`` (or any ``GluonConfig.lab_only`` one: a ping-pong config without ``wg_store``
+    among them) ``swiglu_lab.experiments.gluon_wgrad_probe``'s (ValueError here). A ping-pong
+    config's ``wg_store`` (BN = 2 * BN2) is ``wgrad_kernel``'s WG_STORE."""
     M, N = out.shape
     K = a.shape[0]
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), wide, consts, kw, token = _launch_constants(cfg)
@@ -541,7 +538,8 @@ def _launch_constants(cfg: GluonConfig):
         )
     if cfg.lab_only:
         raise ValueError(
-            "a config with plain_store, a deferred cooperative epilogue or the wide cooperative tile runs "
+            "a config with plain_store, a deferred cooperative epilogue, the wide cooperative tile or the ping-pong "
+            "tile with the storer warp runs "
             f"swiglu_lab.experiments.gluon_wgrad_probe.launch_grad_weight_gluon, got {cfg}"
         )
     blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
