@@ -22,7 +22,7 @@ from .configs import TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfi
 from .devices import (INTERPRET, cdiv, device_reason, gluon_unavailable_reason, num_programs, sizes_reason,  # noqa: F401
                       tile_programs, unsupported_reason, untuned_reason)
 # fmt: on
-from .launch import CONFIG_TOKENS, launch, launch_kwargs
+from .launch import CONFIG_TOKENS, launch, launch_kwargs, piece_tmas
 from .tma import Tma, tma_ready, tuple_new
 from .forward import launch_swiglu_product
 
@@ -70,7 +70,6 @@ def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig, 
     ``nprog``: the persistent programs (default: one per SM, at most one per tile)."""
     T, H = go.shape
     I = down_w.shape[1]
-    piece = [c.BM, c.BN // c.EPI_SPLIT]
     nprog = nprog or tile_programs(go.device, T, I, c)
     launch(
         kernels.dswiglu_gemm_kernel,
@@ -78,12 +77,7 @@ def launch_dswiglu(go, down_w, gate, up, act, d_gate, d_up, h, c: KernelConfig, 
         ("dswiglu", go.device, T, H, I, nprog, act is None, c),
         Tma(go, [c.BM, c.BK]),
         Tma(down_w, [c.BK, c.BN]),
-        Tma(gate, piece),
-        Tma(up, piece),
-        Tma(gate if act is None else act, piece),
-        Tma(d_gate, piece),
-        Tma(d_up, piece),
-        Tma(h, piece),
+        *piece_tmas(c, gate, up, gate if act is None else act, d_gate, d_up, h),
         T,
         H,
         I,

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from . import tl_kernels as kernels
 from .configs import TOKEN_BUCKETS, KernelConfig, bucket_for, parse_bucket, parse_by_shape, shape_choice
 from .devices import INTERPRET, cdiv, tile_programs, unsupported_reason
-from .launch import launch, launch_kwargs
+from .launch import launch, launch_kwargs, piece_tmas
 from .tma import Tma, tma_ready
 from ..checks import check_tensor
 
@@ -92,7 +92,6 @@ def launch_fused_forward(x, gate_weight, up_weight, gate, up, act, h, c: KernelC
     _check_fused_config(c)
     T, H = x.shape
     I = gate_weight.shape[0]
-    piece = [c.BM, c.BN // c.EPI_SPLIT]
     nprog = tile_programs(x.device, T, I, c, c.persistent)
     launch(
         kernels.swiglu_forward_kernel,
@@ -101,10 +100,7 @@ def launch_fused_forward(x, gate_weight, up_weight, gate, up, act, h, c: KernelC
         Tma(x, [c.BM, c.BK]),
         Tma(gate_weight, [c.BN, c.BK]),
         Tma(up_weight, [c.BN, c.BK]),
-        Tma(gate, piece),
-        Tma(up, piece),
-        Tma(h if act is None else act, piece),
-        Tma(h, piece),
+        *piece_tmas(c, gate, up, h if act is None else act, h),
         T,
         H,
         I,

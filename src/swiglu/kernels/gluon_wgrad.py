@@ -508,24 +508,15 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     M, N = out.shape
     K = a.shape[0]
     (a_block, a_layout), (b_block, b_layout), (c_block, c_layout), wide, consts, kw, token = _launch_constants(cfg)
+    descs = (
+        tuple_new(Tma, (a, a_block, a_layout)),
+        tuple_new(Tma, (b, b_block, b_layout)),
+        tuple_new(Tma, (out, c_block, c_layout)),
+        *consts,
+    )
     if wide:  # the second chunk's blocks on the same b and out
         (b2_block, b2_layout), (c2_block, c2_layout) = wide
-        descs = (
-            tuple_new(Tma, (a, a_block, a_layout)),
-            tuple_new(Tma, (b, b_block, b_layout)),
-            tuple_new(Tma, (out, c_block, c_layout)),
-            *consts,
-            tuple_new(Tma, (b, b2_block, b2_layout)),
-            tuple_new(Tma, (out, c2_block, c2_layout)),
-            cfg.BN2,
-        )
-    else:
-        descs = (
-            tuple_new(Tma, (a, a_block, a_layout)),
-            tuple_new(Tma, (b, b_block, b_layout)),
-            tuple_new(Tma, (out, c_block, c_layout)),
-            *consts,
-        )
+        descs += (tuple_new(Tma, (b, b2_block, b2_layout)), tuple_new(Tma, (out, c2_block, c2_layout)), cfg.BN2)
     launch(wgrad_kernel, (num_programs,), ("gluon_wgrad", a.device, M, N, K, num_programs, token), *descs, **kw)
 
 

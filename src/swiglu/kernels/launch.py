@@ -285,6 +285,13 @@ def _with_descriptors(runner, rest: tuple):
     return runner_with_descriptors
 
 
+def piece_tmas(cfg: KernelConfig, *tensors) -> tuple[Tma, ...]:
+    """TMA descriptors of [T, I] epilogue tensors in ``cfg``'s epilogue pieces ([BM, BN //
+    EPI_SPLIT] blocks): the dSwiGLU and fused forward kernels' gate/up/act/h operands."""
+    piece = [cfg.BM, cfg.BN // cfg.EPI_SPLIT]
+    return tuple(Tma(t, piece) for t in tensors)
+
+
 def launch_kwargs(cfg: KernelConfig) -> dict:
     """The tl kernels' configuration keywords for ``cfg`` (one shared dict per config and
     ``INTERPRET``: read only). ``INTERPRET`` is read at each call and is part of the cache's key: a
