@@ -25,7 +25,8 @@ from triton.testing import do_bench
 
 from swiglu import make_inputs
 from swiglu_lab.bench.tables import backward_table
-from swiglu.kernels.backward import TUNED_CONFIGS_PATH, KernelConfig, launch_dswiglu, launch_mlp_grad_weights, launch_grad_x
+from swiglu.kernels.backward import TUNED_CONFIGS_PATH, KernelConfig, launch_dswiglu, launch_grad_x
+from swiglu_lab.bench.tp import launch_mlp_grad_weights
 
 K = KernelConfig
 # The winners behind tuned_configs.json and their nearest rivals, for a re-run after a kernel

@@ -95,6 +95,18 @@ TIMING_COLUMNS = (
 )
 
 
+def launch_mlp_grad_weights(d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight, c, g=None) -> None:
+    """The MLP's three weight gradients, each by ``swiglu.kernels.backward.launch_grad_weight_gluon_or_tl``
+    (the tuner and the tensor-parallel benchmark time them alone): grad_down_weight = go.T @ h,
+    grad_gate_weight = d_gate.T @ x, grad_up_weight = d_up.T @ x (a None output is skipped; its
+    input may then be None too); ``c`` a KernelConfig, the Gluon kernel when ``g`` (a GluonConfig) is given."""
+    from swiglu.kernels.backward import launch_grad_weight_gluon_or_tl
+
+    for a, b, out in ((go, h, grad_down_weight), (d_gate, x, grad_gate_weight), (d_up, x, grad_up_weight)):
+        if out is not None:
+            launch_grad_weight_gluon_or_tl(a, b, out, c, g)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``torchrun ... -m swiglu_lab.bench --tp N`` (``--help`` lists it)."""
     p = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m swiglu_lab.bench --tp N", description=__doc__.split("\n")[0])
@@ -271,7 +283,7 @@ class _LocalBackward:
         dev, I, H = self.go.device, self.I, self.H
         ggw, guw = (torch.empty((I, H), device=dev, dtype=torch.bfloat16) for _ in range(2))
         gdw = torch.empty((H, I), device=dev, dtype=torch.bfloat16)
-        self.tb.launch_mlp_grad_weights(self.d_gate, self.d_up, self.h, self.x, self.go, ggw, guw, gdw, self.cfg_w)
+        launch_mlp_grad_weights(self.d_gate, self.d_up, self.h, self.x, self.go, ggw, guw, gdw, self.cfg_w)
         return ggw, guw, gdw
 
 

@@ -209,17 +209,6 @@ def gluon_dswiglu_config_for(
     return _gluon_config_for_bucket(bucket_for(tokens), device, "dswiglu", shape)
 
 
-def launch_mlp_grad_weights(
-    d_gate, d_up, h, x, go, grad_gate_weight, grad_up_weight, grad_down_weight, c: KernelConfig, g: GluonConfig | None = None
-) -> None:
-    """The MLP's three weight gradients, each by ``launch_grad_weight_gluon_or_tl``: grad_down_weight
-    = go.T @ h, grad_gate_weight = d_gate.T @ x, grad_up_weight = d_up.T @ x (a None output is
-    skipped; its input may then be None too); Gluon kernel when ``g`` is given."""
-    for a, b, out in ((go, h, grad_down_weight), (d_gate, x, grad_gate_weight), (d_up, x, grad_up_weight)):
-        if out is not None:
-            launch_grad_weight_gluon_or_tl(a, b, out, c, g)
-
-
 def grad_x_tail_splits(T: int, H: int, I: int, c: KernelConfig, nprog: int) -> tuple[int, int]:
     """(tail, splits) of a split-tail grad_x launch: the tiles left after whole waves of ``nprog``,
     and the runs each is split into over its 2 * cdiv(I, BK) k-steps (at most nprog // tail, one
