@@ -10,6 +10,7 @@ import torch
 from swiglu import make_inputs, reference_backward
 from swiglu.accuracy import benchmark_criterion
 from swiglu.kernels import backward, forward, launch
+from swiglu_lab.experiments.candidates import FUSED_CANDIDATES
 
 pytestmark = pytest.mark.gpu
 NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
@@ -57,7 +58,7 @@ def test_pdl_gives_the_bits_of_plain_launches(restore_pdl, T, H, I):
         results[pdl] = (
             *_backward(tensors, T, H, I),
             *_backward(tensors, T, H, I, lean=True),
-            *forward.triton_swiglu_forward(x, *weights, config=forward.FUSED_CANDIDATES["fused_128"], return_activated_gate=True),
+            *forward.triton_swiglu_forward(x, *weights, config=FUSED_CANDIDATES["fused_128"], return_activated_gate=True),
         )
     torch.cuda.synchronize()
     for mode in launch.PDL_MODES[1:]:

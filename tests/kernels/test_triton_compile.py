@@ -43,6 +43,7 @@ from swiglu.kernels import tl_kernels as kernels
 from swiglu.kernels import backward as triton_backward
 from swiglu.kernels import devices
 from swiglu.kernels.shared_memory import SM90_SHARED_MEMORY_BYTES, estimate_shared_memory
+from swiglu_lab.experiments.candidates import FUSED_CANDIDATES
 from swiglu.kernels.backward import CONFIGS, TOKEN_BUCKETS, KernelConfig
 from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
 
@@ -207,7 +208,7 @@ def launch_specs() -> list[dict]:
         dict(lean=True),
         dict(lean=True, need_grad_x=False, need_grad_gate_weight=False, need_grad_up_weight=False),
         dict(forward_config="auto"),
-        *(dict(forward_config=c) for c in forward.FUSED_CANDIDATES.values()),
+        *(dict(forward_config=c) for c in FUSED_CANDIDATES.values()),
         *(dict(configs={"grad_x": c}) for c in triton_backward.GRAD_X_NARROW),
     ]  # planned where H is small
     for tokens in token_counts:
@@ -466,7 +467,7 @@ def test_every_config_is_launched():
         ("swiglu_forward_kernel", None),
     } <= kinds
     fused = [s for s in specs if s["kernel"] == "swiglu_forward_kernel"]
-    for cfg in {*forward.FUSED_CANDIDATES.values(), *(c for c in forward.FORWARD_CONFIGS.values() if c)}:
+    for cfg in {*FUSED_CANDIDATES.values(), *(c for c in forward.FORWARD_CONFIGS.values() if c)}:
         assert any(
             s["constexprs"]["BM"] == cfg.BM
             and s["constexprs"]["BN"] == cfg.BN

@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from swiglu import CASES, benchmark_criterion, make_inputs, relative_error
 from swiglu.kernels import forward as fwd
 from swiglu.kernels.backward import triton_swiglu_backward
+from swiglu_lab.experiments.candidates import FUSED_CANDIDATES
 
 from ulp_oracle import check_ulps, ulp_norm
 
 pytestmark = pytest.mark.gpu
-CANDIDATES = {"cublas": None, **fwd.FUSED_CANDIDATES}
+CANDIDATES = {"cublas": None, **FUSED_CANDIDATES}
 ATOL = min(c.atol for c in CASES)
 NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
 

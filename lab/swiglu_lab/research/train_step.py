@@ -47,6 +47,7 @@ from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
 from ..bench.tables import forward_table, shape_forward_table
+from ..experiments.candidates import FUSED_CANDIDATES
 from ..bench.timing import median_step_ms
 
 VARIANTS = ("plain", "compile", "saved", "lean", "lean_cublas")
@@ -86,7 +87,7 @@ def run_checks() -> list[dict]:
 
     rows = []
     atol = min(c.atol for c in CASES)
-    configs = {"cublas": None, **forward.FUSED_CANDIDATES}
+    configs = {"cublas": None, **FUSED_CANDIDATES}
     inp = make_inputs(1, 300, 1024, 2816, device="cuda", seed=11)
     w = (inp.gate_weight, inp.up_weight, inp.down_weight)
     for name, cfg in configs.items():
@@ -180,7 +181,7 @@ def tune_forward(
         torch.randn(s, generator=gen, device=device, dtype=torch.bfloat16) / s[1] ** 0.5
         for s in ((intermediate_size, hidden_size), (intermediate_size, hidden_size), (hidden_size, intermediate_size))
     ]
-    candidates = candidates if candidates is not None else {"cublas": None, **forward.FUSED_CANDIDATES}
+    candidates = candidates if candidates is not None else {"cublas": None, **FUSED_CANDIDATES}
     rows, table = [], {}
     for T in tokens:
         x = torch.randn(T, hidden_size, generator=gen, device=device, dtype=torch.bfloat16)

@@ -18,7 +18,6 @@ measured choice (``forward_configs.json``, loaded from next to this file when pr
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,19 +29,6 @@ from .devices import INTERPRET, cdiv, tile_programs, unsupported_reason
 from .launch import launch, launch_kwargs, piece_tmas
 from .tma import Tma, tma_ready
 from ..checks import check_tensor
-
-#: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
-#: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
-FUSED_BIG = KernelConfig(BM=128, BN=128, BK=64, GROUP_M=8, EPI_SPLIT=2, num_stages=3, num_warps=8)
-#: 64-row tiles: twice the tiles at small T, so more of the 132 SMs have work.
-FUSED_SMALL = KernelConfig(BM=64, BN=128, BK=64, GROUP_M=8, EPI_SPLIT=2, num_stages=4, num_warps=4)
-FUSED_CANDIDATES = {
-    "fused_128": FUSED_BIG,
-    "fused_128_s4": replace(FUSED_BIG, num_stages=4),
-    # As the backward's tuned dSwiGLU GEMM at large T: a warp-specialized, flattened tile loop.
-    "fused_128_ws": replace(FUSED_BIG, warp_specialize=True, flatten=True),
-    "fused_64": FUSED_SMALL,
-}
 
 #: Per token bucket (``TOKEN_BUCKETS``, as the backward's table): a KernelConfig runs the fused
 #: kernel, None the cuBLAS path. Overridden by ``forward_configs.json`` when present.
