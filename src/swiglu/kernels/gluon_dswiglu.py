@@ -400,16 +400,6 @@ def launch_dswiglu_gluon(
     dswiglu_gluon_kernel[grid](*args, **kw)
 
 
-def make_launch(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, num_programs: int | None = None):
-    """A zero-argument launch with the descriptors built once (for timing)."""
-    grid, args, kw = _prepare(go, down_w, gate, up, act, d_gate, d_up, h, cfg, num_programs)
-
-    def run():
-        dswiglu_gluon_kernel[grid](*args, **kw)
-
-    return run
-
-
 def launch_dswiglu_gluon_trusted(go, down_w, gate, up, act, d_gate, d_up, h, cfg: DswigluGluonConfig, num_programs: int) -> None:
     """``launch_dswiglu_gluon`` without its checks, for ``backward.launch_backward``: the caller
     made every tensor TMA-ready (``tma.tma_ready``) and checked that gate/up/act share one row
