@@ -10,7 +10,7 @@ import torch
 from swiglu import make_inputs, reference_backward
 from swiglu.accuracy import benchmark_criterion
 from swiglu.kernels import backward, forward, launch
-from swiglu_lab.experiments.candidates import FUSED_CANDIDATES
+from swiglu_lab.bench.tables import FUSED_CANDIDATES
 
 pytestmark = pytest.mark.gpu
 NAMES = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")

@@ -43,7 +43,7 @@ from swiglu.kernels import tl_kernels as kernels
 from swiglu.kernels import backward as triton_backward
 from swiglu.kernels import devices
 from swiglu.kernels.shared_memory import SM90_SHARED_MEMORY_BYTES, estimate_shared_memory
-from swiglu_lab.experiments.candidates import FUSED_CANDIDATES
+from swiglu_lab.bench.tables import FUSED_CANDIDATES
 from swiglu.kernels.backward import CONFIGS, TOKEN_BUCKETS, KernelConfig
 from swiglu.workloads import CASES, HIDDEN_SIZE, INTERMEDIATE_SIZE
 

@@ -24,7 +24,7 @@ from swiglu.kernels import forward as fwd
 from swiglu.memory import saved_activations
 from swiglu.module import PlainSwiGLUMLP
 from swiglu.kernels.backward import KernelConfig, triton_swiglu_backward
-from swiglu_lab.experiments import candidates
+from swiglu_lab.bench import tables
 
 from triton_checks import NAMES, SMALL_CONFIGS, BackwardSpy, check_args, check_output, fresh_seed, ulp_norm
 
@@ -309,7 +309,7 @@ def test_a_shape_entry_replaces_the_bucket_choice_at_that_shape_only(monkeypatch
     shape-agnostic table's everywhere else (other shapes, other buckets, no shape given)."""
     from swiglu.kernels.configs import bucket_for
 
-    fused = candidates.FUSED_SMALL
+    fused = tables.FUSED_SMALL
     monkeypatch.setitem(fwd.FORWARD_CONFIGS, bucket_for(300), fused)
     monkeypatch.setitem(fwd.FORWARD_CONFIGS_BY_SHAPE, (64, 96), {bucket_for(300): None})
     assert fwd.forward_config_for(300, 64, 96) is None
@@ -328,7 +328,7 @@ def test_the_forward_takes_its_shapes_entry(device, monkeypatch):
     from swiglu.kernels.configs import bucket_for
 
     inp = make_inputs(1, 40, 64, 136, seed=3, device=device)
-    monkeypatch.setitem(fwd.FORWARD_CONFIGS, bucket_for(40), candidates.FUSED_SMALL)
+    monkeypatch.setitem(fwd.FORWARD_CONFIGS, bucket_for(40), tables.FUSED_SMALL)
     fused_calls = []
     real = fwd.launch_fused_forward
     monkeypatch.setattr(fwd, "launch_fused_forward", lambda *a: fused_calls.append(1) or real(*a))

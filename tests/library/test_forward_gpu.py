@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from swiglu import CASES, benchmark_criterion, make_inputs, relative_error
 from swiglu.kernels import forward as fwd
 from swiglu.kernels.backward import triton_swiglu_backward
-from swiglu_lab.experiments.candidates import FUSED_CANDIDATES
+from swiglu_lab.bench.tables import FUSED_CANDIDATES
 
 from ulp_oracle import check_ulps, ulp_norm
 

@@ -10,7 +10,22 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, replace
 
-from swiglu.kernels.configs import bucket_for, bucket_key
+from swiglu.kernels.configs import KernelConfig, bucket_for, bucket_key
+
+#: The fused forward kernel's candidates (``swiglu.kernels.forward``), which
+#: ``swiglu_lab.research.train_step`` measures (``forward_table`` writes the fastest per bucket):
+#: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps' registers; 3 stages of
+#: (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
+FUSED_BIG = KernelConfig(BM=128, BN=128, BK=64, GROUP_M=8, EPI_SPLIT=2, num_stages=3, num_warps=8)
+#: 64-row tiles: twice the tiles at small T, so more of the 132 SMs have work.
+FUSED_SMALL = KernelConfig(BM=64, BN=128, BK=64, GROUP_M=8, EPI_SPLIT=2, num_stages=4, num_warps=4)
+FUSED_CANDIDATES = {
+    "fused_128": FUSED_BIG,
+    "fused_128_s4": replace(FUSED_BIG, num_stages=4),
+    # As the backward's tuned dSwiGLU GEMM at large T: a warp-specialized, flattened tile loop.
+    "fused_128_ws": replace(FUSED_BIG, warp_specialize=True, flatten=True),
+    "fused_64": FUSED_SMALL,
+}
 
 
 def backward_table(rows: list[dict], old: dict, meta: dict) -> dict:

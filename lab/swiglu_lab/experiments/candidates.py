@@ -9,15 +9,11 @@ lists). Measurements: docs/kernels.md and the data READMEs.
   ``scripts/table_variant.py --gluon-grad-x``).
 - ``DSWIGLU_CANDIDATES``: ``gluon_dswiglu``'s (``lab/probes/probe_gluon_dswiglu.py --configs``,
   ``scripts/table_variant.py --gluon-dswiglu``).
-- ``FUSED_CANDIDATES``: the tl fused forward kernel's (``swiglu.kernels.forward``; measured by
-  ``swiglu_lab.research.train_step``, whose fastest per bucket is ``forward_configs.json``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from swiglu.kernels.configs import DswigluGluonConfig, GluonConfig, KernelConfig
+from swiglu.kernels.configs import DswigluGluonConfig, GluonConfig
 
 # ----------------------------------------------------------------------------- gluon_wgrad: ping-pong
 #: The ping-pong kernel's candidates (two MMA warpgroups on alternate tiles), compiled for sm_90 by
@@ -72,17 +68,3 @@ DSWIGLU_CANDIDATES = [
 ]
 # Tried and dropped: 128x256x32 with 2 g buffers and 3 or 4 stages (for short K): slower than #0
 # or tied with it in every case measured (docs/kernels.md).
-
-# ----------------------------------------------------------------------------- the fused forward
-#: Fused-kernel candidates: 128x128 tiles hold two fp32 accumulators (gate, up) in 8 warps'
-#: registers; 3 stages of (x, gate_weight, up_weight) tiles = 144 KiB of shared memory.
-FUSED_BIG = KernelConfig(BM=128, BN=128, BK=64, GROUP_M=8, EPI_SPLIT=2, num_stages=3, num_warps=8)
-#: 64-row tiles: twice the tiles at small T, so more of the 132 SMs have work.
-FUSED_SMALL = KernelConfig(BM=64, BN=128, BK=64, GROUP_M=8, EPI_SPLIT=2, num_stages=4, num_warps=4)
-FUSED_CANDIDATES = {
-    "fused_128": FUSED_BIG,
-    "fused_128_s4": replace(FUSED_BIG, num_stages=4),
-    # As the backward's tuned dSwiGLU GEMM at large T: a warp-specialized, flattened tile loop.
-    "fused_128_ws": replace(FUSED_BIG, warp_specialize=True, flatten=True),
-    "fused_64": FUSED_SMALL,
-}

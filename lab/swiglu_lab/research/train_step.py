@@ -46,8 +46,7 @@ from swiglu.module import PlainSwiGLUMLP, SwiGLUMLP
 from swiglu.workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
 from ..bench.environment import git_info, gpu_info, make_run_id, software_info, utc_now
-from ..bench.tables import forward_table, shape_forward_table
-from ..experiments.candidates import FUSED_CANDIDATES
+from ..bench.tables import FUSED_CANDIDATES, forward_table, shape_forward_table
 from ..bench.timing import median_step_ms
 
 VARIANTS = ("plain", "compile", "saved", "lean", "lean_cublas")
