@@ -74,8 +74,8 @@ BUGS = {
     ),
     "backward_raises": (
         "src/swiglu/kernels/backward.py",
-        "    recompute = len(inputs) > 4 and inputs[4] is None\n",
-        "    raise RuntimeError('planted bug: the Triton backward fails')\n    recompute = len(inputs) > 4 and inputs[4] is None\n",
+        "    recompute = activated_gate is None\n",
+        "    raise RuntimeError('planted bug: the Triton backward fails')\n    recompute = activated_gate is None\n",
         [
             "tests/kernels/test_triton_cpu.py::test_odd_shapes_against_float64",
             "tests/library/test_module.py::test_triton_path_bf16_grads",

@@ -368,7 +368,15 @@ def clear_plans() -> None:
 
 
 def triton_swiglu_backward(
-    *inputs: torch.Tensor | None,
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    gate_output: torch.Tensor,
+    up_output: torch.Tensor,
+    activated_gate: torch.Tensor | None,
+    gate_weight: torch.Tensor,
+    up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    *,
     need_grad_x: bool = True,
     need_grad_gate_weight: bool = True,
     need_grad_up_weight: bool = True,
@@ -380,9 +388,8 @@ def triton_swiglu_backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The backward through the three Triton kernels (module docstring of ``swiglu.kernels.tl_kernels``).
 
-    ``inputs``: ``swiglu.swiglu_mlp_backward``'s eight tensors, positionally in its order
-    (``swiglu.checks.ARG_NAMES``) and shapes; all bfloat16 on one sm_90+ CUDA device (or any
-    device under ``TRITON_INTERPRET=1``), hidden_size and intermediate_size multiples of 8.
+    Shapes as ``swiglu.swiglu_mlp_backward``; all inputs bfloat16 on one sm_90+ CUDA device (or
+    any device under ``TRITON_INTERPRET=1``), hidden_size and intermediate_size multiples of 8.
     A gradient whose ``need_*`` flag is False is not computed (its GEMMs are skipped) and comes
     back as None. ``configs`` overrides the table's choice per kernel ("dswiglu",
     "grad_weights", "grad_x"). ``out`` gives preallocated outputs ``(grad_x [T, H],
@@ -390,7 +397,7 @@ def triton_swiglu_backward(
     on the inputs' device (None entries are allocated); overwritten, never read, never
     overlapping an input.
 
-    ``activated_gate`` None (memory-lean mode): recomputed as ``bf16(silu(gate_output))`` in the
+    ``activated_gate=None`` (memory-lean mode): recomputed as ``bf16(silu(gate_output))`` in the
     dSwiGLU epilogue with ``swiglu.kernels.forward``'s formula, bitwise what it produced.
     ``overwrite_activations=True``: d_gate and d_up are written over gate_output and up_output
     (one [T, I] buffer allocated instead of three; bitwise the same gradients: each epilogue
@@ -398,21 +405,29 @@ def triton_swiglu_backward(
     their storage is freed (resized to 0 bytes, where a tensor spans all of it) after its last
     reader is launched; afterwards they are unusable. The default never writes an input.
 
-    Raises: TypeError for other than eight inputs or a non-bf16 one; ValueError for bad shapes
-    (``validate_backward_inputs``), an unsupported device or unaligned sizes, or a configuration
-    larger than the device's shared memory (``swiglu.kernels.shared_memory``), before any launch.
+    Raises: TypeError for a non-bf16 input; ValueError for bad shapes (``validate_backward_inputs``),
+    an unsupported device or unaligned sizes, or a configuration larger than the device's shared
+    memory (``swiglu.kernels.shared_memory``), before any launch.
     """
-    recompute = len(inputs) > 4 and inputs[4] is None
-    # Memory-lean mode: gate_output stands in for activated_gate in the checks.
-    checked = (*inputs[:4], inputs[2], *inputs[5:]) if recompute else inputs
-    problem = validate_backward_inputs(*checked, dtypes=(torch.bfloat16,))  # TypeError unless eight
-    grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = inputs
+    recompute = activated_gate is None
+    problem = validate_backward_inputs(
+        grad_output,
+        x,
+        gate_output,
+        up_output,
+        gate_output if recompute else activated_gate,
+        gate_weight,
+        up_weight,
+        down_weight,
+        dtypes=(torch.bfloat16,),
+    )
     reason = unsupported_reason(x, gate_weight)
     if reason:
         raise ValueError(f"impl='triton' {reason}")
     if release_activations and not overwrite_activations:
         raise ValueError("release_activations=True needs overwrite_activations=True")
     plan = backward_plan(problem.tokens, problem.hidden_size, problem.intermediate_size, plan_device(x.device), configs)
+    inputs = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
     T, H, I = plan.tokens, plan.hidden_size, plan.intermediate_size
     outs = _check_out(out, [t for t in inputs if t is not None], [(T, H), (I, H), (I, H), (H, I)], x.device)
     flat = [None if t is None else t.reshape(-1, t.shape[-1]) for t in inputs[:5]]
