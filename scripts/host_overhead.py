@@ -152,9 +152,10 @@ def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H2
     """Inside: the Triton path runs on bfloat16 CPU tensors with its launches stubbed (the module
     docstring's ``--stub-launches``). Patches and restores: ``swiglu.ops.auto_reason`` and
     ``triton_reason`` (None for bfloat16), the backward's Gluon table reads (as on a device with
-    ``shared_memory`` bytes per block) and its plan cache (the plan at ``plan_shape`` with ``sms``
+    ``shared_memory`` bytes per block) and the backward's plan cache (the plan at ``plan_shape`` with ``sms``
     SMs, carrying the call's sizes), the forward's configuration choice (``plan_shape``'s),
-    ``JITFunction.run`` and ``launch.direct_runner``; the decision, plan and launch caches are
+    ``JITFunction.run``, ``launch.direct_runner`` and ``ops.AUTO_TORCH_OPS_BELOW`` (0: the kernels
+    at every size); the decision, plan and launch caches are
     emptied on entry and exit. Needs TRITON_INTERPRET unset (RuntimeError otherwise)."""
     from functools import lru_cache
 
@@ -174,6 +175,7 @@ def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H2
         forward_config_for=forward.forward_config_for,
         auto_reason=ops.auto_reason,
         triton_reason=ops.triton_reason,
+        torch_ops_below=ops.AUTO_TORCH_OPS_BELOW,
     )
 
     def gluon_config(bucket, device, kernel="grad_weights", shape=None):
@@ -215,6 +217,7 @@ def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H2
     backward._gluon_config_for_bucket, backward._cached_plan = gluon_config, plan
     forward.forward_config_for = forward_config_for
     ops.auto_reason, ops.triton_reason = auto_reason, lambda device, hidden_size, intermediate_size: None
+    ops.AUTO_TORCH_OPS_BELOW = 0  # the kernels' path at every size: what this measures
     clear()
     try:
         yield
@@ -225,6 +228,7 @@ def stubbed_launches(plan_shape: tuple[int, int, int] = STUB_PLAN, sms: int = H2
         backward._gluon_config_for_bucket, backward._cached_plan = real["gluon"], real["plan"]
         forward.forward_config_for = real["forward_config_for"]
         ops.auto_reason, ops.triton_reason = real["auto_reason"], real["triton_reason"]
+        ops.AUTO_TORCH_OPS_BELOW = real["torch_ops_below"]
         clear()
 
 
