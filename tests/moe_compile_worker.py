@@ -164,6 +164,23 @@ def main() -> None:
             ),
         }
     )
+    # The backward's with x frozen: the routing-weight gradient alone (no y, no out).
+    results.append(
+        {
+            "role": "combine",
+            **compile_one(
+                M.moe_combine_kernel,
+                dict(num_warps=4, num_stages=1),
+                TOP_K=8,
+                BN=1024,
+                P_PAD=16,
+                HAS_Y=False,
+                HAS_PART=True,
+                y_ptr=None,
+                out_ptr=None,
+            ),
+        }
+    )
     print(json.dumps({"triton": triton.__version__, "results": results}))
 
 

@@ -83,6 +83,22 @@ def test_frozen_expert_weights_do_not_launch_weight_gradient_kernels(monkeypatch
     assert launches == [], f"{len(launches)} weight-gradient launches for frozen weights"
 
 
+@pytest.mark.parametrize("grads", [(False, True, False, False), (False, False, True, False), (False, True, True, True)])
+def test_frozen_x_gives_the_other_gradients(grads):
+    # x without grad (frozen embeddings, experts trained alone): the backward must not launch
+    # grad_x's token sum on an absent operand; the gradients asked for are the reference's.
+    inp = _inputs()
+    grad_out = torch.randn(T, H, dtype=inp.x.dtype)
+    got, want = (_leaves(inp, grads) for _ in range(2))
+    swiglu.swiglu_moe(*got, impl="triton").backward(grad_out)
+    swiglu.swiglu_moe(*want, impl="reference").backward(grad_out)
+    for g, r, needed in zip((got[0], *got[2:]), (want[0], *want[2:]), grads):
+        assert (g.grad is not None) == needed and (r.grad is not None) == needed
+        if needed:
+            err = (g.grad.double() - r.grad.double()).norm() / r.grad.double().norm()
+            assert err < 0.05, err
+
+
 @pytest.mark.parametrize("impl", ["reference", "auto"])
 def test_meta_tensors_propagate_shapes(impl):
     inp = _inputs()

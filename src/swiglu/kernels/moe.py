@@ -630,7 +630,11 @@ def _tma(t: torch.Tensor, block: list[int], use: bool):
 
 
 def _launch(kernel, grid: tuple[int, ...], num_warps: int, num_stages: int, *args, **meta) -> None:
-    first = args[0].tensor if type(args[0]) is Tma else args[0]
+    first = args[0]
+    if type(first) is Tma:
+        first = first.tensor
+    elif first is None:  # an absent optional operand (combine without y): the next tensor's device
+        first = next(a for a in args if isinstance(a, torch.Tensor))
     key = (kernel, grid, num_warps, num_stages, first.device, *map(_spec, args), *meta.values())
     launch(kernel, grid, key, *args, num_warps=num_warps, num_stages=num_stages, **meta)
 
@@ -774,7 +778,7 @@ def combine(
     dev = top_k_index.device
     out = torch.empty(T, N, dtype=dtype, device=dev) if y is not None else None
     gw = torch.empty(T, k, dtype=torch.float32, device=dev) if part is not None else None
-    if T:
+    if T and (y is not None or part is not None):
         BN = min(1024, _pow2(N))
         num_part = part.shape[1] if part is not None else 1
         grid = (T, cdiv(N, BN) if y is not None else 1)
