@@ -695,6 +695,7 @@ def _swiglu_mlp(
             intermediate_size=intermediate_size,
             autocast=autocast is not None,
         )
+    given = x, gate_weight, up_weight, down_weight
     if autocast is not None:
         # What autocast does to nn.Linear: compute in its dtype (the casts' autograd returns
         # float32 gradients to float32 master weights).
@@ -709,7 +710,9 @@ def _swiglu_mlp(
     impl = resolve_impl(impl, x, gate_weight)
     if auto and impl == "triton" and x.numel() * gate_weight.shape[0] < AUTO_TORCH_OPS_BELOW:
         # Too little work for the kernels to gain GPU time over cuBLAS, while an autograd.Function
-        # costs host time where the step waits on the host: torch's ops, nn.Linear's bits.
+        # costs host time where the step waits on the host: torch's ops, nn.Linear's bits (on the
+        # given tensors: autocast casts x per linear, so grad_x sums its two parts in x's dtype).
+        x, gate_weight, up_weight, down_weight = given
         return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
     if transforms_active():
         # torch.func (grad, vmap, jacrev...): the same formula in plain differentiable ops, which

@@ -67,3 +67,20 @@ def test_threshold_is_between_the_measured_regimes():
     # Hermes-size benchmark (16384 x 53248, from 128 tokens): the kernels.
     assert 1024 * 4096 * 14336 < ops.AUTO_TORCH_OPS_BELOW <= 2048 * 4096 * 14336
     assert 128 * 16384 * 53248 >= ops.AUTO_TORCH_OPS_BELOW
+
+
+def test_autocast_route_has_nn_linears_bits(kernels_route):
+    # fp32 weights, a non-leaf fp32 x (a norm's output) under bf16 autocast: autocast casts x once
+    # per linear, so grad_x's two parts are summed in float32; the route must do the same.
+    x, weights = _inputs(T=16, H=32, I=48)
+    grads = []
+    for fn in (swiglu.swiglu_mlp, lambda x, g, u, d: F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d)):
+        for t in (x, *weights):
+            t.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(x * 1.0, *weights)
+        out.float().square().sum().backward()
+        grads.append([t.grad.clone() for t in (x, *weights)])
+    assert kernels_route == []
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
