@@ -534,13 +534,15 @@ class MoEPlan:
 @lru_cache(maxsize=256)
 def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
     """The tiles for S routed pairs over E experts of these sizes. Chosen by the sweeps in
-        data/tuning/moe_tiles_sweep_20261204.log (H200, Qwen3-30B-A3B and Qwen3-235B-A22B shapes, 8192
-        tokens): the dSwiGLU GEMM (epilogue-heavy) with 64-pair M tiles, 128 columns and its epilogue in
-        two pieces (no register spills), grad_x and the wide down projection with BN 256, grad_x with
-        pointer loads (TMA was slower there), grad_down_proj with 128x256 tiles; experts averaging
-        fewer than 128 pairs get 64-pair M tiles everywhere; intermediate_size >= 8192 (Mixtral-8x7B's
-    sweep): its own tiles. Under the interpreter: blocks no larger than
-        the sizes (powers of two, >= 16), one stage."""
+    data/tuning/moe_tiles_sweep_20261204.log (H200, 8192 tokens). Qwen3-30B-A3B and Qwen3-235B-A22B:
+    the dSwiGLU GEMM (epilogue-heavy) with 64-pair M tiles, 128 columns and its epilogue in two
+    pieces (no register spills), grad_x and the wide down projection with BN 256, grad_x with
+    pointer loads (TMA was slower there), grad_down_proj with 128x256 tiles; experts averaging
+    fewer than 128 pairs get 64-pair M tiles everywhere. Few large experts (intermediate_size >=
+    8192, Mixtral-8x7B): four stages in the up projection, dSwiGLU with the M tiles of the others,
+    256 x 128 grad_gate_up_proj and 128 x 128 grad_down_proj tiles (36.8 -> ~34.9 ms
+    forward+backward in the sweep). Under the interpreter: blocks no larger than the sizes (powers
+    of two, >= 16), one stage."""
     if INTERPRET:
         p = lambda n, cap: max(16, min(cap, _pow2(n)))  # noqa: E731
         bm = p(max(1, S // max(E, 1)), 32)
@@ -548,24 +550,14 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
         w = Tile(BN=t.BN, BK=32, num_warps=4, num_stages=1, BM=p(max(H, I), 64))
         return MoEPlan(up=t, down=t, dswiglu=Tile(t.BN, t.BK, 4, 1, 16), grad_x=t, wgrad_gu=w, wgrad_dp=w)
     bm = 64 if S < 128 * E else 128
-    if I >= 8192:
-        # Few large experts (Mixtral-8x7B, 8192 tokens): four stages in the up projection, 128-pair
-        # dSwiGLU tiles, 256 x 128 grad_gate_up_proj tiles: 36.8 -> ~34.9 ms forward+backward.
-        return MoEPlan(
-            up=Tile(128, 64, 8, 4, bm),
-            down=Tile(256, 64, 8, 3, bm),
-            dswiglu=Tile(128, 64, 8, 4, bm, EPI_SPLIT=2),
-            grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False),
-            wgrad_gu=Tile(128, 64, 8, 3, 256),
-            wgrad_dp=Tile(128, 64, 8, 3, 128),
-        )
+    large = I >= 8192
     return MoEPlan(
-        up=Tile(128, 64, 8, 3, bm),
+        up=Tile(128, 64, 8, 4 if large else 3, bm),
         down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm),
-        dswiglu=Tile(128, 64, 8, 4 if I <= 1024 else 3, 64, EPI_SPLIT=2),
+        dswiglu=Tile(128, 64, 8, 4 if large or I <= 1024 else 3, bm if large else 64, EPI_SPLIT=2),
         grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False),
-        wgrad_gu=Tile(128, 64, 8, 3, 128),
-        wgrad_dp=Tile(256, 64, 8, 3, 128),
+        wgrad_gu=Tile(128, 64, 8, 3, 256 if large else 128),
+        wgrad_dp=Tile(128 if large else 256, 64, 8, 3, 128),
     )
 
 
