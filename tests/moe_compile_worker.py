@@ -139,48 +139,15 @@ def main() -> None:
                     **compile_one(fn, dict(num_warps=4, num_stages=1), CHUNK=chunk, SUB=sub, E_PAD=e_pad),
                 }
             )
-    # The forward's combine (no partial sums) and the backward's (grad_x and the routing-weight gradient).
-    results.append(
-        {
-            "role": "combine",
-            **compile_one(
-                M.moe_combine_kernel,
-                dict(num_warps=4, num_stages=1),
-                TOP_K=8,
-                BN=1024,
-                P_PAD=1,
-                HAS_Y=True,
-                HAS_PART=False,
-                part_ptr=None,
-                gw_ptr=None,
-            ),
-        }
-    )
-    results.append(
-        {
-            "role": "combine",
-            **compile_one(
-                M.moe_combine_kernel, dict(num_warps=4, num_stages=1), TOP_K=8, BN=1024, P_PAD=16, HAS_Y=True, HAS_PART=True
-            ),
-        }
-    )
-    # The backward's with x frozen: the routing-weight gradient alone (no y, no out).
-    results.append(
-        {
-            "role": "combine",
-            **compile_one(
-                M.moe_combine_kernel,
-                dict(num_warps=4, num_stages=1),
-                TOP_K=8,
-                BN=1024,
-                P_PAD=16,
-                HAS_Y=False,
-                HAS_PART=True,
-                y_ptr=None,
-                out_ptr=None,
-            ),
-        }
-    )
+    # The forward's combine (no partial sums), the backward's (grad_x and the routing-weight
+    # gradient) and the backward's with x frozen (the routing-weight gradient alone: no y, no out).
+    for const in (
+        dict(P_PAD=1, HAS_Y=True, HAS_PART=False, part_ptr=None, gw_ptr=None),
+        dict(P_PAD=16, HAS_Y=True, HAS_PART=True),
+        dict(P_PAD=16, HAS_Y=False, HAS_PART=True, y_ptr=None, out_ptr=None),
+    ):
+        options = dict(num_warps=4, num_stages=1)
+        results.append({"role": "combine", **compile_one(M.moe_combine_kernel, options, TOP_K=8, BN=1024, **const)})
     print(json.dumps({"triton": triton.__version__, "results": results}))
 
 
