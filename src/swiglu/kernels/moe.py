@@ -360,36 +360,23 @@ def _wgrad_tokens(order_ptr, r, end, TOP_K, GATHER: tl.constexpr):
 
 
 @triton.jit
-def _wgrad_operands(
-    a_ptr,
-    b_ptr,
-    r,
-    r_ok,
-    tok,
-    ms,
-    ns,
-    M,
-    N,
-    stride_at,
-    stride_am,
-    stride_bt,
-    stride_bn,
-    A_GATHER: tl.constexpr,
-    B_GATHER: tl.constexpr,
-):
-    """One K step's operand tiles [BK, BM] and [BK, BN] of the weight gradients: rows r of a
-    (token rows tok when A_GATHER) and of b (likewise); rows past the expert's end read as zeros."""
-    if A_GATHER:
-        ar = tok.to(tl.int64)
+def _wgrad_operand(ptr, r0, rows, r_ok, cols, col0, N, stride_t, stride_n, TMA: tl.constexpr, TAIL: tl.constexpr):
+    """One K step's operand tile [BK, BN] of the weight gradients: rows ``rows`` of ptr (sorted
+    rows, or token rows of a gathered operand) at columns ``cols``, rows past the expert's end
+    (``r_ok``) as zeros. TMA: ptr is a descriptor of the sorted [S, N] operand with [BK, BN] boxes
+    from row r0; only the tail step (TAIL) has rows past the end to zero (a select: the next
+    expert's rows or unwritten ones never reach the sum)."""
+    if TMA:
+        v = ptr.load([r0, col0])
+        if TAIL:
+            v = tl.where(r_ok[:, None], v, tl.zeros_like(v))
     else:
-        ar = r.to(tl.int64)
-    if B_GATHER:
-        br = tok.to(tl.int64)
-    else:
-        br = r.to(tl.int64)
-    a = tl.load(a_ptr + ar[:, None] * stride_at + ms[None, :] * stride_am, mask=r_ok[:, None] & (ms < M)[None, :], other=0.0)
-    b = tl.load(b_ptr + br[:, None] * stride_bt + ns[None, :] * stride_bn, mask=r_ok[:, None] & (ns < N)[None, :], other=0.0)
-    return a, b
+        v = tl.load(
+            ptr + rows.to(tl.int64)[:, None] * stride_t + cols[None, :] * stride_n,
+            mask=r_ok[:, None] & (cols < N)[None, :],
+            other=0.0,
+        )
+    return v
 
 
 @triton.jit
@@ -413,6 +400,8 @@ def moe_wgrad_kernel(
     stride_cn,
     A_GATHER: tl.constexpr,
     B_GATHER: tl.constexpr,
+    A_TMA: tl.constexpr,
+    B_TMA: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -420,7 +409,10 @@ def moe_wgrad_kernel(
     PDL: tl.constexpr,
 ):
     """c[e] = A_e^T @ B_e over the sorted pairs of expert e (varlen K). A row r is a[r] (sorted
-    order) or, when A_GATHER, a[order[r] // TOP_K] (a token's row); the same for B."""
+    order) or, when A_GATHER, a[order[r] // TOP_K] (a token's row); the same for B. A_TMA / B_TMA
+    (not with a gather): the operand is a TMA descriptor with [BK, BM] / [BK, BN] boxes. The K
+    loop runs the expert's full BK steps, then its last partial one (the same sums in the same
+    order as one masked loop)."""
     _pdl_start(PDL)
     pid = tl.program_id(0)
     per_e = num_m * num_n
@@ -431,24 +423,55 @@ def moe_wgrad_kernel(
     end = tl.load(expert_start_ptr + e + 1)
     ms = pid_m * BM + tl.arange(0, BM)
     ns = pid_n * BN + tl.arange(0, BN)
-    m_ok = ms < M
-    n_ok = ns < N
     ks = tl.arange(0, BK)
+    full = start + (end - start) // BK * BK
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     tok = _wgrad_tokens(order_ptr, start + ks, end, TOP_K, A_GATHER or B_GATHER)
-    for r0 in range(start, end, BK):
+    for r0 in range(start, full, BK):
         r = r0 + ks
         r_ok = r < end
         # The next step's token ids now: a gather index loaded in the step that uses it would
         # hold the pipeline to two stages (one copy in flight).
         tok_next = _wgrad_tokens(order_ptr, r + BK, end, TOP_K, A_GATHER or B_GATHER)
-        a, b = _wgrad_operands(
-            a_ptr, b_ptr, r, r_ok, tok, ms, ns, M, N, stride_at, stride_am, stride_bt, stride_bn, A_GATHER, B_GATHER
-        )
+        a = _wgrad_operand(a_ptr, r0, tok if A_GATHER else r, r_ok, ms, pid_m * BM, M, stride_at, stride_am, A_TMA, False)
+        b = _wgrad_operand(b_ptr, r0, tok if B_GATHER else r, r_ok, ns, pid_n * BN, N, stride_bt, stride_bn, B_TMA, False)
         acc = _dot(tl.trans(a), b, acc, UPCAST)
         tok = tok_next
+    if full < end:
+        r = full + ks
+        r_ok = r < end
+        a = _wgrad_operand(a_ptr, full, tok if A_GATHER else r, r_ok, ms, pid_m * BM, M, stride_at, stride_am, A_TMA, True)
+        b = _wgrad_operand(b_ptr, full, tok if B_GATHER else r, r_ok, ns, pid_n * BN, N, stride_bt, stride_bn, B_TMA, True)
+        acc = _dot(tl.trans(a), b, acc, UPCAST)
     c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
-    tl.store(c, _bf16(acc, UPCAST), mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(c, _bf16(acc, UPCAST), mask=(ms < M)[:, None] & (ns < N)[None, :])
+
+
+@triton.jit
+def moe_gather_kernel(
+    src_ptr,
+    order_ptr,
+    expert_start_ptr,
+    dst_ptr,
+    N,
+    E,
+    TOP_K,
+    stride_t,
+    stride_n,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """dst[r] = src[order[r] // TOP_K] for the sorted rows r of the valid pairs (< expert_start[E]):
+    the token rows of each pair in expert order, contiguous [S, N]; rows past them unwritten."""
+    _pdl_start(PDL)
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    ok = rows < tl.load(expert_start_ptr + E)
+    tok = (tl.load(order_ptr + rows, mask=ok, other=0) // TOP_K).to(tl.int64)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    m = ok[:, None] & (cols < N)[None, :]
+    v = tl.load(src_ptr + tok[:, None] * stride_t + cols[None, :] * stride_n, mask=m)
+    tl.store(dst_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], v, mask=m)
 
 
 @triton.jit
@@ -515,6 +538,9 @@ class Tile:
     EPI_SPLIT: int = 1  # the dSwiGLU kernel's epilogue in this many column pieces (1 or 2)
     TMA_A: bool = True  # down projections (forward and grad_x): the sorted-row operand through TMA
     TMA_B: bool = True  # grouped kernels: the expert weights through TMA where the memory allows it
+    # weight gradients: the gathered operand first copied to expert order (``gather_rows``), so
+    # that both operands take TMA
+    GATHER_COPY: bool = False
 
 
 @dataclass(frozen=True)
@@ -738,26 +764,65 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
 
 
 def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, tile: Tile):
-    """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``)."""
+    """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``); an operand that
+    is not gathered takes TMA when ``tile.TMA_A`` / ``TMA_B`` and its memory allow."""
     E, M, N = c.shape
     num_m, num_n = cdiv(M, tile.BM), cdiv(N, tile.BN)
-    tiles = E * num_m * num_n
-    head = (a, b, r.order, r.expert_start, c, M, N)
-    strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), *c.stride())
-    meta = dict(A_GATHER=a_gather, B_GATHER=b_gather, BM=tile.BM, BN=tile.BN, BK=tile.BK)
+    a_desc = _tma(a, [tile.BK, tile.BM], tile.TMA_A and not a_gather)
+    b_desc = _tma(b, [tile.BK, tile.BN], tile.TMA_B and not b_gather)
     _launch(
         moe_wgrad_kernel,
-        (tiles,),
+        (E * num_m * num_n,),
         tile.num_warps,
         tile.num_stages,
-        *head,
+        a_desc or a,
+        b_desc or b,
+        r.order,
+        r.expert_start,
+        c,
+        M,
+        N,
         k,
         num_m,
         num_n,
-        *strides,
-        **meta,
+        *a.stride(),
+        *b.stride(),
+        *c.stride(),
+        A_GATHER=a_gather,
+        B_GATHER=b_gather,
+        A_TMA=a_desc is not None,
+        B_TMA=b_desc is not None,
+        BM=tile.BM,
+        BN=tile.BN,
+        BK=tile.BK,
         UPCAST=INTERPRET,
     )
+
+
+def gather_rows(src: torch.Tensor, r: Routing, k: int) -> torch.Tensor:
+    """[S, N]: row r is src[order[r] // k] (the token rows in expert order; rows of pairs outside
+    every expert unwritten)."""
+    S, N = r.S, src.shape[1]
+    dst = torch.empty(S, N, dtype=src.dtype, device=src.device)
+    if S:
+        BC = min(256, _pow2(N))
+        _launch(
+            moe_gather_kernel,
+            (cdiv(S, 32), cdiv(N, BC)),
+            4,
+            1,
+            src,
+            r.order,
+            r.expert_start,
+            dst,
+            N,
+            r.E,
+            k,
+            *src.stride(),
+            BR=32,
+            BC=BC,
+        )
+    return dst
 
 
 def combine(
@@ -858,12 +923,14 @@ def moe_backward(
     # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok].
     grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
     if needs[2]:
-        launch_wgrad(grad_gu, dgu, x, r, k, False, True, plan.wgrad_gu)
+        copy = plan.wgrad_gu.GATHER_COPY
+        launch_wgrad(grad_gu, dgu, gather_rows(x, r, k) if copy else x, r, k, False, not copy, plan.wgrad_gu)
     del dgu
     # grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw.
     grad_dp = torch.empty_like(down_proj) if needs[3] else None
     if needs[3]:
-        launch_wgrad(grad_dp, grad_out, hw, r, k, True, False, plan.wgrad_dp)
+        copy = plan.wgrad_dp.GATHER_COPY
+        launch_wgrad(grad_dp, gather_rows(grad_out, r, k) if copy else grad_out, hw, r, k, not copy, False, plan.wgrad_dp)
     del hw
     if grad_w is not None and grad_w.dtype != top_k_weights.dtype:
         grad_w = grad_w.to(top_k_weights.dtype)
