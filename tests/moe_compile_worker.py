@@ -17,7 +17,7 @@ from triton.compiler import ASTSource
 
 from swiglu.kernels import moe as M
 
-UNIT_STRIDES = ("stride_xh", "stride_gh", "stride_wi", "stride_w1", "stride_am", "stride_bn", "stride_cn")
+UNIT_STRIDES = ("stride_xh", "stride_gh", "stride_wi", "stride_w1", "stride_cn", "stride_n")
 INDEX_PTRS = {
     "order_ptr": "*i32",
     "expert_start_ptr": "*i32",
@@ -83,24 +83,36 @@ def main() -> None:
             ("down", M.moe_down_kernel, dict(B_TRANS=True, SCALE=True)),
             ("grad_x", M.moe_down_kernel, dict(B_TRANS=False, SCALE=False)),
             ("dswiglu", M.moe_dswiglu_kernel, {}),
-            ("wgrad_gu", M.moe_wgrad_kernel, dict(A_GATHER=False, B_GATHER=True)),
-            ("wgrad_dp", M.moe_wgrad_kernel, dict(A_GATHER=True, B_GATHER=False)),
+            ("wgrad_gu", M.moe_wgrad_kernel, {}),
+            ("wgrad_dp", M.moe_wgrad_kernel, {}),
         ):
             t = getattr(plan, role)
             # With TMA where the launchers take it (these sizes allow it everywhere), and without.
             variants = [{}]
             if fn is M.moe_dswiglu_kernel:
                 extra = dict(extra, EPI_SPLIT=t.EPI_SPLIT)
-                variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BK, t.BN)})]
+                variants = [
+                    dict(A_TMA=False, B_TMA=False),
+                    dict(A_TMA=False, B_TMA=True, descriptors={"w_ptr": (t.BK, t.BN)}),
+                    dict(A_TMA=True, B_TMA=True, descriptors={"go_ptr": (t.BM, t.BK), "w_ptr": (t.BK, t.BN)}),
+                ]
             if fn is M.moe_up_kernel:
-                variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)})]
+                variants = [
+                    dict(A_TMA=False, B_TMA=False),
+                    dict(A_TMA=False, B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)}),
+                    dict(A_TMA=True, B_TMA=True, descriptors={"x_ptr": (t.BM, t.BK), "w_ptr": (t.BN, t.BK)}),
+                ]
             if fn is M.moe_down_kernel:
                 box = (t.BN, t.BK) if extra["B_TRANS"] else (t.BK, t.BN)
                 variants = [
                     dict(A_TMA=False, B_TMA=False),
                     dict(A_TMA=True, B_TMA=True, descriptors={"a_ptr": (t.BM, t.BK), "w_ptr": box}),
                 ]
-            if fn is not M.moe_wgrad_kernel:
+            if fn is M.moe_wgrad_kernel:
+                # Both operands through TMA (the launcher's choice at these sizes), and pointer loads.
+                boxes = {"a_ptr": (t.BK, t.BM), "b_ptr": (t.BK, t.BN)}
+                variants = [dict(A_TMA=False, B_TMA=False), dict(A_TMA=True, B_TMA=True, descriptors=boxes)]
+            else:
                 extra = dict(extra, E_PAD=e_pad)
             for v in variants:
                 results.append(
@@ -108,7 +120,7 @@ def main() -> None:
                         "role": role,
                         "shape": [S, E, H, I],
                         **compile_one(
-                            fn, dict(num_warps=t.num_warps, num_stages=t.num_stages), BM=t.BM, BN=t.BN, BK=t.BK, **extra, **v
+                            fn, dict(num_warps=t.num_warps, num_stages=t.num_stages), BM=t.BM, BN=t.BN, BK=t.BK, **{**extra, **v}
                         ),
                     }
                 )
@@ -125,6 +137,7 @@ def main() -> None:
                     BK=64,
                     EPI_SPLIT=2,
                     E_PAD=e_pad,
+                    A_TMA=False,
                     B_TMA=True,
                     descriptors={"w_ptr": (64, 128)},
                 ),
@@ -139,6 +152,7 @@ def main() -> None:
                     **compile_one(fn, dict(num_warps=4, num_stages=1), CHUNK=chunk, SUB=sub, E_PAD=e_pad),
                 }
             )
+    results.append({"role": "gather", **compile_one(M.moe_gather_kernel, dict(num_warps=4, num_stages=1), BR=32, BC=256)})
     # The forward's combine (no partial sums), the backward's (grad_x and the routing-weight
     # gradient) and the backward's with x frozen (the routing-weight gradient alone: no y, no out).
     for const in (

@@ -84,12 +84,13 @@ for name in RUN:
         t = getattr(base, role)
         got = {(a, b): ms(lambda: fn(dataclasses.replace(t, TMA_A=a, TMA_B=b))) for a in (True, False) for b in (True, False)}
         print(f"{name} {role:9s} TMA (A, B): " + "  ".join(f"{ab} {v:.3f}" for ab, v in got.items()) + f" ms ({t})", flush=True)
+    xs, gos = M.gather_rows(x, r, k), M.gather_rows(go, r, k)  # the weight gradients' operands
     for c in WG:
         t = M.Tile(c[1], c[2], c[3], c[4], c[0])
         if want("wgrad_gu"):
-            res[("wgrad_gu", 0, c)] = ms(lambda: M.launch_wgrad(ggu, dgu, x, r, k, False, True, t))
+            res[("wgrad_gu", 0, c)] = ms(lambda: M.launch_wgrad(ggu, dgu, xs, r, t))
         if want("wgrad_dp"):
-            res[("wgrad_dp", 0, c)] = ms(lambda: M.launch_wgrad(gdp, go, hw, r, k, True, False, t))
+            res[("wgrad_dp", 0, c)] = ms(lambda: M.launch_wgrad(gdp, gos, hw, r, t))
     for role in ("up", "down", "grad_x", "dswiglu", "wgrad_gu", "wgrad_dp"):
         rows = sorted((v, bm, c) for (ro, bm, c), v in res.items() if ro == role)
         if not rows:

@@ -37,7 +37,7 @@ def test_moe_kernels_compile_for_sm90_and_pipeline(which):
     errors = [r for r in report["results"] if r["error"]]
     assert not errors, errors
     for r in report["results"]:
-        if r["role"] in ("combine", "routing"):
+        if r["role"] in ("combine", "routing", "gather"):
             continue
         assert r["wgmma"] > 0, r
         assert r["shared"] > _stage_bytes(r), f"main loop not pipelined ({report['triton']}): {r}"

@@ -132,6 +132,7 @@ KERNEL_OUTPUTS = {
     "moe_down_kernel": ("y_ptr",),
     "moe_dswiglu_kernel": ("dgu_ptr", "hw_ptr", "part_ptr"),
     "moe_wgrad_kernel": ("c_ptr",),
+    "moe_gather_kernel": ("dst_ptr",),
     "moe_combine_kernel": ("out_ptr", "gw_ptr"),
 }
 
@@ -303,7 +304,8 @@ def test_dswiglu_epilogue_in_two_pieces(device):
 def test_backward_frees_each_buffer_after_its_last_reader(device, monkeypatch):
     """The backward's own buffers (every torch.empty / empty_like it makes, tracked until freed):
     their peak is that of the order grad_x (its [S, H] pieces freed), grad_gate_up_proj (d_gate|d_up
-    freed), grad_down_proj, below the peak of computing grad_down_proj first (the order before)."""
+    and the [S, H] copy of x's rows freed), grad_down_proj (with its copy of grad_out's rows),
+    below the peak of computing grad_down_proj first."""
     seed = fresh_seed()
     T, H, I, E, k = 16, 32, 64, 4, 2
     S = T * k
@@ -328,17 +330,20 @@ def test_backward_frees_each_buffer_after_its_last_reader(device, monkeypatch):
     dgu, hw, dx_pairs, g_gu, g_dp = S * 2 * I * b, S * I * b, S * H * b, gu.numel() * b, dp.numel() * b
     part = S * (-(-I // kmoe.moe_plan(S, E, H, I).dswiglu.BN)) * 4
     outs = T * H * b + S * 4  # grad_x and the fp32 routing-weight gradient, made by the combine
-    want = max(dgu + hw + part + dx_pairs + outs, dgu + hw + outs + g_gu, hw + outs + g_gu + g_dp)
-    before = max(dgu + hw + part + g_dp, dgu + part + g_dp + dx_pairs + g_gu)
+    copy = S * H * b  # the weight gradients' operand in expert order (x's rows, then grad_out's)
+    want = max(dgu + hw + part + dx_pairs + outs, dgu + hw + outs + g_gu + copy, hw + outs + g_gu + g_dp + copy)
+    before = max(dgu + hw + part + g_dp + copy, dgu + part + g_dp + dx_pairs + g_gu)
     assert peak[0] == want < before, (peak[0], want, before)
     assert_matches((out, *grads), run(inp, "reference"), oracle(inp), seed)
 
 
-@pytest.mark.parametrize("sizes", [(13, 64, 96, 4, 2), (7, 48, 40, 3, 2)])
+@pytest.mark.parametrize("sizes", [(13, 64, 96, 4, 2), (7, 48, 40, 3, 2), (40, 32, 48, 3, 2)])
 def test_tma_and_pointer_loads_agree(device, sizes):
-    """Weights (and the down projections' A) read through TMA descriptors or through pointer
-    loads give bitwise the same outputs and gradients; the second shape has K % BK != 0 (grad_x
-    and dSwiGLU keep pointer loads for B) and boxes wider than H and I (zero-filled)."""
+    """Weights, sorted rows (the down projections' A) and the weight gradients' operands read
+    through TMA descriptors or through pointer loads give bitwise the same outputs and gradients;
+    the second shape has K % BK != 0 (grad_x and dSwiGLU keep pointer loads for B) and boxes wider
+    than H and I (zero-filled); in the third an expert has full weight-gradient K steps and a tail
+    (its box reaches the next expert's rows, which must not count)."""
     seed = fresh_seed()
     T, H, I, E, k = sizes
     inp = make_moe(seed, T, H, I, E, k, kind="skewed", device=device)
@@ -347,12 +352,16 @@ def test_tma_and_pointer_loads_agree(device, sizes):
     ptr = dataclasses.replace(
         plan, **{f.name: dataclasses.replace(getattr(plan, f.name), TMA_A=False, TMA_B=False) for f in dataclasses.fields(plan)}
     )
+    # The up projection's and dSwiGLU's gathered A read from an expert-order copy through TMA.
+    copied = dataclasses.replace(
+        plan, up=dataclasses.replace(plan.up, COPY_A=True), dswiglu=dataclasses.replace(plan.dswiglu, COPY_A=True)
+    )
     got = []
-    for p in (plan, ptr):
+    for p in (plan, ptr, copied):
         out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp, plan=p)
         got.append((out, *kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan=p, routing=routing)))
-    for name, a, b in zip(NAMES, *got):
-        assert torch.equal(a, b), f"seed={seed}: {name}"
+    for name, a, b, c in zip(NAMES, *got):
+        assert torch.equal(a, b) and torch.equal(a, c), f"seed={seed}: {name}"
     assert_matches(got[0], run(inp, "reference"), oracle(inp), seed)
 
 

@@ -4,8 +4,8 @@ The S = T * k routed pairs (token t, its j-th expert e) are sorted by expert onc
 (``Routing``: a stable counting sort in two small kernels on the GPU, no host synchronization;
 the backward reuses it). Every kernel is a grouped GEMM over that order: an M tile is BM
 consecutive sorted pairs of one expert (each program finds its tile from ``expert_start``: no
-tile tables), and the gathers of x and grad_out rows are the GEMMs' own loads (no [S, H] copy of
-tokens). Pairs whose expert id is outside [0, E) sort last and belong to no tile. Launches take
+tile tables); the forward GEMMs and dSwiGLU gather x and grad_out rows in their own loads, the
+weight gradients read transient [S, H] copies in expert order (``moe_gather_kernel``). Pairs whose expert id is outside [0, E) sort last and belong to no tile. Launches take
 ``launch.launch``'s cached path (a forward's host time: a few allocations, five launches).
 
 - ``moe_up_kernel``: gate|up = x[tok] @ gate_up_proj[e].T, SwiGLU in the epilogue (h, and gate,
@@ -17,10 +17,9 @@ tokens). Pairs whose expert id is outside [0, E) sort last and belong to no tile
 - ``moe_dswiglu_kernel``: g = grad_out[tok] @ down_proj[e] with dSwiGLU in the epilogue:
   d_gate|d_up [S, 2I], h * w [S, I] and the routing-weight gradient's partial sums.
 - ``moe_wgrad_kernel``: varlen-K weight gradients, one program per (expert, output tile), K over
-  the expert's pairs; an expert with no pairs writes zeros.
+  the expert's sorted rows; an expert with no pairs writes zeros.
 
-Gathered rows are pointer loads; expert weights and the down projections' sorted rows take TMA
-where the plan and the memory allow (``Tile.TMA_A``, ``TMA_B``; bitwise the same). Interpreter:
+Gathered rows are pointer loads; expert weights and sorted rows take TMA where the plan and the memory allow (``Tile.TMA_A``, ``TMA_B``; bitwise the same). Interpreter:
 fp32 tiles (``tl_kernels._dot``). Expert offsets are int64 (E * 2I * H passes 2**31). docs/moe.md.
 """
 
@@ -147,19 +146,23 @@ def moe_up_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     E_PAD: tl.constexpr,
+    A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue. B_TMA: w_ptr is a TMA
-    descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past an expert's rows
-    feeds only masked columns; past H it reads zeros)."""
+    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue. A_TMA: x_ptr is a TMA
+    descriptor of x's rows already in expert order ([S, H], ``gather_rows``) with [BM, BK] boxes
+    (rows past the expert's feed only masked rows). B_TMA: w_ptr is one of gate_up_proj as
+    [E * 2I, H] with [BN, BK] boxes (a box past an expert's rows feeds only masked columns; past H
+    it reads zeros)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
-        tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
         ks = tl.arange(0, BK)
-        a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
+        if not A_TMA:
+            tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
+            a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
         if not B_TMA:
             w_base = w_ptr + e.to(tl.int64) * stride_we
             g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
@@ -169,7 +172,11 @@ def moe_up_kernel(
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, H, BK):
             k_ok = (k0 + ks) < H
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            if A_TMA:
+                a = x_ptr.load([row0, k0])
+            else:
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                a_ptrs += BK * stride_xh
             if B_TMA:
                 bg = tl.trans(w_ptr.load([w_row, k0]))
                 bu = tl.trans(w_ptr.load([w_row + I, k0]))
@@ -180,7 +187,6 @@ def moe_up_kernel(
                 u_ptrs += BK * stride_wh
             acc_g = _dot(a, bg, acc_g, UPCAST)
             acc_u = _dot(a, bu, acc_u, UPCAST)
-            a_ptrs += BK * stride_xh
         gate = _bf16(acc_g, UPCAST)
         up = _bf16(acc_u, UPCAST)
         act = _activated_gate(_f32(gate, UPCAST), UPCAST)
@@ -311,33 +317,38 @@ def moe_dswiglu_kernel(
     BK: tl.constexpr,
     EPI_SPLIT: tl.constexpr,
     E_PAD: tl.constexpr,
+    A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
-    EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). B_TMA:
-    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0)."""
+    EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). A_TMA:
+    go_ptr is a TMA descriptor of grad_out's rows in expert order ([S, H]) with [BM, BK] boxes.
+    B_TMA: w_ptr is one of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
         pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
-        tok = pair // TOP_K
         ks = tl.arange(0, BK)
-        a_ptrs = go_ptr + tok.to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
+        if not A_TMA:
+            a_ptrs = go_ptr + (pair // TOP_K).to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
         if not B_TMA:
             b_ptrs = w_ptr + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wh + cols[None, :] * stride_wi
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, H, BK):
             k_ok = (k0 + ks) < H
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            if A_TMA:
+                a = go_ptr.load([row0, k0])
+            else:
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                a_ptrs += BK * stride_gh
             if B_TMA:
                 b = w_ptr.load([e * H + k0, pid_n * BN])
             else:
                 b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
                 b_ptrs += BK * stride_wh
             acc = _dot(a, b, acc, UPCAST)
-            a_ptrs += BK * stride_gh
         w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
         if EPI_SPLIT == 1:
             part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST)
@@ -352,29 +363,19 @@ def moe_dswiglu_kernel(
 
 
 @triton.jit
-def _wgrad_tokens(order_ptr, r, end, TOP_K, GATHER: tl.constexpr):
-    """The token ids of sorted rows r (< end; 0 past it), when an operand is gathered."""
-    if GATHER:
-        return tl.load(order_ptr + r, mask=r < end, other=0) // TOP_K
-    return r
-
-
-@triton.jit
-def _wgrad_operand(ptr, r0, rows, r_ok, cols, col0, N, stride_t, stride_n, TMA: tl.constexpr, TAIL: tl.constexpr):
-    """One K step's operand tile [BK, BN] of the weight gradients: rows ``rows`` of ptr (sorted
-    rows, or token rows of a gathered operand) at columns ``cols``, rows past the expert's end
-    (``r_ok``) as zeros. TMA: ptr is a descriptor of the sorted [S, N] operand with [BK, BN] boxes
-    from row r0; only the tail step (TAIL) has rows past the end to zero (a select: the next
-    expert's rows or unwritten ones never reach the sum)."""
+def _wgrad_operand(ptr, r0, r_ok, cols, col0, N, stride_t, TMA: tl.constexpr, TAIL: tl.constexpr):
+    """One K step's operand tile [BK, BN] of the weight gradients: sorted rows r0 + [0, BK) of ptr
+    at columns ``cols``, rows past the expert's end (``r_ok``) as zeros. TMA: ptr is a descriptor
+    of the [S, N] operand with [BK, BN] boxes; only the tail step (TAIL) has rows past the end to
+    zero (a select: the next expert's rows, or unwritten ones, never reach the sum)."""
     if TMA:
         v = ptr.load([r0, col0])
         if TAIL:
             v = tl.where(r_ok[:, None], v, tl.zeros_like(v))
     else:
+        rows = r0 + tl.arange(0, r_ok.shape[0])
         v = tl.load(
-            ptr + rows.to(tl.int64)[:, None] * stride_t + cols[None, :] * stride_n,
-            mask=r_ok[:, None] & (cols < N)[None, :],
-            other=0.0,
+            ptr + rows.to(tl.int64)[:, None] * stride_t + cols[None, :], mask=r_ok[:, None] & (cols < N)[None, :], other=0.0
         )
     return v
 
@@ -383,23 +384,17 @@ def _wgrad_operand(ptr, r0, rows, r_ok, cols, col0, N, stride_t, stride_n, TMA: 
 def moe_wgrad_kernel(
     a_ptr,
     b_ptr,
-    order_ptr,
     expert_start_ptr,
     c_ptr,
     M,
     N,
-    TOP_K,
     num_m,
     num_n,
     stride_at,
-    stride_am,
     stride_bt,
-    stride_bn,
     stride_ce,
     stride_cm,
     stride_cn,
-    A_GATHER: tl.constexpr,
-    B_GATHER: tl.constexpr,
     A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
     BM: tl.constexpr,
@@ -408,11 +403,10 @@ def moe_wgrad_kernel(
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """c[e] = A_e^T @ B_e over the sorted pairs of expert e (varlen K). A row r is a[r] (sorted
-    order) or, when A_GATHER, a[order[r] // TOP_K] (a token's row); the same for B. A_TMA / B_TMA
-    (not with a gather): the operand is a TMA descriptor with [BK, BM] / [BK, BN] boxes. The K
-    loop runs the expert's full BK steps, then its last partial one (the same sums in the same
-    order as one masked loop)."""
+    """c[e] = a_e^T @ b_e over the sorted rows of expert e (varlen K): a [S, M], b [S, N], unit
+    column strides. A_TMA / B_TMA: the operand is a TMA descriptor with [BK, BM] / [BK, BN] boxes.
+    The K loop runs the expert's full BK steps, then its last partial one. An expert with no rows
+    writes zeros."""
     _pdl_start(PDL)
     pid = tl.program_id(0)
     per_e = num_m * num_n
@@ -426,22 +420,15 @@ def moe_wgrad_kernel(
     ks = tl.arange(0, BK)
     full = start + (end - start) // BK * BK
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    tok = _wgrad_tokens(order_ptr, start + ks, end, TOP_K, A_GATHER or B_GATHER)
     for r0 in range(start, full, BK):
-        r = r0 + ks
-        r_ok = r < end
-        # The next step's token ids now: a gather index loaded in the step that uses it would
-        # hold the pipeline to two stages (one copy in flight).
-        tok_next = _wgrad_tokens(order_ptr, r + BK, end, TOP_K, A_GATHER or B_GATHER)
-        a = _wgrad_operand(a_ptr, r0, tok if A_GATHER else r, r_ok, ms, pid_m * BM, M, stride_at, stride_am, A_TMA, False)
-        b = _wgrad_operand(b_ptr, r0, tok if B_GATHER else r, r_ok, ns, pid_n * BN, N, stride_bt, stride_bn, B_TMA, False)
+        r_ok = r0 + ks < end
+        a = _wgrad_operand(a_ptr, r0, r_ok, ms, pid_m * BM, M, stride_at, A_TMA, False)
+        b = _wgrad_operand(b_ptr, r0, r_ok, ns, pid_n * BN, N, stride_bt, B_TMA, False)
         acc = _dot(tl.trans(a), b, acc, UPCAST)
-        tok = tok_next
     if full < end:
-        r = full + ks
-        r_ok = r < end
-        a = _wgrad_operand(a_ptr, full, tok if A_GATHER else r, r_ok, ms, pid_m * BM, M, stride_at, stride_am, A_TMA, True)
-        b = _wgrad_operand(b_ptr, full, tok if B_GATHER else r, r_ok, ns, pid_n * BN, N, stride_bt, stride_bn, B_TMA, True)
+        r_ok = full + ks < end
+        a = _wgrad_operand(a_ptr, full, r_ok, ms, pid_m * BM, M, stride_at, A_TMA, True)
+        b = _wgrad_operand(b_ptr, full, r_ok, ns, pid_n * BN, N, stride_bt, B_TMA, True)
         acc = _dot(tl.trans(a), b, acc, UPCAST)
     c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
     tl.store(c, _bf16(acc, UPCAST), mask=(ms < M)[:, None] & (ns < N)[None, :])
@@ -538,9 +525,9 @@ class Tile:
     EPI_SPLIT: int = 1  # the dSwiGLU kernel's epilogue in this many column pieces (1 or 2)
     TMA_A: bool = True  # down projections (forward and grad_x): the sorted-row operand through TMA
     TMA_B: bool = True  # grouped kernels: the expert weights through TMA where the memory allows it
-    # weight gradients: the gathered operand first copied to expert order (``gather_rows``), so
-    # that both operands take TMA
-    GATHER_COPY: bool = False
+    # up projection and dSwiGLU: the gathered A (x's or grad_out's rows) first copied to expert
+    # order (``gather_rows``, a transient [S, H]) and read through TMA
+    COPY_A: bool = False
 
 
 @dataclass(frozen=True)
@@ -563,11 +550,10 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
     data/tuning/moe_tiles_sweep_20261204.log (H200, 8192 tokens). Qwen3-30B-A3B and Qwen3-235B-A22B:
     the dSwiGLU GEMM (epilogue-heavy) with 64-pair M tiles, 128 columns and its epilogue in two
     pieces (no register spills), grad_x and the wide down projection with BN 256, grad_x with
-    pointer loads (TMA was slower there), grad_down_proj with 128x256 tiles; experts averaging
-    fewer than 128 pairs get 64-pair M tiles everywhere. Few large experts (intermediate_size >=
-    8192, Mixtral-8x7B): four stages in the up projection, dSwiGLU with the M tiles of the others,
-    256 x 128 grad_gate_up_proj and 128 x 128 grad_down_proj tiles (36.8 -> ~34.9 ms
-    forward+backward in the sweep). Under the interpreter: blocks no larger than the sizes (powers
+    pointer loads (TMA was slower there); experts averaging fewer than 128 pairs get 64-pair M
+    tiles. Few large experts (intermediate_size >= 8192, Mixtral-8x7B): four stages in the up
+    projection, dSwiGLU with the M tiles of the others. The weight gradients (TMA on both
+    operands): 128 x 128 tiles at all three shapes (data/tuning/moe_wgrad_tma_20261204.log). Under the interpreter: blocks no larger than the sizes (powers
     of two, >= 16), one stage."""
     if INTERPRET:
         p = lambda n, cap: max(16, min(cap, _pow2(n)))  # noqa: E731
@@ -582,8 +568,8 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
         down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm),
         dswiglu=Tile(128, 64, 8, 4 if large or I <= 1024 else 3, bm if large else 64, EPI_SPLIT=2),
         grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False),
-        wgrad_gu=Tile(128, 64, 8, 3, 256 if large else 128),
-        wgrad_dp=Tile(128 if large else 256, 64, 8, 3, 128),
+        wgrad_gu=Tile(128, 64, 8, 3, 128),
+        wgrad_dp=Tile(128, 64, 8, 3, 128),
     )
 
 
@@ -680,16 +666,26 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
     )
 
 
+def _sorted_copy(src, r: Routing, k: int, tile: Tile):
+    """With ``tile.COPY_A``: a TMA descriptor ([BM, BK] boxes) of src's token rows copied to expert
+    order (``gather_rows``; the copy lives as long as the descriptor), or None where TMA cannot
+    take its rows."""
+    if not tile.COPY_A or (src.shape[1] * src.element_size()) % 16:
+        return None
+    return _tma(gather_rows(src, r, k), [tile.BM, tile.BK], True)
+
+
 def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
     H, I = x.shape[1], gate.shape[1]
     w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
+    a = _sorted_copy(x, r, k, tile)
     _grouped(
         moe_up_kernel,
         r,
         I,
         tile,
-        x,
+        a or x,
         w or gate_up_proj,
         r.order,
         r.expert_start,
@@ -701,6 +697,7 @@ def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
         r.E,
         k,
         strides=(x.stride(0), x.stride(1), *gate_up_proj.stride()),
+        A_TMA=a is not None,
         B_TMA=w is not None,
     )
 
@@ -738,12 +735,13 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
     id; rows of pairs outside every tile are not written)."""
     H, I = grad_out.shape[1], gate.shape[1]
     w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
+    a = _sorted_copy(grad_out, r, k, tile)
     _grouped(
         moe_dswiglu_kernel,
         r,
         I,
         tile,
-        grad_out,
+        a or grad_out,
         w or down_proj,
         r.order,
         r.expert_start,
@@ -759,17 +757,19 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
         k,
         strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
         EPI_SPLIT=tile.EPI_SPLIT,
+        A_TMA=a is not None,
         B_TMA=w is not None,
     )
 
 
-def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, tile: Tile):
-    """c[e] = A_e^T @ B_e over each expert's sorted pairs (``moe_wgrad_kernel``); an operand that
-    is not gathered takes TMA when ``tile.TMA_A`` / ``TMA_B`` and its memory allow."""
+def launch_wgrad(c, a, b, r: Routing, tile: Tile):
+    """c[e] = a_e^T @ b_e over each expert's sorted rows of a [S, M] and b [S, N] (contiguous;
+    ``moe_wgrad_kernel``); each operand takes TMA where ``tile.TMA_A`` / ``TMA_B`` and its memory
+    allow."""
     E, M, N = c.shape
     num_m, num_n = cdiv(M, tile.BM), cdiv(N, tile.BN)
-    a_desc = _tma(a, [tile.BK, tile.BM], tile.TMA_A and not a_gather)
-    b_desc = _tma(b, [tile.BK, tile.BN], tile.TMA_B and not b_gather)
+    a_desc = _tma(a, [tile.BK, tile.BM], tile.TMA_A)
+    b_desc = _tma(b, [tile.BK, tile.BN], tile.TMA_B)
     _launch(
         moe_wgrad_kernel,
         (E * num_m * num_n,),
@@ -777,19 +777,15 @@ def launch_wgrad(c, a, b, r: Routing, k: int, a_gather: bool, b_gather: bool, ti
         tile.num_stages,
         a_desc or a,
         b_desc or b,
-        r.order,
         r.expert_start,
         c,
         M,
         N,
-        k,
         num_m,
         num_n,
-        *a.stride(),
-        *b.stride(),
+        a.stride(0),
+        b.stride(0),
         *c.stride(),
-        A_GATHER=a_gather,
-        B_GATHER=b_gather,
         A_TMA=a_desc is not None,
         B_TMA=b_desc is not None,
         BM=tile.BM,
@@ -913,24 +909,24 @@ def moe_backward(
         launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu)
     # Each buffer is freed after its last reader, in the order that keeps the fewest alive beside
     # the weight gradients (which are outputs): grad_x's pieces and their sum first (dx_pairs
-    # freed), then grad_gate_up_proj (dgu freed), then grad_down_proj (hw freed). The peak is the
-    # saved gate/up, hw and the two weight gradients, or gate/up, dgu, hw and grad_gate_up_proj.
+    # freed), then grad_gate_up_proj (dgu and the x copy freed), then grad_down_proj. The peak is
+    # the saved gate/up, dgu, hw, an [S, H] copy and grad_gate_up_proj.
     dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
     if S and needs[0]:
         launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
     grad_x, grad_w = combine(dx_pairs, top_k_index, E, H, x.dtype, part if needs[1] else None)
     del dx_pairs, part
-    # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok].
+    # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok], x's rows first copied to expert order:
+    # both operands through TMA (1.25 -> 0.89 + 0.09 ms for the copy at Qwen3-30B-A3B, 8192
+    # tokens, data/tuning/moe_wgrad_tma_20261204.log).
     grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
     if needs[2]:
-        copy = plan.wgrad_gu.GATHER_COPY
-        launch_wgrad(grad_gu, dgu, gather_rows(x, r, k) if copy else x, r, k, False, not copy, plan.wgrad_gu)
+        launch_wgrad(grad_gu, dgu, gather_rows(x, r, k), r, plan.wgrad_gu)
     del dgu
-    # grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw.
+    # grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw, likewise.
     grad_dp = torch.empty_like(down_proj) if needs[3] else None
     if needs[3]:
-        copy = plan.wgrad_dp.GATHER_COPY
-        launch_wgrad(grad_dp, gather_rows(grad_out, r, k) if copy else grad_out, hw, r, k, not copy, False, plan.wgrad_dp)
+        launch_wgrad(grad_dp, gather_rows(grad_out, r, k), hw, r, plan.wgrad_dp)
     del hw
     if grad_w is not None and grad_w.dtype != top_k_weights.dtype:
         grad_w = grad_w.to(top_k_weights.dtype)
