@@ -91,17 +91,9 @@ def main() -> None:
             variants = [{}]
             if fn is M.moe_dswiglu_kernel:
                 extra = dict(extra, EPI_SPLIT=t.EPI_SPLIT)
-                variants = [
-                    dict(A_TMA=False, B_TMA=False),
-                    dict(A_TMA=False, B_TMA=True, descriptors={"w_ptr": (t.BK, t.BN)}),
-                    dict(A_TMA=True, B_TMA=True, descriptors={"go_ptr": (t.BM, t.BK), "w_ptr": (t.BK, t.BN)}),
-                ]
+                variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BK, t.BN)})]
             if fn is M.moe_up_kernel:
-                variants = [
-                    dict(A_TMA=False, B_TMA=False),
-                    dict(A_TMA=False, B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)}),
-                    dict(A_TMA=True, B_TMA=True, descriptors={"x_ptr": (t.BM, t.BK), "w_ptr": (t.BN, t.BK)}),
-                ]
+                variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)})]
             if fn is M.moe_down_kernel:
                 box = (t.BN, t.BK) if extra["B_TRANS"] else (t.BK, t.BN)
                 variants = [
@@ -137,7 +129,6 @@ def main() -> None:
                     BK=64,
                     EPI_SPLIT=2,
                     E_PAD=e_pad,
-                    A_TMA=False,
                     B_TMA=True,
                     descriptors={"w_ptr": (64, 128)},
                 ),

@@ -6,7 +6,7 @@ flushed, the copy included) the up projection gains 0-7% at Qwen3-235B-A22B, Mix
 DeepSeek-V3 and loses 5% at Qwen3-30B-A3B; dSwiGLU loses 2-10% except at Mixtral (-6%). In the
 forward+backward (same process) the copies made every shape slower or level (Qwen3-30B-A3B 4.63
 -> 4.89 ms with the up projection's copy). The library keeps the gathers in these two kernels'
-loads; this probe runs against commit COMMIT, which has the COPY_A switch.
+loads; this probe runs against commit 3f51108, which has the COPY_A switch.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_copy_a.py [shape ...] (moe_probe.SHAPES names)
 """
 

@@ -352,16 +352,12 @@ def test_tma_and_pointer_loads_agree(device, sizes):
     ptr = dataclasses.replace(
         plan, **{f.name: dataclasses.replace(getattr(plan, f.name), TMA_A=False, TMA_B=False) for f in dataclasses.fields(plan)}
     )
-    # The up projection's and dSwiGLU's gathered A read from an expert-order copy through TMA.
-    copied = dataclasses.replace(
-        plan, up=dataclasses.replace(plan.up, COPY_A=True), dswiglu=dataclasses.replace(plan.dswiglu, COPY_A=True)
-    )
     got = []
-    for p in (plan, ptr, copied):
+    for p in (plan, ptr):
         out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp, plan=p)
         got.append((out, *kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan=p, routing=routing)))
-    for name, a, b, c in zip(NAMES, *got):
-        assert torch.equal(a, b) and torch.equal(a, c), f"seed={seed}: {name}"
+    for name, a, b in zip(NAMES, *got):
+        assert torch.equal(a, b), f"seed={seed}: {name}"
     assert_matches(got[0], run(inp, "reference"), oracle(inp), seed)
 
 

@@ -146,23 +146,19 @@ def moe_up_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     E_PAD: tl.constexpr,
-    A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue. A_TMA: x_ptr is a TMA
-    descriptor of x's rows already in expert order ([S, H], ``gather_rows``) with [BM, BK] boxes
-    (rows past the expert's feed only masked rows). B_TMA: w_ptr is one of gate_up_proj as
-    [E * 2I, H] with [BN, BK] boxes (a box past an expert's rows feeds only masked columns; past H
-    it reads zeros)."""
+    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue. B_TMA: w_ptr is a TMA
+    descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past an expert's rows
+    feeds only masked columns; past H it reads zeros)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
+        tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
         ks = tl.arange(0, BK)
-        if not A_TMA:
-            tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
-            a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
+        a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
         if not B_TMA:
             w_base = w_ptr + e.to(tl.int64) * stride_we
             g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
@@ -172,11 +168,8 @@ def moe_up_kernel(
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, H, BK):
             k_ok = (k0 + ks) < H
-            if A_TMA:
-                a = x_ptr.load([row0, k0])
-            else:
-                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                a_ptrs += BK * stride_xh
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            a_ptrs += BK * stride_xh
             if B_TMA:
                 bg = tl.trans(w_ptr.load([w_row, k0]))
                 bu = tl.trans(w_ptr.load([w_row + I, k0]))
@@ -317,32 +310,26 @@ def moe_dswiglu_kernel(
     BK: tl.constexpr,
     EPI_SPLIT: tl.constexpr,
     E_PAD: tl.constexpr,
-    A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
-    EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). A_TMA:
-    go_ptr is a TMA descriptor of grad_out's rows in expert order ([S, H]) with [BM, BK] boxes.
-    B_TMA: w_ptr is one of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0)."""
+    EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). B_TMA:
+    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
         pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
         ks = tl.arange(0, BK)
-        if not A_TMA:
-            a_ptrs = go_ptr + (pair // TOP_K).to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
+        a_ptrs = go_ptr + (pair // TOP_K).to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
         if not B_TMA:
             b_ptrs = w_ptr + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wh + cols[None, :] * stride_wi
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, H, BK):
             k_ok = (k0 + ks) < H
-            if A_TMA:
-                a = go_ptr.load([row0, k0])
-            else:
-                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                a_ptrs += BK * stride_gh
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            a_ptrs += BK * stride_gh
             if B_TMA:
                 b = w_ptr.load([e * H + k0, pid_n * BN])
             else:
@@ -525,9 +512,6 @@ class Tile:
     EPI_SPLIT: int = 1  # the dSwiGLU kernel's epilogue in this many column pieces (1 or 2)
     TMA_A: bool = True  # down projections (forward and grad_x): the sorted-row operand through TMA
     TMA_B: bool = True  # grouped kernels: the expert weights through TMA where the memory allows it
-    # up projection and dSwiGLU: the gathered A (x's or grad_out's rows) first copied to expert
-    # order (``gather_rows``, a transient [S, H]) and read through TMA
-    COPY_A: bool = False
 
 
 @dataclass(frozen=True)
@@ -666,26 +650,16 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
     )
 
 
-def _sorted_copy(src, r: Routing, k: int, tile: Tile):
-    """With ``tile.COPY_A``: a TMA descriptor ([BM, BK] boxes) of src's token rows copied to expert
-    order (``gather_rows``; the copy lives as long as the descriptor), or None where TMA cannot
-    take its rows."""
-    if not tile.COPY_A or (src.shape[1] * src.element_size()) % 16:
-        return None
-    return _tma(gather_rows(src, r, k), [tile.BM, tile.BK], True)
-
-
 def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
     H, I = x.shape[1], gate.shape[1]
     w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
-    a = _sorted_copy(x, r, k, tile)
     _grouped(
         moe_up_kernel,
         r,
         I,
         tile,
-        a or x,
+        x,
         w or gate_up_proj,
         r.order,
         r.expert_start,
@@ -697,7 +671,6 @@ def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
         r.E,
         k,
         strides=(x.stride(0), x.stride(1), *gate_up_proj.stride()),
-        A_TMA=a is not None,
         B_TMA=w is not None,
     )
 
@@ -735,13 +708,12 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
     id; rows of pairs outside every tile are not written)."""
     H, I = grad_out.shape[1], gate.shape[1]
     w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
-    a = _sorted_copy(grad_out, r, k, tile)
     _grouped(
         moe_dswiglu_kernel,
         r,
         I,
         tile,
-        a or grad_out,
+        grad_out,
         w or down_proj,
         r.order,
         r.expert_start,
@@ -757,7 +729,6 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
         k,
         strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
         EPI_SPLIT=tile.EPI_SPLIT,
-        A_TMA=a is not None,
         B_TMA=w is not None,
     )
 
