@@ -214,6 +214,7 @@ def latency_table(rows: pd.DataFrame, hardware: str = "H200-SXM") -> pd.DataFram
         "ms",
         "p20_ms",
         "p80_ms",
+        "reps",
         "tflops",
         "sol_ms",
         "sol_fraction",
