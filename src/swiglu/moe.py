@@ -213,7 +213,9 @@ def _resolve(impl: str, device: torch.device, dtype: torch.dtype) -> str:
     return impl
 
 
-def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: str = "auto") -> torch.Tensor:
+def swiglu_moe(
+    x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: str = "auto", reuse_saved_buffers: bool = False
+) -> torch.Tensor:
     """The experts of a mixture-of-experts SwiGLU MLP: ``out[t] = sum_j top_k_weights[t, j] *
     down_proj[e] @ (silu(gate) * up)`` with ``e = top_k_index[t, j]`` and ``gate, up =
     (gate_up_proj[e] @ x[t]).chunk(2)``.
@@ -227,6 +229,8 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
         down_proj: [E, H, I]; x's dtype (under ``torch.autocast`` the three are cast to its dtype).
         impl: ``"auto"`` (Triton for bf16 CUDA tensors on an sm_90 GPU, the reference otherwise),
             ``"reference"`` (transformers' eager loop over experts) or ``"triton"``.
+        reuse_saved_buffers: the eager Triton backward writes d_gate/d_up over the saved gate/up
+            ([S, I] each) instead of a fresh [S, 2I]: a second backward through the graph raises.
 
     Returns:
         out, x's shape and dtype, freshly allocated. Differentiable in x, top_k_weights,
@@ -234,7 +238,8 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
         expert that receives no tokens gets zero weight gradients.
 
     Raises:
-        TypeError / ValueError naming the argument (``validate_moe_inputs``). An id outside
+        TypeError / ValueError naming the argument (``validate_moe_inputs``); RuntimeError at a
+        second backward with ``reuse_saved_buffers``. An id outside
         [0, E) is a ValueError on CPU tensors; on CUDA (no synchronization to look) such a pair is
         skipped (zero contribution and routing-weight gradient), never read or written out of
         bounds. More: docs/moe.md.
@@ -244,6 +249,8 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
         x, gate_up_proj, down_proj = (
             t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CASTS else t for t in (x, gate_up_proj, down_proj)
         )
+    if reuse_saved_buffers is not True and reuse_saved_buffers is not False:
+        raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
     impl = moe_impl(impl, x)
     x2 = x.reshape(T, H)
@@ -264,7 +271,7 @@ def swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: 
     ):
         out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj)[0]
     else:
-        out = _MoEFunction.apply(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj)
+        out = _MoEFunction.apply(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, reuse_saved_buffers)
     return out.reshape(x.shape)
 
 
@@ -332,14 +339,15 @@ def moe_backward(
     return tuple(g if need else x.new_empty(0) for g, need in zip(grads, needs))
 
 
-def _run_backward(grad_out, saved, needs):
-    """The Triton backward from the forward's saved tensors (inputs, gate, up, order, expert_start)."""
+def _run_backward(grad_out, saved, needs, reuse: bool = False):
+    """The Triton backward from the forward's saved tensors (inputs, gate, up, order, expert_start);
+    ``reuse``: d_gate/d_up written over gate/up."""
     from .kernels.moe import Routing
     from .kernels.moe import moe_backward as run
 
     x, idx, w, gu, dp, gate, up, order, expert_start = saved
     routing = Routing(idx, gu.shape[0], saved=(order, expert_start))
-    return run(grad_out.contiguous(), x, idx, w, gu, dp, gate, up, routing=routing, needs=needs)
+    return run(grad_out.contiguous(), x, idx, w, gu, dp, gate, up, routing=routing, needs=needs, reuse=reuse)
 
 
 @moe_backward.register_fake
@@ -356,20 +364,31 @@ def _moe_setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _gradients(ctx, grad_out, direct: bool):
-    """Both carriers' backward: the gradients autograd wants, by the kernels (``direct``) or by the
-    backward op."""
+def _gradients(ctx, grad_out, direct: bool, reuse: bool = False):
+    """Both carriers' backward: the gradients autograd wants, by the kernels (``direct``; with
+    ``reuse``, d_gate/d_up over the saved gate/up) or by the backward op."""
     if grad_out is None:
         return None, None, None, None, None
     needs = ctx.needs_input_grad
     wanted = (needs[0], needs[2], needs[3], needs[4])
     if not any(wanted):
         return None, None, None, None, None
+    if reuse:
+        if getattr(ctx, "swiglu_reused", False):
+            raise RuntimeError(_SECOND_BACKWARD)
+        ctx.swiglu_reused = True
     if direct:
-        gx, gw, ggu, gdp = _run_backward(grad_out, ctx.saved_tensors, wanted)
+        gx, gw, ggu, gdp = _run_backward(grad_out, ctx.saved_tensors, wanted, reuse)
     else:
         gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted)
     return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None, gdp if needs[4] else None)
+
+
+_SECOND_BACKWARD = (
+    "swiglu_moe: a second backward through a graph made with reuse_saved_buffers=True: the first one wrote "
+    "its gradients over the saved gate/up projections. To backpropagate a graph more than once (also split "
+    "backward passes), use reuse_saved_buffers=False (the default) and retain_graph=True"
+)
 
 
 def _moe_op_backward(ctx, grad_out, *unused):
@@ -385,10 +404,11 @@ class _MoEFunction(torch.autograd.Function):
     small token counts). torch.compile and dispatch modes take the custom ops."""
 
     @staticmethod
-    def forward(ctx, x, top_k_index, top_k_weights, gate_up_proj, down_proj):
+    def forward(ctx, x, top_k_index, top_k_weights, gate_up_proj, down_proj, reuse_saved_buffers=False):
         out, *kept = _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
         ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept)
         ctx.set_materialize_grads(False)
+        ctx.reuse = reuse_saved_buffers
         return out
 
     @staticmethod
@@ -396,7 +416,8 @@ class _MoEFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         # Compiled autograd traces this backward (the op is opaque to it); dispatch modes
         # (FlopCounterMode...) see the op where the launches are invisible to them.
-        return _gradients(ctx, grad_out, direct=not (torch.compiler.is_compiling() or dispatch_mode_active()))
+        direct = not (torch.compiler.is_compiling() or dispatch_mode_active())
+        return (*_gradients(ctx, grad_out, direct, ctx.reuse and direct), None)
 
 
 def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwargs) -> int:

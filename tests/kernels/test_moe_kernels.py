@@ -146,9 +146,9 @@ def _intact(guard):
 
 
 class _Guarded:
-    """A kernel whose outputs are passed as views of NaN-filled (integers: lowest-value-filled)
-    buffers with PAD guard elements on each side, copied back after the launch; the guards must
-    be unchanged."""
+    """A kernel whose outputs are passed as views (with their strides) of NaN-filled (integers:
+    lowest-value-filled) buffers with PAD guard elements on each side, copied back after the
+    launch; the guards must be unchanged."""
 
     def __init__(self, kernel, outputs, launches):
         self.kernel, self.outputs, self.launches = kernel, outputs, launches
@@ -163,8 +163,10 @@ class _Guarded:
                 t = args[i]
                 if t is None:  # an output this launch does not write (e.g. the forward's gw)
                     continue
-                buf = torch.full((t.numel() + 2 * PAD,), _fill(t.dtype), dtype=t.dtype, device=t.device)
-                view = buf[PAD : PAD + t.numel()].view(t.shape)
+                # The span of t's elements (d_gate, d_up: the halves of a [S, 2I] buffer, rows of 2I).
+                span = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1 if t.numel() else 0
+                buf = torch.full((span + 2 * PAD,), _fill(t.dtype), dtype=t.dtype, device=t.device)
+                view = buf[PAD : PAD + span].as_strided(t.shape, t.stride())
                 args[i] = view
                 copies.append((name, t, view, buf))
             self.kernel[grid](*args, **kwargs)
@@ -415,3 +417,69 @@ def test_checker_rejects_one_pair_output_scaled(device, monkeypatch):
     assert bound_failure(f"out[{t}]", bad[t], ref[t], o[t]) is not None, (
         f"seed={seed}: a 0.1% error in one pair's output passed the check"
     )
+
+
+# --------------------------------------------------------------------------- reuse_saved_buffers
+
+
+@pytest.mark.parametrize("sizes", [(13, 64, 96, 4, 2), (7, 48, 40, 3, 2), (40, 32, 48, 3, 2)])
+def test_reuse_saved_buffers_gives_the_same_gradients(device, sizes):
+    """``reuse_saved_buffers=True`` (d_gate/d_up written over the saved gate/up; grad_x's A in two
+    pieces, grad_gate_up_proj in two launches): bitwise the default's output and gradients, with
+    every gradient and with x frozen; I = 40 has grad_x's K step straddling gate and up."""
+    seed = fresh_seed()
+    inp = make_moe(seed, *sizes, kind="skewed", device=device)
+    default = run(inp, "triton")
+    reused = run(inp, "triton", reuse_saved_buffers=True)
+    for name, a, b in zip(NAMES, default, reused):
+        assert torch.equal(a, b), f"seed={seed}: {name}"
+    x, idx, w, gu, dp, go = inp.flat()
+    leaves = [t.clone().requires_grad_(True) for t in (w, gu, dp)]
+    out = swiglu.swiglu_moe(x, idx, *leaves, impl="triton", reuse_saved_buffers=True)
+    out.backward(go)
+    for name, g, want in zip(NAMES[2:], (t.grad for t in leaves), default[2:]):
+        assert torch.equal(g.reshape(want.shape), want), f"seed={seed}: {name} with x frozen"
+
+
+def test_reuse_saved_buffers_refuses_a_second_backward(device):
+    """The first backward wrote over the saved gate/up: a second one through the same graph is a
+    RuntimeError naming the option, never gradients from garbage; a non-bool is a TypeError."""
+    inp = make_moe(fresh_seed(), 9, 32, 64, 4, 2, device=device)
+    x, idx, w, gu, dp, go = inp.flat()
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, gu, dp)]
+    out = swiglu.swiglu_moe(leaves[0], idx, *leaves[1:], impl="triton", reuse_saved_buffers=True)
+    torch.autograd.grad(out, leaves, go, retain_graph=True)
+    with pytest.raises(RuntimeError, match="reuse_saved_buffers"):
+        torch.autograd.grad(out, leaves, go)
+    with pytest.raises(TypeError, match="reuse_saved_buffers"):
+        swiglu.swiglu_moe(x, idx, w, gu, dp, impl="triton", reuse_saved_buffers=1)
+
+
+def test_reuse_saved_buffers_drops_the_d_gate_up_buffer(device, monkeypatch):
+    """With ``reuse``, the backward allocates no [S, 2I] buffer (its own buffers' peak is the
+    default's less up to d_gate|d_up; many pairs, small weights: that buffer sets the peak) and
+    releases the saved gate's and up's memory after their last reader."""
+    T, H, I, E, k = 64, 16, 64, 2, 2
+    inp = make_moe(fresh_seed(), T, H, I, E, k, device=device)
+    x, idx, w, gu, dp, go = inp.flat()
+    peaks = []
+    for reuse in (False, True):
+        out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp)
+        live, peak = {}, [0]
+        empty, empty_like = torch.empty, torch.empty_like
+
+        def track(t, live=live, peak=peak):
+            key = id(t)
+            live[key] = t.untyped_storage().nbytes()
+            peak[0] = max(peak[0], sum(live.values()))
+            weakref.finalize(t, live.pop, key, None)
+            return t
+
+        monkeypatch.setattr(torch, "empty", lambda *a, **kw: track(empty(*a, **kw)))
+        monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: track(empty_like(*a, **kw)))
+        kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, routing=routing, reuse=reuse)
+        monkeypatch.undo()
+        peaks.append(peak[0])
+        # With reuse, gate's and up's memory is released after their last reader.
+        assert (gate.untyped_storage().nbytes() == 0) == reuse and (up.untyped_storage().nbytes() == 0) == reuse
+    assert peaks[1] < peaks[0] and peaks[0] - peaks[1] <= T * k * 2 * I * 2, peaks

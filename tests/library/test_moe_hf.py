@@ -479,3 +479,18 @@ def test_register_experts_errors(monkeypatch):
         swiglu_hf.register_experts()
     with pytest.raises(ValueError, match="already maps 'swiglu'"):
         swiglu_hf.apply(build("mixtral", num_hidden_layers=1))
+
+
+def test_apply_passes_reuse_saved_buffers_to_the_experts(moe_calls):
+    """``apply(model, reuse_saved_buffers=True)`` reaches ``swiglu_moe`` from the experts modules
+    (False by default and after ``unpatch``)."""
+    model = build("qwen2_moe")
+    swiglu_hf.apply(model, impl="reference")
+    model(batch())
+    assert moe_calls and all(c["reuse_saved_buffers"] is False for c in moe_calls)
+    moe_calls.clear()
+    swiglu_hf.apply(model, impl="reference", reuse_saved_buffers=True)
+    model(batch())
+    assert moe_calls and all(c["reuse_saved_buffers"] is True for c in moe_calls)
+    swiglu_hf.unpatch(model)
+    assert "swiglu_reuse_saved_buffers" not in model.model.layers[0].mlp.experts.__dict__

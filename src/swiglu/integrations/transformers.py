@@ -407,7 +407,8 @@ def swiglu_experts_forward(
         gate_up, down = self.gate_up_proj, self.down_proj
         reason = _call_reason(self, hidden_states, top_k_index, top_k_weights, gate_up, down)
         if reason is None:
-            return _swiglu_moe(hidden_states, top_k_index, top_k_weights, gate_up, down, impl=impl)
+            reuse = self.__dict__.get("swiglu_reuse_saved_buffers", False)
+            return _swiglu_moe(hidden_states, top_k_index, top_k_weights, gate_up, down, impl=impl, reuse_saved_buffers=reuse)
         warnings.warn(f"swiglu: {type(self).__qualname__} runs its {fallback!r} experts implementation: {reason}", stacklevel=2)
     return _fallback_forward(self, fallback)(self, hidden_states, top_k_index, top_k_weights)
 
@@ -542,8 +543,8 @@ def apply(
         model: any ``nn.Module`` (a transformers ``PreTrainedModel``, or a module of one).
         impl, save_activated_gate, reuse_saved_buffers: as ``swiglu.swiglu_mlp`` (``"auto"``: Triton
             for bf16 on CUDA sm_90+, the reference otherwise); ``backward_impl``: impl's former name.
-            ``impl`` is also the experts modules' (``swiglu.swiglu_moe``'s ``impl``); the other two
-            concern the dense MLPs only.
+            ``impl`` and ``reuse_saved_buffers`` are also the experts modules' (``swiglu.swiglu_moe``'s);
+            ``save_activated_gate`` concerns the dense MLPs only.
 
     Returns: the qualified names of the patched modules (e.g. ``"model.layers.0.mlp"``,
     ``"model.layers.0.mlp.experts"``), in ``named_modules`` order; modules patched before are
@@ -568,6 +569,7 @@ def apply(
     patched, skipped, experts = [], {}, []
     for name, module in model.named_modules():
         if _is_experts(module):
+            module.__dict__["swiglu_reuse_saved_buffers"] = reuse_saved_buffers
             experts.append((name, module))
             patched.append(name)  # kept below when the op serves it
             continue
@@ -608,6 +610,7 @@ def unpatch(model: nn.Module) -> list[str]:
             module.__class__ = type(module)._swiglu_base
             names.append(name)
         elif name in experts:
+            module.__dict__.pop("swiglu_reuse_saved_buffers", None)
             names.append(name)
     return names
 

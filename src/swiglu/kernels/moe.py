@@ -192,8 +192,50 @@ def moe_up_kernel(
 
 
 @triton.jit
+def _pairs_k_range(
+    acc,
+    a_desc,
+    a_col0,
+    k_lo,
+    k_hi,
+    w_ptr,
+    stride_we,
+    e,
+    row0,
+    pid_n,
+    K,
+    ks,
+    cols,
+    col_ok,
+    stride_w0,
+    stride_w1,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    B_TMA: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """acc += A[:, k_lo:k_hi] @ B_e[k_lo:k_hi] for B = w[e] ([K, N] stored) with A's columns
+    from the TMA descriptor a_desc shifted by a_col0 (A_SPLIT: a past its end reads zeros, so a
+    step may straddle k_hi); B's rows found from k0 (the two ranges need not start on BK)."""
+    for k0 in range(k_lo, k_hi, BK):
+        a = a_desc.load([row0, k0 - a_col0])
+        if B_TMA:
+            b = w_ptr.load([e * K + k0, pid_n * BN])
+        else:
+            k = k0 + ks
+            b = tl.load(
+                w_ptr + e.to(tl.int64) * stride_we + k.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1,
+                mask=(k < K)[:, None] & col_ok[None, :],
+                other=0.0,
+            )
+        acc = _dot(a, b, acc, UPCAST)
+    return acc
+
+
+@triton.jit
 def moe_down_kernel(
     a_ptr,
+    a2_ptr,
     w_ptr,
     order_ptr,
     expert_start_ptr,
@@ -201,8 +243,10 @@ def moe_down_kernel(
     y_ptr,
     N,
     K,
+    K1,
     E,
     num_n,
+    stride_am,
     stride_we,
     stride_w0,
     stride_w1,
@@ -212,14 +256,16 @@ def moe_down_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     E_PAD: tl.constexpr,
+    A_SPLIT: tl.constexpr,
     A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y[pair] = a[row] @ B_e (* routing weight) for the sorted rows of one tile, written to the
-    pair's row of y [S, N]. a: [S, K] contiguous, sorted order. B_e = w[e].T ([N, K] stored,
-    B_TRANS) or w[e] ([K, N] stored). A_TMA: a_ptr is a TMA descriptor of a with [BM, BK]
+    pair's row of y [S, N]. a: [S, K] sorted order, rows of stride_am; A_SPLIT: its columns
+    [0, K1) in a and [K1, K) in a2 (grad_x from d_gate and d_up written over the saved gate and
+    up; not with B_TRANS), two TMA loops with A_TMA (a2_ptr a descriptor too). B_e = w[e].T ([N, K] stored, B_TRANS) or w[e] ([K, N] stored). A_TMA: a_ptr is a TMA descriptor of a with [BM, BK]
     boxes (rows past the expert's feed only masked rows); B_TMA: w_ptr is one of w as [E * rows,
     cols] with [BN, BK] boxes (B_TRANS; past an expert's rows: masked columns) or [BK, BN] (the
     launcher checks K % BK == 0: a box never reaches the next expert's rows)."""
@@ -227,8 +273,9 @@ def moe_down_kernel(
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, N, num_n, BM, BN, E_PAD)
     if e < E:
         ks = tl.arange(0, BK)
+        a_rows = rows.to(tl.int64)[:, None] * stride_am
         if not A_TMA:
-            a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :]
+            a_ptrs = a_ptr + a_rows + ks[None, :]
         if not B_TMA:
             w_base = w_ptr + e.to(tl.int64) * stride_we
             if B_TRANS:
@@ -238,10 +285,62 @@ def moe_down_kernel(
                 b_ptrs = w_base + ks.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1
                 b_step = BK * stride_w0
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, K, BK):
+        if A_SPLIT and A_TMA:  # two pipelined loops, one per A buffer
+            acc = _pairs_k_range(
+                acc,
+                a_ptr,
+                0,
+                0,
+                K1,
+                w_ptr,
+                stride_we,
+                e,
+                row0,
+                pid_n,
+                K,
+                ks,
+                cols,
+                col_ok,
+                stride_w0,
+                stride_w1,
+                BN,
+                BK,
+                B_TMA,
+                UPCAST,
+            )
+            acc = _pairs_k_range(
+                acc,
+                a2_ptr,
+                K1,
+                K1,
+                K,
+                w_ptr,
+                stride_we,
+                e,
+                row0,
+                pid_n,
+                K,
+                ks,
+                cols,
+                col_ok,
+                stride_w0,
+                stride_w1,
+                BN,
+                BK,
+                B_TMA,
+                UPCAST,
+            )
+        for k0 in range(0, 0 if A_SPLIT and A_TMA else K, BK):
             k_ok = (k0 + ks) < K
             if A_TMA:
                 a = a_ptr.load([row0, k0])
+            elif A_SPLIT:
+                kk = (k0 + ks)[None, :]
+                first = kk < K1
+                a1 = tl.load(a_ptrs, mask=row_ok[:, None] & first, other=0.0)
+                a2 = tl.load(a2_ptr + a_rows + (kk - K1), mask=row_ok[:, None] & ~first & k_ok[None, :], other=0.0)
+                a = tl.where(first, a1, a2)
+                a_ptrs += BK
             else:
                 a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
                 a_ptrs += BK
@@ -263,9 +362,12 @@ def moe_down_kernel(
 
 
 @triton.jit
-def _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr):
+def _dswiglu_piece(
+    acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr, IN_PLACE: tl.constexpr
+):
     """The SwiGLU backward on g = acc [BM, n] at these columns of [S, I]: writes d_gate, d_up
-    (dgu [S, 2I]) and h * w; returns each row's sum of g * h (its routing-weight gradient's part)."""
+    (dgu [S, 2I]; IN_PLACE: over gate and up, each element after its own read) and h * w;
+    returns each row's sum of g * h (its routing-weight gradient's part)."""
     ok = row_ok[:, None] & (cols < I)[None, :]
     src = rows.to(tl.int64)[:, None] * I + cols[None, :]
     gate = _f32(tl.load(gate_ptr + src, mask=ok, other=0.0), UPCAST)
@@ -276,9 +378,13 @@ def _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr
     s = tl.sigmoid(gate)
     d_up = g * act
     d_gate = g * up * s * (1.0 + gate * (1.0 - s))
-    dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
-    tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
-    tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
+    if IN_PLACE:
+        tl.store(gate_ptr + src, _bf16(d_gate, UPCAST), mask=ok)
+        tl.store(up_ptr + src, _bf16(d_up, UPCAST), mask=ok)
+    else:
+        dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
+        tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
+        tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
     tl.store(hw_ptr + src, _bf16(h * w, UPCAST), mask=ok)
     return tl.sum(acc * h, axis=1)
 
@@ -311,12 +417,14 @@ def moe_dswiglu_kernel(
     EPI_SPLIT: tl.constexpr,
     E_PAD: tl.constexpr,
     B_TMA: tl.constexpr,
+    IN_PLACE: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
     EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). B_TMA:
-    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0)."""
+    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0).
+    IN_PLACE: d_gate, d_up written over gate and up (dgu_ptr unused)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
@@ -338,13 +446,13 @@ def moe_dswiglu_kernel(
             acc = _dot(a, b, acc, UPCAST)
         w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
         if EPI_SPLIT == 1:
-            part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST)
+            part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE)
         else:
             a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
             c0 = pid_n * BN + tl.arange(0, BN // 2)
-            part = _dswiglu_piece(a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST) + _dswiglu_piece(
-                a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST
-            )
+            part = _dswiglu_piece(
+                a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE
+            ) + _dswiglu_piece(a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE)
         # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
         tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
 
@@ -675,11 +783,16 @@ def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     )
 
 
-def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
+def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool, a2=None):
     """y[pair] [S, N] = a[row] @ w[e].T (* routing weight; ``transposed``: the forward's down
-    projection) or a[row] @ w[e] (grad_x's pieces)."""
-    N, K = y.shape[1], a.shape[1]
-    a_desc = _tma(a, [tile.BM, tile.BK], tile.TMA_A)
+    projection) or a[row] @ w[e] (grad_x's pieces); with ``a2`` (same rows and row stride), A is
+    a's columns then a2's."""
+    N, K = y.shape[1], a.shape[1] + (a2.shape[1] if a2 is not None else 0)
+    a_desc = _tma(a, [tile.BM, tile.BK], tile.TMA_A or a2 is not None)
+    if a2 is not None:  # both halves through TMA (pointer loads select per element), or neither
+        a2_desc = _tma(a2, [tile.BM, tile.BK], a_desc is not None)
+        a_desc = a_desc if a2_desc is not None else None
+        a2 = a2_desc or a2
     w_desc = _tma(w, [tile.BN, tile.BK] if transposed else [tile.BK, tile.BN], tile.TMA_B and (transposed or K % tile.BK == 0))
     _grouped(
         moe_down_kernel,
@@ -687,6 +800,7 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
         N,
         tile,
         a_desc or a,
+        a if a2 is None else a2,
         w_desc or w,
         r.order,
         r.expert_start,
@@ -694,18 +808,21 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
         y,
         N,
         K,
+        a.shape[1],
         r.E,
-        strides=w.stride(),
+        strides=(a.stride(0), *w.stride()),
         B_TRANS=transposed,
         SCALE=transposed,
+        A_SPLIT=a2 is not None,
         A_TMA=a_desc is not None,
         B_TMA=w_desc is not None,
     )
 
 
 def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile):
-    """dgu [S, 2I], hw [S, I] and the routing-weight partial sums part [S, cdiv(I, BN)] (by pair
-    id; rows of pairs outside every tile are not written)."""
+    """dgu [S, 2I] (None: d_gate and d_up written over gate and up), hw [S, I] and the
+    routing-weight partial sums part [S, cdiv(I, BN)] (by pair id; rows of pairs outside every
+    tile are not written)."""
     H, I = grad_out.shape[1], gate.shape[1]
     w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
     _grouped(
@@ -720,7 +837,7 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
         weights,
         gate,
         up,
-        dgu,
+        gate if dgu is None else dgu,
         hw,
         part,
         H,
@@ -730,6 +847,7 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
         strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
         EPI_SPLIT=tile.EPI_SPLIT,
         B_TMA=w is not None,
+        IN_PLACE=dgu is None,
     )
 
 
@@ -861,11 +979,15 @@ def moe_backward(
     plan: MoEPlan | None = None,
     routing: Routing | None = None,
     needs=(True, True, True, True),
+    reuse: bool = False,
 ):
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
     gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, the
     forward's order bitwise). A gradient not in ``needs`` (grad_x, top_k_weights, gate_up_proj,
-    down_proj) is None and its GEMM does not run."""
+    down_proj) is None and its GEMM does not run. ``reuse``: d_gate and d_up are written over
+    gate and up (no [S, 2I] buffer) and gate's and up's storage is released (size 0) after their
+    last reader, before grad_down_proj: the same gradients (bitwise where I is a multiple of
+    grad_x's K tile)."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -873,7 +995,8 @@ def moe_backward(
     dev = x.device
     plan = plan or moe_plan(S, E, H, I)
     r = routing or Routing(top_k_index, E)
-    dgu = torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
+    # d_gate, d_up: in a [S, 2I] buffer, or (reuse) over gate and up.
+    dgu = None if reuse else torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
     hw = torch.empty(S, I, dtype=x.dtype, device=dev)
     part = torch.empty(S, cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
     if S:  # first, so that the GPU starts while the host allocates the rest
@@ -884,7 +1007,10 @@ def moe_backward(
     # the saved gate/up, dgu, hw, an [S, H] copy and grad_gate_up_proj.
     dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
     if S and needs[0]:
-        launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
+        if reuse:
+            launch_pairs(gate, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False, a2=up)
+        else:
+            launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
     grad_x, grad_w = combine(dx_pairs, top_k_index, E, H, x.dtype, part if needs[1] else None)
     del dx_pairs, part
     # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok], x's rows first copied to expert order:
@@ -892,7 +1018,16 @@ def moe_backward(
     # tokens, data/tuning/moe_wgrad_tma_20261204.log).
     grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
     if needs[2]:
-        launch_wgrad(grad_gu, dgu, gather_rows(x, r, k), r, plan.wgrad_gu)
+        xs = gather_rows(x, r, k)
+        if reuse:  # the gate rows' and the up rows' gradients from their own buffers
+            launch_wgrad(grad_gu[:, :I], gate, xs, r, plan.wgrad_gu)
+            launch_wgrad(grad_gu[:, I:], up, xs, r, plan.wgrad_gu)
+        else:
+            launch_wgrad(grad_gu, dgu, xs, r, plan.wgrad_gu)
+        del xs
+    if reuse:  # their last reader is launched: their memory goes back (stream-ordered) before the peak
+        for t in (gate, up):
+            t.untyped_storage().resize_(0)
     del dgu
     # grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw, likewise.
     grad_dp = torch.empty_like(down_proj) if needs[3] else None
