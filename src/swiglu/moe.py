@@ -216,21 +216,19 @@ def _resolve(impl: str, device: torch.device, dtype: torch.dtype) -> str:
 def swiglu_moe(
     x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl: str = "auto", reuse_saved_buffers: bool = False
 ) -> torch.Tensor:
-    """The experts of a mixture-of-experts SwiGLU MLP: ``out[t] = sum_j top_k_weights[t, j] *
-    down_proj[e] @ (silu(gate) * up)`` with ``e = top_k_index[t, j]`` and ``gate, up =
-    (gate_up_proj[e] @ x[t]).chunk(2)``.
+    """Mixture-of-experts SwiGLU experts: ``out[t] = sum_j top_k_weights[t, j] * down_proj[e] @
+    (silu(gate) * up)``, ``e = top_k_index[t, j]``, ``gate, up = (gate_up_proj[e] @ x[t]).chunk(2)``.
 
     Args:
         x: [..., H] tokens (e.g. [T, H] or [batch_size, seq_len, H]).
-        top_k_index: [..., k] (x's leading dims, or [T, k]) int32/int64 expert ids in [0, E);
-            a repeated id counts once per occurrence.
+        top_k_index: [..., k] (x's leading dims, or [T, k]) int32/int64 expert ids in [0, E), a
+            repeated id counting once per occurrence.
         top_k_weights: [..., k] routing weights, any floating dtype (its gradient's dtype).
         gate_up_proj: [E, 2I, H], gate rows first, then up rows (transformers' layout).
         down_proj: [E, H, I]; x's dtype (under ``torch.autocast`` the three are cast to its dtype).
         impl: ``"auto"`` (Triton for bf16 CUDA tensors on an sm_90 GPU, the reference otherwise),
             ``"reference"`` (transformers' eager loop over experts) or ``"triton"``.
-        reuse_saved_buffers: the eager Triton backward writes d_gate/d_up over the saved gate/up
-            ([S, I] each) instead of a fresh [S, 2I]: a second backward through the graph raises.
+        reuse_saved_buffers: the eager Triton backward writes d_gate/d_up over the saved gate/up.
 
     Returns:
         out, x's shape and dtype, freshly allocated. Differentiable in x, top_k_weights,
@@ -239,10 +237,9 @@ def swiglu_moe(
 
     Raises:
         TypeError / ValueError naming the argument (``validate_moe_inputs``); RuntimeError at a
-        second backward with ``reuse_saved_buffers``. An id outside
-        [0, E) is a ValueError on CPU tensors; on CUDA (no synchronization to look) such a pair is
-        skipped (zero contribution and routing-weight gradient), never read or written out of
-        bounds. More: docs/moe.md.
+        second backward with ``reuse_saved_buffers``. An id outside [0, E) is a ValueError on CPU
+        tensors; on CUDA (no synchronization to look) such a pair is skipped (zero contribution
+        and routing-weight gradient), never read or written out of bounds. More: docs/moe.md.
     """
     if isinstance(x, torch.Tensor) and x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)  # as F.linear under autocast

@@ -38,10 +38,18 @@ def shape_label(layers: int, hidden_size: int, intermediate_size: int, tokens: i
     return f"{layers} layer{'s' if layers != 1 else ''} of {hidden_size} x {intermediate_size}, {tokens} tokens"
 
 
+def _folder_commit(run: str) -> str:
+    """The commit a run folder's name carries (``<UTC timestamp>-<short commit>/...``), for a run
+    whose JSON did not come back from the GPU machine; "" when the name has none."""
+    stamp, _, commit = run.split("/")[0].rpartition("-")
+    return commit if stamp and commit.isalnum() else ""
+
+
 def load_runs(path: str | Path) -> pd.DataFrame:
     """Every recorded run under ``path`` (searched recursively), one row per run and variant that
     ran (``status == "ok"``), ``COLUMNS``, in date order; ``speedup`` is over the run's unpatched
-    model. Empty (with the columns) when there is none."""
+    model. A run without its JSON takes its date and commit from its folder's name. Empty (with
+    the columns) when there is none."""
     rows = []
     for csv_path in sorted(Path(path).glob("**/hf_step.csv")):
         meta_path = csv_path.parent / "hf_step.json"
@@ -54,7 +62,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
                 dict(
                     run=run,
                     date_utc=meta.get("date_utc", run.split("/")[0]),
-                    commit=str(meta.get("git_commit") or "")[:7],
+                    commit=str(meta.get("git_commit") or _folder_commit(run))[:7],
                     side_by_side="rounds" in meta.get("args", {}),
                     shape=shape_label(int(r["layers"]), int(r["hidden_size"]), int(r["intermediate_size"]), int(r["tokens"])),
                     layers=int(r["layers"]),

@@ -169,7 +169,6 @@ def moe_up_kernel(
         for k0 in range(0, H, BK):
             k_ok = (k0 + ks) < H
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            a_ptrs += BK * stride_xh
             if B_TMA:
                 bg = tl.trans(w_ptr.load([w_row, k0]))
                 bu = tl.trans(w_ptr.load([w_row + I, k0]))
@@ -180,6 +179,7 @@ def moe_up_kernel(
                 u_ptrs += BK * stride_wh
             acc_g = _dot(a, bg, acc_g, UPCAST)
             acc_u = _dot(a, bu, acc_u, UPCAST)
+            a_ptrs += BK * stride_xh
         gate = _bf16(acc_g, UPCAST)
         up = _bf16(acc_u, UPCAST)
         act = _activated_gate(_f32(gate, UPCAST), UPCAST)
@@ -286,50 +286,12 @@ def moe_down_kernel(
                 b_step = BK * stride_w0
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         if A_SPLIT and A_TMA:  # two pipelined loops, one per A buffer
-            acc = _pairs_k_range(
-                acc,
-                a_ptr,
-                0,
-                0,
-                K1,
-                w_ptr,
-                stride_we,
-                e,
-                row0,
-                pid_n,
-                K,
-                ks,
-                cols,
-                col_ok,
-                stride_w0,
-                stride_w1,
-                BN,
-                BK,
-                B_TMA,
-                UPCAST,
-            )
-            acc = _pairs_k_range(
-                acc,
-                a2_ptr,
-                K1,
-                K1,
-                K,
-                w_ptr,
-                stride_we,
-                e,
-                row0,
-                pid_n,
-                K,
-                ks,
-                cols,
-                col_ok,
-                stride_w0,
-                stride_w1,
-                BN,
-                BK,
-                B_TMA,
-                UPCAST,
-            )
+            # fmt: off
+            acc = _pairs_k_range(acc, a_ptr, 0, 0, K1, w_ptr, stride_we, e, row0, pid_n, K, ks, cols, col_ok,
+                                 stride_w0, stride_w1, BN, BK, B_TMA, UPCAST)
+            acc = _pairs_k_range(acc, a2_ptr, K1, K1, K, w_ptr, stride_we, e, row0, pid_n, K, ks, cols, col_ok,
+                                 stride_w0, stride_w1, BN, BK, B_TMA, UPCAST)
+            # fmt: on
         for k0 in range(0, 0 if A_SPLIT and A_TMA else K, BK):
             k_ok = (k0 + ks) < K
             if A_TMA:
