@@ -15,7 +15,6 @@ import sys
 import time
 
 import torch
-from triton.testing import do_bench
 
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
@@ -25,27 +24,15 @@ RUN = [a for a in sys.argv[1:] if not a.startswith("--")] or ["qwen3-30b", "qwen
 rep = dataclasses.replace
 
 
-def ms(fn):
-    try:
-        return do_bench(fn, warmup=5, rep=40)
-    except Exception as e:  # a tile that does not fit
-        print("   failed:", type(e).__name__, str(e)[:120])
-        return float("inf")
-
-
 for name in RUN:
-    H, I, E, k = P.SHAPES[name]
     T = 8192
-    S = T * k
-    x, idx, w, gu, dp, go = P.inputs(H, I, E, k, T)
-    idx = idx.contiguous()
-    w = w.contiguous()
+    H, I, E, k, S, x, idx, w, gu, dp, go = P.case(name, T)
     r = M.Routing(idx, E)
     base = M.moe_plan(S, E, H, I)
     gate, up, h = (torch.empty(S, I, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     dgu = torch.empty(S, 2 * I, device="cuda", dtype=torch.bfloat16)
     hw = torch.empty_like(gate)
-    print(f"{name}: gather [S, H] = [{S}, {H}] {ms(lambda: M.gather_rows(x, r, k)):.3f} ms", flush=True)
+    print(f"{name}: gather [S, H] = [{S}, {H}] {P.kernel_ms(lambda: M.gather_rows(x, r, k)):.3f} ms", flush=True)
     M.launch_up(x, gu, r, k, gate, up, h, base.up)
     ref_up = [t.clone() for t in (gate, up, h)]
     part = torch.empty(S, -(-I // base.dswiglu.BN), device="cuda")
@@ -60,7 +47,7 @@ for name in RUN:
                 b.fill_(float("nan"))
             M.launch_up(x, gu, r, k, gate, up, h, tc)
             same = all(torch.equal(a, b) for a, b in zip((gate, up, h), ref_up))
-            v = ms(lambda: M.launch_up(x, gu, r, k, gate, up, h, tc))
+            v = P.kernel_ms(lambda: M.launch_up(x, gu, r, k, gate, up, h, tc))
             print(f"  {name} up      COPY_A={copy!s:5s} {v:.3f} ms bitwise={same} {t}", flush=True)
     for t in dsw_tiles:
         for copy in (False, True):
@@ -69,7 +56,7 @@ for name in RUN:
                 b.fill_(float("nan"))
             M.launch_dswiglu(go, dp, r, k, w, gate, up, dgu, hw, part, tc)
             same = all(torch.equal(a, b) for a, b in zip((dgu, hw), ref_dsw[:2]))
-            v = ms(lambda: M.launch_dswiglu(go, dp, r, k, w, gate, up, dgu, hw, part, tc))
+            v = P.kernel_ms(lambda: M.launch_dswiglu(go, dp, r, k, w, gate, up, dgu, hw, part, tc))
             print(f"  {name} dswiglu COPY_A={copy!s:5s} {v:.3f} ms bitwise={same} {t}", flush=True)
     plans = {
         "plan": base,

@@ -54,6 +54,27 @@ def inputs(H, I, E, k, T, skew=False, seed=0):
     return x, idx, w, gu, dp, go
 
 
+def case(name, T=8192):
+    """``(H, I, E, k, S, x, idx, w, gu, dp, go)`` of shape ``name`` at T tokens: ``inputs`` with
+    the routing contiguous, as the kernels' launchers take it (S = T * k routed pairs)."""
+    H, I, E, k = SHAPES[name]
+    x, idx, w, gu, dp, go = inputs(H, I, E, k, T)
+    return H, I, E, k, T * k, x, idx.contiguous(), w.contiguous(), gu, dp, go
+
+
+def kernel_ms(fn, rep=40, quiet=False):
+    """triton's do_bench of fn (ms; L2 flushed); inf where it fails (a tile that does not fit),
+    printing why unless ``quiet``."""
+    from triton.testing import do_bench
+
+    try:
+        return do_bench(fn, warmup=5, rep=rep)
+    except Exception as e:
+        if not quiet:
+            print("   failed:", type(e).__name__, str(e)[:120])
+        return float("inf")
+
+
 def impls(gu, dp):
     st = Stand(gu, dp)
     d = {

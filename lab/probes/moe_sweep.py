@@ -8,10 +8,10 @@ Qwen3-30B-A3B), level with Liger's fused MoE. Run: PYTHONPATH=src:lab python3 la
 """
 
 import dataclasses
+from functools import partial
 import sys
 import time
 import torch
-from triton.testing import do_bench
 from swiglu.kernels import moe as M
 import moe_probe as P  # beside this file
 
@@ -20,13 +20,7 @@ RUN = [a for a in sys.argv[1:] if not a.startswith("--")] or ["qwen3-30b", "qwen
 # --roles=wgrad_gu,wgrad_dp,dswiglu: sweep only these (the others keep moe_plan's tiles); --no-bench
 ROLES = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--roles=")), None)
 BENCH = "--no-bench" not in sys.argv
-
-
-def ms(fn):
-    try:
-        return do_bench(fn, warmup=5, rep=30)
-    except Exception:
-        return float("inf")
+ms = partial(P.kernel_ms, rep=30, quiet=True)
 
 
 UP = [(128, 64, 8, 3), (64, 64, 4, 4), (128, 64, 8, 4), (64, 64, 8, 4), (128, 32, 8, 4), (64, 128, 4, 3)]
@@ -38,12 +32,7 @@ DSW += [(128, 64, 8, 3, 2), (128, 64, 8, 4, 2), (256, 64, 8, 3, 2)]
 WG = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4)]
 best_all = {}
 for name in RUN:
-    H, I, E, k = P.SHAPES[name]
-    T = 8192
-    S = T * k
-    x, idx, w, gu, dp, go = P.inputs(H, I, E, k, T)
-    idx = idx.contiguous()
-    w = w.contiguous()
+    H, I, E, k, S, x, idx, w, gu, dp, go = P.case(name)
     gate = torch.empty(S, I, device="cuda", dtype=torch.bfloat16)
     up = torch.empty_like(gate)
     h = torch.empty_like(gate)

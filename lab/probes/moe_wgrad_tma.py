@@ -16,7 +16,6 @@ import sys
 import time
 
 import torch
-from triton.testing import do_bench
 
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
@@ -24,14 +23,6 @@ from swiglu.kernels import moe as M
 T0 = time.time()
 RUN = [a for a in sys.argv[1:] if not a.startswith("--")] or ["qwen3-30b", "qwen3-235b", "mixtral"]
 rep = dataclasses.replace
-
-
-def ms(fn):
-    try:
-        return do_bench(fn, warmup=5, rep=40)
-    except Exception as e:  # a tile that does not fit
-        print("   failed:", type(e).__name__, str(e)[:120])
-        return float("inf")
 
 
 # (BM, BN, BK, warps, stages)
@@ -45,17 +36,14 @@ TILES = [
 ]
 best = {}
 for name in RUN:
-    H, I, E, k = P.SHAPES[name]
     T = 8192
-    S = T * k
-    x, idx, w, gu, dp, go = P.inputs(H, I, E, k, T)
-    idx = idx.contiguous()
+    H, I, E, k, S, x, idx, w, gu, dp, go = P.case(name, T)
     r = M.Routing(idx, E)
     dgu = torch.randn(S, 2 * I, device="cuda").bfloat16()
     hw = (torch.randn(S, I, device="cuda") * 0.1).bfloat16()
     base = M.moe_plan(S, E, H, I)
-    t_gx = ms(lambda: M.gather_rows(x, r, k))
-    t_go = ms(lambda: M.gather_rows(go, r, k))
+    t_gx = P.kernel_ms(lambda: M.gather_rows(x, r, k))
+    t_go = P.kernel_ms(lambda: M.gather_rows(go, r, k))
     xs, gos = M.gather_rows(x, r, k), M.gather_rows(go, r, k)
     print(f"{name}: gather x {t_gx:.3f} ms, gather grad_out {t_go:.3f} ms ([S, H] = [{S}, {H}])", flush=True)
     roles = {
@@ -81,7 +69,7 @@ for name in RUN:
                 c.fill_(float("nan"))
                 M.launch_wgrad(c, a, b, r, k, ag, bg, t)
                 same = torch.equal(c, ref)
-                v = ms(lambda: M.launch_wgrad(c, a, b, r, k, ag, bg, t))
+                v = P.kernel_ms(lambda: M.launch_wgrad(c, a, b, r, k, ag, bg, t))
                 print(
                     f"  {name} {role} {vname:16s} TMA={tma!s:5s} {v:.3f} ms  bitwise={same}  ({tile.BM}x{tile.BN}x{tile.BK}, {tile.num_warps}w, {tile.num_stages}s)",
                     flush=True,
@@ -93,7 +81,7 @@ for name in RUN:
             c.fill_(float("nan"))
             M.launch_wgrad(c, a, b, r, k, ag, bg, t)
             same = torch.equal(c, ref) if bk == tile.BK else (c - ref).abs().max().item() < 1e-2 * ref.abs().max().item()
-            rows.append((ms(lambda: M.launch_wgrad(c, a, b, r, k, ag, bg, t)), (bm, bn, bk, nw, ns), same))
+            rows.append((P.kernel_ms(lambda: M.launch_wgrad(c, a, b, r, k, ag, bg, t)), (bm, bn, bk, nw, ns), same))
         rows.sort()
         print(f"  {name} {role} copy+TMA tiles: " + "  ".join(f"{v:.3f} {c_} {s}" for v, c_, s in rows), flush=True)
         best[(name, role)] = rows[0]
