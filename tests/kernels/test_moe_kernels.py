@@ -303,6 +303,26 @@ def test_dswiglu_epilogue_in_two_pieces(device):
     assert_matches((out, *two), run(inp, "reference"), oracle(inp), seed)
 
 
+def _backward_buffer_peak(monkeypatch, *args, **kwargs):
+    """``(grads, peak)``: ``kmoe.moe_backward(*args, **kwargs)`` and the peak bytes of the buffers
+    it makes itself (every torch.empty / empty_like, tracked until freed)."""
+    live, peak = {}, [0]
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def track(t):
+        key = id(t)
+        live[key] = t.untyped_storage().nbytes()
+        peak[0] = max(peak[0], sum(live.values()))
+        weakref.finalize(t, live.pop, key, None)
+        return t
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "empty", lambda *a, **kw: track(empty(*a, **kw)))
+        m.setattr(torch, "empty_like", lambda *a, **kw: track(empty_like(*a, **kw)))
+        grads = kmoe.moe_backward(*args, **kwargs)
+    return grads, peak[0]
+
+
 def test_backward_frees_each_buffer_after_its_last_reader(device, monkeypatch):
     """The backward's own buffers (every torch.empty / empty_like it makes, tracked until freed):
     their peak is that of the order grad_x (its [S, H] pieces freed), grad_gate_up_proj (d_gate|d_up
@@ -314,20 +334,7 @@ def test_backward_frees_each_buffer_after_its_last_reader(device, monkeypatch):
     inp = make_moe(seed, T, H, I, E, k, device=device)
     x, idx, w, gu, dp, go = inp.flat()
     out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp)
-    live, peak = {}, [0]
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def track(t):
-        key = id(t)
-        live[key] = t.untyped_storage().nbytes()
-        peak[0] = max(peak[0], sum(live.values()))
-        weakref.finalize(t, live.pop, key, None)
-        return t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: track(empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: track(empty_like(*a, **kw)))
-    grads = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, routing=routing)
-    monkeypatch.undo()
+    grads, peak = _backward_buffer_peak(monkeypatch, go, x, idx, w, gu, dp, gate, up, routing=routing)
     b = 2  # bf16
     dgu, hw, dx_pairs, g_gu, g_dp = S * 2 * I * b, S * I * b, S * H * b, gu.numel() * b, dp.numel() * b
     part = S * (-(-I // kmoe.moe_plan(S, E, H, I).dswiglu.BN)) * 4
@@ -335,7 +342,7 @@ def test_backward_frees_each_buffer_after_its_last_reader(device, monkeypatch):
     copy = S * H * b  # the weight gradients' operand in expert order (x's rows, then grad_out's)
     want = max(dgu + hw + part + dx_pairs + outs, dgu + hw + outs + g_gu + copy, hw + outs + g_gu + g_dp + copy)
     before = max(dgu + hw + part + g_dp + copy, dgu + part + g_dp + dx_pairs + g_gu)
-    assert peak[0] == want < before, (peak[0], want, before)
+    assert peak == want < before, (peak, want, before)
     assert_matches((out, *grads), run(inp, "reference"), oracle(inp), seed)
 
 
@@ -465,21 +472,7 @@ def test_reuse_saved_buffers_drops_the_d_gate_up_buffer(device, monkeypatch):
     peaks = []
     for reuse in (False, True):
         out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp)
-        live, peak = {}, [0]
-        empty, empty_like = torch.empty, torch.empty_like
-
-        def track(t, live=live, peak=peak):
-            key = id(t)
-            live[key] = t.untyped_storage().nbytes()
-            peak[0] = max(peak[0], sum(live.values()))
-            weakref.finalize(t, live.pop, key, None)
-            return t
-
-        monkeypatch.setattr(torch, "empty", lambda *a, **kw: track(empty(*a, **kw)))
-        monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: track(empty_like(*a, **kw)))
-        kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, routing=routing, reuse=reuse)
-        monkeypatch.undo()
-        peaks.append(peak[0])
+        peaks.append(_backward_buffer_peak(monkeypatch, go, x, idx, w, gu, dp, gate, up, routing=routing, reuse=reuse)[1])
         # With reuse, gate's and up's memory is released after their last reader.
         assert (gate.untyped_storage().nbytes() == 0) == reuse and (up.untyped_storage().nbytes() == 0) == reuse
     assert peaks[1] < peaks[0] and peaks[0] - peaks[1] <= T * k * 2 * I * 2, peaks

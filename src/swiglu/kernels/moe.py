@@ -292,29 +292,30 @@ def moe_down_kernel(
             acc = _pairs_k_range(acc, a2_ptr, K1, K1, K, w_ptr, stride_we, e, row0, pid_n, K, ks, cols, col_ok,
                                  stride_w0, stride_w1, BN, BK, B_TMA, UPCAST)
             # fmt: on
-        for k0 in range(0, 0 if A_SPLIT and A_TMA else K, BK):
-            k_ok = (k0 + ks) < K
-            if A_TMA:
-                a = a_ptr.load([row0, k0])
-            elif A_SPLIT:
-                kk = (k0 + ks)[None, :]
-                first = kk < K1
-                a1 = tl.load(a_ptrs, mask=row_ok[:, None] & first, other=0.0)
-                a2 = tl.load(a2_ptr + a_rows + (kk - K1), mask=row_ok[:, None] & ~first & k_ok[None, :], other=0.0)
-                a = tl.where(first, a1, a2)
-                a_ptrs += BK
-            else:
-                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                a_ptrs += BK
-            if B_TMA:
-                if B_TRANS:
-                    b = tl.trans(w_ptr.load([e * N + pid_n * BN, k0]))
+        else:
+            for k0 in range(0, K, BK):
+                k_ok = (k0 + ks) < K
+                if A_TMA:
+                    a = a_ptr.load([row0, k0])
+                elif A_SPLIT:
+                    kk = (k0 + ks)[None, :]
+                    first = kk < K1
+                    a1 = tl.load(a_ptrs, mask=row_ok[:, None] & first, other=0.0)
+                    a2 = tl.load(a2_ptr + a_rows + (kk - K1), mask=row_ok[:, None] & ~first & k_ok[None, :], other=0.0)
+                    a = tl.where(first, a1, a2)
+                    a_ptrs += BK
                 else:
-                    b = w_ptr.load([e * K + k0, pid_n * BN])
-            else:
-                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                b_ptrs += b_step
-            acc = _dot(a, b, acc, UPCAST)
+                    a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                    a_ptrs += BK
+                if B_TMA:
+                    if B_TRANS:
+                        b = tl.trans(w_ptr.load([e * N + pid_n * BN, k0]))
+                    else:
+                        b = w_ptr.load([e * K + k0, pid_n * BN])
+                else:
+                    b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                    b_ptrs += b_step
+                acc = _dot(a, b, acc, UPCAST)
         pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
         if SCALE:
             w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
@@ -966,7 +967,8 @@ def moe_backward(
     # Each buffer is freed after its last reader, in the order that keeps the fewest alive beside
     # the weight gradients (which are outputs): grad_x's pieces and their sum first (dx_pairs
     # freed), then grad_gate_up_proj (dgu and the x copy freed), then grad_down_proj. The peak is
-    # the saved gate/up, dgu, hw, an [S, H] copy and grad_gate_up_proj.
+    # at grad_gate_up_proj (the saved gate/up, dgu, hw, a copy, grad_gate_up_proj) or, with large
+    # weights (Mixtral), at grad_down_proj (gate/up, hw, a copy and both weight gradients).
     dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
     if S and needs[0]:
         if reuse:
