@@ -17,13 +17,14 @@ and ``"auto"``. Design and coverage: docs/moe.md.
 from __future__ import annotations
 
 import sys
+import weakref
 from functools import lru_cache
 
 import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
-from .checks import FLOAT_DTYPES, check_dense, check_floating
+from .checks import FLOAT_DTYPES, check_dense, check_floating, spans_whole_storage
 from .ops import (
     PLAIN_TENSOR_TYPES,
     add_flop_formula,
@@ -361,21 +362,31 @@ def _moe_setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _gradients(ctx, grad_out, direct: bool, reuse: bool = False):
-    """Both carriers' backward: the gradients autograd wants, by the kernels (``direct``; with
-    ``reuse``, d_gate/d_up over the saved gate/up) or by the backward op."""
+def _gradients(ctx, grad_out, direct: bool, owned=None):
+    """Both carriers' backward: the gradients autograd wants, by the kernels (``direct``) or by the
+    backward op. ``owned``: weak references to the forward's own gate/up (``reuse_saved_buffers``):
+    when the saved ones are those, whole allocations, d_gate/d_up are written over them, as the
+    dense op consumes its buffers (``ops._SwiGLUFunction``); a second backward then raises."""
     if grad_out is None:
         return None, None, None, None, None
     needs = ctx.needs_input_grad
     wanted = (needs[0], needs[2], needs[3], needs[4])
     if not any(wanted):
         return None, None, None, None, None
-    if reuse:
-        if getattr(ctx, "swiglu_reused", False):
-            raise RuntimeError(_SECOND_BACKWARD)
-        ctx.swiglu_reused = True
+    if getattr(ctx, "consumed", False):
+        raise RuntimeError(_SECOND_BACKWARD)
     if direct:
-        gx, gw, ggu, gdp = _run_backward(grad_out, ctx.saved_tensors, wanted, reuse)
+        saved = ctx.saved_tensors
+        gate, up = saved[5], saved[6]
+        consume = (
+            owned is not None
+            and gate is owned[0]()
+            and up is owned[1]()
+            and spans_whole_storage(gate)
+            and spans_whole_storage(up)
+        )
+        ctx.consumed = consume
+        gx, gw, ggu, gdp = _run_backward(grad_out, saved, wanted, consume)
     else:
         gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted)
     return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None, gdp if needs[4] else None)
@@ -405,7 +416,8 @@ class _MoEFunction(torch.autograd.Function):
         out, *kept = _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
         ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept)
         ctx.set_materialize_grads(False)
-        ctx.reuse = reuse_saved_buffers
+        # What the backward may consume: the forward's own gate/up, recognized by identity.
+        ctx.owned = (weakref.ref(kept[0]), weakref.ref(kept[1])) if reuse_saved_buffers else None
         return out
 
     @staticmethod
@@ -414,7 +426,7 @@ class _MoEFunction(torch.autograd.Function):
         # Compiled autograd traces this backward (the op is opaque to it); dispatch modes
         # (FlopCounterMode...) see the op where the launches are invisible to them.
         direct = not (torch.compiler.is_compiling() or dispatch_mode_active())
-        return (*_gradients(ctx, grad_out, direct, ctx.reuse and direct), None)
+        return (*_gradients(ctx, grad_out, direct, ctx.owned), None)
 
 
 def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwargs) -> int:

@@ -476,3 +476,20 @@ def test_reuse_saved_buffers_drops_the_d_gate_up_buffer(device, monkeypatch):
         # With reuse, gate's and up's memory is released after their last reader.
         assert (gate.untyped_storage().nbytes() == 0) == reuse and (up.untyped_storage().nbytes() == 0) == reuse
     assert peaks[1] < peaks[0] and peaks[0] - peaks[1] <= T * k * 2 * I * 2, peaks
+
+
+def test_reuse_saved_buffers_leaves_hooked_saved_tensors_alone(device):
+    """Under a saved-tensor hook (here: pack a copy), the saved gate/up are not the forward's own:
+    nothing is consumed, the gradients are the default's and the graph can be backpropagated
+    again (as the dense op, which consumes only its own whole buffers)."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 13, 64, 96, 4, 2, kind="skewed", device=device)
+    x, idx, w, gu, dp, go = inp.flat()
+    default = run(inp, "triton")
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, gu, dp)]
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        out = swiglu.swiglu_moe(leaves[0], idx, *leaves[1:], impl="triton", reuse_saved_buffers=True)
+    first = torch.autograd.grad(out, leaves, go, retain_graph=True)
+    second = torch.autograd.grad(out, leaves, go)
+    for name, a, b, want in zip(NAMES[1:], first, second, default[1:]):
+        assert torch.equal(a.reshape(want.shape), want) and torch.equal(a, b), f"seed={seed}: {name}"
