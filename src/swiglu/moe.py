@@ -24,13 +24,14 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
-from .checks import FLOAT_DTYPES, check_dense, check_floating, spans_whole_storage
+from .checks import FLOAT_DTYPES, check_dense, check_floating
 from .ops import (
     PLAIN_TENSOR_TYPES,
     add_flop_formula,
     auto_reason,
     dispatch_mode_active,
     on_clear_plans,
+    owns_saved_buffers,
     transforms_active,
     triton_reason,
 )
@@ -377,14 +378,7 @@ def _gradients(ctx, grad_out, direct: bool, owned=None):
         raise RuntimeError(_SECOND_BACKWARD)
     if direct:
         saved = ctx.saved_tensors
-        gate, up = saved[5], saved[6]
-        consume = (
-            owned is not None
-            and gate is owned[0]()
-            and up is owned[1]()
-            and spans_whole_storage(gate)
-            and spans_whole_storage(up)
-        )
+        consume = owns_saved_buffers(owned, saved[5], saved[6])  # gate, up
         ctx.consumed = consume
         gx, gw, ggu, gdp = _run_backward(grad_out, saved, wanted, consume)
     else:

@@ -308,6 +308,18 @@ _SECOND_BACKWARD = (
 )
 
 
+def owns_saved_buffers(owned, *saved) -> bool:
+    """Whether a backward may write over (and free) ``saved``: ``owned`` (weak references the
+    forward took with ``reuse_saved_buffers``, else None) names exactly these tensors, each a
+    whole allocation. Not when a saved-tensor hook handed back other tensors."""
+    return (
+        owned is not None
+        and len(owned) == len(saved)
+        and all(t is ref() for t, ref in zip(saved, owned))
+        and all(spans_whole_storage(t) for t in saved)
+    )
+
+
 def _double_backward(grad_output, x, gate_weight, up_weight, down_weight, needs):
     # create_graph=True: the reference formula in differentiable PyTorch ops, on activations
     # recomputed from x and the weights (the saved ones carry no graph back to x).
@@ -355,14 +367,7 @@ class _SwiGLUFunction(torch.autograd.Function):
                 grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, *needs, ctx.impl
             )
             return (*(g if need else None for g, need in zip(grads, needs)), None, None, None)
-        owned = ctx.owned
-        consume = (
-            owned is not None
-            and gate_output is owned[0]()
-            and up_output is owned[1]()
-            and spans_whole_storage(gate_output)
-            and spans_whole_storage(up_output)
-        )
+        consume = owns_saved_buffers(ctx.owned, gate_output, up_output)
         ctx.consumed = consume  # before the launch: a failure after the overwrite must not let a retry read them
         tensors = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
         device_type = _autocast_type(x)
