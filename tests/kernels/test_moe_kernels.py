@@ -429,17 +429,23 @@ def test_checker_rejects_one_pair_output_scaled(device, monkeypatch):
 # --------------------------------------------------------------------------- reuse_saved_buffers
 
 
-@pytest.mark.parametrize("sizes", [(13, 64, 96, 4, 2), (7, 48, 40, 3, 2), (40, 32, 48, 3, 2)])
+@pytest.mark.parametrize("sizes", [(13, 64, 128, 4, 2), (13, 64, 96, 4, 2), (7, 48, 40, 3, 2), (40, 32, 48, 3, 2)])
 def test_reuse_saved_buffers_gives_the_same_gradients(device, sizes):
     """``reuse_saved_buffers=True`` (d_gate/d_up written over the saved gate/up; grad_x's A in two
     pieces, grad_gate_up_proj in two launches): bitwise the default's output and gradients, with
-    every gradient and with x frozen; I = 40 has grad_x's K step straddling gate and up."""
+    every gradient and with x frozen, where I is a multiple of grad_x's K tile. Otherwise grad_x's
+    K steps split at I (one loop per piece), so its fp32 sums run in another order: grad_x is held
+    to the float64 bound instead, the rest stays bitwise."""
     seed = fresh_seed()
     inp = make_moe(seed, *sizes, kind="skewed", device=device)
+    T, H, I, E, k = sizes
+    aligned = I % kmoe.moe_plan(T * k, E, H, I).grad_x.BK == 0
     default = run(inp, "triton")
     reused = run(inp, "triton", reuse_saved_buffers=True)
     for name, a, b in zip(NAMES, default, reused):
-        assert torch.equal(a, b), f"seed={seed}: {name}"
+        assert torch.equal(a, b) or (name == "grad_x" and not aligned), f"seed={seed}: {name}"
+    if not aligned:
+        assert_matches(reused, run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
     x, idx, w, gu, dp, go = inp.flat()
     leaves = [t.clone().requires_grad_(True) for t in (w, gu, dp)]
     out = swiglu.swiglu_moe(x, idx, *leaves, impl="triton", reuse_saved_buffers=True)
