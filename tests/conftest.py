@@ -56,6 +56,7 @@ SLOW_TESTS = (
     "test_split_tiles_against_float64",
     "test_config_options",
     "test_odd_shapes_against_float64",
+    "test_persistent_kernels_compile_for_sm90_with_the_gpu_machines_triton",
 )
 
 

@@ -7,4 +7,6 @@ which the library's backward runs for a table entry with ``GluonConfig.resident_
 (ablations, st.global stores, a slowed storer, the grad_x orientation), which the library's
 backward runs for a table entry with ``GluonConfig.plain_store`` or a ``gluon_grad_x`` entry once
 imported. ``candidates``: the library's Gluon kernels' candidate configurations that the probes
-measure and the tests compile (a table entry's ``"candidate"`` index points into them)."""
+measure and the tests compile (a table entry's ``"candidate"`` index points into them).
+``moe_persistent``: the MoE up and down-projection GEMMs as persistent programs walking the
+tiles (lab/probes/moe_persistent.py)."""

@@ -1,0 +1,94 @@
+"""Do the MoE up projection and the down-projection-shaped GEMMs (forward down, grad_x) gain from
+persistent programs that walk the tiles with the next tile's loads issued during this one's
+epilogue (``swiglu_lab.experiments.moe_persistent``), against the library's one program per tile?
+
+Answer: not measured yet (the kernels compile for sm_90 under triton 3.6.0 and are bitwise the
+library's under the interpreter, tests/lab/test_moe_persistent.py). The run writes the per-kernel
+times (do_bench, L2 flushed, 8192 tokens), a bitwise check against the library's kernels on the
+GPU, and the whole forward+backward with the persistent kernels swapped in, beside the library's.
+Run: PYTHONPATH=src:lab python3 lab/probes/moe_persistent.py [shape ...] (moe_probe.SHAPES names)
+"""
+
+import sys
+import time
+
+import torch
+
+import moe_probe as P  # beside this file
+from swiglu.kernels import moe as M
+from swiglu_lab.experiments import moe_persistent as X
+
+T0 = time.time()
+RUN = [a for a in sys.argv[1:] if not a.startswith("--")] or ["qwen3-30b", "qwen3-235b", "mixtral", "deepseek-v3"]
+SMS = torch.cuda.get_device_properties(0).multi_processor_count
+rows = []
+
+
+def variants(lib, pers):
+    """(label, fn) of the library's launch and the persistent one's settings."""
+    yield "library", lib
+    for flatten in (True, False):
+        yield f"persistent{' flat' if flatten else ''}", lambda f=flatten: pers(SMS, f)
+
+
+for name in RUN:
+    H, I, E, k, S, x, idx, w, gu, dp, go = P.case(name, 8192)
+    r = M.Routing(idx, E)
+    plan = M.moe_plan(S, E, H, I)
+    gate, up, h = (torch.empty(S, I, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    dgu = torch.randn(S, 2 * I, device="cuda").to(torch.bfloat16)
+    y = torch.empty(S, H, device="cuda", dtype=torch.bfloat16)
+    M.launch_up(x, gu, r, k, gate, up, h, plan.up)
+    want_up = [t.clone() for t in (gate, up, h)]
+    M.launch_pairs(h, dp, r, w, y, plan.down, transposed=True)
+    want_down = y.clone()
+    M.launch_pairs(dgu, gu, r, w, y, plan.grad_x, transposed=False)
+    want_gx = y.clone()
+    cases = {
+        "up": (
+            lambda: M.launch_up(x, gu, r, k, gate, up, h, plan.up),
+            lambda n, f: X.launch_up(x, gu, r, k, gate, up, h, plan.up, n, f),
+            lambda: [torch.equal(a, b) for a, b in zip(want_up, (gate, up, h))],
+        ),
+        "down": (
+            lambda: M.launch_pairs(want_up[2], dp, r, w, y, plan.down, transposed=True),
+            lambda n, f: X.launch_pairs(want_up[2], dp, r, w, y, plan.down, True, n, f),
+            lambda: [torch.equal(want_down, y)],
+        ),
+        "grad_x": (
+            lambda: M.launch_pairs(dgu, gu, r, w, y, plan.grad_x, transposed=False),
+            lambda n, f: X.launch_pairs(dgu, gu, r, w, y, plan.grad_x, False, n, f),
+            lambda: [torch.equal(want_gx, y)],
+        ),
+    }
+    for role, (lib, pers, same) in cases.items():
+        for label, fn in variants(lib, pers):
+            for t in (gate, up, h) if role == "up" else (y,):  # the outputs, poisoned
+                t.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            ok = all(same())
+            ms = P.kernel_ms(fn)
+            rows.append((name, role, label, ms, ok))
+            print(f"{name:12s} {role:7s} {label:18s} {ms:7.3f} ms  bitwise={ok}", flush=True)
+    # The whole forward+backward with the persistent kernels in the library's place.
+    for label in ("library", "persistent flat"):
+        if label != "library":
+            lib_up, lib_pairs = M.launch_up, M.launch_pairs
+            M.launch_up = lambda *a: X.launch_up(*a, SMS, True)  # noqa: E731
+            M.launch_pairs = lambda a, wt, rr, ww, yy, tile, transposed, a2=None: (  # noqa: E731
+                X.launch_pairs(a, wt, rr, ww, yy, tile, transposed, SMS, True)
+                if a2 is None
+                else lib_pairs(a, wt, rr, ww, yy, tile, transposed, a2)
+            )
+        try:
+            res = P.bench(name, 8192, impl_names=["ours"])
+            rows.append((name, "fwd+bwd", label, sum(res["ours"]), True))
+        finally:
+            if label != "library":
+                M.launch_up, M.launch_pairs = lib_up, lib_pairs
+    print(f"{name} done {time.time() - T0:.0f}s", flush=True)
+
+print("\nshape        kernel  variant            ms      bitwise")
+for name, role, label, ms, ok in rows:
+    print(f"{name:12s} {role:7s} {label:18s} {ms:7.3f}  {ok}")

@@ -1,0 +1,248 @@
+"""Persistent forms of the MoE up projection and down-projection-shaped GEMMs (an experiment).
+
+The library's grouped kernels (``swiglu.kernels.moe``) launch one program per tile: with one
+program per SM (their tiles take 100-150 KB of shared memory), each tile's pipeline fill and its
+epilogue's stores run with the tensor cores idle. Here NUM_PROGRAMS programs walk the tiles
+(``tl.range(..., flatten=True)``: Triton's pipeliner then issues the next tile's loads while the
+epilogue of this one runs, as in Triton's tutorial 09), each finding its tile's expert from
+``expert_start`` as the library's kernels do. Same arithmetic, same order of the fp32 sums:
+bitwise the library's outputs. Timed against them by ``lab/probes/moe_persistent.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from swiglu.kernels import moe as M
+from swiglu.kernels.devices import INTERPRET, cdiv
+from swiglu.kernels.tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start
+
+
+@triton.jit
+def _expert_tiles(expert_start_ptr, E, BM: tl.constexpr, E_PAD: tl.constexpr):
+    """Per expert bin (E_PAD >= E): first sorted row, end, M tiles and their running sum."""
+    bins = tl.arange(0, E_PAD)
+    lo = tl.load(expert_start_ptr + bins, mask=bins < E, other=0)
+    hi = tl.load(expert_start_ptr + bins + 1, mask=bins < E, other=0)
+    tiles = (hi - lo + BM - 1) // BM
+    return bins, lo, hi, tiles, tl.cumsum(tiles, 0)
+
+
+@triton.jit
+def _tile_rows(t, num_n, bins, lo, hi, tiles, cum, BM: tl.constexpr):
+    """Tile t (N tiles fastest, as the library's grid): its expert, first row, rows, which rows
+    are real and its N tile."""
+    pid_m = t // num_n
+    e = tl.sum((cum <= pid_m).to(tl.int32), axis=0)
+    sel = bins == e
+    first = tl.sum(tl.where(sel, cum - tiles, 0), axis=0)
+    end = tl.sum(tl.where(sel, hi, 0), axis=0)
+    row0 = tl.sum(tl.where(sel, lo, 0), axis=0) + (pid_m - first) * BM
+    rows = row0 + tl.arange(0, BM)
+    return e, row0, rows, rows < end, t % num_n
+
+
+@triton.jit
+def moe_up_persistent_kernel(
+    x_ptr,
+    w_ptr,
+    order_ptr,
+    expert_start_ptr,
+    gate_ptr,
+    up_ptr,
+    h_ptr,
+    H,
+    I,
+    E,
+    TOP_K,
+    num_n,
+    NUM_PROGRAMS,
+    stride_xt,
+    stride_xh,
+    stride_we,
+    stride_wn,
+    stride_wh,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    E_PAD: tl.constexpr,
+    B_TMA: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """``moe_up_kernel``'s tiles, walked by NUM_PROGRAMS programs."""
+    _pdl_start(PDL)
+    bins, lo, hi, tiles, cum = _expert_tiles(expert_start_ptr, E, BM, E_PAD)
+    ks = tl.arange(0, BK)
+    for t in tl.range(tl.program_id(0), tl.sum(tiles, axis=0) * num_n, NUM_PROGRAMS, flatten=FLATTEN):
+        e, row0, rows, row_ok, pid_n = _tile_rows(t, num_n, bins, lo, hi, tiles, cum, BM)
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < I
+        tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
+        a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
+        if not B_TMA:
+            w_base = w_ptr + e.to(tl.int64) * stride_we
+            g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+            u_ptrs = g_ptrs + I * stride_wn
+        w_row = e * 2 * I + pid_n * BN
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            k_ok = (k0 + ks) < H
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            if B_TMA:
+                bg = tl.trans(w_ptr.load([w_row, k0]))
+                bu = tl.trans(w_ptr.load([w_row + I, k0]))
+            else:
+                bg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                bu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                g_ptrs += BK * stride_wh
+                u_ptrs += BK * stride_wh
+            acc_g = _dot(a, bg, acc_g, UPCAST)
+            acc_u = _dot(a, bu, acc_u, UPCAST)
+            a_ptrs += BK * stride_xh
+        gate = _bf16(acc_g, UPCAST)
+        up = _bf16(acc_u, UPCAST)
+        act = _activated_gate(_f32(gate, UPCAST), UPCAST)
+        h = _bf16(_f32(act, UPCAST) * _f32(up, UPCAST), UPCAST)
+        out = rows.to(tl.int64)[:, None] * I + cols[None, :]
+        ok = row_ok[:, None] & col_ok[None, :]
+        tl.store(gate_ptr + out, gate, mask=ok)
+        tl.store(up_ptr + out, up, mask=ok)
+        tl.store(h_ptr + out, h, mask=ok)
+
+
+@triton.jit
+def moe_down_persistent_kernel(
+    a_ptr,
+    w_ptr,
+    order_ptr,
+    expert_start_ptr,
+    rw_ptr,
+    y_ptr,
+    N,
+    K,
+    E,
+    num_n,
+    NUM_PROGRAMS,
+    stride_am,
+    stride_we,
+    stride_w0,
+    stride_w1,
+    B_TRANS: tl.constexpr,
+    SCALE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    E_PAD: tl.constexpr,
+    A_TMA: tl.constexpr,
+    B_TMA: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """``moe_down_kernel``'s tiles (one A buffer), walked by NUM_PROGRAMS programs."""
+    _pdl_start(PDL)
+    bins, lo, hi, tiles, cum = _expert_tiles(expert_start_ptr, E, BM, E_PAD)
+    ks = tl.arange(0, BK)
+    for t in tl.range(tl.program_id(0), tl.sum(tiles, axis=0) * num_n, NUM_PROGRAMS, flatten=FLATTEN):
+        e, row0, rows, row_ok, pid_n = _tile_rows(t, num_n, bins, lo, hi, tiles, cum, BM)
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < N
+        if not A_TMA:
+            a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
+        if not B_TMA:
+            w_base = w_ptr + e.to(tl.int64) * stride_we
+            if B_TRANS:
+                b_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_w0 + ks[:, None] * stride_w1
+                b_step = BK * stride_w1
+            else:
+                b_ptrs = w_base + ks.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1
+                b_step = BK * stride_w0
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            k_ok = (k0 + ks) < K
+            if A_TMA:
+                a = a_ptr.load([row0, k0])
+            else:
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                a_ptrs += BK
+            if B_TMA:
+                if B_TRANS:
+                    b = tl.trans(w_ptr.load([e * N + pid_n * BN, k0]))
+                else:
+                    b = w_ptr.load([e * K + k0, pid_n * BN])
+            else:
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                b_ptrs += b_step
+            acc = _dot(a, b, acc, UPCAST)
+        pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
+        if SCALE:
+            w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
+            acc = _f32(_bf16(acc, UPCAST), UPCAST) * w[:, None]
+        out = pair.to(tl.int64)[:, None] * N + cols[None, :]
+        tl.store(y_ptr + out, _bf16(acc, UPCAST), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def num_programs(device: torch.device, per_sm: int = 1) -> int:
+    """Programs of a persistent launch: per_sm per SM (4 in the interpreter)."""
+    if INTERPRET or device.type != "cuda":
+        return 4
+    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _persistent(kernel, r: M.Routing, N: int, tile: M.Tile, programs: int, flatten: bool, *args, strides: tuple, **meta):
+    """As ``M._grouped``, with ``programs`` programs (at most the tile bound) walking the tiles."""
+    num_n = cdiv(N, tile.BN)
+    grid = (max(1, min(programs, (cdiv(r.S, tile.BM) + r.E) * num_n)),)
+    M._launch(
+        kernel,
+        grid,
+        tile.num_warps,
+        tile.num_stages,
+        *args,
+        num_n,
+        grid[0],
+        *strides,
+        **meta,
+        BM=tile.BM,
+        BN=tile.BN,
+        BK=tile.BK,
+        E_PAD=r.E_PAD,
+        FLATTEN=flatten,
+        UPCAST=INTERPRET,
+    )
+
+
+def launch_up(x, gate_up_proj, r: M.Routing, k: int, gate, up, h, tile: M.Tile, programs: int, flatten: bool = True):
+    """``swiglu.kernels.moe.launch_up`` through ``moe_up_persistent_kernel``."""
+    H, I = x.shape[1], gate.shape[1]
+    w = M._tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
+    args = (x, w or gate_up_proj, r.order, r.expert_start, gate, up, h, H, I, r.E, k)
+    strides = (x.stride(0), x.stride(1), *gate_up_proj.stride())
+    _persistent(moe_up_persistent_kernel, r, I, tile, programs, flatten, *args, strides=strides, B_TMA=w is not None)
+
+
+def launch_pairs(a, w, r: M.Routing, weights, y, tile: M.Tile, transposed: bool, programs: int, flatten: bool = True):
+    """``swiglu.kernels.moe.launch_pairs`` (one A buffer) through ``moe_down_persistent_kernel``."""
+    N, K = y.shape[1], a.shape[1]
+    a_desc = M._tma(a, [tile.BM, tile.BK], tile.TMA_A)
+    w_desc = M._tma(w, [tile.BN, tile.BK] if transposed else [tile.BK, tile.BN], tile.TMA_B and (transposed or K % tile.BK == 0))
+    args = (a_desc or a, w_desc or w, r.order, r.expert_start, weights, y, N, K, r.E)
+    _persistent(
+        moe_down_persistent_kernel,
+        r,
+        N,
+        tile,
+        programs,
+        flatten,
+        *args,
+        strides=(a.stride(0), *w.stride()),
+        B_TRANS=transposed,
+        SCALE=transposed,
+        A_TMA=a_desc is not None,
+        B_TMA=w_desc is not None,
+    )

@@ -1,0 +1,93 @@
+"""The persistent MoE GEMMs of ``swiglu_lab.experiments.moe_persistent`` (interpreter on the CPU):
+bitwise the library's kernels on the same routing, with fewer programs than tiles (each walks
+several, across experts), experts with no pairs, ids outside [0, E) and a ragged last tile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import swiglu.kernels.moe as M
+from swiglu_lab.experiments import moe_persistent as P
+
+from moe_checks import fresh_seed, make_moe
+
+
+def _nan(*shape, device):
+    return torch.full(shape, float("nan"), dtype=torch.bfloat16, device=device)
+
+
+@pytest.mark.parametrize("programs", [1, 3, 64])
+@pytest.mark.parametrize("sizes", [(13, 64, 96, 4, 2), (40, 32, 48, 3, 2)])
+def test_persistent_up_and_down_are_the_library_kernels_bitwise(device, sizes, programs):
+    seed = fresh_seed()
+    T, H, I, E, k = sizes
+    inp = make_moe(seed, T, H, I, E, k, kind="skewed", device=device)
+    x, idx, w, gu, dp, go = inp.flat()
+    idx = idx.clone()
+    idx[idx == E - 1] = 0  # expert E - 1 gets no pairs
+    idx[0, 0] = E  # an id outside [0, E): sorted last, in no tile
+    S = T * k
+    plan = M.moe_plan(S, E, H, I)
+    r = M.Routing(idx, E)
+    want = [torch.zeros(S, I, dtype=torch.bfloat16, device=device) for _ in range(3)]
+    got = [_nan(S, I, device=device) for _ in range(3)]
+    M.launch_up(x, gu, r, k, *want, plan.up)
+    P.launch_up(x, gu, r, k, *got, plan.up, programs)
+    valid = r.order[: int(r.expert_start[E])].long()  # sorted rows of real pairs
+    rows = torch.arange(int(r.expert_start[E]), device=device)
+    for name, a, b in zip(("gate", "up", "h"), want, got):
+        assert torch.equal(a[rows], b[rows]), f"seed={seed}: {name}"
+        assert b[len(rows) :].isnan().all(), f"seed={seed}: {name}: rows of no tile written"
+    h = want[2]
+    for transposed, a, wt, n, tile in ((True, h, dp, H, plan.down), (False, torch.cat(want[:2], 1), gu, H, plan.grad_x)):
+        ref, out = torch.zeros(S, n, dtype=torch.bfloat16, device=device), _nan(S, n, device=device)
+        M.launch_pairs(a, wt, r, w, ref, tile, transposed=transposed)
+        P.launch_pairs(a, wt, r, w, out, tile, transposed=transposed, programs=programs)
+        assert torch.equal(ref[valid], out[valid]), f"seed={seed}: down (transposed={transposed})"
+        assert out[r.order[len(valid) :].long()].isnan().all(), "rows of pairs in no tile written"
+
+
+COMPILE = """
+import json, sys
+sys.path.insert(0, "tests")
+import moe_compile_worker as W
+from swiglu.kernels import moe as M
+from swiglu_lab.experiments import moe_persistent as X
+plan = M.moe_plan(65536, 128, 2048, 768)  # Qwen3-30B-A3B at 8192 tokens
+rows = []
+for fn, t, const, boxes in (
+    (X.moe_up_persistent_kernel, plan.up, dict(B_TMA=True), {"w_ptr": (plan.up.BN, plan.up.BK)}),
+    (X.moe_down_persistent_kernel, plan.down, dict(B_TRANS=True, SCALE=True, A_TMA=True, B_TMA=True),
+     {"a_ptr": (plan.down.BM, plan.down.BK), "w_ptr": (plan.down.BN, plan.down.BK)}),
+    (X.moe_down_persistent_kernel, plan.grad_x, dict(B_TRANS=False, SCALE=False, A_TMA=False, B_TMA=False), {}),
+):
+    opts = dict(num_warps=t.num_warps, num_stages=t.num_stages)
+    rows.append(W.compile_one(fn, opts, boxes, BM=t.BM, BN=t.BN, BK=t.BK, E_PAD=256, FLATTEN=True, **const))
+print(json.dumps(rows))
+"""
+
+
+def test_persistent_kernels_compile_for_sm90_with_the_gpu_machines_triton():
+    """What the probe launches compiles for sm_90 with a software-pipelined main loop (more than
+    one stage of operand tiles in shared memory), under the GPU machine's triton where
+    ``make test`` provides it (else this interpreter's)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    paths = [os.environ.get("SWIGLU_EXTRA_TRITON_DIR", ""), str(root / "src"), str(root / "lab")]
+    env["PYTHONPATH"] = os.pathsep.join([p for p in paths if p] + [env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", COMPILE], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(rows) == 3
+    for r in rows:
+        assert r["error"] is None, r
+        assert r["wgmma"] > 0, r
+        b_tiles = 2 if r["kernel"] == "moe_up_persistent_kernel" else 1
+        assert r["shared"] > 2 * r["BK"] * (r["BM"] + b_tiles * r["BN"]), f"main loop not pipelined: {r}"
