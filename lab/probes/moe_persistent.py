@@ -1,4 +1,4 @@
-"""Do the MoE up projection and the down-projection-shaped GEMMs (forward down, grad_x) gain from
+"""Do the MoE up projection, dSwiGLU and the down-projection-shaped GEMMs (forward down, grad_x) gain from
 persistent programs that walk the tiles with the next tile's loads issued during this one's
 epilogue (``swiglu_lab.experiments.moe_persistent``), against the library's one program per tile?
 
@@ -44,6 +44,11 @@ for name in RUN:
     want_down = y.clone()
     M.launch_pairs(dgu, gu, r, w, y, plan.grad_x, transposed=False)
     want_gx = y.clone()
+    d_out = torch.empty_like(dgu)
+    hw = torch.empty_like(gate)
+    part = torch.empty(S, -(-I // plan.dswiglu.BN), device="cuda")
+    M.launch_dswiglu(go, dp, r, k, w, want_up[0], want_up[1], d_out, hw, part, plan.dswiglu)
+    want_dsw = [t.clone() for t in (d_out, hw, part)]
     cases = {
         "up": (
             lambda: M.launch_up(x, gu, r, k, gate, up, h, plan.up),
@@ -60,22 +65,29 @@ for name in RUN:
             lambda n, f: X.launch_pairs(dgu, gu, r, w, y, plan.grad_x, False, n, f),
             lambda: [torch.equal(want_gx, y)],
         ),
+        "dswiglu": (
+            lambda: M.launch_dswiglu(go, dp, r, k, w, want_up[0], want_up[1], d_out, hw, part, plan.dswiglu),
+            lambda n, f: X.launch_dswiglu(go, dp, r, k, w, want_up[0], want_up[1], d_out, hw, part, plan.dswiglu, n, f),
+            lambda: [torch.equal(a, b) for a, b in zip(want_dsw, (d_out, hw, part))],
+        ),
     }
+    outputs = {"up": (gate, up, h), "down": (y,), "grad_x": (y,), "dswiglu": (d_out, hw, part)}
     for role, (lib, pers, same) in cases.items():
         for label, fn in variants(lib, pers):
-            for t in (gate, up, h) if role == "up" else (y,):  # the outputs, poisoned
+            for t in outputs[role]:  # poisoned
                 t.fill_(float("nan"))
             fn()
             torch.cuda.synchronize()
             ok = all(same())
             ms = P.kernel_ms(fn)
             rows.append((name, role, label, ms, ok))
-            print(f"{name:12s} {role:7s} {label:18s} {ms:7.3f} ms  bitwise={ok}", flush=True)
+            print(f"{name:12s} {role:8s} {label:18s} {ms:7.3f} ms  bitwise={ok}", flush=True)
     # The whole forward+backward with the persistent kernels in the library's place.
     for label in ("library", "persistent flat"):
         if label != "library":
-            lib_up, lib_pairs = M.launch_up, M.launch_pairs
+            lib_up, lib_pairs, lib_dsw = M.launch_up, M.launch_pairs, M.launch_dswiglu
             M.launch_up = lambda *a: X.launch_up(*a, SMS, True)  # noqa: E731
+            M.launch_dswiglu = lambda *a: X.launch_dswiglu(*a, SMS, True)  # noqa: E731
             M.launch_pairs = lambda a, wt, rr, ww, yy, tile, transposed, a2=None: (  # noqa: E731
                 X.launch_pairs(a, wt, rr, ww, yy, tile, transposed, SMS, True)
                 if a2 is None
@@ -86,9 +98,9 @@ for name in RUN:
             rows.append((name, "fwd+bwd", label, sum(res["ours"]), True))
         finally:
             if label != "library":
-                M.launch_up, M.launch_pairs = lib_up, lib_pairs
+                M.launch_up, M.launch_pairs, M.launch_dswiglu = lib_up, lib_pairs, lib_dsw
     print(f"{name} done {time.time() - T0:.0f}s", flush=True)
 
-print("\nshape        kernel  variant            ms      bitwise")
+print("\nshape        kernel   variant            ms      bitwise")
 for name, role, label, ms, ok in rows:
-    print(f"{name:12s} {role:7s} {label:18s} {ms:7.3f}  {ok}")
+    print(f"{name:12s} {role:8s} {label:18s} {ms:7.3f}  {ok}")

@@ -1,4 +1,4 @@
-"""The persistent MoE GEMMs of ``swiglu_lab.experiments.moe_persistent`` (interpreter on the CPU):
+"""The persistent MoE GEMMs (up, down-shaped, dSwiGLU) of ``swiglu_lab.experiments.moe_persistent`` (interpreter on the CPU):
 bitwise the library's kernels on the same routing, with fewer programs than tiles (each walks
 several, across experts), experts with no pairs, ids outside [0, E) and a ragged last tile."""
 
@@ -52,6 +52,19 @@ def test_persistent_up_and_down_are_the_library_kernels_bitwise(device, sizes, p
         P.launch_pairs(a, wt, r, w, out, tile, transposed=transposed, programs=programs)
         assert torch.equal(ref[valid], out[valid]), f"seed={seed}: down (transposed={transposed})"
         assert out[r.order[len(valid) :].long()].isnan().all(), "rows of pairs in no tile written"
+    # dSwiGLU, into a [S, 2I] buffer and over gate and up.
+    nb = -(-I // plan.dswiglu.BN)
+    for in_place in (False, True):
+        outs = []
+        for launch in (M.launch_dswiglu, lambda *a: P.launch_dswiglu(*a, programs)):
+            gate, up = (t.clone() for t in want[:2])
+            dgu = None if in_place else _nan(S, 2 * I, device=device)
+            hw, part = _nan(S, I, device=device), torch.full((S, nb), float("nan"), device=device)
+            launch(go, dp, r, k, w, gate, up, dgu, hw, part, plan.dswiglu)
+            d = torch.cat((gate, up), 1) if in_place else dgu
+            outs.append((d[rows], hw[rows], part[valid]))
+        for name, a, b in zip(("d_gate|d_up", "h * w", "partial sums"), *outs):
+            assert torch.equal(a, b), f"seed={seed}: dSwiGLU {name} (in place: {in_place})"
 
 
 COMPILE = """
@@ -67,6 +80,8 @@ for fn, t, const, boxes in (
     (X.moe_down_persistent_kernel, plan.down, dict(B_TRANS=True, SCALE=True, A_TMA=True, B_TMA=True),
      {"a_ptr": (plan.down.BM, plan.down.BK), "w_ptr": (plan.down.BN, plan.down.BK)}),
     (X.moe_down_persistent_kernel, plan.grad_x, dict(B_TRANS=False, SCALE=False, A_TMA=False, B_TMA=False), {}),
+    (X.moe_dswiglu_persistent_kernel, plan.dswiglu, dict(EPI_SPLIT=plan.dswiglu.EPI_SPLIT, B_TMA=True, IN_PLACE=False),
+     {"w_ptr": (plan.dswiglu.BK, plan.dswiglu.BN)}),
 ):
     opts = dict(num_warps=t.num_warps, num_stages=t.num_stages)
     rows.append(W.compile_one(fn, opts, boxes, BM=t.BM, BN=t.BN, BK=t.BK, E_PAD=256, FLATTEN=True, **const))
@@ -85,7 +100,7 @@ def test_persistent_kernels_compile_for_sm90_with_the_gpu_machines_triton():
     out = subprocess.run([sys.executable, "-c", COMPILE], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(rows) == 3
+    assert len(rows) == 4
     for r in rows:
         assert r["error"] is None, r
         assert r["wgmma"] > 0, r

@@ -1,4 +1,4 @@
-"""Persistent forms of the MoE up projection and down-projection-shaped GEMMs (an experiment).
+"""Persistent forms of the MoE up projection, dSwiGLU and down-projection-shaped GEMMs (an experiment).
 
 The library's grouped kernels (``swiglu.kernels.moe``) launch one program per tile: with one
 program per SM (their tiles take 100-150 KB of shared memory), each tile's pipeline fill and its
@@ -17,6 +17,7 @@ import triton.language as tl
 
 from swiglu.kernels import moe as M
 from swiglu.kernels.devices import INTERPRET, cdiv
+from swiglu.kernels.moe import _dswiglu_piece
 from swiglu.kernels.tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start
 
 
@@ -187,6 +188,76 @@ def moe_down_persistent_kernel(
         tl.store(y_ptr + out, _bf16(acc, UPCAST), mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def moe_dswiglu_persistent_kernel(
+    go_ptr,
+    w_ptr,
+    order_ptr,
+    expert_start_ptr,
+    rw_ptr,
+    gate_ptr,
+    up_ptr,
+    dgu_ptr,
+    hw_ptr,
+    part_ptr,
+    H,
+    I,
+    E,
+    TOP_K,
+    num_n,
+    NUM_PROGRAMS,
+    stride_gt,
+    stride_gh,
+    stride_we,
+    stride_wh,
+    stride_wi,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    E_PAD: tl.constexpr,
+    B_TMA: tl.constexpr,
+    IN_PLACE: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """``moe_dswiglu_kernel``'s tiles, walked by NUM_PROGRAMS programs (its epilogue, the heaviest
+    of the grouped kernels, then overlaps the next tile's loads)."""
+    _pdl_start(PDL)
+    bins, lo, hi, tiles, cum = _expert_tiles(expert_start_ptr, E, BM, E_PAD)
+    ks = tl.arange(0, BK)
+    for t in tl.range(tl.program_id(0), tl.sum(tiles, axis=0) * num_n, NUM_PROGRAMS, flatten=FLATTEN):
+        e, row0, rows, row_ok, pid_n = _tile_rows(t, num_n, bins, lo, hi, tiles, cum, BM)
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < I
+        pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
+        a_ptrs = go_ptr + (pair // TOP_K).to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
+        if not B_TMA:
+            b_ptrs = w_ptr + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wh + cols[None, :] * stride_wi
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            k_ok = (k0 + ks) < H
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            a_ptrs += BK * stride_gh
+            if B_TMA:
+                b = w_ptr.load([e * H + k0, pid_n * BN])
+            else:
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                b_ptrs += BK * stride_wh
+            acc = _dot(a, b, acc, UPCAST)
+        w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+        if EPI_SPLIT == 1:
+            part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE)
+        else:
+            a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+            c0 = pid_n * BN + tl.arange(0, BN // 2)
+            part = _dswiglu_piece(
+                a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE
+            ) + _dswiglu_piece(a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE)
+        tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
+
+
 def num_programs(device: torch.device, per_sm: int = 1) -> int:
     """Programs of a persistent launch: per_sm per SM (4 in the interpreter)."""
     if INTERPRET or device.type != "cuda":
@@ -245,4 +316,41 @@ def launch_pairs(a, w, r: M.Routing, weights, y, tile: M.Tile, transposed: bool,
         SCALE=transposed,
         A_TMA=a_desc is not None,
         B_TMA=w_desc is not None,
+    )
+
+
+def launch_dswiglu(
+    grad_out, down_proj, r: M.Routing, k: int, weights, gate, up, dgu, hw, part, tile: M.Tile, programs: int, flatten: bool = True
+):
+    """``swiglu.kernels.moe.launch_dswiglu`` through ``moe_dswiglu_persistent_kernel``."""
+    H, I = grad_out.shape[1], gate.shape[1]
+    w = M._tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
+    args = (
+        grad_out,
+        w or down_proj,
+        r.order,
+        r.expert_start,
+        weights,
+        gate,
+        up,
+        gate if dgu is None else dgu,
+        hw,
+        part,
+        H,
+        I,
+        r.E,
+        k,
+    )
+    _persistent(
+        moe_dswiglu_persistent_kernel,
+        r,
+        I,
+        tile,
+        programs,
+        flatten,
+        *args,
+        strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
+        EPI_SPLIT=tile.EPI_SPLIT,
+        B_TMA=w is not None,
+        IN_PLACE=dgu is None,
     )
