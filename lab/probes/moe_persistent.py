@@ -1,4 +1,4 @@
-"""Do the MoE up projection, dSwiGLU and the down-projection-shaped GEMMs (forward down, grad_x) gain from
+"""Do the MoE grouped GEMMs (up projection, dSwiGLU, forward down, grad_x) and weight gradients gain from
 persistent programs that walk the tiles with the next tile's loads issued during this one's
 epilogue (``swiglu_lab.experiments.moe_persistent``), against the library's one program per tile?
 
@@ -16,6 +16,7 @@ import torch
 
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
+from swiglu.moe import swiglu_moe
 from swiglu_lab.experiments import moe_persistent as X
 
 T0 = time.time()
@@ -24,20 +25,23 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count
 rows = []
 
 
-def variants(lib, pers):
-    """(label, fn) of the library's launch and the persistent one's settings."""
+def variants(lib, pers, role):
+    """(label, fn) of the library's launch and the persistent one's settings: one program per SM
+    (two where the tile's ~100 KB of shared memory lets two share an SM: the weight gradients)."""
     yield "library", lib
-    for flatten in (True, False):
-        yield f"persistent{' flat' if flatten else ''}", lambda f=flatten: pers(SMS, f)
+    for per_sm in (1, 2) if role.startswith("wgrad") else (1,):
+        for flatten in (True, False):
+            yield f"persistent x{per_sm}{' flat' if flatten else ''}", lambda n=per_sm * SMS, f=flatten: pers(n, f)
 
 
-for name in RUN:
+def kernels(name):
+    """Each kernel: the library's and the persistent variants, timed and checked bitwise."""
     H, I, E, k, S, x, idx, w, gu, dp, go = P.case(name, 8192)
     r = M.Routing(idx, E)
     plan = M.moe_plan(S, E, H, I)
-    gate, up, h = (torch.empty(S, I, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    dgu = torch.randn(S, 2 * I, device="cuda").to(torch.bfloat16)
-    y = torch.empty(S, H, device="cuda", dtype=torch.bfloat16)
+    gate, up, h = (torch.empty(S, I, device=x.device, dtype=torch.bfloat16) for _ in range(3))
+    dgu = torch.randn(S, 2 * I, device=x.device).to(torch.bfloat16)
+    y = torch.empty(S, H, device=x.device, dtype=torch.bfloat16)
     M.launch_up(x, gu, r, k, gate, up, h, plan.up)
     want_up = [t.clone() for t in (gate, up, h)]
     M.launch_pairs(h, dp, r, w, y, plan.down, transposed=True)
@@ -46,9 +50,14 @@ for name in RUN:
     want_gx = y.clone()
     d_out = torch.empty_like(dgu)
     hw = torch.empty_like(gate)
-    part = torch.empty(S, -(-I // plan.dswiglu.BN), device="cuda")
+    part = torch.empty(S, -(-I // plan.dswiglu.BN), device=x.device)
     M.launch_dswiglu(go, dp, r, k, w, want_up[0], want_up[1], d_out, hw, part, plan.dswiglu)
     want_dsw = [t.clone() for t in (d_out, hw, part)]
+    xs, gos = M.gather_rows(x, r, k), M.gather_rows(go, r, k)
+    g_gu, g_dp = torch.empty_like(gu), torch.empty_like(dp)
+    M.launch_wgrad(g_gu, dgu, xs, r, plan.wgrad_gu)
+    M.launch_wgrad(g_dp, gos, want_up[2], r, plan.wgrad_dp)
+    want_wg = (g_gu.clone(), g_dp.clone())
     cases = {
         "up": (
             lambda: M.launch_up(x, gu, r, k, gate, up, h, plan.up),
@@ -70,10 +79,27 @@ for name in RUN:
             lambda n, f: X.launch_dswiglu(go, dp, r, k, w, want_up[0], want_up[1], d_out, hw, part, plan.dswiglu, n, f),
             lambda: [torch.equal(a, b) for a, b in zip(want_dsw, (d_out, hw, part))],
         ),
+        "wgrad_gu": (
+            lambda: M.launch_wgrad(g_gu, dgu, xs, r, plan.wgrad_gu),
+            lambda n, f: X.launch_wgrad(g_gu, dgu, xs, r, plan.wgrad_gu, n, f),
+            lambda: [torch.equal(want_wg[0], g_gu)],
+        ),
+        "wgrad_dp": (
+            lambda: M.launch_wgrad(g_dp, gos, want_up[2], r, plan.wgrad_dp),
+            lambda n, f: X.launch_wgrad(g_dp, gos, want_up[2], r, plan.wgrad_dp, n, f),
+            lambda: [torch.equal(want_wg[1], g_dp)],
+        ),
     }
-    outputs = {"up": (gate, up, h), "down": (y,), "grad_x": (y,), "dswiglu": (d_out, hw, part)}
+    outputs = {
+        "up": (gate, up, h),
+        "down": (y,),
+        "grad_x": (y,),
+        "dswiglu": (d_out, hw, part),
+        "wgrad_gu": (g_gu,),
+        "wgrad_dp": (g_dp,),
+    }
     for role, (lib, pers, same) in cases.items():
-        for label, fn in variants(lib, pers):
+        for label, fn in variants(lib, pers, role):
             for t in outputs[role]:  # poisoned
                 t.fill_(float("nan"))
             fn()
@@ -81,26 +107,49 @@ for name in RUN:
             ok = all(same())
             ms = P.kernel_ms(fn)
             rows.append((name, role, label, ms, ok))
-            print(f"{name:12s} {role:8s} {label:18s} {ms:7.3f} ms  bitwise={ok}", flush=True)
-    # The whole forward+backward with the persistent kernels in the library's place.
-    for label in ("library", "persistent flat"):
+            print(f"{name:12s} {role:8s} {label:21s} {ms:7.3f} ms  bitwise={ok}", flush=True)
+
+
+def fingerprint(name):
+    """Bit sums of one forward+backward's output and gradients (equal for bitwise-equal runs)."""
+    H, I, E, k, S, x, idx, w, gu, dp, go = P.case(name, 8192)
+    leaves = [t.clone().requires_grad_() for t in (x, w, gu, dp)]
+    out = swiglu_moe(leaves[0], idx, *leaves[1:], impl="triton")
+    got = (out.detach(), *torch.autograd.grad(out, leaves, go))
+    bits = {2: torch.int16, 4: torch.int32}
+    return [int(t.contiguous().view(bits[t.element_size()]).to(torch.int64).sum()) for t in got]
+
+
+def whole(name):
+    """The whole forward+backward with the persistent kernels in the library's place, and whether
+    its output and gradients are the library's bits."""
+    prints = []
+    for label in ("library", "persistent x1 flat"):
         if label != "library":
             lib_up, lib_pairs, lib_dsw = M.launch_up, M.launch_pairs, M.launch_dswiglu
             M.launch_up = lambda *a: X.launch_up(*a, SMS, True)  # noqa: E731
             M.launch_dswiglu = lambda *a: X.launch_dswiglu(*a, SMS, True)  # noqa: E731
+            lib_wgrad, M.launch_wgrad = M.launch_wgrad, lambda *a: X.launch_wgrad(*a, SMS, True)
             M.launch_pairs = lambda a, wt, rr, ww, yy, tile, transposed, a2=None: (  # noqa: E731
                 X.launch_pairs(a, wt, rr, ww, yy, tile, transposed, SMS, True)
                 if a2 is None
                 else lib_pairs(a, wt, rr, ww, yy, tile, transposed, a2)
             )
         try:
+            prints.append(fingerprint(name))
             res = P.bench(name, 8192, impl_names=["ours"])
-            rows.append((name, "fwd+bwd", label, sum(res["ours"]), True))
+            rows.append((name, "fwd+bwd", label, sum(res["ours"]), prints[-1] == prints[0]))
         finally:
             if label != "library":
-                M.launch_up, M.launch_pairs, M.launch_dswiglu = lib_up, lib_pairs, lib_dsw
+                M.launch_up, M.launch_pairs, M.launch_dswiglu, M.launch_wgrad = lib_up, lib_pairs, lib_dsw, lib_wgrad
+
+
+for name in RUN:
+    kernels(name)  # its buffers are freed on return: DeepSeek-V3's weight gradients take tens of GB
+    torch.cuda.empty_cache()
+    whole(name)
     print(f"{name} done {time.time() - T0:.0f}s", flush=True)
 
-print("\nshape        kernel   variant            ms      bitwise")
+print("\nshape        kernel   variant               ms      bitwise")
 for name, role, label, ms, ok in rows:
-    print(f"{name:12s} {role:8s} {label:18s} {ms:7.3f}  {ok}")
+    print(f"{name:12s} {role:8s} {label:21s} {ms:7.3f}  {ok}")

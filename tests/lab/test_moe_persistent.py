@@ -1,4 +1,4 @@
-"""The persistent MoE GEMMs (up, down-shaped, dSwiGLU) of ``swiglu_lab.experiments.moe_persistent`` (interpreter on the CPU):
+"""The persistent MoE GEMMs (up, down-shaped, dSwiGLU, weight gradients) of ``swiglu_lab.experiments.moe_persistent`` (interpreter on the CPU):
 bitwise the library's kernels on the same routing, with fewer programs than tiles (each walks
 several, across experts), experts with no pairs, ids outside [0, E) and a ragged last tile."""
 
@@ -65,6 +65,17 @@ def test_persistent_up_and_down_are_the_library_kernels_bitwise(device, sizes, p
             outs.append((d[rows], hw[rows], part[valid]))
         for name, a, b in zip(("d_gate|d_up", "h * w", "partial sums"), *outs):
             assert torch.equal(a, b), f"seed={seed}: dSwiGLU {name} (in place: {in_place})"
+    # Weight gradients (an empty expert writes zeros) over expert-order copies, as the backward runs them.
+    xs, gos = M.gather_rows(x, r, k), M.gather_rows(go, r, k)
+    for c_shape, a, b, tile in (
+        ((E, 2 * I, H), torch.cat(want[:2], 1), xs, plan.wgrad_gu),
+        ((E, H, I), gos, want[2], plan.wgrad_dp),
+    ):
+        ref, out = torch.zeros(c_shape, dtype=torch.bfloat16, device=device), _nan(*c_shape, device=device)
+        M.launch_wgrad(ref, a, b, r, tile)
+        P.launch_wgrad(out, a, b, r, tile, programs)
+        assert torch.equal(ref, out), f"seed={seed}: weight gradient {c_shape}"
+        assert out[E - 1].eq(0).all()
 
 
 COMPILE = """
@@ -82,9 +93,12 @@ for fn, t, const, boxes in (
     (X.moe_down_persistent_kernel, plan.grad_x, dict(B_TRANS=False, SCALE=False, A_TMA=False, B_TMA=False), {}),
     (X.moe_dswiglu_persistent_kernel, plan.dswiglu, dict(EPI_SPLIT=plan.dswiglu.EPI_SPLIT, B_TMA=True, IN_PLACE=False),
      {"w_ptr": (plan.dswiglu.BK, plan.dswiglu.BN)}),
+    (X.moe_wgrad_persistent_kernel, plan.wgrad_gu, dict(A_TMA=True, B_TMA=True),
+     {"a_ptr": (plan.wgrad_gu.BK, plan.wgrad_gu.BM), "b_ptr": (plan.wgrad_gu.BK, plan.wgrad_gu.BN)}),
 ):
     opts = dict(num_warps=t.num_warps, num_stages=t.num_stages)
-    rows.append(W.compile_one(fn, opts, boxes, BM=t.BM, BN=t.BN, BK=t.BK, E_PAD=256, FLATTEN=True, **const))
+    pad = {} if fn is X.moe_wgrad_persistent_kernel else dict(E_PAD=256)
+    rows.append(W.compile_one(fn, opts, boxes, BM=t.BM, BN=t.BN, BK=t.BK, FLATTEN=True, **pad, **const))
 print(json.dumps(rows))
 """
 
@@ -100,9 +114,9 @@ def test_persistent_kernels_compile_for_sm90_with_the_gpu_machines_triton():
     out = subprocess.run([sys.executable, "-c", COMPILE], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(rows) == 4
+    assert len(rows) == 5
     for r in rows:
         assert r["error"] is None, r
         assert r["wgmma"] > 0, r
-        b_tiles = 2 if r["kernel"] == "moe_up_persistent_kernel" else 1
+        b_tiles = 2 if r["kernel"] == "moe_up_persistent_kernel" else 1  # [BK, BM] + [BK, BN] for the weight gradient too
         assert r["shared"] > 2 * r["BK"] * (r["BM"] + b_tiles * r["BN"]), f"main loop not pipelined: {r}"

@@ -1,4 +1,4 @@
-"""Persistent forms of the MoE up projection, dSwiGLU and down-projection-shaped GEMMs (an experiment).
+"""Persistent forms of the MoE grouped GEMMs and weight gradients (an experiment).
 
 The library's grouped kernels (``swiglu.kernels.moe``) launch one program per tile: with one
 program per SM (their tiles take 100-150 KB of shared memory), each tile's pipeline fill and its
@@ -17,7 +17,7 @@ import triton.language as tl
 
 from swiglu.kernels import moe as M
 from swiglu.kernels.devices import INTERPRET, cdiv
-from swiglu.kernels.moe import _dswiglu_piece
+from swiglu.kernels.moe import _dswiglu_piece, _wgrad_operand
 from swiglu.kernels.tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start
 
 
@@ -258,6 +258,62 @@ def moe_dswiglu_persistent_kernel(
         tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
 
 
+@triton.jit
+def moe_wgrad_persistent_kernel(
+    a_ptr,
+    b_ptr,
+    expert_start_ptr,
+    c_ptr,
+    M,
+    N,
+    E,
+    num_m,
+    num_n,
+    NUM_PROGRAMS,
+    stride_at,
+    stride_bt,
+    stride_ce,
+    stride_cm,
+    stride_cn,
+    A_TMA: tl.constexpr,
+    B_TMA: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """``moe_wgrad_kernel``'s (expert, output tile) programs as tiles walked by NUM_PROGRAMS
+    programs: its tiles are short (an expert's rows: 512 at Qwen3-30B-A3B, 8192 tokens), so the
+    pipeline fill and the store are a large share of each."""
+    _pdl_start(PDL)
+    per_e = num_m * num_n
+    ks = tl.arange(0, BK)
+    for t in tl.range(tl.program_id(0), E * per_e, NUM_PROGRAMS, flatten=FLATTEN):
+        e = t // per_e
+        pid_m = (t % per_e) // num_n
+        pid_n = t % num_n
+        start = tl.load(expert_start_ptr + e)
+        end = tl.load(expert_start_ptr + e + 1)
+        ms = pid_m * BM + tl.arange(0, BM)
+        ns = pid_n * BN + tl.arange(0, BN)
+        full = start + (end - start) // BK * BK
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for r0 in range(start, full, BK):
+            r_ok = r0 + ks < end
+            a = _wgrad_operand(a_ptr, r0, r_ok, ms, pid_m * BM, M, stride_at, A_TMA, False)
+            b = _wgrad_operand(b_ptr, r0, r_ok, ns, pid_n * BN, N, stride_bt, B_TMA, False)
+            acc = _dot(tl.trans(a), b, acc, UPCAST)
+        if full < end:
+            r_ok = full + ks < end
+            a = _wgrad_operand(a_ptr, full, r_ok, ms, pid_m * BM, M, stride_at, A_TMA, True)
+            b = _wgrad_operand(b_ptr, full, r_ok, ns, pid_n * BN, N, stride_bt, B_TMA, True)
+            acc = _dot(tl.trans(a), b, acc, UPCAST)
+        c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
+        tl.store(c, _bf16(acc, UPCAST), mask=(ms < M)[:, None] & (ns < N)[None, :])
+
+
 def num_programs(device: torch.device, per_sm: int = 1) -> int:
     """Programs of a persistent launch: per_sm per SM (4 in the interpreter)."""
     if INTERPRET or device.type != "cuda":
@@ -353,4 +409,39 @@ def launch_dswiglu(
         EPI_SPLIT=tile.EPI_SPLIT,
         B_TMA=w is not None,
         IN_PLACE=dgu is None,
+    )
+
+
+def launch_wgrad(c, a, b, r: M.Routing, tile: M.Tile, programs: int, flatten: bool = True):
+    """``swiglu.kernels.moe.launch_wgrad`` through ``moe_wgrad_persistent_kernel``."""
+    E, Mc, N = c.shape
+    num_m, num_n = cdiv(Mc, tile.BM), cdiv(N, tile.BN)
+    a_desc = M._tma(a, [tile.BK, tile.BM], tile.TMA_A)
+    b_desc = M._tma(b, [tile.BK, tile.BN], tile.TMA_B)
+    grid = (max(1, min(programs, E * num_m * num_n)),)
+    M._launch(
+        moe_wgrad_persistent_kernel,
+        grid,
+        tile.num_warps,
+        tile.num_stages,
+        a_desc or a,
+        b_desc or b,
+        r.expert_start,
+        c,
+        Mc,
+        N,
+        E,
+        num_m,
+        num_n,
+        grid[0],
+        a.stride(0),
+        b.stride(0),
+        *c.stride(),
+        A_TMA=a_desc is not None,
+        B_TMA=b_desc is not None,
+        BM=tile.BM,
+        BN=tile.BN,
+        BK=tile.BK,
+        FLATTEN=flatten,
+        UPCAST=INTERPRET,
     )
