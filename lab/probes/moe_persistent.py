@@ -29,8 +29,9 @@ def variants(lib, pers, role):
     """(label, fn) of the library's launch and the persistent one's settings: one program per SM
     (two where the tile's ~100 KB of shared memory lets two share an SM: the weight gradients)."""
     yield "library", lib
-    for per_sm in (1, 2) if role.startswith("wgrad") else (1,):
-        for flatten in (True, False):
+    wgrad = role.startswith("wgrad")
+    for per_sm in (1, 2) if wgrad else (1,):
+        for flatten in (False,) if wgrad else (True, False):  # its tail step keeps the loops apart
             yield f"persistent x{per_sm}{' flat' if flatten else ''}", lambda n=per_sm * SMS, f=flatten: pers(n, f)
 
 
@@ -129,7 +130,7 @@ def whole(name):
             lib_up, lib_pairs, lib_dsw = M.launch_up, M.launch_pairs, M.launch_dswiglu
             M.launch_up = lambda *a: X.launch_up(*a, SMS, True)  # noqa: E731
             M.launch_dswiglu = lambda *a: X.launch_dswiglu(*a, SMS, True)  # noqa: E731
-            lib_wgrad, M.launch_wgrad = M.launch_wgrad, lambda *a: X.launch_wgrad(*a, SMS, True)
+            lib_wgrad, M.launch_wgrad = M.launch_wgrad, lambda *a: X.launch_wgrad(*a, SMS, False)
             M.launch_pairs = lambda a, wt, rr, ww, yy, tile, transposed, a2=None: (  # noqa: E731
                 X.launch_pairs(a, wt, rr, ww, yy, tile, transposed, SMS, True)
                 if a2 is None
