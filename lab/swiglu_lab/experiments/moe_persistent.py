@@ -286,7 +286,9 @@ def moe_wgrad_persistent_kernel(
 ):
     """``moe_wgrad_kernel``'s (expert, output tile) programs as tiles walked by NUM_PROGRAMS
     programs: its tiles are short (an expert's rows: 512 at Qwen3-30B-A3B, 8192 tokens), so the
-    pipeline fill and the store are a large share of each. FLATTEN does nothing here under triton
+    pipeline fill and the store are a large share of each. An earlier persistent form (gathers in
+    its loads, commit 146a697) measured slower than one program per tile, two of which share an SM
+    (docs/moe.md); this one reads the TMA copies. FLATTEN does nothing here under triton
     3.6 (the same TTGIR): its loop fusion takes only inner loops whose bounds do not change with
     the tile (checked by compiling variants), and these run over each expert's rows."""
     _pdl_start(PDL)
