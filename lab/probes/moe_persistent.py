@@ -27,13 +27,14 @@ rows = []
 
 
 def variants(lib, pers, role, tile):
-    """(label, fn) of the library's launch and the persistent one's settings: one program per SM
-    (two where the tile's ~100 KB of shared memory lets two share an SM: the weight gradients),
-    flattened or not, and the flattened loop with one stage more or less than the plan's."""
+    """(label, fn) of the library's launch and the persistent one's settings: one program per SM,
+    flattened or not, two per SM (where a tile's shared memory lets two share an SM, one's
+    epilogue overlaps the other's main loop; not flattened, which takes more shared memory), and
+    one stage more or less than the plan's."""
     yield "library", lib
     wgrad = role.startswith("wgrad")
-    for per_sm in (1, 2) if wgrad else (1,):
-        for flatten in (False,) if wgrad else (True, False):  # its tail step keeps the loops apart
+    for per_sm in (1, 2):
+        for flatten in (False,) if wgrad or per_sm == 2 else (True, False):  # wgrad: loops that cannot be flattened
             yield f"persistent x{per_sm}{' flat' if flatten else ''}", lambda n=per_sm * SMS, f=flatten: pers(n, f)
     for stages in (tile.num_stages - 1, tile.num_stages + 1):
         if stages >= 2:
