@@ -1,6 +1,6 @@
 """The MoE kernels compile for sm_90 in every configuration the plan dispatches, with this Triton and
 (``make test``) the GPU machine's, and their main loops are software-pipelined: shared memory holds
-more than one stage of operand tiles. The CPU interpreter cannot show either."""
+at least two stages of operand tiles (and fits an sm_90 block). The CPU interpreter cannot show either."""
 
 import json
 import os
@@ -15,6 +15,7 @@ WORKER = ROOT / "tests" / "moe_compile_worker.py"
 # (routed pairs, experts, hidden_size, intermediate_size): Qwen3-30B-A3B, Qwen3-235B-A22B, Mixtral at 8192
 # tokens, and few pairs per expert (64-pair tiles).
 SHAPES = [(65536, 128, 2048, 768), (65536, 128, 4096, 1536), (16384, 8, 4096, 14336), (2048, 128, 2048, 768)]
+SM90_SHARED = 232448
 TRITONS = ["installed"] + (["extra"] if os.environ.get("SWIGLU_EXTRA_TRITON_DIR") else [])
 
 
@@ -40,4 +41,6 @@ def test_moe_kernels_compile_for_sm90_and_pipeline(which):
         if r["role"] in ("combine", "routing", "gather"):
             continue
         assert r["wgmma"] > 0, r
-        assert r["shared"] > _stage_bytes(r), f"main loop not pipelined ({report['triton']}): {r}"
+        # At least two stages of operand tiles (one stage and a TMA barrier is what an unpipelined
+        # loop takes), within sm_90's 232,448 bytes per block (compiling without a GPU checks neither).
+        assert 2 * _stage_bytes(r) <= r["shared"] <= SM90_SHARED, f"main loop not pipelined or too big ({report['triton']}): {r}"

@@ -8,5 +8,5 @@ which the library's backward runs for a table entry with ``GluonConfig.resident_
 backward runs for a table entry with ``GluonConfig.plain_store`` or a ``gluon_grad_x`` entry once
 imported. ``candidates``: the library's Gluon kernels' candidate configurations that the probes
 measure and the tests compile (a table entry's ``"candidate"`` index points into them).
-``moe_persistent``: the MoE up and down-projection GEMMs as persistent programs walking the
-tiles (lab/probes/moe_persistent.py)."""
+``moe_persistent``: the six MoE kernels as persistent programs walking the tiles
+(lab/probes/moe_persistent.py)."""
