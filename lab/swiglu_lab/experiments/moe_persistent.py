@@ -17,8 +17,8 @@ import triton.language as tl
 
 from swiglu.kernels import moe as M
 from swiglu.kernels.devices import INTERPRET, cdiv
-from swiglu.kernels.moe import _dswiglu_piece, _wgrad_operand
-from swiglu.kernels.tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start
+from swiglu.kernels.moe import _dswiglu_tile, _pairs_tile, _up_tile, _wgrad_tile
+from swiglu.kernels.tl_kernels import _pdl_start
 
 
 @triton.jit
@@ -77,43 +77,13 @@ def moe_up_persistent_kernel(
     """``moe_up_kernel``'s tiles, walked by NUM_PROGRAMS programs."""
     _pdl_start(PDL)
     bins, lo, hi, tiles, cum = _expert_tiles(expert_start_ptr, E, BM, E_PAD)
-    ks = tl.arange(0, BK)
     for t in tl.range(tl.program_id(0), tl.sum(tiles, axis=0) * num_n, NUM_PROGRAMS, flatten=FLATTEN):
         e, row0, rows, row_ok, pid_n = _tile_rows(t, num_n, bins, lo, hi, tiles, cum, BM)
         cols = pid_n * BN + tl.arange(0, BN)
-        col_ok = cols < I
-        tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
-        a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
-        if not B_TMA:
-            w_base = w_ptr + e.to(tl.int64) * stride_we
-            g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
-            u_ptrs = g_ptrs + I * stride_wn
-        w_row = e * 2 * I + pid_n * BN
-        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
-        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, H, BK):
-            k_ok = (k0 + ks) < H
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            if B_TMA:
-                bg = tl.trans(w_ptr.load([w_row, k0]))
-                bu = tl.trans(w_ptr.load([w_row + I, k0]))
-            else:
-                bg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                bu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                g_ptrs += BK * stride_wh
-                u_ptrs += BK * stride_wh
-            acc_g = _dot(a, bg, acc_g, UPCAST)
-            acc_u = _dot(a, bu, acc_u, UPCAST)
-            a_ptrs += BK * stride_xh
-        gate = _bf16(acc_g, UPCAST)
-        up = _bf16(acc_u, UPCAST)
-        act = _activated_gate(_f32(gate, UPCAST), UPCAST)
-        h = _bf16(_f32(act, UPCAST) * _f32(up, UPCAST), UPCAST)
-        out = rows.to(tl.int64)[:, None] * I + cols[None, :]
-        ok = row_ok[:, None] & col_ok[None, :]
-        tl.store(gate_ptr + out, gate, mask=ok)
-        tl.store(up_ptr + out, up, mask=ok)
-        tl.store(h_ptr + out, h, mask=ok)
+        # fmt: off
+        _up_tile(x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn,
+                 stride_wh, e, rows, row_ok, cols, cols < I, pid_n, BM, BN, BK, B_TMA, UPCAST)
+        # fmt: on
 
 
 @triton.jit
@@ -148,44 +118,13 @@ def moe_down_persistent_kernel(
     """``moe_down_kernel``'s tiles (one A buffer), walked by NUM_PROGRAMS programs."""
     _pdl_start(PDL)
     bins, lo, hi, tiles, cum = _expert_tiles(expert_start_ptr, E, BM, E_PAD)
-    ks = tl.arange(0, BK)
     for t in tl.range(tl.program_id(0), tl.sum(tiles, axis=0) * num_n, NUM_PROGRAMS, flatten=FLATTEN):
         e, row0, rows, row_ok, pid_n = _tile_rows(t, num_n, bins, lo, hi, tiles, cum, BM)
         cols = pid_n * BN + tl.arange(0, BN)
-        col_ok = cols < N
-        if not A_TMA:
-            a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
-        if not B_TMA:
-            w_base = w_ptr + e.to(tl.int64) * stride_we
-            if B_TRANS:
-                b_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_w0 + ks[:, None] * stride_w1
-                b_step = BK * stride_w1
-            else:
-                b_ptrs = w_base + ks.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1
-                b_step = BK * stride_w0
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            k_ok = (k0 + ks) < K
-            if A_TMA:
-                a = a_ptr.load([row0, k0])
-            else:
-                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                a_ptrs += BK
-            if B_TMA:
-                if B_TRANS:
-                    b = tl.trans(w_ptr.load([e * N + pid_n * BN, k0]))
-                else:
-                    b = w_ptr.load([e * K + k0, pid_n * BN])
-            else:
-                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                b_ptrs += b_step
-            acc = _dot(a, b, acc, UPCAST)
-        pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
-        if SCALE:
-            w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
-            acc = _f32(_bf16(acc, UPCAST), UPCAST) * w[:, None]
-        out = pair.to(tl.int64)[:, None] * N + cols[None, :]
-        tl.store(y_ptr + out, _bf16(acc, UPCAST), mask=row_ok[:, None] & col_ok[None, :])
+        # fmt: off
+        _pairs_tile(a_ptr, a_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, K, stride_am, stride_we, stride_w0, stride_w1,
+                    e, row0, rows, row_ok, cols, cols < N, pid_n, B_TRANS, SCALE, BM, BN, BK, False, A_TMA, B_TMA, UPCAST)
+        # fmt: on
 
 
 @triton.jit
@@ -226,36 +165,14 @@ def moe_dswiglu_persistent_kernel(
     of the grouped kernels, then overlaps the next tile's loads)."""
     _pdl_start(PDL)
     bins, lo, hi, tiles, cum = _expert_tiles(expert_start_ptr, E, BM, E_PAD)
-    ks = tl.arange(0, BK)
     for t in tl.range(tl.program_id(0), tl.sum(tiles, axis=0) * num_n, NUM_PROGRAMS, flatten=FLATTEN):
         e, row0, rows, row_ok, pid_n = _tile_rows(t, num_n, bins, lo, hi, tiles, cum, BM)
         cols = pid_n * BN + tl.arange(0, BN)
-        col_ok = cols < I
-        pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
-        a_ptrs = go_ptr + (pair // TOP_K).to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
-        if not B_TMA:
-            b_ptrs = w_ptr + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wh + cols[None, :] * stride_wi
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, H, BK):
-            k_ok = (k0 + ks) < H
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            a_ptrs += BK * stride_gh
-            if B_TMA:
-                b = w_ptr.load([e * H + k0, pid_n * BN])
-            else:
-                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                b_ptrs += BK * stride_wh
-            acc = _dot(a, b, acc, UPCAST)
-        w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
-        if EPI_SPLIT == 1:
-            part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE)
-        else:
-            a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
-            c0 = pid_n * BN + tl.arange(0, BN // 2)
-            part = _dswiglu_piece(
-                a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE
-            ) + _dswiglu_piece(a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE)
-        tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
+        # fmt: off
+        _dswiglu_tile(go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n,
+                      stride_gt, stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, cols < I, pid_n, BM,
+                      BN, BK, EPI_SPLIT, B_TMA, IN_PLACE, UPCAST)
+        # fmt: on
 
 
 @triton.jit
@@ -293,29 +210,11 @@ def moe_wgrad_persistent_kernel(
     the tile (checked by compiling variants), and these run over each expert's rows."""
     _pdl_start(PDL)
     per_e = num_m * num_n
-    ks = tl.arange(0, BK)
     for t in tl.range(tl.program_id(0), E * per_e, NUM_PROGRAMS, flatten=FLATTEN):
-        e = t // per_e
-        pid_m = (t % per_e) // num_n
-        pid_n = t % num_n
-        start = tl.load(expert_start_ptr + e)
-        end = tl.load(expert_start_ptr + e + 1)
-        ms = pid_m * BM + tl.arange(0, BM)
-        ns = pid_n * BN + tl.arange(0, BN)
-        full = start + (end - start) // BK * BK
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for r0 in range(start, full, BK):
-            r_ok = r0 + ks < end
-            a = _wgrad_operand(a_ptr, r0, r_ok, ms, pid_m * BM, M, stride_at, A_TMA, False)
-            b = _wgrad_operand(b_ptr, r0, r_ok, ns, pid_n * BN, N, stride_bt, B_TMA, False)
-            acc = _dot(tl.trans(a), b, acc, UPCAST)
-        if full < end:
-            r_ok = full + ks < end
-            a = _wgrad_operand(a_ptr, full, r_ok, ms, pid_m * BM, M, stride_at, A_TMA, True)
-            b = _wgrad_operand(b_ptr, full, r_ok, ns, pid_n * BN, N, stride_bt, B_TMA, True)
-            acc = _dot(tl.trans(a), b, acc, UPCAST)
-        c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
-        tl.store(c, _bf16(acc, UPCAST), mask=(ms < M)[:, None] & (ns < N)[None, :])
+        # fmt: off
+        _wgrad_tile(a_ptr, b_ptr, expert_start_ptr, c_ptr, M, N, stride_at, stride_bt, stride_ce, stride_cm, stride_cn,
+                    t // per_e, (t % per_e) // num_n, t % num_n, A_TMA, B_TMA, BM, BN, BK, UPCAST)
+        # fmt: on
 
 
 def num_programs(device: torch.device, per_sm: int = 1) -> int:

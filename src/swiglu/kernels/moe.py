@@ -124,6 +124,48 @@ def _grouped_tile(expert_start_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.conste
 
 
 @triton.jit
+def _up_tile(
+    x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn, stride_wh,
+    e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, B_TMA: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """One tile of ``moe_up_kernel`` (expert e, these sorted rows and columns)."""
+    tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
+    ks = tl.arange(0, BK)
+    a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
+    if not B_TMA:
+        w_base = w_ptr + e.to(tl.int64) * stride_we
+        g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+        u_ptrs = g_ptrs + I * stride_wn
+    w_row = e * 2 * I + pid_n * BN
+    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        k_ok = (k0 + ks) < H
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if B_TMA:
+            bg = tl.trans(w_ptr.load([w_row, k0]))
+            bu = tl.trans(w_ptr.load([w_row + I, k0]))
+        else:
+            bg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            bu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            g_ptrs += BK * stride_wh
+            u_ptrs += BK * stride_wh
+        acc_g = _dot(a, bg, acc_g, UPCAST)
+        acc_u = _dot(a, bu, acc_u, UPCAST)
+        a_ptrs += BK * stride_xh
+    gate = _bf16(acc_g, UPCAST)
+    up = _bf16(acc_u, UPCAST)
+    act = _activated_gate(_f32(gate, UPCAST), UPCAST)
+    h = _bf16(_f32(act, UPCAST) * _f32(up, UPCAST), UPCAST)
+    out = rows.to(tl.int64)[:, None] * I + cols[None, :]
+    ok = row_ok[:, None] & col_ok[None, :]
+    tl.store(gate_ptr + out, gate, mask=ok)
+    tl.store(up_ptr + out, up, mask=ok)
+    tl.store(h_ptr + out, h, mask=ok)
+
+
+@triton.jit
 def moe_up_kernel(
     x_ptr,
     w_ptr,
@@ -156,39 +198,10 @@ def moe_up_kernel(
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
-        tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
-        ks = tl.arange(0, BK)
-        a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
-        if not B_TMA:
-            w_base = w_ptr + e.to(tl.int64) * stride_we
-            g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
-            u_ptrs = g_ptrs + I * stride_wn
-        w_row = e * 2 * I + pid_n * BN
-        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
-        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, H, BK):
-            k_ok = (k0 + ks) < H
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            if B_TMA:
-                bg = tl.trans(w_ptr.load([w_row, k0]))
-                bu = tl.trans(w_ptr.load([w_row + I, k0]))
-            else:
-                bg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                bu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                g_ptrs += BK * stride_wh
-                u_ptrs += BK * stride_wh
-            acc_g = _dot(a, bg, acc_g, UPCAST)
-            acc_u = _dot(a, bu, acc_u, UPCAST)
-            a_ptrs += BK * stride_xh
-        gate = _bf16(acc_g, UPCAST)
-        up = _bf16(acc_u, UPCAST)
-        act = _activated_gate(_f32(gate, UPCAST), UPCAST)
-        h = _bf16(_f32(act, UPCAST) * _f32(up, UPCAST), UPCAST)
-        out = rows.to(tl.int64)[:, None] * I + cols[None, :]
-        ok = row_ok[:, None] & col_ok[None, :]
-        tl.store(gate_ptr + out, gate, mask=ok)
-        tl.store(up_ptr + out, up, mask=ok)
-        tl.store(h_ptr + out, h, mask=ok)
+        # fmt: off
+        _up_tile(x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn,
+                 stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM, BN, BK, B_TMA, UPCAST)
+        # fmt: on
 
 
 @triton.jit
@@ -233,6 +246,66 @@ def _pairs_k_range(
 
 
 @triton.jit
+def _pairs_tile(
+    a_ptr, a2_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, K1, stride_am, stride_we, stride_w0, stride_w1,
+    e, row0, rows, row_ok, cols, col_ok, pid_n, B_TRANS: tl.constexpr, SCALE: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, A_SPLIT: tl.constexpr, A_TMA: tl.constexpr, B_TMA: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """One tile of ``moe_down_kernel`` (expert e, these sorted rows and columns)."""
+    ks = tl.arange(0, BK)
+    a_rows = rows.to(tl.int64)[:, None] * stride_am
+    if not A_TMA:
+        a_ptrs = a_ptr + a_rows + ks[None, :]
+    if not B_TMA:
+        w_base = w_ptr + e.to(tl.int64) * stride_we
+        if B_TRANS:
+            b_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_w0 + ks[:, None] * stride_w1
+            b_step = BK * stride_w1
+        else:
+            b_ptrs = w_base + ks.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1
+            b_step = BK * stride_w0
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if A_SPLIT and A_TMA:  # two pipelined loops, one per A buffer
+        # fmt: off
+        acc = _pairs_k_range(acc, a_ptr, 0, 0, K1, w_ptr, stride_we, e, row0, pid_n, K, ks, cols, col_ok,
+                             stride_w0, stride_w1, BN, BK, B_TMA, UPCAST)
+        acc = _pairs_k_range(acc, a2_ptr, K1, K1, K, w_ptr, stride_we, e, row0, pid_n, K, ks, cols, col_ok,
+                             stride_w0, stride_w1, BN, BK, B_TMA, UPCAST)
+        # fmt: on
+    else:
+        for k0 in range(0, K, BK):
+            k_ok = (k0 + ks) < K
+            if A_TMA:
+                a = a_ptr.load([row0, k0])
+            elif A_SPLIT:
+                kk = (k0 + ks)[None, :]
+                first = kk < K1
+                a1 = tl.load(a_ptrs, mask=row_ok[:, None] & first, other=0.0)
+                a2 = tl.load(a2_ptr + a_rows + (kk - K1), mask=row_ok[:, None] & ~first & k_ok[None, :], other=0.0)
+                a = tl.where(first, a1, a2)
+                a_ptrs += BK
+            else:
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                a_ptrs += BK
+            if B_TMA:
+                if B_TRANS:
+                    b = tl.trans(w_ptr.load([e * N + pid_n * BN, k0]))
+                else:
+                    b = w_ptr.load([e * K + k0, pid_n * BN])
+            else:
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                b_ptrs += b_step
+            acc = _dot(a, b, acc, UPCAST)
+    pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
+    if SCALE:
+        w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
+        acc = _f32(_bf16(acc, UPCAST), UPCAST) * w[:, None]
+    out = pair.to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(y_ptr + out, _bf16(acc, UPCAST), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
 def moe_down_kernel(
     a_ptr,
     a2_ptr,
@@ -272,56 +345,10 @@ def moe_down_kernel(
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, N, num_n, BM, BN, E_PAD)
     if e < E:
-        ks = tl.arange(0, BK)
-        a_rows = rows.to(tl.int64)[:, None] * stride_am
-        if not A_TMA:
-            a_ptrs = a_ptr + a_rows + ks[None, :]
-        if not B_TMA:
-            w_base = w_ptr + e.to(tl.int64) * stride_we
-            if B_TRANS:
-                b_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_w0 + ks[:, None] * stride_w1
-                b_step = BK * stride_w1
-            else:
-                b_ptrs = w_base + ks.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1
-                b_step = BK * stride_w0
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        if A_SPLIT and A_TMA:  # two pipelined loops, one per A buffer
-            # fmt: off
-            acc = _pairs_k_range(acc, a_ptr, 0, 0, K1, w_ptr, stride_we, e, row0, pid_n, K, ks, cols, col_ok,
-                                 stride_w0, stride_w1, BN, BK, B_TMA, UPCAST)
-            acc = _pairs_k_range(acc, a2_ptr, K1, K1, K, w_ptr, stride_we, e, row0, pid_n, K, ks, cols, col_ok,
-                                 stride_w0, stride_w1, BN, BK, B_TMA, UPCAST)
-            # fmt: on
-        else:
-            for k0 in range(0, K, BK):
-                k_ok = (k0 + ks) < K
-                if A_TMA:
-                    a = a_ptr.load([row0, k0])
-                elif A_SPLIT:
-                    kk = (k0 + ks)[None, :]
-                    first = kk < K1
-                    a1 = tl.load(a_ptrs, mask=row_ok[:, None] & first, other=0.0)
-                    a2 = tl.load(a2_ptr + a_rows + (kk - K1), mask=row_ok[:, None] & ~first & k_ok[None, :], other=0.0)
-                    a = tl.where(first, a1, a2)
-                    a_ptrs += BK
-                else:
-                    a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                    a_ptrs += BK
-                if B_TMA:
-                    if B_TRANS:
-                        b = tl.trans(w_ptr.load([e * N + pid_n * BN, k0]))
-                    else:
-                        b = w_ptr.load([e * K + k0, pid_n * BN])
-                else:
-                    b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                    b_ptrs += b_step
-                acc = _dot(a, b, acc, UPCAST)
-        pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
-        if SCALE:
-            w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
-            acc = _f32(_bf16(acc, UPCAST), UPCAST) * w[:, None]
-        out = pair.to(tl.int64)[:, None] * N + cols[None, :]
-        tl.store(y_ptr + out, _bf16(acc, UPCAST), mask=row_ok[:, None] & col_ok[None, :])
+        # fmt: off
+        _pairs_tile(a_ptr, a2_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, K1, stride_am, stride_we, stride_w0, stride_w1,
+                    e, row0, rows, row_ok, cols, col_ok, pid_n, B_TRANS, SCALE, BM, BN, BK, A_SPLIT, A_TMA, B_TMA, UPCAST)
+        # fmt: on
 
 
 @triton.jit
@@ -350,6 +377,43 @@ def _dswiglu_piece(
         tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
     tl.store(hw_ptr + src, _bf16(h * w, UPCAST), mask=ok)
     return tl.sum(acc * h, axis=1)
+
+
+@triton.jit
+def _dswiglu_tile(
+    go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n, stride_gt,
+    stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, EPI_SPLIT: tl.constexpr, B_TMA: tl.constexpr, IN_PLACE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """One tile of ``moe_dswiglu_kernel`` (expert e, these sorted rows and columns)."""
+    pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
+    ks = tl.arange(0, BK)
+    a_ptrs = go_ptr + (pair // TOP_K).to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
+    if not B_TMA:
+        b_ptrs = w_ptr + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wh + cols[None, :] * stride_wi
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        k_ok = (k0 + ks) < H
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        a_ptrs += BK * stride_gh
+        if B_TMA:
+            b = w_ptr.load([e * H + k0, pid_n * BN])
+        else:
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            b_ptrs += BK * stride_wh
+        acc = _dot(a, b, acc, UPCAST)
+    w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    if EPI_SPLIT == 1:
+        part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE)
+    else:
+        a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+        c0 = pid_n * BN + tl.arange(0, BN // 2)
+        part = _dswiglu_piece(a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE) + _dswiglu_piece(
+            a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE
+        )
+    # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
+    tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
 
 
 @triton.jit
@@ -391,33 +455,11 @@ def moe_dswiglu_kernel(
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
     if e < E:
-        pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
-        ks = tl.arange(0, BK)
-        a_ptrs = go_ptr + (pair // TOP_K).to(tl.int64)[:, None] * stride_gt + ks[None, :] * stride_gh
-        if not B_TMA:
-            b_ptrs = w_ptr + e.to(tl.int64) * stride_we + ks.to(tl.int64)[:, None] * stride_wh + cols[None, :] * stride_wi
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, H, BK):
-            k_ok = (k0 + ks) < H
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            a_ptrs += BK * stride_gh
-            if B_TMA:
-                b = w_ptr.load([e * H + k0, pid_n * BN])
-            else:
-                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                b_ptrs += BK * stride_wh
-            acc = _dot(a, b, acc, UPCAST)
-        w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
-        if EPI_SPLIT == 1:
-            part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE)
-        else:
-            a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
-            c0 = pid_n * BN + tl.arange(0, BN // 2)
-            part = _dswiglu_piece(
-                a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE
-            ) + _dswiglu_piece(a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE)
-        # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
-        tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
+        # fmt: off
+        _dswiglu_tile(go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n,
+                      stride_gt, stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM,
+                      BN, BK, EPI_SPLIT, B_TMA, IN_PLACE, UPCAST)
+        # fmt: on
 
 
 @triton.jit
@@ -436,6 +478,33 @@ def _wgrad_operand(ptr, r0, r_ok, cols, col0, N, stride_t, TMA: tl.constexpr, TA
             ptr + rows.to(tl.int64)[:, None] * stride_t + cols[None, :], mask=r_ok[:, None] & (cols < N)[None, :], other=0.0
         )
     return v
+
+
+@triton.jit
+def _wgrad_tile(
+    a_ptr, b_ptr, expert_start_ptr, c_ptr, M, N, stride_at, stride_bt, stride_ce, stride_cm, stride_cn, e, pid_m, pid_n,
+    A_TMA: tl.constexpr, B_TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """One output tile (pid_m, pid_n) of ``moe_wgrad_kernel`` for expert e."""
+    start = tl.load(expert_start_ptr + e)
+    end = tl.load(expert_start_ptr + e + 1)
+    ms = pid_m * BM + tl.arange(0, BM)
+    ns = pid_n * BN + tl.arange(0, BN)
+    ks = tl.arange(0, BK)
+    full = start + (end - start) // BK * BK
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for r0 in range(start, full, BK):
+        r_ok = r0 + ks < end
+        a = _wgrad_operand(a_ptr, r0, r_ok, ms, pid_m * BM, M, stride_at, A_TMA, False)
+        b = _wgrad_operand(b_ptr, r0, r_ok, ns, pid_n * BN, N, stride_bt, B_TMA, False)
+        acc = _dot(tl.trans(a), b, acc, UPCAST)
+    if full < end:
+        r_ok = full + ks < end
+        a = _wgrad_operand(a_ptr, full, r_ok, ms, pid_m * BM, M, stride_at, A_TMA, True)
+        b = _wgrad_operand(b_ptr, full, r_ok, ns, pid_n * BN, N, stride_bt, B_TMA, True)
+        acc = _dot(tl.trans(a), b, acc, UPCAST)
+    c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
+    tl.store(c, _bf16(acc, UPCAST), mask=(ms < M)[:, None] & (ns < N)[None, :])
 
 
 @triton.jit
@@ -471,25 +540,10 @@ def moe_wgrad_kernel(
     e = pid // per_e
     pid_m = (pid % per_e) // num_n
     pid_n = pid % num_n
-    start = tl.load(expert_start_ptr + e)
-    end = tl.load(expert_start_ptr + e + 1)
-    ms = pid_m * BM + tl.arange(0, BM)
-    ns = pid_n * BN + tl.arange(0, BN)
-    ks = tl.arange(0, BK)
-    full = start + (end - start) // BK * BK
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for r0 in range(start, full, BK):
-        r_ok = r0 + ks < end
-        a = _wgrad_operand(a_ptr, r0, r_ok, ms, pid_m * BM, M, stride_at, A_TMA, False)
-        b = _wgrad_operand(b_ptr, r0, r_ok, ns, pid_n * BN, N, stride_bt, B_TMA, False)
-        acc = _dot(tl.trans(a), b, acc, UPCAST)
-    if full < end:
-        r_ok = full + ks < end
-        a = _wgrad_operand(a_ptr, full, r_ok, ms, pid_m * BM, M, stride_at, A_TMA, True)
-        b = _wgrad_operand(b_ptr, full, r_ok, ns, pid_n * BN, N, stride_bt, B_TMA, True)
-        acc = _dot(tl.trans(a), b, acc, UPCAST)
-    c = c_ptr + e.to(tl.int64) * stride_ce + ms.to(tl.int64)[:, None] * stride_cm + ns[None, :] * stride_cn
-    tl.store(c, _bf16(acc, UPCAST), mask=(ms < M)[:, None] & (ns < N)[None, :])
+    # fmt: off
+    _wgrad_tile(a_ptr, b_ptr, expert_start_ptr, c_ptr, M, N, stride_at, stride_bt, stride_ce, stride_cm, stride_cn, e, pid_m,
+                pid_n, A_TMA, B_TMA, BM, BN, BK, UPCAST)
+    # fmt: on
 
 
 @triton.jit
