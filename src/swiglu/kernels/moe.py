@@ -102,12 +102,28 @@ def moe_order_kernel(
 
 
 @triton.jit
-def _grouped_tile(expert_start_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.constexpr, E_PAD: tl.constexpr):
-    """This program's tile of a grouped GEMM (N tiles fastest): its expert (>= E: idle), its
+def _swizzle(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of tile ``pid`` of a num_m x num_n grid: N tiles fastest (GROUP_M 1), or M
+    fastest within bands of GROUP_M M tiles, so that the programs in flight share B's column
+    tiles (a wide N, Mixtral-8x7B's 14336, otherwise re-reads the whole B once per M tile)."""
+    if GROUP_M == 1:
+        pid_m = pid // num_n
+        pid_n = pid % num_n
+    else:
+        band = GROUP_M * num_n
+        first_m = (pid // band) * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % band) % size_m
+        pid_n = (pid % band) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _grouped_tile(expert_start_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.constexpr, E_PAD: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's tile of a grouped GEMM (order: ``_swizzle``): its expert (>= E: idle), its
     first sorted-pair row, its rows and columns, and which of them are real. The M tiles are each expert's
     cdiv(count, BM) tiles in expert order, found from expert_start (E_PAD >= E)."""
-    pid = tl.program_id(0)
-    pid_m = pid // num_n
+    pid_m, pid_n = _swizzle(tl.program_id(0), tl.num_programs(0) // num_n, num_n, GROUP_M)
     bins = tl.arange(0, E_PAD)
     lo = tl.load(expert_start_ptr + bins, mask=bins < E, other=0)
     hi = tl.load(expert_start_ptr + bins + 1, mask=bins < E, other=0)
@@ -119,8 +135,8 @@ def _grouped_tile(expert_start_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.conste
     end = tl.sum(tl.where(sel, hi, 0), axis=0)
     row0 = tl.sum(tl.where(sel, lo, 0), axis=0) + (pid_m - first) * BM
     rows = row0 + tl.arange(0, BM)
-    cols = (pid % num_n) * BN + tl.arange(0, BN)
-    return e, row0, rows, (rows < end) & (e < E), cols, cols < N, pid % num_n
+    cols = pid_n * BN + tl.arange(0, BN)
+    return e, row0, rows, (rows < end) & (e < E), cols, cols < N, pid_n
 
 
 @triton.jit
@@ -188,6 +204,7 @@ def moe_up_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     E_PAD: tl.constexpr,
+    GROUP_M: tl.constexpr,
     B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
@@ -196,7 +213,7 @@ def moe_up_kernel(
     descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past an expert's rows
     feeds only masked columns; past H it reads zeros)."""
     _pdl_start(PDL)
-    e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
+    e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
         # fmt: off
         _up_tile(x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn,
@@ -329,6 +346,7 @@ def moe_down_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     E_PAD: tl.constexpr,
+    GROUP_M: tl.constexpr,
     A_SPLIT: tl.constexpr,
     A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
@@ -343,7 +361,7 @@ def moe_down_kernel(
     cols] with [BN, BK] boxes (B_TRANS; past an expert's rows: masked columns) or [BK, BN] (the
     launcher checks K % BK == 0: a box never reaches the next expert's rows)."""
     _pdl_start(PDL)
-    e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, N, num_n, BM, BN, E_PAD)
+    e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, N, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
         # fmt: off
         _pairs_tile(a_ptr, a2_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, K1, stride_am, stride_we, stride_w0, stride_w1,
@@ -443,6 +461,7 @@ def moe_dswiglu_kernel(
     BK: tl.constexpr,
     EPI_SPLIT: tl.constexpr,
     E_PAD: tl.constexpr,
+    GROUP_M: tl.constexpr,
     B_TMA: tl.constexpr,
     IN_PLACE: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -453,7 +472,7 @@ def moe_dswiglu_kernel(
     w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0).
     IN_PLACE: d_gate, d_up written over gate and up (dgu_ptr unused)."""
     _pdl_start(PDL)
-    e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD)
+    e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
         # fmt: off
         _dswiglu_tile(go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n,
@@ -527,6 +546,7 @@ def moe_wgrad_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -538,8 +558,7 @@ def moe_wgrad_kernel(
     pid = tl.program_id(0)
     per_e = num_m * num_n
     e = pid // per_e
-    pid_m = (pid % per_e) // num_n
-    pid_n = pid % num_n
+    pid_m, pid_n = _swizzle(pid % per_e, num_m, num_n, GROUP_M)
     # fmt: off
     _wgrad_tile(a_ptr, b_ptr, expert_start_ptr, c_ptr, M, N, stride_at, stride_bt, stride_ce, stride_cm, stride_cn, e, pid_m,
                 pid_n, A_TMA, B_TMA, BM, BN, BK, UPCAST)
@@ -637,6 +656,7 @@ class Tile:
     EPI_SPLIT: int = 1  # the dSwiGLU kernel's epilogue in this many column pieces (1 or 2)
     TMA_A: bool = True  # down projections (forward and grad_x): the sorted-row operand through TMA
     TMA_B: bool = True  # grouped kernels: the expert weights through TMA where the memory allows it
+    GROUP_M: int = 1  # tile order: M fastest in bands of this many M tiles (``_swizzle``)
 
 
 @dataclass(frozen=True)
@@ -771,6 +791,7 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
         BN=tile.BN,
         BK=tile.BK,
         E_PAD=r.E_PAD,
+        GROUP_M=tile.GROUP_M,
         UPCAST=INTERPRET,
     )
 
@@ -897,6 +918,7 @@ def launch_wgrad(c, a, b, r: Routing, tile: Tile):
         BM=tile.BM,
         BN=tile.BN,
         BK=tile.BK,
+        GROUP_M=tile.GROUP_M,
         UPCAST=INTERPRET,
     )
 
