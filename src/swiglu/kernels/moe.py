@@ -682,8 +682,11 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
     pointer loads (TMA was slower there); experts averaging fewer than 128 pairs get 64-pair M
     tiles. Few large experts (intermediate_size >= 8192, Mixtral-8x7B): four stages in the up
     projection, dSwiGLU with the M tiles of the others. The weight gradients (TMA on both
-    operands): 128 x 128 tiles at all three shapes (data/tuning/moe_wgrad_tma_20261204.log). Under the interpreter: blocks no larger than the sizes (powers
-    of two, >= 16), one stage."""
+    operands): 128 x 128 tiles at all three shapes (data/tuning/moe_wgrad_tma_20261204.log). Tile
+    order (data/tuning/moe_group_m_20261204.log): at Mixtral's intermediate_size, bands of 8 M
+    tiles (16 for grad_down_proj) took the up and dSwiGLU GEMMs from 8.8 and 4.9 ms to 7.3 and 4.1;
+    the other shapes within noise with N tiles fastest. Under the interpreter: blocks no larger
+    than the sizes (powers of two, >= 16), one stage."""
     if INTERPRET:
         p = lambda n, cap: max(16, min(cap, _pow2(n)))  # noqa: E731
         bm = p(max(1, S // max(E, 1)), 32)
@@ -692,13 +695,14 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
         return MoEPlan(up=t, down=t, dswiglu=Tile(t.BN, t.BK, 4, 1, 16), grad_x=t, wgrad_gu=w, wgrad_dp=w)
     bm = 64 if S < 128 * E else 128
     large = I >= 8192
+    g = 8 if large else 1  # bands of M tiles where B's N tiles of one expert overflow the L2
     return MoEPlan(
-        up=Tile(128, 64, 8, 4 if large else 3, bm),
-        down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm),
-        dswiglu=Tile(128, 64, 8, 4 if large or I <= 1024 else 3, bm if large else 64, EPI_SPLIT=2),
-        grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False),
+        up=Tile(128, 64, 8, 4 if large else 3, bm, GROUP_M=g),
+        down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm, GROUP_M=g),
+        dswiglu=Tile(128, 64, 8, 4 if large or I <= 1024 else 3, bm if large else 64, EPI_SPLIT=2, GROUP_M=g),
+        grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False, GROUP_M=g),
         wgrad_gu=Tile(128, 64, 8, 3, 128),
-        wgrad_dp=Tile(128, 64, 8, 3, 128),
+        wgrad_dp=Tile(128, 64, 8, 3, 128, GROUP_M=2 * g),
     )
 
 
