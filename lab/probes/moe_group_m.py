@@ -5,7 +5,11 @@ Why it might: with N tiles fastest, the programs in flight cover one or two M ti
 N tile, so each M tile re-reads its expert's whole B. At Mixtral-8x7B's shape (I = 14336, 2048
 pairs per expert) the up projection's B is 235 MB per expert, far beyond the 50 MB L2, and the up
 and dSwiGLU GEMMs ran at 420 and 360 TFLOP/s against grad_x's 650 (lab/probes/moe_persistent.py).
-Answer: not measured yet. Prints per kernel the time (do_bench, L2 flushed, 8192 tokens) of
+Answer: at Mixtral-8x7B, yes (data/tuning/moe_group_m_20261204.log, e2d7870): bands of 8 took
+up from 8.81 to 7.35 ms and dSwiGLU from 4.91 to 4.09, grad_x 5.79 to 5.32, grad_down_proj with
+16 from 3.60 to 3.39; the forward+backward 33.3 to 31.9 ms. At Qwen3-30B-A3B, Qwen3-235B-A22B and
+DeepSeek-V3 (12 or fewer N tiles, or B read once anyway) every kernel within noise, and the
+whole pass no faster: the plan keeps N tiles fastest there. Prints per kernel the time (do_bench, L2 flushed, 8192 tokens) of
 GROUP_M 1, 4, 8, 16 and whether its outputs are GROUP_M 1's bits, then the forward+backward
 with each kernel's best GROUP_M beside the plan's.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_group_m.py [shape ...] (moe_probe.SHAPES names)

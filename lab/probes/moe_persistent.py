@@ -2,8 +2,13 @@
 persistent programs that walk the tiles with the next tile's loads issued during this one's
 epilogue (``swiglu_lab.experiments.moe_persistent``), against the library's one program per tile?
 
-Answer: not measured yet (the kernels compile for sm_90 under triton 3.6.0 and are bitwise the
-library's under the interpreter, tests/lab/test_moe_persistent.py). The run writes the per-kernel
+Answer: no (data/tuning/moe_persistent_20261204.log, b5a89e7): bitwise the library's on the GPU;
+each kernel's best persistent variant is 2-46% slower in 10 of 18 kernel-shape pairs (all weight
+gradients, dSwiGLU at Qwen3), within 1% in 3, and 2-8% faster in 5 (Mixtral's up, down and
+dSwiGLU, whose gain the library's tile bands now take: moe_group_m.py); the whole
+forward+backward 1.25-1.34x the library's time. With the library's 3-stage 128 x 128 tiles two
+programs share an SM, so one's main loop already covers the other's fill and epilogue. The run
+writes the per-kernel
 times (do_bench, L2 flushed, 8192 tokens), a bitwise check against the library's kernels on the
 GPU, and the whole forward+backward with the persistent kernels swapped in, beside the library's.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_persistent.py [shape ...] (moe_probe.SHAPES names)
