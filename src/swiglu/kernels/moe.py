@@ -35,7 +35,7 @@ import triton.language as tl
 from .devices import INTERPRET, cdiv
 from .launch import launch
 from .tma import Tma
-from .tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start
+from .tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start, _tile_mn
 
 
 # --------------------------------------------------------------------------- kernels
@@ -102,28 +102,12 @@ def moe_order_kernel(
 
 
 @triton.jit
-def _swizzle(pid, num_m, num_n, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of tile ``pid`` of a num_m x num_n grid: N tiles fastest (GROUP_M 1), or M
-    fastest within bands of GROUP_M M tiles, so that the programs in flight share B's column
-    tiles (a wide N, Mixtral-8x7B's 14336, otherwise re-reads the whole B once per M tile)."""
-    if GROUP_M == 1:
-        pid_m = pid // num_n
-        pid_n = pid % num_n
-    else:
-        band = GROUP_M * num_n
-        first_m = (pid // band) * GROUP_M
-        size_m = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % band) % size_m
-        pid_n = (pid % band) // size_m
-    return pid_m, pid_n
-
-
-@triton.jit
 def _grouped_tile(expert_start_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.constexpr, E_PAD: tl.constexpr, GROUP_M: tl.constexpr):
-    """This program's tile of a grouped GEMM (order: ``_swizzle``): its expert (>= E: idle), its
-    first sorted-pair row, its rows and columns, and which of them are real. The M tiles are each expert's
-    cdiv(count, BM) tiles in expert order, found from expert_start (E_PAD >= E)."""
-    pid_m, pid_n = _swizzle(tl.program_id(0), tl.num_programs(0) // num_n, num_n, GROUP_M)
+    """This program's tile of a grouped GEMM, in ``_tile_mn``'s order (GROUP_M 1: N tiles fastest):
+    its expert (>= E: idle), its first sorted-pair row, its rows and columns, and which of them are
+    real. The M tiles are each expert's cdiv(count, BM) tiles in expert order, found from
+    expert_start (E_PAD >= E)."""
+    pid_m, pid_n = _tile_mn(tl.program_id(0), tl.num_programs(0) // num_n, num_n, GROUP_M)
     bins = tl.arange(0, E_PAD)
     lo = tl.load(expert_start_ptr + bins, mask=bins < E, other=0)
     hi = tl.load(expert_start_ptr + bins + 1, mask=bins < E, other=0)
@@ -558,7 +542,7 @@ def moe_wgrad_kernel(
     pid = tl.program_id(0)
     per_e = num_m * num_n
     e = pid // per_e
-    pid_m, pid_n = _swizzle(pid % per_e, num_m, num_n, GROUP_M)
+    pid_m, pid_n = _tile_mn(pid % per_e, num_m, num_n, GROUP_M)
     # fmt: off
     _wgrad_tile(a_ptr, b_ptr, expert_start_ptr, c_ptr, M, N, stride_at, stride_bt, stride_ce, stride_cm, stride_cn, e, pid_m,
                 pid_n, A_TMA, B_TMA, BM, BN, BK, UPCAST)
@@ -656,7 +640,7 @@ class Tile:
     EPI_SPLIT: int = 1  # the dSwiGLU kernel's epilogue in this many column pieces (1 or 2)
     TMA_A: bool = True  # down projections (forward and grad_x): the sorted-row operand through TMA
     TMA_B: bool = True  # grouped kernels: the expert weights through TMA where the memory allows it
-    GROUP_M: int = 1  # tile order: M fastest in bands of this many M tiles (``_swizzle``)
+    GROUP_M: int = 1  # tile order: M fastest in bands of this many M tiles (1: N fastest; ``_tile_mn``)
 
 
 @dataclass(frozen=True)
@@ -776,6 +760,11 @@ def _launch(kernel, grid: tuple[int, ...], num_warps: int, num_stages: int, *arg
     launch(kernel, grid, key, *args, num_warps=num_warps, num_stages=num_stages, **meta)
 
 
+def _tile_meta(tile: Tile) -> dict:
+    """The constexprs every MoE GEMM kernel takes from its tile (and the interpreter's upcast)."""
+    return dict(BM=tile.BM, BN=tile.BN, BK=tile.BK, GROUP_M=tile.GROUP_M, UPCAST=INTERPRET)
+
+
 def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **meta) -> None:
     """A grouped-GEMM launch: cdiv(S, BM) + E M tiles (an upper bound of sum_e cdiv(count_e, BM);
     the rest idle) x the N tiles; ``args`` the kernel's arguments before num_n, ``strides`` those
@@ -791,12 +780,8 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
         num_n,
         *strides,
         **meta,
-        BM=tile.BM,
-        BN=tile.BN,
-        BK=tile.BK,
         E_PAD=r.E_PAD,
-        GROUP_M=tile.GROUP_M,
-        UPCAST=INTERPRET,
+        **_tile_meta(tile),
     )
 
 
@@ -919,11 +904,7 @@ def launch_wgrad(c, a, b, r: Routing, tile: Tile):
         *c.stride(),
         A_TMA=a_desc is not None,
         B_TMA=b_desc is not None,
-        BM=tile.BM,
-        BN=tile.BN,
-        BK=tile.BK,
-        GROUP_M=tile.GROUP_M,
-        UPCAST=INTERPRET,
+        **_tile_meta(tile),
     )
 
 
