@@ -38,6 +38,7 @@ SLOW_FILES = {
     "test_moe_bench_script.py",
     "test_moe_notebook.py",  # the MoE bench script on the CPU (interpreter)
     "test_moe_persistent.py",  # a lab experiment's kernels under the interpreter and sm_90 compiles
+    "test_moe_gluon_wgrad.py",  # a lab experiment's sm_90 compiles with both tritons
 }
 SLOW_TESTS = (
     "test_latest_run_loads_the_newest_and_none_without_one",

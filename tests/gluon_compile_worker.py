@@ -1,6 +1,6 @@
 """Compile Gluon kernels for sm_90 (subprocess side of tests/kernels/test_gluon.py; no GPU needed).
 
-    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...] | grad_x]
+    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...] | grad_x | moe_wgrad]
 
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
 also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), the
@@ -18,6 +18,8 @@ grad_x: the lab kernel's grad_x orientation (``A_KMAJOR``), its candidates
 dswiglu: the experimental dSwiGLU kernel's candidates (``candidates.DSWIGLU_CANDIDATES``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
+moe_wgrad: the lab's MoE weight gradient over all experts (``swiglu_lab.experiments.moe_gluon_wgrad``)
+at its config and at three stages with one output buffer.
 
 Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test installs the GPU machine's
 3.6.0 under .venv/triton-3.6.0) and src/ after it. Writes ``{"triton": version, "results": [...]}``
@@ -42,7 +44,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from swiglu.kernels import gluon_dswiglu, gluon_wgrad
 from swiglu.kernels.backward import GLUON_CONFIGS
-from swiglu_lab.experiments import candidates, gluon_wgrad_probe, gluon_wgrad_resident
+from swiglu_lab.experiments import candidates, gluon_wgrad_probe, gluon_wgrad_resident, moe_gluon_wgrad
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
 
@@ -210,6 +212,39 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
     return wgrad_report(k, entry)
 
 
+def compile_moe_wgrad(cfg) -> dict:
+    """``swiglu_lab.experiments.moe_gluon_wgrad``'s kernel at ``cfg`` (pointers 16-byte aligned, M, N
+    and the row strides multiples of 16, as at the model shapes), reported as ``compile_one`` does,
+    with its global scratch (the device-side descriptors) and descriptor fences."""
+    kernel = moe_gluon_wgrad.moe_wgrad_gluon_kernel
+    sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "start_ptr": "*i32", "c_desc": desc([cfg.BM, cfg.BN])}
+    sig.update({n: "i32" for n in ("E", "M", "N", "stride_a", "stride_b")})
+    constexprs = {
+        "BK": cfg.BK,
+        "GROUP_M": cfg.GROUP_M,
+        "STAGES": cfg.STAGES,
+        "NC": cfg.NC,
+        "LOAD_REGS": cfg.load_regs,
+        "STORE_REGS": cfg.store_regs,
+    }
+    sig.update({k: "constexpr" for k in constexprs})
+    aligned = ("a_ptr", "b_ptr", "start_ptr", "M", "N", "stride_a", "stride_b")
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    entry = {"config": cfg.__dict__, "kind": "moe_wgrad"}
+    try:
+        k = triton.compile(
+            GluonASTSource(kernel, sig, constexprs, attrs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
+        )
+    except Exception as err:  # reported per config; the test fails on it with the message
+        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    report = wgrad_report(k, entry)
+    report["global_scratch"] = getattr(k.metadata, "global_scratch_size", None)
+    report["tensormap_fence"] = report["ptx"].count("fence.proxy.tensormap")
+    return report
+
+
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
     cfg = candidates.DSWIGLU_CANDIDATES[index]
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
@@ -308,8 +343,11 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         if 0 in indices:
             results.append(compile_dswiglu(0, False, t_is_one=True))
             results += [compile_dswiglu(0, False, pdl=pdl) for pdl in (1, 2)]
+    elif kind == "moe_wgrad":
+        cfg = moe_gluon_wgrad.CONFIG
+        results = [compile_moe_wgrad(c) for c in (cfg, dataclasses.replace(cfg, STAGES=3, NC=1))]
     else:
-        raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x or dswiglu)")
+        raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x, dswiglu or moe_wgrad)")
     for r in results:  # the PTX text only for the comparison above
         r.pop("ptx", None)
     with open(path, "w") as f:

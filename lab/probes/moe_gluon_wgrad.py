@@ -1,0 +1,113 @@
+"""Is the warp-specialized Gluon weight gradient over all experts
+(``swiglu_lab.experiments.moe_gluon_wgrad``) right, and faster than the library's tl kernel
+(``swiglu.kernels.moe.launch_wgrad``, one program per tile)?
+
+Why it might be: at Qwen3-30B-A3B, 8192 tokens, the two weight gradients take 1.40 of the 4.38 ms
+forward+backward at ~440 TFLOP/s (docs/moe.md); each tile's K is only an expert's ~512 rows, so
+its store is a large part of its time, and the Gluon kernel's storer warp overlaps it with the
+next tiles' MMAs (the dense backward's choice at K <= 2048).
+Answer: not measured yet (compiled for sm_90 without a GPU: tests/lab/test_moe_gluon_wgrad.py).
+``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
+a K box) against the library's kernel and float64, then exits; run it first under a timeout (a
+fault in the barriers hangs). Otherwise: each weight gradient at 8192 tokens per shape
+(moe_probe.SHAPES), the library's kernel and the Gluon kernel's configs, NaN-poisoned outputs,
+bitwise against the library's, do_bench times (L2 flushed); a table last.
+Run: PYTHONPATH=src:lab python3 lab/probes/moe_gluon_wgrad.py [--smoke] [shape ...]
+"""
+
+import dataclasses
+import sys
+
+import torch
+import triton
+
+import moe_probe as P  # beside this file
+from swiglu.kernels import moe as M
+from swiglu_lab.experiments import moe_gluon_wgrad as G
+
+# Device-side descriptors take their memory from this allocator.
+triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+CONFIGS = {
+    "gluon s4 nc2 g8": G.CONFIG,
+    "gluon s3 nc1 g8": dataclasses.replace(G.CONFIG, STAGES=3, NC=1),
+    "gluon s4 nc2 g1": dataclasses.replace(G.CONFIG, GROUP_M=1),
+}
+rows = []
+
+
+def operands(H, I, E, k, T, skew=False, drop=None):
+    """(r, pairs) : the routing and, per weight gradient, (c, a, b) as the backward passes them."""
+    x, idx, w, gu, dp, go = P.inputs(H, I, E, k, T, skew)
+    if drop is not None:  # no token routes to expert ``drop``
+        idx = torch.where(idx == drop, (idx + 1) % E, idx)
+    idx = idx.contiguous()
+    r = M.Routing(idx, E)
+    S = T * k
+    dgu = torch.randn(S, 2 * I, device="cuda").to(torch.bfloat16)
+    hw = torch.randn(S, I, device="cuda").to(torch.bfloat16)
+    xs, gos = M.gather_rows(x, r, k), M.gather_rows(go, r, k)
+    return r, {"wgrad_gu": (torch.empty_like(gu), dgu, xs), "wgrad_dp": (torch.empty_like(dp), gos, hw)}
+
+
+def check(name, r, role, c, a, b, tile, time_it, num_programs=None):
+    """The library's kernel, then each Gluon config: bitwise against it, max |difference| and
+    (``time_it``) do_bench ms; ``num_programs`` persistent programs (None: one per SM)."""
+    c.fill_(float("nan"))
+    M.launch_wgrad(c, a, b, r, tile)
+    want = c.clone()
+    lib_ms = P.kernel_ms(lambda: M.launch_wgrad(c, a, b, r, tile)) if time_it else float("nan")
+    rows.append((name, role, "library (tl)", lib_ms, True, 0.0))
+    for label, cfg in CONFIGS.items():
+        c.fill_(float("nan"))
+        try:
+            G.launch_moe_wgrad_gluon(c, a, b, r.expert_start, cfg, num_programs)
+            torch.cuda.synchronize()
+        except Exception as e:
+            print(f"{name} {role} {label} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
+        same = torch.equal(c, want)
+        diff = (c.float() - want.float()).abs().nan_to_num(float("inf")).max().item()
+        ms = P.kernel_ms(lambda: G.launch_moe_wgrad_gluon(c, a, b, r.expert_start, cfg)) if time_it else float("nan")
+        label += f" x{num_programs}" if num_programs else ""
+        rows.append((name, role, label, ms, same, diff))
+        print(f"{name:12s} {role:8s} {label:18s} {ms:7.3f} ms  bitwise={same}  max|diff|={diff:.3g}", flush=True)
+
+
+def smoke():
+    """Small experts (M = 768 and 256, multiples of BM), skewed routing, expert 3 without rows;
+    also against float64 per expert."""
+    E, k, T, H, I = 8, 2, 300, 256, 384
+    r, pairs = operands(H, I, E, k, T, skew=True, drop=3)
+    start = r.expert_start.tolist()
+    assert start[4] == start[3], start
+    for role, (c, a, b) in pairs.items():
+        # Three programs: each walks many tiles of changing experts (its loader rewrites the
+        # descriptors while earlier loads may be in flight); then one program per SM.
+        check("smoke", r, role, c, a, b, M.moe_plan(T * k, E, H, I).wgrad_gu, time_it=False, num_programs=3)
+        check("smoke", r, role, c, a, b, M.moe_plan(T * k, E, H, I).wgrad_gu, time_it=False)
+        worst = 0.0
+        for e in range(E):
+            lo, hi = start[e], start[e + 1]
+            ref = a[lo:hi].double().T @ b[lo:hi].double()
+            worst = max(
+                worst, ((c[e].double() - ref).norm() / ref.norm().clamp_min(1e-30)).item() if hi > lo else c[e].abs().max().item()
+            )
+        print(f"smoke {role}: worst relative error per expert against float64 {worst:.3g} (bf16 rounding ~2e-3)", flush=True)
+
+
+try:
+    if "--smoke" in sys.argv:
+        smoke()
+    else:
+        for name in [a for a in sys.argv[1:] if not a.startswith("--")] or ["qwen3-30b", "qwen3-235b", "deepseek-v3", "mixtral"]:
+            H, I, E, k = P.SHAPES[name]
+            r, pairs = operands(H, I, E, k, 8192)
+            plan = M.moe_plan(8192 * k, E, H, I)
+            for role, (c, a, b) in pairs.items():
+                check(name, r, role, c, a, b, getattr(plan, role), time_it=True)
+            del r, pairs
+            torch.cuda.empty_cache()
+finally:
+    print("\nshape        kernel   variant            ms       bitwise  max|diff|")
+    for name, role, label, ms, same, diff in rows:
+        print(f"{name:12s} {role:8s} {label:18s} {ms:7.3f}  {same!s:7s}  {diff:.3g}")

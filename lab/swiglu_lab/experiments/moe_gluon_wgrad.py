@@ -1,0 +1,173 @@
+"""The MoE experts' weight gradients as one warp-specialized Gluon kernel over all experts (sm_90).
+
+    c[e] = a_e^T @ b_e  for every expert e,  a [S, M] and b [S, N] bf16 in expert order (rows
+    expert_start[e] .. expert_start[e + 1]), c [E, M, N] bf16, fp32 accumulation,
+
+the library's ``moe_wgrad_kernel`` contract (``swiglu.kernels.moe.launch_wgrad``). Its tiles are
+``gluon_wgrad``'s cooperative ones: a TMA loader warp, two MMA warpgroups on one tile, a TMA
+storer warp with NC stores in flight, so each tile's store overlaps the next tiles' MMAs, which
+the one-program-per-tile tl kernel leaves to a second program on the SM. The persistent programs
+walk (expert, M tile, N tile) in expert order (``_tile_mn``'s bands within an expert). An
+expert's K range is read from ``expert_start``; the loader makes a TMA descriptor of the
+expert's rows on the device (``tma.make_tensor_descriptor``), so the last K box is zero-filled
+past the expert's end instead of reading the next expert's rows. An expert with no rows writes
+zeros. M % BM == 0 (the output's TMA boxes never cross experts): true at every model shape.
+Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_wgrad.py); not yet run on one:
+``lab/probes/moe_gluon_wgrad.py`` checks it bitwise against the library's kernel and times both.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from swiglu.kernels.configs import GluonConfig
+from swiglu.kernels.gluon_wgrad import _epilogue_store, _fill_stage, _layout, _mma_layout, _mma_tile, _ring_barriers
+from swiglu.kernels.tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
+
+#: The default tile: the dense table's cooperative 128 x 128 entry at small K (GROUP_M within an expert).
+CONFIG = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, GROUP_M=8, num_warps=8)
+
+
+@gluon.constexpr_function
+def _smem_layout(block):
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
+
+
+@gluon.jit
+def _program_tiles(E, M, N, BM: gl.constexpr, BN: gl.constexpr):
+    """(num_m, num_n, pid, nprog, num_tiles): an expert's BM x BN tiles and this persistent
+    program's share of all experts' (tiles pid, pid + nprog, ...), as every partition counts."""
+    num_m = gl.cdiv(M, BM)
+    num_n = gl.cdiv(N, BN)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    return num_m, num_n, pid, nprog, gl.cdiv(E * num_m * num_n - pid, nprog)
+
+
+@gluon.jit
+def _expert_tile(tile, num_m, num_n, start_ptr, GROUP_M: gl.constexpr):
+    """(e, pid_m, pid_n, lo, rows): the expert of ``tile``, its tile indices, and the expert's
+    first row and row count."""
+    per_e = num_m * num_n
+    e = tile // per_e
+    pid_m, pid_n = _tile_mn(tile % per_e, num_m, num_n, GROUP_M)
+    lo = gl.load(start_ptr + e)
+    rows = gl.load(start_ptr + e + 1) - lo
+    return e, pid_m, pid_n, lo, rows
+
+
+@gluon.jit
+def _load_partition(
+    a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, E, M, N, stride_a, stride_b,
+    GROUP_M: gl.constexpr,
+):  # fmt: skip
+    BK: gl.constexpr = a_bufs.type.shape[1]
+    BM: gl.constexpr = a_bufs.type.shape[2]
+    BN: gl.constexpr = b_bufs.type.shape[2]
+    STAGE_BYTES: gl.constexpr = 2 * BK * (BM + BN)
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(E, M, N, BM, BN)
+    p = 0
+    for t in range(num_tiles):
+        e, pid_m, pid_n, lo, rows = _expert_tile(pid + t * nprog, num_m, num_n, start_ptr, GROUP_M)
+        # The expert's rows alone: TMA zero-fills the last box past them (a box never reads the
+        # next expert's rows). At least one row: a descriptor of an empty expert is never read.
+        shape_k = gl.maximum(rows, 1)
+        a_desc = tma.make_tensor_descriptor(
+            a_ptr + lo.to(gl.int64) * stride_a, [shape_k, M], [stride_a, 1], [BK, BM], _smem_layout([BK, BM])
+        )
+        b_desc = tma.make_tensor_descriptor(
+            b_ptr + lo.to(gl.int64) * stride_b, [shape_k, N], [stride_b, 1], [BK, BN], _smem_layout([BK, BN])
+        )
+        for kk in range(gl.cdiv(rows, BK)):
+            s, bar = _fill_stage(p, ready, empty, STAGE_BYTES)
+            tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BN], bar, b_bufs.index(s))
+            p += 1
+
+
+@gluon.jit
+def _mma_partition(
+    a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, E, M, N, stride_a, stride_b,
+    GROUP_M: gl.constexpr,
+):  # fmt: skip
+    # Both MMA warpgroups on one tile; an expert with no rows stores zeros (no ring step taken).
+    BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN: gl.constexpr = c_desc.block_type.shape[1]
+    BK: gl.constexpr = a_bufs.type.shape[1]
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(E, M, N, BM, BN)
+    layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
+    c = 0
+    for t in range(num_tiles):
+        e, pid_m, pid_n, lo, rows = _expert_tile(pid + t * nprog, num_m, num_n, start_ptr, GROUP_M)
+        k_tiles = gl.cdiv(rows, BK)
+        if k_tiles > 0:
+            acc, c = _mma_tile(a_bufs, b_bufs, ready, empty, acc, c, k_tiles, True)
+        else:
+            acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
+        _epilogue_store(acc.to(c_desc.dtype), t, c_desc, c_bufs, c_ready, c_empty)
+
+
+@gluon.jit
+def _store_partition(
+    a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, E, M, N, stride_a, stride_b,
+    GROUP_M: gl.constexpr,
+):  # fmt: skip
+    # c_desc: the output as [E * M, N] (M % BM == 0: a box stays in its expert's rows).
+    BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN: gl.constexpr = c_desc.block_type.shape[1]
+    NC: gl.constexpr = c_bufs.type.shape[0]
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(E, M, N, BM, BN)
+    for t in range(num_tiles):
+        tile = pid + t * nprog
+        per_e = num_m * num_n
+        e = tile // per_e
+        pid_m, pid_n = _tile_mn(tile % per_e, num_m, num_n, GROUP_M)
+        buf = t % NC
+        mbarrier.wait(c_ready.index(buf), (t // NC) & 1)
+        tma.async_copy_shared_to_global(c_desc, [e * M + pid_m * BM, pid_n * BN], c_bufs.index(buf))
+        # At most NC-1 stores pending: tile t-(NC-1)'s buffer, index (t+1) % NC, is free again.
+        tma.store_wait(pendings=NC - 1)
+        mbarrier.arrive(c_empty.index((t + 1) % NC), pred=t >= NC - 1)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def moe_wgrad_gluon_kernel(
+    a_ptr, b_ptr, start_ptr, c_desc, E, M, N, stride_a, stride_b,
+    BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr, LOAD_REGS: gl.constexpr,
+    STORE_REGS: gl.constexpr,
+):  # fmt: skip
+    """c[e] = a_e^T @ b_e for every expert (module docstring); launch with num_warps=8."""
+    BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN: gl.constexpr = c_desc.block_type.shape[1]
+    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BM], _smem_layout([BK, BM]))
+    b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BN], _smem_layout([BK, BN]))
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [NC, BM, BN], c_desc.layout)
+    ready, empty, c_ready, c_empty = _ring_barriers(STAGES, NC)
+    args = (a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, E, M, N, stride_a,
+            stride_b, GROUP_M)  # fmt: skip
+    gl.warp_specialize(
+        [(_mma_partition, args), (_load_partition, args), (_store_partition, args)], [1, 1], [LOAD_REGS, STORE_REGS]
+    )
+
+
+def launch_moe_wgrad_gluon(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, expert_start: torch.Tensor, cfg: GluonConfig = CONFIG, num_programs: int | None = None) -> None:  # fmt: skip
+    """c [E, M, N] = each expert's a_e^T @ b_e (module docstring): a [S, M], b [S, N] contiguous
+    bf16 CUDA tensors, expert_start [E + 1] int32 on the same device; ``num_programs`` persistent
+    programs (default: one per SM). Device-side descriptors take scratch memory from the allocator
+    ``triton.set_allocator`` installs (the caller's, e.g. torch.empty on the device)."""
+    E, M, N = c.shape
+    if M % cfg.BM:
+        raise ValueError(f"moe_wgrad_gluon needs M % BM == 0 (an output box inside one expert), got M={M}, BM={cfg.BM}")
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    c_desc = TensorDescriptor.from_tensor(c.view(E * M, N), [cfg.BM, cfg.BN], _layout((cfg.BM, cfg.BN)))
+    num_programs = num_programs or torch.cuda.get_device_properties(c.device).multi_processor_count
+    moe_wgrad_gluon_kernel[(num_programs,)](
+        a, b, expert_start, c_desc, E, M, N, a.stride(0), b.stride(0),
+        cfg.BK, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
+    )  # fmt: skip
