@@ -163,6 +163,9 @@ def launch_moe_wgrad_gluon(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ex
     E, M, N = c.shape
     if M % cfg.BM:
         raise ValueError(f"moe_wgrad_gluon needs M % BM == 0 (an output box inside one expert), got M={M}, BM={cfg.BM}")
+    if M % 8 or N % 8 or not (a.is_contiguous() and b.is_contiguous() and c.is_contiguous()):
+        # Each expert's descriptor starts at row expert_start[e]: 16-byte aligned only with rows of 8k bf16.
+        raise ValueError(f"moe_wgrad_gluon needs contiguous a, b, c with M and N multiples of 8, got M={M}, N={N}")
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     c_desc = TensorDescriptor.from_tensor(c.view(E * M, N), [cfg.BM, cfg.BN], _layout((cfg.BM, cfg.BN)))
