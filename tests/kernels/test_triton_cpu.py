@@ -163,6 +163,9 @@ def test_errors(device):
         triton_swiglu_backward(*args, out=(args[1].view(8, 64), None, None, None))
     with pytest.raises(ValueError, match="gate_weight"):
         triton_swiglu_backward(*args[:5], args[5][:-1], *args[6:])
+    for wrong in (args[:7], args + args[:1]):  # the eight inputs are positional: a missing or extra one
+        with pytest.raises(TypeError, match="8 tensors .*grad_output.*down_weight.*got " + str(len(wrong))):
+            triton_swiglu_backward(*wrong)
 
 
 def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):

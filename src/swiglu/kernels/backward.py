@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import torch
 
-from ..checks import spans_whole_storage, validate_backward_inputs
+from ..checks import ARG_NAMES, spans_whole_storage, validate_backward_inputs
 from . import devices
 from . import tl_kernels as kernels
 from .configs import TOKEN_BUCKETS, DswigluGluonConfig, GluonConfig, KernelConfig, bucket_for  # noqa: F401
@@ -368,15 +368,7 @@ def clear_plans() -> None:
 
 
 def triton_swiglu_backward(
-    grad_output: torch.Tensor,
-    x: torch.Tensor,
-    gate_output: torch.Tensor,
-    up_output: torch.Tensor,
-    activated_gate: torch.Tensor | None,
-    gate_weight: torch.Tensor,
-    up_weight: torch.Tensor,
-    down_weight: torch.Tensor,
-    *,
+    *inputs: torch.Tensor | None,
     need_grad_x: bool = True,
     need_grad_gate_weight: bool = True,
     need_grad_up_weight: bool = True,
@@ -388,8 +380,9 @@ def triton_swiglu_backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The backward through the three Triton kernels (module docstring of ``swiglu.kernels.tl_kernels``).
 
-    Shapes as ``swiglu.swiglu_mlp_backward``; all inputs bfloat16 on one sm_90+ CUDA device (or
-    any device under ``TRITON_INTERPRET=1``), hidden_size and intermediate_size multiples of 8.
+    ``inputs``: ``swiglu.swiglu_mlp_backward``'s eight tensors in its order (``checks.ARG_NAMES``),
+    its shapes; all bfloat16 on one sm_90+ CUDA device (or any device under
+    ``TRITON_INTERPRET=1``), hidden_size and intermediate_size multiples of 8.
     A gradient whose ``need_*`` flag is False is not computed (its GEMMs are skipped) and comes
     back as None. ``configs`` overrides the table's choice per kernel ("dswiglu",
     "grad_weights", "grad_x"). ``out`` gives preallocated outputs ``(grad_x [T, H],
@@ -397,7 +390,7 @@ def triton_swiglu_backward(
     on the inputs' device (None entries are allocated); overwritten, never read, never
     overlapping an input.
 
-    ``activated_gate=None`` (memory-lean mode): recomputed as ``bf16(silu(gate_output))`` in the
+    ``activated_gate`` None (memory-lean mode): recomputed as ``bf16(silu(gate_output))`` in the
     dSwiGLU epilogue with ``swiglu.kernels.forward``'s formula, bitwise what it produced.
     ``overwrite_activations=True``: d_gate and d_up are written over gate_output and up_output
     (one [T, I] buffer allocated instead of three; bitwise the same gradients: each epilogue
@@ -405,10 +398,13 @@ def triton_swiglu_backward(
     their storage is freed (resized to 0 bytes, where a tensor spans all of it) after its last
     reader is launched; afterwards they are unusable. The default never writes an input.
 
-    Raises: TypeError for a non-bf16 input; ValueError for bad shapes (``validate_backward_inputs``),
-    an unsupported device or unaligned sizes, or a configuration larger than the device's shared
-    memory (``swiglu.kernels.shared_memory``), before any launch.
+    Raises: TypeError for a non-bf16 input or other than eight; ValueError for bad shapes
+    (``validate_backward_inputs``), an unsupported device or unaligned sizes, or a configuration
+    larger than the device's shared memory (``swiglu.kernels.shared_memory``), before any launch.
     """
+    if len(inputs) != len(ARG_NAMES):
+        raise TypeError(f"the backward takes {len(ARG_NAMES)} tensors {ARG_NAMES}, got {len(inputs)}")
+    grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight = inputs
     recompute = activated_gate is None
     problem = validate_backward_inputs(
         grad_output,
@@ -427,7 +423,6 @@ def triton_swiglu_backward(
     if release_activations and not overwrite_activations:
         raise ValueError("release_activations=True needs overwrite_activations=True")
     plan = backward_plan(problem.tokens, problem.hidden_size, problem.intermediate_size, plan_device(x.device), configs)
-    inputs = (grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight)
     T, H, I = plan.tokens, plan.hidden_size, plan.intermediate_size
     outs = _check_out(out, [t for t in inputs if t is not None], [(T, H), (I, H), (I, H), (H, I)], x.device)
     flat = [None if t is None else t.reshape(-1, t.shape[-1]) for t in inputs[:5]]
