@@ -42,6 +42,7 @@ def test_moe_gluon_wgrad_compiles_for_sm90(tmp_path, which):
     for r in report["results"]:
         assert r["error"] is None, r["error"]
         assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_store"] > 0 and r["setmaxnreg"] > 0, r
-        assert r["global_scratch"] and r["tensormap_fence"] > 0, r  # the loader's per-expert descriptors
+        # The loader's descriptors: two slots of two (a, b), each 128 bytes, each with its fence.
+        assert r["global_scratch"] >= 4 * 128 and r["tensormap_fence"] >= 4, r
         assert r["spills"] in (0, None), r
         assert r["shared"] <= SM90_SHARED, r

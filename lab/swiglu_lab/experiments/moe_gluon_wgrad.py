@@ -8,10 +8,12 @@ the library's ``moe_wgrad_kernel`` contract (``swiglu.kernels.moe.launch_wgrad``
 storer warp with NC stores in flight, so each tile's store overlaps the next tiles' MMAs, which
 the one-program-per-tile tl kernel leaves to a second program on the SM. The persistent programs
 walk (expert, M tile, N tile) in expert order (``_tile_mn``'s bands within an expert). An
-expert's K range is read from ``expert_start``; the loader makes a TMA descriptor of the
-expert's rows on the device (``tma.make_tensor_descriptor``), so the last K box is zero-filled
-past the expert's end instead of reading the next expert's rows. An expert with no rows writes
-zeros. M % BM == 0 (the output's TMA boxes never cross experts): true at every model shape.
+expert's K range is read from ``expert_start``; the loader makes TMA descriptors of the
+expert's rows on the device (``tma.make_tensor_descriptor``) once per run of its tiles in one
+expert, so the last K box is zero-filled past the expert's end instead of reading the next
+expert's rows; runs alternate between two descriptor slots, and a slot is rewritten only once the
+loads that read it have landed (TMA reads a descriptor asynchronously). An expert with no rows
+writes zeros. M % BM == 0 (the output's TMA boxes never cross experts): true at every model shape.
 Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_wgrad.py); not yet run on one:
 ``lab/probes/moe_gluon_wgrad.py`` checks it bitwise against the library's kernel and times both.
 """
@@ -60,32 +62,75 @@ def _expert_tile(tile, num_m, num_n, start_ptr, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _load_partition(
-    a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, E, M, N, stride_a, stride_b,
-    GROUP_M: gl.constexpr,
+def _wait_landed(p, q_end, ready):
+    """Waits until the loads of ring steps before ``q_end`` have landed. The loader is at step p;
+    steps before p - STAGES have (their stages were filled again since), and only the loader
+    arms ``ready``, so a landed step's phase cannot move on while this waits."""
+    STAGES: gl.constexpr = ready.type.shape[0]
+    for j in gl.static_range(STAGES):
+        q = p - STAGES + j
+        mbarrier.wait(ready.index((p + j) % STAGES), (q // STAGES) & 1, pred=(q >= 0) & (q < q_end))
+
+
+@gluon.jit
+def _load_run(
+    a_ptr, b_ptr, start_ptr, a_bufs, b_bufs, ready, empty, M, N, stride_a, stride_b, pid, nprog, num_m, num_n, num_tiles,
+    t, p, GROUP_M: gl.constexpr,
 ):  # fmt: skip
+    """The loads of one run of this program's tiles, t, t + 1, ... while their expert lasts, through
+    descriptors of the expert's rows made first (TMA zero-fills the last K box past them, so a box
+    never reads the next expert's rows; at least one row: an empty expert's is never read).
+    Returns (t, p) after the run."""
     BK: gl.constexpr = a_bufs.type.shape[1]
     BM: gl.constexpr = a_bufs.type.shape[2]
     BN: gl.constexpr = b_bufs.type.shape[2]
     STAGE_BYTES: gl.constexpr = 2 * BK * (BM + BN)
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(E, M, N, BM, BN)
-    p = 0
-    for t in range(num_tiles):
-        e, pid_m, pid_n, lo, rows = _expert_tile(pid + t * nprog, num_m, num_n, start_ptr, GROUP_M)
-        # The expert's rows alone: TMA zero-fills the last box past them (a box never reads the
-        # next expert's rows). At least one row: a descriptor of an empty expert is never read.
-        shape_k = gl.maximum(rows, 1)
-        a_desc = tma.make_tensor_descriptor(
-            a_ptr + lo.to(gl.int64) * stride_a, [shape_k, M], [stride_a, 1], [BK, BM], _smem_layout([BK, BM])
-        )
-        b_desc = tma.make_tensor_descriptor(
-            b_ptr + lo.to(gl.int64) * stride_b, [shape_k, N], [stride_b, 1], [BK, BN], _smem_layout([BK, BN])
-        )
+    e_run, pid_m, pid_n, lo, rows = _expert_tile(pid + t * nprog, num_m, num_n, start_ptr, GROUP_M)
+    shape_k = gl.maximum(rows, 1)
+    a_desc = tma.make_tensor_descriptor(
+        a_ptr + lo.to(gl.int64) * stride_a, [shape_k, M], [stride_a, 1], [BK, BM], _smem_layout([BK, BM])
+    )
+    b_desc = tma.make_tensor_descriptor(
+        b_ptr + lo.to(gl.int64) * stride_b, [shape_k, N], [stride_b, 1], [BK, BN], _smem_layout([BK, BN])
+    )
+    e = e_run
+    while (e == e_run) & (t < num_tiles):
         for kk in range(gl.cdiv(rows, BK)):
             s, bar = _fill_stage(p, ready, empty, STAGE_BYTES)
             tma.async_copy_global_to_shared(a_desc, [kk * BK, pid_m * BM], bar, a_bufs.index(s))
             tma.async_copy_global_to_shared(b_desc, [kk * BK, pid_n * BN], bar, b_bufs.index(s))
             p += 1
+        t += 1
+        # The next tile (the last one again past the end: no read beyond expert_start[E]).
+        e, pid_m, pid_n, lo, rows = _expert_tile(pid + gl.minimum(t, num_tiles - 1) * nprog, num_m, num_n, start_ptr, GROUP_M)
+    return t, p
+
+
+@gluon.jit
+def _load_partition(
+    a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, c_ready, c_empty, E, M, N, stride_a, stride_b,
+    GROUP_M: gl.constexpr,
+):  # fmt: skip
+    # Runs of tiles of one expert alternate between two descriptor slots (the two call sites of
+    # _load_run, each with its own scratch). A slot is rewritten only after the loads of the run
+    # that last used it, two runs back, have landed: TMA reads a descriptor asynchronously, so a
+    # copy still in flight would read the new one (the race DeepGEMM's k-grouped wgrad had).
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(E, M, N, a_bufs.type.shape[2], b_bufs.type.shape[2])
+    p = 0
+    t = 0
+    run = 0
+    prev_start = 0  # the first ring step of the previous run
+    while t < num_tiles:
+        _wait_landed(p, prev_start, ready)
+        start = p
+        if run % 2 == 0:
+            t, p = _load_run(a_ptr, b_ptr, start_ptr, a_bufs, b_bufs, ready, empty, M, N, stride_a, stride_b, pid, nprog,
+                             num_m, num_n, num_tiles, t, p, GROUP_M)  # fmt: skip
+        else:
+            t, p = _load_run(a_ptr, b_ptr, start_ptr, a_bufs, b_bufs, ready, empty, M, N, stride_a, stride_b, pid, nprog,
+                             num_m, num_n, num_tiles, t, p, GROUP_M)  # fmt: skip
+        prev_start = start
+        run += 1
 
 
 @gluon.jit
@@ -161,6 +206,13 @@ def launch_moe_wgrad_gluon(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ex
     programs (default: one per SM). Device-side descriptors take scratch memory from the allocator
     ``triton.set_allocator`` installs (the caller's, e.g. torch.empty on the device)."""
     E, M, N = c.shape
+    if expert_start.dtype != torch.int32 or expert_start.shape != (E + 1,) or a.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"moe_wgrad_gluon needs int32 expert_start [E + 1] and a, b with the same rows, got {expert_start.dtype} "
+            f"{tuple(expert_start.shape)}, {a.shape[0]} and {b.shape[0]} rows"
+        )
+    if any(t.data_ptr() % 16 for t in (a, b, c)):
+        raise ValueError("moe_wgrad_gluon needs a, b and c 16-byte aligned (TMA)")
     if M % cfg.BM:
         raise ValueError(f"moe_wgrad_gluon needs M % BM == 0 (an output box inside one expert), got M={M}, BM={cfg.BM}")
     if M % 8 or N % 8 or not (a.is_contiguous() and b.is_contiguous() and c.is_contiguous()):
