@@ -146,13 +146,17 @@ def _mma_partition(
     layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
     c = 0
+    last = E * num_m * num_n - 1  # a tile index past it would read past expert_start[E]
+    rows = _expert_tile(gl.minimum(pid, last), num_m, num_n, start_ptr, GROUP_M)[4]
     for t in range(num_tiles):
-        e, pid_m, pid_n, lo, rows = _expert_tile(pid + t * nprog, num_m, num_n, start_ptr, GROUP_M)
         k_tiles = gl.cdiv(rows, BK)
         if k_tiles > 0:
             acc, c = _mma_tile(a_bufs, b_bufs, ready, empty, acc, c, k_tiles, True)
         else:
             acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
+        # The next tile's row count, loaded before this tile's epilogue: its latency hides there
+        # instead of idling the tensor cores before the next main loop.
+        rows = _expert_tile(gl.minimum(pid + (t + 1) * nprog, last), num_m, num_n, start_ptr, GROUP_M)[4]
         _epilogue_store(acc.to(c_desc.dtype), t, c_desc, c_bufs, c_ready, c_empty)
 
 
