@@ -50,12 +50,17 @@ def _program_tiles(E, M, N, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _expert_tile(tile, num_m, num_n, start_ptr, GROUP_M: gl.constexpr):
-    """(e, pid_m, pid_n, lo, rows): the expert of ``tile``, its tile indices, and the expert's
-    first row and row count."""
+def _tile_of(tile, num_m, num_n, GROUP_M: gl.constexpr):
+    """(e, pid_m, pid_n): the expert of ``tile`` and its tile indices within the expert."""
     per_e = num_m * num_n
-    e = tile // per_e
     pid_m, pid_n = _tile_mn(tile % per_e, num_m, num_n, GROUP_M)
+    return tile // per_e, pid_m, pid_n
+
+
+@gluon.jit
+def _expert_tile(tile, num_m, num_n, start_ptr, GROUP_M: gl.constexpr):
+    """(e, pid_m, pid_n, lo, rows): ``_tile_of``'s and the expert's first row and row count."""
+    e, pid_m, pid_n = _tile_of(tile, num_m, num_n, GROUP_M)
     lo = gl.load(start_ptr + e)
     rows = gl.load(start_ptr + e + 1) - lo
     return e, pid_m, pid_n, lo, rows
@@ -171,10 +176,7 @@ def _store_partition(
     NC: gl.constexpr = c_bufs.type.shape[0]
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(E, M, N, BM, BN)
     for t in range(num_tiles):
-        tile = pid + t * nprog
-        per_e = num_m * num_n
-        e = tile // per_e
-        pid_m, pid_n = _tile_mn(tile % per_e, num_m, num_n, GROUP_M)
+        e, pid_m, pid_n = _tile_of(pid + t * nprog, num_m, num_n, GROUP_M)
         buf = t % NC
         mbarrier.wait(c_ready.index(buf), (t // NC) & 1)
         tma.async_copy_shared_to_global(c_desc, [e * M + pid_m * BM, pid_n * BN], c_bufs.index(buf))
