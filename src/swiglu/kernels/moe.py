@@ -820,7 +820,10 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool, a2=
         a2_desc = _tma(a2, [tile.BM, tile.BK], a_desc is not None)
         a_desc = a_desc if a2_desc is not None else None
         a2 = a2_desc or a2
-    w_desc = _tma(w, [tile.BN, tile.BK] if transposed else [tile.BK, tile.BN], tile.TMA_B and (transposed or K % tile.BK == 0))
+    # B by TMA only where no K step straddles an expert's rows (or, split, the gate/up boundary:
+    # a straddling box would read the next expert's rows, zeros times them NaN where they are).
+    whole_steps = K % tile.BK == 0 and (a2 is None or a.shape[1] % tile.BK == 0)
+    w_desc = _tma(w, [tile.BN, tile.BK] if transposed else [tile.BK, tile.BN], tile.TMA_B and (transposed or whole_steps))
     _grouped(
         moe_down_kernel,
         r,
