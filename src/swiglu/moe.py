@@ -354,7 +354,14 @@ def _moe_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_proj, do
     # After the saved gate, up, order and expert_start, the need_grad_* flags; the dispatcher
     # leaves out trailing ones equal to their default (True).
     needs = (*saved_and_needs[4:], True, True, True, True)[:4]
-    return tuple(t.new_empty(t.shape if need else (0,)) for t, need in zip((x, top_k_weights, gate_up_proj, down_proj), needs))
+    # The weight gradients as the kernels allocate them: empty_like, the weight's own strides.
+    like = (
+        x.new_empty(x.shape),
+        top_k_weights.new_empty(top_k_weights.shape),
+        torch.empty_like(gate_up_proj),
+        torch.empty_like(down_proj),
+    )
+    return tuple(t if need else t.new_empty(0) for t, need in zip(like, needs))
 
 
 def _moe_setup_context(ctx, inputs, output):

@@ -64,8 +64,11 @@ def test_flop_counter_around_the_backward_alone_counts_its_gemms():
     assert counter.get_total_flops() == 12 * T * K * H * I
 
 
-def test_opcheck_forward_and_backward_ops():
+@pytest.mark.parametrize("weights", ["contiguous", "column_major"])
+def test_opcheck_forward_and_backward_ops(weights):
     x, idx, w, gu, dp = _inputs(12)
+    if weights == "column_major":  # each expert's matrix stored transposed: the gradients keep that layout
+        gu, dp = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (gu, dp))
     torch.library.opcheck(
         moe_forward, (x, idx, w, gu, dp), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
     )
