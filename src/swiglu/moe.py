@@ -52,7 +52,7 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
     that differ between x and the expert weights, a floating ``top_k_index``, an integer
     ``top_k_weights``, a non-str ``impl``) or ValueError (ranks, shapes, devices, an unknown
     ``impl``, and an index outside [0, E) where that is known without a device synchronization:
-    CPU tensors), each naming the argument."""
+    CPU tensors in eager mode), each naming the argument."""
     named = {
         "x": x,
         "top_k_index": top_k_index,
@@ -239,9 +239,9 @@ def swiglu_moe(
 
     Raises:
         TypeError / ValueError naming the argument (``validate_moe_inputs``); RuntimeError at a
-        second backward with ``reuse_saved_buffers``. An id outside [0, E) is a ValueError on CPU
-        tensors; on CUDA (no synchronization to look) such a pair is skipped (zero contribution
-        and routing-weight gradient), never read or written out of bounds. More: docs/moe.md.
+        second backward with ``reuse_saved_buffers``. An id outside [0, E): ValueError on CPU in
+        eager mode; on CUDA, under torch.compile and dispatch modes (no values to look at) the
+        pair is skipped (zero contribution and gradient), never read out of bounds. docs/moe.md.
     """
     if isinstance(x, torch.Tensor) and x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)  # as F.linear under autocast
@@ -330,7 +330,8 @@ def moe_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` by the Triton
     kernels, from ``moe_forward``'s saved outputs; a gradient not needed is an empty [0] tensor and
-    its GEMM does not run. Not differentiable again (no double backward)."""
+    its GEMM does not run. Not differentiable again: a double backward takes the reference
+    formula (``_double_backward``)."""
     needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
     grads = _run_backward(
         grad_out, (x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order, expert_start), needs
@@ -383,7 +384,9 @@ def _gradients(ctx, grad_out, direct: bool, owned=None):
         return None, None, None, None, None
     if getattr(ctx, "consumed", False):
         raise RuntimeError(_SECOND_BACKWARD)
-    if direct:
+    if torch.is_grad_enabled():
+        gx, gw, ggu, gdp = _double_backward(ctx.saved_tensors[:5], grad_out, wanted)
+    elif direct:
         saved = ctx.saved_tensors
         consume = owns_saved_buffers(owned, saved[5], saved[6])  # gate, up
         ctx.consumed = consume
@@ -398,6 +401,16 @@ _SECOND_BACKWARD = (
     "its gradients over the saved gate/up projections. To backpropagate a graph more than once (also split "
     "backward passes), use reuse_saved_buffers=False (the default) and retain_graph=True"
 )
+
+
+def _double_backward(inputs, grad_out, wanted):
+    """create_graph=True: the reference formula's gradients in differentiable ops (the kernels'
+    have no graph), from the saved inputs, which carry the graph back to the caller's tensors."""
+    x, idx, w, gu, dp = inputs
+    with torch.autocast(x.device.type, enabled=False):
+        out = moe_reference(x, idx, w, gu, dp)
+    grads = iter(torch.autograd.grad(out, [t for t, n in zip((x, w, gu, dp), wanted) if n], grad_out, create_graph=True))
+    return tuple(next(grads) if n else None for n in wanted)
 
 
 def _moe_op_backward(ctx, grad_out, *unused):
@@ -422,7 +435,6 @@ class _MoEFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         # Compiled autograd traces this backward (the op is opaque to it); dispatch modes
         # (FlopCounterMode...) see the op where the launches are invisible to them.

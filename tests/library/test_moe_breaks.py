@@ -239,6 +239,24 @@ def test_triton_unused_nan_expert_does_not_leak_when_intermediate_size_is_not_a_
         assert torch.equal(finite, poisoned)
 
 
+@pytest.mark.parametrize("reuse", [False, True])
+def test_create_graph_gives_the_reference_formulas_differentiable_gradients(reuse):
+    # A gradient penalty: the first-order gradients' own gradients, as the reference's autograd
+    # gives them (the kernels' backward has no graph; the op's backward runs the reference there).
+    inp = _inputs(seed=9)
+
+    def penalty(impl):
+        x, idx, w, gu, dp = _leaves(inp)
+        kw = {"reuse_saved_buffers": reuse} if impl == "triton" else {}
+        out = swiglu.swiglu_moe(x, idx, w, gu, dp, impl=impl, **kw)
+        first = torch.autograd.grad(out, (x, w, gu, dp), inp.grad_out, create_graph=True)
+        second = torch.autograd.grad(sum(g.float().pow(2).sum() for g in first), (x, w, gu, dp))
+        return first + second
+
+    for got, ref in zip(penalty("triton"), penalty("reference")):
+        assert torch.equal(got, ref)
+
+
 def test_triton_gradient_accumulation_retain_graph_and_frozen_weights():
     inp = _inputs()
     once = _leaves(inp)
