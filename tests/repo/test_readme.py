@@ -69,10 +69,12 @@ def test_one_story_for_where_the_cpu_build_of_torch_comes_from():
         *(f"- {name}=={version}" for name, version in pins.items()),
     ):
         assert line in env, f"environment.yml lacks {line!r} (the Makefile's CPU install)"
-    conda = README[README.index("### Conda") : README.index("## Using the package")]
+    reproduce = (ROOT / "docs" / "reproduce.md").read_text()
+    conda = reproduce[reproduce.index("## Conda") : reproduce.index("## Notebooks")]
     for text in (index, f"torch=={torch_version}+cpu", f"triton=={triton_version}"):
-        assert text in conda, f"README's conda section lacks {text!r}"
-    install = README[README.index("## Two commands") : README.index("### Conda")]
+        assert text in conda, f"docs/reproduce.md's conda section lacks {text!r}"
+    assert "environment.yml" in README[README.index("## Two commands") : README.index("## Using the package")]
+    install = README[README.index("## Two commands") : README.index("Conda:")]
     for text in (index, f"torch=={torch_version}", f"triton=={triton_version}"):
         assert text in install, f"README's install section lacks {text!r}"
 
