@@ -261,7 +261,10 @@ def swiglu_moe(
     elif impl == "triton" and (transforms_active() or _has_tangent(x, top_k_weights, gate_up_proj, down_proj)):
         impl = "reference"  # torch.func transforms and forward-mode AD: the ops have no rule for them
     if impl == "reference":
-        out = moe_reference(x2, idx, w, gate_up_proj, down_proj)
+        # Compiled: the loop over the experts present reads the routing's values (a graph break,
+        # fullgraph fails), so dynamo gets it as one op.
+        run = moe_reference_op if torch.compiler.is_compiling() else moe_reference
+        out = run(x2, idx, w, gate_up_proj, down_proj)
     elif (
         meta
         or torch.compiler.is_compiling()
@@ -467,3 +470,88 @@ def _moe_backward_flops(
 
 add_flop_formula("moe_forward", _moe_forward_flops)
 add_flop_formula("moe_backward", _moe_backward_flops)
+
+
+# --------------------------------------------------------------------------- the reference as ops (torch.compile)
+
+
+@torch.library.custom_op("swiglu::moe_reference", mutates_args=())
+def moe_reference_op(
+    x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor
+) -> torch.Tensor:
+    """``moe_reference`` as one op: what ``swiglu_moe(impl="reference")`` runs under
+    torch.compile, where its loop over the experts present would need the routing's values."""
+    return moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
+
+
+@moe_reference_op.register_fake
+def _moe_reference_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj):
+    return torch.empty_like(x)  # moe_reference's zeros_like(x)
+
+
+@torch.library.custom_op("swiglu::moe_reference_backward", mutates_args=())
+def moe_reference_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    need_grad_x: bool = True,
+    need_grad_top_k_weights: bool = True,
+    need_grad_gate_up_proj: bool = True,
+    need_grad_down_proj: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``moe_reference``'s gradients (an empty [0] tensor where not needed), by hand: an op's
+    body runs below autograd. The reference's loop and dtypes; sums in another order than
+    autograd's, so not its bits."""
+    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
+    E = gate_up_proj.shape[0]
+    gx, gw, ggu, gdp = (torch.zeros_like(t) for t in (x, top_k_weights, gate_up_proj, down_proj))
+    mask = F.one_hot(top_k_index.long().clamp(-1, E) % (E + 1), num_classes=E + 1).permute(2, 1, 0)
+    for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()[:, 0].tolist():
+        if e == E:
+            continue
+        pos, tok = torch.where(mask[e])
+        xe, we = x[tok], top_k_weights[tok, pos, None]
+        gate, up = F.linear(xe, gate_up_proj[e]).chunk(2, dim=-1)
+        act = F.silu(gate)
+        h = act * up
+        y = F.linear(h, down_proj[e])
+        g = grad_out[tok].to(torch.promote_types(y.dtype, we.dtype))  # y * we's gradient
+        gw.index_put_((tok, pos), (g * y).sum(-1).to(gw.dtype), accumulate=True)
+        gy = (g * we).to(y.dtype)
+        gdp[e] = gy.T @ h
+        gh = gy @ down_proj[e]
+        sig = torch.sigmoid(gate)
+        ggl = torch.cat([gh * up * sig * (1 + gate * (1 - sig)), gh * act], dim=-1)
+        ggu[e] = ggl.T @ xe
+        gx.index_add_(0, tok, ggl @ gate_up_proj[e])
+    return tuple(g if n else x.new_empty(0) for g, n in zip((gx, gw, ggu, gdp), needs))
+
+
+@moe_reference_backward.register_fake
+def _moe_reference_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, *needs):
+    needs = (*needs, True, True, True, True)[:4]
+    return tuple(torch.empty_like(t) if n else t.new_empty(0) for t, n in zip((x, top_k_weights, gate_up_proj, down_proj), needs))
+
+
+def _moe_reference_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _moe_reference_op_backward(ctx, grad_out):
+    needs = ctx.needs_input_grad
+    wanted = (needs[0], needs[2], needs[3], needs[4])
+    if grad_out is None or not any(wanted):
+        return None, None, None, None, None
+    if torch.is_grad_enabled():
+        gx, gw, ggu, gdp = _double_backward(ctx.saved_tensors, grad_out, wanted)
+    else:
+        gx, gw, ggu, gdp = moe_reference_backward(grad_out, *ctx.saved_tensors, *wanted)
+    return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None, gdp if needs[4] else None)
+
+
+moe_reference_op.register_autograd(_moe_reference_op_backward, setup_context=_moe_reference_setup_context)
+add_flop_formula("moe_reference", _moe_forward_flops)
+add_flop_formula("moe_reference_backward", _moe_backward_flops)

@@ -117,19 +117,31 @@ def test_fake_tensor_mode_gives_fake_output():
     assert out.shape == inp.x.shape
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch.compile(fullgraph=True) with impl='reference' (what 'auto' picks on CPU "
-    "and for non-bf16 CUDA tensors, so what apply(model) runs in fp32) fails with "
-    "GuardOnDataDependentSymNode (the reference's nonzero()/tolist() loop), where transformers' default "
-    "'grouped_mm' experts implementation compiles fullgraph",
-)
-def test_reference_compiles_fullgraph():
-    inp = _inputs()
-    x, idx, w, gu, dp = (t.float() if t.is_floating_point() else t for t in inp.args())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["float64", "bfloat16"])
+@pytest.mark.parametrize("grads", [(True, True, True, True), (False, True, False, True)], ids=["all", "some"])
+def test_reference_compiles_fullgraph_forward_and_backward(grads, dtype):
+    # impl="reference" is what "auto" runs on CPU and for non-bf16 CUDA tensors (apply(model) in
+    # fp32): its loop over the experts present reads the routing, so compiled it runs as two ops
+    # (forward; gradients by hand), checked against float64 and, in bf16, the eager reference's error.
+    inp = _inputs(kind="dup")
+    x, idx, w, gu, dp = (t.to(dtype) if t.is_floating_point() else t for t in inp.args())
+    go = inp.grad_out.to(dtype)
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_(g) for t, g in zip((x, w, gu, dp), grads)]
+        out = fn(leaves[0], idx, *leaves[1:])
+        out.backward(go)
+        return [out] + [t.grad for t, g in zip(leaves, grads) if g]
+
     torch._dynamo.reset()
-    f = torch.compile(lambda *a: swiglu.swiglu_moe(*a, impl="reference"), fullgraph=True)
-    assert torch.equal(f(x, idx, w, gu, dp), swiglu.swiglu_moe(x, idx, w, gu, dp, impl="reference"))
+    compiled = torch.compile(lambda *a: swiglu.swiglu_moe(*a, impl="reference"), fullgraph=True)
+    got, eager = run(compiled), run(lambda *a: swiglu.swiglu_moe(*a, impl="reference"))
+    assert torch.equal(got[0], eager[0])  # the same forward
+    oracle = swiglu.moe.moe_float64(x, idx, w, gu, dp, go)
+    oracle = [oracle[0]] + [o for o, g in zip(oracle[1:], grads) if g]
+    for c, e, o in zip(got, eager, oracle, strict=True):
+        err = lambda t: ((t.double() - o).norm() / o.norm()).item()  # noqa: E731
+        assert err(c) <= (1e-13 if dtype == torch.float64 else 2 * err(e)), (err(c), err(e))
 
 
 @pytest.mark.parametrize("how", ["grad", "vjp"])

@@ -6,7 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import swiglu
-from swiglu.moe import moe_backward, moe_forward
+from swiglu.moe import moe_backward, moe_forward, moe_reference_backward, moe_reference_op
 
 T, H, I, E, K = 11, 32, 48, 4, 2
 
@@ -78,6 +78,12 @@ def test_opcheck_forward_and_backward_ops(weights):
         (torch.randn_like(out), x, idx, w, gu, dp, gate, up, order, start),
         test_utils=("test_schema", "test_faketensor"),
     )
+    x, w, gu, dp = (t.float().requires_grad_() for t in (x, w, gu, dp))  # the reference's ops, as compiled
+    torch.library.opcheck(
+        moe_reference_op, (x, idx, w, gu, dp), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
+    )
+    grad_out = torch.randn(x.shape)
+    torch.library.opcheck(moe_reference_backward, (grad_out, x, idx, w, gu, dp), test_utils=("test_schema", "test_faketensor"))
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])
