@@ -4,10 +4,19 @@ TRITON_INTERPRET is read when ``@triton.jit`` decorates a kernel, so it must be 
 kernel module is imported (see docs/triton-on-cpu.md).
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
-import pytest
-import torch
+# torch.compile's caches in a directory of this run's own: a graph cached by an earlier checkout
+# calls the custom ops with their old schemas (a stale hit, not a failure of this code).
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="swiglu-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:

@@ -144,21 +144,25 @@ def _anchor(*tensors) -> torch.Tensor:
     return sum(t[:0].sum() for t in tensors)
 
 
+def _expert_rows(top_k_index, E):
+    """``(e, pos, tok)`` for each expert e that a pair routes to, in expert order: its pairs'
+    tokens and positions in their rows (transformers' loop; ids outside [0, E) left out)."""
+    with torch.no_grad():
+        mask = F.one_hot(top_k_index.long().clamp(-1, E) % (E + 1), num_classes=E + 1).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit[:, 0].tolist():
+        if e < E:
+            yield e, *torch.where(mask[e])
+
+
 def moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj) -> torch.Tensor:
     """transformers' eager experts loop, in its order of operations (bf16 GEMM outputs, the
     routing weight applied in the product's promoted dtype, ``index_add_`` into an output of x's
     dtype in expert order). Differentiable by autograd. ``x`` [T, H], ``top_k_index`` /
     ``top_k_weights`` [T, k]; expert ids outside [0, E) contribute nothing (transformers' expert
     parallel sentinels); a duplicate id in a token's row counts once per occurrence."""
-    E = gate_up_proj.shape[0]
     out = torch.zeros_like(x) + _anchor(x, top_k_weights, gate_up_proj, down_proj).to(x.dtype)
-    with torch.no_grad():
-        mask = F.one_hot(top_k_index.long().clamp(-1, E) % (E + 1), num_classes=E + 1).permute(2, 1, 0)
-        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
-    for e in hit[:, 0].tolist():
-        if e == E:
-            continue
-        pos, tok = torch.where(mask[e])
+    for e, pos, tok in _expert_rows(top_k_index, gate_up_proj.shape[0]):
         gate, up = F.linear(x[tok], gate_up_proj[e]).chunk(2, dim=-1)
         y = F.linear(F.silu(gate) * up, down_proj[e]) * top_k_weights[tok, pos, None]
         out = out.index_add(0, tok, y.to(out.dtype))
@@ -491,28 +495,15 @@ def _moe_reference_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj):
 
 @torch.library.custom_op("swiglu::moe_reference_backward", mutates_args=())
 def moe_reference_backward(
-    grad_out: torch.Tensor,
-    x: torch.Tensor,
-    top_k_index: torch.Tensor,
-    top_k_weights: torch.Tensor,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-    need_grad_x: bool = True,
-    need_grad_top_k_weights: bool = True,
-    need_grad_gate_up_proj: bool = True,
-    need_grad_down_proj: bool = True,
+    grad_out: torch.Tensor, top_k_index: torch.Tensor, inputs: list[torch.Tensor], needs: list[bool]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``moe_reference``'s gradients (an empty [0] tensor where not needed), by hand: an op's
-    body runs below autograd. The reference's loop and dtypes; sums in another order than
-    autograd's, so not its bits."""
-    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
+    """``moe_reference``'s gradients for ``inputs`` = [x, top_k_weights, gate_up_proj,
+    down_proj] (an empty [0] tensor where ``needs`` says no), by hand: an op's body runs below
+    autograd. The reference's loop and dtypes; sums in another order than autograd's, so not its bits."""
+    x, top_k_weights, gate_up_proj, down_proj = inputs
     E = gate_up_proj.shape[0]
     gx, gw, ggu, gdp = (torch.zeros_like(t) for t in (x, top_k_weights, gate_up_proj, down_proj))
-    mask = F.one_hot(top_k_index.long().clamp(-1, E) % (E + 1), num_classes=E + 1).permute(2, 1, 0)
-    for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()[:, 0].tolist():
-        if e == E:
-            continue
-        pos, tok = torch.where(mask[e])
+    for e, pos, tok in _expert_rows(top_k_index, E):
         xe, we = x[tok], top_k_weights[tok, pos, None]
         gate, up = F.linear(xe, gate_up_proj[e]).chunk(2, dim=-1)
         act = F.silu(gate)
@@ -531,9 +522,8 @@ def moe_reference_backward(
 
 
 @moe_reference_backward.register_fake
-def _moe_reference_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, *needs):
-    needs = (*needs, True, True, True, True)[:4]
-    return tuple(torch.empty_like(t) if n else t.new_empty(0) for t, n in zip((x, top_k_weights, gate_up_proj, down_proj), needs))
+def _moe_reference_backward_fake(grad_out, top_k_index, inputs, needs):
+    return tuple(torch.empty_like(t) if n else t.new_empty(0) for t, n in zip(inputs, needs))
 
 
 def _moe_reference_setup_context(ctx, inputs, output):
@@ -548,10 +538,16 @@ def _moe_reference_op_backward(ctx, grad_out):
     if torch.is_grad_enabled():
         gx, gw, ggu, gdp = _double_backward(ctx.saved_tensors, grad_out, wanted)
     else:
-        gx, gw, ggu, gdp = moe_reference_backward(grad_out, *ctx.saved_tensors, *wanted)
+        x, idx, w, gu, dp = ctx.saved_tensors
+        gx, gw, ggu, gdp = moe_reference_backward(grad_out, idx, [x, w, gu, dp], list(wanted))
     return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None, gdp if needs[4] else None)
 
 
 moe_reference_op.register_autograd(_moe_reference_op_backward, setup_context=_moe_reference_setup_context)
 add_flop_formula("moe_reference", _moe_forward_flops)
-add_flop_formula("moe_reference_backward", _moe_backward_flops)
+add_flop_formula(
+    "moe_reference_backward",
+    lambda grad_out_shape, top_k_index_shape, input_shapes, *a, **kw: _moe_backward_flops(
+        grad_out_shape, input_shapes[0], top_k_index_shape, *input_shapes[1:]
+    ),
+)

@@ -83,7 +83,15 @@ def test_opcheck_forward_and_backward_ops(weights):
         moe_reference_op, (x, idx, w, gu, dp), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
     )
     grad_out = torch.randn(x.shape)
-    torch.library.opcheck(moe_reference_backward, (grad_out, x, idx, w, gu, dp), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        moe_reference_backward,
+        (grad_out, idx, [x, w, gu, dp], [True, False, True, True]),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    with FlopCounterMode(display=False) as counter:  # as a compiled graph's ops are counted
+        moe_reference_op(x, idx, w, gu, dp)
+        moe_reference_backward(grad_out, idx, [x, w, gu, dp], [True] * 4)
+    assert counter.get_total_flops() == 18 * T * K * H * I
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])
