@@ -361,6 +361,58 @@ def test_each_unsupported_experts_module_is_named(change, match):
     assert re.search(match, swiglu_hf.experts_unsupported_reason(experts))
 
 
+@pytest.mark.parametrize("change", ["act_fn_hook", "global_hook", "act_fn_gelu"])
+def test_an_activation_hooked_or_swapped_after_the_first_call_falls_back_and_matches(change, moe_calls):
+    """A steering hook (or another activation) added after apply and a first step: the experts run
+    their previous implementation from then on, with a warning, and the hook runs."""
+    plain = build("qwen3_moe")
+    ours = copy.deepcopy(plain)
+    swiglu_hf.apply(ours, impl="reference")
+    ids = batch()
+    step(ours, ids)
+    assert moe_calls and moe_calls.clear() is None
+    seen = []
+    handles = []
+    for model in (plain, ours):
+        for layer in model.model.layers:
+            if change == "act_fn_hook":
+                handles.append(layer.mlp.experts.act_fn.register_forward_hook(lambda m, a, out: seen.append(1) or out * 0.5))
+            elif change == "act_fn_gelu":
+                layer.mlp.experts.act_fn = nn.GELU()
+    if change == "global_hook":
+        handles.append(
+            nn.modules.module.register_module_forward_hook(
+                lambda m, a, out: seen.append(1) if isinstance(m, nn.SiLU) or type(m).__name__ == "SiLUActivation" else None
+            )
+        )
+    try:
+        with pytest.warns(UserWarning, match="hooks (are )?registered" if "hook" in change else "act_fn is GELU"):
+            got = step(ours, ids)
+        calls = len(seen)
+        assert_same(got, step(plain, ids), 0.0)
+    finally:
+        for h in handles:
+            h.remove()
+    assert moe_calls == []
+    assert change == "act_fn_gelu" or calls > 0
+
+
+def test_apply_on_one_layer_says_it_switches_the_shared_config():
+    """transformers' experts implementation is the config's: apply on a decoder layer switches
+    every layer's experts and says so; on the model itself it says nothing."""
+    model = build("qwen3_moe")
+    with pytest.warns(UserWarning, match="chosen per config"):
+        assert swiglu_hf.apply(model.model.layers[1], impl="reference") == ["mlp.experts"]
+    assert model.config._experts_implementation == "swiglu"
+    with pytest.warns(UserWarning, match="chosen per config"):
+        assert swiglu_hf.unpatch(model.model.layers[1]) == ["mlp.experts"]
+    assert model.config._experts_implementation != "swiglu"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swiglu_hf.apply(model, impl="reference")
+        swiglu_hf.unpatch(model)
+
+
 def test_another_activation_falls_back_and_matches(moe_calls):
     """hidden_act="gelu": the experts keep grouped_mm (warned), the model's results unchanged."""
     plain = build("olmoe", hidden_act="gelu")

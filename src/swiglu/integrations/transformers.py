@@ -336,7 +336,7 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
 
 
 def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, down) -> str | None:
-    """Why this call cannot run the op (None when it can): a few shape, type and flag checks."""
+    """Why this call cannot run the op (None when it can): a few shape, type, flag and hook checks."""
     if top_k_weights.shape != top_k_index.shape:
         return (
             f"top_k_weights {tuple(top_k_weights.shape)} is not top_k_index's shape {tuple(top_k_index.shape)} "
@@ -350,6 +350,11 @@ def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, dow
         )
     if module.__dict__.get("_is_expert_parallel"):
         return "expert parallelism (sharded experts, sentinel expert ids) is not covered"
+    # act_fn swapped or hooked after the module's first call (the class checks stay decided once).
+    if not _silu_fast(module._modules.get("act_fn")) and _act_fn_reason(module):
+        return _act_fn_reason(module)
+    if _torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks:
+        return "global module forward hooks are registered; the op would not run them on act_fn"
     if hidden_states.dtype != gate_up.dtype and not torch.is_autocast_enabled(hidden_states.device.type):
         # (under autocast the op casts hidden_states and the weights to autocast's dtype, as F.linear)
         return f"hidden_states are {hidden_states.dtype} but the expert weights {gate_up.dtype}"
@@ -465,6 +470,20 @@ def _set_experts_implementation(model: nn.Module, configs: list, name_of) -> Non
             config._experts_implementation = name_of(config)
 
 
+def _warn_config_reach(model: nn.Module, switched: str) -> None:
+    """The experts implementation is the config's, which a model's layers share: on a part of a
+    model, ``apply``/``unpatch`` reach beyond it. Said once per call."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        warnings.warn(
+            f"swiglu: the experts implementation is chosen per config, which every layer of a model shares: "
+            f"switched to {switched} for every experts module sharing the config of this "
+            f"{type(model).__qualname__}'s experts, also those outside it",
+            stacklevel=4,
+        )
+
+
 def _apply_experts(model: nn.Module, experts: list, impl: str) -> set[str]:
     """``apply``'s part for experts modules ``[(name, module)]``: record each one's state and
     previous implementation, switch the configs of those the op serves to "swiglu", warn about the
@@ -498,6 +517,7 @@ def _apply_experts(model: nn.Module, experts: list, impl: str) -> set[str]:
                     skipped.setdefault((type(module).__qualname__, module.__dict__[_EXPERTS_STATE][2], reason), []).append(name)
     if configs:
         _set_experts_implementation(model, list(configs.values()), lambda c: EXPERTS_IMPLEMENTATION)
+        _warn_config_reach(model, repr(EXPERTS_IMPLEMENTATION))
     for (cls, fallback, reason), names in skipped.items():
         warnings.warn(
             f"swiglu: {len(names)} {cls} experts module(s) ({_short(names)}) keep their {fallback!r} "
@@ -522,6 +542,7 @@ def _unpatch_experts(model: nn.Module) -> list[str]:
                 names.append(name)
     if configs:
         _set_experts_implementation(model, list(configs.values()), lambda c: previous[id(c)])
+        _warn_config_reach(model, "the previous implementation")
     return names
 
 
@@ -550,7 +571,7 @@ def apply(
     ``"model.layers.0.mlp.experts"``), in ``named_modules`` order; modules patched before are
     included (their options updated). Dense MLP classes become ``Swiglu<Class>`` subclasses;
     experts modules keep their class, their config's experts implementation becomes ``"swiglu"``
-    (``register_experts``; through ``model.set_experts_implementation`` on a transformers model).
+    (``model.set_experts_implementation``; on a part of a model, every layer's: a warning says so).
     Parameters, buffers, state-dict names and ``save_pretrained`` output are unchanged; ``unpatch``
     undoes it.
 
