@@ -7,6 +7,7 @@ Public API:
     swiglu_mlp(x, gate_weight, up_weight, down_weight, *, impl="auto")  -- its functional form
     swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, impl="auto")
                                            -- the routed experts of a mixture-of-experts model
+    SwiGLUExperts(num_experts, hidden_size, intermediate_size, *, impl="auto")  -- its nn.Module
     parallelize(module, mesh, *, sequence_parallel=False)  -- tensor parallelism (DTensor)
     tensor_parallel_plan(prefix, ...)      -- the same plan for parallelize_module on a whole model
     available_impls(device), backend_reason(device, dtype) -- impls usable here; why "auto" is not Triton
@@ -20,7 +21,7 @@ from . import roofline
 from .accuracy import benchmark_criterion, relative_error
 from .api import available_impls, backend_reason, swiglu_mlp_backward
 from .inputs import BackwardInputs, make_inputs
-from .module import SwiGLUMLP
+from .module import SwiGLUExperts, SwiGLUMLP
 from .moe import swiglu_moe
 from .ops import swiglu_mlp
 from .reference import float64_backward, reference_backward
@@ -51,6 +52,7 @@ __all__ = [
     "HIDDEN_SIZE",
     "INTERMEDIATE_SIZE",
     "MODEL_SHAPES",
+    "SwiGLUExperts",
     "SwiGLUMLP",
     "available_impls",
     "backend_reason",

@@ -1,4 +1,5 @@
-"""``SwiGLUMLP``: a drop-in Llama/Hermes MLP block whose backward is ours.
+"""``SwiGLUMLP``: a drop-in Llama/Hermes MLP block whose backward is ours; ``SwiGLUExperts``:
+the routed experts of a mixture-of-experts layer.
 
 Usage in a training loop::
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import warnings
@@ -24,6 +26,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .checks import FLOAT_DTYPES
+from .moe import swiglu_moe
 from .ops import IMPLS, _check_impl, _renamed, _swiglu_mlp, resolve_impl
 from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
@@ -68,20 +71,7 @@ class SwiGLUMLP(nn.Module):
         backward_impl: str | None = None,
     ) -> None:
         super().__init__()
-        for label, size in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
-            if isinstance(size, bool) or not isinstance(size, int):
-                raise TypeError(f"{label} must be a positive int, got {size!r} ({type(size).__name__})")
-            if size <= 0:
-                raise ValueError(f"{label} must be a positive int, got {size!r}")
-        if dtype is not None and dtype not in FLOAT_DTYPES:
-            raise TypeError(
-                f"dtype must be one of {', '.join(map(str, FLOAT_DTYPES))} (the weights' dtype) or None, got {dtype!r}"
-            )
-        if device is not None:
-            try:
-                device = torch.device(device)
-            except (RuntimeError, TypeError) as err:
-                raise ValueError(f"device must be a torch.device, a device string or None, got {device!r}") from err
+        device = _check_module_args({"hidden_size": hidden_size, "intermediate_size": intermediate_size}, device, dtype)
         if backward_impl is not None:
             impl = _renamed(backward_impl, impl)
         _check_impl(impl)
@@ -94,10 +84,6 @@ class SwiGLUMLP(nn.Module):
         if not isinstance(reuse_saved_buffers, bool):
             raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
         self.reuse_saved_buffers = reuse_saved_buffers
-        if device is not None and device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(
-                f"device={str(device)!r} but torch finds no CUDA GPU here (torch.cuda.is_available() is False); use device='cpu'"
-            )
         kw = dict(bias=False, device=device, dtype=dtype)
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
@@ -152,6 +138,100 @@ class SwiGLUMLP(nn.Module):
             f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
             f"impl={self.impl!r}, save_activated_gate={self.save_activated_gate}"
         )
+
+
+class SwiGLUExperts(nn.Module):
+    """The routed experts of a mixture-of-experts layer, as a module: ``swiglu.swiglu_moe`` over
+    its own weights, for models built outside transformers (the router stays the caller's).
+
+    Parameters in transformers' experts layout (a ``Qwen3MoeExperts``/``MixtralExperts`` state
+    dict loads unchanged): ``gate_up_proj`` [E, 2I, H] (the gate rows, then the up rows) and
+    ``down_proj`` [E, H, I], each expert initialised as ``nn.Linear`` would its weight.
+
+    Args:
+        num_experts, hidden_size, intermediate_size: E, H and I (intermediate_size per expert),
+            positive ints.
+        impl, reuse_saved_buffers: as ``swiglu.swiglu_moe``.
+        device, dtype: of the weights (dtype floating); the input must match them.
+    Raises TypeError for a size that is not an int or a non-floating dtype; ValueError for a
+    non-positive size, an unknown ``impl`` or a CUDA device without a GPU.
+
+    forward(x, top_k_index, top_k_weights): x [..., H], the router's top-k expert ids and weights
+    [..., k] -> [..., H]; errors as ``swiglu.swiglu_moe``.
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        impl: str = "auto",
+        reuse_saved_buffers: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        sizes = {"num_experts": num_experts, "hidden_size": hidden_size, "intermediate_size": intermediate_size}
+        device = _check_module_args(sizes, device, dtype)
+        _check_impl(impl)
+        if not isinstance(reuse_saved_buffers, bool):
+            raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
+        self.impl, self.reuse_saved_buffers = impl, reuse_saved_buffers
+        kw = dict(device=device, dtype=dtype)
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **kw))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Each expert's matrices as ``nn.Linear`` initialises a weight: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+        with torch.no_grad():
+            for w in (self.gate_up_proj, self.down_proj):
+                bound = 1 / math.sqrt(w.shape[-1])
+                w.uniform_(-bound, bound)
+
+    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        """``swiglu.swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj)`` with the
+        module's ``impl`` and ``reuse_saved_buffers``."""
+        return swiglu_moe(
+            x,
+            top_k_index,
+            top_k_weights,
+            self.gate_up_proj,
+            self.down_proj,
+            impl=self.impl,
+            reuse_saved_buffers=self.reuse_saved_buffers,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
+            f"intermediate_size={self.intermediate_size}, impl={self.impl!r}"
+        )
+
+
+def _check_module_args(sizes: dict, device, dtype) -> torch.device | None:
+    """The modules' constructor checks: positive int sizes, a floating dtype (or None), a device
+    that exists here; returns the device as a ``torch.device`` (or None)."""
+    for label, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"{label} must be a positive int, got {size!r} ({type(size).__name__})")
+        if size <= 0:
+            raise ValueError(f"{label} must be a positive int, got {size!r}")
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {', '.join(map(str, FLOAT_DTYPES))} (the weights' dtype) or None, got {dtype!r}")
+    if device is None:
+        return None
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device must be a torch.device, a device string or None, got {device!r}") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={str(device)!r} but torch finds no CUDA GPU here (torch.cuda.is_available() is False); use device='cpu'"
+        )
+    return device
 
 
 def _is_parallel_style_hook(fn) -> bool:
