@@ -267,7 +267,9 @@ def swiglu_moe(
     if impl == "reference":
         # Compiled: the loop over the experts present reads the routing's values (a graph break,
         # fullgraph fails), so dynamo gets it as one op.
-        run = moe_reference_op if torch.compiler.is_compiling() else moe_reference
+        # torch.func and forward-mode AD need the plain ops (the custom ops have no rules for them).
+        as_op = torch.compiler.is_compiling() and not (transforms_active() or fwAD._current_level >= 0)
+        run = moe_reference_op if as_op else moe_reference
         out = run(x2, idx, w, gate_up_proj, down_proj)
     elif (
         meta
@@ -343,7 +345,7 @@ def moe_backward(
     grads = _run_backward(
         grad_out, (x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order, expert_start), needs
     )
-    return tuple(g if need else x.new_empty(0) for g, need in zip(grads, needs))
+    return tuple(g if need else t.new_empty(0) for g, t, need in zip(grads, (x, top_k_weights, gate_up_proj, down_proj), needs))
 
 
 def _run_backward(grad_out, saved, needs, reuse: bool = False):
@@ -484,13 +486,14 @@ def moe_reference_op(
     x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor
 ) -> torch.Tensor:
     """``moe_reference`` as one op: what ``swiglu_moe(impl="reference")`` runs under
-    torch.compile, where its loop over the experts present would need the routing's values."""
-    return moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    torch.compile, where its loop over the experts present would need the routing's values.
+    Contiguous out (its fake's layout, whatever x's strides)."""
+    return moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj).contiguous()
 
 
 @moe_reference_op.register_fake
 def _moe_reference_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj):
-    return torch.empty_like(x)  # moe_reference's zeros_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("swiglu::moe_reference_backward", mutates_args=())
@@ -501,24 +504,28 @@ def moe_reference_backward(
     down_proj] (an empty [0] tensor where ``needs`` says no), by hand: an op's body runs below
     autograd. The reference's loop and dtypes; sums in another order than autograd's, so not its bits."""
     x, top_k_weights, gate_up_proj, down_proj = inputs
-    E = gate_up_proj.shape[0]
-    gx, gw, ggu, gdp = (torch.zeros_like(t) for t in (x, top_k_weights, gate_up_proj, down_proj))
-    for e, pos, tok in _expert_rows(top_k_index, E):
+    need_x, need_w, need_gu, need_dp = needs
+    grads = [torch.zeros_like(t) if n else t.new_empty(0) for t, n in zip(inputs, needs)]
+    gx, gw, ggu, gdp = grads
+    for e, pos, tok in _expert_rows(top_k_index, gate_up_proj.shape[0]):
         xe, we = x[tok], top_k_weights[tok, pos, None]
         gate, up = F.linear(xe, gate_up_proj[e]).chunk(2, dim=-1)
         act = F.silu(gate)
         h = act * up
-        y = F.linear(h, down_proj[e])
-        g = grad_out[tok].to(torch.promote_types(y.dtype, we.dtype))  # y * we's gradient
-        gw.index_put_((tok, pos), (g * y).sum(-1).to(gw.dtype), accumulate=True)
-        gy = (g * we).to(y.dtype)
-        gdp[e] = gy.T @ h
-        gh = gy @ down_proj[e]
-        sig = torch.sigmoid(gate)
-        ggl = torch.cat([gh * up * sig * (1 + gate * (1 - sig)), gh * act], dim=-1)
-        ggu[e] = ggl.T @ xe
-        gx.index_add_(0, tok, ggl @ gate_up_proj[e])
-    return tuple(g if n else x.new_empty(0) for g, n in zip((gx, gw, ggu, gdp), needs))
+        g = grad_out[tok].to(torch.promote_types(h.dtype, we.dtype))  # (y * we)'s gradient
+        if need_w:
+            gw.index_put_((tok, pos), (g * F.linear(h, down_proj[e])).sum(-1).to(gw.dtype), accumulate=True)
+        gy = (g * we).to(h.dtype)
+        if need_dp:
+            gdp[e] = gy.T @ h
+        if need_x or need_gu:
+            gh = gy @ down_proj[e]
+            ggl = torch.cat([torch.ops.aten.silu_backward(gh * up, gate), gh * act], dim=-1)
+            if need_gu:
+                ggu[e] = ggl.T @ xe
+            if need_x:
+                gx.index_add_(0, tok, ggl @ gate_up_proj[e])
+    return tuple(grads)
 
 
 @moe_reference_backward.register_fake

@@ -117,15 +117,19 @@ def test_fake_tensor_mode_gives_fake_output():
     assert out.shape == inp.x.shape
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["float64", "bfloat16"])
+@pytest.mark.parametrize(
+    "dtype, router_dtype",
+    [(torch.float64, torch.float64), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)],
+    ids=["float64", "bfloat16", "bfloat16_fp32_router"],
+)
 @pytest.mark.parametrize("grads", [(True, True, True, True), (False, True, False, True)], ids=["all", "some"])
-def test_reference_compiles_fullgraph_forward_and_backward(grads, dtype):
+def test_reference_compiles_fullgraph_forward_and_backward(grads, dtype, router_dtype):
     # impl="reference" is what "auto" runs on CPU and for non-bf16 CUDA tensors (apply(model) in
     # fp32): its loop over the experts present reads the routing, so compiled it runs as two ops
     # (forward; gradients by hand), checked against float64 and, in bf16, the eager reference's error.
     inp = _inputs(kind="dup")
     x, idx, w, gu, dp = (t.to(dtype) if t.is_floating_point() else t for t in inp.args())
-    go = inp.grad_out.to(dtype)
+    w, go = w.to(router_dtype), inp.grad_out.to(dtype)
 
     def run(fn):
         leaves = [t.clone().requires_grad_(g) for t, g in zip((x, w, gu, dp), grads)]
@@ -137,11 +141,35 @@ def test_reference_compiles_fullgraph_forward_and_backward(grads, dtype):
     compiled = torch.compile(lambda *a: swiglu.swiglu_moe(*a, impl="reference"), fullgraph=True)
     got, eager = run(compiled), run(lambda *a: swiglu.swiglu_moe(*a, impl="reference"))
     assert torch.equal(got[0], eager[0])  # the same forward
+    assert [t.dtype for t in got] == [t.dtype for t in eager]  # the router's gradient in its dtype
     oracle = swiglu.moe.moe_float64(x, idx, w, gu, dp, go)
     oracle = [oracle[0]] + [o for o, g in zip(oracle[1:], grads) if g]
     for c, e, o in zip(got, eager, oracle, strict=True):
         err = lambda t: ((t.double() - o).norm() / o.norm()).item()  # noqa: E731
         assert err(c) <= (1e-13 if dtype == torch.float64 else 2 * err(e)), (err(c), err(e))
+
+
+@pytest.mark.parametrize("how", ["func.jvp", "forward_ad"])
+def test_compiled_forward_mode_ad_of_the_reference_keeps_its_tangents(how):
+    # Compiled, the reference runs as custom ops, which have no forward-mode rule: under
+    # torch.func and forward-mode AD it stays plain ops (a zero tangent otherwise).
+    import torch.autograd.forward_ad as fwAD
+
+    inp = _inputs()
+    x, idx, w, gu, dp = (t.float() if t.is_floating_point() else t for t in inp.args())
+    tangent = torch.randn_like(x)
+
+    def f():
+        moe = lambda xx: swiglu.swiglu_moe(xx, idx, w, gu, dp, impl="reference")  # noqa: E731
+        if how == "func.jvp":
+            return torch.func.jvp(moe, (x,), (tangent,))[1]
+        with fwAD.dual_level():
+            return fwAD.unpack_dual(moe(fwAD.make_dual(x, tangent))).tangent
+
+    want = f()
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="eager")()
+    assert want.abs().sum() > 0 and torch.equal(got, want)
 
 
 @pytest.mark.parametrize("how", ["grad", "vjp"])
@@ -237,6 +265,8 @@ def test_triton_unused_nan_expert_does_not_leak_when_intermediate_size_is_not_a_
     # H = 16, I = 24 (the interpreter plan's K tile 16: 2I = 48 a multiple, I not): grad_x's A split
     # into gate and up (reuse_saved_buffers) must not take B's last K box across the expert's end.
     inp = make_moe(11, 8, 16, 24, E, K)
+    tile = kmoe.moe_plan(8 * K, E, 16, 24).grad_x
+    assert tile.BK == 16 and tile.TMA_B  # the case: B by TMA, K tile 16
     x, idx, w, gu, dp = inp.args()
     idx = torch.where(idx == 1, 2, idx)  # expert 1: no token
     grads = []

@@ -78,11 +78,14 @@ def test_opcheck_forward_and_backward_ops(weights):
         (torch.randn_like(out), x, idx, w, gu, dp, gate, up, order, start),
         test_utils=("test_schema", "test_faketensor"),
     )
-    x, w, gu, dp = (t.float().requires_grad_() for t in (x, w, gu, dp))  # the reference's ops, as compiled
+    # The reference's ops, as compiled: bf16 tokens and experts, an fp32 router, x column-major too.
+    if weights == "column_major":
+        x = x.t().contiguous().t()
+    x, w, gu, dp = (t.detach().requires_grad_() for t in (x, w, gu, dp))
     torch.library.opcheck(
         moe_reference_op, (x, idx, w, gu, dp), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
     )
-    grad_out = torch.randn(x.shape)
+    grad_out = torch.randn(x.shape).to(x.dtype)
     torch.library.opcheck(
         moe_reference_backward,
         (grad_out, idx, [x, w, gu, dp], [True, False, True, True]),

@@ -351,10 +351,9 @@ def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, dow
     if module.__dict__.get("_is_expert_parallel"):
         return "expert parallelism (sharded experts, sentinel expert ids) is not covered"
     # act_fn swapped or hooked after the module's first call (the class checks stay decided once).
+    # (Global module hooks are not a reason: FlopCounterMode's module tracker registers them.)
     if not _silu_fast(module._modules.get("act_fn")) and _act_fn_reason(module):
         return _act_fn_reason(module)
-    if _torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks:
-        return "global module forward hooks are registered; the op would not run them on act_fn"
     if hidden_states.dtype != gate_up.dtype and not torch.is_autocast_enabled(hidden_states.device.type):
         # (under autocast the op casts hidden_states and the weights to autocast's dtype, as F.linear)
         return f"hidden_states are {hidden_states.dtype} but the expert weights {gate_up.dtype}"
@@ -472,10 +471,10 @@ def _set_experts_implementation(model: nn.Module, configs: list, name_of) -> Non
 
 def _warn_config_reach(model: nn.Module, switched: str) -> None:
     """The experts implementation is the config's, which a model's layers share: on a part of a
-    model, ``apply``/``unpatch`` reach beyond it. Said once per call."""
+    model (no transformers model inside it), ``apply``/``unpatch`` reach beyond it. Said once per call."""
     from transformers import PreTrainedModel
 
-    if not isinstance(model, PreTrainedModel):
+    if not any(isinstance(m, PreTrainedModel) for m in model.modules()):
         warnings.warn(
             f"swiglu: the experts implementation is chosen per config, which every layer of a model shares: "
             f"switched to {switched} for every experts module sharing the config of this "
