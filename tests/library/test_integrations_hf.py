@@ -369,6 +369,23 @@ def test_what_appears_after_patching_takes_the_original_forward(change, match, o
     assert len(op_calls) == (0 if change == "global_hook" else 1)  # layer 0 still used the op
 
 
+def test_flop_counter_counts_the_fused_op_without_a_fallback(op_calls):
+    """FlopCounterMode's module tracker registers global module hooks: they change nothing, so the
+    patched MLPs still run the op (no warning), and the count is the stock model's."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    plain = build("llama")
+    ours = copy.deepcopy(plain)
+    swiglu_hf.apply(ours)
+    counts = []
+    for model in (plain, ours):
+        with warnings.catch_warnings(), FlopCounterMode(display=False) as counter:
+            warnings.simplefilter("error")
+            model(batch(8))
+        counts.append(counter.get_total_flops())
+    assert len(op_calls) == len(ours.model.layers) and counts[0] == counts[1] > 0
+
+
 def test_apply_arguments_and_unpatch():
     model = build("llama")
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):

@@ -140,9 +140,18 @@ def _runtime_reason(module: nn.Module) -> str | None:
     reason = _act_fn_reason(module)
     if reason:
         return reason
-    if _torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks:
+    if _foreign_global_hooks():
         return "global module forward hooks are registered; the fused op would not run them on the projections"
     return None
+
+
+def _foreign_global_hooks() -> bool:
+    """Global module forward hooks other than a module tracker's (FlopCounterMode's: it names the
+    module each op runs in and changes nothing), which the fused op would skip on the projections."""
+    from torch.utils.module_tracker import ModuleTracker
+
+    hooks = (*_torch_module._global_forward_hooks.values(), *_torch_module._global_forward_pre_hooks.values())
+    return any(not isinstance(getattr(hook, "__self__", None), ModuleTracker) for hook in hooks)
 
 
 def unsupported_reason(module: nn.Module) -> str | None:
@@ -351,7 +360,7 @@ def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, dow
     if module.__dict__.get("_is_expert_parallel"):
         return "expert parallelism (sharded experts, sentinel expert ids) is not covered"
     # act_fn swapped or hooked after the module's first call (the class checks stay decided once).
-    # (Global module hooks are not a reason: FlopCounterMode's module tracker registers them.)
+    # (Global module hooks on act_fn are not checked: FlopCounterMode's module tracker registers some.)
     if not _silu_fast(module._modules.get("act_fn")) and _act_fn_reason(module):
         return _act_fn_reason(module)
     if hidden_states.dtype != gate_up.dtype and not torch.is_autocast_enabled(hidden_states.device.type):
