@@ -20,7 +20,7 @@ _CHUNK_ELEMENTS = 1 << 27
 
 
 def _row_chunks(*tensors: torch.Tensor):
-    flat = [t.reshape(-1, t.shape[-1]) if t.dim() > 1 else t.reshape(1, -1) for t in tensors]
+    flat = [t.detach().reshape(-1, t.shape[-1]) if t.dim() > 1 else t.detach().reshape(1, -1) for t in tensors]
     rows = max(1, _CHUNK_ELEMENTS // max(1, flat[0].shape[-1]))
     for start in range(0, flat[0].shape[0], rows):
         yield tuple(f[start : start + rows] for f in flat)

@@ -255,7 +255,7 @@ def swiglu_moe(
     if reuse_saved_buffers is not True and reuse_saved_buffers is not False:
         raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
-    impl = moe_impl(impl, x)
+    impl = "triton" if x.device.type == "meta" else moe_impl(impl, x)
     x2 = x.reshape(T, H)
     idx = top_k_index.reshape(T, k)
     w = top_k_weights.reshape(T, k)
@@ -470,8 +470,15 @@ def _moe_backward_flops(
     out_shape=None,
     **kwargs,
 ) -> int:
-    """Six GEMMs of 2 H I FLOPs per routed pair: g, grad_x's two, the three weight gradients."""
-    return 2 * _moe_forward_flops(x_shape, top_k_index_shape, top_k_weights_shape, gate_up_proj_shape, down_proj_shape)
+    """The GEMMs the requested gradients run, 2 H I FLOPs each per routed pair: g = grad_out @
+    down_proj (always), grad_x's two, grad_gate_up_proj's two, grad_down_proj's one (six in all).
+    ``args``: the saved gate, up, order, expert_start, then the need_grad_* flags (trailing
+    defaults may be left out by the dispatcher)."""
+    names = ("need_grad_x", "need_grad_top_k_weights", "need_grad_gate_up_proj", "need_grad_down_proj")
+    flags = list(args[4:8])
+    need_x, _, need_gu, need_dp = flags + [kwargs.get(n, True) for n in names[len(flags) :]]
+    gemm = _moe_forward_flops(x_shape, top_k_index_shape, top_k_weights_shape, gate_up_proj_shape, down_proj_shape) // 3
+    return gemm * (1 + 2 * bool(need_x) + 2 * bool(need_gu) + bool(need_dp))
 
 
 add_flop_formula("moe_forward", _moe_forward_flops)
@@ -554,7 +561,7 @@ moe_reference_op.register_autograd(_moe_reference_op_backward, setup_context=_mo
 add_flop_formula("moe_reference", _moe_forward_flops)
 add_flop_formula(
     "moe_reference_backward",
-    lambda grad_out_shape, top_k_index_shape, input_shapes, *a, **kw: _moe_backward_flops(
-        grad_out_shape, input_shapes[0], top_k_index_shape, *input_shapes[1:]
+    lambda grad_out_shape, top_k_index_shape, input_shapes, needs, *a, **kw: _moe_backward_flops(
+        grad_out_shape, input_shapes[0], top_k_index_shape, *input_shapes[1:], None, None, None, None, *needs
     ),
 )

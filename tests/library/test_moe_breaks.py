@@ -99,7 +99,7 @@ def test_frozen_x_gives_the_other_gradients(grads):
             assert err < 0.05, err
 
 
-@pytest.mark.parametrize("impl", ["reference", "auto"])
+@pytest.mark.parametrize("impl", ["reference", "auto", "triton"])
 def test_meta_tensors_propagate_shapes(impl):
     inp = _inputs()
     args = [t.to("meta") for t in inp.args()]
