@@ -255,19 +255,17 @@ def swiglu_moe(
     if reuse_saved_buffers is not True and reuse_saved_buffers is not False:
         raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
-    impl = "triton" if x.device.type == "meta" else moe_impl(impl, x)
+    meta = x.device.type == "meta"
+    impl = "triton" if meta else moe_impl(impl, x)  # meta: the ops' fakes propagate shapes, forward and backward
     x2 = x.reshape(T, H)
     idx = top_k_index.reshape(T, k)
     w = top_k_weights.reshape(T, k)
-    meta = x.device.type == "meta"
-    if meta:
-        impl = "triton"  # the ops' fake implementations propagate shapes, forward and backward
-    elif impl == "triton" and (transforms_active() or _has_tangent(x, top_k_weights, gate_up_proj, down_proj)):
-        impl = "reference"  # torch.func transforms and forward-mode AD: the ops have no rule for them
+    if not meta and impl == "triton" and (transforms_active() or _has_tangent(x, top_k_weights, gate_up_proj, down_proj)):
+        impl = "reference"  # torch.func transforms and forward-mode AD: the ops have no rules for them
     if impl == "reference":
-        # Compiled: the loop over the experts present reads the routing's values (a graph break,
-        # fullgraph fails), so dynamo gets it as one op.
-        # torch.func and forward-mode AD need the plain ops (the custom ops have no rules for them).
+        # Compiled, the loop over the experts present reads the routing's values (a graph break,
+        # fullgraph fails), so dynamo gets it as one op; not under torch.func or forward-mode AD
+        # (while tracing, a forward-AD level shows where tangents do not).
         as_op = torch.compiler.is_compiling() and not (transforms_active() or fwAD._current_level >= 0)
         run = moe_reference_op if as_op else moe_reference
         out = run(x2, idx, w, gate_up_proj, down_proj)
@@ -387,8 +385,7 @@ def _gradients(ctx, grad_out, direct: bool, owned=None):
     dense op consumes its buffers (``ops._SwiGLUFunction``); a second backward then raises."""
     if grad_out is None:
         return None, None, None, None, None
-    needs = ctx.needs_input_grad
-    wanted = (needs[0], needs[2], needs[3], needs[4])
+    wanted = _wanted(ctx)
     if not any(wanted):
         return None, None, None, None, None
     if getattr(ctx, "consumed", False):
@@ -402,7 +399,19 @@ def _gradients(ctx, grad_out, direct: bool, owned=None):
         gx, gw, ggu, gdp = _run_backward(grad_out, saved, wanted, consume)
     else:
         gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted)
-    return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None, gdp if needs[4] else None)
+    return _input_grads(wanted, gx, gw, ggu, gdp)
+
+
+def _wanted(ctx) -> tuple:
+    """Which of (x, top_k_weights, gate_up_proj, down_proj) autograd wants a gradient for (the
+    op's inputs are those with top_k_index second)."""
+    needs = ctx.needs_input_grad
+    return needs[0], needs[2], needs[3], needs[4]
+
+
+def _input_grads(wanted, gx, gw, ggu, gdp) -> tuple:
+    """The four gradients as autograd takes them, one per input (None for top_k_index and where not wanted)."""
+    return (gx if wanted[0] else None, None, gw if wanted[1] else None, ggu if wanted[2] else None, gdp if wanted[3] else None)
 
 
 _SECOND_BACKWARD = (
@@ -453,10 +462,15 @@ class _MoEFunction(torch.autograd.Function):
 
 def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwargs) -> int:
     """Three GEMMs (gate, up, down) of 2 H I FLOPs per routed pair."""
+    return 3 * _gemm_flops(x_shape, top_k_index_shape, args[2])  # args: top_k_weights, gate_up_proj, down_proj shapes
+
+
+def _gemm_flops(x_shape, top_k_index_shape, down_proj_shape) -> int:
+    """One [pairs, H] x [H, I]-sized GEMM over all routed pairs: 2 H I FLOPs per pair."""
     pairs = 1
     for d in top_k_index_shape:
         pairs *= d
-    return 6 * pairs * x_shape[-1] * args[2][-1]  # args: top_k_weights, gate_up_proj, down_proj shapes
+    return 2 * pairs * x_shape[-1] * down_proj_shape[-1]
 
 
 def _moe_backward_flops(
@@ -476,9 +490,16 @@ def _moe_backward_flops(
     defaults may be left out by the dispatcher)."""
     names = ("need_grad_x", "need_grad_top_k_weights", "need_grad_gate_up_proj", "need_grad_down_proj")
     flags = list(args[4:8])
-    need_x, _, need_gu, need_dp = flags + [kwargs.get(n, True) for n in names[len(flags) :]]
-    gemm = _moe_forward_flops(x_shape, top_k_index_shape, top_k_weights_shape, gate_up_proj_shape, down_proj_shape) // 3
-    return gemm * (1 + 2 * bool(need_x) + 2 * bool(need_gu) + bool(need_dp))
+    needs = flags + [kwargs.get(n, True) for n in names[len(flags) :]]
+    return _backward_gemm_flops(x_shape, top_k_index_shape, down_proj_shape, needs)
+
+
+def _backward_gemm_flops(x_shape, top_k_index_shape, down_proj_shape, needs) -> int:
+    """Both backward ops' count: 2 H I FLOPs per routed pair and GEMM, g always, then grad_x's
+    two, grad_gate_up_proj's two, grad_down_proj's one as ``needs`` (x, top_k_weights,
+    gate_up_proj, down_proj) asks."""
+    need_x, _, need_gu, need_dp = (bool(n) for n in needs)
+    return _gemm_flops(x_shape, top_k_index_shape, down_proj_shape) * (1 + 2 * need_x + 2 * need_gu + need_dp)
 
 
 add_flop_formula("moe_forward", _moe_forward_flops)
@@ -545,8 +566,7 @@ def _moe_reference_setup_context(ctx, inputs, output):
 
 
 def _moe_reference_op_backward(ctx, grad_out):
-    needs = ctx.needs_input_grad
-    wanted = (needs[0], needs[2], needs[3], needs[4])
+    wanted = _wanted(ctx)
     if grad_out is None or not any(wanted):
         return None, None, None, None, None
     if torch.is_grad_enabled():
@@ -554,14 +574,14 @@ def _moe_reference_op_backward(ctx, grad_out):
     else:
         x, idx, w, gu, dp = ctx.saved_tensors
         gx, gw, ggu, gdp = moe_reference_backward(grad_out, idx, [x, w, gu, dp], list(wanted))
-    return (gx if needs[0] else None, None, gw if needs[2] else None, ggu if needs[3] else None, gdp if needs[4] else None)
+    return _input_grads(wanted, gx, gw, ggu, gdp)
 
 
 moe_reference_op.register_autograd(_moe_reference_op_backward, setup_context=_moe_reference_setup_context)
 add_flop_formula("moe_reference", _moe_forward_flops)
 add_flop_formula(
     "moe_reference_backward",
-    lambda grad_out_shape, top_k_index_shape, input_shapes, needs, *a, **kw: _moe_backward_flops(
-        grad_out_shape, input_shapes[0], top_k_index_shape, *input_shapes[1:], None, None, None, None, *needs
+    lambda grad_out_shape, top_k_index_shape, input_shapes, needs, *a, **kw: _backward_gemm_flops(
+        input_shapes[0], top_k_index_shape, input_shapes[3], needs
     ),
 )

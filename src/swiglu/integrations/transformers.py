@@ -361,8 +361,8 @@ def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, dow
         return "expert parallelism (sharded experts, sentinel expert ids) is not covered"
     # act_fn swapped or hooked after the module's first call (the class checks stay decided once).
     # (Global module hooks on act_fn are not checked: FlopCounterMode's module tracker registers some.)
-    if not _silu_fast(module._modules.get("act_fn")) and _act_fn_reason(module):
-        return _act_fn_reason(module)
+    if not _silu_fast(module._modules.get("act_fn")) and (reason := _act_fn_reason(module)):
+        return reason
     if hidden_states.dtype != gate_up.dtype and not torch.is_autocast_enabled(hidden_states.device.type):
         # (under autocast the op casts hidden_states and the weights to autocast's dtype, as F.linear)
         return f"hidden_states are {hidden_states.dtype} but the expert weights {gate_up.dtype}"
