@@ -32,7 +32,8 @@ environment wins; the metadata records which ran;
 ``eager``, transformers' loop over experts (the eager forward of ``Qwen3MoeExperts``, unwrapped
 from its experts-interface dispatch; ``swiglu.moe.moe_reference``, the same order of operations,
 where that class is missing), only at ``--eager-max-tokens`` tokens or fewer and only when one
-untimed forward + backward took at most ``--eager-max-ms``.
+untimed forward + backward took at most ``--eager-max-ms``. ``--lab-moe-wgrad gluon``: ours with the lab's
+warp-specialized weight gradients (``swiglu_lab.experiments.moe_gluon_wgrad.install``; metadata ``lab_moe_wgrad``).
 
 Modes: ``forward`` (the training forward: autograd records the graph), ``backward`` (gradients of
 x, top_k_weights, gate_up_proj and down_proj from one forward kept outside the timed region,
@@ -649,6 +650,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="let Liger's fused MoE autotune (minutes of compilation per run; default off)",
     )
+    parser.add_argument(
+        "--lab-moe-wgrad",
+        choices=("tl", "gluon"),
+        default="tl",
+        help="gluon: ours with the lab's warp-specialized weight gradient (swiglu_lab.experiments.moe_gluon_wgrad.install)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-power", action="store_true", help="no NVML power/clock sampling")
     parser.add_argument("--device", default="cuda")
@@ -679,6 +686,10 @@ def main(argv=None) -> int:
     deadline = time.monotonic() + args.time_budget_s
     nvml_before = nvml_info(device) if device.type == "cuda" else {}
     skipped: dict = {}
+    if args.lab_moe_wgrad == "gluon":
+        from swiglu_lab.experiments import moe_gluon_wgrad
+
+        moe_gluon_wgrad.install()
     impls = build_impls(names, args.ours_impl, skipped, args.liger_autotune)
     for name, why in skipped.items():
         print(f"{name} skipped: {why}", file=sys.stderr, flush=True)
@@ -700,6 +711,7 @@ def main(argv=None) -> int:
         transformers=dist_version("transformers"),
         liger_kernel=dist_version("liger-kernel", "liger_kernel"),
         liger_autotune=os.environ.get("LIGER_FUSED_MOE_AUTOTUNE", "1 (liger's default)") if "liger" in impls else None,
+        lab_moe_wgrad=args.lab_moe_wgrad,
         python=platform.python_version(),
         ours_impl=args.ours_impl,
         eager_source=eager_forward()[1],

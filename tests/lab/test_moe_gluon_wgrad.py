@@ -46,3 +46,39 @@ def test_moe_gluon_wgrad_compiles_for_sm90(tmp_path, which):
         assert r["global_scratch"] >= 4 * 128 and r["tensormap_fence"] >= 4, r
         assert r["spills"] in (0, None), r
         assert r["shared"] <= SM90_SHARED, r
+
+
+def test_install_routes_only_what_the_kernel_takes_and_undoes():
+    """``install`` (the bench's ``--lab-moe-wgrad gluon``) replaces the library's weight-gradient
+    launcher; operands the Gluon kernel does not take (here: CPU tensors) go to the library's
+    kernel, bitwise as without it; the returned function restores the library's launcher."""
+    import torch
+
+    from swiglu import swiglu_moe
+    from swiglu.kernels import moe
+    from swiglu_lab.experiments import moe_gluon_wgrad
+
+    T, H, I, E, k = 24, 32, 48, 4, 2
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, H, generator=g).bfloat16().requires_grad_()
+    idx = torch.randint(0, E, (T, k), generator=g)
+    w = torch.rand(T, k, generator=g).requires_grad_()
+    gu = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).bfloat16().requires_grad_()
+    dp = (torch.randn(E, H, I, generator=g) / I**0.5).bfloat16().requires_grad_()
+    go = torch.randn(T, H, generator=g).bfloat16()
+
+    def grads():
+        return torch.autograd.grad(swiglu_moe(x, idx, w, gu, dp, impl="triton"), (x, w, gu, dp), go)
+
+    want = grads()
+    library = moe.launch_wgrad
+    undo = moe_gluon_wgrad.install()
+    try:
+        assert moe.launch_wgrad is not library
+        assert not moe_gluon_wgrad.supports(gu.detach(), x.detach(), x.detach())
+        got = grads()
+    finally:
+        undo()
+    assert moe.launch_wgrad is library
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -263,3 +263,45 @@ def launch_moe_wgrad_gluon(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ex
         a, b, expert_start, c_desc, E, M, N, a.stride(0), b.stride(0),
         cfg.BK, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
+
+
+def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig = CONFIG) -> bool:
+    """Whether ``launch_moe_wgrad_gluon`` takes these operands (its checks, as a yes or no)."""
+    M, N = c.shape[1], c.shape[2]
+    return (
+        all(t.is_cuda and t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (a, b, c))
+        and M % cfg.BM == 0
+        and M % 8 == 0
+        and N % 8 == 0
+    )
+
+
+def install(cfg: GluonConfig = CONFIG):
+    """Sends the library's MoE weight gradients (``swiglu.kernels.moe.launch_wgrad``, what
+    ``moe_backward`` calls) to this kernel wherever ``supports`` holds, the library's kernel
+    elsewhere, for the rest of the process; its first Gluon launch installs the device-side
+    descriptors' allocator (``triton.set_allocator``: torch.empty on the current CUDA device). For
+    measurements (``scripts/moe_bench_gpu.py --lab-moe-wgrad gluon``), not for training jobs.
+    Returns a function that undoes it (an installed allocator stays)."""
+    import triton
+
+    from swiglu.kernels import moe
+
+    library = moe.launch_wgrad
+    allocator = []
+
+    def launch_wgrad(c, a, b, r, tile):
+        if supports(c, a, b, cfg):
+            if not allocator:
+                triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+                allocator.append(True)
+            launch_moe_wgrad_gluon(c, a, b, r.expert_start, cfg)
+        else:
+            library(c, a, b, r, tile)
+
+    moe.launch_wgrad = launch_wgrad
+
+    def undo():
+        moe.launch_wgrad = library
+
+    return undo
