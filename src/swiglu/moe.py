@@ -263,10 +263,13 @@ def swiglu_moe(
     if not meta and impl == "triton" and (transforms_active() or _has_tangent(x, top_k_weights, gate_up_proj, down_proj)):
         impl = "reference"  # torch.func transforms and forward-mode AD: the ops have no rules for them
     if impl == "reference":
-        # Compiled, the loop over the experts present reads the routing's values (a graph break,
-        # fullgraph fails), so dynamo gets it as one op; not under torch.func or forward-mode AD
-        # (while tracing, a forward-AD level shows where tangents do not).
-        as_op = torch.compiler.is_compiling() and not (transforms_active() or fwAD._current_level >= 0)
+        # The loop over the experts present reads the routing's values: compiled (a graph break,
+        # fullgraph fails) and under dispatch modes (FakeTensorMode has no values) it runs as one
+        # op; not under torch.func or forward-mode AD (while tracing, a forward-AD level shows
+        # where tangents do not).
+        as_op = (torch.compiler.is_compiling() or dispatch_mode_active()) and not (
+            transforms_active() or fwAD._current_level >= 0
+        )
         run = moe_reference_op if as_op else moe_reference
         out = run(x2, idx, w, gate_up_proj, down_proj)
     elif (

@@ -107,14 +107,22 @@ def test_meta_tensors_propagate_shapes(impl):
     assert out.shape == inp.x.shape and out.device.type == "meta"
 
 
-def test_fake_tensor_mode_gives_fake_output():
-    from torch._subclasses.fake_tensor import FakeTensorMode
+@pytest.mark.parametrize("impl", ["reference", "auto", "triton"])
+def test_fake_tensor_mode_gives_fake_output_and_gradients(impl):
+    # The reference's loop reads the routing's values, which fake tensors do not have: under a
+    # dispatch mode it runs as its op (shapes from the op's fakes), as the Triton path does.
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     inp = _inputs()
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         args = [mode.from_tensor(t) for t in inp.args()]
-        out = swiglu.swiglu_moe(*args, impl="triton")
-    assert out.shape == inp.x.shape
+        x, idx, w, gu, dp = args
+        leaves = [t.requires_grad_() for t in (x, w, gu, dp)]
+        out = swiglu.swiglu_moe(x, idx, w, gu, dp, impl=impl)
+        grads = torch.autograd.grad(out, leaves, mode.from_tensor(inp.grad_out))
+    assert isinstance(out, FakeTensor) and out.shape == inp.x.shape
+    for g, t in zip(grads, leaves):
+        assert isinstance(g, FakeTensor) and g.shape == t.shape and g.dtype == t.dtype
 
 
 @pytest.mark.parametrize(
