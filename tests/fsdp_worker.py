@@ -286,6 +286,73 @@ def scenario_fsdp_hf_llama(rank, world):
     return _check({n: _rel(_full(p.grad), want[n].grad) for n, p in model.named_parameters()}, 1e-5)
 
 
+class MoEBlock(nn.Module):
+    """A router, ``swiglu.SwiGLUExperts`` (its own FSDP unit) and a shared linear added in place to
+    the experts' output, as a shared expert or a residual is (FSDP2 hooks the unit's output for
+    its backward: an in-place op on a view of it would lose the hook)."""
+
+    def __init__(self, dtype, impl, num_experts=4, top_k=2):
+        import swiglu
+
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(H, num_experts, bias=False, dtype=dtype)
+        self.shared = nn.Linear(H, H, bias=False, dtype=dtype)
+        self.experts = swiglu.SwiGLUExperts(num_experts, H, I, impl=impl, dtype=dtype)
+
+    def forward(self, x):
+        w, i = torch.softmax(self.router(x).float(), dim=-1).topk(self.top_k)
+        out = self.experts(x, i, w)
+        out += self.shared(x)
+        return out
+
+
+def _scenario_moe_inplace(rank, world, dtype, impl, flat, tol):
+    """FSDP2 over ``MoEBlock`` (experts sharded): the first step's gradients against the same
+    block unsharded on the whole batch ([batch, seq, H] inputs, or flattened to [T, H] with ``flat``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    plain = MoEBlock(dtype, impl).to(DEVICE)
+    with torch.no_grad():
+        for q in plain.parameters():
+            q.copy_(torch.randn_like(q, dtype=torch.float32).to(dtype) / q.shape[-1] ** 0.5)
+    ours = copy.deepcopy(plain)
+    mesh = init_device_mesh(DEVICE.type, (world,))
+    fully_shard(ours.experts, mesh=mesh)
+    fully_shard(ours, mesh=mesh)
+    x, target = _batch(0, dtype)
+    per = 4 // world
+    mine = slice(rank * per, (rank + 1) * per)
+
+    def loss(model, x, target):
+        if flat:
+            x, target = x.reshape(-1, H), target.reshape(-1, H)
+        return nn.functional.mse_loss(model(x).float(), target.float())
+
+    loss(ours, x[mine], target[mine]).backward()
+    loss(plain, x, target).backward()  # the mean over the batch: FSDP2 averages the ranks' gradients
+    want = dict(plain.named_parameters())
+    return _check({n: _rel(_full(q.grad), want[n].grad) for n, q in ours.named_parameters()}, tol)
+
+
+def scenario_fsdp_moe_inplace_reference(rank, world):
+    """float32, the reference experts, [batch, seq, H] inputs."""
+    return _scenario_moe_inplace(rank, world, torch.float32, "reference", flat=False, tol=1e-5)
+
+
+def scenario_fsdp_moe_inplace_reference_flat(rank, world):
+    """float32, the reference experts, [T, H] inputs (transformers' experts get those)."""
+    return _scenario_moe_inplace(rank, world, torch.float32, "reference", flat=True, tol=1e-5)
+
+
+def scenario_fsdp_moe_inplace_triton(rank, world):
+    """bf16, the Triton experts (interpreter on CPU), [T, H] inputs: within bf16 rounding of the
+    unsharded run (the failure this guards against read the released weights: NaN or garbage)."""
+    return _scenario_moe_inplace(rank, world, torch.bfloat16, "triton", flat=True, tol=3e-2)
+
+
 SCENARIOS = {name[len("scenario_") :]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 

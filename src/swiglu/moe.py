@@ -237,7 +237,7 @@ def swiglu_moe(
         reuse_saved_buffers: the eager Triton backward writes d_gate/d_up over the saved gate/up.
 
     Returns:
-        out, x's shape and dtype, freshly allocated. Differentiable in x, top_k_weights,
+        out, x's shape and dtype, freshly allocated (not a view). Differentiable in x, top_k_weights,
         gate_up_proj and down_proj; inputs are never modified. T = 0 gives an empty out; an
         expert that receives no tokens gets zero weight gradients.
 
@@ -280,8 +280,13 @@ def swiglu_moe(
     ):
         out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj)[0]
     else:
-        out = _MoEFunction.apply(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, reuse_saved_buffers)
-    return out.reshape(x.shape)
+        return _MoEFunction.apply(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, reuse_saved_buffers, x.shape)
+    if out.shape == x.shape:
+        return out
+    # Not a view of another tensor (as nn.Linear's output is not): FSDP2 hooks the module's
+    # output for its backward, and an in-place op on a view of it loses the hook. Compiled, views are free.
+    out = out.reshape(x.shape)
+    return out if torch.compiler.is_compiling() else out.clone()
 
 
 def _has_tangent(*tensors) -> bool:
@@ -306,11 +311,12 @@ def moe_forward(
     return _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
 
 
-def _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj):
-    """The Triton forward: ``(out, gate, up, order, expert_start)``, the last four kept for the backward."""
+def _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape=None):
+    """The Triton forward: ``(out, gate, up, order, expert_start)``, the last four kept for the
+    backward; out allocated as ``out_shape`` where given."""
     from .kernels.moe import moe_forward as run
 
-    out, gate, up, routing = run(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    out, gate, up, routing = run(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape=out_shape)
     return out, gate, up, routing.order, routing.expert_start
 
 
@@ -447,8 +453,10 @@ class _MoEFunction(torch.autograd.Function):
     small token counts). torch.compile and dispatch modes take the custom ops."""
 
     @staticmethod
-    def forward(ctx, x, top_k_index, top_k_weights, gate_up_proj, down_proj, reuse_saved_buffers=False):
-        out, *kept = _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    def forward(ctx, x, top_k_index, top_k_weights, gate_up_proj, down_proj, reuse_saved_buffers=False, out_shape=None):
+        # out_shape: the caller's shape of x, out allocated so (a view of it would be the module's
+        # output, and FSDP2's backward hook on an output is lost by an in-place op on a view).
+        out, *kept = _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape)
         ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept)
         ctx.set_materialize_grads(False)
         # What the backward may consume: the forward's own gate/up, recognized by identity.
@@ -460,7 +468,9 @@ class _MoEFunction(torch.autograd.Function):
         # Compiled autograd traces this backward (the op is opaque to it); dispatch modes
         # (FlopCounterMode...) see the op where the launches are invisible to them.
         direct = not (torch.compiler.is_compiling() or dispatch_mode_active())
-        return (*_gradients(ctx, grad_out, direct, ctx.owned), None)
+        if grad_out is not None and grad_out.dim() != 2:
+            grad_out = grad_out.reshape(-1, grad_out.shape[-1])
+        return (*_gradients(ctx, grad_out, direct, ctx.owned), None, None)
 
 
 def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwargs) -> int:

@@ -1,7 +1,8 @@
 """FSDP2 (``fully_shard``) with ``swiglu.SwiGLUMLP`` on 2 gloo ranks (CPU): alone in float32, with
 bf16 parameters and float32 gradient reduction, with the memory-lean Triton backward (interpreter),
 on 1x2 and 2x1 (dp, tp) meshes with ``swiglu.tensor_parallel_plan`` inside (torchtitan's
-arrangement), and a tiny Hugging Face Llama patched by ``swiglu.integrations.transformers``. float32: first-step gradients and the updates of 3 SGD steps within 1e-5 of the
+arrangement), a tiny Hugging Face Llama patched by ``swiglu.integrations.transformers``, and a
+router + ``swiglu.SwiGLUExperts`` block whose output takes an in-place add (reference and Triton). float32: first-step gradients and the updates of 3 SGD steps within 1e-5 of the
 unsharded float64 computation (a 0.1% error planted in the backward fails them); bf16: at most twice
 the error of the same FSDP run with nn.Linear autograd blocks plus 1e-3 (a 3% plant fails them).
 gloo does all of it, bf16 all-gathers and float32 reduce-scatters included. Every scenario lives in

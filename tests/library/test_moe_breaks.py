@@ -402,3 +402,24 @@ def moe_calls(monkeypatch):
     real = swiglu_hf._swiglu_moe
     monkeypatch.setattr(swiglu_hf, "_swiglu_moe", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
     return calls
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("lead", [(T,), (2, T // 2)], ids=["2d", "3d"])
+def test_output_is_not_a_view_and_takes_in_place_ops(impl, lead):
+    # A module's output that is a view loses FSDP2's backward hook to an in-place op on it
+    # (tests/fsdp_worker.py runs that case); autograd must also see the in-place op.
+    inp = _inputs()
+    x, idx, w, gu, dp = _leaves(inp)
+    x2 = x.detach().reshape(*lead, H).requires_grad_()
+    idx2, w2 = idx.reshape(*lead, K), w.detach().reshape(*lead, K).requires_grad_()
+    out = swiglu.swiglu_moe(x2, idx2, w2, gu, dp, impl=impl)
+    assert not out._is_view() and out.shape == x2.shape
+    shift = torch.randn_like(out)
+    out += shift
+    go = inp.grad_out.reshape(*lead, H)
+    got = torch.autograd.grad(out, (x2, w2, gu, dp), go)
+    ref = swiglu.swiglu_moe(x2, idx2, w2, gu, dp, impl=impl) + shift
+    want = torch.autograd.grad(ref, (x2, w2, gu, dp), go)
+    for g, r in zip(got, want):
+        assert torch.equal(g, r)

@@ -938,14 +938,20 @@ def gather_rows(src: torch.Tensor, r: Routing, k: int) -> torch.Tensor:
 
 
 def combine(
-    y: torch.Tensor | None, top_k_index: torch.Tensor, E: int, N: int, dtype: torch.dtype, part: torch.Tensor | None = None
+    y: torch.Tensor | None,
+    top_k_index: torch.Tensor,
+    E: int,
+    N: int,
+    dtype: torch.dtype,
+    part: torch.Tensor | None = None,
+    out_shape: torch.Size | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(out, gw)``: out [T, N] each token's k pair rows of y [S, N] summed (fp32, fixed order;
-    None without y); gw [T, k] fp32 each pair's partial sums of ``part`` [S, P] summed (None
-    without part)."""
+    None without y), allocated as ``out_shape`` (of T * N elements) where given; gw [T, k] fp32
+    each pair's partial sums of ``part`` [S, P] summed (None without part)."""
     T, k = top_k_index.shape
     dev = top_k_index.device
-    out = torch.empty(T, N, dtype=dtype, device=dev) if y is not None else None
+    out = torch.empty(out_shape or (T, N), dtype=dtype, device=dev) if y is not None else None
     gw = torch.empty(T, k, dtype=torch.float32, device=dev) if part is not None else None
     if T and (y is not None or part is not None):
         BN = min(1024, _pow2(N))
@@ -974,10 +980,11 @@ def combine(
     return out, gw
 
 
-def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: MoEPlan | None = None):
-    """``(out, gate, up, routing)``: out [T, H]; gate, up [S, I] in sorted-pair order and the
-    ``Routing`` (its ``order`` and ``expert_start``), kept for ``moe_backward``. Inputs validated
-    by ``swiglu.moe``; top_k_index and top_k_weights contiguous [T, k]."""
+def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: MoEPlan | None = None, out_shape=None):
+    """``(out, gate, up, routing)``: out [T, H] (allocated as ``out_shape`` where given, e.g. the
+    caller's [batch_size, seq_len, H]); gate, up [S, I] in sorted-pair order and the ``Routing``
+    (its ``order`` and ``expert_start``), kept for ``moe_backward``. Inputs validated by
+    ``swiglu.moe``; top_k_index and top_k_weights contiguous [T, k]."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -991,7 +998,7 @@ def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: Mo
     if S:
         launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up)
         launch_pairs(h, down_proj, r, top_k_weights, y, plan.down, transposed=True)
-    return combine(y, top_k_index, E, H, x.dtype)[0], gate, up, r
+    return combine(y, top_k_index, E, H, x.dtype, out_shape=out_shape)[0], gate, up, r
 
 
 def moe_backward(
