@@ -136,7 +136,8 @@ class SwiGLUMLP(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
-            f"impl={self.impl!r}, save_activated_gate={self.save_activated_gate}"
+            f"impl={self.impl!r}, save_activated_gate={self.save_activated_gate}, "
+            f"reuse_saved_buffers={getattr(self, 'reuse_saved_buffers', False)}"
         )
 
 
@@ -207,7 +208,7 @@ class SwiGLUExperts(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
-            f"intermediate_size={self.intermediate_size}, impl={self.impl!r}"
+            f"intermediate_size={self.intermediate_size}, impl={self.impl!r}, reuse_saved_buffers={self.reuse_saved_buffers}"
         )
 
 
