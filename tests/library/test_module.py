@@ -484,6 +484,25 @@ def test_triton_path_bf16_grads(request, monkeypatch, triton_backward, leading, 
     _assert_bf16_close([g.cpu() for g in grads], plain_grads, oracle, "triton ")
 
 
+@pytest.mark.parametrize("save_activated_gate", [False, True])
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("leading", [(7,), (2, 5)], ids=str)
+def test_output_is_not_a_view_and_takes_in_place_ops(request, leading, impl, save_activated_gate):
+    # A module's output that is a view loses FSDP2's backward hook to an in-place op on it (a
+    # shared expert's or residual's +=); autograd must see the in-place op.
+    mlp = swiglu.SwiGLUMLP(H, I, impl=impl, save_activated_gate=save_activated_gate, dtype=torch.bfloat16)
+    gen = _gen(request)
+    x = _randn(gen, leading + (H,), torch.bfloat16).requires_grad_()
+    shift, go = _randn(gen, leading + (H,), torch.bfloat16), _randn(gen, leading + (H,), torch.bfloat16)
+    out = mlp(x)
+    assert not out._is_view() and out.shape == x.shape
+    out += shift
+    got = torch.autograd.grad(out, [x, *mlp.parameters()], go)
+    want = torch.autograd.grad(mlp(x) + shift, [x, *mlp.parameters()], go)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_triton_path_frozen_weights(request, monkeypatch, triton_backward, device):
     spy = BackwardSpy()
     monkeypatch.setattr(triton_backward, "launch_backward", spy)

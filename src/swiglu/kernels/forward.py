@@ -218,6 +218,8 @@ def run_forward(
     else:
         gate, up = _empty((T, inter), dev), _empty((T, inter), dev)
         launch_fused_forward(xf, tma_ready(gate_weight), tma_ready(up_weight), gate, up, act, h, cfg)
-    out = F.linear(h, down_weight)
-    result = (out.reshape(*lead, hidden), gate.reshape(*lead, inter), up.reshape(*lead, inter))
+    # out by F.linear on h in x's leading dimensions: a tensor of its own, not a view (FSDP2's
+    # backward hook on a module's output is lost by an in-place op on a view of it).
+    out = F.linear(h.view(*lead, inter), down_weight)
+    result = (out, gate.reshape(*lead, inter), up.reshape(*lead, inter))
     return result + ((act.reshape(*lead, inter),) if return_activated_gate else ())
