@@ -32,8 +32,9 @@ environment wins; the metadata records which ran;
 ``eager``, transformers' loop over experts (the eager forward of ``Qwen3MoeExperts``, unwrapped
 from its experts-interface dispatch; ``swiglu.moe.moe_reference``, the same order of operations,
 where that class is missing), only at ``--eager-max-tokens`` tokens or fewer and only when one
-untimed forward + backward took at most ``--eager-max-ms``. ``--lab-moe-wgrad gluon``: ours with the lab's
-warp-specialized weight gradients (``swiglu_lab.experiments.moe_gluon_wgrad.install``; metadata ``lab_moe_wgrad``).
+untimed forward + backward took at most ``--eager-max-ms``. ``--lab-moe-gluon wgrad,up``: ours with the lab's
+warp-specialized Gluon weight gradients and up projection (``swiglu_lab.experiments.moe_gluon_wgrad``,
+``moe_gluon_up``, their ``install``; metadata ``lab_moe_gluon``).
 
 Modes: ``forward`` (the training forward: autograd records the graph), ``backward`` (gradients of
 x, top_k_weights, gate_up_proj and down_proj from one forward kept outside the timed region,
@@ -68,6 +69,7 @@ arguments, what was skipped and why, this protocol) under ``--out``; prints a ta
 from __future__ import annotations
 
 import argparse
+import importlib
 import csv
 import gc
 import json
@@ -651,10 +653,10 @@ def main(argv=None) -> int:
         help="let Liger's fused MoE autotune (minutes of compilation per run; default off)",
     )
     parser.add_argument(
-        "--lab-moe-wgrad",
-        choices=("tl", "gluon"),
-        default="tl",
-        help="gluon: ours with the lab's warp-specialized weight gradient (swiglu_lab.experiments.moe_gluon_wgrad.install)",
+        "--lab-moe-gluon",
+        default="",
+        help="comma-separated, of: wgrad, up: ours with the lab's warp-specialized Gluon kernels for those GEMMs "
+        "(swiglu_lab.experiments.moe_gluon_wgrad / moe_gluon_up, install())",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-power", action="store_true", help="no NVML power/clock sampling")
@@ -670,6 +672,7 @@ def main(argv=None) -> int:
     tokens = [int(t) for t in parse_list(args.tokens, None, "tokens", parser)]
     routings = parse_list(args.routings, ROUTINGS, "routings", parser)
     names = parse_list(args.impls, IMPLS, "impls", parser)
+    lab_gluon = parse_list(args.lab_moe_gluon, ("wgrad", "up"), "lab-moe-gluon", parser) if args.lab_moe_gluon else []
     if min(args.reps, args.rounds, args.check_tokens) < 1 or args.warmup < 0:
         parser.error("--reps, --rounds and --check-tokens must be >= 1, --warmup >= 0")
     device = torch.device(args.device)
@@ -686,10 +689,8 @@ def main(argv=None) -> int:
     deadline = time.monotonic() + args.time_budget_s
     nvml_before = nvml_info(device) if device.type == "cuda" else {}
     skipped: dict = {}
-    if args.lab_moe_wgrad == "gluon":
-        from swiglu_lab.experiments import moe_gluon_wgrad
-
-        moe_gluon_wgrad.install()
+    for name in lab_gluon:
+        importlib.import_module(f"swiglu_lab.experiments.moe_gluon_{name}").install()
     impls = build_impls(names, args.ours_impl, skipped, args.liger_autotune)
     for name, why in skipped.items():
         print(f"{name} skipped: {why}", file=sys.stderr, flush=True)
@@ -711,7 +712,7 @@ def main(argv=None) -> int:
         transformers=dist_version("transformers"),
         liger_kernel=dist_version("liger-kernel", "liger_kernel"),
         liger_autotune=os.environ.get("LIGER_FUSED_MOE_AUTOTUNE", "1 (liger's default)") if "liger" in impls else None,
-        lab_moe_wgrad=args.lab_moe_wgrad,
+        lab_moe_gluon=lab_gluon,
         python=platform.python_version(),
         ours_impl=args.ours_impl,
         eager_source=eager_forward()[1],

@@ -1,6 +1,6 @@
 """Compile Gluon kernels for sm_90 (subprocess side of tests/kernels/test_gluon.py; no GPU needed).
 
-    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...] | grad_x | moe_wgrad]
+    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...] | grad_x | moe_wgrad | moe_up]
 
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
 also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), the
@@ -20,6 +20,8 @@ indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the lau
 int argument equal to 1 as a constexpr).
 moe_wgrad: the lab's MoE weight gradient over all experts (``swiglu_lab.experiments.moe_gluon_wgrad``)
 at its config and at three stages with one output buffer.
+moe_up: the lab's MoE up projection with SwiGLU (``swiglu_lab.experiments.moe_gluon_up``) at its config
+and with N tiles in bands of 8 M tiles (GROUP_M 8).
 
 Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test installs the GPU machine's
 3.6.0 under .venv/triton-3.6.0) and src/ after it. Writes ``{"triton": version, "results": [...]}``
@@ -44,7 +46,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from swiglu.kernels import gluon_dswiglu, gluon_wgrad
 from swiglu.kernels.backward import GLUON_CONFIGS
-from swiglu_lab.experiments import candidates, gluon_wgrad_probe, gluon_wgrad_resident, moe_gluon_wgrad
+from swiglu_lab.experiments import candidates, gluon_wgrad_probe, gluon_wgrad_resident, moe_gluon_up, moe_gluon_wgrad
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
 
@@ -245,6 +247,36 @@ def compile_moe_wgrad(cfg) -> dict:
     return report
 
 
+def compile_moe_up(cfg) -> dict:
+    """``swiglu_lab.experiments.moe_gluon_up``'s kernel at ``cfg`` (pointers 16-byte aligned, I a
+    multiple of 16, as at the model shapes), reported as ``compile_one`` does."""
+    kernel = moe_gluon_up.moe_up_gluon_kernel
+    sig = {"xs_desc": desc([cfg.BM, cfg.BK]), "w_desc": desc([cfg.BN, cfg.BK]), "table_ptr": "*i32"}
+    sig.update({n: "*bf16" for n in ("gate_ptr", "up_ptr", "h_ptr")})
+    sig.update({n: "i32" for n in ("E", "I", "MAX_M")})
+    constexprs = {
+        "GROUP_M": cfg.GROUP_M,
+        "STAGES": cfg.STAGES,
+        "EPI_M": cfg.EPI_M,
+        "EPI_WARPS": cfg.epi_warps,
+        "LOAD_REGS": cfg.load_regs,
+        "EPI_REGS": cfg.epi_regs,
+    }
+    sig.update({k: "constexpr" for k in constexprs})
+    aligned = ("table_ptr", "gate_ptr", "up_ptr", "h_ptr", "I")
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    entry = {"config": cfg.__dict__, "kind": "moe_up"}
+    try:
+        k = triton.compile(
+            GluonASTSource(kernel, sig, constexprs, attrs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
+        )
+    except Exception as err:  # reported per config; the test fails on it with the message
+        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    return wgrad_report(k, entry)
+
+
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
     cfg = candidates.DSWIGLU_CANDIDATES[index]
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
@@ -346,8 +378,11 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
     elif kind == "moe_wgrad":
         cfg = moe_gluon_wgrad.CONFIG
         results = [compile_moe_wgrad(c) for c in (cfg, dataclasses.replace(cfg, STAGES=3, NC=1))]
+    elif kind == "moe_up":
+        cfg = moe_gluon_up.CONFIG
+        results = [compile_moe_up(c) for c in (cfg, dataclasses.replace(cfg, GROUP_M=8))]
     else:
-        raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x, dswiglu or moe_wgrad)")
+        raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x, dswiglu, moe_wgrad or moe_up)")
     for r in results:  # the PTX text only for the comparison above
         r.pop("ptx", None)
     with open(path, "w") as f:

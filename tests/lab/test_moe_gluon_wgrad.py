@@ -49,7 +49,7 @@ def test_moe_gluon_wgrad_compiles_for_sm90(tmp_path, which):
 
 
 def test_install_routes_only_what_the_kernel_takes_and_undoes():
-    """``install`` (the bench's ``--lab-moe-wgrad gluon``) replaces the library's weight-gradient
+    """``install`` (the bench's ``--lab-moe-gluon wgrad``) replaces the library's weight-gradient
     launcher; operands the Gluon kernel does not take (here: CPU tensors) go to the library's
     kernel, bitwise as without it; the returned function restores the library's launcher."""
     import torch

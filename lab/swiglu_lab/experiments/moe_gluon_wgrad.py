@@ -281,7 +281,7 @@ def install(cfg: GluonConfig = CONFIG):
     ``moe_backward`` calls) to this kernel wherever ``supports`` holds, the library's kernel
     elsewhere, for the rest of the process; its first Gluon launch installs the device-side
     descriptors' allocator (``triton.set_allocator``: torch.empty on the current CUDA device). For
-    measurements (``scripts/moe_bench_gpu.py --lab-moe-wgrad gluon``), not for training jobs.
+    measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon wgrad``), not for training jobs.
     Returns a function that undoes it (an installed allocator stays)."""
     import triton
 
