@@ -319,7 +319,8 @@ def tile_table(r, BM: int) -> torch.Tensor:
     S, E = r.order.numel(), r.expert_start.numel() - 1
     max_m = triton.cdiv(S, BM) + E
     table = torch.empty(3, max_m, dtype=torch.int32, device=r.expert_start.device)
-    moe_tile_table_kernel[(1,)](r.expert_start, table, E, max_m, BM, r.E_PAD, 32, num_warps=4)
+    mb = max(8, min(64, 8192 // r.E_PAD))  # [MB, E_PAD] comparisons of ~8K elements per block
+    moe_tile_table_kernel[(1,)](r.expert_start, table, E, max_m, BM, r.E_PAD, mb, num_warps=4)
     return table
 
 
