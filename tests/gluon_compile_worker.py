@@ -1,6 +1,6 @@
 """Compile Gluon kernels for sm_90 (subprocess side of tests/kernels/test_gluon.py; no GPU needed).
 
-    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...] | grad_x | moe_wgrad | moe_up]
+    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...] | grad_x | moe_wgrad | moe_up | moe_dswiglu]
 
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
 also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), the
@@ -22,6 +22,8 @@ moe_wgrad: the lab's MoE weight gradient over all experts (``swiglu_lab.experime
 at its config and at three stages with one output buffer.
 moe_up: the lab's MoE up projection with SwiGLU (``swiglu_lab.experiments.moe_gluon_up``) at its config
 and with N tiles in bands of 8 M tiles (GROUP_M 8).
+moe_dswiglu: the lab's MoE dSwiGLU GEMM (``swiglu_lab.experiments.moe_gluon_dswiglu``) at its config,
+with fp32 and bf16 routing weights.
 
 Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test installs the GPU machine's
 3.6.0 under .venv/triton-3.6.0) and src/ after it. Writes ``{"triton": version, "results": [...]}``
@@ -46,7 +48,14 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from swiglu.kernels import gluon_dswiglu, gluon_wgrad
 from swiglu.kernels.backward import GLUON_CONFIGS
-from swiglu_lab.experiments import candidates, gluon_wgrad_probe, gluon_wgrad_resident, moe_gluon_up, moe_gluon_wgrad
+from swiglu_lab.experiments import (
+    candidates,
+    gluon_wgrad_probe,
+    gluon_wgrad_resident,
+    moe_gluon_dswiglu,
+    moe_gluon_up,
+    moe_gluon_wgrad,
+)
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
 
@@ -277,6 +286,38 @@ def compile_moe_up(cfg) -> dict:
     return wgrad_report(k, entry)
 
 
+def compile_moe_dswiglu(cfg, weights: str) -> dict:
+    """``swiglu_lab.experiments.moe_gluon_dswiglu``'s kernel at ``cfg`` with routing weights of
+    ``weights`` ("fp32", "bf16"), reported as ``compile_one`` does."""
+    kernel = moe_gluon_dswiglu.moe_dswiglu_gluon_kernel
+    sig = {"gos_desc": desc([cfg.BM, cfg.BK]), "dp_desc": desc([cfg.BK, cfg.BN]), "table_ptr": "*i32", "order_ptr": "*i32"}
+    sig["rw_ptr"] = "*" + weights
+    sig.update({n: "*bf16" for n in ("gate_ptr", "up_ptr", "dgu_ptr", "hw_ptr")})
+    sig["part_ptr"] = "*fp32"
+    sig.update({n: "i32" for n in ("E", "H", "I", "MAX_M")})
+    constexprs = {
+        "GROUP_M": cfg.GROUP_M,
+        "STAGES": cfg.STAGES,
+        "EPI_M": cfg.EPI_M,
+        "EPI_WARPS": cfg.epi_warps,
+        "LOAD_REGS": cfg.load_regs,
+        "EPI_REGS": cfg.epi_regs,
+    }
+    sig.update({k: "constexpr" for k in constexprs})
+    aligned = ("table_ptr", "order_ptr", "rw_ptr", "gate_ptr", "up_ptr", "dgu_ptr", "hw_ptr", "part_ptr", "H", "I")
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    entry = {"config": cfg.__dict__, "kind": "moe_dswiglu", "weights": weights}
+    try:
+        k = triton.compile(
+            GluonASTSource(kernel, sig, constexprs, attrs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
+        )
+    except Exception as err:  # reported per config; the test fails on it with the message
+        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    return wgrad_report(k, entry)
+
+
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
     cfg = candidates.DSWIGLU_CANDIDATES[index]
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
@@ -381,8 +422,10 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
     elif kind == "moe_up":
         cfg = moe_gluon_up.CONFIG
         results = [compile_moe_up(c) for c in (cfg, dataclasses.replace(cfg, GROUP_M=8))]
+    elif kind == "moe_dswiglu":
+        results = [compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, w) for w in ("fp32", "bf16")]
     else:
-        raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x, dswiglu, moe_wgrad or moe_up)")
+        raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x, dswiglu, moe_wgrad, moe_up or moe_dswiglu)")
     for r in results:  # the PTX text only for the comparison above
         r.pop("ptx", None)
     with open(path, "w") as f:

@@ -1,9 +1,10 @@
-"""The lab's Gluon MoE up projection (``swiglu_lab.experiments.moe_gluon_up``): its tile table
+"""The lab's Gluon MoE up projection and dSwiGLU GEMM (``swiglu_lab.experiments.moe_gluon_up``,
+``moe_gluon_dswiglu``): the tile table
 (a tl kernel: run here under the interpreter) against the grouped GEMM's tiles computed in Python,
-and the Gluon kernel compiled for sm_90 with each Triton the Gluon kernels are written for
+and the Gluon kernels compiled for sm_90 with each Triton the Gluon kernels are written for
 (warp-specialized, its wgmma and TMA loads, no spills, shared memory within the H200's block). A
 Gluon kernel does not run under the interpreter: its values are checked on the GPU
-(``lab/probes/moe_gluon_up.py``, bitwise the library's kernel)."""
+(``lab/probes/moe_gluon_up.py``, ``moe_gluon_dswiglu.py``, against the library's kernels)."""
 
 import json
 import os
@@ -52,8 +53,8 @@ def test_tile_table_lists_every_experts_m_tiles(counts):
     assert all(e >= E for e, _, _ in got[len(want) :])  # idle tiles
 
 
-@pytest.mark.parametrize("which", TRITONS)
-def test_moe_gluon_up_compiles_for_sm90(tmp_path, which):
+def _compile(tmp_path, which, kind):
+    """tests/gluon_compile_worker.py's report of ``kind`` with the installed or the extra triton."""
     from swiglu.kernels.devices import GLUON_TRITONS, triton_minor
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -68,11 +69,17 @@ def test_moe_gluon_up_compiles_for_sm90(tmp_path, which):
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     out = tmp_path / "report.json"
-    worker = [sys.executable, str(ROOT / "tests" / "gluon_compile_worker.py"), str(out), "moe_up"]
+    worker = [sys.executable, str(ROOT / "tests" / "gluon_compile_worker.py"), str(out), kind]
     run = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert triton_minor(report["triton"]) in GLUON_TRITONS
+    return report
+
+
+@pytest.mark.parametrize("which", TRITONS)
+def test_moe_gluon_up_compiles_for_sm90(tmp_path, which):
+    report = _compile(tmp_path, which, "moe_up")
     assert len(report["results"]) == 2
     for r in report["results"]:
         assert r["error"] is None, r["error"]
@@ -109,3 +116,49 @@ def test_install_routes_only_what_the_kernel_takes_and_undoes():
         undo()
     assert moe.launch_up is library
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("which", TRITONS)
+def test_moe_gluon_dswiglu_compiles_for_sm90(tmp_path, which):
+    """The lab's Gluon MoE dSwiGLU GEMM (``swiglu_lab.experiments.moe_gluon_dswiglu``), with fp32
+    and bf16 routing weights: one m64n128k16 wgmma chain, two TMA loads, no spills."""
+    report = _compile(tmp_path, which, "moe_dswiglu")
+    assert len(report["results"]) == 2
+    for r in report["results"]:
+        assert r["error"] is None, r["error"]
+        assert r["wgmma"] == 4 and r["tma_load"] == 3 and r["setmaxnreg"] > 0, r
+        assert r["st_global"] > 0 and r["tma_store"] == 0, r
+        assert r["spills"] in (0, None), r
+        assert r["shared"] <= SM90_SHARED, r
+
+
+def test_dswiglu_install_routes_only_what_the_kernel_takes_and_undoes():
+    """``moe_gluon_dswiglu.install`` (the bench's ``--lab-moe-gluon dswiglu``): CPU operands go to
+    the library's kernel, gradients bitwise as without it; undo restores the library's launcher."""
+    from swiglu import swiglu_moe
+    from swiglu.kernels import moe
+    from swiglu_lab.experiments import moe_gluon_dswiglu
+
+    T, H, I, E, k = 24, 64, 128, 4, 2
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, H, generator=g).bfloat16().requires_grad_()
+    idx = torch.randint(0, E, (T, k), generator=g)
+    w = torch.rand(T, k, generator=g).requires_grad_()
+    gu = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).bfloat16().requires_grad_()
+    dp = (torch.randn(E, H, I, generator=g) / I**0.5).bfloat16().requires_grad_()
+    go = torch.randn(T, H, generator=g).bfloat16()
+
+    def grads():
+        return torch.autograd.grad(swiglu_moe(x, idx, w, gu, dp, impl="triton"), (x, w, gu, dp), go)
+
+    want = grads()
+    library = moe.launch_dswiglu
+    undo = moe_gluon_dswiglu.install()
+    try:
+        assert moe.launch_dswiglu is not library
+        got = grads()
+    finally:
+        undo()
+    assert moe.launch_dswiglu is library
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -1,0 +1,126 @@
+"""Is the warp-specialized Gluon dSwiGLU GEMM over all experts
+(``swiglu_lab.experiments.moe_gluon_dswiglu``) right, and faster than the library's tl kernel
+(``swiglu.kernels.moe.launch_dswiglu``, the epilogue in the MMA warps)?
+
+Why it might be: at Qwen3-30B-A3B, 8192 tokens, the dSwiGLU GEMM runs at 350 TFLOP/s (0.59 of the
+4.38 ms forward+backward; docs/moe.md): its epilogue (gate and up loads, d_gate, d_up and h * w
+stores, the routing-weight sums) runs between main loops. The Gluon kernel runs it in its own warps
+under the next tile's MMAs; it reads grad_out from a copy in expert order (``gather_rows``, timed
+with it, and without it as "kernel").
+Answer: not measured yet (compiled for sm_90 without a GPU: tests/lab/test_moe_gluon_up_dswiglu.py).
+``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
+an M tile) against the library's kernel, then exits; run it first under a timeout (a fault in the
+barriers hangs). Otherwise: the dSwiGLU GEMM at 8192 tokens per shape (moe_probe.SHAPES), the
+library's kernel, the Gluon launch (copy and tile table included) and its kernel alone,
+NaN-poisoned outputs: d_gate | d_up and h * w bitwise against the library's, the routing-weight
+partial sums (another fp32 summation order) to 1e-5; do_bench times (L2 flushed); a table last.
+Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [shape ...]
+"""
+
+import sys
+
+import torch
+
+import moe_probe as P  # beside this file
+from swiglu.kernels import moe as M
+from swiglu_lab.experiments import moe_gluon_dswiglu as G
+from swiglu_lab.experiments.moe_gluon_up import _layout, tile_table
+
+rows = []
+
+
+def operands(H, I, E, k, T, skew=False, drop=None):
+    """(grad_out, down_proj, routing, k, weights, gate, up, outputs (dgu, hw, part))."""
+    x, idx, w, gu, dp, go = P.inputs(H, I, E, k, T, skew)
+    if drop is not None:  # no token routes to expert ``drop``
+        idx = torch.where(idx == drop, (idx + 1) % E, idx)
+    r = M.Routing(idx.contiguous(), E)
+    S = T * k
+    gate, up = (torch.randn(S, I, device="cuda").bfloat16() for _ in range(2))
+    outs = (
+        torch.empty(S, 2 * I, dtype=torch.bfloat16, device="cuda"),
+        torch.empty(S, I, dtype=torch.bfloat16, device="cuda"),
+        torch.empty(S, I // 128, dtype=torch.float32, device="cuda"),
+    )
+    return go, dp, r, k, w.contiguous(), gate, up, outs
+
+
+def compare(outs, want):
+    """(d_gate | d_up and h * w bitwise, the partial sums' max relative difference)."""
+    same = torch.equal(outs[0], want[0]) and torch.equal(outs[1], want[1])
+    rel = ((outs[2] - want[2]).abs().max() / want[2].abs().max()).nan_to_num(float("inf")).item()
+    return same, rel
+
+
+def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=None, repeats=1):
+    """The library's kernel, then the Gluon kernel (``repeats`` launches, each compared: a race
+    shows only now and then) and (``time_it``) do_bench ms of the launch and the kernel alone."""
+    lib = lambda: M.launch_dswiglu(go, dp, r, k, w, gate, up, *outs, tile)  # noqa: E731
+    for o in outs:
+        o.fill_(float("nan"))
+    lib()
+    want = [o.clone() for o in outs]
+    lib_ms = P.kernel_ms(lib) if time_it else float("nan")
+    rows.append((name, "library (tl)", lib_ms, float("nan"), True, 0.0))
+    label = "gluon" + (f" x{num_programs}" if num_programs else "")
+    launch = lambda: G.launch_moe_dswiglu_gluon(go, dp, r, k, w, gate, up, *outs, G.CONFIG, num_programs)  # noqa: E731
+    same, rel = True, 0.0
+    try:
+        for _ in range(repeats):
+            for o in outs:
+                o.fill_(float("nan"))
+            launch()
+            torch.cuda.synchronize()
+            s, e = compare(outs, want)
+            same, rel = same and s, max(rel, e)
+    except Exception as e:
+        print(f"{name} {label} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        return
+    ms = kernel = float("nan")
+    if time_it:
+        ms = P.kernel_ms(launch)
+        kernel = P.kernel_ms(kernel_only(go, dp, r, k, w, gate, up, outs))
+    rows.append((name, label, ms, kernel, same, rel))
+    print(f"{name:12s} {label:10s} {ms:7.3f} ms (kernel {kernel:7.3f})  bitwise={same}  part rel={rel:.2g}", flush=True)
+
+
+def kernel_only(go, dp, r, k, w, gate, up, outs, cfg=G.CONFIG):
+    """The Gluon kernel's launch with the copy of grad_out and the tile table made beforehand."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    E, H, I = dp.shape
+    gos, table = M.gather_rows(go, r, k), tile_table(r, cfg.BM)
+    gos_desc = TensorDescriptor.from_tensor(gos, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
+    dp_desc = TensorDescriptor.from_tensor(dp.view(E * H, I), [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
+    nprog = torch.cuda.get_device_properties(go.device).multi_processor_count
+    args = (gos_desc, dp_desc, table, r.order, w, gate, up, *outs, E, H, I, table.shape[1])
+    meta = (cfg.GROUP_M, cfg.STAGES, cfg.EPI_M, cfg.epi_warps, cfg.load_regs, cfg.epi_regs)
+    return lambda: G.moe_dswiglu_gluon_kernel[(nprog,)](*args, *meta, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+
+
+def smoke():
+    """Small experts (H = 256, I = 384: three N tiles), skewed routing, expert 3 without rows."""
+    E, k, T, H, I = 8, 2, 300, 256, 384
+    ops = operands(H, I, E, k, T, skew=True, drop=3)
+    start = ops[2].expert_start.tolist()
+    assert start[4] == start[3], start
+    tile = M.moe_plan(T * k, E, H, I).dswiglu
+    # Three programs: each walks many tiles of changing experts; then one program per SM.
+    check("smoke", *ops, tile, time_it=False, num_programs=3, repeats=30)
+    check("smoke", *ops, tile, time_it=False, repeats=30)
+
+
+try:
+    if "--smoke" in sys.argv:
+        smoke()
+    else:
+        for name in [a for a in sys.argv[1:] if not a.startswith("--")] or ["qwen3-30b", "qwen3-235b", "deepseek-v3", "mixtral"]:
+            H, I, E, k = P.SHAPES[name]
+            ops = operands(H, I, E, k, 8192)
+            check(name, *ops, M.moe_plan(8192 * k, E, H, I).dswiglu, time_it=True)
+            del ops
+            torch.cuda.empty_cache()
+finally:
+    print("\nshape        variant     ms      kernel ms  bitwise  part rel")
+    for name, label, ms, kernel, same, rel in rows:
+        print(f"{name:12s} {label:10s} {ms:7.3f}  {kernel:7.3f}    {same!s:7s}  {rel:.2g}")
