@@ -30,9 +30,9 @@ from triton.language.core import _aggregate as aggregate  # as Triton's gluon tu
 
 from swiglu.kernels.gluon_dswiglu import _sigmoid
 from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _ring_barriers
-from swiglu.kernels.tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
 
-from .moe_gluon_up import _layout, tile_table
+# The tile walk (p: any Args with I, MAX_M, table_ptr and GROUP_M) and the tile table are the up projection's.
+from .moe_gluon_up import _layout, _program_tiles, _tile, tile_table
 
 
 @dataclass(frozen=True)
@@ -112,23 +112,6 @@ class Args:
         self.I = I
         self.MAX_M = MAX_M
         self.GROUP_M = gl.constexpr(GROUP_M)
-
-
-@gluon.jit
-def _program_tiles(p, BN: gl.constexpr):
-    """(num_n, pid, nprog, num_tiles): the MAX_M x num_n tiles (idle ones included) and this
-    persistent program's share (tiles pid, pid + nprog, ...), as every partition counts."""
-    num_n = p.I // BN
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    return num_n, pid, nprog, gl.cdiv(p.MAX_M * num_n - pid, nprog)
-
-
-@gluon.jit
-def _tile(p, t, num_n, pid, nprog):
-    """(m, pid_n, e) of this program's tile t: its M tile, N tile and expert (>= E: idle)."""
-    m, pid_n = _tile_mn(pid + t * nprog, p.MAX_M, num_n, p.GROUP_M)
-    return m, pid_n, gl.load(p.table_ptr + m)
 
 
 @gluon.jit
