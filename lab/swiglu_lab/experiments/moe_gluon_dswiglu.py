@@ -28,6 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
+from swiglu.kernels.devices import gluon_unavailable_reason
 from swiglu.kernels.gluon_dswiglu import _sigmoid
 from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _ring_barriers
 
@@ -259,17 +260,19 @@ def moe_dswiglu_gluon_kernel(
 
 
 def supports(grad_out, down_proj, dgu, part, cfg: DswigluConfig = CONFIG) -> bool:
-    """Whether ``launch_moe_dswiglu_gluon`` takes these operands: bf16 CUDA tensors, contiguous
-    expert weights, a [S, 2I] d_gate | d_up buffer (not ``reuse_saved_buffers``), I % BN == 0,
-    H % BK == 0 and the partial sums [S, I / BN]."""
+    """Whether ``launch_moe_dswiglu_gluon`` takes these operands: bf16 tensors on a device the
+    Gluon kernels run on, contiguous expert weights, a [S, 2I] d_gate | d_up buffer (not
+    ``reuse_saved_buffers``), I % BN == 0, H > 0, H % BK == 0 and the partial sums [S, I / BN]."""
     E, H, I = down_proj.shape
     return (
         dgu is not None
         and grad_out.is_cuda
+        and gluon_unavailable_reason(grad_out.device) is None
         and grad_out.dtype == down_proj.dtype == torch.bfloat16
         and down_proj.is_contiguous()
         and down_proj.data_ptr() % 16 == 0
         and I % cfg.BN == 0
+        and H > 0
         and H % cfg.BK == 0
         and part.shape[1] == I // cfg.BN
     )

@@ -30,6 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
+from swiglu.kernels.devices import gluon_unavailable_reason
 from swiglu.kernels.gluon_dswiglu import _epi_layout, _sigmoid
 from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _ring_barriers
 from swiglu.kernels.tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
@@ -300,15 +301,18 @@ def _layout(block: tuple[int, int]):
 
 
 def supports(x: torch.Tensor, gate_up_proj: torch.Tensor, cfg: UpConfig = CONFIG) -> bool:
-    """Whether ``launch_moe_up_gluon`` takes these operands: contiguous bf16 CUDA expert weights
-    with I % BN == 0 and H % 8 == 0."""
+    """Whether ``launch_moe_up_gluon`` takes these operands: bf16 tensors on a device the Gluon
+    kernels run on (``devices.gluon_unavailable_reason``), contiguous expert weights, I % BN == 0,
+    H > 0 and H % 8 == 0."""
     E, I2, H = gate_up_proj.shape
     return (
         x.is_cuda
+        and gluon_unavailable_reason(x.device) is None
         and x.dtype == gate_up_proj.dtype == torch.bfloat16
         and gate_up_proj.is_contiguous()
         and gate_up_proj.data_ptr() % 16 == 0
         and (I2 // 2) % cfg.BN == 0
+        and H > 0
         and H % 8 == 0
     )
 

@@ -25,6 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
+from swiglu.kernels.devices import gluon_unavailable_reason
 from swiglu.kernels.configs import GluonConfig
 from swiglu.kernels.gluon_wgrad import _epilogue_store, _fill_stage, _layout, _mma_layout, _mma_tile, _ring_barriers
 from swiglu.kernels.tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
@@ -266,10 +267,14 @@ def launch_moe_wgrad_gluon(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ex
 
 
 def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig = CONFIG) -> bool:
-    """Whether ``launch_moe_wgrad_gluon`` takes these operands (its checks, as a yes or no)."""
+    """Whether ``launch_moe_wgrad_gluon`` takes these operands (its checks, as a yes or no), on a
+    device the Gluon kernels run on, with M, N > 0."""
     M, N = c.shape[1], c.shape[2]
     return (
         all(t.is_cuda and t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (a, b, c))
+        and gluon_unavailable_reason(c.device) is None
+        and M > 0
+        and N > 0
         and M % cfg.BM == 0
         and M % 8 == 0
         and N % 8 == 0
