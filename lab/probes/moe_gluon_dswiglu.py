@@ -17,6 +17,7 @@ partial sums (another fp32 summation order) to 1e-5; do_bench times (L2 flushed)
 Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [shape ...]
 """
 
+import dataclasses
 import sys
 
 import torch
@@ -26,6 +27,7 @@ from swiglu.kernels import moe as M
 from swiglu_lab.experiments import moe_gluon_dswiglu as G
 from swiglu_lab.experiments.moe_gluon_up import _layout, tile_table
 
+CONFIGS = {"gluon g1": G.CONFIG, "gluon g8": dataclasses.replace(G.CONFIG, GROUP_M=8)}
 rows = []
 
 
@@ -53,7 +55,7 @@ def compare(outs, want):
 
 
 def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=None, repeats=1):
-    """The library's kernel, then the Gluon kernel (``repeats`` launches, each compared: a race
+    """The library's kernel, then each Gluon config (``repeats`` launches, each compared: a race
     shows only now and then) and (``time_it``) do_bench ms of the launch and the kernel alone."""
     lib = lambda: M.launch_dswiglu(go, dp, r, k, w, gate, up, *outs, tile)  # noqa: E731
     for o in outs:
@@ -62,26 +64,27 @@ def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=Non
     want = [o.clone() for o in outs]
     lib_ms = P.kernel_ms(lib) if time_it else float("nan")
     rows.append((name, "library (tl)", lib_ms, float("nan"), True, 0.0))
-    label = "gluon" + (f" x{num_programs}" if num_programs else "")
-    launch = lambda: G.launch_moe_dswiglu_gluon(go, dp, r, k, w, gate, up, *outs, G.CONFIG, num_programs)  # noqa: E731
-    same, rel = True, 0.0
-    try:
-        for _ in range(repeats):
-            for o in outs:
-                o.fill_(float("nan"))
-            launch()
-            torch.cuda.synchronize()
-            s, e = compare(outs, want)
-            same, rel = same and s, max(rel, e)
-    except Exception as e:
-        print(f"{name} {label} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
-        return
-    ms = kernel = float("nan")
-    if time_it:
-        ms = P.kernel_ms(launch)
-        kernel = P.kernel_ms(kernel_only(go, dp, r, k, w, gate, up, outs))
-    rows.append((name, label, ms, kernel, same, rel))
-    print(f"{name:12s} {label:10s} {ms:7.3f} ms (kernel {kernel:7.3f})  bitwise={same}  part rel={rel:.2g}", flush=True)
+    for label, cfg in CONFIGS.items():
+        label += f" x{num_programs}" if num_programs else ""
+        launch = lambda cfg=cfg: G.launch_moe_dswiglu_gluon(go, dp, r, k, w, gate, up, *outs, cfg, num_programs)  # noqa: E731
+        same, rel = True, 0.0
+        try:
+            for _ in range(repeats):
+                for o in outs:
+                    o.fill_(float("nan"))
+                launch()
+                torch.cuda.synchronize()
+                s, e = compare(outs, want)
+                same, rel = same and s, max(rel, e)
+        except Exception as e:
+            print(f"{name} {label} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
+        ms = kernel = float("nan")
+        if time_it:
+            ms = P.kernel_ms(launch)
+            kernel = P.kernel_ms(kernel_only(go, dp, r, k, w, gate, up, outs, cfg))
+        rows.append((name, label, ms, kernel, same, rel))
+        print(f"{name:12s} {label:14s} {ms:7.3f} ms (kernel {kernel:7.3f})  bitwise={same}  part rel={rel:.2g}", flush=True)
 
 
 def kernel_only(go, dp, r, k, w, gate, up, outs, cfg=G.CONFIG):
@@ -121,6 +124,6 @@ try:
             del ops
             torch.cuda.empty_cache()
 finally:
-    print("\nshape        variant     ms      kernel ms  bitwise  part rel")
+    print("\nshape        variant          ms      kernel ms  bitwise  part rel")
     for name, label, ms, kernel, same, rel in rows:
-        print(f"{name:12s} {label:10s} {ms:7.3f}  {kernel:7.3f}    {same!s:7s}  {rel:.2g}")
+        print(f"{name:12s} {label:14s} {ms:7.3f}  {kernel:7.3f}    {same!s:7s}  {rel:.2g}")

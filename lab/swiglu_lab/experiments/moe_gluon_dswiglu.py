@@ -20,6 +20,7 @@ Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_up_dswiglu.py); not y
 ``lab/probes/moe_gluon_dswiglu.py`` checks it against the library's kernel and times both.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -306,15 +307,17 @@ def launch_moe_dswiglu_gluon(grad_out, down_proj, r, k: int, weights, gate, up, 
 def install(cfg: DswigluConfig = CONFIG):
     """Sends the library's MoE dSwiGLU GEMM (``swiglu.kernels.moe.launch_dswiglu``, what the
     backward calls) to this kernel wherever ``supports`` holds, the library's kernel elsewhere,
-    for the rest of the process. For measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon
-    dswiglu``), not for training jobs. Returns a function that undoes it."""
+    for the rest of the process, in the library plan's tile order (its ``Tile.GROUP_M``). For
+    measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon dswiglu``), not for training jobs.
+    Returns a function that undoes it."""
     from swiglu.kernels import moe
 
     library = moe.launch_dswiglu
 
     def launch_dswiglu(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile):
         if supports(grad_out, down_proj, dgu, part, cfg):
-            launch_moe_dswiglu_gluon(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, cfg)
+            c = dataclasses.replace(cfg, GROUP_M=tile.GROUP_M)
+            launch_moe_dswiglu_gluon(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, c)
         else:
             library(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile)
 

@@ -19,6 +19,7 @@ Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_up_dswiglu.py); not y
 ``lab/probes/moe_gluon_up.py`` checks it bitwise against the library's kernel and times both.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -357,7 +358,8 @@ def launch_moe_up_gluon(x, gate_up_proj, r, k: int, gate, up, h, cfg: UpConfig =
 def install(cfg: UpConfig = CONFIG):
     """Sends the library's MoE up projection (``swiglu.kernels.moe.launch_up``, what the forward
     calls) to this kernel wherever ``supports`` holds, the library's kernel elsewhere, for the
-    rest of the process. For measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon up``), not
+    rest of the process, in the library plan's tile order (its ``Tile.GROUP_M``: bands of M tiles
+    at Mixtral's sizes). For measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon up``), not
     for training jobs. Returns a function that undoes it."""
     from swiglu.kernels import moe
 
@@ -365,7 +367,7 @@ def install(cfg: UpConfig = CONFIG):
 
     def launch_up(x, gate_up_proj, r, k, gate, up, h, tile):
         if supports(x, gate_up_proj, cfg):
-            launch_moe_up_gluon(x, gate_up_proj, r, k, gate, up, h, cfg)
+            launch_moe_up_gluon(x, gate_up_proj, r, k, gate, up, h, dataclasses.replace(cfg, GROUP_M=tile.GROUP_M))
         else:
             library(x, gate_up_proj, r, k, gate, up, h, tile)
 
