@@ -32,8 +32,8 @@ environment wins; the metadata records which ran;
 ``eager``, transformers' loop over experts (the eager forward of ``Qwen3MoeExperts``, unwrapped
 from its experts-interface dispatch; ``swiglu.moe.moe_reference``, the same order of operations,
 where that class is missing), only at ``--eager-max-tokens`` tokens or fewer and only when one
-untimed forward + backward took at most ``--eager-max-ms``. ``--lab-moe-gluon wgrad,up,dswiglu``: ours with the
-lab's warp-specialized Gluon weight gradients, up projection and dSwiGLU GEMM
+untimed forward + backward took at most ``--eager-max-ms``. ``--lab-moe-gluon wgrad,up,dswiglu,pairs``: ours with the
+lab's warp-specialized Gluon weight gradients, up projection, dSwiGLU GEMM and down projection / grad_x
 (``swiglu_lab.experiments.moe_gluon_<name>``, their ``install``; metadata ``lab_moe_gluon``).
 
 Modes: ``forward`` (the training forward: autograd records the graph), ``backward`` (gradients of
@@ -655,7 +655,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--lab-moe-gluon",
         default="",
-        help="comma-separated, of: wgrad, up, dswiglu: ours with the lab's warp-specialized Gluon kernels for those "
+        help="comma-separated, of: wgrad, up, dswiglu, pairs: ours with the lab's warp-specialized Gluon kernels for those "
         "GEMMs (swiglu_lab.experiments.moe_gluon_<name>.install())",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -672,7 +672,9 @@ def main(argv=None) -> int:
     tokens = [int(t) for t in parse_list(args.tokens, None, "tokens", parser)]
     routings = parse_list(args.routings, ROUTINGS, "routings", parser)
     names = parse_list(args.impls, IMPLS, "impls", parser)
-    lab_gluon = parse_list(args.lab_moe_gluon, ("wgrad", "up", "dswiglu"), "lab-moe-gluon", parser) if args.lab_moe_gluon else []
+    lab_gluon = (
+        parse_list(args.lab_moe_gluon, ("wgrad", "up", "dswiglu", "pairs"), "lab-moe-gluon", parser) if args.lab_moe_gluon else []
+    )
     if min(args.reps, args.rounds, args.check_tokens) < 1 or args.warmup < 0:
         parser.error("--reps, --rounds and --check-tokens must be >= 1, --warmup >= 0")
     device = torch.device(args.device)

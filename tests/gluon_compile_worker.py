@@ -1,6 +1,6 @@
 """Compile Gluon kernels for sm_90 (subprocess side of tests/kernels/test_gluon.py; no GPU needed).
 
-    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...] | grad_x | moe_wgrad | moe_up | moe_dswiglu]
+    gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...] | grad_x | moe_wgrad | moe_up | moe_dswiglu | moe_pairs]
 
 wgrad (the default): the weight-gradient kernel's table configs (``backward.GLUON_CONFIGS``), each
 also with the other ``defer`` (epilogue after the next tile's first wgmma, or before), the
@@ -24,6 +24,8 @@ moe_up: the lab's MoE up projection with SwiGLU (``swiglu_lab.experiments.moe_gl
 and with N tiles in bands of 8 M tiles (GROUP_M 8).
 moe_dswiglu: the lab's MoE dSwiGLU GEMM (``swiglu_lab.experiments.moe_gluon_dswiglu``) at its config,
 with fp32 and bf16 routing weights.
+moe_pairs: the lab's MoE down-projection-shaped GEMM (``swiglu_lab.experiments.moe_gluon_pairs``), as the
+forward's down projection (B transposed, the routing weight) and as grad_x's pieces, and at BN 256.
 
 Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test installs the GPU machine's
 3.6.0 under .venv/triton-3.6.0) and src/ after it. Writes ``{"triton": version, "results": [...]}``
@@ -53,6 +55,7 @@ from swiglu_lab.experiments import (
     gluon_wgrad_probe,
     gluon_wgrad_resident,
     moe_gluon_dswiglu,
+    moe_gluon_pairs,
     moe_gluon_up,
     moe_gluon_wgrad,
 )
@@ -318,6 +321,38 @@ def compile_moe_dswiglu(cfg, weights: str) -> dict:
     return wgrad_report(k, entry)
 
 
+def compile_moe_pairs(cfg, transposed: bool) -> dict:
+    """``swiglu_lab.experiments.moe_gluon_pairs``'s kernel at ``cfg``, as the down projection
+    (``transposed``) or grad_x's pieces, reported as ``compile_one`` does."""
+    kernel = moe_gluon_pairs.moe_pairs_gluon_kernel
+    w_block = [cfg.BN, cfg.BK] if transposed else [cfg.BK, cfg.BN]
+    sig = {"a_desc": desc([cfg.BM, cfg.BK]), "w_desc": desc(w_block), "table_ptr": "*i32", "order_ptr": "*i32"}
+    sig.update({"rw_ptr": "*fp32", "y_ptr": "*bf16"})
+    sig.update({n: "i32" for n in ("E", "N", "K", "MAX_M")})
+    constexprs = {
+        "B_TRANS": transposed,
+        "GROUP_M": cfg.GROUP_M,
+        "STAGES": cfg.STAGES,
+        "EPI_M": cfg.EPI_M,
+        "EPI_WARPS": cfg.epi_warps,
+        "LOAD_REGS": cfg.load_regs,
+        "EPI_REGS": cfg.epi_regs,
+    }
+    sig.update({k: "constexpr" for k in constexprs})
+    aligned = ("table_ptr", "order_ptr", "rw_ptr", "y_ptr", "N", "K")
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    entry = {"config": cfg.__dict__, "kind": "moe_pairs", "transposed": transposed}
+    try:
+        k = triton.compile(
+            GluonASTSource(kernel, sig, constexprs, attrs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
+        )
+    except Exception as err:  # reported per config; the test fails on it with the message
+        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    return wgrad_report(k, entry)
+
+
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
     cfg = candidates.DSWIGLU_CANDIDATES[index]
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
@@ -424,8 +459,12 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         results = [compile_moe_up(c) for c in (cfg, dataclasses.replace(cfg, GROUP_M=8))]
     elif kind == "moe_dswiglu":
         results = [compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, w) for w in ("fp32", "bf16")]
+    elif kind == "moe_pairs":
+        cfg = moe_gluon_pairs.CONFIG
+        wide = dataclasses.replace(cfg, BN=256, STAGES=3)
+        results = [compile_moe_pairs(c, t) for c in (cfg, wide) for t in (True, False)]
     else:
-        raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x, dswiglu, moe_wgrad, moe_up or moe_dswiglu)")
+        raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x, dswiglu, moe_wgrad, moe_up, moe_dswiglu or moe_pairs)")
     for r in results:  # the PTX text only for the comparison above
         r.pop("ptx", None)
     with open(path, "w") as f:

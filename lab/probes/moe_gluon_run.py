@@ -1,11 +1,12 @@
-"""Do the three lab Gluon MoE kernels (weight gradients, up projection, dSwiGLU) run right on the
-GPU, and which are faster than the library's tl kernels? One device call for all three probes.
+"""Do the four lab Gluon MoE kernels (weight gradients, up projection, dSwiGLU, the down projection
+and grad_x) run right on the GPU, and which are faster than the library's tl kernels? One device
+call for their probes.
 
 Each probe's ``--smoke`` runs first in its own process under a timeout (a barrier fault hangs);
 only a kernel whose smoke finished with every output bitwise the library's then runs its full
 probe (all four model shapes at 8192 tokens), while the deadline allows. Each probe's output goes
 to ``<out>/<probe>_smoke.log`` and ``<out>/<probe>.log``; a summary table last.
-Answer: not run yet (the three kernels compile for sm_90 without a GPU: tests/lab/).
+Answer: not run yet (the four kernels compile for sm_90 without a GPU: tests/lab/).
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_gluon_run.py --out $OUT/moe_gluon [--deadline-s 560]
 """
 
@@ -15,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-PROBES = ("moe_gluon_wgrad", "moe_gluon_up", "moe_gluon_dswiglu")
+PROBES = ("moe_gluon_wgrad", "moe_gluon_up", "moe_gluon_dswiglu", "moe_gluon_pairs")
 HERE = Path(__file__).resolve().parent
 
 

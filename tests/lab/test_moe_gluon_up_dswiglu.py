@@ -162,3 +162,51 @@ def test_dswiglu_install_routes_only_what_the_kernel_takes_and_undoes():
     assert moe.launch_dswiglu is library
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("which", TRITONS)
+def test_moe_gluon_pairs_compiles_for_sm90(tmp_path, which):
+    """The lab's Gluon down-projection-shaped GEMM (``swiglu_lab.experiments.moe_gluon_pairs``) as
+    the forward's down projection and as grad_x's pieces, at BN 128 and 256: one m64nBNk16 wgmma
+    chain, no spills."""
+    report = _compile(tmp_path, which, "moe_pairs")
+    assert len(report["results"]) == 4
+    for r in report["results"]:
+        assert r["error"] is None, r["error"]
+        assert r["wgmma"] == 4 and r["tma_load"] >= 2 and r["setmaxnreg"] > 0, r
+        assert r["st_global"] > 0 and r["tma_store"] == 0, r  # scattered rows: pointer stores
+        assert r["spills"] in (0, None), r
+        assert r["shared"] <= SM90_SHARED, r
+
+
+def test_pairs_install_routes_only_what_the_kernel_takes_and_undoes():
+    """``moe_gluon_pairs.install`` (the bench's ``--lab-moe-gluon pairs``): CPU operands go to the
+    library's kernel, outputs and gradients bitwise as without it; undo restores the launcher."""
+    from swiglu import swiglu_moe
+    from swiglu.kernels import moe
+    from swiglu_lab.experiments import moe_gluon_pairs
+
+    T, H, I, E, k = 24, 128, 64, 4, 2
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, H, generator=g).bfloat16().requires_grad_()
+    idx = torch.randint(0, E, (T, k), generator=g)
+    w = torch.rand(T, k, generator=g).requires_grad_()
+    gu = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).bfloat16().requires_grad_()
+    dp = (torch.randn(E, H, I, generator=g) / I**0.5).bfloat16().requires_grad_()
+    go = torch.randn(T, H, generator=g).bfloat16()
+
+    def run():
+        out = swiglu_moe(x, idx, w, gu, dp, impl="triton")
+        return (out, *torch.autograd.grad(out, (x, w, gu, dp), go))
+
+    want = run()
+    library = moe.launch_pairs
+    undo = moe_gluon_pairs.install()
+    try:
+        assert moe.launch_pairs is not library
+        got = run()
+    finally:
+        undo()
+    assert moe.launch_pairs is library
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
