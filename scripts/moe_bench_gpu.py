@@ -25,7 +25,7 @@ never accumulated): ``triton``, ours (``swiglu_moe(..., impl="triton")``; ``--ou
 expert ids; skipped with the reason when ``liger_kernel`` does not import). Liger's Triton
 autotune is off by default (``LIGER_FUSED_MOE_AUTOTUNE=0``, its own switch: one fixed
 configuration per kernel): a quick run on the H200 spent 210 s in its first shape's float64 check,
-most of it compiling Liger's ~190 autotune candidates, which alone would pass the 8-minute budget;
+most of it compiling Liger's autotune candidates, which alone would pass the 8-minute budget;
 ``--liger-autotune`` turns it on (keyed on H and I, it then tunes at each shape's check, at
 ``--check-tokens`` tokens; give the run more time). An explicit ``LIGER_FUSED_MOE_AUTOTUNE`` in the
 environment wins; the metadata records which ran;
