@@ -8,6 +8,7 @@ probe (all four model shapes at 8192 tokens), while the deadline allows. Each pr
 to ``<out>/<probe>_smoke.log`` and ``<out>/<probe>.log``; a summary table last.
 Answer: not run yet (the four kernels compile for sm_90 without a GPU: tests/lab/).
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_gluon_run.py --out $OUT/moe_gluon [--deadline-s 560]
+     [--probes moe_gluon_up,...] [--no-smoke]   (a second call: the full probes the first had no time for)
 """
 
 import argparse
@@ -44,13 +45,18 @@ def main() -> None:
     parser.add_argument("--out", default="build/moe_gluon")
     parser.add_argument("--deadline-s", type=float, default=560.0, help="no probe starts after this")
     parser.add_argument("--smoke-timeout-s", type=float, default=150.0)
+    parser.add_argument("--probes", default=",".join(PROBES), help="comma-separated, of: " + ", ".join(PROBES))
+    parser.add_argument("--no-smoke", action="store_true", help="full probes at once (their smokes passed in an earlier call)")
     args = parser.parse_args()
+    probes = [n for n in args.probes.split(",") if n]
+    if unknown := [n for n in probes if n not in PROBES]:
+        parser.error(f"--probes: unknown {unknown}; choose from {', '.join(PROBES)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     end = time.monotonic() + args.deadline_s
     summary = []
     passed = []
-    for name in PROBES:
+    for name in [] if args.no_smoke else probes:
         left = end - time.monotonic()
         if left < 30:
             summary.append((name, "smoke", "skipped: deadline"))
@@ -61,7 +67,7 @@ def main() -> None:
         print(f"{name} smoke: {status}, bitwise {'yes' if ok else 'NO'}", flush=True)
         if ok:
             passed.append(name)
-    for name in passed:
+    for name in probes if args.no_smoke else passed:
         left = end - time.monotonic()
         if left < 60:
             summary.append((name, "full", "skipped: deadline"))
