@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
 from swiglu.kernels.devices import gluon_unavailable_reason
 from swiglu.kernels.gluon_dswiglu import _sigmoid
-from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _ring_barriers
+from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _mma_tile, _ring_barriers
 
 # The tile walk (p: any Args with I, MAX_M, table_ptr and GROUP_M) and the tile table are the up projection's.
 from .moe_gluon_up import _layout, _program_tiles, _tile, tile_table
@@ -142,7 +142,6 @@ def _mma_partition(p):
     BM: gl.constexpr = p.a_bufs.type.shape[1]
     BK: gl.constexpr = p.a_bufs.type.shape[2]
     BN: gl.constexpr = p.b_bufs.type.shape[2]
-    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
     NG: gl.constexpr = p.g_ready.type.shape[0]
     num_n, pid, nprog, num_tiles = _program_tiles(p, BN)
     k_tiles = p.H // BK
@@ -152,19 +151,7 @@ def _mma_partition(p):
     for t in range(num_tiles):
         e = _tile(p, t, num_n, pid, nprog)[2]
         if e < p.E:
-            for kk in range(k_tiles):
-                s = c % STAGES
-                mbarrier.wait(p.ready.index(s), (c // STAGES) & 1)
-                acc = warpgroup_mma(p.a_bufs.index(s), p.b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                # The previous step's wgmma is done in this warpgroup; sync the partition before
-                # thread 0 releases that stage to the loader.
-                _cta_barrier()
-                mbarrier.arrive(p.empty.index((c + STAGES - 1) % STAGES), pred=kk > 0)
-                c += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            _cta_barrier()
-            mbarrier.arrive(p.empty.index((c + STAGES - 1) % STAGES))
+            acc, c = _mma_tile(p.a_bufs, p.b_bufs, p.ready, p.empty, acc, c, k_tiles, False)
             buf = w % NG
             mbarrier.wait(p.g_empty.index(buf), ((w // NG) & 1) ^ 1)
             p.g_bufs.store(acc)  # one handover buffer (NG = 1)
