@@ -36,7 +36,6 @@ Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test in
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 import re
@@ -94,6 +93,26 @@ def strip_debug(ptx: str) -> str:
         if not (s.startswith((".loc", ".file")) or re.fullmatch(r"\$L__tmp\d+:", s)):
             lines.append(line)
     return "\n".join(lines)
+
+
+def compile_sm90(kernel, sig: dict, constexprs: dict, attrs, entry: dict, num_warps: int, maxnreg: int):
+    """(the compiled kernel, None), or (None, ``entry`` with the error, which the test reports per
+    config): ``kernel`` compiled for sm_90 with ``sig`` and ``constexprs``."""
+    try:
+        k = triton.compile(
+            GluonASTSource(kernel, sig, constexprs, attrs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": num_warps, "maxnreg": maxnreg},
+        )
+    except Exception as err:  # reported per config; the test fails on it with the message
+        return None, {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    return k, None
+
+
+def aligned(kernel, names) -> dict:
+    """Specialization attributes: the named arguments divisible by 16, as a launch at the model
+    shapes has them (16-byte aligned pointers, sizes and strides multiples of 16)."""
+    return {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
 
 
 def compile_one(
@@ -161,17 +180,10 @@ def compile_one(
         "probe": probe,
     }
     # out_ptr as a launch specializes it: 16-byte aligned (every launcher's outputs are).
-    attrs = (
-        {(list(inspect.signature(kernel.fn).parameters).index("out_ptr"),): [["tt.divisibility", 16]]} if plain_store else None
-    )
-    try:
-        k = triton.compile(
-            GluonASTSource(kernel, sig, constexprs, attrs),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": 4 if cfg.pingpong else cfg.num_warps, "maxnreg": cfg.maxnreg},
-        )
-    except Exception as err:  # reported per config; the test fails on it with the message
-        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    attrs = aligned(kernel, ("out_ptr",)) if plain_store else None
+    k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, 4 if cfg.pingpong else cfg.num_warps, cfg.maxnreg)
+    if failed:
+        return failed
     report = wgrad_report(k, entry)
     if compare:
         other = compile_one(cfg, pdl, probe=not probe)
@@ -215,15 +227,8 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
     }
     sig.update({k: "constexpr" for k in constexprs})
     entry = {"config": cfg.__dict__, "pdl": pdl, "grad_x": False, "store_delay_ns": 0, "ablate": 0, "probe": False}
-    try:
-        k = triton.compile(
-            GluonASTSource(gluon_wgrad_resident.wgrad_resident_kernel, sig, constexprs),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
-        )
-    except Exception as err:  # reported per config; the test fails on it with the message
-        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
-    return wgrad_report(k, entry)
+    k, failed = compile_sm90(gluon_wgrad_resident.wgrad_resident_kernel, sig, constexprs, None, entry, cfg.num_warps, cfg.maxnreg)
+    return failed or wgrad_report(k, entry)
 
 
 def compile_moe_wgrad(cfg) -> dict:
@@ -242,17 +247,11 @@ def compile_moe_wgrad(cfg) -> dict:
         "STORE_REGS": cfg.store_regs,
     }
     sig.update({k: "constexpr" for k in constexprs})
-    aligned = ("a_ptr", "b_ptr", "start_ptr", "M", "N", "stride_a", "stride_b")
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    attrs = aligned(kernel, ("a_ptr", "b_ptr", "start_ptr", "M", "N", "stride_a", "stride_b"))
     entry = {"config": cfg.__dict__, "kind": "moe_wgrad"}
-    try:
-        k = triton.compile(
-            GluonASTSource(kernel, sig, constexprs, attrs),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
-        )
-    except Exception as err:  # reported per config; the test fails on it with the message
-        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
+    if failed:
+        return failed
     report = wgrad_report(k, entry)
     report["global_scratch"] = getattr(k.metadata, "global_scratch_size", None)
     report["tensormap_fence"] = report["ptx"].count("fence.proxy.tensormap")
@@ -275,18 +274,10 @@ def compile_moe_up(cfg) -> dict:
         "EPI_REGS": cfg.epi_regs,
     }
     sig.update({k: "constexpr" for k in constexprs})
-    aligned = ("table_ptr", "gate_ptr", "up_ptr", "h_ptr", "I")
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    attrs = aligned(kernel, ("table_ptr", "gate_ptr", "up_ptr", "h_ptr", "I"))
     entry = {"config": cfg.__dict__, "kind": "moe_up"}
-    try:
-        k = triton.compile(
-            GluonASTSource(kernel, sig, constexprs, attrs),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
-        )
-    except Exception as err:  # reported per config; the test fails on it with the message
-        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
-    return wgrad_report(k, entry)
+    k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
+    return failed or wgrad_report(k, entry)
 
 
 def compile_moe_dswiglu(cfg, weights: str) -> dict:
@@ -307,18 +298,10 @@ def compile_moe_dswiglu(cfg, weights: str) -> dict:
         "EPI_REGS": cfg.epi_regs,
     }
     sig.update({k: "constexpr" for k in constexprs})
-    aligned = ("table_ptr", "order_ptr", "rw_ptr", "gate_ptr", "up_ptr", "dgu_ptr", "hw_ptr", "part_ptr", "H", "I")
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    attrs = aligned(kernel, ("table_ptr", "order_ptr", "rw_ptr", "gate_ptr", "up_ptr", "dgu_ptr", "hw_ptr", "part_ptr", "H", "I"))
     entry = {"config": cfg.__dict__, "kind": "moe_dswiglu", "weights": weights}
-    try:
-        k = triton.compile(
-            GluonASTSource(kernel, sig, constexprs, attrs),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
-        )
-    except Exception as err:  # reported per config; the test fails on it with the message
-        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
-    return wgrad_report(k, entry)
+    k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
+    return failed or wgrad_report(k, entry)
 
 
 def compile_moe_pairs(cfg, transposed: bool) -> dict:
@@ -339,18 +322,10 @@ def compile_moe_pairs(cfg, transposed: bool) -> dict:
         "EPI_REGS": cfg.epi_regs,
     }
     sig.update({k: "constexpr" for k in constexprs})
-    aligned = ("table_ptr", "order_ptr", "rw_ptr", "y_ptr", "N", "K")
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    attrs = aligned(kernel, ("table_ptr", "order_ptr", "rw_ptr", "y_ptr", "N", "K"))
     entry = {"config": cfg.__dict__, "kind": "moe_pairs", "transposed": transposed}
-    try:
-        k = triton.compile(
-            GluonASTSource(kernel, sig, constexprs, attrs),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
-        )
-    except Exception as err:  # reported per config; the test fails on it with the message
-        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
-    return wgrad_report(k, entry)
+    k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
+    return failed or wgrad_report(k, entry)
 
 
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
@@ -375,16 +350,11 @@ def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: in
     sig.update({k: "constexpr" for k in constexprs})
     # As the launch at the full shapes: 16-aligned pointers, I and strides multiples of 16 (T too, unless 1).
     args = [n for n in gluon_dswiglu.dswiglu_gluon_kernel.arg_names if sig[n] in ("*bf16", "i32")]
-    attrs = {(gluon_dswiglu.dswiglu_gluon_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in args}
+    attrs = aligned(gluon_dswiglu.dswiglu_gluon_kernel, args)
     entry = {"index": index, "config": cfg.__dict__, "recompute": recompute, "T_is_one": t_is_one, "pdl": pdl}
-    try:
-        k = triton.compile(
-            GluonASTSource(gluon_dswiglu.dswiglu_gluon_kernel, sig, constexprs, attrs),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": cfg.num_warps, "maxnreg": cfg.maxnreg},
-        )
-    except Exception as err:  # reported per config; the test fails on it with the message
-        return {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    k, failed = compile_sm90(gluon_dswiglu.dswiglu_gluon_kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
+    if failed:
+        return failed
     ptx = k.asm["ptx"]
     regs, spills = ptxas_info(ptx)
     return {
