@@ -47,7 +47,6 @@ SLOW_FILES = {
     "test_moe_bench_script.py",
     "test_moe_notebook.py",  # the MoE bench script on the CPU (interpreter)
     "test_moe_persistent.py",  # a lab experiment's kernels under the interpreter and sm_90 compiles
-    "test_moe_gluon_wgrad.py",  # a lab experiment's sm_90 compiles with both tritons
 }
 SLOW_TESTS = (
     "test_latest_run_loads_the_newest_and_none_without_one",
@@ -55,6 +54,7 @@ SLOW_TESTS = (
     "test_table_configs_compile_for_sm90",
     "test_grad_x_candidates_compile_for_sm90",
     "test_dswiglu_candidates_compile_for_sm90",
+    "test_lab_moe_gluon_kernels_compile_for_sm90",
     "test_each_tuned_config_on_its_own",
     "test_compiled_autograd_with_torchs_inductor_helper",
     "test_gradcheck_and_gradgradcheck",

@@ -7,7 +7,7 @@ Why it might be: at Qwen3-30B-A3B, 8192 tokens, the dSwiGLU GEMM runs at 350 TFL
 stores, the routing-weight sums) runs between main loops. The Gluon kernel runs it in its own warps
 under the next tile's MMAs; it reads grad_out from a copy in expert order (``gather_rows``, timed
 with it, and without it as "kernel").
-Answer: not measured yet (compiled for sm_90 without a GPU: tests/lab/test_moe_gluon_up_dswiglu.py).
+Answer: not measured yet (compiled for sm_90 without a GPU: tests/lab/test_moe_gluon_kernels.py).
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 an M tile) against the library's kernel, then exits; run it first under a timeout (a fault in the
 barriers hangs). Otherwise: the dSwiGLU GEMM at 8192 tokens per shape (moe_probe.SHAPES), the

@@ -16,7 +16,7 @@ tiles come from ``moe_gluon_up.tile_table``. d_gate, d_up and h * w are the tl k
 formulas op for op, fp32 sums over K in the same wgmma order); the partial sums add a row's BN
 products in another order than ``tl.sum`` (fp32, not bitwise). Requires I % BN == 0 and
 H % BK == 0 (a B box stays in its expert's rows): every model shape.
-Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_up_dswiglu.py); not yet run on one:
+Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_kernels.py); not yet run on one:
 ``lab/probes/moe_gluon_dswiglu.py`` checks it against the library's kernel and times both.
 """
 

@@ -15,7 +15,7 @@ the next expert's, never written). The tiles (expert, first row, end) come from 
 ``moe_tile_table_kernel`` on the device (no host synchronization); a tile past the experts' last
 is idle in every partition. A rows past an expert's end feed only rows that are not stored.
 Requires I % BN == 0 (a B box stays in its half) and H % 8 == 0 (TMA strides): every model shape.
-Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_up_dswiglu.py); not yet run on one:
+Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_kernels.py); not yet run on one:
 ``lab/probes/moe_gluon_up.py`` checks it bitwise against the library's kernel and times both.
 """
 

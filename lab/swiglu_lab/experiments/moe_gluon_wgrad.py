@@ -14,7 +14,7 @@ expert, so the last K box is zero-filled past the expert's end instead of readin
 expert's rows; runs alternate between two descriptor slots, and a slot is rewritten only once the
 loads that read it have landed (TMA reads a descriptor asynchronously). An expert with no rows
 writes zeros. M % BM == 0 (the output's TMA boxes never cross experts): true at every model shape.
-Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_wgrad.py); not yet run on one:
+Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_kernels.py); not yet run on one:
 ``lab/probes/moe_gluon_wgrad.py`` checks it bitwise against the library's kernel and times both.
 """
 

@@ -1,0 +1,124 @@
+"""The lab's warp-specialized Gluon MoE kernels (``swiglu_lab.experiments.moe_gluon_wgrad``,
+``moe_gluon_up``, ``moe_gluon_dswiglu``, ``moe_gluon_pairs``): each compiled for sm_90 with every
+Triton the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills,
+shared memory within the H200's block); the up projection's tile table (a tl kernel: run here
+under the interpreter) against the grouped GEMM's tiles computed in Python; each ``install`` (the
+MoE bench's ``--lab-moe-gluon``) falling back to the library's kernel where its Gluon kernel does
+not take the operands. A Gluon kernel does not run under the interpreter: its values are checked
+on the GPU (``lab/probes/moe_gluon_run.py``, against the library's kernels)."""
+
+import importlib
+
+import pytest
+import torch
+
+from gluon_workers import WHICH_TRITONS, _stop_unused_workers, compile_report  # noqa: F401 (an autouse fixture)
+from moe_checks import make_moe, run
+
+SM90_SHARED = 232448
+
+
+def _tiles(expert_start, BM):
+    """(expert, first row, end row) of each M tile: each expert's cdiv(count, BM) tiles in order."""
+    out = []
+    for e in range(len(expert_start) - 1):
+        lo, hi = expert_start[e], expert_start[e + 1]
+        out += [(e, r, hi) for r in range(lo, hi, BM)]
+    return out
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [[5, 0, 17, 3], [0, 0, 0, 40], [1] * 9, [0, 33, 0, 0, 31, 0, 32, 1], [64, 64]],
+    ids=["mixed", "one_expert", "ones", "gaps", "exact"],
+)
+def test_tile_table_lists_every_experts_m_tiles(counts):
+    from swiglu.kernels import moe
+    from swiglu_lab.experiments import moe_gluon_up
+
+    E, k, BM = len(counts), 1, 16
+    idx = torch.cat([torch.full((c,), e) for e, c in enumerate(counts)])
+    idx = idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(0))].reshape(-1, k)
+    r = moe.Routing(idx, E)
+    start = r.expert_start.tolist()
+    assert start == [0] + torch.tensor(counts).cumsum(0).tolist()
+    table = moe_gluon_up.tile_table(r, BM)
+    max_m = -(-len(idx) // BM) + E
+    assert table.shape == (3, max_m)
+    want = _tiles(start, BM)
+    got = [tuple(c) for c in table.T.tolist()]
+    assert got[: len(want)] == want
+    assert all(e >= E for e, _, _ in got[len(want) :])  # idle tiles
+
+
+def _wgrad(r):
+    assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_store"] > 0, r
+    # The loader's descriptors: two slots of two (a, b), each 128 bytes, each with its fence.
+    assert r["global_scratch"] >= 4 * 128 and r["tensormap_fence"] >= 4, r
+
+
+def _up(r):
+    # Two m64n128k16 wgmma chains (gate, up) of BK / 16 steps; three TMA loads (x, gate rows, up rows).
+    assert r["wgmma"] == 8 and r["tma_load"] == 3, r
+    assert r["st_global"] > 0 and r["tma_store"] == 0, r  # masked pointer stores: rows past an expert's end stay unwritten
+
+
+def _dswiglu(r):
+    # One m64n128k16 wgmma chain; the B box split in two at the 128-byte swizzle, with A's.
+    assert r["wgmma"] == 4 and r["tma_load"] == 3, r
+    assert r["st_global"] > 0 and r["tma_store"] == 0, r
+
+
+def _pairs(r):
+    # One m64nBNk16 wgmma chain (the forward's down projection and grad_x's pieces, BN 128 and 256).
+    assert r["wgmma"] == 4 and r["tma_load"] >= 2, r
+    assert r["st_global"] > 0 and r["tma_store"] == 0, r  # scattered rows: pointer stores
+
+
+@pytest.mark.parametrize(
+    "kind, compiles, check",
+    [("moe_wgrad", 2, _wgrad), ("moe_up", 2, _up), ("moe_dswiglu", 2, _dswiglu), ("moe_pairs", 4, _pairs)],
+    ids=["wgrad", "up", "dswiglu", "pairs"],
+)
+@pytest.mark.parametrize("which", WHICH_TRITONS)
+def test_lab_moe_gluon_kernels_compile_for_sm90(tmp_path_factory, which, kind, compiles, check):
+    report = compile_report(tmp_path_factory, which, kind)
+    assert len(report["results"]) == compiles
+    for r in report["results"]:
+        assert r["error"] is None, r["error"]
+        assert r["setmaxnreg"] > 0, r
+        check(r)
+        assert r["spills"] in (0, None), r
+        assert r["shared"] <= SM90_SHARED, r
+
+
+@pytest.mark.parametrize(
+    "name, launcher, takes",
+    [
+        ("wgrad", "launch_wgrad", lambda m, x, gu: m.supports(gu, x, x)),
+        ("up", "launch_up", lambda m, x, gu: m.supports(x, gu)),
+        ("dswiglu", "launch_dswiglu", None),
+        ("pairs", "launch_pairs", None),
+    ],
+)
+def test_install_routes_only_what_the_kernel_takes_and_undoes(name, launcher, takes):
+    """``install`` (the bench's ``--lab-moe-gluon <name>``) replaces the library's launcher;
+    operands the Gluon kernel does not take (here: CPU tensors, at sizes it would take on a GPU)
+    go to the library's kernel: the output and every gradient bitwise as without it; the returned
+    function restores the library's launcher."""
+    from swiglu.kernels import moe
+
+    lab = importlib.import_module(f"swiglu_lab.experiments.moe_gluon_{name}")
+    inp = make_moe(0, 24, 128, 128, 4, 2)
+    want = run(inp, "triton")
+    library = getattr(moe, launcher)
+    undo = lab.install()
+    try:
+        assert getattr(moe, launcher) is not library
+        assert takes is None or not takes(lab, inp.x, inp.gate_up_proj)
+        got = run(inp, "triton")
+    finally:
+        undo()
+    assert getattr(moe, launcher) is library
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
