@@ -33,9 +33,9 @@ from swiglu.kernels.devices import gluon_unavailable_reason
 from swiglu.kernels.gluon_dswiglu import _epi_layout
 from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _ring_barriers
 
-# The tile walk (p: any Args with I, MAX_M, table_ptr and GROUP_M; here I is the output's N) and the
-# tile table are the up projection's.
-from .moe_gluon_up import _layout, _program_tiles, _tile, tile_table
+# The tile walk (p: any Args with I, MAX_M, table_ptr and GROUP_M; here I is the output's N), the
+# handover buffers and the tile table are the up projection's.
+from .moe_gluon_up import _handover, _layout, _program_tiles, _tile, tile_table
 
 
 @dataclass(frozen=True)
@@ -226,17 +226,9 @@ def moe_pairs_gluon_kernel(
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = _block_n(w_desc.block_type.shape, B_TRANS)
     NG: gl.constexpr = 1
-    gl.static_assert(BN % 64 == 0)
-    gl.static_assert(EPI_M % 8 == 0)
     a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.bfloat16)
-    g_bufs = gl.allocate_shared_memory(gl.bfloat16, [NG, BM, BN], g_layout)
-    # The epilogue's [EPI_M, 64] piece view of the same bytes (moe_gluon_up's: a 128-byte-swizzled
-    # [BM, BN] bf16 tile is BN // 64 consecutive [BM, 64] column blocks).
-    NP: gl.constexpr = (BM // EPI_M) * (BN // 64)
-    piece_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([EPI_M, 64], gl.bfloat16)
-    g_pieces = g_bufs._reinterpret(gl.bfloat16, [NG * NP, EPI_M, 64], piece_layout)
+    g_bufs, g_pieces = _handover(NG, BM, BN, EPI_M)
     ready, empty, g_ready, g_empty = _ring_barriers(STAGES, NG)
     p = Args(a_desc, w_desc, table_ptr, order_ptr, rw_ptr, y_ptr, a_bufs, b_bufs, g_bufs, ready, empty, g_ready, g_empty,
              gl.to_tensor(E), gl.to_tensor(N), gl.to_tensor(K), gl.to_tensor(MAX_M), GROUP_M, B_TRANS)  # fmt: skip

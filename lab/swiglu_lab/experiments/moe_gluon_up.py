@@ -260,6 +260,21 @@ def _epilogue_partition(p, g_pieces, EPI_M: gl.constexpr):
 
 
 @gluon.jit
+def _handover(NBUF: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, EPI_M: gl.constexpr):
+    """(bufs, pieces): NBUF [BM, BN] bf16 buffers (128-byte swizzle) from the MMA warps to the
+    epilogue, and the epilogue's view of the same bytes (gluon_dswiglu's): a [BM, BN] tile is BN // 64
+    consecutive [BM, 64] column blocks, so piece (pm, pn) of EPI_M x 64 in buffer b is the swizzled
+    tile at byte offset (pn * BM + pm * EPI_M) * 128 of it: index b * NP + pn * (BM // EPI_M) + pm."""
+    gl.static_assert(BN % 64 == 0)
+    gl.static_assert(EPI_M % 8 == 0)
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.bfloat16)
+    bufs = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BM, BN], layout)
+    NP: gl.constexpr = (BM // EPI_M) * (BN // 64)
+    piece_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([EPI_M, 64], gl.bfloat16)
+    return bufs, bufs._reinterpret(gl.bfloat16, [NBUF * NP, EPI_M, 64], piece_layout)
+
+
+@gluon.jit
 def moe_up_gluon_kernel(
     xs_desc, w_desc, table_ptr, gate_ptr, up_ptr, h_ptr, E, I, MAX_M,
     GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_M: gl.constexpr, EPI_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr,
@@ -270,19 +285,10 @@ def moe_up_gluon_kernel(
     BK: gl.constexpr = xs_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     NG: gl.constexpr = 1
-    gl.static_assert(BN % 64 == 0)
-    gl.static_assert(EPI_M % 8 == 0)
     a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], xs_desc.layout)
     bg_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], w_desc.layout)
     bu_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], w_desc.layout)
-    g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.bfloat16)
-    g_bufs = gl.allocate_shared_memory(gl.bfloat16, [2 * NG, BM, BN], g_layout)
-    # The epilogue's view of the same bytes (gluon_dswiglu's): a [BM, BN] bf16 tile with 128-byte
-    # swizzle is BN // 64 consecutive [BM, 64] column blocks, so piece (pm, pn) of EPI_M x 64 is
-    # the swizzled tile at byte offset (pn * BM + pm * EPI_M) * 128: index pn * (BM // EPI_M) + pm.
-    NP: gl.constexpr = (BM // EPI_M) * (BN // 64)
-    piece_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([EPI_M, 64], gl.bfloat16)
-    g_pieces = g_bufs._reinterpret(gl.bfloat16, [2 * NG * NP, EPI_M, 64], piece_layout)
+    g_bufs, g_pieces = _handover(2 * NG, BM, BN, EPI_M)  # gate and up
     ready, empty, g_ready, g_empty = _ring_barriers(STAGES, NG)
     p = Args(xs_desc, w_desc, table_ptr, gate_ptr, up_ptr, h_ptr, a_bufs, bg_bufs, bu_bufs, g_bufs, ready, empty, g_ready,
              g_empty, gl.to_tensor(E), gl.to_tensor(I), gl.to_tensor(MAX_M), GROUP_M)  # fmt: skip
