@@ -258,14 +258,9 @@ def compile_moe_wgrad(cfg) -> dict:
     return report
 
 
-def compile_moe_up(cfg) -> dict:
-    """``swiglu_lab.experiments.moe_gluon_up``'s kernel at ``cfg`` (pointers 16-byte aligned, I a
-    multiple of 16, as at the model shapes), reported as ``compile_one`` does."""
-    kernel = moe_gluon_up.moe_up_gluon_kernel
-    sig = {"xs_desc": desc([cfg.BM, cfg.BK]), "w_desc": desc([cfg.BN, cfg.BK]), "table_ptr": "*i32"}
-    sig.update({n: "*bf16" for n in ("gate_ptr", "up_ptr", "h_ptr")})
-    sig.update({n: "i32" for n in ("E", "I", "MAX_M")})
-    constexprs = {
+def epilogue_constexprs(cfg) -> dict:
+    """The constexprs the lab's MoE up, dSwiGLU and pairs kernels take from their configs."""
+    return {
         "GROUP_M": cfg.GROUP_M,
         "STAGES": cfg.STAGES,
         "EPI_M": cfg.EPI_M,
@@ -273,6 +268,16 @@ def compile_moe_up(cfg) -> dict:
         "LOAD_REGS": cfg.load_regs,
         "EPI_REGS": cfg.epi_regs,
     }
+
+
+def compile_moe_up(cfg) -> dict:
+    """``swiglu_lab.experiments.moe_gluon_up``'s kernel at ``cfg`` (pointers 16-byte aligned, I a
+    multiple of 16, as at the model shapes), reported as ``compile_one`` does."""
+    kernel = moe_gluon_up.moe_up_gluon_kernel
+    sig = {"xs_desc": desc([cfg.BM, cfg.BK]), "w_desc": desc([cfg.BN, cfg.BK]), "table_ptr": "*i32"}
+    sig.update({n: "*bf16" for n in ("gate_ptr", "up_ptr", "h_ptr")})
+    sig.update({n: "i32" for n in ("E", "I", "MAX_M")})
+    constexprs = epilogue_constexprs(cfg)
     sig.update({k: "constexpr" for k in constexprs})
     attrs = aligned(kernel, ("table_ptr", "gate_ptr", "up_ptr", "h_ptr", "I"))
     entry = {"config": cfg.__dict__, "kind": "moe_up"}
@@ -289,14 +294,7 @@ def compile_moe_dswiglu(cfg, weights: str) -> dict:
     sig.update({n: "*bf16" for n in ("gate_ptr", "up_ptr", "dgu_ptr", "hw_ptr")})
     sig["part_ptr"] = "*fp32"
     sig.update({n: "i32" for n in ("E", "H", "I", "MAX_M")})
-    constexprs = {
-        "GROUP_M": cfg.GROUP_M,
-        "STAGES": cfg.STAGES,
-        "EPI_M": cfg.EPI_M,
-        "EPI_WARPS": cfg.epi_warps,
-        "LOAD_REGS": cfg.load_regs,
-        "EPI_REGS": cfg.epi_regs,
-    }
+    constexprs = epilogue_constexprs(cfg)
     sig.update({k: "constexpr" for k in constexprs})
     attrs = aligned(kernel, ("table_ptr", "order_ptr", "rw_ptr", "gate_ptr", "up_ptr", "dgu_ptr", "hw_ptr", "part_ptr", "H", "I"))
     entry = {"config": cfg.__dict__, "kind": "moe_dswiglu", "weights": weights}
@@ -312,15 +310,7 @@ def compile_moe_pairs(cfg, transposed: bool) -> dict:
     sig = {"a_desc": desc([cfg.BM, cfg.BK]), "w_desc": desc(w_block), "table_ptr": "*i32", "order_ptr": "*i32"}
     sig.update({"rw_ptr": "*fp32", "y_ptr": "*bf16"})
     sig.update({n: "i32" for n in ("E", "N", "K", "MAX_M")})
-    constexprs = {
-        "B_TRANS": transposed,
-        "GROUP_M": cfg.GROUP_M,
-        "STAGES": cfg.STAGES,
-        "EPI_M": cfg.EPI_M,
-        "EPI_WARPS": cfg.epi_warps,
-        "LOAD_REGS": cfg.load_regs,
-        "EPI_REGS": cfg.epi_regs,
-    }
+    constexprs = {"B_TRANS": transposed, **epilogue_constexprs(cfg)}
     sig.update({k: "constexpr" for k in constexprs})
     attrs = aligned(kernel, ("table_ptr", "order_ptr", "rw_ptr", "y_ptr", "N", "K"))
     entry = {"config": cfg.__dict__, "kind": "moe_pairs", "transposed": transposed}
