@@ -1,4 +1,4 @@
-"""Compile Gluon kernels for sm_90 (the subprocess of tests/gluon_workers.compile_report; no GPU needed).
+"""Compile Gluon kernels for sm_90 (the subprocess of ``compile_report`` in tests/gluon_workers.py; no GPU).
 
     gluon_compile_worker.py OUT.json [wgrad | dswiglu [INDEX ...] | grad_x | moe_wgrad | moe_up | moe_dswiglu | moe_pairs]
 
