@@ -18,11 +18,11 @@ grad_x: the lab kernel's grad_x orientation (``A_KMAJOR``), its candidates
 dswiglu: the experimental dSwiGLU kernel's candidates (``candidates.DSWIGLU_CANDIDATES``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
-moe_wgrad: the lab's MoE weight gradient over all experts (``swiglu_lab.experiments.moe_gluon_wgrad``)
+moe_wgrad: the library's MoE weight gradient over all experts (``swiglu.kernels.moe_gluon_wgrad``)
 at its config and at three stages with one output buffer.
-moe_up: the lab's MoE up projection with SwiGLU (``swiglu_lab.experiments.moe_gluon_up``) at its config
+moe_up: the library's MoE up projection with SwiGLU (``swiglu.kernels.moe_gluon_up``) at its config
 and with N tiles in bands of 8 M tiles (GROUP_M 8).
-moe_dswiglu: the lab's MoE dSwiGLU GEMM (``swiglu_lab.experiments.moe_gluon_dswiglu``) at its config,
+moe_dswiglu: the library's MoE dSwiGLU GEMM (``swiglu.kernels.moe_gluon_dswiglu``) at its config,
 with fp32 and bf16 routing weights.
 moe_pairs: the lab's MoE down-projection-shaped GEMM (``swiglu_lab.experiments.moe_gluon_pairs``), as the
 forward's down projection (B transposed, the routing weight) and as grad_x's pieces, and at BN 256.
@@ -47,16 +47,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from swiglu.kernels import gluon_dswiglu, gluon_wgrad
+from swiglu.kernels import gluon_dswiglu, gluon_wgrad, moe_gluon_dswiglu, moe_gluon_up, moe_gluon_wgrad
 from swiglu.kernels.backward import GLUON_CONFIGS
 from swiglu_lab.experiments import (
     candidates,
     gluon_wgrad_probe,
     gluon_wgrad_resident,
-    moe_gluon_dswiglu,
     moe_gluon_pairs,
-    moe_gluon_up,
-    moe_gluon_wgrad,
 )
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
@@ -232,7 +229,7 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
 
 
 def compile_moe_wgrad(cfg) -> dict:
-    """``swiglu_lab.experiments.moe_gluon_wgrad``'s kernel at ``cfg`` (pointers 16-byte aligned, M, N
+    """``swiglu.kernels.moe_gluon_wgrad``'s kernel at ``cfg`` (pointers 16-byte aligned, M, N
     and the row strides multiples of 16, as at the model shapes), reported as ``compile_one`` does,
     with its global scratch (the device-side descriptors) and descriptor fences."""
     kernel = moe_gluon_wgrad.moe_wgrad_gluon_kernel
@@ -271,7 +268,7 @@ def epilogue_constexprs(cfg) -> dict:
 
 
 def compile_moe_up(cfg) -> dict:
-    """``swiglu_lab.experiments.moe_gluon_up``'s kernel at ``cfg`` (pointers 16-byte aligned, I a
+    """``swiglu.kernels.moe_gluon_up``'s kernel at ``cfg`` (pointers 16-byte aligned, I a
     multiple of 16, as at the model shapes), reported as ``compile_one`` does."""
     kernel = moe_gluon_up.moe_up_gluon_kernel
     sig = {"xs_desc": desc([cfg.BM, cfg.BK]), "w_desc": desc([cfg.BN, cfg.BK]), "table_ptr": "*i32"}
@@ -286,7 +283,7 @@ def compile_moe_up(cfg) -> dict:
 
 
 def compile_moe_dswiglu(cfg, weights: str) -> dict:
-    """``swiglu_lab.experiments.moe_gluon_dswiglu``'s kernel at ``cfg`` with routing weights of
+    """``swiglu.kernels.moe_gluon_dswiglu``'s kernel at ``cfg`` with routing weights of
     ``weights`` ("fp32", "bf16"), reported as ``compile_one`` does."""
     kernel = moe_gluon_dswiglu.moe_dswiglu_gluon_kernel
     sig = {"gos_desc": desc([cfg.BM, cfg.BK]), "dp_desc": desc([cfg.BK, cfg.BN]), "table_ptr": "*i32", "order_ptr": "*i32"}

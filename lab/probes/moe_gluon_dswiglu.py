@@ -1,5 +1,5 @@
 """Is the warp-specialized Gluon dSwiGLU GEMM over all experts
-(``swiglu_lab.experiments.moe_gluon_dswiglu``) right, and faster than the library's tl kernel
+(``swiglu.kernels.moe_gluon_dswiglu``) right, and faster than the library's tl kernel
 (``swiglu.kernels.moe.launch_dswiglu``, the epilogue in the MMA warps)?
 
 Why it might be: at Qwen3-30B-A3B, 8192 tokens, the dSwiGLU GEMM runs at 350 TFLOP/s (0.59 of the
@@ -24,8 +24,8 @@ import torch
 
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
-from swiglu_lab.experiments import moe_gluon_dswiglu as G
-from swiglu_lab.experiments.moe_gluon_up import _layout, tile_table
+from swiglu.kernels import moe_gluon_dswiglu as G
+from swiglu.kernels.moe_gluon_up import _layout, tile_table
 
 CONFIGS = {"gluon g1": G.CONFIG, "gluon g8": dataclasses.replace(G.CONFIG, GROUP_M=8)}
 rows = []

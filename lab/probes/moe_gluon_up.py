@@ -1,5 +1,5 @@
 """Is the warp-specialized Gluon up projection with SwiGLU over all experts
-(``swiglu_lab.experiments.moe_gluon_up``) right, and faster than the library's tl kernel
+(``swiglu.kernels.moe_gluon_up``) right, and faster than the library's tl kernel
 (``swiglu.kernels.moe.launch_up``, one program per tile, the epilogue in the MMA warps)?
 
 Why it might be: at Qwen3-30B-A3B, 8192 tokens, the up projection takes 0.93 of the 4.38 ms
@@ -23,7 +23,7 @@ import torch
 
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
-from swiglu_lab.experiments import moe_gluon_up as G
+from swiglu.kernels import moe_gluon_up as G
 
 CONFIGS = {"gluon g1": G.CONFIG, "gluon g8": dataclasses.replace(G.CONFIG, GROUP_M=8)}
 rows = []

@@ -1,5 +1,5 @@
 """Is the warp-specialized Gluon weight gradient over all experts
-(``swiglu_lab.experiments.moe_gluon_wgrad``) right, and faster than the library's tl kernel
+(``swiglu.kernels.moe_gluon_wgrad``) right, and faster than the library's tl kernel
 (``swiglu.kernels.moe.launch_wgrad``, one program per tile)?
 
 Why it might be: at Qwen3-30B-A3B, 8192 tokens, the two weight gradients take 1.40 of the 4.38 ms
@@ -23,7 +23,7 @@ import triton
 
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
-from swiglu_lab.experiments import moe_gluon_wgrad as G
+from swiglu.kernels import moe_gluon_wgrad as G
 
 # Device-side descriptors take their memory from this allocator.
 triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

@@ -1,4 +1,4 @@
-"""The lab's warp-specialized Gluon MoE kernels (``swiglu_lab.experiments.moe_gluon_wgrad``,
+"""The lab's warp-specialized Gluon MoE kernels (``swiglu.kernels.moe_gluon_wgrad``,
 ``moe_gluon_up``, ``moe_gluon_dswiglu``, ``moe_gluon_pairs``): each compiled for sm_90 with every
 Triton the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills,
 shared memory within the H200's block); the up projection's tile table (a tl kernel: run here
@@ -34,7 +34,7 @@ def _tiles(expert_start, BM):
 )
 def test_tile_table_lists_every_experts_m_tiles(counts):
     from swiglu.kernels import moe
-    from swiglu_lab.experiments import moe_gluon_up
+    from swiglu.kernels import moe_gluon_up
 
     E, k, BM = len(counts), 1, 16
     idx = torch.cat([torch.full((c,), e) for e, c in enumerate(counts)])
@@ -108,7 +108,8 @@ def test_install_routes_only_what_the_kernel_takes_and_undoes(name, launcher, ta
     function restores the library's launcher."""
     from swiglu.kernels import moe
 
-    lab = importlib.import_module(f"swiglu_lab.experiments.moe_gluon_{name}")
+    package = "swiglu_lab.experiments" if name == "pairs" else "swiglu.kernels"
+    lab = importlib.import_module(f"{package}.moe_gluon_{name}")
     inp = make_moe(0, 24, 128, 128, 4, 2)
     want = run(inp, "triton")
     library = getattr(moe, launcher)

@@ -9,5 +9,5 @@ backward runs for a table entry with ``GluonConfig.plain_store`` or a ``gluon_gr
 imported. ``candidates``: the library's Gluon kernels' candidate configurations that the probes
 measure and the tests compile (a table entry's ``"candidate"`` index points into them).
 ``moe_persistent``: the six MoE kernels as persistent programs walking the tiles
-(lab/probes/moe_persistent.py). ``moe_gluon_wgrad``: the MoE weight gradients as one
-warp-specialized Gluon kernel over all experts (lab/probes/moe_gluon_wgrad.py)."""
+(lab/probes/moe_persistent.py). ``moe_gluon_pairs``: the MoE down projection and grad_x as one
+warp-specialized Gluon kernel over all experts (lab/probes/moe_gluon_pairs.py)."""

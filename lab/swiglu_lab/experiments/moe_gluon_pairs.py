@@ -35,7 +35,7 @@ from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _
 
 # The tile walk (p: any Args with I, MAX_M, table_ptr and GROUP_M; here I is the output's N), the
 # handover buffers and the tile table are the up projection's.
-from .moe_gluon_up import _handover, _layout, _program_tiles, _tile, tile_table
+from swiglu.kernels.moe_gluon_up import _handover, _layout, _program_tiles, _tile, tile_table
 
 
 @dataclass(frozen=True)
