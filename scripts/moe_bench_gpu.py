@@ -32,9 +32,10 @@ environment wins; the metadata records which ran;
 ``eager``, transformers' loop over experts (the eager forward of ``Qwen3MoeExperts``, unwrapped
 from its experts-interface dispatch; ``swiglu.moe.moe_reference``, the same order of operations,
 where that class is missing), only at ``--eager-max-tokens`` tokens or fewer and only when one
-untimed forward + backward took at most ``--eager-max-ms``. ``--lab-moe-gluon wgrad,up,dswiglu,pairs``: ours with the
-lab's warp-specialized Gluon weight gradients, up projection, dSwiGLU GEMM and down projection / grad_x
-(``swiglu_lab.experiments.moe_gluon_<name>``, their ``install``; metadata ``lab_moe_gluon``).
+untimed forward + backward took at most ``--eager-max-ms``. Ours runs the library's Gluon kernels
+where its plan chooses them (metadata ``gluon``: "on" or why not; ``SWIGLU_GLUON=0`` measures the tl
+kernels alone). ``--lab-moe-gluon pairs``: ours with the lab's warp-specialized Gluon down projection /
+grad_x (``swiglu_lab.experiments.moe_gluon_pairs``, its ``install``; metadata ``lab_moe_gluon``).
 
 Modes: ``forward`` (the training forward: autograd records the graph), ``backward`` (gradients of
 x, top_k_weights, gate_up_proj and down_proj from one forward kept outside the timed region,
@@ -83,6 +84,7 @@ from pathlib import Path
 
 import torch
 
+from swiglu.kernels.devices import gluon_unavailable_reason
 from swiglu.moe import moe_float64, moe_reference, swiglu_moe
 from swiglu_lab.bench import power
 from swiglu_lab.bench.environment import (
@@ -655,7 +657,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--lab-moe-gluon",
         default="",
-        help="comma-separated, of: wgrad, up, dswiglu, pairs: ours with the lab's warp-specialized Gluon kernels for those "
+        help="comma-separated, of: pairs: ours with the lab's warp-specialized Gluon kernels for those "
         "GEMMs (swiglu_lab.experiments.moe_gluon_<name>.install())",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -672,9 +674,7 @@ def main(argv=None) -> int:
     tokens = [int(t) for t in parse_list(args.tokens, None, "tokens", parser)]
     routings = parse_list(args.routings, ROUTINGS, "routings", parser)
     names = parse_list(args.impls, IMPLS, "impls", parser)
-    lab_gluon = (
-        parse_list(args.lab_moe_gluon, ("wgrad", "up", "dswiglu", "pairs"), "lab-moe-gluon", parser) if args.lab_moe_gluon else []
-    )
+    lab_gluon = parse_list(args.lab_moe_gluon, ("pairs",), "lab-moe-gluon", parser) if args.lab_moe_gluon else []
     if min(args.reps, args.rounds, args.check_tokens) < 1 or args.warmup < 0:
         parser.error("--reps, --rounds and --check-tokens must be >= 1, --warmup >= 0")
     device = torch.device(args.device)
@@ -715,6 +715,7 @@ def main(argv=None) -> int:
         liger_kernel=dist_version("liger-kernel", "liger_kernel"),
         liger_autotune=os.environ.get("LIGER_FUSED_MOE_AUTOTUNE", "1 (liger's default)") if "liger" in impls else None,
         lab_moe_gluon=lab_gluon,
+        gluon=(gluon_unavailable_reason(device) or "on") if args.ours_impl == "triton" else None,
         python=platform.python_version(),
         ours_impl=args.ours_impl,
         eager_source=eager_forward()[1],

@@ -54,7 +54,7 @@ SLOW_TESTS = (
     "test_table_configs_compile_for_sm90",
     "test_grad_x_candidates_compile_for_sm90",
     "test_dswiglu_candidates_compile_for_sm90",
-    "test_lab_moe_gluon_kernels_compile_for_sm90",
+    "test_moe_gluon_kernels_compile_for_sm90",
     "test_each_tuned_config_on_its_own",
     "test_compiled_autograd_with_torchs_inductor_helper",
     "test_gradcheck_and_gradgradcheck",

@@ -1,6 +1,6 @@
 """The sm_90 compile tests' side of tests/gluon_compile_worker.py: the worker started with each
 triton the Gluon kernels are written for, both at once (CI has two cores), and its report. For
-tests/kernels/test_gluon.py and tests/lab/test_moe_gluon_kernels.py; a test module that calls
+tests/kernels/test_gluon.py and tests/kernels/test_moe_gluon.py; a test module that calls
 ``compile_report`` imports ``_stop_unused_workers`` too (an autouse fixture)."""
 
 from __future__ import annotations

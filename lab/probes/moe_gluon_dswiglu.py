@@ -7,7 +7,7 @@ Why it might be: at Qwen3-30B-A3B, 8192 tokens, the dSwiGLU GEMM runs at 350 TFL
 stores, the routing-weight sums) runs between main loops. The Gluon kernel runs it in its own warps
 under the next tile's MMAs; it reads grad_out from a copy in expert order (``gather_rows``, timed
 with it, and without it as "kernel").
-Answer: not measured yet (compiled for sm_90 without a GPU: tests/lab/test_moe_gluon_kernels.py).
+Answer: not measured yet (compiled for sm_90 without a GPU: tests/kernels/test_moe_gluon.py).
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 an M tile) against the library's kernel, then exits; run it first under a timeout (a fault in the
 barriers hangs). Otherwise: the dSwiGLU GEMM at 8192 tokens per shape (moe_probe.SHAPES), the
@@ -66,7 +66,7 @@ def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=Non
     rows.append((name, "library (tl)", lib_ms, float("nan"), True, 0.0))
     for label, cfg in CONFIGS.items():
         label += f" x{num_programs}" if num_programs else ""
-        launch = lambda cfg=cfg: G.launch_moe_dswiglu_gluon(go, dp, r, k, w, gate, up, *outs, cfg, num_programs)  # noqa: E731
+        launch = lambda cfg=cfg: G.launch_moe_dswiglu_gluon(M.gather_rows(go, r, k), dp, r, w, gate, up, *outs, cfg, num_programs)  # noqa: E731
         same, rel = True, 0.0
         try:
             for _ in range(repeats):

@@ -7,7 +7,7 @@ forward+backward at 443 TFLOP/s (docs/moe.md); its epilogue (SwiGLU, three [BM, 
 between main loops. The Gluon kernel runs it in its own warps under the next tile's MMAs, as the
 dense Gluon dSwiGLU kernel does (1.07-1.15x the tl kernel's speed on its GEMM at T >= 256, docs/kernels.md); it reads x from a copy
 in expert order (``gather_rows``: timed with it, and without it as "kernel").
-Answer: not measured yet (compiled for sm_90 without a GPU: tests/lab/test_moe_gluon_kernels.py).
+Answer: not measured yet (compiled for sm_90 without a GPU: tests/kernels/test_moe_gluon.py).
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 an M tile) against the library's kernel, then exits; run it first under a timeout (a fault in the
 barriers hangs). Otherwise: the up projection at 8192 tokens per shape (moe_probe.SHAPES), the
@@ -51,7 +51,7 @@ def check(name, x, gu, r, k, outs, tile, time_it, num_programs=None, repeats=1):
     rows.append((name, "library (tl)", lib_ms, float("nan"), True))
     for label, cfg in CONFIGS.items():
         label += f" x{num_programs}" if num_programs else ""
-        launch = lambda cfg=cfg: G.launch_moe_up_gluon(x, gu, r, k, *outs, cfg, num_programs)  # noqa: E731
+        launch = lambda cfg=cfg: G.launch_moe_up_gluon(M.gather_rows(x, r, k), gu, r, *outs, cfg, num_programs)  # noqa: E731
         same = True
         try:
             for _ in range(repeats):

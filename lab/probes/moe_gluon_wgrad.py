@@ -6,7 +6,7 @@ Why it might be: at Qwen3-30B-A3B, 8192 tokens, the two weight gradients take 1.
 forward+backward at ~440 TFLOP/s (docs/moe.md); each tile's K is only an expert's ~512 rows, so
 its store is a large part of its time, and the Gluon kernel's storer warp overlaps it with the
 next tiles' MMAs (the dense backward's choice at K <= 2048).
-Answer: not measured yet (compiled for sm_90 without a GPU: tests/lab/test_moe_gluon_kernels.py).
+Answer: not measured yet (compiled for sm_90 without a GPU: tests/kernels/test_moe_gluon.py).
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 a K box) against the library's kernel and float64, then exits; run it first under a timeout (a
 fault in the barriers hangs). Otherwise: each weight gradient at 8192 tokens per shape

@@ -26,6 +26,8 @@ pytestmark = pytest.mark.gpu
 SHAPES = {
     "qwen3_30b_a3b_T8192": (8192, 2048, 768, 128, 8),
     "mixtral_like_small": (1000, 1024, 1792, 8, 2),
+    # hidden_size 4096: the plan's Gluon dSwiGLU and weight gradients run too (sm_90)
+    "qwen3_235b_a22b_T2048": (2048, 4096, 1536, 128, 8),
 }
 
 
@@ -90,7 +92,7 @@ def test_cuda_graph_replay_is_bitwise_eager():
     """Forward + backward captured in one CUDA graph (no host synchronization on the path),
     replayed on new routing and activations copied into the static inputs: bitwise the eager
     results of the same inputs."""
-    T, H, I, E, k = 512, 1024, 512, 16, 4
+    T, H, I, E, k = 512, 4096, 512, 16, 4  # every Gluon kernel of the plan on sm_90
     seed = fresh_seed()
     first, second = (make_moe(seed + i, T, H, I, E, k, kind=kind, device="cuda") for i, kind in enumerate(("balanced", "skewed")))
     static = [t.detach().clone() for t in first.flat()]
@@ -142,7 +144,7 @@ def test_launches_from_a_thread_without_a_cuda_context():
     first TMA descriptor is filled): first launches (Triton's path, launches cleared) and cached
     launches on new addresses both work there, bitwise the main thread's results; MoE and dense."""
     seed = fresh_seed()
-    inp = make_moe(seed, 512, 1024, 512, 16, 4, kind="balanced", device="cuda")
+    inp = make_moe(seed, 512, 4096, 512, 16, 4, kind="balanced", device="cuda")  # Gluon's allocator too
     want = run(inp, "triton")
     x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
     ws = [torch.randn(*s, device="cuda", dtype=torch.bfloat16) / 32 for s in ((512, 1024), (512, 1024), (1024, 512))]
@@ -164,3 +166,27 @@ def test_launches_from_a_thread_without_a_cuda_context():
             assert torch.equal(a, b), f"seed={seed}: {name} (launches cleared: {cleared})"
         for a, b in zip(dense_got, dense_want):
             assert torch.equal(a, b), f"dense (launches cleared: {cleared})"
+
+
+@pytest.mark.parametrize("kind", ["balanced", "skewed"])
+def test_gluon_kernels_match_the_tl_kernels(monkeypatch, kind):
+    """Where the plan runs the Gluon up projection, dSwiGLU and weight gradients (sm_90, hidden_size
+    4096): the output and every gradient bitwise the tl kernels' (``SWIGLU_GLUON=0``) but the
+    routing-weight gradient, whose partial sums add in another order (fp32: within 1e-5)."""
+    from swiglu.kernels.devices import gluon_unavailable_reason
+
+    if (why := gluon_unavailable_reason(torch.device("cuda"))) is not None:
+        pytest.skip(why)
+    T, H, I, E, k = 1000, 4096, 1536, 32, 4
+    plan = kmoe.moe_plan(T * k, E, H, I, True)
+    assert plan.up.GLUON and plan.dswiglu.GLUON and plan.wgrad_gu.GLUON and plan.wgrad_dp.GLUON
+    seed = fresh_seed()
+    inp = make_moe(seed, T, H, I, E, k, kind=kind, device="cuda")
+    got = run(inp, "triton")
+    monkeypatch.setenv("SWIGLU_GLUON", "0")
+    want = run(inp, "triton")
+    for name, a, b in zip(NAMES, got, want):
+        if name == "grad_top_k_weights":
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"seed={seed}: {name}")
+        else:
+            assert torch.equal(a, b), f"seed={seed}: {name} differs between the Gluon and tl kernels"

@@ -16,7 +16,7 @@ epilogue warps reading [EPI_M, 64] pieces of it (``moe_gluon_up``'s piece view),
 id and routing weight, and storing rows to y[pair] with masks (rows past the expert's end belong to
 the next expert's tile). The tiles come from ``moe_gluon_up.tile_table``. Requires K % BK == 0
 without B_TRANS (a B box stays in its expert's rows) and N % BN == 0: every model shape.
-Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_kernels.py); not yet run on one:
+Compiled for sm_90 without a GPU (tests/kernels/test_moe_gluon.py); not yet run on one:
 ``lab/probes/moe_gluon_pairs.py`` checks it bitwise against the library's kernel and times both.
 """
 

@@ -5,11 +5,10 @@ The S = T * k routed pairs (token t, its j-th expert e) are sorted by expert onc
 the backward reuses it). Every kernel is a grouped GEMM over that order: an M tile is BM
 consecutive sorted pairs of one expert (each program finds its tile from ``expert_start``: no
 tile tables); the forward GEMMs and dSwiGLU gather x and grad_out rows in their own loads, the
-weight gradients read transient [S, H] copies in expert order (``moe_gather_kernel``). Pairs whose expert id is outside [0, E) sort last and belong to no tile. Launches take
-``launch.launch``'s cached path (a forward's host time: a few allocations, five launches).
+weight gradients read transient [S, H] copies in expert order (``moe_gather_kernel``). Pairs
+whose expert id is outside [0, E) sort last and belong to no tile. ``launch.launch``'s cached path.
 
-- ``moe_up_kernel``: gate|up = x[tok] @ gate_up_proj[e].T, SwiGLU in the epilogue (h, and gate,
-  up kept for the backward, [S, I] each).
+- ``moe_up_kernel``: gate|up = x[tok] @ gate_up_proj[e].T, SwiGLU in the epilogue (h, gate, up [S, I]).
 - ``moe_down_kernel``: y[pair] = h @ down_proj[e].T * w (the backward's grad_x pieces with B not
   transposed), rows in token-major order; ``moe_combine_kernel`` sums each token's k rows in
   fp32 in a fixed order: no atomics, bitwise reproducible; in the backward it also sums each pair's
@@ -20,7 +19,9 @@ weight gradients read transient [S, H] copies in expert order (``moe_gather_kern
   the expert's sorted rows; an expert with no pairs writes zeros.
 
 Gathered rows are pointer loads; expert weights and sorted rows take TMA where the plan and the memory allow (``Tile.TMA_A``, ``TMA_B``; bitwise the same). Interpreter:
-fp32 tiles (``tl_kernels._dot``). Expert offsets are int64 (E * 2I * H passes 2**31). docs/moe.md.
+fp32 tiles (``tl_kernels._dot``). Expert offsets are int64 (E * 2I * H passes 2**31). On sm_90,
+where the plan says so (``Tile.GLUON``), the up, dSwiGLU and weight-gradient GEMMs run warp-specialized
+Gluon kernels (``moe_gluon_*``: the same bits but the routing-weight partial sums'). docs/moe.md.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .devices import INTERPRET, cdiv
+from .devices import INTERPRET, cdiv, gluon_unavailable_reason
 from .launch import launch
 from .tma import Tma
 from .tl_kernels import _activated_gate, _bf16, _dot, _f32, _pdl_start, _tile_mn
@@ -641,6 +642,7 @@ class Tile:
     TMA_A: bool = True  # down projections (forward and grad_x): the sorted-row operand through TMA
     TMA_B: bool = True  # grouped kernels: the expert weights through TMA where the memory allows it
     GROUP_M: int = 1  # tile order: M fastest in bands of this many M tiles (1: N fastest; ``_tile_mn``)
+    GLUON: bool = False  # the up, dSwiGLU and weight-gradient GEMMs: the Gluon kernel where it takes the operands
 
 
 @dataclass(frozen=True)
@@ -658,8 +660,9 @@ class MoEPlan:
 
 
 @lru_cache(maxsize=256)
-def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
-    """The tiles for S routed pairs over E experts of these sizes. Chosen by the sweeps in
+def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
+    """The tiles for S routed pairs over E experts of these sizes; ``gluon``: the Gluon kernels run
+    on the device (``devices.gluon_unavailable_reason`` is None). Chosen by the sweeps in
     data/tuning/moe_tiles_sweep_20261204.log (H200, 8192 tokens). Qwen3-30B-A3B and Qwen3-235B-A22B:
     the dSwiGLU GEMM (epilogue-heavy) with 64-pair M tiles, 128 columns and its epilogue in two
     pieces (no register spills), grad_x and the wide down projection with BN 256, grad_x with
@@ -669,8 +672,12 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
     operands): 128 x 128 tiles at all three shapes (data/tuning/moe_wgrad_tma_20261204.log). Tile
     order (data/tuning/moe_group_m_20261204.log): at Mixtral's intermediate_size, bands of 8 M
     tiles (16 for grad_down_proj) took the up and dSwiGLU GEMMs from 8.8 and 4.9 ms to 7.3 and 4.1;
-    the other shapes within noise with N tiles fastest. Under the interpreter: blocks no larger
-    than the sizes (powers of two, >= 16), one stage."""
+    the other shapes within noise with N tiles fastest. The Gluon kernels (each bitwise the tl
+    kernel's, lab/probes/moe_gluon_run.py on an H200, data/tuning/moe_gluon_20261205.log): the up
+    projection everywhere (1.08-1.21x the tl kernel's time with its x copy); dSwiGLU and the weight
+    gradients at hidden_size >= 4096 (1.07-1.24x; at Qwen3-30B-A3B's 2048 the grad_out copy costs
+    more than the kernel saves and the weight gradients tie or lose). Under the interpreter:
+    blocks no larger than the sizes (powers of two, >= 16), one stage."""
     if INTERPRET:
         p = lambda n, cap: max(16, min(cap, _pow2(n)))  # noqa: E731
         bm = p(max(1, S // max(E, 1)), 32)
@@ -680,14 +687,33 @@ def moe_plan(S: int, E: int, H: int, I: int) -> MoEPlan:
     bm = 64 if S < 128 * E else 128
     large = I >= 8192
     g = 8 if large else 1  # bands of M tiles where B's N tiles of one expert overflow the L2
+    wide = gluon and H >= 4096
     return MoEPlan(
-        up=Tile(128, 64, 8, 4 if large else 3, bm, GROUP_M=g),
+        up=Tile(128, 64, 8, 4 if large else 3, bm, GROUP_M=g, GLUON=gluon),
         down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm, GROUP_M=g),
-        dswiglu=Tile(128, 64, 8, 4 if large or I <= 1024 else 3, bm if large else 64, EPI_SPLIT=2, GROUP_M=g),
+        dswiglu=Tile(128, 64, 8, 4 if large or I <= 1024 else 3, bm if large else 64, EPI_SPLIT=2, GROUP_M=g, GLUON=wide),
         grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False, GROUP_M=g),
-        wgrad_gu=Tile(128, 64, 8, 3, 128),
-        wgrad_dp=Tile(128, 64, 8, 3, 128, GROUP_M=2 * g),
+        wgrad_gu=Tile(128, 64, 8, 3, 128, GLUON=wide),
+        wgrad_dp=Tile(128, 64, 8, 3, 128, GROUP_M=2 * g, GLUON=wide),
     )
+
+
+_GLUON: list = []
+
+
+def _gluon():
+    """The Gluon MoE launcher modules, imported on first use (only where the plan chose them)."""
+    if not _GLUON:
+        from types import SimpleNamespace
+
+        from . import moe_gluon_dswiglu, moe_gluon_up, moe_gluon_wgrad
+
+        _GLUON.append(SimpleNamespace(up=moe_gluon_up, dswiglu=moe_gluon_dswiglu, wgrad=moe_gluon_wgrad))
+    return _GLUON[0]
+
+
+def _gluon_here(device: torch.device) -> bool:
+    return gluon_unavailable_reason(device) is None
 
 
 def _route_blocks(S: int, E: int) -> tuple[int, int, int]:
@@ -787,6 +813,8 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
 
 def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
+    if tile.GLUON and (g := _gluon().up).supports(x, gate_up_proj):
+        return g.launch_moe_up_gluon(gather_rows(x, r, k), gate_up_proj, r, gate, up, h, g.config(tile.GROUP_M))
     H, I = x.shape[1], gate.shape[1]
     w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
     _grouped(
@@ -853,6 +881,10 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
     """dgu [S, 2I] (None: d_gate and d_up written over gate and up), hw [S, I] and the
     routing-weight partial sums part [S, cdiv(I, BN)] (by pair id; rows of pairs outside every
     tile are not written)."""
+    if tile.GLUON and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
+        return g.launch_moe_dswiglu_gluon(
+            gather_rows(grad_out, r, k), down_proj, r, weights, gate, up, dgu, hw, part, g.config(tile.GROUP_M)
+        )
     H, I = grad_out.shape[1], gate.shape[1]
     w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
     _grouped(
@@ -885,6 +917,8 @@ def launch_wgrad(c, a, b, r: Routing, tile: Tile):
     """c[e] = a_e^T @ b_e over each expert's sorted rows of a [S, M] and b [S, N] (contiguous;
     ``moe_wgrad_kernel``); each operand takes TMA where ``tile.TMA_A`` / ``TMA_B`` and its memory
     allow."""
+    if tile.GLUON and (g := _gluon().wgrad).supports(c, a, b):
+        return g.launch_moe_wgrad_gluon(c, a, b, r.expert_start)
     E, M, N = c.shape
     num_m, num_n = cdiv(M, tile.BM), cdiv(N, tile.BN)
     a_desc = _tma(a, [tile.BK, tile.BM], tile.TMA_A)
@@ -989,7 +1023,7 @@ def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: Mo
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
     S = T * k
-    plan = plan or moe_plan(S, E, H, I)
+    plan = plan or moe_plan(S, E, H, I, _gluon_here(x.device))
     r = Routing(top_k_index, E)
     gate = torch.empty(S, I, dtype=x.dtype, device=x.device)
     up = torch.empty_like(gate)
@@ -1027,7 +1061,7 @@ def moe_backward(
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
     S = T * k
     dev = x.device
-    plan = plan or moe_plan(S, E, H, I)
+    plan = plan or moe_plan(S, E, H, I, _gluon_here(dev))
     r = routing or Routing(top_k_index, E)
     # d_gate, d_up: in a [S, 2I] buffer, or (reuse) over gate and up.
     dgu = None if reuse else torch.empty(S, 2 * I, dtype=x.dtype, device=dev)

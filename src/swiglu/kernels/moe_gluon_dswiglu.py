@@ -16,12 +16,14 @@ tiles come from ``moe_gluon_up.tile_table``. d_gate, d_up and h * w are the tl k
 formulas op for op, fp32 sums over K in the same wgmma order); the partial sums add a row's BN
 products in another order than ``tl.sum`` (fp32, not bitwise). Requires I % BN == 0 and
 H % BK == 0 (a B box stays in its expert's rows): every model shape.
-Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_kernels.py); not yet run on one:
-``lab/probes/moe_gluon_dswiglu.py`` checks it against the library's kernel and times both.
+On an H200 (lab/probes/moe_gluon_dswiglu.py): d_gate, d_up, h * w bitwise the tl kernel's, the
+partial sums within 2e-7; 1.07-1.21x its time at hidden_size >= 4096 with the grad_out copy,
+slower at Qwen3-30B-A3B (data/tuning/moe_gluon_20261205.log).
 """
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from triton.experimental import gluon
@@ -29,9 +31,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
-from swiglu.kernels.devices import gluon_unavailable_reason
-from swiglu.kernels.gluon_dswiglu import _sigmoid
-from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _mma_tile, _ring_barriers
+from .gluon_dswiglu import _sigmoid
+from .devices import device_sms
+from .gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _mma_tile, _ring_barriers
 
 # The tile walk (p: any Args with I, MAX_M, table_ptr and GROUP_M) and the tile table are the up projection's.
 from .moe_gluon_up import _layout, _program_tiles, _tile, tile_table
@@ -59,6 +61,12 @@ class DswigluConfig:
 
 
 CONFIG = DswigluConfig()
+
+
+@lru_cache(maxsize=None)
+def config(group_m: int) -> DswigluConfig:
+    """``CONFIG`` in the plan's tile order (``Tile.GROUP_M``)."""
+    return dataclasses.replace(CONFIG, GROUP_M=group_m)
 
 
 @aggregate
@@ -248,14 +256,13 @@ def moe_dswiglu_gluon_kernel(
 
 
 def supports(grad_out, down_proj, dgu, part, cfg: DswigluConfig = CONFIG) -> bool:
-    """Whether ``launch_moe_dswiglu_gluon`` takes these operands: bf16 tensors on a device the
-    Gluon kernels run on, contiguous expert weights, a [S, 2I] d_gate | d_up buffer (not
+    """Whether ``launch_moe_dswiglu_gluon`` takes these operands: bf16 CUDA tensors (the caller
+    checks that Gluon runs on the device), contiguous expert weights, a [S, 2I] d_gate | d_up buffer (not
     ``reuse_saved_buffers``), I % BN == 0, H > 0, H % BK == 0 and the partial sums [S, I / BN]."""
     E, H, I = down_proj.shape
     return (
         dgu is not None
         and grad_out.is_cuda
-        and gluon_unavailable_reason(grad_out.device) is None
         and grad_out.dtype == down_proj.dtype == torch.bfloat16
         and down_proj.is_contiguous()
         and down_proj.data_ptr() % 16 == 0
@@ -266,51 +273,23 @@ def supports(grad_out, down_proj, dgu, part, cfg: DswigluConfig = CONFIG) -> boo
     )
 
 
-def launch_moe_dswiglu_gluon(grad_out, down_proj, r, k: int, weights, gate, up, dgu, hw, part, cfg: DswigluConfig = CONFIG,
+def launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg: DswigluConfig = CONFIG,
                              num_programs: int | None = None):  # fmt: skip
     """``swiglu.kernels.moe.launch_dswiglu``'s contract (without ``reuse_saved_buffers``) through
-    this kernel: grad_out's rows copied to expert order (``gather_rows``), the tile table, then
-    the kernel on ``num_programs`` persistent programs (default one per SM). Check ``supports``
-    first. ``weights``: top_k_weights [T, k] contiguous, any float dtype."""
+    this kernel, from gos [S, H], grad_out's rows in expert order (``gather_rows``): the tile table,
+    then the kernel on ``num_programs`` persistent programs (default one per SM). Check
+    ``supports`` first. ``weights``: top_k_weights [T, k] contiguous, any float dtype."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from swiglu.kernels.moe import gather_rows
 
     E, H, I = down_proj.shape
     if r.order.numel() == 0:
         return
-    gos = gather_rows(grad_out, r, k)
     table = tile_table(r, cfg.BM)
     gos_desc = TensorDescriptor.from_tensor(gos, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
     dp_desc = TensorDescriptor.from_tensor(down_proj.view(E * H, I), [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
-    num_programs = num_programs or torch.cuda.get_device_properties(grad_out.device).multi_processor_count
+    num_programs = num_programs or device_sms(gos.device)
     moe_dswiglu_gluon_kernel[(num_programs,)](
         gos_desc, dp_desc, table, r.order, weights, gate, up, dgu, hw, part, E, H, I, table.shape[1],
         cfg.GROUP_M, cfg.STAGES, cfg.EPI_M, cfg.epi_warps, cfg.load_regs, cfg.epi_regs,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
-
-
-def install(cfg: DswigluConfig = CONFIG):
-    """Sends the library's MoE dSwiGLU GEMM (``swiglu.kernels.moe.launch_dswiglu``, what the
-    backward calls) to this kernel wherever ``supports`` holds, the library's kernel elsewhere,
-    for the rest of the process, in the library plan's tile order (its ``Tile.GROUP_M``). For
-    measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon dswiglu``), not for training jobs.
-    Returns a function that undoes it."""
-    from swiglu.kernels import moe
-
-    library = moe.launch_dswiglu
-
-    def launch_dswiglu(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile):
-        if supports(grad_out, down_proj, dgu, part, cfg):
-            c = dataclasses.replace(cfg, GROUP_M=tile.GROUP_M)
-            launch_moe_dswiglu_gluon(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, c)
-        else:
-            library(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile)
-
-    moe.launch_dswiglu = launch_dswiglu
-
-    def undo():
-        moe.launch_dswiglu = library
-
-    return undo

@@ -15,8 +15,8 @@ the next expert's, never written). The tiles (expert, first row, end) come from 
 ``moe_tile_table_kernel`` on the device (no host synchronization); a tile past the experts' last
 is idle in every partition. A rows past an expert's end feed only rows that are not stored.
 Requires I % BN == 0 (a B box stays in its half) and H % 8 == 0 (TMA strides): every model shape.
-Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_kernels.py); not yet run on one:
-``lab/probes/moe_gluon_up.py`` checks it bitwise against the library's kernel and times both.
+Bitwise the tl kernel's on an H200 (lab/probes/moe_gluon_up.py); 1.08-1.21x its time at the
+four model shapes, 8192 tokens, the x copy included (data/tuning/moe_gluon_20261205.log).
 """
 
 import dataclasses
@@ -31,10 +31,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
-from swiglu.kernels.devices import gluon_unavailable_reason
-from swiglu.kernels.gluon_dswiglu import _epi_layout, _sigmoid
-from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _ring_barriers
-from swiglu.kernels.tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
+from .gluon_dswiglu import _epi_layout, _sigmoid
+from .devices import device_sms
+from .gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _ring_barriers
+from .tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,12 @@ class UpConfig:
 
 
 CONFIG = UpConfig()
+
+
+@lru_cache(maxsize=None)
+def config(group_m: int) -> UpConfig:
+    """``CONFIG`` in the plan's tile order (``Tile.GROUP_M``: bands of M tiles at Mixtral's sizes)."""
+    return dataclasses.replace(CONFIG, GROUP_M=group_m)
 
 
 # ----------------------------------------------------------------------------- the tile table
@@ -308,13 +314,12 @@ def _layout(block: tuple[int, int]):
 
 
 def supports(x: torch.Tensor, gate_up_proj: torch.Tensor, cfg: UpConfig = CONFIG) -> bool:
-    """Whether ``launch_moe_up_gluon`` takes these operands: bf16 tensors on a device the Gluon
-    kernels run on (``devices.gluon_unavailable_reason``), contiguous expert weights, I % BN == 0,
-    H > 0 and H % 8 == 0."""
+    """Whether ``launch_moe_up_gluon`` takes these operands: bf16 CUDA tensors (the caller checks that
+    Gluon runs on the device: ``devices.gluon_unavailable_reason``), contiguous expert weights,
+    I % BN == 0, H > 0 and H % 8 == 0."""
     E, I2, H = gate_up_proj.shape
     return (
         x.is_cuda
-        and gluon_unavailable_reason(x.device) is None
         and x.dtype == gate_up_proj.dtype == torch.bfloat16
         and gate_up_proj.is_contiguous()
         and gate_up_proj.data_ptr() % 16 == 0
@@ -335,51 +340,23 @@ def tile_table(r, BM: int) -> torch.Tensor:
     return table
 
 
-def launch_moe_up_gluon(x, gate_up_proj, r, k: int, gate, up, h, cfg: UpConfig = CONFIG, num_programs: int | None = None):
+def launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, cfg: UpConfig = CONFIG, num_programs: int | None = None):
     """``swiglu.kernels.moe.launch_up``'s contract (gate, up, h [S, I] of the routing ``r``'s
-    sorted pairs, k experts per token) through this kernel: x's rows copied to expert order
-    (``gather_rows``), the tile table, then the kernel on ``num_programs`` persistent programs
-    (default one per SM). Check ``supports`` first."""
+    sorted pairs) through this kernel, from xs [S, H], x's rows in expert order (``gather_rows``):
+    the tile table, then the kernel on ``num_programs`` persistent programs (default one per SM).
+    Check ``supports`` first."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from swiglu.kernels.moe import gather_rows
 
     E, I2, H = gate_up_proj.shape
     I = I2 // 2
-    S = r.order.numel()
-    if S == 0:
+    if r.order.numel() == 0:
         return
-    xs = gather_rows(x, r, k)
     table = tile_table(r, cfg.BM)
     xs_desc = TensorDescriptor.from_tensor(xs, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
     w_desc = TensorDescriptor.from_tensor(gate_up_proj.view(E * I2, H), [cfg.BN, cfg.BK], _layout((cfg.BN, cfg.BK)))
-    num_programs = num_programs or torch.cuda.get_device_properties(x.device).multi_processor_count
+    num_programs = num_programs or device_sms(xs.device)
     moe_up_gluon_kernel[(num_programs,)](
         xs_desc, w_desc, table, gate, up, h, E, I, table.shape[1],
         cfg.GROUP_M, cfg.STAGES, cfg.EPI_M, cfg.epi_warps, cfg.load_regs, cfg.epi_regs,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
-
-
-def install(cfg: UpConfig = CONFIG):
-    """Sends the library's MoE up projection (``swiglu.kernels.moe.launch_up``, what the forward
-    calls) to this kernel wherever ``supports`` holds, the library's kernel elsewhere, for the
-    rest of the process, in the library plan's tile order (its ``Tile.GROUP_M``: bands of M tiles
-    at Mixtral's sizes). For measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon up``), not
-    for training jobs. Returns a function that undoes it."""
-    from swiglu.kernels import moe
-
-    library = moe.launch_up
-
-    def launch_up(x, gate_up_proj, r, k, gate, up, h, tile):
-        if supports(x, gate_up_proj, cfg):
-            launch_moe_up_gluon(x, gate_up_proj, r, k, gate, up, h, dataclasses.replace(cfg, GROUP_M=tile.GROUP_M))
-        else:
-            library(x, gate_up_proj, r, k, gate, up, h, tile)
-
-    moe.launch_up = launch_up
-
-    def undo():
-        moe.launch_up = library
-
-    return undo

@@ -14,21 +14,22 @@ expert, so the last K box is zero-filled past the expert's end instead of readin
 expert's rows; runs alternate between two descriptor slots, and a slot is rewritten only once the
 loads that read it have landed (TMA reads a descriptor asynchronously). An expert with no rows
 writes zeros. M % BM == 0 (the output's TMA boxes never cross experts): true at every model shape.
-Compiled for sm_90 without a GPU (tests/lab/test_moe_gluon_kernels.py); not yet run on one:
-``lab/probes/moe_gluon_wgrad.py`` checks it bitwise against the library's kernel and times both.
+Bitwise the tl kernel's on an H200 (lab/probes/moe_gluon_wgrad.py); 1.07-1.24x its time at
+hidden_size >= 4096, a tie or slower at 2048 (data/tuning/moe_gluon_20261205.log).
 """
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
-from swiglu.kernels.devices import gluon_unavailable_reason
-from swiglu.kernels.configs import GluonConfig
-from swiglu.kernels.gluon_wgrad import _epilogue_store, _fill_stage, _layout, _mma_layout, _mma_tile, _ring_barriers
-from swiglu.kernels.tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
+from .configs import GluonConfig
+from .devices import device_sms
+from .gluon_wgrad import _epilogue_store, _fill_stage, _layout, _mma_layout, _mma_tile, _ring_barriers
+from .tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
 
 #: The default tile: the dense table's cooperative 128 x 128 entry at small K (GROUP_M within an expert).
 CONFIG = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, GROUP_M=8, num_warps=8)
@@ -239,74 +240,39 @@ def moe_wgrad_gluon_kernel(
 
 
 def launch_moe_wgrad_gluon(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, expert_start: torch.Tensor, cfg: GluonConfig = CONFIG, num_programs: int | None = None) -> None:  # fmt: skip
-    """c [E, M, N] = each expert's a_e^T @ b_e (module docstring): a [S, M], b [S, N] contiguous
-    bf16 CUDA tensors, expert_start [E + 1] int32 on the same device; ``num_programs`` persistent
-    programs (default: one per SM). Device-side descriptors take scratch memory from the allocator
-    ``triton.set_allocator`` installs (the caller's, e.g. torch.empty on the device)."""
-    E, M, N = c.shape
-    if expert_start.dtype != torch.int32 or expert_start.shape != (E + 1,) or a.shape[0] != b.shape[0]:
-        raise ValueError(
-            f"moe_wgrad_gluon needs int32 expert_start [E + 1] and a, b with the same rows, got {expert_start.dtype} "
-            f"{tuple(expert_start.shape)}, {a.shape[0]} and {b.shape[0]} rows"
-        )
-    if any(t.data_ptr() % 16 for t in (a, b, c)):
-        raise ValueError("moe_wgrad_gluon needs a, b and c 16-byte aligned (TMA)")
-    if M % cfg.BM:
-        raise ValueError(f"moe_wgrad_gluon needs M % BM == 0 (an output box inside one expert), got M={M}, BM={cfg.BM}")
-    if M % 8 or N % 8 or not (a.is_contiguous() and b.is_contiguous() and c.is_contiguous()):
-        # Each expert's descriptor starts at row expert_start[e]: 16-byte aligned only with rows of 8k bf16.
-        raise ValueError(f"moe_wgrad_gluon needs contiguous a, b, c with M and N multiples of 8, got M={M}, N={N}")
+    """c [E, M, N] = each expert's a_e^T @ b_e (module docstring): a [S, M], b [S, N] and c as
+    ``supports`` takes them (check it first), expert_start [E + 1] int32 on the same device;
+    ``num_programs`` persistent programs (default: one per SM). The device-side descriptors take
+    their scratch memory from triton's allocator, set here for the calling thread to torch.empty
+    on the device (the autograd engine runs a backward in its own thread)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    E, M, N = c.shape
+    triton.set_allocator(_scratch)
     c_desc = TensorDescriptor.from_tensor(c.view(E * M, N), [cfg.BM, cfg.BN], _layout((cfg.BM, cfg.BN)))
-    num_programs = num_programs or torch.cuda.get_device_properties(c.device).multi_processor_count
+    num_programs = num_programs or device_sms(c.device)
     moe_wgrad_gluon_kernel[(num_programs,)](
         a, b, expert_start, c_desc, E, M, N, a.stride(0), b.stride(0),
         cfg.BK, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig = CONFIG) -> bool:
-    """Whether ``launch_moe_wgrad_gluon`` takes these operands (its checks, as a yes or no), on a
-    device the Gluon kernels run on, with M, N > 0."""
+    """Whether ``launch_moe_wgrad_gluon`` takes these operands: contiguous bf16 CUDA tensors
+    (the caller checks that Gluon runs on the device), 16-byte aligned (TMA), a and b with the same
+    rows, M, N > 0, M % BM == 0 (an output box inside one expert) and M, N multiples of 8 (each
+    expert's descriptor starts at row expert_start[e]: 16-byte aligned only with rows of 8k bf16)."""
     M, N = c.shape[1], c.shape[2]
     return (
         all(t.is_cuda and t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (a, b, c))
-        and gluon_unavailable_reason(c.device) is None
+        and a.shape[0] == b.shape[0]
         and M > 0
         and N > 0
         and M % cfg.BM == 0
         and M % 8 == 0
         and N % 8 == 0
     )
-
-
-def install(cfg: GluonConfig = CONFIG):
-    """Sends the library's MoE weight gradients (``swiglu.kernels.moe.launch_wgrad``, what
-    ``moe_backward`` calls) to this kernel wherever ``supports`` holds, the library's kernel
-    elsewhere, for the rest of the process; its first Gluon launch installs the device-side
-    descriptors' allocator (``triton.set_allocator``: torch.empty on the current CUDA device). For
-    measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon wgrad``), not for training jobs.
-    Returns a function that undoes it (an installed allocator stays)."""
-    import triton
-
-    from swiglu.kernels import moe
-
-    library = moe.launch_wgrad
-    allocator = []
-
-    def launch_wgrad(c, a, b, r, tile):
-        if supports(c, a, b, cfg):
-            if not allocator:
-                triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-                allocator.append(True)
-            launch_moe_wgrad_gluon(c, a, b, r.expert_start, cfg)
-        else:
-            library(c, a, b, r, tile)
-
-    moe.launch_wgrad = launch_wgrad
-
-    def undo():
-        moe.launch_wgrad = library
-
-    return undo

@@ -1,13 +1,12 @@
-"""The lab's warp-specialized Gluon MoE kernels (``swiglu.kernels.moe_gluon_wgrad``,
-``moe_gluon_up``, ``moe_gluon_dswiglu``, ``moe_gluon_pairs``): each compiled for sm_90 with every
-Triton the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills,
-shared memory within the H200's block); the up projection's tile table (a tl kernel: run here
-under the interpreter) against the grouped GEMM's tiles computed in Python; each ``install`` (the
-MoE bench's ``--lab-moe-gluon``) falling back to the library's kernel where its Gluon kernel does
-not take the operands. A Gluon kernel does not run under the interpreter: its values are checked
-on the GPU (``lab/probes/moe_gluon_run.py``, against the library's kernels)."""
-
-import importlib
+"""The Gluon MoE kernels (``swiglu.kernels.moe_gluon_wgrad``, ``moe_gluon_up``, ``moe_gluon_dswiglu``,
+and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``): each compiled for sm_90 with every Triton
+the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills, shared
+memory within the H200's block); the up projection's tile table (a tl kernel: run here under the
+interpreter) against the grouped GEMM's tiles computed in Python; the plan's choice of them; the
+library's launchers and the lab's ``install`` (the MoE bench's ``--lab-moe-gluon pairs``) falling
+back to the tl kernels where a Gluon kernel does not take the operands. A Gluon kernel does not run
+under the interpreter: its values are checked on the GPU (tests/kernels/test_moe_gpu.py against
+float64 and the tl kernels; ``lab/probes/moe_gluon_run.py`` kernel by kernel)."""
 
 import pytest
 import torch
@@ -81,7 +80,7 @@ def _pairs(r):
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)
-def test_lab_moe_gluon_kernels_compile_for_sm90(tmp_path_factory, which, kind, compiles, check):
+def test_moe_gluon_kernels_compile_for_sm90(tmp_path_factory, which, kind, compiles, check):
     report = compile_report(tmp_path_factory, which, kind)
     assert len(report["results"]) == compiles
     for r in report["results"]:
@@ -92,31 +91,66 @@ def test_lab_moe_gluon_kernels_compile_for_sm90(tmp_path_factory, which, kind, c
         assert r["shared"] <= SM90_SHARED, r
 
 
-@pytest.mark.parametrize(
-    "name, launcher, takes",
-    [
-        ("wgrad", "launch_wgrad", lambda m, x, gu: m.supports(gu, x, x)),
-        ("up", "launch_up", lambda m, x, gu: m.supports(x, gu)),
-        ("dswiglu", "launch_dswiglu", None),
-        ("pairs", "launch_pairs", None),
-    ],
-)
-def test_install_routes_only_what_the_kernel_takes_and_undoes(name, launcher, takes):
-    """``install`` (the bench's ``--lab-moe-gluon <name>``) replaces the library's launcher;
+def test_plan_takes_the_gluon_kernels_where_they_were_measured_faster(monkeypatch):
+    """Gluon where it runs: the up projection at every shape, dSwiGLU and the weight gradients at
+    hidden_size >= 4096 (data/tuning/moe_gluon_20261205.log); never the down projections; none where
+    Gluon does not run (``moe_plan``'s ``gluon`` False, the default)."""
+    from swiglu.kernels import moe
+
+    monkeypatch.setattr(moe, "INTERPRET", False)  # the GPU's plan
+    roles = ("up", "down", "dswiglu", "grad_x", "wgrad_gu", "wgrad_dp")
+    for (H, I, E, k), want in {
+        (2048, 768, 128, 8): {"up"},
+        (4096, 1536, 128, 8): {"up", "dswiglu", "wgrad_gu", "wgrad_dp"},
+        (7168, 2048, 256, 8): {"up", "dswiglu", "wgrad_gu", "wgrad_dp"},
+        (4096, 14336, 8, 2): {"up", "dswiglu", "wgrad_gu", "wgrad_dp"},
+    }.items():
+        plan = moe.moe_plan.__wrapped__(8192 * k, E, H, I, True)
+        assert {r for r in roles if getattr(plan, r).GLUON} == want, (H, I)
+        assert not any(getattr(moe.moe_plan.__wrapped__(8192 * k, E, H, I), r).GLUON for r in roles)
+
+
+def test_library_launchers_with_gluon_tiles_fall_back_bitwise():
+    """A plan whose every tile says Gluon, on operands the Gluon kernels do not take (here: CPU
+    tensors at sizes they would take on a GPU): the tl kernels, the output and every gradient
+    bitwise as with the plan's own tiles."""
+    import dataclasses
+
+    from swiglu.kernels import moe
+
+    inp = make_moe(0, 24, 128, 128, 4, 2)
+    want = run(inp, "triton")
+    plain = moe.moe_plan
+
+    def gluon_everywhere(*args):
+        plan = plain(*args[:4])
+        return moe.MoEPlan(**{f.name: dataclasses.replace(getattr(plan, f.name), GLUON=True) for f in dataclasses.fields(plan)})
+
+    moe.moe_plan = gluon_everywhere
+    try:
+        got = run(inp, "triton")
+    finally:
+        moe.moe_plan = plain
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_lab_pairs_install_routes_only_what_the_kernel_takes_and_undoes():
+    """The lab's ``install`` (the bench's ``--lab-moe-gluon pairs``) replaces the library's launcher;
     operands the Gluon kernel does not take (here: CPU tensors, at sizes it would take on a GPU)
     go to the library's kernel: the output and every gradient bitwise as without it; the returned
     function restores the library's launcher."""
     from swiglu.kernels import moe
 
-    package = "swiglu_lab.experiments" if name == "pairs" else "swiglu.kernels"
-    lab = importlib.import_module(f"{package}.moe_gluon_{name}")
+    from swiglu_lab.experiments import moe_gluon_pairs as lab
+
+    launcher = "launch_pairs"
     inp = make_moe(0, 24, 128, 128, 4, 2)
     want = run(inp, "triton")
     library = getattr(moe, launcher)
     undo = lab.install()
     try:
         assert getattr(moe, launcher) is not library
-        assert takes is None or not takes(lab, inp.x, inp.gate_up_proj)
         got = run(inp, "triton")
     finally:
         undo()
