@@ -6,7 +6,8 @@ Why it might be: at Qwen3-30B-A3B, 8192 tokens, these two GEMMs took 1.18 of the
 sum (~350 TFLOP/s; docs/moe.md): their K is short (I = 768 for the down projection), so each tile's
 epilogue (the routing weight, BM scattered rows of y) is a large part of it. The Gluon kernel runs
 the epilogue in its own warps under the next tile's MMAs.
-Answer: not measured yet (compiled for sm_90 without a GPU: tests/kernels/test_moe_gluon.py).
+Answer: bitwise; slower than the tl kernels at every shape but Qwen3-30B-A3B's grad_x at BN 256
+(0.697 vs 0.740 ms): data/tuning/moe_gluon_20261205.log; it stays in the lab.
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 an M tile), both GEMMs, against the library's kernel, then exits; run it first under a timeout (a
 fault in the barriers hangs). Otherwise: both GEMMs at 8192 tokens per shape (moe_probe.SHAPES),

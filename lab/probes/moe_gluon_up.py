@@ -7,7 +7,8 @@ forward+backward at 443 TFLOP/s (docs/moe.md); its epilogue (SwiGLU, three [BM, 
 between main loops. The Gluon kernel runs it in its own warps under the next tile's MMAs, as the
 dense Gluon dSwiGLU kernel does (1.07-1.15x the tl kernel's speed on its GEMM at T >= 256, docs/kernels.md); it reads x from a copy
 in expert order (``gather_rows``: timed with it, and without it as "kernel").
-Answer: not measured yet (compiled for sm_90 without a GPU: tests/kernels/test_moe_gluon.py).
+Answer: bitwise; faster at all four shapes, the x copy included (1.08-1.21x: 0.829 vs 0.896 ms at
+Qwen3-30B-A3B, 6.00 vs 7.29 at Mixtral with GROUP_M 8): data/tuning/moe_gluon_20261205.log; the plan takes it.
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 an M tile) against the library's kernel, then exits; run it first under a timeout (a fault in the
 barriers hangs). Otherwise: the up projection at 8192 tokens per shape (moe_probe.SHAPES), the
