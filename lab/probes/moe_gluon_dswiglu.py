@@ -30,6 +30,13 @@ from swiglu.kernels import moe_gluon_dswiglu as G
 from swiglu.kernels.moe_gluon_up import _layout, tile_table
 
 CONFIGS = {"gluon g1": G.CONFIG, "gluon g8": dataclasses.replace(G.CONFIG, GROUP_M=8)}
+if "--sweep" in sys.argv:  # more stages and orders (each compiled for sm_90 under triton 3.6 without spills before its run)
+    CONFIGS |= {
+        "gluon s5 g1": dataclasses.replace(G.CONFIG, STAGES=5),
+        "gluon s5 g8": dataclasses.replace(G.CONFIG, STAGES=5, GROUP_M=8),
+        "gluon s3 g1": dataclasses.replace(G.CONFIG, STAGES=3),
+        "gluon g16": dataclasses.replace(G.CONFIG, GROUP_M=16),
+    }
 rows = []
 
 

@@ -27,6 +27,13 @@ from swiglu.kernels import moe as M
 from swiglu.kernels import moe_gluon_up as G
 
 CONFIGS = {"gluon g1": G.CONFIG, "gluon g8": dataclasses.replace(G.CONFIG, GROUP_M=8)}
+if "--sweep" in sys.argv:  # more tiles and orders (each compiled for sm_90 under triton 3.6 without spills before its run)
+    CONFIGS |= {
+        "gluon g4": dataclasses.replace(G.CONFIG, GROUP_M=4),
+        "gluon g16": dataclasses.replace(G.CONFIG, GROUP_M=16),
+        "gluon bk32 s6 g1": dataclasses.replace(G.CONFIG, BK=32, STAGES=6),
+        "gluon bk32 s6 g8": dataclasses.replace(G.CONFIG, BK=32, STAGES=6, GROUP_M=8),
+    }
 rows = []
 
 

@@ -34,6 +34,13 @@ CONFIGS = {
     "gluon s3 nc1 g8": dataclasses.replace(G.CONFIG, STAGES=3, NC=1),
     "gluon s4 nc2 g1": dataclasses.replace(G.CONFIG, GROUP_M=1),
 }
+if "--sweep" in sys.argv:  # more stages and orders (each compiled for sm_90 under triton 3.6 without spills before its run)
+    CONFIGS |= {
+        "gluon s5 nc2 g8": dataclasses.replace(G.CONFIG, STAGES=5),
+        "gluon s6 nc1 g8": dataclasses.replace(G.CONFIG, STAGES=6, NC=1),
+        "gluon s4 nc2 g16": dataclasses.replace(G.CONFIG, GROUP_M=16),
+        "gluon s4 nc2 g4": dataclasses.replace(G.CONFIG, GROUP_M=4),
+    }
 rows = []
 
 
