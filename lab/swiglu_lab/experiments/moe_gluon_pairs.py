@@ -21,7 +21,6 @@ Compiled for sm_90 without a GPU (tests/kernels/test_moe_gluon.py); not yet run 
 """
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 from triton.experimental import gluon
@@ -29,6 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
+from swiglu.kernels.configs import MoEGluonConfig
 from swiglu.kernels.devices import gluon_unavailable_reason
 from swiglu.kernels.gluon_dswiglu import _epi_layout
 from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _ring_barriers
@@ -38,25 +38,9 @@ from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _
 from swiglu.kernels.moe_gluon_up import _handover, _layout, _program_tiles, _tile, tile_table
 
 
-@dataclass(frozen=True)
-class PairsConfig:
-    """Tile and launch parameters: 128 x 128 tiles with 4 stages of 64-deep k-steps (128 KB) and
-    one bf16 handover buffer (32 KB); 8 MMA + 1 loader + 2 epilogue warps in 12 (maxnreg 168)."""
-
-    BM: int = 128
-    BN: int = 128
-    BK: int = 64
-    STAGES: int = 4
-    EPI_M: int = 16
-    GROUP_M: int = 1
-    num_warps: int = 8
-    epi_warps: int = 2
-    maxnreg: int = 168
-    load_regs: int = 24
-    epi_regs: int = 168
-
-
-CONFIG = PairsConfig()
+#: 128 x 128 tiles with 4 stages of 64-deep k-steps (128 KB) and one bf16 handover buffer (32 KB);
+#: 8 MMA + 1 loader + 2 epilogue warps in 12 (maxnreg 168).
+CONFIG = MoEGluonConfig(STAGES=4)
 
 
 @aggregate
@@ -242,7 +226,7 @@ def moe_pairs_gluon_kernel(
 # ----------------------------------------------------------------------------- launcher
 
 
-def supports(a, w, y, transposed: bool, a2=None, cfg: PairsConfig = CONFIG) -> bool:
+def supports(a, w, y, transposed: bool, a2=None, cfg: MoEGluonConfig = CONFIG) -> bool:
     """Whether ``launch_moe_pairs_gluon`` takes these operands: no split A (``a2``), bf16 tensors
     on a device the Gluon kernels run on, contiguous a and w, N % BN == 0, K > 0 and, without
     ``transposed``, K % BK == 0."""
@@ -263,7 +247,7 @@ def supports(a, w, y, transposed: bool, a2=None, cfg: PairsConfig = CONFIG) -> b
     )
 
 
-def launch_moe_pairs_gluon(a, w, r, weights, y, transposed: bool, cfg: PairsConfig = CONFIG, num_programs: int | None = None):
+def launch_moe_pairs_gluon(a, w, r, weights, y, transposed: bool, cfg: MoEGluonConfig = CONFIG, num_programs: int | None = None):
     """``swiglu.kernels.moe.launch_pairs``'s contract without ``a2`` through this kernel: the tile
     table, then the kernel on ``num_programs`` persistent programs (default one per SM). Check
     ``supports`` first. ``weights``: top_k_weights [T, k] contiguous (read only when ``transposed``)."""
@@ -286,7 +270,7 @@ def launch_moe_pairs_gluon(a, w, r, weights, y, transposed: bool, cfg: PairsConf
     )  # fmt: skip
 
 
-def install(cfg: PairsConfig = CONFIG):
+def install(cfg: MoEGluonConfig = CONFIG):
     """Sends the library's down-projection-shaped GEMMs (``swiglu.kernels.moe.launch_pairs``: the
     forward's down projection and grad_x's pieces) to this kernel wherever ``supports`` holds, the
     library's kernel elsewhere (``reuse_saved_buffers``' split A among them), for the rest of the

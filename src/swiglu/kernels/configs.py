@@ -58,6 +58,26 @@ class KernelConfig:
 
 
 @dataclass(frozen=True)
+class MoEGluonConfig:
+    """Tile and launch parameters of the warp-specialized grouped MoE kernels (``moe_gluon_up``,
+    ``moe_gluon_dswiglu``, the lab's pairs kernel): BM x BN tiles (the up projection's BN gate and
+    BN up columns), STAGES k-steps of BK in flight, the epilogue EPI_M rows at a time in epi_warps
+    warps; registers per thread: maxnreg (the MMA warps), load_regs, epi_regs (setmaxnreg)."""
+
+    BM: int = 128
+    BN: int = 128
+    BK: int = 64
+    STAGES: int = 3
+    EPI_M: int = 16
+    GROUP_M: int = 1  # 1: N tiles fastest (the MoE plan's order at I < 8192)
+    num_warps: int = 8
+    epi_warps: int = 2
+    maxnreg: int = 168
+    load_regs: int = 24
+    epi_regs: int = 168
+
+
+@dataclass(frozen=True)
 class GluonConfig:
     """Tile shape and launch parameters of the Gluon weight-gradient kernel (``gluon_wgrad``)."""
 

@@ -26,6 +26,7 @@ Gluon kernels (``moe_gluon_*``: the same bits but the routing-weight partial sum
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -716,6 +717,12 @@ def _gluon_here(device: torch.device) -> bool:
     return gluon_unavailable_reason(device) is None
 
 
+@lru_cache(maxsize=None)
+def _in_order(cfg, tile: Tile):
+    """A Gluon kernel's config in the plan's tile order (``tile.GROUP_M``)."""
+    return dataclasses.replace(cfg, GROUP_M=tile.GROUP_M)
+
+
 def _route_blocks(S: int, E: int) -> tuple[int, int, int]:
     """(CHUNK, SUB, E_PAD) of the counting sort: E_PAD bins (E experts and the out-of-range key;
     the grouped kernels' E_PAD too), at most 256 chunks (each chunk's program reads every chunk's
@@ -814,7 +821,7 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
 def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
     if tile.GLUON and (g := _gluon().up).supports(x, gate_up_proj):
-        return g.launch_moe_up_gluon(gather_rows(x, r, k), gate_up_proj, r, gate, up, h, g.config(tile.GROUP_M))
+        return g.launch_moe_up_gluon(gather_rows(x, r, k), gate_up_proj, r, gate, up, h, _in_order(g.CONFIG, tile))
     H, I = x.shape[1], gate.shape[1]
     w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
     _grouped(
@@ -883,7 +890,7 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
     tile are not written)."""
     if tile.GLUON and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
         return g.launch_moe_dswiglu_gluon(
-            gather_rows(grad_out, r, k), down_proj, r, weights, gate, up, dgu, hw, part, g.config(tile.GROUP_M)
+            gather_rows(grad_out, r, k), down_proj, r, weights, gate, up, dgu, hw, part, _in_order(g.CONFIG, tile)
         )
     H, I = grad_out.shape[1], gate.shape[1]
     w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)

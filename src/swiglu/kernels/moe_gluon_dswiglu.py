@@ -21,10 +21,6 @@ partial sums within 2e-7; 1.07-1.21x its time at hidden_size >= 4096 with the gr
 slower at Qwen3-30B-A3B (data/tuning/moe_gluon_20261205.log).
 """
 
-import dataclasses
-from dataclasses import dataclass
-from functools import lru_cache
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -32,6 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
 from .gluon_dswiglu import _sigmoid
+from .configs import MoEGluonConfig
 from .devices import device_sms
 from .gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _mma_tile, _ring_barriers
 
@@ -39,34 +36,11 @@ from .gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _mma_tile, _rin
 from .moe_gluon_up import _layout, _program_tiles, _tile, tile_table
 
 
-@dataclass(frozen=True)
-class DswigluConfig:
-    """Tile and launch parameters: the dense Gluon dSwiGLU kernel's 128 x 128 x 64 candidate with
-    4 stages (8 MMA + 1 loader + 4 epilogue warps: 16 with the loader's warpgroup, maxnreg 128;
-    the epilogue's 168 by setmaxnreg, which its 8 unrolled row pieces need to compile without
-    spills, the MMA warps' 160 the rest) and one fp32 handover buffer: 4 x 32 KB + 64 KB of
-    shared memory."""
-
-    BM: int = 128
-    BN: int = 128
-    BK: int = 64
-    STAGES: int = 4
-    EPI_M: int = 16
-    GROUP_M: int = 1
-    num_warps: int = 8
-    epi_warps: int = 4
-    maxnreg: int = 128
-    load_regs: int = 24
-    epi_regs: int = 168
-
-
-CONFIG = DswigluConfig()
-
-
-@lru_cache(maxsize=None)
-def config(group_m: int) -> DswigluConfig:
-    """``CONFIG`` in the plan's tile order (``Tile.GROUP_M``)."""
-    return dataclasses.replace(CONFIG, GROUP_M=group_m)
+#: The dense Gluon dSwiGLU kernel's 128 x 128 x 64 candidate with 4 stages (8 MMA + 1 loader + 4
+#: epilogue warps: 16 with the loader's warpgroup, maxnreg 128; the epilogue's 168 by setmaxnreg,
+#: which its 8 unrolled row pieces need to compile without spills, the MMA warps' 160 the rest) and
+#: one fp32 handover buffer: 4 x 32 KB + 64 KB of shared memory.
+CONFIG = MoEGluonConfig(STAGES=4, epi_warps=4, maxnreg=128)
 
 
 @aggregate
@@ -255,7 +229,7 @@ def moe_dswiglu_gluon_kernel(
 # ----------------------------------------------------------------------------- launcher
 
 
-def supports(grad_out, down_proj, dgu, part, cfg: DswigluConfig = CONFIG) -> bool:
+def supports(grad_out, down_proj, dgu, part, cfg: MoEGluonConfig = CONFIG) -> bool:
     """Whether ``launch_moe_dswiglu_gluon`` takes these operands: bf16 CUDA tensors (the caller
     checks that Gluon runs on the device), contiguous expert weights, a [S, 2I] d_gate | d_up buffer (not
     ``reuse_saved_buffers``), I % BN == 0, H > 0, H % BK == 0 and the partial sums [S, I / BN]."""
@@ -273,7 +247,7 @@ def supports(grad_out, down_proj, dgu, part, cfg: DswigluConfig = CONFIG) -> boo
     )
 
 
-def launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg: DswigluConfig = CONFIG,
+def launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg: MoEGluonConfig = CONFIG,
                              num_programs: int | None = None):  # fmt: skip
     """``swiglu.kernels.moe.launch_dswiglu``'s contract (without ``reuse_saved_buffers``) through
     this kernel, from gos [S, H], grad_out's rows in expert order (``gather_rows``): the tile table,

@@ -19,8 +19,6 @@ Bitwise the tl kernel's on an H200 (lab/probes/moe_gluon_up.py); 1.08-1.21x its 
 four model shapes, 8192 tokens, the x copy included (data/tuning/moe_gluon_20261205.log).
 """
 
-import dataclasses
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -32,37 +30,16 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
 from .gluon_dswiglu import _epi_layout, _sigmoid
+from .configs import MoEGluonConfig
 from .devices import device_sms
 from .gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _ring_barriers
 from .tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
 
 
-@dataclass(frozen=True)
-class UpConfig:
-    """Tile and launch parameters: a BM x (2 BN) tile (BN gate and BN up columns) is the dense
-    Gluon dSwiGLU kernel's 128 x 256 (``DswigluGluonConfig``'s registers: 12 warps in all, 168 each;
-    3 stages of 48 KB and the gate + up handover of 64 KB: 208 KB of shared memory)."""
-
-    BM: int = 128
-    BN: int = 128
-    BK: int = 64
-    STAGES: int = 3
-    EPI_M: int = 16
-    GROUP_M: int = 1  # 1: N tiles fastest (the library's plan at I < 8192)
-    num_warps: int = 8
-    epi_warps: int = 2
-    maxnreg: int = 168
-    load_regs: int = 24
-    epi_regs: int = 168
-
-
-CONFIG = UpConfig()
-
-
-@lru_cache(maxsize=None)
-def config(group_m: int) -> UpConfig:
-    """``CONFIG`` in the plan's tile order (``Tile.GROUP_M``: bands of M tiles at Mixtral's sizes)."""
-    return dataclasses.replace(CONFIG, GROUP_M=group_m)
+#: A BM x (2 BN) tile (BN gate and BN up columns) is the dense Gluon dSwiGLU kernel's 128 x 256
+#: (``DswigluGluonConfig``'s registers: 12 warps in all, 168 each); 3 stages of 48 KB and the gate +
+#: up handover of 64 KB: 208 KB of shared memory.
+CONFIG = MoEGluonConfig()
 
 
 # ----------------------------------------------------------------------------- the tile table
@@ -313,7 +290,7 @@ def _layout(block: tuple[int, int]):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
 
 
-def supports(x: torch.Tensor, gate_up_proj: torch.Tensor, cfg: UpConfig = CONFIG) -> bool:
+def supports(x: torch.Tensor, gate_up_proj: torch.Tensor, cfg: MoEGluonConfig = CONFIG) -> bool:
     """Whether ``launch_moe_up_gluon`` takes these operands: bf16 CUDA tensors (the caller checks that
     Gluon runs on the device: ``devices.gluon_unavailable_reason``), contiguous expert weights,
     I % BN == 0, H > 0 and H % 8 == 0."""
@@ -340,7 +317,7 @@ def tile_table(r, BM: int) -> torch.Tensor:
     return table
 
 
-def launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, cfg: UpConfig = CONFIG, num_programs: int | None = None):
+def launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, cfg: MoEGluonConfig = CONFIG, num_programs: int | None = None):
     """``swiglu.kernels.moe.launch_up``'s contract (gate, up, h [S, I] of the routing ``r``'s
     sorted pairs) through this kernel, from xs [S, H], x's rows in expert order (``gather_rows``):
     the tile table, then the kernel on ``num_programs`` persistent programs (default one per SM).
