@@ -264,12 +264,13 @@ def _scratch(size: int, alignment: int, stream):
 def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig = CONFIG) -> bool:
     """Whether ``launch_moe_wgrad_gluon`` takes these operands: contiguous bf16 CUDA tensors
     (the caller checks that Gluon runs on the device), 16-byte aligned (TMA), a and b with the same
-    rows, M, N > 0, M % BM == 0 (an output box inside one expert) and M, N multiples of 8 (each
-    expert's descriptor starts at row expert_start[e]: 16-byte aligned only with rows of 8k bf16)."""
+    rows, at least one (no rows: the tl kernel writes the zeros; not run on a GPU here), M, N > 0,
+    M % BM == 0 (an output box inside one expert) and M, N multiples of 8 (each expert's descriptor
+    starts at row expert_start[e]: 16-byte aligned only with rows of 8k bf16)."""
     M, N = c.shape[1], c.shape[2]
     return (
         all(t.is_cuda and t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (a, b, c))
-        and a.shape[0] == b.shape[0]
+        and a.shape[0] == b.shape[0] > 0
         and M > 0
         and N > 0
         and M % cfg.BM == 0
