@@ -99,15 +99,38 @@ def test_plan_takes_the_gluon_kernels_where_they_were_measured_faster(monkeypatc
 
     monkeypatch.setattr(moe, "INTERPRET", False)  # the GPU's plan
     roles = ("up", "down", "dswiglu", "grad_x", "wgrad_gu", "wgrad_dp")
-    for (H, I, E, k), want in {
-        (2048, 768, 128, 8): {"up"},
-        (4096, 1536, 128, 8): {"up", "dswiglu", "wgrad_gu", "wgrad_dp"},
-        (7168, 2048, 256, 8): {"up", "dswiglu", "wgrad_gu", "wgrad_dp"},
-        (4096, 14336, 8, 2): {"up", "dswiglu", "wgrad_gu", "wgrad_dp"},
+    gluon = {"up", "dswiglu", "wgrad_gu", "wgrad_dp"}
+    # (roles on Gluon, grad_out's copy shared: only where it leaves the backward's peak as it was)
+    for (H, I, E, k), (want, share) in {
+        (2048, 768, 128, 8): ({"up"}, False),
+        (4096, 1536, 128, 8): (gluon, True),
+        (7168, 2048, 256, 8): (gluon, True),
+        (4096, 14336, 8, 2): (gluon, False),
     }.items():
         plan = moe.moe_plan.__wrapped__(8192 * k, E, H, I, True)
         assert {r for r in roles if getattr(plan, r).GLUON} == want, (H, I)
+        assert plan.share_grad_out_copy == share, (H, I)
         assert not any(getattr(moe.moe_plan.__wrapped__(8192 * k, E, H, I), r).GLUON for r in roles)
+
+
+@pytest.mark.parametrize("needs", [(True, True, True, True), (True, True, True, False)], ids=["all", "no_grad_down_proj"])
+def test_shared_grad_out_copy_gives_the_same_bits(needs):
+    """A plan that shares grad_out's expert-order copy between dSwiGLU and grad_down_proj (here the
+    tl kernels: dSwiGLU ignores the copy) gives every gradient bitwise as the plan's own."""
+    import dataclasses
+
+    from swiglu.kernels import moe
+
+    inp = make_moe(0, 24, 128, 128, 4, 2)
+    x, idx, w, gu, dp, go = inp.flat()
+    out, gate, up, r = moe.moe_forward(x, idx, w, gu, dp)
+    plan = moe.moe_plan(24 * 2, 4, 128, 128)
+    assert not plan.share_grad_out_copy
+    want = moe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan, r, needs)
+    shared = dataclasses.replace(plan, share_grad_out_copy=True)
+    got = moe.moe_backward(go, x, idx, w, gu, dp, gate, up, shared, r, needs)
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or torch.equal(a, b)
 
 
 def test_library_launchers_with_gluon_tiles_fall_back_bitwise():
@@ -124,7 +147,8 @@ def test_library_launchers_with_gluon_tiles_fall_back_bitwise():
 
     def gluon_everywhere(*args):
         plan = plain(*args[:4])
-        return moe.MoEPlan(**{f.name: dataclasses.replace(getattr(plan, f.name), GLUON=True) for f in dataclasses.fields(plan)})
+        tiles = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
+        return moe.MoEPlan(**{n: dataclasses.replace(t, GLUON=True) if isinstance(t, moe.Tile) else t for n, t in tiles.items()})
 
     moe.moe_plan = gluon_everywhere
     try:

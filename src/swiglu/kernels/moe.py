@@ -658,6 +658,9 @@ class MoEPlan:
     grad_x: Tile = Tile()
     wgrad_gu: Tile = Tile()
     wgrad_dp: Tile = Tile()
+    # grad_out's rows in expert order copied once, for the Gluon dSwiGLU GEMM and grad_down_proj,
+    # where keeping the copy between them does not raise the backward's peak (``moe_backward``)
+    share_grad_out_copy: bool = False
 
 
 @lru_cache(maxsize=256)
@@ -689,6 +692,10 @@ def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
     large = I >= 8192
     g = 8 if large else 1  # bands of M tiles where B's N tiles of one expert overflow the L2
     wide = gluon and H >= 4096
+    # The copy [S, H] alive from dSwiGLU on adds S*H at grad_gate_up_proj (with d_gate|d_up [S, 2I]
+    # and x's copy); the peak is at grad_down_proj (grad_down_proj [E, H, I] and this copy) anyway
+    # when E*H*I >= S*H + 2*S*I (Qwen3-235B-A22B and DeepSeek-V3 at 8192 tokens, not Mixtral).
+    share = wide and S * H + 2 * S * I <= E * H * I
     return MoEPlan(
         up=Tile(128, 64, 8, 4 if large else 3, bm, GROUP_M=g, GLUON=gluon),
         down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm, GROUP_M=g),
@@ -696,6 +703,7 @@ def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
         grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False, GROUP_M=g),
         wgrad_gu=Tile(128, 64, 8, 3, 128, GLUON=wide),
         wgrad_dp=Tile(128, 64, 8, 3, 128, GROUP_M=2 * g, GLUON=wide),
+        share_grad_out_copy=share,
     )
 
 
@@ -884,14 +892,14 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool, a2=
     )
 
 
-def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile):
+def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile, gos=None):
     """dgu [S, 2I] (None: d_gate and d_up written over gate and up), hw [S, I] and the
     routing-weight partial sums part [S, cdiv(I, BN)] (by pair id; rows of pairs outside every
-    tile are not written)."""
+    tile are not written). ``gos``: grad_out's rows in expert order (``gather_rows``) where the
+    caller has them, for the Gluon kernel (which copies them otherwise)."""
     if tile.GLUON and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
-        return g.launch_moe_dswiglu_gluon(
-            gather_rows(grad_out, r, k), down_proj, r, weights, gate, up, dgu, hw, part, _in_order(g.CONFIG, tile)
-        )
+        gos = gather_rows(grad_out, r, k) if gos is None else gos
+        return g.launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, _in_order(g.CONFIG, tile))
     H, I = grad_out.shape[1], gate.shape[1]
     w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
     _grouped(
@@ -1074,13 +1082,15 @@ def moe_backward(
     dgu = None if reuse else torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
     hw = torch.empty(S, I, dtype=x.dtype, device=dev)
     part = torch.empty(S, cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
+    gos = gather_rows(grad_out, r, k) if plan.share_grad_out_copy and needs[3] and not reuse else None
     if S:  # first, so that the GPU starts while the host allocates the rest
-        launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu)
+        launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu, gos)
     # Each buffer is freed after its last reader, in the order that keeps the fewest alive beside
     # the weight gradients (which are outputs): grad_x's pieces and their sum first (dx_pairs
     # freed), then grad_gate_up_proj (dgu and the x copy freed), then grad_down_proj. The peak is
     # at grad_gate_up_proj (the saved gate/up, dgu, hw, a copy, grad_gate_up_proj) or, with large
-    # weights (Mixtral), at grad_down_proj (gate/up, hw, a copy and both weight gradients).
+    # weights (Mixtral), at grad_down_proj (gate/up, hw, a copy and both weight gradients). With
+    # ``share_grad_out_copy`` grad_out's copy is made before dSwiGLU and freed after grad_down_proj.
     dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
     if S and needs[0]:
         if reuse:
@@ -1108,8 +1118,8 @@ def moe_backward(
     # grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw, likewise.
     grad_dp = torch.empty_like(down_proj) if needs[3] else None
     if needs[3]:
-        launch_wgrad(grad_dp, gather_rows(grad_out, r, k), hw, r, plan.wgrad_dp)
-    del hw
+        launch_wgrad(grad_dp, gather_rows(grad_out, r, k) if gos is None else gos, hw, r, plan.wgrad_dp)
+    del hw, gos
     if grad_w is not None and grad_w.dtype != top_k_weights.dtype:
         grad_w = grad_w.to(top_k_weights.dtype)
     return grad_x, grad_w, grad_gu, grad_dp
