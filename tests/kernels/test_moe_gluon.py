@@ -137,7 +137,6 @@ def test_library_launchers_with_gluon_tiles_fall_back_bitwise():
     """A plan whose every tile says Gluon, on operands the Gluon kernels do not take (here: CPU
     tensors at sizes they would take on a GPU): the tl kernels, the output and every gradient
     bitwise as with the plan's own tiles."""
-    import dataclasses
 
     from swiglu.kernels import moe
 
@@ -146,9 +145,7 @@ def test_library_launchers_with_gluon_tiles_fall_back_bitwise():
     plain = moe.moe_plan
 
     def gluon_everywhere(*args):
-        plan = plain(*args[:4])
-        tiles = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
-        return moe.MoEPlan(**{n: dataclasses.replace(t, GLUON=True) if isinstance(t, moe.Tile) else t for n, t in tiles.items()})
+        return plain(*args[:4]).replace_tiles(GLUON=True)
 
     moe.moe_plan = gluon_everywhere
     try:

@@ -358,9 +358,7 @@ def test_tma_and_pointer_loads_agree(device, sizes):
     inp = make_moe(seed, T, H, I, E, k, kind="skewed", device=device)
     x, idx, w, gu, dp, go = inp.flat()
     plan = kmoe.moe_plan(T * k, E, H, I)
-    ptr = dataclasses.replace(
-        plan, **{f.name: dataclasses.replace(getattr(plan, f.name), TMA_A=False, TMA_B=False) for f in dataclasses.fields(plan)}
-    )
+    ptr = plan.replace_tiles(TMA_A=False, TMA_B=False)
     got = []
     for p in (plan, ptr):
         out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp, plan=p)
@@ -462,7 +460,9 @@ def test_reuse_saved_buffers_gives_the_same_gradients(device, sizes):
     pieces, grad_gate_up_proj in two launches): bitwise the default's output and gradients, with
     every gradient and with x frozen, where I is a multiple of grad_x's K tile. Otherwise grad_x's
     K steps split at I (one loop per piece), so its fp32 sums run in another order: grad_x is held
-    to the float64 bound instead, the rest stays bitwise."""
+    to the float64 bound instead, the rest stays bitwise; under the CPU interpreter also
+    grad_gate_up_proj (its two launches' fp32 tiles may sum in another order in numpy: one element
+    one bf16 ulp apart at seed 1489114501, (13, 64, 96, 4, 2))."""
     seed = fresh_seed()
     inp = make_moe(seed, *sizes, kind="skewed", device=device)
     T, H, I, E, k = sizes
@@ -470,14 +470,15 @@ def test_reuse_saved_buffers_gives_the_same_gradients(device, sizes):
     default = run(inp, "triton")
     reused = run(inp, "triton", reuse_saved_buffers=True)
     for name, a, b in zip(NAMES, default, reused):
-        assert torch.equal(a, b) or (name == "grad_x" and not aligned), f"seed={seed}: {name}"
+        loose = ("grad_x", "grad_gate_up_proj") if device == "cpu" else ("grad_x",)
+        assert torch.equal(a, b) or (name in loose and not aligned), f"seed={seed}: {name}"
     if not aligned:
         assert_matches(reused, run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
     x, idx, w, gu, dp, go = inp.flat()
     leaves = [t.clone().requires_grad_(True) for t in (w, gu, dp)]
     out = swiglu.swiglu_moe(x, idx, *leaves, impl="triton", reuse_saved_buffers=True)
     out.backward(go)
-    for name, g, want in zip(NAMES[2:], (t.grad for t in leaves), default[2:]):
+    for name, g, want in zip(NAMES[2:], (t.grad for t in leaves), reused[2:]):
         assert torch.equal(g.reshape(want.shape), want), f"seed={seed}: {name} with x frozen"
 
 

@@ -27,7 +27,7 @@ Gluon kernels (``moe_gluon_*``: the same bits but the routing-weight partial sum
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 import torch
@@ -661,6 +661,11 @@ class MoEPlan:
     # grad_out's rows in expert order copied once, for the Gluon dSwiGLU GEMM and grad_down_proj,
     # where keeping the copy between them does not raise the backward's peak (``moe_backward``)
     share_grad_out_copy: bool = False
+
+    def replace_tiles(self, **changes) -> MoEPlan:
+        """This plan with ``changes`` (Tile fields) made to every tile."""
+        tiles = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tile)}
+        return replace(self, **{n: replace(t, **changes) for n, t in tiles.items()})
 
 
 @lru_cache(maxsize=256)
