@@ -133,25 +133,17 @@ def test_shared_grad_out_copy_gives_the_same_bits(needs):
         assert (a is None and b is None) or torch.equal(a, b)
 
 
-def test_library_launchers_with_gluon_tiles_fall_back_bitwise():
+def test_library_launchers_with_gluon_tiles_fall_back_bitwise(monkeypatch):
     """A plan whose every tile says Gluon, on operands the Gluon kernels do not take (here: CPU
     tensors at sizes they would take on a GPU): the tl kernels, the output and every gradient
     bitwise as with the plan's own tiles."""
-
     from swiglu.kernels import moe
 
     inp = make_moe(0, 24, 128, 128, 4, 2)
     want = run(inp, "triton")
     plain = moe.moe_plan
-
-    def gluon_everywhere(*args):
-        return plain(*args[:4]).replace_tiles(GLUON=True)
-
-    moe.moe_plan = gluon_everywhere
-    try:
-        got = run(inp, "triton")
-    finally:
-        moe.moe_plan = plain
+    monkeypatch.setattr(moe, "moe_plan", lambda *args: plain(*args[:4]).replace_tiles(GLUON=True))
+    got = run(inp, "triton")
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 
