@@ -19,7 +19,7 @@ dswiglu: the experimental dSwiGLU kernel's candidates (``candidates.DSWIGLU_CAND
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
 moe_wgrad: the library's MoE weight gradient over all experts (``swiglu.kernels.moe_gluon_wgrad``)
-at its config and at three stages with one output buffer.
+at its config and at three stages with one output buffer; the lab's ping-pong one (``swiglu_lab.experiments.moe_gluon_wgrad_pingpong``) at its config and with 32-deep k-steps.
 moe_up: the library's MoE up projection with SwiGLU (``swiglu.kernels.moe_gluon_up``) at its config
 and with N tiles in bands of 8 M tiles (GROUP_M 8).
 moe_dswiglu: the library's MoE dSwiGLU GEMM (``swiglu.kernels.moe_gluon_dswiglu``) at its config,
@@ -54,6 +54,7 @@ from swiglu_lab.experiments import (
     gluon_wgrad_probe,
     gluon_wgrad_resident,
     moe_gluon_pairs,
+    moe_gluon_wgrad_pingpong,
 )
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
@@ -229,20 +230,35 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
 
 
 def compile_moe_wgrad(cfg) -> dict:
-    """``swiglu.kernels.moe_gluon_wgrad``'s kernel at ``cfg`` (pointers 16-byte aligned, M, N
-    and the row strides multiples of 16, as at the model shapes), reported as ``compile_one`` does,
-    with its global scratch (the device-side descriptors) and descriptor fences."""
-    kernel = moe_gluon_wgrad.moe_wgrad_gluon_kernel
-    sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "start_ptr": "*i32", "c_desc": desc([cfg.BM, cfg.BN])}
+    """``swiglu.kernels.moe_gluon_wgrad``'s kernel at ``cfg`` (the lab's ping-pong kernel at a
+    ``pingpong`` one; pointers 16-byte aligned, M, N and the row strides multiples of 16, as at the
+    model shapes), reported as ``compile_one`` does, with its global scratch (the device-side
+    descriptors) and descriptor fences."""
+    if cfg.pingpong:
+        kernel = moe_gluon_wgrad_pingpong.moe_wgrad_pingpong_kernel
+        c_block = [cfg.BM, cfg.BN2]
+        constexprs = {
+            "BK": cfg.BK,
+            "BN": cfg.BN,
+            "GROUP_M": cfg.GROUP_M,
+            "STAGES": cfg.STAGES,
+            "WG_STORE": cfg.wg_store,
+            "LOAD_REGS": cfg.load_regs,
+            "MMA_REGS": cfg.mma_regs or cfg.maxnreg,
+        }
+    else:
+        kernel = moe_gluon_wgrad.moe_wgrad_gluon_kernel
+        c_block = [cfg.BM, cfg.BN]
+        constexprs = {
+            "BK": cfg.BK,
+            "GROUP_M": cfg.GROUP_M,
+            "STAGES": cfg.STAGES,
+            "NC": cfg.NC,
+            "LOAD_REGS": cfg.load_regs,
+            "STORE_REGS": cfg.store_regs,
+        }
+    sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "start_ptr": "*i32", "c_desc": desc(c_block)}
     sig.update({n: "i32" for n in ("E", "M", "N", "stride_a", "stride_b")})
-    constexprs = {
-        "BK": cfg.BK,
-        "GROUP_M": cfg.GROUP_M,
-        "STAGES": cfg.STAGES,
-        "NC": cfg.NC,
-        "LOAD_REGS": cfg.load_regs,
-        "STORE_REGS": cfg.store_regs,
-    }
     sig.update({k: "constexpr" for k in constexprs})
     attrs = aligned(kernel, ("a_ptr", "b_ptr", "start_ptr", "M", "N", "stride_a", "stride_b"))
     entry = {"config": cfg.__dict__, "kind": "moe_wgrad"}
@@ -410,7 +426,9 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
             results += [compile_dswiglu(0, False, pdl=pdl) for pdl in (1, 2)]
     elif kind == "moe_wgrad":
         cfg = moe_gluon_wgrad.CONFIG
-        results = [compile_moe_wgrad(c) for c in (cfg, dataclasses.replace(cfg, STAGES=3, NC=1))]
+        pp = moe_gluon_wgrad_pingpong.CONFIG
+        configs = (cfg, dataclasses.replace(cfg, STAGES=3, NC=1), pp, dataclasses.replace(pp, BK=32, STAGES=8))
+        results = [compile_moe_wgrad(c) for c in configs]
     elif kind == "moe_up":
         cfg = moe_gluon_up.CONFIG
         results = [compile_moe_up(c) for c in (cfg, dataclasses.replace(cfg, GROUP_M=8))]

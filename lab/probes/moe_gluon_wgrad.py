@@ -9,6 +9,9 @@ next tiles' MMAs (the dense backward's choice at K <= 2048).
 Answer: bitwise everywhere; faster at hidden_size >= 4096 (1.07-1.24x: Qwen3-235B-A22B 3.20 vs 3.55 ms
 and 1.65 vs 2.00, Mixtral 5.87 vs 6.29 and 2.95 vs 3.17), a tie or slower at Qwen3-30B-A3B (0.899 vs
 0.893, 0.519 vs 0.466): data/tuning/moe_gluon_20261205.log; the plan takes it at H >= 4096.
+Then: does the dense table's ping-pong tile at K = 129-2048 (two warpgroups on alternate 128 x 192
+tiles, each storing its own; ``swiglu_lab.experiments.moe_gluon_wgrad_pingpong``) beat both at
+~256-512 rows per expert? Not yet run on a GPU (compiled for sm_90 here).
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 a K box) against the library's kernel and float64, then exits; run it first under a timeout (a
 fault in the barriers hangs). Otherwise: each weight gradient at 8192 tokens per shape
@@ -26,6 +29,7 @@ import triton
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
 from swiglu.kernels import moe_gluon_wgrad as G
+from swiglu_lab.experiments import moe_gluon_wgrad_pingpong as PP
 
 # Device-side descriptors take their memory from this allocator.
 triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -33,6 +37,9 @@ CONFIGS = {
     "gluon s4 nc2 g8": G.CONFIG,
     "gluon s3 nc1 g8": dataclasses.replace(G.CONFIG, STAGES=3, NC=1),
     "gluon s4 nc2 g1": dataclasses.replace(G.CONFIG, GROUP_M=1),
+    # The lab's ping-pong 128 x 192 tile (the dense table's at K = 129-2048), 64- and 32-deep k-steps.
+    "pingpong k64 s4 g8": PP.CONFIG,
+    "pingpong k32 s8 g8": dataclasses.replace(PP.CONFIG, BK=32, STAGES=8),
 }
 if "--sweep" in sys.argv:  # more stages and orders (each compiled for sm_90 under triton 3.6 without spills before its run)
     CONFIGS |= {
@@ -70,7 +77,8 @@ def check(name, r, role, c, a, b, tile, time_it, num_programs=None, repeats=1):
     rows.append((name, role, "library (tl)", lib_ms, True, 0.0))
     for label, cfg in CONFIGS.items():
         label += f" x{num_programs}" if num_programs else ""
-        launch = lambda cfg=cfg: G.launch_moe_wgrad_gluon(c, a, b, r.expert_start, cfg, num_programs)  # noqa: E731
+        launcher = PP.launch_moe_wgrad_pingpong if cfg.pingpong else G.launch_moe_wgrad_gluon
+        launch = lambda cfg=cfg, f=launcher: f(c, a, b, r.expert_start, cfg, num_programs)  # noqa: E731
         same, diff = True, 0.0
         try:
             for _ in range(repeats):

@@ -1,9 +1,9 @@
 """The Gluon MoE kernels (``swiglu.kernels.moe_gluon_wgrad``, ``moe_gluon_up``, ``moe_gluon_dswiglu``,
-and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``): each compiled for sm_90 with every Triton
-the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills, shared
+and the lab's ``swiglu_lab.experiments.moe_gluon_pairs`` and ``moe_gluon_wgrad_pingpong``): each
+compiled for sm_90 with every Triton the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills, shared
 memory within the H200's block); the up projection's tile table (a tl kernel: run here under the
 interpreter) against the grouped GEMM's tiles computed in Python; the plan's choice of them; the
-library's launchers and the lab's ``install`` (the MoE bench's ``--lab-moe-gluon pairs``) falling
+library's launchers and the lab's ``install`` (the MoE bench's ``--lab-moe-gluon``) falling
 back to the tl kernels where a Gluon kernel does not take the operands. A Gluon kernel does not run
 under the interpreter: its values are checked on the GPU (tests/kernels/test_moe_gpu.py against
 float64 and the tl kernels; ``lab/probes/moe_gluon_run.py`` kernel by kernel)."""
@@ -52,8 +52,10 @@ def test_tile_table_lists_every_experts_m_tiles(counts):
 
 def _wgrad(r):
     assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_store"] > 0, r
-    # The loader's descriptors: two slots of two (a, b), each 128 bytes, each with its fence.
-    assert r["global_scratch"] >= 4 * 128 and r["tensormap_fence"] >= 4, r
+    # The loader's descriptors: two slots of two (a, b; three with the ping-pong tile's second
+    # column chunk), each 128 bytes, each with its fence.
+    n = 6 if r["config"]["pingpong"] else 4
+    assert r["global_scratch"] >= n * 128 and r["tensormap_fence"] >= n, r
 
 
 def _up(r):
@@ -76,7 +78,7 @@ def _pairs(r):
 
 @pytest.mark.parametrize(
     "kind, compiles, check",
-    [("moe_wgrad", 2, _wgrad), ("moe_up", 2, _up), ("moe_dswiglu", 2, _dswiglu), ("moe_pairs", 4, _pairs)],
+    [("moe_wgrad", 4, _wgrad), ("moe_up", 2, _up), ("moe_dswiglu", 2, _dswiglu), ("moe_pairs", 4, _pairs)],
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)
@@ -148,16 +150,17 @@ def test_library_launchers_with_gluon_tiles_fall_back_bitwise(monkeypatch):
         assert torch.equal(a, b)
 
 
-def test_lab_pairs_install_routes_only_what_the_kernel_takes_and_undoes():
-    """The lab's ``install`` (the bench's ``--lab-moe-gluon pairs``) replaces the library's launcher;
-    operands the Gluon kernel does not take (here: CPU tensors, at sizes it would take on a GPU)
-    go to the library's kernel: the output and every gradient bitwise as without it; the returned
-    function restores the library's launcher."""
+@pytest.mark.parametrize("name, launcher", [("pairs", "launch_pairs"), ("wgrad_pingpong", "launch_wgrad")])
+def test_lab_install_routes_only_what_the_kernel_takes_and_undoes(name, launcher):
+    """The lab's ``install`` (the bench's ``--lab-moe-gluon pairs,wgrad_pingpong``) replaces the
+    library's launcher; operands the Gluon kernel does not take (here: CPU tensors, at sizes it
+    would take on a GPU) go to the library's kernel: the output and every gradient bitwise as
+    without it; the returned function restores the library's launcher."""
+    import importlib
+
     from swiglu.kernels import moe
 
-    from swiglu_lab.experiments import moe_gluon_pairs as lab
-
-    launcher = "launch_pairs"
+    lab = importlib.import_module(f"swiglu_lab.experiments.moe_gluon_{name}")
     inp = make_moe(0, 24, 128, 128, 4, 2)
     want = run(inp, "triton")
     library = getattr(moe, launcher)

@@ -10,4 +10,6 @@ imported. ``candidates``: the library's Gluon kernels' candidate configurations 
 measure and the tests compile (a table entry's ``"candidate"`` index points into them).
 ``moe_persistent``: the six MoE kernels as persistent programs walking the tiles
 (lab/probes/moe_persistent.py). ``moe_gluon_pairs``: the MoE down projection and grad_x as one
-warp-specialized Gluon kernel over all experts (lab/probes/moe_gluon_pairs.py)."""
+warp-specialized Gluon kernel over all experts (lab/probes/moe_gluon_pairs.py).
+``moe_gluon_wgrad_pingpong``: the MoE weight gradients with the dense table's ping-pong tile
+(lab/probes/moe_gluon_wgrad.py)."""

@@ -1,0 +1,279 @@
+"""The MoE experts' weight gradients with the dense backward's ping-pong tile (sm_90).
+
+    c[e] = a_e^T @ b_e  for every expert e: ``swiglu.kernels.moe_gluon_wgrad``'s contract.
+
+Each expert's K is only its ~512 rows at Qwen3-30B-A3B (8 k-steps of 64), so a tile's epilogue is a
+large share of its time; the library's Gluon kernel puts both MMA warpgroups on one tile and they
+idle while it goes to shared memory. Here, as in the dense table at K = 129-2048 tokens
+(``gluon_wgrad`` with ``pingpong`` and ``wg_store``, 1.04x its cooperative tile there), two 4-warp MMA
+warpgroups take alternate tiles of BM x (BN + BN2) (128 x 192), so one's epilogue runs under the
+other's MMAs, and each stores its own tile by TMA in three BN2-wide chunks. The loader is the library
+kernel's (descriptors of each expert's rows made on the device per run of tiles, two slots) with a
+third box per stage for the tile's last BN2 columns. A tile's ring steps start after every earlier
+tile's of the program, whichever warpgroup took it: each warpgroup adds the other's k-steps from
+``expert_start``. The warpgroups' main loops take turns (``order``), as in the dense kernel.
+Columns past N (a last column tile at N = 2048) are zero-filled loads and stores TMA drops.
+Compiled for sm_90 without a GPU (tests/kernels/test_moe_gluon.py); on the GPU:
+``lab/probes/moe_gluon_wgrad.py`` checks it bitwise against the library's kernels and times them.
+"""
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
+
+from swiglu.kernels.configs import GluonConfig
+from swiglu.kernels.devices import device_sms
+from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _layout, _mma_layout, _ring_barriers, _store_chunk
+from swiglu.kernels.moe_gluon_wgrad import _expert_tile, _program_tiles, _scratch, _smem_layout, _tile_of, _wait_landed
+
+#: The dense table's 128 x (128 + 64) ping-pong tile at K = 512 (backward_configs.json, bucket 512),
+#: 64-deep k-steps, 4 stages (160 KB) and two 128 x 64 chunk buffers per warpgroup (64 KB).
+CONFIG = GluonConfig(
+    BM=128, BN=128, BK=64, STAGES=4, NC=1, GROUP_M=8, num_warps=4, maxnreg=168, pingpong=True, BN2=64, mma_regs=232,
+    wg_store=2,
+)  # fmt: skip
+
+
+@aggregate
+class Args:
+    """What every partition reads (sizes as tensors: an argument of 1 that Triton specializes is
+    made one first)."""
+
+    a_ptr: gl.tensor
+    b_ptr: gl.tensor
+    start_ptr: gl.tensor
+    c_desc: tma.tensor_descriptor
+    a_bufs: gl.shared_memory_descriptor
+    b_bufs: gl.shared_memory_descriptor
+    b2_bufs: gl.shared_memory_descriptor
+    c_bufs: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    order: gl.shared_memory_descriptor
+    E: gl.tensor
+    M: gl.tensor
+    N: gl.tensor
+    stride_a: gl.tensor
+    stride_b: gl.tensor
+    GROUP_M: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, b2_bufs, c_bufs, ready, empty, order, E, M, N,
+                 stride_a, stride_b, GROUP_M):  # fmt: skip
+        self.a_ptr = a_ptr
+        self.b_ptr = b_ptr
+        self.start_ptr = start_ptr
+        self.c_desc = c_desc
+        self.a_bufs = a_bufs
+        self.b_bufs = b_bufs
+        self.b2_bufs = b2_bufs
+        self.c_bufs = c_bufs
+        self.ready = ready
+        self.empty = empty
+        self.order = order
+        self.E = E
+        self.M = M
+        self.N = N
+        self.stride_a = stride_a
+        self.stride_b = stride_b
+        self.GROUP_M = gl.constexpr(GROUP_M)
+
+
+@gluon.jit
+def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
+    """``moe_gluon_wgrad._load_run`` with the tile's second column chunk: the loads of one run of
+    this program's tiles in one expert, through descriptors of its rows made first."""
+    BK: gl.constexpr = p.a_bufs.type.shape[1]
+    BM: gl.constexpr = p.a_bufs.type.shape[2]
+    BN: gl.constexpr = p.b_bufs.type.shape[2]  # the tile's first column chunk
+    BN2: gl.constexpr = p.b2_bufs.type.shape[2]  # and its second
+    STAGE_BYTES: gl.constexpr = 2 * BK * (BM + BN + BN2)
+    e_run, pid_m, pid_n, lo, rows = _expert_tile(pid + t * nprog, num_m, num_n, p.start_ptr, p.GROUP_M)
+    shape_k = gl.maximum(rows, 1)
+    a_desc = tma.make_tensor_descriptor(
+        p.a_ptr + lo.to(gl.int64) * p.stride_a, [shape_k, p.M], [p.stride_a, 1], [BK, BM], _smem_layout([BK, BM])
+    )
+    b_base = p.b_ptr + lo.to(gl.int64) * p.stride_b
+    b_desc = tma.make_tensor_descriptor(b_base, [shape_k, p.N], [p.stride_b, 1], [BK, BN], _smem_layout([BK, BN]))
+    b2_desc = tma.make_tensor_descriptor(b_base, [shape_k, p.N], [p.stride_b, 1], [BK, BN2], _smem_layout([BK, BN2]))
+    # An expert without rows takes one k-step of boxes wholly past its one-row descriptor: zeros
+    # (a box past N likewise), their bytes counted; its tile is then the MMAs' zeros.
+    first = (rows == 0).to(gl.int32)
+    e = e_run
+    while (e == e_run) & (t < num_tiles):
+        col = pid_n * (BN + BN2)
+        for kk in range(gl.maximum(gl.cdiv(rows, BK), 1)):
+            s, bar = _fill_stage(q, p.ready, p.empty, STAGE_BYTES)
+            tma.async_copy_global_to_shared(a_desc, [first + kk * BK, pid_m * BM], bar, p.a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [first + kk * BK, col], bar, p.b_bufs.index(s))
+            tma.async_copy_global_to_shared(b2_desc, [first + kk * BK, col + BN], bar, p.b2_bufs.index(s))
+            q += 1
+        t += 1
+        e, pid_m, pid_n, lo, rows = _expert_tile(pid + gl.minimum(t, num_tiles - 1) * nprog, num_m, num_n, p.start_ptr, p.GROUP_M)
+    return t, q
+
+
+@gluon.jit
+def _load_partition(p):
+    # The library kernel's loader (its descriptor slots and the wait before rewriting one).
+    BM: gl.constexpr = p.a_bufs.type.shape[2]
+    BN: gl.constexpr = p.b_bufs.type.shape[2]  # the tile's first column chunk
+    BN2: gl.constexpr = p.b2_bufs.type.shape[2]  # and its second
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, BM, BN + BN2)
+    q = 0
+    t = 0
+    run = 0
+    prev_start = 0
+    while t < num_tiles:
+        _wait_landed(q, prev_start, p.ready)
+        start = q
+        if run % 2 == 0:
+            t, q = _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
+        else:
+            t, q = _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
+        prev_start = start
+        run += 1
+
+
+@gluon.jit
+def _k_steps(i, pid, nprog, last, num_m, num_n, p):
+    """The k-steps of this program's tile i, at least one (the last tile's past the end: no read
+    past expert_start[E])."""
+    BK: gl.constexpr = p.a_bufs.type.shape[1]
+    return gl.maximum(gl.cdiv(_expert_tile(gl.minimum(pid + i * nprog, last), num_m, num_n, p.start_ptr, p.GROUP_M)[4], BK), 1)
+
+
+@gluon.jit
+def _mma_wg(p, WHICH: gl.constexpr):
+    # Warpgroup WHICH takes the program's tiles WHICH, WHICH + 2, ...; the loader fills the ring in
+    # tile order, so tile i's steps start at c, the k-steps of tiles 0 .. i - 1 (both warpgroups').
+    # Its main loop starts once the other warpgroup passed every ready wait of tile i - 1 (its
+    # arrival j - 1 on ``order`` for warpgroup 0, a fresh barrier passing at j = 0; j for warpgroup 1):
+    # running ahead into tile i + 2 it would wait on a stage's parity two phases early.
+    BM: gl.constexpr = p.a_bufs.type.shape[2]
+    BN: gl.constexpr = p.b_bufs.type.shape[2]  # the tile's first column chunk
+    BN2: gl.constexpr = p.b2_bufs.type.shape[2]  # and its second
+    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, BM, BN + BN2)
+    last = p.E * num_m * num_n - 1
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=_mma_layout(BM, BN, gl.num_warps()))
+    acc2 = gl.zeros((BM, BN2), dtype=gl.float32, layout=_mma_layout(BM, BN2, gl.num_warps()))
+    c = 0
+    if WHICH == 1:
+        c = _k_steps(0, pid, nprog, last, num_m, num_n, p)
+    k_tiles = _k_steps(WHICH, pid, nprog, last, num_m, num_n, p)
+    j = 0  # this warpgroup's tiles so far
+    q = 0  # its chunks stored so far
+    for i in range(WHICH, num_tiles, 2):
+        mbarrier.wait(p.order.index(1 - WHICH), (j - 1 + WHICH) & 1)
+        for kk in range(k_tiles):
+            g = c + kk
+            s = g % STAGES
+            mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
+            a_s = p.a_bufs.index(s).permute((1, 0))
+            acc = warpgroup_mma(a_s, p.b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc2 = warpgroup_mma(a_s, p.b2_bufs.index(s), acc2, use_acc=kk > 0, is_async=True)
+            # The two wgmma groups of step g may run on; step g - 1's are done.
+            acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
+            _cta_barrier()
+            mbarrier.arrive(p.empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)
+        mbarrier.arrive(p.order.index(WHICH))  # every thread of this warpgroup passed its last ready wait
+        acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+        _cta_barrier()
+        mbarrier.arrive(p.empty.index((c + k_tiles - 1) % STAGES))
+        # The next two tiles' k-steps, loaded before the epilogue: their latency hides under it.
+        k_next = _k_steps(i + 1, pid, nprog, last, num_m, num_n, p)
+        k_mine = _k_steps(i + 2, pid, nprog, last, num_m, num_n, p)
+        e, pid_m, pid_n = _tile_of(pid + i * nprog, num_m, num_n, p.GROUP_M)
+        row = e * p.M + pid_m * BM
+        col = pid_n * (BN + BN2)
+        # The narrower chunk first (its registers free before the others' conversions), then acc's halves.
+        q = _store_chunk(acc2, q, WHICH, p.c_desc, p.c_bufs, row, col + BN)
+        lo, hi = gl.split(gl.permute(gl.reshape(acc, [BM, 2, BN2]), (0, 2, 1)))
+        q = _store_chunk(lo, q, WHICH, p.c_desc, p.c_bufs, row, col)
+        q = _store_chunk(hi, q, WHICH, p.c_desc, p.c_bufs, row, col + BN2)
+        c += k_tiles + k_next
+        k_tiles = k_mine
+        j += 1
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _mma_first(p):
+    _mma_wg(p, 0)
+
+
+@gluon.jit
+def _mma_second(p):
+    # A worker partition's arguments arrive as values, so its constexpr is set here.
+    _mma_wg(p, 1)
+
+
+@gluon.jit
+def moe_wgrad_pingpong_kernel(
+    a_ptr, b_ptr, start_ptr, c_desc, E, M, N, stride_a, stride_b,
+    BK: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WG_STORE: gl.constexpr,
+    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
+):  # fmt: skip
+    """c[e] = a_e^T @ b_e for every expert (module docstring); c_desc: the output as [E * M, N] in
+    [BM, BN2] boxes, BN = 2 * BN2; launch with num_warps=4."""
+    BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN2: gl.constexpr = c_desc.block_type.shape[1]
+    gl.static_assert(BN == 2 * BN2, "the tile's first chunk is two store chunks wide")
+    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BM], _smem_layout([BK, BM]))
+    b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BN], _smem_layout([BK, BN]))
+    b2_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BN2], _smem_layout([BK, BN2]))
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * WG_STORE, BM, BN2], c_desc.layout)
+    ready, empty, order, _unused = _ring_barriers(STAGES, 2)
+    p = Args(a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, b2_bufs, c_bufs, ready, empty, order, gl.to_tensor(E),
+             gl.to_tensor(M), gl.to_tensor(N), gl.to_tensor(stride_a), gl.to_tensor(stride_b), GROUP_M)  # fmt: skip
+    gl.warp_specialize([(_mma_first, (p,)), (_mma_second, (p,)), (_load_partition, (p,))], [4, 1], [MMA_REGS, LOAD_REGS])
+
+
+def launch_moe_wgrad_pingpong(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, expert_start: torch.Tensor, cfg: GluonConfig = CONFIG, num_programs: int | None = None) -> None:  # fmt: skip
+    """``moe_gluon_wgrad.launch_moe_wgrad_gluon``'s contract with a ping-pong ``cfg`` (BN = 2 * BN2)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    E, M, N = c.shape
+    triton.set_allocator(_scratch)
+    c_desc = TensorDescriptor.from_tensor(c.view(E * M, N), [cfg.BM, cfg.BN2], _layout((cfg.BM, cfg.BN2)))
+    moe_wgrad_pingpong_kernel[(num_programs or device_sms(c.device),)](
+        a, b, expert_start, c_desc, E, M, N, a.stride(0), b.stride(0),
+        cfg.BK, cfg.BN, cfg.GROUP_M, cfg.STAGES, cfg.wg_store, cfg.load_regs, cfg.mma_regs or cfg.maxnreg,
+        num_warps=4, maxnreg=cfg.maxnreg,
+    )  # fmt: skip
+
+
+def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig = CONFIG) -> bool:
+    """``moe_gluon_wgrad.supports`` (its M % BM and the alignment of each expert's rows) on a device
+    the Gluon kernels run on."""
+    from swiglu.kernels import moe_gluon_wgrad
+    from swiglu.kernels.devices import gluon_unavailable_reason
+
+    return a.is_cuda and gluon_unavailable_reason(a.device) is None and moe_gluon_wgrad.supports(c, a, b, cfg)
+
+
+def install(cfg: GluonConfig = CONFIG):
+    """Sends the library's MoE weight gradients (``swiglu.kernels.moe.launch_wgrad``) to this kernel
+    wherever ``supports`` holds, whatever the plan's tile says, the library's kernels elsewhere, for
+    the rest of the process. For measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon
+    wgrad_pingpong``), not for training jobs. Returns a function that undoes it."""
+    from swiglu.kernels import moe
+
+    library = moe.launch_wgrad
+
+    def launch_wgrad(c, a, b, r, tile):
+        if supports(c, a, b, cfg):
+            launch_moe_wgrad_pingpong(c, a, b, r.expert_start, cfg)
+        else:
+            library(c, a, b, r, tile)
+
+    moe.launch_wgrad = launch_wgrad
+
+    def undo():
+        moe.launch_wgrad = library
+
+    return undo
