@@ -32,6 +32,7 @@ from .ops import (
     dispatch_mode_active,
     on_clear_plans,
     owns_saved_buffers,
+    legacy_batched,
     transforms_active,
     triton_reason,
 )
@@ -466,8 +467,9 @@ class _MoEFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         # Compiled autograd traces this backward (the op is opaque to it); dispatch modes
-        # (FlopCounterMode...) see the op where the launches are invisible to them.
-        direct = not (torch.compiler.is_compiling() or dispatch_mode_active())
+        # (FlopCounterMode...) see the op where the launches are invisible to them; a batched
+        # grad_out (``legacy_batched``) takes the op, once per example.
+        direct = not (torch.compiler.is_compiling() or dispatch_mode_active() or legacy_batched(grad_out))
         if grad_out is not None and grad_out.dim() != 2:
             grad_out = grad_out.reshape(-1, grad_out.shape[-1])
         return (*_gradients(ctx, grad_out, direct, ctx.owned), None, None)

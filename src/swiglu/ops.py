@@ -360,9 +360,10 @@ class _SwiGLUFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             grads = _double_backward(grad_output, x, gate_weight, up_weight, down_weight, needs)
             return (*grads, None, None, None)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or legacy_batched(grad_output):
             # Compiled autograd traces this backward: the custom op is opaque to it, the
-            # launcher's Python is not (and buffers are never consumed there).
+            # launcher's Python is not (and buffers are never consumed there). A batched
+            # grad_output (``legacy_batched``): the op, once per example.
             grads = mlp_backward(
                 grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, *needs, ctx.impl
             )
@@ -747,6 +748,14 @@ def transforms_active() -> bool:
     """Whether a ``torch.func`` transform (grad, vmap, jacrev...) is running: its wrapped tensors
     have no storage the kernels could read. torch has no public query for it."""
     return torch._C._are_functorch_transforms_active()
+
+
+def legacy_batched(t: torch.Tensor | None) -> bool:
+    """Whether ``t`` is a batched tensor of torch's older vmap, which ``autograd.grad(...,
+    is_grads_batched=True)`` and ``autograd.functional.jacobian(vectorize=True)`` run a backward
+    under: it has no storage the kernels could read; the custom ops' backward takes it (that vmap
+    runs an op without a batching rule once per example). torch has no public query for it."""
+    return t is not None and torch._C._functorch.is_legacy_batchedtensor(t)
 
 
 def dispatch_mode_active() -> bool:

@@ -1,6 +1,7 @@
 """``swiglu_mlp_backward`` inside the wrappers users put around it: ``torch.compile`` (the call
-becomes the custom op, whose result is the eager call's, bit for bit) and ``torch.func.vmap``
-(the reference formula per sample). Small shapes; Triton through the interpreter on a CPU."""
+becomes the custom op, whose result is the eager call's, bit for bit), ``torch.func.vmap``
+(the reference formula per sample) and a batched backward of ``swiglu_mlp`` (the op per
+example). Small shapes; Triton through the interpreter on a CPU."""
 
 from __future__ import annotations
 
@@ -44,3 +45,27 @@ def test_vmap_over_the_backward_is_the_reference_per_sample(device, impl):
         want = swiglu.swiglu_mlp_backward(*(a[i] for a in t[:5]), *weights, impl="reference")
         for g, w in zip(got, want):
             assert torch.equal(g[i], w)
+
+
+@pytest.mark.parametrize("how", ["is_grads_batched", "jacobian"])
+def test_batched_backward_through_triton_is_the_per_row_one(device, how):
+    """``autograd.grad(..., is_grads_batched=True)`` and ``jacobian(vectorize=True)`` run
+    ``swiglu_mlp``'s backward under torch's older vmap (batched grad_output, no storage): the op
+    per example, bitwise each row's own backward."""
+    t = _inputs(device, batch=1, seq=4, seed=6)
+    x, ws = t[1].detach(), [w.detach() for w in t[5:]]
+    leaves = [a.clone().requires_grad_() for a in [x, *ws]]
+    out = swiglu.swiglu_mlp(*leaves, impl="triton")
+    grads = torch.randn(3, *out.shape, generator=torch.Generator().manual_seed(7)).to(device, out.dtype)
+    wrt = leaves
+    if how == "is_grads_batched":
+        got = torch.autograd.grad(out, wrt, grads, is_grads_batched=True, retain_graph=True)
+    else:  # d out / d x, each output element's row
+        jac = torch.autograd.functional.jacobian(lambda a: swiglu.swiglu_mlp(a, *ws, impl="triton"), x, vectorize=True)
+        got = [jac.reshape(out.numel(), *x.shape)[:3]]
+        grads = torch.eye(out.numel(), dtype=out.dtype, device=device)[:3].reshape(3, *out.shape)
+        wrt = leaves[:1]
+    for b in range(3):
+        want = torch.autograd.grad(out, wrt, grads[b], retain_graph=True)
+        for g, r in zip(got, want):
+            assert r.abs().sum() > 0 and torch.equal(g[b], r)

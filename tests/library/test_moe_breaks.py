@@ -195,6 +195,34 @@ def test_func_grad_over_triton_works_or_names_the_op(how):
     _clear_or_works(run, lambda g: torch.testing.assert_close(g.float(), ref.float(), rtol=0.05, atol=0.05))
 
 
+@pytest.mark.parametrize("how", ["is_grads_batched", "jacobian"])
+def test_batched_backward_through_triton_is_the_per_row_one(how):
+    """``autograd.grad(..., is_grads_batched=True)`` and ``jacobian(vectorize=True)`` run the backward
+    under torch's older vmap (batched grad_out, no storage): the op per example, bitwise each
+    row's own backward."""
+    inp = _inputs()
+    leaves = _leaves(inp)
+    x, idx, w, gu, dp = leaves
+    grads = torch.randn(3, *inp.grad_out.shape, generator=torch.Generator().manual_seed(7)).to(inp.grad_out.dtype)
+    out = swiglu.swiglu_moe(x, idx, w, gu, dp, impl="triton")
+    wrt = [x, w, gu, dp]
+    if how == "is_grads_batched":
+        got = torch.autograd.grad(out, wrt, grads, is_grads_batched=True, retain_graph=True)
+    else:  # d out / d x, each output element's row
+        got = [
+            torch.autograd.functional.jacobian(
+                lambda a: swiglu.swiglu_moe(a, idx, w, gu, dp, impl="triton"), x.detach(), vectorize=True
+            )
+        ]
+        grads = torch.eye(out.numel(), dtype=out.dtype)[:3].reshape(3, *out.shape)
+        got = [got[0].reshape(out.numel(), *x.shape)[:3]]
+        wrt = [x]
+    for b in range(3):
+        want = torch.autograd.grad(out, wrt, grads[b], retain_graph=True)
+        for g, r in zip(got, want):
+            assert r.abs().sum() > 0 and torch.equal(g[b], r)
+
+
 def test_dtensor_weights_raise_clearly(tmp_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
