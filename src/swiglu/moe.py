@@ -35,6 +35,7 @@ from .ops import (
     legacy_batched,
     transforms_active,
     triton_reason,
+    vmapped,
 )
 
 #: ``impl=`` of ``swiglu_moe``.
@@ -129,6 +130,7 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
         and top_k_index.numel()
         and not torch.compiler.is_compiling()
         and not dispatch_mode_active()
+        and not (transforms_active() and vmapped(top_k_index))
     ):
         lo, hi = int(top_k_index.min()), int(top_k_index.max())
         if lo < 0 or hi >= E:
@@ -167,6 +169,20 @@ def moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj) -> tor
         gate, up = F.linear(x[tok], gate_up_proj[e]).chunk(2, dim=-1)
         y = F.linear(F.silu(gate) * up, down_proj[e]) * top_k_weights[tok, pos, None]
         out = out.index_add(0, tok, y.to(out.dtype))
+    return out
+
+
+def moe_reference_masked(x, top_k_index, top_k_weights, gate_up_proj, down_proj) -> torch.Tensor:
+    """``moe_reference``'s formula without reading the routing's values, for ``torch.func.vmap``
+    over per-sample routing: every expert over every token, a token's rows kept where it routes
+    to the expert (the weights of a duplicate id summed), added in expert order; E / k times the
+    reference's GEMM work."""
+    out = torch.zeros_like(x) + _anchor(x, top_k_weights, gate_up_proj, down_proj).to(x.dtype)
+    for e in range(gate_up_proj.shape[0]):
+        hit = top_k_index == e
+        gate, up = F.linear(x, gate_up_proj[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down_proj[e]) * (top_k_weights * hit).sum(-1, keepdim=True)
+        out = out + torch.where(hit.any(-1, keepdim=True), y, 0).to(out.dtype)  # no NaN from unrouted rows
     return out
 
 
@@ -272,6 +288,8 @@ def swiglu_moe(
             transforms_active() or fwAD._current_level >= 0
         )
         run = moe_reference_op if as_op else moe_reference
+        if transforms_active() and vmapped(idx):  # per-sample routing: its values are not readable
+            run = moe_reference_masked
         out = run(x2, idx, w, gate_up_proj, down_proj)
     elif (
         meta

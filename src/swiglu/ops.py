@@ -750,6 +750,18 @@ def transforms_active() -> bool:
     return torch._C._are_functorch_transforms_active()
 
 
+def vmapped(t: torch.Tensor) -> bool:
+    """Whether ``t`` is batched by ``torch.func.vmap`` at some level of the transforms wrapping it
+    (call only where ``transforms_active``): its values cannot be read. torch has no public query
+    for it."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        if functorch.is_batchedtensor(t):
+            return True
+        t = functorch.get_unwrapped(t)
+    return False
+
+
 def legacy_batched(t: torch.Tensor | None) -> bool:
     """Whether ``t`` is a batched tensor of torch's older vmap, which ``autograd.grad(...,
     is_grads_batched=True)`` and ``autograd.functional.jacobian(vectorize=True)`` run a backward

@@ -223,6 +223,52 @@ def test_batched_backward_through_triton_is_the_per_row_one(how):
             assert r.abs().sum() > 0 and torch.equal(g[b], r)
 
 
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_vmap_over_per_sample_routing_is_the_per_sample_call(impl):
+    """torch.func.vmap over x and its routing together (a batch of samples, each routed its own
+    way; a duplicate id and an id past E among them, which the eager call refuses on a CPU and
+    the formula leaves out), and per-sample gradients with the router inside (vmap of grad): the
+    reference formula's per-sample results; fp32 to float rounding, bf16 (impl="triton") within
+    twice the loop's own error against float64."""
+    from torch.func import grad, vmap
+
+    from swiglu.moe import moe_float64, moe_reference
+
+    B, k = 3, 2
+    dtype = torch.bfloat16 if impl == "triton" else torch.float32
+    g = torch.Generator().manual_seed(11)
+    X = torch.randn(B, T, H, generator=g).to(dtype)
+    W, IDX = torch.softmax(torch.randn(B, T, E, generator=g), -1).topk(k)
+    IDX[0, 1, 1] = IDX[0, 1, 0]  # a duplicate expert in a row counts twice
+    IDX[1, 2, 0] = E  # an expert-parallel sentinel contributes nothing
+    gu = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).to(dtype)
+    dp = (torch.randn(E, H, I, generator=g) / I**0.5).to(dtype)
+    router = torch.randn(E, H, generator=g).to(dtype)
+    moe = lambda x, i, w, gu_=gu: swiglu.swiglu_moe(x, i, w, gu_, dp, impl=impl)  # noqa: E731
+    got = vmap(moe)(X, IDX, W)
+    want = torch.stack([moe_reference(X[b], IDX[b], W[b], gu, dp) for b in range(B)])
+    assert want.abs().sum() > 0
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:
+        exact = torch.stack([moe_float64(X[b], IDX[b], W[b], gu, dp) for b in range(B)])
+        err = lambda a: float((a.double() - exact).norm() / exact.norm())  # noqa: E731
+        assert err(got) <= 2 * err(want), (err(got), err(want))
+        return
+
+    def loss(gu_, x):
+        w, i = torch.softmax(x @ router.T, -1).topk(k)
+        return moe(x, i, w, gu_).square().sum()
+
+    got = vmap(grad(loss), in_dims=(None, 0))(gu, X)
+    for b in range(B):
+        leaf = gu.clone().requires_grad_()
+        w, i = torch.softmax(X[b] @ router.T, -1).topk(k)
+        want = torch.autograd.grad(swiglu.swiglu_moe(X[b], i, w, leaf, dp, impl="reference").square().sum(), leaf)[0]
+        assert want.abs().sum() > 0  # fp32 sums over other token orders: 1e-5 of the largest gradient
+        torch.testing.assert_close(got[b], want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
 def test_dtensor_weights_raise_clearly(tmp_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
