@@ -193,6 +193,20 @@ def check_tensor(name: str, t) -> None:
     check_dense(name, t)
 
 
+def check_bool(name: str, value) -> None:
+    """TypeError naming ``name`` unless ``value`` is True or False (``bool_error``)."""
+    if value is not True and value is not False:
+        raise bool_error(name, value)
+
+
+def bool_error(name: str, value) -> TypeError:
+    """The TypeError of a flag ``name`` that is not a bool, naming its type with its module where
+    that is not Python's own (``numpy.bool``: numpy 2 names its boolean ``bool``)."""
+    kind = type(value)
+    where = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+    return TypeError(f"{name} must be a bool (True or False), got {where}{kind.__qualname__}")
+
+
 def check_floating(name: str, t: torch.Tensor) -> None:
     """TypeError naming ``name`` unless ``t``'s dtype is one of ``FLOAT_DTYPES``."""
     if t.dtype not in FLOAT_DTYPES:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from .checks import FLOAT_DTYPES
+from .checks import FLOAT_DTYPES, check_bool
 from .moe import swiglu_moe
 from .ops import IMPLS, _check_impl, _renamed, _swiglu_mlp, resolve_impl
 from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
@@ -77,12 +77,10 @@ class SwiGLUMLP(nn.Module):
         _check_impl(impl)
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
-        if not isinstance(save_activated_gate, bool):
-            raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
+        check_bool("save_activated_gate", save_activated_gate)
         self.impl = impl
         self.save_activated_gate = save_activated_gate
-        if not isinstance(reuse_saved_buffers, bool):
-            raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
+        check_bool("reuse_saved_buffers", reuse_saved_buffers)
         self.reuse_saved_buffers = reuse_saved_buffers
         kw = dict(bias=False, device=device, dtype=dtype)
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
@@ -176,8 +174,7 @@ class SwiGLUExperts(nn.Module):
         sizes = {"num_experts": num_experts, "hidden_size": hidden_size, "intermediate_size": intermediate_size}
         device = _check_module_args(sizes, device, dtype)
         _check_impl(impl)
-        if not isinstance(reuse_saved_buffers, bool):
-            raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
+        check_bool("reuse_saved_buffers", reuse_saved_buffers)
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.impl, self.reuse_saved_buffers = impl, reuse_saved_buffers
         kw = dict(device=device, dtype=dtype)

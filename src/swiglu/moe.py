@@ -24,7 +24,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
-from .checks import FLOAT_DTYPES, check_dense, check_floating
+from .checks import FLOAT_DTYPES, bool_error, check_dense, check_floating
 from .ops import (
     PLAIN_TENSOR_TYPES,
     add_flop_formula,
@@ -111,10 +111,8 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
     k = top_k_index.shape[-1]
     lead = tuple(x.shape[:-1])
     if tuple(top_k_index.shape[:-1]) not in (lead, (T,)) or k == 0:
-        raise ValueError(
-            f"top_k_index must be [{', '.join(map(str, lead)) or 'T'}, k] (or [T, k] with T = {T}) to "
-            f"match x {tuple(x.shape)}, got {tuple(top_k_index.shape)}"
-        )
+        shapes = f"[{''.join(f'{n}, ' for n in lead)}k]" + (f" or [{T}, k]" if lead != (T,) else "")
+        raise ValueError(f"top_k_index must be {shapes} to match x {tuple(x.shape)}, got {tuple(top_k_index.shape)}")
     if top_k_weights.shape != top_k_index.shape:
         raise ValueError(
             f"top_k_weights must have top_k_index's shape {tuple(top_k_index.shape)} (one weight per "
@@ -270,7 +268,7 @@ def swiglu_moe(
             t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CASTS else t for t in (x, gate_up_proj, down_proj)
         )
     if reuse_saved_buffers is not True and reuse_saved_buffers is not False:
-        raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
+        raise bool_error("reuse_saved_buffers", reuse_saved_buffers)
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
     meta = x.device.type == "meta"
     impl = "triton" if meta else moe_impl(impl, x)  # meta: the ops' fakes propagate shapes, forward and backward

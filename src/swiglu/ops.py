@@ -37,7 +37,15 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .checks import check_backward_inputs, check_floating, check_mlp_shapes, check_tensor, inputs_look_valid, spans_whole_storage
+from .checks import (
+    bool_error,
+    check_backward_inputs,
+    check_floating,
+    check_mlp_shapes,
+    check_tensor,
+    inputs_look_valid,
+    spans_whole_storage,
+)
 from .reference import activated_gate_of, reference_gradients
 
 #: The backends: ``impl=`` of ``swiglu_mlp``, ``SwiGLUMLP`` and ``swiglu_mlp_backward``.
@@ -684,9 +692,9 @@ def _swiglu_mlp(
 ):
     """``swiglu_mlp`` checked against declared sizes (``SwiGLUMLP``): validate once, decide once."""
     if save_activated_gate is not True and save_activated_gate is not False:
-        raise TypeError(f"save_activated_gate must be a bool, got {type(save_activated_gate).__name__}")
+        raise bool_error("save_activated_gate", save_activated_gate)
     if reuse_saved_buffers is not True and reuse_saved_buffers is not False:
-        raise TypeError(f"reuse_saved_buffers must be a bool, got {type(reuse_saved_buffers).__name__}")
+        raise bool_error("reuse_saved_buffers", reuse_saved_buffers)
     autocast = _autocast_type(x) if isinstance(x, torch.Tensor) else None
     if autocast is not None or not inputs_look_valid(
         x, gate_weight, up_weight, down_weight, hidden_size=hidden_size, intermediate_size=intermediate_size

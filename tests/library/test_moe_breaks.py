@@ -269,6 +269,32 @@ def test_vmap_over_per_sample_routing_is_the_per_sample_call(impl):
         torch.testing.assert_close(got[b], want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
+def test_compiling_triton_is_the_eager_result_and_still_rejects_what_cannot_run():
+    """torch.compile of impl="triton" (fullgraph): the eager result bitwise; fp32 inputs the eager
+    TypeError, not one of Dynamo's."""
+    torch._dynamo.reset()
+    x, idx, w, gu, dp = _inputs().args()
+    assert x.dtype == torch.bfloat16
+    got = torch.compile(lambda *a: swiglu.swiglu_moe(*a, impl="triton"), backend="eager", fullgraph=True)(x, idx, w, gu, dp)
+    assert torch.equal(got, swiglu.swiglu_moe(x, idx, w, gu, dp, impl="triton"))
+    torch._dynamo.reset()
+    with pytest.raises(TypeError, match="needs bfloat16"):
+        torch.compile(lambda *a: swiglu.swiglu_moe(*a, impl="triton"), backend="eager")(x.float(), idx, w, gu.float(), dp.float())
+
+
+def test_messages_name_numpy_flags_and_the_shapes_a_single_token_takes():
+    """A numpy bool flag is refused naming numpy's type (numpy 2 calls its bool ``bool``); for x of
+    one token ([H]) the message lists the routing shapes it takes, [k] and [1, k]."""
+    np = pytest.importorskip("numpy")
+    x, idx, w, gu, dp = _inputs().args()
+    with pytest.raises(TypeError, match=r"reuse_saved_buffers must be a bool \(True or False\), got numpy\.bool"):
+        swiglu.swiglu_moe(x, idx, w, gu, dp, reuse_saved_buffers=np.bool_(True))
+    with pytest.raises(TypeError, match=r"reuse_saved_buffers must be a bool \(True or False\), got numpy\.bool"):
+        swiglu.SwiGLUExperts(E, H, I, reuse_saved_buffers=np.bool_(True))
+    with pytest.raises(ValueError, match=r"top_k_index must be \[k\] or \[1, k\] to match x \(32,\), got \(2, 2\)"):
+        swiglu.swiglu_moe(x[0], idx[:2], w[:2], gu, dp)
+
+
 def test_dtensor_weights_raise_clearly(tmp_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh

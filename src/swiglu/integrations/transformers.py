@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _torch_module
 
-from ..checks import FLOAT_DTYPES
+from ..checks import FLOAT_DTYPES, check_bool
 from ..module import _fusable_fast, projection_reason
 from ..moe import swiglu_moe as _swiglu_moe
 from ..ops import _check_impl, _renamed, _swiglu_mlp
@@ -254,9 +254,8 @@ def swiglu_class(cls: type) -> type:
 
 def _check_options(impl, save_activated_gate, reuse_saved_buffers=False) -> None:
     _check_impl(impl)
-    for name, flag in (("save_activated_gate", save_activated_gate), ("reuse_saved_buffers", reuse_saved_buffers)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    check_bool("save_activated_gate", save_activated_gate)
+    check_bool("reuse_saved_buffers", reuse_saved_buffers)
 
 
 def _short(names: list[str], n: int = 3) -> str:
