@@ -317,6 +317,15 @@ def _has_tangent(*tensors) -> bool:
 on_clear_plans(_resolve.cache_clear)
 
 
+def _clear_kernel_plans() -> None:
+    kernels = sys.modules.get("swiglu.kernels.moe")  # imported at the first Triton call
+    if kernels is not None:
+        kernels.clear_plans()
+
+
+on_clear_plans(_clear_kernel_plans)
+
+
 @torch.library.custom_op("swiglu::moe_forward", mutates_args=())
 def moe_forward(
     x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor

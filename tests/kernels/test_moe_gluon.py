@@ -173,3 +173,22 @@ def test_lab_install_routes_only_what_the_kernel_takes_and_undoes(name, launcher
     assert getattr(moe, launcher) is library
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_gluon_decision_is_made_once_per_device_until_clear_plans(monkeypatch):
+    """``moe._gluon_here`` asks ``gluon_unavailable_reason`` once per device (the hot path decides
+    once); ``swiglu.ops.clear_plans`` forgets it (after changing ``SWIGLU_GLUON`` in-process)."""
+    import swiglu
+    from swiglu.kernels import moe
+
+    calls = []
+    monkeypatch.setattr(moe, "gluon_unavailable_reason", lambda device: calls.append(device) or "not here")
+    swiglu.ops.clear_plans()
+    inp = make_moe(0, 24, 128, 128, 4, 2)
+    run(inp, "triton")
+    run(inp, "triton")
+    assert len(calls) == 1, calls
+    swiglu.ops.clear_plans()
+    run(inp, "triton")
+    assert len(calls) == 2, calls
+    swiglu.ops.clear_plans()

@@ -726,8 +726,16 @@ def _gluon():
     return _GLUON[0]
 
 
+@lru_cache(maxsize=64)
 def _gluon_here(device: torch.device) -> bool:
+    # Decided once per device (``SWIGLU_GLUON`` is read then; ``clear_plans`` forgets).
     return gluon_unavailable_reason(device) is None
+
+
+def clear_plans() -> None:
+    """Forget the cached plans and the Gluon decision per device (``swiglu.ops.clear_plans`` calls it)."""
+    _gluon_here.cache_clear()
+    moe_plan.cache_clear()
 
 
 @lru_cache(maxsize=None)
