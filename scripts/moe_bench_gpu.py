@@ -34,9 +34,9 @@ from its experts-interface dispatch; ``swiglu.moe.moe_reference``, the same orde
 where that class is missing), only at ``--eager-max-tokens`` tokens or fewer and only when one
 untimed forward + backward took at most ``--eager-max-ms``. Ours runs the library's Gluon kernels
 where its plan chooses them (metadata ``gluon``: "on" or why not; ``SWIGLU_GLUON=0`` measures the tl
-kernels alone). ``--lab-moe-gluon pairs,wgrad_pingpong``: ours with the lab's warp-specialized Gluon down
-projection / grad_x or its ping-pong weight gradients (``swiglu_lab.experiments.moe_gluon_<name>``, its
-``install``; metadata ``lab_moe_gluon``).
+kernels alone). ``--lab-moe-gluon pairs,wgrad_pingpong,up_gather``: ours with the lab's warp-specialized
+Gluon down projection / grad_x, its ping-pong weight gradients or its up projection gathering x's rows
+itself (``swiglu_lab.experiments.moe_gluon_<name>``, its ``install``; metadata ``lab_moe_gluon``).
 
 Modes: ``forward`` (the training forward: autograd records the graph), ``backward`` (gradients of
 x, top_k_weights, gate_up_proj and down_proj from one forward kept outside the timed region,
@@ -659,7 +659,8 @@ def main(argv=None) -> int:
         "--lab-moe-gluon",
         default="",
         help="comma-separated, of: pairs (the down projection and grad_x), wgrad_pingpong (the weight "
-        "gradients): ours with the lab's warp-specialized Gluon kernel for those GEMMs "
+        "gradients), up_gather (the up projection without x's copy): ours with the lab's warp-specialized "
+        "Gluon kernel for those GEMMs "
         "(swiglu_lab.experiments.moe_gluon_<name>.install())",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -676,7 +677,11 @@ def main(argv=None) -> int:
     tokens = [int(t) for t in parse_list(args.tokens, None, "tokens", parser)]
     routings = parse_list(args.routings, ROUTINGS, "routings", parser)
     names = parse_list(args.impls, IMPLS, "impls", parser)
-    lab_gluon = parse_list(args.lab_moe_gluon, ("pairs", "wgrad_pingpong"), "lab-moe-gluon", parser) if args.lab_moe_gluon else []
+    lab_gluon = (
+        parse_list(args.lab_moe_gluon, ("pairs", "wgrad_pingpong", "up_gather"), "lab-moe-gluon", parser)
+        if args.lab_moe_gluon
+        else []
+    )
     if min(args.reps, args.rounds, args.check_tokens) < 1 or args.warmup < 0:
         parser.error("--reps, --rounds and --check-tokens must be >= 1, --warmup >= 0")
     device = torch.device(args.device)

@@ -21,7 +21,8 @@ int argument equal to 1 as a constexpr).
 moe_wgrad: the library's MoE weight gradient over all experts (``swiglu.kernels.moe_gluon_wgrad``)
 at its config and at three stages with one output buffer; the lab's ping-pong one (``swiglu_lab.experiments.moe_gluon_wgrad_pingpong``) at its config and with 32-deep k-steps.
 moe_up: the library's MoE up projection with SwiGLU (``swiglu.kernels.moe_gluon_up``) at its config
-and with N tiles in bands of 8 M tiles (GROUP_M 8).
+and with N tiles in bands of 8 M tiles (GROUP_M 8); the lab's one gathering x's rows itself
+(``swiglu_lab.experiments.moe_gluon_up_gather``) at its config.
 moe_dswiglu: the library's MoE dSwiGLU GEMM (``swiglu.kernels.moe_gluon_dswiglu``) at its config,
 with fp32 and bf16 routing weights.
 moe_pairs: the lab's MoE down-projection-shaped GEMM (``swiglu_lab.experiments.moe_gluon_pairs``), as the
@@ -54,6 +55,7 @@ from swiglu_lab.experiments import (
     gluon_wgrad_probe,
     gluon_wgrad_resident,
     moe_gluon_pairs,
+    moe_gluon_up_gather,
     moe_gluon_wgrad_pingpong,
 )
 
@@ -298,6 +300,28 @@ def compile_moe_up(cfg) -> dict:
     return failed or wgrad_report(k, entry)
 
 
+def compile_moe_up_gather(cfg) -> dict:
+    """The lab's gathering MoE up projection (``swiglu_lab.experiments.moe_gluon_up_gather``) at
+    ``cfg`` with top-k 8 (x's row stride a multiple of 16, as the launcher requires)."""
+    kernel = moe_gluon_up_gather.moe_up_gather_kernel
+    sig = {"xs_desc": desc([cfg.BM, cfg.BK]), "w_desc": desc([cfg.BN, cfg.BK]), "table_ptr": "*i32"}
+    sig.update({n: "*bf16" for n in ("gate_ptr", "up_ptr", "h_ptr", "x_ptr")})
+    sig.update({"order_ptr": "*i32"})
+    sig.update({n: "i32" for n in ("E", "I", "MAX_M", "stride_x")})
+    constexprs = {"TOP_K": 8, **epilogue_constexprs(cfg)}
+    sig.update({k: "constexpr" for k in constexprs})
+    attrs = aligned(kernel, ("table_ptr", "gate_ptr", "up_ptr", "h_ptr", "I", "x_ptr", "order_ptr", "stride_x"))
+    entry = {"config": cfg.__dict__, "kind": "moe_up_gather"}
+    k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
+    if failed:
+        return failed
+    report = wgrad_report(k, entry)
+    report["cp_async"] = report["ptx"].count("cp.async.cg.shared.global") + report["ptx"].count("cp.async.ca.shared.global")
+    report["cp_async_arrive"] = report["ptx"].count("cp.async.mbarrier.arrive")
+    report["fence_proxy_async"] = report["ptx"].count("fence.proxy.async")
+    return report
+
+
 def compile_moe_dswiglu(cfg, weights: str) -> dict:
     """``swiglu.kernels.moe_gluon_dswiglu``'s kernel at ``cfg`` with routing weights of
     ``weights`` ("fp32", "bf16"), reported as ``compile_one`` does."""
@@ -432,6 +456,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
     elif kind == "moe_up":
         cfg = moe_gluon_up.CONFIG
         results = [compile_moe_up(c) for c in (cfg, dataclasses.replace(cfg, GROUP_M=8))]
+        results.append(compile_moe_up_gather(moe_gluon_up_gather.CONFIG))
     elif kind == "moe_dswiglu":
         results = [compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, w) for w in ("fp32", "bf16")]
     elif kind == "moe_pairs":

@@ -9,6 +9,9 @@ dense Gluon dSwiGLU kernel does (1.07-1.15x the tl kernel's speed on its GEMM at
 in expert order (``gather_rows``: timed with it, and without it as "kernel").
 Answer: bitwise; faster at all four shapes, the x copy included (1.08-1.21x: 0.829 vs 0.896 ms at
 Qwen3-30B-A3B, 6.00 vs 7.29 at Mixtral with GROUP_M 8): data/tuning/moe_gluon_20261205.log; the plan takes it.
+Then: does the lab's kernel gathering x's rows itself with cp.async
+(``swiglu_lab.experiments.moe_gluon_up_gather``, "gather") save the copy (0.13 ms at Qwen3-30B-A3B)?
+Not yet run on a GPU (compiled for sm_90 here).
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 an M tile) against the library's kernel, then exits; run it first under a timeout (a fault in the
 barriers hangs). Otherwise: the up projection at 8192 tokens per shape (moe_probe.SHAPES), the
@@ -25,8 +28,12 @@ import torch
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
 from swiglu.kernels import moe_gluon_up as G
+from swiglu_lab.experiments import moe_gluon_up_gather as UG
 
 CONFIGS = {"gluon g1": G.CONFIG, "gluon g8": dataclasses.replace(G.CONFIG, GROUP_M=8)}
+# The lab's kernel gathering x's rows itself (cp.async), no copy: its launch is its kernel (and the table).
+GATHER = {"gather g1": UG.CONFIG, "gather g8": dataclasses.replace(UG.CONFIG, GROUP_M=8)}
+CONFIGS |= GATHER
 if "--sweep" in sys.argv:  # more tiles and orders (each compiled for sm_90 under triton 3.6 without spills before its run)
     CONFIGS |= {
         "gluon g4": dataclasses.replace(G.CONFIG, GROUP_M=4),
@@ -59,7 +66,10 @@ def check(name, x, gu, r, k, outs, tile, time_it, num_programs=None, repeats=1):
     rows.append((name, "library (tl)", lib_ms, float("nan"), True))
     for label, cfg in CONFIGS.items():
         label += f" x{num_programs}" if num_programs else ""
-        launch = lambda cfg=cfg: G.launch_moe_up_gluon(M.gather_rows(x, r, k), gu, r, *outs, cfg, num_programs)  # noqa: E731
+        if label.startswith("gather"):
+            launch = lambda cfg=cfg: UG.launch_moe_up_gather(x, gu, r, k, *outs, cfg, num_programs)  # noqa: E731
+        else:
+            launch = lambda cfg=cfg: G.launch_moe_up_gluon(M.gather_rows(x, r, k), gu, r, *outs, cfg, num_programs)  # noqa: E731
         same = True
         try:
             for _ in range(repeats):
@@ -75,7 +85,7 @@ def check(name, x, gu, r, k, outs, tile, time_it, num_programs=None, repeats=1):
         if time_it:
             ms = P.kernel_ms(launch)
             same &= all(torch.equal(o, w) for o, w in zip(outs, want))
-            kernel = P.kernel_ms(kernel_only(x, gu, r, k, outs, cfg))
+            kernel = ms if label.startswith("gather") else P.kernel_ms(kernel_only(x, gu, r, k, outs, cfg))
         rows.append((name, label, ms, kernel, same))
         print(f"{name:12s} {label:14s} {ms:7.3f} ms (kernel {kernel:7.3f})  bitwise={same}", flush=True)
 

@@ -1,5 +1,6 @@
 """The Gluon MoE kernels (``swiglu.kernels.moe_gluon_wgrad``, ``moe_gluon_up``, ``moe_gluon_dswiglu``,
-and the lab's ``swiglu_lab.experiments.moe_gluon_pairs`` and ``moe_gluon_wgrad_pingpong``): each
+and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``, ``moe_gluon_wgrad_pingpong`` and
+``moe_gluon_up_gather``): each
 compiled for sm_90 with every Triton the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills, shared
 memory within the H200's block); the up projection's tile table (a tl kernel: run here under the
 interpreter) against the grouped GEMM's tiles computed in Python; the plan's choice of them; the
@@ -59,8 +60,15 @@ def _wgrad(r):
 
 
 def _up(r):
-    # Two m64n128k16 wgmma chains (gate, up) of BK / 16 steps; three TMA loads (x, gate rows, up rows).
-    assert r["wgmma"] == 8 and r["tma_load"] == 3, r
+    # Two m64n128k16 wgmma chains (gate, up) of BK / 16 steps; three TMA loads (x, gate rows, up
+    # rows), or (the lab's gathering kernel) two and x's rows by 16-byte cp.async (one warp: BM * BK
+    # * 2 / 16 / 32 per thread) tracked by the stage's barrier, fenced before the wgmma.
+    assert r["wgmma"] == 8, r
+    if r["kind"] == "moe_up_gather":
+        assert r["tma_load"] == 2 and r["cp_async"] == 32 and r["cp_async_arrive"] == 1, r
+        assert r["fence_proxy_async"] >= 1, r
+    else:
+        assert r["tma_load"] == 3, r
     assert r["st_global"] > 0 and r["tma_store"] == 0, r  # masked pointer stores: rows past an expert's end stay unwritten
 
 
@@ -78,7 +86,7 @@ def _pairs(r):
 
 @pytest.mark.parametrize(
     "kind, compiles, check",
-    [("moe_wgrad", 4, _wgrad), ("moe_up", 2, _up), ("moe_dswiglu", 2, _dswiglu), ("moe_pairs", 4, _pairs)],
+    [("moe_wgrad", 4, _wgrad), ("moe_up", 3, _up), ("moe_dswiglu", 2, _dswiglu), ("moe_pairs", 4, _pairs)],
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)
@@ -150,7 +158,9 @@ def test_library_launchers_with_gluon_tiles_fall_back_bitwise(monkeypatch):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("name, launcher", [("pairs", "launch_pairs"), ("wgrad_pingpong", "launch_wgrad")])
+@pytest.mark.parametrize(
+    "name, launcher", [("pairs", "launch_pairs"), ("wgrad_pingpong", "launch_wgrad"), ("up_gather", "launch_up")]
+)
 def test_lab_install_routes_only_what_the_kernel_takes_and_undoes(name, launcher):
     """The lab's ``install`` (the bench's ``--lab-moe-gluon pairs,wgrad_pingpong``) replaces the
     library's launcher; operands the Gluon kernel does not take (here: CPU tensors, at sizes it

@@ -26,7 +26,13 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
 from .gluon_dswiglu import _epi_layout, _sigmoid
@@ -94,10 +100,11 @@ class Args:
     I: gl.tensor
     MAX_M: gl.tensor
     GROUP_M: gl.constexpr
+    GATHER: gl.constexpr  # A written by cp.async (a gathering loader), not TMA: the MMAs fence first
 
     @gluon.constexpr_function
     def __init__(self, xs_desc, w_desc, table_ptr, gate_ptr, up_ptr, h_ptr, a_bufs, bg_bufs, bu_bufs, g_bufs, ready, empty,
-                 g_ready, g_empty, E, I, MAX_M, GROUP_M):  # fmt: skip
+                 g_ready, g_empty, E, I, MAX_M, GROUP_M, GATHER=False):  # fmt: skip
         self.xs_desc = xs_desc
         self.w_desc = w_desc
         self.table_ptr = table_ptr
@@ -116,6 +123,7 @@ class Args:
         self.I = I
         self.MAX_M = MAX_M
         self.GROUP_M = gl.constexpr(GROUP_M)
+        self.GATHER = gl.constexpr(GATHER)
 
 
 @gluon.jit
@@ -180,6 +188,8 @@ def _mma_partition(p):
             for kk in range(k_tiles):
                 s = c % STAGES
                 mbarrier.wait(p.ready.index(s), (c // STAGES) & 1)
+                if p.GATHER:  # cp.async's writes (generic proxy) before wgmma's reads (async proxy)
+                    fence_async_shared()
                 a_s = p.a_bufs.index(s)
                 acc_g = warpgroup_mma(a_s, p.bg_bufs.index(s).permute((1, 0)), acc_g, use_acc=kk > 0, is_async=True)
                 acc_u = warpgroup_mma(a_s, p.bu_bufs.index(s).permute((1, 0)), acc_u, use_acc=kk > 0, is_async=True)
