@@ -236,29 +236,15 @@ def compile_moe_wgrad(cfg) -> dict:
     ``pingpong`` one; pointers 16-byte aligned, M, N and the row strides multiples of 16, as at the
     model shapes), reported as ``compile_one`` does, with its global scratch (the device-side
     descriptors) and descriptor fences."""
+    constexprs = {"BK": cfg.BK, "GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "LOAD_REGS": cfg.load_regs}
     if cfg.pingpong:
         kernel = moe_gluon_wgrad_pingpong.moe_wgrad_pingpong_kernel
         c_block = [cfg.BM, cfg.BN2]
-        constexprs = {
-            "BK": cfg.BK,
-            "BN": cfg.BN,
-            "GROUP_M": cfg.GROUP_M,
-            "STAGES": cfg.STAGES,
-            "WG_STORE": cfg.wg_store,
-            "LOAD_REGS": cfg.load_regs,
-            "MMA_REGS": cfg.mma_regs or cfg.maxnreg,
-        }
+        constexprs.update({"BN": cfg.BN, "WG_STORE": cfg.wg_store, "MMA_REGS": cfg.mma_regs or cfg.maxnreg})
     else:
         kernel = moe_gluon_wgrad.moe_wgrad_gluon_kernel
         c_block = [cfg.BM, cfg.BN]
-        constexprs = {
-            "BK": cfg.BK,
-            "GROUP_M": cfg.GROUP_M,
-            "STAGES": cfg.STAGES,
-            "NC": cfg.NC,
-            "LOAD_REGS": cfg.load_regs,
-            "STORE_REGS": cfg.store_regs,
-        }
+        constexprs.update({"NC": cfg.NC, "STORE_REGS": cfg.store_regs})
     sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "start_ptr": "*i32", "c_desc": desc(c_block)}
     sig.update({n: "i32" for n in ("E", "M", "N", "stride_a", "stride_b")})
     sig.update({k: "constexpr" for k in constexprs})
