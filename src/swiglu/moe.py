@@ -32,6 +32,7 @@ from .ops import (
     dispatch_mode_active,
     legacy_batched,
     on_clear_plans,
+    on_device,
     owns_saved_buffers,
     transforms_active,
     triton_reason,
@@ -342,7 +343,8 @@ def _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_sha
     backward; out allocated as ``out_shape`` where given."""
     from .kernels.moe import moe_forward as run
 
-    out, gate, up, routing = run(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape=out_shape)
+    with on_device(x.device):
+        out, gate, up, routing = run(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape=out_shape)
     return out, gate, up, routing.order, routing.expert_start
 
 
@@ -389,7 +391,8 @@ def _run_backward(grad_out, saved, needs, reuse: bool = False):
 
     x, idx, w, gu, dp, gate, up, order, expert_start = saved
     routing = Routing(idx, gu.shape[0], saved=(order, expert_start))
-    return run(grad_out.contiguous(), x, idx, w, gu, dp, gate, up, routing=routing, needs=needs, reuse=reuse)
+    with on_device(x.device):
+        return run(grad_out.contiguous(), x, idx, w, gu, dp, gate, up, routing=routing, needs=needs, reuse=reuse)
 
 
 @moe_backward.register_fake

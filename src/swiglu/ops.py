@@ -242,22 +242,23 @@ def run_backward(
     inter, hidden = gate_weight.shape
     xf = _rows(x, hidden)
     plan = backend.backward_plan(xf.shape[0], hidden, inter, backend.plan_device(x.device))
-    grad_x, *grad_weights = backend.launch_backward(
-        (
-            _rows(grad_output, hidden),
-            xf,
-            _rows(gate_output, inter),
-            _rows(up_output, inter),
-            _rows(activated_gate, inter),
-            gate_weight,
-            up_weight,
-            down_weight,
-        ),
-        plan=plan,
-        needs=needs,
-        overwrite_activations=consume,
-        release_activations=consume,
-    )
+    with on_device(x.device):
+        grad_x, *grad_weights = backend.launch_backward(
+            (
+                _rows(grad_output, hidden),
+                xf,
+                _rows(gate_output, inter),
+                _rows(up_output, inter),
+                _rows(activated_gate, inter),
+                gate_weight,
+                up_weight,
+                down_weight,
+            ),
+            plan=plan,
+            needs=needs,
+            overwrite_activations=consume,
+            release_activations=consume,
+        )
     # grad_x is contiguous: a view in x's shape (view_as parses faster than reshape's sizes).
     return (grad_x if grad_x is None or xf is x else grad_x.view_as(x), *grad_weights)
 
@@ -296,9 +297,10 @@ def _forward(x, gate_weight, up_weight, down_weight, impl: str, save_activated_g
 def _forward_ops(x, gate_weight, up_weight, down_weight, impl: str, save_activated_gate: bool):
     if not save_activated_gate and impl == "triton":
         # Inputs validated, the Triton path resolved.
-        out, gate_output, up_output = (_KERNELS.get("forward") or _triton_forward()).run_forward(
-            x, gate_weight, up_weight, down_weight
-        )
+        with on_device(x.device):
+            out, gate_output, up_output = (_KERNELS.get("forward") or _triton_forward()).run_forward(
+                x, gate_weight, up_weight, down_weight
+            )
         return out, gate_output, up_output, None
     gate_output = F.linear(x, gate_weight)
     activated_gate = activated_gate_of(gate_output)
@@ -768,6 +770,19 @@ def vmapped(t: torch.Tensor) -> bool:
             return True
         t = functorch.get_unwrapped(t)
     return False
+
+
+def on_device(device: torch.device):
+    """A context in which ``device`` is the current CUDA device (a no-op where it already is, or
+    off CUDA): Triton launches on the current device whatever its arguments' device, so a model
+    spread over GPUs (``device_map="auto"``, pipeline stages) would run its layers' kernels on the
+    wrong one."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return _SAME_DEVICE
+
+
+_SAME_DEVICE = contextlib.nullcontext()
 
 
 def legacy_batched(t: torch.Tensor | None) -> bool:

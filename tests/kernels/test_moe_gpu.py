@@ -200,3 +200,27 @@ def test_gluon_kernels_match_the_tl_kernels(monkeypatch, kind):
             assert worst <= 1e-5, f"seed={seed}: {name} differs by {worst:.2e} of its largest value"
         else:
             assert torch.equal(a, b), f"seed={seed}: {name} differs between the Gluon and tl kernels"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_a_second_gpu_while_the_first_is_current():
+    """Tensors on cuda:1 while cuda:0 is current (a model spread over GPUs by device_map): the MoE
+    op and the dense op's lean Triton path give each output and gradient bitwise as with cuda:1
+    current (Triton launches on the current device: the ops switch to their tensors')."""
+    dev = torch.device("cuda", 1)
+    inp = make_moe(fresh_seed(), 300, 1024, 512, 8, 2, device=dev)
+    t = swiglu.make_inputs(batch_size=1, seq_len=300, hidden_size=1024, intermediate_size=512, device=dev, seed=fresh_seed())
+
+    def dense():
+        x = t.x.clone().requires_grad_()
+        ws = [w.clone().requires_grad_() for w in (t.gate_weight, t.up_weight, t.down_weight)]
+        out = swiglu.swiglu_mlp(x, *ws, impl="triton", save_activated_gate=False)
+        out.backward(t.grad_output)
+        return [out, x.grad, *(w.grad for w in ws)]
+
+    with torch.cuda.device(dev):
+        want = run(inp, "triton") + tuple(dense())
+    with torch.cuda.device(0):
+        got = run(inp, "triton") + tuple(dense())
+        torch.cuda.synchronize(dev)
+    assert all(a.device == dev and torch.equal(a, b) for a, b in zip(got, want))
