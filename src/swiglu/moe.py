@@ -30,6 +30,7 @@ from .ops import (
     add_flop_formula,
     auto_reason,
     dispatch_mode_active,
+    has_tangent,
     legacy_batched,
     on_clear_plans,
     on_device,
@@ -179,9 +180,12 @@ def moe_reference_masked(x, top_k_index, top_k_weights, gate_up_proj, down_proj)
     out = torch.zeros_like(x) + _anchor(x, top_k_weights, gate_up_proj, down_proj).to(x.dtype)
     for e in range(gate_up_proj.shape[0]):
         hit = top_k_index == e
-        gate, up = F.linear(x, gate_up_proj[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, down_proj[e]) * (top_k_weights * hit).sum(-1, keepdim=True)
-        out = out + torch.where(hit.any(-1, keepdim=True), y, 0).to(out.dtype)  # no NaN from unrouted rows
+        routed = hit.any(-1, keepdim=True)
+        # Unrouted rows enter as zeros and their weights as 0 (not 0 * w): an overflow or a NaN
+        # outside the token's experts reaches neither the output nor any gradient.
+        gate, up = F.linear(torch.where(routed, x, 0), gate_up_proj[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down_proj[e]) * torch.where(hit, top_k_weights, 0).sum(-1, keepdim=True)
+        out = out + torch.where(routed, y, 0).to(out.dtype)
     return out
 
 
@@ -276,7 +280,7 @@ def swiglu_moe(
     x2 = x.reshape(T, H)
     idx = top_k_index.reshape(T, k)
     w = top_k_weights.reshape(T, k)
-    if not meta and impl == "triton" and (transforms_active() or _has_tangent(x, top_k_weights, gate_up_proj, down_proj)):
+    if not meta and impl == "triton" and (transforms_active() or has_tangent(x, top_k_weights, gate_up_proj, down_proj)):
         impl = "reference"  # torch.func transforms and forward-mode AD: the ops have no rules for them
     if impl == "reference":
         # The loop over the experts present reads the routing's values: compiled (a graph break,
@@ -287,8 +291,8 @@ def swiglu_moe(
             transforms_active() or fwAD._current_level >= 0
         )
         run = moe_reference_op if as_op else moe_reference
-        if transforms_active() and vmapped(idx):  # per-sample routing: its values are not readable
-            run = moe_reference_masked
+        if transforms_active() and (torch.compiler.is_compiling() or vmapped(idx)):
+            run = moe_reference_masked  # per-sample routing, or compiled: no read of the routing's values
         out = run(x2, idx, w, gate_up_proj, down_proj)
     elif (
         meta
@@ -305,11 +309,6 @@ def swiglu_moe(
     # output for its backward, and an in-place op on a view of it loses the hook. Compiled, views are free.
     out = out.reshape(x.shape)
     return out if torch.compiler.is_compiling() else out.clone()
-
-
-def _has_tangent(*tensors) -> bool:
-    """Whether forward-mode AD (``torch.autograd.forward_ad``) carries a tangent on any input."""
-    return any(fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
 # --------------------------------------------------------------------------- custom ops (the Triton path)

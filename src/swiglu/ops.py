@@ -35,6 +35,7 @@ import weakref
 from functools import lru_cache
 
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
 from .checks import (
@@ -730,9 +731,10 @@ def _swiglu_mlp(
         # given tensors: autocast casts x per linear, so grad_x sums its two parts in x's dtype).
         x, gate_weight, up_weight, down_weight = given
         return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
-    if transforms_active():
-        # torch.func (grad, vmap, jacrev...): the same formula in plain differentiable ops, which
-        # every transform supports (the kernels cannot read functorch's wrapped tensors).
+    if transforms_active() or has_tangent(x, gate_weight, up_weight, down_weight):
+        # torch.func (grad, vmap, jacrev...) and forward-mode AD: the same formula in plain
+        # differentiable ops, which every transform supports (the kernels cannot read functorch's
+        # wrapped tensors, and the autograd.Function has no jvp).
         return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
     if autocast is not None:
         with torch.autocast(autocast, enabled=False):
@@ -770,6 +772,12 @@ def vmapped(t: torch.Tensor) -> bool:
             return True
         t = functorch.get_unwrapped(t)
     return False
+
+
+def has_tangent(*tensors) -> bool:
+    """Whether forward-mode AD (``torch.autograd.forward_ad``) carries a tangent on any of
+    ``tensors`` (one integer compare outside a dual level). torch has no public query for the level."""
+    return fwAD._current_level >= 0 and any(fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def on_device(device: torch.device):

@@ -69,3 +69,26 @@ def test_batched_backward_through_triton_is_the_per_row_one(device, how):
         want = torch.autograd.grad(out, wrt, grads[b], retain_graph=True)
         for g, r in zip(got, want):
             assert r.abs().sum() > 0 and torch.equal(g[b], r)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("how", ["forward_ad", "jacobian_forward_mode"])
+def test_forward_mode_ad_takes_the_plain_formula(device, impl, how):
+    """Forward-mode AD through ``swiglu_mlp`` (a dual tensor, ``jacobian(strategy="forward-mode")``):
+    the plain formula's tangents (the autograd.Function has no jvp), equal to nn.Linear's."""
+    import torch.autograd.forward_ad as fwAD
+    import torch.nn.functional as F
+
+    t = _inputs(device, batch=1, seq=3, seed=8)
+    x, ws = t[1].detach(), [w.detach() for w in t[5:]]
+    plain = lambda a: F.linear(F.silu(F.linear(a, ws[0])) * F.linear(a, ws[1]), ws[2])  # noqa: E731
+    ours = lambda a: swiglu.swiglu_mlp(a, *ws, impl=impl)  # noqa: E731
+    if how == "forward_ad":
+        tangent = torch.randn_like(x)
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(ours(fwAD.make_dual(x, tangent))).tangent
+            want = fwAD.unpack_dual(plain(fwAD.make_dual(x, tangent))).tangent
+    else:
+        got = torch.autograd.functional.jacobian(ours, x, vectorize=True, strategy="forward-mode")
+        want = torch.autograd.functional.jacobian(plain, x, vectorize=True, strategy="forward-mode")
+    assert want.abs().sum() > 0 and torch.equal(got, want)

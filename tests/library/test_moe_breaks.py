@@ -265,6 +265,54 @@ def test_vmap_over_per_sample_routing_is_the_per_sample_call(impl):
         torch.testing.assert_close(got[b], want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
+def test_vmap_over_routing_keeps_an_unrouted_experts_overflow_out_of_the_gradients():
+    """fp16, an expert that overflows on every token but gets none of them: vmap over per-sample
+    routing (every expert over every token, masked) gives the per-sample reference's output and
+    finite routing-weight gradients, as the per-sample calls do; a NaN routing weight at an
+    out-of-range id stays out as well."""
+    from torch.func import grad, vmap
+
+    from swiglu.moe import moe_reference
+
+    B, k = 2, 2
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(B, 3, H, generator=g).half()
+    gu = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).half()
+    dp = (torch.randn(E, H, I, generator=g) / I**0.5).half()
+    gu[3] *= 400  # expert 3 overflows fp16 on every token; no token routes to it
+    gate, up = torch.nn.functional.linear(X[0], gu[3]).chunk(2, -1)
+    assert torch.isinf(torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, dp[3])).any()
+    IDX = torch.tensor([[0, 1], [1, 2], [2, 0]]).repeat(B, 1, 1)
+    W = torch.full((B, 3, k), 0.5, dtype=torch.float16)
+    IDX[1, 0, 1], W[1, 0, 1] = E, float("nan")  # a sentinel id whose weight is NaN contributes nothing
+    moe = lambda w, x, i: swiglu.swiglu_moe(x, i, w, gu, dp, impl="reference")  # noqa: E731
+    out = vmap(lambda w, x, i: moe(w, x, i))(W, X, IDX)
+    assert torch.equal(out, torch.stack([moe_reference(X[b], IDX[b], W[b], gu, dp) for b in range(B)]))
+    got = vmap(grad(lambda w, x, i: moe(w, x, i).float().sum()))(W, X, IDX)
+    loop = grad(lambda w, x, i: moe_reference(x, i, w, gu, dp).float().sum())  # the eager call refuses id E on a CPU
+    want = torch.stack([loop(W[b], X[b], IDX[b]) for b in range(B)])
+    routed = IDX < E
+    assert torch.isfinite(got[routed]).all() and torch.equal(got[routed], want[routed])
+
+
+def test_compiled_vmap_over_routing_traces_whole():
+    """torch.compile(vmap(swiglu_moe), fullgraph=True) over per-sample routing: one graph (the
+    masked formula reads no routing value), the eager vmap's result."""
+    from torch.func import vmap
+
+    torch._dynamo.reset()
+    B, k = 2, 2
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(B, 3, H, generator=g)
+    W, IDX = torch.softmax(torch.randn(B, 3, E, generator=g), -1).topk(k)
+    gu, dp = torch.randn(E, 2 * I, H, generator=g) / H**0.5, torch.randn(E, H, I, generator=g) / I**0.5
+    per_sample = vmap(lambda x, i, w: swiglu.swiglu_moe(x, i, w, gu, dp))
+    want = per_sample(X, IDX, W)
+    got = torch.compile(per_sample, backend="eager", fullgraph=True)(X, IDX, W)
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_compiling_triton_is_the_eager_result_and_still_rejects_what_cannot_run():
     """torch.compile of impl="triton" (fullgraph): the eager result bitwise; fp32 inputs the eager
     TypeError, not one of Dynamo's."""
