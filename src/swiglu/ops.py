@@ -720,8 +720,11 @@ def _swiglu_mlp(
         x, gate_weight, up_weight, down_weight = (t.to(dtype) for t in (x, gate_weight, up_weight, down_weight))
     if torch.compiler.is_compiling():
         # The custom ops resolve impl in their bodies, at run time (the device queries behind
-        # the decision are not traceable); the cached decision costs nothing there.
+        # the decision are not traceable); the cached decision costs nothing there. Under a
+        # torch.func transform (compile of grad, vmap...) the plain formula, as eager.
         _check_impl(impl)
+        if transforms_active():
+            return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
         return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]
     auto = impl == "auto"
     impl = resolve_impl(impl, x, gate_weight)

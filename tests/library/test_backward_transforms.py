@@ -92,3 +92,22 @@ def test_forward_mode_ad_takes_the_plain_formula(device, impl, how):
         got = torch.autograd.functional.jacobian(ours, x, vectorize=True, strategy="forward-mode")
         want = torch.autograd.functional.jacobian(plain, x, vectorize=True, strategy="forward-mode")
     assert want.abs().sum() > 0 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_compiled_transform_of_the_function_is_the_eager_transform(device, transform):
+    """torch.compile of torch.func.grad / vmap over ``swiglu_mlp``: the plain formula inside the
+    transform, as eager (the custom op has no functorch rules), whole-graph."""
+    torch._dynamo.reset()
+    t = _inputs(device, batch=2, seq=3, seed=9)
+    x, ws = t[1].detach(), [w.detach() for w in t[5:]]
+    if transform == "grad":
+        f = torch.func.grad(lambda g: swiglu.swiglu_mlp(x, g, *ws[1:]).float().sum())
+        arg = ws[0]
+    else:
+        f = torch.func.vmap(lambda a: swiglu.swiglu_mlp(a, *ws))
+        arg = x
+    want = f(arg)
+    got = torch.compile(f, backend="eager", fullgraph=True)(arg)
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
