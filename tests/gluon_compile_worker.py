@@ -231,7 +231,7 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
     return failed or wgrad_report(k, entry)
 
 
-def compile_moe_wgrad(cfg) -> dict:
+def compile_moe_wgrad(cfg, gather: int = 0) -> dict:
     """``swiglu.kernels.moe_gluon_wgrad``'s kernel at ``cfg`` (the lab's ping-pong kernel at a
     ``pingpong`` one; pointers 16-byte aligned, M, N and the row strides multiples of 16, as at the
     model shapes), reported as ``compile_one`` does, with its global scratch (the device-side
@@ -241,21 +241,27 @@ def compile_moe_wgrad(cfg) -> dict:
         kernel = moe_gluon_wgrad_pingpong.moe_wgrad_pingpong_kernel
         c_block = [cfg.BM, cfg.BN2]
         constexprs.update({"BN": cfg.BN, "WG_STORE": cfg.wg_store, "MMA_REGS": cfg.mma_regs or cfg.maxnreg})
+        constexprs.update({"TOP_K": 8, "GATHER": gather})
     else:
         kernel = moe_gluon_wgrad.moe_wgrad_gluon_kernel
         c_block = [cfg.BM, cfg.BN]
         constexprs.update({"NC": cfg.NC, "STORE_REGS": cfg.store_regs})
     sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "start_ptr": "*i32", "c_desc": desc(c_block)}
     sig.update({n: "i32" for n in ("E", "M", "N", "stride_a", "stride_b")})
+    if cfg.pingpong:
+        sig.update({"src_ptr": "*bf16", "pair_order": "*i32", "stride_src": "i32"})
     sig.update({k: "constexpr" for k in constexprs})
-    attrs = aligned(kernel, ("a_ptr", "b_ptr", "start_ptr", "M", "N", "stride_a", "stride_b"))
-    entry = {"config": cfg.__dict__, "kind": "moe_wgrad"}
+    aligned_args = ("a_ptr", "b_ptr", "start_ptr", "M", "N", "stride_a", "stride_b")
+    attrs = aligned(kernel, aligned_args + (("src_ptr", "pair_order", "stride_src") if cfg.pingpong else ()))
+    entry = {"config": cfg.__dict__, "kind": "moe_wgrad", "gather": gather}
     k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
     if failed:
         return failed
     report = wgrad_report(k, entry)
     report["global_scratch"] = getattr(k.metadata, "global_scratch_size", None)
     report["tensormap_fence"] = report["ptx"].count("fence.proxy.tensormap")
+    report["cp_async"] = report["ptx"].count("cp.async.cg.shared.global")
+    report["cp_async_arrive"] = report["ptx"].count("cp.async.mbarrier.arrive")
     return report
 
 
@@ -439,6 +445,8 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         pp = moe_gluon_wgrad_pingpong.CONFIG
         configs = (cfg, dataclasses.replace(cfg, STAGES=3, NC=1), pp, dataclasses.replace(pp, BK=32, STAGES=8))
         results = [compile_moe_wgrad(c) for c in configs]
+        # The ping-pong tile gathering A's rows (grad_down_proj's grad_out) or B's (grad_gate_up_proj's x).
+        results += [compile_moe_wgrad(moe_gluon_wgrad_pingpong.GATHER_CONFIG, g) for g in (1, 2)]
     elif kind == "moe_up":
         cfg = moe_gluon_up.CONFIG
         results = [compile_moe_up(c) for c in (cfg, dataclasses.replace(cfg, GROUP_M=8))]

@@ -291,8 +291,8 @@ def swiglu_moe(
             transforms_active() or fwAD._current_level >= 0
         )
         run = moe_reference_op if as_op else moe_reference
-        if transforms_active() and (torch.compiler.is_compiling() or vmapped(idx)):
-            run = moe_reference_masked  # per-sample routing, or compiled: no read of the routing's values
+        if transforms_active() and not torch.compiler.is_compiling() and vmapped(idx):
+            run = moe_reference_masked  # per-sample routing: no read of the routing's values
         out = run(x2, idx, w, gate_up_proj, down_proj)
     elif (
         meta

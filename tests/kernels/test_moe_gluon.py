@@ -54,9 +54,13 @@ def test_tile_table_lists_every_experts_m_tiles(counts):
 def _wgrad(r):
     assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_store"] > 0, r
     # The loader's descriptors: two slots of two (a, b; three with the ping-pong tile's second
-    # column chunk), each 128 bytes, each with its fence.
-    n = 6 if r["config"]["pingpong"] else 4
+    # column chunk), each 128 bytes, each with its fence; the gathering forms make only the TMA
+    # operand's (A: one, B: two) and copy the gathered one's [BK, 64] pieces by 16-byte cp.async
+    # (4 warps: 4 a piece per thread; A 2 pieces, B 3; two call sites), one arrival per site.
+    gather = r["gather"]
+    n = (6, 4, 2)[gather] if r["config"]["pingpong"] else 4
     assert r["global_scratch"] >= n * 128 and r["tensormap_fence"] >= n, r
+    assert r["cp_async"] == (0, 16, 24)[gather] and r["cp_async_arrive"] == (0, 2, 2)[gather], r
 
 
 def _up(r):
@@ -86,7 +90,7 @@ def _pairs(r):
 
 @pytest.mark.parametrize(
     "kind, compiles, check",
-    [("moe_wgrad", 4, _wgrad), ("moe_up", 3, _up), ("moe_dswiglu", 2, _dswiglu), ("moe_pairs", 4, _pairs)],
+    [("moe_wgrad", 6, _wgrad), ("moe_up", 3, _up), ("moe_dswiglu", 2, _dswiglu), ("moe_pairs", 4, _pairs)],
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)

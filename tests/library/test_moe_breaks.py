@@ -295,24 +295,6 @@ def test_vmap_over_routing_keeps_an_unrouted_experts_overflow_out_of_the_gradien
     assert torch.isfinite(got[routed]).all() and torch.equal(got[routed], want[routed])
 
 
-def test_compiled_vmap_over_routing_traces_whole():
-    """torch.compile(vmap(swiglu_moe), fullgraph=True) over per-sample routing: one graph (the
-    masked formula reads no routing value), the eager vmap's result."""
-    from torch.func import vmap
-
-    torch._dynamo.reset()
-    B, k = 2, 2
-    g = torch.Generator().manual_seed(0)
-    X = torch.randn(B, 3, H, generator=g)
-    W, IDX = torch.softmax(torch.randn(B, 3, E, generator=g), -1).topk(k)
-    gu, dp = torch.randn(E, 2 * I, H, generator=g) / H**0.5, torch.randn(E, H, I, generator=g) / I**0.5
-    per_sample = vmap(lambda x, i, w: swiglu.swiglu_moe(x, i, w, gu, dp))
-    want = per_sample(X, IDX, W)
-    got = torch.compile(per_sample, backend="eager", fullgraph=True)(X, IDX, W)
-    assert want.abs().sum() > 0
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
-
-
 def test_compiling_triton_is_the_eager_result_and_still_rejects_what_cannot_run():
     """torch.compile of impl="triton" (fullgraph): the eager result bitwise; fp32 inputs the eager
     TypeError, not one of Dynamo's."""

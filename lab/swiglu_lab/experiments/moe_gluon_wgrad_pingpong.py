@@ -17,11 +17,20 @@ Compiled for sm_90 without a GPU (tests/kernels/test_moe_gluon.py); on the GPU:
 ``lab/probes/moe_gluon_wgrad.py`` checks it bitwise against the library's kernels and times them.
 """
 
+import dataclasses
+
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
 from swiglu.kernels.configs import GluonConfig
@@ -35,6 +44,12 @@ CONFIG = GluonConfig(
     BM=128, BN=128, BK=64, STAGES=4, NC=1, GROUP_M=8, num_warps=4, maxnreg=168, pingpong=True, BN2=64, mma_regs=232,
     wg_store=2,
 )  # fmt: skip
+
+
+#: The gathering form's: four loader warps (``LOAD_WARPS``) at 56 registers and the second MMA
+#: warpgroup at 224 (the first gets 232): no spills under triton 3.6 (at 48 the B gather spilled
+#: 8 bytes; at 56 beside 232, the first warpgroup's 224 spilled 384).
+GATHER_CONFIG = dataclasses.replace(CONFIG, load_regs=56, mma_regs=224)
 
 
 @aggregate
@@ -59,10 +74,17 @@ class Args:
     stride_a: gl.tensor
     stride_b: gl.tensor
     GROUP_M: gl.constexpr
+    # GATHER 1 (A) or 2 (B): that operand's rows read from src (x or grad_out [T, H], row stride
+    # stride_src) at token pair_order[row] // TOP_K by cp.async, instead of a copy in expert order.
+    src_ptr: gl.tensor
+    pair_order: gl.tensor
+    stride_src: gl.tensor
+    TOP_K: gl.constexpr
+    GATHER: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, b2_bufs, c_bufs, ready, empty, order, E, M, N,
-                 stride_a, stride_b, GROUP_M):  # fmt: skip
+                 stride_a, stride_b, GROUP_M, src_ptr, pair_order, stride_src, TOP_K, GATHER):  # fmt: skip
         self.a_ptr = a_ptr
         self.b_ptr = b_ptr
         self.start_ptr = start_ptr
@@ -80,36 +102,97 @@ class Args:
         self.stride_a = stride_a
         self.stride_b = stride_b
         self.GROUP_M = gl.constexpr(GROUP_M)
+        self.src_ptr = src_ptr
+        self.pair_order = pair_order
+        self.stride_src = stride_src
+        self.TOP_K = gl.constexpr(TOP_K)
+        self.GATHER = gl.constexpr(GATHER)
+
+
+@gluon.constexpr_function
+def _gather_layout(BK):
+    # 4 warps over a [BK, 64] piece: 16-byte vectors along the row, 16 rows a pass.
+    return gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _gather_piece(dst, p, roff, ok, col0, ncols, cols):
+    """dst [BK, 64] = the rows ``roff`` (element offsets into src, ``ok`` where the expert has
+    them: zeros elsewhere) at columns col0 .. col0 + 63 by cp.async; zeros where col0 >= ncols
+    (a piece past N: every model shape has N % 64 == 0)."""
+    ptrs = p.src_ptr + gl.expand_dims(roff, 1) + (col0 + cols)
+    async_copy.async_copy_global_to_shared(dst, ptrs, mask=gl.expand_dims(ok & (col0 < ncols), 1))
 
 
 @gluon.jit
 def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
     """``moe_gluon_wgrad._load_run`` with the tile's second column chunk: the loads of one run of
-    this program's tiles in one expert, through descriptors of its rows made first."""
+    this program's tiles in one expert, through descriptors of its rows made first; with
+    ``p.GATHER``, the gathered operand's rows by cp.async instead (each stage's barrier tracks
+    them before the expect of the TMA boxes, so the stage completes only with both)."""
     BK: gl.constexpr = p.a_bufs.type.shape[1]
     BM: gl.constexpr = p.a_bufs.type.shape[2]
     BN: gl.constexpr = p.b_bufs.type.shape[2]  # the tile's first column chunk
     BN2: gl.constexpr = p.b2_bufs.type.shape[2]  # and its second
-    STAGE_BYTES: gl.constexpr = 2 * BK * (BM + BN + BN2)
+    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+    GATHER: gl.constexpr = p.GATHER
+    TMA_COLS: gl.constexpr = (0 if GATHER == 1 else BM) + (0 if GATHER == 2 else BN + BN2)
+    STAGE_BYTES: gl.constexpr = 2 * BK * TMA_COLS
+    layout: gl.constexpr = _gather_layout(BK)
     e_run, pid_m, pid_n, lo, rows = _expert_tile(pid + t * nprog, num_m, num_n, p.start_ptr, p.GROUP_M)
     shape_k = gl.maximum(rows, 1)
-    a_desc = tma.make_tensor_descriptor(
-        p.a_ptr + lo.to(gl.int64) * p.stride_a, [shape_k, p.M], [p.stride_a, 1], [BK, BM], _smem_layout([BK, BM])
-    )
-    b_base = p.b_ptr + lo.to(gl.int64) * p.stride_b
-    b_desc = tma.make_tensor_descriptor(b_base, [shape_k, p.N], [p.stride_b, 1], [BK, BN], _smem_layout([BK, BN]))
-    b2_desc = tma.make_tensor_descriptor(b_base, [shape_k, p.N], [p.stride_b, 1], [BK, BN2], _smem_layout([BK, BN2]))
+    if GATHER != 1:
+        a_desc = tma.make_tensor_descriptor(
+            p.a_ptr + lo.to(gl.int64) * p.stride_a, [shape_k, p.M], [p.stride_a, 1], [BK, BM], _smem_layout([BK, BM])
+        )
+    if GATHER != 2:
+        b_base = p.b_ptr + lo.to(gl.int64) * p.stride_b
+        b_desc = tma.make_tensor_descriptor(b_base, [shape_k, p.N], [p.stride_b, 1], [BK, BN], _smem_layout([BK, BN]))
+        b2_desc = tma.make_tensor_descriptor(b_base, [shape_k, p.N], [p.stride_b, 1], [BK, BN2], _smem_layout([BK, BN2]))
+    if GATHER != 0:
+        i = gl.arange(0, BK, layout=gl.SliceLayout(1, layout))
+        cols = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, layout)), 0)
+        # A gathered operand's [BK, W] stage as W // 64 pieces of [BK, 64] (128-byte swizzle: its
+        # column blocks lie one after another, as moe_gluon_up._handover's pieces do).
+        if GATHER == 1:
+            pieces = p.a_bufs._reinterpret(gl.bfloat16, [STAGES * (BM // 64), BK, 64], _smem_layout([BK, 64]))
+        else:
+            pieces = p.b_bufs._reinterpret(gl.bfloat16, [STAGES * (BN // 64), BK, 64], _smem_layout([BK, 64]))
     # An expert without rows takes one k-step of boxes wholly past its one-row descriptor: zeros
     # (a box past N likewise), their bytes counted; its tile is then the MMAs' zeros.
     first = (rows == 0).to(gl.int32)
     e = e_run
     while (e == e_run) & (t < num_tiles):
         col = pid_n * (BN + BN2)
+        if GATHER != 0:  # the first k-step's token rows; each step loads the next one's
+            tok = gl.load(p.pair_order + lo + i, mask=i < rows, other=0) // p.TOP_K
         for kk in range(gl.maximum(gl.cdiv(rows, BK), 1)):
-            s, bar = _fill_stage(q, p.ready, p.empty, STAGE_BYTES)
-            tma.async_copy_global_to_shared(a_desc, [first + kk * BK, pid_m * BM], bar, p.a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [first + kk * BK, col], bar, p.b_bufs.index(s))
-            tma.async_copy_global_to_shared(b2_desc, [first + kk * BK, col + BN], bar, p.b2_bufs.index(s))
+            if GATHER == 0:
+                s, bar = _fill_stage(q, p.ready, p.empty, STAGE_BYTES)
+            else:
+                s = q % STAGES
+                bar = p.ready.index(s)
+                ok = i + kk * BK < rows
+                nxt = i + (kk + 1) * BK
+                tok_next = gl.load(p.pair_order + lo + nxt, mask=nxt < rows, other=0) // p.TOP_K
+                roff = tok.to(gl.int64) * p.stride_src
+                mbarrier.wait(p.empty.index(s), ((q // STAGES) & 1) ^ 1)
+                if GATHER == 1:
+                    for j in gl.static_range(BM // 64):
+                        _gather_piece(pieces.index(s * (BM // 64) + j), p, roff, ok, pid_m * BM + j * 64, p.M, cols)
+                else:
+                    for j in gl.static_range(BN // 64):
+                        _gather_piece(pieces.index(s * (BN // 64) + j), p, roff, ok, col + j * 64, p.N, cols)
+                    _gather_piece(p.b2_bufs.index(s), p, roff, ok, col + BN, p.N, cols)
+                async_copy.mbarrier_arrive(bar)
+                _cta_barrier()
+                mbarrier.expect(bar, STAGE_BYTES)
+                tok = tok_next
+            if GATHER != 1:
+                tma.async_copy_global_to_shared(a_desc, [first + kk * BK, pid_m * BM], bar, p.a_bufs.index(s))
+            if GATHER != 2:
+                tma.async_copy_global_to_shared(b_desc, [first + kk * BK, col], bar, p.b_bufs.index(s))
+                tma.async_copy_global_to_shared(b2_desc, [first + kk * BK, col + BN], bar, p.b2_bufs.index(s))
             q += 1
         t += 1
         e, pid_m, pid_n, lo, rows = _expert_tile(pid + gl.minimum(t, num_tiles - 1) * nprog, num_m, num_n, p.start_ptr, p.GROUP_M)
@@ -173,6 +256,8 @@ def _mma_wg(p, WHICH: gl.constexpr):
             g = c + kk
             s = g % STAGES
             mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
+            if p.GATHER != 0:  # cp.async's writes (generic proxy) before wgmma's reads (async proxy)
+                fence_async_shared()
             a_s = p.a_bufs.index(s).permute((1, 0))
             acc = warpgroup_mma(a_s, p.b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
             acc2 = warpgroup_mma(a_s, p.b2_bufs.index(s), acc2, use_acc=kk > 0, is_async=True)
@@ -214,12 +299,13 @@ def _mma_second(p):
 
 @gluon.jit
 def moe_wgrad_pingpong_kernel(
-    a_ptr, b_ptr, start_ptr, c_desc, E, M, N, stride_a, stride_b,
+    a_ptr, b_ptr, start_ptr, c_desc, E, M, N, stride_a, stride_b, src_ptr, pair_order, stride_src,
     BK: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WG_STORE: gl.constexpr,
-    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
+    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, TOP_K: gl.constexpr = 1, GATHER: gl.constexpr = 0,
 ):  # fmt: skip
     """c[e] = a_e^T @ b_e for every expert (module docstring); c_desc: the output as [E * M, N] in
-    [BM, BN2] boxes, BN = 2 * BN2; launch with num_warps=4."""
+    [BM, BN2] boxes, BN = 2 * BN2; launch with num_warps=4. GATHER 1 / 2: a / b not read (pass
+    any pointer), their rows gathered from src_ptr (``Args``); 0: src_ptr, pair_order unused."""
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN2: gl.constexpr = c_desc.block_type.shape[1]
     gl.static_assert(BN == 2 * BN2, "the tile's first chunk is two store chunks wide")
@@ -229,8 +315,10 @@ def moe_wgrad_pingpong_kernel(
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * WG_STORE, BM, BN2], c_desc.layout)
     ready, empty, order, _unused = _ring_barriers(STAGES, 2)
     p = Args(a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, b2_bufs, c_bufs, ready, empty, order, gl.to_tensor(E),
-             gl.to_tensor(M), gl.to_tensor(N), gl.to_tensor(stride_a), gl.to_tensor(stride_b), GROUP_M)  # fmt: skip
-    gl.warp_specialize([(_mma_first, (p,)), (_mma_second, (p,)), (_load_partition, (p,))], [4, 1], [MMA_REGS, LOAD_REGS])
+             gl.to_tensor(M), gl.to_tensor(N), gl.to_tensor(stride_a), gl.to_tensor(stride_b), GROUP_M, src_ptr,
+             pair_order, gl.to_tensor(stride_src), TOP_K, GATHER)  # fmt: skip
+    LOAD_WARPS: gl.constexpr = 4 if GATHER else 1  # the gathers' cp.async: 12 16-byte vectors per thread a stage
+    gl.warp_specialize([(_mma_first, (p,)), (_mma_second, (p,)), (_load_partition, (p,))], [4, LOAD_WARPS], [MMA_REGS, LOAD_REGS])
 
 
 def launch_moe_wgrad_pingpong(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, expert_start: torch.Tensor, cfg: GluonConfig = CONFIG, num_programs: int | None = None) -> None:  # fmt: skip
@@ -241,8 +329,29 @@ def launch_moe_wgrad_pingpong(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     triton.set_allocator(_scratch)
     c_desc = TensorDescriptor.from_tensor(c.view(E * M, N), [cfg.BM, cfg.BN2], _layout((cfg.BM, cfg.BN2)))
     moe_wgrad_pingpong_kernel[(num_programs or device_sms(c.device),)](
-        a, b, expert_start, c_desc, E, M, N, a.stride(0), b.stride(0),
+        a, b, expert_start, c_desc, E, M, N, a.stride(0), b.stride(0), a, expert_start, 0,
         cfg.BK, cfg.BN, cfg.GROUP_M, cfg.STAGES, cfg.wg_store, cfg.load_regs, cfg.mma_regs or cfg.maxnreg,
+        num_warps=4, maxnreg=cfg.maxnreg,
+    )  # fmt: skip
+
+
+def launch_moe_wgrad_gather(c: torch.Tensor, a, b, r, cfg: GluonConfig = GATHER_CONFIG, num_programs: int | None = None) -> None:  # fmt: skip
+    """``launch_moe_wgrad_pingpong``'s product with one operand a ``swiglu.kernels.moe.TokenRows``
+    (x or grad_out not copied): its rows gathered from the source by the loader (``Args.GATHER``),
+    the routing ``r``'s order and expert_start. Check ``supports_gather`` first."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from swiglu.kernels.moe import TokenRows
+
+    E, M, N = c.shape
+    which = 1 if isinstance(a, TokenRows) else 2
+    rows, dense = (a, b) if which == 1 else (b, a)
+    a_t, b_t = (rows.src, dense) if which == 1 else (dense, rows.src)
+    triton.set_allocator(_scratch)
+    c_desc = TensorDescriptor.from_tensor(c.view(E * M, N), [cfg.BM, cfg.BN2], _layout((cfg.BM, cfg.BN2)))
+    moe_wgrad_pingpong_kernel[(num_programs or device_sms(c.device),)](
+        a_t, b_t, r.expert_start, c_desc, E, M, N, a_t.stride(0), b_t.stride(0), rows.src, r.order, rows.src.stride(0),
+        cfg.BK, cfg.BN, cfg.GROUP_M, cfg.STAGES, cfg.wg_store, cfg.load_regs, cfg.mma_regs or cfg.maxnreg, rows.k, which,
         num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
@@ -256,16 +365,45 @@ def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig
     return a.is_cuda and gluon_unavailable_reason(a.device) is None and moe_gluon_wgrad.supports(c, a, b, cfg)
 
 
-def install(cfg: GluonConfig = CONFIG):
+def supports_gather(c: torch.Tensor, a, b, cfg: GluonConfig = GATHER_CONFIG) -> bool:
+    """Whether ``launch_moe_wgrad_gather`` takes these operands: exactly one a ``TokenRows`` whose
+    source rows are 16-byte vectors (unit column stride, a row stride multiple of 16, 16-byte
+    aligned, bf16) of the width the product needs, a multiple of 64 (whole [BK, 64] pieces); the
+    other as ``supports`` takes it (with itself in the gathered one's place)."""
+    from swiglu.kernels.moe import TokenRows
+
+    if isinstance(a, TokenRows) == isinstance(b, TokenRows):
+        return False
+    rows, dense = (a, b) if isinstance(a, TokenRows) else (b, a)
+    src, width = rows.src, c.shape[1] if rows is a else c.shape[2]
+    return (
+        src.is_cuda
+        and src.dtype == torch.bfloat16
+        and src.dim() == 2
+        and src.shape[1] == width
+        and width % 64 == 0
+        and src.stride(1) == 1
+        and src.stride(0) % 16 == 0
+        and src.data_ptr() % 16 == 0
+        and supports(c, dense, dense, cfg)
+    )
+
+
+def install(cfg: GluonConfig = CONFIG, gather: bool = True):
     """Sends the library's MoE weight gradients (``swiglu.kernels.moe.launch_wgrad``) to this kernel
     wherever ``supports`` holds, whatever the plan's tile says, the library's kernels elsewhere, for
-    the rest of the process. For measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon
-    wgrad_pingpong``), not for training jobs. Returns a function that undoes it."""
+    the rest of the process; with ``gather``, an operand the backward gives as ``TokenRows`` (x,
+    grad_out) is gathered by the kernel instead of copied (``supports_gather``). For measurements
+    (``scripts/moe_bench_gpu.py --lab-moe-gluon wgrad_pingpong``), not for training jobs. Returns a
+    function that undoes it."""
     from swiglu.kernels import moe
 
     library = moe.launch_wgrad
 
     def launch_wgrad(c, a, b, r, tile):
+        if gather and supports_gather(c, a, b):
+            return launch_moe_wgrad_gather(c, a, b, r)
+        a, b = (moe.gather_rows(t.src, r, t.k) if isinstance(t, moe.TokenRows) else t for t in (a, b))
         if supports(c, a, b, cfg):
             launch_moe_wgrad_pingpong(c, a, b, r.expert_start, cfg)
         else:

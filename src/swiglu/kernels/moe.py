@@ -941,10 +941,25 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
     )
 
 
+@dataclass(frozen=True)
+class TokenRows:
+    """The rows of ``src`` [T, N] (x or grad_out) that a routing's pairs read, in expert order:
+    ``gather_rows(src, r, k)`` not yet made. A weight gradient's operand given so is copied by
+    ``launch_wgrad`` just before its launch (and freed after it), or read in place by a launcher
+    that gathers rows itself."""
+
+    src: torch.Tensor
+    k: int
+
+
 def launch_wgrad(c, a, b, r: Routing, tile: Tile):
     """c[e] = a_e^T @ b_e over each expert's sorted rows of a [S, M] and b [S, N] (contiguous;
-    ``moe_wgrad_kernel``); each operand takes TMA where ``tile.TMA_A`` / ``TMA_B`` and its memory
-    allow."""
+    ``moe_wgrad_kernel``; either may be ``TokenRows``, copied here); each operand takes TMA where
+    ``tile.TMA_A`` / ``TMA_B`` and its memory allow."""
+    if isinstance(a, TokenRows):
+        a = gather_rows(a.src, r, a.k)
+    if isinstance(b, TokenRows):
+        b = gather_rows(b.src, r, b.k)
     if tile.GLUON and (g := _gluon().wgrad).supports(c, a, b):
         return g.launch_moe_wgrad_gluon(c, a, b, r.expert_start)
     E, M, N = c.shape
@@ -1117,13 +1132,13 @@ def moe_backward(
     # tokens, data/tuning/moe_wgrad_tma_20261204.log).
     grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
     if needs[2]:
-        xs = gather_rows(x, r, k)
-        if reuse:  # the gate rows' and the up rows' gradients from their own buffers
+        if reuse:  # the gate rows' and the up rows' gradients from their own buffers, one x copy
+            xs = gather_rows(x, r, k)
             launch_wgrad(grad_gu[:, :I], gate, xs, r, plan.wgrad_gu)
             launch_wgrad(grad_gu[:, I:], up, xs, r, plan.wgrad_gu)
+            del xs
         else:
-            launch_wgrad(grad_gu, dgu, xs, r, plan.wgrad_gu)
-        del xs
+            launch_wgrad(grad_gu, dgu, TokenRows(x, k), r, plan.wgrad_gu)
     if reuse:  # their last reader is launched: their memory goes back (stream-ordered) before the peak
         for t in (gate, up):
             t.untyped_storage().resize_(0)
@@ -1131,7 +1146,7 @@ def moe_backward(
     # grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw, likewise.
     grad_dp = torch.empty_like(down_proj) if needs[3] else None
     if needs[3]:
-        launch_wgrad(grad_dp, gather_rows(grad_out, r, k) if gos is None else gos, hw, r, plan.wgrad_dp)
+        launch_wgrad(grad_dp, TokenRows(grad_out, k) if gos is None else gos, hw, r, plan.wgrad_dp)
     del hw, gos
     if grad_w is not None and grad_w.dtype != top_k_weights.dtype:
         grad_w = grad_w.to(top_k_weights.dtype)
