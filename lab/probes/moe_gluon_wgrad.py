@@ -11,7 +11,9 @@ and 1.65 vs 2.00, Mixtral 5.87 vs 6.29 and 2.95 vs 3.17), a tie or slower at Qwe
 0.893, 0.519 vs 0.466): data/tuning/moe_gluon_20261205.log; the plan takes it at H >= 4096.
 Then: does the dense table's ping-pong tile at K = 129-2048 (two warpgroups on alternate 128 x 192
 tiles, each storing its own; ``swiglu_lab.experiments.moe_gluon_wgrad_pingpong``) beat both at
-~256-512 rows per expert? Not yet run on a GPU (compiled for sm_90 here).
+~256-512 rows per expert, and does its form that gathers x's / grad_out's rows itself ("pingpong
+gather", timed without the copy the others read) save the copy? Not yet run on a GPU (compiled for
+sm_90 here).
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 a K box) against the library's kernel and float64, then exits; run it first under a timeout (a
 fault in the barriers hangs). Otherwise: each weight gradient at 8192 tokens per shape
@@ -40,6 +42,8 @@ CONFIGS = {
     # The lab's ping-pong 128 x 192 tile (the dense table's at K = 129-2048), 64- and 32-deep k-steps.
     "pingpong k64 s4 g8": PP.CONFIG,
     "pingpong k32 s8 g8": dataclasses.replace(PP.CONFIG, BK=32, STAGES=8),
+    # ... gathering x's (grad_gate_up_proj) or grad_out's (grad_down_proj) rows itself: no copy.
+    "pingpong gather": PP.GATHER_CONFIG,
 }
 if "--sweep" in sys.argv:  # more stages and orders (each compiled for sm_90 under triton 3.6 without spills before its run)
     CONFIGS |= {
@@ -49,6 +53,7 @@ if "--sweep" in sys.argv:  # more stages and orders (each compiled for sm_90 und
         "gluon s4 nc2 g4": dataclasses.replace(G.CONFIG, GROUP_M=4),
     }
 rows = []
+GATHERED = {}  # role -> (a, b) with TokenRows in place of the copy (``operands``)
 
 
 def operands(H, I, E, k, T, skew=False, drop=None):
@@ -62,6 +67,8 @@ def operands(H, I, E, k, T, skew=False, drop=None):
     dgu = torch.randn(S, 2 * I, device="cuda").to(torch.bfloat16)
     hw = torch.randn(S, I, device="cuda").to(torch.bfloat16)
     xs, gos = M.gather_rows(x, r, k), M.gather_rows(go, r, k)
+    # The gathering kernel's operands: the copied one given as TokenRows (its source and top-k).
+    GATHERED.update({"wgrad_gu": (dgu, M.TokenRows(x, k)), "wgrad_dp": (M.TokenRows(go, k), hw)})
     return r, {"wgrad_gu": (torch.empty_like(gu), dgu, xs), "wgrad_dp": (torch.empty_like(dp), gos, hw)}
 
 
@@ -77,8 +84,12 @@ def check(name, r, role, c, a, b, tile, time_it, num_programs=None, repeats=1):
     rows.append((name, role, "library (tl)", lib_ms, True, 0.0))
     for label, cfg in CONFIGS.items():
         label += f" x{num_programs}" if num_programs else ""
-        launcher = PP.launch_moe_wgrad_pingpong if cfg.pingpong else G.launch_moe_wgrad_gluon
-        launch = lambda cfg=cfg, f=launcher: f(c, a, b, r.expert_start, cfg, num_programs)  # noqa: E731
+        if label.startswith("pingpong gather"):
+            ga, gb = GATHERED[role]
+            launch = lambda cfg=cfg, ga=ga, gb=gb: PP.launch_moe_wgrad_gather(c, ga, gb, r, cfg, num_programs)  # noqa: E731
+        else:
+            launcher = PP.launch_moe_wgrad_pingpong if cfg.pingpong else G.launch_moe_wgrad_gluon
+            launch = lambda cfg=cfg, f=launcher: f(c, a, b, r.expert_start, cfg, num_programs)  # noqa: E731
         same, diff = True, 0.0
         try:
             for _ in range(repeats):

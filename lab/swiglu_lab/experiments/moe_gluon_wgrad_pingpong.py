@@ -13,6 +13,9 @@ third box per stage for the tile's last BN2 columns. A tile's ring steps start a
 tile's of the program, whichever warpgroup took it: each warpgroup adds the other's k-steps from
 ``expert_start``. The warpgroups' main loops take turns (``order``), as in the dense kernel.
 Columns past N (a last column tile at N = 2048) are zero-filled loads and stores TMA drops.
+``GATHER`` 1 / 2: the A (grad_out's) or B (x's) rows are not read from an expert-order copy but
+gathered by four loader warps with cp.async, the stage's barrier tracking them before the expect
+of the other operand's TMA boxes (``launch_moe_wgrad_gather``; the MMA warpgroups fence each stage).
 Compiled for sm_90 without a GPU (tests/kernels/test_moe_gluon.py); on the GPU:
 ``lab/probes/moe_gluon_wgrad.py`` checks it bitwise against the library's kernels and times them.
 """
