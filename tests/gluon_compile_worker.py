@@ -24,7 +24,8 @@ moe_up: the library's MoE up projection with SwiGLU (``swiglu.kernels.moe_gluon_
 and with N tiles in bands of 8 M tiles (GROUP_M 8); the lab's one gathering x's rows itself
 (``swiglu_lab.experiments.moe_gluon_up_gather``) at its config.
 moe_dswiglu: the library's MoE dSwiGLU GEMM (``swiglu.kernels.moe_gluon_dswiglu``) at its config,
-with fp32 and bf16 routing weights.
+with fp32 and bf16 routing weights; the lab's one gathering grad_out's rows itself
+(``swiglu_lab.experiments.moe_gluon_dswiglu_gather``) at its config.
 moe_pairs: the lab's MoE down-projection-shaped GEMM (``swiglu_lab.experiments.moe_gluon_pairs``), as the
 forward's down projection (B transposed, the routing weight) and as grad_x's pieces, and at BN 256.
 
@@ -54,6 +55,7 @@ from swiglu_lab.experiments import (
     candidates,
     gluon_wgrad_probe,
     gluon_wgrad_resident,
+    moe_gluon_dswiglu_gather,
     moe_gluon_pairs,
     moe_gluon_up_gather,
     moe_gluon_wgrad_pingpong,
@@ -314,21 +316,33 @@ def compile_moe_up_gather(cfg) -> dict:
     return report
 
 
-def compile_moe_dswiglu(cfg, weights: str) -> dict:
+def compile_moe_dswiglu(cfg, weights: str, gather: bool = False) -> dict:
     """``swiglu.kernels.moe_gluon_dswiglu``'s kernel at ``cfg`` with routing weights of
-    ``weights`` ("fp32", "bf16"), reported as ``compile_one`` does."""
-    kernel = moe_gluon_dswiglu.moe_dswiglu_gluon_kernel
+    ``weights`` ("fp32", "bf16"), or with ``gather`` the lab's one gathering grad_out's rows itself
+    (``swiglu_lab.experiments.moe_gluon_dswiglu_gather``, top-k 8), reported as ``compile_one`` does."""
+    kernel = moe_gluon_dswiglu_gather.moe_dswiglu_gather_kernel if gather else moe_gluon_dswiglu.moe_dswiglu_gluon_kernel
     sig = {"gos_desc": desc([cfg.BM, cfg.BK]), "dp_desc": desc([cfg.BK, cfg.BN]), "table_ptr": "*i32", "order_ptr": "*i32"}
     sig["rw_ptr"] = "*" + weights
     sig.update({n: "*bf16" for n in ("gate_ptr", "up_ptr", "dgu_ptr", "hw_ptr")})
     sig["part_ptr"] = "*fp32"
     sig.update({n: "i32" for n in ("E", "H", "I", "MAX_M")})
+    names = ("table_ptr", "order_ptr", "rw_ptr", "gate_ptr", "up_ptr", "dgu_ptr", "hw_ptr", "part_ptr", "H", "I")
     constexprs = epilogue_constexprs(cfg)
+    if gather:
+        sig.update({"go_ptr": "*bf16", "stride_go": "i32"})
+        constexprs = {"TOP_K": 8, **constexprs}
+        names += ("go_ptr", "stride_go")
     sig.update({k: "constexpr" for k in constexprs})
-    attrs = aligned(kernel, ("table_ptr", "order_ptr", "rw_ptr", "gate_ptr", "up_ptr", "dgu_ptr", "hw_ptr", "part_ptr", "H", "I"))
-    entry = {"config": cfg.__dict__, "kind": "moe_dswiglu", "weights": weights}
+    attrs = aligned(kernel, names)
+    entry = {"config": cfg.__dict__, "kind": "moe_dswiglu_gather" if gather else "moe_dswiglu", "weights": weights}
     k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
-    return failed or wgrad_report(k, entry)
+    if failed:
+        return failed
+    report = wgrad_report(k, entry)
+    report["cp_async"] = report["ptx"].count("cp.async.cg.shared.global")
+    report["cp_async_arrive"] = report["ptx"].count("cp.async.mbarrier.arrive")
+    report["fence_proxy_async"] = report["ptx"].count("fence.proxy.async")
+    return report
 
 
 def compile_moe_pairs(cfg, transposed: bool) -> dict:
@@ -453,6 +467,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         results.append(compile_moe_up_gather(moe_gluon_up_gather.CONFIG))
     elif kind == "moe_dswiglu":
         results = [compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, w) for w in ("fp32", "bf16")]
+        results.append(compile_moe_dswiglu(moe_gluon_dswiglu_gather.CONFIG, "fp32", gather=True))
     elif kind == "moe_pairs":
         cfg = moe_gluon_pairs.CONFIG
         wide = dataclasses.replace(cfg, BN=256, STAGES=3)

@@ -10,6 +10,9 @@ with it, and without it as "kernel").
 Answer: d_gate, d_up, h * w bitwise, the partial sums within 2e-7; faster at hidden_size >= 4096
 (1.07-1.21x), slower at Qwen3-30B-A3B with the grad_out copy (0.675 vs 0.594 ms; the kernel alone
 0.549): data/tuning/moe_gluon_20261205.log; the plan takes it at H >= 4096.
+Then: does the lab's kernel gathering grad_out's rows itself with cp.async
+(``swiglu_lab.experiments.moe_gluon_dswiglu_gather``, "gather") win at every shape without the copy?
+Not yet run on a GPU (compiled for sm_90 here).
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 an M tile) against the library's kernel, then exits; run it first under a timeout (a fault in the
 barriers hangs). Otherwise: the dSwiGLU GEMM at 8192 tokens per shape (moe_probe.SHAPES), the
@@ -28,8 +31,11 @@ import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
 from swiglu.kernels import moe_gluon_dswiglu as G
 from swiglu.kernels.moe_gluon_up import _layout, tile_table
+from swiglu_lab.experiments import moe_gluon_dswiglu_gather as DG
 
 CONFIGS = {"gluon g1": G.CONFIG, "gluon g8": dataclasses.replace(G.CONFIG, GROUP_M=8)}
+# The lab's kernel gathering grad_out's rows itself (cp.async), no copy: its launch is its kernel (and the table).
+CONFIGS |= {"gather g1": DG.CONFIG, "gather g8": dataclasses.replace(DG.CONFIG, GROUP_M=8)}
 if "--sweep" in sys.argv:  # more stages and orders (each compiled for sm_90 under triton 3.6 without spills before its run)
     CONFIGS |= {
         "gluon s5 g1": dataclasses.replace(G.CONFIG, STAGES=5),
@@ -75,7 +81,12 @@ def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=Non
     rows.append((name, "library (tl)", lib_ms, float("nan"), True, 0.0))
     for label, cfg in CONFIGS.items():
         label += f" x{num_programs}" if num_programs else ""
-        launch = lambda cfg=cfg: G.launch_moe_dswiglu_gluon(M.gather_rows(go, r, k), dp, r, w, gate, up, *outs, cfg, num_programs)  # noqa: E731
+        if label.startswith("gather"):
+            launch = lambda cfg=cfg: DG.launch_moe_dswiglu_gather(go, dp, r, k, w, gate, up, *outs, cfg, num_programs)  # noqa: E731
+        else:
+            launch = lambda cfg=cfg: G.launch_moe_dswiglu_gluon(
+                M.gather_rows(go, r, k), dp, r, w, gate, up, *outs, cfg, num_programs
+            )  # noqa: E731
         same, rel = True, 0.0
         try:
             for _ in range(repeats):
@@ -91,7 +102,7 @@ def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=Non
         ms = kernel = float("nan")
         if time_it:
             ms = P.kernel_ms(launch)
-            kernel = P.kernel_ms(kernel_only(go, dp, r, k, w, gate, up, outs, cfg))
+            kernel = ms if label.startswith("gather") else P.kernel_ms(kernel_only(go, dp, r, k, w, gate, up, outs, cfg))
         rows.append((name, label, ms, kernel, same, rel))
         print(f"{name:12s} {label:14s} {ms:7.3f} ms (kernel {kernel:7.3f})  bitwise={same}  part rel={rel:.2g}", flush=True)
 

@@ -1,6 +1,6 @@
 """The Gluon MoE kernels (``swiglu.kernels.moe_gluon_wgrad``, ``moe_gluon_up``, ``moe_gluon_dswiglu``,
-and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``, ``moe_gluon_wgrad_pingpong`` and
-``moe_gluon_up_gather``): each
+and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``, ``moe_gluon_wgrad_pingpong``,
+``moe_gluon_up_gather`` and ``moe_gluon_dswiglu_gather``): each
 compiled for sm_90 with every Triton the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills, shared
 memory within the H200's block); the up projection's tile table (a tl kernel: run here under the
 interpreter) against the grouped GEMM's tiles computed in Python; the plan's choice of them; the
@@ -77,8 +77,14 @@ def _up(r):
 
 
 def _dswiglu(r):
-    # One m64n128k16 wgmma chain; the B box split in two at the 128-byte swizzle, with A's.
-    assert r["wgmma"] == 4 and r["tma_load"] == 3, r
+    # One m64n128k16 wgmma chain; the B box split in two at the 128-byte swizzle, with A's; or (the
+    # lab's gathering kernel) B's alone and A's rows by 16-byte cp.async (four warps: BM * BK * 2 /
+    # 16 / 128 per thread), tracked by the stage's barrier, fenced before the wgmma.
+    assert r["wgmma"] == 4, r
+    if r["kind"] == "moe_dswiglu_gather":
+        assert r["tma_load"] == 1 and r["cp_async"] == 8 and r["cp_async_arrive"] == 1 and r["fence_proxy_async"] >= 1, r
+    else:
+        assert r["tma_load"] == 3, r
     assert r["st_global"] > 0 and r["tma_store"] == 0, r
 
 
@@ -90,7 +96,7 @@ def _pairs(r):
 
 @pytest.mark.parametrize(
     "kind, compiles, check",
-    [("moe_wgrad", 6, _wgrad), ("moe_up", 3, _up), ("moe_dswiglu", 2, _dswiglu), ("moe_pairs", 4, _pairs)],
+    [("moe_wgrad", 6, _wgrad), ("moe_up", 3, _up), ("moe_dswiglu", 3, _dswiglu), ("moe_pairs", 4, _pairs)],
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)
@@ -163,7 +169,13 @@ def test_library_launchers_with_gluon_tiles_fall_back_bitwise(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "name, launcher", [("pairs", "launch_pairs"), ("wgrad_pingpong", "launch_wgrad"), ("up_gather", "launch_up")]
+    "name, launcher",
+    [
+        ("pairs", "launch_pairs"),
+        ("wgrad_pingpong", "launch_wgrad"),
+        ("up_gather", "launch_up"),
+        ("dswiglu_gather", "launch_dswiglu"),
+    ],
 )
 def test_lab_install_routes_only_what_the_kernel_takes_and_undoes(name, launcher):
     """The lab's ``install`` (the bench's ``--lab-moe-gluon pairs,wgrad_pingpong``) replaces the

@@ -265,14 +265,17 @@ def _epilogue_wg_store(acc, acc2, q, i, WHICH: gl.constexpr, c2_desc, c_bufs, GR
 
 
 @gluon.jit
-def _mma_tile(a_bufs, b_bufs, ready, empty, acc, c, k_tiles, A_T: gl.constexpr):
+def _mma_tile(a_bufs, b_bufs, ready, empty, acc, c, k_tiles, A_T: gl.constexpr, FENCE: gl.constexpr = False):
     """One tile's mainloop of MMA warps that share it: k_tiles wgmma steps through the ring from the
     program's step c, each stage released once its wgmma is done; returns (acc, the next step).
-    A_T: A's stages are [BK, BM], used transposed."""
+    A_T: A's stages are [BK, BM], used transposed. FENCE: a stage written by cp.async (the generic
+    proxy) is fenced before wgmma reads it (the async proxy)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     for kk in range(k_tiles):
         s = c % STAGES
         mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+        if FENCE:
+            fence_async_shared()
         a_s = a_bufs.index(s)
         if A_T:
             a_s = a_s.permute((1, 0))

@@ -70,10 +70,11 @@ class Args:
     I: gl.tensor
     MAX_M: gl.tensor
     GROUP_M: gl.constexpr
+    GATHER: gl.constexpr  # A written by cp.async (a gathering loader), not TMA: the MMAs fence first
 
     @gluon.constexpr_function
     def __init__(self, gos_desc, dp_desc, table_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, a_bufs,
-                 b_bufs, g_bufs, ready, empty, g_ready, g_empty, E, H, I, MAX_M, GROUP_M):  # fmt: skip
+                 b_bufs, g_bufs, ready, empty, g_ready, g_empty, E, H, I, MAX_M, GROUP_M, GATHER=False):  # fmt: skip
         self.gos_desc = gos_desc
         self.dp_desc = dp_desc
         self.table_ptr = table_ptr
@@ -96,6 +97,7 @@ class Args:
         self.I = I
         self.MAX_M = MAX_M
         self.GROUP_M = gl.constexpr(GROUP_M)
+        self.GATHER = gl.constexpr(GATHER)
 
 
 @gluon.jit
@@ -133,7 +135,7 @@ def _mma_partition(p):
     for t in range(num_tiles):
         e = _tile(p, t, num_n, pid, nprog)[2]
         if e < p.E:
-            acc, c = _mma_tile(p.a_bufs, p.b_bufs, p.ready, p.empty, acc, c, k_tiles, False)
+            acc, c = _mma_tile(p.a_bufs, p.b_bufs, p.ready, p.empty, acc, c, k_tiles, False, p.GATHER)
             buf = w % NG
             mbarrier.wait(p.g_empty.index(buf), ((w // NG) & 1) ^ 1)
             p.g_bufs.store(acc)  # one handover buffer (NG = 1)
