@@ -178,25 +178,29 @@ def test_library_launchers_with_gluon_tiles_fall_back_bitwise(monkeypatch):
     ],
 )
 def test_lab_install_routes_only_what_the_kernel_takes_and_undoes(name, launcher):
-    """The lab's ``install`` (the bench's ``--lab-moe-gluon pairs,wgrad_pingpong``) replaces the
-    library's launcher; operands the Gluon kernel does not take (here: CPU tensors, at sizes it
-    would take on a GPU) go to the library's kernel: the output and every gradient bitwise as
-    without it; the returned function restores the library's launcher."""
+    """The lab's ``install`` (the bench's ``--lab-moe-gluon``) replaces the library's launcher (and
+    for dswiglu_gather the plan, without a shared grad_out copy); operands the Gluon kernel does not
+    take (here: CPU tensors, at sizes it would take on a GPU) go to the library's kernel: the output
+    and every gradient bitwise as without it, ``swiglu.ops.clear_plans`` still works; the returned
+    function restores what it replaced."""
     import importlib
 
+    import swiglu
     from swiglu.kernels import moe
 
     lab = importlib.import_module(f"swiglu_lab.experiments.moe_gluon_{name}")
     inp = make_moe(0, 24, 128, 128, 4, 2)
     want = run(inp, "triton")
-    library = getattr(moe, launcher)
+    library, plan = getattr(moe, launcher), moe.moe_plan
     undo = lab.install()
     try:
         assert getattr(moe, launcher) is not library
+        swiglu.ops.clear_plans()  # works with what the install replaced
         got = run(inp, "triton")
     finally:
         undo()
     assert getattr(moe, launcher) is library
+    assert moe.moe_plan is plan  # what an install replaced beside its launcher is restored too
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 

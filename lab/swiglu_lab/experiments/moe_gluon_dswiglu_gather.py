@@ -204,13 +204,14 @@ def launch_moe_dswiglu_gather(grad_out, down_proj, r, k: int, weights, gate, up,
 
 def install(cfg: MoEGluonConfig = CONFIG):
     """Sends the library's dSwiGLU GEMM (``swiglu.kernels.moe.launch_dswiglu``) to this kernel where
-    ``supports`` holds and no shared grad_out copy is given, whatever the plan's tile says, in its
-    tile order, the library's launcher elsewhere, for the rest of the process. For measurements
-    (``scripts/moe_bench_gpu.py --lab-moe-gluon dswiglu_gather``), not for training jobs. Returns a
-    function that undoes it."""
+    ``supports`` holds, whatever the plan's tile says, in its tile order, the library's launcher
+    elsewhere, for the rest of the process; the plans share no grad_out copy between dSwiGLU and
+    grad_down_proj (``MoEPlan.share_grad_out_copy`` off: this kernel reads grad_out in place). For
+    measurements (``scripts/moe_bench_gpu.py --lab-moe-gluon dswiglu_gather``), not for training
+    jobs. Returns a function that undoes it."""
     from swiglu.kernels import moe
 
-    library = moe.launch_dswiglu
+    library, library_plan = moe.launch_dswiglu, moe.moe_plan
 
     def launch_dswiglu(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos=None):
         if gos is None and supports(grad_out, down_proj, dgu, part, cfg):
@@ -220,9 +221,14 @@ def install(cfg: MoEGluonConfig = CONFIG):
         else:
             library(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos)
 
-    moe.launch_dswiglu = launch_dswiglu
+    def moe_plan(*args):
+        return dataclasses.replace(library_plan(*args), share_grad_out_copy=False)
+
+    moe_plan.cache_clear = library_plan.cache_clear  # swiglu.ops.clear_plans clears the library's cache
+
+    moe.launch_dswiglu, moe.moe_plan = launch_dswiglu, moe_plan
 
     def undo():
-        moe.launch_dswiglu = library
+        moe.launch_dswiglu, moe.moe_plan = library, library_plan
 
     return undo
