@@ -210,6 +210,10 @@ def wgrad_report(k, entry: dict) -> dict:
         "tma_load": ptx.count("cp.async.bulk.tensor.2d.shared"),
         "setmaxnreg": ptx.count("setmaxnreg"),
         "st_global": ptx.count("st.global"),
+        # The gathering loaders' 16-byte copies, their barrier arrivals and the MMAs' proxy fences.
+        "cp_async": ptx.count("cp.async.cg.shared.global") + ptx.count("cp.async.ca.shared.global"),
+        "cp_async_arrive": ptx.count("cp.async.mbarrier.arrive"),
+        "fence_proxy_async": ptx.count("fence.proxy.async"),
         "ptx": strip_debug(ptx),
     }
 
@@ -262,8 +266,6 @@ def compile_moe_wgrad(cfg, gather: int = 0) -> dict:
     report = wgrad_report(k, entry)
     report["global_scratch"] = getattr(k.metadata, "global_scratch_size", None)
     report["tensormap_fence"] = report["ptx"].count("fence.proxy.tensormap")
-    report["cp_async"] = report["ptx"].count("cp.async.cg.shared.global")
-    report["cp_async_arrive"] = report["ptx"].count("cp.async.mbarrier.arrive")
     return report
 
 
@@ -307,13 +309,7 @@ def compile_moe_up_gather(cfg) -> dict:
     attrs = aligned(kernel, ("table_ptr", "gate_ptr", "up_ptr", "h_ptr", "I", "x_ptr", "order_ptr", "stride_x"))
     entry = {"config": cfg.__dict__, "kind": "moe_up_gather"}
     k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
-    if failed:
-        return failed
-    report = wgrad_report(k, entry)
-    report["cp_async"] = report["ptx"].count("cp.async.cg.shared.global") + report["ptx"].count("cp.async.ca.shared.global")
-    report["cp_async_arrive"] = report["ptx"].count("cp.async.mbarrier.arrive")
-    report["fence_proxy_async"] = report["ptx"].count("fence.proxy.async")
-    return report
+    return failed or wgrad_report(k, entry)
 
 
 def compile_moe_dswiglu(cfg, weights: str, gather: bool = False) -> dict:
@@ -336,13 +332,7 @@ def compile_moe_dswiglu(cfg, weights: str, gather: bool = False) -> dict:
     attrs = aligned(kernel, names)
     entry = {"config": cfg.__dict__, "kind": "moe_dswiglu_gather" if gather else "moe_dswiglu", "weights": weights}
     k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
-    if failed:
-        return failed
-    report = wgrad_report(k, entry)
-    report["cp_async"] = report["ptx"].count("cp.async.cg.shared.global")
-    report["cp_async_arrive"] = report["ptx"].count("cp.async.mbarrier.arrive")
-    report["fence_proxy_async"] = report["ptx"].count("fence.proxy.async")
-    return report
+    return failed or wgrad_report(k, entry)
 
 
 def compile_moe_pairs(cfg, transposed: bool) -> dict:

@@ -724,7 +724,7 @@ def _swiglu_mlp(
         # torch.func transform (compile of grad, vmap...) the plain formula, as eager.
         _check_impl(impl)
         if transforms_active():
-            return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
+            return _plain_mlp(x, gate_weight, up_weight, down_weight)
         return mlp_forward(x, gate_weight, up_weight, down_weight, impl, save_activated_gate)[0]
     auto = impl == "auto"
     impl = resolve_impl(impl, x, gate_weight)
@@ -733,16 +733,21 @@ def _swiglu_mlp(
         # costs host time where the step waits on the host: torch's ops, nn.Linear's bits (on the
         # given tensors: autocast casts x per linear, so grad_x sums its two parts in x's dtype).
         x, gate_weight, up_weight, down_weight = given
-        return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
+        return _plain_mlp(x, gate_weight, up_weight, down_weight)
     if transforms_active() or has_tangent(x, gate_weight, up_weight, down_weight):
         # torch.func (grad, vmap, jacrev...) and forward-mode AD: the same formula in plain
         # differentiable ops, which every transform supports (the kernels cannot read functorch's
         # wrapped tensors, and the autograd.Function has no jvp).
-        return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
+        return _plain_mlp(x, gate_weight, up_weight, down_weight)
     if autocast is not None:
         with torch.autocast(autocast, enabled=False):
             return _eager(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers)
     return _eager(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers)
+
+
+def _plain_mlp(x, gate_weight, up_weight, down_weight):
+    # nn.Linear's ops in nn.Linear's order (its bits), differentiable by every transform.
+    return F.linear(F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
 
 
 def _eager(x, gate_weight, up_weight, down_weight, impl, save_activated_gate, reuse_saved_buffers):

@@ -18,17 +18,18 @@ import dataclasses
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
 from swiglu.kernels.configs import MoEGluonConfig
 from swiglu.kernels.devices import device_sms, gluon_unavailable_reason
-from swiglu.kernels.gluon_wgrad import _cta_barrier, _ring_barriers
+from swiglu.kernels.gluon_wgrad import _ring_barriers
 from swiglu.kernels.moe_gluon_dswiglu import CONFIG as LIBRARY_CONFIG
 from swiglu.kernels.moe_gluon_dswiglu import _epilogue_partition, _mma_partition
 from swiglu.kernels.moe_gluon_dswiglu import supports as _dswiglu_supports
 from swiglu.kernels.moe_gluon_up import _layout, _program_tiles, _tile, tile_table
+from swiglu.kernels.moe_gluon_wgrad import _smem_layout
+from swiglu_lab.experiments.moe_gluon_up_gather import gather_layout, gather_stage, token_rows
 
 #: The library's tile; four loader warps (the warpgroup the one loader warp padded out to) at 48
 #: registers (8 16-byte vectors per thread a stage; at 40 ptxas spilled 4 bytes).
@@ -98,22 +99,14 @@ class Args:
         self.TOP_K = gl.constexpr(TOP_K)
 
 
-@gluon.constexpr_function
-def _a_layout(BM, BK):
-    return gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
-
-
 @gluon.jit
 def _gather_load_partition(p):
-    # Four warps: per tile its BM token rows (offsets in grad_out; rows past the expert's end
-    # masked), then per k-step the A stage by cp.async and the B box by TMA, the cp.async
-    # arrivals before the expect (``moe_gluon_up_gather._gather_load_partition``'s order).
+    # Four warps: per tile its BM token rows of grad_out, then per k-step the A stage by cp.async
+    # and the B box by TMA (``moe_gluon_up_gather.gather_stage``).
     BM: gl.constexpr = p.a_bufs.type.shape[1]
     BK: gl.constexpr = p.a_bufs.type.shape[2]
     BN: gl.constexpr = p.b_bufs.type.shape[2]
-    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
-    B_BYTES: gl.constexpr = 2 * BK * BN
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BK, BK // 8], [gl.num_warps(), 1], [1, 0])
+    layout: gl.constexpr = gather_layout(BK, gl.num_warps())
     num_n, pid, nprog, num_tiles = _program_tiles(p, BN)
     k_tiles = p.H // BK
     i = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
@@ -122,21 +115,9 @@ def _gather_load_partition(p):
     for t in range(num_tiles):
         m, pid_n, e = _tile(p, t, num_n, pid, nprog)
         if e < p.E:
-            row0 = gl.load(p.table_ptr + p.MAX_M + m)
-            end = gl.load(p.table_ptr + 2 * p.MAX_M + m)
-            ok = row0 + i < end
-            tok = gl.load(p.order_ptr + row0 + i, mask=ok, other=0) // p.TOP_K
-            rows = gl.expand_dims(p.go_ptr + tok.to(gl.int64) * p.stride_go, 1)
-            ok = gl.expand_dims(ok, 1)
+            rows, ok = token_rows(p, m, i, p.go_ptr, p.stride_go)
             for kk in range(k_tiles):
-                s = q % STAGES
-                bar = p.ready.index(s)
-                mbarrier.wait(p.empty.index(s), ((q // STAGES) & 1) ^ 1)
-                # H % BK == 0: a row's mask is constant along K, so the copies stay 16-byte vectors.
-                async_copy.async_copy_global_to_shared(p.a_bufs.index(s), rows + (kk * BK + cols), mask=ok)
-                async_copy.mbarrier_arrive(bar)
-                _cta_barrier()
-                mbarrier.expect(bar, B_BYTES)
+                s, bar = gather_stage(p, q, rows, ok, kk * BK, cols, 2 * BK * BN)
                 tma.async_copy_global_to_shared(p.dp_desc, [e * p.H + kk * BK, pid_n * BN], bar, p.b_bufs.index(s))
                 q += 1
 
@@ -157,7 +138,7 @@ def moe_dswiglu_gather_kernel(
     NG: gl.constexpr = 1
     gl.static_assert(BM % EPI_M == 0)
     gl.static_assert(EPI_M % 8 == 0)
-    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], _a_layout(BM, BK))
+    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], _smem_layout([BM, BK]))
     b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BN], dp_desc.layout)
     g_bufs = gl.allocate_shared_memory(gl.float32, [BM, BN], gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
     ready, empty, g_ready, g_empty = _ring_barriers(STAGES, NG)

@@ -30,6 +30,7 @@ from swiglu.kernels.devices import device_sms, gluon_unavailable_reason
 from swiglu.kernels.gluon_wgrad import _cta_barrier, _ring_barriers
 from swiglu.kernels.moe_gluon_up import _epilogue_partition, _handover, _layout, _mma_partition, _program_tiles, _tile
 from swiglu.kernels.moe_gluon_up import supports as _up_supports
+from swiglu.kernels.moe_gluon_wgrad import _smem_layout
 from swiglu.kernels.moe_gluon_up import tile_table
 
 #: The library's tile; the loader warp shares a warpgroup with the two epilogue warps, whose 168
@@ -95,22 +96,48 @@ class Args:
 
 
 @gluon.constexpr_function
-def _a_layout(BM, BK):
-    return gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+def gather_layout(cols, num_warps):
+    """The cp.async copies' layout of a [rows, cols] bf16 block: 16-byte vectors along a row."""
+    return gl.BlockedLayout([1, 8], [32 * 8 // cols, cols // 8], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def token_rows(p, m, i, src_ptr, stride):
+    """(rows, ok) [BM, 1] of M tile m (``p``: an Args with the tile table, order_ptr and TOP_K): a
+    pointer to src's row of each of its pairs' tokens, and whether the expert has that row."""
+    row0 = gl.load(p.table_ptr + p.MAX_M + m)
+    end = gl.load(p.table_ptr + 2 * p.MAX_M + m)
+    ok = row0 + i < end
+    tok = gl.load(p.order_ptr + row0 + i, mask=ok, other=0) // p.TOP_K
+    return gl.expand_dims(src_ptr + tok.to(gl.int64) * stride, 1), gl.expand_dims(ok, 1)
+
+
+@gluon.jit
+def gather_stage(p, q, rows, ok, k0, cols, NBYTES: gl.constexpr):
+    """The loader's step q with a gathered A: waits for its stage, copies the rows' columns k0 ..
+    k0 + BK into it by cp.async (rows not ok: zeros; H % BK == 0 keeps the mask constant along K,
+    so the copies stay 16-byte vectors), then arms its ready barrier: the cp.async arrivals first
+    (each adds a pending arrival, released when that thread's copies land), then the expect of the
+    NBYTES of TMA boxes, so the phase cannot complete before the copies. Returns (stage, barrier)."""
+    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+    s = q % STAGES
+    bar = p.ready.index(s)
+    mbarrier.wait(p.empty.index(s), ((q // STAGES) & 1) ^ 1)
+    async_copy.async_copy_global_to_shared(p.a_bufs.index(s), rows + (k0 + cols), mask=ok)
+    async_copy.mbarrier_arrive(bar)
+    _cta_barrier()
+    mbarrier.expect(bar, NBYTES)
+    return s, bar
 
 
 @gluon.jit
 def _gather_load_partition(p):
-    # One warp: per tile its BM token rows (their offsets in x, rows past the expert's end masked),
-    # then per k-step the A stage by cp.async and the B boxes by TMA. The cp.async arrivals come
-    # first: each adds a pending arrival to the stage's barrier, released when the thread's copies
-    # land, so the expect (the barrier's one counted arrival) cannot complete the phase before them.
+    # One warp: per tile its BM token rows, then per k-step the A stage by cp.async and the B
+    # boxes by TMA (``gather_stage``).
     BM: gl.constexpr = p.a_bufs.type.shape[1]
     BK: gl.constexpr = p.a_bufs.type.shape[2]
     BN: gl.constexpr = p.bg_bufs.type.shape[1]
-    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
-    B_BYTES: gl.constexpr = 2 * BK * 2 * BN
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BK, BK // 8], [1, 1], [1, 0])  # 16-byte vectors along K
+    layout: gl.constexpr = gather_layout(BK, gl.num_warps())
     H = p.xs_desc.shape[1]
     num_n, pid, nprog, num_tiles = _program_tiles(p, BN)
     k_tiles = gl.cdiv(H, BK)
@@ -120,25 +147,12 @@ def _gather_load_partition(p):
     for t in range(num_tiles):
         m, pid_n, e = _tile(p, t, num_n, pid, nprog)
         if e < p.E:
-            row0 = gl.load(p.table_ptr + p.MAX_M + m)
-            end = gl.load(p.table_ptr + 2 * p.MAX_M + m)
-            ok = row0 + i < end
-            tok = gl.load(p.order_ptr + row0 + i, mask=ok, other=0) // p.TOP_K
-            rows = gl.expand_dims(p.x_ptr + tok.to(gl.int64) * p.stride_x, 1)
-            ok = gl.expand_dims(ok, 1)
+            rows, ok = token_rows(p, m, i, p.x_ptr, p.stride_x)
             w_row = e * 2 * p.I + pid_n * BN
             for kk in range(k_tiles):
-                s = q % STAGES
-                bar = p.ready.index(s)
-                mbarrier.wait(p.empty.index(s), ((q // STAGES) & 1) ^ 1)
-                k0 = kk * BK
-                # H % BK == 0: a row's mask is constant along K, so the copies stay 16-byte vectors.
-                async_copy.async_copy_global_to_shared(p.a_bufs.index(s), rows + (k0 + cols), mask=ok)
-                async_copy.mbarrier_arrive(bar)
-                _cta_barrier()
-                mbarrier.expect(bar, B_BYTES)
-                tma.async_copy_global_to_shared(p.w_desc, [w_row, k0], bar, p.bg_bufs.index(s))
-                tma.async_copy_global_to_shared(p.w_desc, [w_row + p.I, k0], bar, p.bu_bufs.index(s))
+                s, bar = gather_stage(p, q, rows, ok, kk * BK, cols, 2 * BK * 2 * BN)
+                tma.async_copy_global_to_shared(p.w_desc, [w_row, kk * BK], bar, p.bg_bufs.index(s))
+                tma.async_copy_global_to_shared(p.w_desc, [w_row + p.I, kk * BK], bar, p.bu_bufs.index(s))
                 q += 1
 
 
@@ -154,7 +168,7 @@ def moe_up_gather_kernel(
     BK: gl.constexpr = xs_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     NG: gl.constexpr = 1
-    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], _a_layout(BM, BK))
+    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], _smem_layout([BM, BK]))
     bg_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], w_desc.layout)
     bu_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], w_desc.layout)
     g_bufs, g_pieces = _handover(2 * NG, BM, BN, EPI_M)  # gate and up

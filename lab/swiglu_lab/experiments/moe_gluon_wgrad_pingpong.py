@@ -39,6 +39,7 @@ from triton.language.core import _aggregate as aggregate  # as Triton's gluon tu
 from swiglu.kernels.configs import GluonConfig
 from swiglu.kernels.devices import device_sms
 from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _layout, _mma_layout, _ring_barriers, _store_chunk
+from swiglu_lab.experiments.moe_gluon_up_gather import gather_layout
 from swiglu.kernels.moe_gluon_wgrad import _expert_tile, _program_tiles, _scratch, _smem_layout, _tile_of, _wait_landed
 
 #: The dense table's 128 x (128 + 64) ping-pong tile at K = 512 (backward_configs.json, bucket 512),
@@ -112,12 +113,6 @@ class Args:
         self.GATHER = gl.constexpr(GATHER)
 
 
-@gluon.constexpr_function
-def _gather_layout(BK):
-    # 4 warps over a [BK, 64] piece: 16-byte vectors along the row, 16 rows a pass.
-    return gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-
-
 @gluon.jit
 def _gather_piece(dst, p, roff, ok, col0, ncols, cols):
     """dst [BK, 64] = the rows ``roff`` (element offsets into src, ``ok`` where the expert has
@@ -141,7 +136,7 @@ def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
     GATHER: gl.constexpr = p.GATHER
     TMA_COLS: gl.constexpr = (0 if GATHER == 1 else BM) + (0 if GATHER == 2 else BN + BN2)
     STAGE_BYTES: gl.constexpr = 2 * BK * TMA_COLS
-    layout: gl.constexpr = _gather_layout(BK)
+    layout: gl.constexpr = gather_layout(64, 4)  # [BK, 64] pieces over the four loader warps
     e_run, pid_m, pid_n, lo, rows = _expert_tile(pid + t * nprog, num_m, num_n, p.start_ptr, p.GROUP_M)
     shape_k = gl.maximum(rows, 1)
     if GATHER != 1:
