@@ -12,7 +12,10 @@ Answer: d_gate, d_up, h * w bitwise, the partial sums within 2e-7; faster at hid
 0.549): data/tuning/moe_gluon_20261205.log; the plan takes it at H >= 4096.
 Then: does the lab's kernel gathering grad_out's rows itself with cp.async
 (``swiglu_lab.experiments.moe_gluon_dswiglu_gather``, "gather") win at every shape without the copy?
-Not yet run on a GPU (compiled for sm_90 here).
+Answer (one H100, bitwise): not at every shape: ahead of Gluon plus its copy at Qwen3-30B-A3B (0.66 vs
+0.78 ms; tl 0.67) and DeepSeek-V3 (5.18 vs 5.23), behind at Qwen3-235B-A22B (2.12 vs 1.99) and
+Mixtral (4.03 vs 3.70); the copy is shared with grad_down_proj in the library, so the bench's whole
+backward decides: data/tuning/moe_gluon_pingpong_gather_20261205.log.
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 an M tile) against the library's kernel, then exits; run it first under a timeout (a fault in the
 barriers hangs). Otherwise: the dSwiGLU GEMM at 8192 tokens per shape (moe_probe.SHAPES), the

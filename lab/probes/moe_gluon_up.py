@@ -11,7 +11,10 @@ Answer: bitwise; faster at all four shapes, the x copy included (1.08-1.21x: 0.8
 Qwen3-30B-A3B, 6.00 vs 7.29 at Mixtral with GROUP_M 8): data/tuning/moe_gluon_20261205.log; the plan takes it.
 Then: does the lab's kernel gathering x's rows itself with cp.async
 (``swiglu_lab.experiments.moe_gluon_up_gather``, "gather") save the copy (0.13 ms at Qwen3-30B-A3B)?
-Not yet run on a GPU (compiled for sm_90 here).
+Answer (one H100, bitwise): no, slower than Gluon with the copy at every shape (0.97 vs 0.92 ms at
+Qwen3-30B-A3B, 3.63 vs 3.24 at Qwen3-235B-A22B, 9.83 vs 9.11 at DeepSeek-V3, 7.33 vs 5.65 at
+Mixtral): one cp.async warp does not feed the MMAs as TMA boxes do;
+data/tuning/moe_gluon_pingpong_gather_20261205.log. The library keeps the copy.
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 an M tile) against the library's kernel, then exits; run it first under a timeout (a fault in the
 barriers hangs). Otherwise: the up projection at 8192 tokens per shape (moe_probe.SHAPES), the

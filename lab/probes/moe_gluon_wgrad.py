@@ -12,8 +12,11 @@ and 1.65 vs 2.00, Mixtral 5.87 vs 6.29 and 2.95 vs 3.17), a tie or slower at Qwe
 Then: does the dense table's ping-pong tile at K = 129-2048 (two warpgroups on alternate 128 x 192
 tiles, each storing its own; ``swiglu_lab.experiments.moe_gluon_wgrad_pingpong``) beat both at
 ~256-512 rows per expert, and does its form that gathers x's / grad_out's rows itself ("pingpong
-gather", timed without the copy the others read) save the copy? Not yet run on a GPU (compiled for
-sm_90 here).
+gather", timed without the copy the others read) save the copy? Answer (one H100, bitwise
+everywhere): ping-pong k64 is the fastest at Mixtral-8x7B (5.57 vs Gluon 6.09, tl 7.25 ms; 2.61 vs
+2.77) and Qwen3-235B-A22B's grad_down_proj (1.73 vs 1.76); the gathering form is within 0.04-0.06 ms of
+the copy-fed kernels at 256-512 rows per expert (so it saves the copy there: 30B 1.02 vs tl 0.95 plus
+x's copy) and 1.17 ms slower at Mixtral's 2048: data/tuning/moe_gluon_pingpong_gather_20261205.log.
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 a K box) against the library's kernel and float64, then exits; run it first under a timeout (a
 fault in the barriers hangs). Otherwise: each weight gradient at 8192 tokens per shape

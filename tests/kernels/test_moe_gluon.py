@@ -222,3 +222,22 @@ def test_gluon_decision_is_made_once_per_device_until_clear_plans(monkeypatch):
     run(inp, "triton")
     assert len(calls) == 2, calls
     swiglu.ops.clear_plans()
+
+
+@pytest.mark.parametrize("max_rows, gathers", [(3, False), (4, True)])
+def test_lab_wgrad_pingpong_gathers_only_up_to_its_rows_per_expert(monkeypatch, max_rows, gathers):
+    """The ping-pong install gathers a ``TokenRows`` operand only where the mean rows per expert
+    (S / E, here 24 * 2 / 12 = 4) are at most ``gather_max_rows``; above, the library's copy."""
+    from swiglu.kernels import moe
+    from swiglu_lab.experiments import moe_gluon_wgrad_pingpong as pp
+
+    calls = []
+    monkeypatch.setattr(pp, "supports_gather", lambda c, a, b: True)
+    monkeypatch.setattr(pp, "launch_moe_wgrad_gather", lambda c, a, b, r: calls.append(r.S / r.E) or c.zero_())
+    inp = make_moe(0, 24, 128, 128, 12, 2)
+    undo = pp.install(gather_max_rows=max_rows)
+    try:
+        run(inp, "triton")
+    finally:
+        undo()
+    assert (calls == [4.0, 4.0]) if gathers else not calls, calls

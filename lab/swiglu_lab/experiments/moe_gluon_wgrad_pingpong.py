@@ -363,6 +363,12 @@ def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig
     return a.is_cuda and gluon_unavailable_reason(a.device) is None and moe_gluon_wgrad.supports(c, a, b, cfg)
 
 
+# Mean rows per expert up to which the gathering form wins: on an H100 it beat the copy plus TMA
+# boxes at 256-512 (Qwen3-30B-A3B, Qwen3-235B-A22B) and lost 1.17 ms of 5.57 at 2048 (Mixtral-8x7B),
+# data/tuning/moe_gluon_pingpong_gather_20261205.log.
+GATHER_MAX_ROWS = 1024
+
+
 def supports_gather(c: torch.Tensor, a, b, cfg: GluonConfig = GATHER_CONFIG) -> bool:
     """Whether ``launch_moe_wgrad_gather`` takes these operands: exactly one a ``TokenRows`` whose
     source rows are 16-byte vectors (unit column stride, a row stride multiple of 16, 16-byte
@@ -387,11 +393,12 @@ def supports_gather(c: torch.Tensor, a, b, cfg: GluonConfig = GATHER_CONFIG) -> 
     )
 
 
-def install(cfg: GluonConfig = CONFIG, gather: bool = True):
+def install(cfg: GluonConfig = CONFIG, gather: bool = True, gather_max_rows: int = GATHER_MAX_ROWS):
     """Sends the library's MoE weight gradients (``swiglu.kernels.moe.launch_wgrad``) to this kernel
     wherever ``supports`` holds, whatever the plan's tile says, the library's kernels elsewhere, for
     the rest of the process; with ``gather``, an operand the backward gives as ``TokenRows`` (x,
-    grad_out) is gathered by the kernel instead of copied (``supports_gather``). For measurements
+    grad_out) is gathered by the kernel instead of copied (``supports_gather``) where the mean rows
+    per expert are at most ``gather_max_rows`` (above, the copy and TMA boxes win). For measurements
     (``scripts/moe_bench_gpu.py --lab-moe-gluon wgrad_pingpong``), not for training jobs. Returns a
     function that undoes it."""
     from swiglu.kernels import moe
@@ -399,7 +406,7 @@ def install(cfg: GluonConfig = CONFIG, gather: bool = True):
     library = moe.launch_wgrad
 
     def launch_wgrad(c, a, b, r, tile):
-        if gather and supports_gather(c, a, b):
+        if gather and r.S <= gather_max_rows * r.E and supports_gather(c, a, b):
             return launch_moe_wgrad_gather(c, a, b, r)
         a, b = (moe.gather_rows(t.src, r, t.k) if isinstance(t, moe.TokenRows) else t for t in (a, b))
         if supports(c, a, b, cfg):
