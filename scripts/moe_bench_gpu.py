@@ -34,9 +34,8 @@ from its experts-interface dispatch; ``swiglu.moe.moe_reference``, the same orde
 where that class is missing), only at ``--eager-max-tokens`` tokens or fewer and only when one
 untimed forward + backward took at most ``--eager-max-ms``. Ours runs the library's Gluon kernels
 where its plan chooses them (metadata ``gluon``: "on" or why not; ``SWIGLU_GLUON=0`` measures the tl
-kernels alone). ``--lab-moe-gluon pairs,wgrad_pingpong,up_gather,dswiglu_gather``: ours with the lab's
-warp-specialized Gluon down projection / grad_x, its ping-pong weight gradients, or its up projection
-and dSwiGLU GEMM gathering x's / grad_out's rows themselves (``swiglu_lab.experiments.moe_gluon_<name>``,
+kernels alone). ``--lab-moe-gluon pairs,up_gather,dswiglu_gather``: ours with the lab's
+warp-specialized Gluon down projection / grad_x, or its up projection and dSwiGLU GEMM gathering x's / grad_out's rows themselves (``swiglu_lab.experiments.moe_gluon_<name>``,
 its ``install``; metadata ``lab_moe_gluon``).
 
 Modes: ``forward`` (the training forward: autograd records the graph), ``backward`` (gradients of
@@ -659,11 +658,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--lab-moe-gluon",
         default="",
-        help="comma-separated, of: pairs (the down projection and grad_x), wgrad_pingpong (the weight "
-        "gradients), up_gather (the up projection without x's copy), dswiglu_gather (dSwiGLU without "
-        "grad_out's): ours with the lab's warp-specialized "
-        "Gluon kernel for those GEMMs "
-        "(swiglu_lab.experiments.moe_gluon_<name>.install())",
+        help="comma-separated, of: pairs (the down projection and grad_x), up_gather (the up projection "
+        "without x's copy), dswiglu_gather (dSwiGLU without grad_out's): ours with the lab's "
+        "warp-specialized Gluon kernel for those GEMMs (swiglu_lab.experiments.moe_gluon_<name>.install())",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-power", action="store_true", help="no NVML power/clock sampling")
@@ -680,7 +677,7 @@ def main(argv=None) -> int:
     routings = parse_list(args.routings, ROUTINGS, "routings", parser)
     names = parse_list(args.impls, IMPLS, "impls", parser)
     lab_gluon = (
-        parse_list(args.lab_moe_gluon, ("pairs", "wgrad_pingpong", "up_gather", "dswiglu_gather"), "lab-moe-gluon", parser)
+        parse_list(args.lab_moe_gluon, ("pairs", "up_gather", "dswiglu_gather"), "lab-moe-gluon", parser)
         if args.lab_moe_gluon
         else []
     )

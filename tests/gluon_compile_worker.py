@@ -19,7 +19,7 @@ dswiglu: the experimental dSwiGLU kernel's candidates (``candidates.DSWIGLU_CAND
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
 moe_wgrad: the library's MoE weight gradient over all experts (``swiglu.kernels.moe_gluon_wgrad``)
-at its config and at three stages with one output buffer; the lab's ping-pong one (``swiglu_lab.experiments.moe_gluon_wgrad_pingpong``) at its config and with 32-deep k-steps.
+at its config and at three stages with one output buffer; the ping-pong one (``swiglu.kernels.moe_gluon_wgrad_pingpong``) at its config and with 32-deep k-steps.
 moe_up: the library's MoE up projection with SwiGLU (``swiglu.kernels.moe_gluon_up``) at its config
 and with N tiles in bands of 8 M tiles (GROUP_M 8); the lab's one gathering x's rows itself
 (``swiglu_lab.experiments.moe_gluon_up_gather``) at its config.
@@ -49,7 +49,14 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from swiglu.kernels import gluon_dswiglu, gluon_wgrad, moe_gluon_dswiglu, moe_gluon_up, moe_gluon_wgrad
+from swiglu.kernels import (
+    gluon_dswiglu,
+    gluon_wgrad,
+    moe_gluon_dswiglu,
+    moe_gluon_up,
+    moe_gluon_wgrad,
+    moe_gluon_wgrad_pingpong,
+)
 from swiglu.kernels.backward import GLUON_CONFIGS
 from swiglu_lab.experiments import (
     candidates,
@@ -58,7 +65,6 @@ from swiglu_lab.experiments import (
     moe_gluon_dswiglu_gather,
     moe_gluon_pairs,
     moe_gluon_up_gather,
-    moe_gluon_wgrad_pingpong,
 )
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)

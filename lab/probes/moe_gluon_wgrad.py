@@ -10,7 +10,7 @@ Answer: bitwise everywhere; faster at hidden_size >= 4096 (1.07-1.24x: Qwen3-235
 and 1.65 vs 2.00, Mixtral 5.87 vs 6.29 and 2.95 vs 3.17), a tie or slower at Qwen3-30B-A3B (0.899 vs
 0.893, 0.519 vs 0.466): data/tuning/moe_gluon_20261205.log; the plan takes it at H >= 4096.
 Then: does the dense table's ping-pong tile at K = 129-2048 (two warpgroups on alternate 128 x 192
-tiles, each storing its own; ``swiglu_lab.experiments.moe_gluon_wgrad_pingpong``) beat both at
+tiles, each storing its own; ``swiglu.kernels.moe_gluon_wgrad_pingpong``) beat both at
 ~256-512 rows per expert, and does its form that gathers x's / grad_out's rows itself ("pingpong
 gather", timed without the copy the others read) save the copy? Answer (one H100, bitwise
 everywhere): ping-pong k64 is the fastest at Mixtral-8x7B (5.57 vs Gluon 6.09, tl 7.25 ms; 2.61 vs
@@ -34,7 +34,7 @@ import triton
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
 from swiglu.kernels import moe_gluon_wgrad as G
-from swiglu_lab.experiments import moe_gluon_wgrad_pingpong as PP
+from swiglu.kernels import moe_gluon_wgrad_pingpong as PP
 
 # Device-side descriptors take their memory from this allocator.
 triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

@@ -1,5 +1,5 @@
-"""The Gluon MoE kernels (``swiglu.kernels.moe_gluon_wgrad``, ``moe_gluon_up``, ``moe_gluon_dswiglu``,
-and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``, ``moe_gluon_wgrad_pingpong``,
+"""The Gluon MoE kernels (``swiglu.kernels.moe_gluon_wgrad``, ``moe_gluon_wgrad_pingpong``,
+``moe_gluon_up``, ``moe_gluon_dswiglu``, and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``,
 ``moe_gluon_up_gather`` and ``moe_gluon_dswiglu_gather``): each
 compiled for sm_90 with every Triton the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills, shared
 memory within the H200's block); the up projection's tile table (a tl kernel: run here under the
@@ -112,9 +112,10 @@ def test_moe_gluon_kernels_compile_for_sm90(tmp_path_factory, which, kind, compi
 
 
 def test_plan_takes_the_gluon_kernels_where_they_were_measured_faster(monkeypatch):
-    """Gluon where it runs: the up projection at every shape, dSwiGLU and the weight gradients at
-    hidden_size >= 4096 (data/tuning/moe_gluon_20261205.log); never the down projections; none where
-    Gluon does not run (``moe_plan``'s ``gluon`` False, the default)."""
+    """Gluon where it runs: the up projection and the (ping-pong) weight gradients at every shape,
+    dSwiGLU at hidden_size >= 4096 (data/tuning/moe_gluon_20261205.log,
+    moe_gluon_pingpong_gather_20261205.log); never the down projections; none where Gluon does not
+    run (``moe_plan``'s ``gluon`` False, the default)."""
     from swiglu.kernels import moe
 
     monkeypatch.setattr(moe, "INTERPRET", False)  # the GPU's plan
@@ -122,7 +123,7 @@ def test_plan_takes_the_gluon_kernels_where_they_were_measured_faster(monkeypatc
     gluon = {"up", "dswiglu", "wgrad_gu", "wgrad_dp"}
     # (roles on Gluon, grad_out's copy shared: only where it leaves the backward's peak as it was)
     for (H, I, E, k), (want, share) in {
-        (2048, 768, 128, 8): ({"up"}, False),
+        (2048, 768, 128, 8): ({"up", "wgrad_gu", "wgrad_dp"}, False),
         (4096, 1536, 128, 8): (gluon, True),
         (7168, 2048, 256, 8): (gluon, True),
         (4096, 14336, 8, 2): (gluon, False),
@@ -172,7 +173,6 @@ def test_library_launchers_with_gluon_tiles_fall_back_bitwise(monkeypatch):
     "name, launcher",
     [
         ("pairs", "launch_pairs"),
-        ("wgrad_pingpong", "launch_wgrad"),
         ("up_gather", "launch_up"),
         ("dswiglu_gather", "launch_dswiglu"),
     ],
@@ -225,19 +225,25 @@ def test_gluon_decision_is_made_once_per_device_until_clear_plans(monkeypatch):
 
 
 @pytest.mark.parametrize("max_rows, gathers", [(3, False), (4, True)])
-def test_lab_wgrad_pingpong_gathers_only_up_to_its_rows_per_expert(monkeypatch, max_rows, gathers):
-    """The ping-pong install gathers a ``TokenRows`` operand only where the mean rows per expert
-    (S / E, here 24 * 2 / 12 = 4) are at most ``gather_max_rows``; above, the library's copy."""
+def test_wgrad_gathers_rows_only_up_to_its_rows_per_expert(monkeypatch, max_rows, gathers):
+    """With the plan's Gluon weight gradients, ``launch_wgrad`` hands a ``TokenRows`` operand to the
+    gathering ping-pong kernel only where the mean rows per expert (S / E, here 24 * 2 / 12 = 4) are
+    at most ``GATHER_MAX_ROWS``; above, it copies the rows and runs the ping-pong kernel on the copy
+    (CPU tensors here, the kernels replaced by recorders)."""
     from swiglu.kernels import moe
-    from swiglu_lab.experiments import moe_gluon_wgrad_pingpong as pp
+    from swiglu.kernels import moe_gluon_wgrad_pingpong as pp
 
     calls = []
+    monkeypatch.setattr(pp, "GATHER_MAX_ROWS", max_rows)
     monkeypatch.setattr(pp, "supports_gather", lambda c, a, b: True)
-    monkeypatch.setattr(pp, "launch_moe_wgrad_gather", lambda c, a, b, r: calls.append(r.S / r.E) or c.zero_())
+    monkeypatch.setattr(pp, "supports", lambda c, a, b: True)
+    monkeypatch.setattr(pp, "launch_moe_wgrad_gather", lambda c, a, b, r: calls.append("gather") or c.zero_())
+    monkeypatch.setattr(
+        pp, "launch_moe_wgrad_pingpong", lambda c, a, b, start: calls.append(("copy", type(a), type(b))) or c.zero_()
+    )
     inp = make_moe(0, 24, 128, 128, 12, 2)
-    undo = pp.install(gather_max_rows=max_rows)
-    try:
-        run(inp, "triton")
-    finally:
-        undo()
-    assert (calls == [4.0, 4.0]) if gathers else not calls, calls
+    r = moe.Routing(inp.top_k_index, 12)
+    c = torch.empty(12, 128, 128, dtype=torch.bfloat16)
+    tile = moe.Tile(GLUON=True)
+    moe.launch_wgrad(c, moe.TokenRows(inp.x, 2), inp.x.new_empty(48, 128), r, tile)
+    assert calls == (["gather"] if gathers else [("copy", torch.Tensor, torch.Tensor)]), calls

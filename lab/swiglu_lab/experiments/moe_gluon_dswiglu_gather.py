@@ -29,7 +29,8 @@ from swiglu.kernels.moe_gluon_dswiglu import _epilogue_partition, _mma_partition
 from swiglu.kernels.moe_gluon_dswiglu import supports as _dswiglu_supports
 from swiglu.kernels.moe_gluon_up import _layout, _program_tiles, _tile, tile_table
 from swiglu.kernels.moe_gluon_wgrad import _smem_layout
-from swiglu_lab.experiments.moe_gluon_up_gather import gather_layout, gather_stage, token_rows
+from swiglu.kernels.moe_gluon_wgrad_pingpong import gather_layout
+from swiglu_lab.experiments.moe_gluon_up_gather import gather_stage, token_rows
 
 #: The library's tile; four loader warps (the warpgroup the one loader warp padded out to) at 48
 #: registers (8 16-byte vectors per thread a stage; at 40 ptxas spilled 4 bytes).

@@ -31,6 +31,7 @@ from swiglu.kernels.gluon_wgrad import _cta_barrier, _ring_barriers
 from swiglu.kernels.moe_gluon_up import _epilogue_partition, _handover, _layout, _mma_partition, _program_tiles, _tile
 from swiglu.kernels.moe_gluon_up import supports as _up_supports
 from swiglu.kernels.moe_gluon_wgrad import _smem_layout
+from swiglu.kernels.moe_gluon_wgrad_pingpong import gather_layout
 from swiglu.kernels.moe_gluon_up import tile_table
 
 #: The library's tile; the loader warp shares a warpgroup with the two epilogue warps, whose 168
@@ -93,12 +94,6 @@ class Args:
         self.order_ptr = order_ptr
         self.stride_x = stride_x
         self.TOP_K = gl.constexpr(TOP_K)
-
-
-@gluon.constexpr_function
-def gather_layout(cols, num_warps):
-    """The cp.async copies' layout of a [rows, cols] bf16 block: 16-byte vectors along a row."""
-    return gl.BlockedLayout([1, 8], [32 * 8 // cols, cols // 8], [num_warps, 1], [1, 0])
 
 
 @gluon.jit

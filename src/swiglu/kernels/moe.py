@@ -683,9 +683,10 @@ def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
     tiles (16 for grad_down_proj) took the up and dSwiGLU GEMMs from 8.8 and 4.9 ms to 7.3 and 4.1;
     the other shapes within noise with N tiles fastest. The Gluon kernels (each bitwise the tl
     kernel's, lab/probes/moe_gluon_run.py on an H200, data/tuning/moe_gluon_20261205.log): the up
-    projection everywhere (1.08-1.21x the tl kernel's time with its x copy); dSwiGLU and the weight
-    gradients at hidden_size >= 4096 (1.07-1.24x; at Qwen3-30B-A3B's 2048 the grad_out copy costs
-    more than the kernel saves and the weight gradients tie or lose). Under the interpreter:
+    projection everywhere (1.08-1.21x the tl kernel's time with its x copy); dSwiGLU at hidden_size
+    >= 4096 (1.07-1.24x; at Qwen3-30B-A3B's 2048 the grad_out copy costs more than it saves); the
+    ping-pong weight gradients everywhere (on an H100, data/tuning/moe_gluon_pingpong_gather_20261205.log:
+    at Qwen3-30B-A3B by gathering x's and grad_out's rows instead of copying them). Under the interpreter:
     blocks no larger than the sizes (powers of two, >= 16), one stage."""
     if INTERPRET:
         p = lambda n, cap: max(16, min(cap, _pow2(n)))  # noqa: E731
@@ -706,8 +707,8 @@ def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
         down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm, GROUP_M=g),
         dswiglu=Tile(128, 64, 8, 4 if large or I <= 1024 else 3, bm if large else 64, EPI_SPLIT=2, GROUP_M=g, GLUON=wide),
         grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False, GROUP_M=g),
-        wgrad_gu=Tile(128, 64, 8, 3, 128, GLUON=wide),
-        wgrad_dp=Tile(128, 64, 8, 3, 128, GROUP_M=2 * g, GLUON=wide),
+        wgrad_gu=Tile(128, 64, 8, 3, 128, GLUON=gluon),
+        wgrad_dp=Tile(128, 64, 8, 3, 128, GROUP_M=2 * g, GLUON=gluon),
         share_grad_out_copy=share,
     )
 
@@ -720,9 +721,9 @@ def _gluon():
     if not _GLUON:
         from types import SimpleNamespace
 
-        from . import moe_gluon_dswiglu, moe_gluon_up, moe_gluon_wgrad
+        from . import moe_gluon_dswiglu, moe_gluon_up, moe_gluon_wgrad_pingpong
 
-        _GLUON.append(SimpleNamespace(up=moe_gluon_up, dswiglu=moe_gluon_dswiglu, wgrad=moe_gluon_wgrad))
+        _GLUON.append(SimpleNamespace(up=moe_gluon_up, dswiglu=moe_gluon_dswiglu, wgrad=moe_gluon_wgrad_pingpong))
     return _GLUON[0]
 
 
@@ -954,14 +955,19 @@ class TokenRows:
 
 def launch_wgrad(c, a, b, r: Routing, tile: Tile):
     """c[e] = a_e^T @ b_e over each expert's sorted rows of a [S, M] and b [S, N] (contiguous;
-    ``moe_wgrad_kernel``; either may be ``TokenRows``, copied here); each operand takes TMA where
-    ``tile.TMA_A`` / ``TMA_B`` and its memory allow."""
+    either may be ``TokenRows``). ``tile.GLUON``: the ping-pong Gluon kernel, which gathers a
+    ``TokenRows`` operand's rows itself at up to ``GATHER_MAX_ROWS`` rows per expert on average;
+    otherwise such an operand is copied here and ``moe_wgrad_kernel`` runs, each operand through TMA
+    where ``tile.TMA_A`` / ``TMA_B`` and its memory allow."""
+    g = _gluon().wgrad if tile.GLUON else None
+    if g and r.S <= g.GATHER_MAX_ROWS * r.E and g.supports_gather(c, a, b):
+        return g.launch_moe_wgrad_gather(c, a, b, r)
     if isinstance(a, TokenRows):
         a = gather_rows(a.src, r, a.k)
     if isinstance(b, TokenRows):
         b = gather_rows(b.src, r, b.k)
-    if tile.GLUON and (g := _gluon().wgrad).supports(c, a, b):
-        return g.launch_moe_wgrad_gluon(c, a, b, r.expert_start)
+    if g and g.supports(c, a, b):
+        return g.launch_moe_wgrad_pingpong(c, a, b, r.expert_start)
     E, M, N = c.shape
     num_m, num_n = cdiv(M, tile.BM), cdiv(N, tile.BN)
     a_desc = _tma(a, [tile.BK, tile.BM], tile.TMA_A)

@@ -16,8 +16,10 @@ Columns past N (a last column tile at N = 2048) are zero-filled loads and stores
 ``GATHER`` 1 / 2: the A (grad_out's) or B (x's) rows are not read from an expert-order copy but
 gathered by four loader warps with cp.async, the stage's barrier tracking them before the expect
 of the other operand's TMA boxes (``launch_moe_wgrad_gather``; the MMA warpgroups fence each stage).
-Compiled for sm_90 without a GPU (tests/kernels/test_moe_gluon.py); on the GPU:
-``lab/probes/moe_gluon_wgrad.py`` checks it bitwise against the library's kernels and times them.
+Bitwise the tl and cooperative Gluon kernels on an H100 (``lab/probes/moe_gluon_wgrad.py``), and
+faster at 512-2048 rows per expert: data/tuning/moe_gluon_pingpong_gather_20261205.log. Limit: the
+gathering loader's cp.async lose to the TMA boxes of a copy at Mixtral-8x7B's 2048 rows per expert
+(``GATHER_MAX_ROWS``).
 """
 
 import dataclasses
@@ -36,11 +38,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
-from swiglu.kernels.configs import GluonConfig
-from swiglu.kernels.devices import device_sms
-from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _layout, _mma_layout, _ring_barriers, _store_chunk
-from swiglu_lab.experiments.moe_gluon_up_gather import gather_layout
-from swiglu.kernels.moe_gluon_wgrad import _expert_tile, _program_tiles, _scratch, _smem_layout, _tile_of, _wait_landed
+from .configs import GluonConfig
+from .devices import device_sms
+from .gluon_wgrad import _cta_barrier, _fill_stage, _layout, _mma_layout, _ring_barriers, _store_chunk
+from .moe_gluon_wgrad import _expert_tile, _program_tiles, _scratch, _smem_layout, _tile_of, _wait_landed
+from .moe_gluon_wgrad import supports as _cooperative_supports
 
 #: The dense table's 128 x (128 + 64) ping-pong tile at K = 512 (backward_configs.json, bucket 512),
 #: 64-deep k-steps, 4 stages (160 KB) and two 128 x 64 chunk buffers per warpgroup (64 KB).
@@ -54,6 +56,12 @@ CONFIG = GluonConfig(
 #: warpgroup at 224 (the first gets 232): no spills under triton 3.6 (at 48 the B gather spilled
 #: 8 bytes; at 56 beside 232, the first warpgroup's 224 spilled 384).
 GATHER_CONFIG = dataclasses.replace(CONFIG, load_regs=56, mma_regs=224)
+
+
+@gluon.constexpr_function
+def gather_layout(cols, num_warps):
+    """The cp.async copies' layout of a [rows, cols] bf16 block: 16-byte vectors along a row."""
+    return gl.BlockedLayout([1, 8], [32 * 8 // cols, cols // 8], [num_warps, 1], [1, 0])
 
 
 @aggregate
@@ -339,7 +347,7 @@ def launch_moe_wgrad_gather(c: torch.Tensor, a, b, r, cfg: GluonConfig = GATHER_
     the routing ``r``'s order and expert_start. Check ``supports_gather`` first."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from swiglu.kernels.moe import TokenRows
+    from .moe import TokenRows
 
     E, M, N = c.shape
     which = 1 if isinstance(a, TokenRows) else 2
@@ -355,12 +363,9 @@ def launch_moe_wgrad_gather(c: torch.Tensor, a, b, r, cfg: GluonConfig = GATHER_
 
 
 def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig = CONFIG) -> bool:
-    """``moe_gluon_wgrad.supports`` (its M % BM and the alignment of each expert's rows) on a device
-    the Gluon kernels run on."""
-    from swiglu.kernels import moe_gluon_wgrad
-    from swiglu.kernels.devices import gluon_unavailable_reason
-
-    return a.is_cuda and gluon_unavailable_reason(a.device) is None and moe_gluon_wgrad.supports(c, a, b, cfg)
+    """Whether ``launch_moe_wgrad_pingpong`` takes these operands: ``moe_gluon_wgrad.supports`` (its
+    M % BM and the alignment of each expert's rows; the caller checks that Gluon runs on the device)."""
+    return _cooperative_supports(c, a, b, cfg)
 
 
 # Mean rows per expert up to which the gathering form wins: on an H100 it beat the copy plus TMA
@@ -374,7 +379,7 @@ def supports_gather(c: torch.Tensor, a, b, cfg: GluonConfig = GATHER_CONFIG) -> 
     source rows are 16-byte vectors (unit column stride, a row stride multiple of 16, 16-byte
     aligned, bf16) of the width the product needs, a multiple of 64 (whole [BK, 64] pieces); the
     other as ``supports`` takes it (with itself in the gathered one's place)."""
-    from swiglu.kernels.moe import TokenRows
+    from .moe import TokenRows
 
     if isinstance(a, TokenRows) == isinstance(b, TokenRows):
         return False
@@ -391,32 +396,3 @@ def supports_gather(c: torch.Tensor, a, b, cfg: GluonConfig = GATHER_CONFIG) -> 
         and src.data_ptr() % 16 == 0
         and supports(c, dense, dense, cfg)
     )
-
-
-def install(cfg: GluonConfig = CONFIG, gather: bool = True, gather_max_rows: int = GATHER_MAX_ROWS):
-    """Sends the library's MoE weight gradients (``swiglu.kernels.moe.launch_wgrad``) to this kernel
-    wherever ``supports`` holds, whatever the plan's tile says, the library's kernels elsewhere, for
-    the rest of the process; with ``gather``, an operand the backward gives as ``TokenRows`` (x,
-    grad_out) is gathered by the kernel instead of copied (``supports_gather``) where the mean rows
-    per expert are at most ``gather_max_rows`` (above, the copy and TMA boxes win). For measurements
-    (``scripts/moe_bench_gpu.py --lab-moe-gluon wgrad_pingpong``), not for training jobs. Returns a
-    function that undoes it."""
-    from swiglu.kernels import moe
-
-    library = moe.launch_wgrad
-
-    def launch_wgrad(c, a, b, r, tile):
-        if gather and r.S <= gather_max_rows * r.E and supports_gather(c, a, b):
-            return launch_moe_wgrad_gather(c, a, b, r)
-        a, b = (moe.gather_rows(t.src, r, t.k) if isinstance(t, moe.TokenRows) else t for t in (a, b))
-        if supports(c, a, b, cfg):
-            launch_moe_wgrad_pingpong(c, a, b, r.expert_start, cfg)
-        else:
-            library(c, a, b, r, tile)
-
-    moe.launch_wgrad = launch_wgrad
-
-    def undo():
-        moe.launch_wgrad = library
-
-    return undo
