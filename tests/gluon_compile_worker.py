@@ -18,8 +18,9 @@ grad_x: the lab kernel's grad_x orientation (``A_KMAJOR``), its candidates
 dswiglu: the experimental dSwiGLU kernel's candidates (``candidates.DSWIGLU_CANDIDATES``, all or the given
 indices), each with and without RECOMPUTE_ACT, plus config 0 with T = 1 (the launch specializes an
 int argument equal to 1 as a constexpr).
-moe_wgrad: the library's MoE weight gradient over all experts (``swiglu.kernels.moe_gluon_wgrad``)
-at its config and at three stages with one output buffer; the ping-pong one (``swiglu.kernels.moe_gluon_wgrad_pingpong``) at its config and with 32-deep k-steps.
+moe_wgrad: the library's MoE weight gradient over all experts (``swiglu.kernels.moe_gluon_wgrad_pingpong``)
+at its config, with 32-deep k-steps and gathering either operand; the lab's cooperative one
+(``swiglu_lab.experiments.moe_gluon_wgrad_cooperative``) at its config and at three stages with one output buffer.
 moe_up: the library's MoE up projection with SwiGLU (``swiglu.kernels.moe_gluon_up``) at its config
 and with N tiles in bands of 8 M tiles (GROUP_M 8); the lab's one gathering x's rows itself
 (``swiglu_lab.experiments.moe_gluon_up_gather``) at its config.
@@ -54,7 +55,6 @@ from swiglu.kernels import (
     gluon_wgrad,
     moe_gluon_dswiglu,
     moe_gluon_up,
-    moe_gluon_wgrad,
     moe_gluon_wgrad_pingpong,
 )
 from swiglu.kernels.backward import GLUON_CONFIGS
@@ -65,6 +65,7 @@ from swiglu_lab.experiments import (
     moe_gluon_dswiglu_gather,
     moe_gluon_pairs,
     moe_gluon_up_gather,
+    moe_gluon_wgrad_cooperative,
 )
 
 from compile_worker import pdl_report  # noqa: E402 (this file's folder is on sys.path when run)
@@ -244,8 +245,8 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
 
 
 def compile_moe_wgrad(cfg, gather: int = 0) -> dict:
-    """``swiglu.kernels.moe_gluon_wgrad``'s kernel at ``cfg`` (the lab's ping-pong kernel at a
-    ``pingpong`` one; pointers 16-byte aligned, M, N and the row strides multiples of 16, as at the
+    """The MoE weight-gradient kernel of ``cfg``: the library's ping-pong one at a ``pingpong`` cfg
+    (``gather``: its GATHER), else the lab's cooperative one; pointers 16-byte aligned, M, N and the row strides multiples of 16, as at the
     model shapes), reported as ``compile_one`` does, with its global scratch (the device-side
     descriptors) and descriptor fences."""
     constexprs = {"BK": cfg.BK, "GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "LOAD_REGS": cfg.load_regs}
@@ -255,7 +256,7 @@ def compile_moe_wgrad(cfg, gather: int = 0) -> dict:
         constexprs.update({"BN": cfg.BN, "WG_STORE": cfg.wg_store, "MMA_REGS": cfg.mma_regs or cfg.maxnreg})
         constexprs.update({"TOP_K": 8, "GATHER": gather})
     else:
-        kernel = moe_gluon_wgrad.moe_wgrad_gluon_kernel
+        kernel = moe_gluon_wgrad_cooperative.moe_wgrad_gluon_kernel
         c_block = [cfg.BM, cfg.BN]
         constexprs.update({"NC": cfg.NC, "STORE_REGS": cfg.store_regs})
     sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "start_ptr": "*i32", "c_desc": desc(c_block)}
@@ -451,7 +452,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
             results.append(compile_dswiglu(0, False, t_is_one=True))
             results += [compile_dswiglu(0, False, pdl=pdl) for pdl in (1, 2)]
     elif kind == "moe_wgrad":
-        cfg = moe_gluon_wgrad.CONFIG
+        cfg = moe_gluon_wgrad_cooperative.CONFIG
         pp = moe_gluon_wgrad_pingpong.CONFIG
         configs = (cfg, dataclasses.replace(cfg, STAGES=3, NC=1), pp, dataclasses.replace(pp, BK=32, STAGES=8))
         results = [compile_moe_wgrad(c) for c in configs]

@@ -33,7 +33,7 @@ import triton
 
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
-from swiglu.kernels import moe_gluon_wgrad as G
+from swiglu_lab.experiments import moe_gluon_wgrad_cooperative as G
 from swiglu.kernels import moe_gluon_wgrad_pingpong as PP
 
 # Device-side descriptors take their memory from this allocator.

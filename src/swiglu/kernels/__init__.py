@@ -15,7 +15,7 @@
 - ``moe``: the routed experts' kernels (``swiglu.swiglu_moe``): grouped GEMMs over expert-sorted
   pairs, their routing tables and tiles (docs/moe.md); ``moe_gluon_up``, ``moe_gluon_dswiglu``,
   ``moe_gluon_wgrad_pingpong``: its warp-specialized Gluon forms of three of them (sm_90, the plan's
-  choice; ``moe_gluon_wgrad``, the cooperative weight gradient, holds their shared pieces).
+  choice; ``moe_gluon_wgrad``: the weight-gradient kernels' shared pieces).
 - ``shared_memory``: the shared-memory estimate checked before a launch.
 
 This package imports only torch, triton and ``swiglu.checks``; the library (``swiglu.api``,

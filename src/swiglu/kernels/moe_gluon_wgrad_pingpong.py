@@ -1,6 +1,6 @@
 """The MoE experts' weight gradients with the dense backward's ping-pong tile (sm_90).
 
-    c[e] = a_e^T @ b_e  for every expert e: ``swiglu.kernels.moe_gluon_wgrad``'s contract.
+    c[e] = a_e^T @ b_e  for every expert e: ``moe_gluon_wgrad``'s contract, on its walk over the tiles.
 
 Each expert's K is only its ~512 rows at Qwen3-30B-A3B (8 k-steps of 64), so a tile's epilogue is a
 large share of its time; the library's Gluon kernel puts both MMA warpgroups on one tile and they
@@ -42,7 +42,7 @@ from .configs import GluonConfig
 from .devices import device_sms
 from .gluon_wgrad import _cta_barrier, _fill_stage, _layout, _mma_layout, _ring_barriers, _store_chunk
 from .moe_gluon_wgrad import _expert_tile, _program_tiles, _scratch, _smem_layout, _tile_of, _wait_landed
-from .moe_gluon_wgrad import supports as _cooperative_supports
+from .moe_gluon_wgrad import supports as _supports
 
 #: The dense table's 128 x (128 + 64) ping-pong tile at K = 512 (backward_configs.json, bucket 512),
 #: 64-deep k-steps, 4 stages (160 KB) and two 128 x 64 chunk buffers per warpgroup (64 KB).
@@ -328,7 +328,11 @@ def moe_wgrad_pingpong_kernel(
 
 
 def launch_moe_wgrad_pingpong(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, expert_start: torch.Tensor, cfg: GluonConfig = CONFIG, num_programs: int | None = None) -> None:  # fmt: skip
-    """``moe_gluon_wgrad.launch_moe_wgrad_gluon``'s contract with a ping-pong ``cfg`` (BN = 2 * BN2)."""
+    """c [E, M, N] = each expert's a_e^T @ b_e (``moe_gluon_wgrad``'s contract): a [S, M], b [S, N]
+    and c as ``supports`` takes them (check it first), expert_start [E + 1] int32 on the same device,
+    a ping-pong ``cfg`` (BN = 2 * BN2); ``num_programs`` persistent programs (default: one per SM).
+    The device-side descriptors take their scratch memory from triton's allocator, set here for the
+    calling thread to torch.empty on the device (the autograd engine runs a backward in its own thread)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     E, M, N = c.shape
@@ -347,10 +351,8 @@ def launch_moe_wgrad_gather(c: torch.Tensor, a, b, r, cfg: GluonConfig = GATHER_
     the routing ``r``'s order and expert_start. Check ``supports_gather`` first."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .moe import TokenRows
-
     E, M, N = c.shape
-    which = 1 if isinstance(a, TokenRows) else 2
+    which = 2 if isinstance(a, torch.Tensor) else 1
     rows, dense = (a, b) if which == 1 else (b, a)
     a_t, b_t = (rows.src, dense) if which == 1 else (dense, rows.src)
     triton.set_allocator(_scratch)
@@ -365,7 +367,7 @@ def launch_moe_wgrad_gather(c: torch.Tensor, a, b, r, cfg: GluonConfig = GATHER_
 def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig = CONFIG) -> bool:
     """Whether ``launch_moe_wgrad_pingpong`` takes these operands: ``moe_gluon_wgrad.supports`` (its
     M % BM and the alignment of each expert's rows; the caller checks that Gluon runs on the device)."""
-    return _cooperative_supports(c, a, b, cfg)
+    return _supports(c, a, b, cfg)
 
 
 # Mean rows per expert up to which the gathering form wins: on an H100 it beat the copy plus TMA
@@ -379,11 +381,9 @@ def supports_gather(c: torch.Tensor, a, b, cfg: GluonConfig = GATHER_CONFIG) -> 
     source rows are 16-byte vectors (unit column stride, a row stride multiple of 16, 16-byte
     aligned, bf16) of the width the product needs, a multiple of 64 (whole [BK, 64] pieces); the
     other as ``supports`` takes it (with itself in the gathered one's place)."""
-    from .moe import TokenRows
-
-    if isinstance(a, TokenRows) == isinstance(b, TokenRows):
+    if isinstance(a, torch.Tensor) == isinstance(b, torch.Tensor):  # the other a tensor
         return False
-    rows, dense = (a, b) if isinstance(a, TokenRows) else (b, a)
+    rows, dense = (b, a) if isinstance(a, torch.Tensor) else (a, b)
     src, width = rows.src, c.shape[1] if rows is a else c.shape[2]
     return (
         src.is_cuda
