@@ -26,6 +26,8 @@ pytestmark = pytest.mark.gpu
 SHAPES = {
     "qwen3_30b_a3b_T8192": (8192, 2048, 768, 128, 8),
     "mixtral_like_small": (1000, 1024, 1792, 8, 2),
+    # 2048 rows per expert: the weight gradients read copies (above GATHER_MAX_ROWS), not gathers
+    "few_large_experts": (4096, 1024, 1536, 4, 2),
     # hidden_size 4096: the plan's Gluon dSwiGLU and weight gradients run too (sm_90); 64 of the
     # 128 experts, so the float64 oracle's weights and gradients (~30 GB) fit an 80 GB H100
     "qwen3_235b_a22b_E64_T2048": (2048, 4096, 1536, 64, 8),
