@@ -6,7 +6,8 @@ Each probe's ``--smoke`` runs first in its own process under a timeout (a barrie
 only a kernel whose smoke finished with every output bitwise the library's then runs its full
 probe (all four model shapes at 8192 tokens), while the deadline allows. Each probe's output goes
 to ``<out>/<probe>_smoke.log`` and ``<out>/<probe>.log``; a summary table last.
-Answer: all four smokes and full probes ran bitwise on an H200 in 165 s (data/tuning/moe_gluon_20261205.log).
+Answer: all four smokes and full probes ran bitwise on an H200 in 165 s (data/tuning/moe_gluon_20261205.log);
+the ping-pong and gathering kernels' ran bitwise on an H100 in 186 s (moe_gluon_pingpong_gather_20261205.log).
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_gluon_run.py --out $OUT/moe_gluon [--deadline-s 560]
      [--probes moe_gluon_up,...] [--no-smoke]   (a second call: the full probes the first had no time for)
 """

@@ -1,5 +1,5 @@
 """Is the warp-specialized Gluon weight gradient over all experts
-(``swiglu.kernels.moe_gluon_wgrad``) right, and faster than the library's tl kernel
+(now the lab's ``swiglu_lab.experiments.moe_gluon_wgrad_cooperative``) right, and faster than the tl kernel
 (``swiglu.kernels.moe.launch_wgrad``, one program per tile)?
 
 Why it might be: at Qwen3-30B-A3B, 8192 tokens, the two weight gradients take 1.40 of the 4.38 ms
@@ -8,7 +8,7 @@ its store is a large part of its time, and the Gluon kernel's storer warp overla
 next tiles' MMAs (the dense backward's choice at K <= 2048).
 Answer: bitwise everywhere; faster at hidden_size >= 4096 (1.07-1.24x: Qwen3-235B-A22B 3.20 vs 3.55 ms
 and 1.65 vs 2.00, Mixtral 5.87 vs 6.29 and 2.95 vs 3.17), a tie or slower at Qwen3-30B-A3B (0.899 vs
-0.893, 0.519 vs 0.466): data/tuning/moe_gluon_20261205.log; the plan takes it at H >= 4096.
+0.893, 0.519 vs 0.466): data/tuning/moe_gluon_20261205.log; the plan took it at H >= 4096.
 Then: does the dense table's ping-pong tile at K = 129-2048 (two warpgroups on alternate 128 x 192
 tiles, each storing its own; ``swiglu.kernels.moe_gluon_wgrad_pingpong``) beat both at
 ~256-512 rows per expert, and does its form that gathers x's / grad_out's rows itself ("pingpong
@@ -16,7 +16,8 @@ gather", timed without the copy the others read) save the copy? Answer (one H100
 everywhere): ping-pong k64 is the fastest at Mixtral-8x7B (5.57 vs Gluon 6.09, tl 7.25 ms; 2.61 vs
 2.77) and Qwen3-235B-A22B's grad_down_proj (1.73 vs 1.76); the gathering form is within 0.04-0.06 ms of
 the copy-fed kernels at 256-512 rows per expert (so it saves the copy there: 30B 1.02 vs tl 0.95 plus
-x's copy) and 1.17 ms slower at Mixtral's 2048: data/tuning/moe_gluon_pingpong_gather_20261205.log.
+x's copy) and 1.17 ms slower at Mixtral's 2048: data/tuning/moe_gluon_pingpong_gather_20261205.log;
+the plan takes the ping-pong kernel at every shape, gathering at up to 1024 rows per expert.
 ``--smoke``: one small case (skewed routing, an expert with no rows, experts whose rows end inside
 a K box) against the library's kernel and float64, then exits; run it first under a timeout (a
 fault in the barriers hangs). Otherwise: each weight gradient at 8192 tokens per shape
