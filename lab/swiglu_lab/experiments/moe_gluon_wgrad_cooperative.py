@@ -32,7 +32,6 @@ from swiglu.kernels.configs import GluonConfig
 from swiglu.kernels.devices import device_sms
 from swiglu.kernels.gluon_wgrad import _epilogue_store, _fill_stage, _layout, _mma_layout, _mma_tile, _ring_barriers
 from swiglu.kernels.moe_gluon_wgrad import _expert_tile, _program_tiles, _scratch, _smem_layout, _tile_of, _wait_landed
-from swiglu.kernels.moe_gluon_wgrad import supports as _supports
 
 #: The default tile: the dense table's cooperative 128 x 128 entry at small K (GROUP_M within an expert).
 CONFIG = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, GROUP_M=8, num_warps=8)
@@ -200,8 +199,8 @@ def moe_wgrad_gluon_kernel(
 
 def launch_moe_wgrad_gluon(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, expert_start: torch.Tensor, cfg: GluonConfig = CONFIG, num_programs: int | None = None) -> None:  # fmt: skip
     """c [E, M, N] = each expert's a_e^T @ b_e (module docstring): a [S, M], b [S, N] and c as
-    ``supports`` takes them (check it first), expert_start [E + 1] int32 on the same device;
-    ``num_programs`` persistent programs (default: one per SM). The device-side descriptors take
+    ``swiglu.kernels.moe_gluon_wgrad.supports`` takes them at ``cfg`` (check it first),
+    expert_start [E + 1] int32 on the same device; ``num_programs`` persistent programs (default: one per SM). The device-side descriptors take
     their scratch memory from triton's allocator, set here for the calling thread to torch.empty
     on the device (the autograd engine runs a backward in its own thread)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -214,8 +213,3 @@ def launch_moe_wgrad_gluon(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ex
         a, b, expert_start, c_desc, E, M, N, a.stride(0), b.stride(0),
         cfg.BK, cfg.GROUP_M, cfg.STAGES, cfg.NC, cfg.load_regs, cfg.store_regs, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
-
-
-def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig = CONFIG) -> bool:
-    """``swiglu.kernels.moe_gluon_wgrad.supports`` at this kernel's tile."""
-    return _supports(c, a, b, cfg)
