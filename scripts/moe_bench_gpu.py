@@ -35,8 +35,9 @@ where that class is missing), only at ``--eager-max-tokens`` tokens or fewer and
 untimed forward + backward took at most ``--eager-max-ms``. Ours runs the library's Gluon kernels
 where its plan chooses them (metadata ``gluon``: "on" or why not; ``SWIGLU_GLUON=0`` measures the tl
 kernels alone). ``--lab-moe-gluon pairs,up_gather,dswiglu_gather``: ours with the lab's
-warp-specialized Gluon down projection / grad_x, or its up projection and dSwiGLU GEMM gathering x's / grad_out's rows themselves (``swiglu_lab.experiments.moe_gluon_<name>``,
-its ``install``; metadata ``lab_moe_gluon``).
+warp-specialized Gluon down projection / grad_x, or its up projection and dSwiGLU GEMM gathering
+x's / grad_out's rows themselves (``swiglu_lab.experiments.moe_gluon_<name>``, its ``install``;
+metadata ``lab_moe_gluon``).
 
 Modes: ``forward`` (the training forward: autograd records the graph), ``backward`` (gradients of
 x, top_k_weights, gate_up_proj and down_proj from one forward kept outside the timed region,

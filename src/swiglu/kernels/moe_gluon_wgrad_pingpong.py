@@ -3,12 +3,12 @@
     c[e] = a_e^T @ b_e  for every expert e: ``moe_gluon_wgrad``'s contract, on its walk over the tiles.
 
 Each expert's K is only its ~512 rows at Qwen3-30B-A3B (8 k-steps of 64), so a tile's epilogue is a
-large share of its time; the library's Gluon kernel puts both MMA warpgroups on one tile and they
-idle while it goes to shared memory. Here, as in the dense table at K = 129-2048 tokens
+large share of its time; the cooperative Gluon kernel (the lab's ``moe_gluon_wgrad_cooperative``)
+puts both MMA warpgroups on one tile and they idle while it goes to shared memory. Here, as in the dense table at K = 129-2048 tokens
 (``gluon_wgrad`` with ``pingpong`` and ``wg_store``, 1.04x its cooperative tile there), two 4-warp MMA
 warpgroups take alternate tiles of BM x (BN + BN2) (128 x 192), so one's epilogue runs under the
-other's MMAs, and each stores its own tile by TMA in three BN2-wide chunks. The loader is the library
-kernel's (descriptors of each expert's rows made on the device per run of tiles, two slots) with a
+other's MMAs, and each stores its own tile by TMA in three BN2-wide chunks. The loader is the
+cooperative kernel's (descriptors of each expert's rows made on the device per run of tiles, two slots) with a
 third box per stage for the tile's last BN2 columns. A tile's ring steps start after every earlier
 tile's of the program, whichever warpgroup took it: each warpgroup adds the other's k-steps from
 ``expert_start``. The warpgroups' main loops take turns (``order``), as in the dense kernel.
@@ -16,10 +16,10 @@ Columns past N (a last column tile at N = 2048) are zero-filled loads and stores
 ``GATHER`` 1 / 2: the A (grad_out's) or B (x's) rows are not read from an expert-order copy but
 gathered by four loader warps with cp.async, the stage's barrier tracking them before the expect
 of the other operand's TMA boxes (``launch_moe_wgrad_gather``; the MMA warpgroups fence each stage).
-Bitwise the tl and cooperative Gluon kernels on an H100 (``lab/probes/moe_gluon_wgrad.py``), and
-faster at 512-2048 rows per expert: data/tuning/moe_gluon_pingpong_gather_20261205.log. Limit: the
-gathering loader's cp.async lose to the TMA boxes of a copy at Mixtral-8x7B's 2048 rows per expert
-(``GATHER_MAX_ROWS``).
+Bitwise the tl and cooperative Gluon kernels on an H100 (``lab/probes/moe_gluon_wgrad.py``); the
+fastest of them at Mixtral-8x7B and Qwen3-235B-A22B; at Qwen3-30B-A3B 0.975 against the tl
+kernel's 0.954 ms and 0.477 against 0.502: data/tuning/moe_gluon_pingpong_gather_20261205.log. Limit: the gathering loader's cp.async lose to
+the TMA boxes of a copy at Mixtral-8x7B's 2048 rows per expert (``GATHER_MAX_ROWS``).
 """
 
 import dataclasses
@@ -370,9 +370,10 @@ def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig
     return _supports(c, a, b, cfg)
 
 
-# Mean rows per expert up to which the gathering form wins: on an H100 it beat the copy plus TMA
-# boxes at 256-512 (Qwen3-30B-A3B, Qwen3-235B-A22B) and lost 1.17 ms of 5.57 at 2048 (Mixtral-8x7B),
-# data/tuning/moe_gluon_pingpong_gather_20261205.log.
+# Mean rows per expert up to which the gathering form runs: on an H100 it was 0.02-0.06 ms slower
+# than the copy-fed kernel at 256-512 rows (Qwen3-30B-A3B, Qwen3-235B-A22B), less than the copy it
+# saves (x's took 0.15 ms at Qwen3-30B-A3B in the up probe's Gluon rows), and 1.17 ms slower at 2048
+# (Mixtral-8x7B): data/tuning/moe_gluon_pingpong_gather_20261205.log.
 GATHER_MAX_ROWS = 1024
 
 
@@ -381,7 +382,7 @@ def supports_gather(c: torch.Tensor, a, b, cfg: GluonConfig = GATHER_CONFIG) -> 
     source rows are 16-byte vectors (unit column stride, a row stride multiple of 16, 16-byte
     aligned, bf16) of the width the product needs, a multiple of 64 (whole [BK, 64] pieces); the
     other as ``supports`` takes it (with itself in the gathered one's place)."""
-    if isinstance(a, torch.Tensor) == isinstance(b, torch.Tensor):  # the other a tensor
+    if isinstance(a, torch.Tensor) == isinstance(b, torch.Tensor):  # exactly one TokenRows
         return False
     rows, dense = (b, a) if isinstance(a, torch.Tensor) else (a, b)
     src, width = rows.src, c.shape[1] if rows is a else c.shape[2]
