@@ -91,23 +91,15 @@ def main() -> None:
             variants = [{}]
             if fn is M.moe_dswiglu_kernel:
                 extra = dict(extra, EPI_SPLIT=t.EPI_SPLIT)
-                variants = [
-                    dict(B_TMA=False, IN_PLACE=False),
-                    dict(B_TMA=True, IN_PLACE=False, descriptors={"w_ptr": (t.BK, t.BN)}),
-                    dict(B_TMA=True, IN_PLACE=True, descriptors={"w_ptr": (t.BK, t.BN)}),
-                ]
+                variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BK, t.BN)})]
             if fn is M.moe_up_kernel:
                 variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)})]
             if fn is M.moe_down_kernel:
                 box = (t.BN, t.BK) if extra["B_TRANS"] else (t.BK, t.BN)
                 variants = [
-                    dict(A_SPLIT=False, A_TMA=False, B_TMA=False),
-                    dict(A_SPLIT=False, A_TMA=True, B_TMA=True, descriptors={"a_ptr": (t.BM, t.BK), "w_ptr": box}),
+                    dict(A_TMA=False, B_TMA=False),
+                    dict(A_TMA=True, B_TMA=True, descriptors={"a_ptr": (t.BM, t.BK), "w_ptr": box}),
                 ]
-                if role == "grad_x":  # A from d_gate and d_up written over the saved gate and up
-                    variants.append(dict(A_SPLIT=True, A_TMA=False, B_TMA=False))
-                    split = {"a_ptr": (t.BM, t.BK), "a2_ptr": (t.BM, t.BK)}
-                    variants.append(dict(A_SPLIT=True, A_TMA=True, B_TMA=False, descriptors=split))
             if fn is M.moe_wgrad_kernel:
                 # Both operands through TMA (the launcher's choice at these sizes), and pointer loads.
                 boxes = {"a_ptr": (t.BK, t.BM), "b_ptr": (t.BK, t.BN)}
@@ -138,7 +130,6 @@ def main() -> None:
                     EPI_SPLIT=2,
                     E_PAD=e_pad,
                     B_TMA=True,
-                    IN_PLACE=False,
                     descriptors={"w_ptr": (64, 128)},
                 ),
             }

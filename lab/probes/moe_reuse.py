@@ -5,8 +5,11 @@ Answer (first form: grad_x's A by per-element pointer selects, the saved gate/up
 backward returns; H200, one process): no: the same peak (Qwen3-30B-A3B 1.72 GiB, Mixtral-8x7B 4.19
 GiB at 8192 tokens: the default's peak is at grad_down_proj, after d_gate|d_up is freed) and
 slower (4.79 -> 5.76 ms and 34.4 -> 39.5 ms), gradients bitwise the default's
-(data/tuning/moe_reuse_20261204.log). The present form
-(two TMA loops, gate/up released before grad_down_proj) is not measured yet.
+(data/tuning/moe_reuse_20261204.log). Second form (d_gate/d_up over gate/up, grad_x in two TMA
+loops, gate/up released before grad_down_proj): Mixtral-8x7B 3.31 against 4.19 GiB for 36.3
+against 34.2 ms, Qwen3-30B-A3B 1.53 against 1.72 GiB for 5.23 against 4.63 ms
+(data/tuning/moe_reuse_shipped_20261204.log). The present form (the default's kernels, gate/up
+released once the dSwiGLU GEMM is launched) is not measured yet.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_reuse.py
 """
 

@@ -254,7 +254,8 @@ def swiglu_moe(
         down_proj: [E, H, I]; x's dtype (under ``torch.autocast`` the three are cast to its dtype).
         impl: ``"auto"`` (Triton for bf16 CUDA tensors on an sm_90 GPU, the reference otherwise),
             ``"reference"`` (transformers' eager loop over experts) or ``"triton"``.
-        reuse_saved_buffers: the eager Triton backward writes d_gate/d_up over the saved gate/up.
+        reuse_saved_buffers: the eager Triton backward frees the saved gate/up projections after
+            their one reader (a lower peak, the same kernels and gradients; one backward only).
 
     Returns:
         out, x's shape and dtype, freshly allocated (not a view). Differentiable in x, top_k_weights,
@@ -384,7 +385,7 @@ def moe_backward(
 
 def _run_backward(grad_out, saved, needs, reuse: bool = False):
     """The Triton backward from the forward's saved tensors (inputs, gate, up, order, expert_start);
-    ``reuse``: d_gate/d_up written over gate/up."""
+    ``reuse``: gate/up released after their reader."""
     from .kernels.moe import Routing
     from .kernels.moe import moe_backward as run
 
@@ -418,8 +419,8 @@ def _moe_setup_context(ctx, inputs, output):
 def _gradients(ctx, grad_out, direct: bool, owned=None):
     """Both carriers' backward: the gradients autograd wants, by the kernels (``direct``) or by the
     backward op. ``owned``: weak references to the forward's own gate/up (``reuse_saved_buffers``):
-    when the saved ones are those, whole allocations, d_gate/d_up are written over them, as the
-    dense op consumes its buffers (``ops._SwiGLUFunction``); a second backward then raises."""
+    when the saved ones are those, whole allocations, their memory is released after their reader
+    (the dense op consumes its buffers likewise, ``ops._SwiGLUFunction``); a second backward then raises."""
     if grad_out is None:
         return None, None, None, None, None
     wanted = _wanted(ctx)
@@ -452,8 +453,8 @@ def _input_grads(wanted, gx, gw, ggu, gdp) -> tuple:
 
 
 _SECOND_BACKWARD = (
-    "swiglu_moe: a second backward through a graph made with reuse_saved_buffers=True: the first one wrote "
-    "its gradients over the saved gate/up projections. To backpropagate a graph more than once (also split "
+    "swiglu_moe: a second backward through a graph made with reuse_saved_buffers=True: the first one freed "
+    "the saved gate/up projections. To backpropagate a graph more than once (also split "
     "backward passes), use reuse_saved_buffers=False (the default) and retain_graph=True"
 )
 

@@ -226,14 +226,12 @@ def moe_pairs_gluon_kernel(
 # ----------------------------------------------------------------------------- launcher
 
 
-def supports(a, w, y, transposed: bool, a2=None, cfg: MoEGluonConfig = CONFIG) -> bool:
-    """Whether ``launch_moe_pairs_gluon`` takes these operands: no split A (``a2``), bf16 tensors
-    on a device the Gluon kernels run on, contiguous a and w, N % BN == 0, K > 0 and, without
-    ``transposed``, K % BK == 0."""
+def supports(a, w, y, transposed: bool, cfg: MoEGluonConfig = CONFIG) -> bool:
+    """Whether ``launch_moe_pairs_gluon`` takes these operands: bf16 tensors on a device the Gluon
+    kernels run on, contiguous a and w, N % BN == 0, K > 0 and, without ``transposed``, K % BK == 0."""
     N, K = y.shape[1], a.shape[1]
     return (
-        a2 is None
-        and a.is_cuda
+        a.is_cuda
         and gluon_unavailable_reason(a.device) is None
         and a.dtype == w.dtype == y.dtype == torch.bfloat16
         and a.is_contiguous()
@@ -248,7 +246,7 @@ def supports(a, w, y, transposed: bool, a2=None, cfg: MoEGluonConfig = CONFIG) -
 
 
 def launch_moe_pairs_gluon(a, w, r, weights, y, transposed: bool, cfg: MoEGluonConfig = CONFIG, num_programs: int | None = None):
-    """``swiglu.kernels.moe.launch_pairs``'s contract without ``a2`` through this kernel: the tile
+    """``swiglu.kernels.moe.launch_pairs``'s contract through this kernel: the tile
     table, then the kernel on ``num_programs`` persistent programs (default one per SM). Check
     ``supports`` first. ``weights``: top_k_weights [T, k] contiguous (read only when ``transposed``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -273,7 +271,7 @@ def launch_moe_pairs_gluon(a, w, r, weights, y, transposed: bool, cfg: MoEGluonC
 def install(cfg: MoEGluonConfig = CONFIG):
     """Sends the library's down-projection-shaped GEMMs (``swiglu.kernels.moe.launch_pairs``: the
     forward's down projection and grad_x's pieces) to this kernel wherever ``supports`` holds, the
-    library's kernel elsewhere (``reuse_saved_buffers``' split A among them), for the rest of the
+    library's kernel elsewhere, for the rest of the
     process, in the library plan's tile order (``Tile.GROUP_M``). For measurements
     (``scripts/moe_bench_gpu.py --lab-moe-gluon pairs``), not for training jobs. Returns a function
     that undoes it."""
@@ -281,11 +279,11 @@ def install(cfg: MoEGluonConfig = CONFIG):
 
     library = moe.launch_pairs
 
-    def launch_pairs(a, w, r, weights, y, tile, transposed, a2=None):
-        if supports(a, w, y, transposed, a2, cfg):
+    def launch_pairs(a, w, r, weights, y, tile, transposed):
+        if supports(a, w, y, transposed, cfg):
             launch_moe_pairs_gluon(a, w, r, weights, y, transposed, dataclasses.replace(cfg, GROUP_M=tile.GROUP_M))
         else:
-            library(a, w, r, weights, y, tile, transposed, a2)
+            library(a, w, r, weights, y, tile, transposed)
 
     moe.launch_pairs = launch_pairs
 

@@ -115,15 +115,15 @@ def moe_down_persistent_kernel(
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """``moe_down_kernel``'s tiles (one A buffer), walked by NUM_PROGRAMS programs."""
+    """``moe_down_kernel``'s tiles, walked by NUM_PROGRAMS programs."""
     _pdl_start(PDL)
     bins, lo, hi, tiles, cum = _expert_tiles(expert_start_ptr, E, BM, E_PAD)
     for t in tl.range(tl.program_id(0), tl.sum(tiles, axis=0) * num_n, NUM_PROGRAMS, flatten=FLATTEN):
         e, row0, rows, row_ok, pid_n = _tile_rows(t, num_n, bins, lo, hi, tiles, cum, BM)
         cols = pid_n * BN + tl.arange(0, BN)
         # fmt: off
-        _pairs_tile(a_ptr, a_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, K, stride_am, stride_we, stride_w0, stride_w1,
-                    e, row0, rows, row_ok, cols, cols < N, pid_n, B_TRANS, SCALE, BM, BN, BK, False, A_TMA, B_TMA, UPCAST)
+        _pairs_tile(a_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, stride_am, stride_we, stride_w0, stride_w1, e, row0,
+                    rows, row_ok, cols, cols < N, pid_n, B_TRANS, SCALE, BM, BN, BK, A_TMA, B_TMA, UPCAST)
         # fmt: on
 
 
@@ -156,7 +156,6 @@ def moe_dswiglu_persistent_kernel(
     EPI_SPLIT: tl.constexpr,
     E_PAD: tl.constexpr,
     B_TMA: tl.constexpr,
-    IN_PLACE: tl.constexpr,
     FLATTEN: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
@@ -171,7 +170,7 @@ def moe_dswiglu_persistent_kernel(
         # fmt: off
         _dswiglu_tile(go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n,
                       stride_gt, stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, cols < I, pid_n, BM,
-                      BN, BK, EPI_SPLIT, B_TMA, IN_PLACE, UPCAST)
+                      BN, BK, EPI_SPLIT, B_TMA, UPCAST)
         # fmt: on
 
 
@@ -257,7 +256,7 @@ def launch_up(x, gate_up_proj, r: M.Routing, k: int, gate, up, h, tile: M.Tile, 
 
 
 def launch_pairs(a, w, r: M.Routing, weights, y, tile: M.Tile, transposed: bool, programs: int, flatten: bool = True):
-    """``swiglu.kernels.moe.launch_pairs`` (one A buffer) through ``moe_down_persistent_kernel``."""
+    """``swiglu.kernels.moe.launch_pairs`` through ``moe_down_persistent_kernel``."""
     N, K = y.shape[1], a.shape[1]
     a_desc = M._tma(a, [tile.BM, tile.BK], tile.TMA_A)
     w_desc = M._tma(w, [tile.BN, tile.BK] if transposed else [tile.BK, tile.BN], tile.TMA_B and (transposed or K % tile.BK == 0))
@@ -292,7 +291,7 @@ def launch_dswiglu(
         weights,
         gate,
         up,
-        gate if dgu is None else dgu,
+        dgu,
         hw,
         part,
         H,
@@ -311,7 +310,6 @@ def launch_dswiglu(
         strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
         EPI_SPLIT=tile.EPI_SPLIT,
         B_TMA=w is not None,
-        IN_PLACE=dgu is None,
     )
 
 

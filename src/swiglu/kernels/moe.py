@@ -208,58 +208,15 @@ def moe_up_kernel(
 
 
 @triton.jit
-def _pairs_k_range(
-    acc,
-    a_desc,
-    a_col0,
-    k_lo,
-    k_hi,
-    w_ptr,
-    stride_we,
-    e,
-    row0,
-    pid_n,
-    K,
-    ks,
-    cols,
-    col_ok,
-    stride_w0,
-    stride_w1,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    B_TMA: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    """acc += A[:, k_lo:k_hi] @ B_e[k_lo:k_hi] for B = w[e] ([K, N] stored) with A's columns
-    from the TMA descriptor a_desc shifted by a_col0 (A_SPLIT: a past its end reads zeros, so a
-    step may straddle k_hi); B's rows found from k0 (the two ranges need not start on BK)."""
-    for k0 in range(k_lo, k_hi, BK):
-        a = a_desc.load([row0, k0 - a_col0])
-        if B_TMA:
-            b = w_ptr.load([e * K + k0, pid_n * BN])
-        else:
-            k = k0 + ks
-            b = tl.load(
-                w_ptr + e.to(tl.int64) * stride_we + k.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1,
-                mask=(k < K)[:, None] & col_ok[None, :],
-                other=0.0,
-            )
-        acc = _dot(a, b, acc, UPCAST)
-    return acc
-
-
-@triton.jit
 def _pairs_tile(
-    a_ptr, a2_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, K1, stride_am, stride_we, stride_w0, stride_w1,
-    e, row0, rows, row_ok, cols, col_ok, pid_n, B_TRANS: tl.constexpr, SCALE: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, A_SPLIT: tl.constexpr, A_TMA: tl.constexpr, B_TMA: tl.constexpr,
-    UPCAST: tl.constexpr,
+    a_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, stride_am, stride_we, stride_w0, stride_w1, e, row0, rows,
+    row_ok, cols, col_ok, pid_n, B_TRANS: tl.constexpr, SCALE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr, A_TMA: tl.constexpr, B_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One tile of ``moe_down_kernel`` (expert e, these sorted rows and columns)."""
     ks = tl.arange(0, BK)
-    a_rows = rows.to(tl.int64)[:, None] * stride_am
     if not A_TMA:
-        a_ptrs = a_ptr + a_rows + ks[None, :]
+        a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
     if not B_TMA:
         w_base = w_ptr + e.to(tl.int64) * stride_we
         if B_TRANS:
@@ -269,37 +226,22 @@ def _pairs_tile(
             b_ptrs = w_base + ks.to(tl.int64)[:, None] * stride_w0 + cols[None, :] * stride_w1
             b_step = BK * stride_w0
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    if A_SPLIT and A_TMA:  # two pipelined loops, one per A buffer
-        # fmt: off
-        acc = _pairs_k_range(acc, a_ptr, 0, 0, K1, w_ptr, stride_we, e, row0, pid_n, K, ks, cols, col_ok,
-                             stride_w0, stride_w1, BN, BK, B_TMA, UPCAST)
-        acc = _pairs_k_range(acc, a2_ptr, K1, K1, K, w_ptr, stride_we, e, row0, pid_n, K, ks, cols, col_ok,
-                             stride_w0, stride_w1, BN, BK, B_TMA, UPCAST)
-        # fmt: on
-    else:
-        for k0 in range(0, K, BK):
-            k_ok = (k0 + ks) < K
-            if A_TMA:
-                a = a_ptr.load([row0, k0])
-            elif A_SPLIT:
-                kk = (k0 + ks)[None, :]
-                first = kk < K1
-                a1 = tl.load(a_ptrs, mask=row_ok[:, None] & first, other=0.0)
-                a2 = tl.load(a2_ptr + a_rows + (kk - K1), mask=row_ok[:, None] & ~first & k_ok[None, :], other=0.0)
-                a = tl.where(first, a1, a2)
-                a_ptrs += BK
+    for k0 in range(0, K, BK):
+        k_ok = (k0 + ks) < K
+        if A_TMA:
+            a = a_ptr.load([row0, k0])
+        else:
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            a_ptrs += BK
+        if B_TMA:
+            if B_TRANS:
+                b = tl.trans(w_ptr.load([e * N + pid_n * BN, k0]))
             else:
-                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                a_ptrs += BK
-            if B_TMA:
-                if B_TRANS:
-                    b = tl.trans(w_ptr.load([e * N + pid_n * BN, k0]))
-                else:
-                    b = w_ptr.load([e * K + k0, pid_n * BN])
-            else:
-                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                b_ptrs += b_step
-            acc = _dot(a, b, acc, UPCAST)
+                b = w_ptr.load([e * K + k0, pid_n * BN])
+        else:
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            b_ptrs += b_step
+        acc = _dot(a, b, acc, UPCAST)
     pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
     if SCALE:
         w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
@@ -311,7 +253,6 @@ def _pairs_tile(
 @triton.jit
 def moe_down_kernel(
     a_ptr,
-    a2_ptr,
     w_ptr,
     order_ptr,
     expert_start_ptr,
@@ -319,7 +260,6 @@ def moe_down_kernel(
     y_ptr,
     N,
     K,
-    K1,
     E,
     num_n,
     stride_am,
@@ -333,16 +273,14 @@ def moe_down_kernel(
     BK: tl.constexpr,
     E_PAD: tl.constexpr,
     GROUP_M: tl.constexpr,
-    A_SPLIT: tl.constexpr,
     A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y[pair] = a[row] @ B_e (* routing weight) for the sorted rows of one tile, written to the
-    pair's row of y [S, N]. a: [S, K] sorted order, rows of stride_am; A_SPLIT: its columns
-    [0, K1) in a and [K1, K) in a2 (grad_x from d_gate and d_up written over the saved gate and
-    up; not with B_TRANS), two TMA loops with A_TMA (a2_ptr a descriptor too). B_e = w[e].T ([N, K] stored, B_TRANS) or w[e] ([K, N] stored). A_TMA: a_ptr is a TMA descriptor of a with [BM, BK]
+    pair's row of y [S, N]. a: [S, K] sorted order, rows of stride_am. B_e = w[e].T ([N, K]
+    stored, B_TRANS) or w[e] ([K, N] stored). A_TMA: a_ptr is a TMA descriptor of a with [BM, BK]
     boxes (rows past the expert's feed only masked rows); B_TMA: w_ptr is one of w as [E * rows,
     cols] with [BN, BK] boxes (B_TRANS; past an expert's rows: masked columns) or [BK, BN] (the
     launcher checks K % BK == 0: a box never reaches the next expert's rows)."""
@@ -350,18 +288,15 @@ def moe_down_kernel(
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, N, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
         # fmt: off
-        _pairs_tile(a_ptr, a2_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, K1, stride_am, stride_we, stride_w0, stride_w1,
-                    e, row0, rows, row_ok, cols, col_ok, pid_n, B_TRANS, SCALE, BM, BN, BK, A_SPLIT, A_TMA, B_TMA, UPCAST)
+        _pairs_tile(a_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, stride_am, stride_we, stride_w0, stride_w1, e, row0,
+                    rows, row_ok, cols, col_ok, pid_n, B_TRANS, SCALE, BM, BN, BK, A_TMA, B_TMA, UPCAST)
         # fmt: on
 
 
 @triton.jit
-def _dswiglu_piece(
-    acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr, IN_PLACE: tl.constexpr
-):
+def _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr):
     """The SwiGLU backward on g = acc [BM, n] at these columns of [S, I]: writes d_gate, d_up
-    (dgu [S, 2I]; IN_PLACE: over gate and up, each element after its own read) and h * w;
-    returns each row's sum of g * h (its routing-weight gradient's part)."""
+    (dgu [S, 2I]) and h * w; returns each row's sum of g * h (its routing-weight gradient's part)."""
     ok = row_ok[:, None] & (cols < I)[None, :]
     src = rows.to(tl.int64)[:, None] * I + cols[None, :]
     gate = _f32(tl.load(gate_ptr + src, mask=ok, other=0.0), UPCAST)
@@ -372,13 +307,9 @@ def _dswiglu_piece(
     s = tl.sigmoid(gate)
     d_up = g * act
     d_gate = g * up * s * (1.0 + gate * (1.0 - s))
-    if IN_PLACE:
-        tl.store(gate_ptr + src, _bf16(d_gate, UPCAST), mask=ok)
-        tl.store(up_ptr + src, _bf16(d_up, UPCAST), mask=ok)
-    else:
-        dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
-        tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
-        tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
+    dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
+    tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
+    tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
     tl.store(hw_ptr + src, _bf16(h * w, UPCAST), mask=ok)
     return tl.sum(acc * h, axis=1)
 
@@ -387,8 +318,7 @@ def _dswiglu_piece(
 def _dswiglu_tile(
     go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n, stride_gt,
     stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, EPI_SPLIT: tl.constexpr, B_TMA: tl.constexpr, IN_PLACE: tl.constexpr,
-    UPCAST: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, EPI_SPLIT: tl.constexpr, B_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One tile of ``moe_dswiglu_kernel`` (expert e, these sorted rows and columns)."""
     pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
@@ -409,12 +339,12 @@ def _dswiglu_tile(
         acc = _dot(a, b, acc, UPCAST)
     w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     if EPI_SPLIT == 1:
-        part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE)
+        part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST)
     else:
         a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
         c0 = pid_n * BN + tl.arange(0, BN // 2)
-        part = _dswiglu_piece(a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE) + _dswiglu_piece(
-            a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, IN_PLACE
+        part = _dswiglu_piece(a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST) + _dswiglu_piece(
+            a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST
         )
     # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
     tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
@@ -449,21 +379,19 @@ def moe_dswiglu_kernel(
     E_PAD: tl.constexpr,
     GROUP_M: tl.constexpr,
     B_TMA: tl.constexpr,
-    IN_PLACE: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
     EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). B_TMA:
-    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0).
-    IN_PLACE: d_gate, d_up written over gate and up (dgu_ptr unused)."""
+    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
         # fmt: off
         _dswiglu_tile(go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n,
                       stride_gt, stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM,
-                      BN, BK, EPI_SPLIT, B_TMA, IN_PLACE, UPCAST)
+                      BN, BK, EPI_SPLIT, B_TMA, UPCAST)
         # fmt: on
 
 
@@ -867,27 +795,20 @@ def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
     )
 
 
-def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool, a2=None):
+def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
     """y[pair] [S, N] = a[row] @ w[e].T (* routing weight; ``transposed``: the forward's down
-    projection) or a[row] @ w[e] (grad_x's pieces); with ``a2`` (same rows and row stride), A is
-    a's columns then a2's."""
-    N, K = y.shape[1], a.shape[1] + (a2.shape[1] if a2 is not None else 0)
-    a_desc = _tma(a, [tile.BM, tile.BK], tile.TMA_A or a2 is not None)
-    if a2 is not None:  # both halves through TMA (pointer loads select per element), or neither
-        a2_desc = _tma(a2, [tile.BM, tile.BK], a_desc is not None)
-        a_desc = a_desc if a2_desc is not None else None
-        a2 = a2_desc or a2
-    # B by TMA only where no K step straddles an expert's rows (or, split, the gate/up boundary:
-    # a straddling box would read the next expert's rows, zeros times them NaN where they are).
-    whole_steps = K % tile.BK == 0 and (a2 is None or a.shape[1] % tile.BK == 0)
-    w_desc = _tma(w, [tile.BN, tile.BK] if transposed else [tile.BK, tile.BN], tile.TMA_B and (transposed or whole_steps))
+    projection) or a[row] @ w[e] (grad_x's pieces)."""
+    N, K = y.shape[1], a.shape[1]
+    a_desc = _tma(a, [tile.BM, tile.BK], tile.TMA_A)
+    # B by TMA only where no K step straddles an expert's rows (a straddling box would read the
+    # next expert's rows, zeros times them NaN where they are).
+    w_desc = _tma(w, [tile.BN, tile.BK] if transposed else [tile.BK, tile.BN], tile.TMA_B and (transposed or K % tile.BK == 0))
     _grouped(
         moe_down_kernel,
         r,
         N,
         tile,
         a_desc or a,
-        a if a2 is None else a2,
         w_desc or w,
         r.order,
         r.expert_start,
@@ -895,21 +816,18 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool, a2=
         y,
         N,
         K,
-        a.shape[1],
         r.E,
         strides=(a.stride(0), *w.stride()),
         B_TRANS=transposed,
         SCALE=transposed,
-        A_SPLIT=a2 is not None,
         A_TMA=a_desc is not None,
         B_TMA=w_desc is not None,
     )
 
 
 def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile, gos=None):
-    """dgu [S, 2I] (None: d_gate and d_up written over gate and up), hw [S, I] and the
-    routing-weight partial sums part [S, cdiv(I, BN)] (by pair id; rows of pairs outside every
-    tile are not written). ``gos``: grad_out's rows in expert order (``gather_rows``) where the
+    """d_gate | d_up into dgu [S, 2I], hw [S, I] and the routing-weight partial sums part
+    [S, cdiv(I, BN)] (by pair id; rows of pairs outside every tile are not written). ``gos``: grad_out's rows in expert order (``gather_rows``) where the
     caller has them, for the Gluon kernel (which copies them otherwise)."""
     if tile.GLUON and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
         gos = gather_rows(grad_out, r, k) if gos is None else gos
@@ -928,7 +846,7 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
         weights,
         gate,
         up,
-        gate if dgu is None else dgu,
+        dgu,
         hw,
         part,
         H,
@@ -938,7 +856,6 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
         strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
         EPI_SPLIT=tile.EPI_SPLIT,
         B_TMA=w is not None,
-        IN_PLACE=dgu is None,
     )
 
 
@@ -1101,10 +1018,9 @@ def moe_backward(
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
     gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, the
     forward's order bitwise). A gradient not in ``needs`` (grad_x, top_k_weights, gate_up_proj,
-    down_proj) is None and its GEMM does not run. ``reuse``: d_gate and d_up are written over
-    gate and up (no [S, 2I] buffer) and gate's and up's storage is released (size 0) after their
-    last reader, before grad_down_proj: the same gradients (bitwise where I is a multiple of
-    grad_x's K tile)."""
+    down_proj) is None and its GEMM does not run. ``reuse``: gate's and up's storage is released
+    (size 0) once their one reader, the dSwiGLU GEMM, is launched: the same kernels, the same
+    gradients bitwise, a peak lower by [S, 2I]."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -1112,42 +1028,33 @@ def moe_backward(
     dev = x.device
     plan = plan or moe_plan(S, E, H, I, _gluon_here(dev))
     r = routing or Routing(top_k_index, E)
-    # d_gate, d_up: in a [S, 2I] buffer, or (reuse) over gate and up.
-    dgu = None if reuse else torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
+    dgu = torch.empty(S, 2 * I, dtype=x.dtype, device=dev)
     hw = torch.empty(S, I, dtype=x.dtype, device=dev)
     part = torch.empty(S, cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
-    gos = gather_rows(grad_out, r, k) if plan.share_grad_out_copy and needs[3] and not reuse else None
+    gos = gather_rows(grad_out, r, k) if plan.share_grad_out_copy and needs[3] else None
     if S:  # first, so that the GPU starts while the host allocates the rest
         launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu, gos)
+    if reuse:  # their reader is launched: the memory goes back stream-ordered, before the peak
+        for t in (gate, up):
+            t.untyped_storage().resize_(0)
     # Each buffer is freed after its last reader, in the order that keeps the fewest alive beside
     # the weight gradients (which are outputs): grad_x's pieces and their sum first (dx_pairs
     # freed), then grad_gate_up_proj (dgu and the x copy freed), then grad_down_proj. The peak is
     # at grad_gate_up_proj (the saved gate/up, dgu, hw, a copy, grad_gate_up_proj) or, with large
-    # weights (Mixtral), at grad_down_proj (gate/up, hw, a copy and both weight gradients). With
+    # weights (Mixtral), at grad_down_proj (gate/up, hw, a copy and both weight gradients); autograd
+    # holds the saved gate/up until the backward returns unless ``reuse`` releases them. With
     # ``share_grad_out_copy`` grad_out's copy is made before dSwiGLU and freed after grad_down_proj.
     dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
     if S and needs[0]:
-        if reuse:
-            launch_pairs(gate, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False, a2=up)
-        else:
-            launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
+        launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
     grad_x, grad_w = combine(dx_pairs, top_k_index, E, H, x.dtype, part if needs[1] else None)
     del dx_pairs, part
-    # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok], x's rows first copied to expert order:
-    # both operands through TMA (1.25 -> 0.89 + 0.09 ms for the copy at Qwen3-30B-A3B, 8192
-    # tokens, data/tuning/moe_wgrad_tma_20261204.log).
+    # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok], x's rows gathered by the kernel or
+    # copied to expert order first (``launch_wgrad``): both operands through TMA (1.25 -> 0.89
+    # + 0.09 ms for the copy at Qwen3-30B-A3B, 8192 tokens, data/tuning/moe_wgrad_tma_20261204.log).
     grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
     if needs[2]:
-        if reuse:  # the gate rows' and the up rows' gradients from their own buffers, one x copy
-            xs = gather_rows(x, r, k)
-            launch_wgrad(grad_gu[:, :I], gate, xs, r, plan.wgrad_gu)
-            launch_wgrad(grad_gu[:, I:], up, xs, r, plan.wgrad_gu)
-            del xs
-        else:
-            launch_wgrad(grad_gu, dgu, TokenRows(x, k), r, plan.wgrad_gu)
-    if reuse:  # their last reader is launched: their memory goes back (stream-ordered) before the peak
-        for t in (gate, up):
-            t.untyped_storage().resize_(0)
+        launch_wgrad(grad_gu, dgu, TokenRows(x, k), r, plan.wgrad_gu)
     del dgu
     # grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw, likewise.
     grad_dp = torch.empty_like(down_proj) if needs[3] else None

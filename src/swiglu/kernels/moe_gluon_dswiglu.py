@@ -3,7 +3,7 @@
     g = gos[rows of e] @ down_proj[e]  with the SwiGLU backward in the epilogue
 
 for every expert's sorted rows: the contract of the library's ``moe_dswiglu_kernel``
-(``swiglu.kernels.moe.launch_dswiglu`` without ``reuse_saved_buffers``: d_gate | d_up [S, 2I],
+(``swiglu.kernels.moe.launch_dswiglu``: d_gate | d_up [S, 2I],
 h * w [S, I] and the routing-weight gradient's partial sums [S, I / BN] by pair id), with the
 epilogue in its own warps while the MMA warps run the next tile (the dense Gluon dSwiGLU kernel's
 arrangement, ``kernels/gluon_dswiglu.py``). Partitions: a TMA loader warp (A from ``gos``, the
@@ -233,12 +233,11 @@ def moe_dswiglu_gluon_kernel(
 
 def supports(grad_out, down_proj, dgu, part, cfg: MoEGluonConfig = CONFIG) -> bool:
     """Whether ``launch_moe_dswiglu_gluon`` takes these operands: bf16 CUDA tensors (the caller
-    checks that Gluon runs on the device), contiguous expert weights, a [S, 2I] d_gate | d_up buffer (not
-    ``reuse_saved_buffers``), I % BN == 0, H > 0, H % BK == 0 and the partial sums [S, I / BN]."""
+    checks that Gluon runs on the device), contiguous expert weights, I % BN == 0, H > 0,
+    H % BK == 0 and the partial sums [S, I / BN]."""
     E, H, I = down_proj.shape
     return (
-        dgu is not None
-        and grad_out.is_cuda
+        grad_out.is_cuda
         and grad_out.dtype == down_proj.dtype == torch.bfloat16
         and down_proj.is_contiguous()
         and down_proj.data_ptr() % 16 == 0
@@ -251,7 +250,7 @@ def supports(grad_out, down_proj, dgu, part, cfg: MoEGluonConfig = CONFIG) -> bo
 
 def launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg: MoEGluonConfig = CONFIG,
                              num_programs: int | None = None):  # fmt: skip
-    """``swiglu.kernels.moe.launch_dswiglu``'s contract (without ``reuse_saved_buffers``) through
+    """``swiglu.kernels.moe.launch_dswiglu``'s contract through
     this kernel, from gos [S, H], grad_out's rows in expert order (``gather_rows``): the tile table,
     then the kernel on ``num_programs`` persistent programs (default one per SM). Check
     ``supports`` first. ``weights``: top_k_weights [T, k] contiguous, any float dtype."""
