@@ -254,8 +254,7 @@ def swiglu_moe(
         down_proj: [E, H, I]; x's dtype (under ``torch.autocast`` the three are cast to its dtype).
         impl: ``"auto"`` (Triton for bf16 CUDA tensors on an sm_90 GPU, the reference otherwise),
             ``"reference"`` (transformers' eager loop over experts) or ``"triton"``.
-        reuse_saved_buffers: the eager Triton backward frees the saved gate/up projections after
-            their one reader (a lower peak, the same kernels and gradients; one backward only).
+        reuse_saved_buffers: the eager Triton backward frees the saved gate/up after their reader (lower peak).
 
     Returns:
         out, x's shape and dtype, freshly allocated (not a view). Differentiable in x, top_k_weights,
