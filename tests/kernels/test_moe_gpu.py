@@ -82,6 +82,32 @@ def test_reuse_saved_buffers_is_bitwise_and_lowers_the_peak(shape):
     assert peaks[1] <= peaks[0] - saved // 2, (peaks, saved)
 
 
+def test_reuse_waits_for_the_queued_kernels_when_gate_up_come_from_another_stream():
+    """As the dense op's release: gate/up brought back on a side stream (an activation offloader)
+    and released by ``reuse`` must not be reused by that stream while the backward's kernels,
+    queued on the current stream behind a 2 s sleep, still read them (without the recorded stream
+    the side stream's NaN fill lands in them)."""
+    T, H, I, E, k = 4096, 2048, 768, 128, 8
+    seed = fresh_seed()
+    inp = make_moe(seed, T, H, I, E, k, device="cuda")
+    x, idx, w, gu, dp, go = inp.flat()
+    _, g0, u0, routing = kmoe.moe_forward(x, idx, w, gu, dp)
+    want = kmoe.moe_backward(go, x, idx, w, gu, dp, g0, u0, routing=routing)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        gate, up = g0.clone(), u0.clone()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9))  # hold the current stream's queue back
+    got = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, routing=routing, reuse=True)
+    del gate, up
+    with torch.cuda.stream(side):  # the offloader's next allocations, filled at once
+        junk = [torch.full(g0.shape, float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    torch.cuda.synchronize()
+    del junk
+    for name, g, ref in zip(NAMES[1:], got, want):
+        assert torch.equal(g, ref), f"seed={seed}: {name}"
+
+
 def _nan_padded(t):
     buf = torch.full((t.shape[0] + 2, *t.shape[1:]), float("nan"), dtype=t.dtype, device=t.device)
     buf[1:-1] = t

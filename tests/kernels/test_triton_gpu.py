@@ -159,7 +159,7 @@ def test_release_waits_for_the_queued_kernels_when_gate_up_come_from_another_str
     """An activation offloader may bring gate/up back on a side stream (torchtune's
     OffloadActivations): their release must not let that stream reuse the memory while the
     backward's kernels, queued on the current stream behind a 2 s sleep, still read it. Without
-    _release recording the current stream, all four gradients come out NaN."""
+    release_storage recording the current stream, all four gradients come out NaN."""
     from swiglu.kernels.backward import triton_swiglu_backward
 
     T, H, I = 4096, 2048, 8192

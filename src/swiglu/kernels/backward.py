@@ -561,7 +561,7 @@ def launch_backward(
     # Live [T, I] buffers: h + 2 d while grad_down_weight's output exists, then at most one d
     # beside all three weight gradients (with overwrite_activations: h alone, and none beside
     # them). Freeing is safe with launches still queued: the caching allocator reuses memory only
-    # for later work on the same stream (and _release records the current stream for a block
+    # for later work on the same stream (and release_storage records the current stream for a block
     # another stream allocated).
     grad_x = grad_gate_weight = grad_up_weight = grad_down_weight = None
     if need_grad_down_weight:
@@ -576,22 +576,23 @@ def launch_backward(
         launch_grad_weight_gluon_or_tl(d_gate, xf, grad_gate_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
     del d_gate
     if release_gate:
-        _release(gate_output)
+        release_storage(gate_output)
     if need_grad_up_weight:
         grad_up_weight = _alloc(outs[2], (I, H), go)
         launch_grad_weight_gluon_or_tl(d_up, xf, grad_up_weight, wgrad_cfg, gluon_wgrad_cfg, plan.grad_weight_programs_ih)
     if release_up:
-        _release(up_output)
+        release_storage(up_output)
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 
-def _release(t: torch.Tensor) -> None:
-    # Back to the caching allocator now, as a deleted tensor's memory would be. The allocator
-    # reuses a block at once only on the stream that allocated it; an activation offloader may
-    # have allocated gate/up on a side stream (torchtune's OffloadActivations), so the current
-    # stream, where the launches that read it are queued, is recorded first (without it the block
-    # was reused on the side stream under our kernels on the H200: NaN gradients,
-    # tests/kernels/test_triton_gpu.py::test_release_waits_for_the_queued_kernels_when_gate_up_come_from_another_stream).
+def release_storage(t: torch.Tensor) -> None:
+    """Gives ``t``'s memory back to the caching allocator now (its storage resized to 0), as a
+    deleted tensor's would be, for reuse only after the work queued so far on the current stream.
+    The allocator reuses a block at once on the stream that allocated it; an activation offloader
+    may have allocated gate/up on a side stream (torchtune's OffloadActivations), so the current
+    stream, where the launches that read it are queued, is recorded first (without it the block
+    was reused on the side stream under our kernels on the H200: NaN gradients,
+    tests/kernels/test_triton_gpu.py::test_release_waits_for_the_queued_kernels_when_gate_up_come_from_another_stream)."""
     if t.is_cuda:
         t.record_stream(torch.cuda.current_stream(t.device))
     t.untyped_storage().resize_(0)

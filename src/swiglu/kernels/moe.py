@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .backward import release_storage
 from .devices import INTERPRET, cdiv, gluon_unavailable_reason
 from .launch import launch
 from .tma import Tma
@@ -1035,8 +1036,8 @@ def moe_backward(
     if S:  # first, so that the GPU starts while the host allocates the rest
         launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu, gos)
     if reuse:  # their reader is launched: the memory goes back stream-ordered, before the peak
-        for t in (gate, up):
-            t.untyped_storage().resize_(0)
+        release_storage(gate)
+        release_storage(up)
     # Each buffer is freed after its last reader, in the order that keeps the fewest alive beside
     # the weight gradients (which are outputs): grad_x's pieces and their sum first (dx_pairs
     # freed), then grad_gate_up_proj (dgu and the x copy freed), then grad_down_proj. The peak is
