@@ -9,7 +9,11 @@ slower (4.79 -> 5.76 ms and 34.4 -> 39.5 ms), gradients bitwise the default's
 loops, gate/up released before grad_down_proj): Mixtral-8x7B 3.31 against 4.19 GiB for 36.3
 against 34.2 ms, Qwen3-30B-A3B 1.53 against 1.72 GiB for 5.23 against 4.63 ms
 (data/tuning/moe_reuse_shipped_20261204.log). The present form (the default's kernels, gate/up
-released once the dSwiGLU GEMM is launched) is not measured yet.
+released once the dSwiGLU GEMM is launched; an H100, data/tuning/moe_plan_h100_20261205/reuse.log):
+bitwise the default's; peak 3.31 against 4.19 GiB at Mixtral-8x7B, 8192 tokens, 1.28 against 1.47
+at Qwen3-30B-A3B; time 1.00x at Qwen3-30B-A3B, 1.05x at Mixtral (29.16 against 27.83 ms, both
+blocks slower: not the kernels, which are the same; the allocator's reuse of the freed blocks is
+the suspect, not measured).
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_reuse.py
 """
 

@@ -627,9 +627,11 @@ def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
     large = I >= 8192
     g = 8 if large else 1  # bands of M tiles where B's N tiles of one expert overflow the L2
     wide = gluon and H >= 4096
-    # The copy [S, H] alive from dSwiGLU on adds S*H at grad_gate_up_proj (with d_gate|d_up [S, 2I]
-    # and x's copy); the peak is at grad_down_proj (grad_down_proj [E, H, I] and this copy) anyway
-    # when E*H*I >= S*H + 2*S*I (Qwen3-235B-A22B and DeepSeek-V3 at 8192 tokens, not Mixtral).
+    # One copy of grad_out's rows for dSwiGLU and grad_down_proj (TMA) instead of a copy and a
+    # gather. Alive from dSwiGLU on, it adds S*H at grad_down_proj where that one would gather
+    # (+0.50 GiB at Qwen3-235B-A22B, 8192 tokens, still below the peers': H100,
+    # data/tuning/moe_plan_h100_20261205/); E*H*I >= S*H + 2*S*I keeps the peak there, not at
+    # grad_gate_up_proj (Qwen3-235B-A22B and DeepSeek-V3 at 8192 tokens, not Mixtral).
     share = wide and S * H + 2 * S * I <= E * H * I
     return MoEPlan(
         up=Tile(128, 64, 8, 4 if large else 3, bm, GROUP_M=g, GLUON=gluon),
