@@ -29,8 +29,8 @@ def _tiles(expert_start, BM):
 
 @pytest.mark.parametrize(
     "counts",
-    [[5, 0, 17, 3], [0, 0, 0, 40], [1] * 9, [0, 33, 0, 0, 31, 0, 32, 1], [64, 64]],
-    ids=["mixed", "one_expert", "ones", "gaps", "exact"],
+    [[5, 0, 17, 3], [0, 0, 0, 40], [1] * 9, [0, 33, 0, 0, 31, 0, 32, 1], [64, 64], [300, 0, 129, 47, 500, 1, 0, 64]],
+    ids=["mixed", "one_expert", "ones", "gaps", "exact", "programs"],  # programs: 74 tiles, two programs of 64
 )
 def test_tile_table_lists_every_experts_m_tiles(counts):
     from swiglu.kernels import moe
