@@ -135,12 +135,12 @@ def main() -> None:
             }
         )
         chunk, sub, e_pad = M._route_blocks(S, E)
-        for fn, extra in ((M.moe_count_kernel, {}), (M.moe_order_kernel, dict(CB=max(1, 4096 // e_pad)))):
+        for fn in (M.moe_count_kernel, M.moe_order_kernel):
             results.append(
                 {
                     "role": "routing",
                     "shape": [S, E, H, I],
-                    **compile_one(fn, dict(num_warps=4, num_stages=1), CHUNK=chunk, SUB=sub, E_PAD=e_pad, **extra),
+                    **compile_one(fn, dict(num_warps=4, num_stages=1), CHUNK=chunk, SUB=sub, E_PAD=e_pad),
                 }
             )
     results.append({"role": "gather", **compile_one(M.moe_gather_kernel, dict(num_warps=4, num_stages=1), BR=32, BC=256)})
