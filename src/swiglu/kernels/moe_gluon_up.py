@@ -56,7 +56,7 @@ def moe_tile_table_kernel(start_ptr, table_ptr, E, MAX_M, BM: tl.constexpr, E_PA
     """table [3, MAX_M] int32: for M tile m of the grouped GEMM (each expert's cdiv(count, BM)
     tiles in expert order, as ``moe._grouped_tile`` finds them), its expert (>= E: idle), its
     first sorted row and its expert's end row. One program per MB tiles: 4.2 us at Qwen3-30B-A3B's
-    640 tiles (8192 tokens, H100), against 46 us for one program over all of them (NOTES.md)."""
+    640 tiles (8192 tokens, H100), against 46 us for one program over all (lab/probes/moe_kernel_profile.py)."""
     bins = tl.arange(0, E_PAD)
     lo = tl.load(start_ptr + bins, mask=bins < E, other=0)
     hi = tl.load(start_ptr + bins + 1, mask=bins < E, other=0)
