@@ -31,7 +31,7 @@ from triton.language.core import _aggregate as aggregate  # as Triton's gluon tu
 from swiglu.kernels.configs import GluonConfig
 from swiglu.kernels.devices import device_sms
 from swiglu.kernels.gluon_wgrad import _epilogue_store, _fill_stage, _layout, _mma_layout, _mma_tile, _ring_barriers
-from swiglu.kernels.moe_gluon_wgrad import _expert_tile, _program_tiles, _scratch, _smem_layout, _tile_of, _wait_landed
+from swiglu.kernels.moe_gluon_wgrad import _expert_tile, _load_runs, _program_tiles, _scratch, _smem_layout, _tile_of
 
 #: The default tile: the dense table's cooperative 128 x 128 entry at small K (GROUP_M within an expert).
 CONFIG = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, GROUP_M=8, num_warps=8)
@@ -115,24 +115,7 @@ def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
 
 @gluon.jit
 def _load_partition(p):
-    # Runs of tiles of one expert alternate between two descriptor slots (the two call sites of
-    # _load_run, each with its own scratch). A slot is rewritten only after the loads of the run
-    # that last used it, two runs back, have landed: TMA reads a descriptor asynchronously, so a
-    # copy still in flight would read the new one (the race DeepGEMM's k-grouped wgrad had).
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, p.a_bufs.type.shape[2], p.b_bufs.type.shape[2])
-    q = 0  # ring step
-    t = 0
-    run = 0
-    prev_start = 0  # the first ring step of the previous run
-    while t < num_tiles:
-        _wait_landed(q, prev_start, p.ready)
-        start = q
-        if run % 2 == 0:
-            t, q = _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
-        else:
-            t, q = _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
-        prev_start = start
-        run += 1
+    _load_runs(p, _load_run, p.a_bufs.type.shape[2], p.b_bufs.type.shape[2])
 
 
 @gluon.jit

@@ -1,5 +1,6 @@
 """The pieces the MoE experts' Gluon weight-gradient kernels share (sm_90): their walk over all
-experts' tiles and the test of what they take.
+experts' tiles, the loader's runs over two descriptor slots (``_load_runs``) and the test of what
+they take.
 
     c[e] = a_e^T @ b_e  for every expert e,  a [S, M] and b [S, N] bf16 in expert order (rows
     expert_start[e] .. expert_start[e + 1]), c [E, M, N] bf16, fp32 accumulation,
@@ -62,6 +63,30 @@ def _wait_landed(p, q_end, ready):
     for j in gl.static_range(STAGES):
         q = p - STAGES + j
         mbarrier.wait(ready.index((p + j) % STAGES), (q // STAGES) & 1, pred=(q >= 0) & (q < q_end))
+
+
+@gluon.jit
+def _load_runs(p, load_run: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """A loader partition's walk over its program's BM x BN tiles: runs of tiles of one expert
+    (``load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q) -> (t, q)``, q the ring step)
+    alternate between two descriptor slots, the two call sites of ``load_run``, each with its own
+    scratch. A slot is rewritten only after the loads of the run that last used it, two runs back,
+    have landed: TMA reads a descriptor asynchronously, so a copy still in flight would read the
+    new one (the race DeepGEMM's k-grouped wgrad had)."""
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, BM, BN)
+    q = 0
+    t = 0
+    run = 0
+    prev_start = 0  # the first ring step of the previous run
+    while t < num_tiles:
+        _wait_landed(q, prev_start, p.ready)
+        start = q
+        if run % 2 == 0:
+            t, q = load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
+        else:
+            t, q = load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
+        prev_start = start
+        run += 1
 
 
 def _scratch(size: int, alignment: int, stream):

@@ -41,7 +41,7 @@ from triton.language.core import _aggregate as aggregate  # as Triton's gluon tu
 from .configs import GluonConfig
 from .devices import device_sms
 from .gluon_wgrad import _cta_barrier, _fill_stage, _layout, _mma_layout, _ring_barriers, _store_chunk
-from .moe_gluon_wgrad import _expert_tile, _program_tiles, _scratch, _smem_layout, _tile_of, _wait_landed
+from .moe_gluon_wgrad import _expert_tile, _load_runs, _program_tiles, _scratch, _smem_layout, _tile_of
 from .moe_gluon_wgrad import supports as _supports
 
 #: The dense table's 128 x (128 + 64) ping-pong tile at K = 512 (backward_configs.json, bucket 512),
@@ -207,24 +207,8 @@ def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
 
 @gluon.jit
 def _load_partition(p):
-    # The library kernel's loader (its descriptor slots and the wait before rewriting one).
-    BM: gl.constexpr = p.a_bufs.type.shape[2]
-    BN: gl.constexpr = p.b_bufs.type.shape[2]  # the tile's first column chunk
-    BN2: gl.constexpr = p.b2_bufs.type.shape[2]  # and its second
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, BM, BN + BN2)
-    q = 0
-    t = 0
-    run = 0
-    prev_start = 0
-    while t < num_tiles:
-        _wait_landed(q, prev_start, p.ready)
-        start = q
-        if run % 2 == 0:
-            t, q = _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
-        else:
-            t, q = _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
-        prev_start = start
-        run += 1
+    # The tile's columns in two chunks: b_bufs' and b2_bufs'.
+    _load_runs(p, _load_run, p.a_bufs.type.shape[2], p.b_bufs.type.shape[2] + p.b2_bufs.type.shape[2])
 
 
 @gluon.jit
