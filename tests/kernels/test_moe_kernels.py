@@ -268,7 +268,10 @@ def test_direct_out_of_range_ids_are_skipped(device, guard_kernels, kind):
         if name == "grad_top_k_weights":
             a, b = a[~bad], b[~bad]
         assert torch.allclose(a, b), name
-    assert_matches(got, _reference(x, idx, w, gu, dp, go), o, seed)
+    # the scale check against the kernels' roundings: an expert left with one or two pairs has a
+    # rank-1 or -2 gradient, where the bf16 reference's other roundings of h are no baseline
+    same = same_rounding(dataclasses.replace(inp, top_k_index=idx))
+    assert_matches(got, _reference(x, idx, w, gu, dp, go), o, seed, same)
 
 
 def test_direct_matches_public_op_and_leaves_nothing_unwritten(device, guard_kernels):
@@ -300,7 +303,7 @@ def test_dswiglu_epilogue_in_two_pieces(device):
     for name, a, b in zip(NAMES[1:], one, two):
         if name != "grad_top_k_weights":
             assert torch.equal(a, b), f"seed={seed}: {name}"
-    assert_matches((out, *two), run(inp, "reference"), oracle(inp), seed)
+    assert_matches((out, *two), run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
 
 
 def _backward_buffer_peak(monkeypatch, *args, held=(), **kwargs):
@@ -344,7 +347,7 @@ def test_backward_frees_each_buffer_after_its_last_reader(device, monkeypatch):
     want = max(dgu + hw + part + dx_pairs + outs, dgu + hw + outs + g_gu + copy, hw + outs + g_gu + g_dp + copy)
     before = max(dgu + hw + part + g_dp + copy, dgu + part + g_dp + dx_pairs + g_gu)
     assert peak == want < before, (peak, want, before)
-    assert_matches((out, *grads), run(inp, "reference"), oracle(inp), seed)
+    assert_matches((out, *grads), run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
 
 
 @pytest.mark.parametrize("sizes", [(13, 64, 96, 4, 2), (7, 48, 40, 3, 2), (40, 32, 48, 3, 2)])
@@ -366,7 +369,7 @@ def test_tma_and_pointer_loads_agree(device, sizes):
         got.append((out, *kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan=p, routing=routing)))
     for name, a, b in zip(NAMES, *got):
         assert torch.equal(a, b), f"seed={seed}: {name}"
-    assert_matches(got[0], run(inp, "reference"), oracle(inp), seed)
+    assert_matches(got[0], run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
 
 
 @pytest.mark.parametrize("sizes", [(24, 64, 96, 3, 2), (9, 32, 80, 4, 3)])
@@ -387,7 +390,7 @@ def test_tile_order_gives_the_same_bits(device, guard_kernels, sizes):
     for other in got[1:]:
         for name, a, b in zip(NAMES, got[0], other):
             assert torch.isfinite(b).all() and torch.equal(a, b), f"seed={seed}: {name}"
-    assert_matches(got[0], run(inp, "reference"), oracle(inp), seed)
+    assert_matches(got[0], run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
 
 
 # --------------------------------------------------------------------------- the checker catches planted bugs
