@@ -10,7 +10,7 @@ call, ``tile_programs`` and the backward's plan read the others; the launchers t
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 import torch
 
@@ -18,6 +18,24 @@ from .configs import table_shared_memory
 from .tma import ALIGN_ELEMENTS
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def traceable_cache(maxsize: int | None):
+    """``functools.lru_cache(maxsize)`` that torch.compile traces through: while compiling, the
+    function itself runs (once per traced graph), as Dynamo would otherwise warn that it ignores
+    the cache. ``cache_clear`` as lru_cache's."""
+
+    def wrap(fn):
+        cached = lru_cache(maxsize=maxsize)(fn)
+
+        @wraps(fn)
+        def call(*args):
+            return fn(*args) if torch.compiler.is_compiling() else cached(*args)
+
+        call.cache_clear = cached.cache_clear
+        return call
+
+    return wrap
 
 
 def _triton_interprets() -> bool:
@@ -119,7 +137,7 @@ def _cuda_properties(device: torch.device):
         return f"no CUDA device {device} here ({' '.join(str(e).split())}): use impl='reference'"
 
 
-@lru_cache(maxsize=64)
+@traceable_cache(64)
 def device_reason(device: torch.device | str) -> str | None:
     """Why the Triton kernels cannot run on ``device`` (None when they can): a CUDA device that is
     NVIDIA (not ROCm: HIP reports capability 9.x but has no TMA descriptors or wgmma), sm_90 or
@@ -161,7 +179,7 @@ def device_reason(device: torch.device | str) -> str | None:
     return None
 
 
-@lru_cache(maxsize=64)
+@traceable_cache(64)
 def untuned_reason(device: torch.device | str) -> str | None:
     """Why ``impl="auto"`` does not pick the Triton path on a CUDA ``device`` the kernels can run
     on (None when it does): no configuration was tuned for its architecture (``TUNED_ARCHS``)."""
