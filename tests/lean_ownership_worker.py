@@ -67,6 +67,9 @@ def run_case(case, device, T, H, I, want_grads, want_gate, want_up):
         saved = out.grad_fn.saved_tensors
         keep = [saved[1], saved[2]]
         del saved
+    elif case in REUSE_CASES:
+        reuse_case(case, device, T, H, I, want_grads)
+        return
     elif case == "opcheck":  # torch.library.opcheck runs the op and its autograd, then compares
         torch.library.opcheck(ops.mlp_forward, (x, *w, "triton", False))
         print("ok opcheck", flush=True)
@@ -82,6 +85,70 @@ def run_case(case, device, T, H, I, want_grads, want_gate, want_up):
         assert torch.isfinite(got.float().sum())
     for name, got, want in zip(("grad_x", "grad_gate", "grad_up", "grad_down"), _grads(x, w), want_grads):
         assert torch.equal(got, want), f"{case}: {name} differs from the non-consuming backward's"
+    if device == "cuda":
+        torch.cuda.synchronize()
+    print(f"ok {case}", flush=True)
+
+
+REUSE_CASES = ("reuse_grad_fn", "reuse_saved_tensors_hook", "moe_reuse_grad_fn", "moe_reuse_saved_tensors_hook")
+
+
+def _moe_inputs(device, T, H, I, E=4, k=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).bfloat16().to(device).requires_grad_()
+    w, idx = torch.softmax(torch.randn(T, E, generator=g), -1).topk(k)
+    gu = (torch.randn(E, 2 * I, H, generator=g) / H**0.5).bfloat16().to(device).requires_grad_()
+    dp = (torch.randn(E, H, I, generator=g) / I**0.5).bfloat16().to(device).requires_grad_()
+    return x, idx.to(device), w.to(device).requires_grad_(), gu, dp
+
+
+def reuse_case(case, device, T, H, I, want_grads):
+    """``reuse_saved_buffers=True`` releases the saved gate/up: whoever still holds them (the
+    tensors of ``grad_fn.saved_tensors`` taken before the backward, a saved-tensor hook's) reads
+    an empty tensor, and ``grad_fn.saved_tensors`` after it is a RuntimeError; gradients bitwise
+    the default's."""
+    moe = case.startswith("moe_")
+    if moe:
+        x, idx, w, gu, dp = _moe_inputs(device, T, H, I)
+        leaves = (x, w, gu, dp)
+
+        def call(reuse):
+            return swiglu.swiglu_moe(x, idx, w, gu, dp, impl="triton", reuse_saved_buffers=reuse)
+
+        gate_shape, where = (T * idx.shape[1], I), (5, 6)
+    else:
+        x, w = _inputs(device, T, H, I)
+        leaves = (x, *w)
+
+        def call(reuse):
+            return swiglu.swiglu_mlp(x, *w, impl="triton", reuse_saved_buffers=reuse)
+
+        gate_shape, where = (T, I), (1, 2)
+    if moe:  # the default's gradients, for the bits
+        want_grads = torch.autograd.grad(call(False).float().sum(), leaves)
+    if case.endswith("grad_fn"):
+        out = call(True)
+        saved = out.grad_fn.saved_tensors
+        keep = [saved[i] for i in where]
+        del saved
+    else:
+        stash = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: stash.append(t) or t, lambda t: t):
+            out = call(True)
+        keep = [t for t in stash if tuple(t.shape) == gate_shape]
+    assert len(keep) == 2 and all(tuple(t.shape) == gate_shape for t in keep), (case, [t.shape for t in keep])
+    out.float().sum().backward(retain_graph=True)
+    for t in keep:  # released: no elements left to read (a read of the old sizes crashed)
+        assert t.numel() == 0 and float(t.float().sum()) == 0.0 and t.clone().numel() == 0, f"{case}: {tuple(t.shape)}"
+    if case.endswith("grad_fn"):
+        try:
+            out.grad_fn.saved_tensors
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError(f"{case}: grad_fn.saved_tensors after the release raised nothing")
+    for name, got, want in zip(("grad_x", "grad_1", "grad_2", "grad_3"), _grads(*leaves[:1], leaves[1:]), want_grads):
+        assert torch.equal(got, want), f"{case}: {name} differs from the default's"
     if device == "cuda":
         torch.cuda.synchronize()
     print(f"ok {case}", flush=True)

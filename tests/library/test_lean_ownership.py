@@ -43,6 +43,14 @@ def test_reachable_activations_are_never_consumed(device):
     _run_worker(device, 4, 16, 48, CASES)
 
 
+def test_released_activations_read_as_empty(device):
+    """``reuse_saved_buffers=True``, dense and MoE: gate/up that user code still holds after the
+    backward released them (``grad_fn.saved_tensors`` taken before it, a saved-tensor hook's)
+    read as empty tensors, not as their old sizes over freed memory."""
+    cases = ["reuse_grad_fn", "reuse_saved_tensors_hook", "moe_reuse_grad_fn", "moe_reuse_saved_tensors_hook"]
+    _run_worker(device, 4, 16, 48, cases)
+
+
 class _LeanSpy:
     """Records, per Triton backward, whether it wrote over the saved gate/up."""
 

@@ -586,8 +586,8 @@ def launch_backward(
 
 
 def release_storage(t: torch.Tensor) -> None:
-    """Gives ``t``'s memory back to the caching allocator now (its storage resized to 0), as a
-    deleted tensor's would be, for reuse only after the work queued so far on the current stream.
+    """Gives ``t``'s memory back to the caching allocator now (its storage resized to 0, ``t``
+    itself to no elements), as a deleted tensor's would be, for reuse only after the work queued so far on the current stream.
     The allocator reuses a block at once on the stream that allocated it; an activation offloader
     may have allocated gate/up on a side stream (torchtune's OffloadActivations), so the current
     stream, where the launches that read it are queued, is recorded first (without it the block
@@ -596,6 +596,9 @@ def release_storage(t: torch.Tensor) -> None:
     if t.is_cuda:
         t.record_stream(torch.cuda.current_stream(t.device))
     t.untyped_storage().resize_(0)
+    # Whoever still holds ``t`` (grad_fn.saved_tensors after retain_graph, a saved-tensor hook)
+    # sees an empty tensor, not its old sizes over no memory (a read of those crashed the process).
+    t.resize_((0,) * t.dim())
 
 
 def _alloc(buf: torch.Tensor | None, shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
