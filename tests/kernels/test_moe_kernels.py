@@ -274,6 +274,25 @@ def test_direct_out_of_range_ids_are_skipped(device, guard_kernels, kind):
     assert_matches(got, _reference(x, idx, w, gu, dp, go), o, seed, same)
 
 
+def test_rows_grouped_by_expert_as_k_1_with_unit_weights(device):
+    """docs/moe.md's recipe for rows already grouped by expert (an all-to-all's output): ids from
+    the counts by ``searchsorted``, k = 1, weights of one. The sort keeps the rows' order (the
+    identity), and every output and gradient passes the oracle check, an expert without rows
+    among them."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    H, I, E = 32, 48, 5
+    counts = torch.randint(1, 9, (E,), generator=gen)
+    counts[int(torch.randint(E, (1,), generator=gen))] = 0
+    T = int(counts.sum())
+    idx = torch.searchsorted(counts.cumsum(0), torch.arange(T), right=True)[:, None]
+    inp = make_moe(seed, T, H, I, E, 1, device=device)
+    inp = dataclasses.replace(inp, top_k_index=idx.to(device), top_k_weights=torch.ones(T, 1, device=device))
+    order = kmoe.Routing(inp.top_k_index, E).order
+    assert torch.equal(order.cpu(), torch.arange(T, dtype=order.dtype)), f"seed={seed}: the sort moved grouped rows"
+    check_impl(inp, "triton", seed)
+
+
 def test_direct_matches_public_op_and_leaves_nothing_unwritten(device, guard_kernels):
     """With every intermediate buffer NaN before its kernel, the direct calls give finite results,
     bitwise the public op's."""
