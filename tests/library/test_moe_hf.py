@@ -1,8 +1,8 @@
 """The "swiglu" experts implementation of swiglu.integrations.transformers on tiny random
 mixture-of-experts models (CPU, configs built in code: no downloads).
 
-Qwen3-MoE, Qwen2-MoE (a dense shared expert), Mixtral, OLMoE and DeepSeek-V3 (a dense first layer
-and a shared expert): after ``apply(model, impl="reference")`` in float32 the logits, the loss and
+Qwen3-MoE, Qwen2-MoE (a dense shared expert), Mixtral, OLMoE, DeepSeek-V3 (a dense first layer
+and a shared expert) and LFM2-MoE (a dense first layer, ``act_fn = F.silu``): after ``apply(model, impl="reference")`` in float32 the logits, the loss and
 every parameter's gradient equal the unpatched model's (transformers' default "grouped_mm") within
 F32_TOL relative (a 0.1% error planted in the op fails it); in bf16 with ``impl="triton"`` (the
 Triton kernels under TRITON_INTERPRET=1) their error against a float64 copy of the model is at most
@@ -101,6 +101,20 @@ FAMILIES = {
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
         ["model.layers.0.mlp", "model.layers.1.mlp.experts", "model.layers.1.mlp.shared_experts"],
+    ),
+    # experts whose act_fn is the function F.silu, not a module
+    "lfm2_moe": (
+        "Lfm2MoeConfig",
+        "Lfm2MoeForCausalLM",
+        dict(
+            moe_intermediate_size=32,
+            intermediate_size=96,
+            num_experts=8,
+            num_experts_per_tok=2,
+            num_dense_layers=1,
+            layer_types=["conv", "full_attention"],
+        ),
+        ["model.layers.1.feed_forward.experts"],
     ),
 }
 GPT_OSS = (

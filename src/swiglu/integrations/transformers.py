@@ -101,9 +101,12 @@ def _has_hooks(module: nn.Module) -> bool:
 
 
 def _is_silu(act) -> bool:
-    # transformers' ACT2FN: "silu" -> transformers.activations.SiLUActivation, "swish" -> nn.SiLU.
-    return isinstance(act, nn.SiLU) or (
-        type(act).__name__ == "SiLUActivation" and type(act).__module__.startswith("transformers.")
+    # transformers' ACT2FN: "silu" -> transformers.activations.SiLUActivation, "swish" -> nn.SiLU;
+    # some experts classes hold the function itself (LFM2-MoE: ``self.act_fn = F.silu``).
+    return (
+        act is torch.nn.functional.silu
+        or isinstance(act, nn.SiLU)
+        or (type(act).__name__ == "SiLUActivation" and type(act).__module__.startswith("transformers."))
     )
 
 
@@ -113,14 +116,14 @@ def _act_fn_reason(module: nn.Module) -> str | None:
     if not _is_silu(act):
         hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
         return f"act_fn is {type(act).__name__} (hidden_act={hidden_act!r}), not SiLU"
-    if _has_hooks(act):
+    if isinstance(act, nn.Module) and _has_hooks(act):
         return "act_fn has hooks registered; the fused op would not run them"
     return None
 
 
 def _silu_fast(act) -> bool:
     # A SiLU module without hooks (``_act_fn_reason`` finds nothing), in a few reads.
-    return _is_silu(act) and not _has_hooks(act)
+    return isinstance(act, nn.Module) and _is_silu(act) and not _has_hooks(act)
 
 
 def _runtime_reason(module: nn.Module) -> str | None:
