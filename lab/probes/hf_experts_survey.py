@@ -24,10 +24,11 @@ openai_privacy_filter), no gate (nemotron_h), a post-expert norm (muse_spark). E
 'eager' experts equal its default 'grouped_mm' within 1e-5. Per-family overrides: 16 configs
 (FAMILY below); MLA families run with as many kv heads as heads. Not exercised: Ernie4.5-VL's
 vision experts (text-only ids); Qwen3-Omni's talker is fed inputs_embeds (its forward's input_ids
-path reads an embed_tokens it lacks). The table goes to build/experts_survey.txt. ``--plant`` (0.1%
-error in the op's output) turns qwen3_moe WRONG.
-Run: PYTHONPATH=src:lab .venv/bin/python lab/probes/hf_experts_survey.py [--plant] [family ...]
-     (~20 s on 2 CPU cores, no GPU; with families named, no file is written)
+path reads an embed_tokens it lacks). The table goes to build/experts_survey.txt (``--out=PATH``);
+the exit status is 1 if a family is WRONG or ERROR. ``--plant`` (0.1% error in the op's output)
+turns qwen3_moe WRONG. tests/lab/test_hf_experts_survey.py runs it.
+Run: PYTHONPATH=src:lab .venv/bin/python lab/probes/hf_experts_survey.py [--plant] [--out=PATH] [family ...]
+     (~20 s on 2 CPU cores, no GPU; with families named, no file is written unless --out)
 """
 
 from __future__ import annotations
@@ -383,7 +384,7 @@ def survey(label, cfg_cls, model_cls, flags: str) -> tuple[str, str]:
     return "WRONG", f"no op call and no warning: {info}"
 
 
-def main(selected: list[str]) -> None:
+def main(selected: list[str], out: Path | None = None) -> int:
     t0 = time.time()
     rows = []
     torch.set_num_threads(1)
@@ -419,13 +420,17 @@ def main(selected: list[str]) -> None:
         lines.append(f"| {label:26s} | {verdict:8s} | {flags} | {detail.replace('|', '/')} |")
     table = "\n".join(lines)
     print("\n" + table)
-    if not selected:
-        OUT.parent.mkdir(exist_ok=True)
-        OUT.write_text(table + "\n")
-        print(f"\nwrote {OUT}")
+    if out is not None or not selected:
+        out = out or OUT
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table + "\n")
+        print(f"\nwrote {out}")
+    return 1 if counts.get("WRONG") or counts.get("ERROR") else 0
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     PLANT = "--plant" in args
-    main([a for a in args if a != "--plant"] or ([] if not PLANT else ["qwen3_moe", "gpt_oss"]))
+    out = next((Path(a.split("=", 1)[1]) for a in args if a.startswith("--out=")), None)
+    named = [a for a in args if not a.startswith("--")]
+    sys.exit(main(named or ([] if not PLANT else ["qwen3_moe", "gpt_oss"]), out))

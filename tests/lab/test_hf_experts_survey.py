@@ -1,0 +1,47 @@
+"""lab/probes/hf_experts_survey.py over every transformers MoE family it can build tiny (CPU, float32,
+``apply(impl="reference")`` against the unpatched model): none wrong or failing, the "swiglu"
+experts taken by most, and a 0.1% error planted in the op turns a family WRONG (exit status 1)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers", minversion="5.3")
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = ROOT / "lab" / "probes" / "hf_experts_survey.py"
+#: Families of transformers 5.25 that run the op (55 text models); fewer means apply lost some.
+AT_LEAST = 50
+
+
+def _survey(tmp_path, *args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "lab"), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "survey.txt"
+    done = subprocess.run(
+        [sys.executable, str(PROBE), f"--out={out}", *args], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
+    )
+    table = out.read_text() if out.exists() else ""
+    return done, table
+
+
+def _verdicts(table: str) -> dict[str, str]:
+    return dict(re.findall(r"^\| (\S+)\s+\| (\w+)\s+\|", table, re.M)[1:])  # past the header row
+
+
+def test_no_family_is_wrong_and_most_run_the_op(tmp_path):
+    done, table = _survey(tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    verdicts = _verdicts(table)
+    assert not {f: v for f, v in verdicts.items() if v in ("WRONG", "ERROR")}, table
+    ours = [f for f, v in verdicts.items() if v == "swiglu"]
+    assert len(ours) >= AT_LEAST and {"qwen3_moe", "mixtral", "deepseek_v3", "lfm2_moe"} <= set(ours), table
+
+
+def test_a_planted_error_is_wrong(tmp_path):
+    done, table = _survey(tmp_path, "--plant", "qwen3_moe")
+    assert done.returncode == 1 and _verdicts(table) == {"qwen3_moe": "WRONG"}, done.stdout[-3000:] + done.stderr[-3000:]
