@@ -548,3 +548,53 @@ def test_reuse_saved_buffers_leaves_hooked_saved_tensors_alone(device):
     second = torch.autograd.grad(out, leaves, go)
     for name, a, b, want in zip(NAMES[1:], first, second, default[1:]):
         assert torch.equal(a.reshape(want.shape), want) and torch.equal(a, b), f"seed={seed}: {name}"
+
+
+# --------------------------------------------------------------------------- swiglu_limit (clamped SwiGLU)
+
+
+def _binding_limit(inp, quantile=0.7):
+    """A bf16-exact limit (a multiple of 1/8) below the |gate|, |up| values' ``quantile``: about a
+    third of them are clamped."""
+    x, idx, w, gu, dp, go = inp.flat()
+    q = torch.quantile((x.float() @ gu.float().flatten(0, 1).T).abs().flatten(), quantile)
+    return max(0.125, round(float(q) * 8) / 8)
+
+
+@pytest.mark.parametrize("sizes", [(13, 32, 48, 4, 2), (9, 64, 96, 3, 3)])
+def test_swiglu_limit_against_the_oracle(device, sizes):
+    """``swiglu_limit`` L (DeepSeek-V4's clamped SwiGLU): gate <= L and up in [-L, L] before the
+    product, their gradients through where they were in range; with about a third of the values
+    clamped, every output and gradient passes the oracle check (each expert's slice too)."""
+    seed = fresh_seed()
+    inp = make_moe(seed, *sizes, kind="skewed", device=device)
+    limit = _binding_limit(inp)
+    got, _ = check_impl(inp, "triton", seed, swiglu_limit=limit)
+    free = run(inp, "triton")
+    assert not torch.equal(got[0], free[0]), f"seed={seed}: the limit {limit} clamped nothing"
+
+
+def test_swiglu_limit_check_catches_a_backward_without_the_clamp(device):
+    """The kernels' backward told no limit after a clamped forward (the clamp's gradient mask
+    missing) fails the oracle check: the check sees the mask."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 13, 32, 48, 4, 2, device=device)
+    limit = _binding_limit(inp)
+    x, idx, w, gu, dp, go = inp.flat()
+    out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp, swiglu_limit=limit)
+    right = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, routing=routing, swiglu_limit=limit)
+    wrong = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, routing=routing)
+    ref, o, same = run(inp, "reference", swiglu_limit=limit), oracle(inp, limit), same_rounding(inp, limit)
+    assert not failures((out, *right), ref, o, same), f"seed={seed}"
+    assert failures((out, *wrong), ref, o, same), f"seed={seed}: a backward without the clamp passed"
+
+
+@pytest.mark.parametrize(
+    "limit, error, match",
+    [(0.0, ValueError, "positive"), (-1.0, ValueError, "positive"), (float("inf"), ValueError, "finite"),
+     (float("nan"), ValueError, "finite"), ("7", TypeError, "float or None"), (True, TypeError, "float or None")],
+)  # fmt: skip
+def test_swiglu_limit_bad_values(limit, error, match):
+    inp = make_moe(0, 4, 32, 48, 4, 2)
+    with pytest.raises(error, match=f"swiglu_limit.*{match}"):
+        swiglu.swiglu_moe(*inp.args(), impl="reference", swiglu_limit=limit)

@@ -127,10 +127,19 @@ def _grouped_tile(expert_start_ptr, E, N, num_n, BM: tl.constexpr, BN: tl.conste
 
 
 @triton.jit
+def _clamped(gate, up, LIMIT: tl.constexpr):
+    """fp32 gate and up as the activation takes them: with LIMIT (the swiglu_limit rounded to
+    bf16, as torch compares and clamps bf16 tensors), gate <= LIMIT and up in [-LIMIT, LIMIT]."""
+    if LIMIT is None:
+        return gate, up
+    return tl.minimum(gate, LIMIT), tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+
+
+@triton.jit
 def _up_tile(
     x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn, stride_wh,
     e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, B_TMA: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, LIMIT: tl.constexpr,
 ):  # fmt: skip
     """One tile of ``moe_up_kernel`` (expert e, these sorted rows and columns)."""
     tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
@@ -159,8 +168,9 @@ def _up_tile(
         a_ptrs += BK * stride_xh
     gate = _bf16(acc_g, UPCAST)
     up = _bf16(acc_u, UPCAST)
-    act = _activated_gate(_f32(gate, UPCAST), UPCAST)
-    h = _bf16(_f32(act, UPCAST) * _f32(up, UPCAST), UPCAST)
+    gate_c, up_c = _clamped(_f32(gate, UPCAST), _f32(up, UPCAST), LIMIT)  # gate, up kept unclamped
+    act = _activated_gate(gate_c, UPCAST)
+    h = _bf16(_f32(act, UPCAST) * up_c, UPCAST)
     out = rows.to(tl.int64)[:, None] * I + cols[None, :]
     ok = row_ok[:, None] & col_ok[None, :]
     tl.store(gate_ptr + out, gate, mask=ok)
@@ -195,8 +205,9 @@ def moe_up_kernel(
     B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
+    LIMIT: tl.constexpr = None,
 ):
-    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue. B_TMA: w_ptr is a TMA
+    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue (LIMIT: ``_clamped``). B_TMA: w_ptr is a TMA
     descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past an expert's rows
     feeds only masked columns; past H it reads zeros)."""
     _pdl_start(PDL)
@@ -204,7 +215,7 @@ def moe_up_kernel(
     if e < E:
         # fmt: off
         _up_tile(x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn,
-                 stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM, BN, BK, B_TMA, UPCAST)
+                 stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM, BN, BK, B_TMA, UPCAST, LIMIT)
         # fmt: on
 
 
@@ -295,19 +306,26 @@ def moe_down_kernel(
 
 
 @triton.jit
-def _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr):
+def _dswiglu_piece(
+    acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr, LIMIT: tl.constexpr = None
+):
     """The SwiGLU backward on g = acc [BM, n] at these columns of [S, I]: writes d_gate, d_up
-    (dgu [S, 2I]) and h * w; returns each row's sum of g * h (its routing-weight gradient's part)."""
+    (dgu [S, 2I]) and h * w; returns each row's sum of g * h (its routing-weight gradient's part).
+    LIMIT: ``_clamped``, whose gradient passes only where the saved gate/up were in range."""
     ok = row_ok[:, None] & (cols < I)[None, :]
     src = rows.to(tl.int64)[:, None] * I + cols[None, :]
-    gate = _f32(tl.load(gate_ptr + src, mask=ok, other=0.0), UPCAST)
-    up = _f32(tl.load(up_ptr + src, mask=ok, other=0.0), UPCAST)
+    gate_raw = _f32(tl.load(gate_ptr + src, mask=ok, other=0.0), UPCAST)
+    up_raw = _f32(tl.load(up_ptr + src, mask=ok, other=0.0), UPCAST)
+    gate, up = _clamped(gate_raw, up_raw, LIMIT)
     act = _f32(_activated_gate(gate, UPCAST), UPCAST)
     h = _f32(_bf16(act * up, UPCAST), UPCAST)
     g = acc * w
     s = tl.sigmoid(gate)
     d_up = g * act
     d_gate = g * up * s * (1.0 + gate * (1.0 - s))
+    if LIMIT is not None:
+        d_gate = tl.where(gate_raw <= LIMIT, d_gate, 0.0)
+        d_up = tl.where((up_raw >= -LIMIT) & (up_raw <= LIMIT), d_up, 0.0)
     dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
     tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
     tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
@@ -320,6 +338,7 @@ def _dswiglu_tile(
     go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n, stride_gt,
     stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, EPI_SPLIT: tl.constexpr, B_TMA: tl.constexpr, UPCAST: tl.constexpr,
+    LIMIT: tl.constexpr,
 ):  # fmt: skip
     """One tile of ``moe_dswiglu_kernel`` (expert e, these sorted rows and columns)."""
     pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
@@ -340,12 +359,12 @@ def _dswiglu_tile(
         acc = _dot(a, b, acc, UPCAST)
     w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     if EPI_SPLIT == 1:
-        part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST)
+        part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT)
     else:
         a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
         c0 = pid_n * BN + tl.arange(0, BN // 2)
-        part = _dswiglu_piece(a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST) + _dswiglu_piece(
-            a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST
+        part = _dswiglu_piece(a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT) + _dswiglu_piece(
+            a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT
         )
     # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
     tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
@@ -382,6 +401,7 @@ def moe_dswiglu_kernel(
     B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
+    LIMIT: tl.constexpr = None,
 ):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
     EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). B_TMA:
@@ -392,7 +412,7 @@ def moe_dswiglu_kernel(
         # fmt: off
         _dswiglu_tile(go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n,
                       stride_gt, stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM,
-                      BN, BK, EPI_SPLIT, B_TMA, UPCAST)
+                      BN, BK, EPI_SPLIT, B_TMA, UPCAST, LIMIT)
         # fmt: on
 
 
@@ -771,9 +791,10 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
     )
 
 
-def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
-    """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T."""
-    if tile.GLUON and (g := _gluon().up).supports(x, gate_up_proj):
+def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile, limit: float | None = None):
+    """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T; ``limit``:
+    the swiglu_limit (bf16-exact; the Gluon kernel has no clamp: the tl kernel runs)."""
+    if tile.GLUON and limit is None and (g := _gluon().up).supports(x, gate_up_proj):
         return g.launch_moe_up_gluon(gather_rows(x, r, k), gate_up_proj, r, gate, up, h, _in_order(g.CONFIG, tile))
     H, I = x.shape[1], gate.shape[1]
     w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
@@ -795,6 +816,7 @@ def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile):
         k,
         strides=(x.stride(0), x.stride(1), *gate_up_proj.stride()),
         B_TMA=w is not None,
+        LIMIT=limit,
     )
 
 
@@ -828,11 +850,14 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
     )
 
 
-def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile, gos=None):
+def launch_dswiglu(
+    grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile, gos=None, limit: float | None = None
+):
     """d_gate | d_up into dgu [S, 2I], hw [S, I] and the routing-weight partial sums part
-    [S, cdiv(I, BN)] (by pair id; rows of pairs outside every tile are not written). ``gos``: grad_out's rows in expert order (``gather_rows``) where the
-    caller has them, for the Gluon kernel (which copies them otherwise)."""
-    if tile.GLUON and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
+    [S, cdiv(I, BN)] (by pair id; rows of pairs outside every tile are not written). ``gos``:
+    grad_out's rows in expert order (``gather_rows``) where the caller has them, for the Gluon
+    kernel (which copies them otherwise). ``limit``: as ``launch_up``'s."""
+    if tile.GLUON and limit is None and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
         gos = gather_rows(grad_out, r, k) if gos is None else gos
         return g.launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, _in_order(g.CONFIG, tile))
     H, I = grad_out.shape[1], gate.shape[1]
@@ -859,6 +884,7 @@ def launch_dswiglu(grad_out, down_proj, r: Routing, k: int, weights, gate, up, d
         strides=(grad_out.stride(0), grad_out.stride(1), *down_proj.stride()),
         EPI_SPLIT=tile.EPI_SPLIT,
         B_TMA=w is not None,
+        LIMIT=limit,
     )
 
 
@@ -983,11 +1009,20 @@ def combine(
     return out, gw
 
 
-def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: MoEPlan | None = None, out_shape=None):
+def bf16_limit(swiglu_limit: float | None) -> float | None:
+    """The swiglu_limit as the kernels clamp and compare bf16 values against it: rounded to bf16,
+    as torch does a Python scalar against a bf16 tensor."""
+    return None if swiglu_limit is None else float(torch.tensor(swiglu_limit, dtype=torch.bfloat16))
+
+
+def moe_forward(
+    x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: MoEPlan | None = None, out_shape=None, swiglu_limit=None
+):
     """``(out, gate, up, routing)``: out [T, H] (allocated as ``out_shape`` where given, e.g. the
-    caller's [batch_size, seq_len, H]); gate, up [S, I] in sorted-pair order and the ``Routing``
-    (its ``order`` and ``expert_start``), kept for ``moe_backward``. Inputs validated by
-    ``swiglu.moe``; top_k_index and top_k_weights contiguous [T, k]."""
+    caller's [batch_size, seq_len, H]); gate, up [S, I] in sorted-pair order (unclamped) and the
+    ``Routing`` (its ``order`` and ``expert_start``), kept for ``moe_backward``. Inputs validated
+    by ``swiglu.moe``; top_k_index and top_k_weights contiguous [T, k]. ``swiglu_limit``: gate and
+    up clamped before the product (``bf16_limit``)."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -999,7 +1034,7 @@ def moe_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: Mo
     h = torch.empty_like(gate)
     y = torch.empty(S, H, dtype=x.dtype, device=x.device)
     if S:
-        launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up)
+        launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up, bf16_limit(swiglu_limit))
         launch_pairs(h, down_proj, r, top_k_weights, y, plan.down, transposed=True)
     return combine(y, top_k_index, E, H, x.dtype, out_shape=out_shape)[0], gate, up, r
 
@@ -1017,13 +1052,14 @@ def moe_backward(
     routing: Routing | None = None,
     needs=(True, True, True, True),
     reuse: bool = False,
+    swiglu_limit: float | None = None,
 ):
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
     gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, the
     forward's order bitwise). A gradient not in ``needs`` (grad_x, top_k_weights, gate_up_proj,
     down_proj) is None and its GEMM does not run. ``reuse``: gate's and up's storage is released
     (size 0) once their one reader, the dSwiGLU GEMM, is launched: the same kernels, the same
-    gradients bitwise, a peak lower by [S, 2I]."""
+    gradients bitwise, a peak lower by [S, 2I]. ``swiglu_limit``: the forward's."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -1036,7 +1072,9 @@ def moe_backward(
     part = torch.empty(S, cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
     gos = gather_rows(grad_out, r, k) if plan.share_grad_out_copy and needs[3] else None
     if S:  # first, so that the GPU starts while the host allocates the rest
-        launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu, gos)
+        launch_dswiglu(
+            grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu, gos, bf16_limit(swiglu_limit)
+        )
     if reuse:  # their reader is launched: the memory goes back stream-ordered, before the peak
         release_storage(gate)
         release_storage(up)
