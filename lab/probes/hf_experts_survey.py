@@ -14,12 +14,12 @@ apply or the patched model's step), "skip: <why>" (the tiny model could not be b
 unpatched).
 
 Answer (transformers 5.25, torch 2.13 CPU): all 72 families build tiny (73 text models: Qwen3-Omni's
-thinker and talker); none WRONG or ERROR. 55 run the op and match (max relative error 3.2e-6, on
-linear-attention A_log gradients; the experts' own gradients ~1e-7), LFM2-MoE among them since
-``F.silu`` as ``act_fn`` counts as SiLU (it fell back before). 18 keep their implementation with a
-warning and the same results: custom gating (clamped SwiGLU or another gate: bailing_hybrid, beam,
-deepseek_v4, glm5_next, hy_v4, hy_v4_vl, inkling2, inkling2_loop, minimax_m3_vl, step3p7), another
-activation (GELU-tanh: gemma4, diffusion_gemma), transposed weights (aria, ergo), biases (gpt_oss,
+thinker and talker); none WRONG or ERROR. 59 run the op and match (max relative error 3.2e-6, on
+linear-attention A_log gradients; the experts' own gradients ~1e-7): LFM2-MoE since ``F.silu`` as
+``act_fn`` counts as SiLU, DeepSeek-V4, GLM-5-Next, HY-V4 and HY-V4-VL since their clamped gate runs
+as ``swiglu_limit`` (all five fell back before). 14 keep their implementation with a warning and the
+same results: custom gating (bailing_hybrid, beam, inkling2, inkling2_loop, minimax_m3_vl, step3p7),
+another activation (GELU-tanh: gemma4, diffusion_gemma), transposed weights (aria, ergo), biases (gpt_oss,
 openai_privacy_filter), no gate (nemotron_h), a post-expert norm (muse_spark). Every family's
 'eager' experts equal its default 'grouped_mm' within 1e-5. Per-family overrides: 16 configs
 (FAMILY below); MLA families run with as many kv heads as heads. Not exercised: Ernie4.5-VL's

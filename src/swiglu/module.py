@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .checks import FLOAT_DTYPES, check_bool
-from .moe import swiglu_moe
+from .moe import check_swiglu_limit, swiglu_moe
 from .ops import IMPLS, _check_impl, _renamed, _swiglu_mlp, resolve_impl
 from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
@@ -150,10 +150,11 @@ class SwiGLUExperts(nn.Module):
     Args:
         num_experts, hidden_size, intermediate_size: E, H and I (intermediate_size per expert),
             positive ints.
-        impl, reuse_saved_buffers: as ``swiglu.swiglu_moe``.
+        impl, reuse_saved_buffers, swiglu_limit: as ``swiglu.swiglu_moe``.
         device, dtype: of the weights (dtype floating); the input must match them.
-    Raises TypeError for a size that is not an int or a non-floating dtype; ValueError for a
-    non-positive size, an unknown ``impl`` or a CUDA device without a GPU.
+    Raises TypeError for a size that is not an int, a non-floating dtype or a non-float
+    ``swiglu_limit``; ValueError for a non-positive size or limit, an unknown ``impl`` or a CUDA
+    device without a GPU.
 
     forward(x, top_k_index, top_k_weights): x [..., H], the router's top-k expert ids and weights
     [..., k] -> [..., H]; errors as ``swiglu.swiglu_moe``.
@@ -167,6 +168,7 @@ class SwiGLUExperts(nn.Module):
         *,
         impl: str = "auto",
         reuse_saved_buffers: bool = False,
+        swiglu_limit: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -177,6 +179,7 @@ class SwiGLUExperts(nn.Module):
         check_bool("reuse_saved_buffers", reuse_saved_buffers)
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.impl, self.reuse_saved_buffers = impl, reuse_saved_buffers
+        self.swiglu_limit = check_swiglu_limit(swiglu_limit)
         kw = dict(device=device, dtype=dtype)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **kw))
@@ -191,7 +194,7 @@ class SwiGLUExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         """``swiglu.swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj)`` with the
-        module's ``impl`` and ``reuse_saved_buffers``."""
+        module's ``impl``, ``reuse_saved_buffers`` and ``swiglu_limit``."""
         return swiglu_moe(
             x,
             top_k_index,
@@ -200,12 +203,15 @@ class SwiGLUExperts(nn.Module):
             self.down_proj,
             impl=self.impl,
             reuse_saved_buffers=self.reuse_saved_buffers,
+            swiglu_limit=self.swiglu_limit,
         )
 
     def extra_repr(self) -> str:
+        limit = "" if self.swiglu_limit is None else f", swiglu_limit={self.swiglu_limit}"
         return (
             f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
             f"intermediate_size={self.intermediate_size}, impl={self.impl!r}, reuse_saved_buffers={self.reuse_saved_buffers}"
+            f"{limit}"
         )
 
 

@@ -285,7 +285,7 @@ def swiglu_moe(
         impl: ``"auto"`` (Triton for bf16 CUDA tensors on an sm_90 GPU, the reference otherwise),
             ``"reference"`` (transformers' eager loop over experts) or ``"triton"``.
         reuse_saved_buffers: the eager Triton backward frees the saved gate/up after their reader (lower peak).
-        swiglu_limit: L > 0 clamps gate to at most L and up to [-L, L] before the product.
+        swiglu_limit: L > 0 clamps gate to at most L and up to [-L, L] first (DeepSeek-V4).
 
     Returns:
         out, x's shape and dtype, freshly allocated (not a view). Differentiable in x, top_k_weights,
@@ -293,10 +293,9 @@ def swiglu_moe(
         expert that receives no tokens gets zero weight gradients.
 
     Raises:
-        TypeError / ValueError naming the argument (``validate_moe_inputs``); RuntimeError at a
-        second backward with ``reuse_saved_buffers``. An id outside [0, E): ValueError on CPU in
-        eager mode; on CUDA, under torch.compile and dispatch modes (no values to look at) the
-        pair is skipped (zero contribution and gradient), never read out of bounds. docs/moe.md.
+        TypeError / ValueError naming the argument; RuntimeError at a second backward with
+        ``reuse_saved_buffers``. An id outside [0, E): ValueError on CPU in eager mode; on CUDA,
+        compiled or under dispatch modes the pair is skipped, never read out of bounds. docs/moe.md.
     """
     if isinstance(x, torch.Tensor) and x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)  # as F.linear under autocast

@@ -327,6 +327,75 @@ def test_experts_with_biases_fall_back_with_a_warning(moe_calls):
     assert moe_calls == []
 
 
+_QWEN3_EXPERTS = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeExperts
+
+
+class _ClampedExperts(_QWEN3_EXPERTS):
+    """DeepSeek-V4's clamped SwiGLU gate on Qwen3-MoE's experts."""
+
+    def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return self.act_fn(gate) * up
+
+
+class _ClampedSiluExperts(_QWEN3_EXPERTS):
+    """GLM-5-Next's and HY-V4's spelling: ``min=None``, ``F.silu``, the limit under another name."""
+
+    def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate = gate.clamp(min=None, max=self.swiglu_limit)
+        up = up.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
+        # Simple swiglu instead of alpha
+        return torch.nn.functional.silu(gate) * up
+
+
+class _ClampedAfterExperts(_QWEN3_EXPERTS):
+    """Step-3.7's clamp after the activation: not the op's formula."""
+
+    def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate = self.act_fn(gate).clamp(max=self.limit)
+        return gate * up.clamp(min=-self.limit, max=self.limit)
+
+
+@pytest.mark.parametrize("cls, attr", [(_ClampedExperts, "limit"), (_ClampedSiluExperts, "swiglu_limit")])
+def test_clamped_gates_run_the_op_with_their_limit(cls, attr, moe_calls):
+    """Experts whose ``_apply_gate`` clamps gate and up before ``silu(gate) * up`` run the op with
+    ``swiglu_limit`` read from the module (0.5 here: a third or more of the values clamped): float32
+    logits, loss and gradients equal the unpatched model's (transformers' grouped_mm, which calls
+    the class's ``_apply_gate``); a clamp after the activation falls back."""
+    plain = build("qwen3_moe")
+    for m in plain.modules():
+        if swiglu_hf._is_experts(m):
+            m.__class__ = cls
+            setattr(m, attr, 0.5)
+    ours = copy.deepcopy(plain)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swiglu_hf.apply(ours, impl="reference")
+    ids = batch()
+    got, want = step(ours, ids), step(plain, ids)
+    assert_same(got, want, F32_TOL, cls.__name__)
+    assert len(moe_calls) == n_moe_layers(ours) and all(c["swiglu_limit"] == 0.5 for c in moe_calls)
+    unclamped = copy.deepcopy(plain)
+    for m in unclamped.modules():
+        if swiglu_hf._is_experts(m):
+            m.__class__ = _QWEN3_EXPERTS
+    assert errors(step(unclamped, ids), want)["loss"] > 1e-3, "the limit clamped nothing"
+
+    after = build("qwen3_moe")
+    for m in after.modules():
+        if swiglu_hf._is_experts(m):
+            m.__class__, m.limit = _ClampedAfterExperts, 0.5
+            assert "custom gating" in swiglu_hf.experts_unsupported_reason(m)
+            m.limit = float("inf")
+            m.__class__ = cls
+            setattr(m, attr, float("inf"))
+            assert "not a positive finite number" in swiglu_hf.experts_unsupported_reason(m)
+
+
 def test_gpt_oss_falls_back_with_a_warning(moe_calls):
     """gpt-oss's experts (biases, transposed and interleaved weights, a clamped SwiGLU) keep
     their implementation: the unpatched model's results, bit for bit."""

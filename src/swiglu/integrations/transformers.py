@@ -29,6 +29,7 @@ import ast
 import functools
 import importlib
 import inspect
+import math
 import textwrap
 import types
 import warnings
@@ -54,6 +55,73 @@ _BUILD_OPTIONS: dict[type, tuple[str, bool]] = {}  # original class -> patch_cla
 
 
 # --------------------------------------------------------------------------- what can be served
+
+#: ``_apply_gate`` bodies the op computes with ``swiglu_limit`` (DeepSeek-V4, GLM-5-Next, HY-V4):
+#: LIMIT stands for one ``self`` attribute holding the limit, ACT for ``self.act_fn`` (then
+#: checked to be SiLU) or ``F.silu``; ``min=None`` in a clamp is dropped first.
+_CLAMPED_GATE = """
+def _apply_gate(self, gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=self.LIMIT)
+    up = up.clamp(min=-self.LIMIT, max=self.LIMIT)
+    return ACT(gate) * up
+"""
+_SILU_NAMES = ("F.silu", "nn.functional.silu", "torch.nn.functional.silu", "self.act_fn")
+
+
+class _GateNames(ast.NodeTransformer):
+    """Rewrites an ``_apply_gate`` for comparison with ``_CLAMPED_GATE``: its argument to
+    ``gate_up``, ``self.<x>`` (other than act_fn) to ``self.LIMIT`` (``attrs`` records them), the
+    SiLU spellings to ``ACT`` (``acts`` records them), clamp's ``min=None`` dropped."""
+
+    def __init__(self, arg: str):
+        self.arg, self.attrs, self.acts = arg, set(), set()
+
+    def visit_Name(self, node):
+        return ast.copy_location(ast.Name(id="gate_up", ctx=node.ctx), node) if node.id == self.arg else node
+
+    def visit_Attribute(self, node):
+        spelled = ast.unparse(node)
+        if spelled in _SILU_NAMES:
+            self.acts.add(spelled)
+            return ast.copy_location(ast.Name(id="ACT", ctx=node.ctx), node)
+        if isinstance(node.value, ast.Name) and node.value.id == "self":
+            self.attrs.add(node.attr)
+            return ast.copy_location(ast.Attribute(value=node.value, attr="LIMIT", ctx=node.ctx), node)
+        return self.generic_visit(node)
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        node.keywords = [
+            k for k in node.keywords if not (k.arg == "min" and isinstance(k.value, ast.Constant) and k.value.value is None)
+        ]
+        return node
+
+
+def _reads_act_fn(cls: type) -> bool:
+    """Whether the experts' gate calls ``self.act_fn`` (not when a clamped gate spells ``F.silu``)."""
+    clamped = clamped_gate(cls)
+    return clamped is None or clamped[1]
+
+
+@functools.cache
+def clamped_gate(cls: type) -> tuple[str, bool] | None:
+    """``(attribute, uses_act_fn)`` when ``cls._apply_gate`` is the clamped SwiGLU the op computes
+    with ``swiglu_limit`` (``_CLAMPED_GATE``: gate clamped to at most ``self.<attribute>``, up to
+    [-it, it], then ``act(gate) * up``); ``uses_act_fn``: the activation is ``self.act_fn`` (else
+    ``F.silu``). None for any other body, or when the source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls._apply_gate))).body[0]
+    except (OSError, TypeError, SyntaxError, AttributeError):
+        return None
+    if not isinstance(tree, ast.FunctionDef) or tree.decorator_list or len(tree.args.args) != 2:
+        return None
+    names = _GateNames(tree.args.args[1].arg)
+    body = [names.visit(st) for st in tree.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+    want = ast.parse(_CLAMPED_GATE).body[0].body
+    if len(names.attrs) != 1 or len(names.acts) != 1 or [ast.dump(st) for st in body] != [ast.dump(st) for st in want]:
+        return None
+    return names.attrs.pop(), names.acts.pop() == "self.act_fn"
 
 
 @functools.cache
@@ -323,9 +391,15 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
     if getattr(module, "has_post_expert_norm", False):
         return "a norm after each expert (post_expert_norm); the op has none"
     cls = type(module)
+    clamped = None
     if getattr(cls, "_apply_gate", None) is not _default_apply_gate or "_apply_gate" in module.__dict__:
-        return f"custom gating ({cls.__qualname__}._apply_gate), not transformers' default silu(gate) * up"
-    reason = _act_fn_reason(module)
+        clamped = None if "_apply_gate" in module.__dict__ else clamped_gate(cls)
+        if clamped is None:
+            return f"custom gating ({cls.__qualname__}._apply_gate), not transformers' default silu(gate) * up"
+        limit = getattr(module, clamped[0], None)
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < math.inf:
+            return f"its gate's clamp limit {cls.__qualname__}.{clamped[0]} = {limit!r} is not a positive finite number"
+    reason = _act_fn_reason(module) if _reads_act_fn(cls) else None
     if reason:
         return reason
     weights = {}
@@ -363,7 +437,7 @@ def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, dow
         return "expert parallelism (sharded experts, sentinel expert ids) is not covered"
     # act_fn swapped or hooked after the module's first call (the class checks stay decided once).
     # (Global module hooks on act_fn are not checked: FlopCounterMode's module tracker registers some.)
-    if not _silu_fast(module._modules.get("act_fn")) and (reason := _act_fn_reason(module)):
+    if not _silu_fast(module._modules.get("act_fn")) and _reads_act_fn(type(module)) and (reason := _act_fn_reason(module)):
         return reason
     if hidden_states.dtype != gate_up.dtype and not torch.is_autocast_enabled(hidden_states.device.type):
         # (under autocast the op casts hidden_states and the weights to autocast's dtype, as F.linear)
@@ -423,7 +497,11 @@ def swiglu_experts_forward(
         reason = _call_reason(self, hidden_states, top_k_index, top_k_weights, gate_up, down)
         if reason is None:
             reuse = self.__dict__.get("swiglu_reuse_saved_buffers", False)
-            return _swiglu_moe(hidden_states, top_k_index, top_k_weights, gate_up, down, impl=impl, reuse_saved_buffers=reuse)
+            clamped = clamped_gate(type(self))  # cached per class; None for the default gate
+            limit = None if clamped is None else getattr(self, clamped[0])
+            return _swiglu_moe(
+                hidden_states, top_k_index, top_k_weights, gate_up, down, impl=impl, reuse_saved_buffers=reuse, swiglu_limit=limit
+            )
         warnings.warn(f"swiglu: {type(self).__qualname__} runs its {fallback!r} experts implementation: {reason}", stacklevel=2)
     return _fallback_forward(self, fallback)(self, hidden_states, top_k_index, top_k_weights)
 
