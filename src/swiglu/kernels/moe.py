@@ -131,15 +131,17 @@ def _clamped(gate, up, LIMIT: tl.constexpr):
     """fp32 gate and up as the activation takes them: with LIMIT (the swiglu_limit rounded to
     bf16, as torch compares and clamps bf16 tensors), gate <= LIMIT and up in [-LIMIT, LIMIT]."""
     if LIMIT is None:
-        return gate, up
-    return tl.minimum(gate, LIMIT), tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+        g, u = gate, up
+    else:
+        g, u = tl.minimum(gate, LIMIT), tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+    return g, u
 
 
 @triton.jit
 def _up_tile(
     x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn, stride_wh,
     e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, B_TMA: tl.constexpr,
-    UPCAST: tl.constexpr, LIMIT: tl.constexpr,
+    UPCAST: tl.constexpr, LIMIT: tl.constexpr = None,
 ):  # fmt: skip
     """One tile of ``moe_up_kernel`` (expert e, these sorted rows and columns)."""
     tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
@@ -338,7 +340,7 @@ def _dswiglu_tile(
     go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n, stride_gt,
     stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, EPI_SPLIT: tl.constexpr, B_TMA: tl.constexpr, UPCAST: tl.constexpr,
-    LIMIT: tl.constexpr,
+    LIMIT: tl.constexpr = None,
 ):  # fmt: skip
     """One tile of ``moe_dswiglu_kernel`` (expert e, these sorted rows and columns)."""
     pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
