@@ -38,6 +38,22 @@ SHAPES = {
 }
 
 
+@pytest.mark.parametrize("shape", ["qwen3_30b_a3b_T8192", "qwen3_235b_a22b_E64_T2048"])
+def test_swiglu_limit_full_size_against_float64(shape):
+    """``swiglu_limit`` (DeepSeek-V4's clamp) at full size: the tl up and dSwiGLU kernels with the
+    clamp where the plan would take the Gluon ones, a limit clamping about a third of the values."""
+    T, H, I, E, k = SHAPES[shape]
+    seed = fresh_seed()
+    inp = make_moe(seed, T, H, I, E, k, device="cuda")
+    x, idx, w, gu, dp, go = inp.flat()
+    gate_up = x[:256].float() @ gu[0].float().T  # the first expert's values on a few tokens
+    limit = max(0.125, round(float(torch.quantile(gate_up.abs().flatten(), 0.7)) * 8) / 8)
+    got = run(inp, "triton", swiglu_limit=limit)
+    ref = run(inp, "reference", swiglu_limit=limit)
+    assert not torch.equal(got[0], run(inp, "triton")[0]), f"seed={seed}: the limit clamped nothing"
+    assert_matches(got, ref, oracle(inp, limit), seed, same_rounding(inp, limit))
+
+
 @pytest.mark.parametrize("kind", ["balanced", "skewed"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_full_size_against_float64(shape, kind):
