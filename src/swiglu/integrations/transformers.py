@@ -374,8 +374,9 @@ def _other_experts_interface(module: nn.Module) -> str | None:
 def experts_unsupported_reason(module: nn.Module) -> str | None:
     """Why ``swiglu.swiglu_moe`` cannot compute this experts module (None when it can): expert
     biases, transposed or interleaved gate/up weights, no gate, a post-expert norm, an
-    ``_apply_gate`` other than transformers' default ``silu(gate) * up``, an activation other than
-    SiLU, or weights that are not plain floating [E, 2I, H] / [E, H, I] tensors. What does not
+    ``_apply_gate`` other than transformers' default ``silu(gate) * up`` or its clamped form
+    (``clamped_gate``, with a positive finite limit), an activation other than SiLU, or weights that
+    are not plain floating [E, 2I, H] / [E, H, I] tensors. What does not
     change between calls; ``swiglu_experts_forward`` checks the rest (routing shape, dtypes,
     expert parallelism) at every call."""
     from transformers.integrations.moe import _default_apply_gate
@@ -475,7 +476,7 @@ def swiglu_experts_forward(
 ) -> torch.Tensor:
     """The experts forward registered as ``"swiglu"`` in transformers' ``ExpertsInterface``:
     ``swiglu.swiglu_moe(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
-    self.down_proj, impl=...)``, [T, H] out.
+    self.down_proj, impl=...)``, [T, H] out (``swiglu_limit`` the module's where its gate clamps).
 
     ``impl`` is the module's (``apply(model, impl=...)``; ``register_experts(impl=...)`` for modules
     that run "swiglu" without ``apply``). Whether the op can compute the module is decided at its
