@@ -2,12 +2,14 @@
 
 Every check raises ``TypeError`` (not a tensor, wrong dtype) or ``ValueError`` (rank, shape,
 device, empty hidden or intermediate size) naming the argument and what was expected. Nothing here copies or mutates a
-tensor; callers decide how to handle strides (see ``swiglu.api``).
+tensor; callers decide how to handle strides (see ``swiglu.api``). ``traceable_cache``: the cache
+of the decisions taken once per device (the kernels' device checks, the MoE op's backend).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache, wraps
 
 import torch
 
@@ -288,3 +290,21 @@ def spans_whole_storage(t: torch.Tensor) -> bool:
     """Whether ``t`` spans all of its storage (no view into a larger buffer that others use):
     what may be written over and freed without touching anyone else's data."""
     return t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def traceable_cache(maxsize: int | None):
+    """``functools.lru_cache(maxsize)`` that torch.compile traces through: while compiling, the
+    function itself runs (once per traced graph), as Dynamo would otherwise warn that it ignores
+    the cache. ``cache_clear`` as lru_cache's."""
+
+    def wrap(fn):
+        cached = lru_cache(maxsize=maxsize)(fn)
+
+        @wraps(fn)
+        def call(*args):
+            return fn(*args) if torch.compiler.is_compiling() else cached(*args)
+
+        call.cache_clear = cached.cache_clear
+        return call
+
+    return wrap

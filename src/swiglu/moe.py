@@ -19,13 +19,12 @@ from __future__ import annotations
 import math
 import sys
 import weakref
-from functools import lru_cache
 
 import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
-from .checks import FLOAT_DTYPES, bool_error, check_dense, check_floating
+from .checks import FLOAT_DTYPES, bool_error, check_dense, check_floating, traceable_cache
 from .ops import (
     PLAIN_TENSOR_TYPES,
     add_flop_formula,
@@ -242,12 +241,10 @@ def moe_impl(impl: str, x: torch.Tensor) -> str:
     """The backend ``swiglu_moe`` runs for ``impl`` on x's device and dtype ("reference" or
     "triton"), decided once per (impl, device, dtype); ``"triton"`` where it cannot run is a
     ValueError (TypeError for a dtype other than bfloat16)."""
-    if torch.compiler.is_compiling():
-        return _resolve.__wrapped__(impl, x.device, x.dtype)  # traced once per graph, not per call
     return _resolve(impl, x.device, x.dtype)
 
 
-@lru_cache(maxsize=64)
+@traceable_cache(64)  # compiled: traced once per graph, not per call
 def _resolve(impl: str, device: torch.device, dtype: torch.dtype) -> str:
     if impl == "auto":
         # The dense op's rule (a CUDA sm_90 GPU the tables were tuned for, bfloat16, Triton importable).

@@ -10,32 +10,15 @@ call, ``tile_programs`` and the backward's plan read the others; the launchers t
 from __future__ import annotations
 
 import os
-from functools import lru_cache, wraps
+from functools import lru_cache
 
 import torch
 
+from ..checks import traceable_cache
 from .configs import table_shared_memory
 from .tma import ALIGN_ELEMENTS
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def traceable_cache(maxsize: int | None):
-    """``functools.lru_cache(maxsize)`` that torch.compile traces through: while compiling, the
-    function itself runs (once per traced graph), as Dynamo would otherwise warn that it ignores
-    the cache. ``cache_clear`` as lru_cache's."""
-
-    def wrap(fn):
-        cached = lru_cache(maxsize=maxsize)(fn)
-
-        @wraps(fn)
-        def call(*args):
-            return fn(*args) if torch.compiler.is_compiling() else cached(*args)
-
-        call.cache_clear = cached.cache_clear
-        return call
-
-    return wrap
 
 
 def _triton_interprets() -> bool:
