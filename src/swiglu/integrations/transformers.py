@@ -29,7 +29,6 @@ import ast
 import functools
 import importlib
 import inspect
-import math
 import textwrap
 import types
 import warnings
@@ -40,6 +39,7 @@ from torch.nn.modules import module as _torch_module
 
 from ..checks import FLOAT_DTYPES, check_bool
 from ..module import _fusable_fast, projection_reason
+from ..moe import check_swiglu_limit
 from ..moe import swiglu_moe as _swiglu_moe
 from ..ops import _check_impl, _renamed, _swiglu_mlp
 
@@ -398,7 +398,11 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
         if clamped is None:
             return f"custom gating ({cls.__qualname__}._apply_gate), not transformers' default silu(gate) * up"
         limit = getattr(module, clamped[0], None)
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < math.inf:
+        try:
+            usable = check_swiglu_limit(limit) is not None  # None: the gate would clamp by None
+        except (TypeError, ValueError):
+            usable = False
+        if not usable:
             return f"its gate's clamp limit {cls.__qualname__}.{clamped[0]} = {limit!r} is not a positive finite number"
     reason = _act_fn_reason(module) if _reads_act_fn(cls) else None
     if reason:
