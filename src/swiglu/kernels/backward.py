@@ -591,8 +591,8 @@ def release_storage(t: torch.Tensor) -> None:
     so far on the current stream. The allocator reuses a block at once on the stream that
     allocated it; an activation offloader may have allocated gate/up on a side stream (torchtune's
     OffloadActivations), so the current stream, where the launches that read it are queued, is
-    recorded first (without it the block
-    was reused on the side stream under our kernels on the H200: NaN gradients,
+    recorded first (without it the block was reused on the side stream under our kernels on the
+    H200: NaN gradients,
     tests/kernels/test_triton_gpu.py::test_release_waits_for_the_queued_kernels_when_gate_up_come_from_another_stream)."""
     if t.is_cuda:
         t.record_stream(torch.cuda.current_stream(t.device))

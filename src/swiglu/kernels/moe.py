@@ -209,9 +209,9 @@ def moe_up_kernel(
     PDL: tl.constexpr,
     LIMIT: tl.constexpr = None,
 ):
-    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue (LIMIT: ``_clamped``). B_TMA: w_ptr is a TMA
-    descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past an expert's rows
-    feeds only masked columns; past H it reads zeros)."""
+    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue (LIMIT: ``_clamped``).
+    B_TMA: w_ptr is a TMA descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past
+    an expert's rows feeds only masked columns; past H it reads zeros)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
@@ -1011,9 +1011,10 @@ def combine(
     return out, gw
 
 
+@lru_cache(maxsize=16)
 def bf16_limit(swiglu_limit: float | None) -> float | None:
     """The swiglu_limit as the kernels clamp and compare bf16 values against it: rounded to bf16,
-    as torch does a Python scalar against a bf16 tensor."""
+    as torch does a Python scalar against a bf16 tensor (cached: a tensor per call is host time)."""
     return None if swiglu_limit is None else float(torch.tensor(swiglu_limit, dtype=torch.bfloat16))
 
 
