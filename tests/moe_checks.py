@@ -146,6 +146,15 @@ def oracle(inp: MoEInputs, swiglu_limit=None):
     return tuple(r.reshape(s) for r, s in zip(res, shapes))
 
 
+def binding_limit(inp: MoEInputs, quantile: float = 0.7) -> float:
+    """A ``swiglu_limit`` that binds: bf16-exact (a multiple of 1/8, at least 1/8), at the
+    ``quantile`` of |gate| and |up| over the first 256 tokens and 4 experts (about a third of the
+    values clamped; a sample, so that it fits at full size)."""
+    x, idx, w, gu, dp, go = inp.flat()
+    q = torch.quantile((x[:256].float() @ gu[:4].float().flatten(0, 1).T).abs().flatten(), quantile)
+    return max(0.125, round(float(q) * 8) / 8)
+
+
 def same_rounding(inp: MoEInputs, swiglu_limit=None):
     """The formula with the Triton kernels' roundings (fp32 sums, bf16 where they store bf16:
     gate, up, silu(gate), h, the pair's y before and after its routing weight, d_gate, d_up,

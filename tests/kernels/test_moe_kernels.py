@@ -26,6 +26,7 @@ from swiglu.moe import moe_float64, moe_reference
 from moe_checks import (
     NAMES,
     assert_matches,
+    binding_limit,
     bound_failure,
     check_impl,
     failures,
@@ -553,14 +554,6 @@ def test_reuse_saved_buffers_leaves_hooked_saved_tensors_alone(device):
 # --------------------------------------------------------------------------- swiglu_limit (clamped SwiGLU)
 
 
-def _binding_limit(inp, quantile=0.7):
-    """A bf16-exact limit (a multiple of 1/8) below the |gate|, |up| values' ``quantile``: about a
-    third of them are clamped."""
-    x, idx, w, gu, dp, go = inp.flat()
-    q = torch.quantile((x.float() @ gu.float().flatten(0, 1).T).abs().flatten(), quantile)
-    return max(0.125, round(float(q) * 8) / 8)
-
-
 @pytest.mark.parametrize("sizes", [(13, 32, 48, 4, 2), (9, 64, 96, 3, 3)])
 def test_swiglu_limit_against_the_oracle(device, sizes):
     """``swiglu_limit`` L (DeepSeek-V4's clamped SwiGLU): gate <= L and up in [-L, L] before the
@@ -568,7 +561,7 @@ def test_swiglu_limit_against_the_oracle(device, sizes):
     clamped, every output and gradient passes the oracle check (each expert's slice too)."""
     seed = fresh_seed()
     inp = make_moe(seed, *sizes, kind="skewed", device=device)
-    limit = _binding_limit(inp)
+    limit = binding_limit(inp)
     got, _ = check_impl(inp, "triton", seed, swiglu_limit=limit)
     free = run(inp, "triton")
     assert not torch.equal(got[0], free[0]), f"seed={seed}: the limit {limit} clamped nothing"
@@ -579,7 +572,7 @@ def test_swiglu_limit_check_catches_a_backward_without_the_clamp(device):
     missing) fails the oracle check: the check sees the mask."""
     seed = fresh_seed()
     inp = make_moe(seed, 13, 32, 48, 4, 2, device=device)
-    limit = _binding_limit(inp)
+    limit = binding_limit(inp)
     x, idx, w, gu, dp, go = inp.flat()
     out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp, swiglu_limit=limit)
     right = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, routing=routing, swiglu_limit=limit)
