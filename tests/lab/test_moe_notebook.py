@@ -18,7 +18,7 @@ NOTEBOOK = ROOT / "notebooks" / "07_moe.ipynb"
 
 
 def execute(tmp: Path, moe_bench_dir: Path) -> str:
-    params = dict(moe_bench_dir=str(moe_bench_dir), figures_dir=str(tmp / "figures"), derived_dir=str(tmp / "derived"))
+    params = dict(moe_bench_dir=str(moe_bench_dir), gpu="", figures_dir=str(tmp / "figures"), derived_dir=str(tmp / "derived"))
     old = os.environ.get(plots.PLOTTED_DIR_ENV)
     os.environ[plots.PLOTTED_DIR_ENV] = str(tmp / "plotted")
     try:

@@ -80,6 +80,7 @@ def test_latest_run_loads_the_newest_and_none_without_one(tiny_run, tmp_path):
     run = moe.latest_run(tiny_run)
     assert run["run"].endswith("-abc1234") and run["rows"]["oom"].dtype == bool
     assert moe.latest_run(old)["run"] == "old"
+    assert moe.latest_run(tiny_run, "CPU")["run"].endswith("-abc1234") and moe.latest_run(tiny_run, "H200") is None
 
 
 def test_tables_and_figure_from_the_tiny_run(tiny_run):

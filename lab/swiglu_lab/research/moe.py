@@ -173,17 +173,19 @@ def load_run(folder: str | Path) -> dict:
     return dict(path=folder, run=meta.get("run_id") or folder.name, meta=meta, rows=rows, checks=checks)
 
 
-def latest_run(folder: str | Path) -> dict | None:
+def latest_run(folder: str | Path, gpu: str = "") -> dict | None:
     """The most recent run (by its metadata's ``date_utc``, then folder name) among the run
-    folders under ``folder`` (each holding ``moe_bench.json`` and ``moe_bench.csv``), or None."""
+    folders under ``folder`` (each holding ``moe_bench.json`` and ``moe_bench.csv``) whose GPU name
+    (the metadata's ``gpu.name``) contains ``gpu`` ("": any GPU), or None."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
-    runs = [p.parent for p in sorted(folder.glob(f"**/{META_JSON}")) if (p.parent / BENCH_CSV).is_file()]
-    if not runs:
-        return None
-    dated = [(str(json.loads((p / META_JSON).read_text()).get("date_utc", "")), p.as_posix(), p) for p in runs]
-    return load_run(max(dated)[2])
+    dated = []
+    for p in sorted(folder.glob(f"**/{META_JSON}")):
+        meta = json.loads(p.read_text())
+        if (p.parent / BENCH_CSV).is_file() and gpu in str((meta.get("gpu") or {}).get("name", "")):
+            dated.append((str(meta.get("date_utc", "")), p.parent.as_posix(), p.parent))
+    return load_run(max(dated)[2]) if dated else None
 
 
 def latency_table(rows: pd.DataFrame, hardware: str = "H200-SXM") -> pd.DataFrame:
