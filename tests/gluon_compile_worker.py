@@ -221,6 +221,7 @@ def wgrad_report(k, entry: dict) -> dict:
         "cp_async": ptx.count("cp.async.cg.shared.global") + ptx.count("cp.async.ca.shared.global"),
         "cp_async_arrive": ptx.count("cp.async.mbarrier.arrive"),
         "fence_proxy_async": ptx.count("fence.proxy.async"),
+        "min_max": ptx.count("min.f32") + ptx.count("max.f32"),  # the swiglu_limit's clamp
         "ptx": strip_debug(ptx),
     }
 
@@ -288,17 +289,17 @@ def epilogue_constexprs(cfg) -> dict:
     }
 
 
-def compile_moe_up(cfg) -> dict:
+def compile_moe_up(cfg, limit: float | None = None) -> dict:
     """``swiglu.kernels.moe_gluon_up``'s kernel at ``cfg`` (pointers 16-byte aligned, I a
-    multiple of 16, as at the model shapes), reported as ``compile_one`` does."""
+    multiple of 16, as at the model shapes; ``limit``: its LIMIT), reported as ``compile_one`` does."""
     kernel = moe_gluon_up.moe_up_gluon_kernel
     sig = {"xs_desc": desc([cfg.BM, cfg.BK]), "w_desc": desc([cfg.BN, cfg.BK]), "table_ptr": "*i32"}
     sig.update({n: "*bf16" for n in ("gate_ptr", "up_ptr", "h_ptr")})
     sig.update({n: "i32" for n in ("E", "I", "MAX_M")})
-    constexprs = epilogue_constexprs(cfg)
+    constexprs = {**epilogue_constexprs(cfg), "LIMIT": limit}
     sig.update({k: "constexpr" for k in constexprs})
     attrs = aligned(kernel, ("table_ptr", "gate_ptr", "up_ptr", "h_ptr", "I"))
-    entry = {"config": cfg.__dict__, "kind": "moe_up"}
+    entry = {"config": cfg.__dict__, "kind": "moe_up", "limit": limit}
     k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
     return failed or wgrad_report(k, entry)
 
@@ -319,10 +320,11 @@ def compile_moe_up_gather(cfg) -> dict:
     return failed or wgrad_report(k, entry)
 
 
-def compile_moe_dswiglu(cfg, weights: str, gather: bool = False) -> dict:
+def compile_moe_dswiglu(cfg, weights: str, gather: bool = False, limit: float | None = None) -> dict:
     """``swiglu.kernels.moe_gluon_dswiglu``'s kernel at ``cfg`` with routing weights of
-    ``weights`` ("fp32", "bf16"), or with ``gather`` the lab's one gathering grad_out's rows itself
-    (``swiglu_lab.experiments.moe_gluon_dswiglu_gather``, top-k 8), reported as ``compile_one`` does."""
+    ``weights`` ("fp32", "bf16") and ``limit`` (its LIMIT), or with ``gather`` the lab's one
+    gathering grad_out's rows itself (``swiglu_lab.experiments.moe_gluon_dswiglu_gather``, top-k
+    8), reported as ``compile_one`` does."""
     kernel = moe_gluon_dswiglu_gather.moe_dswiglu_gather_kernel if gather else moe_gluon_dswiglu.moe_dswiglu_gluon_kernel
     sig = {"gos_desc": desc([cfg.BM, cfg.BK]), "dp_desc": desc([cfg.BK, cfg.BN]), "table_ptr": "*i32", "order_ptr": "*i32"}
     sig["rw_ptr"] = "*" + weights
@@ -335,9 +337,12 @@ def compile_moe_dswiglu(cfg, weights: str, gather: bool = False) -> dict:
         sig.update({"go_ptr": "*bf16", "stride_go": "i32"})
         constexprs = {"TOP_K": 8, **constexprs}
         names += ("go_ptr", "stride_go")
+    else:
+        constexprs["LIMIT"] = limit
     sig.update({k: "constexpr" for k in constexprs})
     attrs = aligned(kernel, names)
-    entry = {"config": cfg.__dict__, "kind": "moe_dswiglu_gather" if gather else "moe_dswiglu", "weights": weights}
+    kind = "moe_dswiglu_gather" if gather else "moe_dswiglu"
+    entry = {"config": cfg.__dict__, "kind": kind, "weights": weights, "limit": limit}
     k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
     return failed or wgrad_report(k, entry)
 
@@ -461,9 +466,11 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
     elif kind == "moe_up":
         cfg = moe_gluon_up.CONFIG
         results = [compile_moe_up(c) for c in (cfg, dataclasses.replace(cfg, GROUP_M=8))]
+        results.append(compile_moe_up(cfg, limit=7.0))  # DeepSeek-V4's swiglu_limit
         results.append(compile_moe_up_gather(moe_gluon_up_gather.CONFIG))
     elif kind == "moe_dswiglu":
         results = [compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, w) for w in ("fp32", "bf16")]
+        results.append(compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, "fp32", limit=7.0))
         results.append(compile_moe_dswiglu(moe_gluon_dswiglu_gather.CONFIG, "fp32", gather=True))
     elif kind == "moe_pairs":
         cfg = moe_gluon_pairs.CONFIG

@@ -9,6 +9,8 @@ back to the tl kernels where a Gluon kernel does not take the operands. A Gluon 
 under the interpreter: its values are checked on the GPU (tests/kernels/test_moe_gpu.py against
 float64 and the tl kernels; ``lab/probes/moe_gluon_run.py`` kernel by kernel)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -96,7 +98,7 @@ def _pairs(r):
 
 @pytest.mark.parametrize(
     "kind, compiles, check",
-    [("moe_wgrad", 6, _wgrad), ("moe_up", 3, _up), ("moe_dswiglu", 3, _dswiglu), ("moe_pairs", 4, _pairs)],
+    [("moe_wgrad", 6, _wgrad), ("moe_up", 4, _up), ("moe_dswiglu", 4, _dswiglu), ("moe_pairs", 4, _pairs)],
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)
@@ -109,6 +111,11 @@ def test_moe_gluon_kernels_compile_for_sm90(tmp_path_factory, which, kind, compi
         check(r)
         assert r["spills"] in (0, None), r
         assert r["shared"] <= SM90_SHARED, r
+    # With a swiglu_limit the epilogue clamps (min/max), beyond what the same kernel has without.
+    plain = {r["kind"]: r["min_max"] for r in report["results"] if r.get("limit") is None}
+    for r in report["results"]:
+        if r.get("limit") is not None:
+            assert r["min_max"] > plain[r["kind"]], (r["min_max"], plain)
 
 
 def test_plan_takes_the_gluon_kernels_where_they_were_measured_faster(monkeypatch):
@@ -138,8 +145,6 @@ def test_plan_takes_the_gluon_kernels_where_they_were_measured_faster(monkeypatc
 def test_shared_grad_out_copy_gives_the_same_bits(needs):
     """A plan that shares grad_out's expert-order copy between dSwiGLU and grad_down_proj (here the
     tl kernels: dSwiGLU ignores the copy) gives every gradient bitwise as the plan's own."""
-    import dataclasses
-
     from swiglu.kernels import moe
 
     inp = make_moe(0, 24, 128, 128, 4, 2)
@@ -247,3 +252,35 @@ def test_wgrad_gathers_rows_only_up_to_its_rows_per_expert(monkeypatch, max_rows
     tile = moe.Tile(GLUON=True)
     moe.launch_wgrad(c, moe.TokenRows(inp.x, 2), inp.x.new_empty(48, 128), r, tile)
     assert calls == (["gather"] if gathers else [("copy", torch.Tensor, torch.Tensor)]), calls
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the recorders leave gate, up, h unwritten
+def test_a_limited_call_hands_its_limit_to_the_gluon_kernels(monkeypatch):
+    """With ``swiglu_limit`` the plan's Gluon up and dSwiGLU launchers are still taken, and get the
+    limit rounded to bf16 (``bf16_limit``); here the launchers are recorded, not run (CPU)."""
+    from types import SimpleNamespace
+
+    from swiglu.kernels import moe
+
+    seen = {}
+
+    def recorder(name):
+        return lambda *args, limit=None, **kwargs: seen.setdefault(name, limit)
+
+    fake = SimpleNamespace(
+        up=SimpleNamespace(supports=lambda *a: True, CONFIG=moe._gluon().up.CONFIG, launch_moe_up_gluon=recorder("up")),
+        dswiglu=SimpleNamespace(
+            supports=lambda *a: True, CONFIG=moe._gluon().dswiglu.CONFIG, launch_moe_dswiglu_gluon=recorder("dswiglu")
+        ),
+        wgrad=moe._gluon().wgrad,
+    )
+    monkeypatch.setattr(moe, "_gluon", lambda: fake)
+    inp = make_moe(0, 24, 128, 128, 4, 2)
+    x, idx, w, gu, dp, go = inp.flat()
+    plan = moe.moe_plan(24 * 2, 4, 128, 128)
+    plan = dataclasses.replace(
+        plan, up=dataclasses.replace(plan.up, GLUON=True), dswiglu=dataclasses.replace(plan.dswiglu, GLUON=True)
+    )
+    out, gate, up, r = moe.moe_forward(x, idx, w, gu, dp, plan, swiglu_limit=2.01)
+    moe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan, r, swiglu_limit=2.01)
+    assert seen == {"up": 2.015625, "dswiglu": 2.015625}  # 2.01 rounded to bf16

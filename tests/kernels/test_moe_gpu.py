@@ -40,8 +40,8 @@ SHAPES = {
 
 @pytest.mark.parametrize("shape", ["qwen3_30b_a3b_T8192", "qwen3_235b_a22b_E64_T2048"])
 def test_swiglu_limit_full_size_against_float64(shape):
-    """``swiglu_limit`` (DeepSeek-V4's clamp) at full size: the tl up and dSwiGLU kernels with the
-    clamp where the plan would take the Gluon ones, a limit clamping about a third of the values."""
+    """``swiglu_limit`` (DeepSeek-V4's clamp) at full size, the plan's kernels (Gluon up and, at
+    hidden_size 4096, Gluon dSwiGLU with the clamp), a limit clamping about a third of the values."""
     T, H, I, E, k = SHAPES[shape]
     seed = fresh_seed()
     inp = make_moe(seed, T, H, I, E, k, device="cuda")
@@ -239,12 +239,12 @@ def test_launches_from_a_thread_without_a_cuda_context():
             assert torch.equal(a, b), f"dense (launches cleared: {cleared})"
 
 
-@pytest.mark.parametrize("kind", ["balanced", "skewed"])
+@pytest.mark.parametrize("kind", ["balanced", "skewed", "limited"])
 def test_gluon_kernels_match_the_tl_kernels(monkeypatch, kind):
     """Where the plan runs the Gluon up projection, dSwiGLU and weight gradients (sm_90, hidden_size
     4096): the output and every gradient bitwise the tl kernels' (``SWIGLU_GLUON=0``) but the
     routing-weight gradient, whose partial sums add in another order (fp32: within 1e-5 of its
-    largest value)."""
+    largest value); "limited": balanced with a ``swiglu_limit`` clamping about a third of the values."""
     from swiglu.kernels.devices import gluon_unavailable_reason
 
     if (why := gluon_unavailable_reason(torch.device("cuda"))) is not None:
@@ -253,12 +253,15 @@ def test_gluon_kernels_match_the_tl_kernels(monkeypatch, kind):
     plan = kmoe.moe_plan(T * k, E, H, I, True)
     assert plan.up.GLUON and plan.dswiglu.GLUON and plan.wgrad_gu.GLUON and plan.wgrad_dp.GLUON
     seed = fresh_seed()
-    inp = make_moe(seed, T, H, I, E, k, kind=kind, device="cuda")
-    got = run(inp, "triton")
+    inp = make_moe(seed, T, H, I, E, k, kind="balanced" if kind == "limited" else kind, device="cuda")
+    limit = binding_limit(inp) if kind == "limited" else None
+    got = run(inp, "triton", swiglu_limit=limit)
+    if limit is not None:
+        assert not torch.equal(got[0], run(inp, "triton")[0]), f"seed={seed}: the limit clamped nothing"
     monkeypatch.setenv("SWIGLU_GLUON", "0")
     swiglu.ops.clear_plans()  # the Gluon decision is cached per device
     try:
-        want = run(inp, "triton")
+        want = run(inp, "triton", swiglu_limit=limit)
     finally:
         monkeypatch.undo()
         swiglu.ops.clear_plans()

@@ -152,8 +152,8 @@ def _row_layout(BN, num_warps):
 
 
 @gluon.jit
-def _epilogue_partition(p, EPI_M: gl.constexpr):
-    # The tl kernel's _dswiglu_piece op for op, EPI_M rows of the tile at a time.
+def _epilogue_partition(p, EPI_M: gl.constexpr, LIMIT: gl.constexpr = None):
+    # The tl kernel's _dswiglu_piece op for op (LIMIT as its), EPI_M rows of the tile at a time.
     BM: gl.constexpr = p.a_bufs.type.shape[1]
     BN: gl.constexpr = p.b_bufs.type.shape[2]
     NG: gl.constexpr = p.g_ready.type.shape[0]
@@ -182,12 +182,20 @@ def _epilogue_partition(p, EPI_M: gl.constexpr):
                 src = gl.expand_dims(rows.to(gl.int64) * p.I, 1) + pid_n * BN + cc
                 gate = gl.load(p.gate_ptr + src, mask=ok, other=0.0).to(gl.float32)
                 up = gl.load(p.up_ptr + src, mask=ok, other=0.0).to(gl.float32)
+                if LIMIT is not None:
+                    gate_raw = gate
+                    up_raw = up
+                    gate = gl.minimum(gate, LIMIT)
+                    up = gl.minimum(gl.maximum(up, -LIMIT), LIMIT)
                 act = (gate * _sigmoid(gate)).to(gl.bfloat16).to(gl.float32)
                 h = (act * up).to(gl.bfloat16).to(gl.float32)
                 g = acc * wt
                 s = _sigmoid(gate)
                 d_up = g * act
                 d_gate = g * up * s * (1.0 + gate * (1.0 - s))
+                if LIMIT is not None:  # the clamp's gradient: through where the saved values were in range
+                    d_gate = gl.where(gate_raw <= LIMIT, d_gate, 0.0)
+                    d_up = gl.where((up_raw >= -LIMIT) & (up_raw <= LIMIT), d_up, 0.0)
                 dst = gl.expand_dims(rows.to(gl.int64) * (2 * p.I), 1) + pid_n * BN + cc
                 gl.store(p.dgu_ptr + dst, d_gate.to(gl.bfloat16), mask=ok)
                 gl.store(p.dgu_ptr + dst + p.I, d_up.to(gl.bfloat16), mask=ok)
@@ -201,10 +209,10 @@ def _epilogue_partition(p, EPI_M: gl.constexpr):
 def moe_dswiglu_gluon_kernel(
     gos_desc, dp_desc, table_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, E, H, I, MAX_M,
     GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_M: gl.constexpr, EPI_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr,
-    EPI_REGS: gl.constexpr,
+    EPI_REGS: gl.constexpr, LIMIT: gl.constexpr = None,
 ):  # fmt: skip
-    """d_gate | d_up, h * w and the partial sums of every expert's sorted rows (module docstring);
-    launch with num_warps=8."""
+    """d_gate | d_up, h * w and the partial sums of every expert's sorted rows (module docstring;
+    LIMIT: the swiglu_limit rounded to bf16, or None); launch with num_warps=8."""
     BM: gl.constexpr = gos_desc.block_type.shape[0]
     BK: gl.constexpr = gos_desc.block_type.shape[1]
     BN: gl.constexpr = dp_desc.block_type.shape[1]
@@ -222,7 +230,7 @@ def moe_dswiglu_gluon_kernel(
              g_bufs, ready, empty, g_ready, g_empty, gl.to_tensor(E), gl.to_tensor(H), gl.to_tensor(I), gl.to_tensor(MAX_M),
              GROUP_M)  # fmt: skip
     gl.warp_specialize(
-        [(_mma_partition, (p,)), (_load_partition, (p,)), (_epilogue_partition, (p, EPI_M))],
+        [(_mma_partition, (p,)), (_load_partition, (p,)), (_epilogue_partition, (p, EPI_M, LIMIT))],
         [1, EPI_WARPS],
         [LOAD_REGS, EPI_REGS],
     )
@@ -249,8 +257,8 @@ def supports(grad_out, down_proj, dgu, part, cfg: MoEGluonConfig = CONFIG) -> bo
 
 
 def launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg: MoEGluonConfig = CONFIG,
-                             num_programs: int | None = None):  # fmt: skip
-    """``swiglu.kernels.moe.launch_dswiglu``'s contract through
+                             num_programs: int | None = None, limit: float | None = None):  # fmt: skip
+    """``swiglu.kernels.moe.launch_dswiglu``'s contract (``limit`` bf16-exact or None) through
     this kernel, from gos [S, H], grad_out's rows in expert order (``gather_rows``): the tile table,
     then the kernel on ``num_programs`` persistent programs (default one per SM). Check
     ``supports`` first. ``weights``: top_k_weights [T, k] contiguous, any float dtype."""
@@ -265,6 +273,6 @@ def launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part
     num_programs = num_programs or device_sms(gos.device)
     moe_dswiglu_gluon_kernel[(num_programs,)](
         gos_desc, dp_desc, table, r.order, weights, gate, up, dgu, hw, part, E, H, I, table.shape[1],
-        cfg.GROUP_M, cfg.STAGES, cfg.EPI_M, cfg.epi_warps, cfg.load_regs, cfg.epi_regs,
+        cfg.GROUP_M, cfg.STAGES, cfg.EPI_M, cfg.epi_warps, cfg.load_regs, cfg.epi_regs, LIMIT=limit,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip

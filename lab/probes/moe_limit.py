@@ -1,0 +1,55 @@
+"""What does ``swiglu_limit`` (DeepSeek-V4's clamped SwiGLU) cost in the MoE op, with the clamp in the
+Gluon up and dSwiGLU epilogues against the tl kernels a limited call ran on before?
+
+Answer: pending its first GPU run. The run times, per shape at 8192
+tokens (balanced routing; do_bench, L2 flushed), one forward + backward of the kernels
+(``swiglu.kernels.moe.moe_forward`` and ``moe_backward``) three ways: the plan without a limit, the
+plan with limit 1.0 (gate and up ~N(0, 1) here: about a quarter of the values clamped), and the
+plan with limit 1.0 whose up and dSwiGLU tiles say tl (what a limited call ran before the Gluon
+kernels had the clamp); then checks that the last two agree (bitwise but the routing-weight gradient,
+whose partial sums add in another order: within 1e-5 of its largest value).
+Run: PYTHONPATH=src:lab python3 lab/probes/moe_limit.py [shape ...] (moe_probe.SHAPES names; default all)
+"""
+
+import dataclasses
+import sys
+
+import torch
+
+import moe_probe as P  # beside this file
+from swiglu.kernels import moe as kmoe
+
+LIMIT = 1.0
+
+
+def measure(name: str) -> tuple:
+    """(shape, Gluon up, Gluon dSwiGLU, ms without a limit, with it, with it on tl up/dSwiGLU, agree, worst)."""
+    H, I, E, k, S, x, idx, w, gu, dp, go = P.case(name, 8192)
+    plan = kmoe.moe_plan(S, E, H, I, kmoe._gluon_here(x.device))
+    tl_plan = dataclasses.replace(
+        plan, up=dataclasses.replace(plan.up, GLUON=False), dswiglu=dataclasses.replace(plan.dswiglu, GLUON=False)
+    )
+
+    def step(p, limit):
+        out, gate, up, r = kmoe.moe_forward(x, idx, w, gu, dp, p, swiglu_limit=limit)
+        return (out, *kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, p, r, swiglu_limit=limit))
+
+    got, want = step(plan, LIMIT), step(tl_plan, LIMIT)
+    same = all(torch.equal(a, b) for j, (a, b) in enumerate(zip(got, want)) if j != 2)
+    worst = ((got[2] - want[2]).abs().max() / want[2].abs().max()).item()
+    clamped = not torch.equal(got[0], step(plan, None)[0])
+    del got, want
+    ms = [P.kernel_ms(lambda p=p, lim=lim: step(p, lim)) for p, lim in ((plan, None), (plan, LIMIT), (tl_plan, LIMIT))]
+    return (name, plan.up.GLUON, plan.dswiglu.GLUON, *ms, same and worst <= 1e-5 and clamped, worst)
+
+
+rows = []
+for name in sys.argv[1:] or list(P.SHAPES):
+    rows.append(measure(name))
+    print(rows[-1], flush=True)
+    torch.cuda.empty_cache()
+
+print("\n| shape | Gluon up / dSwiGLU | no limit ms | limit ms | limit, tl up/dSwiGLU ms | limit / none | tl / Gluon | agree |")
+print("|---|---|---|---|---|---|---|---|")
+for name, gu_, gd_, a, b, c, ok, worst in rows:
+    print(f"| {name} | {gu_} / {gd_} | {a:.3f} | {b:.3f} | {c:.3f} | {b / a:.3f} | {c / b:.3f} | {ok} ({worst:.1e}) |")
