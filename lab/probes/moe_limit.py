@@ -34,11 +34,13 @@ def measure(name: str) -> tuple:
         out, gate, up, r = kmoe.moe_forward(x, idx, w, gu, dp, p, swiglu_limit=limit)
         return (out, *kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, p, r, swiglu_limit=limit))
 
-    got, want = step(plan, LIMIT), step(tl_plan, LIMIT)
-    same = all(torch.equal(a, b) for j, (a, b) in enumerate(zip(got, want)) if j != 2)
-    worst = ((got[2] - want[2]).abs().max() / want[2].abs().max()).item()
-    clamped = not torch.equal(got[0], step(plan, None)[0])
-    del got, want
+    plain = step(plan, None)[0]
+    want = [t.cpu() for t in step(tl_plan, LIMIT)]  # on the host: two sets of DeepSeek-V3's gradients do not fit 80 GB
+    got = step(plan, LIMIT)
+    clamped = not torch.equal(got[0], plain)
+    same = all(torch.equal(a.cpu(), b) for j, (a, b) in enumerate(zip(got, want)) if j != 2)
+    worst = ((got[2].cpu() - want[2]).abs().max() / want[2].abs().max()).item()
+    del got, want, plain
     ms = [P.kernel_ms(lambda p=p, lim=lim: step(p, lim), rep=200) for p, lim in ((plan, None), (plan, LIMIT), (tl_plan, LIMIT))]
     return (name, plan.up.GLUON, plan.dswiglu.GLUON, *ms, same and worst <= 1e-5 and clamped, worst)
 
