@@ -3,7 +3,8 @@
 A few decoder layers of the Qwen3-30B-A3B shape (hidden 2048, 128 experts of 768, top-8, random
 weights, bf16), one sequence, forward with the LM loss + backward + AdamW, both variants in one
 process, alternating blocks; losses of the first step compared. Answer: data/moe_bench/README.md.
-Run: PYTHONPATH=src:lab python3 lab/probes/moe_hf_step.py [--layers 4] [--seq 4096]
+Run: PYTHONPATH=src:lab python3 lab/probes/moe_hf_step.py [--layers 4] [--seq 4096] [--profile] (with --profile:
+our kernels and AdamW per step, and the ratio the step could reach with the experts at their GEMM floor)
 """
 
 import argparse
@@ -86,6 +87,7 @@ def main():
         f"experts {[type(l.mlp.experts).__name__ for l in models['swiglu'][0].model.layers][:1]} "
         f"impl {[mo[0].config._experts_implementation for mo in models.values()]}"
     )
+    ours = {}
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -103,6 +105,11 @@ def main():
                 + "; ".join(f"{v:.2f} {k}" for k, v in sorted(agg.items(), key=lambda kv: -kv[1])[:6]),
                 flush=True,
             )
+            ours[n] = sum(v for k, v in agg.items() if k.startswith("moe_"))  # every kernel of swiglu_moe
+            adamw = sum(v for k, v in agg.items() if "multi_tensor_apply" in k)
+            print(f"profile {n}: swiglu_moe's kernels {ours[n]:.2f} ms, fused AdamW {adamw:.2f} ms per step", flush=True)
+        floor = experts_gemm_floor_ms(h, i, cfg.num_experts_per_tok * args.seq, dev) * args.layers
+        print(f"experts' six GEMMs as dense torch.mm over all routed rows (their floor): {floor:.2f} ms per step")
     g = statistics.median(times["grouped_mm"])
     for n in models:
         med = statistics.median(times[n])
@@ -110,6 +117,38 @@ def main():
             f"moe_hf_step layers={args.layers} seq={args.seq} {n:10s} step {med:8.2f} ms  "
             f"speedup vs grouped_mm {g / med:5.3f}x  first loss {first[n]:.4f}"
         )
+    if "swiglu" in ours:
+        rest = statistics.median(times["swiglu"]) - ours["swiglu"]
+        print(
+            f"the step without swiglu_moe's kernels: {rest:.2f} ms; with the experts at their GEMM floor "
+            f"{g / (rest + floor):.3f}x grouped_mm at most"
+        )
+
+
+def experts_gemm_floor_ms(H: int, I: int, S: int, dev: str) -> float:
+    """The experts' six GEMMs (gate|up, down; dSwiGLU's, grad_x, both weight gradients) as plain
+    torch.mm over all S routed rows at once: a layer's forward+backward with every non-GEMM cost gone
+    and every expert's GEMM as efficient as one large one (CUDA events, median of 20)."""
+    if dev == "cpu":
+        return float("nan")
+    a, w_gu, w_dp = (torch.randn(*s, device=dev, dtype=torch.bfloat16) for s in ((S, H), (H, 2 * I), (I, H)))
+    gu, h, go = torch.randn(S, 2 * I, device=dev, dtype=torch.bfloat16), a[:, :I], a
+
+    def layer():
+        torch.mm(a, w_gu), torch.mm(h, w_dp)  # forward
+        torch.mm(go, w_dp.T), torch.mm(gu, w_gu.T), torch.mm(a.T, gu), torch.mm(go.T, h)  # backward
+
+    for _ in range(3):
+        layer()
+    ms = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        layer()
+        end.record()
+        end.synchronize()
+        ms.append(start.elapsed_time(end))
+    return statistics.median(ms)
 
 
 if __name__ == "__main__":
