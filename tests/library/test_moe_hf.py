@@ -396,6 +396,58 @@ def test_clamped_gates_run_the_op_with_their_limit(cls, attr, moe_calls):
             assert "not a positive finite number" in swiglu_hf.experts_unsupported_reason(m)
 
 
+class _LimitAfterActExperts(_QWEN3_EXPERTS):
+    """Step-3.7's and Ling-2.5's gate (transformers' spelling): silu(gate) and up clamped where the
+    layer's limit is not None."""
+
+    limit = None
+
+    def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate = self.act_fn(gate)
+        if self.limit is not None:
+            gate = gate.clamp(max=self.limit)
+            up = up.clamp(min=-self.limit, max=self.limit)
+        return gate * up
+
+
+def test_a_clamp_after_the_activation_runs_the_op_only_where_the_layer_has_no_limit(moe_calls):
+    """Layers of a gate that clamps after the activation: without a limit the op runs (float32
+    results equal the unpatched model's); a layer with one keeps its implementation with a warning
+    naming the clamp, at ``apply`` and when the limit is set afterwards (bitwise the unpatched)."""
+    plain = build("qwen3_moe")
+    layers = [m for m in plain.modules() if swiglu_hf._is_experts(m)]
+    for m in layers:
+        m.__class__ = _LimitAfterActExperts
+    assert swiglu_hf.clamped_gate(_LimitAfterActExperts) == ("limit", True, True)
+    ours = copy.deepcopy(plain)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swiglu_hf.apply(ours, impl="reference")
+    ids = batch()
+    assert_same(step(ours, ids), step(plain, ids), F32_TOL, "no limit")
+    assert len(moe_calls) == len(layers) and all(c["swiglu_limit"] is None for c in moe_calls)
+
+    moe_calls.clear()
+    layers[0].limit = 0.5
+    ours = copy.deepcopy(plain)
+    with pytest.warns(UserWarning, match=r"clamps silu\(gate\) after the activation .*limit = 0.5"):
+        swiglu_hf.apply(ours, impl="reference")
+        got = step(ours, ids)
+    want = step(plain, ids)
+    assert_same(got, want, F32_TOL, "the first layer with a limit")
+    assert len(moe_calls) == len(layers) - 1
+    unclamped = copy.deepcopy(plain)
+    unclamped.model.layers[0].mlp.experts.limit = None
+    assert errors(step(unclamped, ids), want)["loss"] > 1e-4, "the limit clamped nothing"
+
+    moe_calls.clear()
+    [m for m in ours.modules() if swiglu_hf._is_experts(m)][1].limit = 0.5  # set after the first calls
+    with pytest.warns(UserWarning, match="after the activation"):
+        step(ours, ids)
+    assert len(moe_calls) == len(layers) - 2
+
+
 def test_gpt_oss_falls_back_with_a_warning(moe_calls):
     """gpt-oss's experts (biases, transposed and interleaved weights, a clamped SwiGLU) keep
     their implementation: the unpatched model's results, bit for bit."""

@@ -66,6 +66,17 @@ def _apply_gate(self, gate_up):
     up = up.clamp(min=-self.LIMIT, max=self.LIMIT)
     return ACT(gate) * up
 """
+# Step-3.7's and Ling-2.5's (bailing_hybrid): the clamp after the activation, off where the layer's
+# limit is None. The op runs those layers; a layer with a limit keeps its own implementation.
+_CLAMPED_AFTER_GATE = """
+def _apply_gate(self, gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = ACT(gate)
+    if self.LIMIT is not None:
+        gate = gate.clamp(max=self.LIMIT)
+        up = up.clamp(min=-self.LIMIT, max=self.LIMIT)
+    return gate * up
+"""
 _SILU_NAMES = ("F.silu", "nn.functional.silu", "torch.nn.functional.silu", "self.act_fn")
 
 
@@ -98,6 +109,10 @@ class _GateNames(ast.NodeTransformer):
         return node
 
 
+def _after_act_reason(cls: type, attr: str, limit) -> str:
+    return f"its gate clamps silu(gate) after the activation ({cls.__qualname__}.{attr} = {limit!r}); the op clamps before it"
+
+
 def _reads_act_fn(cls: type) -> bool:
     """Whether the experts' gate calls ``self.act_fn`` (not when a clamped gate spells ``F.silu``)."""
     clamped = clamped_gate(cls)
@@ -105,11 +120,13 @@ def _reads_act_fn(cls: type) -> bool:
 
 
 @functools.cache
-def clamped_gate(cls: type) -> tuple[str, bool] | None:
-    """``(attribute, uses_act_fn)`` when ``cls._apply_gate`` is the clamped SwiGLU the op computes
-    with ``swiglu_limit`` (``_CLAMPED_GATE``: gate clamped to at most ``self.<attribute>``, up to
-    [-it, it], then ``act(gate) * up``); ``uses_act_fn``: the activation is ``self.act_fn`` (else
-    ``F.silu``). None for any other body, or when the source cannot be read."""
+def clamped_gate(cls: type) -> tuple[str, bool, bool] | None:
+    """``(attribute, uses_act_fn, after_act)`` when ``cls._apply_gate`` is a clamped SwiGLU:
+    ``_CLAMPED_GATE`` (gate clamped to at most ``self.<attribute>``, up to [-it, it], then
+    ``act(gate) * up``: the op's ``swiglu_limit``) or, ``after_act``, ``_CLAMPED_AFTER_GATE``
+    (``act(gate)`` clamped instead, where the attribute is not None: the op only without a limit);
+    ``uses_act_fn``: the activation is ``self.act_fn`` (else ``F.silu``). None for any other body,
+    or when the source cannot be read."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls._apply_gate))).body[0]
     except (OSError, TypeError, SyntaxError, AttributeError):
@@ -118,10 +135,12 @@ def clamped_gate(cls: type) -> tuple[str, bool] | None:
         return None
     names = _GateNames(tree.args.args[1].arg)
     body = [names.visit(st) for st in tree.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
-    want = ast.parse(_CLAMPED_GATE).body[0].body
-    if len(names.attrs) != 1 or len(names.acts) != 1 or [ast.dump(st) for st in body] != [ast.dump(st) for st in want]:
+    if len(names.attrs) != 1 or len(names.acts) != 1:
         return None
-    return names.attrs.pop(), names.acts.pop() == "self.act_fn"
+    for after_act, pattern in ((False, _CLAMPED_GATE), (True, _CLAMPED_AFTER_GATE)):
+        if [ast.dump(st) for st in body] == [ast.dump(st) for st in ast.parse(pattern).body[0].body]:
+            return names.attrs.pop(), names.acts.pop() == "self.act_fn", after_act
+    return None
 
 
 @functools.cache
@@ -398,12 +417,16 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
         if clamped is None:
             return f"custom gating ({cls.__qualname__}._apply_gate), not transformers' default silu(gate) * up"
         limit = getattr(module, clamped[0], None)
-        try:
-            usable = check_swiglu_limit(limit) is not None  # None: the gate would clamp by None
-        except (TypeError, ValueError):
-            usable = False
-        if not usable:
-            return f"its gate's clamp limit {cls.__qualname__}.{clamped[0]} = {limit!r} is not a positive finite number"
+        if clamped[2]:
+            if limit is not None:
+                return _after_act_reason(cls, clamped[0], limit)
+        else:
+            try:
+                usable = check_swiglu_limit(limit) is not None  # None: the gate would clamp by None
+            except (TypeError, ValueError):
+                usable = False
+            if not usable:
+                return f"its gate's clamp limit {cls.__qualname__}.{clamped[0]} = {limit!r} is not a positive finite number"
     reason = _act_fn_reason(module) if _reads_act_fn(cls) else None
     if reason:
         return reason
@@ -500,10 +523,12 @@ def swiglu_experts_forward(
     if reason is None:
         gate_up, down = self.gate_up_proj, self.down_proj
         reason = _call_reason(self, hidden_states, top_k_index, top_k_weights, gate_up, down)
+        clamped = clamped_gate(type(self))  # cached per class; None for the default gate
+        limit = None if clamped is None else getattr(self, clamped[0])
+        if reason is None and clamped is not None and clamped[2]:  # a clamp after the activation: none set
+            reason, limit = None if limit is None else _after_act_reason(type(self), clamped[0], limit), None
         if reason is None:
             reuse = self.__dict__.get("swiglu_reuse_saved_buffers", False)
-            clamped = clamped_gate(type(self))  # cached per class; None for the default gate
-            limit = None if clamped is None else getattr(self, clamped[0])
             return _swiglu_moe(
                 hidden_states, top_k_index, top_k_weights, gate_up, down, impl=impl, reuse_saved_buffers=reuse, swiglu_limit=limit
             )
