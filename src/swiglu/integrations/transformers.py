@@ -525,8 +525,10 @@ def swiglu_experts_forward(
         reason = _call_reason(self, hidden_states, top_k_index, top_k_weights, gate_up, down)
         clamped = clamped_gate(type(self))  # cached per class; None for the default gate
         limit = None if clamped is None else getattr(self, clamped[0])
-        if reason is None and clamped is not None and clamped[2]:  # a clamp after the activation: none set
-            reason, limit = None if limit is None else _after_act_reason(type(self), clamped[0], limit), None
+        if reason is None and clamped is not None and clamped[2]:  # a clamp after the activation
+            if limit is not None:  # set after apply
+                reason = _after_act_reason(type(self), clamped[0], limit)
+            limit = None
         if reason is None:
             reuse = self.__dict__.get("swiglu_reuse_saved_buffers", False)
             return _swiglu_moe(
