@@ -165,6 +165,7 @@ NOTEBOOK_DEFAULTS = {
     "07_moe": {
         "moe_bench_dir": "data/moe_bench",
         "run": "",
+        "gpu": "H200",
         "figures_dir": "figures",
         "derived_dir": "data/derived",
         "overwrite": False,
