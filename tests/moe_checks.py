@@ -138,10 +138,10 @@ def run(inp: MoEInputs, impl: str, **kwargs):
     return (out.detach(), *(t.grad for t in leaves))
 
 
-def oracle(inp: MoEInputs, swiglu_limit=None):
+def oracle(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None):
     """``moe_float64``'s outputs and gradients, reshaped to the inputs' shapes."""
     x, idx, w, gu, dp, go = inp.flat()
-    res = moe_float64(x, idx, w, gu, dp, go, swiglu_limit=swiglu_limit)
+    res = moe_float64(x, idx, w, gu, dp, go, swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha)
     shapes = (inp.x.shape, inp.x.shape, inp.top_k_weights.shape, gu.shape, dp.shape)
     return tuple(r.reshape(s) for r, s in zip(res, shapes))
 
@@ -155,13 +155,14 @@ def binding_limit(inp: MoEInputs, quantile: float = 0.7) -> float:
     return max(0.125, round(float(q) * 8) / 8)
 
 
-def same_rounding(inp: MoEInputs, swiglu_limit=None):
+def same_rounding(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None):
     """The formula with the Triton kernels' roundings (fp32 sums, bf16 where they store bf16:
     gate, up, silu(gate), h, the pair's y before and after its routing weight, d_gate, d_up,
     h * w, each pair's grad_x row, the sums over k), in torch: what the kernels compute up to the
     order of their fp32 sums. The scale check compares with it, so its noise is that of the sums'
     order, not that of the bf16 reference's different roundings. ``swiglu_limit``: the clamps,
-    against the limit rounded to bf16 as the kernels take it."""
+    against the limit rounded to bf16 as the kernels take it; ``swiglu_alpha``: the gpt-oss form,
+    act = bf16(gate * sigmoid(alpha * gate)) times up + 1."""
     x, idx, w, gu, dp, go = (t.detach() for t in inp.flat())
     L = None if swiglu_limit is None else float(torch.tensor(swiglu_limit, dtype=torch.bfloat16))
     T, H = x.shape
@@ -180,14 +181,16 @@ def same_rounding(inp: MoEInputs, swiglu_limit=None):
         we, ge, de = wf[tok, pos, None], gu[e].float(), dp[e].float()
         gate_raw, up_raw = b(xf[tok] @ ge[:I].T), b(xf[tok] @ ge[I:].T)
         gate, up = (gate_raw, up_raw) if L is None else (gate_raw.clamp(max=L), up_raw.clamp(-L, L))
-        act = b(gate * torch.sigmoid(gate))
-        h = b(act * up)
+        a = 1.0 if swiglu_alpha is None else swiglu_alpha
+        factor = up if swiglu_alpha is None else up + 1
+        sg = torch.sigmoid(a * gate)
+        act = b(gate * sg)
+        h = b(act * factor)
         y[tok, pos] = b(b(h @ de.T) * we)
         g = gof[tok] @ de
         gw[tok, pos] = (g * h).sum(1)
         g = g * we
-        sg = torch.sigmoid(gate)
-        d_gate, d_up = g * up * sg * (1 + gate * (1 - sg)), g * act
+        d_gate, d_up = g * factor * sg * (1 + a * gate * (1 - sg)), g * act
         if L is not None:
             d_gate, d_up = d_gate * (gate_raw <= L), d_up * (up_raw.abs() <= L)
         dgu = torch.cat([b(d_gate), b(d_up)], dim=1)
@@ -282,10 +285,10 @@ def assert_matches(got, ref, oracle_, seed, same=None, **kwargs):
     assert not bad, f"seed={seed}: " + "; ".join(bad)
 
 
-def check_impl(inp: MoEInputs, impl: str, seed, swiglu_limit=None, **kwargs):
+def check_impl(inp: MoEInputs, impl: str, seed, swiglu_limit=None, swiglu_alpha=None, **kwargs):
     """Run ``impl`` and the reference on ``inp`` and check the former; returns its outputs."""
-    got = run(inp, impl, swiglu_limit=swiglu_limit)
-    ref = run(inp, "reference", swiglu_limit=swiglu_limit)
-    same = same_rounding(inp, swiglu_limit)
-    assert_matches(got, ref, oracle(inp, swiglu_limit), seed, same, **kwargs)
+    got = run(inp, impl, swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha)
+    ref = run(inp, "reference", swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha)
+    same = same_rounding(inp, swiglu_limit, swiglu_alpha)
+    assert_matches(got, ref, oracle(inp, swiglu_limit, swiglu_alpha), seed, same, **kwargs)
     return got, ref

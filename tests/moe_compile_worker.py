@@ -93,9 +93,11 @@ def main() -> None:
                 extra = dict(extra, EPI_SPLIT=t.EPI_SPLIT)
                 variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BK, t.BN)})]
                 variants.append(dict(variants[1], LIMIT=7.0))  # swiglu_limit's clamped epilogue
+                variants.append(dict(variants[1], LIMIT=7.0, ALPHA=1.702))  # swiglu_alpha's (gpt-oss's form)
             if fn is M.moe_up_kernel:
                 variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)})]
                 variants.append(dict(variants[1], LIMIT=7.0))
+                variants.append(dict(variants[1], LIMIT=7.0, ALPHA=1.702))
             if fn is M.moe_down_kernel:
                 box = (t.BN, t.BK) if extra["B_TRANS"] else (t.BK, t.BN)
                 variants = [

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .checks import FLOAT_DTYPES, check_bool
-from .moe import check_swiglu_limit, swiglu_moe
+from .moe import check_swiglu_alpha, check_swiglu_limit, swiglu_moe
 from .ops import IMPLS, _check_impl, _renamed, _swiglu_mlp, resolve_impl
 from .workloads import HIDDEN_SIZE, INTERMEDIATE_SIZE
 
@@ -150,11 +150,11 @@ class SwiGLUExperts(nn.Module):
     Args:
         num_experts, hidden_size, intermediate_size: E, H and I (intermediate_size per expert),
             positive ints.
-        impl, reuse_saved_buffers, swiglu_limit: as ``swiglu.swiglu_moe``.
+        impl, reuse_saved_buffers, swiglu_limit, swiglu_alpha: as ``swiglu.swiglu_moe``.
         device, dtype: of the weights (dtype floating); the input must match them.
     Raises TypeError for a size that is not an int, a non-floating dtype or a non-float
-    ``swiglu_limit``; ValueError for a non-positive size or limit, an unknown ``impl`` or a CUDA
-    device without a GPU.
+    ``swiglu_limit``/``swiglu_alpha``; ValueError for a non-positive size, limit or alpha, an
+    unknown ``impl`` or a CUDA device without a GPU.
 
     forward(x, top_k_index, top_k_weights): x [..., H], the router's top-k expert ids and weights
     [..., k] -> [..., H]; errors as ``swiglu.swiglu_moe``.
@@ -169,6 +169,7 @@ class SwiGLUExperts(nn.Module):
         impl: str = "auto",
         reuse_saved_buffers: bool = False,
         swiglu_limit: float | None = None,
+        swiglu_alpha: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -180,6 +181,7 @@ class SwiGLUExperts(nn.Module):
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.impl, self.reuse_saved_buffers = impl, reuse_saved_buffers
         self.swiglu_limit = check_swiglu_limit(swiglu_limit)
+        self.swiglu_alpha = check_swiglu_alpha(swiglu_alpha)
         kw = dict(device=device, dtype=dtype)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **kw))
@@ -194,7 +196,7 @@ class SwiGLUExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         """``swiglu.swiglu_moe(x, top_k_index, top_k_weights, gate_up_proj, down_proj)`` with the
-        module's ``impl``, ``reuse_saved_buffers`` and ``swiglu_limit``."""
+        module's ``impl``, ``reuse_saved_buffers``, ``swiglu_limit`` and ``swiglu_alpha``."""
         return swiglu_moe(
             x,
             top_k_index,
@@ -204,14 +206,15 @@ class SwiGLUExperts(nn.Module):
             impl=self.impl,
             reuse_saved_buffers=self.reuse_saved_buffers,
             swiglu_limit=self.swiglu_limit,
+            swiglu_alpha=self.swiglu_alpha,
         )
 
     def extra_repr(self) -> str:
-        limit = "" if self.swiglu_limit is None else f", swiglu_limit={self.swiglu_limit}"
+        act = "".join(f", {n}={v}" for n, v in (("swiglu_limit", self.swiglu_limit), ("swiglu_alpha", self.swiglu_alpha)) if v)
         return (
             f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
             f"intermediate_size={self.intermediate_size}, impl={self.impl!r}, reuse_saved_buffers={self.reuse_saved_buffers}"
-            f"{limit}"
+            f"{act}"
         )
 
 

@@ -166,34 +166,57 @@ def _clamped(gate, up, swiglu_limit):
     return gate.clamp(max=swiglu_limit), up.clamp(min=-swiglu_limit, max=swiglu_limit)
 
 
+def _glu(gate, up, swiglu_alpha):
+    """h from the (clamped) gate and up: ``silu(gate) * up``, or with ``swiglu_alpha`` a the
+    gpt-oss form (MiniMax-M3's experts) ``(up + 1) * (gate * sigmoid(a * gate))``, in that order of
+    operations (transformers')."""
+    if swiglu_alpha is None:
+        return F.silu(gate) * up
+    return (up + 1.0) * (gate * torch.sigmoid(gate * swiglu_alpha))
+
+
+def _positive_float(name: str, value) -> float | None:
+    """``value`` as a float (None stays None); TypeError naming ``name`` for a non-number,
+    ValueError unless positive and finite."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float or None, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be positive and finite, got {value}")
+    return float(value)
+
+
+def check_swiglu_alpha(swiglu_alpha) -> float | None:
+    """``swiglu_alpha`` as a float (None stays None); TypeError for a non-number, ValueError unless
+    positive and finite."""
+    return _positive_float("swiglu_alpha", swiglu_alpha)
+
+
 def check_swiglu_limit(swiglu_limit) -> float | None:
     """``swiglu_limit`` as a float (None stays None); TypeError for a non-number, ValueError unless
     positive and finite."""
-    if swiglu_limit is None:
-        return None
-    if isinstance(swiglu_limit, bool) or not isinstance(swiglu_limit, (int, float)):
-        raise TypeError(f"swiglu_limit must be a float or None, got {type(swiglu_limit).__name__}")
-    if not math.isfinite(swiglu_limit) or swiglu_limit <= 0:
-        raise ValueError(f"swiglu_limit must be positive and finite, got {swiglu_limit}")
-    return float(swiglu_limit)
+    return _positive_float("swiglu_limit", swiglu_limit)
 
 
-def moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None) -> torch.Tensor:
+def moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None, swiglu_alpha=None) -> torch.Tensor:
     """transformers' eager experts loop, in its order of operations (bf16 GEMM outputs, the
     routing weight applied in the product's promoted dtype, ``index_add_`` into an output of x's
     dtype in expert order). Differentiable by autograd. ``x`` [T, H], ``top_k_index`` /
     ``top_k_weights`` [T, k]; expert ids outside [0, E) contribute nothing (transformers' expert
     parallel sentinels); a duplicate id in a token's row counts once per occurrence;
-    ``swiglu_limit``: gate and up clamped first (``_clamped``)."""
+    ``swiglu_limit``: gate and up clamped first (``_clamped``); ``swiglu_alpha``: ``_glu``."""
     out = torch.zeros_like(x) + _anchor(x, top_k_weights, gate_up_proj, down_proj).to(x.dtype)
     for e, pos, tok in _expert_rows(top_k_index, gate_up_proj.shape[0]):
         gate, up = _clamped(*F.linear(x[tok], gate_up_proj[e]).chunk(2, dim=-1), swiglu_limit)
-        y = F.linear(F.silu(gate) * up, down_proj[e]) * top_k_weights[tok, pos, None]
+        y = F.linear(_glu(gate, up, swiglu_alpha), down_proj[e]) * top_k_weights[tok, pos, None]
         out = out.index_add(0, tok, y.to(out.dtype))
     return out
 
 
-def moe_reference_masked(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None) -> torch.Tensor:
+def moe_reference_masked(
+    x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None, swiglu_alpha=None
+) -> torch.Tensor:
     """``moe_reference``'s formula without reading the routing's values, for ``torch.func.vmap``
     over per-sample routing: every expert over every token, a token's rows kept where it routes
     to the expert (the weights of a duplicate id summed), added in expert order; E / k times the
@@ -205,15 +228,15 @@ def moe_reference_masked(x, top_k_index, top_k_weights, gate_up_proj, down_proj,
         # Unrouted rows enter as zeros and their weights as 0 (not 0 * w): an overflow or a NaN
         # outside the token's experts reaches neither the output nor any gradient.
         gate, up = _clamped(*F.linear(torch.where(routed, x, 0), gate_up_proj[e]).chunk(2, dim=-1), swiglu_limit)
-        y = F.linear(F.silu(gate) * up, down_proj[e]) * torch.where(hit, top_k_weights, 0).sum(-1, keepdim=True)
+        y = F.linear(_glu(gate, up, swiglu_alpha), down_proj[e]) * torch.where(hit, top_k_weights, 0).sum(-1, keepdim=True)
         out = out + torch.where(routed, y, 0).to(out.dtype)
     return out
 
 
-def moe_float64(x, top_k_index, top_k_weights, gate_up_proj, down_proj, grad_out=None, swiglu_limit=None):
+def moe_float64(x, top_k_index, top_k_weights, gate_up_proj, down_proj, grad_out=None, swiglu_limit=None, swiglu_alpha=None):
     """The float64 oracle: ``out`` (and, given ``grad_out``, ``(out, grad_x, grad_top_k_weights,
     grad_gate_up_proj, grad_down_proj)``) of the same formula, every input upcast to float64,
-    on x's device. ``x`` [T, H], routing [T, k]; ``swiglu_limit`` as ``swiglu_moe``'s."""
+    on x's device. ``x`` [T, H], routing [T, k]; ``swiglu_limit``, ``swiglu_alpha`` as ``swiglu_moe``'s."""
     f = lambda t: t.detach().to(torch.float64).requires_grad_(grad_out is not None)  # noqa: E731
     xd, wd, gu, dp = f(x), f(top_k_weights), f(gate_up_proj), f(down_proj)
     E, I = gu.shape[0], gu.shape[1] // 2
@@ -225,7 +248,7 @@ def moe_float64(x, top_k_index, top_k_weights, gate_up_proj, down_proj, grad_out
         if tok.numel() == 0:
             continue
         gate, up = _clamped(*(xd[tok] @ gu_e[e].T).split(I, dim=1), swiglu_limit)
-        h = F.silu(gate) * up
+        h = _glu(gate, up, swiglu_alpha)
         out = out.index_add(0, tok, (h @ dp_e[e].T) * wd[tok, pos, None])
     if grad_out is None:
         return out.detach()
@@ -268,6 +291,7 @@ def swiglu_moe(
     impl: str = "auto",
     reuse_saved_buffers: bool = False,
     swiglu_limit: float | None = None,
+    swiglu_alpha: float | None = None,
 ) -> torch.Tensor:
     """Mixture-of-experts SwiGLU experts: ``out[t] = sum_j top_k_weights[t, j] * down_proj[e] @
     (silu(gate) * up)``, ``e = top_k_index[t, j]``, ``gate, up = (gate_up_proj[e] @ x[t]).chunk(2)``.
@@ -279,10 +303,10 @@ def swiglu_moe(
         top_k_weights: [..., k] routing weights, any floating dtype (its gradient's dtype).
         gate_up_proj: [E, 2I, H], gate rows first, then up rows (transformers' layout).
         down_proj: [E, H, I]; x's dtype (under ``torch.autocast`` the three are cast to its dtype).
-        impl: ``"auto"`` (Triton for bf16 CUDA tensors on an sm_90 GPU, the reference otherwise),
-            ``"reference"`` (transformers' eager loop over experts) or ``"triton"``.
+        impl: ``"auto"`` (Triton for bf16 tensors on an sm_90 GPU, else the reference), ``"reference"``, ``"triton"``.
         reuse_saved_buffers: the eager Triton backward frees the saved gate/up after their reader (lower peak).
-        swiglu_limit: L > 0 clamps gate to at most L and up to [-L, L] first (DeepSeek-V4).
+        swiglu_limit, swiglu_alpha: L > 0 clamps gate to at most L and up to [-L, L] first
+            (DeepSeek-V4); a > 0 takes ``(up + 1) * gate * sigmoid(a * gate)`` (MiniMax-M3).
 
     Returns:
         out, x's shape and dtype, freshly allocated (not a view). Differentiable in x, top_k_weights,
@@ -301,7 +325,7 @@ def swiglu_moe(
         )
     if reuse_saved_buffers is not True and reuse_saved_buffers is not False:
         raise bool_error("reuse_saved_buffers", reuse_saved_buffers)
-    limit = check_swiglu_limit(swiglu_limit)
+    limit, alpha = check_swiglu_limit(swiglu_limit), check_swiglu_alpha(swiglu_alpha)
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
     meta = x.device.type == "meta"
     impl = "triton" if meta else moe_impl(impl, x)  # meta: the ops' fakes propagate shapes, forward and backward
@@ -321,17 +345,17 @@ def swiglu_moe(
         run = moe_reference_op if as_op else moe_reference
         if transforms_active() and not torch.compiler.is_compiling() and vmapped(idx):
             run = moe_reference_masked  # per-sample routing: no read of the routing's values
-        out = run(x2, idx, w, gate_up_proj, down_proj, limit)
+        out = run(x2, idx, w, gate_up_proj, down_proj, limit, alpha)
     elif (
         meta
         or torch.compiler.is_compiling()
         or dispatch_mode_active()
         or not all(type(t) in PLAIN_TENSOR_TYPES for t in (x, w, gate_up_proj, down_proj))
     ):
-        out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, limit)[0]
+        out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, limit, alpha)[0]
     else:
         return _MoEFunction.apply(
-            x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, reuse_saved_buffers, x.shape, limit
+            x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, reuse_saved_buffers, x.shape, limit, alpha
         )
     if out.shape == x.shape:
         return out
@@ -364,29 +388,37 @@ def moe_forward(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     swiglu_limit: float | None = None,
+    swiglu_alpha: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out [T, H], gate [S, I], up [S, I], order [S], expert_start [E + 1])`` by the Triton
     kernels: gate, up are the forward's bf16 projections in expert-sorted order, order and
     expert_start the sort (int32), all kept for the backward. Validated inputs, [T, H] and
     contiguous [T, k]. An op, so torch.compile traces through it and dispatch modes see it.
     gate, up are kept unclamped under ``swiglu_limit``."""
-    return _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=swiglu_limit)
+    return _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, None, swiglu_limit, swiglu_alpha)
 
 
-def _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape=None, swiglu_limit=None):
+def _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape=None, swiglu_limit=None, swiglu_alpha=None):
     """The Triton forward: ``(out, gate, up, order, expert_start)``, the last four kept for the
     backward; out allocated as ``out_shape`` where given."""
     from .kernels.moe import moe_forward as run
 
     with on_device(x.device):
         out, gate, up, routing = run(
-            x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape=out_shape, swiglu_limit=swiglu_limit
+            x,
+            top_k_index,
+            top_k_weights,
+            gate_up_proj,
+            down_proj,
+            out_shape=out_shape,
+            swiglu_limit=swiglu_limit,
+            swiglu_alpha=swiglu_alpha,
         )
     return out, gate, up, routing.order, routing.expert_start
 
 
 @moe_forward.register_fake
-def _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None):
+def _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None, swiglu_alpha=None):
     S, I, E = top_k_index.numel(), down_proj.shape[2], down_proj.shape[0]
     index = top_k_index.new_empty(S, dtype=torch.int32)
     return x.new_empty(x.shape), x.new_empty(S, I), x.new_empty(S, I), index, index.new_empty(E + 1)
@@ -409,6 +441,7 @@ def moe_backward(
     need_grad_gate_up_proj: bool = True,
     need_grad_down_proj: bool = True,
     swiglu_limit: float | None = None,
+    swiglu_alpha: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` by the Triton
     kernels, from ``moe_forward``'s saved outputs; a gradient not needed is an empty [0] tensor and
@@ -420,13 +453,15 @@ def moe_backward(
         (x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order, expert_start),
         needs,
         limit=swiglu_limit,
+        alpha=swiglu_alpha,
     )
     return tuple(g if need else t.new_empty(0) for g, t, need in zip(grads, (x, top_k_weights, gate_up_proj, down_proj), needs))
 
 
-def _run_backward(grad_out, saved, needs, reuse: bool = False, limit: float | None = None):
+def _run_backward(grad_out, saved, needs, reuse: bool = False, limit: float | None = None, alpha: float | None = None):
     """The Triton backward from the forward's saved tensors (inputs, gate, up, order, expert_start);
-    ``reuse``: gate/up released after their reader; ``limit``: the forward's ``swiglu_limit``."""
+    ``reuse``: gate/up released after their reader; ``limit``, ``alpha``: the forward's
+    ``swiglu_limit`` and ``swiglu_alpha``."""
     from .kernels.moe import Routing
     from .kernels.moe import moe_backward as run
 
@@ -434,13 +469,27 @@ def _run_backward(grad_out, saved, needs, reuse: bool = False, limit: float | No
     routing = Routing(idx, gu.shape[0], saved=(order, expert_start))
     with on_device(x.device):
         return run(
-            grad_out.contiguous(), x, idx, w, gu, dp, gate, up, routing=routing, needs=needs, reuse=reuse, swiglu_limit=limit
+            grad_out.contiguous(),
+            x,
+            idx,
+            w,
+            gu,
+            dp,
+            gate,
+            up,
+            routing=routing,
+            needs=needs,
+            reuse=reuse,
+            swiglu_limit=limit,
+            swiglu_alpha=alpha,
         )
 
 
 @moe_backward.register_fake
-def _moe_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, *saved_and_needs, swiglu_limit=None):
-    # After the saved gate, up, order and expert_start, the need_grad_* flags and swiglu_limit;
+def _moe_backward_fake(
+    grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, *saved_and_needs, swiglu_limit=None, swiglu_alpha=None
+):
+    # After the saved gate, up, order and expert_start, the need_grad_* flags, swiglu_limit and swiglu_alpha;
     # the dispatcher leaves out trailing ones equal to their default.
     needs = (*saved_and_needs[4:8], True, True, True, True)[:4]
     # The weight gradients as the kernels allocate them: empty_like, the weight's own strides.
@@ -456,6 +505,7 @@ def _moe_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_proj, do
 def _moe_setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:5], *output[1:])
     ctx.limit = inputs[5] if len(inputs) > 5 else None
+    ctx.alpha = inputs[6] if len(inputs) > 6 else None
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)
 
@@ -473,14 +523,14 @@ def _gradients(ctx, grad_out, direct: bool, owned=None):
     if getattr(ctx, "consumed", False):
         raise RuntimeError(_SECOND_BACKWARD)
     if torch.is_grad_enabled():
-        gx, gw, ggu, gdp = _double_backward(ctx.saved_tensors[:5], grad_out, wanted, ctx.limit)
+        gx, gw, ggu, gdp = _double_backward(ctx.saved_tensors[:5], grad_out, wanted, ctx.limit, ctx.alpha)
     elif direct:
         saved = ctx.saved_tensors
         consume = owns_saved_buffers(owned, saved[5], saved[6])  # gate, up
         ctx.consumed = consume
-        gx, gw, ggu, gdp = _run_backward(grad_out, saved, wanted, consume, ctx.limit)
+        gx, gw, ggu, gdp = _run_backward(grad_out, saved, wanted, consume, ctx.limit, ctx.alpha)
     else:
-        gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted, ctx.limit)
+        gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted, ctx.limit, ctx.alpha)
     return _input_grads(wanted, gx, gw, ggu, gdp)
 
 
@@ -503,18 +553,18 @@ _SECOND_BACKWARD = (
 )
 
 
-def _double_backward(inputs, grad_out, wanted, limit=None):
+def _double_backward(inputs, grad_out, wanted, limit=None, alpha=None):
     """create_graph=True: the reference formula's gradients in differentiable ops (the kernels'
     have no graph), from the saved inputs, which carry the graph back to the caller's tensors."""
     x, idx, w, gu, dp = inputs
     with torch.autocast(x.device.type, enabled=False):
-        out = moe_reference(x, idx, w, gu, dp, limit)
+        out = moe_reference(x, idx, w, gu, dp, limit, alpha)
     grads = iter(torch.autograd.grad(out, [t for t, n in zip((x, w, gu, dp), wanted) if n], grad_out, create_graph=True))
     return tuple(next(grads) if n else None for n in wanted)
 
 
 def _moe_op_backward(ctx, grad_out, *unused):
-    return (*_gradients(ctx, grad_out, direct=False), None)  # none for swiglu_limit
+    return (*_gradients(ctx, grad_out, direct=False), None, None)  # none for swiglu_limit, swiglu_alpha
 
 
 moe_forward.register_autograd(_moe_op_backward, setup_context=_moe_setup_context)
@@ -527,13 +577,22 @@ class _MoEFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, x, top_k_index, top_k_weights, gate_up_proj, down_proj, reuse_saved_buffers=False, out_shape=None, limit=None
+        ctx,
+        x,
+        top_k_index,
+        top_k_weights,
+        gate_up_proj,
+        down_proj,
+        reuse_saved_buffers=False,
+        out_shape=None,
+        limit=None,
+        alpha=None,
     ):
         # out_shape: the caller's shape of x, out allocated so (a view of it would be the module's
         # output, and FSDP2's backward hook on an output is lost by an in-place op on a view).
-        out, *kept = _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape, limit)
+        out, *kept = _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape, limit, alpha)
         ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept)
-        ctx.limit = limit
+        ctx.limit, ctx.alpha = limit, alpha
         ctx.set_materialize_grads(False)
         # What the backward may consume: the forward's own gate/up, recognized by identity.
         ctx.owned = (weakref.ref(kept[0]), weakref.ref(kept[1])) if reuse_saved_buffers else None
@@ -547,7 +606,7 @@ class _MoEFunction(torch.autograd.Function):
         direct = not (torch.compiler.is_compiling() or dispatch_mode_active() or legacy_batched(grad_out))
         if grad_out is not None and grad_out.dim() != 2:
             grad_out = grad_out.reshape(-1, grad_out.shape[-1])
-        return (*_gradients(ctx, grad_out, direct, ctx.owned), None, None, None)
+        return (*_gradients(ctx, grad_out, direct, ctx.owned), None, None, None, None)
 
 
 def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwargs) -> int:
@@ -607,15 +666,16 @@ def moe_reference_op(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     swiglu_limit: float | None = None,
+    swiglu_alpha: float | None = None,
 ) -> torch.Tensor:
     """``moe_reference`` as one op: what ``swiglu_moe(impl="reference")`` runs under
     torch.compile, where its loop over the experts present would need the routing's values.
     Contiguous out (its fake's layout, whatever x's strides)."""
-    return moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit).contiguous()
+    return moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit, swiglu_alpha).contiguous()
 
 
 @moe_reference_op.register_fake
-def _moe_reference_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None):
+def _moe_reference_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None, swiglu_alpha=None):
     return x.new_empty(x.shape)
 
 
@@ -626,6 +686,7 @@ def moe_reference_backward(
     inputs: list[torch.Tensor],
     needs: list[bool],
     swiglu_limit: float | None = None,
+    swiglu_alpha: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``moe_reference``'s gradients for ``inputs`` = [x, top_k_weights, gate_up_proj,
     down_proj] (an empty [0] tensor where ``needs`` says no), by hand: an op's body runs below
@@ -638,8 +699,12 @@ def moe_reference_backward(
         xe, we = x[tok], top_k_weights[tok, pos, None]
         gate_raw, up_raw = F.linear(xe, gate_up_proj[e]).chunk(2, dim=-1)
         gate, up = _clamped(gate_raw, up_raw, swiglu_limit)
-        act = F.silu(gate)
-        h = act * up
+        if swiglu_alpha is None:
+            act, up1 = F.silu(gate), up
+        else:  # _glu's gpt-oss form: h = (up + 1) * act, act = gate * sigmoid(alpha * gate)
+            sig = torch.sigmoid(gate * swiglu_alpha)
+            act, up1 = gate * sig, up + 1.0
+        h = act * up1
         g = grad_out[tok].to(torch.promote_types(h.dtype, we.dtype))  # (y * we)'s gradient
         if need_w:
             gw.index_put_((tok, pos), (g * F.linear(h, down_proj[e])).sum(-1).to(gw.dtype), accumulate=True)
@@ -648,7 +713,12 @@ def moe_reference_backward(
             gdp[e] = gy.T @ h
         if need_x or need_gu:
             gh = gy @ down_proj[e]
-            d_gate, d_up = torch.ops.aten.silu_backward(gh * up, gate), gh * act
+            if swiglu_alpha is None:
+                d_gate = torch.ops.aten.silu_backward(gh * up, gate)
+            else:  # autograd's steps through _glu: the product, then sigmoid(alpha * gate) and gate
+                d_act = gh * up1
+                d_gate = d_act * sig + torch.ops.aten.sigmoid_backward(d_act * gate, sig) * swiglu_alpha
+            d_up = gh * act
             if swiglu_limit is not None:  # clamp's gradient: through where the input was in range
                 d_gate = torch.where(gate_raw <= swiglu_limit, d_gate, 0)
                 d_up = torch.where(up_raw.abs() <= swiglu_limit, d_up, 0)
@@ -661,25 +731,26 @@ def moe_reference_backward(
 
 
 @moe_reference_backward.register_fake
-def _moe_reference_backward_fake(grad_out, top_k_index, inputs, needs, swiglu_limit=None):
+def _moe_reference_backward_fake(grad_out, top_k_index, inputs, needs, swiglu_limit=None, swiglu_alpha=None):
     return tuple(torch.empty_like(t) if n else t.new_empty(0) for t, n in zip(inputs, needs))
 
 
 def _moe_reference_setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:5])
     ctx.limit = inputs[5] if len(inputs) > 5 else None
+    ctx.alpha = inputs[6] if len(inputs) > 6 else None
 
 
 def _moe_reference_op_backward(ctx, grad_out):
     wanted = _wanted(ctx)
     if grad_out is None or not any(wanted):
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     if torch.is_grad_enabled():
-        gx, gw, ggu, gdp = _double_backward(ctx.saved_tensors, grad_out, wanted, ctx.limit)
+        gx, gw, ggu, gdp = _double_backward(ctx.saved_tensors, grad_out, wanted, ctx.limit, ctx.alpha)
     else:
         x, idx, w, gu, dp = ctx.saved_tensors
-        gx, gw, ggu, gdp = moe_reference_backward(grad_out, idx, [x, w, gu, dp], list(wanted), ctx.limit)
-    return (*_input_grads(wanted, gx, gw, ggu, gdp), None)
+        gx, gw, ggu, gdp = moe_reference_backward(grad_out, idx, [x, w, gu, dp], list(wanted), ctx.limit, ctx.alpha)
+    return (*_input_grads(wanted, gx, gw, ggu, gdp), None, None)
 
 
 moe_reference_op.register_autograd(_moe_reference_op_backward, setup_context=_moe_reference_setup_context)

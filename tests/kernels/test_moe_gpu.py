@@ -38,18 +38,20 @@ SHAPES = {
 }
 
 
+@pytest.mark.parametrize("alpha", [None, 1.702], ids=["limit", "limit_alpha"])
 @pytest.mark.parametrize("shape", ["qwen3_30b_a3b_T8192", "qwen3_235b_a22b_E64_T2048"])
-def test_swiglu_limit_full_size_against_float64(shape):
+def test_swiglu_limit_full_size_against_float64(shape, alpha):
     """``swiglu_limit`` (DeepSeek-V4's clamp) at full size, the plan's kernels (Gluon up and, at
-    hidden_size 4096, Gluon dSwiGLU with the clamp), a limit clamping about a third of the values."""
+    hidden_size 4096, Gluon dSwiGLU with the clamp), a limit clamping about a third of the values;
+    with ``swiglu_alpha`` (MiniMax-M3's form) the tl up and dSwiGLU kernels."""
     T, H, I, E, k = SHAPES[shape]
     seed = fresh_seed()
     inp = make_moe(seed, T, H, I, E, k, device="cuda")
     limit = binding_limit(inp)
-    got = run(inp, "triton", swiglu_limit=limit)
-    ref = run(inp, "reference", swiglu_limit=limit)
+    got = run(inp, "triton", swiglu_limit=limit, swiglu_alpha=alpha)
+    ref = run(inp, "reference", swiglu_limit=limit, swiglu_alpha=alpha)
     assert not torch.equal(got[0], run(inp, "triton")[0]), f"seed={seed}: the limit clamped nothing"
-    assert_matches(got, ref, oracle(inp, limit), seed, same_rounding(inp, limit))
+    assert_matches(got, ref, oracle(inp, limit, alpha), seed, same_rounding(inp, limit, alpha))
 
 
 @pytest.mark.parametrize("kind", ["balanced", "skewed"])

@@ -582,12 +582,45 @@ def test_swiglu_limit_check_catches_a_backward_without_the_clamp(device):
     assert failures((out, *wrong), ref, o, same), f"seed={seed}: a backward without the clamp passed"
 
 
+@pytest.mark.parametrize("name", ["swiglu_limit", "swiglu_alpha"])
 @pytest.mark.parametrize(
-    "limit, error, match",
+    "value, error, match",
     [(0.0, ValueError, "positive"), (-1.0, ValueError, "positive"), (float("inf"), ValueError, "finite"),
      (float("nan"), ValueError, "finite"), ("7", TypeError, "float or None"), (True, TypeError, "float or None")],
 )  # fmt: skip
-def test_swiglu_limit_bad_values(limit, error, match):
+def test_swiglu_limit_and_alpha_bad_values(name, value, error, match):
     inp = make_moe(0, 4, 32, 48, 4, 2)
-    with pytest.raises(error, match=f"swiglu_limit.*{match}"):
-        swiglu.swiglu_moe(*inp.args(), impl="reference", swiglu_limit=limit)
+    with pytest.raises(error, match=f"{name}.*{match}"):
+        swiglu.swiglu_moe(*inp.args(), impl="reference", **{name: value})
+
+
+# --------------------------------------------------------------------------- swiglu_alpha (gpt-oss's form)
+
+
+@pytest.mark.parametrize("sizes", [(13, 32, 48, 4, 2), (9, 64, 96, 3, 3)])
+@pytest.mark.parametrize("limited", [False, True], ids=["alpha", "alpha_and_limit"])
+def test_swiglu_alpha_against_the_oracle(device, sizes, limited):
+    """``swiglu_alpha`` a (MiniMax-M3's and gpt-oss's activation, (up + 1) * gate * sigmoid(a *
+    gate)), alone and with a binding ``swiglu_limit``: every output and gradient passes the oracle
+    check (each expert's slice too); the result differs from the plain SwiGLU's."""
+    seed = fresh_seed()
+    inp = make_moe(seed, *sizes, kind="skewed", device=device)
+    limit = binding_limit(inp) if limited else None
+    got, _ = check_impl(inp, "triton", seed, swiglu_limit=limit, swiglu_alpha=1.702)
+    plain = run(inp, "triton", swiglu_limit=limit)
+    assert not torch.equal(got[0], plain[0]), f"seed={seed}: alpha changed nothing"
+
+
+def test_swiglu_alpha_check_catches_a_backward_without_it(device):
+    """The kernels' backward told no alpha after an alpha forward (plain SwiGLU's d_gate, d_up and
+    h) fails the oracle check, and so does the reference told so: the check sees the form."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 13, 32, 48, 4, 2, device=device)
+    x, idx, w, gu, dp, go = inp.flat()
+    out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp, swiglu_alpha=1.702)
+    right = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, routing=routing, swiglu_alpha=1.702)
+    wrong = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, routing=routing)
+    ref, o, same = run(inp, "reference", swiglu_alpha=1.702), oracle(inp, None, 1.702), same_rounding(inp, None, 1.702)
+    assert not failures((out, *right), ref, o, same), f"seed={seed}"
+    assert failures((out, *wrong), ref, o, same), f"seed={seed}: a backward without alpha passed"
+    assert failures(run(inp, "reference"), ref, o, same), f"seed={seed}: the plain reference passed"

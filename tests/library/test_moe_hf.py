@@ -419,7 +419,7 @@ def test_a_clamp_after_the_activation_runs_the_op_only_where_the_layer_has_no_li
     layers = [m for m in plain.modules() if swiglu_hf._is_experts(m)]
     for m in layers:
         m.__class__ = _LimitAfterActExperts
-    assert swiglu_hf.clamped_gate(_LimitAfterActExperts) == ("limit", True, True)
+    assert swiglu_hf.clamped_gate(_LimitAfterActExperts) == ("limit", True, True, None)
     ours = copy.deepcopy(plain)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -446,6 +446,48 @@ def test_a_clamp_after_the_activation_runs_the_op_only_where_the_layer_has_no_li
     with pytest.warns(UserWarning, match="after the activation"):
         step(ours, ids)
     assert len(moe_calls) == len(layers) - 2
+
+
+class _AlphaGateExperts(_QWEN3_EXPERTS):
+    """MiniMax-M3's gate (gpt-oss's activation on the op's layout, transformers' spelling)."""
+
+    swiglu_limit, swiglu_alpha = 0.5, 1.702
+
+    def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.swiglu_limit)
+        up = up.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
+        glu = gate * torch.sigmoid(gate * self.swiglu_alpha)
+        return (up + 1.0) * glu
+
+
+def test_the_alpha_gate_runs_the_op_with_its_limit_and_alpha(moe_calls):
+    """Experts whose gate is gpt-oss's activation on the op's layout (MiniMax-M3) run the op with
+    ``swiglu_limit`` and ``swiglu_alpha`` read from the module: float32 results equal the unpatched
+    model's (its own ``_apply_gate``); the plain SwiGLU's would not; a bad alpha falls back."""
+    assert swiglu_hf.clamped_gate(_AlphaGateExperts) == ("swiglu_limit", False, False, "swiglu_alpha")
+    plain = build("qwen3_moe")
+    for m in plain.modules():
+        if swiglu_hf._is_experts(m):
+            m.__class__ = _AlphaGateExperts
+    ours = copy.deepcopy(plain)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swiglu_hf.apply(ours, impl="reference")
+    ids = batch()
+    want = step(plain, ids)
+    assert_same(step(ours, ids), want, F32_TOL, "alpha gate")
+    assert len(moe_calls) == n_moe_layers(ours)
+    assert all(c["swiglu_limit"] == 0.5 and c["swiglu_alpha"] == 1.702 for c in moe_calls)
+    other = copy.deepcopy(plain)
+    for m in other.modules():
+        if swiglu_hf._is_experts(m):
+            m.__class__ = _ClampedExperts
+            m.limit = 0.5
+    assert errors(step(other, ids), want)["loss"] > 1e-3, "the alpha form changed nothing"
+    experts = next(m for m in plain.modules() if swiglu_hf._is_experts(m))
+    experts.swiglu_alpha = float("nan")
+    assert "swiglu_alpha = nan is not a positive finite number" in swiglu_hf.experts_unsupported_reason(experts)
 
 
 def test_gpt_oss_falls_back_with_a_warning(moe_calls):

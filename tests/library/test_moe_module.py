@@ -36,21 +36,23 @@ def test_loads_transformers_experts_and_gives_their_results():
     assert torch.equal(ours(x, idx, w), theirs(x, idx, w))
 
 
-@pytest.mark.parametrize("limit", [None, 0.25], ids=["no_limit", "swiglu_limit"])
+@pytest.mark.parametrize("limit, alpha", [(None, None), (0.25, None), (0.25, 1.702)], ids=["plain", "limit", "limit_alpha"])
 @pytest.mark.parametrize("impl, dtype", [("reference", torch.float32), ("triton", torch.bfloat16)])
-def test_forward_and_gradients_are_the_functional_ops(impl, dtype, limit):
-    module = swiglu.SwiGLUExperts(E, H, I, impl=impl, dtype=dtype, swiglu_limit=limit)
+def test_forward_and_gradients_are_the_functional_ops(impl, dtype, limit, alpha):
+    module = swiglu.SwiGLUExperts(E, H, I, impl=impl, dtype=dtype, swiglu_limit=limit, swiglu_alpha=alpha)
     x, idx, w = _routing(1, dtype)
     x.requires_grad_()
     out = module(x, idx, w)
     go = torch.randn_like(out)
     out.backward(go)
     leaves = [t.detach().clone().requires_grad_() for t in (x, module.gate_up_proj, module.down_proj)]
-    ref = swiglu.swiglu_moe(leaves[0], idx, w, leaves[1], leaves[2], impl=impl, swiglu_limit=limit)
+    ref = swiglu.swiglu_moe(leaves[0], idx, w, leaves[1], leaves[2], impl=impl, swiglu_limit=limit, swiglu_alpha=alpha)
     ref.backward(go)
     assert torch.equal(out, ref)
-    if limit is not None:  # the limit clamps
+    if limit is not None:  # the limit clamps (and alpha changes the form)
         assert not torch.equal(out, swiglu.swiglu_moe(x.detach(), idx, w, module.gate_up_proj, module.down_proj, impl=impl))
+    if alpha is not None:
+        assert f"swiglu_limit={limit}, swiglu_alpha={alpha}" in repr(module)
     for got, want in zip((x.grad, module.gate_up_proj.grad, module.down_proj.grad), (t.grad for t in leaves)):
         assert torch.equal(got, want)
 
@@ -81,6 +83,7 @@ def test_initialisation_is_nn_linears_per_expert_and_keys_are_transformers():
         (dict(reuse_saved_buffers=1), TypeError, "reuse_saved_buffers must be a bool"),
         (dict(swiglu_limit=-1.0), ValueError, "swiglu_limit must be positive"),
         (dict(swiglu_limit="7"), TypeError, "swiglu_limit must be a float or None"),
+        (dict(swiglu_alpha=0.0), ValueError, "swiglu_alpha must be positive"),
         (dict(device="nowhere"), ValueError, "device must be"),
     ],
 )

@@ -71,37 +71,43 @@ def test_flop_counter_around_the_backward_alone_counts_its_gemms():
     assert counter.get_total_flops() == 6 * T * K * H * I  # g and grad_x's two: only x is trained
 
 
-def test_swiglu_limit_through_the_ops_and_compile():
-    """``swiglu_limit`` as the ops' float argument: opcheck of all four ops with it, and
-    torch.compile(fullgraph=True) of the Triton path bitwise its eager result (the limit binding)."""
+@pytest.mark.parametrize("limit, alpha", [(0.25, None), (None, 1.702), (0.25, 1.702)], ids=["limit", "alpha", "both"])
+def test_swiglu_limit_and_alpha_through_the_ops_and_compile(limit, alpha):
+    """``swiglu_limit`` and ``swiglu_alpha`` as the ops' float arguments: opcheck of all four ops
+    with them, and torch.compile(fullgraph=True) of the Triton path bitwise its eager result (the
+    limit binding), of the reference close to its eager result."""
     x, idx, w, gu, dp = _inputs(16)
-    limit = 0.25
+    act = {"swiglu_limit": limit, "swiglu_alpha": alpha}
     torch.library.opcheck(
-        moe_forward, (x, idx, w, gu, dp, limit), test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
+        moe_forward,
+        (x, idx, w, gu, dp, limit, alpha),
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
-    out, gate, up, order, start = moe_forward(x, idx, w, gu, dp, limit)
+    out, gate, up, order, start = moe_forward(x, idx, w, gu, dp, limit, alpha)
     torch.library.opcheck(
         moe_backward,
-        (torch.randn_like(out), x, idx, w, gu, dp, gate, up, order, start, True, True, True, True, limit),
+        (torch.randn_like(out), x, idx, w, gu, dp, gate, up, order, start, True, True, True, True, limit, alpha),
         test_utils=("test_schema", "test_faketensor"),
     )
     leaves = [t.detach().requires_grad_() for t in (x, w, gu, dp)]
-    torch.library.opcheck(moe_reference_op, (leaves[0], idx, *leaves[1:], limit), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        moe_reference_op, (leaves[0], idx, *leaves[1:], limit, alpha), test_utils=("test_schema", "test_faketensor")
+    )
     grad_out = torch.randn(x.shape).to(x.dtype)
     torch.library.opcheck(
-        moe_reference_backward, (grad_out, idx, leaves, [True] * 4, limit), test_utils=("test_schema", "test_faketensor")
+        moe_reference_backward, (grad_out, idx, leaves, [True] * 4, limit, alpha), test_utils=("test_schema", "test_faketensor")
     )
     go = torch.randn(T, H).bfloat16()
-    eager = _grads(lambda *a: swiglu.swiglu_moe(*a, impl="triton", swiglu_limit=limit), x, idx, w, gu, dp, go)
+    eager = _grads(lambda *a: swiglu.swiglu_moe(*a, impl="triton", **act), x, idx, w, gu, dp, go)
     free = _grads(lambda *a: swiglu.swiglu_moe(*a, impl="triton"), x, idx, w, gu, dp, go)
     assert not torch.equal(eager[0], free[0])
     torch._dynamo.reset()
-    compiled = torch.compile(lambda *a: swiglu.swiglu_moe(*a, impl="triton", swiglu_limit=limit), fullgraph=True)
+    compiled = torch.compile(lambda *a: swiglu.swiglu_moe(*a, impl="triton", **act), fullgraph=True)
     for a, b in zip(_grads(compiled, x, idx, w, gu, dp, go), eager):
         assert torch.equal(a, b)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda *a: swiglu.swiglu_moe(*a, impl="reference", swiglu_limit=limit), fullgraph=True)
-    want = _grads(lambda *a: swiglu.swiglu_moe(*a, impl="reference", swiglu_limit=limit), x, idx, w, gu, dp, go)
+    compiled = torch.compile(lambda *a: swiglu.swiglu_moe(*a, impl="reference", **act), fullgraph=True)
+    want = _grads(lambda *a: swiglu.swiglu_moe(*a, impl="reference", **act), x, idx, w, gu, dp, go)
     for a, b in zip(_grads(compiled, x, idx, w, gu, dp, go), want):
         torch.testing.assert_close(a, b)
 

@@ -221,11 +221,11 @@ def install(cfg: MoEGluonConfig = CONFIG):
 
     library = moe.launch_up
 
-    def launch_up(x, gate_up_proj, r, k, gate, up, h, tile, limit=None):
-        if tile.GLUON and limit is None and supports(x, gate_up_proj, cfg):
+    def launch_up(x, gate_up_proj, r, k, gate, up, h, tile, limit=None, alpha=None):
+        if tile.GLUON and limit is None and alpha is None and supports(x, gate_up_proj, cfg):
             launch_moe_up_gather(x, gate_up_proj, r, k, gate, up, h, dataclasses.replace(cfg, GROUP_M=tile.GROUP_M))
         else:
-            library(x, gate_up_proj, r, k, gate, up, h, tile, limit)
+            library(x, gate_up_proj, r, k, gate, up, h, tile, limit, alpha)
 
     moe.launch_up = launch_up
 

@@ -26,12 +26,15 @@ previous implementation with a ``UserWarning``. Recipe and coverage: docs/huggin
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import importlib
 import inspect
+import itertools
 import textwrap
 import types
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -39,7 +42,7 @@ from torch.nn.modules import module as _torch_module
 
 from ..checks import FLOAT_DTYPES, check_bool
 from ..module import _fusable_fast, projection_reason
-from ..moe import check_swiglu_limit
+from ..moe import check_swiglu_alpha, check_swiglu_limit
 from ..moe import swiglu_moe as _swiglu_moe
 from ..ops import _check_impl, _renamed, _swiglu_mlp
 
@@ -77,16 +80,27 @@ def _apply_gate(self, gate_up):
         up = up.clamp(min=-self.LIMIT, max=self.LIMIT)
     return gate * up
 """
+# MiniMax-M3's (gpt-oss's activation on the op's layout): the op's swiglu_limit and swiglu_alpha,
+# ALPHA standing for a second ``self`` attribute.
+_ALPHA_GATE = """
+def _apply_gate(self, gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=self.LIMIT)
+    up = up.clamp(min=-self.LIMIT, max=self.LIMIT)
+    glu = gate * torch.sigmoid(gate * self.ALPHA)
+    return (up + 1.0) * glu
+"""
 _SILU_NAMES = ("F.silu", "nn.functional.silu", "torch.nn.functional.silu", "self.act_fn")
 
 
 class _GateNames(ast.NodeTransformer):
     """Rewrites an ``_apply_gate`` for comparison with ``_CLAMPED_GATE``: its argument to
-    ``gate_up``, ``self.<x>`` (other than act_fn) to ``self.LIMIT`` (``attrs`` records them), the
-    SiLU spellings to ``ACT`` (``acts`` records them), clamp's ``min=None`` dropped."""
+    ``gate_up``, ``self.<x>`` (other than act_fn) to ``self.LIMIT`` or to its name in ``rename``
+    (``attrs`` records them), the SiLU spellings to ``ACT`` (``acts`` records them), clamp's
+    ``min=None`` dropped."""
 
-    def __init__(self, arg: str):
-        self.arg, self.attrs, self.acts = arg, set(), set()
+    def __init__(self, arg: str, rename: dict | None = None):
+        self.arg, self.rename, self.attrs, self.acts = arg, rename or {}, set(), set()
 
     def visit_Name(self, node):
         return ast.copy_location(ast.Name(id="gate_up", ctx=node.ctx), node) if node.id == self.arg else node
@@ -98,7 +112,9 @@ class _GateNames(ast.NodeTransformer):
             return ast.copy_location(ast.Name(id="ACT", ctx=node.ctx), node)
         if isinstance(node.value, ast.Name) and node.value.id == "self":
             self.attrs.add(node.attr)
-            return ast.copy_location(ast.Attribute(value=node.value, attr="LIMIT", ctx=node.ctx), node)
+            return ast.copy_location(
+                ast.Attribute(value=node.value, attr=self.rename.get(node.attr, "LIMIT"), ctx=node.ctx), node
+            )
         return self.generic_visit(node)
 
     def visit_Call(self, node):
@@ -116,30 +132,54 @@ def _after_act_reason(cls: type, attr: str, limit) -> str:
 def _reads_act_fn(cls: type) -> bool:
     """Whether the experts' gate calls ``self.act_fn`` (not when a clamped gate spells ``F.silu``)."""
     clamped = clamped_gate(cls)
-    return clamped is None or clamped[1]
+    return clamped is None or clamped.uses_act_fn
+
+
+class ClampedGate(NamedTuple):
+    """What ``clamped_gate`` recognized: the attribute holding the limit, whether the activation
+    is ``self.act_fn`` (else ``F.silu`` or none), whether the clamp comes after the activation,
+    and the attribute holding ``swiglu_alpha`` (None: the plain SwiGLU)."""
+
+    attr: str
+    uses_act_fn: bool
+    after_act: bool
+    alpha_attr: str | None = None
+
+
+def _body(tree, names: _GateNames) -> list[str]:
+    skip = lambda st: isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)  # noqa: E731 (docstrings)
+    return [ast.dump(names.visit(st)) for st in copy.deepcopy(tree.body) if not skip(st)]
+
+
+def _pattern(text: str) -> list[str]:
+    return [ast.dump(st) for st in ast.parse(text).body[0].body]
 
 
 @functools.cache
-def clamped_gate(cls: type) -> tuple[str, bool, bool] | None:
-    """``(attribute, uses_act_fn, after_act)`` when ``cls._apply_gate`` is a clamped SwiGLU:
-    ``_CLAMPED_GATE`` (gate clamped to at most ``self.<attribute>``, up to [-it, it], then
-    ``act(gate) * up``: the op's ``swiglu_limit``) or, ``after_act``, ``_CLAMPED_AFTER_GATE``
-    (``act(gate)`` clamped instead, where the attribute is not None: the op only without a limit);
-    ``uses_act_fn``: the activation is ``self.act_fn`` (else ``F.silu``). None for any other body,
-    or when the source cannot be read."""
+def clamped_gate(cls: type) -> ClampedGate | None:
+    """A ``ClampedGate`` when ``cls._apply_gate`` is a clamped SwiGLU: ``_CLAMPED_GATE`` (gate
+    clamped to at most ``self.<attr>``, up to [-it, it], then ``act(gate) * up``: the op's
+    ``swiglu_limit``), ``_CLAMPED_AFTER_GATE`` (``after_act``: ``act(gate)`` clamped instead, where
+    the attribute is not None: the op only without a limit) or ``_ALPHA_GATE`` (gpt-oss's form on
+    the op's layout, ``self.<alpha_attr>`` its alpha: the op's ``swiglu_alpha``). None for any
+    other body, or when the source cannot be read."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls._apply_gate))).body[0]
     except (OSError, TypeError, SyntaxError, AttributeError):
         return None
     if not isinstance(tree, ast.FunctionDef) or tree.decorator_list or len(tree.args.args) != 2:
         return None
-    names = _GateNames(tree.args.args[1].arg)
-    body = [names.visit(st) for st in tree.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
-    if len(names.attrs) != 1 or len(names.acts) != 1:
-        return None
-    for after_act, pattern in ((False, _CLAMPED_GATE), (True, _CLAMPED_AFTER_GATE)):
-        if [ast.dump(st) for st in body] == [ast.dump(st) for st in ast.parse(pattern).body[0].body]:
-            return names.attrs.pop(), names.acts.pop() == "self.act_fn", after_act
+    arg = tree.args.args[1].arg
+    names = _GateNames(arg)
+    body = _body(tree, names)
+    if len(names.attrs) == 1 and len(names.acts) == 1:
+        for after_act, pattern in ((False, _CLAMPED_GATE), (True, _CLAMPED_AFTER_GATE)):
+            if body == _pattern(pattern):
+                return ClampedGate(names.attrs.pop(), names.acts.pop() == "self.act_fn", after_act)
+    if len(names.attrs) == 2 and not names.acts:
+        for limit, alpha in itertools.permutations(sorted(names.attrs)):
+            if _body(tree, _GateNames(arg, {limit: "LIMIT", alpha: "ALPHA"})) == _pattern(_ALPHA_GATE):
+                return ClampedGate(limit, False, False, alpha)
     return None
 
 
@@ -393,8 +433,9 @@ def _other_experts_interface(module: nn.Module) -> str | None:
 def experts_unsupported_reason(module: nn.Module) -> str | None:
     """Why ``swiglu.swiglu_moe`` cannot compute this experts module (None when it can): expert
     biases, transposed or interleaved gate/up weights, no gate, a post-expert norm, an
-    ``_apply_gate`` other than transformers' default ``silu(gate) * up`` or its clamped form
-    (``clamped_gate``, with a positive finite limit), an activation other than SiLU, or weights that
+    ``_apply_gate`` other than transformers' default ``silu(gate) * up`` or the clamped and alpha
+    forms ``clamped_gate`` knows (with a positive finite limit and alpha; a clamp after the
+    activation only without a limit), an activation other than SiLU, or weights that
     are not plain floating [E, 2I, H] / [E, H, I] tensors. What does not
     change between calls; ``swiglu_experts_forward`` checks the rest (routing shape, dtypes,
     expert parallelism) at every call."""
@@ -416,17 +457,19 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
         clamped = None if "_apply_gate" in module.__dict__ else clamped_gate(cls)
         if clamped is None:
             return f"custom gating ({cls.__qualname__}._apply_gate), not transformers' default silu(gate) * up"
-        limit = getattr(module, clamped[0], None)
-        if clamped[2]:
+        limit = getattr(module, clamped.attr, None)
+        if clamped.after_act:
             if limit is not None:
-                return _after_act_reason(cls, clamped[0], limit)
+                return _after_act_reason(cls, clamped.attr, limit)
         else:
-            try:
-                usable = check_swiglu_limit(limit) is not None  # None: the gate would clamp by None
-            except (TypeError, ValueError):
-                usable = False
-            if not usable:
-                return f"its gate's clamp limit {cls.__qualname__}.{clamped[0]} = {limit!r} is not a positive finite number"
+            for attr, check in ((clamped.attr, check_swiglu_limit), (clamped.alpha_attr, check_swiglu_alpha)):
+                value = getattr(module, attr, None) if attr else 1.0
+                try:
+                    usable = check(value) is not None  # None: the gate would clamp (or scale) by None
+                except (TypeError, ValueError):
+                    usable = False
+                if not usable:
+                    return f"its gate's {cls.__qualname__}.{attr} = {value!r} is not a positive finite number"
     reason = _act_fn_reason(module) if _reads_act_fn(cls) else None
     if reason:
         return reason
@@ -524,15 +567,24 @@ def swiglu_experts_forward(
         gate_up, down = self.gate_up_proj, self.down_proj
         reason = _call_reason(self, hidden_states, top_k_index, top_k_weights, gate_up, down)
         clamped = clamped_gate(type(self))  # cached per class; None for the default gate
-        limit = None if clamped is None else getattr(self, clamped[0])
-        if reason is None and clamped is not None and clamped[2]:  # a clamp after the activation
+        limit = None if clamped is None else getattr(self, clamped.attr)
+        alpha = None if clamped is None or clamped.alpha_attr is None else getattr(self, clamped.alpha_attr)
+        if reason is None and clamped is not None and clamped.after_act:  # a clamp after the activation
             if limit is not None:  # set after apply
-                reason = _after_act_reason(type(self), clamped[0], limit)
+                reason = _after_act_reason(type(self), clamped.attr, limit)
             limit = None
         if reason is None:
             reuse = self.__dict__.get("swiglu_reuse_saved_buffers", False)
             return _swiglu_moe(
-                hidden_states, top_k_index, top_k_weights, gate_up, down, impl=impl, reuse_saved_buffers=reuse, swiglu_limit=limit
+                hidden_states,
+                top_k_index,
+                top_k_weights,
+                gate_up,
+                down,
+                impl=impl,
+                reuse_saved_buffers=reuse,
+                swiglu_limit=limit,
+                swiglu_alpha=alpha,
             )
         warnings.warn(f"swiglu: {type(self).__qualname__} runs its {fallback!r} experts implementation: {reason}", stacklevel=2)
     return _fallback_forward(self, fallback)(self, hidden_states, top_k_index, top_k_weights)

@@ -138,10 +138,22 @@ def _clamped(gate, up, LIMIT: tl.constexpr):
 
 
 @triton.jit
+def _glu_parts(gate, up, ALPHA: tl.constexpr, UPCAST: tl.constexpr):
+    """(act, factor) of h = bf16(act * factor) from the (clamped) fp32 gate and up: act =
+    bf16(silu(gate)) and up; with ALPHA (swiglu_alpha, the gpt-oss form) bf16(gate * sigmoid(ALPHA *
+    gate)) and up + 1."""
+    if ALPHA is None:
+        act, factor = _activated_gate(gate, UPCAST), up
+    else:
+        act, factor = _bf16(gate * tl.sigmoid(ALPHA * gate), UPCAST), up + 1.0
+    return act, factor
+
+
+@triton.jit
 def _up_tile(
     x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn, stride_wh,
     e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, B_TMA: tl.constexpr,
-    UPCAST: tl.constexpr, LIMIT: tl.constexpr = None,
+    UPCAST: tl.constexpr, LIMIT: tl.constexpr = None, ALPHA: tl.constexpr = None,
 ):  # fmt: skip
     """One tile of ``moe_up_kernel`` (expert e, these sorted rows and columns)."""
     tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
@@ -171,8 +183,8 @@ def _up_tile(
     gate = _bf16(acc_g, UPCAST)
     up = _bf16(acc_u, UPCAST)
     gate_c, up_c = _clamped(_f32(gate, UPCAST), _f32(up, UPCAST), LIMIT)  # gate, up kept unclamped
-    act = _activated_gate(gate_c, UPCAST)
-    h = _bf16(_f32(act, UPCAST) * up_c, UPCAST)
+    act, factor = _glu_parts(gate_c, up_c, ALPHA, UPCAST)
+    h = _bf16(_f32(act, UPCAST) * factor, UPCAST)
     out = rows.to(tl.int64)[:, None] * I + cols[None, :]
     ok = row_ok[:, None] & col_ok[None, :]
     tl.store(gate_ptr + out, gate, mask=ok)
@@ -208,8 +220,10 @@ def moe_up_kernel(
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
     LIMIT: tl.constexpr = None,
+    ALPHA: tl.constexpr = None,
 ):
-    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue (LIMIT: ``_clamped``).
+    """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue (LIMIT: ``_clamped``; ALPHA:
+    ``_glu_parts``).
     B_TMA: w_ptr is a TMA descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past
     an expert's rows feeds only masked columns; past H it reads zeros)."""
     _pdl_start(PDL)
@@ -217,7 +231,7 @@ def moe_up_kernel(
     if e < E:
         # fmt: off
         _up_tile(x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn,
-                 stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM, BN, BK, B_TMA, UPCAST, LIMIT)
+                 stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM, BN, BK, B_TMA, UPCAST, LIMIT, ALPHA)
         # fmt: on
 
 
@@ -309,22 +323,29 @@ def moe_down_kernel(
 
 @triton.jit
 def _dswiglu_piece(
-    acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr, LIMIT: tl.constexpr = None
-):
+    acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr, LIMIT: tl.constexpr = None,
+    ALPHA: tl.constexpr = None,
+):  # fmt: skip
     """The SwiGLU backward on g = acc [BM, n] at these columns of [S, I]: writes d_gate, d_up
     (dgu [S, 2I]) and h * w; returns each row's sum of g * h (its routing-weight gradient's part).
-    LIMIT: ``_clamped``, whose gradient passes only where the saved gate/up were in range."""
+    LIMIT: ``_clamped``, whose gradient passes only where the saved gate/up were in range; ALPHA:
+    ``_glu_parts``."""
     ok = row_ok[:, None] & (cols < I)[None, :]
     src = rows.to(tl.int64)[:, None] * I + cols[None, :]
     gate_raw = _f32(tl.load(gate_ptr + src, mask=ok, other=0.0), UPCAST)
     up_raw = _f32(tl.load(up_ptr + src, mask=ok, other=0.0), UPCAST)
     gate, up = _clamped(gate_raw, up_raw, LIMIT)
-    act = _f32(_activated_gate(gate, UPCAST), UPCAST)
-    h = _f32(_bf16(act * up, UPCAST), UPCAST)
+    act, factor = _glu_parts(gate, up, ALPHA, UPCAST)
+    act = _f32(act, UPCAST)
+    h = _f32(_bf16(act * factor, UPCAST), UPCAST)
     g = acc * w
-    s = tl.sigmoid(gate)
     d_up = g * act
-    d_gate = g * up * s * (1.0 + gate * (1.0 - s))
+    if ALPHA is None:
+        s = tl.sigmoid(gate)
+        d_gate = g * factor * s * (1.0 + gate * (1.0 - s))
+    else:  # d/dgate of gate * sigmoid(ALPHA * gate), times up + 1
+        s = tl.sigmoid(ALPHA * gate)
+        d_gate = g * factor * s * (1.0 + ALPHA * gate * (1.0 - s))
     if LIMIT is not None:
         d_gate = tl.where(gate_raw <= LIMIT, d_gate, 0.0)
         d_up = tl.where((up_raw >= -LIMIT) & (up_raw <= LIMIT), d_up, 0.0)
@@ -340,7 +361,7 @@ def _dswiglu_tile(
     go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n, stride_gt,
     stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, EPI_SPLIT: tl.constexpr, B_TMA: tl.constexpr, UPCAST: tl.constexpr,
-    LIMIT: tl.constexpr = None,
+    LIMIT: tl.constexpr = None, ALPHA: tl.constexpr = None,
 ):  # fmt: skip
     """One tile of ``moe_dswiglu_kernel`` (expert e, these sorted rows and columns)."""
     pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
@@ -361,13 +382,13 @@ def _dswiglu_tile(
         acc = _dot(a, b, acc, UPCAST)
     w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     if EPI_SPLIT == 1:
-        part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT)
+        part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA)
     else:
         a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
         c0 = pid_n * BN + tl.arange(0, BN // 2)
-        part = _dswiglu_piece(a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT) + _dswiglu_piece(
-            a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT
-        )
+        part = _dswiglu_piece(
+            a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA
+        ) + _dswiglu_piece(a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA)
     # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
     tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
 
@@ -404,6 +425,7 @@ def moe_dswiglu_kernel(
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
     LIMIT: tl.constexpr = None,
+    ALPHA: tl.constexpr = None,
 ):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
     EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). B_TMA:
@@ -414,7 +436,7 @@ def moe_dswiglu_kernel(
         # fmt: off
         _dswiglu_tile(go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n,
                       stride_gt, stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM,
-                      BN, BK, EPI_SPLIT, B_TMA, UPCAST, LIMIT)
+                      BN, BK, EPI_SPLIT, B_TMA, UPCAST, LIMIT, ALPHA)
         # fmt: on
 
 
@@ -793,10 +815,13 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
     )
 
 
-def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile, limit: float | None = None):
+def launch_up(
+    x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile, limit: float | None = None, alpha: float | None = None
+):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T; ``limit``:
-    the swiglu_limit (bf16-exact: ``bf16_limit``) or None."""
-    if tile.GLUON and (g := _gluon().up).supports(x, gate_up_proj):
+    the swiglu_limit (bf16-exact: ``bf16_limit``) or None; ``alpha``: the swiglu_alpha or None (the
+    Gluon kernel has no alpha form: the tl kernel runs)."""
+    if tile.GLUON and alpha is None and (g := _gluon().up).supports(x, gate_up_proj):
         xs = gather_rows(x, r, k)
         return g.launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, _in_order(g.CONFIG, tile), limit=limit)
     H, I = x.shape[1], gate.shape[1]
@@ -820,6 +845,7 @@ def launch_up(x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile, limi
         strides=(x.stride(0), x.stride(1), *gate_up_proj.stride()),
         B_TMA=w is not None,
         LIMIT=limit,
+        ALPHA=alpha,
     )
 
 
@@ -854,13 +880,26 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
 
 
 def launch_dswiglu(
-    grad_out, down_proj, r: Routing, k: int, weights, gate, up, dgu, hw, part, tile: Tile, gos=None, limit: float | None = None
+    grad_out,
+    down_proj,
+    r: Routing,
+    k: int,
+    weights,
+    gate,
+    up,
+    dgu,
+    hw,
+    part,
+    tile: Tile,
+    gos=None,
+    limit: float | None = None,
+    alpha: float | None = None,
 ):
     """d_gate | d_up into dgu [S, 2I], hw [S, I] and the routing-weight partial sums part
     [S, cdiv(I, BN)] (by pair id; rows of pairs outside every tile are not written). ``gos``:
     grad_out's rows in expert order (``gather_rows``) where the caller has them, for the Gluon
-    kernel (which copies them otherwise). ``limit``: as ``launch_up``'s."""
-    if tile.GLUON and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
+    kernel (which copies them otherwise). ``limit``, ``alpha``: as ``launch_up``'s."""
+    if tile.GLUON and alpha is None and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
         gos = gather_rows(grad_out, r, k) if gos is None else gos
         cfg = _in_order(g.CONFIG, tile)
         return g.launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg, limit=limit)
@@ -889,6 +928,7 @@ def launch_dswiglu(
         EPI_SPLIT=tile.EPI_SPLIT,
         B_TMA=w is not None,
         LIMIT=limit,
+        ALPHA=alpha,
     )
 
 
@@ -1021,13 +1061,21 @@ def bf16_limit(swiglu_limit: float | None) -> float | None:
 
 
 def moe_forward(
-    x, top_k_index, top_k_weights, gate_up_proj, down_proj, plan: MoEPlan | None = None, out_shape=None, swiglu_limit=None
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    plan: MoEPlan | None = None,
+    out_shape=None,
+    swiglu_limit=None,
+    swiglu_alpha=None,
 ):
     """``(out, gate, up, routing)``: out [T, H] (allocated as ``out_shape`` where given, e.g. the
     caller's [batch_size, seq_len, H]); gate, up [S, I] in sorted-pair order (unclamped) and the
     ``Routing`` (its ``order`` and ``expert_start``), kept for ``moe_backward``. Inputs validated
     by ``swiglu.moe``; top_k_index and top_k_weights contiguous [T, k]. ``swiglu_limit``: gate and
-    up clamped before the product (``bf16_limit``)."""
+    up clamped before the product (``bf16_limit``); ``swiglu_alpha``: the gpt-oss form (``_glu_parts``)."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -1039,7 +1087,7 @@ def moe_forward(
     h = torch.empty_like(gate)
     y = torch.empty(S, H, dtype=x.dtype, device=x.device)
     if S:
-        launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up, bf16_limit(swiglu_limit))
+        launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up, bf16_limit(swiglu_limit), swiglu_alpha)
         launch_pairs(h, down_proj, r, top_k_weights, y, plan.down, transposed=True)
     return combine(y, top_k_index, E, H, x.dtype, out_shape=out_shape)[0], gate, up, r
 
@@ -1058,13 +1106,14 @@ def moe_backward(
     needs=(True, True, True, True),
     reuse: bool = False,
     swiglu_limit: float | None = None,
+    swiglu_alpha: float | None = None,
 ):
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
     gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, the
     forward's order bitwise). A gradient not in ``needs`` (grad_x, top_k_weights, gate_up_proj,
     down_proj) is None and its GEMM does not run. ``reuse``: gate's and up's storage is released
     (size 0) once their one reader, the dSwiGLU GEMM, is launched: the same kernels, the same
-    gradients bitwise, a peak lower by [S, 2I]. ``swiglu_limit``: the forward's."""
+    gradients bitwise, a peak lower by [S, 2I]. ``swiglu_limit``, ``swiglu_alpha``: the forward's."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -1077,9 +1126,8 @@ def moe_backward(
     part = torch.empty(S, cdiv(I, plan.dswiglu.BN), dtype=torch.float32, device=dev)
     gos = gather_rows(grad_out, r, k) if plan.share_grad_out_copy and needs[3] else None
     if S:  # first, so that the GPU starts while the host allocates the rest
-        launch_dswiglu(
-            grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu, gos, bf16_limit(swiglu_limit)
-        )
+        limit = bf16_limit(swiglu_limit)
+        launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu, gos, limit, swiglu_alpha)
     if reuse:  # their reader is launched: the memory goes back stream-ordered, before the peak
         release_storage(gate)
         release_storage(up)
