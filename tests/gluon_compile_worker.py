@@ -39,6 +39,7 @@ Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test in
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -222,6 +223,7 @@ def wgrad_report(k, entry: dict) -> dict:
         "cp_async_arrive": ptx.count("cp.async.mbarrier.arrive"),
         "fence_proxy_async": ptx.count("fence.proxy.async"),
         "min_max": ptx.count("min.f32") + ptx.count("max.f32"),  # the swiglu_limit's clamp
+        "ptx_sha": hashlib.sha256(strip_debug(ptx).encode()).hexdigest(),
         "ptx": strip_debug(ptx),
     }
 
@@ -289,17 +291,18 @@ def epilogue_constexprs(cfg) -> dict:
     }
 
 
-def compile_moe_up(cfg, limit: float | None = None) -> dict:
+def compile_moe_up(cfg, limit: float | None = None, alpha: float | None = None) -> dict:
     """``swiglu.kernels.moe_gluon_up``'s kernel at ``cfg`` (pointers 16-byte aligned, I a
-    multiple of 16, as at the model shapes; ``limit``: its LIMIT), reported as ``compile_one`` does."""
+    multiple of 16, as at the model shapes; ``limit``, ``alpha``: its LIMIT, ALPHA), reported as
+    ``compile_one`` does."""
     kernel = moe_gluon_up.moe_up_gluon_kernel
     sig = {"xs_desc": desc([cfg.BM, cfg.BK]), "w_desc": desc([cfg.BN, cfg.BK]), "table_ptr": "*i32"}
     sig.update({n: "*bf16" for n in ("gate_ptr", "up_ptr", "h_ptr")})
     sig.update({n: "i32" for n in ("E", "I", "MAX_M")})
-    constexprs = {**epilogue_constexprs(cfg), "LIMIT": limit}
+    constexprs = {**epilogue_constexprs(cfg), "LIMIT": limit, "ALPHA": alpha}
     sig.update({k: "constexpr" for k in constexprs})
     attrs = aligned(kernel, ("table_ptr", "gate_ptr", "up_ptr", "h_ptr", "I"))
-    entry = {"config": cfg.__dict__, "kind": "moe_up", "limit": limit}
+    entry = {"config": cfg.__dict__, "kind": "moe_up", "limit": limit, "alpha": alpha}
     k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
     return failed or wgrad_report(k, entry)
 
@@ -320,9 +323,9 @@ def compile_moe_up_gather(cfg) -> dict:
     return failed or wgrad_report(k, entry)
 
 
-def compile_moe_dswiglu(cfg, weights: str, gather: bool = False, limit: float | None = None) -> dict:
+def compile_moe_dswiglu(cfg, weights: str, gather: bool = False, limit: float | None = None, alpha: float | None = None) -> dict:
     """``swiglu.kernels.moe_gluon_dswiglu``'s kernel at ``cfg`` with routing weights of
-    ``weights`` ("fp32", "bf16") and ``limit`` (its LIMIT), or with ``gather`` the lab's one
+    ``weights`` ("fp32", "bf16"), ``limit`` and ``alpha`` (its LIMIT, ALPHA), or with ``gather`` the lab's one
     gathering grad_out's rows itself (``swiglu_lab.experiments.moe_gluon_dswiglu_gather``, top-k
     8), reported as ``compile_one`` does."""
     kernel = moe_gluon_dswiglu_gather.moe_dswiglu_gather_kernel if gather else moe_gluon_dswiglu.moe_dswiglu_gluon_kernel
@@ -338,11 +341,11 @@ def compile_moe_dswiglu(cfg, weights: str, gather: bool = False, limit: float | 
         constexprs = {"TOP_K": 8, **constexprs}
         names += ("go_ptr", "stride_go")
     else:
-        constexprs["LIMIT"] = limit
+        constexprs.update(LIMIT=limit, ALPHA=alpha)
     sig.update({k: "constexpr" for k in constexprs})
     attrs = aligned(kernel, names)
     kind = "moe_dswiglu_gather" if gather else "moe_dswiglu"
-    entry = {"config": cfg.__dict__, "kind": kind, "weights": weights, "limit": limit}
+    entry = {"config": cfg.__dict__, "kind": kind, "weights": weights, "limit": limit, "alpha": alpha}
     k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
     return failed or wgrad_report(k, entry)
 
@@ -467,10 +470,12 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         cfg = moe_gluon_up.CONFIG
         results = [compile_moe_up(c) for c in (cfg, dataclasses.replace(cfg, GROUP_M=8))]
         results.append(compile_moe_up(cfg, limit=10.0))  # DeepSeek-V4 config default swiglu_limit
+        results.append(compile_moe_up(cfg, limit=7.0, alpha=1.702))  # MiniMax-M3's
         results.append(compile_moe_up_gather(moe_gluon_up_gather.CONFIG))
     elif kind == "moe_dswiglu":
         results = [compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, w) for w in ("fp32", "bf16")]
         results.append(compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, "fp32", limit=10.0))
+        results.append(compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, "fp32", limit=7.0, alpha=1.702))
         results.append(compile_moe_dswiglu(moe_gluon_dswiglu_gather.CONFIG, "fp32", gather=True))
     elif kind == "moe_pairs":
         cfg = moe_gluon_pairs.CONFIG

@@ -98,7 +98,7 @@ def _pairs(r):
 
 @pytest.mark.parametrize(
     "kind, compiles, check",
-    [("moe_wgrad", 6, _wgrad), ("moe_up", 4, _up), ("moe_dswiglu", 4, _dswiglu), ("moe_pairs", 4, _pairs)],
+    [("moe_wgrad", 6, _wgrad), ("moe_up", 5, _up), ("moe_dswiglu", 5, _dswiglu), ("moe_pairs", 4, _pairs)],
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)
@@ -111,11 +111,16 @@ def test_moe_gluon_kernels_compile_for_sm90(tmp_path_factory, which, kind, compi
         check(r)
         assert r["spills"] in (0, None), r
         assert r["shared"] <= SM90_SHARED, r
-    # With a swiglu_limit the epilogue clamps (min/max), beyond what the same kernel has without.
+    # With a swiglu_limit the epilogue clamps (min/max), beyond what the same kernel has without;
+    # swiglu_alpha changes the epilogue's PTX beyond the limit's.
     plain = {r["kind"]: r["min_max"] for r in report["results"] if r.get("limit") is None}
     for r in report["results"]:
         if r.get("limit") is not None:
             assert r["min_max"] > plain[r["kind"]], (r["min_max"], plain)
+    for r in report["results"]:
+        if r.get("alpha") is not None:
+            limited = [o for o in report["results"] if o["kind"] == r["kind"] and o.get("limit") and not o.get("alpha")]
+            assert limited and all(o["ptx_sha"] != r["ptx_sha"] for o in limited), r["kind"]
 
 
 def test_plan_takes_the_gluon_kernels_where_they_were_measured_faster(monkeypatch):
@@ -255,9 +260,11 @@ def test_wgrad_gathers_rows_only_up_to_its_rows_per_expert(monkeypatch, max_rows
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # the recorders leave gate, up, h unwritten
-def test_a_limited_call_hands_its_limit_to_the_gluon_kernels(monkeypatch):
-    """With ``swiglu_limit`` the plan's Gluon up and dSwiGLU launchers are still taken, and get the
-    limit rounded to bf16 (``bf16_limit``); here the launchers are recorded, not run (CPU)."""
+@pytest.mark.parametrize("alpha", [None, 1.702])
+def test_a_limited_call_hands_its_limit_to_the_gluon_kernels(monkeypatch, alpha):
+    """With ``swiglu_limit`` (and ``swiglu_alpha``) the plan's Gluon up and dSwiGLU launchers are
+    still taken, and get the limit rounded to bf16 (``bf16_limit``) and the alpha; here the
+    launchers are recorded, not run (CPU)."""
     from types import SimpleNamespace
 
     from swiglu.kernels import moe
@@ -265,7 +272,7 @@ def test_a_limited_call_hands_its_limit_to_the_gluon_kernels(monkeypatch):
     seen = {}
 
     def recorder(name):
-        return lambda *args, limit=None, **kwargs: seen.setdefault(name, limit)
+        return lambda *args, limit=None, alpha=None, **kwargs: seen.setdefault(name, (limit, alpha))
 
     fake = SimpleNamespace(
         up=SimpleNamespace(supports=lambda *a: True, CONFIG=moe._gluon().up.CONFIG, launch_moe_up_gluon=recorder("up")),
@@ -281,6 +288,6 @@ def test_a_limited_call_hands_its_limit_to_the_gluon_kernels(monkeypatch):
     plan = dataclasses.replace(
         plan, up=dataclasses.replace(plan.up, GLUON=True), dswiglu=dataclasses.replace(plan.dswiglu, GLUON=True)
     )
-    out, gate, up, r = moe.moe_forward(x, idx, w, gu, dp, plan, swiglu_limit=2.01)
-    moe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan, r, swiglu_limit=2.01)
-    assert seen == {"up": 2.015625, "dswiglu": 2.015625}  # 2.01 rounded to bf16
+    out, gate, up, r = moe.moe_forward(x, idx, w, gu, dp, plan, swiglu_limit=2.01, swiglu_alpha=alpha)
+    moe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan, r, swiglu_limit=2.01, swiglu_alpha=alpha)
+    assert seen == {"up": (2.015625, alpha), "dswiglu": (2.015625, alpha)}  # 2.01 rounded to bf16

@@ -43,7 +43,7 @@ SHAPES = {
 def test_swiglu_limit_full_size_against_float64(shape, alpha):
     """``swiglu_limit`` (DeepSeek-V4's clamp) at full size, the plan's kernels (Gluon up and, at
     hidden_size 4096, Gluon dSwiGLU with the clamp), a limit clamping about a third of the values;
-    with ``swiglu_alpha`` (MiniMax-M3's form) the tl up and dSwiGLU kernels."""
+    with ``swiglu_alpha`` (MiniMax-M3's form) too."""
     T, H, I, E, k = SHAPES[shape]
     seed = fresh_seed()
     inp = make_moe(seed, T, H, I, E, k, device="cuda")
@@ -241,12 +241,13 @@ def test_launches_from_a_thread_without_a_cuda_context():
             assert torch.equal(a, b), f"dense (launches cleared: {cleared})"
 
 
-@pytest.mark.parametrize("kind", ["balanced", "skewed", "limited"])
+@pytest.mark.parametrize("kind", ["balanced", "skewed", "limited", "limited_alpha"])
 def test_gluon_kernels_match_the_tl_kernels(monkeypatch, kind):
     """Where the plan runs the Gluon up projection, dSwiGLU and weight gradients (sm_90, hidden_size
     4096): the output and every gradient bitwise the tl kernels' (``SWIGLU_GLUON=0``) but the
     routing-weight gradient, whose partial sums add in another order (fp32: within 1e-5 of its
-    largest value); "limited": balanced with a ``swiglu_limit`` clamping about a third of the values."""
+    largest value); "limited": balanced with a ``swiglu_limit`` clamping about a third of the values,
+    "limited_alpha" with MiniMax-M3's ``swiglu_alpha`` too."""
     from swiglu.kernels.devices import gluon_unavailable_reason
 
     if (why := gluon_unavailable_reason(torch.device("cuda"))) is not None:
@@ -255,15 +256,16 @@ def test_gluon_kernels_match_the_tl_kernels(monkeypatch, kind):
     plan = kmoe.moe_plan(T * k, E, H, I, True)
     assert plan.up.GLUON and plan.dswiglu.GLUON and plan.wgrad_gu.GLUON and plan.wgrad_dp.GLUON
     seed = fresh_seed()
-    inp = make_moe(seed, T, H, I, E, k, kind="balanced" if kind == "limited" else kind, device="cuda")
-    limit = binding_limit(inp) if kind == "limited" else None
-    got = run(inp, "triton", swiglu_limit=limit)
+    inp = make_moe(seed, T, H, I, E, k, kind="balanced" if kind.startswith("limited") else kind, device="cuda")
+    limit = binding_limit(inp) if kind.startswith("limited") else None
+    act = {"swiglu_limit": limit, "swiglu_alpha": 1.702 if kind == "limited_alpha" else None}
+    got = run(inp, "triton", **act)
     if limit is not None:
         assert not torch.equal(got[0], run(inp, "triton")[0]), f"seed={seed}: the limit clamped nothing"
     monkeypatch.setenv("SWIGLU_GLUON", "0")
     swiglu.ops.clear_plans()  # the Gluon decision is cached per device
     try:
-        want = run(inp, "triton", swiglu_limit=limit)
+        want = run(inp, "triton", **act)
     finally:
         monkeypatch.undo()
         swiglu.ops.clear_plans()

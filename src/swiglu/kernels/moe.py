@@ -819,11 +819,10 @@ def launch_up(
     x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile, limit: float | None = None, alpha: float | None = None
 ):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T; ``limit``:
-    the swiglu_limit (bf16-exact: ``bf16_limit``) or None; ``alpha``: the swiglu_alpha or None (the
-    Gluon kernel has no alpha form: the tl kernel runs)."""
-    if tile.GLUON and alpha is None and (g := _gluon().up).supports(x, gate_up_proj):
+    the swiglu_limit (bf16-exact: ``bf16_limit``) or None; ``alpha``: the swiglu_alpha or None."""
+    if tile.GLUON and (g := _gluon().up).supports(x, gate_up_proj):
         xs = gather_rows(x, r, k)
-        return g.launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, _in_order(g.CONFIG, tile), limit=limit)
+        return g.launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, _in_order(g.CONFIG, tile), limit=limit, alpha=alpha)
     H, I = x.shape[1], gate.shape[1]
     w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
     _grouped(
@@ -899,10 +898,10 @@ def launch_dswiglu(
     [S, cdiv(I, BN)] (by pair id; rows of pairs outside every tile are not written). ``gos``:
     grad_out's rows in expert order (``gather_rows``) where the caller has them, for the Gluon
     kernel (which copies them otherwise). ``limit``, ``alpha``: as ``launch_up``'s."""
-    if tile.GLUON and alpha is None and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
+    if tile.GLUON and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
         gos = gather_rows(grad_out, r, k) if gos is None else gos
         cfg = _in_order(g.CONFIG, tile)
-        return g.launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg, limit=limit)
+        return g.launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg, limit=limit, alpha=alpha)
     H, I = grad_out.shape[1], gate.shape[1]
     w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
     _grouped(

@@ -152,8 +152,8 @@ def _row_layout(BN, num_warps):
 
 
 @gluon.jit
-def _epilogue_partition(p, EPI_M: gl.constexpr, LIMIT: gl.constexpr = None):
-    # The tl kernel's _dswiglu_piece op for op (LIMIT as its), EPI_M rows of the tile at a time.
+def _epilogue_partition(p, EPI_M: gl.constexpr, LIMIT: gl.constexpr = None, ALPHA: gl.constexpr = None):
+    # The tl kernel's _dswiglu_piece op for op (LIMIT, ALPHA as its), EPI_M rows of the tile at a time.
     BM: gl.constexpr = p.a_bufs.type.shape[1]
     BN: gl.constexpr = p.b_bufs.type.shape[2]
     NG: gl.constexpr = p.g_ready.type.shape[0]
@@ -187,12 +187,21 @@ def _epilogue_partition(p, EPI_M: gl.constexpr, LIMIT: gl.constexpr = None):
                     up_raw = up
                     gate = gl.minimum(gate, LIMIT)
                     up = gl.minimum(gl.maximum(up, -LIMIT), LIMIT)
-                act = (gate * _sigmoid(gate)).to(gl.bfloat16).to(gl.float32)
-                h = (act * up).to(gl.bfloat16).to(gl.float32)
-                g = acc * wt
-                s = _sigmoid(gate)
-                d_up = g * act
-                d_gate = g * up * s * (1.0 + gate * (1.0 - s))
+                if ALPHA is None:
+                    act = (gate * _sigmoid(gate)).to(gl.bfloat16).to(gl.float32)
+                    h = (act * up).to(gl.bfloat16).to(gl.float32)
+                    g = acc * wt
+                    s = _sigmoid(gate)
+                    d_up = g * act
+                    d_gate = g * up * s * (1.0 + gate * (1.0 - s))
+                else:  # the tl kernel's _glu_parts form
+                    factor = up + 1.0
+                    act = (gate * _sigmoid(ALPHA * gate)).to(gl.bfloat16).to(gl.float32)
+                    h = (act * factor).to(gl.bfloat16).to(gl.float32)
+                    g = acc * wt
+                    s = _sigmoid(ALPHA * gate)
+                    d_up = g * act
+                    d_gate = g * factor * s * (1.0 + ALPHA * gate * (1.0 - s))
                 if LIMIT is not None:  # the clamp's gradient: through where the saved values were in range
                     d_gate = gl.where(gate_raw <= LIMIT, d_gate, 0.0)
                     d_up = gl.where((up_raw >= -LIMIT) & (up_raw <= LIMIT), d_up, 0.0)
@@ -209,10 +218,11 @@ def _epilogue_partition(p, EPI_M: gl.constexpr, LIMIT: gl.constexpr = None):
 def moe_dswiglu_gluon_kernel(
     gos_desc, dp_desc, table_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, E, H, I, MAX_M,
     GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_M: gl.constexpr, EPI_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr,
-    EPI_REGS: gl.constexpr, LIMIT: gl.constexpr = None,
+    EPI_REGS: gl.constexpr, LIMIT: gl.constexpr = None, ALPHA: gl.constexpr = None,
 ):  # fmt: skip
     """d_gate | d_up, h * w and the partial sums of every expert's sorted rows (module docstring;
-    LIMIT: the swiglu_limit rounded to bf16, or None); launch with num_warps=8."""
+    LIMIT: the swiglu_limit rounded to bf16, or None; ALPHA: the swiglu_alpha, or None); launch
+    with num_warps=8."""
     BM: gl.constexpr = gos_desc.block_type.shape[0]
     BK: gl.constexpr = gos_desc.block_type.shape[1]
     BN: gl.constexpr = dp_desc.block_type.shape[1]
@@ -230,7 +240,7 @@ def moe_dswiglu_gluon_kernel(
              g_bufs, ready, empty, g_ready, g_empty, gl.to_tensor(E), gl.to_tensor(H), gl.to_tensor(I), gl.to_tensor(MAX_M),
              GROUP_M)  # fmt: skip
     gl.warp_specialize(
-        [(_mma_partition, (p,)), (_load_partition, (p,)), (_epilogue_partition, (p, EPI_M, LIMIT))],
+        [(_mma_partition, (p,)), (_load_partition, (p,)), (_epilogue_partition, (p, EPI_M, LIMIT, ALPHA))],
         [1, EPI_WARPS],
         [LOAD_REGS, EPI_REGS],
     )
@@ -257,8 +267,9 @@ def supports(grad_out, down_proj, dgu, part, cfg: MoEGluonConfig = CONFIG) -> bo
 
 
 def launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg: MoEGluonConfig = CONFIG,
-                             num_programs: int | None = None, limit: float | None = None):  # fmt: skip
-    """``swiglu.kernels.moe.launch_dswiglu``'s contract (``limit`` bf16-exact or None) through
+                             num_programs: int | None = None, limit: float | None = None,
+                             alpha: float | None = None):  # fmt: skip
+    """``swiglu.kernels.moe.launch_dswiglu``'s contract (``limit`` bf16-exact or None, ``alpha``) through
     this kernel, from gos [S, H], grad_out's rows in expert order (``gather_rows``): the tile table,
     then the kernel on ``num_programs`` persistent programs (default one per SM). Check
     ``supports`` first. ``weights``: top_k_weights [T, k] contiguous, any float dtype."""
@@ -273,6 +284,6 @@ def launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part
     num_programs = num_programs or device_sms(gos.device)
     moe_dswiglu_gluon_kernel[(num_programs,)](
         gos_desc, dp_desc, table, r.order, weights, gate, up, dgu, hw, part, E, H, I, table.shape[1],
-        cfg.GROUP_M, cfg.STAGES, cfg.EPI_M, cfg.epi_warps, cfg.load_regs, cfg.epi_regs, LIMIT=limit,
+        cfg.GROUP_M, cfg.STAGES, cfg.EPI_M, cfg.epi_warps, cfg.load_regs, cfg.epi_regs, LIMIT=limit, ALPHA=alpha,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip

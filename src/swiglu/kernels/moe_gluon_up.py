@@ -212,10 +212,11 @@ def _mma_partition(p):
 
 
 @gluon.jit
-def _epilogue_partition(p, g_pieces, EPI_M: gl.constexpr, LIMIT: gl.constexpr = None):
+def _epilogue_partition(p, g_pieces, EPI_M: gl.constexpr, LIMIT: gl.constexpr = None, ALPHA: gl.constexpr = None):
     # g_pieces: the handover ring as [2 * NG * NP, EPI_M, 64] pieces (gate buffer 2b, up 2b + 1;
     # the kernel's comment says why a piece is a view). h = bf16(bf16(gate * sigmoid(gate)) * up),
-    # the tl kernel's _activated_gate and product, of gate and up clamped by LIMIT as its _clamped.
+    # the tl kernel's _activated_gate and product, of gate and up clamped by LIMIT as its _clamped;
+    # with ALPHA its _glu_parts' form.
     BM: gl.constexpr = p.a_bufs.type.shape[1]
     BN: gl.constexpr = p.bg_bufs.type.shape[1]
     NG: gl.constexpr = p.g_ready.type.shape[0]
@@ -245,8 +246,12 @@ def _epilogue_partition(p, g_pieces, EPI_M: gl.constexpr, LIMIT: gl.constexpr = 
                 if LIMIT is not None:  # gate and up are stored unclamped
                     gate = gl.minimum(gate, LIMIT)
                     up = gl.minimum(gl.maximum(up, -LIMIT), LIMIT)
-                act = (gate * _sigmoid(gate)).to(gl.bfloat16).to(gl.float32)
-                h = (act * up).to(gl.bfloat16)
+                if ALPHA is None:
+                    act = (gate * _sigmoid(gate)).to(gl.bfloat16).to(gl.float32)
+                    h = (act * up).to(gl.bfloat16)
+                else:
+                    act = (gate * _sigmoid(ALPHA * gate)).to(gl.bfloat16).to(gl.float32)
+                    h = (act * (up + 1.0)).to(gl.bfloat16)
                 pm = q % NPM
                 base = (row0 + pm * EPI_M).to(gl.int64) * p.I + pid_n * BN + (q // NPM) * 64
                 ok = (r + pm * EPI_M < rows) & (cc < 64)
@@ -275,10 +280,10 @@ def _handover(NBUF: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, EPI_M: gl.
 def moe_up_gluon_kernel(
     xs_desc, w_desc, table_ptr, gate_ptr, up_ptr, h_ptr, E, I, MAX_M,
     GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_M: gl.constexpr, EPI_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr,
-    EPI_REGS: gl.constexpr, LIMIT: gl.constexpr = None,
+    EPI_REGS: gl.constexpr, LIMIT: gl.constexpr = None, ALPHA: gl.constexpr = None,
 ):  # fmt: skip
     """gate, up, h of every expert's sorted rows (module docstring; LIMIT: the swiglu_limit rounded
-    to bf16, or None); launch with num_warps=8."""
+    to bf16, or None; ALPHA: the swiglu_alpha, or None); launch with num_warps=8."""
     BM: gl.constexpr = xs_desc.block_type.shape[0]
     BK: gl.constexpr = xs_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
@@ -291,7 +296,7 @@ def moe_up_gluon_kernel(
     p = Args(xs_desc, w_desc, table_ptr, gate_ptr, up_ptr, h_ptr, a_bufs, bg_bufs, bu_bufs, g_bufs, ready, empty, g_ready,
              g_empty, gl.to_tensor(E), gl.to_tensor(I), gl.to_tensor(MAX_M), GROUP_M)  # fmt: skip
     gl.warp_specialize(
-        [(_mma_partition, (p,)), (_load_partition, (p,)), (_epilogue_partition, (p, g_pieces, EPI_M, LIMIT))],
+        [(_mma_partition, (p,)), (_load_partition, (p,)), (_epilogue_partition, (p, g_pieces, EPI_M, LIMIT, ALPHA))],
         [1, EPI_WARPS],
         [LOAD_REGS, EPI_REGS],
     )
@@ -333,9 +338,9 @@ def tile_table(r, BM: int) -> torch.Tensor:
 
 
 def launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, cfg: MoEGluonConfig = CONFIG, num_programs: int | None = None,
-                        limit: float | None = None):  # fmt: skip
+                        limit: float | None = None, alpha: float | None = None):  # fmt: skip
     """``swiglu.kernels.moe.launch_up``'s contract (gate, up, h [S, I] of the routing ``r``'s
-    sorted pairs; ``limit`` bf16-exact or None) through this kernel, from xs [S, H], x's rows in
+    sorted pairs; ``limit`` bf16-exact or None, ``alpha`` or None) through this kernel, from xs [S, H], x's rows in
     expert order (``gather_rows``): the tile table, then the kernel on ``num_programs`` persistent
     programs (default one per SM). Check ``supports`` first."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -350,6 +355,6 @@ def launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, cfg: MoEGluonConfig = 
     num_programs = num_programs or device_sms(xs.device)
     moe_up_gluon_kernel[(num_programs,)](
         xs_desc, w_desc, table, gate, up, h, E, I, table.shape[1],
-        cfg.GROUP_M, cfg.STAGES, cfg.EPI_M, cfg.epi_warps, cfg.load_regs, cfg.epi_regs, LIMIT=limit,
+        cfg.GROUP_M, cfg.STAGES, cfg.EPI_M, cfg.epi_warps, cfg.load_regs, cfg.epi_regs, LIMIT=limit, ALPHA=alpha,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
