@@ -10,8 +10,9 @@ plan with limit 1.0 (gate and up ~N(0, 1) here: about a quarter of the values cl
 plan with limit 1.0 whose up and dSwiGLU tiles say tl (what a limited call ran before the Gluon
 kernels had the clamp); then checks that the last two agree (bitwise but the routing-weight gradient,
 whose partial sums add in another order: within 1e-5 of its largest value).
-Run: PYTHONPATH=src:lab python3 lab/probes/moe_limit.py [--rep=MS] [shape ...] (moe_probe.SHAPES names;
-default all)
+``--alpha=A``: the limited variants also take ``swiglu_alpha`` A (MiniMax-M3's form; not yet run).
+Run: PYTHONPATH=src:lab python3 lab/probes/moe_limit.py [--rep=MS] [--alpha=A] [shape ...]
+(moe_probe.SHAPES names; default all)
 """
 
 import dataclasses
@@ -24,6 +25,7 @@ from swiglu.kernels import moe as kmoe
 
 LIMIT = 1.0
 REP = next((int(a[6:]) for a in sys.argv[1:] if a.startswith("--rep=")), 200)  # ms of timed calls per median
+ALPHA = next((float(a[8:]) for a in sys.argv[1:] if a.startswith("--alpha=")), None)
 
 
 def measure(name: str) -> tuple:
@@ -35,8 +37,9 @@ def measure(name: str) -> tuple:
     )
 
     def step(p, limit):
-        out, gate, up, r = kmoe.moe_forward(x, idx, w, gu, dp, p, swiglu_limit=limit)
-        return (out, *kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, p, r, swiglu_limit=limit))
+        alpha = None if limit is None else ALPHA
+        out, gate, up, r = kmoe.moe_forward(x, idx, w, gu, dp, p, swiglu_limit=limit, swiglu_alpha=alpha)
+        return (out, *kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, p, r, swiglu_limit=limit, swiglu_alpha=alpha))
 
     plain = step(plan, None)[0]
     want = [t.cpu() for t in step(tl_plan, LIMIT)]  # on the host: two sets of DeepSeek-V3's gradients do not fit 80 GB
@@ -55,7 +58,7 @@ def measure(name: str) -> tuple:
 
 
 rows = []
-for name in [a for a in sys.argv[1:] if not a.startswith("--rep=")] or list(P.SHAPES):
+for name in [a for a in sys.argv[1:] if not a.startswith("--")] or list(P.SHAPES):
     rows.append(measure(name))
     print(rows[-1], flush=True)
     torch.cuda.empty_cache()
