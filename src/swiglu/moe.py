@@ -16,7 +16,6 @@ and ``"auto"``. Design and coverage: docs/moe.md.
 
 from __future__ import annotations
 
-import math
 import sys
 import weakref
 
@@ -175,6 +174,9 @@ def _glu(gate, up, swiglu_alpha):
     return (up + 1.0) * (gate * torch.sigmoid(gate * swiglu_alpha))
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _positive_float(name: str, value) -> float | None:
     """``value`` as a float (None stays None); TypeError naming ``name`` for a non-number,
     ValueError unless positive and finite."""
@@ -182,9 +184,11 @@ def _positive_float(name: str, value) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float or None, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be positive and finite, got {value}")
-    return float(value)
+    # Comparisons only (NaN fails them): torch.compile traces them for a float that changes between calls.
+    if not 0 < value <= _FLOAT32_MAX:  # the kernels compute in float32
+        got = "" if torch.compiler.is_compiling() else f", got {value}"  # a traced float has no text
+        raise ValueError(f"{name} must be positive and finite in float32{got}")
+    return value if isinstance(value, float) else float(value)
 
 
 def check_swiglu_alpha(swiglu_alpha) -> float | None:

@@ -586,7 +586,8 @@ def test_swiglu_limit_check_catches_a_backward_without_the_clamp(device):
 @pytest.mark.parametrize(
     "value, error, match",
     [(0.0, ValueError, "positive"), (-1.0, ValueError, "positive"), (float("inf"), ValueError, "finite"),
-     (float("nan"), ValueError, "finite"), ("7", TypeError, "float or None"), (True, TypeError, "float or None")],
+     (float("nan"), ValueError, "finite"), (1e300, ValueError, "finite in float32"), ("7", TypeError, "float or None"),
+     (True, TypeError, "float or None")],
 )  # fmt: skip
 def test_swiglu_limit_and_alpha_bad_values(name, value, error, match):
     inp = make_moe(0, 4, 32, 48, 4, 2)

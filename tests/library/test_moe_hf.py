@@ -488,6 +488,22 @@ def test_the_alpha_gate_runs_the_op_with_its_limit_and_alpha(moe_calls):
     experts = next(m for m in plain.modules() if swiglu_hf._is_experts(m))
     experts.swiglu_alpha = float("nan")
     assert "swiglu_alpha = nan is not a positive finite number" in swiglu_hf.experts_unsupported_reason(experts)
+    experts.swiglu_alpha = 1.702
+
+    # Values set after apply (and after the first calls) are read at every call: a limit of None or
+    # an alpha of 0 falls back with the reason, the unpatched results (alpha 0: its own formula).
+    moe_calls.clear()
+    layers = [m for m in ours.modules() if swiglu_hf._is_experts(m)]
+    layers[0].swiglu_limit = None
+    with pytest.warns(UserWarning, match=r"swiglu_limit = None is not a positive finite number"):
+        with pytest.raises(RuntimeError, match="clamp"):  # the model's own gate cannot clamp by None
+            step(ours, ids)
+    layers[0].swiglu_limit = 0.5
+    for m in (*layers, *(m for m in plain.modules() if swiglu_hf._is_experts(m))):
+        m.swiglu_alpha = 0.0
+    with pytest.warns(UserWarning, match=r"swiglu_alpha = 0.0 is not a positive finite number"):
+        assert_same(step(ours, ids), step(plain, ids), 0.0, "alpha 0 after apply")
+    assert moe_calls == []
 
 
 def test_gpt_oss_falls_back_with_a_warning(moe_calls):

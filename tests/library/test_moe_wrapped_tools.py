@@ -112,6 +112,23 @@ def test_swiglu_limit_and_alpha_through_the_ops_and_compile(limit, alpha):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_compiled_calls_with_changing_limit_and_alpha(impl):
+    """torch.compile(fullgraph=True) with swiglu_limit and swiglu_alpha as arguments that change
+    between calls (a float traced after the first: the checks are comparisons it can trace):
+    every call bitwise its eager result."""
+    x, idx, w, gu, dp = _inputs(16)
+    torch._dynamo.reset()
+
+    def f(x, limit, alpha):
+        return swiglu.swiglu_moe(x, idx, w, gu, dp, impl=impl, swiglu_limit=limit, swiglu_alpha=alpha)
+
+    compiled = torch.compile(f, fullgraph=True)
+    for limit, alpha in ((1.0, 1.702), (0.5, 0.9), (2.0, 3.0)):
+        assert torch.equal(compiled(x, limit, alpha), f(x, limit, alpha)), (limit, alpha)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("weights", ["contiguous", "column_major"])
 def test_opcheck_forward_and_backward_ops(weights):
     x, idx, w, gu, dp = _inputs(12)

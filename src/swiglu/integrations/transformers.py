@@ -125,8 +125,28 @@ class _GateNames(ast.NodeTransformer):
         return node
 
 
-def _after_act_reason(cls: type, attr: str, limit) -> str:
-    return f"its gate clamps silu(gate) after the activation ({cls.__qualname__}.{attr} = {limit!r}); the op clamps before it"
+def _gate_values(module: nn.Module, clamped: ClampedGate) -> tuple[str | None, float | None, float | None]:
+    """``(reason, swiglu_limit, swiglu_alpha)`` for the op from the module's gate attributes as they
+    are now (read at every call: a model may change them after ``apply``); ``reason`` (None when
+    the op computes the gate) where they are not what the gate's form needs."""
+    cls = type(module)
+    limit = getattr(module, clamped.attr, None)
+    if clamped.after_act:  # the op computes such a gate only where its clamp is off
+        if limit is None:
+            return None, None, None
+        reason = f"its gate clamps silu(gate) after the activation ({cls.__qualname__}.{clamped.attr} = {limit!r})"
+        return reason + "; the op clamps before it", None, None
+    values = []
+    for attr, check in ((clamped.attr, check_swiglu_limit), (clamped.alpha_attr, check_swiglu_alpha)):
+        value = getattr(module, attr, None) if attr else None
+        try:
+            usable = attr is None or check(value) is not None  # None: the gate would clamp (or scale) by None
+        except (TypeError, ValueError):
+            usable = False
+        if not usable:
+            return f"its gate's {cls.__qualname__}.{attr} = {value!r} is not a positive finite number", None, None
+        values.append(value)
+    return None, *values
 
 
 def _reads_act_fn(cls: type) -> bool:
@@ -457,19 +477,9 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
         clamped = None if "_apply_gate" in module.__dict__ else clamped_gate(cls)
         if clamped is None:
             return f"custom gating ({cls.__qualname__}._apply_gate), not transformers' default silu(gate) * up"
-        limit = getattr(module, clamped.attr, None)
-        if clamped.after_act:
-            if limit is not None:
-                return _after_act_reason(cls, clamped.attr, limit)
-        else:
-            for attr, check in ((clamped.attr, check_swiglu_limit), (clamped.alpha_attr, check_swiglu_alpha)):
-                value = getattr(module, attr, None) if attr else 1.0
-                try:
-                    usable = check(value) is not None  # None: the gate would clamp (or scale) by None
-                except (TypeError, ValueError):
-                    usable = False
-                if not usable:
-                    return f"its gate's {cls.__qualname__}.{attr} = {value!r} is not a positive finite number"
+        reason = _gate_values(module, clamped)[0]
+        if reason:
+            return reason
     reason = _act_fn_reason(module) if _reads_act_fn(cls) else None
     if reason:
         return reason
@@ -567,12 +577,9 @@ def swiglu_experts_forward(
         gate_up, down = self.gate_up_proj, self.down_proj
         reason = _call_reason(self, hidden_states, top_k_index, top_k_weights, gate_up, down)
         clamped = clamped_gate(type(self))  # cached per class; None for the default gate
-        limit = None if clamped is None else getattr(self, clamped.attr)
-        alpha = None if clamped is None or clamped.alpha_attr is None else getattr(self, clamped.alpha_attr)
-        if reason is None and clamped is not None and clamped.after_act:  # a clamp after the activation
-            if limit is not None:  # set after apply
-                reason = _after_act_reason(type(self), clamped.attr, limit)
-            limit = None
+        limit = alpha = None
+        if reason is None and clamped is not None:
+            reason, limit, alpha = _gate_values(self, clamped)
         if reason is None:
             reuse = self.__dict__.get("swiglu_reuse_saved_buffers", False)
             return _swiglu_moe(
