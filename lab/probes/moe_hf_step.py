@@ -16,6 +16,7 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import swiglu.integrations.transformers as st
+from swiglu_lab.bench.timing import median_step_ms
 
 
 def sync(dev):
@@ -138,17 +139,7 @@ def experts_gemm_floor_ms(H: int, I: int, S: int, dev: str) -> float:
         torch.mm(a, w_gu), torch.mm(h, w_dp)  # forward
         torch.mm(go, w_dp.T), torch.mm(gu, w_gu.T), torch.mm(a.T, gu), torch.mm(go.T, h)  # backward
 
-    for _ in range(3):
-        layer()
-    ms = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        layer()
-        end.record()
-        end.synchronize()
-        ms.append(start.elapsed_time(end))
-    return statistics.median(ms)
+    return median_step_ms(layer, warmup=3, iters=20, device=dev)
 
 
 if __name__ == "__main__":
