@@ -14,16 +14,16 @@ apply or the patched model's step), "skip: <why>" (the tiny model could not be b
 unpatched).
 
 Answer (transformers 5.25, torch 2.13 CPU): all 72 families build tiny (73 text models: Qwen3-Omni's
-thinker and talker); none WRONG or ERROR. 62 run the op and match (max relative error 3.2e-6, on
+thinker and talker); none WRONG or ERROR. 63 run the op and match (max relative error 3.2e-6, on
 linear-attention A_log gradients; the experts' own gradients ~1e-7): LFM2-MoE since ``F.silu`` as
 ``act_fn`` counts as SiLU, DeepSeek-V4, GLM-5-Next, HY-V4 and HY-V4-VL since their clamped gate runs
 as ``swiglu_limit``, Step-3.7 and bailing_hybrid (Ling-2.5) since their clamp after the activation is
 off where a layer's limit is None, as in their default configs (a layer with a limit falls back),
-MiniMax-M3-VL since its gpt-oss activation runs as ``swiglu_alpha`` (all eight fell back before). 11
-keep their implementation with a warning and the same results: custom gating (beam, inkling2,
-inkling2_loop),
-another activation (GELU-tanh: gemma4, diffusion_gemma), transposed weights (aria, ergo), biases (gpt_oss,
-openai_privacy_filter), no gate (nemotron_h), a post-expert norm (muse_spark). Every family's
+MiniMax-M3-VL since its gpt-oss activation runs as ``swiglu_alpha``, Aria since its transposed
+weights run as their ``mT`` (all nine fell back before). 10 keep their implementation with a warning
+and the same results: custom gating (beam, inkling2, inkling2_loop), another activation (GELU-tanh:
+gemma4, diffusion_gemma), biases (gpt_oss, openai_privacy_filter), no gate (nemotron_h, ergo), a
+post-expert norm (muse_spark). Every family's
 'eager' experts equal its default 'grouped_mm' within 1e-5. Per-family overrides: 16 configs
 (FAMILY below); MLA families run with as many kv heads as heads. Not exercised: Ernie4.5-VL's
 vision experts (text-only ids); Qwen3-Omni's talker is fed inputs_embeds (its forward's input_ids

@@ -54,6 +54,23 @@ def test_swiglu_limit_full_size_against_float64(shape, alpha):
     assert_matches(got, ref, oracle(inp, limit, alpha), seed, same_rounding(inp, limit, alpha))
 
 
+@pytest.mark.parametrize("shape", ["qwen3_30b_a3b_T8192", "qwen3_235b_a22b_E64_T2048"])
+def test_transposed_weights_full_size_against_float64(shape):
+    """Aria's layout (gate_up_proj stored [E, H, 2I], down_proj [E, I, H], passed as their ``mT``):
+    the up and dSwiGLU GEMMs on the strided weights (tl kernels), the down projection, grad_x and
+    the weight gradients on that memory in its own order; every output and gradient against
+    float64, the weight gradients in the weights' strides."""
+    T, H, I, E, k = SHAPES[shape]
+    seed = fresh_seed()
+    inp = make_moe(seed, T, H, I, E, k, device="cuda")
+    inp.gate_up_proj = inp.gate_up_proj.mT.contiguous().mT
+    inp.down_proj = inp.down_proj.mT.contiguous().mT
+    got = run(inp, "triton")
+    assert got[3].stride() == inp.gate_up_proj.stride() and got[4].stride() == inp.down_proj.stride()
+    ref = run(inp, "reference")
+    assert_matches(got, ref, oracle(inp), seed, same_rounding(inp))
+
+
 @pytest.mark.parametrize("kind", ["balanced", "skewed"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_full_size_against_float64(shape, kind):

@@ -123,6 +123,29 @@ def test_non_contiguous_inputs(device):
     check_impl(inp, "triton", seed)
 
 
+def test_transposed_expert_weights(device, monkeypatch):
+    """Aria's layout: gate_up_proj stored [E, H, 2I] and down_proj [E, I, H], passed as their
+    ``mT``. Every output and gradient against the oracle, the weight gradients in the weights' own
+    strides, and the down projection, grad_x and the weight gradients given that memory in its own
+    order (B's other form; the transposed product written contiguous), no strided expert weight."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 13, 64, 96, 4, 2, device=device)
+    inp.gate_up_proj = inp.gate_up_proj.mT.contiguous().mT
+    inp.down_proj = inp.down_proj.mT.contiguous().mT
+    strided = []
+    launch = kmoe._launch
+
+    def spy(kernel, grid, num_warps, num_stages, *args, **meta):
+        if kernel in (kmoe.moe_down_kernel, kmoe.moe_wgrad_kernel):
+            strided.append(any(isinstance(a, torch.Tensor) and a.dim() == 3 and not a.is_contiguous() for a in args))
+        return launch(kernel, grid, num_warps, num_stages, *args, **meta)
+
+    monkeypatch.setattr(kmoe, "_launch", spy)
+    got, _ = check_impl(inp, "triton", seed)
+    assert got[3].stride() == inp.gate_up_proj.stride() and got[4].stride() == inp.down_proj.stride()
+    assert len(strided) >= 2 and not any(strided), strided  # the down projection and grad_x at least
+
+
 # --------------------------------------------------------------------------- the kernel functions directly
 
 #: Each kernel's output arguments, passed as NaN (integers: their lowest value) before the launch.

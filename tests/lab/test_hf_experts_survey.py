@@ -1,6 +1,6 @@
 """lab/probes/hf_experts_survey.py over every transformers MoE family it can build tiny (CPU, float32,
 ``apply(impl="reference")`` against the unpatched model): none wrong or failing, the "swiglu"
-experts taken by most (DeepSeek-V4's clamped gate among them), and a 0.1% error planted in the op turns a family WRONG (exit status 1)."""
+experts taken by most (DeepSeek-V4's clamped gate and Aria's transposed weights among them), and a 0.1% error planted in the op turns a family WRONG (exit status 1)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("transformers", minversion="5.3")
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ROOT / "lab" / "probes" / "hf_experts_survey.py"
-#: Families of transformers 5.25 that run the op (62 text models); fewer means apply lost some.
+#: Families of transformers 5.25 that run the op (63 text models); fewer means apply lost some.
 AT_LEAST = 55
 
 
@@ -39,7 +39,7 @@ def test_no_family_is_wrong_and_most_run_the_op(tmp_path):
     verdicts = _verdicts(table)
     assert not {f: v for f, v in verdicts.items() if v in ("WRONG", "ERROR")}, table
     ours = [f for f, v in verdicts.items() if v == "swiglu"]
-    assert len(ours) >= AT_LEAST and {"qwen3_moe", "mixtral", "deepseek_v3", "lfm2_moe", "deepseek_v4"} <= set(ours), table
+    assert len(ours) >= AT_LEAST and {"qwen3_moe", "mixtral", "deepseek_v3", "lfm2_moe", "deepseek_v4", "aria"} <= set(ours), table
 
 
 def test_a_planted_error_is_wrong(tmp_path):

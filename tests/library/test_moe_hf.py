@@ -2,7 +2,8 @@
 mixture-of-experts models (CPU, configs built in code: no downloads).
 
 Qwen3-MoE, Qwen2-MoE (a dense shared expert), Mixtral, OLMoE, DeepSeek-V3 (a dense first layer
-and a shared expert) and LFM2-MoE (a dense first layer, ``act_fn = F.silu``): after ``apply(model, impl="reference")`` in float32 the logits, the loss and
+and a shared expert), LFM2-MoE (a dense first layer, ``act_fn = F.silu``) and Aria (transposed
+expert weights, [E, H, 2I] and [E, I, H]): after ``apply(model, impl="reference")`` in float32 the logits, the loss and
 every parameter's gradient equal the unpatched model's (transformers' default "grouped_mm") within
 F32_TOL relative (a 0.1% error planted in the op fails it); in bf16 with ``impl="triton"`` (the
 Triton kernels under TRITON_INTERPRET=1) their error against a float64 copy of the model is at most
@@ -115,6 +116,18 @@ FAMILIES = {
             layer_types=["conv", "full_attention"],
         ),
         ["model.layers.1.feed_forward.experts"],
+    ),
+    # transposed expert weights (gate_up_proj [E, H, 2I], down_proj [E, I, H]): the op takes their mT
+    "aria": (
+        "AriaTextConfig",
+        "AriaTextForCausalLM",
+        dict(intermediate_size=32, moe_num_experts=8, moe_topk=2, moe_num_shared_experts=1),
+        [
+            "model.layers.0.mlp.experts",
+            "model.layers.0.mlp.shared_experts",
+            "model.layers.1.mlp.experts",
+            "model.layers.1.mlp.shared_experts",
+        ],
     ),
 }
 GPT_OSS = (
@@ -263,7 +276,11 @@ def test_bf16_triton_within_bound_of_the_float64_model(family, moe_calls):
             return (out.detach(), *torch.autograd.grad(out, (xs, ws, module.gate_up_proj, module.down_proj), grad_out))
 
         got, ref = run(swiglu_hf.swiglu_experts_forward), run(moe_integration.grouped_mm_experts_forward)
-        exact = moe_float64(x, idx, w, module.gate_up_proj, module.down_proj, grad_out)
+        if module.is_transposed:  # the oracle on the op's layout, its weight gradients back in the module's
+            *exact, g_gu, g_dp = moe_float64(x, idx, w, module.gate_up_proj.mT, module.down_proj.mT, grad_out)
+            exact = (*exact, g_gu.mT, g_dp.mT)
+        else:
+            exact = moe_float64(x, idx, w, module.gate_up_proj, module.down_proj, grad_out)
         names = ("out", "grad_x", "grad_top_k_weights", "grad_gate_up_proj", "grad_down_proj")
         errs = {n: (relative_error(a, o), relative_error(b, o)) for n, a, b, o in zip(names, got, ref, exact)}
         bad = {n: e for n, e in errs.items() if not e[0] <= MODULE_FACTOR * e[1] + MODULE_FLOOR}
@@ -516,8 +533,7 @@ def test_gpt_oss_falls_back_with_a_warning(moe_calls):
     assert ours.config._experts_implementation == "grouped_mm"
     experts = copy.deepcopy(ours.model.layers[0].mlp.experts)  # each reason in turn, on a copy
     for attr, value, match in [
-        ("has_bias", False, "transposed"),
-        ("is_transposed", False, "interleaved"),
+        ("has_bias", False, "interleaved"),
         ("is_concatenated", True, "custom gating"),
     ]:
         setattr(experts, attr, value)
@@ -530,7 +546,7 @@ def test_gpt_oss_falls_back_with_a_warning(moe_calls):
 @pytest.mark.parametrize(
     "change, match",
     [
-        (lambda m: setattr(m, "is_transposed", True), "transposed expert weights"),
+        (lambda m: setattr(m, "is_transposed", True), r"are not \[E, H, 2I\] and \[E, I, H\] \(transposed\)"),
         (lambda m: setattr(m, "is_concatenated", False), "interleaved gate/up"),
         (lambda m: setattr(m, "has_gate", False), "no gate"),
         (lambda m: setattr(m, "has_post_expert_norm", True), "a norm after each expert"),

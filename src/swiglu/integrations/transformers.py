@@ -452,19 +452,17 @@ def _other_experts_interface(module: nn.Module) -> str | None:
 
 def experts_unsupported_reason(module: nn.Module) -> str | None:
     """Why ``swiglu.swiglu_moe`` cannot compute this experts module (None when it can): expert
-    biases, transposed or interleaved gate/up weights, no gate, a post-expert norm, an
+    biases, interleaved gate/up weights, no gate, a post-expert norm, an
     ``_apply_gate`` other than transformers' default ``silu(gate) * up`` or the clamped and alpha
     forms ``clamped_gate`` knows (with a positive finite limit and alpha; a clamp after the
     activation only without a limit), an activation other than SiLU, or weights that
-    are not plain floating [E, 2I, H] / [E, H, I] tensors. What does not
+    are not plain floating [E, 2I, H] / [E, H, I] tensors (transposed: [E, H, 2I] / [E, I, H]). What does not
     change between calls; ``swiglu_experts_forward`` checks the rest (routing shape, dtypes,
     expert parallelism) at every call."""
     from transformers.integrations.moe import _default_apply_gate
 
     if getattr(module, "has_bias", False):
         return "expert biases (gate_up_proj_bias, down_proj_bias); the op has none"
-    if getattr(module, "is_transposed", False):
-        return "transposed expert weights (gate_up_proj [E, H, 2I]); the op takes gate_up_proj [E, 2I, H]"
     if not getattr(module, "is_concatenated", True):
         return "interleaved gate/up rows (gate0, up0, gate1, ...); the op takes the gate rows, then the up rows"
     if not getattr(module, "has_gate", True):
@@ -492,13 +490,22 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
             return f"{name} has dtype {w.dtype} (quantized?); the op takes {', '.join(map(str, FLOAT_DTYPES))}"
         weights[name] = w
     gate_up, down = weights["gate_up_proj"], weights["down_proj"]
+    layout = "[E, H, 2I] and [E, I, H] (transposed)" if _transposed(module) else "[E, 2I, H] and [E, H, I]"
+    if _transposed(module) and gate_up.dim() == down.dim() == 3:
+        gate_up, down = gate_up.mT, down.mT
     if (
         gate_up.dim() != 3
         or gate_up.shape[1] % 2
         or tuple(down.shape) != (gate_up.shape[0], gate_up.shape[2], gate_up.shape[1] // 2)
     ):
-        return f"gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not [E, 2I, H] and [E, H, I]"
+        return f"gate_up_proj {tuple(weights['gate_up_proj'].shape)} and down_proj {tuple(weights['down_proj'].shape)} are not {layout}"
     return None
+
+
+def _transposed(module: nn.Module) -> bool:
+    """transformers' ``is_transposed`` layout (Aria): gate_up_proj [E, H, 2I], down_proj [E, I, H],
+    which the op takes as their ``mT`` views (the kernels read that memory in its own order)."""
+    return bool(module.__dict__.get("is_transposed", False))
 
 
 def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, down) -> str | None:
@@ -556,7 +563,8 @@ def swiglu_experts_forward(
 ) -> torch.Tensor:
     """The experts forward registered as ``"swiglu"`` in transformers' ``ExpertsInterface``:
     ``swiglu.swiglu_moe(hidden_states, top_k_index, top_k_weights, self.gate_up_proj,
-    self.down_proj, impl=...)``, [T, H] out (``swiglu_limit`` the module's where its gate clamps).
+    self.down_proj, impl=...)`` (their ``mT`` where ``is_transposed``), [T, H] out (``swiglu_limit``
+    the module's where its gate clamps).
 
     ``impl`` is the module's (``apply(model, impl=...)``; ``register_experts(impl=...)`` for modules
     that run "swiglu" without ``apply``). Whether the op can compute the module is decided at its
@@ -581,6 +589,8 @@ def swiglu_experts_forward(
         if reason is None and clamped is not None:
             reason, limit, alpha = _gate_values(self, clamped)
         if reason is None:
+            if _transposed(self):
+                gate_up, down = gate_up.mT, down.mT
             reuse = self.__dict__.get("swiglu_reuse_saved_buffers", False)
             return _swiglu_moe(
                 hidden_states,

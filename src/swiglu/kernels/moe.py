@@ -848,10 +848,19 @@ def launch_up(
     )
 
 
+def _stored_transposed(t: torch.Tensor) -> bool:
+    """Whether ``t`` [E, rows, cols] is the ``mT`` of a contiguous tensor: a transposed model's
+    expert weight (Aria's [E, H, 2I] gate_up_proj seen as the op's [E, 2I, H]) or its gradient."""
+    return t.dim() == 3 and not t.is_contiguous() and t.mT.is_contiguous()
+
+
 def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
     """y[pair] [S, N] = a[row] @ w[e].T (* routing weight; ``transposed``: the forward's down
     projection) or a[row] @ w[e] (grad_x's pieces)."""
     N, K = y.shape[1], a.shape[1]
+    scale = transposed  # the forward's down projection applies the routing weight
+    if _stored_transposed(w):  # the same product read through the other form of B: contiguous rows (TMA)
+        w, transposed = w.mT, not transposed
     a_desc = _tma(a, [tile.BM, tile.BK], tile.TMA_A)
     # B by TMA only where no K step straddles an expert's rows (a straddling box would read the
     # next expert's rows, zeros times them NaN where they are).
@@ -872,7 +881,7 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
         r.E,
         strides=(a.stride(0), *w.stride()),
         B_TRANS=transposed,
-        SCALE=transposed,
+        SCALE=scale,
         A_TMA=a_desc is not None,
         B_TMA=w_desc is not None,
     )
@@ -947,7 +956,10 @@ def launch_wgrad(c, a, b, r: Routing, tile: Tile):
     either may be ``TokenRows``). ``tile.GLUON``: the ping-pong Gluon kernel, which gathers a
     ``TokenRows`` operand's rows itself at up to ``GATHER_MAX_ROWS`` rows per expert on average;
     otherwise such an operand is copied here and ``moe_wgrad_kernel`` runs, each operand through TMA
-    where ``tile.TMA_A`` / ``TMA_B`` and its memory allow."""
+    where ``tile.TMA_A`` / ``TMA_B`` and its memory allow. A transposed model's c (``_stored_transposed``)
+    is written as c[e]^T = b_e^T @ a_e, in its memory's order."""
+    if _stored_transposed(c):
+        return launch_wgrad(c.mT, b, a, r, tile)
     g = _gluon().wgrad if tile.GLUON else None
     if g and r.S <= g.GATHER_MAX_ROWS * r.E and g.supports_gather(c, a, b):
         return g.launch_moe_wgrad_gather(c, a, b, r)
