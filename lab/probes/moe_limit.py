@@ -10,7 +10,9 @@ plan with limit 1.0 (gate and up ~N(0, 1) here: about a quarter of the values cl
 plan with limit 1.0 whose up and dSwiGLU tiles say tl (what a limited call ran before the Gluon
 kernels had the clamp); then checks that the last two agree (bitwise but the routing-weight gradient,
 whose partial sums add in another order: within 1e-5 of its largest value).
-``--alpha=A``: the limited variants also take ``swiglu_alpha`` A (MiniMax-M3's form; not yet run).
+``--alpha=A``: the limited variants also take ``swiglu_alpha`` A (MiniMax-M3's form; with 1.702 on an
+H100, data/tuning/moe_alpha_transposed_h100_20261205/: 1.025x / 0.989x the plain op at Qwen3-235B-A22B
+/ DeepSeek-V3, the tl kernels 1.047x / 1.017x slower than the Gluon ones, bitwise but the routing-weight gradient).
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_limit.py [--rep=MS] [--alpha=A] [shape ...]
 (moe_probe.SHAPES names; default all)
 """
