@@ -305,7 +305,7 @@ def swiglu_moe(
         top_k_index: [..., k] (x's leading dims, or [T, k]) int32/int64 expert ids in [0, E), a
             repeated id counting once per occurrence.
         top_k_weights: [..., k] routing weights, any floating dtype (its gradient's dtype).
-        gate_up_proj: [E, 2I, H], gate rows first, then up rows (transformers' layout).
+        gate_up_proj: [E, 2I, H], gate rows first, then up rows (transformers' layout; any strides, e.g. an ``mT``).
         down_proj: [E, H, I]; x's dtype (under ``torch.autocast`` the three are cast to its dtype).
         impl: ``"auto"`` (Triton for bf16 tensors on an sm_90 GPU, else the reference), ``"reference"``, ``"triton"``.
         reuse_saved_buffers: the eager Triton backward frees the saved gate/up after their reader (lower peak).
