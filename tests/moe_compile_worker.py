@@ -101,9 +101,11 @@ def main() -> None:
             if fn is M.moe_down_kernel:
                 box = (t.BN, t.BK) if extra["B_TRANS"] else (t.BK, t.BN)
                 variants = [
-                    dict(A_TMA=False, B_TMA=False),
-                    dict(A_TMA=True, B_TMA=True, descriptors={"a_ptr": (t.BM, t.BK), "w_ptr": box}),
+                    dict(A_TMA=False, B_TMA=False, HALF=False),
+                    dict(A_TMA=True, B_TMA=True, HALF=False, descriptors={"a_ptr": (t.BM, t.BK), "w_ptr": box}),
                 ]
+                # Half tiles (an expert's last BM / 2 rows by pointer loads) beside the full ones.
+                variants.append(dict(variants[1], HALF=True))
             if fn is M.moe_wgrad_kernel:
                 # Both operands through TMA (the launcher's choice at these sizes), and pointer loads.
                 boxes = {"a_ptr": (t.BK, t.BM), "b_ptr": (t.BK, t.BN)}

@@ -436,6 +436,32 @@ def test_tile_order_gives_the_same_bits(device, guard_kernels, sizes):
     assert_matches(got[0], run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
 
 
+def test_half_tiles_give_the_same_bits(device, guard_kernels):
+    """The down projections' half tiles (``Tile.HALF``: an expert's last tile of <= BM / 2 rows run
+    as a BM / 2 tile): expert counts with last tiles of exactly BM / 2 rows, one row more, a second
+    tile of BM / 2 and of one row, and an expert without rows; bitwise the full tiles' outputs and
+    gradients, every kernel output NaN before its launch (a row left out stays NaN) and guarded
+    against stores outside it."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.tensor([16, 17, 48, 33, 0])  # BM 32 below
+    T, H, I, E = int(counts.sum()), 32, 48, len(counts)
+    inp = make_moe(seed, T, H, I, E, 1, device=device)
+    idx = torch.repeat_interleave(torch.arange(E), counts)[torch.randperm(T, generator=gen)][:, None]
+    inp = dataclasses.replace(inp, top_k_index=idx.to(device))
+    x, idx, w, gu, dp, go = inp.flat()
+    base = kmoe.moe_plan(T, E, H, I)
+    got = []
+    for half in (False, True):
+        t = kmoe.Tile(BN=16, BK=16, num_warps=4, num_stages=1, BM=32, TMA_A=not half, HALF=half)
+        plan = dataclasses.replace(base, down=t, grad_x=dataclasses.replace(t, TMA_A=half))
+        out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp, plan=plan)
+        got.append((out, *kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan=plan, routing=routing)))
+    for name, a, b in zip(NAMES, *got):
+        assert torch.isfinite(b).all() and torch.equal(a, b), f"seed={seed}: {name}"
+    assert_matches(got[1], run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
+
+
 # --------------------------------------------------------------------------- the checker catches planted bugs
 
 

@@ -39,7 +39,9 @@ def test_no_family_is_wrong_and_most_run_the_op(tmp_path):
     verdicts = _verdicts(table)
     assert not {f: v for f, v in verdicts.items() if v in ("WRONG", "ERROR")}, table
     ours = [f for f, v in verdicts.items() if v == "swiglu"]
-    assert len(ours) >= AT_LEAST and {"qwen3_moe", "mixtral", "deepseek_v3", "lfm2_moe", "deepseek_v4", "aria"} <= set(ours), table
+    assert len(ours) >= AT_LEAST and {"qwen3_moe", "mixtral", "deepseek_v3", "lfm2_moe", "deepseek_v4", "aria"} <= set(ours), (
+        table
+    )
 
 
 def test_a_planted_error_is_wrong(tmp_path):

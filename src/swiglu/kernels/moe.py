@@ -281,6 +281,7 @@ def _pairs_tile(
 @triton.jit
 def moe_down_kernel(
     a_ptr,
+    a_rows_ptr,
     w_ptr,
     order_ptr,
     expert_start_ptr,
@@ -304,21 +305,35 @@ def moe_down_kernel(
     A_TMA: tl.constexpr,
     B_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
+    HALF: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y[pair] = a[row] @ B_e (* routing weight) for the sorted rows of one tile, written to the
-    pair's row of y [S, N]. a: [S, K] sorted order, rows of stride_am. B_e = w[e].T ([N, K]
-    stored, B_TRANS) or w[e] ([K, N] stored). A_TMA: a_ptr is a TMA descriptor of a with [BM, BK]
-    boxes (rows past the expert's feed only masked rows); B_TMA: w_ptr is one of w as [E * rows,
-    cols] with [BN, BK] boxes (B_TRANS; past an expert's rows: masked columns) or [BK, BN] (the
-    launcher checks K % BK == 0: a box never reaches the next expert's rows)."""
+    pair's row of y [S, N]. a: [S, K] sorted order, rows of stride_am (a_rows_ptr: a itself).
+    B_e = w[e].T ([N, K] stored, B_TRANS) or w[e] ([K, N] stored). A_TMA: a_ptr is a TMA
+    descriptor of a with [BM, BK] boxes (rows past the expert's feed only masked rows); B_TMA:
+    w_ptr is one of w as [E * rows, cols] with [BN, BK] boxes (B_TRANS; past an expert's rows:
+    masked columns) or [BK, BN] (the launcher checks K % BK == 0: a box never reaches the next
+    expert's rows). HALF: a tile with at most BM / 2 rows (an expert's last) runs as a BM / 2 tile,
+    A by pointer loads, so the MMAs skip the empty half."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, N, num_n, BM, BN, E_PAD, GROUP_M)
+    # fmt: off
     if e < E:
-        # fmt: off
-        _pairs_tile(a_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, stride_am, stride_we, stride_w0, stride_w1, e, row0,
-                    rows, row_ok, cols, col_ok, pid_n, B_TRANS, SCALE, BM, BN, BK, A_TMA, B_TMA, UPCAST)
-        # fmt: on
+        if HALF:
+            n_rows = tl.sum(row_ok.to(tl.int32), axis=0)
+            if n_rows <= BM // 2:
+                rows_h = row0 + tl.arange(0, BM // 2)
+                _pairs_tile(a_rows_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, stride_am, stride_we, stride_w0, stride_w1,
+                            e, row0, rows_h, rows_h < row0 + n_rows, cols, col_ok, pid_n, B_TRANS, SCALE, BM // 2, BN, BK,
+                            False, B_TMA, UPCAST)
+            else:
+                _pairs_tile(a_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, stride_am, stride_we, stride_w0, stride_w1, e,
+                            row0, rows, row_ok, cols, col_ok, pid_n, B_TRANS, SCALE, BM, BN, BK, A_TMA, B_TMA, UPCAST)
+        else:
+            _pairs_tile(a_ptr, w_ptr, order_ptr, rw_ptr, y_ptr, N, K, stride_am, stride_we, stride_w0, stride_w1, e, row0,
+                        rows, row_ok, cols, col_ok, pid_n, B_TRANS, SCALE, BM, BN, BK, A_TMA, B_TMA, UPCAST)
+    # fmt: on
 
 
 @triton.jit
@@ -617,6 +632,7 @@ class Tile:
     TMA_B: bool = True  # grouped kernels: the expert weights through TMA where the memory allows it
     GROUP_M: int = 1  # tile order: M fastest in bands of this many M tiles (1: N fastest; ``_tile_mn``)
     GLUON: bool = False  # the up, dSwiGLU and weight-gradient GEMMs: the Gluon kernel where it takes the operands
+    HALF: bool = False  # down projections: an expert's last tile of <= BM / 2 rows as a BM / 2 tile
 
 
 @dataclass(frozen=True)
@@ -666,7 +682,8 @@ def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
         bm = p(max(1, S // max(E, 1)), 32)
         t = Tile(BN=p(max(H, I), 64), BK=p(min(H, I), 64), num_warps=4, num_stages=1, BM=bm)
         w = Tile(BN=t.BN, BK=32, num_warps=4, num_stages=1, BM=p(max(H, I), 64))
-        return MoEPlan(up=t, down=t, dswiglu=Tile(t.BN, t.BK, 4, 1, 16), grad_x=t, wgrad_gu=w, wgrad_dp=w)
+        d = replace(t, HALF=bm >= 32)
+        return MoEPlan(up=t, down=d, dswiglu=Tile(t.BN, t.BK, 4, 1, 16), grad_x=d, wgrad_gu=w, wgrad_dp=w)
     bm = 64 if S < 128 * E else 128
     large = I >= 8192
     g = 8 if large else 1  # bands of M tiles where B's N tiles of one expert overflow the L2
@@ -679,9 +696,9 @@ def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
     share = wide and S * H + 2 * S * I <= E * H * I
     return MoEPlan(
         up=Tile(128, 64, 8, 4 if large else 3, bm, GROUP_M=g, GLUON=gluon),
-        down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm, GROUP_M=g),
+        down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm, GROUP_M=g, HALF=True),
         dswiglu=Tile(128, 64, 8, 4 if large or I <= 1024 else 3, bm if large else 64, EPI_SPLIT=2, GROUP_M=g, GLUON=wide),
-        grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False, GROUP_M=g),
+        grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False, GROUP_M=g, HALF=True),
         wgrad_gu=Tile(128, 64, 8, 3, 128, GLUON=gluon),
         wgrad_dp=Tile(128, 64, 8, 3, 128, GROUP_M=2 * g, GLUON=gluon),
         share_grad_out_copy=share,
@@ -871,6 +888,7 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
         N,
         tile,
         a_desc or a,
+        a,
         w_desc or w,
         r.order,
         r.expert_start,
@@ -884,6 +902,7 @@ def launch_pairs(a, w, r: Routing, weights, y, tile: Tile, transposed: bool):
         SCALE=scale,
         A_TMA=a_desc is not None,
         B_TMA=w_desc is not None,
+        HALF=tile.HALF,
     )
 
 
