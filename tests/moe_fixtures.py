@@ -1,9 +1,11 @@
 """A real (not synthetic) MoE bench run for the tests: scripts/moe_bench_gpu.py on the CPU at the
-tiny shape, ours under the Triton interpreter (~10 s on two cores)."""
+tiny shape, ours under the Triton interpreter (~40 s on a busy 2-core CPU), made once per test
+session and copied to each test that reads it (``tiny_run_copy``)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +53,24 @@ def run_tiny(out: Path, *extra: str) -> subprocess.CompletedProcess:
         "MPLBACKEND": "Agg",
     }
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def tiny_run_copy(tmp_path_factory, dest: Path) -> str:
+    """A copy at ``dest`` of the session's one ``run_tiny`` run (made by the first test that asks,
+    under a file lock that the pytest-xdist workers share: their base temp dirs' parent); returns
+    the run's stdout."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    shared = root / "moe_tiny_run"
+    with FileLock(f"{shared}.lock"):
+        if not (shared / "complete").is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            done = run_tiny(shared / "run")
+            assert done.returncode == 0, done.stderr[-3000:]
+            (shared / "stdout.txt").write_text(done.stdout)
+            (shared / "complete").write_text("")
+    shutil.copytree(shared / "run", dest)
+    return (shared / "stdout.txt").read_text()

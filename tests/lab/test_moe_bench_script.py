@@ -16,13 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import moe_bench_gpu  # noqa: E402
-from moe_fixtures import run_tiny  # noqa: E402
+from moe_fixtures import tiny_run_copy  # noqa: E402
 
 
-def test_the_tiny_cpu_run_writes_every_row_and_column(tmp_path):
-    done = run_tiny(tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = pd.read_csv(tmp_path / "moe_bench.csv")
+def test_the_tiny_cpu_run_writes_every_row_and_column(tmp_path_factory, tmp_path):
+    stdout = tiny_run_copy(tmp_path_factory, tmp_path / "run")
+    rows = pd.read_csv(tmp_path / "run" / "moe_bench.csv")
     assert list(rows.columns) == moe_bench_gpu.FIELDS
     assert len(rows) == 2 * 2 * len(moe_bench_gpu.IMPLS) * 3  # tokens x routings x impls x modes
     ran = rows[rows["status"] == "ok"]
@@ -39,14 +38,14 @@ def test_the_tiny_cpu_run_writes_every_row_and_column(tmp_path):
     assert (oom[oom["impl"] != "liger"]["oom"]).all() and (oom[oom["impl"] != "liger"]["status"] == "oom").all()
     if "liger" in set(rows["impl"]) and not (rows["impl"].eq("liger") & rows["status"].eq("ok")).any():
         assert rows[rows["impl"] == "liger"]["error"].str.contains("liger").all()  # skipped, with the reason
-    checks = pd.read_csv(tmp_path / "moe_check.csv")
+    checks = pd.read_csv(tmp_path / "run" / "moe_check.csv")
     assert list(checks.columns) == moe_bench_gpu.CHECK_FIELDS
     assert set(checks["impl"]) == {"triton", "grouped_mm", "eager"} and (checks["status"] == "ok").all()
     assert set(checks["output"]) == set(moe_bench_gpu.OUTPUTS) and (checks["ratio_vs_eager"] < 2).all()
-    meta = json.loads((tmp_path / "moe_bench.json").read_text())
+    meta = json.loads((tmp_path / "run" / "moe_bench.json").read_text())
     assert meta["complete"] and meta["git_commit"] == "abc1234" and meta["ours_impl"] == "triton"
     assert meta["run_id"].endswith("-abc1234") and meta["shapes"] == {"tiny": {"H": 64, "I": 96, "E": 8, "k": 2}}
-    assert "| tiny | 16 | balanced | triton |" in done.stdout
+    assert "| tiny | 16 | balanced | triton |" in stdout
 
 
 def test_routing_skews_a_third_of_the_tokens_to_expert_zero():
