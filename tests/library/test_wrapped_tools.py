@@ -153,7 +153,7 @@ def test_backward_gradients_are_differentiable_by_the_reference_formula(request,
     if impl == "reference":
         t = _saved(request, torch.float64, requires_grad=True)
         f = lambda *a: swiglu.swiglu_mlp_backward(*a, impl="reference")  # noqa: E731
-        assert torch.autograd.gradcheck(f, t)
+        assert torch.autograd.gradcheck(f, t, fast_mode=True)  # a random projection of the Jacobian
         return
     t = _saved(request, torch.bfloat16, requires_grad=True, device=device)
     leaves = [t[i] for i in (1, 5, 6, 7)]
