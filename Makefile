@@ -55,8 +55,9 @@ LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 # Saving from the Lab writes the committed form of a notebook (no outputs, no volatile metadata).
 LAB_SAVE_HOOK := swiglu_lab.research.notebook_save.strip_for_git
 TP ?= 2
-# pytest workers of make test and test-fast (pytest-xdist): 2 for the 2-core CI machine, where the
-# suite took 20 min in one process on an AVX2-only CPU and 15 with two (10-11 min serial with AMX).
+# pytest workers of make test and test-fast (pytest-xdist, work stealing: an idle worker takes the
+# tests still queued on the other): 2 for the 2-core CI machine, where the suite took 20 min in one
+# process on an AVX2-only CPU and 15 with two (10-11 min serial with AMX).
 PYTEST_WORKERS ?= 2
 
 .PHONY: help venv test test-fast test-gpu reproduce lab bench bench-tp clean FORCE
@@ -86,11 +87,11 @@ $(GPU_TRITON_DIR)/.installed: | $(STAMP)
 
 test: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## lint (ruff) and run the test suite (CPU; GPU tests skip without a GPU)
 	$(PY) -m ruff check .
-	SWIGLU_EXTRA_TRITON_DIR=$(GPU_TRITON_DIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS)
+	SWIGLU_EXTRA_TRITON_DIR=$(GPU_TRITON_DIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 test-fast: $(STAMP)  ## the developer's lane: lint and the tests not marked slow (about 3 minutes on 2 cores)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -m "not slow"
 
 test-gpu: $(STAMP)  ## run only the full-size GPU tests (fails without a CUDA GPU)
 	@$(PY) -c 'import torch; raise SystemExit(0 if torch.cuda.is_available() else 1)' || \
