@@ -8,7 +8,13 @@ MMA work is on masked rows. The probe prints the share of half tiles, times the 
 down-projection-shaped GEMMs alone (``launch_pairs``) and one forward + backward of the kernels
 (``moe_forward`` + ``moe_backward``) with HALF off and on (do_bench, L2 flushed, the faster of two
 medians timed A B then B A), and compares their outputs and gradients bitwise.
-Answer: not yet run.
+Answer (an H100, data/tuning/moe_half_tiles_h100_20261206/): bitwise everywhere; 10.5% of the M
+tiles are half tiles at Qwen3-30B-A3B and Qwen3-235B-A22B, 20% at DeepSeek-V3, 3% at Mixtral. The
+forward's down projection gains 1.6% (0.492 -> 0.484 ms), 7% (1.738 -> 1.620) and 3.3% (4.90 ->
+4.74), Mixtral's loses 2% (2.73 -> 2.79); grad_x 0.3-2% (Mixtral 6.18 -> 5.70, within its runs'
+spread); the whole forward + backward within the runs' spread (1.004x, 0.949x, 1.006x, 1.000x): the
+down-projection-shaped kernels are not bound by their MMAs' rows alone (a tile's fill and its
+scattered stores stay).
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_half_tiles.py [--rep=MS] [shape ...] (moe_probe.SHAPES)
 """
 

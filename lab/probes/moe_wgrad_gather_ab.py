@@ -5,7 +5,10 @@ whole backward at each shape, 8192 tokens?
 The backward (``swiglu.kernels.moe.moe_backward``, balanced routing, do_bench with L2 flushed, the
 faster of two medians timed A B then B A) with the library's threshold and with
 ``GATHER_MAX_ROWS = 0`` (every weight gradient copy-fed); the gradients compared bitwise.
-Answer: not yet run.
+Answer (an H100, data/tuning/moe_half_tiles_h100_20261206/moe_wgrad_gather_ab.log): the library's
+threshold is the faster at all three shapes, bitwise the copy-fed form: the backward 3.125 against
+3.299 ms at Qwen3-30B-A3B (copy-fed 1.056x), 10.44 against 10.56 at Qwen3-235B-A22B (1.012x), 29.11
+against 29.27 at DeepSeek-V3 (1.005x).
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_wgrad_gather_ab.py [--rep=MS] [shape ...]
 """
 
