@@ -675,8 +675,10 @@ def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
     projection everywhere (1.08-1.21x the tl kernel's time with its x copy); dSwiGLU at hidden_size
     >= 4096 (1.07-1.24x; at Qwen3-30B-A3B's 2048 the grad_out copy costs more than it saves); the
     ping-pong weight gradients everywhere (on an H100, data/tuning/moe_gluon_pingpong_gather_20261205.log:
-    at Qwen3-30B-A3B by gathering x's and grad_out's rows instead of copying them). Under the interpreter:
-    blocks no larger than the sizes (powers of two, >= 16), one stage."""
+    at Qwen3-30B-A3B by gathering x's and grad_out's rows instead of copying them). Half tiles in the
+    down projections (bitwise; the forward's down projection 1.6-7% faster at three of four shapes,
+    the whole op within noise: H100, data/tuning/moe_half_tiles_h100_20261206/). Under the
+    interpreter: blocks no larger than the sizes (powers of two, >= 16), one stage; half tiles from 32 rows."""
     if INTERPRET:
         p = lambda n, cap: max(16, min(cap, _pow2(n)))  # noqa: E731
         bm = p(max(1, S // max(E, 1)), 32)
