@@ -7,7 +7,10 @@ One forward + backward of the kernels (``moe_forward`` + ``moe_backward``) at 81
 routing, per variant (do_bench, L2 flushed, the fastest of three medians in rotated orders), the
 outputs and gradients against the library plan's (bitwise, or the largest difference over the
 largest value), and the peak memory of one forward + backward.
-Answer: not yet run.
+Answer (the H200, data/tuning/moe_h200_20261206/moe_plan_30b.log): all three lose; the library plan's
+forward + backward 4.410 ms, the Gluon dSwiGLU 1.019x (within 1.0e-7 of the largest value: its
+routing-weight partial sums add in another order), with the copy shared 1.062x (+0.25 GiB peak),
+the Gluon grad_x 1.032x (bitwise).
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_plan_30b.py [--rep=MS] [--tokens=T]
 """
 
