@@ -436,12 +436,14 @@ def test_tile_order_gives_the_same_bits(device, guard_kernels, sizes):
     assert_matches(got[0], run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
 
 
-def test_half_tiles_give_the_same_bits(device, guard_kernels):
+@pytest.mark.parametrize("layout", ["own", "transposed"])
+def test_half_tiles_give_the_same_bits(device, guard_kernels, layout):
     """The down projections' half tiles (``Tile.HALF``: an expert's last tile of <= BM / 2 rows run
     as a BM / 2 tile): expert counts with last tiles of exactly BM / 2 rows, one row more, a second
     tile of BM / 2 and of one row, and an expert without rows; bitwise the full tiles' outputs and
     gradients, every kernel output NaN before its launch (a row left out stays NaN) and guarded
-    against stores outside it."""
+    against stores outside it; with the op's weight layout and with Aria's transposed one (B read
+    in its other form)."""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     counts = torch.tensor([16, 17, 48, 33, 0])  # BM 32 below
@@ -449,6 +451,10 @@ def test_half_tiles_give_the_same_bits(device, guard_kernels):
     inp = make_moe(seed, T, H, I, E, 1, device=device)
     idx = torch.repeat_interleave(torch.arange(E), counts)[torch.randperm(T, generator=gen)][:, None]
     inp = dataclasses.replace(inp, top_k_index=idx.to(device))
+    if layout == "transposed":
+        inp = dataclasses.replace(
+            inp, gate_up_proj=inp.gate_up_proj.mT.contiguous().mT, down_proj=inp.down_proj.mT.contiguous().mT
+        )
     x, idx, w, gu, dp, go = inp.flat()
     base = kmoe.moe_plan(T, E, H, I)
     got = []
