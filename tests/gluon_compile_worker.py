@@ -249,26 +249,32 @@ def compile_resident(cfg, pdl: int = 0) -> dict:
 
 def compile_moe_wgrad(cfg, gather: int = 0) -> dict:
     """The MoE weight-gradient kernel of ``cfg``: the library's ping-pong one at a ``pingpong`` cfg
-    (``gather``: its GATHER), else the lab's cooperative one. Pointers 16-byte aligned, M, N and the
-    row strides multiples of 16, as at the model shapes; reported as ``compile_one`` does, with its
-    global scratch (the device-side descriptors) and descriptor fences."""
-    constexprs = {"BK": cfg.BK, "GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "LOAD_REGS": cfg.load_regs}
+    (``gather``: its GATHER; its operands through host descriptors), else the lab's cooperative one
+    (descriptors made on the device). Pointers 16-byte aligned, M, N and the row strides multiples
+    of 16, as at the model shapes; reported as ``compile_one`` does, with its global scratch (the
+    device-side descriptors) and descriptor fences."""
+    constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "LOAD_REGS": cfg.load_regs}
     if cfg.pingpong:
         kernel = moe_gluon_wgrad_pingpong.moe_wgrad_pingpong_kernel
-        c_block = [cfg.BM, cfg.BN2]
-        constexprs.update({"BN": cfg.BN, "WG_STORE": cfg.wg_store, "MMA_REGS": cfg.mma_regs or cfg.maxnreg})
-        constexprs.update({"TOP_K": 8, "GATHER": gather})
+        constexprs.update({"WG_STORE": cfg.wg_store, "MMA_REGS": cfg.mma_regs or cfg.maxnreg, "TOP_K": 8, "GATHER": gather})
+        sig = {
+            "a_desc": desc([cfg.BK, cfg.BM]),
+            "b_desc": desc([cfg.BK, cfg.BN]),
+            "b2_desc": desc([cfg.BK, cfg.BN2]),
+            "start_ptr": "*i32",
+            "c_desc": desc([cfg.BM, cfg.BN2]),
+        }
+        sig.update({n: "i32" for n in ("E", "M", "N")})
+        sig.update({"src_ptr": "*bf16", "pair_order": "*i32", "stride_src": "i32"})
+        aligned_args = ("start_ptr", "M", "N", "src_ptr", "pair_order", "stride_src")
     else:
         kernel = moe_gluon_wgrad_cooperative.moe_wgrad_gluon_kernel
-        c_block = [cfg.BM, cfg.BN]
-        constexprs.update({"NC": cfg.NC, "STORE_REGS": cfg.store_regs})
-    sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "start_ptr": "*i32", "c_desc": desc(c_block)}
-    sig.update({n: "i32" for n in ("E", "M", "N", "stride_a", "stride_b")})
-    if cfg.pingpong:
-        sig.update({"src_ptr": "*bf16", "pair_order": "*i32", "stride_src": "i32"})
+        constexprs.update({"BK": cfg.BK, "NC": cfg.NC, "STORE_REGS": cfg.store_regs})
+        sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "start_ptr": "*i32", "c_desc": desc([cfg.BM, cfg.BN])}
+        sig.update({n: "i32" for n in ("E", "M", "N", "stride_a", "stride_b")})
+        aligned_args = ("a_ptr", "b_ptr", "start_ptr", "M", "N", "stride_a", "stride_b")
     sig.update({k: "constexpr" for k in constexprs})
-    aligned_args = ("a_ptr", "b_ptr", "start_ptr", "M", "N", "stride_a", "stride_b")
-    attrs = aligned(kernel, aligned_args + (("src_ptr", "pair_order", "stride_src") if cfg.pingpong else ()))
+    attrs = aligned(kernel, aligned_args)
     entry = {"config": cfg.__dict__, "kind": "moe_wgrad", "gather": gather}
     k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, cfg.num_warps, cfg.maxnreg)
     if failed:

@@ -55,14 +55,19 @@ def test_tile_table_lists_every_experts_m_tiles(counts):
 
 def _wgrad(r):
     assert r["wgmma"] > 0 and r["tma_load"] > 0 and r["tma_store"] > 0, r
-    # The loader's descriptors: two slots of two (a, b; three with the ping-pong tile's second
-    # column chunk), each 128 bytes, each with its fence; the gathering forms make only the TMA
-    # operand's (A: one, B: two) and copy the gathered one's [BK, 64] pieces by 16-byte cp.async
-    # (4 warps: 4 a piece per thread; A 2 pieces, B 3; two call sites), one arrival per site.
     gather = r["gather"]
-    n = (6, 4, 2)[gather] if r["config"]["pingpong"] else 4
-    assert r["global_scratch"] >= n * 128 and r["tensormap_fence"] >= n, r
-    assert r["cp_async"] == (0, 16, 24)[gather] and r["cp_async_arrive"] == (0, 2, 2)[gather], r
+    if r["config"]["pingpong"]:
+        # Host descriptors: no global scratch, no descriptor fence. The gathering forms copy the
+        # gathered operand's [BK, 64] pieces by 16-byte cp.async (4 warps: 4 a piece per thread;
+        # A 2 pieces, B 3), one arrival; TMA loads for the rest (as compiled by triton 3.6).
+        assert not r["global_scratch"] and r["tensormap_fence"] == 0, r
+        assert r["cp_async"] == (0, 8, 12)[gather] and r["cp_async_arrive"] == (0, 1, 1)[gather], r
+        assert r["tma_load"] == (5, 2, 1)[gather], r
+        return
+    # The lab's cooperative kernel: its loader's descriptors in two slots of two (a, b), each 128
+    # bytes, each with its fence.
+    assert r["global_scratch"] >= 4 * 128 and r["tensormap_fence"] >= 4, r
+    assert r["cp_async"] == 0 and r["cp_async_arrive"] == 0, r
 
 
 def _up(r):

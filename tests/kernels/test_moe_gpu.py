@@ -316,3 +316,54 @@ def test_a_second_gpu_while_the_first_is_current():
         got = run(inp, "triton") + tuple(dense())
         torch.cuda.synchronize(dev)
     assert all(a.device == dev and torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("form", ["copy", "gather_a", "gather_b"])
+def test_weight_gradients_stop_at_each_experts_last_row(form):
+    """The ping-pong weight gradients read all S rows through one descriptor per operand and cut
+    each expert's last K step to its rows: experts of 0, 1, 15, 16, 17, ..., 130 rows (every kind
+    of last step: none, inside a 16-row piece, on a piece's end, a whole step), each expert's first
+    row infinite in both operands. Bitwise the tl kernel (``SWIGLU_GLUON``'s fallback, whose loads
+    mask rows past the expert), inf and NaN where it has them; the lab's loader without the cut
+    (an expert's last box running into the next expert's rows) must fail the same comparison."""
+    from swiglu.kernels.devices import gluon_unavailable_reason
+    from swiglu_lab.experiments import moe_wgrad_hostdesc
+
+    if (why := gluon_unavailable_reason(torch.device("cuda"))) is not None:
+        pytest.skip(why)
+    counts = [0, 1, 15, 16, 17, 31, 32, 48, 63, 64, 65, 127, 128, 130, 0, 47]
+    E, M, N, k = len(counts), 256, 256, 2  # N: a 192-column tile and one past N's end
+    seed = fresh_seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    idx = torch.cat([torch.full((c,), e) for e, c in enumerate(counts)]).cuda()
+    idx = idx[torch.randperm(len(idx), device="cuda", generator=gen)].reshape(-1, k)  # S even: k = 2
+    r = kmoe.Routing(idx.contiguous(), E)
+    S, T = idx.numel(), idx.shape[0]
+    src = {n: torch.randn(T, w, device="cuda", generator=gen).bfloat16() for n, w in (("a", M), ("b", N))}
+    start = r.expert_start.tolist()
+    for e in range(1, E):  # each expert's first row's token: infinite in both sources
+        if start[e + 1] > start[e]:
+            for t in src.values():
+                t[r.order[start[e]] // k] = float("inf")
+    rows = {n: kmoe.gather_rows(t, r, k) for n, t in src.items()}
+    a = kmoe.TokenRows(src["a"], k) if form == "gather_a" else rows["a"]
+    b = kmoe.TokenRows(src["b"], k) if form == "gather_b" else rows["b"]
+    gl_tile = kmoe.moe_plan(S, E, N, M // 2, True).wgrad_gu
+    tl_tile = kmoe.moe_plan(S, E, N, M // 2, False).wgrad_gu
+    assert gl_tile.GLUON and not tl_tile.GLUON
+    got, want = (torch.full((E, M, N), float("nan"), device="cuda").bfloat16() for _ in range(2))
+    kmoe.launch_wgrad(want, rows["a"], rows["b"], r, tl_tile)
+    if form == "copy":
+        kmoe.launch_wgrad(got, a, b, r, gl_tile)
+    else:
+        assert kmoe._gluon().wgrad.supports_gather(got, a, b)
+        kmoe._gluon().wgrad.launch_moe_wgrad_gather(got, a, b, r)
+
+    def same(x, y):
+        return torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(0), y.nan_to_num(0))
+
+    assert torch.isinf(want).any() and torch.isfinite(want[0]).all(), f"seed={seed}: the test's own setup"
+    assert same(got, want), f"seed={seed}: {form}"
+    uncut = torch.full_like(got, float("nan"))
+    moe_wgrad_hostdesc.launch(uncut, a, b, r, host=1, store=True)
+    assert not same(uncut, want), f"seed={seed}: the uncut loader passed the check"

@@ -3,29 +3,27 @@
     c[e] = a_e^T @ b_e  for every expert e: ``moe_gluon_wgrad``'s contract, on its walk over the tiles.
 
 Each expert's K is only its ~512 rows at Qwen3-30B-A3B (8 k-steps of 64), so a tile's epilogue is a
-large share of its time; the cooperative Gluon kernel (the lab's ``moe_gluon_wgrad_cooperative``)
-puts both MMA warpgroups on one tile and they idle while it goes to shared memory. Here, as in the dense table at K = 129-2048 tokens
-(``gluon_wgrad`` with ``pingpong`` and ``wg_store``, 1.04x its cooperative tile there), two 4-warp MMA
-warpgroups take alternate tiles of BM x (BN + BN2) (128 x 192), so one's epilogue runs under the
-other's MMAs, and each stores its own tile by TMA in three BN2-wide chunks. The loader is the
-cooperative kernel's (descriptors of each expert's rows made on the device per run of tiles, two slots) with a
-third box per stage for the tile's last BN2 columns. A tile's ring steps start after every earlier
-tile's of the program, whichever warpgroup took it: each warpgroup adds the other's k-steps from
-``expert_start``. The warpgroups' main loops take turns (``order``), as in the dense kernel.
-Columns past N (a last column tile at N = 2048) are zero-filled loads and stores TMA drops.
-``GATHER`` 1 / 2: the A (grad_out's) or B (x's) rows are not read from an expert-order copy but
-gathered by four loader warps with cp.async, the stage's barrier tracking them before the expect
-of the other operand's TMA boxes (``launch_moe_wgrad_gather``; the MMA warpgroups fence each stage).
-Bitwise the tl and cooperative Gluon kernels on an H100 (``lab/probes/moe_gluon_wgrad.py``); the
-fastest of them at Mixtral-8x7B and Qwen3-235B-A22B; at Qwen3-30B-A3B 0.975 against the tl
-kernel's 0.954 ms and 0.477 against 0.502: data/tuning/moe_gluon_pingpong_gather_20261205.log. Limit: the gathering loader's cp.async lose to
-the TMA boxes of a copy at Mixtral-8x7B's 2048 rows per expert (``GATHER_MAX_ROWS``).
+large share of its time. As in the dense table at K = 129-2048 tokens (``gluon_wgrad`` with
+``pingpong`` and ``wg_store``), two 4-warp MMA warpgroups take alternate tiles of BM x (BN + BN2)
+(128 x 192), so one's epilogue runs under the other's MMAs, and each stores its own tile by TMA in
+three BN2-wide chunks; their main loops take turns (``order``), and each adds the other's k-steps
+from ``expert_start`` to keep its place in the ring. The loader reads both operands through one
+host descriptor each over all S rows, so an expert's last K box runs into the next expert's rows:
+before that step's MMAs the warpgroup zeroes its rows past the expert's end in shared memory, in
+16-row pieces (an inf there stays out). Descriptors made on the device per run of tiles instead
+(a tensormap fence each, one per tile at Qwen3-30B-A3B) cost 1.25x this kernel's time there (H100,
+``lab/probes/moe_wgrad_desc.py``, data/tuning/moe_wgrad_desc_20261206/). Columns past N are
+zero-filled loads and stores TMA drops. ``GATHER`` 1 / 2: the A (grad_out's) or B (x's) rows are
+gathered by four loader warps with cp.async instead of read from an expert-order copy, the stage's
+barrier tracking them before the expect of the other operand's TMA boxes
+(``launch_moe_wgrad_gather``); rows past the expert are masked to zeros. Bitwise the tl kernel.
+Limit: the gathering loader's cp.async lose to a copy's TMA boxes at Mixtral-8x7B's 2048 rows per
+expert (``GATHER_MAX_ROWS``); measurements in docs/moe.md.
 """
 
 import dataclasses
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -41,7 +39,7 @@ from triton.language.core import _aggregate as aggregate  # as Triton's gluon tu
 from .configs import GluonConfig
 from .devices import device_sms
 from .gluon_wgrad import _cta_barrier, _fill_stage, _layout, _mma_layout, _ring_barriers, _store_chunk
-from .moe_gluon_wgrad import _expert_tile, _load_runs, _program_tiles, _scratch, _smem_layout, _tile_of
+from .moe_gluon_wgrad import _expert_tile, _program_tiles, _smem_layout, _tile_of
 from .moe_gluon_wgrad import supports as _supports
 
 #: The dense table's 128 x (128 + 64) ping-pong tile at K = 512 (backward_configs.json, bucket 512),
@@ -69,8 +67,9 @@ class Args:
     """What every partition reads (sizes as tensors: an argument of 1 that Triton specializes is
     made one first)."""
 
-    a_ptr: gl.tensor
-    b_ptr: gl.tensor
+    a_desc: tma.tensor_descriptor
+    b_desc: tma.tensor_descriptor
+    b2_desc: tma.tensor_descriptor
     start_ptr: gl.tensor
     c_desc: tma.tensor_descriptor
     a_bufs: gl.shared_memory_descriptor
@@ -83,8 +82,6 @@ class Args:
     E: gl.tensor
     M: gl.tensor
     N: gl.tensor
-    stride_a: gl.tensor
-    stride_b: gl.tensor
     GROUP_M: gl.constexpr
     # GATHER 1 (A) or 2 (B): that operand's rows read from src (x or grad_out [T, H], row stride
     # stride_src) at token pair_order[row] // TOP_K by cp.async, instead of a copy in expert order.
@@ -95,10 +92,11 @@ class Args:
     GATHER: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, b2_bufs, c_bufs, ready, empty, order, E, M, N,
-                 stride_a, stride_b, GROUP_M, src_ptr, pair_order, stride_src, TOP_K, GATHER):  # fmt: skip
-        self.a_ptr = a_ptr
-        self.b_ptr = b_ptr
+    def __init__(self, a_desc, b_desc, b2_desc, start_ptr, c_desc, a_bufs, b_bufs, b2_bufs, c_bufs, ready, empty, order,
+                 E, M, N, GROUP_M, src_ptr, pair_order, stride_src, TOP_K, GATHER):  # fmt: skip
+        self.a_desc = a_desc
+        self.b_desc = b_desc
+        self.b2_desc = b2_desc
         self.start_ptr = start_ptr
         self.c_desc = c_desc
         self.a_bufs = a_bufs
@@ -111,8 +109,6 @@ class Args:
         self.E = E
         self.M = M
         self.N = N
-        self.stride_a = stride_a
-        self.stride_b = stride_b
         self.GROUP_M = gl.constexpr(GROUP_M)
         self.src_ptr = src_ptr
         self.pair_order = pair_order
@@ -131,11 +127,12 @@ def _gather_piece(dst, p, roff, ok, col0, ncols, cols):
 
 
 @gluon.jit
-def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
-    """``moe_gluon_wgrad._load_run`` with the tile's second column chunk: the loads of one run of
-    this program's tiles in one expert, through descriptors of its rows made first; with
-    ``p.GATHER``, the gathered operand's rows by cp.async instead (each stage's barrier tracks
-    them before the expect of the TMA boxes, so the stage completes only with both)."""
+def _load_partition(p):
+    """The loader: each of this program's tiles' k-steps, boxes at rows lo + kk * BK of all S rows
+    (an expert's last box runs into the next expert's rows or past S: ``_mma_wg`` zeroes them;
+    an expert without rows takes one step); with ``p.GATHER``, the gathered operand's rows by
+    cp.async instead (each stage's barrier tracks them before the expect of the TMA boxes, so the
+    stage completes only with both)."""
     BK: gl.constexpr = p.a_bufs.type.shape[1]
     BM: gl.constexpr = p.a_bufs.type.shape[2]
     BN: gl.constexpr = p.b_bufs.type.shape[2]  # the tile's first column chunk
@@ -145,16 +142,7 @@ def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
     TMA_COLS: gl.constexpr = (0 if GATHER == 1 else BM) + (0 if GATHER == 2 else BN + BN2)
     STAGE_BYTES: gl.constexpr = 2 * BK * TMA_COLS
     layout: gl.constexpr = gather_layout(64, 4)  # [BK, 64] pieces over the four loader warps
-    e_run, pid_m, pid_n, lo, rows = _expert_tile(pid + t * nprog, num_m, num_n, p.start_ptr, p.GROUP_M)
-    shape_k = gl.maximum(rows, 1)
-    if GATHER != 1:
-        a_desc = tma.make_tensor_descriptor(
-            p.a_ptr + lo.to(gl.int64) * p.stride_a, [shape_k, p.M], [p.stride_a, 1], [BK, BM], _smem_layout([BK, BM])
-        )
-    if GATHER != 2:
-        b_base = p.b_ptr + lo.to(gl.int64) * p.stride_b
-        b_desc = tma.make_tensor_descriptor(b_base, [shape_k, p.N], [p.stride_b, 1], [BK, BN], _smem_layout([BK, BN]))
-        b2_desc = tma.make_tensor_descriptor(b_base, [shape_k, p.N], [p.stride_b, 1], [BK, BN2], _smem_layout([BK, BN2]))
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, BM, BN + BN2)
     if GATHER != 0:
         i = gl.arange(0, BK, layout=gl.SliceLayout(1, layout))
         cols = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, layout)), 0)
@@ -164,11 +152,9 @@ def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
             pieces = p.a_bufs._reinterpret(gl.bfloat16, [STAGES * (BM // 64), BK, 64], _smem_layout([BK, 64]))
         else:
             pieces = p.b_bufs._reinterpret(gl.bfloat16, [STAGES * (BN // 64), BK, 64], _smem_layout([BK, 64]))
-    # An expert without rows takes one k-step of boxes wholly past its one-row descriptor: zeros
-    # (a box past N likewise), their bytes counted; its tile is then the MMAs' zeros.
-    first = (rows == 0).to(gl.int32)
-    e = e_run
-    while (e == e_run) & (t < num_tiles):
+    q = 0
+    for t in range(num_tiles):
+        e, pid_m, pid_n, lo, rows = _expert_tile(pid + t * nprog, num_m, num_n, p.start_ptr, p.GROUP_M)
         col = pid_n * (BN + BN2)
         if GATHER != 0:  # the first k-step's token rows; each step loads the next one's
             tok = gl.load(p.pair_order + lo + i, mask=i < rows, other=0) // p.TOP_K
@@ -195,28 +181,38 @@ def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
                 mbarrier.expect(bar, STAGE_BYTES)
                 tok = tok_next
             if GATHER != 1:
-                tma.async_copy_global_to_shared(a_desc, [first + kk * BK, pid_m * BM], bar, p.a_bufs.index(s))
+                tma.async_copy_global_to_shared(p.a_desc, [lo + kk * BK, pid_m * BM], bar, p.a_bufs.index(s))
             if GATHER != 2:
-                tma.async_copy_global_to_shared(b_desc, [first + kk * BK, col], bar, p.b_bufs.index(s))
-                tma.async_copy_global_to_shared(b2_desc, [first + kk * BK, col + BN], bar, p.b2_bufs.index(s))
+                tma.async_copy_global_to_shared(p.b_desc, [lo + kk * BK, col], bar, p.b_bufs.index(s))
+                tma.async_copy_global_to_shared(p.b2_desc, [lo + kk * BK, col + BN], bar, p.b2_bufs.index(s))
             q += 1
-        t += 1
-        e, pid_m, pid_n, lo, rows = _expert_tile(pid + gl.minimum(t, num_tiles - 1) * nprog, num_m, num_n, p.start_ptr, p.GROUP_M)
-    return t, q
 
 
 @gluon.jit
-def _load_partition(p):
-    # The tile's columns in two chunks: b_bufs' and b2_bufs'.
-    _load_runs(p, _load_run, p.a_bufs.type.shape[2], p.b_bufs.type.shape[2] + p.b2_bufs.type.shape[2])
+def _tile_rows(i, pid, nprog, last, num_m, num_n, p):
+    """The expert rows of this program's tile i (the last tile's past the end: no read past
+    expert_start[E])."""
+    return _expert_tile(gl.minimum(pid + i * nprog, last), num_m, num_n, p.start_ptr, p.GROUP_M)[4]
 
 
 @gluon.jit
-def _k_steps(i, pid, nprog, last, num_m, num_n, p):
-    """The k-steps of this program's tile i, at least one (the last tile's past the end: no read
-    past expert_start[E])."""
-    BK: gl.constexpr = p.a_bufs.type.shape[1]
-    return gl.maximum(gl.cdiv(_expert_tile(gl.minimum(pid + i * nprog, last), num_m, num_n, p.start_ptr, p.GROUP_M)[4], BK), 1)
+def _k_steps(rows, BK: gl.constexpr):
+    """A tile's k-steps: one per BK rows, at least one."""
+    return gl.maximum(gl.cdiv(rows, BK), 1)
+
+
+@gluon.jit
+def _zero_rows(buf, rem):
+    """Rows rem .. BK - 1 of the [BK, W] stage ``buf`` set to zero, in 16-row pieces."""
+    BK: gl.constexpr = buf.type.shape[0]
+    W: gl.constexpr = buf.type.shape[1]
+    layout: gl.constexpr = gather_layout(W, 4)
+    for j in gl.static_range(BK // 16):
+        if rem < (j + 1) * 16:
+            piece = buf.slice(j * 16, 16, dim=0)
+            v = piece.load(layout)
+            r = gl.arange(0, 16, layout=gl.SliceLayout(1, layout)) + j * 16
+            piece.store(gl.where(gl.expand_dims(r < rem, 1), v, gl.zeros_like(v)))
 
 
 @gluon.jit
@@ -227,6 +223,7 @@ def _mma_wg(p, WHICH: gl.constexpr):
     # arrival j - 1 on ``order`` for warpgroup 0, a fresh barrier passing at j = 0; j for warpgroup 1):
     # running ahead into tile i + 2 it would wait on a stage's parity two phases early.
     BM: gl.constexpr = p.a_bufs.type.shape[2]
+    BK: gl.constexpr = p.a_bufs.type.shape[1]
     BN: gl.constexpr = p.b_bufs.type.shape[2]  # the tile's first column chunk
     BN2: gl.constexpr = p.b2_bufs.type.shape[2]  # and its second
     STAGES: gl.constexpr = p.a_bufs.type.shape[0]
@@ -236,17 +233,29 @@ def _mma_wg(p, WHICH: gl.constexpr):
     acc2 = gl.zeros((BM, BN2), dtype=gl.float32, layout=_mma_layout(BM, BN2, gl.num_warps()))
     c = 0
     if WHICH == 1:
-        c = _k_steps(0, pid, nprog, last, num_m, num_n, p)
-    k_tiles = _k_steps(WHICH, pid, nprog, last, num_m, num_n, p)
+        c = _k_steps(_tile_rows(0, pid, nprog, last, num_m, num_n, p), BK)
+    rows = _tile_rows(WHICH, pid, nprog, last, num_m, num_n, p)
     j = 0  # this warpgroup's tiles so far
     q = 0  # its chunks stored so far
     for i in range(WHICH, num_tiles, 2):
+        k_tiles = _k_steps(rows, BK)
         mbarrier.wait(p.order.index(1 - WHICH), (j - 1 + WHICH) & 1)
         for kk in range(k_tiles):
             g = c + kk
             s = g % STAGES
             mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
-            if p.GATHER != 0:  # cp.async's writes (generic proxy) before wgmma's reads (async proxy)
+            # The expert's last step: the rows past its end (the next expert's, or past S)
+            # zeroed in each TMA-read operand (a gathered one's are zeros), inf ones included.
+            rem = rows - kk * BK
+            if rem < BK:
+                if p.GATHER != 1:
+                    _zero_rows(p.a_bufs.index(s), rem)
+                if p.GATHER != 2:
+                    _zero_rows(p.b_bufs.index(s), rem)
+                    _zero_rows(p.b2_bufs.index(s), rem)
+                fence_async_shared()
+                _cta_barrier()
+            elif p.GATHER != 0:  # cp.async's writes (generic proxy) before wgmma's reads (async proxy)
                 fence_async_shared()
             a_s = p.a_bufs.index(s).permute((1, 0))
             acc = warpgroup_mma(a_s, p.b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
@@ -259,9 +268,9 @@ def _mma_wg(p, WHICH: gl.constexpr):
         acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
         _cta_barrier()
         mbarrier.arrive(p.empty.index((c + k_tiles - 1) % STAGES))
-        # The next two tiles' k-steps, loaded before the epilogue: their latency hides under it.
-        k_next = _k_steps(i + 1, pid, nprog, last, num_m, num_n, p)
-        k_mine = _k_steps(i + 2, pid, nprog, last, num_m, num_n, p)
+        # The next two tiles' rows, loaded before the epilogue: their latency hides under it.
+        rows_next = _tile_rows(i + 1, pid, nprog, last, num_m, num_n, p)
+        rows_mine = _tile_rows(i + 2, pid, nprog, last, num_m, num_n, p)
         e, pid_m, pid_n = _tile_of(pid + i * nprog, num_m, num_n, p.GROUP_M)
         row = e * p.M + pid_m * BM
         col = pid_n * (BN + BN2)
@@ -270,8 +279,8 @@ def _mma_wg(p, WHICH: gl.constexpr):
         lo, hi = gl.split(gl.permute(gl.reshape(acc, [BM, 2, BN2]), (0, 2, 1)))
         q = _store_chunk(lo, q, WHICH, p.c_desc, p.c_bufs, row, col)
         q = _store_chunk(hi, q, WHICH, p.c_desc, p.c_bufs, row, col + BN2)
-        c += k_tiles + k_next
-        k_tiles = k_mine
+        c += k_tiles + _k_steps(rows_next, BK)
+        rows = rows_mine
         j += 1
     tma.store_wait(pendings=0)
 
@@ -289,63 +298,63 @@ def _mma_second(p):
 
 @gluon.jit
 def moe_wgrad_pingpong_kernel(
-    a_ptr, b_ptr, start_ptr, c_desc, E, M, N, stride_a, stride_b, src_ptr, pair_order, stride_src,
-    BK: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WG_STORE: gl.constexpr,
-    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, TOP_K: gl.constexpr = 1, GATHER: gl.constexpr = 0,
+    a_desc, b_desc, b2_desc, start_ptr, c_desc, E, M, N, src_ptr, pair_order, stride_src,
+    GROUP_M: gl.constexpr, STAGES: gl.constexpr, WG_STORE: gl.constexpr, LOAD_REGS: gl.constexpr,
+    MMA_REGS: gl.constexpr, TOP_K: gl.constexpr = 1, GATHER: gl.constexpr = 0,
 ):  # fmt: skip
-    """c[e] = a_e^T @ b_e for every expert (module docstring); c_desc: the output as [E * M, N] in
-    [BM, BN2] boxes, BN = 2 * BN2; launch with num_warps=4. GATHER 1 / 2: a / b not read (pass
-    any pointer), their rows gathered from src_ptr (``Args``); 0: src_ptr, pair_order unused."""
+    """c[e] = a_e^T @ b_e for every expert (module docstring): a_desc over a [S, M] in [BK, BM]
+    boxes, b_desc and b2_desc over b [S, N] in [BK, BN] and [BK, BN2] boxes, c_desc the output as
+    [E * M, N] in [BM, BN2] boxes, BN = 2 * BN2; launch with num_warps=4. GATHER 1 / 2: a / b not
+    read (its descriptor over any tensor), their rows gathered from src_ptr (``Args``); 0:
+    src_ptr, pair_order unused."""
+    BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN: gl.constexpr = b_desc.block_type.shape[1]
     BN2: gl.constexpr = c_desc.block_type.shape[1]
     gl.static_assert(BN == 2 * BN2, "the tile's first chunk is two store chunks wide")
+    gl.static_assert(BK % 16 == 0, "an expert's last step is zeroed in 16-row pieces")
     a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BM], _smem_layout([BK, BM]))
     b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BN], _smem_layout([BK, BN]))
     b2_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BN2], _smem_layout([BK, BN2]))
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * WG_STORE, BM, BN2], c_desc.layout)
     ready, empty, order, _unused = _ring_barriers(STAGES, 2)
-    p = Args(a_ptr, b_ptr, start_ptr, c_desc, a_bufs, b_bufs, b2_bufs, c_bufs, ready, empty, order, gl.to_tensor(E),
-             gl.to_tensor(M), gl.to_tensor(N), gl.to_tensor(stride_a), gl.to_tensor(stride_b), GROUP_M, src_ptr,
-             pair_order, gl.to_tensor(stride_src), TOP_K, GATHER)  # fmt: skip
+    p = Args(a_desc, b_desc, b2_desc, start_ptr, c_desc, a_bufs, b_bufs, b2_bufs, c_bufs, ready, empty, order,
+             gl.to_tensor(E), gl.to_tensor(M), gl.to_tensor(N), GROUP_M, src_ptr, pair_order, gl.to_tensor(stride_src),
+             TOP_K, GATHER)  # fmt: skip
     LOAD_WARPS: gl.constexpr = 4 if GATHER else 1  # the gathers' cp.async: 12 16-byte vectors per thread a stage
     gl.warp_specialize([(_mma_first, (p,)), (_mma_second, (p,)), (_load_partition, (p,))], [4, LOAD_WARPS], [MMA_REGS, LOAD_REGS])
+
+
+def _launch(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, expert_start, cfg: GluonConfig, num_programs, src, order, k, gather):  # fmt: skip
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    E, M, N = c.shape
+    c_desc = TensorDescriptor.from_tensor(c.view(E * M, N), [cfg.BM, cfg.BN2], _layout((cfg.BM, cfg.BN2)))
+    a_desc = TensorDescriptor.from_tensor(a, [cfg.BK, cfg.BM], _layout((cfg.BK, cfg.BM)))
+    b_desc = TensorDescriptor.from_tensor(b, [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
+    b2_desc = TensorDescriptor.from_tensor(b, [cfg.BK, cfg.BN2], _layout((cfg.BK, cfg.BN2)))
+    moe_wgrad_pingpong_kernel[(num_programs or device_sms(c.device),)](
+        a_desc, b_desc, b2_desc, expert_start, c_desc, E, M, N, src, order, src.stride(0),
+        cfg.GROUP_M, cfg.STAGES, cfg.wg_store, cfg.load_regs, cfg.mma_regs or cfg.maxnreg, k, gather,
+        num_warps=4, maxnreg=cfg.maxnreg,
+    )  # fmt: skip
 
 
 def launch_moe_wgrad_pingpong(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, expert_start: torch.Tensor, cfg: GluonConfig = CONFIG, num_programs: int | None = None) -> None:  # fmt: skip
     """c [E, M, N] = each expert's a_e^T @ b_e (``moe_gluon_wgrad``'s contract): a [S, M], b [S, N]
     and c as ``supports`` takes them (check it first), expert_start [E + 1] int32 on the same device,
-    a ping-pong ``cfg`` (BN = 2 * BN2); ``num_programs`` persistent programs (default: one per SM).
-    The device-side descriptors take their scratch memory from triton's allocator, set here for the
-    calling thread to torch.empty on the device (the autograd engine runs a backward in its own thread)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    E, M, N = c.shape
-    triton.set_allocator(_scratch)
-    c_desc = TensorDescriptor.from_tensor(c.view(E * M, N), [cfg.BM, cfg.BN2], _layout((cfg.BM, cfg.BN2)))
-    moe_wgrad_pingpong_kernel[(num_programs or device_sms(c.device),)](
-        a, b, expert_start, c_desc, E, M, N, a.stride(0), b.stride(0), a, expert_start, 0,
-        cfg.BK, cfg.BN, cfg.GROUP_M, cfg.STAGES, cfg.wg_store, cfg.load_regs, cfg.mma_regs or cfg.maxnreg,
-        num_warps=4, maxnreg=cfg.maxnreg,
-    )  # fmt: skip
+    a ping-pong ``cfg`` (BN = 2 * BN2); ``num_programs`` persistent programs (default: one per SM)."""
+    _launch(c, a, b, expert_start, cfg, num_programs, a, expert_start, 1, 0)
 
 
 def launch_moe_wgrad_gather(c: torch.Tensor, a, b, r, cfg: GluonConfig = GATHER_CONFIG, num_programs: int | None = None) -> None:  # fmt: skip
     """``launch_moe_wgrad_pingpong``'s product with one operand a ``swiglu.kernels.moe.TokenRows``
     (x or grad_out not copied): its rows gathered from the source by the loader (``Args.GATHER``),
     the routing ``r``'s order and expert_start. Check ``supports_gather`` first."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    E, M, N = c.shape
     which = 2 if isinstance(a, torch.Tensor) else 1
     rows, dense = (a, b) if which == 1 else (b, a)
-    a_t, b_t = (rows.src, dense) if which == 1 else (dense, rows.src)
-    triton.set_allocator(_scratch)
-    c_desc = TensorDescriptor.from_tensor(c.view(E * M, N), [cfg.BM, cfg.BN2], _layout((cfg.BM, cfg.BN2)))
-    moe_wgrad_pingpong_kernel[(num_programs or device_sms(c.device),)](
-        a_t, b_t, r.expert_start, c_desc, E, M, N, a_t.stride(0), b_t.stride(0), rows.src, r.order, rows.src.stride(0),
-        cfg.BK, cfg.BN, cfg.GROUP_M, cfg.STAGES, cfg.wg_store, cfg.load_regs, cfg.mma_regs or cfg.maxnreg, rows.k, which,
-        num_warps=4, maxnreg=cfg.maxnreg,
-    )  # fmt: skip
+    a_t, b_t = (rows.src, dense) if which == 1 else (dense, rows.src)  # the gathered one's descriptor: unused
+    _launch(c, a_t, b_t, r.expert_start, cfg, num_programs, rows.src, r.order, rows.k, which)
 
 
 def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig = CONFIG) -> bool:
