@@ -320,31 +320,32 @@ def test_a_second_gpu_while_the_first_is_current():
 
 @pytest.mark.parametrize("form", ["copy", "gather_a", "gather_b"])
 def test_weight_gradients_stop_at_each_experts_last_row(form):
-    """The ping-pong weight gradients read all S rows through one descriptor per operand and cut
-    each expert's last K step to its rows: experts of 0, 1, 15, 16, 17, ..., 130 rows (every kind
-    of last step: none, inside a 16-row piece, on a piece's end, a whole step), each expert's first
-    row infinite in both operands. Bitwise the tl kernel (``SWIGLU_GLUON``'s fallback, whose loads
-    mask rows past the expert), inf and NaN where it has them; the lab's loader without the cut
-    (an expert's last box running into the next expert's rows) must fail the same comparison."""
+    """The ping-pong weight gradients read all S rows through one descriptor per operand and zero
+    the rows past each expert's end in its last K step: experts of 0, 1, 15, 16, 17, ..., 130 rows (every kind
+    of last step: none, inside a 16-row piece, on a piece's end, a whole step), the odd experts'
+    first rows infinite in one operand (a's and b's in turn), so an even expert's finite gradient
+    turns inf or NaN if its last box lets the next expert's row in, whichever operand's rows a
+    kernel forgot to zero. Bitwise the tl kernel (``SWIGLU_GLUON``'s fallback, whose loads
+    mask rows past the expert), inf and NaN where it has them; the lab's kernel on host descriptors
+    without the zeroing (``HOST`` 1: an expert's last box takes the next expert's rows) must fail
+    the same comparison."""
     from swiglu.kernels.devices import gluon_unavailable_reason
     from swiglu_lab.experiments import moe_wgrad_hostdesc
 
     if (why := gluon_unavailable_reason(torch.device("cuda"))) is not None:
         pytest.skip(why)
     counts = [0, 1, 15, 16, 17, 31, 32, 48, 63, 64, 65, 127, 128, 130, 0, 47]
-    E, M, N, k = len(counts), 256, 256, 2  # N: a 192-column tile and one past N's end
+    E, M, N, k = len(counts), 256, 256, 1  # N: a 192-column tile and one past N's end; k = 1: a token in one expert
     seed = fresh_seed()
     gen = torch.Generator(device="cuda").manual_seed(seed)
     idx = torch.cat([torch.full((c,), e) for e, c in enumerate(counts)]).cuda()
-    idx = idx[torch.randperm(len(idx), device="cuda", generator=gen)].reshape(-1, k)  # S even: k = 2
+    idx = idx[torch.randperm(len(idx), device="cuda", generator=gen)].reshape(-1, k)
     r = kmoe.Routing(idx.contiguous(), E)
     S, T = idx.numel(), idx.shape[0]
     src = {n: torch.randn(T, w, device="cuda", generator=gen).bfloat16() for n, w in (("a", M), ("b", N))}
     start = r.expert_start.tolist()
-    for e in range(1, E):  # each expert's first row's token: infinite in both sources
-        if start[e + 1] > start[e]:
-            for t in src.values():
-                t[r.order[start[e]] // k] = float("inf")
+    for e in range(1, E, 2):  # odd experts' first rows' tokens infinite in one source, a's and b's in turn
+        src["ab"[e // 2 % 2]][r.order[start[e]] // k] = float("inf")
     rows = {n: kmoe.gather_rows(t, r, k) for n, t in src.items()}
     a = kmoe.TokenRows(src["a"], k) if form == "gather_a" else rows["a"]
     b = kmoe.TokenRows(src["b"], k) if form == "gather_b" else rows["b"]
@@ -362,7 +363,7 @@ def test_weight_gradients_stop_at_each_experts_last_row(form):
     def same(x, y):
         return torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(0), y.nan_to_num(0))
 
-    assert torch.isinf(want).any() and torch.isfinite(want[0]).all(), f"seed={seed}: the test's own setup"
+    assert torch.isinf(want[1::2]).any() and torch.isfinite(want[::2]).all(), f"seed={seed}: the test's own setup"
     assert same(got, want), f"seed={seed}: {form}"
     uncut = torch.full_like(got, float("nan"))
     moe_wgrad_hostdesc.launch(uncut, a, b, r, host=1, store=True)
