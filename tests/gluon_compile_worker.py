@@ -251,8 +251,8 @@ def compile_moe_wgrad(cfg, gather: int = 0) -> dict:
     """The MoE weight-gradient kernel of ``cfg``: the library's ping-pong one at a ``pingpong`` cfg
     (``gather``: its GATHER; its operands through host descriptors), else the lab's cooperative one
     (descriptors made on the device). Pointers 16-byte aligned, M, N and the row strides multiples
-    of 16, as at the model shapes; reported as ``compile_one`` does, with its global scratch (the
-    device-side descriptors) and descriptor fences."""
+    of 16, as at the model shapes; reported as ``compile_one`` does, with its global scratch and
+    descriptor fences (the lab kernel's device-side descriptors; none in the ping-pong one)."""
     constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "LOAD_REGS": cfg.load_regs}
     if cfg.pingpong:
         kernel = moe_gluon_wgrad_pingpong.moe_wgrad_pingpong_kernel

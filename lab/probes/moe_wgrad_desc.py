@@ -10,8 +10,8 @@ past each expert's end zeroed in shared memory (right sums: the library's form s
 columns are checked bitwise (NaN-poisoned) against the library's launcher, after a smoke case
 (skewed routing, an empty expert, infinite rows beside each expert's). do_bench, L2 flushed.
 Answer (an H100, data/tuning/moe_wgrad_desc_20261206/): the descriptors. At Qwen3-30B-A3B (a
-descriptor set per tile) grad_gate_up_proj copy-fed 0.973 ms, 0.685 on host descriptors, 0.851
-without stores; grad_down_proj 0.493, 0.349, 0.411; runs of 4 tiles recover ~70%; host
+descriptor set per tile) grad_gate_up_proj copy-fed 0.978 ms, 0.702 on host descriptors, 0.840
+without stores; grad_down_proj 0.477, 0.351, 0.408; runs of 4 tiles recover 78% and 56%; host
 descriptors with zeroed rows 0.783 and 0.407 (gathering 0.883 and 0.417 against 1.014 and 0.493).
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_wgrad_desc.py [--diag] [shape ...]
 """

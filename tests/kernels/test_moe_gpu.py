@@ -234,7 +234,7 @@ def test_launches_from_a_thread_without_a_cuda_context():
     first TMA descriptor is filled): first launches (Triton's path, launches cleared) and cached
     launches on new addresses both work there, bitwise the main thread's results; MoE and dense."""
     seed = fresh_seed()
-    inp = make_moe(seed, 512, 4096, 512, 16, 4, kind="balanced", device="cuda")  # Gluon's allocator too
+    inp = make_moe(seed, 512, 4096, 512, 16, 4, kind="balanced", device="cuda")  # the Gluon kernels too
     want = run(inp, "triton")
     x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
     ws = [torch.randn(*s, device="cuda", dtype=torch.bfloat16) / 32 for s in ((512, 1024), (512, 1024), (1024, 512))]
@@ -351,20 +351,25 @@ def test_weight_gradients_stop_at_each_experts_last_row(form):
     b = kmoe.TokenRows(src["b"], k) if form == "gather_b" else rows["b"]
     gl_tile = kmoe.moe_plan(S, E, N, M // 2, True).wgrad_gu
     tl_tile = kmoe.moe_plan(S, E, N, M // 2, False).wgrad_gu
-    assert gl_tile.GLUON and not tl_tile.GLUON
+    assert not tl_tile.GLUON
     got, want = (torch.full((E, M, N), float("nan"), device="cuda").bfloat16() for _ in range(2))
     kmoe.launch_wgrad(want, rows["a"], rows["b"], r, tl_tile)
-    if form == "copy":
-        kmoe.launch_wgrad(got, a, b, r, gl_tile)
-    else:
-        assert kmoe._gluon().wgrad.supports_gather(got, a, b)
-        kmoe._gluon().wgrad.launch_moe_wgrad_gather(got, a, b, r)
+    wg = kmoe._gluon().wgrad
 
     def same(x, y):
         return torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(0), y.nan_to_num(0))
 
     assert torch.isinf(want[1::2]).any() and torch.isfinite(want[::2]).all(), f"seed={seed}: the test's own setup"
-    assert same(got, want), f"seed={seed}: {form}"
+    assert gl_tile.GLUON and (wg.supports(got, rows["a"], rows["b"]) if form == "copy" else wg.supports_gather(got, a, b))
+    # One program per SM (64 tiles: one each), and three programs walking ~21 tiles each through
+    # both warpgroups and a ring that wraps onto zeroed stages.
+    for programs in (None, 3):
+        got.fill_(float("nan"))
+        if form == "copy":
+            wg.launch_moe_wgrad_pingpong(got, a, b, r.expert_start, num_programs=programs)
+        else:
+            wg.launch_moe_wgrad_gather(got, a, b, r, num_programs=programs)
+        assert same(got, want), f"seed={seed}: {form}, {programs or 'one per SM'} programs"
     uncut = torch.full_like(got, float("nan"))
     moe_wgrad_hostdesc.launch(uncut, a, b, r, host=1, store=True)
     assert not same(uncut, want), f"seed={seed}: the uncut loader passed the check"

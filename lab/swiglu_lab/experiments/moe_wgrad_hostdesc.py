@@ -1,7 +1,8 @@
-"""Diagnostic variants of the library's ping-pong MoE weight-gradient kernel
-(``swiglu.kernels.moe_gluon_wgrad_pingpong``) that take out one per-tile cost at a time, to find
-what a tile at 256-512 rows per expert waits on. Not a kernel to ship: with ``HOST`` on, an
-expert's last K box reads the next expert's rows (wrong sums); only the time means anything.
+"""Variants of the ping-pong MoE weight-gradient kernel (``swiglu.kernels.moe_gluon_wgrad_pingpong``)
+as it was before it took host descriptors (``HOST`` 0: its loader made descriptors of each
+expert's rows on the device), with switches that take out one per-tile cost at a time, to find
+what a tile at 256-512 rows per expert waits on. ``HOST`` 1 and ``STORE`` 0 give wrong sums (an
+expert's last K box reads the next expert's rows; no output): only their time means anything.
 
 - ``HOST`` 1: the loader reads both TMA operands through host-made descriptors over all S rows
   (box row lo + kk * BK) instead of making descriptors of each expert's rows on the device per
@@ -19,7 +20,8 @@ expert's last K box reads the next expert's rows (wrong sums); only the time mea
 - ``RUN`` r > 1: each program takes r consecutive tiles of the walk (tiles
   b * nprog * r + pid * r + j, j < r), so a run of tiles in one expert is r tiles long where the
   library's strided walk gives one: a descriptor per r tiles, right sums (not a diagnostic).
-``HOST`` 0, ``STORE`` 1 and ``RUN`` 1 is the library kernel, bitwise (the probe checks it).
+``HOST`` 0, ``STORE`` 1 and ``RUN`` 1 is the device-descriptor kernel; ``HOST`` 2 the library's
+since; both bitwise the library's launcher (``lab/probes/moe_wgrad_desc.py`` checks them).
 """
 
 import triton
@@ -176,7 +178,7 @@ def _load_host(p):
 
 @gluon.jit
 def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
-    """The library's ``_load_run`` on the RUN walk."""
+    """The old library kernel's ``_load_run`` (descriptors made on the device) on the RUN walk."""
     BK: gl.constexpr = p.a_bufs.type.shape[1]
     BM: gl.constexpr = p.a_bufs.type.shape[2]
     BN: gl.constexpr = p.b_bufs.type.shape[2]
@@ -246,7 +248,7 @@ def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
 
 @gluon.jit
 def _load_device(p):
-    """The library's ``_load_runs`` on the RUN walk (two descriptor slots)."""
+    """``moe_gluon_wgrad._load_runs`` (two descriptor slots) on the RUN walk."""
     BM: gl.constexpr = p.a_bufs.type.shape[2]
     BN: gl.constexpr = p.b_bufs.type.shape[2] + p.b2_bufs.type.shape[2]
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, BM, BN, p.RUN)
@@ -329,7 +331,8 @@ def _mma_k(a_buf, b_buf, b2_buf, acc, acc2, use_acc, K0: gl.constexpr, KS: gl.co
 
 @gluon.jit
 def _mma_wg(p, WHICH: gl.constexpr):
-    """The library's ``_mma_wg`` with its stores left out when ``p.STORE`` is 0."""
+    """The old library kernel's ``_mma_wg`` with the ``HOST`` 2 and 3 zeroing, and its stores left
+    out when ``p.STORE`` is 0."""
     BM: gl.constexpr = p.a_bufs.type.shape[2]
     BN: gl.constexpr = p.b_bufs.type.shape[2]
     BN2: gl.constexpr = p.b2_bufs.type.shape[2]

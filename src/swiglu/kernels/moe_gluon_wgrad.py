@@ -1,6 +1,6 @@
 """The pieces the MoE experts' Gluon weight-gradient kernels share (sm_90): their walk over all
-experts' tiles, the loader's runs over two descriptor slots (``_load_runs``) and the test of what
-they take.
+experts' tiles and the test of what they take; and, for the lab's cooperative kernel only, a
+loader's runs over two slots of descriptors made on the device (``_load_runs``).
 
     c[e] = a_e^T @ b_e  for every expert e,  a [S, M] and b [S, N] bf16 in expert order (rows
     expert_start[e] .. expert_start[e + 1]), c [E, M, N] bf16, fp32 accumulation,
@@ -97,8 +97,8 @@ def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig
     """Whether a weight-gradient kernel of tile ``cfg`` takes these operands: contiguous bf16 CUDA tensors
     (the caller checks that Gluon runs on the device), 16-byte aligned (TMA), a and b with the same
     rows, at least one (no rows: the tl kernel writes the zeros; not run on a GPU here), M, N > 0,
-    M % BM == 0 (an output box inside one expert) and M, N multiples of 8 (each expert's descriptor
-    starts at row expert_start[e]: 16-byte aligned only with rows of 8k bf16)."""
+    M % BM == 0 (an output box inside one expert) and M, N multiples of 8 (TMA's 16-byte row
+    strides; the lab kernel's descriptors start at row expert_start[e])."""
     M, N = c.shape[1], c.shape[2]
     return (
         all(t.is_cuda and t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (a, b, c))

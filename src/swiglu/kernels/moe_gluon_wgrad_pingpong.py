@@ -11,8 +11,8 @@ from ``expert_start`` to keep its place in the ring. The loader reads both opera
 host descriptor each over all S rows, so an expert's last K box runs into the next expert's rows:
 before that step's MMAs the warpgroup zeroes its rows past the expert's end in shared memory, in
 16-row pieces (an inf there stays out). Descriptors made on the device per run of tiles instead
-(a tensormap fence each, one per tile at Qwen3-30B-A3B) cost 1.25x this kernel's time there (H100,
-``lab/probes/moe_wgrad_desc.py``, data/tuning/moe_wgrad_desc_20261206/). Columns past N are
+(a tensormap fence each, one per tile at Qwen3-30B-A3B) cost 1.15-1.18x this kernel's time there
+(H100, ``lab/probes/moe_wgrad_desc.py``, data/tuning/moe_wgrad_desc_20261206/). Columns past N are
 zero-filled loads and stores TMA drops. ``GATHER`` 1 / 2: the A (grad_out's) or B (x's) rows are
 gathered by four loader warps with cp.async instead of read from an expert-order copy, the stage's
 barrier tracking them before the expect of the other operand's TMA boxes
@@ -359,7 +359,7 @@ def launch_moe_wgrad_gather(c: torch.Tensor, a, b, r, cfg: GluonConfig = GATHER_
 
 def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig = CONFIG) -> bool:
     """Whether ``launch_moe_wgrad_pingpong`` takes these operands: ``moe_gluon_wgrad.supports`` (its
-    M % BM and the alignment of each expert's rows; the caller checks that Gluon runs on the device)."""
+    M % BM and 16-byte rows; the caller checks that Gluon runs on the device)."""
     return _supports(c, a, b, cfg)
 
 
