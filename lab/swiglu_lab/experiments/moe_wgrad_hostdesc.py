@@ -4,22 +4,21 @@ expert's rows on the device), with switches that take out one per-tile cost at a
 what a tile at 256-512 rows per expert waits on. ``HOST`` 1 and ``STORE`` 0 give wrong sums (an
 expert's last K box reads the next expert's rows; no output): only their time means anything.
 
-- ``HOST`` 1: the loader reads both TMA operands through host-made descriptors over all S rows
-  (box row lo + kk * BK) instead of making descriptors of each expert's rows on the device per
-  run of tiles (``tma.make_tensor_descriptor`` and its tensormap fence, once per tile at
+- ``HOST`` 1: the library's loader since (``moe_gluon_wgrad_pingpong._load_partition``): both
+  TMA operands through host-made descriptors over all S rows (box row lo + kk * BK) instead of
+  descriptors of each expert's rows made on the device per run of tiles (``tma.make_tensor_descriptor`` and its tensormap fence, once per tile at
   Qwen3-30B-A3B, where each program's consecutive tiles are 132 tiles apart, one expert each).
 - ``HOST`` 2: right sums with host descriptors: the loader as with 1, and the MMA warpgroup sets
   the rows of an expert's last K box past its end to zero in shared memory before that step's
   MMAs (each TMA-loaded operand's, in 16-row pieces; a gathered operand's are zeros already).
-- ``HOST`` 3: as 2, but the last step's MMAs run over only the 16-row pieces that hold the
-  expert's rows (the wgmma K of 16, 32, 48 or 64), so only the piece the expert ends inside is
-  zeroed (an expert without rows: one zeroed piece). Its form in the library's kernel gave wrong
-  weight gradients on an H100 (the full-size GPU tests failed; the K-sliced wgmma of the M-major A
-  is the suspect, not isolated): the library zeroes as ``HOST`` 2 does.
+  Cutting that last step's MMAs to the 16-row pieces that hold rows instead (K-sliced wgmma of
+  the M-major A; this module's ``HOST`` 3 at commit 71211b0) gave wrong weight gradients on an
+  H100 in the library's form and was dropped.
 - ``STORE`` 0: the epilogue converts but stores nothing (its TMA stores left out).
 - ``RUN`` r > 1: each program takes r consecutive tiles of the walk (tiles
   b * nprog * r + pid * r + j, j < r), so a run of tiles in one expert is r tiles long where the
-  library's strided walk gives one: a descriptor per r tiles, right sums (not a diagnostic).
+  library's strided walk gives one: a descriptor per r tiles, right sums (not a diagnostic; with
+  ``HOST`` 0 only).
 ``HOST`` 0, ``STORE`` 1 and ``RUN`` 1 is the device-descriptor kernel; ``HOST`` 2 the library's
 since; both bitwise the library's launcher (``lab/probes/moe_wgrad_desc.py`` checks them).
 """
@@ -121,62 +120,6 @@ class HArgs:
 
 
 @gluon.jit
-def _load_host(p):
-    """The loader with host descriptors: every tile's k-steps at rows lo + kk * BK of all S rows."""
-    BK: gl.constexpr = p.a_bufs.type.shape[1]
-    BM: gl.constexpr = p.a_bufs.type.shape[2]
-    BN: gl.constexpr = p.b_bufs.type.shape[2]
-    BN2: gl.constexpr = p.b2_bufs.type.shape[2]
-    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
-    GATHER: gl.constexpr = p.GATHER
-    TMA_COLS: gl.constexpr = (0 if GATHER == 1 else BM) + (0 if GATHER == 2 else BN + BN2)
-    STAGE_BYTES: gl.constexpr = 2 * BK * TMA_COLS
-    layout: gl.constexpr = PP.gather_layout(64, 4)
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, BM, BN + BN2, p.RUN)
-    if GATHER != 0:
-        i = gl.arange(0, BK, layout=gl.SliceLayout(1, layout))
-        cols = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, layout)), 0)
-        if GATHER == 1:
-            pieces = p.a_bufs._reinterpret(gl.bfloat16, [STAGES * (BM // 64), BK, 64], _smem_layout([BK, 64]))
-        else:
-            pieces = p.b_bufs._reinterpret(gl.bfloat16, [STAGES * (BN // 64), BK, 64], _smem_layout([BK, 64]))
-    q = 0
-    for t in range(num_tiles):
-        e, pid_m, pid_n, lo, rows = _expert_tile(_index(t, pid, nprog, p.RUN), num_m, num_n, p.start_ptr, p.GROUP_M)
-        col = pid_n * (BN + BN2)
-        if GATHER != 0:
-            tok = gl.load(p.pair_order + lo + i, mask=i < rows, other=0) // p.TOP_K
-        for kk in range(gl.maximum(gl.cdiv(rows, BK), 1)):
-            if GATHER == 0:
-                s, bar = _fill_stage(q, p.ready, p.empty, STAGE_BYTES)
-            else:
-                s = q % STAGES
-                bar = p.ready.index(s)
-                ok = i + kk * BK < rows
-                nxt = i + (kk + 1) * BK
-                tok_next = gl.load(p.pair_order + lo + nxt, mask=nxt < rows, other=0) // p.TOP_K
-                roff = tok.to(gl.int64) * p.stride_src
-                mbarrier.wait(p.empty.index(s), ((q // STAGES) & 1) ^ 1)
-                if GATHER == 1:
-                    for j in gl.static_range(BM // 64):
-                        PP._gather_piece(pieces.index(s * (BM // 64) + j), p, roff, ok, pid_m * BM + j * 64, p.M, cols)
-                else:
-                    for j in gl.static_range(BN // 64):
-                        PP._gather_piece(pieces.index(s * (BN // 64) + j), p, roff, ok, col + j * 64, p.N, cols)
-                    PP._gather_piece(p.b2_bufs.index(s), p, roff, ok, col + BN, p.N, cols)
-                PP.async_copy.mbarrier_arrive(bar)
-                _cta_barrier()
-                mbarrier.expect(bar, STAGE_BYTES)
-                tok = tok_next
-            if GATHER != 1:
-                tma.async_copy_global_to_shared(p.a_desc, [lo + kk * BK, pid_m * BM], bar, p.a_bufs.index(s))
-            if GATHER != 2:
-                tma.async_copy_global_to_shared(p.b_desc, [lo + kk * BK, col], bar, p.b_bufs.index(s))
-                tma.async_copy_global_to_shared(p.b2_desc, [lo + kk * BK, col + BN], bar, p.b2_bufs.index(s))
-            q += 1
-
-
-@gluon.jit
 def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
     """The old library kernel's ``_load_run`` (descriptors made on the device) on the RUN walk."""
     BK: gl.constexpr = p.a_bufs.type.shape[1]
@@ -269,17 +212,11 @@ def _load_device(p):
 
 @gluon.jit
 def _load_partition(p):
-    if p.HOST:
-        _load_host(p)
+    if p.HOST:  # the library's loader: host descriptors, the library's walk
+        gl.static_assert(p.RUN == 1, "RUN walks take the device descriptors (HOST 0)")
+        PP._load_partition(p)
     else:
         _load_device(p)
-
-
-@gluon.jit
-def _k_steps(i, pid, nprog, last, num_m, num_n, p):
-    BK: gl.constexpr = p.a_bufs.type.shape[1]
-    tile = gl.minimum(_index(i, pid, nprog, p.RUN), last)
-    return gl.maximum(gl.cdiv(_expert_tile(tile, num_m, num_n, p.start_ptr, p.GROUP_M)[4], BK), 1)
 
 
 @gluon.jit
@@ -289,51 +226,11 @@ def _rows(i, pid, nprog, last, num_m, num_n, p):
 
 
 @gluon.jit
-def _zero_rows(buf, rem):
-    """Rows rem .. BK - 1 of the [BK, W] stage ``buf`` set to zero, 16 rows at a time."""
-    BK: gl.constexpr = buf.type.shape[0]
-    W: gl.constexpr = buf.type.shape[1]
-    layout: gl.constexpr = PP.gather_layout(W, 4)
-    for j in gl.static_range(BK // 16):
-        if rem < (j + 1) * 16:
-            piece = buf.slice(j * 16, 16, dim=0)
-            v = piece.load(layout)
-            r = gl.arange(0, 16, layout=gl.SliceLayout(1, layout)) + j * 16
-            v = gl.where(gl.expand_dims(r < rem, 1), v, gl.zeros_like(v))
-            piece.store(v)
-
-
-@gluon.jit
-def _zero_piece(buf, rem):
-    """Rows rem .. of the 16-row piece of the [BK, W] stage ``buf`` that rem ends inside (none
-    where rem is a positive multiple of 16; the first piece wholly where rem is 0)."""
-    BK: gl.constexpr = buf.type.shape[0]
-    W: gl.constexpr = buf.type.shape[1]
-    layout: gl.constexpr = PP.gather_layout(W, 4)
-    for j in gl.static_range(BK // 16):
-        if (rem // 16 == j) & ((rem % 16 != 0) | (rem == 0)):
-            piece = buf.slice(j * 16, 16, dim=0)
-            v = piece.load(layout)
-            r = gl.arange(0, 16, layout=gl.SliceLayout(1, layout)) + j * 16
-            v = gl.where(gl.expand_dims(r < rem, 1), v, gl.zeros_like(v))
-            piece.store(v)
-
-
-@gluon.jit
-def _mma_k(a_buf, b_buf, b2_buf, acc, acc2, use_acc, K0: gl.constexpr, KS: gl.constexpr):
-    """The step's MMAs over its rows K0 .. K0 + KS (KS a power of two, at least 16), then the wait
-    that leaves the last two in flight (an async accumulator cannot leave a branch)."""
-    a_s = a_buf.slice(K0, KS, dim=0).permute((1, 0))
-    acc = warpgroup_mma(a_s, b_buf.slice(K0, KS, dim=0), acc, use_acc=use_acc, is_async=True)
-    acc2 = warpgroup_mma(a_s, b2_buf.slice(K0, KS, dim=0), acc2, use_acc=use_acc, is_async=True)
-    return warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
-
-
-@gluon.jit
 def _mma_wg(p, WHICH: gl.constexpr):
-    """The old library kernel's ``_mma_wg`` with the ``HOST`` 2 and 3 zeroing, and its stores left
-    out when ``p.STORE`` is 0."""
+    """The library's ``_mma_wg`` on the RUN walk, zeroing only with ``HOST`` 2 (the old kernel's
+    without), its stores left out when ``p.STORE`` is 0."""
     BM: gl.constexpr = p.a_bufs.type.shape[2]
+    BK: gl.constexpr = p.a_bufs.type.shape[1]
     BN: gl.constexpr = p.b_bufs.type.shape[2]
     BN2: gl.constexpr = p.b2_bufs.type.shape[2]
     STAGES: gl.constexpr = p.a_bufs.type.shape[0]
@@ -343,9 +240,9 @@ def _mma_wg(p, WHICH: gl.constexpr):
     acc2 = gl.zeros((BM, BN2), dtype=gl.float32, layout=_mma_layout(BM, BN2, gl.num_warps()))
     c = 0
     if WHICH == 1:
-        c = _k_steps(0, pid, nprog, last, num_m, num_n, p)
-    k_tiles = _k_steps(WHICH, pid, nprog, last, num_m, num_n, p)
+        c = PP._k_steps(_rows(0, pid, nprog, last, num_m, num_n, p), BK)
     rows = _rows(WHICH, pid, nprog, last, num_m, num_n, p)
+    k_tiles = PP._k_steps(rows, BK)
     j = 0
     q = 0
     for i in range(WHICH, num_tiles, 2):
@@ -354,54 +251,31 @@ def _mma_wg(p, WHICH: gl.constexpr):
             g = c + kk
             s = g % STAGES
             mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
-            if p.HOST == 2:
-                rem = rows - kk * p.a_bufs.type.shape[1]
-                if rem < p.a_bufs.type.shape[1]:
+            if p.HOST == 2:  # the library's zeroing of the rows past the expert
+                rem = rows - kk * BK
+                if rem < BK:
                     if p.GATHER != 1:
-                        _zero_rows(p.a_bufs.index(s), rem)
+                        PP._zero_rows(p.a_bufs.index(s), rem)
                     if p.GATHER != 2:
-                        _zero_rows(p.b_bufs.index(s), rem)
-                        _zero_rows(p.b2_bufs.index(s), rem)
+                        PP._zero_rows(p.b_bufs.index(s), rem)
+                        PP._zero_rows(p.b2_bufs.index(s), rem)
                     fence_async_shared()
                     _cta_barrier()
             if p.GATHER != 0:
                 fence_async_shared()
-            if p.HOST == 3:
-                BK: gl.constexpr = p.a_bufs.type.shape[1]
-                rem = gl.minimum(rows - kk * BK, BK)
-                if (rem % 16 != 0) | (rem == 0):
-                    if p.GATHER != 1:
-                        _zero_piece(p.a_bufs.index(s), rem)
-                    if p.GATHER != 2:
-                        _zero_piece(p.b_bufs.index(s), rem)
-                        _zero_piece(p.b2_bufs.index(s), rem)
-                    fence_async_shared()
-                    _cta_barrier()
-                n16 = gl.maximum(gl.cdiv(rem, 16), 1)
-                ab, bb, b2b = p.a_bufs.index(s), p.b_bufs.index(s), p.b2_bufs.index(s)
-                if n16 == 1:
-                    acc, acc2 = _mma_k(ab, bb, b2b, acc, acc2, kk > 0, 0, 16)
-                elif n16 == 2:
-                    acc, acc2 = _mma_k(ab, bb, b2b, acc, acc2, kk > 0, 0, 32)
-                elif n16 == 3:
-                    acc, acc2 = _mma_k(ab, bb, b2b, acc, acc2, kk > 0, 0, 32)
-                    acc, acc2 = _mma_k(ab, bb, b2b, acc, acc2, True, 32, 16)
-                else:
-                    acc, acc2 = _mma_k(ab, bb, b2b, acc, acc2, kk > 0, 0, BK)
-            else:
-                a_s = p.a_bufs.index(s).permute((1, 0))
-                acc = warpgroup_mma(a_s, p.b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-                acc2 = warpgroup_mma(a_s, p.b2_bufs.index(s), acc2, use_acc=kk > 0, is_async=True)
-                acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
+            a_s = p.a_bufs.index(s).permute((1, 0))
+            acc = warpgroup_mma(a_s, p.b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc2 = warpgroup_mma(a_s, p.b2_bufs.index(s), acc2, use_acc=kk > 0, is_async=True)
+            acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
             _cta_barrier()
             mbarrier.arrive(p.empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)
         mbarrier.arrive(p.order.index(WHICH))
         acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
         _cta_barrier()
         mbarrier.arrive(p.empty.index((c + k_tiles - 1) % STAGES))
-        k_next = _k_steps(i + 1, pid, nprog, last, num_m, num_n, p)
-        k_mine = _k_steps(i + 2, pid, nprog, last, num_m, num_n, p)
+        k_next = PP._k_steps(_rows(i + 1, pid, nprog, last, num_m, num_n, p), BK)
         rows_mine = _rows(i + 2, pid, nprog, last, num_m, num_n, p)
+        k_mine = PP._k_steps(rows_mine, BK)
         if p.STORE:
             e, pid_m, pid_n = _tile_of(_index(i, pid, nprog, p.RUN), num_m, num_n, p.GROUP_M)
             row = e * p.M + pid_m * BM
