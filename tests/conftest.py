@@ -15,6 +15,16 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="swiglu-inductor-")
     atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
+# A pytest-xdist worker gets its share of the cores: with a pool per worker as wide as the machine,
+# numpy's OpenBLAS (the interpreter's tl.dot) and torch's OpenMP threads spin waiting for cores the
+# other worker holds (10% of a 2-core run), and torch.compile starts a pool of compile processes per
+# worker. Read when numpy, torch and inductor load: set before them.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS:
+    _THREADS = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", _THREADS)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", _THREADS)
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

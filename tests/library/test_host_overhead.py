@@ -24,8 +24,12 @@ spec.loader.exec_module(host_overhead)
 
 def test_host_overhead_smoke(tmp_path):
     threads = torch.get_num_threads()
-    result = host_overhead.main(["--device", "cpu", "--warmup", "1", "--iters", "4", "--rounds", "2", "--out", str(tmp_path)])
-    assert torch.get_num_threads() == threads  # restored
+    torch.set_num_threads(threads + 1)  # not the script's 1 (conftest gives an xdist worker one): a lost restore shows
+    try:
+        result = host_overhead.main(["--device", "cpu", "--warmup", "1", "--iters", "4", "--rounds", "2", "--out", str(tmp_path)])
+        assert torch.get_num_threads() == threads + 1  # restored
+    finally:
+        torch.set_num_threads(threads)
     with open(tmp_path / "host_overhead.csv", newline="") as f:
         rows = {row["implementation"]: row for row in csv.DictReader(f)}
     expected = {"swiglu_SwiGLUMLP_fwd_bwd", "nn_linear_fwd_bwd", "backward_reference"}
