@@ -31,7 +31,72 @@ from triton.language.core import _aggregate as aggregate  # as Triton's gluon tu
 from swiglu.kernels.configs import GluonConfig
 from swiglu.kernels.devices import device_sms
 from swiglu.kernels.gluon_wgrad import _epilogue_store, _fill_stage, _layout, _mma_layout, _mma_tile, _ring_barriers
-from swiglu.kernels.moe_gluon_wgrad import _expert_tile, _load_runs, _program_tiles, _scratch, _smem_layout, _tile_of
+from swiglu.kernels.moe_gluon_wgrad import _expert_tile, _program_tiles, _smem_layout, _tile_of
+
+
+@gluon.jit
+def _walk_tiles(E, M, N, BM: gl.constexpr, BN: gl.constexpr, RUN: gl.constexpr = 1):
+    """``_program_tiles`` (RUN 1: tiles pid, pid + nprog, ...), or the walk of RUN consecutive
+    tiles per program (tiles b * nprog * RUN + pid * RUN + j, j < RUN; ``_walk_index``)."""
+    if RUN == 1:
+        r = _program_tiles(E, M, N, BM, BN)
+    else:
+        num_m = gl.cdiv(M, BM)
+        num_n = gl.cdiv(N, BN)
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        total = E * num_m * num_n
+        wave = nprog * RUN
+        rest = total - (total // wave) * wave
+        r = num_m, num_n, pid, nprog, (total // wave) * RUN + gl.minimum(gl.maximum(rest - pid * RUN, 0), RUN)
+    return r
+
+
+@gluon.jit
+def _walk_index(t, pid, nprog, RUN: gl.constexpr):
+    """The walk's tile of this program's t-th tile."""
+    return (t // RUN) * nprog * RUN + pid * RUN + t % RUN
+
+
+@gluon.jit
+def _wait_landed(p, q_end, ready):
+    """Waits until the loads of ring steps before ``q_end`` have landed. The loader is at step p;
+    steps before p - STAGES have (their stages were filled again since), and only the loader
+    arms ``ready``, so a landed step's phase cannot move on while this waits."""
+    STAGES: gl.constexpr = ready.type.shape[0]
+    for j in gl.static_range(STAGES):
+        q = p - STAGES + j
+        mbarrier.wait(ready.index((p + j) % STAGES), (q // STAGES) & 1, pred=(q >= 0) & (q < q_end))
+
+
+@gluon.jit
+def _load_runs(p, load_run: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, RUN: gl.constexpr = 1):
+    """A loader partition's walk (``_walk_tiles``) over its program's BM x BN tiles: runs of tiles
+    of one expert (``load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q) -> (t, q)``, q the ring
+    step) alternate between two descriptor slots, the two call sites of ``load_run``, each with its
+    own scratch. A slot is rewritten only after the loads of the run that last used it, two runs
+    back, have landed: TMA reads a descriptor asynchronously, so a copy still in flight would read
+    the new one (the race DeepGEMM's k-grouped wgrad had)."""
+    num_m, num_n, pid, nprog, num_tiles = _walk_tiles(p.E, p.M, p.N, BM, BN, RUN)
+    q = 0
+    t = 0
+    run = 0
+    prev_start = 0  # the first ring step of the previous run
+    while t < num_tiles:
+        _wait_landed(q, prev_start, p.ready)
+        start = q
+        if run % 2 == 0:
+            t, q = load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
+        else:
+            t, q = load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
+        prev_start = start
+        run += 1
+
+
+def _scratch(size: int, alignment: int, stream):
+    """Triton's allocator for the device-made descriptors' scratch."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
 
 #: The default tile: the dense table's cooperative 128 x 128 entry at small K (GROUP_M within an expert).
 CONFIG = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, GROUP_M=8, num_warps=8)

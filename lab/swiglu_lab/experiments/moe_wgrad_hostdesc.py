@@ -35,26 +35,8 @@ from triton.language.core import _aggregate as aggregate
 from swiglu.kernels import moe_gluon_wgrad_pingpong as PP
 from swiglu.kernels.devices import device_sms
 from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _layout, _mma_layout, _ring_barriers, _store_chunk
-from swiglu.kernels.moe_gluon_wgrad import _expert_tile, _scratch, _smem_layout, _tile_of, _wait_landed
-
-
-@gluon.jit
-def _program_tiles(E, M, N, BM: gl.constexpr, BN: gl.constexpr, RUN: gl.constexpr):
-    """``moe_gluon_wgrad._program_tiles`` for the walk of RUN consecutive tiles per program."""
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    total = E * num_m * num_n
-    wave = nprog * RUN
-    rest = total - (total // wave) * wave
-    return num_m, num_n, pid, nprog, (total // wave) * RUN + gl.minimum(gl.maximum(rest - pid * RUN, 0), RUN)
-
-
-@gluon.jit
-def _index(t, pid, nprog, RUN: gl.constexpr):
-    """The walk's tile of this program's t-th tile."""
-    return (t // RUN) * nprog * RUN + pid * RUN + t % RUN
+from swiglu.kernels.moe_gluon_wgrad import _expert_tile, _smem_layout, _tile_of
+from swiglu_lab.experiments.moe_gluon_wgrad_cooperative import _load_runs, _scratch, _walk_index, _walk_tiles
 
 
 @aggregate
@@ -134,7 +116,7 @@ def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
     TMA_COLS: gl.constexpr = (0 if GATHER == 1 else BM) + (0 if GATHER == 2 else BN + BN2)
     STAGE_BYTES: gl.constexpr = 2 * BK * TMA_COLS
     layout: gl.constexpr = PP.gather_layout(64, 4)
-    e_run, pid_m, pid_n, lo, rows = _expert_tile(_index(t, pid, nprog, p.RUN), num_m, num_n, p.start_ptr, p.GROUP_M)
+    e_run, pid_m, pid_n, lo, rows = _expert_tile(_walk_index(t, pid, nprog, p.RUN), num_m, num_n, p.start_ptr, p.GROUP_M)
     shape_k = gl.maximum(rows, 1)
     if GATHER != 1:
         a_desc = tma.make_tensor_descriptor(
@@ -187,30 +169,9 @@ def _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q):
             q += 1
         t += 1
         e, pid_m, pid_n, lo, rows = _expert_tile(
-            _index(gl.minimum(t, num_tiles - 1), pid, nprog, p.RUN), num_m, num_n, p.start_ptr, p.GROUP_M
+            _walk_index(gl.minimum(t, num_tiles - 1), pid, nprog, p.RUN), num_m, num_n, p.start_ptr, p.GROUP_M
         )
     return t, q
-
-
-@gluon.jit
-def _load_device(p):
-    """``moe_gluon_wgrad._load_runs`` (two descriptor slots) on the RUN walk."""
-    BM: gl.constexpr = p.a_bufs.type.shape[2]
-    BN: gl.constexpr = p.b_bufs.type.shape[2] + p.b2_bufs.type.shape[2]
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, BM, BN, p.RUN)
-    q = 0
-    t = 0
-    run = 0
-    prev_start = 0
-    while t < num_tiles:
-        _wait_landed(q, prev_start, p.ready)
-        start = q
-        if run % 2 == 0:
-            t, q = _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
-        else:
-            t, q = _load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
-        prev_start = start
-        run += 1
 
 
 @gluon.jit
@@ -218,13 +179,13 @@ def _load_partition(p):
     if p.HOST:  # the library's loader: host descriptors, the library's walk
         gl.static_assert(p.RUN == 1, "RUN walks take the device descriptors (HOST 0)")
         PP._load_partition(p)
-    else:
-        _load_device(p)
+    else:  # the old loader: descriptors made on the device per run, two slots
+        _load_runs(p, _load_run, p.a_bufs.type.shape[2], p.b_bufs.type.shape[2] + p.b2_bufs.type.shape[2], p.RUN)
 
 
 @gluon.jit
 def _rows(i, pid, nprog, last, num_m, num_n, p):
-    tile = gl.minimum(_index(i, pid, nprog, p.RUN), last)
+    tile = gl.minimum(_walk_index(i, pid, nprog, p.RUN), last)
     return _expert_tile(tile, num_m, num_n, p.start_ptr, p.GROUP_M)[4]
 
 
@@ -272,7 +233,7 @@ def _mma_wg(p, WHICH: gl.constexpr):
     BN: gl.constexpr = p.b_bufs.type.shape[2]
     BN2: gl.constexpr = p.b2_bufs.type.shape[2]
     STAGES: gl.constexpr = p.a_bufs.type.shape[0]
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, BM, BN + BN2, p.RUN)
+    num_m, num_n, pid, nprog, num_tiles = _walk_tiles(p.E, p.M, p.N, BM, BN + BN2, p.RUN)
     last = p.E * num_m * num_n - 1
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=_mma_layout(BM, BN, gl.num_warps()))
     acc2 = gl.zeros((BM, BN2), dtype=gl.float32, layout=_mma_layout(BM, BN2, gl.num_warps()))
@@ -311,7 +272,7 @@ def _mma_wg(p, WHICH: gl.constexpr):
         rows_mine = _rows(i + 2, pid, nprog, last, num_m, num_n, p)
         k_mine = PP._k_steps(rows_mine, BK)
         if p.STORE:
-            e, pid_m, pid_n = _tile_of(_index(i, pid, nprog, p.RUN), num_m, num_n, p.GROUP_M)
+            e, pid_m, pid_n = _tile_of(_walk_index(i, pid, nprog, p.RUN), num_m, num_n, p.GROUP_M)
             row = e * p.M + pid_m * BM
             col = pid_n * (BN + BN2)
             q = _store_chunk(acc2, q, WHICH, p.c_desc, p.c_bufs, row, col + BN)

@@ -1,6 +1,5 @@
 """The pieces the MoE experts' Gluon weight-gradient kernels share (sm_90): their walk over all
-experts' tiles and the test of what they take; and, for the lab's cooperative kernel only, a
-loader's runs over two slots of descriptors made on the device (``_load_runs``).
+experts' tiles and the test of what they take.
 
     c[e] = a_e^T @ b_e  for every expert e,  a [S, M] and b [S, N] bf16 in expert order (rows
     expert_start[e] .. expert_start[e + 1]), c [E, M, N] bf16, fp32 accumulation,
@@ -15,7 +14,6 @@ warpgroups on one tile) is the lab's ``swiglu_lab.experiments.moe_gluon_wgrad_co
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .configs import GluonConfig
 from .tl_kernels import _tile_mn  # scalar integer code only: compiles the same in a Gluon kernel
@@ -52,45 +50,6 @@ def _expert_tile(tile, num_m, num_n, start_ptr, GROUP_M: gl.constexpr):
     lo = gl.load(start_ptr + e)
     rows = gl.load(start_ptr + e + 1) - lo
     return e, pid_m, pid_n, lo, rows
-
-
-@gluon.jit
-def _wait_landed(p, q_end, ready):
-    """Waits until the loads of ring steps before ``q_end`` have landed. The loader is at step p;
-    steps before p - STAGES have (their stages were filled again since), and only the loader
-    arms ``ready``, so a landed step's phase cannot move on while this waits."""
-    STAGES: gl.constexpr = ready.type.shape[0]
-    for j in gl.static_range(STAGES):
-        q = p - STAGES + j
-        mbarrier.wait(ready.index((p + j) % STAGES), (q // STAGES) & 1, pred=(q >= 0) & (q < q_end))
-
-
-@gluon.jit
-def _load_runs(p, load_run: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-    """A loader partition's walk over its program's BM x BN tiles: runs of tiles of one expert
-    (``load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q) -> (t, q)``, q the ring step)
-    alternate between two descriptor slots, the two call sites of ``load_run``, each with its own
-    scratch. A slot is rewritten only after the loads of the run that last used it, two runs back,
-    have landed: TMA reads a descriptor asynchronously, so a copy still in flight would read the
-    new one (the race DeepGEMM's k-grouped wgrad had)."""
-    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p.E, p.M, p.N, BM, BN)
-    q = 0
-    t = 0
-    run = 0
-    prev_start = 0  # the first ring step of the previous run
-    while t < num_tiles:
-        _wait_landed(q, prev_start, p.ready)
-        start = q
-        if run % 2 == 0:
-            t, q = load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
-        else:
-            t, q = load_run(p, pid, nprog, num_m, num_n, num_tiles, t, q)
-        prev_start = start
-        run += 1
-
-
-def _scratch(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def supports(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: GluonConfig) -> bool:
