@@ -33,10 +33,10 @@ def measure(name: str) -> dict:
     wg = kmoe._gluon().wgrad
     saved = wg.GATHER_MAX_ROWS, wg.launch_moe_wgrad_pingpong, wg.launch_moe_wgrad_gather
     old = {
-        "launch_moe_wgrad_pingpong": lambda c, a, b, start: D.launch(
+        "launch_moe_wgrad_pingpong": lambda c, a, b, start, *_: D.launch(
             c, a, b, SimpleNamespace(expert_start=start), host=0, store=True
         ),
-        "launch_moe_wgrad_gather": lambda c, a, b, r_: D.launch(c, a, b, r_, host=0, store=True),
+        "launch_moe_wgrad_gather": lambda c, a, b, r_, *_: D.launch(c, a, b, r_, host=0, store=True),
     }
 
     def backward(variant):

@@ -103,7 +103,7 @@ def _pairs(r):
 
 @pytest.mark.parametrize(
     "kind, compiles, check",
-    [("moe_wgrad", 6, _wgrad), ("moe_up", 5, _up), ("moe_dswiglu", 5, _dswiglu), ("moe_pairs", 4, _pairs)],
+    [("moe_wgrad", 8, _wgrad), ("moe_up", 5, _up), ("moe_dswiglu", 5, _dswiglu), ("moe_pairs", 4, _pairs)],
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)
@@ -252,16 +252,22 @@ def test_wgrad_gathers_rows_only_up_to_its_rows_per_expert(monkeypatch, max_rows
     monkeypatch.setattr(pp, "GATHER_MAX_ROWS", max_rows)
     monkeypatch.setattr(pp, "supports_gather", lambda c, a, b: True)
     monkeypatch.setattr(pp, "supports", lambda c, a, b: True)
-    monkeypatch.setattr(pp, "launch_moe_wgrad_gather", lambda c, a, b, r: calls.append("gather") or c.zero_())
     monkeypatch.setattr(
-        pp, "launch_moe_wgrad_pingpong", lambda c, a, b, start: calls.append(("copy", type(a), type(b))) or c.zero_()
+        pp, "launch_moe_wgrad_gather", lambda c, a, b, r, cfg: calls.append(("gather", cfg.wg_store)) or c.zero_()
+    )
+    monkeypatch.setattr(
+        pp,
+        "launch_moe_wgrad_pingpong",
+        lambda c, a, b, start, cfg: calls.append(("copy", type(a), type(b), cfg.wg_store)) or c.zero_(),
     )
     inp = make_moe(0, 24, 128, 128, 12, 2)
     r = moe.Routing(inp.top_k_index, 12)
     c = torch.empty(12, 128, 128, dtype=torch.bfloat16)
-    tile = moe.Tile(GLUON=True)
-    moe.launch_wgrad(c, moe.TokenRows(inp.x, 2), inp.x.new_empty(48, 128), r, tile)
-    assert calls == (["gather"] if gathers else [("copy", torch.Tensor, torch.Tensor)]), calls
+    for chunks in (1, 2):  # the plan's chunk buffers reach the kernel's config
+        calls.clear()
+        tile = moe.Tile(GLUON=True, CHUNKS=chunks)
+        moe.launch_wgrad(c, moe.TokenRows(inp.x, 2), inp.x.new_empty(48, 128), r, tile)
+        assert calls == ([("gather", chunks)] if gathers else [("copy", torch.Tensor, torch.Tensor, chunks)]), calls
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # the recorders leave gate, up, h unwritten

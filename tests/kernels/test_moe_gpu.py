@@ -362,14 +362,14 @@ def test_weight_gradients_stop_at_each_experts_last_row(form):
     assert torch.isinf(want[1::2]).any() and torch.isfinite(want[::2]).all(), f"seed={seed}: the test's own setup"
     assert gl_tile.GLUON and (wg.supports(got, rows["a"], rows["b"]) if form == "copy" else wg.supports_gather(got, a, b))
     # One program per SM (64 tiles: one each), and three programs walking ~21 tiles each through
-    # both warpgroups and a ring that wraps onto zeroed stages.
-    for programs in (None, 3):
+    # both warpgroups and a ring that wraps onto zeroed stages; one and two chunk buffers.
+    for programs, chunks in ((None, 2), (3, 2), (3, 1)):
         got.fill_(float("nan"))
         if form == "copy":
-            wg.launch_moe_wgrad_pingpong(got, a, b, r.expert_start, num_programs=programs)
+            wg.launch_moe_wgrad_pingpong(got, a, b, r.expert_start, wg.CONFIGS[chunks], num_programs=programs)
         else:
-            wg.launch_moe_wgrad_gather(got, a, b, r, num_programs=programs)
-        assert same(got, want), f"seed={seed}: {form}, {programs or 'one per SM'} programs"
+            wg.launch_moe_wgrad_gather(got, a, b, r, wg.GATHER_CONFIGS[chunks], num_programs=programs)
+        assert same(got, want), f"seed={seed}: {form}, {programs or 'one per SM'} programs, {chunks} chunk buffers"
     uncut = torch.full_like(got, float("nan"))
     moe_wgrad_hostdesc.launch(uncut, a, b, r, host=1, store=True)
     assert not same(uncut, want), f"seed={seed}: the uncut loader passed the check"

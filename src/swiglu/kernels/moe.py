@@ -633,6 +633,7 @@ class Tile:
     GROUP_M: int = 1  # tile order: M fastest in bands of this many M tiles (1: N fastest; ``_tile_mn``)
     GLUON: bool = False  # the up, dSwiGLU and weight-gradient GEMMs: the Gluon kernel where it takes the operands
     HALF: bool = False  # down projections: an expert's last tile of <= BM / 2 rows as a BM / 2 tile
+    CHUNKS: int = 2  # Gluon weight gradients: output chunk buffers per MMA warpgroup (1 or 2)
 
 
 @dataclass(frozen=True)
@@ -696,13 +697,17 @@ def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
     # data/tuning/moe_plan_h100_20261205/); E*H*I >= S*H + 2*S*I keeps the peak there, not at
     # grad_gate_up_proj (Qwen3-235B-A22B and DeepSeek-V3 at 8192 tokens, not Mixtral).
     share = wide and S * H + 2 * S * I <= E * H * I
+    # The ping-pong weight gradients with one output chunk buffer per warpgroup instead of two:
+    # 0.96x / 1.00x the time at Qwen3-30B-A3B, 0.97x / 0.99x at Mixtral-8x7B, 1.01-1.02x at the
+    # other two (H100, bitwise; data/tuning/moe_wgrad_bound_h100_20261206/wg_ab_h100.log).
+    chunks = 1 if H <= 2048 or large else 2
     return MoEPlan(
         up=Tile(128, 64, 8, 4 if large else 3, bm, GROUP_M=g, GLUON=gluon),
         down=Tile(256 if H >= 4096 else 128, 64, 8, 3, bm, GROUP_M=g, HALF=True),
         dswiglu=Tile(128, 64, 8, 4 if large or I <= 1024 else 3, bm if large else 64, EPI_SPLIT=2, GROUP_M=g, GLUON=wide),
         grad_x=Tile(256, 64, 8, 3, bm, TMA_A=False, TMA_B=False, GROUP_M=g, HALF=True),
-        wgrad_gu=Tile(128, 64, 8, 3, 128, GLUON=gluon),
-        wgrad_dp=Tile(128, 64, 8, 3, 128, GROUP_M=2 * g, GLUON=gluon),
+        wgrad_gu=Tile(128, 64, 8, 3, 128, GLUON=gluon, CHUNKS=chunks),
+        wgrad_dp=Tile(128, 64, 8, 3, 128, GROUP_M=2 * g, GLUON=gluon, CHUNKS=chunks),
         share_grad_out_copy=share,
     )
 
@@ -983,13 +988,13 @@ def launch_wgrad(c, a, b, r: Routing, tile: Tile):
         return launch_wgrad(c.mT, b, a, r, tile)
     g = _gluon().wgrad if tile.GLUON else None
     if g and r.S <= g.GATHER_MAX_ROWS * r.E and g.supports_gather(c, a, b):
-        return g.launch_moe_wgrad_gather(c, a, b, r)
+        return g.launch_moe_wgrad_gather(c, a, b, r, g.GATHER_CONFIGS[tile.CHUNKS])
     if isinstance(a, TokenRows):
         a = gather_rows(a.src, r, a.k)
     if isinstance(b, TokenRows):
         b = gather_rows(b.src, r, b.k)
     if g and g.supports(c, a, b):
-        return g.launch_moe_wgrad_pingpong(c, a, b, r.expert_start)
+        return g.launch_moe_wgrad_pingpong(c, a, b, r.expert_start, g.CONFIGS[tile.CHUNKS])
     E, M, N = c.shape
     num_m, num_n = cdiv(M, tile.BM), cdiv(N, tile.BN)
     a_desc = _tma(a, [tile.BK, tile.BM], tile.TMA_A)

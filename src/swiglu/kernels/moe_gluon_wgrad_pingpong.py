@@ -55,6 +55,10 @@ CONFIG = GluonConfig(
 #: 8 bytes; at 56 beside 232, the first warpgroup's 224 spilled 384).
 GATHER_CONFIG = dataclasses.replace(CONFIG, load_regs=56, mma_regs=224)
 
+#: Both forms by their chunk buffers per warpgroup (``swiglu.kernels.moe.Tile.CHUNKS``: the plan's choice).
+CONFIGS = {n: dataclasses.replace(CONFIG, wg_store=n) for n in (1, 2)}
+GATHER_CONFIGS = {n: dataclasses.replace(GATHER_CONFIG, wg_store=n) for n in (1, 2)}
+
 
 @gluon.constexpr_function
 def gather_layout(cols, num_warps):
