@@ -473,7 +473,10 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         # The ping-pong tile gathering A's rows (grad_down_proj's grad_out) or B's (grad_gate_up_proj's x).
         results += [compile_moe_wgrad(moe_gluon_wgrad_pingpong.GATHER_CONFIG, g) for g in (1, 2)]
         # One chunk buffer per warpgroup (the plan's at hidden_size <= 2048 and Mixtral's size).
-        results += [compile_moe_wgrad(moe_gluon_wgrad_pingpong.CONFIGS[1]), compile_moe_wgrad(moe_gluon_wgrad_pingpong.GATHER_CONFIGS[1], 2)]
+        results += [
+            compile_moe_wgrad(moe_gluon_wgrad_pingpong.CONFIGS[1]),
+            compile_moe_wgrad(moe_gluon_wgrad_pingpong.GATHER_CONFIGS[1], 2),
+        ]
     elif kind == "moe_up":
         cfg = moe_gluon_up.CONFIG
         results = [compile_moe_up(c) for c in (cfg, dataclasses.replace(cfg, GROUP_M=8))]
