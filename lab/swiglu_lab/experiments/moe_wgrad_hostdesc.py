@@ -14,9 +14,10 @@ expert's last K box reads the next expert's rows; no output): only their time me
   Cutting that last step's MMAs to the 16-row pieces that hold rows instead (K-sliced wgmma of
   the M-major A; this module's ``HOST`` 3 at commit 71211b0) gave wrong weight gradients on an
   H100 in the library's form and was dropped.
-- ``HOST`` 4: as 2, but a 16-row piece wholly past the expert's end is stored as zeros without
-  reading it (``_zero_rows_lean``); only the piece the rows end in is read, masked and stored.
-  Right sums, bitwise ``HOST`` 2: at 256 rows per expert (DeepSeek-V3) every tile's last step zeroes.
+- A ``HOST`` 4 (as 2, storing whole 16-row pieces past the end as zeros without reading them)
+  was bitwise and no faster where the library gathers (0.99-1.03x ``HOST`` 2's time; 0.91-0.95x
+  copy-fed at Qwen3-30B-A3B; H100,
+  data/tuning/moe_wgrad_bound_h100_20261206/lean_zeroing_h100.log); dropped.
 - ``STORE`` 0: the epilogue converts but stores nothing (its TMA stores left out).
 - ``RUN`` r > 1: each program takes r consecutive tiles of the walk (tiles
   b * nprog * r + pid * r + j, j < r), so a run of tiles in one expert is r tiles long where the
@@ -190,43 +191,18 @@ def _rows(i, pid, nprog, last, num_m, num_n, p):
 
 
 @gluon.jit
-def _zero_rows_lean(buf, rem):
-    """``moe_gluon_wgrad_pingpong._zero_rows`` storing zeros over the pieces wholly past ``rem``
-    (no shared-memory read); the piece holding row rem read, masked and stored as there."""
-    BK: gl.constexpr = buf.type.shape[0]
-    W: gl.constexpr = buf.type.shape[1]
-    layout: gl.constexpr = PP.gather_layout(W, 4)
-    for j in gl.static_range(BK // 16):
-        piece = buf.slice(j * 16, 16, dim=0)
-        if rem <= j * 16:
-            piece.store(gl.zeros([16, W], gl.bfloat16, layout))
-        elif rem < (j + 1) * 16:
-            v = piece.load(layout)
-            r = gl.arange(0, 16, layout=gl.SliceLayout(1, layout)) + j * 16
-            piece.store(gl.where(gl.expand_dims(r < rem, 1), v, gl.zeros_like(v)))
-
-
-@gluon.jit
 def _zero_past(p, s, rem):
-    """Zero the rows past ``rem`` of stage s's TMA-read operands (``HOST`` 2: the library's
-    zeroing, 4: the lean one)."""
-    if p.HOST == 4:
-        if p.GATHER != 1:
-            _zero_rows_lean(p.a_bufs.index(s), rem)
-        if p.GATHER != 2:
-            _zero_rows_lean(p.b_bufs.index(s), rem)
-            _zero_rows_lean(p.b2_bufs.index(s), rem)
-    else:
-        if p.GATHER != 1:
-            PP._zero_rows(p.a_bufs.index(s), rem)
-        if p.GATHER != 2:
-            PP._zero_rows(p.b_bufs.index(s), rem)
-            PP._zero_rows(p.b2_bufs.index(s), rem)
+    """Zero the rows past ``rem`` of stage s's TMA-read operands (the library's zeroing)."""
+    if p.GATHER != 1:
+        PP._zero_rows(p.a_bufs.index(s), rem)
+    if p.GATHER != 2:
+        PP._zero_rows(p.b_bufs.index(s), rem)
+        PP._zero_rows(p.b2_bufs.index(s), rem)
 
 
 @gluon.jit
 def _mma_wg(p, WHICH: gl.constexpr):
-    """The library's ``_mma_wg`` on the RUN walk, zeroing only with ``HOST`` 2 or 4 (the old
+    """The library's ``_mma_wg`` on the RUN walk, zeroing only with ``HOST`` 2 (the old
     kernel's without), its stores left out when ``p.STORE`` is 0."""
     BM: gl.constexpr = p.a_bufs.type.shape[2]
     BK: gl.constexpr = p.a_bufs.type.shape[1]
@@ -250,7 +226,7 @@ def _mma_wg(p, WHICH: gl.constexpr):
             g = c + kk
             s = g % STAGES
             mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
-            if p.HOST >= 2:  # the rows past the expert zeroed (2: the library's way)
+            if p.HOST == 2:  # the rows past the expert zeroed (the library's way)
                 rem = rows - kk * BK
                 if rem < BK:
                     _zero_past(p, s, rem)
