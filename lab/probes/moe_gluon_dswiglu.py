@@ -22,7 +22,10 @@ barriers hangs). Otherwise: the dSwiGLU GEMM at 8192 tokens per shape (moe_probe
 library's kernel, the Gluon launch (copy and tile table included) and its kernel alone,
 NaN-poisoned outputs: d_gate | d_up and h * w bitwise against the library's, the routing-weight
 partial sums (another fp32 summation order) to 1e-5; do_bench times (L2 flushed); a table last.
-Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [shape ...]
+``--wide``: also 128 x 256 tiles (the fp32 handover leaves BK 32 x 4 or 64 x 2 stages). Answer (one
+H100, data/tuning/moe_wgrad_bound_h100_20261206/dswiglu_bn256_h100.log, the same configs from a
+one-off script): 2.0-3.0x slower at every shape, the epilogue warps the bound; bitwise.
+Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [--sweep] [--wide] [shape ...]
 """
 
 import dataclasses
@@ -46,6 +49,14 @@ if "--sweep" in sys.argv:  # more stages and orders (each compiled for sm_90 und
         "gluon s3 g1": dataclasses.replace(G.CONFIG, STAGES=3),
         "gluon g16": dataclasses.replace(G.CONFIG, GROUP_M=16),
     }
+if "--wide" in sys.argv:  # 128 x 256 tiles: the fp32 handover leaves BK 32 x 4 or 64 x 2 stages; 12 warps so
+    # the 8 MMA warps get 168 registers (two epilogue warps: 290 bytes of spills under triton 3.6)
+    wide = dataclasses.replace(G.CONFIG, BN=256, BK=32, STAGES=4, EPI_M=8, epi_warps=2, maxnreg=168, epi_regs=168)
+    CONFIGS |= {
+        "gluon 256 bk32": wide,
+        "gluon 256 bk64 s2": dataclasses.replace(wide, BK=64, STAGES=2),
+        "gluon 256 bk32 g8": dataclasses.replace(wide, GROUP_M=8),
+    }
 rows = []
 
 
@@ -66,9 +77,11 @@ def operands(H, I, E, k, T, skew=False, drop=None):
 
 
 def compare(outs, want):
-    """(d_gate | d_up and h * w bitwise, the partial sums' max relative difference)."""
+    """(d_gate | d_up and h * w bitwise, the partial sums' max relative difference; of each pair's
+    total where the tiles' widths differ)."""
     same = torch.equal(outs[0], want[0]) and torch.equal(outs[1], want[1])
-    rel = ((outs[2] - want[2]).abs().max() / want[2].abs().max()).nan_to_num(float("inf")).item()
+    got, ref = (outs[2], want[2]) if outs[2].shape == want[2].shape else (outs[2].sum(1), want[2].sum(1))
+    rel = ((got - ref).abs().max() / ref.abs().max()).nan_to_num(float("inf")).item()
     return same, rel
 
 
@@ -84,20 +97,23 @@ def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=Non
     rows.append((name, "library (tl)", lib_ms, float("nan"), True, 0.0))
     for label, cfg in CONFIGS.items():
         label += f" x{num_programs}" if num_programs else ""
+        o3 = outs  # the partial sums per BN columns: narrower for wider tiles
+        if cfg.BN != 128:
+            o3 = (*outs[:2], outs[2].new_empty(outs[2].shape[0], outs[2].shape[1] * 128 // cfg.BN))
         if label.startswith("gather"):
-            launch = lambda cfg=cfg: DG.launch_moe_dswiglu_gather(go, dp, r, k, w, gate, up, *outs, cfg, num_programs)  # noqa: E731
+            launch = lambda cfg=cfg: DG.launch_moe_dswiglu_gather(go, dp, r, k, w, gate, up, *o3, cfg, num_programs)  # noqa: E731
         else:
             launch = lambda cfg=cfg: G.launch_moe_dswiglu_gluon(
-                M.gather_rows(go, r, k), dp, r, w, gate, up, *outs, cfg, num_programs
+                M.gather_rows(go, r, k), dp, r, w, gate, up, *o3, cfg, num_programs
             )  # noqa: E731
         same, rel = True, 0.0
         try:
             for _ in range(repeats):
-                for o in outs:
+                for o in o3:
                     o.fill_(float("nan"))
                 launch()
                 torch.cuda.synchronize()
-                s, e = compare(outs, want)
+                s, e = compare(o3, want)
                 same, rel = same and s, max(rel, e)
         except Exception as e:
             print(f"{name} {label} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
@@ -105,7 +121,7 @@ def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=Non
         ms = kernel = float("nan")
         if time_it:
             ms = P.kernel_ms(launch)
-            kernel = ms if label.startswith("gather") else P.kernel_ms(kernel_only(go, dp, r, k, w, gate, up, outs, cfg))
+            kernel = ms if label.startswith("gather") else P.kernel_ms(kernel_only(go, dp, r, k, w, gate, up, o3, cfg))
         rows.append((name, label, ms, kernel, same, rel))
         print(f"{name:12s} {label:14s} {ms:7.3f} ms (kernel {kernel:7.3f})  bitwise={same}  part rel={rel:.2g}", flush=True)
 
