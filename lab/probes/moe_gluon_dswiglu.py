@@ -25,7 +25,10 @@ partial sums (another fp32 summation order) to 1e-5; do_bench times (L2 flushed)
 ``--wide``: also 128 x 256 tiles (the fp32 handover leaves BK 32 x 4 or 64 x 2 stages). Answer (one
 H100, data/tuning/moe_wgrad_bound_h100_20261206/dswiglu_bn256_h100.log, the same configs from a
 one-off script): 2.0-3.0x slower at every shape, the epilogue warps the bound; bitwise.
-Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [--sweep] [--wide] [shape ...]
+``--bm64``: 64-row M tiles (one MMA warpgroup, or two on the N halves; 4 or 5 stages), where the
+128-row tiles issue ~1.25x the routed rows (DeepSeek-V3's 256 +- 16 rows per expert). Compiled for
+sm_90 without spills (triton 3.6); not run on a GPU yet.
+Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [--sweep] [--wide] [--bm64] [shape ...]
 """
 
 import dataclasses
@@ -48,6 +51,10 @@ if "--sweep" in sys.argv:  # more stages and orders (each compiled for sm_90 und
         "gluon s5 g8": dataclasses.replace(G.CONFIG, STAGES=5, GROUP_M=8),
         "gluon s3 g1": dataclasses.replace(G.CONFIG, STAGES=3),
         "gluon g16": dataclasses.replace(G.CONFIG, GROUP_M=16),
+    }
+if "--bm64" in sys.argv:  # 64-row M tiles (the tl plan's below 128 rows per expert): one MMA warpgroup, or two on N halves
+    CONFIGS |= {
+        f"gluon bm64 w{w} s{st}": dataclasses.replace(G.CONFIG, BM=64, num_warps=w, STAGES=st) for w in (4, 8) for st in (4, 5)
     }
 if "--wide" in sys.argv:  # 128 x 256 tiles: the fp32 handover leaves BK 32 x 4 or 64 x 2 stages; 12 warps so
     # the 8 MMA warps get 168 registers (two epilogue warps: 290 bytes of spills under triton 3.6)
