@@ -4,14 +4,16 @@ An expert's rows end inside its last M tile (the up and down projections, dSwiGL
 inside its last k-step (the weight gradients, K = the expert's rows); bmm over equal groups, the
 GEMM floor the issue's targets were set against, pays neither. Counted on the CPU, balanced routing
 as the bench draws it (softmax of random logits, top-k, seed 0), with the plan's M tiles
-(``moe_plan(..., gluon=True)``: BM, half tiles) and the ping-pong weight gradients' BK of 64.
+(``moe_plan(..., gluon=True)``: BM, half tiles; where the plan runs the Gluon dSwiGLU kernel, its own
+128-row M tile) and the ping-pong weight gradients' BK of 64.
 
-Answer (this script's output, recorded in data/tuning/moe_wgrad_desc_20261206/tile_waste.log):
-issued / routed MMA rows over the backward's FLOPs (dSwiGLU 2, grad_x 4, weight gradients 6 of
-12 N*H*I): Qwen3-30B-A3B and Qwen3-235B-A22B 1.064x (512 +- 21 rows per expert), DeepSeek-V3 1.127x
-(256 +- 16: each backward kernel 1.127x, the up projection 1.254x), Mixtral 1.018x. So the H200's
-419 TFLOP/s of routed work at DeepSeek-V3 is ~472 of issued MMAs, and 500 routed would take ~564
-issued, about what Qwen3-235B-A22B's kernels issue there (530 x 1.064).
+Answer (this script's output, recorded in data/tuning/moe_wgrad_bound_h100_20261206/tile_waste.log;
+the first record, data/tuning/moe_wgrad_desc_20261206/tile_waste.log, counted the tl kernel's
+64-row tile for dSwiGLU where the Gluon kernel runs with 128): issued / routed MMA rows over the
+backward's FLOPs (dSwiGLU 2, grad_x 4, weight gradients 6 of 12 N*H*I): Qwen3-30B-A3B 1.064x
+(512 +- 21 rows per expert), Qwen3-235B-A22B 1.076x (its Gluon dSwiGLU 1.131x), DeepSeek-V3 1.148x
+(256 +- 16: dSwiGLU and the up projection 1.254x, the others 1.127x), Mixtral 1.018x. So the H200's
+419 TFLOP/s of routed work at DeepSeek-V3 is ~481 of issued MMAs.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_tile_waste.py (no GPU)
 """
 
@@ -19,6 +21,7 @@ import math
 
 import torch
 
+from swiglu.kernels import moe_gluon_dswiglu
 from swiglu.kernels.moe import moe_plan
 
 SHAPES = {  # H, I, E, top-k (moe_probe.SHAPES; that module needs a GPU)
@@ -52,6 +55,8 @@ def main() -> None:
             n: m_rows(counts, t.BM, t.HALF) / S
             for n, t in (("dswiglu", plan.dswiglu), ("grad_x", plan.grad_x), ("up", plan.up), ("down", plan.down))
         }
+        if plan.dswiglu.GLUON:  # the Gluon dSwiGLU kernel's own M tile (no half tiles), not the tl tile's
+            r["dswiglu"] = m_rows(counts, moe_gluon_dswiglu.CONFIG.BM, False) / S
         r["wgrad"] = float((counts.div(WGRAD_BK).ceil().clamp(min=1) * WGRAD_BK).sum()) / S
         bwd = (2 * r["dswiglu"] + 4 * r["grad_x"] + 6 * r["wgrad"]) / 12
         c = counts.double()
