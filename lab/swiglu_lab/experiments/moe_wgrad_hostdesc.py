@@ -191,19 +191,9 @@ def _rows(i, pid, nprog, last, num_m, num_n, p):
 
 
 @gluon.jit
-def _zero_past(p, s, rem):
-    """Zero the rows past ``rem`` of stage s's TMA-read operands (the library's zeroing)."""
-    if p.GATHER != 1:
-        PP._zero_rows(p.a_bufs.index(s), rem)
-    if p.GATHER != 2:
-        PP._zero_rows(p.b_bufs.index(s), rem)
-        PP._zero_rows(p.b2_bufs.index(s), rem)
-
-
-@gluon.jit
 def _mma_wg(p, WHICH: gl.constexpr):
-    """The library's ``_mma_wg`` on the RUN walk, zeroing only with ``HOST`` 2 (the old
-    kernel's without), its stores left out when ``p.STORE`` is 0."""
+    """The library's ``_mma_wg`` on the RUN walk, zeroing only with ``HOST`` 2 (the old kernel's
+    without), its stores left out when ``p.STORE`` is 0."""
     BM: gl.constexpr = p.a_bufs.type.shape[2]
     BK: gl.constexpr = p.a_bufs.type.shape[1]
     BN: gl.constexpr = p.b_bufs.type.shape[2]
@@ -226,10 +216,14 @@ def _mma_wg(p, WHICH: gl.constexpr):
             g = c + kk
             s = g % STAGES
             mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
-            if p.HOST == 2:  # the rows past the expert zeroed (the library's way)
+            if p.HOST == 2:  # the library's zeroing of the rows past the expert
                 rem = rows - kk * BK
                 if rem < BK:
-                    _zero_past(p, s, rem)
+                    if p.GATHER != 1:
+                        PP._zero_rows(p.a_bufs.index(s), rem)
+                    if p.GATHER != 2:
+                        PP._zero_rows(p.b_bufs.index(s), rem)
+                        PP._zero_rows(p.b2_bufs.index(s), rem)
                     fence_async_shared()
                     _cta_barrier()
             if p.GATHER != 0:
