@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from swiglu.kernels import moe_gluon_dswiglu
+from swiglu.kernels import moe_gluon_dswiglu, moe_gluon_wgrad_pingpong
 from swiglu.kernels.moe import moe_plan
 
 SHAPES = {  # H, I, E, top-k (moe_probe.SHAPES; that module needs a GPU)
@@ -31,7 +31,7 @@ SHAPES = {  # H, I, E, top-k (moe_probe.SHAPES; that module needs a GPU)
     "mixtral": (4096, 14336, 8, 2),
 }
 T = 8192
-WGRAD_BK = 64  # moe_gluon_wgrad_pingpong's configuration
+WGRAD_BK = moe_gluon_wgrad_pingpong.CONFIG.BK  # the ping-pong weight gradients' k-step
 
 
 def m_rows(counts: torch.Tensor, bm: int, half: bool) -> float:
