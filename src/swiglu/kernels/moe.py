@@ -698,7 +698,7 @@ def moe_plan(S: int, E: int, H: int, I: int, gluon: bool = False) -> MoEPlan:
     # grad_gate_up_proj (Qwen3-235B-A22B and DeepSeek-V3 at 8192 tokens, not Mixtral).
     share = wide and S * H + 2 * S * I <= E * H * I
     # The ping-pong weight gradients with one output chunk buffer per warpgroup instead of two:
-    # 0.96x / 1.00x the time at Qwen3-30B-A3B, 0.97x / 0.99x at Mixtral-8x7B, 1.01-1.02x at the
+    # 0.96x / 1.00x the time at Qwen3-30B-A3B, 0.97x / 0.99x at Mixtral-8x7B, 1.005-1.02x at the
     # other two (H100, bitwise; data/tuning/moe_wgrad_bound_h100_20261206/wg_ab_h100.log).
     chunks = 1 if H <= 2048 or large else 2
     return MoEPlan(
