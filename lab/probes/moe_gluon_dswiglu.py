@@ -27,8 +27,8 @@ H100, data/tuning/moe_wgrad_bound_h100_20261206/dswiglu_bn256_h100.log, the same
 one-off script): 2.0-3.0x slower at every shape, the epilogue warps the bound; bitwise.
 ``--bm64``: 64-row M tiles (one MMA warpgroup, or two on the N halves; 4 or 5 stages), where the
 128-row tiles issue ~1.25x the routed rows (DeepSeek-V3's 256 +- 16 rows per expert). Answer (one
-H100, bitwise): slower at every shape, 1.4-2.0x the 128-row kernel's time (DeepSeek-V3 7.07 against
-5.00-5.20 ms): data/tuning/moe_dswiglu_bm64_h100_20261206/.
+H100, bitwise): slower at every shape, 1.08-1.46x the 128-row kernel's time at the best config (DeepSeek-V3
+7.07 against 5.20 ms): data/tuning/moe_dswiglu_bm64_h100_20261206/.
 Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [--sweep] [--wide] [--bm64] [shape ...]
 """
 
