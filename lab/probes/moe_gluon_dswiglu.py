@@ -105,9 +105,9 @@ def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=Non
     rows.append((name, "library (tl)", lib_ms, float("nan"), True, 0.0))
     for label, cfg in CONFIGS.items():
         label += f" x{num_programs}" if num_programs else ""
-        o3 = outs  # the partial sums per BN columns: narrower for wider tiles
-        if cfg.BN != 128:
-            o3 = (*outs[:2], outs[2].new_empty(outs[2].shape[0], outs[2].shape[1] * 128 // cfg.BN))
+        o3 = outs  # the partial sums per BN columns of h * w [S, I]: narrower for wider tiles
+        if outs[2].shape[1] != outs[1].shape[1] // cfg.BN:
+            o3 = (*outs[:2], outs[2].new_empty(outs[1].shape[0], outs[1].shape[1] // cfg.BN))
         if label.startswith("gather"):
             launch = lambda cfg=cfg: DG.launch_moe_dswiglu_gather(go, dp, r, k, w, gate, up, *o3, cfg, num_programs)  # noqa: E731
         else:
