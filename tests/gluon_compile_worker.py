@@ -28,7 +28,8 @@ moe_dswiglu: the library's MoE dSwiGLU GEMM (``swiglu.kernels.moe_gluon_dswiglu`
 with fp32 and bf16 routing weights; the lab's one gathering grad_out's rows itself
 (``swiglu_lab.experiments.moe_gluon_dswiglu_gather``) at its config.
 moe_pairs: the lab's MoE down-projection-shaped GEMM (``swiglu_lab.experiments.moe_gluon_pairs``), as the
-forward's down projection (B transposed, the routing weight) and as grad_x's pieces, and at BN 256.
+forward's down projection (B transposed, the routing weight) and as grad_x's pieces, and at BN 256;
+its ping-pong form (``moe_gluon_pairs_pingpong``) in both roles.
 
 Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test installs the GPU machine's
 3.6.0 under .venv/triton-3.6.0) and src/ after it. Writes ``{"triton": version, "results": [...]}``
@@ -65,6 +66,7 @@ from swiglu_lab.experiments import (
     gluon_wgrad_resident,
     moe_gluon_dswiglu_gather,
     moe_gluon_pairs,
+    moe_gluon_pairs_pingpong,
     moe_gluon_up_gather,
     moe_gluon_wgrad_cooperative,
 )
@@ -372,6 +374,23 @@ def compile_moe_pairs(cfg, transposed: bool) -> dict:
     return failed or wgrad_report(k, entry)
 
 
+def compile_moe_pairs_pingpong(cfg, transposed: bool) -> dict:
+    """``swiglu_lab.experiments.moe_gluon_pairs_pingpong``'s kernel at ``cfg`` (E_PAD 256: 128
+    experts), as the down projection (``transposed``) or grad_x's pieces, reported as ``compile_one`` does."""
+    kernel = moe_gluon_pairs_pingpong.moe_pairs_pingpong_kernel
+    w_block = [cfg.BN, cfg.BK] if transposed else [cfg.BK, cfg.BN]
+    sig = {"a_desc": desc([cfg.BM, cfg.BK]), "w_desc": desc(w_block), "start_ptr": "*i32", "table_ptr": "*i32"}
+    sig.update({"order_ptr": "*i32", "rw_ptr": "*fp32", "y_ptr": "*bf16"})
+    sig.update({n: "i32" for n in ("E", "N", "K", "MAX_M")})
+    constexprs = {"B_TRANS": transposed, "GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "E_PAD": 256}
+    constexprs.update({"LOAD_REGS": cfg.load_regs, "MMA_REGS": cfg.mma_regs})
+    sig.update({k: "constexpr" for k in constexprs})
+    attrs = aligned(kernel, ("start_ptr", "table_ptr", "order_ptr", "rw_ptr", "y_ptr", "N", "K"))
+    entry = {"config": cfg.__dict__, "kind": "moe_pairs_pingpong", "transposed": transposed}
+    k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, 4, cfg.maxnreg)
+    return failed or wgrad_report(k, entry)
+
+
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
     cfg = candidates.DSWIGLU_CANDIDATES[index]
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
@@ -492,6 +511,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         cfg = moe_gluon_pairs.CONFIG
         wide = dataclasses.replace(cfg, BN=256, STAGES=3)
         results = [compile_moe_pairs(c, t) for c in (cfg, wide) for t in (True, False)]
+        results += [compile_moe_pairs_pingpong(moe_gluon_pairs_pingpong.CONFIG, t) for t in (True, False)]
     else:
         raise SystemExit(f"unknown kernel {kind!r} (wgrad, grad_x, dswiglu, moe_wgrad, moe_up, moe_dswiglu or moe_pairs)")
     for r in results:  # the PTX text only for the comparison above

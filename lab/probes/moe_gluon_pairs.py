@@ -24,12 +24,17 @@ import torch
 import moe_probe as P  # beside this file
 from swiglu.kernels import moe as M
 from swiglu_lab.experiments import moe_gluon_pairs as G
+from swiglu_lab.experiments import moe_gluon_pairs_pingpong as PP
 
 CONFIGS = {
     "gluon 128 g1": G.CONFIG,
     "gluon 128 g8": dataclasses.replace(G.CONFIG, GROUP_M=8),
     "gluon 256 g1": dataclasses.replace(G.CONFIG, BN=256, STAGES=3),
+    "pingpong 128 g1": PP.CONFIG,
+    "pingpong 128 g8": dataclasses.replace(PP.CONFIG, GROUP_M=8),
 }
+if "--pingpong" in sys.argv:  # the ping-pong kernel alone beside the library's
+    CONFIGS = {k: v for k, v in CONFIGS.items() if k.startswith("pingpong")}
 rows = []
 
 
@@ -61,7 +66,8 @@ def check(name, r, weights, role, a, w, y, tile, time_it, num_programs=None, rep
         if w.shape[1 if role == "down" else 2] % cfg.BN:
             continue
         label += f" x{num_programs}" if num_programs else ""
-        launch = lambda cfg=cfg: G.launch_moe_pairs_gluon(a, w, r, weights, y, role == "down", cfg, num_programs)  # noqa: E731
+        fn = PP.launch_moe_pairs_pingpong if isinstance(cfg, PP.Config) else G.launch_moe_pairs_gluon
+        launch = lambda cfg=cfg, fn=fn: fn(a, w, r, weights, y, role == "down", cfg, num_programs)  # noqa: E731
         same = True
         try:
             for _ in range(repeats):

@@ -1,5 +1,6 @@
 """The Gluon MoE kernels (``swiglu.kernels.moe_gluon_wgrad``, ``moe_gluon_wgrad_pingpong``,
-``moe_gluon_up``, ``moe_gluon_dswiglu``, and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``,
+``moe_gluon_up``, ``moe_gluon_dswiglu``, and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``
+(and its ping-pong form),
 ``moe_gluon_up_gather`` and ``moe_gluon_dswiglu_gather``): each
 compiled for sm_90 with every Triton the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills, shared
 memory within the H200's block); the up projection's tile table (a tl kernel: run here under the
@@ -96,14 +97,15 @@ def _dswiglu(r):
 
 
 def _pairs(r):
-    # One m64nBNk16 wgmma chain (the forward's down projection and grad_x's pieces, BN 128 and 256).
-    assert r["wgmma"] == 4 and r["tma_load"] >= 2, r
+    # One m64nBNk16 wgmma chain (the forward's down projection and grad_x's pieces, BN 128 and 256);
+    # the ping-pong form's in each of its two MMA warpgroups, two m64 rows of a 128-row tile each.
+    assert r["wgmma"] == (16 if r["kind"] == "moe_pairs_pingpong" else 4) and r["tma_load"] >= 2, r
     assert r["st_global"] > 0 and r["tma_store"] == 0, r  # scattered rows: pointer stores
 
 
 @pytest.mark.parametrize(
     "kind, compiles, check",
-    [("moe_wgrad", 8, _wgrad), ("moe_up", 5, _up), ("moe_dswiglu", 5, _dswiglu), ("moe_pairs", 4, _pairs)],
+    [("moe_wgrad", 8, _wgrad), ("moe_up", 5, _up), ("moe_dswiglu", 5, _dswiglu), ("moe_pairs", 6, _pairs)],
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)
