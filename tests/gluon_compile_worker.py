@@ -26,7 +26,8 @@ and with N tiles in bands of 8 M tiles (GROUP_M 8); the lab's one gathering x's 
 (``swiglu_lab.experiments.moe_gluon_up_gather``) at its config.
 moe_dswiglu: the library's MoE dSwiGLU GEMM (``swiglu.kernels.moe_gluon_dswiglu``) at its config,
 with fp32 and bf16 routing weights; the lab's one gathering grad_out's rows itself
-(``swiglu_lab.experiments.moe_gluon_dswiglu_gather``) at its config.
+(``swiglu_lab.experiments.moe_gluon_dswiglu_gather``) at its config; the lab's ping-pong one
+(``moe_gluon_dswiglu_pingpong``) at its config.
 moe_pairs: the lab's MoE down-projection-shaped GEMM (``swiglu_lab.experiments.moe_gluon_pairs``), as the
 forward's down projection (B transposed, the routing weight) and as grad_x's pieces, and at BN 256;
 its ping-pong form (``moe_gluon_pairs_pingpong``) in both roles.
@@ -66,6 +67,7 @@ from swiglu_lab.experiments import (
     gluon_wgrad_resident,
     moe_gluon_dswiglu_gather,
     moe_gluon_pairs,
+    moe_gluon_dswiglu_pingpong,
     moe_gluon_pairs_pingpong,
     moe_gluon_up_gather,
     moe_gluon_wgrad_cooperative,
@@ -391,6 +393,24 @@ def compile_moe_pairs_pingpong(cfg, transposed: bool) -> dict:
     return failed or wgrad_report(k, entry)
 
 
+def compile_moe_dswiglu_pingpong(cfg) -> dict:
+    """``swiglu_lab.experiments.moe_gluon_dswiglu_pingpong``'s kernel at ``cfg`` (E_PAD 256: 128
+    experts), fp32 routing weights, reported as ``compile_one`` does."""
+    kernel = moe_gluon_dswiglu_pingpong.moe_dswiglu_pingpong_kernel
+    sig = {"gos_desc": desc([cfg.BM, cfg.BK]), "dp_desc": desc([cfg.BK, cfg.BN])}
+    sig.update({n: "*i32" for n in ("start_ptr", "table_ptr", "order_ptr")})
+    sig.update({"rw_ptr": "*fp32", "gate_ptr": "*bf16", "up_ptr": "*bf16", "dgu_ptr": "*bf16", "hw_ptr": "*bf16"})
+    sig.update({"part_ptr": "*fp32", **{n: "i32" for n in ("E", "H", "I", "MAX_M")}})
+    constexprs = {"GROUP_M": cfg.GROUP_M, "STAGES": cfg.STAGES, "EPI_M": cfg.EPI_M, "E_PAD": 256}
+    constexprs.update({"LOAD_REGS": cfg.load_regs, "MMA_REGS": cfg.mma_regs})
+    sig.update({k: "constexpr" for k in constexprs})
+    names = ("start_ptr", "table_ptr", "order_ptr", "rw_ptr", "gate_ptr", "up_ptr", "dgu_ptr", "hw_ptr", "part_ptr", "H", "I")
+    attrs = aligned(kernel, names)
+    entry = {"config": cfg.__dict__, "kind": "moe_dswiglu_pingpong", "weights": "fp32", "limit": None, "alpha": None}
+    k, failed = compile_sm90(kernel, sig, constexprs, attrs, entry, 4, cfg.maxnreg)
+    return failed or wgrad_report(k, entry)
+
+
 def compile_dswiglu(index: int, recompute: bool, t_is_one: bool = False, pdl: int = 0) -> dict:
     cfg = candidates.DSWIGLU_CANDIDATES[index]
     sig = {"go_desc": desc([cfg.BM, cfg.BK]), "down_desc": desc([cfg.BK, cfg.BN])}
@@ -507,6 +527,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         results.append(compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, "fp32", limit=10.0))
         results.append(compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, "fp32", limit=7.0, alpha=1.702))
         results.append(compile_moe_dswiglu(moe_gluon_dswiglu_gather.CONFIG, "fp32", gather=True))
+        results.append(compile_moe_dswiglu_pingpong(moe_gluon_dswiglu_pingpong.CONFIG))
     elif kind == "moe_pairs":
         cfg = moe_gluon_pairs.CONFIG
         wide = dataclasses.replace(cfg, BN=256, STAGES=3)

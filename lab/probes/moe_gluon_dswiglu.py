@@ -29,7 +29,10 @@ one-off script): 2.0-3.0x slower at every shape, the epilogue warps the bound; b
 128-row tiles issue ~1.25x the routed rows (DeepSeek-V3's 256 +- 16 rows per expert). Answer (one
 H100, bitwise): slower at every shape, 1.08-1.46x the 128-row kernel's time at the best config (DeepSeek-V3
 7.07 against 5.20 ms): data/tuning/moe_dswiglu_bm64_h100_20261206/.
-Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [--sweep] [--wide] [--bm64] [shape ...]
+``--pingpong``: the lab's ping-pong kernel (``swiglu_lab.experiments.moe_gluon_dswiglu_pingpong``: two MMA
+warpgroups on alternate 128 x 128 tiles, each running its own epilogue under the other's main loop)
+beside the library's kernels, with its grad_out copy and alone ("kernel": the copy made beforehand).
+Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [--sweep] [--wide] [--bm64] [--pingpong] [shape ...]
 """
 
 import dataclasses
@@ -42,6 +45,7 @@ from swiglu.kernels import moe as M
 from swiglu.kernels import moe_gluon_dswiglu as G
 from swiglu.kernels.moe_gluon_up import _layout, tile_table
 from swiglu_lab.experiments import moe_gluon_dswiglu_gather as DG
+from swiglu_lab.experiments import moe_gluon_dswiglu_pingpong as PPD
 
 CONFIGS = {"gluon g1": G.CONFIG, "gluon g8": dataclasses.replace(G.CONFIG, GROUP_M=8)}
 # The lab's kernel gathering grad_out's rows itself (cp.async), no copy: its launch is its kernel (and the table).
@@ -65,6 +69,8 @@ if "--wide" in sys.argv:  # 128 x 256 tiles: the fp32 handover leaves BK 32 x 4 
         "gluon 256 bk64 s2": dataclasses.replace(wide, BK=64, STAGES=2),
         "gluon 256 bk32 g8": dataclasses.replace(wide, GROUP_M=8),
     }
+if "--pingpong" in sys.argv:  # the ping-pong kernel (two MMA warpgroups on alternate tiles) beside the library's
+    CONFIGS = {"gluon g1": G.CONFIG, "pingpong g1": PPD.CONFIG, "pingpong g8": dataclasses.replace(PPD.CONFIG, GROUP_M=8)}
 rows = []
 
 
@@ -110,6 +116,10 @@ def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=Non
             o3 = (*outs[:2], outs[2].new_empty(outs[1].shape[0], outs[1].shape[1] // cfg.BN))
         if label.startswith("gather"):
             launch = lambda cfg=cfg: DG.launch_moe_dswiglu_gather(go, dp, r, k, w, gate, up, *o3, cfg, num_programs)  # noqa: E731
+        elif label.startswith("pingpong"):
+            launch = lambda cfg=cfg: PPD.launch_moe_dswiglu_pingpong(
+                M.gather_rows(go, r, k), dp, r, w, gate, up, *o3, cfg, num_programs
+            )  # noqa: E731
         else:
             launch = lambda cfg=cfg: G.launch_moe_dswiglu_gluon(
                 M.gather_rows(go, r, k), dp, r, w, gate, up, *o3, cfg, num_programs
@@ -129,7 +139,13 @@ def check(name, go, dp, r, k, w, gate, up, outs, tile, time_it, num_programs=Non
         ms = kernel = float("nan")
         if time_it:
             ms = P.kernel_ms(launch)
-            kernel = ms if label.startswith("gather") else P.kernel_ms(kernel_only(go, dp, r, k, w, gate, up, o3, cfg))
+            if label.startswith("gather"):
+                kernel = ms
+            elif label.startswith("pingpong"):  # the copy made beforehand; the tile table with the kernel
+                gos = M.gather_rows(go, r, k)
+                kernel = P.kernel_ms(lambda cfg=cfg, gos=gos: PPD.launch_moe_dswiglu_pingpong(gos, dp, r, w, gate, up, *o3, cfg))
+            else:
+                kernel = P.kernel_ms(kernel_only(go, dp, r, k, w, gate, up, o3, cfg))
         rows.append((name, label, ms, kernel, same, rel))
         print(f"{name:12s} {label:14s} {ms:7.3f} ms (kernel {kernel:7.3f})  bitwise={same}  part rel={rel:.2g}", flush=True)
 

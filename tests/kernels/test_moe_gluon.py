@@ -1,7 +1,7 @@
 """The Gluon MoE kernels (``swiglu.kernels.moe_gluon_wgrad``, ``moe_gluon_wgrad_pingpong``,
-``moe_gluon_up``, ``moe_gluon_dswiglu``, and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``
-(and its ping-pong form),
-``moe_gluon_up_gather`` and ``moe_gluon_dswiglu_gather``): each
+``moe_gluon_up``, ``moe_gluon_dswiglu``, and the lab's ``swiglu_lab.experiments.moe_gluon_pairs``,
+``moe_gluon_up_gather``, ``moe_gluon_dswiglu_gather`` and the ping-pong forms
+``moe_gluon_pairs_pingpong``, ``moe_gluon_dswiglu_pingpong``): each
 compiled for sm_90 with every Triton the Gluon kernels are written for (warp-specialized, its wgmma and TMA operations, no spills, shared
 memory within the H200's block); the up projection's tile table (a tl kernel: run here under the
 interpreter) against the grouped GEMM's tiles computed in Python; the plan's choice of them; the
@@ -85,10 +85,11 @@ def _up(r):
 
 
 def _dswiglu(r):
-    # One m64n128k16 wgmma chain; the B box split in two at the 128-byte swizzle, with A's; or (the
+    # One m64n128k16 wgmma chain (the lab's ping-pong kernel: in each of two MMA warpgroups, two m64
+    # rows of a 128-row tile each); the B box split in two at the 128-byte swizzle, with A's; or (the
     # lab's gathering kernel) B's alone and A's rows by 16-byte cp.async (four warps: BM * BK * 2 /
     # 16 / 128 per thread), tracked by the stage's barrier, fenced before the wgmma.
-    assert r["wgmma"] == 4, r
+    assert r["wgmma"] == (16 if r["kind"] == "moe_dswiglu_pingpong" else 4), r
     if r["kind"] == "moe_dswiglu_gather":
         assert r["tma_load"] == 1 and r["cp_async"] == 8 and r["cp_async_arrive"] == 1 and r["fence_proxy_async"] >= 1, r
     else:
@@ -105,7 +106,7 @@ def _pairs(r):
 
 @pytest.mark.parametrize(
     "kind, compiles, check",
-    [("moe_wgrad", 8, _wgrad), ("moe_up", 5, _up), ("moe_dswiglu", 5, _dswiglu), ("moe_pairs", 6, _pairs)],
+    [("moe_wgrad", 8, _wgrad), ("moe_up", 5, _up), ("moe_dswiglu", 6, _dswiglu), ("moe_pairs", 6, _pairs)],
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)

@@ -11,8 +11,8 @@ measure and the tests compile (a table entry's ``"candidate"`` index points into
 ``moe_persistent``: the six MoE kernels as persistent programs walking the tiles
 (lab/probes/moe_persistent.py). ``moe_gluon_pairs``: the MoE down projection and grad_x as one
 warp-specialized Gluon kernel over all experts (lab/probes/moe_gluon_pairs.py);
-``moe_gluon_pairs_pingpong``: the same GEMMs on the weight gradients' ping-pong tile
-(lab/probes/moe_pairs_pingpong.py).
+``moe_gluon_pairs_pingpong``, ``moe_gluon_dswiglu_pingpong``: those GEMMs and the dSwiGLU GEMM on
+the weight gradients' ping-pong tile (lab/probes/moe_pingpong_ab.py).
 ``moe_gluon_up_gather``,
 ``moe_gluon_dswiglu_gather``: the MoE up projection and dSwiGLU GEMM gathering x's / grad_out's rows
 with cp.async instead of reading a copy (lab/probes/moe_gluon_up.py, moe_gluon_dswiglu.py)."""
