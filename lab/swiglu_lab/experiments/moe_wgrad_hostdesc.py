@@ -219,13 +219,7 @@ def _mma_wg(p, WHICH: gl.constexpr):
             if p.HOST == 2:  # the library's zeroing of the rows past the expert
                 rem = rows - kk * BK
                 if rem < BK:
-                    if p.GATHER != 1:
-                        PP._zero_rows(p.a_bufs.index(s), rem)
-                    if p.GATHER != 2:
-                        PP._zero_rows(p.b_bufs.index(s), rem)
-                        PP._zero_rows(p.b2_bufs.index(s), rem)
-                    fence_async_shared()
-                    _cta_barrier()
+                    PP._zero_past(p, s, rem)
             if p.GATHER != 0:
                 fence_async_shared()
             a_s = p.a_bufs.index(s).permute((1, 0))

@@ -220,6 +220,19 @@ def _zero_rows(buf, rem):
 
 
 @gluon.jit
+def _zero_past(p, s, rem):
+    """Rows rem .. BK - 1 of stage s zeroed in each TMA-read operand (a gathered one's are zeros,
+    inf rows of the next expert included), made visible to the MMAs (async proxy, every warp)."""
+    if p.GATHER != 1:
+        _zero_rows(p.a_bufs.index(s), rem)
+    if p.GATHER != 2:
+        _zero_rows(p.b_bufs.index(s), rem)
+        _zero_rows(p.b2_bufs.index(s), rem)
+    fence_async_shared()
+    _cta_barrier()
+
+
+@gluon.jit
 def _mma_wg(p, WHICH: gl.constexpr):
     # Warpgroup WHICH takes the program's tiles WHICH, WHICH + 2, ...; the loader fills the ring in
     # tile order, so tile i's steps start at c, the k-steps of tiles 0 .. i - 1 (both warpgroups').
@@ -248,17 +261,10 @@ def _mma_wg(p, WHICH: gl.constexpr):
             g = c + kk
             s = g % STAGES
             mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
-            # The expert's last step: the rows past its end (the next expert's, or past S)
-            # zeroed in each TMA-read operand (a gathered one's are zeros), inf ones included.
+            # The expert's last step: the rows past its end (the next expert's, or past S) zeroed.
             rem = rows - kk * BK
             if rem < BK:
-                if p.GATHER != 1:
-                    _zero_rows(p.a_bufs.index(s), rem)
-                if p.GATHER != 2:
-                    _zero_rows(p.b_bufs.index(s), rem)
-                    _zero_rows(p.b2_bufs.index(s), rem)
-                fence_async_shared()
-                _cta_barrier()
+                _zero_past(p, s, rem)
             elif p.GATHER != 0:  # cp.async's writes (generic proxy) before wgmma's reads (async proxy)
                 fence_async_shared()
             a_s = p.a_bufs.index(s).permute((1, 0))
