@@ -13,7 +13,12 @@ an M tile), both GEMMs, against the library's kernel, then exits; run it first u
 fault in the barriers hangs). Otherwise: both GEMMs at 8192 tokens per shape (moe_probe.SHAPES),
 the library's kernel and the Gluon launch at BN 128 and 256 (N tiles fastest and in bands of 8),
 NaN-poisoned outputs, bitwise against the library's, do_bench times (L2 flushed); a table last.
-Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_pairs.py [--smoke] [shape ...]
+``--pingpong``: the lab's ping-pong form (``swiglu_lab.experiments.moe_gluon_pairs_pingpong``: two
+MMA warpgroups on alternate tiles, each epilogue under the other's main loop) alone beside the
+library's kernel. Answer (one H100, data/tuning/moe_pairs_pingpong_h100_20261206/): bitwise; faster
+only at Qwen3-30B-A3B's down projection (0.410 against 0.468 ms), 0.97-1.25x at the larger shapes
+in bands of 8 M tiles; in the whole op (lab/probes/moe_pingpong_ab.py) 0.997x at 30B: not taken.
+Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_pairs.py [--smoke] [--pingpong] [shape ...]
 """
 
 import dataclasses
