@@ -32,6 +32,9 @@ H100, bitwise): slower at every shape, 1.08-1.46x the 128-row kernel's time at t
 ``--pingpong``: the lab's ping-pong kernel (``swiglu_lab.experiments.moe_gluon_dswiglu_pingpong``: two MMA
 warpgroups on alternate 128 x 128 tiles, each running its own epilogue under the other's main loop)
 beside the library's kernels, with its grad_out copy and alone ("kernel": the copy made beforehand).
+Answer (one H100, data/tuning/moe_dswiglu_pingpong_h100_20261206/): bitwise (partial sums within
+1.7e-7); alone at the library Gluon kernel's speed (Qwen3-30B-A3B 0.598 against 0.605 ms), the whole
+op 0.996-1.018x (lab/probes/moe_pingpong_ab.py --dswiglu): not taken.
 Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [--sweep] [--wide] [--bm64] [--pingpong] [shape ...]
 """
 
