@@ -26,7 +26,7 @@ import dataclasses
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
 from swiglu.kernels.devices import device_sms
@@ -35,24 +35,17 @@ from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _
 from swiglu.kernels.moe_gluon_dswiglu import _row_layout
 from swiglu.kernels.moe_gluon_up import _layout, tile_table
 from swiglu.kernels.tl_kernels import _tile_mn
-from swiglu_lab.experiments.moe_gluon_pairs_pingpong import _program_tiles
+from swiglu_lab.experiments.moe_gluon_pairs_pingpong import Config as PairsConfig
+from swiglu_lab.experiments.moe_gluon_pairs_pingpong import _program_tiles, _tile_mma
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """128 x 128 tiles per MMA warpgroup, STAGES k-steps of BK (4 x 32 KB), one [BM, 64] fp32
-    epilogue buffer per warpgroup (2 x 32 KB), the epilogue EPI_M rows at a time; registers:
-    maxnreg at launch, mma_regs for the second MMA warpgroup, load_regs for the loader."""
+class Config(PairsConfig):
+    """``moe_gluon_pairs_pingpong.Config`` (128 x 128 tiles per MMA warpgroup, 4 stages of 64-deep
+    k-steps, the registers) with the epilogue EPI_M rows at a time; one [BM, 64] fp32 epilogue
+    buffer per warpgroup (2 x 32 KB)."""
 
-    BM: int = 128
-    BN: int = 128
-    BK: int = 64
-    STAGES: int = 4
     EPI_M: int = 16
-    GROUP_M: int = 1
-    maxnreg: int = 168
-    mma_regs: int = 232
-    load_regs: int = 40
 
 
 CONFIG = Config()
@@ -189,11 +182,10 @@ def _half(p, buf, sums, half, j: gl.constexpr, row0, rows_left, col0, pid_n, num
 
 @gluon.jit
 def _mma_wg(p, WHICH: gl.constexpr):
-    # ``moe_gluon_pairs_pingpong._mma_wg``'s main loop and handshake; the dSwiGLU epilogue.
+    # ``moe_gluon_pairs_pingpong``'s main loop and handshake; the dSwiGLU epilogue.
     BM: gl.constexpr = p.a_bufs.type.shape[1]
     BK: gl.constexpr = p.a_bufs.type.shape[2]
     BN: gl.constexpr = p.b_bufs.type.shape[2]
-    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(p, BM, BN)
     k_tiles = p.H // BK
     buf = p.g_bufs.index(WHICH)
@@ -201,20 +193,7 @@ def _mma_wg(p, WHICH: gl.constexpr):
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=_mma_layout(BM, BN, gl.num_warps()))
     j = 0  # this warpgroup's tiles so far
     for i in range(WHICH, num_tiles, 2):
-        c = i * k_tiles
-        mbarrier.wait(p.order.index(1 - WHICH), (j - 1 + WHICH) & 1)
-        for kk in range(k_tiles):
-            g = c + kk
-            s = g % STAGES
-            mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
-            acc = warpgroup_mma(p.a_bufs.index(s), p.b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # step g - 1's wgmma is done
-            _cta_barrier()
-            mbarrier.arrive(p.empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)
-        mbarrier.arrive(p.order.index(WHICH))  # every thread of this warpgroup passed its last ready wait
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _cta_barrier()
-        mbarrier.arrive(p.empty.index((c + k_tiles - 1) % STAGES))
+        acc = _tile_mma(p, acc, i, j, k_tiles, WHICH, False)
         m, pid_n = _tile_mn(pid + i * nprog, num_m, num_n, p.GROUP_M)
         row0 = gl.load(p.table_ptr + p.MAX_M + m)
         rows_left = gl.load(p.table_ptr + 2 * p.MAX_M + m) - row0

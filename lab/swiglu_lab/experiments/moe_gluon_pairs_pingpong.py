@@ -176,36 +176,43 @@ def _epilogue(acc, p, WHICH: gl.constexpr, m, pid_n):
 
 
 @gluon.jit
+def _tile_mma(p, acc, i, j, k_tiles, WHICH: gl.constexpr, B_TRANS: gl.constexpr):
+    # Tile i of the program, this warpgroup's j-th (it takes tiles WHICH, WHICH + 2, ...): its
+    # k-steps are ring steps i * k_tiles ..., run once the other warpgroup passed every ready wait
+    # of tile i - 1 (``moe_gluon_wgrad_pingpong._mma_wg``'s handshake on ``order``); returns the
+    # finished accumulator with the tile's stages released.
+    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+    c = i * k_tiles
+    mbarrier.wait(p.order.index(1 - WHICH), (j - 1 + WHICH) & 1)
+    for kk in range(k_tiles):
+        g = c + kk
+        s = g % STAGES
+        mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
+        b = p.b_bufs.index(s)
+        if B_TRANS:
+            b = b.permute((1, 0))
+        acc = warpgroup_mma(p.a_bufs.index(s), b, acc, use_acc=kk > 0, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # step g - 1's wgmma is done
+        _cta_barrier()
+        mbarrier.arrive(p.empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)
+    mbarrier.arrive(p.order.index(WHICH))  # every thread of this warpgroup passed its last ready wait
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    _cta_barrier()
+    mbarrier.arrive(p.empty.index((c + k_tiles - 1) % STAGES))
+    return acc
+
+
+@gluon.jit
 def _mma_wg(p, WHICH: gl.constexpr):
-    # Warpgroup WHICH takes the program's tiles WHICH, WHICH + 2, ...; tile i's k-steps are ring
-    # steps i * k_tiles ... Its main loop starts once the other warpgroup passed every ready wait
-    # of tile i - 1 (``moe_gluon_wgrad_pingpong._mma_wg``'s handshake on ``order``).
     BM: gl.constexpr = p.a_bufs.type.shape[1]
     BK: gl.constexpr = p.a_bufs.type.shape[2]
     BN: gl.constexpr = p.c_bufs.type.shape[2] * 2
-    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
     num_m, num_n, pid, nprog, num_tiles = _program_tiles(p, BM, BN)
     k_tiles = gl.cdiv(p.K, BK)
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=_mma_layout(BM, BN, gl.num_warps()))
     j = 0  # this warpgroup's tiles so far
     for i in range(WHICH, num_tiles, 2):
-        c = i * k_tiles
-        mbarrier.wait(p.order.index(1 - WHICH), (j - 1 + WHICH) & 1)
-        for kk in range(k_tiles):
-            g = c + kk
-            s = g % STAGES
-            mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
-            b = p.b_bufs.index(s)
-            if p.B_TRANS:
-                b = b.permute((1, 0))
-            acc = warpgroup_mma(p.a_bufs.index(s), b, acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # step g - 1's wgmma is done
-            _cta_barrier()
-            mbarrier.arrive(p.empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)
-        mbarrier.arrive(p.order.index(WHICH))  # every thread of this warpgroup passed its last ready wait
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _cta_barrier()
-        mbarrier.arrive(p.empty.index((c + k_tiles - 1) % STAGES))
+        acc = _tile_mma(p, acc, i, j, k_tiles, WHICH, p.B_TRANS)
         m, pid_n = _tile_mn(pid + i * nprog, num_m, num_n, p.GROUP_M)
         _epilogue(acc, p, WHICH, m, pid_n)
         j += 1
