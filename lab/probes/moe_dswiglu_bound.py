@@ -14,6 +14,10 @@ Per shape at 8192 tokens, balanced routing (do_bench, L2 flushed):
 - ``bmm + memory``: both, as if they did not overlap.
 ``ours`` near ``bmm + memory``: the two do not overlap; near ``bmm``: the GEMM bounds it, and cuBLAS's
 tile (2-CTA clusters, multicast) is the lever; ``bmm`` well below the dense rate: the shape itself.
+Answer (one H100, data/tuning/moe_dswiglu_bound_h100_20261206/): the GEMM. Ours is slower than
+cuBLAS's product and the epilogue's traffic run one after the other (30B 0.671 ms against 0.305 +
+0.167; DeepSeek-V3 5.349 against 2.922 + 0.436); cuBLAS does the product at 659-737 TFLOP/s with
+its 256 x 128 cooperative tile on a 2-CTA cluster with multicast (the weight gradients' too).
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_dswiglu_bound.py [shape ...]
 """
 
@@ -61,7 +65,7 @@ for name in [a for a in sys.argv[1:] if not a.startswith("--")] or ["qwen3-30b",
     torch.cuda.empty_cache()
 
 print(f"\n{torch.cuda.get_device_name()}, {T} tokens, balanced routing; ms (do_bench, L2 flushed)")
-print("| shape | ours | bmm | mm | memory | bmm + memory | ours TFLOP/s | bmm TFLOP/s | mm TFLOP/s | memory GB/s |")
+print("| shape | ours | bmm | mm | memory | bmm + memory | ours TFLOP/s | bmm TFLOP/s | mm TFLOP/s | memory TB/s |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for row in rows:
     print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else v for v in row) + " |")
