@@ -6,7 +6,7 @@
 routing-weight gradient's partial sums [S, I / 128] by pair id; no swiglu_limit or swiglu_alpha),
 from gos, grad_out's rows in expert order. The library's Gluon kernel runs both MMA warpgroups on
 one tile and the epilogue in four epilogue warps; its epilogue (gate and up loads, three stores
-per element, a sum per row) is memory work about as long as a tile's MMAs at Qwen3-30B-A3B
+per element, a sum per row) looked like memory work as long as a tile's MMAs at Qwen3-30B-A3B
 (K = 2048, 350 TFLOP/s there). Here, as in ``swiglu.kernels.moe_gluon_wgrad_pingpong``, two
 4-warp MMA warpgroups take alternate 128 x 128 tiles, each running its own epilogue under the
 other's main loop: the fp32 accumulator in two 64-column halves through the warpgroup's [128, 64]
@@ -18,7 +18,9 @@ boxes, H % BK == 0). Tiles: the real M tiles x the N tiles (``moe_gluon_pairs_pi
 On an H100 (``lab/probes/moe_gluon_dswiglu.py --pingpong``, ``lab/probes/moe_pingpong_ab.py
 --dswiglu``, data/tuning/moe_dswiglu_pingpong_h100_20261206/): right (d_gate, d_up, h * w bitwise),
 alone the library's Gluon kernel's speed (0.598 against 0.605 ms at Qwen3-30B-A3B), and the whole
-op 0.996-1.018x the library's: not in the library.
+op 0.996-1.018x the library's: not in the library. What bounds the dSwiGLU GEMM is its GEMM
+(``lab/probes/moe_dswiglu_bound.py``: cuBLAS's product plus the epilogue's traffic in sequence is
+faster than either kernel).
 """
 
 import dataclasses
