@@ -27,7 +27,7 @@ and with N tiles in bands of 8 M tiles (GROUP_M 8); the lab's one gathering x's 
 moe_dswiglu: the library's MoE dSwiGLU GEMM (``swiglu.kernels.moe_gluon_dswiglu``) at its config,
 with fp32 and bf16 routing weights; the lab's one gathering grad_out's rows itself
 (``swiglu_lab.experiments.moe_gluon_dswiglu_gather``) at its config; the lab's ping-pong one
-(``moe_gluon_dswiglu_pingpong``) at its config.
+(``moe_gluon_dswiglu_pingpong``) at its config and its cooperative 256 x 128 form.
 moe_pairs: the lab's MoE down-projection-shaped GEMM (``swiglu_lab.experiments.moe_gluon_pairs``), as the
 forward's down projection (B transposed, the routing weight) and as grad_x's pieces, and at BN 256;
 its ping-pong form (``moe_gluon_pairs_pingpong``) in both roles.
@@ -397,6 +397,8 @@ def compile_moe_dswiglu_pingpong(cfg) -> dict:
     """``swiglu_lab.experiments.moe_gluon_dswiglu_pingpong``'s kernel at ``cfg`` (E_PAD 256: 128
     experts), fp32 routing weights, reported as ``compile_one`` does."""
     kernel = moe_gluon_dswiglu_pingpong.moe_dswiglu_pingpong_kernel
+    if cfg.BM == 256:
+        kernel = moe_gluon_dswiglu_pingpong.moe_dswiglu_coop_kernel
     sig = {"gos_desc": desc([cfg.BM, cfg.BK]), "dp_desc": desc([cfg.BK, cfg.BN])}
     sig.update({n: "*i32" for n in ("start_ptr", "table_ptr", "order_ptr")})
     sig.update({"rw_ptr": "*fp32", "gate_ptr": "*bf16", "up_ptr": "*bf16", "dgu_ptr": "*bf16", "hw_ptr": "*bf16"})
@@ -528,6 +530,7 @@ def main(path: str, kind: str = "wgrad", indices: list[int] | None = None) -> No
         results.append(compile_moe_dswiglu(moe_gluon_dswiglu.CONFIG, "fp32", limit=7.0, alpha=1.702))
         results.append(compile_moe_dswiglu(moe_gluon_dswiglu_gather.CONFIG, "fp32", gather=True))
         results.append(compile_moe_dswiglu_pingpong(moe_gluon_dswiglu_pingpong.CONFIG))
+        results.append(compile_moe_dswiglu_pingpong(moe_gluon_dswiglu_pingpong.COOP_CONFIG))
     elif kind == "moe_pairs":
         cfg = moe_gluon_pairs.CONFIG
         wide = dataclasses.replace(cfg, BN=256, STAGES=3)

@@ -34,7 +34,9 @@ warpgroups on alternate 128 x 128 tiles, each running its own epilogue under the
 beside the library's kernels, with its grad_out copy and alone ("kernel": the copy made beforehand).
 Answer (one H100, data/tuning/moe_dswiglu_pingpong_h100_20261206/): bitwise (partial sums within
 1.7e-7); alone at the library Gluon kernel's speed (Qwen3-30B-A3B 0.598 against 0.605 ms), the whole
-op 0.996-1.018x (lab/probes/moe_pingpong_ab.py --dswiglu): not taken.
+op 0.996-1.018x (lab/probes/moe_pingpong_ab.py --dswiglu): not taken. With it, "pingpong coop256":
+the module's cooperative 256 x 128 kernel (both warpgroups on one tile, 85 FLOP per L2 operand
+byte against 64), compiled for sm_90, not yet run.
 Run: PYTHONPATH=src:lab timeout -k 5 240 python3 lab/probes/moe_gluon_dswiglu.py [--smoke] [--sweep] [--wide] [--bm64] [--pingpong] [shape ...]
 """
 
@@ -74,6 +76,8 @@ if "--wide" in sys.argv:  # 128 x 256 tiles: the fp32 handover leaves BK 32 x 4 
     }
 if "--pingpong" in sys.argv:  # the ping-pong kernel (two MMA warpgroups on alternate tiles) beside the library's
     CONFIGS = {"gluon g1": G.CONFIG, "pingpong g1": PPD.CONFIG, "pingpong g8": dataclasses.replace(PPD.CONFIG, GROUP_M=8)}
+    # and its cooperative 256 x 128 form (both warpgroups on one tile: cuBLAS's tile intensity, no cluster)
+    CONFIGS |= {"pingpong coop256 g1": PPD.COOP_CONFIG, "pingpong coop256 g8": dataclasses.replace(PPD.COOP_CONFIG, GROUP_M=8)}
 rows = []
 
 

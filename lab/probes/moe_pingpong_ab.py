@@ -33,7 +33,7 @@ from swiglu_lab.experiments import moe_gluon_dswiglu_pingpong as PPD
 from swiglu_lab.experiments import moe_gluon_pairs_pingpong as PP
 
 REP = next((int(a[6:]) for a in sys.argv[1:] if a.startswith("--rep=")), 200)
-# variant: (pairs roles on the ping-pong kernel, dSwiGLU on it, grad_out's copy shared)
+# variant: (pairs roles on the ping-pong kernel, dSwiGLU on it ("coop": its 256 x 128 form), grad_out's copy shared)
 VARIANTS = {
     "library": ((), False, False),
     "pp down": ((True,), False, False),
@@ -46,6 +46,8 @@ if "--dswiglu" in sys.argv:  # the dSwiGLU kernel's variants only, beside the li
         "pp dswiglu": ((), True, False),
         "pp dswiglu shared": ((), True, True),
         "pp dswiglu shared + down": ((True,), True, True),
+        "coop256 dswiglu": ((), "coop", False),
+        "coop256 dswiglu shared": ((), "coop", True),
     }
 library_pairs, library_dswiglu = kmoe.launch_pairs, kmoe.launch_dswiglu
 
@@ -59,10 +61,17 @@ def routed(roles):
     return launch_pairs
 
 
-def dswiglu(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos=None, limit=None, alpha=None):
-    if limit is None and alpha is None and PPD.supports(grad_out, down_proj, dgu, part):
+def dswiglu_with(base):
+    def launch(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos=None, limit=None, alpha=None):
+        return dswiglu(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos, limit, alpha, base)
+
+    return launch
+
+
+def dswiglu(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos=None, limit=None, alpha=None, base=PPD.CONFIG):
+    if limit is None and alpha is None and PPD.supports(grad_out, down_proj, dgu, part, base):
         gos = kmoe.gather_rows(grad_out, r, k) if gos is None else gos
-        cfg = PPD.Config(GROUP_M=tile.GROUP_M)
+        cfg = dataclasses.replace(base, GROUP_M=tile.GROUP_M)
         return PPD.launch_moe_dswiglu_pingpong(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg)
     return library_dswiglu(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos, limit, alpha)
 
@@ -86,7 +95,7 @@ def run(name):
         roles, dsw, share = VARIANTS[variant]
         kmoe.launch_pairs = routed(roles)
         if dsw:
-            kmoe.launch_dswiglu = dswiglu
+            kmoe.launch_dswiglu = dswiglu_with(PPD.COOP_CONFIG if dsw == "coop" else PPD.CONFIG)
         try:
             p = dataclasses.replace(plan, share_grad_out_copy=True) if share else plan
             out, gate, up, r = kmoe.moe_forward(x, idx, w, gu, dp, p)

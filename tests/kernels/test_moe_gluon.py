@@ -85,8 +85,8 @@ def _up(r):
 
 
 def _dswiglu(r):
-    # One m64n128k16 wgmma chain (the lab's ping-pong kernel: in each of two MMA warpgroups, two m64
-    # rows of a 128-row tile each); the B box split in two at the 128-byte swizzle, with A's; or (the
+    # One m64n128k16 wgmma chain (the lab's ping-pong and cooperative kernels: in each of two MMA
+    # warpgroups, two m64 rows of its 128 rows); the B box split in two at the 128-byte swizzle, with A's; or (the
     # lab's gathering kernel) B's alone and A's rows by 16-byte cp.async (four warps: BM * BK * 2 /
     # 16 / 128 per thread), tracked by the stage's barrier, fenced before the wgmma.
     assert r["wgmma"] == (16 if r["kind"] == "moe_dswiglu_pingpong" else 4), r
@@ -106,7 +106,7 @@ def _pairs(r):
 
 @pytest.mark.parametrize(
     "kind, compiles, check",
-    [("moe_wgrad", 8, _wgrad), ("moe_up", 5, _up), ("moe_dswiglu", 6, _dswiglu), ("moe_pairs", 6, _pairs)],
+    [("moe_wgrad", 8, _wgrad), ("moe_up", 5, _up), ("moe_dswiglu", 7, _dswiglu), ("moe_pairs", 6, _pairs)],
     ids=["wgrad", "up", "dswiglu", "pairs"],
 )
 @pytest.mark.parametrize("which", WHICH_TRITONS)

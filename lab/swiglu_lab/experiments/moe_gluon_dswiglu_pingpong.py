@@ -20,7 +20,8 @@ On an H100 (``lab/probes/moe_gluon_dswiglu.py --pingpong``, ``lab/probes/moe_pin
 alone the library's Gluon kernel's speed (0.598 against 0.605 ms at Qwen3-30B-A3B), and the whole
 op 0.996-1.018x the library's: not in the library. What bounds the dSwiGLU GEMM is its GEMM
 (``lab/probes/moe_dswiglu_bound.py``: cuBLAS's product plus the epilogue's traffic in sequence is
-faster than either kernel).
+faster than either kernel). ``moe_dswiglu_coop_kernel`` (``COOP_CONFIG``) is a first step toward
+cuBLAS's tile for it: both warpgroups on one 256 x 128 tile, no cluster; compiled, not yet run.
 """
 
 import dataclasses
@@ -28,7 +29,7 @@ import dataclasses
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
 from swiglu.kernels.devices import device_sms
@@ -51,6 +52,8 @@ class Config(PairsConfig):
 
 
 CONFIG = Config()
+#: ``moe_dswiglu_coop_kernel``'s: 256 x 128 tiles, three stages.
+COOP_CONFIG = Config(BM=256, STAGES=3)
 
 
 @aggregate
@@ -242,6 +245,87 @@ def moe_dswiglu_pingpong_kernel(
     gl.warp_specialize([(_mma_first, (p,)), (_mma_second, (p,)), (_load_partition, (p,))], [4, 1], [MMA_REGS, LOAD_REGS])
 
 
+# ----------------------------------------------------------------------------- cooperative 256 x 128
+# Both MMA warpgroups on one 256 x 128 tile (rows 0-127 and 128-255 of each stage's [256, BK] A
+# box, one B box): 85 FLOP per operand byte from L2 against the 128 x 128 tile's 64, the intensity
+# of cuBLAS's 256 x 128 tile without its cluster; each warpgroup runs the epilogue of its 128 rows
+# (``_half``) with no MMAs under it. Three stages (48 KB each) beside the two fp32 buffers.
+
+
+@gluon.jit
+def _coop_wg(p, WHICH: gl.constexpr):
+    BM: gl.constexpr = p.a_bufs.type.shape[1]  # the tile's 256 rows
+    BK: gl.constexpr = p.a_bufs.type.shape[2]
+    BN: gl.constexpr = p.b_bufs.type.shape[2]
+    STAGES: gl.constexpr = p.a_bufs.type.shape[0]
+    HM: gl.constexpr = BM // 2
+    num_m, num_n, pid, nprog, num_tiles = _program_tiles(p, BM, BN)
+    k_tiles = p.H // BK
+    buf = p.g_bufs.index(WHICH)
+    sums = p.s_bufs.index(WHICH)
+    acc = gl.zeros((HM, BN), dtype=gl.float32, layout=_mma_layout(HM, BN, gl.num_warps()))
+    for t in range(num_tiles):
+        c = t * k_tiles
+        for kk in range(k_tiles):
+            g = c + kk
+            s = g % STAGES
+            mbarrier.wait(p.ready.index(s), (g // STAGES) & 1)
+            a = p.a_bufs.index(s).slice(WHICH * HM, HM, dim=0)
+            acc = warpgroup_mma(a, p.b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # step g - 1's wgmma is done
+            _cta_barrier()
+            mbarrier.arrive(p.empty.index((g + STAGES - 1) % STAGES), pred=kk > 0)  # one of the stage's two arrivals
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _cta_barrier()
+        mbarrier.arrive(p.empty.index((c + k_tiles - 1) % STAGES))
+        m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, p.GROUP_M)
+        row0 = gl.load(p.table_ptr + p.MAX_M + m) + WHICH * HM
+        rows_left = gl.load(p.table_ptr + 2 * p.MAX_M + m) - row0  # <= 0: no rows in this half
+        lo, hi = gl.split(gl.permute(gl.reshape(acc, [HM, 2, BN // 2]), (0, 2, 1)))
+        _half(p, buf, sums, lo, 0, row0, rows_left, pid_n * BN, pid_n, num_n)
+        _half(p, buf, sums, hi, 1, row0, rows_left, pid_n * BN + BN // 2, pid_n, num_n)
+
+
+@gluon.jit
+def _coop_first(p):
+    _coop_wg(p, 0)
+
+
+@gluon.jit
+def _coop_second(p):
+    _coop_wg(p, 1)
+
+
+@gluon.jit
+def moe_dswiglu_coop_kernel(
+    gos_desc, dp_desc, start_ptr, table_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, E, H, I,
+    MAX_M, GROUP_M: gl.constexpr, STAGES: gl.constexpr, EPI_M: gl.constexpr, E_PAD: gl.constexpr,
+    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
+):  # fmt: skip
+    """``moe_dswiglu_pingpong_kernel``'s outputs on 256 x 128 tiles (gos_desc's boxes [256, BK]; the
+    tile table of 256-row M tiles); launch with num_warps=4."""
+    BM: gl.constexpr = gos_desc.block_type.shape[0]
+    BK: gl.constexpr = gos_desc.block_type.shape[1]
+    BN: gl.constexpr = dp_desc.block_type.shape[1]
+    gl.static_assert(BM == 256, "two warpgroups of 128 rows")
+    gl.static_assert(BN == 128, "two 64-column halves; partial sums per 128 columns")
+    gl.static_assert((BM // 2) % EPI_M == 0)
+    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], gos_desc.layout)
+    b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BN], dp_desc.layout)
+    g_bufs = gl.allocate_shared_memory(gl.float32, [2, BM // 2, BN // 2], gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
+    s_bufs = gl.allocate_shared_memory(gl.float32, [2, BM // 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # a stage is free once both warpgroups read it
+    # No ``order`` handshake (both warpgroups on one tile): ``empty`` in its place.
+    p = Args(gos_desc, dp_desc, start_ptr, table_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, a_bufs,
+             b_bufs, g_bufs, s_bufs, ready, empty, empty, gl.to_tensor(E), gl.to_tensor(H), gl.to_tensor(I),
+             gl.to_tensor(MAX_M), GROUP_M, E_PAD, EPI_M)  # fmt: skip
+    gl.warp_specialize([(_coop_first, (p,)), (_coop_second, (p,)), (_load_partition, (p,))], [4, 1], [MMA_REGS, LOAD_REGS])
+
+
 # ----------------------------------------------------------------------------- launcher
 
 
@@ -264,7 +348,8 @@ def launch_moe_dswiglu_pingpong(gos, down_proj, r, weights, gate, up, dgu, hw, p
                                 num_programs: int | None = None):  # fmt: skip
     """``moe_gluon_dswiglu.launch_moe_dswiglu_gluon``'s contract without ``limit`` and ``alpha``
     (gos [S, H]: grad_out's rows in expert order) through this kernel: the tile table, then the
-    kernel on ``num_programs`` persistent programs (default one per SM). Check ``supports`` first."""
+    kernel on ``num_programs`` persistent programs (default one per SM); ``cfg.BM`` 256: the
+    cooperative kernel. Check ``supports`` first."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     E, H, I = down_proj.shape
@@ -273,7 +358,8 @@ def launch_moe_dswiglu_pingpong(gos, down_proj, r, weights, gate, up, dgu, hw, p
     table = tile_table(r, cfg.BM)
     gos_desc = TensorDescriptor.from_tensor(gos, [cfg.BM, cfg.BK], _layout((cfg.BM, cfg.BK)))
     dp_desc = TensorDescriptor.from_tensor(down_proj.view(E * H, I), [cfg.BK, cfg.BN], _layout((cfg.BK, cfg.BN)))
-    moe_dswiglu_pingpong_kernel[(num_programs or device_sms(gos.device),)](
+    kernel = moe_dswiglu_coop_kernel if cfg.BM == 256 else moe_dswiglu_pingpong_kernel
+    kernel[(num_programs or device_sms(gos.device),)](
         gos_desc, dp_desc, r.expert_start, table, r.order, weights, gate, up, dgu, hw, part, E, H, I, table.shape[1],
         cfg.GROUP_M, cfg.STAGES, cfg.EPI_M, r.E_PAD, cfg.load_regs, cfg.mma_regs,
         num_warps=4, maxnreg=cfg.maxnreg,
