@@ -33,9 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.language.core import _aggregate as aggregate  # as Triton's gluon tutorial 08 does
 
 from swiglu.kernels.devices import device_sms
-from swiglu.kernels.gluon_dswiglu import _sigmoid
 from swiglu.kernels.gluon_wgrad import _cta_barrier, _fill_stage, _mma_layout, _ring_barriers
-from swiglu.kernels.moe_gluon_dswiglu import _row_layout
+from swiglu.kernels.moe_gluon_dswiglu import _dswiglu_values, _row_layout
 from swiglu.kernels.moe_gluon_up import _layout, tile_table
 from swiglu.kernels.tl_kernels import _tile_mn
 from swiglu_lab.experiments.moe_gluon_pairs_pingpong import Config as PairsConfig
@@ -166,12 +165,7 @@ def _half(p, buf, sums, half, j: gl.constexpr, row0, rows_left, col0, pid_n, num
         src = gl.expand_dims(rows.to(gl.int64) * p.N, 1) + col0 + cc
         gate = gl.load(p.gate_ptr + src, mask=ok, other=0.0).to(gl.float32)
         up = gl.load(p.up_ptr + src, mask=ok, other=0.0).to(gl.float32)
-        act = (gate * _sigmoid(gate)).to(gl.bfloat16).to(gl.float32)
-        h = (act * up).to(gl.bfloat16).to(gl.float32)
-        g = acc * wt
-        s = _sigmoid(gate)
-        d_up = g * act
-        d_gate = g * up * s * (1.0 + gate * (1.0 - s))
+        d_gate, d_up, h = _dswiglu_values(acc, wt, gate, up)
         dst = gl.expand_dims(rows.to(gl.int64) * (2 * p.N), 1) + col0 + cc
         gl.store(p.dgu_ptr + dst, d_gate.to(gl.bfloat16), mask=ok)
         gl.store(p.dgu_ptr + dst + p.N, d_up.to(gl.bfloat16), mask=ok)

@@ -152,6 +152,36 @@ def _row_layout(BN, num_warps):
 
 
 @gluon.jit
+def _dswiglu_values(acc, wt, gate, up, LIMIT: gl.constexpr = None, ALPHA: gl.constexpr = None):
+    """(d_gate, d_up, h) of g = acc * wt at the saved gate and up (fp32): the tl kernel's
+    ``_dswiglu_piece`` op for op (LIMIT, ALPHA as its), h rounded to bf16 as its."""
+    if LIMIT is not None:
+        gate_raw = gate
+        up_raw = up
+        gate = gl.minimum(gate, LIMIT)
+        up = gl.minimum(gl.maximum(up, -LIMIT), LIMIT)
+    if ALPHA is None:
+        act = (gate * _sigmoid(gate)).to(gl.bfloat16).to(gl.float32)
+        h = (act * up).to(gl.bfloat16).to(gl.float32)
+        g = acc * wt
+        s = _sigmoid(gate)
+        d_up = g * act
+        d_gate = g * up * s * (1.0 + gate * (1.0 - s))
+    else:  # the tl kernel's _glu_parts form
+        factor = up + 1.0
+        act = (gate * _sigmoid(ALPHA * gate)).to(gl.bfloat16).to(gl.float32)
+        h = (act * factor).to(gl.bfloat16).to(gl.float32)
+        g = acc * wt
+        s = _sigmoid(ALPHA * gate)
+        d_up = g * act
+        d_gate = g * factor * s * (1.0 + ALPHA * gate * (1.0 - s))
+    if LIMIT is not None:  # the clamp's gradient: through where the saved values were in range
+        d_gate = gl.where(gate_raw <= LIMIT, d_gate, 0.0)
+        d_up = gl.where((up_raw >= -LIMIT) & (up_raw <= LIMIT), d_up, 0.0)
+    return d_gate, d_up, h
+
+
+@gluon.jit
 def _epilogue_partition(p, EPI_M: gl.constexpr, LIMIT: gl.constexpr = None, ALPHA: gl.constexpr = None):
     # The tl kernel's _dswiglu_piece op for op (LIMIT, ALPHA as its), EPI_M rows of the tile at a time.
     BM: gl.constexpr = p.a_bufs.type.shape[1]
@@ -182,29 +212,7 @@ def _epilogue_partition(p, EPI_M: gl.constexpr, LIMIT: gl.constexpr = None, ALPH
                 src = gl.expand_dims(rows.to(gl.int64) * p.I, 1) + pid_n * BN + cc
                 gate = gl.load(p.gate_ptr + src, mask=ok, other=0.0).to(gl.float32)
                 up = gl.load(p.up_ptr + src, mask=ok, other=0.0).to(gl.float32)
-                if LIMIT is not None:
-                    gate_raw = gate
-                    up_raw = up
-                    gate = gl.minimum(gate, LIMIT)
-                    up = gl.minimum(gl.maximum(up, -LIMIT), LIMIT)
-                if ALPHA is None:
-                    act = (gate * _sigmoid(gate)).to(gl.bfloat16).to(gl.float32)
-                    h = (act * up).to(gl.bfloat16).to(gl.float32)
-                    g = acc * wt
-                    s = _sigmoid(gate)
-                    d_up = g * act
-                    d_gate = g * up * s * (1.0 + gate * (1.0 - s))
-                else:  # the tl kernel's _glu_parts form
-                    factor = up + 1.0
-                    act = (gate * _sigmoid(ALPHA * gate)).to(gl.bfloat16).to(gl.float32)
-                    h = (act * factor).to(gl.bfloat16).to(gl.float32)
-                    g = acc * wt
-                    s = _sigmoid(ALPHA * gate)
-                    d_up = g * act
-                    d_gate = g * factor * s * (1.0 + ALPHA * gate * (1.0 - s))
-                if LIMIT is not None:  # the clamp's gradient: through where the saved values were in range
-                    d_gate = gl.where(gate_raw <= LIMIT, d_gate, 0.0)
-                    d_up = gl.where((up_raw >= -LIMIT) & (up_raw <= LIMIT), d_up, 0.0)
+                d_gate, d_up, h = _dswiglu_values(acc, wt, gate, up, LIMIT, ALPHA)
                 dst = gl.expand_dims(rows.to(gl.int64) * (2 * p.I), 1) + pid_n * BN + cc
                 gl.store(p.dgu_ptr + dst, d_gate.to(gl.bfloat16), mask=ok)
                 gl.store(p.dgu_ptr + dst + p.I, d_up.to(gl.bfloat16), mask=ok)
