@@ -180,6 +180,20 @@ def _half(p, buf, sums, half, j: gl.constexpr, row0, rows_left, col0, pid_n, num
 
 
 @gluon.jit
+def _tile_epilogue(p, acc, buf, sums, tile, num_m, num_n, row_off):
+    # The epilogue of ``acc`` (this warpgroup's [rows, BN] of ``tile``, its rows from row_off of the
+    # M tile's) in its two 64-column halves.
+    ROWS: gl.constexpr = acc.type.shape[0]
+    BN: gl.constexpr = acc.type.shape[1]
+    m, pid_n = _tile_mn(tile, num_m, num_n, p.GROUP_M)
+    row0 = gl.load(p.table_ptr + p.MAX_M + m) + row_off
+    rows_left = gl.load(p.table_ptr + 2 * p.MAX_M + m) - row0
+    lo, hi = gl.split(gl.permute(gl.reshape(acc, [ROWS, 2, BN // 2]), (0, 2, 1)))
+    _half(p, buf, sums, lo, 0, row0, rows_left, pid_n * BN, pid_n, num_n)
+    _half(p, buf, sums, hi, 1, row0, rows_left, pid_n * BN + BN // 2, pid_n, num_n)
+
+
+@gluon.jit
 def _mma_wg(p, WHICH: gl.constexpr):
     # ``moe_gluon_pairs_pingpong``'s main loop and handshake; the dSwiGLU epilogue.
     BM: gl.constexpr = p.a_bufs.type.shape[1]
@@ -193,12 +207,7 @@ def _mma_wg(p, WHICH: gl.constexpr):
     j = 0  # this warpgroup's tiles so far
     for i in range(WHICH, num_tiles, 2):
         acc = _tile_mma(p, acc, i, j, k_tiles, WHICH, False)
-        m, pid_n = _tile_mn(pid + i * nprog, num_m, num_n, p.GROUP_M)
-        row0 = gl.load(p.table_ptr + p.MAX_M + m)
-        rows_left = gl.load(p.table_ptr + 2 * p.MAX_M + m) - row0
-        lo, hi = gl.split(gl.permute(gl.reshape(acc, [BM, 2, BN // 2]), (0, 2, 1)))
-        _half(p, buf, sums, lo, 0, row0, rows_left, pid_n * BN, pid_n, num_n)
-        _half(p, buf, sums, hi, 1, row0, rows_left, pid_n * BN + BN // 2, pid_n, num_n)
+        _tile_epilogue(p, acc, buf, sums, pid + i * nprog, num_m, num_n, 0)
         j += 1
 
 
@@ -272,12 +281,7 @@ def _coop_wg(p, WHICH: gl.constexpr):
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _cta_barrier()
         mbarrier.arrive(p.empty.index((c + k_tiles - 1) % STAGES))
-        m, pid_n = _tile_mn(pid + t * nprog, num_m, num_n, p.GROUP_M)
-        row0 = gl.load(p.table_ptr + p.MAX_M + m) + WHICH * HM
-        rows_left = gl.load(p.table_ptr + 2 * p.MAX_M + m) - row0  # <= 0: no rows in this half
-        lo, hi = gl.split(gl.permute(gl.reshape(acc, [HM, 2, BN // 2]), (0, 2, 1)))
-        _half(p, buf, sums, lo, 0, row0, rows_left, pid_n * BN, pid_n, num_n)
-        _half(p, buf, sums, hi, 1, row0, rows_left, pid_n * BN + BN // 2, pid_n, num_n)
+        _tile_epilogue(p, acc, buf, sums, pid + t * nprog, num_m, num_n, WHICH * HM)  # <= 0 rows left: none
 
 
 @gluon.jit
