@@ -20,8 +20,10 @@ On an H100 (``lab/probes/moe_gluon_dswiglu.py --pingpong``, ``lab/probes/moe_pin
 alone the library's Gluon kernel's speed (0.598 against 0.605 ms at Qwen3-30B-A3B), and the whole
 op 0.996-1.018x the library's: not in the library. What bounds the dSwiGLU GEMM is its GEMM
 (``lab/probes/moe_dswiglu_bound.py``: cuBLAS's product plus the epilogue's traffic in sequence is
-faster than either kernel). ``moe_dswiglu_coop_kernel`` (``COOP_CONFIG``) is a first step toward
-cuBLAS's tile for it: both warpgroups on one 256 x 128 tile, no cluster; compiled, not yet run.
+faster than either kernel). ``moe_dswiglu_coop_kernel`` (``COOP_CONFIG``) takes cuBLAS's tile for
+it, both warpgroups on one 256 x 128 tile, without the cluster: right, and slower at every shape
+(0.723 against 0.592 ms alone at Qwen3-30B-A3B, the whole op 1.011-1.095x the library's; H100,
+data/tuning/moe_dswiglu_coop256_h100_20261206/): the tensor cores idle through each tile's epilogue.
 """
 
 import dataclasses
