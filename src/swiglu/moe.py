@@ -137,6 +137,29 @@ def validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, 
     return T, H, I, E, k
 
 
+def validate_moe_biases(x, gate_up_proj_bias, down_proj_bias, interleaved, E: int, H: int, I: int) -> None:
+    """Check ``swiglu_moe``'s bias arguments against the sizes ``validate_moe_inputs`` returned:
+    each None or a dense tensor of x's dtype and device, gate_up_proj_bias [E, 2I] and
+    down_proj_bias [E, H] (TypeError / ValueError naming the argument); ``interleaved`` a bool."""
+    if interleaved is not True and interleaved is not False:
+        raise bool_error("interleaved", interleaved)
+    for name, t, shape in (("gate_up_proj_bias", gate_up_proj_bias, (E, 2 * I)), ("down_proj_bias", down_proj_bias, (E, H))):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        check_dense(name, t)
+        check_floating(name, t)
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; the biases must share x's dtype")
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; all arguments must share one device")
+        if tuple(t.shape) != shape:
+            raise ValueError(
+                f"{name} must be {list(shape)} (num_experts, {'2 * intermediate_size' if name.startswith('gate') else 'hidden_size'}), got {tuple(t.shape)}"
+            )
+
+
 # --------------------------------------------------------------------------- reference and oracle
 
 
@@ -155,6 +178,26 @@ def _expert_rows(top_k_index, E):
     for e in hit[:, 0].tolist():
         if e < E:
             yield e, *torch.where(mask[e])
+
+
+def _split(gate_up, interleaved: bool):
+    """gate and up from the up projection's output: its halves, or its even and odd columns
+    (``interleaved``: gpt-oss's rows gate0, up0, gate1, ...)."""
+    if interleaved:
+        return gate_up[..., ::2], gate_up[..., 1::2]
+    return gate_up.chunk(2, dim=-1)
+
+
+def _joined(d_gate, d_up, interleaved: bool):
+    """``_split``'s inverse: [..., 2I] in gate_up_proj's row order."""
+    if interleaved:
+        return torch.stack([d_gate, d_up], dim=-1).flatten(-2)
+    return torch.cat([d_gate, d_up], dim=-1)
+
+
+def _biased(t, bias):
+    """``t + bias`` in t's dtype, as transformers' ``x @ W + b`` (the product rounded first)."""
+    return t if bias is None else t + bias
 
 
 def _clamped(gate, up, swiglu_limit):
@@ -203,61 +246,109 @@ def check_swiglu_limit(swiglu_limit) -> float | None:
     return _positive_float("swiglu_limit", swiglu_limit)
 
 
-def moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None, swiglu_alpha=None) -> torch.Tensor:
+def moe_reference(
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    swiglu_limit=None,
+    swiglu_alpha=None,
+    gate_up_proj_bias=None,
+    down_proj_bias=None,
+    interleaved=False,
+) -> torch.Tensor:
     """transformers' eager experts loop, in its order of operations (bf16 GEMM outputs, the
     routing weight applied in the product's promoted dtype, ``index_add_`` into an output of x's
     dtype in expert order). Differentiable by autograd. ``x`` [T, H], ``top_k_index`` /
     ``top_k_weights`` [T, k]; expert ids outside [0, E) contribute nothing (transformers' expert
     parallel sentinels); a duplicate id in a token's row counts once per occurrence;
-    ``swiglu_limit``: gate and up clamped first (``_clamped``); ``swiglu_alpha``: ``_glu``."""
-    out = torch.zeros_like(x) + _anchor(x, top_k_weights, gate_up_proj, down_proj).to(x.dtype)
+    ``swiglu_limit``: gate and up clamped first (``_clamped``); ``swiglu_alpha``: ``_glu``; the
+    biases added to each GEMM's output in its dtype (gpt-oss's loop); ``interleaved``: ``_split``."""
+    biases = [t for t in (gate_up_proj_bias, down_proj_bias) if t is not None]
+    out = torch.zeros_like(x) + _anchor(x, top_k_weights, gate_up_proj, down_proj, *biases).to(x.dtype)
     for e, pos, tok in _expert_rows(top_k_index, gate_up_proj.shape[0]):
-        gate, up = _clamped(*F.linear(x[tok], gate_up_proj[e]).chunk(2, dim=-1), swiglu_limit)
-        y = F.linear(_glu(gate, up, swiglu_alpha), down_proj[e]) * top_k_weights[tok, pos, None]
-        out = out.index_add(0, tok, y.to(out.dtype))
+        gu = _biased(F.linear(x[tok], gate_up_proj[e]), None if gate_up_proj_bias is None else gate_up_proj_bias[e])
+        gate, up = _clamped(*_split(gu, interleaved), swiglu_limit)
+        y = _biased(F.linear(_glu(gate, up, swiglu_alpha), down_proj[e]), None if down_proj_bias is None else down_proj_bias[e])
+        out = out.index_add(0, tok, (y * top_k_weights[tok, pos, None]).to(out.dtype))
     return out
 
 
 def moe_reference_masked(
-    x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None, swiglu_alpha=None
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    swiglu_limit=None,
+    swiglu_alpha=None,
+    gate_up_proj_bias=None,
+    down_proj_bias=None,
+    interleaved=False,
 ) -> torch.Tensor:
     """``moe_reference``'s formula without reading the routing's values, for ``torch.func.vmap``
     over per-sample routing: every expert over every token, a token's rows kept where it routes
     to the expert (the weights of a duplicate id summed), added in expert order; E / k times the
     reference's GEMM work."""
-    out = torch.zeros_like(x) + _anchor(x, top_k_weights, gate_up_proj, down_proj).to(x.dtype)
+    biases = [t for t in (gate_up_proj_bias, down_proj_bias) if t is not None]
+    out = torch.zeros_like(x) + _anchor(x, top_k_weights, gate_up_proj, down_proj, *biases).to(x.dtype)
     for e in range(gate_up_proj.shape[0]):
         hit = top_k_index == e
         routed = hit.any(-1, keepdim=True)
         # Unrouted rows enter as zeros and their weights as 0 (not 0 * w): an overflow or a NaN
         # outside the token's experts reaches neither the output nor any gradient.
-        gate, up = _clamped(*F.linear(torch.where(routed, x, 0), gate_up_proj[e]).chunk(2, dim=-1), swiglu_limit)
-        y = F.linear(_glu(gate, up, swiglu_alpha), down_proj[e]) * torch.where(hit, top_k_weights, 0).sum(-1, keepdim=True)
+        gu = F.linear(torch.where(routed, x, 0), gate_up_proj[e])
+        gu = _biased(gu, None if gate_up_proj_bias is None else gate_up_proj_bias[e])
+        gate, up = _clamped(*_split(gu, interleaved), swiglu_limit)
+        y = _biased(F.linear(_glu(gate, up, swiglu_alpha), down_proj[e]), None if down_proj_bias is None else down_proj_bias[e])
+        y = y * torch.where(hit, top_k_weights, 0).sum(-1, keepdim=True)
         out = out + torch.where(routed, y, 0).to(out.dtype)
     return out
 
 
-def moe_float64(x, top_k_index, top_k_weights, gate_up_proj, down_proj, grad_out=None, swiglu_limit=None, swiglu_alpha=None):
+def moe_float64(
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    grad_out=None,
+    swiglu_limit=None,
+    swiglu_alpha=None,
+    gate_up_proj_bias=None,
+    down_proj_bias=None,
+    interleaved=False,
+):
     """The float64 oracle: ``out`` (and, given ``grad_out``, ``(out, grad_x, grad_top_k_weights,
-    grad_gate_up_proj, grad_down_proj)``) of the same formula, every input upcast to float64,
-    on x's device. ``x`` [T, H], routing [T, k]; ``swiglu_limit``, ``swiglu_alpha`` as ``swiglu_moe``'s."""
+    grad_gate_up_proj, grad_down_proj)``, then the gradient of each bias given) of the same
+    formula, every input upcast to float64, on x's device. ``x`` [T, H], routing [T, k];
+    ``swiglu_limit``, ``swiglu_alpha``, the biases and ``interleaved`` as ``swiglu_moe``'s."""
     f = lambda t: t.detach().to(torch.float64).requires_grad_(grad_out is not None)  # noqa: E731
     xd, wd, gu, dp = f(x), f(top_k_weights), f(gate_up_proj), f(down_proj)
-    E, I = gu.shape[0], gu.shape[1] // 2
+    bgu = f(gate_up_proj_bias) if gate_up_proj_bias is not None else None
+    bd = f(down_proj_bias) if down_proj_bias is not None else None
+    biases = tuple(b for b in (bgu, bd) if b is not None)
+    E = gu.shape[0]
     idx = top_k_index.long()
-    out = torch.zeros_like(xd) + _anchor(xd, wd, gu, dp)
+    out = torch.zeros_like(xd) + _anchor(xd, wd, gu, dp, *biases)
     gu_e, dp_e = gu.unbind(0), dp.unbind(0)  # one gradient buffer per weight, not one per expert
+    bgu_e = bgu.unbind(0) if bgu is not None else None
+    bd_e = bd.unbind(0) if bd is not None else None
     for e in range(E):  # one expert at a time: memory of the routed rows only
         tok, pos = torch.where(idx == e)
         if tok.numel() == 0:
             continue
-        gate, up = _clamped(*(xd[tok] @ gu_e[e].T).split(I, dim=1), swiglu_limit)
+        g_u = _biased(xd[tok] @ gu_e[e].T, None if bgu_e is None else bgu_e[e])
+        gate, up = _clamped(*_split(g_u, interleaved), swiglu_limit)
         h = _glu(gate, up, swiglu_alpha)
-        out = out.index_add(0, tok, (h @ dp_e[e].T) * wd[tok, pos, None])
+        y = _biased(h @ dp_e[e].T, None if bd_e is None else bd_e[e])
+        out = out.index_add(0, tok, y * wd[tok, pos, None])
     if grad_out is None:
         return out.detach()
-    grads = torch.autograd.grad(out, (xd, wd, gu, dp), grad_out.to(torch.float64), allow_unused=True)
-    grads = tuple(torch.zeros_like(t) if g is None else g for t, g in zip((xd, wd, gu, dp), grads))
+    leaves = (xd, wd, gu, dp, *biases)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(torch.float64), allow_unused=True)
+    grads = tuple(torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads))
     return (out.detach(), *grads)
 
 
@@ -296,6 +387,9 @@ def swiglu_moe(
     reuse_saved_buffers: bool = False,
     swiglu_limit: float | None = None,
     swiglu_alpha: float | None = None,
+    gate_up_proj_bias: torch.Tensor | None = None,
+    down_proj_bias: torch.Tensor | None = None,
+    interleaved: bool = False,
 ) -> torch.Tensor:
     """Mixture-of-experts SwiGLU experts: ``out[t] = sum_j top_k_weights[t, j] * down_proj[e] @
     (silu(gate) * up)``, ``e = top_k_index[t, j]``, ``gate, up = (gate_up_proj[e] @ x[t]).chunk(2)``.
@@ -311,10 +405,12 @@ def swiglu_moe(
         reuse_saved_buffers: the eager Triton backward frees the saved gate/up after their reader (lower peak).
         swiglu_limit, swiglu_alpha: L > 0 clamps gate to at most L and up to [-L, L] first
             (DeepSeek-V4); a > 0 takes ``(up + 1) * gate * sigmoid(a * gate)`` (MiniMax-M3).
+        gate_up_proj_bias, down_proj_bias, interleaved: [E, 2I] added to gate|up, [E, H] to each
+            expert's output (x's dtype); gate_up_proj's rows alternate gate, up (gpt-oss).
 
     Returns:
-        out, x's shape and dtype, freshly allocated (not a view). Differentiable in x, top_k_weights,
-        gate_up_proj and down_proj; inputs are never modified. T = 0 gives an empty out; an
+        out, x's shape and dtype, freshly allocated (not a view). Differentiable in every floating
+        input; inputs are never modified. T = 0 gives an empty out; an
         expert that receives no tokens gets zero weight gradients.
 
     Raises:
@@ -324,19 +420,23 @@ def swiglu_moe(
     """
     if isinstance(x, torch.Tensor) and x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)  # as F.linear under autocast
-        x, gate_up_proj, down_proj = (
-            t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CASTS else t for t in (x, gate_up_proj, down_proj)
+        x, gate_up_proj, down_proj, gate_up_proj_bias, down_proj_bias = (
+            t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CASTS else t
+            for t in (x, gate_up_proj, down_proj, gate_up_proj_bias, down_proj_bias)
         )
     if reuse_saved_buffers is not True and reuse_saved_buffers is not False:
         raise bool_error("reuse_saved_buffers", reuse_saved_buffers)
     limit, alpha = check_swiglu_limit(swiglu_limit), check_swiglu_alpha(swiglu_alpha)
     T, H, I, E, k = validate_moe_inputs(x, top_k_index, top_k_weights, gate_up_proj, down_proj, impl)
+    bgu, bd = gate_up_proj_bias, down_proj_bias
+    validate_moe_biases(x, bgu, bd, interleaved, E, H, I)
     meta = x.device.type == "meta"
     impl = "triton" if meta else moe_impl(impl, x)  # meta: the ops' fakes propagate shapes, forward and backward
     x2 = x.reshape(T, H)
     idx = top_k_index.reshape(T, k)
     w = top_k_weights.reshape(T, k)
-    if not meta and impl == "triton" and (transforms_active() or has_tangent(x, top_k_weights, gate_up_proj, down_proj)):
+    biases = [t for t in (bgu, bd) if t is not None]
+    if not meta and impl == "triton" and (transforms_active() or has_tangent(x, top_k_weights, gate_up_proj, down_proj, *biases)):
         impl = "reference"  # torch.func transforms and forward-mode AD: the ops have no rules for them
     if impl == "reference":
         # The loop over the experts present reads the routing's values: compiled (a graph break,
@@ -349,24 +449,53 @@ def swiglu_moe(
         run = moe_reference_op if as_op else moe_reference
         if transforms_active() and not torch.compiler.is_compiling() and vmapped(idx):
             run = moe_reference_masked  # per-sample routing: no read of the routing's values
-        out = run(x2, idx, w, gate_up_proj, down_proj, limit, alpha)
+        extra = (bgu, bd, interleaved) if biases or interleaved else ()  # the defaults' calls unchanged
+        out = run(x2, idx, w, gate_up_proj, down_proj, limit, alpha, *extra)
     elif (
         meta
         or torch.compiler.is_compiling()
         or dispatch_mode_active()
-        or not all(type(t) in PLAIN_TENSOR_TYPES for t in (x, w, gate_up_proj, down_proj))
+        or not all(type(t) in PLAIN_TENSOR_TYPES for t in (x, w, gate_up_proj, down_proj, *biases))
     ):
-        out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, limit, alpha)[0]
+        extra = (bgu, interleaved) if bgu is not None or interleaved else ()
+        out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, limit, alpha, *extra)[0]
+        out = _plus_down_bias(out, idx, w, bd)
     else:
-        return _MoEFunction.apply(
-            x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, reuse_saved_buffers, x.shape, limit, alpha
+        out = _MoEFunction.apply(
+            x2,
+            idx.contiguous(),
+            w.contiguous(),
+            gate_up_proj,
+            down_proj,
+            reuse_saved_buffers,
+            x.shape,
+            limit,
+            alpha,
+            bgu,
+            interleaved,
         )
+        return _plus_down_bias(out, idx, w, bd)
     if out.shape == x.shape:
         return out
     # Not a view of another tensor (as nn.Linear's output is not): FSDP2 hooks the module's
     # output for its backward, and an in-place op on a view of it loses the hook. Compiled, views are free.
     out = out.reshape(x.shape)
     return out if torch.compiler.is_compiling() else out.clone()
+
+
+def _plus_down_bias(out, top_k_index, top_k_weights, down_proj_bias):
+    """out (T * H elements, any shape) + sum_j top_k_weights[t, j] * down_proj_bias[e_j] (ids
+    outside [0, E) add nothing), in plain differentiable torch: a [T, E] matrix of the routing
+    weights (duplicates summed) times the bias, at least float32, rounded once into out's dtype;
+    a new tensor of out's shape. T E H multiply-adds beside the experts' 6 T k H I."""
+    if down_proj_bias is None:
+        return out
+    E = down_proj_bias.shape[0]
+    acc = torch.promote_types(out.dtype, torch.float32)
+    idx = top_k_index.long()
+    idx = torch.where((idx >= 0) & (idx < E), idx, E)  # a sentinel column, dropped
+    dense = top_k_weights.new_zeros(idx.shape[0], E + 1, dtype=acc).scatter_add(1, idx, top_k_weights.to(acc))
+    return (out.to(acc) + (dense[:, :E] @ down_proj_bias.to(acc)).reshape(out.shape)).to(out.dtype)
 
 
 # --------------------------------------------------------------------------- custom ops (the Triton path)
@@ -393,20 +522,39 @@ def moe_forward(
     down_proj: torch.Tensor,
     swiglu_limit: float | None = None,
     swiglu_alpha: float | None = None,
+    gate_up_proj_bias: torch.Tensor | None = None,
+    interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out [T, H], gate [S, I], up [S, I], order [S], expert_start [E + 1])`` by the Triton
     kernels: gate, up are the forward's bf16 projections in expert-sorted order, order and
     expert_start the sort (int32), all kept for the backward. Validated inputs, [T, H] and
     contiguous [T, k]. An op, so torch.compile traces through it and dispatch modes see it.
-    gate, up are kept unclamped under ``swiglu_limit``."""
-    return _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, None, swiglu_limit, swiglu_alpha)
+    gate, up are kept unclamped under ``swiglu_limit``, with ``gate_up_proj_bias`` added. The
+    down projection's bias is added outside the op (``_plus_down_bias``)."""
+    return _run_forward(
+        x, top_k_index, top_k_weights, gate_up_proj, down_proj, None, swiglu_limit, swiglu_alpha, gate_up_proj_bias, interleaved
+    )
 
 
-def _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape=None, swiglu_limit=None, swiglu_alpha=None):
+def _run_forward(
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    out_shape=None,
+    swiglu_limit=None,
+    swiglu_alpha=None,
+    gate_up_proj_bias=None,
+    interleaved=False,
+):
     """The Triton forward: ``(out, gate, up, order, expert_start)``, the last four kept for the
     backward; out allocated as ``out_shape`` where given."""
     from .kernels.moe import moe_forward as run
 
+    extra = {} if gate_up_proj_bias is None else dict(gate_up_proj_bias=gate_up_proj_bias)
+    if interleaved:
+        extra["interleaved"] = True
     with on_device(x.device):
         out, gate, up, routing = run(
             x,
@@ -417,12 +565,23 @@ def _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_sha
             out_shape=out_shape,
             swiglu_limit=swiglu_limit,
             swiglu_alpha=swiglu_alpha,
+            **extra,
         )
     return out, gate, up, routing.order, routing.expert_start
 
 
 @moe_forward.register_fake
-def _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None, swiglu_alpha=None):
+def _moe_forward_fake(
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    swiglu_limit=None,
+    swiglu_alpha=None,
+    gate_up_proj_bias=None,
+    interleaved=False,
+):
     S, I, E = top_k_index.numel(), down_proj.shape[2], down_proj.shape[0]
     index = top_k_index.new_empty(S, dtype=torch.int32)
     return x.new_empty(x.shape), x.new_empty(S, I), x.new_empty(S, I), index, index.new_empty(E + 1)
@@ -446,33 +605,45 @@ def moe_backward(
     need_grad_down_proj: bool = True,
     swiglu_limit: float | None = None,
     swiglu_alpha: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` by the Triton
-    kernels, from ``moe_forward``'s saved outputs; a gradient not needed is an empty [0] tensor and
-    its GEMM does not run. Not differentiable again: a double backward takes the reference
-    formula (``_double_backward``)."""
-    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj)
+    interleaved: bool = False,
+    need_grad_gate_up_proj_bias: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj,
+    grad_gate_up_proj_bias)`` by the Triton kernels, from ``moe_forward``'s saved outputs; a
+    gradient not needed is an empty [0] tensor and its GEMM does not run. Not differentiable
+    again: a double backward takes the reference formula (``_double_backward``)."""
+    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj, need_grad_gate_up_proj_bias)
     grads = _run_backward(
         grad_out,
         (x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order, expert_start),
         needs,
         limit=swiglu_limit,
         alpha=swiglu_alpha,
+        interleaved=interleaved,
     )
-    return tuple(g if need else t.new_empty(0) for g, t, need in zip(grads, (x, top_k_weights, gate_up_proj, down_proj), needs))
+    like = (x, top_k_weights, gate_up_proj, down_proj, x)
+    return tuple(g if need else t.new_empty(0) for g, t, need in zip(grads, like, needs))
 
 
-def _run_backward(grad_out, saved, needs, reuse: bool = False, limit: float | None = None, alpha: float | None = None):
-    """The Triton backward from the forward's saved tensors (inputs, gate, up, order, expert_start);
-    ``reuse``: gate/up released after their reader; ``limit``, ``alpha``: the forward's
-    ``swiglu_limit`` and ``swiglu_alpha``."""
+def _run_backward(
+    grad_out, saved, needs, reuse: bool = False, limit: float | None = None, alpha: float | None = None, interleaved=False
+):
+    """The Triton backward from the forward's saved tensors (inputs, gate, up, order, expert_start):
+    five gradients, the fifth gate_up_proj's bias's (None unless ``needs`` has a fifth flag set);
+    ``reuse``: gate/up released after their reader; ``limit``, ``alpha``, ``interleaved``: the forward's."""
     from .kernels.moe import Routing
     from .kernels.moe import moe_backward as run
 
     x, idx, w, gu, dp, gate, up, order, expert_start = saved
     routing = Routing(idx, gu.shape[0], saved=(order, expert_start))
+    bias_grad = len(needs) > 4 and bool(needs[4])
+    extra = {}
+    if interleaved:
+        extra["interleaved"] = True
+    if bias_grad:
+        extra["bias_grad"] = True
     with on_device(x.device):
-        return run(
+        grads = run(
             grad_out.contiguous(),
             x,
             idx,
@@ -482,72 +653,90 @@ def _run_backward(grad_out, saved, needs, reuse: bool = False, limit: float | No
             gate,
             up,
             routing=routing,
-            needs=needs,
+            needs=tuple(needs[:4]),
             reuse=reuse,
             swiglu_limit=limit,
             swiglu_alpha=alpha,
+            **extra,
         )
+    return (*grads, None) if len(grads) == 4 else grads
 
 
 @moe_backward.register_fake
 def _moe_backward_fake(
-    grad_out, x, top_k_index, top_k_weights, gate_up_proj, down_proj, *saved_and_needs, swiglu_limit=None, swiglu_alpha=None
+    grad_out,
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    gate,
+    up,
+    order,
+    expert_start,
+    need_grad_x=True,
+    need_grad_top_k_weights=True,
+    need_grad_gate_up_proj=True,
+    need_grad_down_proj=True,
+    swiglu_limit=None,
+    swiglu_alpha=None,
+    interleaved=False,
+    need_grad_gate_up_proj_bias=False,
 ):
-    # After the saved gate, up, order and expert_start, the need_grad_* flags, swiglu_limit and swiglu_alpha;
-    # the dispatcher leaves out trailing ones equal to their default.
-    needs = (*saved_and_needs[4:8], True, True, True, True)[:4]
+    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj, need_grad_gate_up_proj_bias)
     # The weight gradients as the kernels allocate them: empty_like, the weight's own strides.
     like = (
         x.new_empty(x.shape),
         top_k_weights.new_empty(top_k_weights.shape),
         torch.empty_like(gate_up_proj),
         torch.empty_like(down_proj),
+        x.new_empty(gate_up_proj.shape[:2]),
     )
-    return tuple(t if need else t.new_empty(0) for t, need in zip(like, needs))
+    return tuple(t if need else x.new_empty(0) if i == 4 else t.new_empty(0) for i, (t, need) in enumerate(zip(like, needs)))
 
 
 def _moe_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:5], *output[1:])
+    bias = inputs[7] if len(inputs) > 7 else None
+    ctx.save_for_backward(*inputs[:5], *output[1:], bias)
     ctx.limit = inputs[5] if len(inputs) > 5 else None
     ctx.alpha = inputs[6] if len(inputs) > 6 else None
+    ctx.interleaved = bool(inputs[8]) if len(inputs) > 8 else False
+    ctx.bias_at = 7
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)
 
 
 def _gradients(ctx, grad_out, direct: bool, owned=None):
-    """Both carriers' backward: the gradients autograd wants, by the kernels (``direct``) or by the
-    backward op. ``owned``: weak references to the forward's own gate/up (``reuse_saved_buffers``):
+    """Both carriers' backward: the five gradients autograd wants (x, top_k_weights,
+    gate_up_proj, down_proj, gate_up_proj's bias), by the kernels (``direct``) or by the backward
+    op. ``owned``: weak references to the forward's own gate/up (``reuse_saved_buffers``):
     when the saved ones are those, whole allocations, their memory is released after their reader
     (the dense op consumes its buffers likewise, ``ops._SwiGLUFunction``); a second backward then raises."""
-    if grad_out is None:
-        return None, None, None, None, None
     wanted = _wanted(ctx)
-    if not any(wanted):
-        return None, None, None, None, None
+    if grad_out is None or not any(wanted):
+        return (None,) * 5
     if getattr(ctx, "consumed", False):
         raise RuntimeError(_SECOND_BACKWARD)
+    saved = ctx.saved_tensors
+    core, bias = saved[:9], saved[9]
     if torch.is_grad_enabled():
-        gx, gw, ggu, gdp = _double_backward(ctx.saved_tensors[:5], grad_out, wanted, ctx.limit, ctx.alpha)
+        grads = _double_backward(core[:5], grad_out, wanted, ctx.limit, ctx.alpha, (bias,), ctx.interleaved)
     elif direct:
-        saved = ctx.saved_tensors
-        consume = owns_saved_buffers(owned, saved[5], saved[6])  # gate, up
+        consume = owns_saved_buffers(owned, core[5], core[6])  # gate, up
         ctx.consumed = consume
-        gx, gw, ggu, gdp = _run_backward(grad_out, saved, wanted, consume, ctx.limit, ctx.alpha)
+        grads = _run_backward(grad_out, core, wanted, consume, ctx.limit, ctx.alpha, ctx.interleaved)
     else:
-        gx, gw, ggu, gdp = moe_backward(grad_out, *ctx.saved_tensors, *wanted, ctx.limit, ctx.alpha)
-    return _input_grads(wanted, gx, gw, ggu, gdp)
+        grads = moe_backward(grad_out, *core, *wanted[:4], ctx.limit, ctx.alpha, ctx.interleaved, wanted[4])
+    return tuple(g if n else None for g, n in zip(grads, wanted))
 
 
 def _wanted(ctx) -> tuple:
-    """Which of (x, top_k_weights, gate_up_proj, down_proj) autograd wants a gradient for (the
-    op's inputs are those with top_k_index second)."""
+    """Which of (x, top_k_weights, gate_up_proj, down_proj) and the biases autograd wants a
+    gradient for (the op's inputs are those with top_k_index second; ``ctx.bias_at``: where the
+    bias inputs start, ``ctx.n_biases`` of them)."""
     needs = ctx.needs_input_grad
-    return needs[0], needs[2], needs[3], needs[4]
-
-
-def _input_grads(wanted, gx, gw, ggu, gdp) -> tuple:
-    """The four gradients as autograd takes them, one per input (None for top_k_index and where not wanted)."""
-    return (gx if wanted[0] else None, None, gw if wanted[1] else None, ggu if wanted[2] else None, gdp if wanted[3] else None)
+    at, n = getattr(ctx, "bias_at", len(needs)), getattr(ctx, "n_biases", 1)
+    return needs[0], needs[2], needs[3], needs[4], *(needs[at + i] if at + i < len(needs) else False for i in range(n))
 
 
 _SECOND_BACKWARD = (
@@ -557,18 +746,23 @@ _SECOND_BACKWARD = (
 )
 
 
-def _double_backward(inputs, grad_out, wanted, limit=None, alpha=None):
+def _double_backward(inputs, grad_out, wanted, limit=None, alpha=None, biases=(), interleaved=False):
     """create_graph=True: the reference formula's gradients in differentiable ops (the kernels'
-    have no graph), from the saved inputs, which carry the graph back to the caller's tensors."""
+    have no graph), from the saved inputs, which carry the graph back to the caller's tensors.
+    ``biases``: gate_up_proj's (and down_proj's) bias or None, ``wanted`` a flag for each after
+    the four weights'."""
     x, idx, w, gu, dp = inputs
+    bgu, bd = (*biases, None, None)[:2]
     with torch.autocast(x.device.type, enabled=False):
-        out = moe_reference(x, idx, w, gu, dp, limit, alpha)
-    grads = iter(torch.autograd.grad(out, [t for t, n in zip((x, w, gu, dp), wanted) if n], grad_out, create_graph=True))
+        out = moe_reference(x, idx, w, gu, dp, limit, alpha, bgu, bd, interleaved)
+    leaves = (x, w, gu, dp, *biases)
+    grads = iter(torch.autograd.grad(out, [t for t, n in zip(leaves, wanted) if n], grad_out, create_graph=True))
     return tuple(next(grads) if n else None for n in wanted)
 
 
 def _moe_op_backward(ctx, grad_out, *unused):
-    return (*_gradients(ctx, grad_out, direct=False), None, None)  # none for swiglu_limit, swiglu_alpha
+    gx, gw, ggu, gdp, gb = _gradients(ctx, grad_out, direct=False)
+    return gx, None, gw, ggu, gdp, None, None, gb, None  # none for swiglu_limit, swiglu_alpha, interleaved
 
 
 moe_forward.register_autograd(_moe_op_backward, setup_context=_moe_setup_context)
@@ -591,12 +785,16 @@ class _MoEFunction(torch.autograd.Function):
         out_shape=None,
         limit=None,
         alpha=None,
+        gate_up_proj_bias=None,
+        interleaved=False,
     ):
         # out_shape: the caller's shape of x, out allocated so (a view of it would be the module's
         # output, and FSDP2's backward hook on an output is lost by an in-place op on a view).
-        out, *kept = _run_forward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape, limit, alpha)
-        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept)
-        ctx.limit, ctx.alpha = limit, alpha
+        out, *kept = _run_forward(
+            x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape, limit, alpha, gate_up_proj_bias, interleaved
+        )
+        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept, gate_up_proj_bias)
+        ctx.limit, ctx.alpha, ctx.interleaved, ctx.bias_at = limit, alpha, interleaved, 9
         ctx.set_materialize_grads(False)
         # What the backward may consume: the forward's own gate/up, recognized by identity.
         ctx.owned = (weakref.ref(kept[0]), weakref.ref(kept[1])) if reuse_saved_buffers else None
@@ -610,7 +808,8 @@ class _MoEFunction(torch.autograd.Function):
         direct = not (torch.compiler.is_compiling() or dispatch_mode_active() or legacy_batched(grad_out))
         if grad_out is not None and grad_out.dim() != 2:
             grad_out = grad_out.reshape(-1, grad_out.shape[-1])
-        return (*_gradients(ctx, grad_out, direct, ctx.owned), None, None, None, None)
+        gx, gw, ggu, gdp, gb = _gradients(ctx, grad_out, direct, ctx.owned)
+        return gx, None, gw, ggu, gdp, None, None, None, None, gb, None
 
 
 def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwargs) -> int:
@@ -671,15 +870,40 @@ def moe_reference_op(
     down_proj: torch.Tensor,
     swiglu_limit: float | None = None,
     swiglu_alpha: float | None = None,
+    gate_up_proj_bias: torch.Tensor | None = None,
+    down_proj_bias: torch.Tensor | None = None,
+    interleaved: bool = False,
 ) -> torch.Tensor:
     """``moe_reference`` as one op: what ``swiglu_moe(impl="reference")`` runs under
     torch.compile, where its loop over the experts present would need the routing's values.
     Contiguous out (its fake's layout, whatever x's strides)."""
-    return moe_reference(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit, swiglu_alpha).contiguous()
+    return moe_reference(
+        x,
+        top_k_index,
+        top_k_weights,
+        gate_up_proj,
+        down_proj,
+        swiglu_limit,
+        swiglu_alpha,
+        gate_up_proj_bias,
+        down_proj_bias,
+        interleaved,
+    ).contiguous()
 
 
 @moe_reference_op.register_fake
-def _moe_reference_fake(x, top_k_index, top_k_weights, gate_up_proj, down_proj, swiglu_limit=None, swiglu_alpha=None):
+def _moe_reference_fake(
+    x,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    swiglu_limit=None,
+    swiglu_alpha=None,
+    gate_up_proj_bias=None,
+    down_proj_bias=None,
+    interleaved=False,
+):
     return x.new_empty(x.shape)
 
 
@@ -691,17 +915,25 @@ def moe_reference_backward(
     needs: list[bool],
     swiglu_limit: float | None = None,
     swiglu_alpha: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    gate_up_proj_bias: torch.Tensor | None = None,
+    down_proj_bias: torch.Tensor | None = None,
+    interleaved: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``moe_reference``'s gradients for ``inputs`` = [x, top_k_weights, gate_up_proj,
-    down_proj] (an empty [0] tensor where ``needs`` says no), by hand: an op's body runs below
-    autograd. The reference's loop and dtypes; sums in another order than autograd's, so not its bits."""
+    down_proj], then the two biases' (an empty [0] tensor where ``needs`` says no or has no
+    flag), by hand: an op's body runs below autograd. The reference's loop and dtypes; sums in
+    another order than autograd's, so not its bits."""
     x, top_k_weights, gate_up_proj, down_proj = inputs
-    need_x, need_w, need_gu, need_dp = needs
+    bgu, bd = gate_up_proj_bias, down_proj_bias
+    need_x, need_w, need_gu, need_dp, need_bgu, need_bd = (*needs, False, False)[:6]
+    need_bgu, need_bd = need_bgu and bgu is not None, need_bd and bd is not None
     grads = [torch.zeros_like(t) if n else t.new_empty(0) for t, n in zip(inputs, needs)]
     gx, gw, ggu, gdp = grads
+    gbgu = torch.zeros_like(bgu) if need_bgu else x.new_empty(0)
+    gbd = torch.zeros_like(bd) if need_bd else x.new_empty(0)
     for e, pos, tok in _expert_rows(top_k_index, gate_up_proj.shape[0]):
         xe, we = x[tok], top_k_weights[tok, pos, None]
-        gate_raw, up_raw = F.linear(xe, gate_up_proj[e]).chunk(2, dim=-1)
+        gate_raw, up_raw = _split(_biased(F.linear(xe, gate_up_proj[e]), None if bgu is None else bgu[e]), interleaved)
         gate, up = _clamped(gate_raw, up_raw, swiglu_limit)
         if swiglu_alpha is None:
             act, up1 = F.silu(gate), up
@@ -711,10 +943,13 @@ def moe_reference_backward(
         h = act * up1
         g = grad_out[tok].to(torch.promote_types(h.dtype, we.dtype))  # (y * we)'s gradient
         if need_w:
-            gw.index_put_((tok, pos), (g * F.linear(h, down_proj[e])).sum(-1).to(gw.dtype), accumulate=True)
+            y = _biased(F.linear(h, down_proj[e]), None if bd is None else bd[e])
+            gw.index_put_((tok, pos), (g * y).sum(-1).to(gw.dtype), accumulate=True)
         gy = (g * we).to(h.dtype)
         if need_dp:
             gdp[e] = gy.T @ h
+        if need_bd:
+            gbd[e] = gy.sum(0)
         if need_x or need_gu:
             gh = gy @ down_proj[e]
             if swiglu_alpha is None:
@@ -726,35 +961,57 @@ def moe_reference_backward(
             if swiglu_limit is not None:  # clamp's gradient: through where the input was in range
                 d_gate = torch.where(gate_raw <= swiglu_limit, d_gate, 0)
                 d_up = torch.where(up_raw.abs() <= swiglu_limit, d_up, 0)
-            ggl = torch.cat([d_gate, d_up], dim=-1)
+            ggl = _joined(d_gate, d_up, interleaved)
             if need_gu:
                 ggu[e] = ggl.T @ xe
+            if need_bgu:
+                gbgu[e] = ggl.sum(0)
             if need_x:
                 gx.index_add_(0, tok, ggl @ gate_up_proj[e])
-    return tuple(grads)
+    return (*grads, gbgu, gbd)
 
 
 @moe_reference_backward.register_fake
-def _moe_reference_backward_fake(grad_out, top_k_index, inputs, needs, swiglu_limit=None, swiglu_alpha=None):
-    return tuple(torch.empty_like(t) if n else t.new_empty(0) for t, n in zip(inputs, needs))
+def _moe_reference_backward_fake(
+    grad_out,
+    top_k_index,
+    inputs,
+    needs,
+    swiglu_limit=None,
+    swiglu_alpha=None,
+    gate_up_proj_bias=None,
+    down_proj_bias=None,
+    interleaved=False,
+):
+    flags = (*needs, False, False)[4:6]
+    biases = tuple(
+        torch.empty_like(b) if n and b is not None else inputs[0].new_empty(0)
+        for b, n in zip((gate_up_proj_bias, down_proj_bias), flags)
+    )
+    return (*(torch.empty_like(t) if n else t.new_empty(0) for t, n in zip(inputs, needs)), *biases)
 
 
 def _moe_reference_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:5])
+    ctx.save_for_backward(*inputs[:5], *(inputs[7:9] if len(inputs) > 7 else (None, None)))
     ctx.limit = inputs[5] if len(inputs) > 5 else None
     ctx.alpha = inputs[6] if len(inputs) > 6 else None
+    ctx.interleaved = bool(inputs[9]) if len(inputs) > 9 else False
+    ctx.bias_at, ctx.n_biases = 7, 2
 
 
 def _moe_reference_op_backward(ctx, grad_out):
     wanted = _wanted(ctx)
     if grad_out is None or not any(wanted):
-        return None, None, None, None, None, None, None
+        return (None,) * 10
+    x, idx, w, gu, dp, bgu, bd = ctx.saved_tensors
+    limit, alpha, il = ctx.limit, ctx.alpha, ctx.interleaved
     if torch.is_grad_enabled():
-        gx, gw, ggu, gdp = _double_backward(ctx.saved_tensors, grad_out, wanted, ctx.limit, ctx.alpha)
+        grads = _double_backward((x, idx, w, gu, dp), grad_out, wanted, limit, alpha, (bgu, bd), il)
     else:
-        x, idx, w, gu, dp = ctx.saved_tensors
-        gx, gw, ggu, gdp = moe_reference_backward(grad_out, idx, [x, w, gu, dp], list(wanted), ctx.limit, ctx.alpha)
-    return (*_input_grads(wanted, gx, gw, ggu, gdp), None, None)
+        needs = list(wanted) if any(wanted[4:]) else list(wanted[:4])
+        grads = moe_reference_backward(grad_out, idx, [x, w, gu, dp], needs, limit, alpha, bgu, bd, il)
+    gx, gw, ggu, gdp, gbgu, gbd = (g if n else None for g, n in zip(grads, wanted))
+    return gx, None, gw, ggu, gdp, None, None, gbgu, gbd, None
 
 
 moe_reference_op.register_autograd(_moe_reference_op_backward, setup_context=_moe_reference_setup_context)

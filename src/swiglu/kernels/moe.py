@@ -151,9 +151,10 @@ def _glu_parts(gate, up, ALPHA: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _up_tile(
-    x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn, stride_wh,
-    e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, B_TMA: tl.constexpr,
-    UPCAST: tl.constexpr, LIMIT: tl.constexpr = None, ALPHA: tl.constexpr = None,
+    x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, bias_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn,
+    stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    B_TMA: tl.constexpr, UPCAST: tl.constexpr, LIMIT: tl.constexpr = None, ALPHA: tl.constexpr = None,
+    BIAS: tl.constexpr = False, INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
     """One tile of ``moe_up_kernel`` (expert e, these sorted rows and columns)."""
     tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
@@ -161,8 +162,12 @@ def _up_tile(
     a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
     if not B_TMA:
         w_base = w_ptr + e.to(tl.int64) * stride_we
-        g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
-        u_ptrs = g_ptrs + I * stride_wn
+        if INTERLEAVED:  # gate row 2n, up row 2n + 1
+            g_ptrs = w_base + (2 * cols.to(tl.int64))[None, :] * stride_wn + ks[:, None] * stride_wh
+            u_ptrs = g_ptrs + stride_wn
+        else:
+            g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+            u_ptrs = g_ptrs + I * stride_wn
     w_row = e * 2 * I + pid_n * BN
     acc_g = tl.zeros((BM, BN), dtype=tl.float32)
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
@@ -182,6 +187,16 @@ def _up_tile(
         a_ptrs += BK * stride_xh
     gate = _bf16(acc_g, UPCAST)
     up = _bf16(acc_u, UPCAST)
+    if BIAS:  # added to the rounded product, rounded again: torch's bf16 ``x @ W + b``
+        b_row = bias_ptr + e.to(tl.int64) * 2 * I
+        if INTERLEAVED:
+            b_g = tl.load(b_row + 2 * cols, mask=col_ok, other=0.0)
+            b_u = tl.load(b_row + 2 * cols + 1, mask=col_ok, other=0.0)
+        else:
+            b_g = tl.load(b_row + cols, mask=col_ok, other=0.0)
+            b_u = tl.load(b_row + I + cols, mask=col_ok, other=0.0)
+        gate = _bf16(_f32(gate, UPCAST) + _f32(b_g, UPCAST)[None, :], UPCAST)
+        up = _bf16(_f32(up, UPCAST) + _f32(b_u, UPCAST)[None, :], UPCAST)
     gate_c, up_c = _clamped(_f32(gate, UPCAST), _f32(up, UPCAST), LIMIT)  # gate, up kept unclamped
     act, factor = _glu_parts(gate_c, up_c, ALPHA, UPCAST)
     h = _bf16(_f32(act, UPCAST) * factor, UPCAST)
@@ -201,6 +216,7 @@ def moe_up_kernel(
     gate_ptr,
     up_ptr,
     h_ptr,
+    bias_ptr,
     H,
     I,
     E,
@@ -221,17 +237,21 @@ def moe_up_kernel(
     PDL: tl.constexpr,
     LIMIT: tl.constexpr = None,
     ALPHA: tl.constexpr = None,
+    BIAS: tl.constexpr = False,
+    INTERLEAVED: tl.constexpr = False,
 ):
     """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue (LIMIT: ``_clamped``; ALPHA:
-    ``_glu_parts``).
+    ``_glu_parts``). BIAS: bias_ptr [E, 2I] (None otherwise) added to gate and up before the
+    activation; INTERLEAVED: gate_up_proj's rows (and the bias's entries) alternate gate, up.
     B_TMA: w_ptr is a TMA descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past
     an expert's rows feeds only masked columns; past H it reads zeros)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
         # fmt: off
-        _up_tile(x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn,
-                 stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM, BN, BK, B_TMA, UPCAST, LIMIT, ALPHA)
+        _up_tile(x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, bias_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we,
+                 stride_wn, stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM, BN, BK, B_TMA, UPCAST, LIMIT, ALPHA, BIAS,
+                 INTERLEAVED)
         # fmt: on
 
 
@@ -339,12 +359,12 @@ def moe_down_kernel(
 @triton.jit
 def _dswiglu_piece(
     acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr, LIMIT: tl.constexpr = None,
-    ALPHA: tl.constexpr = None,
+    ALPHA: tl.constexpr = None, INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
     """The SwiGLU backward on g = acc [BM, n] at these columns of [S, I]: writes d_gate, d_up
     (dgu [S, 2I]) and h * w; returns each row's sum of g * h (its routing-weight gradient's part).
     LIMIT: ``_clamped``, whose gradient passes only where the saved gate/up were in range; ALPHA:
-    ``_glu_parts``."""
+    ``_glu_parts``. INTERLEAVED: d_gate at column 2n of dgu, d_up at 2n + 1 (gate_up_proj's own order)."""
     ok = row_ok[:, None] & (cols < I)[None, :]
     src = rows.to(tl.int64)[:, None] * I + cols[None, :]
     gate_raw = _f32(tl.load(gate_ptr + src, mask=ok, other=0.0), UPCAST)
@@ -364,9 +384,14 @@ def _dswiglu_piece(
     if LIMIT is not None:
         d_gate = tl.where(gate_raw <= LIMIT, d_gate, 0.0)
         d_up = tl.where((up_raw >= -LIMIT) & (up_raw <= LIMIT), d_up, 0.0)
-    dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
-    tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
-    tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
+    if INTERLEAVED:
+        dst = rows.to(tl.int64)[:, None] * (2 * I) + 2 * cols[None, :]
+        tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
+        tl.store(dgu_ptr + dst + 1, _bf16(d_up, UPCAST), mask=ok)
+    else:
+        dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
+        tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
+        tl.store(dgu_ptr + dst + I, _bf16(d_up, UPCAST), mask=ok)
     tl.store(hw_ptr + src, _bf16(h * w, UPCAST), mask=ok)
     return tl.sum(acc * h, axis=1)
 
@@ -376,7 +401,7 @@ def _dswiglu_tile(
     go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n, stride_gt,
     stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, EPI_SPLIT: tl.constexpr, B_TMA: tl.constexpr, UPCAST: tl.constexpr,
-    LIMIT: tl.constexpr = None, ALPHA: tl.constexpr = None,
+    LIMIT: tl.constexpr = None, ALPHA: tl.constexpr = None, INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
     """One tile of ``moe_dswiglu_kernel`` (expert e, these sorted rows and columns)."""
     pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
@@ -397,13 +422,17 @@ def _dswiglu_tile(
         acc = _dot(a, b, acc, UPCAST)
     w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     if EPI_SPLIT == 1:
-        part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA)
+        part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED)
     else:
         a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
         c0 = pid_n * BN + tl.arange(0, BN // 2)
+        # fmt: off
         part = _dswiglu_piece(
-            a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA
-        ) + _dswiglu_piece(a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA)
+            a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED
+        ) + _dswiglu_piece(
+            a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED
+        )
+        # fmt: on
     # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
     tl.store(part_ptr + pair.to(tl.int64) * num_n + pid_n, part, mask=row_ok)
 
@@ -441,17 +470,19 @@ def moe_dswiglu_kernel(
     PDL: tl.constexpr,
     LIMIT: tl.constexpr = None,
     ALPHA: tl.constexpr = None,
+    INTERLEAVED: tl.constexpr = False,
 ):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
     EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). B_TMA:
-    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0)."""
+    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0).
+    INTERLEAVED: dgu's columns alternate d_gate, d_up (``_dswiglu_piece``)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
         # fmt: off
         _dswiglu_tile(go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n,
                       stride_gt, stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM,
-                      BN, BK, EPI_SPLIT, B_TMA, UPCAST, LIMIT, ALPHA)
+                      BN, BK, EPI_SPLIT, B_TMA, UPCAST, LIMIT, ALPHA, INTERLEAVED)
         # fmt: on
 
 
@@ -537,6 +568,26 @@ def moe_wgrad_kernel(
     _wgrad_tile(a_ptr, b_ptr, expert_start_ptr, c_ptr, M, N, stride_at, stride_bt, stride_ce, stride_cm, stride_cn, e, pid_m,
                 pid_n, A_TMA, B_TMA, BM, BN, BK, UPCAST)
     # fmt: on
+
+
+@triton.jit
+def moe_bias_grad_kernel(
+    dgu_ptr, expert_start_ptr, out_ptr, N, BM: tl.constexpr, BN: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr
+):  # fmt: skip
+    """out[e, cols] = the column sums of dgu [S, N] over expert e's sorted rows (fp32, in row
+    order: deterministic); zeros for an expert with no rows. Grid (E, cdiv(N, BN))."""
+    _pdl_start(PDL)
+    e = tl.program_id(0)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    start = tl.load(expert_start_ptr + e)
+    end = tl.load(expert_start_ptr + e + 1)
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for r0 in range(start, end, BM):
+        rows = r0 + tl.arange(0, BM)
+        m = (rows < end)[:, None] & (cols < N)[None, :]
+        v = tl.load(dgu_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=m, other=0.0)
+        acc += tl.sum(_f32(v, UPCAST), axis=0)
+    tl.store(out_ptr + e.to(tl.int64) * N + cols, _bf16(acc, UPCAST), mask=cols < N)
 
 
 @triton.jit
@@ -840,15 +891,29 @@ def _grouped(kernel, r: Routing, N: int, tile: Tile, *args, strides: tuple, **me
 
 
 def launch_up(
-    x, gate_up_proj, r: Routing, k: int, gate, up, h, tile: Tile, limit: float | None = None, alpha: float | None = None
+    x,
+    gate_up_proj,
+    r: Routing,
+    k: int,
+    gate,
+    up,
+    h,
+    tile: Tile,
+    limit: float | None = None,
+    alpha: float | None = None,
+    bias: torch.Tensor | None = None,
+    interleaved: bool = False,
 ):
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T; ``limit``:
-    the swiglu_limit (bf16-exact: ``bf16_limit``) or None; ``alpha``: the swiglu_alpha or None."""
-    if tile.GLUON and (g := _gluon().up).supports(x, gate_up_proj):
+    the swiglu_limit (bf16-exact: ``bf16_limit``) or None; ``alpha``: the swiglu_alpha or None;
+    ``bias``: gate_up_proj's bias [E, 2I] or None; ``interleaved``: gate and up rows alternate
+    (the tl kernel then, B by pointer loads: a TMA box of gate rows would hold the up rows)."""
+    plain = bias is None and not interleaved
+    if plain and tile.GLUON and (g := _gluon().up).supports(x, gate_up_proj):
         xs = gather_rows(x, r, k)
         return g.launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, _in_order(g.CONFIG, tile), limit=limit, alpha=alpha)
     H, I = x.shape[1], gate.shape[1]
-    w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
+    w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B and not interleaved)
     _grouped(
         moe_up_kernel,
         r,
@@ -861,6 +926,7 @@ def launch_up(
         gate,
         up,
         h,
+        bias,
         H,
         I,
         r.E,
@@ -869,6 +935,7 @@ def launch_up(
         B_TMA=w is not None,
         LIMIT=limit,
         ALPHA=alpha,
+        **({} if plain else dict(BIAS=bias is not None, INTERLEAVED=interleaved)),
     )
 
 
@@ -928,12 +995,14 @@ def launch_dswiglu(
     gos=None,
     limit: float | None = None,
     alpha: float | None = None,
+    interleaved: bool = False,
 ):
     """d_gate | d_up into dgu [S, 2I], hw [S, I] and the routing-weight partial sums part
     [S, cdiv(I, BN)] (by pair id; rows of pairs outside every tile are not written). ``gos``:
     grad_out's rows in expert order (``gather_rows``) where the caller has them, for the Gluon
-    kernel (which copies them otherwise). ``limit``, ``alpha``: as ``launch_up``'s."""
-    if tile.GLUON and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
+    kernel (which copies them otherwise). ``limit``, ``alpha``, ``interleaved``: as ``launch_up``'s
+    (interleaved: d_gate, d_up alternate in dgu's columns, by the tl kernel)."""
+    if not interleaved and tile.GLUON and (g := _gluon().dswiglu).supports(grad_out, down_proj, dgu, part):
         gos = gather_rows(grad_out, r, k) if gos is None else gos
         cfg = _in_order(g.CONFIG, tile)
         return g.launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg, limit=limit, alpha=alpha)
@@ -963,7 +1032,18 @@ def launch_dswiglu(
         B_TMA=w is not None,
         LIMIT=limit,
         ALPHA=alpha,
+        **(dict(INTERLEAVED=True) if interleaved else {}),
     )
+
+
+def launch_bias_grad(dgu: torch.Tensor, r: Routing) -> torch.Tensor:
+    """[E, N]: each expert's column sums of dgu [S, N] over its sorted rows (gate_up_proj's bias
+    gradient), fp32 in a fixed order, rounded to dgu's dtype; zeros for an expert with no rows."""
+    N = dgu.shape[1]
+    out = torch.empty(r.E, N, dtype=dgu.dtype, device=dgu.device)
+    BN = min(128, _pow2(N))
+    _launch(moe_bias_grad_kernel, (r.E, cdiv(N, BN)), 4, 1, dgu, r.expert_start, out, N, BM=32, BN=BN, UPCAST=INTERPRET)
+    return out
 
 
 @dataclass(frozen=True)
@@ -1107,12 +1187,16 @@ def moe_forward(
     out_shape=None,
     swiglu_limit=None,
     swiglu_alpha=None,
+    gate_up_proj_bias=None,
+    interleaved: bool = False,
 ):
     """``(out, gate, up, routing)``: out [T, H] (allocated as ``out_shape`` where given, e.g. the
     caller's [batch_size, seq_len, H]); gate, up [S, I] in sorted-pair order (unclamped) and the
     ``Routing`` (its ``order`` and ``expert_start``), kept for ``moe_backward``. Inputs validated
     by ``swiglu.moe``; top_k_index and top_k_weights contiguous [T, k]. ``swiglu_limit``: gate and
-    up clamped before the product (``bf16_limit``); ``swiglu_alpha``: the gpt-oss form (``_glu_parts``)."""
+    up clamped before the product (``bf16_limit``); ``swiglu_alpha``: the gpt-oss form (``_glu_parts``);
+    ``gate_up_proj_bias`` [E, 2I]: added to gate and up (kept with it); ``interleaved``: gate and up
+    rows alternate in gate_up_proj."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -1124,7 +1208,8 @@ def moe_forward(
     h = torch.empty_like(gate)
     y = torch.empty(S, H, dtype=x.dtype, device=x.device)
     if S:
-        launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up, bf16_limit(swiglu_limit), swiglu_alpha)
+        limit = bf16_limit(swiglu_limit)
+        launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up, limit, swiglu_alpha, gate_up_proj_bias, interleaved)
         launch_pairs(h, down_proj, r, top_k_weights, y, plan.down, transposed=True)
     return combine(y, top_k_index, E, H, x.dtype, out_shape=out_shape)[0], gate, up, r
 
@@ -1144,13 +1229,17 @@ def moe_backward(
     reuse: bool = False,
     swiglu_limit: float | None = None,
     swiglu_alpha: float | None = None,
+    interleaved: bool = False,
+    bias_grad: bool = False,
 ):
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
     gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, the
     forward's order bitwise). A gradient not in ``needs`` (grad_x, top_k_weights, gate_up_proj,
     down_proj) is None and its GEMM does not run. ``reuse``: gate's and up's storage is released
     (size 0) once their one reader, the dSwiGLU GEMM, is launched: the same kernels, the same
-    gradients bitwise, a peak lower by [S, 2I]. ``swiglu_limit``, ``swiglu_alpha``: the forward's."""
+    gradients bitwise, a peak lower by [S, 2I]. ``swiglu_limit``, ``swiglu_alpha``, ``interleaved``:
+    the forward's. ``bias_grad``: gate_up_proj's bias gradient [E, 2I] appended (a fifth element;
+    the saved gate/up include the bias, so nothing else changes)."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -1164,7 +1253,10 @@ def moe_backward(
     gos = gather_rows(grad_out, r, k) if plan.share_grad_out_copy and needs[3] else None
     if S:  # first, so that the GPU starts while the host allocates the rest
         limit = bf16_limit(swiglu_limit)
-        launch_dswiglu(grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, plan.dswiglu, gos, limit, swiglu_alpha)
+        tile = plan.dswiglu
+        launch_dswiglu(
+            grad_out, down_proj, r, k, top_k_weights, gate, up, dgu, hw, part, tile, gos, limit, swiglu_alpha, interleaved
+        )
     if reuse:  # their reader is launched: the memory goes back stream-ordered, before the peak
         release_storage(gate)
         release_storage(up)
@@ -1186,6 +1278,7 @@ def moe_backward(
     grad_gu = torch.empty_like(gate_up_proj) if needs[2] else None
     if needs[2]:
         launch_wgrad(grad_gu, dgu, TokenRows(x, k), r, plan.wgrad_gu)
+    grad_bias = launch_bias_grad(dgu, r) if bias_grad else None
     del dgu
     # grad_down_proj[e] [H, I] = grad_out[tok]^T @ hw, likewise.
     grad_dp = torch.empty_like(down_proj) if needs[3] else None
@@ -1194,4 +1287,6 @@ def moe_backward(
     del hw, gos
     if grad_w is not None and grad_w.dtype != top_k_weights.dtype:
         grad_w = grad_w.to(top_k_weights.dtype)
+    if bias_grad:
+        return grad_x, grad_w, grad_gu, grad_dp, grad_bias
     return grad_x, grad_w, grad_gu, grad_dp

@@ -1,0 +1,179 @@
+"""``swiglu_moe``'s expert biases and interleaved gate/up rows (gpt-oss's experts): the reference
+and the Triton path (under TRITON_INTERPRET=1 on a CPU) against the float64 oracle, out and every
+gradient including both biases' (``moe_checks``' bound, each expert's slice of the weight and bias
+gradients on its own), the bad arguments named, and a 1% error planted in one expert's bias
+gradient caught (0.1% is within the bound: the scale check runs against the bf16 reference, whose
+own roundings of the bias path put its standard error near 7e-4 per expert at these sizes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import swiglu
+import swiglu.kernels.moe as kmoe
+from swiglu.moe import moe_float64, moe_reference
+
+from moe_checks import bound_failure, failures, fresh_seed, make_moe
+
+GPT_OSS = dict(swiglu_limit=7.0, swiglu_alpha=1.702)
+BIAS_NAMES = ("grad_gate_up_proj_bias", "grad_down_proj_bias")
+
+
+def _biases(seed, inp, which=("gu", "d")):
+    gen = torch.Generator().manual_seed(seed + 1)
+    E, two_i, H = inp.gate_up_proj.shape
+    bgu = (0.5 * torch.randn(E, two_i, generator=gen)).to(inp.x.dtype) if "gu" in which else None
+    bd = (0.5 * torch.randn(E, H, generator=gen)).to(inp.x.dtype) if "d" in which else None
+    return bgu, bd
+
+
+def _run(inp, bgu, bd, impl, **kwargs):
+    """out and the gradients of x, top_k_weights, both weights and each bias given."""
+    x, idx, w, gu, dp = (t.detach().clone() for t in inp.args())
+    biases = [b.detach().clone().requires_grad_() if b is not None else None for b in (bgu, bd)]
+    leaves = [t.requires_grad_() for t in (x, w, gu, dp)] + [b for b in biases if b is not None]
+    out = swiglu.swiglu_moe(x, idx, w, gu, dp, impl=impl, gate_up_proj_bias=biases[0], down_proj_bias=biases[1], **kwargs)
+    out.backward(inp.grad_out)
+    return (out.detach(), *(t.grad for t in leaves))
+
+
+def _oracle(inp, bgu, bd, **kwargs):
+    x, idx, w, gu, dp, go = inp.flat()
+    res = moe_float64(x, idx, w, gu, dp, go, gate_up_proj_bias=bgu, down_proj_bias=bd, **kwargs)
+    return (res[0].reshape(inp.x.shape), res[1].reshape(inp.x.shape), res[2].reshape(inp.top_k_weights.shape), *res[3:])
+
+
+def _failures(got, ref, o, bias_names):
+    bad = failures(got[:5], ref[:5], o[:5])
+    for name, g, r, oo in zip(bias_names, got[5:], ref[5:], o[5:]):
+        bad.append(bound_failure(name, g, r, oo))
+        rel = float((r.double() - oo).norm() / oo.norm())
+        for e in range(oo.shape[0]):
+            if not oo[e].count_nonzero():  # an expert no pair reaches: exactly zero
+                bad.append(None if not g[e].count_nonzero() else f"{name}[{e}]: nonzero for an expert with no pairs")
+            else:
+                bad.append(bound_failure(f"{name}[{e}]", g[e], r[e], oo[e], ref_rel=rel))
+    return [b for b in bad if b]
+
+
+# (T, H, I, E, k, routing kind)
+CASES = {
+    "T13": (13, 32, 48, 4, 2, "balanced"),
+    "empty_experts": (5, 32, 32, 8, 1, "balanced"),
+    "T1": (1, 32, 48, 4, 2, "balanced"),
+    "k1": (9, 32, 48, 4, 1, "balanced"),
+    "dup": (7, 32, 32, 4, 3, "dup"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("which", [("gu", "d"), ("gu",), ("d",), ()], ids=lambda w: "+".join(w) or "none")
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_against_float64(impl, which, interleaved, case):
+    if case != "T13" and which != ("gu", "d"):
+        pytest.skip("the biases' combinations at the main case only")
+    T, H, I, E, k, kind = CASES[case]
+    seed = fresh_seed()
+    inp = make_moe(seed, T, H, I, E, k, kind=kind)
+    bgu, bd = _biases(seed, inp, which)
+    kwargs = dict(GPT_OSS, interleaved=interleaved)
+    got = _run(inp, bgu, bd, impl, **kwargs)
+    ref = _run(inp, bgu, bd, "reference", **kwargs)
+    o = _oracle(inp, bgu, bd, **kwargs)
+    names = [n for n, b in zip(BIAS_NAMES, (bgu, bd)) if b is not None]
+    bad = _failures(got, ref, o, names)
+    assert not bad, f"seed={seed}: " + "; ".join(bad)
+    if case == "empty_experts":
+        assert len(set(range(E)) - set(inp.top_k_index.unique().tolist())) >= 3
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_defaults_are_the_calls_without_the_new_arguments(impl):
+    """No bias and interleaved=False: bit for bit the call that omits them."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 9, 32, 48, 4, 2)
+    x, idx, w, gu, dp = inp.args()
+    plain = swiglu.swiglu_moe(x, idx, w, gu, dp, impl=impl, **GPT_OSS)
+    given = swiglu.swiglu_moe(
+        x, idx, w, gu, dp, impl=impl, gate_up_proj_bias=None, down_proj_bias=None, interleaved=False, **GPT_OSS
+    )
+    assert torch.equal(plain, given)
+
+
+def test_interleaved_is_the_concatenated_op_on_permuted_rows():
+    """Interleaved rows (and bias entries) are the same experts as their de-interleaved copy."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 9, 32, 48, 4, 2, dtype=torch.float64, weights_dtype=torch.float64)
+    bgu, bd = _biases(seed, inp)
+    x, idx, w, gu, dp = inp.args()
+    perm = torch.cat([torch.arange(0, 96, 2), torch.arange(1, 96, 2)])
+    il = moe_reference(x, idx, w, gu, dp, 7.0, 1.702, bgu, bd, True)
+    cat = moe_reference(x, idx, w, gu[:, perm], dp, 7.0, 1.702, bgu[:, perm], bd, False)
+    assert torch.allclose(il, cat, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_and_oracle_skip_out_of_range_ids():
+    """Sentinel ids (outside [0, E)) add nothing, bias included, in the reference and the oracle."""
+    inp = make_moe(fresh_seed(), 8, 32, 32, 4, 2, dtype=torch.float64, weights_dtype=torch.float64)
+    bgu, bd = _biases(0, inp)
+    x, idx, w, gu, dp, _ = inp.flat()
+    bad = torch.zeros_like(idx, dtype=torch.bool)
+    bad[::2, 1] = True
+    sentinel = idx.masked_fill(bad, 4)
+    got = moe_reference(x, sentinel, w, gu, dp, None, None, bgu, bd, True)
+    assert torch.allclose(got, moe_reference(x, idx, w.masked_fill(bad, 0), gu, dp, None, None, bgu, bd, True))
+    assert torch.allclose(got, moe_float64(x, sentinel, w, gu, dp, None, None, None, bgu, bd, True))
+
+
+def _bad(inp, bgu, bd):
+    E, two_i, H = inp.gate_up_proj.shape
+    return {
+        "gu_shape": (dict(gate_up_proj_bias=bgu[:, :-1]), ValueError, "gate_up_proj_bias"),
+        "gu_experts": (dict(gate_up_proj_bias=bgu[:-1]), ValueError, "gate_up_proj_bias"),
+        "gu_1d": (dict(gate_up_proj_bias=bgu[0]), ValueError, "gate_up_proj_bias"),
+        "gu_dtype": (dict(gate_up_proj_bias=bgu.float()), TypeError, "gate_up_proj_bias"),
+        "gu_int": (dict(gate_up_proj_bias=bgu.to(torch.int32)), TypeError, "gate_up_proj_bias"),
+        "gu_list": (dict(gate_up_proj_bias=bgu.tolist()), TypeError, "gate_up_proj_bias"),
+        "gu_meta": (dict(gate_up_proj_bias=bgu.to("meta")), ValueError, "gate_up_proj_bias"),
+        "d_shape": (dict(down_proj_bias=bd[:, :-1]), ValueError, "down_proj_bias"),
+        "d_as_gu": (dict(down_proj_bias=bgu), ValueError, "down_proj_bias"),
+        "d_dtype": (dict(down_proj_bias=bd.half()), TypeError, "down_proj_bias"),
+        "interleaved_int": (dict(interleaved=1), TypeError, "interleaved"),
+        "interleaved_none": (dict(interleaved=None), TypeError, "interleaved"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad(make_moe(0, 2, 8, 8, 2, 1), *_biases(0, make_moe(0, 2, 8, 8, 2, 1)))))
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+def test_bad_argument_names_it(case, impl):
+    inp = make_moe(fresh_seed(), 6, 32, 48, 4, 2)
+    bgu, bd = _biases(0, inp)
+    change, error, name = _bad(inp, bgu, bd)[case]
+    args = dict(gate_up_proj_bias=bgu, down_proj_bias=bd)
+    args.update(change)
+    with pytest.raises(error, match=rf"\b{name}\b"):
+        swiglu.swiglu_moe(*inp.args(), impl=impl, **args)
+
+
+def test_a_bias_gradient_off_by_a_hundredth_in_one_expert_fails(monkeypatch):
+    """The check sees a 1% error in one expert's bias gradient (the fp32 sum scaled before its
+    rounding), where the unplanted kernels pass."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 64, 32, 96, 2, 2)
+    bgu, bd = _biases(seed, inp)
+    kwargs = dict(GPT_OSS, interleaved=True)
+    ref, o = _run(inp, bgu, bd, "reference", **kwargs), _oracle(inp, bgu, bd, **kwargs)
+    assert not _failures(_run(inp, bgu, bd, "triton", **kwargs), ref, o, BIAS_NAMES)
+    real = kmoe.launch_bias_grad
+
+    def planted(dgu, r):
+        out = real(dgu, r)
+        lo, hi = (int(v) for v in r.expert_start[:2])
+        out[0] = (dgu[lo:hi].float().sum(0) * 1.01).to(out.dtype)
+        return out
+
+    monkeypatch.setattr(kmoe, "launch_bias_grad", planted)
+    bad = _failures(_run(inp, bgu, bd, "triton", **kwargs), ref, o, BIAS_NAMES)
+    assert any(b.startswith("grad_gate_up_proj_bias[0]") for b in bad), f"seed={seed}: {bad}"
