@@ -8,8 +8,8 @@ every parameter's gradient equal the unpatched model's (transformers' default "g
 F32_TOL relative (a 0.1% error planted in the op fails it); in bf16 with ``impl="triton"`` (the
 Triton kernels under TRITON_INTERPRET=1) their error against a float64 copy of the model is at most
 twice the unpatched bf16 model's plus a floor. The name is selectable through the config
-(``experts_implementation="swiglu"``); experts the op cannot compute (biases, gpt-oss, another
-activation, custom gating, dense routing weights, ...) run their previous implementation with a
+(``experts_implementation="swiglu"``); gpt-oss's experts (biases, interleaved gate/up rows) run the
+op too; experts the op cannot compute (another activation, custom gating, dense routing weights, ...) run their previous implementation with a
 warning naming the reason and give the unpatched model's results.
 """
 
@@ -324,24 +324,23 @@ def _add_expert_biases(model: nn.Module) -> None:
             m.has_bias = True
 
 
-def test_experts_with_biases_fall_back_with_a_warning(moe_calls):
-    """apply leaves experts with biases on their implementation (named in a warning, not in the
-    returned names); selected by config instead, their first call warns and falls back."""
+def test_experts_with_biases_run_the_op(moe_calls):
+    """Experts with biases on the default gate run the op with both biases (also when selected
+    by config): float32 results, the biases' gradients included, equal the unpatched model's."""
     plain = build("qwen3_moe")
     _add_expert_biases(plain)
     ours = copy.deepcopy(plain)
-    with pytest.warns(UserWarning, match=r"2 Qwen3MoeExperts experts module\(s\).*keep their 'grouped_mm'.*expert biases"):
-        assert swiglu_hf.apply(ours, impl="reference") == []
-    assert ours.config._experts_implementation == "grouped_mm"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert swiglu_hf.apply(ours, impl="reference") == FAMILIES["qwen3_moe"][3]
     by_config = copy.deepcopy(plain)
     by_config.set_experts_implementation("swiglu")
     ids = batch()
     want = step(plain, ids)
-    assert_same(step(ours, ids), want, 0.0)
-    with pytest.warns(UserWarning, match="runs its 'grouped_mm' experts implementation: expert biases"):
-        got = step(by_config, ids)
-    assert_same(got, want, 0.0)
-    assert moe_calls == []
+    assert any("gate_up_proj_bias" in k for k in want)
+    assert_same(step(ours, ids), want, F32_TOL)
+    assert_same(step(by_config, ids), want, F32_TOL)
+    assert len(moe_calls) == 4 and all(c["gate_up_proj_bias"] is not None and not c.get("interleaved") for c in moe_calls)
 
 
 _QWEN3_EXPERTS = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeExperts
@@ -482,7 +481,7 @@ def test_the_alpha_gate_runs_the_op_with_its_limit_and_alpha(moe_calls):
     """Experts whose gate is gpt-oss's activation on the op's layout (MiniMax-M3) run the op with
     ``swiglu_limit`` and ``swiglu_alpha`` read from the module: float32 results equal the unpatched
     model's (its own ``_apply_gate``); the plain SwiGLU's would not; a bad alpha falls back."""
-    assert swiglu_hf.clamped_gate(_AlphaGateExperts) == ("swiglu_limit", False, False, "swiglu_alpha")
+    assert swiglu_hf.clamped_gate(_AlphaGateExperts) == ("swiglu_limit", False, False, "swiglu_alpha", False)
     plain = build("qwen3_moe")
     for m in plain.modules():
         if swiglu_hf._is_experts(m):
@@ -523,24 +522,74 @@ def test_the_alpha_gate_runs_the_op_with_its_limit_and_alpha(moe_calls):
     assert moe_calls == []
 
 
-def test_gpt_oss_falls_back_with_a_warning(moe_calls):
-    """gpt-oss's experts (biases, transposed and interleaved weights, a clamped SwiGLU) keep
-    their implementation: the unpatched model's results, bit for bit."""
+def test_gpt_oss_runs_the_op(moe_calls):
+    """gpt-oss's experts (biases, transposed and interleaved weights, its clamped alpha gate) run
+    the op with both biases, interleaved=True, its limit and alpha: float32 logits, loss and every
+    gradient (the biases' included) equal the unpatched model's; a 0.1% error in a bias's use shows."""
+    assert swiglu_hf.clamped_gate(transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts).interleaved
     plain = build("gpt_oss")
     ours = copy.deepcopy(plain)
-    with pytest.warns(UserWarning, match="GptOssExperts experts module.*expert biases"):
-        assert swiglu_hf.apply(ours) == []
-    assert ours.config._experts_implementation == "grouped_mm"
-    experts = copy.deepcopy(ours.model.layers[0].mlp.experts)  # each reason in turn, on a copy
-    for attr, value, match in [
-        ("has_bias", False, "interleaved"),
-        ("is_concatenated", True, "custom gating"),
-    ]:
-        setattr(experts, attr, value)
-        assert match in swiglu_hf.experts_unsupported_reason(experts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert swiglu_hf.apply(ours, impl="reference") == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
     ids = batch()
-    assert_same(step(ours, ids), step(plain, ids), 0.0)
-    assert moe_calls == []
+    got, want = step(ours, ids), step(plain, ids)
+    assert any("down_proj_bias" in k for k in got) and any("gate_up_proj_bias" in k for k in got)
+    assert_same(got, want, F32_TOL, "gpt_oss")
+    assert len(moe_calls) == 2 and all(c["interleaved"] and c["down_proj_bias"] is not None for c in moe_calls)
+    experts = copy.deepcopy(ours.model.layers[0].mlp.experts)
+    experts.is_concatenated = True  # the flag contradicts the gate: the gate decides the split
+    assert swiglu_hf.experts_unsupported_reason(experts) is None
+    with torch.no_grad():
+        ours.model.layers[0].mlp.experts.down_proj_bias.mul_(1.001)
+    assert errors(step(ours, ids), want)["logits"] > F32_TOL
+
+
+def test_gpt_oss_bf16_triton_within_bound_of_the_float64_model(moe_calls):
+    """gpt-oss in bf16 on the Triton kernels (interpreter): logits, loss and every gradient no
+    further from a float64 copy of the model than twice the unpatched bf16 model plus BF16_FLOOR."""
+    pytest.importorskip("swiglu.kernels.moe")
+    plain = build("gpt_oss", dtype=torch.bfloat16)
+    ours = copy.deepcopy(plain)
+    oracle = copy.deepcopy(plain).to(torch.float64)
+    oracle.set_experts_implementation("eager")
+    swiglu_hf.apply(ours, impl="triton")
+    ids = batch(shape=(1, 16))
+    want = step(oracle, ids)
+    err_ours, err_plain = errors(step(ours, ids), want), errors(step(plain, ids), want)
+    bad = {k: (e, err_plain[k]) for k, e in err_ours.items() if not e <= BF16_FACTOR * err_plain[k] + BF16_FLOOR}
+    assert not bad, f"gpt_oss: (ours, unpatched) errors against float64 beyond the bound: {bad}"
+    assert len(moe_calls) == 2 and all(c["impl"] == "triton" for c in moe_calls)
+
+
+def test_openai_privacy_filter_runs_the_op(moe_calls):
+    """OpenAI-Privacy-Filter's experts (biases, transposed concatenated weights, gpt-oss's gate
+    spelled on halves, float32 arithmetic): float32 results equal the unpatched model's."""
+    cls = getattr(transformers, "OpenAIPrivacyFilterForTokenClassification", None)
+    if cls is None:
+        pytest.skip("no OpenAI-Privacy-Filter in this transformers")
+    config = transformers.OpenAIPrivacyFilterConfig(
+        **{**SMALL, "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2, "num_labels": 3}
+    )
+    torch.manual_seed(0)
+    plain = cls(config)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.dim() > 1 else 1 + 0.1 * torch.randn_like(p))
+    ours = copy.deepcopy(plain)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert swiglu_hf.apply(ours, impl="reference")
+    ids = batch()
+
+    def run(model):
+        model.zero_grad(set_to_none=True)
+        out = model(ids, labels=ids % 3)
+        out.loss.backward()
+        return {"logits": out.logits.detach(), **{n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
+
+    assert_same(run(ours), run(plain), F32_TOL, "openai_privacy_filter")
+    assert moe_calls and not any(c.get("interleaved") for c in moe_calls)
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,22 @@ def _apply_gate(self, gate_up):
     glu = gate * torch.sigmoid(gate * self.ALPHA)
     return (up + 1.0) * glu
 """
+# gpt-oss's own spelling of that gate (``(up + 1)``, a named result): its gate and up rows
+# interleaved (gate0, up0, gate1, ...), and OpenAI-Privacy-Filter's on concatenated rows.
+_GPT_OSS_GATE = """
+def _apply_gate(self, gate_up):
+    gate, up = SPLIT
+    gate = gate.clamp(max=self.LIMIT)
+    up = up.clamp(min=-self.LIMIT, max=self.LIMIT)
+    glu = gate * torch.sigmoid(gate * self.ALPHA)
+    gated_output = (up + 1) * glu
+    return gated_output
+"""
+_ALPHA_GATES = (
+    (_ALPHA_GATE, False),
+    (_GPT_OSS_GATE.replace("SPLIT", "gate_up.chunk(2, dim=-1)"), False),
+    (_GPT_OSS_GATE.replace("SPLIT", "gate_up[..., ::2], gate_up[..., 1::2]"), True),
+)
 _SILU_NAMES = ("F.silu", "nn.functional.silu", "torch.nn.functional.silu", "self.act_fn")
 
 
@@ -158,12 +174,14 @@ def _reads_act_fn(cls: type) -> bool:
 class ClampedGate(NamedTuple):
     """What ``clamped_gate`` recognized: the attribute holding the limit, whether the activation
     is ``self.act_fn`` (else ``F.silu`` or none), whether the clamp comes after the activation,
-    and the attribute holding ``swiglu_alpha`` (None: the plain SwiGLU)."""
+    the attribute holding ``swiglu_alpha`` (None: the plain SwiGLU), and whether the gate takes
+    interleaved gate/up columns (gpt-oss's ``[..., ::2]``, ``[..., 1::2]``)."""
 
     attr: str
     uses_act_fn: bool
     after_act: bool
     alpha_attr: str | None = None
+    interleaved: bool = False
 
 
 def _body(tree, names: _GateNames) -> list[str]:
@@ -180,9 +198,9 @@ def clamped_gate(cls: type) -> ClampedGate | None:
     """A ``ClampedGate`` when ``cls._apply_gate`` is a clamped SwiGLU: ``_CLAMPED_GATE`` (gate
     clamped to at most ``self.<attr>``, up to [-it, it], then ``act(gate) * up``: the op's
     ``swiglu_limit``), ``_CLAMPED_AFTER_GATE`` (``after_act``: ``act(gate)`` clamped instead, where
-    the attribute is not None: the op only without a limit) or ``_ALPHA_GATE`` (gpt-oss's form on
-    the op's layout, ``self.<alpha_attr>`` its alpha: the op's ``swiglu_alpha``). None for any
-    other body, or when the source cannot be read."""
+    the attribute is not None: the op only without a limit) or ``_ALPHA_GATES`` (gpt-oss's form,
+    ``self.<alpha_attr>`` its alpha: the op's ``swiglu_alpha``; on interleaved columns in gpt-oss's
+    own gate). None for any other body, or when the source cannot be read."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls._apply_gate))).body[0]
     except (OSError, TypeError, SyntaxError, AttributeError):
@@ -198,8 +216,10 @@ def clamped_gate(cls: type) -> ClampedGate | None:
                 return ClampedGate(names.attrs.pop(), names.acts.pop() == "self.act_fn", after_act)
     if len(names.attrs) == 2 and not names.acts:
         for limit, alpha in itertools.permutations(sorted(names.attrs)):
-            if _body(tree, _GateNames(arg, {limit: "LIMIT", alpha: "ALPHA"})) == _pattern(_ALPHA_GATE):
-                return ClampedGate(limit, False, False, alpha)
+            body = _body(tree, _GateNames(arg, {limit: "LIMIT", alpha: "ALPHA"}))
+            for pattern, interleaved in _ALPHA_GATES:
+                if body == _pattern(pattern):
+                    return ClampedGate(limit, False, False, alpha, interleaved)
     return None
 
 
@@ -451,8 +471,9 @@ def _other_experts_interface(module: nn.Module) -> str | None:
 
 
 def experts_unsupported_reason(module: nn.Module) -> str | None:
-    """Why ``swiglu.swiglu_moe`` cannot compute this experts module (None when it can): expert
-    biases, interleaved gate/up weights, no gate, a post-expert norm, an
+    """Why ``swiglu.swiglu_moe`` cannot compute this experts module (None when it can): biases
+    that are not floating tensors, interleaved gate/up weights (``is_concatenated=False``) without
+    gpt-oss's gate that splits them so, no gate, a post-expert norm, an
     ``_apply_gate`` other than transformers' default ``silu(gate) * up`` or the clamped and alpha
     forms ``clamped_gate`` knows (with a positive finite limit and alpha; a clamp after the
     activation only without a limit), an activation other than SiLU, or weights that
@@ -462,9 +483,12 @@ def experts_unsupported_reason(module: nn.Module) -> str | None:
     from transformers.integrations.moe import _default_apply_gate
 
     if getattr(module, "has_bias", False):
-        return "expert biases (gate_up_proj_bias, down_proj_bias); the op has none"
-    if not getattr(module, "is_concatenated", True):
-        return "interleaved gate/up rows (gate0, up0, gate1, ...); the op takes the gate rows, then the up rows"
+        for name in ("gate_up_proj_bias", "down_proj_bias"):
+            b = getattr(module, name, None)
+            if not isinstance(b, torch.Tensor) or b.dtype not in FLOAT_DTYPES:
+                return f"{name} is {type(b).__name__ if not isinstance(b, torch.Tensor) else b.dtype}, not a floating tensor"
+    if not getattr(module, "is_concatenated", True) and not getattr(clamped_gate(type(module)), "interleaved", False):
+        return "interleaved gate/up rows (gate0, up0, gate1, ...) with a gate that does not split them so (not gpt-oss's)"
     if not getattr(module, "has_gate", True):
         return "no gate (up_proj and an activation only); the op computes silu(gate) * up"
     if getattr(module, "has_post_expert_norm", False):
@@ -592,6 +616,10 @@ def swiglu_experts_forward(
             if _transposed(self):
                 gate_up, down = gate_up.mT, down.mT
             reuse = self.__dict__.get("swiglu_reuse_saved_buffers", False)
+            # Biases are [E, 2I] and [E, H] in either layout (transformers adds them after the product).
+            bias = dict(gate_up_proj_bias=self.gate_up_proj_bias, down_proj_bias=self.down_proj_bias) if self.has_bias else {}
+            if clamped is not None and clamped.interleaved:
+                bias["interleaved"] = True
             return _swiglu_moe(
                 hidden_states,
                 top_k_index,
@@ -602,6 +630,7 @@ def swiglu_experts_forward(
                 reuse_saved_buffers=reuse,
                 swiglu_limit=limit,
                 swiglu_alpha=alpha,
+                **bias,
             )
         warnings.warn(f"swiglu: {type(self).__qualname__} runs its {fallback!r} experts implementation: {reason}", stacklevel=2)
     return _fallback_forward(self, fallback)(self, hidden_states, top_k_index, top_k_weights)
