@@ -405,13 +405,11 @@ def swiglu_moe(
         reuse_saved_buffers: the eager Triton backward frees the saved gate/up after their reader (lower peak).
         swiglu_limit, swiglu_alpha: L > 0 clamps gate to at most L and up to [-L, L] first
             (DeepSeek-V4); a > 0 takes ``(up + 1) * gate * sigmoid(a * gate)`` (MiniMax-M3).
-        gate_up_proj_bias, down_proj_bias, interleaved: [E, 2I] added to gate|up, [E, H] to each
-            expert's output (x's dtype); gate_up_proj's rows alternate gate, up (gpt-oss).
+        gate_up_proj_bias, down_proj_bias, interleaved: [E, 2I] / [E, H] biases; gate, up rows alternate (gpt-oss).
 
     Returns:
-        out, x's shape and dtype, freshly allocated (not a view). Differentiable in every floating
-        input; inputs are never modified. T = 0 gives an empty out; an
-        expert that receives no tokens gets zero weight gradients.
+        out, x's shape and dtype, fresh (not a view). Differentiable in every floating input (never
+        modified). T = 0 gives an empty out; an expert with no tokens gets zero weight gradients.
 
     Raises:
         TypeError / ValueError naming the argument; RuntimeError at a second backward with
