@@ -155,14 +155,17 @@ def binding_limit(inp: MoEInputs, quantile: float = 0.7) -> float:
     return max(0.125, round(float(q) * 8) / 8)
 
 
-def same_rounding(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None):
+def same_rounding(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None, gate_up_proj_bias=None, down_proj_bias=None,
+                  interleaved=False):  # fmt: skip
     """The formula with the Triton kernels' roundings (fp32 sums, bf16 where they store bf16:
     gate, up, silu(gate), h, the pair's y before and after its routing weight, d_gate, d_up,
     h * w, each pair's grad_x row, the sums over k), in torch: what the kernels compute up to the
     order of their fp32 sums. The scale check compares with it, so its noise is that of the sums'
     order, not that of the bf16 reference's different roundings. ``swiglu_limit``: the clamps,
     against the limit rounded to bf16 as the kernels take it; ``swiglu_alpha``: the gpt-oss form,
-    act = bf16(gate * sigmoid(alpha * gate)) times up + 1."""
+    act = bf16(gate * sigmoid(alpha * gate)) times up + 1. The biases (gate_up_proj's added to
+    the rounded product and rounded again; down_proj's through the [T, E] routing matrix in fp32,
+    one rounding into out) append their gradients; ``interleaved``: gate, up rows alternate."""
     x, idx, w, gu, dp, go = (t.detach() for t in inp.flat())
     L = None if swiglu_limit is None else float(torch.tensor(swiglu_limit, dtype=torch.bfloat16))
     T, H = x.shape
@@ -174,12 +177,17 @@ def same_rounding(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None):
     dx = torch.zeros(T, k, H, device=dev)
     gw = torch.zeros(T, k, device=dev)
     ggu, gdp = torch.zeros(gu.shape, device=dev), torch.zeros(dp.shape, device=dev)
+    gbgu = torch.zeros(E, 2 * I, device=dev)
     for e in range(E):
         tok, pos = torch.where(idx == e)
         if tok.numel() == 0:
             continue
         we, ge, de = wf[tok, pos, None], gu[e].float(), dp[e].float()
-        gate_raw, up_raw = b(xf[tok] @ ge[:I].T), b(xf[tok] @ ge[I:].T)
+        gi, ui = (slice(0, None, 2), slice(1, None, 2)) if interleaved else (slice(0, I), slice(I, None))
+        gate_raw, up_raw = b(xf[tok] @ ge[gi].T), b(xf[tok] @ ge[ui].T)
+        if gate_up_proj_bias is not None:
+            bgu = gate_up_proj_bias[e].float()
+            gate_raw, up_raw = b(gate_raw + bgu[gi]), b(up_raw + bgu[ui])
         gate, up = (gate_raw, up_raw) if L is None else (gate_raw.clamp(max=L), up_raw.clamp(-L, L))
         a = 1.0 if swiglu_alpha is None else swiglu_alpha
         factor = up if swiglu_alpha is None else up + 1
@@ -193,14 +201,24 @@ def same_rounding(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None):
         d_gate, d_up = g * factor * sg * (1 + a * gate * (1 - sg)), g * act
         if L is not None:
             d_gate, d_up = d_gate * (gate_raw <= L), d_up * (up_raw.abs() <= L)
-        dgu = torch.cat([b(d_gate), b(d_up)], dim=1)
+        dgu = torch.stack([b(d_gate), b(d_up)], dim=-1).flatten(1) if interleaved else torch.cat([b(d_gate), b(d_up)], dim=1)
         ggu[e] = dgu.T @ xf[tok]
+        gbgu[e] = dgu.sum(0)
         gdp[e] = gof[tok].T @ b(h * we)
         dx[tok, pos] = b(dgu @ ge)
     bf = torch.bfloat16
-    res = (y.sum(1).to(bf), dx.sum(1).to(bf), gw.to(w.dtype), ggu.to(bf), gdp.to(bf))
+    out = y.sum(1).to(bf)
+    extra = [gbgu.to(bf)] if gate_up_proj_bias is not None else []
+    if down_proj_bias is not None:
+        ids = torch.where((idx >= 0) & (idx < E), idx.long(), E)
+        dense = torch.zeros(T, E + 1, device=dev).scatter_add(1, ids, wf)[:, :E]
+        bd = down_proj_bias.float()
+        out = (out.float() + dense @ bd).to(bf)
+        gw = gw + (gof @ bd.T).gather(1, idx.long().clamp(0, E - 1)) * ((idx >= 0) & (idx < E))
+        extra.append((dense.T @ gof).to(bf))
+    res = (out, dx.sum(1).to(bf), gw.to(w.dtype), ggu.to(bf), gdp.to(bf))
     shapes = (inp.x.shape, inp.x.shape, inp.top_k_weights.shape, gu.shape, dp.shape)
-    return tuple(r.reshape(s) for r, s in zip(res, shapes))
+    return tuple(r.reshape(s) for r, s in zip(res, shapes)) + tuple(extra)
 
 
 def _as_2d(t: torch.Tensor) -> torch.Tensor:

@@ -435,7 +435,7 @@ def test_a_clamp_after_the_activation_runs_the_op_only_where_the_layer_has_no_li
     layers = [m for m in plain.modules() if swiglu_hf._is_experts(m)]
     for m in layers:
         m.__class__ = _LimitAfterActExperts
-    assert swiglu_hf.clamped_gate(_LimitAfterActExperts) == ("limit", True, True, None)
+    assert swiglu_hf.clamped_gate(_LimitAfterActExperts) == ("limit", True, True, None, False)
     ours = copy.deepcopy(plain)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
