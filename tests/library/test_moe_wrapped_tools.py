@@ -191,3 +191,57 @@ def test_autocast_casts_x_and_the_expert_weights():
     assert torch.equal(out, expected)
     out.float().sum().backward()
     assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in leaves)
+
+
+def test_biases_and_interleaved_rows_through_the_ops_and_compile():
+    """gpt-oss's arguments (both biases, interleaved rows, limit and alpha): opcheck of all four
+    ops with them; torch.compile(fullgraph=True) and compiled autograd of the Triton path bitwise
+    its eager gradients, the biases' included; the compiled reference close to its eager result.
+    (Concatenated rows with biases differ only in the kernels' constexprs: test_moe_bias.py.)"""
+    interleaved = True
+    x, idx, w, gu, dp = _inputs(17)
+    g = torch.Generator().manual_seed(18)
+    bgu = (0.5 * torch.randn(E, 2 * I, generator=g)).bfloat16()
+    bd = (0.5 * torch.randn(E, H, generator=g)).bfloat16()
+    limit, alpha = 7.0, 1.702
+    torch.library.opcheck(
+        moe_forward,
+        (x, idx, w, gu, dp, limit, alpha, bgu, interleaved),
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
+    out, gate, up, order, start = moe_forward(x, idx, w, gu, dp, limit, alpha, bgu, interleaved)
+    back = (torch.randn_like(out), x, idx, w, gu, dp, gate, up, order, start, True, True, True, True, limit, alpha)
+    torch.library.opcheck(moe_backward, (*back, interleaved, True), test_utils=("test_schema", "test_faketensor"))
+    leaves = [t.detach().requires_grad_() for t in (x, w, gu, dp)]
+    torch.library.opcheck(
+        moe_reference_op,
+        (leaves[0], idx, *leaves[1:], limit, alpha, bgu, bd, interleaved),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    kw = dict(swiglu_limit=limit, swiglu_alpha=alpha, interleaved=interleaved)
+    go = torch.randn(T, H).bfloat16()
+
+    def grads(fn, impl):
+        ts = [t.clone().requires_grad_() for t in (x, w, gu, dp, bgu, bd)]
+        y = fn(ts[0], idx, *ts[1:4], impl=impl, gate_up_proj_bias=ts[4], down_proj_bias=ts[5], **kw)
+        return (y, *torch.autograd.grad(y, ts, go))
+
+    eager = grads(swiglu.swiglu_moe, "triton")
+    plain = swiglu.swiglu_moe(x, idx, w, gu, dp, impl="triton", swiglu_limit=limit, swiglu_alpha=alpha)
+    assert not torch.equal(eager[0], plain)
+    torch._dynamo.reset()
+    compiled = torch.compile(swiglu.swiglu_moe, fullgraph=True)
+    for name, a, b in zip(("out", "x", "w", "gu", "dp", "bgu", "bd"), grads(compiled, "triton"), eager):
+        assert torch.equal(a, b), name
+    torch._dynamo.reset()
+    ts = [t.clone().requires_grad_() for t in (x, w, gu, dp, bgu, bd)]
+    y = swiglu.swiglu_moe(ts[0], idx, *ts[1:4], impl="triton", gate_up_proj_bias=ts[4], down_proj_bias=ts[5], **kw)
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager", fullgraph=True)):
+        y.backward(go)
+    torch._dynamo.reset()
+    for name, t, want in zip(("x", "w", "gu", "dp", "bgu", "bd"), ts, eager[1:]):
+        assert torch.equal(t.grad, want), name
+    want = grads(swiglu.swiglu_moe, "reference")
+    for a, b in zip(grads(torch.compile(swiglu.swiglu_moe, fullgraph=True), "reference"), want):
+        torch.testing.assert_close(a, b)
+    torch._dynamo.reset()
