@@ -257,3 +257,23 @@ def test_launch_kwargs_follow_the_interpreter_switch(monkeypatch):
     for flag in (True, False, True, False):
         monkeypatch.setattr(devices, "INTERPRET", flag)
         assert launch.launch_kwargs(cfg)["UPCAST"] is flag
+
+
+def test_launch_asks_for_every_argument_after_the_positional_ones_by_keyword():
+    """The cached runner replays the keyword arguments in signature order: a constexpr left at
+    its default (not passed) would be missing there at the second launch on a GPU, so the first
+    launch, in the interpreter too, names it. The same kernel with it passed runs."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _fill(out_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr, TWICE: tl.constexpr = False):
+        i = tl.arange(0, BLOCK)
+        tl.store(out_ptr + i, tl.full((BLOCK,), 2.0 if TWICE else 1.0, tl.float32))
+
+    out = torch.zeros(16)
+    with pytest.raises(TypeError, match=r"_fill needs \['TWICE'\] by keyword"):
+        launch.launch(_fill, (1,), ("t", 16), out, BLOCK=16)
+    if devices.INTERPRET:
+        launch.launch(_fill, (1,), ("t", 16, True), out, BLOCK=16, TWICE=True)
+        assert torch.equal(out, torch.full((16,), 2.0))

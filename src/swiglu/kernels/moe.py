@@ -935,7 +935,8 @@ def launch_up(
         B_TMA=w is not None,
         LIMIT=limit,
         ALPHA=alpha,
-        **({} if plain else dict(BIAS=bias is not None, INTERLEAVED=interleaved)),
+        BIAS=bias is not None,
+        INTERLEAVED=interleaved,
     )
 
 
@@ -1032,7 +1033,7 @@ def launch_dswiglu(
         B_TMA=w is not None,
         LIMIT=limit,
         ALPHA=alpha,
-        **(dict(INTERLEAVED=True) if interleaved else {}),
+        INTERLEAVED=interleaved,
     )
 
 
