@@ -545,6 +545,18 @@ def test_gpt_oss_runs_the_op(moe_calls):
     assert errors(step(ours, ids), want)["logits"] > F32_TOL
 
 
+def test_apply_auto_keeps_gpt_oss_on_its_implementation(moe_calls):
+    """impl "auto" leaves gpt-oss's experts (measured slower through the op) on their own
+    implementation with a warning naming the measurement; results the unpatched model's, bitwise."""
+    plain = build("gpt_oss")
+    ours = copy.deepcopy(plain)
+    with pytest.warns(UserWarning, match=r"0\.60-0\.66x grouped_mm's speed.*moe_gptoss_h100"):
+        assert swiglu_hf.apply(ours) == []
+    ids = batch()
+    assert_same(step(ours, ids), step(plain, ids), 0.0, "gpt_oss under apply(auto)")
+    assert moe_calls == []
+
+
 def test_gpt_oss_bf16_triton_within_bound_of_the_float64_model(moe_calls):
     """gpt-oss in bf16 on the Triton kernels (interpreter): logits, loss and every gradient no
     further from a float64 copy of the model than twice the unpatched bf16 model plus BF16_FLOOR."""

@@ -195,13 +195,15 @@ def install(cfg: MoEGluonConfig = CONFIG):
 
     library, library_plan = moe.launch_dswiglu, moe.moe_plan
 
-    def launch_dswiglu(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos=None, limit=None, alpha=None):
-        if gos is None and limit is None and alpha is None and supports(grad_out, down_proj, dgu, part, cfg):
+    def launch_dswiglu(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos=None, limit=None, alpha=None,
+                       interleaved=False):  # fmt: skip
+        plain = gos is None and limit is None and alpha is None and not interleaved
+        if plain and supports(grad_out, down_proj, dgu, part, cfg):
             launch_moe_dswiglu_gather(
                 grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, dataclasses.replace(cfg, GROUP_M=tile.GROUP_M)
             )
         else:
-            library(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos, limit, alpha)
+            library(grad_out, down_proj, r, k, weights, gate, up, dgu, hw, part, tile, gos, limit, alpha, interleaved)
 
     def moe_plan(*args):
         return dataclasses.replace(library_plan(*args), share_grad_out_copy=False)

@@ -221,11 +221,12 @@ def install(cfg: MoEGluonConfig = CONFIG):
 
     library = moe.launch_up
 
-    def launch_up(x, gate_up_proj, r, k, gate, up, h, tile, limit=None, alpha=None):
-        if tile.GLUON and limit is None and alpha is None and supports(x, gate_up_proj, cfg):
+    def launch_up(x, gate_up_proj, r, k, gate, up, h, tile, limit=None, alpha=None, bias=None, interleaved=False):
+        plain = limit is None and alpha is None and bias is None and not interleaved
+        if tile.GLUON and plain and supports(x, gate_up_proj, cfg):
             launch_moe_up_gather(x, gate_up_proj, r, k, gate, up, h, dataclasses.replace(cfg, GROUP_M=tile.GROUP_M))
         else:
-            library(x, gate_up_proj, r, k, gate, up, h, tile, limit, alpha)
+            library(x, gate_up_proj, r, k, gate, up, h, tile, limit, alpha, bias, interleaved)
 
     moe.launch_up = launch_up
 

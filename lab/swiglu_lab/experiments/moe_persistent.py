@@ -81,8 +81,8 @@ def moe_up_persistent_kernel(
         e, row0, rows, row_ok, pid_n = _tile_rows(t, num_n, bins, lo, hi, tiles, cum, BM)
         cols = pid_n * BN + tl.arange(0, BN)
         # fmt: off
-        _up_tile(x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn,
-                 stride_wh, e, rows, row_ok, cols, cols < I, pid_n, BM, BN, BK, B_TMA, UPCAST)
+        _up_tile(x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, None, H, I, TOP_K, stride_xt, stride_xh, stride_we,
+                 stride_wn, stride_wh, e, rows, row_ok, cols, cols < I, pid_n, BM, BN, BK, B_TMA, UPCAST)
         # fmt: on
 
 

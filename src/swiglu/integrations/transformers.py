@@ -702,6 +702,19 @@ def _warn_config_reach(model: nn.Module, switched: str) -> None:
         )
 
 
+def _slower_reason(module: nn.Module) -> str | None:
+    """Why ``apply`` with impl "auto" leaves an experts module the op can compute on its own
+    implementation: biases or interleaved gate/up rows (gpt-oss), which run on the tl kernels
+    slower than transformers' grouped_mm (measured; an explicit "swiglu" still runs the op)."""
+    if getattr(module, "has_bias", False) or not getattr(module, "is_concatenated", True):
+        return (
+            "biased or interleaved experts (gpt-oss) run the op at 0.60-0.66x grouped_mm's speed (an H100, "
+            "data/tuning/moe_gptoss_h100_20261206/); apply(model, impl='triton') or "
+            f"config._experts_implementation = {EXPERTS_IMPLEMENTATION!r} runs it anyway"
+        )
+    return None
+
+
 def _apply_experts(model: nn.Module, experts: list, impl: str) -> set[str]:
     """``apply``'s part for experts modules ``[(name, module)]``: record each one's state and
     previous implementation, switch the configs of those the op serves to "swiglu", warn about the
@@ -720,7 +733,7 @@ def _apply_experts(model: nn.Module, experts: list, impl: str) -> set[str]:
         if reason is not None:
             blocked[id(config)] = reason
         _, static_reason, _ = _experts_state(module, impl, fallback)
-        reason = reason or static_reason
+        reason = reason or static_reason or (_slower_reason(module) if impl == "auto" else None)
         if reason is not None:
             skipped.setdefault((type(module).__qualname__, fallback, reason), []).append(name)
             continue
