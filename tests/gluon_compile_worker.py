@@ -40,8 +40,10 @@ Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import re
@@ -80,17 +82,27 @@ def desc(block):
     return f"tensordesc<bf16{list(block)},{gluon_wgrad._layout(tuple(block))!r}>"
 
 
-def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
-    """(registers, spill-store bytes) from ptxas -v (the metadata has them only after loading on a GPU)."""
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas
+# Triton runs ptxas -v for the cubin and prints its log when asked: ``compile_sm90`` keeps it, so
+# registers and spills are those of the cubin Triton built, without running ptxas a second time.
+triton.knobs.nvidia.dump_ptxas_log = True
+#: Triton's ptxas log of each compile of this process, by PTX text.
+PTXAS_LOGS: dict[str, str] = {}
 
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-            f.write(ptx)
-        info = subprocess.run(
-            [get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True
-        ).stderr
-        os.unlink(f.name)
+
+def ptxas_info(ptx: str) -> tuple[int | None, int | None]:
+    """(registers, spill-store bytes) from ptxas -v (the metadata has them only after loading on a GPU):
+    Triton's log of the compile, or ptxas run on ``ptx`` where there is none (a cache hit)."""
+    try:
+        info = PTXAS_LOGS.get(ptx)
+        if info is None:
+            from triton.backends.nvidia.compiler import get_ptxas
+
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+                f.write(ptx)
+            info = subprocess.run(
+                [get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True
+            ).stderr
+            os.unlink(f.name)
         return int(re.search(r"Used (\d+) registers", info).group(1)), int(re.search(r"(\d+) bytes spill stores", info).group(1))
     except Exception:
         return None, None
@@ -112,14 +124,18 @@ def strip_debug(ptx: str) -> str:
 def compile_sm90(kernel, sig: dict, constexprs: dict, attrs, entry: dict, num_warps: int, maxnreg: int):
     """(the compiled kernel, None), or (None, ``entry`` with the error, which the test reports per
     config): ``kernel`` compiled for sm_90 with ``sig`` and ``constexprs``."""
+    log = io.StringIO()
     try:
-        k = triton.compile(
-            GluonASTSource(kernel, sig, constexprs, attrs),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": num_warps, "maxnreg": maxnreg},
-        )
+        with contextlib.redirect_stdout(log):  # Triton prints the ptxas log (dump_ptxas_log)
+            k = triton.compile(
+                GluonASTSource(kernel, sig, constexprs, attrs),
+                target=GPUTarget("cuda", 90, 32),
+                options={"num_warps": num_warps, "maxnreg": maxnreg},
+            )
     except Exception as err:  # reported per config; the test fails on it with the message
         return None, {**entry, "error": f"{type(err).__name__}: {err}"[-4000:]}
+    if "Used" in log.getvalue():
+        PTXAS_LOGS[k.asm["ptx"]] = log.getvalue()
     return k, None
 
 
