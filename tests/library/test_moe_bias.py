@@ -77,20 +77,29 @@ CASES = {
 WHICH = [(case, ("gu", "d")) for case in CASES] + [("T13", w) for w in (("gu",), ("d",), ())]
 
 
+#: The bf16 reference's relative error against float64 stays below this on every output here
+#: (it is ~5e-3): a formula fault in it (a bias left out, the wrong split) is of order one, and
+#: would loosen the Triton path's bound, which is twice the reference's error.
+REFERENCE_REL = 3e-2
+
+
 @pytest.mark.parametrize(("case", "which"), WHICH, ids=[f"{c}-{'+'.join(w) or 'none'}" for c, w in WHICH])
 @pytest.mark.parametrize("interleaved", [False, True])
-@pytest.mark.parametrize("impl", ["reference", "triton"])
-def test_against_float64(impl, which, interleaved, case):
+def test_against_float64(which, interleaved, case):
+    """The reference within REFERENCE_REL of float64; the Triton path within the bound it sets."""
     T, H, I, E, k, kind = CASES[case]
     seed = fresh_seed()
     inp = make_moe(seed, T, H, I, E, k, kind=kind)
     bgu, bd = _biases(seed, inp, which)
     kwargs = dict(GPT_OSS, interleaved=interleaved)
-    got = _run(inp, bgu, bd, impl, **kwargs)
+    got = _run(inp, bgu, bd, "triton", **kwargs)
     ref = _run(inp, bgu, bd, "reference", **kwargs)
     o = _oracle(inp, bgu, bd, **kwargs)
-    names = [n for n, b in zip(BIAS_NAMES, (bgu, bd)) if b is not None]
-    bad = _failures(got, ref, o, names, _same(inp, bgu, bd, **kwargs) if impl == "triton" else None)
+    names = ["out", "grad_x", "grad_top_k_weights", "grad_gate_up_proj", "grad_down_proj"]
+    names += [n for n, b in zip(BIAS_NAMES, (bgu, bd)) if b is not None]
+    rel = {n: float((r.double() - oo).norm() / oo.norm()) for n, r, oo in zip(names, ref, o)}
+    assert all(v < REFERENCE_REL for v in rel.values()), f"seed={seed}: the reference against float64: {rel}"
+    bad = _failures(got, ref, o, names[5:], _same(inp, bgu, bd, **kwargs))
     assert not bad, f"seed={seed}: " + "; ".join(bad)
     if case == "empty_experts":
         assert len(set(range(E)) - set(inp.top_k_index.unique().tolist())) >= 3
