@@ -550,9 +550,6 @@ def _run_forward(
     backward; out allocated as ``out_shape`` where given."""
     from .kernels.moe import moe_forward as run
 
-    extra = {} if gate_up_proj_bias is None else dict(gate_up_proj_bias=gate_up_proj_bias)
-    if interleaved:
-        extra["interleaved"] = True
     with on_device(x.device):
         out, gate, up, routing = run(
             x,
@@ -563,7 +560,8 @@ def _run_forward(
             out_shape=out_shape,
             swiglu_limit=swiglu_limit,
             swiglu_alpha=swiglu_alpha,
-            **extra,
+            gate_up_proj_bias=gate_up_proj_bias,
+            interleaved=interleaved,
         )
     return out, gate, up, routing.order, routing.expert_start
 
@@ -635,11 +633,6 @@ def _run_backward(
     x, idx, w, gu, dp, gate, up, order, expert_start = saved
     routing = Routing(idx, gu.shape[0], saved=(order, expert_start))
     bias_grad = len(needs) > 4 and bool(needs[4])
-    extra = {}
-    if interleaved:
-        extra["interleaved"] = True
-    if bias_grad:
-        extra["bias_grad"] = True
     with on_device(x.device):
         grads = run(
             grad_out.contiguous(),
@@ -655,7 +648,8 @@ def _run_backward(
             reuse=reuse,
             swiglu_limit=limit,
             swiglu_alpha=alpha,
-            **extra,
+            interleaved=interleaved,
+            bias_grad=bias_grad,
         )
     return (*grads, None) if len(grads) == 4 else grads
 
@@ -690,7 +684,7 @@ def _moe_backward_fake(
         torch.empty_like(down_proj),
         x.new_empty(gate_up_proj.shape[:2]),
     )
-    return tuple(t if need else x.new_empty(0) if i == 4 else t.new_empty(0) for i, (t, need) in enumerate(zip(like, needs)))
+    return tuple(t if need else t.new_empty(0) for t, need in zip(like, needs))
 
 
 def _moe_setup_context(ctx, inputs, output):

@@ -44,13 +44,11 @@ def _oracle(inp, bgu, bd, **kwargs):
 
 
 def _same(inp, bgu, bd, **kwargs):
-    """``same_rounding``'s results for the Triton path (the scale checks' comparison), or the
-    reference's roundings for the reference itself (None)."""
+    """``same_rounding``'s results for the Triton path (the scale checks' comparison)."""
     return same_rounding(inp, gate_up_proj_bias=bgu, down_proj_bias=bd, **kwargs)
 
 
-def _failures(got, ref, o, bias_names, same=None):
-    same = same or (None,) * len(got)
+def _failures(got, ref, o, bias_names, same):
     bad = failures(got[:5], ref[:5], o[:5], same[:5])
     for name, g, r, oo, sr in zip(bias_names, got[5:], ref[5:], o[5:], same[5:]):
         bad.append(bound_failure(name, g, r, oo, sr))
@@ -59,7 +57,7 @@ def _failures(got, ref, o, bias_names, same=None):
             if not oo[e].count_nonzero():  # an expert no pair reaches: exactly zero
                 bad.append(None if not g[e].count_nonzero() else f"{name}[{e}]: nonzero for an expert with no pairs")
             else:
-                bad.append(bound_failure(f"{name}[{e}]", g[e], r[e], oo[e], None if sr is None else sr[e], ref_rel=rel))
+                bad.append(bound_failure(f"{name}[{e}]", g[e], r[e], oo[e], sr[e], ref_rel=rel))
     return [b for b in bad if b]
 
 

@@ -260,7 +260,6 @@ def launch(kernel, grid: tuple[int, ...], key: tuple, *args, **kwargs) -> None:
     compiled = kernel[grid](*as_descriptors(args), **kwargs)
     if devices.INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
         return
-    names = kernel.arg_names
     if len(cache) >= _LAUNCHES_MAX:
         cache.clear()
     grid3 = tuple(grid) + (1,) * (3 - len(grid))  # the runner takes 3-D
