@@ -5,7 +5,8 @@ the Triton path with both biases and interleaved gate/up rows (swiglu_limit 7, s
 1.702) against the float64 oracle within the tests' bound (``moe_checks.failures``: every output
 and gradient, both biases'), at 512, 77 and 1 tokens; then one forward+backward of a
 transformers ``GptOssExperts`` module (random weights) with its "grouped_mm" implementation
-against "swiglu", at 2048 and 8192 tokens (do_bench). Not yet run on a GPU.
+against "swiglu", at 2048 and 8192 tokens (do_bench). Answer (an H100,
+data/tuning/moe_gptoss_h100_20261206/): right at every size; 0.60-0.66x grouped_mm's speed.
 Run: PYTHONPATH=src:lab:tests python3 lab/probes/moe_gptoss.py
 """
 
