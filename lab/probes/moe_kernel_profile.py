@@ -12,7 +12,7 @@ grad_x 1.24, the up projection 0.75, dSwiGLU 0.67, the two combines 0.21, x's co
 the tile table 0.11; the tile table went from 46.1 to 4.2 us (one program per 64 tiles) with the
 bits unchanged, and the counting sort's scatter reading [16, E_PAD] counts per step took 50.2 us
 against 43.8 (not kept).
-Run: PYTHONPATH=src:lab python3 lab/probes/moe_kernel_profile.py [shape] [--save F] [--against F]
+Run: PYTHONPATH=src:lab python3 lab/probes/moe_kernel_profile.py [shape] [--gpt-oss] [--save F] [--against F]
 """
 
 import argparse
@@ -24,18 +24,25 @@ import moe_probe as P  # beside this file
 from swiglu import swiglu_moe
 
 ap = argparse.ArgumentParser()
-ap.add_argument("shape", nargs="?", default="qwen3-30b", choices=sorted(P.SHAPES))
+GPT_OSS = {"gpt-oss-20b": (2880, 2880, 32, 4)}  # experts shape; --gpt-oss adds its biases and clamp
+ap.add_argument("shape", nargs="?", default="qwen3-30b", choices=sorted({**P.SHAPES, **GPT_OSS}))
 ap.add_argument("--tokens", type=int, default=8192)
 ap.add_argument("--save", default="")
 ap.add_argument("--against", default="")
+ap.add_argument("--gpt-oss", action="store_true", help="both biases, interleaved gate/up rows, limit 7, alpha 1.702")
 args = ap.parse_args()
-H, I, E, k = P.SHAPES[args.shape]
+H, I, E, k = {**P.SHAPES, **GPT_OSS}[args.shape]
 x, idx, w, gu, dp, go = P.inputs(H, I, E, k, args.tokens)
-leaves = [t.clone().requires_grad_() for t in (x, w, gu, dp)]
+extra, kw = [], {}
+if args.gpt_oss:
+    extra = [0.1 * torch.randn(E, 2 * I, device=x.device).bfloat16(), 0.1 * torch.randn(E, H, device=x.device).bfloat16()]
+    kw = dict(interleaved=True, swiglu_limit=7.0, swiglu_alpha=1.702)
+leaves = [t.clone().requires_grad_() for t in (x, w, gu, dp, *extra)]
 
 
 def step():
-    out = swiglu_moe(leaves[0], idx, *leaves[1:], impl="triton")
+    bias = dict(zip(("gate_up_proj_bias", "down_proj_bias"), leaves[4:]))
+    out = swiglu_moe(leaves[0], idx, *leaves[1:4], impl="triton", **bias, **kw)
     return (out, *torch.autograd.grad(out, leaves, go))
 
 
