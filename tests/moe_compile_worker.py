@@ -8,6 +8,7 @@ compiled kernel, its shared memory and wgmma count (or the error).
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 
@@ -33,6 +34,9 @@ def compile_one(fn, options: dict, descriptors: dict | None = None, **const) -> 
     """``descriptors``: argument name -> TMA box of the arguments given as descriptors."""
     descriptors = descriptors or {}
     const = dict(const, PDL=0)
+    for p in fn.params:  # a constexpr left at its default is one: not an i32 argument and a runtime branch
+        if p.is_constexpr and p.name not in const and p.default is not inspect.Parameter.empty:
+            const[p.name] = p.default
     if "UPCAST" in fn.arg_names:
         const["UPCAST"] = False
     for name in fn.arg_names:
@@ -93,11 +97,15 @@ def main() -> None:
                 extra = dict(extra, EPI_SPLIT=t.EPI_SPLIT)
                 variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BK, t.BN)})]
                 variants.append(dict(variants[1], LIMIT=7.0))  # swiglu_limit's clamped epilogue
-                variants.append(dict(variants[1], LIMIT=7.0, ALPHA=1.702))  # swiglu_alpha's (gpt-oss's form)
+                variants.append(dict(variants[1], LIMIT=7.0, ALPHA=1.702))  # swiglu_alpha's
+                variants.append(dict(variants[3], INTERLEAVED=True))  # gpt-oss's form: d_gate, d_up interleaved
             if fn is M.moe_up_kernel:
                 variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)})]
                 variants.append(dict(variants[1], LIMIT=7.0))
                 variants.append(dict(variants[1], LIMIT=7.0, ALPHA=1.702))
+                # gpt-oss's form: biases, gate/up rows interleaved (one [2 BN, BK] B box), clamp and alpha.
+                gpt_oss = dict(INTERLEAVED=True, BIAS=True, LIMIT=7.0, ALPHA=1.702)
+                variants += [dict(B_TMA=False, **gpt_oss), dict(B_TMA=True, descriptors={"w_ptr": (2 * t.BN, t.BK)}, **gpt_oss)]
             if fn is M.moe_down_kernel:
                 box = (t.BN, t.BK) if extra["B_TRANS"] else (t.BK, t.BN)
                 variants = [

@@ -150,6 +150,39 @@ def _glu_parts(gate, up, ALPHA: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _up_interleaved(
+    a_ptrs, w_ptr, bias_ptr, H, I, stride_xh, stride_we, stride_wn, stride_wh, e, row_ok, pid_n, BM: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, B_TMA: tl.constexpr, UPCAST: tl.constexpr, BIAS: tl.constexpr,
+):  # fmt: skip
+    """gate, up [BM, BN] (bf16, bias added) of ``_up_tile`` where gate_up_proj's rows alternate gate,
+    up: B is the 2 BN consecutive rows 2 n0 ... 2 n0 + 2 BN - 1 (one contiguous tile, through TMA or
+    vector loads: in transposed weights these rows are the contiguous dimension) into one [BM, 2 BN]
+    accumulator, split into its even (gate) and odd (up) columns after rounding."""
+    ks = tl.arange(0, BK)
+    n2 = pid_n * 2 * BN + tl.arange(0, 2 * BN)
+    n2_ok = n2 < 2 * I
+    if not B_TMA:
+        b_ptrs = w_ptr + e.to(tl.int64) * stride_we + n2.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+    acc = tl.zeros((BM, 2 * BN), dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        k_ok = (k0 + ks) < H
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if B_TMA:
+            b = tl.trans(w_ptr.load([e * 2 * I + pid_n * 2 * BN, k0]))
+        else:
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & n2_ok[None, :], other=0.0)
+            b_ptrs += BK * stride_wh
+        acc = _dot(a, b, acc, UPCAST)
+        a_ptrs += BK * stride_xh
+    gu = _bf16(acc, UPCAST)
+    if BIAS:  # added to the rounded product, rounded again: torch's bf16 ``x @ W + b``
+        b = tl.load(bias_ptr + e.to(tl.int64) * 2 * I + n2, mask=n2_ok, other=0.0)
+        gu = _bf16(_f32(gu, UPCAST) + _f32(b, UPCAST)[None, :], UPCAST)
+    gate, up = tl.split(tl.reshape(gu, (BM, BN, 2)))
+    return gate, up
+
+
+@triton.jit
 def _up_tile(
     x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, bias_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn,
     stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -160,43 +193,38 @@ def _up_tile(
     tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
     ks = tl.arange(0, BK)
     a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
-    if not B_TMA:
-        w_base = w_ptr + e.to(tl.int64) * stride_we
-        if INTERLEAVED:  # gate row 2n, up row 2n + 1
-            g_ptrs = w_base + (2 * cols.to(tl.int64))[None, :] * stride_wn + ks[:, None] * stride_wh
-            u_ptrs = g_ptrs + stride_wn
-        else:
-            g_ptrs = w_base + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+    if INTERLEAVED:
+        gate, up = _up_interleaved(a_ptrs, w_ptr, bias_ptr, H, I, stride_xh, stride_we, stride_wn, stride_wh, e, row_ok,
+                                   pid_n, BM, BN, BK, B_TMA, UPCAST, BIAS)  # fmt: skip
+    else:
+        if not B_TMA:
+            g_ptrs = w_ptr + e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
             u_ptrs = g_ptrs + I * stride_wn
-    w_row = e * 2 * I + pid_n * BN
-    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
-    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, H, BK):
-        k_ok = (k0 + ks) < H
-        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if B_TMA:
-            bg = tl.trans(w_ptr.load([w_row, k0]))
-            bu = tl.trans(w_ptr.load([w_row + I, k0]))
-        else:
-            bg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            bu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            g_ptrs += BK * stride_wh
-            u_ptrs += BK * stride_wh
-        acc_g = _dot(a, bg, acc_g, UPCAST)
-        acc_u = _dot(a, bu, acc_u, UPCAST)
-        a_ptrs += BK * stride_xh
-    gate = _bf16(acc_g, UPCAST)
-    up = _bf16(acc_u, UPCAST)
-    if BIAS:  # added to the rounded product, rounded again: torch's bf16 ``x @ W + b``
-        b_row = bias_ptr + e.to(tl.int64) * 2 * I
-        if INTERLEAVED:
-            b_g = tl.load(b_row + 2 * cols, mask=col_ok, other=0.0)
-            b_u = tl.load(b_row + 2 * cols + 1, mask=col_ok, other=0.0)
-        else:
+        w_row = e * 2 * I + pid_n * BN
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            k_ok = (k0 + ks) < H
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            if B_TMA:
+                bg = tl.trans(w_ptr.load([w_row, k0]))
+                bu = tl.trans(w_ptr.load([w_row + I, k0]))
+            else:
+                bg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                bu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                g_ptrs += BK * stride_wh
+                u_ptrs += BK * stride_wh
+            acc_g = _dot(a, bg, acc_g, UPCAST)
+            acc_u = _dot(a, bu, acc_u, UPCAST)
+            a_ptrs += BK * stride_xh
+        gate = _bf16(acc_g, UPCAST)
+        up = _bf16(acc_u, UPCAST)
+        if BIAS:  # added to the rounded product, rounded again: torch's bf16 ``x @ W + b``
+            b_row = bias_ptr + e.to(tl.int64) * 2 * I
             b_g = tl.load(b_row + cols, mask=col_ok, other=0.0)
             b_u = tl.load(b_row + I + cols, mask=col_ok, other=0.0)
-        gate = _bf16(_f32(gate, UPCAST) + _f32(b_g, UPCAST)[None, :], UPCAST)
-        up = _bf16(_f32(up, UPCAST) + _f32(b_u, UPCAST)[None, :], UPCAST)
+            gate = _bf16(_f32(gate, UPCAST) + _f32(b_g, UPCAST)[None, :], UPCAST)
+            up = _bf16(_f32(up, UPCAST) + _f32(b_u, UPCAST)[None, :], UPCAST)
     gate_c, up_c = _clamped(_f32(gate, UPCAST), _f32(up, UPCAST), LIMIT)  # gate, up kept unclamped
     act, factor = _glu_parts(gate_c, up_c, ALPHA, UPCAST)
     h = _bf16(_f32(act, UPCAST) * factor, UPCAST)
@@ -358,10 +386,10 @@ def moe_down_kernel(
 
 @triton.jit
 def _dswiglu_piece(
-    acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr, LIMIT: tl.constexpr = None,
+    acc, rows, row_ok, col0, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST: tl.constexpr, LIMIT: tl.constexpr = None,
     ALPHA: tl.constexpr = None, INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
-    """The SwiGLU backward on g = acc [BM, n] at these columns of [S, I]: writes d_gate, d_up
+    """The SwiGLU backward on g = acc [BM, n] at these columns of [S, I] (col0 the first): writes d_gate, d_up
     (dgu [S, 2I]) and h * w; returns each row's sum of g * h (its routing-weight gradient's part).
     LIMIT: ``_clamped``, whose gradient passes only where the saved gate/up were in range; ALPHA:
     ``_glu_parts``. INTERLEAVED: d_gate at column 2n of dgu, d_up at 2n + 1 (gate_up_proj's own order)."""
@@ -384,10 +412,11 @@ def _dswiglu_piece(
     if LIMIT is not None:
         d_gate = tl.where(gate_raw <= LIMIT, d_gate, 0.0)
         d_up = tl.where((up_raw >= -LIMIT) & (up_raw <= LIMIT), d_up, 0.0)
-    if INTERLEAVED:
-        dst = rows.to(tl.int64)[:, None] * (2 * I) + 2 * cols[None, :]
-        tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
-        tl.store(dgu_ptr + dst + 1, _bf16(d_up, UPCAST), mask=ok)
+    if INTERLEAVED:  # one contiguous [BM, 2n] store of d_gate, d_up joined column by column
+        n2 = 2 * col0 + tl.arange(0, 2 * acc.shape[1])
+        dst = rows.to(tl.int64)[:, None] * (2 * I) + n2[None, :]
+        dgu = tl.reshape(tl.join(_bf16(d_gate, UPCAST), _bf16(d_up, UPCAST)), (acc.shape[0], 2 * acc.shape[1]))
+        tl.store(dgu_ptr + dst, dgu, mask=row_ok[:, None] & (n2 < 2 * I)[None, :])
     else:
         dst = rows.to(tl.int64)[:, None] * (2 * I) + cols[None, :]
         tl.store(dgu_ptr + dst, _bf16(d_gate, UPCAST), mask=ok)
@@ -422,15 +451,15 @@ def _dswiglu_tile(
         acc = _dot(a, b, acc, UPCAST)
     w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     if EPI_SPLIT == 1:
-        part = _dswiglu_piece(acc, rows, row_ok, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED)
+        part = _dswiglu_piece(acc, rows, row_ok, pid_n * BN, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED)
     else:
         a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
         c0 = pid_n * BN + tl.arange(0, BN // 2)
         # fmt: off
         part = _dswiglu_piece(
-            a0, rows, row_ok, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED
+            a0, rows, row_ok, pid_n * BN, c0, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED
         ) + _dswiglu_piece(
-            a1, rows, row_ok, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED
+            a1, rows, row_ok, pid_n * BN + BN // 2, c0 + BN // 2, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED
         )
         # fmt: on
     # d(out)/d(w) of this pair: sum over I of g * h (partial over this tile's columns).
@@ -907,13 +936,13 @@ def launch_up(
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T; ``limit``:
     the swiglu_limit (bf16-exact: ``bf16_limit``) or None; ``alpha``: the swiglu_alpha or None;
     ``bias``: gate_up_proj's bias [E, 2I] or None; ``interleaved``: gate and up rows alternate
-    (the tl kernel then, B by pointer loads: a TMA box of gate rows would hold the up rows)."""
+    (the tl kernel then, its B tiles 2 BN consecutive rows split after the MMA)."""
     plain = bias is None and not interleaved
     if plain and tile.GLUON and (g := _gluon().up).supports(x, gate_up_proj):
         xs = gather_rows(x, r, k)
         return g.launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, _in_order(g.CONFIG, tile), limit=limit, alpha=alpha)
     H, I = x.shape[1], gate.shape[1]
-    w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B and not interleaved)
+    w = _tma(gate_up_proj, [tile.BN * (1 + interleaved), tile.BK], tile.TMA_B)
     _grouped(
         moe_up_kernel,
         r,
