@@ -451,7 +451,9 @@ def _dswiglu_tile(
         acc = _dot(a, b, acc, UPCAST)
     w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     if EPI_SPLIT == 1:
-        part = _dswiglu_piece(acc, rows, row_ok, pid_n * BN, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED)
+        part = _dswiglu_piece(
+            acc, rows, row_ok, pid_n * BN, cols, w, gate_ptr, up_ptr, dgu_ptr, hw_ptr, I, UPCAST, LIMIT, ALPHA, INTERLEAVED
+        )
     else:
         a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
         c0 = pid_n * BN + tl.arange(0, BN // 2)
