@@ -99,13 +99,17 @@ def main() -> None:
                 variants.append(dict(variants[1], LIMIT=7.0))  # swiglu_limit's clamped epilogue
                 variants.append(dict(variants[1], LIMIT=7.0, ALPHA=1.702))  # swiglu_alpha's
                 variants.append(dict(variants[3], INTERLEAVED=True))  # gpt-oss's form: d_gate, d_up interleaved
+                variants.append(dict(variants[4], B_T=True, descriptors={"w_ptr": (t.BN, t.BK)}))  # its memory [E * I, H]
             if fn is M.moe_up_kernel:
                 variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)})]
                 variants.append(dict(variants[1], LIMIT=7.0))
                 variants.append(dict(variants[1], LIMIT=7.0, ALPHA=1.702))
-                # gpt-oss's form: biases, gate/up rows interleaved (one [2 BN, BK] B box), clamp and alpha.
+                # gpt-oss's form: biases, gate/up rows interleaved, clamp and alpha.
                 gpt_oss = dict(INTERLEAVED=True, BIAS=True, LIMIT=7.0, ALPHA=1.702)
-                variants += [dict(B_TMA=False, **gpt_oss), dict(B_TMA=True, descriptors={"w_ptr": (2 * t.BN, t.BK)}, **gpt_oss)]
+                variants += [dict(B_TMA=False, **gpt_oss), dict(B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)}, **gpt_oss)]
+                # Boxes of a transposed model's memory [E * H, 2I] (Aria's; gpt-oss's with the above).
+                variants += [dict(B_TMA=True, B_T=True, descriptors={"w_ptr": (t.BK, t.BN)})]
+                variants += [dict(B_TMA=True, B_T=True, descriptors={"w_ptr": (t.BK, t.BN)}, **gpt_oss)]
             if fn is M.moe_down_kernel:
                 box = (t.BN, t.BK) if extra["B_TRANS"] else (t.BK, t.BN)
                 variants = [

@@ -126,8 +126,9 @@ def test_non_contiguous_inputs(device):
 def test_transposed_expert_weights(device, monkeypatch):
     """Aria's layout: gate_up_proj stored [E, H, 2I] and down_proj [E, I, H], passed as their
     ``mT``. Every output and gradient against the oracle, the weight gradients in the weights' own
-    strides, and the down projection, grad_x and the weight gradients given that memory in its own
-    order (B's other form; the transposed product written contiguous), no strided expert weight."""
+    strides, and every GEMM given that memory in its own order (TMA boxes of it in the up and
+    dSwiGLU GEMMs, B's other form in the down projection and grad_x, the transposed product written
+    contiguous in the weight gradients), no strided expert weight."""
     seed = fresh_seed()
     inp = make_moe(seed, 13, 64, 96, 4, 2, device=device)
     inp.gate_up_proj = inp.gate_up_proj.mT.contiguous().mT
@@ -136,14 +137,14 @@ def test_transposed_expert_weights(device, monkeypatch):
     launch = kmoe._launch
 
     def spy(kernel, grid, num_warps, num_stages, *args, **meta):
-        if kernel in (kmoe.moe_down_kernel, kmoe.moe_wgrad_kernel):
+        if kernel in (kmoe.moe_up_kernel, kmoe.moe_down_kernel, kmoe.moe_dswiglu_kernel, kmoe.moe_wgrad_kernel):
             strided.append(any(isinstance(a, torch.Tensor) and a.dim() == 3 and not a.is_contiguous() for a in args))
         return launch(kernel, grid, num_warps, num_stages, *args, **meta)
 
     monkeypatch.setattr(kmoe, "_launch", spy)
     got, _ = check_impl(inp, "triton", seed)
     assert got[3].stride() == inp.gate_up_proj.stride() and got[4].stride() == inp.down_proj.stride()
-    assert len(strided) >= 2 and not any(strided), strided  # the down projection and grad_x at least
+    assert len(strided) >= 4 and not any(strided), strided  # up, down, dSwiGLU, grad_x at least
 
 
 # --------------------------------------------------------------------------- the kernel functions directly
@@ -393,26 +394,50 @@ def test_backward_frees_each_buffer_after_its_last_reader(device, monkeypatch):
     assert_matches((out, *grads), run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
 
 
+@pytest.mark.parametrize("layout", ["own", "transposed", "transposed interleaved"])
 @pytest.mark.parametrize("sizes", [(13, 64, 96, 4, 2), (7, 48, 40, 3, 2), (40, 32, 48, 3, 2)])
-def test_tma_and_pointer_loads_agree(device, sizes):
+def test_tma_and_pointer_loads_agree(device, sizes, layout, monkeypatch):
     """Weights, sorted rows (the down projections' A) and the weight gradients' operands read
     through TMA descriptors or through pointer loads give bitwise the same outputs and gradients;
-    the second shape has K % BK != 0 (grad_x and dSwiGLU keep pointer loads for B) and boxes wider
-    than H and I (zero-filled); in the third an expert has full weight-gradient K steps and a tail
-    (its box reaches the next expert's rows, which must not count)."""
+    the second shape has K % BK != 0 (grad_x and dSwiGLU keep pointer loads for B; a transposed
+    model's up projection too) and boxes wider than H and I (zero-filled); in the third an expert
+    has full weight-gradient K steps and a tail (its box reaches the next expert's rows, which must
+    not count). Transposed: the expert weights stored [E, H, 2I] / [E, I, H] (Aria's, gpt-oss's),
+    boxes of that memory; interleaved: gate/up rows alternating (gpt-oss's)."""
     seed = fresh_seed()
     T, H, I, E, k = sizes
     inp = make_moe(seed, T, H, I, E, k, kind="skewed", device=device)
+    if layout != "own":
+        inp.gate_up_proj = inp.gate_up_proj.mT.contiguous().mT
+        inp.down_proj = inp.down_proj.mT.contiguous().mT
+    il = layout.endswith("interleaved")
     x, idx, w, gu, dp, go = inp.flat()
     plan = kmoe.moe_plan(T * k, E, H, I)
     ptr = plan.replace_tiles(TMA_A=False, TMA_B=False)
-    got = []
+    got, b_t = [], {}
+    launch = kmoe._launch
+
+    def spy(kernel, grid, num_warps, num_stages, *args, **meta):
+        if "B_T" in meta:
+            b_t.setdefault(kernel.__name__, []).append(meta["B_T"])
+        return launch(kernel, grid, num_warps, num_stages, *args, **meta)
+
+    monkeypatch.setattr(kmoe, "_launch", spy)
     for p in (plan, ptr):
-        out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp, plan=p)
-        got.append((out, *kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan=p, routing=routing)))
+        out, gate, up, routing = kmoe.moe_forward(x, idx, w, gu, dp, plan=p, interleaved=il)
+        grads = kmoe.moe_backward(go, x, idx, w, gu, dp, gate, up, plan=p, routing=routing, interleaved=il)
+        got.append((out, *grads))
+    # Boxes of a transposed model's own memory in the TMA plan (the up projection's where H % BK == 0).
+    t = layout != "own"
+    assert b_t == {"moe_up_kernel": [t and H % plan.up.BK == 0, False], "moe_dswiglu_kernel": [t, False]}, b_t
     for name, a, b in zip(NAMES, *got):
         assert torch.equal(a, b), f"seed={seed}: {name}"
-    assert_matches(got[0], run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
+    if not il:
+        assert_matches(got[0], run(inp, "reference"), oracle(inp), seed, same_rounding(inp))
+    else:  # the interleaved op's own check: tests/library/test_moe_bias.py
+        want = moe_float64(x, idx, w, gu, dp, go, interleaved=True)
+        for name, a, o in zip(NAMES, got[0], want):
+            assert (a.double() - o).norm() <= 2e-2 * o.norm(), f"seed={seed}: {name}"
 
 
 @pytest.mark.parametrize("sizes", [(24, 32, 48, 3, 2), (9, 32, 80, 4, 3)])

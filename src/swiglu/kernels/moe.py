@@ -150,36 +150,29 @@ def _glu_parts(gate, up, ALPHA: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _up_interleaved(
-    a_ptrs, w_ptr, bias_ptr, H, I, stride_xh, stride_we, stride_wn, stride_wh, e, row_ok, pid_n, BM: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, B_TMA: tl.constexpr, UPCAST: tl.constexpr, BIAS: tl.constexpr,
+def _up_store(
+    gate, up, rows, row_ok, cols, gate_ptr, up_ptr, h_ptr, I, UPCAST: tl.constexpr, LIMIT: tl.constexpr,
+    ALPHA: tl.constexpr,
 ):  # fmt: skip
-    """gate, up [BM, BN] (bf16, bias added) of ``_up_tile`` where gate_up_proj's rows alternate gate,
-    up: B is the 2 BN consecutive rows 2 n0 ... 2 n0 + 2 BN - 1 (one contiguous tile, through TMA or
-    vector loads: in transposed weights these rows are the contiguous dimension) into one [BM, 2 BN]
-    accumulator, split into its even (gate) and odd (up) columns after rounding."""
-    ks = tl.arange(0, BK)
-    n2 = pid_n * 2 * BN + tl.arange(0, 2 * BN)
-    n2_ok = n2 < 2 * I
-    if not B_TMA:
-        b_ptrs = w_ptr + e.to(tl.int64) * stride_we + n2.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
-    acc = tl.zeros((BM, 2 * BN), dtype=tl.float32)
-    for k0 in range(0, H, BK):
-        k_ok = (k0 + ks) < H
-        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if B_TMA:
-            b = tl.trans(w_ptr.load([e * 2 * I + pid_n * 2 * BN, k0]))
-        else:
-            b = tl.load(b_ptrs, mask=k_ok[:, None] & n2_ok[None, :], other=0.0)
-            b_ptrs += BK * stride_wh
-        acc = _dot(a, b, acc, UPCAST)
-        a_ptrs += BK * stride_xh
-    gu = _bf16(acc, UPCAST)
-    if BIAS:  # added to the rounded product, rounded again: torch's bf16 ``x @ W + b``
-        b = tl.load(bias_ptr + e.to(tl.int64) * 2 * I + n2, mask=n2_ok, other=0.0)
-        gu = _bf16(_f32(gu, UPCAST) + _f32(b, UPCAST)[None, :], UPCAST)
-    gate, up = tl.split(tl.reshape(gu, (BM, BN, 2)))
-    return gate, up
+    """The up projection's epilogue on gate, up (bf16, bias added) at these columns of [S, I]."""
+    gate_c, up_c = _clamped(_f32(gate, UPCAST), _f32(up, UPCAST), LIMIT)  # gate, up kept unclamped
+    act, factor = _glu_parts(gate_c, up_c, ALPHA, UPCAST)
+    h = _bf16(_f32(act, UPCAST) * factor, UPCAST)
+    out = rows.to(tl.int64)[:, None] * I + cols[None, :]
+    ok = row_ok[:, None] & (cols < I)[None, :]
+    tl.store(gate_ptr + out, gate, mask=ok)
+    tl.store(up_ptr + out, up, mask=ok)
+    tl.store(h_ptr + out, h, mask=ok)
+
+
+@triton.jit
+def _biased(p, bias_ptr, e, I, n, n_ok, UPCAST: tl.constexpr, BIAS: tl.constexpr):
+    """p rounded to bf16, plus the bias entries n and rounded again (torch's bf16 ``x @ W + b``)."""
+    p = _bf16(p, UPCAST)
+    if BIAS:
+        b = tl.load(bias_ptr + e.to(tl.int64) * 2 * I + n, mask=n_ok, other=0.0)
+        p = _bf16(_f32(p, UPCAST) + _f32(b, UPCAST)[None, :], UPCAST)
+    return p
 
 
 @triton.jit
@@ -187,52 +180,63 @@ def _up_tile(
     x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, bias_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we, stride_wn,
     stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     B_TMA: tl.constexpr, UPCAST: tl.constexpr, LIMIT: tl.constexpr = None, ALPHA: tl.constexpr = None,
-    BIAS: tl.constexpr = False, INTERLEAVED: tl.constexpr = False,
+    BIAS: tl.constexpr = False, INTERLEAVED: tl.constexpr = False, B_T: tl.constexpr = False,
 ):  # fmt: skip
-    """One tile of ``moe_up_kernel`` (expert e, these sorted rows and columns)."""
+    """One tile of ``moe_up_kernel`` (expert e, these sorted rows and columns). Two B tiles of BN
+    gate_up_proj rows each: the gate's and the up's, or where gate and up rows alternate
+    (INTERLEAVED) the 2 BN consecutive rows of these columns (contiguous tiles, through TMA or vector
+    loads; in transposed weights these rows are the contiguous dimension), whose products are split
+    into their even (gate) and odd (up) columns after rounding: two epilogues of BN / 2 columns."""
     tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
     ks = tl.arange(0, BK)
     a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
     if INTERLEAVED:
-        gate, up = _up_interleaved(a_ptrs, w_ptr, bias_ptr, H, I, stride_xh, stride_we, stride_wn, stride_wh, e, row_ok,
-                                   pid_n, BM, BN, BK, B_TMA, UPCAST, BIAS)  # fmt: skip
+        n0 = pid_n * 2 * BN
+        n1 = n0 + BN
     else:
-        if not B_TMA:
-            g_ptrs = w_ptr + e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
-            u_ptrs = g_ptrs + I * stride_wn
-        w_row = e * 2 * I + pid_n * BN
-        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
-        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, H, BK):
-            k_ok = (k0 + ks) < H
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            if B_TMA:
-                bg = tl.trans(w_ptr.load([w_row, k0]))
-                bu = tl.trans(w_ptr.load([w_row + I, k0]))
-            else:
-                bg = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                bu = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                g_ptrs += BK * stride_wh
-                u_ptrs += BK * stride_wh
-            acc_g = _dot(a, bg, acc_g, UPCAST)
-            acc_u = _dot(a, bu, acc_u, UPCAST)
-            a_ptrs += BK * stride_xh
-        gate = _bf16(acc_g, UPCAST)
-        up = _bf16(acc_u, UPCAST)
-        if BIAS:  # added to the rounded product, rounded again: torch's bf16 ``x @ W + b``
-            b_row = bias_ptr + e.to(tl.int64) * 2 * I
-            b_g = tl.load(b_row + cols, mask=col_ok, other=0.0)
-            b_u = tl.load(b_row + I + cols, mask=col_ok, other=0.0)
-            gate = _bf16(_f32(gate, UPCAST) + _f32(b_g, UPCAST)[None, :], UPCAST)
-            up = _bf16(_f32(up, UPCAST) + _f32(b_u, UPCAST)[None, :], UPCAST)
-    gate_c, up_c = _clamped(_f32(gate, UPCAST), _f32(up, UPCAST), LIMIT)  # gate, up kept unclamped
-    act, factor = _glu_parts(gate_c, up_c, ALPHA, UPCAST)
-    h = _bf16(_f32(act, UPCAST) * factor, UPCAST)
-    out = rows.to(tl.int64)[:, None] * I + cols[None, :]
-    ok = row_ok[:, None] & col_ok[None, :]
-    tl.store(gate_ptr + out, gate, mask=ok)
-    tl.store(up_ptr + out, up, mask=ok)
-    tl.store(h_ptr + out, h, mask=ok)
+        n0 = pid_n * BN
+        n1 = I + n0
+    n_g = n0 + tl.arange(0, BN)
+    n_u = n1 + tl.arange(0, BN)
+    if INTERLEAVED:
+        g_ok = n_g < 2 * I
+        u_ok = n_u < 2 * I
+    else:
+        g_ok = col_ok
+        u_ok = col_ok
+    if not B_TMA:
+        w_base = w_ptr + e.to(tl.int64) * stride_we
+        g_ptrs = w_base + n_g.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+        u_ptrs = w_base + n_u.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        k_ok = (k0 + ks) < H
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if B_T:
+            bg = w_ptr.load([e * H + k0, n0])
+            bu = w_ptr.load([e * H + k0, n1])
+        elif B_TMA:
+            bg = tl.trans(w_ptr.load([e * 2 * I + n0, k0]))
+            bu = tl.trans(w_ptr.load([e * 2 * I + n1, k0]))
+        else:
+            bg = tl.load(g_ptrs, mask=k_ok[:, None] & g_ok[None, :], other=0.0)
+            bu = tl.load(u_ptrs, mask=k_ok[:, None] & u_ok[None, :], other=0.0)
+            g_ptrs += BK * stride_wh
+            u_ptrs += BK * stride_wh
+        acc_g = _dot(a, bg, acc_g, UPCAST)
+        acc_u = _dot(a, bu, acc_u, UPCAST)
+        a_ptrs += BK * stride_xh
+    p_g = _biased(acc_g, bias_ptr, e, I, n_g, g_ok, UPCAST, BIAS)
+    p_u = _biased(acc_u, bias_ptr, e, I, n_u, u_ok, UPCAST, BIAS)
+    if INTERLEAVED:
+        gate0, up0 = tl.split(tl.reshape(p_g, (BM, BN // 2, 2)))
+        gate1, up1 = tl.split(tl.reshape(p_u, (BM, BN // 2, 2)))
+        c0 = pid_n * BN + tl.arange(0, BN // 2)
+        _up_store(gate0, up0, rows, row_ok, c0, gate_ptr, up_ptr, h_ptr, I, UPCAST, LIMIT, ALPHA)
+        _up_store(gate1, up1, rows, row_ok, c0 + BN // 2, gate_ptr, up_ptr, h_ptr, I, UPCAST, LIMIT, ALPHA)
+    else:
+        _up_store(p_g, p_u, rows, row_ok, cols, gate_ptr, up_ptr, h_ptr, I, UPCAST, LIMIT, ALPHA)
 
 
 @triton.jit
@@ -267,19 +271,21 @@ def moe_up_kernel(
     ALPHA: tl.constexpr = None,
     BIAS: tl.constexpr = False,
     INTERLEAVED: tl.constexpr = False,
+    B_T: tl.constexpr = False,
 ):
     """gate|up = x[tok] @ gate_up_proj[e].T with SwiGLU in the epilogue (LIMIT: ``_clamped``; ALPHA:
     ``_glu_parts``). BIAS: bias_ptr [E, 2I] (None otherwise) added to gate and up before the
     activation; INTERLEAVED: gate_up_proj's rows (and the bias's entries) alternate gate, up.
     B_TMA: w_ptr is a TMA descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past
-    an expert's rows feeds only masked columns; past H it reads zeros)."""
+    an expert's rows feeds only masked columns; past H it reads zeros); B_T: of a transposed
+    model's memory [E * H, 2I] with [BK, BN] boxes (the launcher checks H % BK == 0)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
         # fmt: off
         _up_tile(x_ptr, w_ptr, order_ptr, gate_ptr, up_ptr, h_ptr, bias_ptr, H, I, TOP_K, stride_xt, stride_xh, stride_we,
                  stride_wn, stride_wh, e, rows, row_ok, cols, col_ok, pid_n, BM, BN, BK, B_TMA, UPCAST, LIMIT, ALPHA, BIAS,
-                 INTERLEAVED)
+                 INTERLEAVED, B_T)
         # fmt: on
 
 
@@ -430,7 +436,7 @@ def _dswiglu_tile(
     go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n, stride_gt,
     stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, EPI_SPLIT: tl.constexpr, B_TMA: tl.constexpr, UPCAST: tl.constexpr,
-    LIMIT: tl.constexpr = None, ALPHA: tl.constexpr = None, INTERLEAVED: tl.constexpr = False,
+    LIMIT: tl.constexpr = None, ALPHA: tl.constexpr = None, INTERLEAVED: tl.constexpr = False, B_T: tl.constexpr = False,
 ):  # fmt: skip
     """One tile of ``moe_dswiglu_kernel`` (expert e, these sorted rows and columns)."""
     pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
@@ -443,7 +449,9 @@ def _dswiglu_tile(
         k_ok = (k0 + ks) < H
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         a_ptrs += BK * stride_gh
-        if B_TMA:
+        if B_T:
+            b = tl.trans(w_ptr.load([e * I + pid_n * BN, k0]))
+        elif B_TMA:
             b = w_ptr.load([e * H + k0, pid_n * BN])
         else:
             b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
@@ -502,18 +510,20 @@ def moe_dswiglu_kernel(
     LIMIT: tl.constexpr = None,
     ALPHA: tl.constexpr = None,
     INTERLEAVED: tl.constexpr = False,
+    B_T: tl.constexpr = False,
 ):
     """g = grad_out[tok] @ down_proj[e] ([BM, BN] of [S, I]) and the SwiGLU backward on it, in
     EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). B_TMA:
-    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0).
-    INTERLEAVED: dgu's columns alternate d_gate, d_up (``_dswiglu_piece``)."""
+    w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0); B_T: of
+    a transposed model's memory [E * I, H] with [BN, BK] boxes (past an expert's rows: masked
+    columns). INTERLEAVED: dgu's columns alternate d_gate, d_up (``_dswiglu_piece``)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
         # fmt: off
         _dswiglu_tile(go_ptr, w_ptr, order_ptr, rw_ptr, gate_ptr, up_ptr, dgu_ptr, hw_ptr, part_ptr, H, I, TOP_K, num_n,
                       stride_gt, stride_gh, stride_we, stride_wh, stride_wi, e, rows, row_ok, cols, col_ok, pid_n, BM,
-                      BN, BK, EPI_SPLIT, B_TMA, UPCAST, LIMIT, ALPHA, INTERLEAVED)
+                      BN, BK, EPI_SPLIT, B_TMA, UPCAST, LIMIT, ALPHA, INTERLEAVED, B_T)
         # fmt: on
 
 
@@ -938,13 +948,17 @@ def launch_up(
     """gate, up, h [S, I] (sorted order) = SwiGLU pieces of x[tok] @ gate_up_proj[e].T; ``limit``:
     the swiglu_limit (bf16-exact: ``bf16_limit``) or None; ``alpha``: the swiglu_alpha or None;
     ``bias``: gate_up_proj's bias [E, 2I] or None; ``interleaved``: gate and up rows alternate
-    (the tl kernel then, its B tiles 2 BN consecutive rows split after the MMA)."""
+    (the tl kernel then, its B tiles consecutive rows split after the MMA)."""
     plain = bias is None and not interleaved
     if plain and tile.GLUON and (g := _gluon().up).supports(x, gate_up_proj):
         xs = gather_rows(x, r, k)
         return g.launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, _in_order(g.CONFIG, tile), limit=limit, alpha=alpha)
     H, I = x.shape[1], gate.shape[1]
-    w = _tma(gate_up_proj, [tile.BN * (1 + interleaved), tile.BK], tile.TMA_B)
+    b_t = _stored_transposed(gate_up_proj)  # a transposed model's: boxes of its own memory, K rows
+    if b_t:
+        w = _tma(gate_up_proj.mT, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
+    else:
+        w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
     _grouped(
         moe_up_kernel,
         r,
@@ -968,6 +982,7 @@ def launch_up(
         ALPHA=alpha,
         BIAS=bias is not None,
         INTERLEAVED=interleaved,
+        B_T=b_t and w is not None,
     )
 
 
@@ -1039,7 +1054,11 @@ def launch_dswiglu(
         cfg = _in_order(g.CONFIG, tile)
         return g.launch_moe_dswiglu_gluon(gos, down_proj, r, weights, gate, up, dgu, hw, part, cfg, limit=limit, alpha=alpha)
     H, I = grad_out.shape[1], gate.shape[1]
-    w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
+    b_t = _stored_transposed(down_proj)  # a transposed model's: boxes of its own memory [E * I, H]
+    if b_t:
+        w = _tma(down_proj.mT, [tile.BN, tile.BK], tile.TMA_B)
+    else:
+        w = _tma(down_proj, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
     _grouped(
         moe_dswiglu_kernel,
         r,
@@ -1065,6 +1084,7 @@ def launch_dswiglu(
         LIMIT=limit,
         ALPHA=alpha,
         INTERLEAVED=interleaved,
+        B_T=b_t and w is not None,
     )
 
 
