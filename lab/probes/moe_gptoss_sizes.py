@@ -1,0 +1,55 @@
+"""Over which token counts is gpt-oss's experts module faster through swiglu_moe than through
+transformers' grouped_mm?
+
+A transformers ``GptOssExperts`` module at gpt-oss-20b's shape (hidden_size 2880, intermediate_size
+2880, 32 experts, top-4, swiglu_limit 7; random weights in its own transposed, interleaved layout
+with both biases), its "grouped_mm" implementation against "swiglu": forward (no grad) and
+forward+backward, do_bench, at 1 to 8192 tokens.
+Answer (an H100, data/tuning/moe_gptoss_tiles_h100_20261206/, after the interleaved rows became
+contiguous B tiles): forward+backward 1.03-1.59x grouped_mm's speed at every count (1.41x at 2048,
+1.59x at 8192 tokens); forward alone 1.23-1.75x from 16 tokens, 0.90x at one token (0.448 against
+0.405 ms: the host).
+Run: PYTHONPATH=src:lab python3 lab/probes/moe_gptoss_sizes.py
+"""
+
+import os
+import torch
+from transformers import GptOssConfig
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+from triton.testing import do_bench
+import swiglu.integrations.transformers as st
+
+st.register_experts()
+torch.manual_seed(0)
+cfg = GptOssConfig(hidden_size=2880, intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4, swiglu_limit=7.0)
+mod = GptOssExperts(cfg).cuda().to(torch.bfloat16)
+with torch.no_grad():
+    for p in mod.parameters():
+        p.normal_(0, 0.02)
+rows = []
+for T in (1, 16, 128, 512, 1024, 2048, 4096, 8192):
+    x = torch.randn(T, 2880, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    tw, ti = torch.topk(torch.randn(T, 32, device="cuda"), 4, dim=-1)
+    tw = torch.softmax(tw, dim=-1).to(torch.bfloat16).requires_grad_()
+    go = torch.randn(T, 2880, device="cuda", dtype=torch.bfloat16)
+    res = {}
+    for impl in ("grouped_mm", "swiglu"):
+        mod.config._experts_implementation = impl
+
+        def fb():
+            mod(x, ti, tw).backward(go)
+
+        def fw():
+            with torch.no_grad():
+                mod(x, ti, tw)
+
+        fb()
+        res[impl] = (do_bench(fw, warmup=5, rep=60), do_bench(fb, warmup=5, rep=60))
+        for p in [x, tw, *mod.parameters()]:
+            p.grad = None
+    g, s = res["grouped_mm"], res["swiglu"]
+    rows.append(
+        f"T={T:5d} fwd grouped_mm {g[0]:7.3f} swiglu {s[0]:7.3f} ({g[0] / s[0]:.2f}x) | fwd+bwd grouped_mm {g[1]:7.3f} swiglu {s[1]:7.3f} ({g[1] / s[1]:.2f}x)"
+    )
+    print(rows[-1], flush=True)
+print(torch.cuda.get_device_name(), "commit", os.environ.get("SWIGLU_GIT_COMMIT", "?"))
