@@ -545,15 +545,53 @@ def test_gpt_oss_runs_the_op(moe_calls):
     assert errors(step(ours, ids), want)["logits"] > F32_TOL
 
 
-def test_apply_auto_keeps_gpt_oss_on_its_implementation(moe_calls):
-    """impl "auto" leaves gpt-oss's experts (measured slower through the op) on their own
-    implementation with a warning naming the measurement; results the unpatched model's, bitwise."""
+def test_apply_auto_runs_gpt_oss_through_the_op(moe_calls):
+    """impl "auto" serves gpt-oss's experts (interleaved, biased; measured faster through the op):
+    no warning, both layers' experts through the op, float32 results the unpatched model's."""
     plain = build("gpt_oss")
     ours = copy.deepcopy(plain)
-    with pytest.warns(UserWarning, match=r"0\.60-0\.66x grouped_mm's speed.*moe_gptoss_h100"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        names = swiglu_hf.apply(ours)
+    assert names and all(n.endswith("experts") for n in names), names
+    ids = batch()
+    assert_same(step(ours, ids), step(plain, ids), F32_TOL, "gpt_oss under apply(auto)")
+    assert len(moe_calls) == 2 and all(c["interleaved"] and c["impl"] == "auto" for c in moe_calls)
+
+
+def _privacy_filter():
+    """A small OpenAI-Privacy-Filter token classifier (random weights, biases near one), or a skip."""
+    cls = getattr(transformers, "OpenAIPrivacyFilterForTokenClassification", None)
+    if cls is None:
+        pytest.skip("no OpenAI-Privacy-Filter in this transformers")
+    config = transformers.OpenAIPrivacyFilterConfig(
+        **{**SMALL, "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2, "num_labels": 3}
+    )
+    torch.manual_seed(0)
+    model = cls(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.dim() > 1 else 1 + 0.1 * torch.randn_like(p))
+    return model
+
+
+def _run_classifier(model, ids):
+    model.zero_grad(set_to_none=True)
+    out = model(ids, labels=ids % 3)
+    out.loss.backward()
+    return {"logits": out.logits.detach(), **{n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
+
+
+def test_apply_auto_keeps_privacy_filter_on_its_implementation(moe_calls):
+    """impl "auto" leaves OpenAI-Privacy-Filter's experts (biases on concatenated gate/up rows, not
+    measured against grouped_mm) on their own implementation with a warning naming why; results
+    the unpatched model's, bitwise."""
+    plain = _privacy_filter()
+    ours = copy.deepcopy(plain)
+    with pytest.warns(UserWarning, match=r"concatenated gate/up rows are not measured against grouped_mm"):
         assert swiglu_hf.apply(ours) == []
     ids = batch()
-    assert_same(step(ours, ids), step(plain, ids), 0.0, "gpt_oss under apply(auto)")
+    assert_same(_run_classifier(ours, ids), _run_classifier(plain, ids), 0.0, "privacy filter under apply(auto)")
     assert moe_calls == []
 
 
@@ -577,30 +615,13 @@ def test_gpt_oss_bf16_triton_within_bound_of_the_float64_model(moe_calls):
 def test_openai_privacy_filter_runs_the_op(moe_calls):
     """OpenAI-Privacy-Filter's experts (biases, transposed concatenated weights, gpt-oss's gate
     spelled on halves, float32 arithmetic): float32 results equal the unpatched model's."""
-    cls = getattr(transformers, "OpenAIPrivacyFilterForTokenClassification", None)
-    if cls is None:
-        pytest.skip("no OpenAI-Privacy-Filter in this transformers")
-    config = transformers.OpenAIPrivacyFilterConfig(
-        **{**SMALL, "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2, "num_labels": 3}
-    )
-    torch.manual_seed(0)
-    plain = cls(config)
-    with torch.no_grad():
-        for p in plain.parameters():
-            p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.dim() > 1 else 1 + 0.1 * torch.randn_like(p))
+    plain = _privacy_filter()
     ours = copy.deepcopy(plain)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert swiglu_hf.apply(ours, impl="reference")
     ids = batch()
-
-    def run(model):
-        model.zero_grad(set_to_none=True)
-        out = model(ids, labels=ids % 3)
-        out.loss.backward()
-        return {"logits": out.logits.detach(), **{n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
-
-    assert_same(run(ours), run(plain), F32_TOL, "openai_privacy_filter")
+    assert_same(_run_classifier(ours, ids), _run_classifier(plain, ids), F32_TOL, "openai_privacy_filter")
     assert moe_calls and not any(c.get("interleaved") for c in moe_calls)
 
 

@@ -704,13 +704,14 @@ def _warn_config_reach(model: nn.Module, switched: str) -> None:
 
 def _slower_reason(module: nn.Module) -> str | None:
     """Why ``apply`` with impl "auto" leaves an experts module the op can compute on its own
-    implementation: biases or interleaved gate/up rows (gpt-oss), which run on the tl kernels
-    slower than transformers' grouped_mm (measured; an explicit "swiglu" still runs the op)."""
-    if getattr(module, "has_bias", False) or not getattr(module, "is_concatenated", True):
+    implementation: biases on concatenated gate/up rows (OpenAI-Privacy-Filter), not measured
+    against transformers' grouped_mm (gpt-oss's interleaved ones are: 1.03-1.59x its speed on an
+    H100); an explicit "swiglu" still runs the op."""
+    if getattr(module, "has_bias", False) and not getattr(clamped_gate(type(module)), "interleaved", False):
         return (
-            "biased or interleaved experts (gpt-oss) run the op at 0.60-0.66x grouped_mm's speed (an H100, "
-            "data/tuning/moe_gptoss_h100_20261206/); apply(model, impl='triton') or "
-            f"config._experts_implementation = {EXPERTS_IMPLEMENTATION!r} runs it anyway"
+            "biased experts on concatenated gate/up rows are not measured against grouped_mm (gpt-oss's "
+            "interleaved ones are, faster: data/tuning/moe_gptoss_tiles_h100_20261206/); apply(model, "
+            f"impl='triton') or config._experts_implementation = {EXPERTS_IMPLEMENTATION!r} runs the op"
         )
     return None
 
