@@ -103,6 +103,26 @@ def test_against_float64(which, interleaved, case):
         assert len(set(range(E)) - set(inp.top_k_index.unique().tolist())) >= 3
 
 
+@pytest.mark.parametrize("sizes", [(13, 32, 48, 4, 2), (11, 40, 24, 3, 2)])
+def test_transposed_weights_against_float64(sizes):
+    """gpt-oss's own layout: gate_up_proj stored [E, H, 2I] with interleaved columns and down_proj
+    [E, I, H], passed as their ``mT`` (TMA boxes of that memory; the second shape has H % BK != 0,
+    so the up projection reads B by pointer loads, and I below the interleaved tile's half)."""
+    T, H, I, E, k = sizes
+    seed = fresh_seed()
+    inp = make_moe(seed, T, H, I, E, k)
+    inp.gate_up_proj = inp.gate_up_proj.mT.contiguous().mT
+    inp.down_proj = inp.down_proj.mT.contiguous().mT
+    bgu, bd = _biases(seed, inp)
+    kwargs = dict(GPT_OSS, interleaved=True)
+    got = _run(inp, bgu, bd, "triton", **kwargs)
+    ref = _run(inp, bgu, bd, "reference", **kwargs)
+    assert got[3].stride() == inp.gate_up_proj.stride() and got[4].stride() == inp.down_proj.stride()
+    names = list(BIAS_NAMES)
+    bad = _failures(got, ref, _oracle(inp, bgu, bd, **kwargs), names, _same(inp, bgu, bd, **kwargs))
+    assert not bad, f"seed={seed}: " + "; ".join(bad)
+
+
 @pytest.mark.parametrize("impl", ["reference", "triton"])
 def test_defaults_are_the_calls_without_the_new_arguments(impl):
     """No bias and interleaved=False: bit for bit the call that omits them."""
