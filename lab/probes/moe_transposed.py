@@ -3,14 +3,15 @@
 
 With the transposed layout the down projection and grad_x read B in its other form and the weight
 gradients are written as the transposed product (contiguous, TMA and the Gluon kernel as before);
-the up projection and dSwiGLU read the strided weights by pointer loads on the tl kernels. The run
+the up projection and dSwiGLU run on the tl kernels, reading TMA boxes of the weights' own memory. The run
 times, per shape at 8192 tokens (balanced routing; do_bench, L2 flushed), one forward + backward of
 the kernels (``swiglu.kernels.moe.moe_forward`` and ``moe_backward``) with each layout, and
 transformers' grouped_mm on the transposed layout (Aria's own path), then compares the two layouts'
 outputs and gradients (largest difference over the largest value).
-Answer (an H100, data/tuning/moe_alpha_transposed_h100_20261205/): 1.047x the own layout's time at
-Qwen3-30B-A3B (bitwise) and 1.068x at Qwen3-235B-A22B (within 1.3e-7 of the largest value); still
-2.24x and 1.62x faster than transformers' grouped_mm on the same transposed weights.
+Answer (an H100, data/tuning/moe_gptoss_tiles_h100_20261206/): 1.039x the own layout's time at
+Qwen3-30B-A3B (bitwise) and 1.086x at Qwen3-235B-A22B (within 1.3e-7 of the largest value); still
+2.38x and 1.66x faster than transformers' grouped_mm on the same transposed weights. With pointer
+loads in the up and dSwiGLU GEMMs (data/tuning/moe_alpha_transposed_h100_20261205/): 1.047x and 1.068x.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_transposed.py [--rep=MS] [shape ...] (moe_probe.SHAPES
 names; default all but DeepSeek-V3, whose two layouts' weights and gradients do not fit 80 GB)
 """
