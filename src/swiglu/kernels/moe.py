@@ -154,12 +154,16 @@ def _up_store(
     gate, up, rows, row_ok, cols, col_ok, gate_ptr, up_ptr, h_ptr, I, UPCAST: tl.constexpr, LIMIT: tl.constexpr,
     ALPHA: tl.constexpr,
 ):  # fmt: skip
-    """The up projection's epilogue on gate, up (bf16, bias added) at these columns of [S, I]."""
+    """The up projection's epilogue on gate, up (bf16, bias added) at these columns of [S, I]
+    (col_ok: cols < I, or None to compute it here)."""
     gate_c, up_c = _clamped(_f32(gate, UPCAST), _f32(up, UPCAST), LIMIT)  # gate, up kept unclamped
     act, factor = _glu_parts(gate_c, up_c, ALPHA, UPCAST)
     h = _bf16(_f32(act, UPCAST) * factor, UPCAST)
     out = rows.to(tl.int64)[:, None] * I + cols[None, :]
-    ok = row_ok[:, None] & col_ok[None, :]
+    if col_ok is None:
+        ok = row_ok[:, None] & (cols < I)[None, :]
+    else:
+        ok = row_ok[:, None] & col_ok[None, :]
     tl.store(gate_ptr + out, gate, mask=ok)
     tl.store(up_ptr + out, up, mask=ok)
     tl.store(h_ptr + out, h, mask=ok)
@@ -192,20 +196,29 @@ def _up_tile(
     a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
     if INTERLEAVED:  # the gate tile's B rows from 2 pid_n BN, the up tile's the BN after them
         n0 = pid_n * 2 * BN
-        du = BN
+        n1 = n0 + BN
         n_g = n0 + tl.arange(0, BN)
+        n_u = n1 + tl.arange(0, BN)
         g_ok = n_g < 2 * I
-        u_ok = (n_g + du) < 2 * I
+        u_ok = n_u < 2 * I
+        if not B_TMA:
+            w_base = w_ptr + e.to(tl.int64) * stride_we
+            g_ptrs = w_base + n_g.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+            u_ptrs = w_base + n_u.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+        r_g = e * 2 * I + n0
+        r_u = e * 2 * I + n1
     else:  # the gate tile's rows are the output columns, the up tile's I rows further
         n0 = pid_n * BN
-        du = I
+        n1 = I + n0
         n_g = cols
+        n_u = I + cols
         g_ok = col_ok
         u_ok = col_ok
-    if not B_TMA:
-        g_ptrs = w_ptr + e.to(tl.int64) * stride_we + n_g.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
-        u_ptrs = g_ptrs + du * stride_wn
-    w_row = e * 2 * I + n0
+        if not B_TMA:
+            g_ptrs = w_ptr + e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wh
+            u_ptrs = g_ptrs + I * stride_wn
+        r_g = e * 2 * I + pid_n * BN
+        r_u = r_g + I
     acc_g = tl.zeros((BM, BN), dtype=tl.float32)
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, H, BK):
@@ -213,10 +226,10 @@ def _up_tile(
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if B_T:
             bg = w_ptr.load([e * H + k0, n0])
-            bu = w_ptr.load([e * H + k0, n0 + du])
+            bu = w_ptr.load([e * H + k0, n1])
         elif B_TMA:
-            bg = tl.trans(w_ptr.load([w_row, k0]))
-            bu = tl.trans(w_ptr.load([w_row + du, k0]))
+            bg = tl.trans(w_ptr.load([r_g, k0]))
+            bu = tl.trans(w_ptr.load([r_u, k0]))
         else:
             bg = tl.load(g_ptrs, mask=k_ok[:, None] & g_ok[None, :], other=0.0)
             bu = tl.load(u_ptrs, mask=k_ok[:, None] & u_ok[None, :], other=0.0)
@@ -226,14 +239,13 @@ def _up_tile(
         acc_u = _dot(a, bu, acc_u, UPCAST)
         a_ptrs += BK * stride_xh
     p_g = _biased(acc_g, bias_ptr, e, I, n_g, g_ok, UPCAST, BIAS)
-    p_u = _biased(acc_u, bias_ptr, e, I, n_g + du, u_ok, UPCAST, BIAS)
+    p_u = _biased(acc_u, bias_ptr, e, I, n_u, u_ok, UPCAST, BIAS)
     if INTERLEAVED:
         gate0, up0 = tl.split(tl.reshape(p_g, (BM, BN // 2, 2)))
         gate1, up1 = tl.split(tl.reshape(p_u, (BM, BN // 2, 2)))
         c0 = pid_n * BN + tl.arange(0, BN // 2)
-        c1 = c0 + BN // 2
-        _up_store(gate0, up0, rows, row_ok, c0, c0 < I, gate_ptr, up_ptr, h_ptr, I, UPCAST, LIMIT, ALPHA)
-        _up_store(gate1, up1, rows, row_ok, c1, c1 < I, gate_ptr, up_ptr, h_ptr, I, UPCAST, LIMIT, ALPHA)
+        _up_store(gate0, up0, rows, row_ok, c0, None, gate_ptr, up_ptr, h_ptr, I, UPCAST, LIMIT, ALPHA)
+        _up_store(gate1, up1, rows, row_ok, c0 + BN // 2, None, gate_ptr, up_ptr, h_ptr, I, UPCAST, LIMIT, ALPHA)
     else:
         _up_store(p_g, p_u, rows, row_ok, cols, col_ok, gate_ptr, up_ptr, h_ptr, I, UPCAST, LIMIT, ALPHA)
 
