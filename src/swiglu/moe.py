@@ -483,17 +483,19 @@ def swiglu_moe(
 
 def _plus_down_bias(out, top_k_index, top_k_weights, down_proj_bias):
     """out (T * H elements, any shape) + sum_j top_k_weights[t, j] * down_proj_bias[e_j] (ids
-    outside [0, E) add nothing), in plain differentiable torch: a [T, E] matrix of the routing
-    weights (duplicates summed) times the bias, at least float32, rounded once into out's dtype;
-    a new tensor of out's shape. T E H multiply-adds beside the experts' 6 T k H I."""
+    outside [0, E) add nothing), in plain differentiable torch: ``embedding_bag`` over each token's
+    k ids with the routing weights as per-sample weights, at least float32 (only the bias rows a
+    token routes to are read: a non-finite row reaches no other token), rounded once into out's
+    dtype; a new tensor of out's shape. T k H multiply-adds beside the experts' 6 T k H I."""
     if down_proj_bias is None:
         return out
-    E = down_proj_bias.shape[0]
+    E, H = down_proj_bias.shape
     acc = torch.promote_types(out.dtype, torch.float32)
     idx = top_k_index.long()
-    idx = torch.where((idx >= 0) & (idx < E), idx, E)  # a sentinel column, dropped
-    dense = top_k_weights.new_zeros(idx.shape[0], E + 1, dtype=acc).scatter_add(1, idx, top_k_weights.to(acc))
-    return (out.to(acc) + (dense[:, :E] @ down_proj_bias.to(acc)).reshape(out.shape)).to(out.dtype)
+    idx = torch.where((idx >= 0) & (idx < E), idx, E)  # a zero padding row: adds nothing
+    table = torch.cat([down_proj_bias.to(acc), down_proj_bias.new_zeros(1, H, dtype=acc)])
+    bias = F.embedding_bag(idx, table, per_sample_weights=top_k_weights.to(acc), mode="sum", padding_idx=E)
+    return (out.to(acc) + bias.reshape(out.shape)).to(out.dtype)
 
 
 # --------------------------------------------------------------------------- custom ops (the Triton path)

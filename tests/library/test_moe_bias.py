@@ -213,3 +213,71 @@ def test_a_bias_gradient_off_by_a_thousandth_in_one_expert_fails(monkeypatch):
     monkeypatch.setattr(kmoe, "launch_bias_grad", planted)
     bad = _failures(_run(inp, bgu, bd, "triton", **kwargs), ref, o, BIAS_NAMES, same)
     assert any(b.startswith("grad_gate_up_proj_bias[0]") for b in bad), f"seed={seed}: {bad}"
+
+
+@pytest.mark.parametrize("layout, interleaved", [("own", True), ("transposed", True), ("transposed", False)])
+def test_a_non_finite_unused_expert_leaks_nowhere(layout, interleaved):
+    """Expert 1 gets no token; its weights and biases NaN (inf in down_proj's bias) give bitwise
+    the outputs and gradients of finite ones: out, grad_x, grad_top_k_weights and every other
+    expert's weight and bias gradients. I = 24 is not a multiple of the dSwiGLU tile's columns (in
+    the transposed layout its last B box reaches the next expert's rows), and down_proj's bias is
+    read only where a token routes."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 8, 32, 24, 3, 2)
+    x, idx, w, gu, dp = inp.args()
+    idx = torch.where(idx == 1, 2, idx)
+    bgu, bd = _biases(seed, inp)
+    got = []
+    for fill, bd_fill in ((0.5, 0.5), (float("nan"), float("inf"))):
+        g, d, b1, b2 = gu.clone(), dp.clone(), bgu.clone(), bd.clone()
+        g[1], d[1], b1[1], b2[1] = fill, fill, fill, bd_fill
+        if layout == "transposed":
+            g, d = g.mT.contiguous().mT, d.mT.contiguous().mT
+        leaves = [t.clone().requires_grad_() for t in (x, w, g, d, b1, b2)]
+        out = swiglu.swiglu_moe(*leaves[:1], idx, *leaves[1:4], impl="triton", gate_up_proj_bias=leaves[4],
+                                down_proj_bias=leaves[5], interleaved=interleaved, **GPT_OSS)  # fmt: skip
+        out.backward(inp.grad_out)
+        got.append([out, *(t.grad for t in leaves[:2]), *(t.grad[[0, 2]] for t in leaves[2:])])
+    for name, a, b in zip(["out", "grad_x", "grad_top_k_weights", "gu", "dp", "bgu", "bd"], *got):
+        assert torch.isfinite(a).all() and torch.equal(a, b), f"seed={seed}: {name}"
+
+
+@pytest.mark.parametrize("view", ["expand", "every other column", "transposed"])
+def test_a_strided_gate_up_proj_bias_is_read_as_its_values(view):
+    """gate_up_proj's bias given as a view (stride 0, column stride 2, the .T of [2I, E]) gives the
+    outputs and gradients of its contiguous copy, bitwise (the bias's gradient through the view)."""
+    seed = fresh_seed()
+    inp = make_moe(seed, 6, 32, 32, 3, 2)
+    bgu, _ = _biases(seed, inp)
+    make = {
+        "expand": lambda b: b[:1].expand_as(b),
+        "every other column": lambda b: torch.stack([b, -b], dim=2).flatten(1)[:, ::2],
+        "transposed": lambda b: b.T.contiguous().T,
+    }[view]
+    got = []
+    for contiguous in (False, True):
+        x, idx, w, gu, dp = (t.detach().clone() for t in inp.args())
+        leaves = [t.requires_grad_() for t in (x, w, gu, dp, bgu.detach().clone())]
+        bias = make(leaves[4])
+        assert not bias.is_contiguous()
+        bias = bias.contiguous() if contiguous else bias
+        bias.retain_grad()
+        out = swiglu.swiglu_moe(x, idx, w, gu, dp, impl="triton", gate_up_proj_bias=bias, interleaved=True)
+        out.backward(inp.grad_out)
+        got.append((out.detach(), *(t.grad for t in leaves), bias.grad))
+    for a, b in zip(*got):
+        assert torch.equal(a, b), f"seed={seed}"
+
+
+def test_transposed_weights_with_an_unaligned_up_half():
+    """A transposed gate_up_proj with concatenated rows and I = 12 (the up half's first column at
+    24 bytes: pointer loads, no TMA box there) against float64."""
+    T, H, I, E, k = 5, 32, 12, 2, 1
+    seed = fresh_seed()
+    inp = make_moe(seed, T, H, I, E, k)
+    inp.gate_up_proj = inp.gate_up_proj.mT.contiguous().mT
+    bgu, bd = _biases(seed, inp)
+    got = _run(inp, bgu, bd, "triton", **GPT_OSS)
+    ref = _run(inp, bgu, bd, "reference", **GPT_OSS)
+    bad = _failures(got, ref, _oracle(inp, bgu, bd, **GPT_OSS), list(BIAS_NAMES), _same(inp, bgu, bd, **GPT_OSS))
+    assert not bad, f"seed={seed}: " + "; ".join(bad)

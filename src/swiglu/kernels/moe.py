@@ -289,7 +289,8 @@ def moe_up_kernel(
     activation; INTERLEAVED: gate_up_proj's rows (and the bias's entries) alternate gate, up.
     B_TMA: w_ptr is a TMA descriptor of gate_up_proj as [E * 2I, H] with [BN, BK] boxes (a box past
     an expert's rows feeds only masked columns; past H it reads zeros); B_T: of a transposed
-    model's memory [E * H, 2I] with [BK, BN] boxes (the launcher checks H % BK == 0)."""
+    model's memory [E * H, 2I] with [BK, BN] boxes (the launcher checks H % BK == 0 and, unless
+    INTERLEAVED, I % 8 == 0: the up half's first column 16-byte aligned)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
@@ -468,6 +469,8 @@ def _dswiglu_tile(
             b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             b_ptrs += BK * stride_wh
         acc = _dot(a, b, acc, UPCAST)
+    if B_T:  # columns past I came from the next expert's rows: out of the partial sums (NaN * 0)
+        acc = tl.where(col_ok[None, :], acc, 0.0)
     w = tl.load(rw_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     if EPI_SPLIT == 1:
         part = _dswiglu_piece(
@@ -527,7 +530,7 @@ def moe_dswiglu_kernel(
     EPI_SPLIT (1 or 2) column pieces (fewer live registers in the epilogue of a wide tile). B_TMA:
     w_ptr is a TMA descriptor of down_proj as [E * H, I] with [BK, BN] boxes (H % BK == 0); B_T: of
     a transposed model's memory [E * I, H] with [BN, BK] boxes (past an expert's rows: masked
-    columns). INTERLEAVED: dgu's columns alternate d_gate, d_up (``_dswiglu_piece``)."""
+    columns, zeroed before the partial sums). INTERLEAVED: dgu's columns alternate d_gate, d_up (``_dswiglu_piece``)."""
     _pdl_start(PDL)
     e, row0, rows, row_ok, cols, col_ok, pid_n = _grouped_tile(expert_start_ptr, E, I, num_n, BM, BN, E_PAD, GROUP_M)
     if e < E:
@@ -965,9 +968,11 @@ def launch_up(
         xs = gather_rows(x, r, k)
         return g.launch_moe_up_gluon(xs, gate_up_proj, r, gate, up, h, _in_order(g.CONFIG, tile), limit=limit, alpha=alpha)
     H, I = x.shape[1], gate.shape[1]
+    bias = bias if bias is None else bias.contiguous()  # the kernel reads it as [E, 2I] rows
     b_t = _stored_transposed(gate_up_proj)  # a transposed model's: boxes of its own memory, K rows
-    if b_t:
-        w = _tma(gate_up_proj.mT, [tile.BK, tile.BN], tile.TMA_B and H % tile.BK == 0)
+    if b_t:  # whole K boxes of one expert; the up half's first column 16-byte aligned
+        use = tile.TMA_B and H % tile.BK == 0 and (interleaved or I % 8 == 0)
+        w = _tma(gate_up_proj.mT, [tile.BK, tile.BN], use)
     else:
         w = _tma(gate_up_proj, [tile.BN, tile.BK], tile.TMA_B)
     _grouped(
