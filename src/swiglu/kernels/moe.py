@@ -194,6 +194,7 @@ def _up_tile(
     tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
     ks = tl.arange(0, BK)
     a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_xt + ks[None, :] * stride_xh
+    # Each branch spells its addresses as in the form measured on the GPU (same sm_90 PTX).
     if INTERLEAVED:  # the gate tile's B rows from 2 pid_n BN, the up tile's the BN after them
         n0 = pid_n * 2 * BN
         n1 = n0 + BN
