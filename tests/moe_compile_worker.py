@@ -79,7 +79,9 @@ def compile_one(fn, options: dict, descriptors: dict | None = None, **const) -> 
 
 def main() -> None:
     results = []
-    for S, E, H, I in json.loads(sys.argv[1]):
+    shapes = json.loads(sys.argv[1])
+    for S, E, H, I in shapes:
+        first = [S, E, H, I] == shapes[0]
         plan = M.moe_plan(S, E, H, I)
         e_pad = triton.next_power_of_2(E + 1)
         for role, fn, extra in (
@@ -98,18 +100,18 @@ def main() -> None:
                 variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BK, t.BN)})]
                 variants.append(dict(variants[1], LIMIT=7.0))  # swiglu_limit's clamped epilogue
                 variants.append(dict(variants[1], LIMIT=7.0, ALPHA=1.702))  # swiglu_alpha's
-                variants.append(dict(variants[3], INTERLEAVED=True))  # gpt-oss's form: d_gate, d_up interleaved
-                variants.append(dict(variants[4], B_T=True, descriptors={"w_ptr": (t.BN, t.BK)}))  # its memory [E * I, H]
+                if first:  # gpt-oss's form (d_gate, d_up interleaved), also on its memory [E * I, H]: one plan
+                    variants.append(dict(variants[3], INTERLEAVED=True))
+                    variants.append(dict(variants[4], B_T=True, descriptors={"w_ptr": (t.BN, t.BK)}))
             if fn is M.moe_up_kernel:
                 variants = [dict(B_TMA=False), dict(B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)})]
                 variants.append(dict(variants[1], LIMIT=7.0))
                 variants.append(dict(variants[1], LIMIT=7.0, ALPHA=1.702))
-                # gpt-oss's form: biases, gate/up rows interleaved, clamp and alpha.
-                gpt_oss = dict(INTERLEAVED=True, BIAS=True, LIMIT=7.0, ALPHA=1.702)
-                variants += [dict(B_TMA=False, **gpt_oss), dict(B_TMA=True, descriptors={"w_ptr": (t.BN, t.BK)}, **gpt_oss)]
-                # Boxes of a transposed model's memory [E * H, 2I] (Aria's; gpt-oss's with the above).
-                variants += [dict(B_TMA=True, B_T=True, descriptors={"w_ptr": (t.BK, t.BN)})]
-                variants += [dict(B_TMA=True, B_T=True, descriptors={"w_ptr": (t.BK, t.BN)}, **gpt_oss)]
+                if first:  # at one plan: gpt-oss's form (biases, interleaved rows, clamp and alpha), and
+                    # boxes of a transposed model's memory [E * H, 2I] (Aria's; gpt-oss's with the above)
+                    gpt_oss = dict(INTERLEAVED=True, BIAS=True, LIMIT=7.0, ALPHA=1.702)
+                    b_t = dict(B_TMA=True, B_T=True, descriptors={"w_ptr": (t.BK, t.BN)})
+                    variants += [dict(B_TMA=False, **gpt_oss), dict(variants[1], **gpt_oss), b_t, dict(b_t, **gpt_oss)]
             if fn is M.moe_down_kernel:
                 box = (t.BN, t.BK) if extra["B_TRANS"] else (t.BK, t.BN)
                 variants = [
