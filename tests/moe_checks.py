@@ -138,10 +138,10 @@ def run(inp: MoEInputs, impl: str, **kwargs):
     return (out.detach(), *(t.grad for t in leaves))
 
 
-def oracle(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None):
+def oracle(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None, interleaved=False):
     """``moe_float64``'s outputs and gradients, reshaped to the inputs' shapes."""
     x, idx, w, gu, dp, go = inp.flat()
-    res = moe_float64(x, idx, w, gu, dp, go, swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha)
+    res = moe_float64(x, idx, w, gu, dp, go, swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha, interleaved=interleaved)
     shapes = (inp.x.shape, inp.x.shape, inp.top_k_weights.shape, gu.shape, dp.shape)
     return tuple(r.reshape(s) for r, s in zip(res, shapes))
 
@@ -164,8 +164,9 @@ def same_rounding(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None, gate_up_
     order, not that of the bf16 reference's different roundings. ``swiglu_limit``: the clamps,
     against the limit rounded to bf16 as the kernels take it; ``swiglu_alpha``: the gpt-oss form,
     act = bf16(gate * sigmoid(alpha * gate)) times up + 1. The biases (gate_up_proj's added to
-    the rounded product and rounded again; down_proj's through the [T, E] routing matrix in fp32,
-    one rounding into out) append their gradients; ``interleaved``: gate, up rows alternate."""
+    the rounded product and rounded again; down_proj's summed per token in fp32, here as the
+    [T, E] routing matrix times the bias, one rounding into out) append their gradients;
+    ``interleaved``: gate, up rows alternate."""
     x, idx, w, gu, dp, go = (t.detach() for t in inp.flat())
     L = None if swiglu_limit is None else float(torch.tensor(swiglu_limit, dtype=torch.bfloat16))
     T, H = x.shape
