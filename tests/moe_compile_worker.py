@@ -79,9 +79,8 @@ def compile_one(fn, options: dict, descriptors: dict | None = None, **const) -> 
 
 def main() -> None:
     results = []
-    shapes = json.loads(sys.argv[1])
-    for S, E, H, I in shapes:
-        first = [S, E, H, I] == shapes[0]
+    for n, (S, E, H, I) in enumerate(json.loads(sys.argv[1])):
+        first = n == 0
         plan = M.moe_plan(S, E, H, I)
         e_pad = triton.next_power_of_2(E + 1)
         for role, fn, extra in (
