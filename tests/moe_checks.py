@@ -164,8 +164,9 @@ def same_rounding(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None, gate_up_
     order, not that of the bf16 reference's different roundings. ``swiglu_limit``: the clamps,
     against the limit rounded to bf16 as the kernels take it; ``swiglu_alpha``: the gpt-oss form,
     act = bf16(gate * sigmoid(alpha * gate)) times up + 1. The biases (gate_up_proj's added to
-    the rounded product and rounded again; down_proj's summed per token in fp32, here as the
-    [T, E] routing matrix times the bias, one rounding into out) append their gradients;
+    the rounded product and rounded again; down_proj's weighted rows summed per token in fp32 with
+    the pairs' y, one rounding into out, here as the [T, E] routing matrix times the bias) append
+    their gradients;
     ``interleaved``: gate, up rows alternate."""
     x, idx, w, gu, dp, go = (t.detach() for t in inp.flat())
     L = None if swiglu_limit is None else float(torch.tensor(swiglu_limit, dtype=torch.bfloat16))
@@ -208,16 +209,16 @@ def same_rounding(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None, gate_up_
         gdp[e] = gof[tok].T @ b(h * we)
         dx[tok, pos] = b(dgu @ ge)
     bf = torch.bfloat16
-    out = y.sum(1).to(bf)
+    out = y.sum(1)
     extra = [gbgu.to(bf)] if gate_up_proj_bias is not None else []
     if down_proj_bias is not None:
         ids = torch.where((idx >= 0) & (idx < E), idx.long(), E)
         dense = torch.zeros(T, E + 1, device=dev).scatter_add(1, ids, wf)[:, :E]
         bd = down_proj_bias.float()
-        out = (out.float() + dense @ bd).to(bf)
+        out = out + dense @ bd
         gw = gw + (gof @ bd.T).gather(1, idx.long().clamp(0, E - 1)) * ((idx >= 0) & (idx < E))
         extra.append((dense.T @ gof).to(bf))
-    res = (out, dx.sum(1).to(bf), gw.to(w.dtype), ggu.to(bf), gdp.to(bf))
+    res = (out.to(bf), dx.sum(1).to(bf), gw.to(w.dtype), ggu.to(bf), gdp.to(bf))
     shapes = (inp.x.shape, inp.x.shape, inp.top_k_weights.shape, gu.shape, dp.shape)
     return tuple(r.reshape(s) for r, s in zip(res, shapes)) + tuple(extra)
 

@@ -164,14 +164,21 @@ def main() -> None:
             )
     results.append({"role": "gather", **compile_one(M.moe_gather_kernel, dict(num_warps=4, num_stages=1), BR=32, BC=256)})
     # The forward's combine (no partial sums), the backward's (grad_x and the routing-weight
-    # gradient) and the backward's with x frozen (the routing-weight gradient alone: no y, no out).
+    # gradient) and the backward's with x frozen (the routing-weight gradient alone: no y, no out);
+    # each also with down_proj's bias (gpt-oss), and the bias gradients' kernel in both forms.
+    no_bias = dict(bias_ptr=None, w_ptr=None, go_ptr=None)
+    options = dict(num_warps=4, num_stages=1)
     for const in (
-        dict(P_PAD=1, HAS_Y=True, HAS_PART=False, part_ptr=None, gw_ptr=None),
-        dict(P_PAD=16, HAS_Y=True, HAS_PART=True),
-        dict(P_PAD=16, HAS_Y=False, HAS_PART=True, y_ptr=None, out_ptr=None),
+        dict(no_bias, P_PAD=1, HAS_Y=True, HAS_PART=False, part_ptr=None, gw_ptr=None),
+        dict(no_bias, P_PAD=16, HAS_Y=True, HAS_PART=True),
+        dict(no_bias, P_PAD=16, HAS_Y=False, HAS_PART=True, y_ptr=None, out_ptr=None),
+        dict(P_PAD=1, HAS_Y=True, HAS_PART=False, part_ptr=None, gw_ptr=None, go_ptr=None, BIAS_OUT=True),
+        dict(P_PAD=16, HAS_Y=True, HAS_PART=True, w_ptr=None, BIAS_GW=True),
+        dict(P_PAD=16, HAS_Y=False, HAS_PART=True, y_ptr=None, out_ptr=None, w_ptr=None, BIAS_GW=True),
     ):
-        options = dict(num_warps=4, num_stages=1)
         results.append({"role": "combine", **compile_one(M.moe_combine_kernel, options, TOP_K=8, BN=1024, **const)})
+    for gather in (False, True):
+        results.append({"role": "combine", **compile_one(M.moe_bias_grad_kernel, options, BM=32, BN=128, GATHER=gather)})
     print(json.dumps({"triton": triton.__version__, "results": results}))
 
 

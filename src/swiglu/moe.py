@@ -455,9 +455,8 @@ def swiglu_moe(
         or dispatch_mode_active()
         or not all(type(t) in PLAIN_TENSOR_TYPES for t in (x, w, gate_up_proj, down_proj, *biases))
     ):
-        extra = (bgu, interleaved) if bgu is not None or interleaved else ()
+        extra = (bgu, bd, interleaved) if biases or interleaved else ()
         out = moe_forward(x2, idx.contiguous(), w.contiguous(), gate_up_proj, down_proj, limit, alpha, *extra)[0]
-        out = _plus_down_bias(out, idx, w, bd)
     else:
         out = _MoEFunction.apply(
             x2,
@@ -470,32 +469,16 @@ def swiglu_moe(
             limit,
             alpha,
             bgu,
+            bd,
             interleaved,
         )
-        return _plus_down_bias(out, idx, w, bd)
+        return out
     if out.shape == x.shape:
         return out
     # Not a view of another tensor (as nn.Linear's output is not): FSDP2 hooks the module's
     # output for its backward, and an in-place op on a view of it loses the hook. Compiled, views are free.
     out = out.reshape(x.shape)
     return out if torch.compiler.is_compiling() else out.clone()
-
-
-def _plus_down_bias(out, top_k_index, top_k_weights, down_proj_bias):
-    """out (T * H elements, any shape) + sum_j top_k_weights[t, j] * down_proj_bias[e_j] (ids
-    outside [0, E) add nothing), in plain differentiable torch: ``embedding_bag`` over each token's
-    k ids with the routing weights as per-sample weights, at least float32 (only the bias rows a
-    token routes to are read: a non-finite row reaches no other token), rounded once into out's
-    dtype; a new tensor of out's shape. T k H multiply-adds beside the experts' 6 T k H I."""
-    if down_proj_bias is None:
-        return out
-    E, H = down_proj_bias.shape
-    acc = torch.promote_types(out.dtype, torch.float32)
-    idx = top_k_index.long()
-    idx = torch.where((idx >= 0) & (idx < E), idx, E)  # a zero padding row: adds nothing
-    table = torch.cat([down_proj_bias.to(acc), down_proj_bias.new_zeros(1, H, dtype=acc)])
-    bias = F.embedding_bag(idx, table, per_sample_weights=top_k_weights.to(acc), mode="sum", padding_idx=E)
-    return (out.to(acc) + bias.reshape(out.shape)).to(out.dtype)
 
 
 # --------------------------------------------------------------------------- custom ops (the Triton path)
@@ -523,16 +506,27 @@ def moe_forward(
     swiglu_limit: float | None = None,
     swiglu_alpha: float | None = None,
     gate_up_proj_bias: torch.Tensor | None = None,
+    down_proj_bias: torch.Tensor | None = None,
     interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out [T, H], gate [S, I], up [S, I], order [S], expert_start [E + 1])`` by the Triton
     kernels: gate, up are the forward's bf16 projections in expert-sorted order, order and
     expert_start the sort (int32), all kept for the backward. Validated inputs, [T, H] and
     contiguous [T, k]. An op, so torch.compile traces through it and dispatch modes see it.
-    gate, up are kept unclamped under ``swiglu_limit``, with ``gate_up_proj_bias`` added. The
-    down projection's bias is added outside the op (``_plus_down_bias``)."""
+    gate, up are kept unclamped under ``swiglu_limit``, with ``gate_up_proj_bias`` added;
+    ``down_proj_bias`` is added in the combine."""
     return _run_forward(
-        x, top_k_index, top_k_weights, gate_up_proj, down_proj, None, swiglu_limit, swiglu_alpha, gate_up_proj_bias, interleaved
+        x,
+        top_k_index,
+        top_k_weights,
+        gate_up_proj,
+        down_proj,
+        None,
+        swiglu_limit,
+        swiglu_alpha,
+        gate_up_proj_bias,
+        interleaved,
+        down_proj_bias,
     )
 
 
@@ -547,6 +541,7 @@ def _run_forward(
     swiglu_alpha=None,
     gate_up_proj_bias=None,
     interleaved=False,
+    down_proj_bias=None,
 ):
     """The Triton forward: ``(out, gate, up, order, expert_start)``, the last four kept for the
     backward; out allocated as ``out_shape`` where given."""
@@ -564,6 +559,7 @@ def _run_forward(
             swiglu_alpha=swiglu_alpha,
             gate_up_proj_bias=gate_up_proj_bias,
             interleaved=interleaved,
+            down_proj_bias=down_proj_bias,
         )
     return out, gate, up, routing.order, routing.expert_start
 
@@ -578,6 +574,7 @@ def _moe_forward_fake(
     swiglu_limit=None,
     swiglu_alpha=None,
     gate_up_proj_bias=None,
+    down_proj_bias=None,
     interleaved=False,
 ):
     S, I, E = top_k_index.numel(), down_proj.shape[2], down_proj.shape[0]
@@ -605,12 +602,21 @@ def moe_backward(
     swiglu_alpha: float | None = None,
     interleaved: bool = False,
     need_grad_gate_up_proj_bias: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj,
-    grad_gate_up_proj_bias)`` by the Triton kernels, from ``moe_forward``'s saved outputs; a
+    down_proj_bias: torch.Tensor | None = None,
+    need_grad_down_proj_bias: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj, grad_gate_up_proj_bias,
+    grad_down_proj_bias)`` by the Triton kernels, from ``moe_forward``'s saved outputs; a
     gradient not needed is an empty [0] tensor and its GEMM does not run. Not differentiable
     again: a double backward takes the reference formula (``_double_backward``)."""
-    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj, need_grad_gate_up_proj_bias)
+    needs = (
+        need_grad_x,
+        need_grad_top_k_weights,
+        need_grad_gate_up_proj,
+        need_grad_down_proj,
+        need_grad_gate_up_proj_bias,
+        need_grad_down_proj_bias,
+    )
     grads = _run_backward(
         grad_out,
         (x, top_k_index, top_k_weights, gate_up_proj, down_proj, gate, up, order, expert_start),
@@ -618,23 +624,32 @@ def moe_backward(
         limit=swiglu_limit,
         alpha=swiglu_alpha,
         interleaved=interleaved,
+        down_proj_bias=down_proj_bias,
     )
-    like = (x, top_k_weights, gate_up_proj, down_proj, x)
+    like = (x, top_k_weights, gate_up_proj, down_proj, x, x)
     return tuple(g if need else t.new_empty(0) for g, t, need in zip(grads, like, needs))
 
 
 def _run_backward(
-    grad_out, saved, needs, reuse: bool = False, limit: float | None = None, alpha: float | None = None, interleaved=False
+    grad_out,
+    saved,
+    needs,
+    reuse: bool = False,
+    limit: float | None = None,
+    alpha: float | None = None,
+    interleaved=False,
+    down_proj_bias=None,
 ):
     """The Triton backward from the forward's saved tensors (inputs, gate, up, order, expert_start):
-    five gradients, the fifth gate_up_proj's bias's (None unless ``needs`` has a fifth flag set);
-    ``reuse``: gate/up released after their reader; ``limit``, ``alpha``, ``interleaved``: the forward's."""
+    six gradients, the last two the biases' (gate_up_proj's, down_proj's: None unless ``needs``
+    has a fifth / sixth flag set); ``reuse``: gate/up released after their reader; ``limit``,
+    ``alpha``, ``interleaved``, ``down_proj_bias``: the forward's."""
     from .kernels.moe import Routing
     from .kernels.moe import moe_backward as run
 
     x, idx, w, gu, dp, gate, up, order, expert_start = saved
     routing = Routing(idx, gu.shape[0], saved=(order, expert_start))
-    bias_grad = len(needs) > 4 and bool(needs[4])
+    bias_grad, down_bias_grad = (bool(n) for n in (*needs[4:6], False, False)[:2])
     with on_device(x.device):
         grads = run(
             grad_out.contiguous(),
@@ -652,8 +667,10 @@ def _run_backward(
             swiglu_alpha=alpha,
             interleaved=interleaved,
             bias_grad=bias_grad,
+            down_proj_bias=down_proj_bias,
+            down_bias_grad=down_bias_grad,
         )
-    return (*grads, None) if len(grads) == 4 else grads
+    return (*grads, None, None) if len(grads) == 4 else grads
 
 
 @moe_backward.register_fake
@@ -676,8 +693,17 @@ def _moe_backward_fake(
     swiglu_alpha=None,
     interleaved=False,
     need_grad_gate_up_proj_bias=False,
+    down_proj_bias=None,
+    need_grad_down_proj_bias=False,
 ):
-    needs = (need_grad_x, need_grad_top_k_weights, need_grad_gate_up_proj, need_grad_down_proj, need_grad_gate_up_proj_bias)
+    needs = (
+        need_grad_x,
+        need_grad_top_k_weights,
+        need_grad_gate_up_proj,
+        need_grad_down_proj,
+        need_grad_gate_up_proj_bias,
+        need_grad_down_proj_bias,
+    )
     # The weight gradients as the kernels allocate them: empty_like, the weight's own strides.
     like = (
         x.new_empty(x.shape),
@@ -685,42 +711,43 @@ def _moe_backward_fake(
         torch.empty_like(gate_up_proj),
         torch.empty_like(down_proj),
         x.new_empty(gate_up_proj.shape[:2]),
+        x.new_empty(down_proj.shape[:2]),
     )
     return tuple(t if need else t.new_empty(0) for t, need in zip(like, needs))
 
 
 def _moe_setup_context(ctx, inputs, output):
-    bias = inputs[7] if len(inputs) > 7 else None
-    ctx.save_for_backward(*inputs[:5], *output[1:], bias)
+    biases = (*inputs[7:9], None, None)[:2]
+    ctx.save_for_backward(*inputs[:5], *output[1:], *biases)
     ctx.limit = inputs[5] if len(inputs) > 5 else None
     ctx.alpha = inputs[6] if len(inputs) > 6 else None
-    ctx.interleaved = bool(inputs[8]) if len(inputs) > 8 else False
-    ctx.bias_at = 7
+    ctx.interleaved = bool(inputs[9]) if len(inputs) > 9 else False
+    ctx.bias_at, ctx.n_biases = 7, 2
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)
 
 
 def _gradients(ctx, grad_out, direct: bool, owned=None):
-    """Both carriers' backward: the five gradients autograd wants (x, top_k_weights,
-    gate_up_proj, down_proj, gate_up_proj's bias), by the kernels (``direct``) or by the backward
+    """Both carriers' backward: the six gradients autograd wants (x, top_k_weights,
+    gate_up_proj, down_proj, gate_up_proj's bias, down_proj's bias), by the kernels (``direct``) or by the backward
     op. ``owned``: weak references to the forward's own gate/up (``reuse_saved_buffers``):
     when the saved ones are those, whole allocations, their memory is released after their reader
     (the dense op consumes its buffers likewise, ``ops._SwiGLUFunction``); a second backward then raises."""
     wanted = _wanted(ctx)
     if grad_out is None or not any(wanted):
-        return (None,) * 5
+        return (None,) * 6
     if getattr(ctx, "consumed", False):
         raise RuntimeError(_SECOND_BACKWARD)
     saved = ctx.saved_tensors
-    core, bias = saved[:9], saved[9]
+    core, bgu, bd = saved[:9], saved[9], saved[10]
     if torch.is_grad_enabled():
-        grads = _double_backward(core[:5], grad_out, wanted, ctx.limit, ctx.alpha, (bias,), ctx.interleaved)
+        grads = _double_backward(core[:5], grad_out, wanted, ctx.limit, ctx.alpha, (bgu, bd), ctx.interleaved)
     elif direct:
         consume = owns_saved_buffers(owned, core[5], core[6])  # gate, up
         ctx.consumed = consume
-        grads = _run_backward(grad_out, core, wanted, consume, ctx.limit, ctx.alpha, ctx.interleaved)
+        grads = _run_backward(grad_out, core, wanted, consume, ctx.limit, ctx.alpha, ctx.interleaved, bd)
     else:
-        grads = moe_backward(grad_out, *core, *wanted[:4], ctx.limit, ctx.alpha, ctx.interleaved, wanted[4])
+        grads = moe_backward(grad_out, *core, *wanted[:4], ctx.limit, ctx.alpha, ctx.interleaved, wanted[4], bd, wanted[5])
     return tuple(g if n else None for g, n in zip(grads, wanted))
 
 
@@ -755,8 +782,8 @@ def _double_backward(inputs, grad_out, wanted, limit=None, alpha=None, biases=()
 
 
 def _moe_op_backward(ctx, grad_out, *unused):
-    gx, gw, ggu, gdp, gb = _gradients(ctx, grad_out, direct=False)
-    return gx, None, gw, ggu, gdp, None, None, gb, None  # none for swiglu_limit, swiglu_alpha, interleaved
+    gx, gw, ggu, gdp, gbgu, gbd = _gradients(ctx, grad_out, direct=False)
+    return gx, None, gw, ggu, gdp, None, None, gbgu, gbd, None  # none for swiglu_limit, swiglu_alpha, interleaved
 
 
 moe_forward.register_autograd(_moe_op_backward, setup_context=_moe_setup_context)
@@ -780,15 +807,26 @@ class _MoEFunction(torch.autograd.Function):
         limit=None,
         alpha=None,
         gate_up_proj_bias=None,
+        down_proj_bias=None,
         interleaved=False,
     ):
         # out_shape: the caller's shape of x, out allocated so (a view of it would be the module's
         # output, and FSDP2's backward hook on an output is lost by an in-place op on a view).
         out, *kept = _run_forward(
-            x, top_k_index, top_k_weights, gate_up_proj, down_proj, out_shape, limit, alpha, gate_up_proj_bias, interleaved
+            x,
+            top_k_index,
+            top_k_weights,
+            gate_up_proj,
+            down_proj,
+            out_shape,
+            limit,
+            alpha,
+            gate_up_proj_bias,
+            interleaved,
+            down_proj_bias,
         )
-        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept, gate_up_proj_bias)
-        ctx.limit, ctx.alpha, ctx.interleaved, ctx.bias_at = limit, alpha, interleaved, 9
+        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept, gate_up_proj_bias, down_proj_bias)
+        ctx.limit, ctx.alpha, ctx.interleaved, ctx.bias_at, ctx.n_biases = limit, alpha, interleaved, 9, 2
         ctx.set_materialize_grads(False)
         # What the backward may consume: the forward's own gate/up, recognized by identity.
         ctx.owned = (weakref.ref(kept[0]), weakref.ref(kept[1])) if reuse_saved_buffers else None
@@ -802,8 +840,8 @@ class _MoEFunction(torch.autograd.Function):
         direct = not (torch.compiler.is_compiling() or dispatch_mode_active() or legacy_batched(grad_out))
         if grad_out is not None and grad_out.dim() != 2:
             grad_out = grad_out.reshape(-1, grad_out.shape[-1])
-        gx, gw, ggu, gdp, gb = _gradients(ctx, grad_out, direct, ctx.owned)
-        return gx, None, gw, ggu, gdp, None, None, None, None, gb, None
+        gx, gw, ggu, gdp, gbgu, gbd = _gradients(ctx, grad_out, direct, ctx.owned)
+        return gx, None, gw, ggu, gdp, None, None, None, None, gbgu, gbd, None
 
 
 def _moe_forward_flops(x_shape, top_k_index_shape, *args, out_shape=None, **kwargs) -> int:

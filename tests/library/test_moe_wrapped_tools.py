@@ -206,12 +206,12 @@ def test_biases_and_interleaved_rows_through_the_ops_and_compile():
     limit, alpha = 7.0, 1.702
     torch.library.opcheck(
         moe_forward,
-        (x, idx, w, gu, dp, limit, alpha, bgu, interleaved),
+        (x, idx, w, gu, dp, limit, alpha, bgu, bd, interleaved),
         test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
-    out, gate, up, order, start = moe_forward(x, idx, w, gu, dp, limit, alpha, bgu, interleaved)
+    out, gate, up, order, start = moe_forward(x, idx, w, gu, dp, limit, alpha, bgu, bd, interleaved)
     back = (torch.randn_like(out), x, idx, w, gu, dp, gate, up, order, start, True, True, True, True, limit, alpha)
-    torch.library.opcheck(moe_backward, (*back, interleaved, True), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(moe_backward, (*back, interleaved, True, bd, True), test_utils=("test_schema", "test_faketensor"))
     leaves = [t.detach().requires_grad_() for t in (x, w, gu, dp)]
     torch.library.opcheck(
         moe_reference_op,

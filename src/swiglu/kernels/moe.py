@@ -628,10 +628,13 @@ def moe_wgrad_kernel(
 
 @triton.jit
 def moe_bias_grad_kernel(
-    dgu_ptr, expert_start_ptr, out_ptr, N, BM: tl.constexpr, BN: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr
+    src_ptr, expert_start_ptr, order_ptr, w_ptr, out_ptr, N, TOP_K, BM: tl.constexpr, BN: tl.constexpr,
+    GATHER: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr
 ):  # fmt: skip
-    """out[e, cols] = the column sums of dgu [S, N] over expert e's sorted rows (fp32, in row
-    order: deterministic); zeros for an expert with no rows. Grid (E, cdiv(N, BN))."""
+    """out[e, cols] = the column sums over expert e's sorted rows r (fp32, in row order:
+    deterministic; zeros for an expert with no rows) of src [S, N] (gate_up_proj's bias) or, with
+    GATHER, of w[p] * src[p // TOP_K] for the rows' pairs p = order[r] (src [T, N] grad_out: down_proj's
+    bias). Grid (E, cdiv(N, BN))."""
     _pdl_start(PDL)
     e = tl.program_id(0)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -640,9 +643,16 @@ def moe_bias_grad_kernel(
     acc = tl.zeros((BN,), dtype=tl.float32)
     for r0 in range(start, end, BM):
         rows = r0 + tl.arange(0, BM)
-        m = (rows < end)[:, None] & (cols < N)[None, :]
-        v = tl.load(dgu_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=m, other=0.0)
-        acc += tl.sum(_f32(v, UPCAST), axis=0)
+        row_ok = rows < end
+        m = row_ok[:, None] & (cols < N)[None, :]
+        if GATHER:
+            pair = tl.load(order_ptr + rows, mask=row_ok, other=0)
+            src_rows = (pair // TOP_K).to(tl.int64)
+            wv = tl.load(w_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
+            v = _f32(tl.load(src_ptr + src_rows[:, None] * N + cols[None, :], mask=m, other=0.0), UPCAST) * wv[:, None]
+        else:
+            v = _f32(tl.load(src_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=m, other=0.0), UPCAST)
+        acc += tl.sum(v, axis=0)
     tl.store(out_ptr + e.to(tl.int64) * N + cols, _bf16(acc, UPCAST), mask=cols < N)
 
 
@@ -680,6 +690,9 @@ def moe_combine_kernel(
     out_ptr,
     part_ptr,
     gw_ptr,
+    bias_ptr,
+    w_ptr,
+    go_ptr,
     N,
     E,
     NUM_PART,
@@ -690,10 +703,14 @@ def moe_combine_kernel(
     HAS_PART: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
+    BIAS_OUT: tl.constexpr = False,
+    BIAS_GW: tl.constexpr = False,
 ):
-    """HAS_Y: out[t] = sum_j y[t * TOP_K + j] in fp32, j in order (deterministic). HAS_PART (the
-    backward): gw[t, j] = the sum of pair t * TOP_K + j's NUM_PART partial sums (fp32). Pairs whose
-    expert id is outside [0, E) were never written: they add nothing and get gw 0."""
+    """HAS_Y: out[t] = sum_j y[t * TOP_K + j] in fp32, j in order (deterministic); BIAS_OUT (the
+    forward) adds w[t, j] * bias[e_j] to each pair's term (down_proj's bias [E, N], rounded once
+    with the sum). HAS_PART (the backward): gw[t, j] = the sum of pair t * TOP_K + j's NUM_PART
+    partial sums (fp32); BIAS_GW adds grad_out[t] . bias[e_j] (go [T, N]). Pairs whose expert id
+    is outside [0, E) were never written: they add nothing and get gw 0."""
     _pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     if HAS_Y:
@@ -704,6 +721,10 @@ def moe_combine_kernel(
             e = tl.load(idx_ptr + t * TOP_K + j)
             valid = (e >= 0) & (e < E)
             acc += _f32(tl.load(y_ptr + (t * TOP_K + j) * N + cols, mask=ok & valid, other=0.0), UPCAST)
+            if BIAS_OUT:
+                wj = tl.where(valid, tl.load(w_ptr + t * TOP_K + j).to(tl.float32), 0.0)
+                b = _f32(tl.load(bias_ptr + e.to(tl.int64) * N + cols, mask=ok & valid, other=0.0), UPCAST)
+                acc += wj * b
         tl.store(out_ptr + t * N + cols, _bf16(acc, UPCAST), mask=ok)
     if HAS_PART:
         if tl.program_id(1) == 0:
@@ -712,7 +733,16 @@ def moe_combine_kernel(
                 e = tl.load(idx_ptr + t * TOP_K + j)
                 valid = (e >= 0) & (e < E)
                 part = tl.load(part_ptr + (t * TOP_K + j) * NUM_PART + ps, mask=(ps < NUM_PART) & valid, other=0.0)
-                tl.store(gw_ptr + t * TOP_K + j, tl.sum(part, axis=0))
+                gw = tl.sum(part, axis=0)
+                if BIAS_GW:
+                    dot = tl.zeros((BN,), dtype=tl.float32)
+                    for c0 in range(0, N, BN):
+                        cols = c0 + tl.arange(0, BN)
+                        ok = (cols < N) & valid
+                        g = _f32(tl.load(go_ptr + t * N + cols, mask=ok, other=0.0), UPCAST)
+                        dot += g * _f32(tl.load(bias_ptr + e.to(tl.int64) * N + cols, mask=ok, other=0.0), UPCAST)
+                    gw += tl.sum(dot, axis=0)
+                tl.store(gw_ptr + t * TOP_K + j, gw)
 
 
 # --------------------------------------------------------------------------- routing and launch plan
@@ -1105,13 +1135,32 @@ def launch_dswiglu(
     )
 
 
-def launch_bias_grad(dgu: torch.Tensor, r: Routing) -> torch.Tensor:
-    """[E, N]: each expert's column sums of dgu [S, N] over its sorted rows (gate_up_proj's bias
-    gradient), fp32 in a fixed order, rounded to dgu's dtype; zeros for an expert with no rows."""
-    N = dgu.shape[1]
-    out = torch.empty(r.E, N, dtype=dgu.dtype, device=dgu.device)
+def launch_bias_grad(src: torch.Tensor, r: Routing, weights: torch.Tensor | None = None, k: int = 1) -> torch.Tensor:
+    """[E, N], fp32 sums in a fixed order rounded to src's dtype, zeros for an expert with no rows:
+    each expert's column sums of src [S, N] over its sorted rows (gate_up_proj's bias gradient from
+    dgu) or, with ``weights`` [T, k] (contiguous), of weights[p] * src[p // k] over its rows' pairs
+    p (down_proj's bias gradient from grad_out [T, N], contiguous)."""
+    N = src.shape[1]
+    out = torch.empty(r.E, N, dtype=src.dtype, device=src.device)
     BN = min(128, _pow2(N))
-    _launch(moe_bias_grad_kernel, (r.E, cdiv(N, BN)), 4, 1, dgu, r.expert_start, out, N, BM=32, BN=BN, UPCAST=INTERPRET)
+    gather = weights is not None
+    _launch(
+        moe_bias_grad_kernel,
+        (r.E, cdiv(N, BN)),
+        4,
+        1,
+        src,
+        r.expert_start,
+        r.order,
+        weights if gather else src,
+        out,
+        N,
+        k,
+        BM=32,
+        BN=BN,
+        GATHER=gather,
+        UPCAST=INTERPRET,
+    )
     return out
 
 
@@ -1204,10 +1253,15 @@ def combine(
     dtype: torch.dtype,
     part: torch.Tensor | None = None,
     out_shape: torch.Size | None = None,
+    bias: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+    grad_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(out, gw)``: out [T, N] each token's k pair rows of y [S, N] summed (fp32, fixed order;
     None without y), allocated as ``out_shape`` (of T * N elements) where given; gw [T, k] fp32
-    each pair's partial sums of ``part`` [S, P] summed (None without part)."""
+    each pair's partial sums of ``part`` [S, P] summed (None without part). ``bias`` (down_proj's,
+    [E, N] contiguous): the forward (no part) adds weights[t, j] * bias[e_j] to out; the backward
+    adds grad_out[t] . bias[e_j] to gw (``grad_out`` [T, N] contiguous)."""
     T, k = top_k_index.shape
     dev = top_k_index.device
     out = torch.empty(out_shape or (T, N), dtype=dtype, device=dev) if y is not None else None
@@ -1226,6 +1280,9 @@ def combine(
             out,
             part,
             gw,
+            bias,
+            weights,
+            grad_out,
             N,
             E,
             num_part,
@@ -1235,6 +1292,8 @@ def combine(
             HAS_Y=y is not None,
             HAS_PART=part is not None,
             UPCAST=INTERPRET,
+            BIAS_OUT=bias is not None and part is None,
+            BIAS_GW=bias is not None and part is not None,
         )
     return out, gw
 
@@ -1258,6 +1317,7 @@ def moe_forward(
     swiglu_alpha=None,
     gate_up_proj_bias=None,
     interleaved: bool = False,
+    down_proj_bias=None,
 ):
     """``(out, gate, up, routing)``: out [T, H] (allocated as ``out_shape`` where given, e.g. the
     caller's [batch_size, seq_len, H]); gate, up [S, I] in sorted-pair order (unclamped) and the
@@ -1265,7 +1325,8 @@ def moe_forward(
     by ``swiglu.moe``; top_k_index and top_k_weights contiguous [T, k]. ``swiglu_limit``: gate and
     up clamped before the product (``bf16_limit``); ``swiglu_alpha``: the gpt-oss form (``_glu_parts``);
     ``gate_up_proj_bias`` [E, 2I]: added to gate and up (kept with it); ``interleaved``: gate and up
-    rows alternate in gate_up_proj."""
+    rows alternate in gate_up_proj; ``down_proj_bias`` [E, H]: each pair's weighted bias row added
+    in the combine (no [T, H] pass of its own)."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -1280,7 +1341,9 @@ def moe_forward(
         limit = bf16_limit(swiglu_limit)
         launch_up(x, gate_up_proj, r, k, gate, up, h, plan.up, limit, swiglu_alpha, gate_up_proj_bias, interleaved)
         launch_pairs(h, down_proj, r, top_k_weights, y, plan.down, transposed=True)
-    return combine(y, top_k_index, E, H, x.dtype, out_shape=out_shape)[0], gate, up, r
+    bd = down_proj_bias.contiguous() if down_proj_bias is not None else None
+    out = combine(y, top_k_index, E, H, x.dtype, out_shape=out_shape, bias=bd, weights=top_k_weights)[0]
+    return out, gate, up, r
 
 
 def moe_backward(
@@ -1300,6 +1363,8 @@ def moe_backward(
     swiglu_alpha: float | None = None,
     interleaved: bool = False,
     bias_grad: bool = False,
+    down_proj_bias: torch.Tensor | None = None,
+    down_bias_grad: bool = False,
 ):
     """``(grad_x, grad_top_k_weights, grad_gate_up_proj, grad_down_proj)`` from the forward's
     gate, up (sorted order) and its ``routing`` (None: rebuilt from ``top_k_index``, the
@@ -1307,8 +1372,9 @@ def moe_backward(
     down_proj) is None and its GEMM does not run. ``reuse``: gate's and up's storage is released
     (size 0) once their one reader, the dSwiGLU GEMM, is launched: the same kernels, the same
     gradients bitwise, a peak lower by [S, 2I]. ``swiglu_limit``, ``swiglu_alpha``, ``interleaved``:
-    the forward's. ``bias_grad``: gate_up_proj's bias gradient [E, 2I] appended (a fifth element;
-    the saved gate/up include the bias, so nothing else changes)."""
+    the forward's. ``bias_grad`` / ``down_bias_grad``: the biases' gradients [E, 2I] / [E, H]
+    appended (a fifth and sixth element, None where not asked; the saved gate/up include
+    gate_up_proj's bias); ``down_proj_bias`` [E, H]: its term in grad_top_k_weights."""
     T, H = x.shape
     k = top_k_index.shape[1]
     E, I = gate_up_proj.shape[0], down_proj.shape[2]
@@ -1339,7 +1405,8 @@ def moe_backward(
     dx_pairs = torch.empty(S, H, dtype=x.dtype, device=dev) if needs[0] else None
     if S and needs[0]:
         launch_pairs(dgu, gate_up_proj, r, top_k_weights, dx_pairs, plan.grad_x, transposed=False)
-    grad_x, grad_w = combine(dx_pairs, top_k_index, E, H, x.dtype, part if needs[1] else None)
+    bd = down_proj_bias.contiguous() if down_proj_bias is not None and needs[1] else None
+    grad_x, grad_w = combine(dx_pairs, top_k_index, E, H, x.dtype, part if needs[1] else None, bias=bd, grad_out=grad_out)
     del dx_pairs, part
     # grad_gate_up_proj[e] [2I, H] = d_gate_up^T @ x[tok], x's rows gathered by the kernel or
     # copied to expert order first (``launch_wgrad``): both operands through TMA (1.25 -> 0.89
@@ -1356,6 +1423,7 @@ def moe_backward(
     del hw, gos
     if grad_w is not None and grad_w.dtype != top_k_weights.dtype:
         grad_w = grad_w.to(top_k_weights.dtype)
-    if bias_grad:
-        return grad_x, grad_w, grad_gu, grad_dp, grad_bias
+    grad_bd = launch_bias_grad(grad_out, r, top_k_weights, k) if down_bias_grad else None
+    if bias_grad or down_bias_grad:
+        return grad_x, grad_w, grad_gu, grad_dp, grad_bias, grad_bd
     return grad_x, grad_w, grad_gu, grad_dp
