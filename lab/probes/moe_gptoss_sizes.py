@@ -5,10 +5,11 @@ A transformers ``GptOssExperts`` module at gpt-oss-20b's shape (hidden_size 2880
 2880, 32 experts, top-4, swiglu_limit 7; random weights in its own transposed, interleaved layout
 with both biases), its "grouped_mm" implementation against "swiglu": forward (no grad) and
 forward+backward, do_bench, at 1 to 8192 tokens.
-Answer (an H100, data/tuning/moe_gptoss_tiles_h100_20261206/, after the interleaved rows became
-contiguous B tiles): forward+backward 1.03-1.59x grouped_mm's speed at every count (1.41x at 2048,
-1.59x at 8192 tokens); forward alone 1.23-1.75x from 16 tokens, 0.90x at one token (0.448 against
-0.405 ms: the host).
+Answer (an H100, data/tuning/moe_gptoss_bias_h100_20261207/, down_proj's bias in the combine
+kernel): gpt-oss forward+backward 1.04-1.63x grouped_mm's speed at every count (1.45x at 2048, 1.63x
+at 8192 tokens), forward alone 1.31-2.09x; OpenAI-Privacy-Filter 1.41-2.89x, forward 1.80-3.38x.
+With the bias in torch (data/tuning/moe_gptoss_tiles_h100_20261206/): gpt-oss 1.03-1.59x, forward
+0.90x at one token.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_gptoss_sizes.py [gpt-oss] [privacy-filter]
 """
 

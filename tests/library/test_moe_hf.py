@@ -582,17 +582,19 @@ def _run_classifier(model, ids):
     return {"logits": out.logits.detach(), **{n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
 
 
-def test_apply_auto_keeps_privacy_filter_on_its_implementation(moe_calls):
-    """impl "auto" leaves OpenAI-Privacy-Filter's experts (biases on concatenated gate/up rows, not
-    measured against grouped_mm) on their own implementation with a warning naming why; results
-    the unpatched model's, bitwise."""
+def test_apply_auto_runs_privacy_filter_through_the_op(moe_calls):
+    """impl "auto" serves OpenAI-Privacy-Filter's experts (biases on concatenated gate/up rows;
+    measured faster through the op): no warning, every layer's experts through the op, float32
+    results the unpatched model's."""
     plain = _privacy_filter()
     ours = copy.deepcopy(plain)
-    with pytest.warns(UserWarning, match=r"concatenated gate/up rows are not measured against grouped_mm"):
-        assert swiglu_hf.apply(ours) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        names = swiglu_hf.apply(ours)
+    assert names and all(n.endswith("experts") for n in names), names
     ids = batch()
-    assert_same(_run_classifier(ours, ids), _run_classifier(plain, ids), 0.0, "privacy filter under apply(auto)")
-    assert moe_calls == []
+    assert_same(_run_classifier(ours, ids), _run_classifier(plain, ids), F32_TOL, "privacy filter under apply(auto)")
+    assert len(moe_calls) == len(names) and all(c["impl"] == "auto" and not c.get("interleaved") for c in moe_calls)
 
 
 def test_gpt_oss_bf16_triton_within_bound_of_the_float64_model(moe_calls):

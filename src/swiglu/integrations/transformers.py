@@ -702,20 +702,6 @@ def _warn_config_reach(model: nn.Module, switched: str) -> None:
         )
 
 
-def _slower_reason(module: nn.Module) -> str | None:
-    """Why ``apply`` with impl "auto" leaves an experts module the op can compute on its own
-    implementation: biases on concatenated gate/up rows (OpenAI-Privacy-Filter), not measured
-    against transformers' grouped_mm (gpt-oss's interleaved ones are: 1.03-1.59x its speed on an
-    H100); an explicit "swiglu" still runs the op."""
-    if getattr(module, "has_bias", False) and not getattr(clamped_gate(type(module)), "interleaved", False):
-        return (
-            "biased experts on concatenated gate/up rows are not measured against grouped_mm (gpt-oss's "
-            "interleaved ones are, faster: data/tuning/moe_gptoss_tiles_h100_20261206/); apply(model, "
-            f"impl='triton') or config._experts_implementation = {EXPERTS_IMPLEMENTATION!r} runs the op"
-        )
-    return None
-
-
 def _apply_experts(model: nn.Module, experts: list, impl: str) -> set[str]:
     """``apply``'s part for experts modules ``[(name, module)]``: record each one's state and
     previous implementation, switch the configs of those the op serves to "swiglu", warn about the
@@ -734,7 +720,7 @@ def _apply_experts(model: nn.Module, experts: list, impl: str) -> set[str]:
         if reason is not None:
             blocked[id(config)] = reason
         _, static_reason, _ = _experts_state(module, impl, fallback)
-        reason = reason or static_reason or (_slower_reason(module) if impl == "auto" else None)
+        reason = reason or static_reason
         if reason is not None:
             skipped.setdefault((type(module).__qualname__, fallback, reason), []).append(name)
             continue
