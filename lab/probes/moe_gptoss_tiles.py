@@ -10,7 +10,7 @@ per variant of one role's tile (do_bench, L2 flushed, the fastest of three media
 orders), its outputs and gradients against the library plan's (bitwise, or the largest difference
 over the largest value: the routing-weight partial sums add per BN columns).
 Answer: not yet run.
-Run: PYTHONPATH=src:lab python3 lab/probes/moe_gptoss_tiles.py [--rep=MS] [--tokens=T] [--own]
+Run: PYTHONPATH=src:lab python3 lab/probes/moe_gptoss_tiles.py [--rep=MS] [--tokens=T] [--own] [--only=dswiglu|up]
 """
 
 import dataclasses
@@ -23,6 +23,7 @@ from swiglu.kernels import moe as kmoe
 
 REP = next((int(a[6:]) for a in sys.argv[1:] if a.startswith("--rep=")), 200)
 TOKENS = next((int(a[9:]) for a in sys.argv[1:] if a.startswith("--tokens=")), 8192)
+ONLY = next((a[7:] for a in sys.argv[1:] if a.startswith("--only=")), "")  # "dswiglu" or "up": that role's variants alone
 H, I, E, k = 2880, 2880, 32, 4
 S = TOKENS * k
 x, idx, w, gu, dp, go = P.inputs(H, I, E, k, TOKENS)
@@ -41,12 +42,16 @@ PLANS = {"library": base}
 for v in [(128, 64, 8, 4, 64, 2), (128, 64, 8, 3, 128, 2), (128, 64, 8, 4, 128, 2), (128, 64, 8, 3, 128, 1),
           (64, 64, 4, 4, 64, 1), (64, 64, 4, 4, 128, 1), (256, 64, 8, 3, 64, 2), (128, 128, 8, 3, 64, 2)]:  # fmt: skip
     bn, bk, nw, ns, bm, split = v
-    PLANS[f"dswiglu {v}"] = T_(base, dswiglu=T_(base.dswiglu, BN=bn, BK=bk, num_warps=nw, num_stages=ns, BM=bm, EPI_SPLIT=split))
+    if ONLY != "up":
+        PLANS[f"dswiglu {v}"] = T_(
+            base, dswiglu=T_(base.dswiglu, BN=bn, BK=bk, num_warps=nw, num_stages=ns, BM=bm, EPI_SPLIT=split)
+        )
 # up: (BN, BK, warps, stages, BM)
 for v in [(128, 64, 8, 4, 128), (64, 64, 4, 4, 128), (64, 64, 8, 4, 128), (128, 64, 8, 3, 64), (128, 128, 8, 3, 128),
           (64, 128, 4, 3, 128)]:  # fmt: skip
     bn, bk, nw, ns, bm = v
-    PLANS[f"up {v}"] = T_(base, up=T_(base.up, BN=bn, BK=bk, num_warps=nw, num_stages=ns, BM=bm))
+    if ONLY != "dswiglu":
+        PLANS[f"up {v}"] = T_(base, up=T_(base.up, BN=bn, BK=bk, num_warps=nw, num_stages=ns, BM=bm))
 
 
 def step(name):
