@@ -10,7 +10,7 @@ per variant of one role's tile (do_bench, L2 flushed, the fastest of three media
 orders), its outputs and gradients against the library plan's (bitwise, or the largest difference
 over the largest value: the routing-weight partial sums add per BN columns).
 Answer: not yet run.
-Run: PYTHONPATH=src:lab python3 lab/probes/moe_gptoss_tiles.py [--rep=MS] [--tokens=T] [--own] [--only=dswiglu|up]
+Run: PYTHONPATH=src:lab python3 lab/probes/moe_gptoss_tiles.py [--rep=MS] [--tokens=T] [--own] [--only=dswiglu|up] [--max=N]
 """
 
 import dataclasses
@@ -23,6 +23,7 @@ from swiglu.kernels import moe as kmoe
 
 REP = next((int(a[6:]) for a in sys.argv[1:] if a.startswith("--rep=")), 200)
 TOKENS = next((int(a[9:]) for a in sys.argv[1:] if a.startswith("--tokens=")), 8192)
+MAX = next((int(a[6:]) for a in sys.argv[1:] if a.startswith("--max=")), 99)  # variants per role, the first ones
 ONLY = next((a[7:] for a in sys.argv[1:] if a.startswith("--only=")), "")  # "dswiglu" or "up": that role's variants alone
 H, I, E, k = 2880, 2880, 32, 4
 S = TOKENS * k
@@ -39,8 +40,8 @@ base = kmoe.moe_plan(S, E, H, I, kmoe._gluon_here(x.device))
 T_ = dataclasses.replace
 PLANS = {"library": base}
 # dSwiGLU: (BN, BK, warps, stages, BM, EPI_SPLIT)
-for v in [(128, 64, 8, 4, 64, 2), (128, 64, 8, 3, 128, 2), (128, 64, 8, 4, 128, 2), (128, 64, 8, 3, 128, 1),
-          (64, 64, 4, 4, 64, 1), (64, 64, 4, 4, 128, 1), (256, 64, 8, 3, 64, 2), (128, 128, 8, 3, 64, 2)]:  # fmt: skip
+for v in [(128, 64, 8, 3, 128, 2), (128, 64, 8, 4, 128, 2), (128, 64, 8, 4, 64, 2), (128, 64, 8, 3, 128, 1),
+          (64, 64, 4, 4, 64, 1), (64, 64, 4, 4, 128, 1), (256, 64, 8, 3, 64, 2), (128, 128, 8, 3, 64, 2)][:MAX]:  # fmt: skip
     bn, bk, nw, ns, bm, split = v
     if ONLY != "up":
         PLANS[f"dswiglu {v}"] = T_(
@@ -48,7 +49,7 @@ for v in [(128, 64, 8, 4, 64, 2), (128, 64, 8, 3, 128, 2), (128, 64, 8, 4, 128, 
         )
 # up: (BN, BK, warps, stages, BM)
 for v in [(128, 64, 8, 4, 128), (64, 64, 4, 4, 128), (64, 64, 8, 4, 128), (128, 64, 8, 3, 64), (128, 128, 8, 3, 128),
-          (64, 128, 4, 3, 128)]:  # fmt: skip
+          (64, 128, 4, 3, 128)][:MAX]:  # fmt: skip
     bn, bk, nw, ns, bm = v
     if ONLY != "dswiglu":
         PLANS[f"up {v}"] = T_(base, up=T_(base.up, BN=bn, BK=bk, num_warps=nw, num_stages=ns, BM=bm))
