@@ -717,14 +717,22 @@ def _moe_backward_fake(
 
 
 def _moe_setup_context(ctx, inputs, output):
-    biases = (*inputs[7:9], None, None)[:2]
-    ctx.save_for_backward(*inputs[:5], *output[1:], *biases)
+    bgu, bd = (*inputs[7:9], None, None)[:2]
+    ctx.save_for_backward(*inputs[:5], *output[1:], bgu, _kept_down_bias(ctx, bd, 8))
     ctx.limit = inputs[5] if len(inputs) > 5 else None
     ctx.alpha = inputs[6] if len(inputs) > 6 else None
     ctx.interleaved = bool(inputs[9]) if len(inputs) > 9 else False
     ctx.bias_at, ctx.n_biases = 7, 2
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)
+
+
+def _kept_down_bias(ctx, down_proj_bias, at: int):
+    """down_proj's bias where the backward reads it (top_k_weights' gradient, or its own under a
+    double backward; ``at``: its input index), else None: changing it in place after the forward
+    then breaks no backward that does not read it."""
+    needs = ctx.needs_input_grad
+    return down_proj_bias if needs[2] or (len(needs) > at and needs[at]) else None
 
 
 def _gradients(ctx, grad_out, direct: bool, owned=None):
@@ -825,7 +833,8 @@ class _MoEFunction(torch.autograd.Function):
             interleaved,
             down_proj_bias,
         )
-        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept, gate_up_proj_bias, down_proj_bias)
+        bd = _kept_down_bias(ctx, down_proj_bias, 10)
+        ctx.save_for_backward(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *kept, gate_up_proj_bias, bd)
         ctx.limit, ctx.alpha, ctx.interleaved, ctx.bias_at, ctx.n_biases = limit, alpha, interleaved, 9, 2
         ctx.set_materialize_grads(False)
         # What the backward may consume: the forward's own gate/up, recognized by identity.
@@ -881,8 +890,8 @@ def _moe_backward_flops(
 def _backward_gemm_flops(x_shape, top_k_index_shape, down_proj_shape, needs) -> int:
     """Both backward ops' count: 2 H I FLOPs per routed pair and GEMM, g always, then grad_x's
     two, grad_gate_up_proj's two, grad_down_proj's one as ``needs`` (x, top_k_weights,
-    gate_up_proj, down_proj) asks."""
-    need_x, _, need_gu, need_dp = (bool(n) for n in needs)
+    gate_up_proj, down_proj) asks; the biases' flags after them add no GEMM."""
+    need_x, _, need_gu, need_dp = (bool(n) for n in needs[:4])
     return _gemm_flops(x_shape, top_k_index_shape, down_proj_shape) * (1 + 2 * need_x + 2 * need_gu + need_dp)
 
 
@@ -1024,7 +1033,8 @@ def _moe_reference_backward_fake(
 
 
 def _moe_reference_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:5], *(inputs[7:9] if len(inputs) > 7 else (None, None)))
+    bgu, bd = (*inputs[7:9], None, None)[:2]
+    ctx.save_for_backward(*inputs[:5], bgu, _kept_down_bias(ctx, bd, 8))
     ctx.limit = inputs[5] if len(inputs) > 5 else None
     ctx.alpha = inputs[6] if len(inputs) > 6 else None
     ctx.interleaved = bool(inputs[9]) if len(inputs) > 9 else False

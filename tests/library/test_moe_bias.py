@@ -6,6 +6,8 @@ arguments named, and a 0.1% error planted in one expert's bias gradient caught."
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -221,6 +223,43 @@ def test_a_bias_gradient_off_by_a_thousandth_in_one_expert_fails(monkeypatch, bi
     monkeypatch.setattr(kmoe, "launch_bias_grad", planted)
     bad = _failures(_run(inp, bgu, bd, "triton", **kwargs), ref, o, BIAS_NAMES, same)
     assert any(b.startswith(f"grad_{bias}_bias[0]") for b in bad), f"seed={seed}: {bad}"
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("carrier", ["eager", "op"])
+def test_down_proj_bias_changed_in_place_after_the_forward(impl, carrier):
+    """Where no gradient reads down_proj's bias (top_k_weights and the bias frozen), changing it
+    in place between forward and backward changes nothing; where top_k_weights' gradient reads
+    it, autograd's version check raises (as for nn.Linear's weight and grad_input), where the eager
+    reference's autograd graph holds each expert's biased output instead. ``op``: the custom ops'
+    carrier (under a dispatch mode)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    seed = fresh_seed()
+    inp = make_moe(seed, 9, 32, 24, 3, 2)
+    x, idx, w, gu, dp = inp.args()
+    _, bd = _biases(seed, inp)
+    mode = FlopCounterMode(display=False) if carrier == "op" else contextlib.nullcontext()
+    grads = []
+    for change in (False, True):
+        xl, bl = x.detach().clone().requires_grad_(), bd.clone()
+        with mode:
+            out = swiglu.swiglu_moe(xl, idx, w, gu, dp, impl=impl, down_proj_bias=bl)
+            if change:
+                with torch.no_grad():
+                    bl.add_(1.0)
+            out.backward(inp.grad_out)
+        grads.append(xl.grad)
+    assert torch.equal(*grads), f"seed={seed}"
+    if impl == "reference" and carrier == "eager":
+        return
+    wl, bl = w.detach().clone().requires_grad_(), bd.clone()
+    with mode:
+        out = swiglu.swiglu_moe(x, idx, wl, gu, dp, impl=impl, down_proj_bias=bl)
+        with torch.no_grad():
+            bl.add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.backward(inp.grad_out)
 
 
 @pytest.mark.parametrize("layout, interleaved", [("own", True), ("transposed", True), ("transposed", False)])

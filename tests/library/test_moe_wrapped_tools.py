@@ -71,6 +71,21 @@ def test_flop_counter_around_the_backward_alone_counts_its_gemms():
     assert counter.get_total_flops() == 6 * T * K * H * I  # g and grad_x's two: only x is trained
 
 
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_flop_counter_with_trained_biases_counts_the_gemms(impl):
+    """Both biases trained beside every input: the backward ops get the biases' flags after the
+    four weights' (the reference's once failed to unpack them); the biases add no GEMM."""
+    x, idx, w, gu, dp = _inputs(19)
+    g = torch.Generator().manual_seed(20)
+    biases = [(0.5 * torch.randn(*shape, generator=g)).bfloat16().requires_grad_() for shape in ((E, 2 * I), (E, H))]
+    leaves = [t.requires_grad_() for t in (x, w, gu, dp)]
+    with FlopCounterMode(display=False) as counter:
+        out = swiglu.swiglu_moe(*leaves[:1], idx, *leaves[1:], impl=impl, gate_up_proj_bias=biases[0], down_proj_bias=biases[1])
+        out.sum().backward()
+    assert counter.get_total_flops() == 9 * 2 * T * K * H * I  # three forward GEMMs, six backward
+    assert all(b.grad is not None and b.grad.abs().sum() > 0 for b in biases)
+
+
 @pytest.mark.parametrize("limit, alpha", [(0.25, None), (None, 1.702), (0.25, 1.702)], ids=["limit", "alpha", "both"])
 def test_swiglu_limit_and_alpha_through_the_ops_and_compile(limit, alpha):
     """``swiglu_limit`` and ``swiglu_alpha`` as the ops' float arguments: opcheck of all four ops
