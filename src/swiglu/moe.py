@@ -472,7 +472,6 @@ def swiglu_moe(
             bd,
             interleaved,
         )
-        return out
     if out.shape == x.shape:
         return out
     # Not a view of another tensor (as nn.Linear's output is not): FSDP2 hooks the module's
@@ -716,13 +715,21 @@ def _moe_backward_fake(
     return tuple(t if need else t.new_empty(0) for t, need in zip(like, needs))
 
 
-def _moe_setup_context(ctx, inputs, output):
+def _save_op_context(ctx, inputs, kept=()):
+    """Both forward ops' context: their inputs (x, top_k_index, top_k_weights, gate_up_proj,
+    down_proj, swiglu_limit, swiglu_alpha, gate_up_proj_bias, down_proj_bias, interleaved; trailing
+    defaults may be left out) saved as the four weights' inputs, ``kept`` (the Triton forward's
+    outputs for its backward) and both biases (down_proj's where read: ``_kept_down_bias``)."""
     bgu, bd = (*inputs[7:9], None, None)[:2]
-    ctx.save_for_backward(*inputs[:5], *output[1:], bgu, _kept_down_bias(ctx, bd, 8))
+    ctx.save_for_backward(*inputs[:5], *kept, bgu, _kept_down_bias(ctx, bd, 8))
     ctx.limit = inputs[5] if len(inputs) > 5 else None
     ctx.alpha = inputs[6] if len(inputs) > 6 else None
     ctx.interleaved = bool(inputs[9]) if len(inputs) > 9 else False
     ctx.bias_at, ctx.n_biases = 7, 2
+
+
+def _moe_setup_context(ctx, inputs, output):
+    _save_op_context(ctx, inputs, output[1:])
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)
 
@@ -736,9 +743,9 @@ def _kept_down_bias(ctx, down_proj_bias, at: int):
 
 
 def _gradients(ctx, grad_out, direct: bool, owned=None):
-    """Both carriers' backward: the six gradients autograd wants (x, top_k_weights,
-    gate_up_proj, down_proj, gate_up_proj's bias, down_proj's bias), by the kernels (``direct``) or by the backward
-    op. ``owned``: weak references to the forward's own gate/up (``reuse_saved_buffers``):
+    """Both carriers' backward: the six gradients autograd wants (x, top_k_weights, gate_up_proj,
+    down_proj, gate_up_proj's bias, down_proj's bias), by the kernels (``direct``) or by the
+    backward op. ``owned``: weak references to the forward's own gate/up (``reuse_saved_buffers``):
     when the saved ones are those, whole allocations, their memory is released after their reader
     (the dense op consumes its buffers likewise, ``ops._SwiGLUFunction``); a second backward then raises."""
     wanted = _wanted(ctx)
@@ -1033,12 +1040,7 @@ def _moe_reference_backward_fake(
 
 
 def _moe_reference_setup_context(ctx, inputs, output):
-    bgu, bd = (*inputs[7:9], None, None)[:2]
-    ctx.save_for_backward(*inputs[:5], bgu, _kept_down_bias(ctx, bd, 8))
-    ctx.limit = inputs[5] if len(inputs) > 5 else None
-    ctx.alpha = inputs[6] if len(inputs) > 6 else None
-    ctx.interleaved = bool(inputs[9]) if len(inputs) > 9 else False
-    ctx.bias_at, ctx.n_biases = 7, 2
+    _save_op_context(ctx, inputs)
 
 
 def _moe_reference_op_backward(ctx, grad_out):
