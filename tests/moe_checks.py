@@ -7,7 +7,9 @@ gradients) and asks two things of it against the float64 oracle ``o``:
 
 1. **norm**: ``||got - o|| <= 2 ||ref - o|| + floor``, the bf16 reference's error doubled, the
    floor one bf16 rounding (2**-9) per element in norm divided by sqrt(n) (it matters for a
-   handful of elements only, where the reference's error is itself a lucky draw);
+   handful of elements only, where the reference's error is itself a lucky draw); for
+   grad_top_k_weights, dot products whose terms can nearly cancel, the floor is in units of the
+   terms' size (``top_k_weights_terms``), not of the cancelled result's;
 2. **no systematic scale** against the reference (tensors of at least 64 elements):
    the least-squares scale ``s = <got - ref, o> / <o, o>`` of the difference from the bf16
    reference along the oracle within ``SHIFT_Z`` standard errors (``_scale_error``) plus
@@ -146,6 +148,23 @@ def oracle(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None, interleaved=Fal
     return tuple(r.reshape(s) for r, s in zip(res, shapes))
 
 
+def top_k_weights_terms(inp: MoEInputs, swiglu_limit=None, swiglu_alpha=None, gate_up_proj_bias=None,
+                        down_proj_bias=None, interleaved=False) -> torch.Tensor:  # fmt: skip
+    """float64, top_k_weights' shape: the root-sum-square over H of grad_out[t] * y (y the pair's
+    output with its bias, before its weight), the terms that grad_top_k_weights[t, j] sums. The
+    sum's rounding errors scale with this, not with the sum, which is small where the terms cancel
+    (at T = 1, a 2-element result can sit 8x below it); without cancellation the norms are alike."""
+    x, idx, w, gu, dp, go = inp.flat()
+    E, k = gu.shape[0], idx.shape[1]
+    rss = []
+    for j in range(k):  # pair j alone with weight one: the other ids out of range, which the oracle skips
+        idx_j = torch.where(torch.arange(k, device=idx.device) == j, idx, E)
+        y = moe_float64(x, idx_j, torch.ones_like(w), gu, dp, None, swiglu_limit, swiglu_alpha, gate_up_proj_bias,
+                        down_proj_bias, interleaved)  # fmt: skip
+        rss.append((go.double() * y).norm(dim=1))
+    return torch.stack(rss, dim=1).reshape(inp.top_k_weights.shape)
+
+
 def binding_limit(inp: MoEInputs, quantile: float = 0.7) -> float:
     """A ``swiglu_limit`` that binds: bf16-exact (a multiple of 1/8, at least 1/8), at the
     ``quantile`` of |gate| and |up| over the first 256 tokens and 4 experts (about a third of the
@@ -247,11 +266,14 @@ def bound_failure(
     o: torch.Tensor,
     same: torch.Tensor | None = None,
     ref_rel: float = 0.0,
+    terms_norm: float = 0.0,
 ) -> str | None:
     """Why ``got`` fails the check against the oracle ``o`` given the bf16 reference ``ref``
     (None: it passes); the scale check against ``same`` (``same_rounding``'s) when given, else
     ``ref``. ``ref_rel``: a relative error the reference is known to have on the whole tensor this
-    is a slice of (the bound takes the larger). See the module's docstring."""
+    is a slice of (the bound takes the larger). ``terms_norm``: the norm of the summed terms
+    (``top_k_weights_terms``'), the floor's scale where above the oracle's. See the module's
+    docstring."""
     if got.shape != o.shape:
         return f"{name}: shape {tuple(got.shape)}, expected {tuple(o.shape)}"
     if not torch.isfinite(got).all():
@@ -264,7 +286,7 @@ def bound_failure(
     ref_err = max(ref_err, ref_rel * norm)
     if norm == 0:
         return None if err == 0 else f"{name}: oracle is zero, got an error of norm {err:.3e}"
-    floor = BF16_U * norm * (n**-0.5 + SMALL_N / n)
+    floor = BF16_U * max(norm, terms_norm) * (n**-0.5 + SMALL_N / n)
     if err > FACTOR * ref_err + floor:
         return f"{name}: relative error {err / norm:.3e} > {FACTOR} x reference's {ref_err / norm:.3e} + floor {floor / norm:.1e}"
     if n >= 64:
@@ -277,20 +299,22 @@ def bound_failure(
     return None
 
 
-def failures(got, ref, oracle_, same=None, *, experts=True) -> list[str]:
+def failures(got, ref, oracle_, same=None, *, experts=True, top_k_terms=None) -> list[str]:
     """Every failing check of the outputs ``got`` (``NAMES`` order) against the oracle, bounded by
     the bf16 reference ``ref``; with ``experts``, also each expert's slice of the weight gradients
     on its own (an expert that the oracle gives a zero gradient must have exactly zero). A slice's
     bound is at least the reference's relative error on the whole gradient: an expert with one or
     two pairs has a rank-1 or -2 gradient whose few shared roundings make the reference's error on
     it a noisy sample (2x it failed about one seed in a hundred at 64 experts and 10 pairs), while
-    its scale check against ``same`` still catches a 0.1% error in that expert."""
+    its scale check against ``same`` still catches a 0.1% error in that expert. ``top_k_terms``:
+    ``top_k_weights_terms``' result, grad_top_k_weights' floor (None: the oracle's norm)."""
     bad = []
     same = same or (None,) * len(NAMES)
     for name, g, r, o, sr in zip(NAMES, got, ref, oracle_, same):
         if g.dtype != r.dtype:
             bad.append(f"{name}: dtype {g.dtype}, reference has {r.dtype}")
-        bad.append(bound_failure(name, g, r, o, sr))
+        terms = float(top_k_terms.norm()) if top_k_terms is not None and name == "grad_top_k_weights" else 0.0
+        bad.append(bound_failure(name, g, r, o, sr, terms_norm=terms))
         if experts and name in ("grad_gate_up_proj", "grad_down_proj"):
             o64 = o.detach().double()
             norm = float(o64.norm())
@@ -310,5 +334,6 @@ def check_impl(inp: MoEInputs, impl: str, seed, swiglu_limit=None, swiglu_alpha=
     got = run(inp, impl, swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha)
     ref = run(inp, "reference", swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha)
     same = same_rounding(inp, swiglu_limit, swiglu_alpha)
-    assert_matches(got, ref, oracle(inp, swiglu_limit, swiglu_alpha), seed, same, **kwargs)
+    terms = top_k_weights_terms(inp, swiglu_limit, swiglu_alpha)
+    assert_matches(got, ref, oracle(inp, swiglu_limit, swiglu_alpha), seed, same, top_k_terms=terms, **kwargs)
     return got, ref

@@ -15,7 +15,7 @@ import swiglu
 import swiglu.kernels.moe as kmoe
 from swiglu.moe import moe_float64, moe_reference
 
-from moe_checks import bound_failure, failures, fresh_seed, make_moe, same_rounding
+from moe_checks import bound_failure, failures, fresh_seed, make_moe, same_rounding, top_k_weights_terms
 
 GPT_OSS = dict(swiglu_limit=7.0, swiglu_alpha=1.702)
 BIAS_NAMES = ("grad_gate_up_proj_bias", "grad_down_proj_bias")
@@ -46,12 +46,15 @@ def _oracle(inp, bgu, bd, **kwargs):
 
 
 def _same(inp, bgu, bd, **kwargs):
-    """``same_rounding``'s results for the Triton path (the scale checks' comparison)."""
-    return same_rounding(inp, gate_up_proj_bias=bgu, down_proj_bias=bd, **kwargs)
+    """``same_rounding``'s results for the Triton path (the scale checks' comparison), and the
+    terms' size for grad_top_k_weights' floor (``failures``' ``top_k_terms``)."""
+    terms = top_k_weights_terms(inp, gate_up_proj_bias=bgu, down_proj_bias=bd, **kwargs)
+    return same_rounding(inp, gate_up_proj_bias=bgu, down_proj_bias=bd, **kwargs), terms
 
 
-def _failures(got, ref, o, bias_names, same):
-    bad = failures(got[:5], ref[:5], o[:5], same[:5])
+def _failures(got, ref, o, bias_names, same_and_terms):
+    same, terms = same_and_terms
+    bad = failures(got[:5], ref[:5], o[:5], same[:5], top_k_terms=terms)
     for name, g, r, oo, sr in zip(bias_names, got[5:], ref[5:], o[5:], same[5:]):
         bad.append(bound_failure(name, g, r, oo, sr))
         rel = float((r.double() - oo).norm() / oo.norm())
