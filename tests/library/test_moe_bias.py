@@ -100,9 +100,12 @@ def test_against_float64(which, interleaved, case):
     o = _oracle(inp, bgu, bd, **kwargs)
     names = ["out", "grad_x", "grad_top_k_weights", "grad_gate_up_proj", "grad_down_proj"]
     names += [n for n, b in zip(BIAS_NAMES, (bgu, bd)) if b is not None]
-    rel = {n: float((r.double() - oo).norm() / oo.norm()) for n, r, oo in zip(names, ref, o)}
+    same_and_terms = _same(inp, bgu, bd, **kwargs)
+    # grad_top_k_weights in units of its summed terms' size: at T = 1 its k dots can nearly cancel.
+    scale = {"grad_top_k_weights": float(same_and_terms[1].norm())}
+    rel = {n: float((r.double() - oo).norm() / max(oo.norm(), scale.get(n, 0))) for n, r, oo in zip(names, ref, o)}
     assert all(v < REFERENCE_REL for v in rel.values()), f"seed={seed}: the reference against float64: {rel}"
-    bad = _failures(got, ref, o, names[5:], _same(inp, bgu, bd, **kwargs))
+    bad = _failures(got, ref, o, names[5:], same_and_terms)
     assert not bad, f"seed={seed}: " + "; ".join(bad)
     if case == "empty_experts":
         assert len(set(range(E)) - set(inp.top_k_index.unique().tolist())) >= 3
