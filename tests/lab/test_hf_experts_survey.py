@@ -15,8 +15,10 @@ import pytest
 pytest.importorskip("transformers", minversion="5.3")
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ROOT / "lab" / "probes" / "hf_experts_survey.py"
-#: Families of transformers 5.25 that run the op (63 text models); fewer means apply lost some.
+#: Families of transformers 5.25 that run the op (65 text models); fewer means apply lost some.
 AT_LEAST = 55
+#: The release whose survey docs/huggingface.md and the README quote.
+DOCUMENTED = "5.25."
 
 
 def _survey(tmp_path, *args):
@@ -42,6 +44,22 @@ def test_no_family_is_wrong_and_most_run_the_op(tmp_path):
     assert len(ours) >= AT_LEAST and {"qwen3_moe", "mixtral", "deepseek_v3", "lfm2_moe", "deepseek_v4", "aria"} <= set(ours), (
         table
     )
+    import transformers
+
+    if transformers.__version__.startswith(DOCUMENTED):  # the documented counts are this release's
+        fallback = [f for f, v in verdicts.items() if v == "fallback"]
+        families = len({f.split("/")[0] for f in ours})
+        docs = " ".join((ROOT / "docs" / "huggingface.md").read_text().split())
+        said = re.search(r"of (\d+) text models \((\d+) families\), (\d+) run the op .*?\((\d+) families\), (\d+) keep", docs)
+        assert said and tuple(map(int, said.groups())) == (
+            len(verdicts),
+            len({f.split("/")[0] for f in verdicts}),
+            len(ours),
+            families,
+            len(fallback),
+        ), (said and said.group(0), table)
+        readme = " ".join((ROOT / "README.md").read_text().split())
+        assert f"implementation for {families} MoE families of transformers {DOCUMENTED[:-1]}" in readme
 
 
 def test_a_planted_error_is_wrong(tmp_path):
