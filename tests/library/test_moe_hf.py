@@ -815,10 +815,35 @@ def test_apply_again_and_unpatch_restore_the_previous_implementation(moe_calls):
     assert experts._swiglu_experts == ("auto", None, "batched_mm")
     assert swiglu_hf.unpatch(model) == names
     assert model.config._experts_implementation == "batched_mm"
-    assert "_swiglu_experts" not in experts.__dict__
+    assert "_swiglu_experts" not in experts.__dict__ and "_swiglu_experts_registration" not in experts.__dict__
     assert type(model.model.layers[0].mlp.shared_expert).__name__ == "Qwen2MoeMLP"
     model(batch())
     assert moe_calls == []
+
+
+def test_a_saved_model_loads_and_runs_the_op_in_a_fresh_process(tmp_path):
+    """torch.save(model) pickles "swiglu" in the config only: loading registers it again (without
+    an import of swiglu by the loader), and the loaded model's logits are the saved model's."""
+    import subprocess
+    import sys
+
+    model = build("qwen3_moe", num_hidden_layers=1)
+    swiglu_hf.apply(model, impl="reference")
+    ids = batch()
+    with torch.no_grad():
+        logits = model(ids).logits
+    path = tmp_path / "model.pt"
+    torch.save((model, ids, logits), path)
+    code = (
+        "import sys, torch; "
+        f"m, ids, want = torch.load({str(path)!r}, weights_only=False); "
+        "from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS as f; "
+        "got = m(ids).logits; "
+        "print(m.config._experts_implementation, f['swiglu'].__module__, torch.equal(got, want))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["swiglu", "swiglu.integrations.transformers", "True"]
 
 
 def test_register_experts_errors(monkeypatch):

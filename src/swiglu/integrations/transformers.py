@@ -26,6 +26,7 @@ previous implementation with a ``UserWarning``. Recipe and coverage: docs/huggin
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import functools
 import importlib
@@ -557,12 +558,32 @@ def _call_reason(module, hidden_states, top_k_index, top_k_weights, gate_up, dow
     return None
 
 
+class _RegisterOnLoad:
+    """Kept beside an experts module's state: a pickled model (``torch.save(model)``) names
+    "swiglu" only in its config, so loading it registers the name again, as ``apply`` did
+    (transformers' KeyError at the first forward otherwise). The forward never reads it."""
+
+    def __reduce__(self):
+        return _register_on_load, ()
+
+
+def _register_on_load() -> _RegisterOnLoad:
+    with contextlib.suppress(ImportError, ValueError):  # no transformers, or "swiglu" is another's: as before
+        register_experts()
+    return _REGISTER_ON_LOAD
+
+
+_REGISTER_ON_LOAD = _RegisterOnLoad()
+_EXPERTS_REGISTRATION = "_swiglu_experts_registration"  # instance attribute: _REGISTER_ON_LOAD
+
+
 def _experts_state(module: nn.Module, impl: str | None = None, fallback: str | None = None) -> tuple:
     """Decide once per module what ``swiglu_experts_forward`` runs; store and return
     ``(impl, reason, fallback)``. Warns when it falls back and no caller does (first call)."""
     reason = experts_unsupported_reason(module)
     state = (_experts_default_impl if impl is None else impl, reason, fallback or DEFAULT_EXPERTS_FALLBACK)
     module.__dict__[_EXPERTS_STATE] = state
+    module.__dict__[_EXPERTS_REGISTRATION] = _REGISTER_ON_LOAD
     return state
 
 
@@ -750,6 +771,7 @@ def _unpatch_experts(model: nn.Module) -> list[str]:
     names, configs, previous = [], {}, {}
     for name, module in model.named_modules():
         state = module.__dict__.pop(_EXPERTS_STATE, None)
+        module.__dict__.pop(_EXPERTS_REGISTRATION, None)
         if state is None or not _is_experts(module):
             continue
         config = module.config
