@@ -31,6 +31,10 @@ import torch  # noqa: E402
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import fast_interpreter  # noqa: E402  (tests/ is on sys.path)
+
+    fast_interpreter.install()
 
 #: Device the small-shape tests run on: the GPU when there is one, else the CPU interpreter.
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -39,7 +43,7 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 #: What takes more than a few seconds on two cores (``pytest --durations``): whole files, and
 #: tests by name. ``make test-fast`` (``pytest -m "not slow"``) leaves them out; ``make test`` runs all.
 SLOW_FILES = {
-    "test_triton_compile.py",  # sm_90 compiles of every tl kernel with both tritons
+    "test_triton_compile.py",  # sm_90 compiles of every tl kernel
     "test_notebooks.py",  # executes the notebooks
     "test_reproducible.py",  # redraws the committed figures
     "test_fsdp.py",
@@ -80,6 +84,19 @@ SLOW_TESTS = (
 )
 
 
+#: What compiles or launches with the GPU machine's Triton where ``SWIGLU_EXTRA_TRITON_DIR`` names it
+#: (``make test-gpu-triton`` sets it and runs these; ``make test`` runs them with this venv's Triton).
+GPU_TRITON_FILES = {"test_triton_compile.py", "test_moe_compile.py"}
+GPU_TRITON_TESTS = (
+    "test_table_configs_compile_for_sm90",
+    "test_grad_x_candidates_compile_for_sm90",
+    "test_dswiglu_candidates_compile_for_sm90",
+    "test_moe_gluon_kernels_compile_for_sm90",
+    "test_persistent_kernels_compile_for_sm90_with_the_gpu_machines_triton",
+    "test_direct_runner_hands_the_c_launcher_what_triton_36_does",
+)
+
+
 @pytest.fixture
 def call_spy(monkeypatch):
     """``call_spy(owner, name)``: wrap ``owner.name`` so each call's keyword arguments are recorded
@@ -104,6 +121,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_FILES or item.name.split("[")[0] in SLOW_TESTS:
             item.add_marker(slow)
+        if item.path.name in GPU_TRITON_FILES or item.name.split("[")[0] in GPU_TRITON_TESTS:
+            item.add_marker(pytest.mark.gpu_triton)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

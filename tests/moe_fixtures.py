@@ -1,5 +1,5 @@
 """A real (not synthetic) MoE bench run for the tests: scripts/moe_bench_gpu.py on the CPU at the
-tiny shape, ours under the Triton interpreter (~40 s on a busy 2-core CPU), made once per test
+tiny shape, ours under the Triton interpreter (~30 s on a 2-core CPU), made once per test
 session and copied to each test that reads it (``tiny_run_copy``)."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fast_interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -19,6 +21,8 @@ def run_tiny(out: Path, *extra: str) -> subprocess.CompletedProcess:
     eager loop never skipped for its time."""
     cmd = [
         sys.executable,
+        "-c",
+        fast_interpreter.PRELUDE,  # the interpreter without its re-patching (tests/fast_interpreter.py)
         str(ROOT / "scripts" / "moe_bench_gpu.py"),
         "--device",
         "cpu",
@@ -46,7 +50,7 @@ def run_tiny(out: Path, *extra: str) -> subprocess.CompletedProcess:
         *extra,
     ]
     env = {
-        "PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'lab'}",
+        "PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'lab'}:{ROOT / 'tests'}",
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "TRITON_INTERPRET": "1",
         "SWIGLU_GIT_COMMIT": "abc1234",

@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path, at_once: bool) -> subprocess.CompletedProcess:
-    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    for name in ("conftest.py", "fast_interpreter.py"):  # conftest imports the second
+        shutil.copy(ROOT / "tests" / name, tmp_path / name)
     (tmp_path / "test_planted.py").write_text(
         'def test_fails():\n    assert 1 == 2, "planted failure"\n\ndef test_ok():\n    pass\n'
     )
