@@ -32,7 +32,7 @@ moe_pairs: the lab's MoE down-projection-shaped GEMM (``swiglu_lab.experiments.m
 forward's down projection (B transposed, the routing weight) and as grad_x's pieces, and at BN 256;
 its ping-pong form (``moe_gluon_pairs_pingpong``) in both roles.
 
-Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test installs the GPU machine's
+Run with a triton of ``devices.GLUON_TRITONS`` first on PYTHONPATH (make test-gpu-triton installs the GPU machine's
 3.6.0 under .venv/triton-3.6.0) and src/ after it. Writes ``{"triton": version, "results": [...]}``
 (one entry per compile: shared memory, registers, spills, key PTX instructions) to OUT.json.
 ``candidates``: ``swiglu_lab.experiments.candidates``, the lists the probes measure.

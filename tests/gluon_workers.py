@@ -28,14 +28,14 @@ _STARTED: dict[tuple, dict] = {}
 
 def _start_worker(which: str, worker_args: tuple, folder) -> tuple | str:
     """tests/gluon_compile_worker.py started with one of the tritons the kernels are written for:
-    "gpu-image" the GPU machine's (``SWIGLU_EXTRA_TRITON_DIR``, installed by make test), "own" this
+    "gpu-image" the GPU machine's (``SWIGLU_EXTRA_TRITON_DIR``, installed by make test-gpu-triton), "own" this
     environment's (pip pairs triton 3.7 with torch 2.13); (process, report path, log files), or
     why that triton is missing or not one of ``GLUON_TRITONS``."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # This checkout's src/ and lab/ (the worker imports swiglu and swiglu_lab), not an installed copy.
     if which == "gpu-image":
         if not EXTRA_TRITON_DIR:
-            return "SWIGLU_EXTRA_TRITON_DIR unset (make test sets it to the GPU machine's triton)"
+            return "SWIGLU_EXTRA_TRITON_DIR unset (make test-gpu-triton sets it to the GPU machine's triton)"
         env["PYTHONPATH"] = os.pathsep.join([EXTRA_TRITON_DIR, str(ROOT / "src"), str(ROOT / "lab")])
     else:
         import triton

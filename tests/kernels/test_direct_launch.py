@@ -114,7 +114,7 @@ def test_no_direct_runner_on_another_triton_or_when_switched_off(monkeypatch):
 
 def test_direct_runner_hands_the_c_launcher_what_triton_36_does(tmp_path):
     if not EXTRA_TRITON_DIR:
-        pytest.skip("SWIGLU_EXTRA_TRITON_DIR unset (make test sets it to the GPU machine's triton)")
+        pytest.skip("SWIGLU_EXTRA_TRITON_DIR unset (make test-gpu-triton sets it to the GPU machine's triton)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([EXTRA_TRITON_DIR, str(ROOT / "src")])
     proc = subprocess.run(

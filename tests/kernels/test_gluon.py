@@ -4,7 +4,7 @@ is right at full size and odd shapes.
 
 Gluon kernels cannot run in the Triton interpreter, so the CPU tests check the dispatch with the
 launch replaced by a recorder and compile each config for sm_90 with the GPU machine's triton
-(``SWIGLU_EXTRA_TRITON_DIR``, installed by ``make test``); the numbers are checked on the H200
+(``SWIGLU_EXTRA_TRITON_DIR``, installed by ``make test-gpu-triton``); the numbers are checked on the H200
 (``-m gpu``), where every table bucket runs through the whole backward as well
 (tests/kernels/test_triton_gpu.py).
 """

@@ -1,5 +1,5 @@
 """The MoE kernels compile for sm_90 in every configuration the plan dispatches, with this Triton and
-(``make test``) the GPU machine's, and their main loops are software-pipelined: shared memory holds
+(``make test-gpu-triton``) the GPU machine's, and their main loops are software-pipelined: shared memory holds
 at least two stages of operand tiles (and fits an sm_90 block). The CPU interpreter cannot show either."""
 
 import json

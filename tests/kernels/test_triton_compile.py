@@ -14,7 +14,7 @@ num_warps/num_stages and Triton's integer specialization are exactly what the la
 The distinct specializations are compiled in one subprocess (tests/compile_worker.py) without
 ``TRITON_INTERPRET`` (conftest sets it on CPU, and ``@triton.jit`` then yields interpreter
 functions), with a fresh Triton cache and one thread per core: once with the installed Triton and
-once more with the GPU machine's release when ``SWIGLU_EXTRA_TRITON_DIR`` names it (``make test``
+once more with the GPU machine's release when ``SWIGLU_EXTRA_TRITON_DIR`` names it (``make test-gpu-triton``
 does). ``python tests/kernels/test_triton_compile.py`` prints the table.
 
 The same compiles calibrate ``swiglu.kernels.shared_memory``'s estimate, which ``triton_swiglu_backward``
@@ -294,7 +294,7 @@ def calibration_specs() -> list[dict]:
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "compile_worker.py")
 #: A folder holding a second Triton release (``pip install --target``), compiled against as well:
-#: ``make test`` sets it to the GPU machine's release (Makefile GPU_TRITON_VERSION), because a
+#: ``make test-gpu-triton`` sets it to the GPU machine's release (Makefile GPU_TRITON_VERSION), because a
 #: kernel that builds with the CPU wheel's Triton can still fail with the GPU's (a
 #: pipeliner failure in 3.6.0 that 3.7.1 does not have).
 EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
@@ -403,7 +403,7 @@ def compiled(request, tmp_path_factory) -> dict[str, dict]:
     (both started at the first use, so they run side by side)."""
     triton_dir = _triton_dir(request.param)
     if triton_dir and not os.path.isdir(os.path.join(triton_dir, "triton")):
-        pytest.fail(f"SWIGLU_EXTRA_TRITON_DIR={triton_dir} holds no triton package (make test installs it)")
+        pytest.fail(f"SWIGLU_EXTRA_TRITON_DIR={triton_dir} holds no triton package (make test-gpu-triton installs it)")
     # Each distinct spec once: a calibration or PDL spec the table also launches has the table's
     # result (the same compile), and the two side-by-side workers compile less.
     specs = list({_spec_key(s): s for s in _specs()}.values())

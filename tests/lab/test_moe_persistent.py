@@ -111,7 +111,7 @@ print(json.dumps(rows))
 def test_persistent_kernels_compile_for_sm90_with_the_gpu_machines_triton():
     """What the probe launches compiles for sm_90 with a software-pipelined main loop (at least
     two stages of operand tiles in shared memory, within an sm_90 block), under the GPU machine's triton where
-    ``make test`` provides it (else this interpreter's)."""
+    ``make test-gpu-triton`` provides it (else this interpreter's)."""
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     paths = [os.environ.get("SWIGLU_EXTRA_TRITON_DIR", ""), str(root / "src"), str(root / "lab")]
