@@ -177,8 +177,10 @@ def main() -> None:
         dict(P_PAD=16, HAS_Y=False, HAS_PART=True, y_ptr=None, out_ptr=None, w_ptr=None, BIAS_GW=True),
     ):
         results.append({"role": "combine", **compile_one(M.moe_combine_kernel, options, TOP_K=8, BN=1024, **const)})
-    for gather in (False, True):
-        results.append({"role": "combine", **compile_one(M.moe_bias_grad_kernel, options, BM=32, BN=128, GATHER=gather)})
+    for gather in (False, True):  # as launch_bias_grad launches it
+        results.append(
+            {"role": "combine", **compile_one(M.moe_bias_grad_kernel, dict(num_warps=4, num_stages=3), BM=128, BN=64, GATHER=gather)}
+        )
     print(json.dumps({"triton": triton.__version__, "results": results}))
 
 

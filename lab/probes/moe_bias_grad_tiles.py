@@ -1,13 +1,15 @@
 """Which launch does the bias-gradient kernel want? It is a column sum over each expert's sorted
 rows, a pure memory pass: gate_up_proj's bias reads dgu [S, 2I], down_proj's gathers w * grad_out
-rows [T, H] by pair. The library launches it with BM 32, BN 128, 4 warps, 1 stage; at gpt-oss-20b's
+rows [T, H] by pair. The library launched it with BM 32, BN 128, 4 warps, 1 stage; at gpt-oss-20b's
 shape (8192 tokens, 32 experts, top-4, 2880 / 2880) the two take 0.26 and 0.15 ms on an H100
 (1.45 and 1.26 TB/s; data/tuning/moe_gptoss_bias_h100_20261207/prof_new_gptoss.log).
 
 Each form at each (BM, BN, warps, stages): do_bench (L2 flushed), GB/s of the bytes it must read,
 the result against the library launch's (largest difference over the largest value: BM changes
 the fp32 sums' grouping).
-Answer: not yet run.
+Answer (one H100, 8192 tokens, data/tuning/moe_gptoss_tiles_h100_20261207/bias_grad_h100.log): BM 128,
+BN 64, 4 warps, 3 stages, the fastest in both forms: 258 -> 148 us (2.56 TB/s) and 148 -> 57 us
+(3.30 TB/s); ``launch_bias_grad`` launches it.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_bias_grad_tiles.py [--tokens=T]
 """
 

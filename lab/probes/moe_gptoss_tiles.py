@@ -9,7 +9,8 @@ routing, the weights in gpt-oss's own transposed memory (as a ``GptOssExperts`` 
 per variant of one role's tile (do_bench, L2 flushed, the fastest of three medians in rotated
 orders), its outputs and gradients against the library plan's (bitwise, or the largest difference
 over the largest value: the routing-weight partial sums add per BN columns).
-Answer: not yet run.
+Answer (one H100, data/tuning/moe_gptoss_tiles_h100_20261207/): the plan's tiles; every other
+dSwiGLU tile takes 1.03-1.28x the step's time, every other up tile 1.03-1.24x.
 Run: PYTHONPATH=src:lab python3 lab/probes/moe_gptoss_tiles.py [--rep=MS] [--tokens=T] [--own] [--only=dswiglu|up] [--max=N]
 """
 
