@@ -6,7 +6,8 @@ the Triton path with both biases and interleaved gate/up rows (swiglu_limit 7, s
 and gradient, both biases'), at 512, 77 and 1 tokens; then one forward+backward of a
 transformers ``GptOssExperts`` module (random weights) with its "grouped_mm" implementation
 against "swiglu", at 2048 and 8192 tokens (do_bench). Answer (an H100): right at every size;
-1.45x grouped_mm's speed at 2048 tokens, 1.63x at 8192 with down_proj's bias in the combine kernel
+1.46x grouped_mm's speed at 2048 tokens, 1.65x at 8192 with the bias gradients at 128 x 64 tiles
+(data/tuning/moe_gptoss_tiles_h100_20261207/); 1.45x and 1.63x with down_proj's bias in the combine kernel
 (data/tuning/moe_gptoss_bias_h100_20261207/); 1.41x and 1.57x with it in torch
 (data/tuning/moe_gptoss_tiles_h100_20261206/); 0.66x and 0.60x before the interleaved rows became
 contiguous B tiles (data/tuning/moe_gptoss_h100_20261206/).
