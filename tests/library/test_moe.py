@@ -94,8 +94,8 @@ def test_bad_impl_names_it(impl, error):
         swiglu.swiglu_moe(**_args(), impl=impl)
 
 
-def test_triton_impl_needs_bfloat16():
-    inp = make_moe(0, T, H, I, E, K, dtype=torch.float32)
+def test_triton_impl_needs_bfloat16(device):
+    inp = make_moe(0, T, H, I, E, K, dtype=torch.float32, device=device)
     with pytest.raises(TypeError, match="bfloat16"):
         swiglu.swiglu_moe(*inp.args(), impl="triton")
 
