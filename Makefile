@@ -57,8 +57,8 @@ LAB_ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 LAB_SAVE_HOOK := swiglu_lab.research.notebook_save.strip_for_git
 TP ?= 2
 # pytest workers of make test and test-fast (pytest-xdist, work stealing: an idle worker takes the
-# tests still queued on the other): 2 for the 2-core CI machine, where the suite took 20 min in one
-# process on an AVX2-only CPU and 15 with two (10-11 min serial with AMX).
+# tests still queued on the other): 2 for the 2-core CI machine, where the suite takes ~10 min with two
+# on an AVX2-only CPU (1200 CPU-seconds).
 PYTEST_WORKERS ?= 2
 
 .PHONY: help venv test test-fast test-gpu test-gpu-triton reproduce lab bench bench-tp clean FORCE
