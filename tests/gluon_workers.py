@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXTRA_TRITON_DIR = os.environ.get("SWIGLU_EXTRA_TRITON_DIR")
 
 WHICH_TRITONS = ("gpu-image", "own")
-#: Compile workers started per worker arguments, both tritons at once (CI has two cores): the
+#: Compile workers started per worker arguments, both tritons at once where both are given (CI has two cores): the
 #: test for one triton waits on its own, the other's runs meanwhile.
 _STARTED: dict[tuple, dict] = {}
 
