@@ -84,9 +84,9 @@ SLOW_TESTS = (
 )
 
 
-#: Files whose Triton path runs on CPU tensors through the interpreter (tiny shapes): where a GPU is
-#: present TRITON_INTERPRET is off and they are skipped; tests/kernels/test_moe_gpu.py checks the
-#: kernels at full size there.
+#: Files whose Triton path runs on CPU tensors through the interpreter (tiny shapes), marked
+#: ``interpreter`` as single tests may be: where a GPU is present TRITON_INTERPRET is off and they are
+#: skipped; tests/kernels/test_moe_gpu.py checks the kernels at full size there.
 INTERPRETER_FILES = {"test_moe_bias.py", "test_moe_hf.py", "test_moe_breaks.py", "test_moe_wrapped_tools.py", "test_moe_module.py"}
 
 #: What compiles or launches with the GPU machine's Triton where ``SWIGLU_EXTRA_TRITON_DIR`` names it
@@ -123,17 +123,18 @@ def call_spy(monkeypatch):
 
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    cpu_only = pytest.mark.skip(reason="the Triton path on CPU tensors needs TRITON_INTERPRET=1 (no GPU)")
     for item in items:
         if item.path.name in SLOW_FILES or item.name.split("[")[0] in SLOW_TESTS:
             item.add_marker(slow)
         if item.path.name in GPU_TRITON_FILES or item.name.split("[")[0] in GPU_TRITON_TESTS:
             item.add_marker(pytest.mark.gpu_triton)
+        if item.path.name in INTERPRETER_FILES:
+            item.add_marker(pytest.mark.interpreter)
+        if not interpreting and "interpreter" in item.keywords:
+            item.add_marker(cpu_only)
     if HAS_CUDA:
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            cpu_only = pytest.mark.skip(reason="the Triton path on CPU tensors needs TRITON_INTERPRET=1 (no GPU)")
-            for item in items:
-                if item.path.name in INTERPRETER_FILES:
-                    item.add_marker(cpu_only)
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
