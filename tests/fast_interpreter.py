@@ -9,15 +9,17 @@ the sweeps were ~40% of an MoE interpreter test (``test_moe_kernels.py::test_aga
 patches already cover the helper's ``triton.language`` modules is running; launches patch and
 restore as before, so what runs is unchanged. It also remembers ``_get_np_dtype``'s answer per
 Triton dtype (the interpreter built an 18-entry dict on each of ~150,000 calls in that test; with
-it, that test and the tile-order ones take 27-28.5 s against 37-38). Where Triton's interpreter lacks ``_patch_lang`` or
-``_get_np_dtype``, ``install()`` leaves it alone and returns False.
+it, that test and the tile-order ones take 27-28.5 s against 37-38). Where Triton's interpreter
+lacks ``_patch_lang`` or ``_get_np_dtype``, ``install()`` leaves it alone and returns False.
 """
 
 from __future__ import annotations
 
 import inspect
 
-_STATE = {"installed": False, "depth": 0, "langs": set()}
+#: ``original``: the interpreter's own ``_patch_lang`` once wrapped; ``in_launch``: a launch's patches are
+#: in place, covering the ``triton.language`` modules in ``langs``.
+_STATE = {"original": None, "in_launch": False, "langs": set()}
 
 
 class _NoChange:
@@ -30,7 +32,7 @@ def install() -> bool:
     import triton.language as tl
     import triton.runtime.interpreter as interpreter
 
-    if _STATE["installed"]:
+    if _STATE["original"] is not None:
         return True
     original = getattr(interpreter, "_patch_lang", None)
     np_dtype = getattr(interpreter, "_get_np_dtype", None)
@@ -54,16 +56,16 @@ def install() -> bool:
         langs = langs_of.get(fn)
         if langs is None:
             langs = langs_of[fn] = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
-        if _STATE["depth"] and langs <= _STATE["langs"]:
+        if _STATE["in_launch"] and langs <= _STATE["langs"]:
             return _NoChange()  # a helper called inside a launch that has patched its modules
         scope = original(fn)
         _STATE["langs"] |= langs
-        if _STATE["depth"] == 0:  # a launch (GridExecutor): restores its scope when the grid is done
-            _STATE["depth"] = 1
+        if not _STATE["in_launch"]:  # a launch (GridExecutor): restores its scope when the grid is done
+            _STATE["in_launch"] = True
             restore = scope.restore
 
             def restore_and_forget():
-                _STATE["depth"], _STATE["langs"] = 0, set()
+                _STATE["in_launch"], _STATE["langs"] = False, set()
                 restore()
 
             scope.restore = restore_and_forget
@@ -71,7 +73,7 @@ def install() -> bool:
 
     interpreter._patch_lang = patch_lang
     interpreter._get_np_dtype = get_np_dtype
-    _STATE["installed"] = True
+    _STATE["original"] = original
     return True
 
 

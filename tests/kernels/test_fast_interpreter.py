@@ -37,9 +37,8 @@ def test_same_bits_fewer_sweeps_and_triton_language_restored(monkeypatch):
     import triton.runtime.interpreter as interpreter
 
     assert fast_interpreter.install(), "triton's interpreter changed: tests/fast_interpreter.py no longer applies"
-    wrapped = interpreter._patch_lang
-    assert wrapped.__module__ == "fast_interpreter"
-    original = wrapped.__closure__[[c for c in wrapped.__code__.co_freevars].index("original")].cell_contents
+    assert interpreter._patch_lang.__module__ == "fast_interpreter"
+    original = fast_interpreter._STATE["original"]
 
     sweeps = []
     real_sweep = interpreter._patch_builtin
