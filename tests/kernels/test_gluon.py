@@ -213,17 +213,19 @@ def test_lab_launchers_run_only_once_the_lab_sets_them(monkeypatch):
         backward.launch_grad_weight_gluon_or_tl(a, b, out, None, cfg, 1)
     ran = []
     monkeypatch.setattr(backward, "PLAIN_STORE_LAUNCHER", lambda *args: ran.append(args[3:]))
-    # The deferred and the wide cooperative tiles, and the ping-pong tile with the storer warp (no
-    # wg_store), are the lab's too (GluonConfig.lab_only).
+    # The deferred and the wide cooperative tiles, and the ping-pong tile without a second column
+    # chunk (no BN2), are the lab's too (GluonConfig.lab_only); the library runs the ping-pong tile
+    # with BN2, stored by the storer warp or by the MMA warpgroups (wg_store).
     deferred = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=1, defer=True)
     wide = GluonConfig(BM=256, BN=128, BN2=64, BK=32, STAGES=4, NC=1, GROUP_M=16)
-    storer = GluonConfig(BM=128, BN=128, BN2=64, BK=64, STAGES=4, NC=1, pingpong=True, mma_regs=232)
-    for lab in (cfg, deferred, wide, storer):
+    narrow = GluonConfig(BM=128, BN=128, BK=64, STAGES=4, NC=2, pingpong=True, mma_regs=232)
+    for lab in (cfg, deferred, wide, narrow):
         backward.launch_grad_weight_gluon_or_tl(a, b, out, None, lab, 1)
-    assert ran == [(cfg, 1), (deferred, 1), (wide, 1), (storer, 1)]
-    assert not replace(storer, wg_store=2, defer=True).lab_only  # the ping-pong kernel ignores defer
+    assert ran == [(cfg, 1), (deferred, 1), (wide, 1), (narrow, 1)]
+    storer = replace(narrow, BN2=64, NC=1)
+    assert not storer.lab_only and not replace(storer, wg_store=2, defer=True).lab_only  # ping-pong ignores defer
     if gluon:
-        for lab in (cfg, deferred, wide, storer):
+        for lab in (cfg, deferred, wide, narrow):
             with pytest.raises(ValueError, match="runs swiglu_lab.experiments.gluon_wgrad_probe"):
                 launch_grad_weight_gluon(a, b, out, lab, 1)
 
@@ -719,6 +721,52 @@ def test_pingpong_with_one_output_buffer_is_right_launch_after_launch(K):
             _finishes_within(60)
             bad += not torch.equal(got, want)
         assert bad == 0, f"{cfg}: {bad} of 20 launches differ from the cooperative kernel's bits"
+
+
+#: A second process keeping the GPU busy: the GPU then time-slices the two contexts, preempting
+#: our kernels mid-launch (a 2-3 ms weight gradient is preempted about once per launch on an H100).
+_GPU_LOAD = """
+import torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+print("ready", flush=True)
+while True:
+    for _ in range(10):
+        a @ a
+    torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("K", [1024, 2048])
+def test_weight_gradients_keep_their_bits_while_another_process_time_slices_the_gpu(K):
+    """The table's weight gradient at Hermes' size, 10 launches beside a process running matmuls,
+    each bitwise its launch on the idle GPU with nothing left of the NaN poison. The ping-pong
+    tile whose MMA warpgroups store their own chunks (``wg_store``) failed this in every launch on
+    an H100 (a preempted tile's first chunk, 16 of its 64 columns wrong or unwritten:
+    lab/probes/time_slicing.py); the storer warp's epilogue and the cooperative tile pass."""
+    _gluon_or_skip()
+    g = backward.GLUON_CONFIGS[K]
+    M, N = 53248, 16384
+    gen = torch.Generator(device="cuda").manual_seed(K + 3)
+    a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    tl_cfg = backward.config_for("grad_weights", K)
+    want = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    backward.launch_grad_weight_gluon_or_tl(a, b, want, tl_cfg, g)
+    assert torch.isfinite(want).all()
+    got = torch.empty_like(want)
+    load = subprocess.Popen([sys.executable, "-c", _GPU_LOAD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert load.stdout.readline().strip() == "ready"
+        bad = []
+        for _ in range(10):
+            got.fill_(float("nan"))
+            backward.launch_grad_weight_gluon_or_tl(a, b, got, tl_cfg, g)
+            bad.append(int((got != want).sum()))
+    finally:
+        load.kill()
+        load.wait()
+    assert not any(bad), f"{g}: elements differing from the idle GPU's launch, per launch: {bad}"
 
 
 # --------------------------------------------------------------------------- Gluon dSwiGLU kernel

@@ -18,9 +18,8 @@ that only the probes and the tests use, which the library does not ship:
   so not dispatched.
 
 The partitions with a switch are copied here; the rest (helpers, the ping-pong MMA partition,
-the epilogue) are the library's, imported. The ping-pong tile with the storer warp (a ping-pong
-``GluonConfig`` without ``wg_store``, ``lab_only``) runs only here: its second warpgroup's entry,
-``_mma_pingpong_second``, is this module's. With every switch off this kernel compiles to the
+the epilogue) are the library's, imported. The ping-pong tile without a second column chunk (a
+ping-pong ``GluonConfig`` without ``BN2``, ``lab_only``) runs only here. With every switch off this kernel compiles to the
 library kernel's PTX for every config the library runs (debug lines aside;
 tests/kernels/test_gluon.py compiles both), so what a probe measures with a switch on is the
 shipped kernel less that part.
@@ -51,6 +50,7 @@ from swiglu.kernels.gluon_wgrad import (
     _layout,
     _mma_layout,
     _mma_pingpong_partition,
+    _mma_pingpong_second,
     _mma_pingpong_second_wg_store,
     _pdl_end,
     _pdl_start,
@@ -90,13 +90,6 @@ def _a_operand(a_bufs, s, A_KMAJOR: gl.constexpr):
 
 
 # ----------------------------------------------------------------------------- partitions
-
-
-@gluon.jit
-def _mma_pingpong_second(pp_args, c2_desc):
-    # The ping-pong kernel's second MMA warpgroup with the storer warp (no WG_STORE). A worker
-    # partition's arguments arrive as values, so its constexprs are set here.
-    _mma_pingpong_partition(*pp_args, c2_desc, False, 1)
 
 
 @gluon.jit

@@ -133,11 +133,11 @@ class GluonConfig:
     def lab_only(self) -> bool:
         """Whether only the lab's copy of the kernel runs this config (``swiglu_lab.experiments.gluon_wgrad_probe``,
         once imported): st.global stores, a ring (no ``resident_k``) cooperative tile deferred or wide,
-        or a ping-pong tile stored by the storer warp (no ``wg_store``); ``gluon_wgrad`` refuses it."""
+        or a ping-pong tile without a second column chunk (no ``BN2``); ``gluon_wgrad`` refuses it."""
         if self.resident_k:
             return False
         if self.pingpong:
-            return not self.wg_store
+            return not self.BN2
         return bool(self.plain_store or self.defer or self.BN2)
 
     def smem_bytes(self) -> int:

@@ -7,12 +7,14 @@ At small K this GEMM is bound by writing ``out``; a TMA loader, two MMA warpgrou
 with NC stores in flight overlap the stores with the next tiles' MMAs, which tl-level Triton cannot.
 The table dispatches it at T <= 2048 (backward_configs.json: each entry's measurement against the
 tl kernel or the entry it replaced, and its data file): at T <= 128 the two warpgroups on one tile
-with one output buffer; at T = 129-2048 they take alternate tiles (ping-pong) and store them by TMA
-themselves, in chunks (``GluonConfig.wg_store``), so neither waits for the other's store. At
-T = 4096 and 8192 that ping-pong tile took 0.987-1.012x the tl kernel's whole-backward time in four
-A/B runs (data/tuning/table_ab_wide_buckets_6f59c81_20261202.csv), so those buckets keep the tl
+with one output buffer; at T = 129-2048 they take alternate tiles (ping-pong), handed to the storer
+warp. The MMA warpgroups storing their own tiles by TMA (``GluonConfig.wg_store``, the MoE weight
+gradient's epilogue) took 0.95-1.01x the storer's whole-backward time there, but a preempted
+launch loses 16 columns of a tile when another process time-slices the GPU (H100,
+lab/probes/time_slicing.py), so the table does not run them. At T = 4096 and 8192 that ping-pong
+tile took 0.987-1.012x the tl kernel's whole-backward time in four A/B runs (data/tuning/table_ab_wide_buckets_6f59c81_20261202.csv), so those buckets keep the tl
 kernel. The probes' and tests' variants of this kernel (ablations, st.global stores, a slowed
-storer, the grad_x orientation, the ping-pong tile with the storer warp) are
+storer, the grad_x orientation, the ping-pong tile without a second column chunk) are
 ``swiglu_lab.experiments.gluon_wgrad_probe``'s.
 Design and measurements: docs/kernels.md.
 """
@@ -313,8 +315,7 @@ def _mma_partition(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty,
 # ----------------------------------------------------------------------------- ping-pong partitions
 # Two MMA warpgroups on alternate tiles, so one's epilogue runs under the other's MMAs (quack's
 # ping-pong schedule), instead of two warpgroups on one tile; the table's choice at T = 129-2048,
-# each warpgroup storing its own tiles (WG_STORE). Without WG_STORE (the storer warp's epilogue)
-# the partition runs in the lab's copy of the kernel, which imports it (gluon_wgrad_probe).
+# the storer warp storing the tiles, or with WG_STORE each warpgroup its own.
 # Candidates: swiglu_lab.experiments.candidates (PINGPONG_CANDIDATES, WIDE_CANDIDATES).
 
 
@@ -339,8 +340,8 @@ def _mma_pingpong_partition(
     WHICH: gl.constexpr,
 ):
     # Both MMA warpgroups run this partition: the first as the default partition, the second
-    # through _mma_pingpong_second_wg_store, or the lab's _mma_pingpong_second (c2_desc: unused
-    # without WG_STORE).
+    # through _mma_pingpong_second_wg_store or _mma_pingpong_second (c2_desc: unused without
+    # WG_STORE).
     # Warpgroup WHICH (0 or 1) takes the program's tiles WHICH, WHICH + 2, ...; the loader fills
     # the shared ring in tile order, so each epilogue overlaps the other warpgroup's mainloop.
     # Step g of the program (tile i, k-step kk: g = i * k_tiles + kk) uses stage g % STAGES with
@@ -417,6 +418,12 @@ def _mma_pingpong_second_wg_store(pp_args, c2_desc):
 
 
 @gluon.jit
+def _mma_pingpong_second(pp_args, c2_desc):
+    # The second MMA warpgroup with the storer warp (no WG_STORE).
+    _mma_pingpong_partition(*pp_args, c2_desc, False, 1)
+
+
+@gluon.jit
 def wgrad_kernel(
     a_desc,
     b_desc,
@@ -436,11 +443,12 @@ def wgrad_kernel(
 ):
     """``out = A^T @ B``. The default partition is the MMA warps: two warpgroups on one tile
     (num_warps=8), or with PINGPONG the first of two 4-warp MMA warpgroups on alternate tiles
-    (launch with num_warps=4; the second gets MMA_REGS registers). PINGPONG takes BN2 > 0 and
-    WG_STORE > 0 with BN = 2 * BN2: tiles BM x (BN + BN2), the second chunk through ``b2_desc`` /
-    ``c2_desc`` (blocks [BK, BN2] / [BM, BN2] on the same B and out), each MMA warpgroup storing
-    its own tiles by TMA in three BN2-wide chunks through WG_STORE chunk buffers of its own
-    (c2_desc's blocks), the storer idle and NC unused; the same values."""
+    (launch with num_warps=4; the second gets MMA_REGS registers). PINGPONG takes BN2 > 0: tiles
+    BM x (BN + BN2), the second chunk through ``b2_desc`` / ``c2_desc`` (blocks [BK, BN2] /
+    [BM, BN2] on the same B and out), handed to the storer in NC tile buffers; WG_STORE > 0 (BN =
+    2 * BN2): each MMA warpgroup stores its own tiles by TMA in three BN2-wide chunks through
+    WG_STORE chunk buffers of its own (c2_desc's blocks), the storer idle and NC unused; the same
+    values."""
     BK: gl.constexpr = a_desc.block_type.shape[0]
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -449,7 +457,7 @@ def wgrad_kernel(
         not WG_STORE or (PINGPONG and BN2 > 0 and BN == 2 * BN2), "WG_STORE is the ping-pong kernel's with BN = 2 * BN2"
     )
     gl.static_assert(BN2 == 0 or PINGPONG, "the wide cooperative tile (BN2 without PINGPONG) is the lab's (gluon_wgrad_probe)")
-    gl.static_assert(not PINGPONG or WG_STORE > 0, "the ping-pong tile with the storer warp is the lab's (gluon_wgrad_probe)")
+    gl.static_assert(not PINGPONG or BN2 > 0, "the ping-pong tile has a second column chunk (BN2 > 0)")
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BK, BM], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BK, BN], b_desc.layout)
@@ -468,16 +476,28 @@ def wgrad_kernel(
         b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BK, BN2], b2_desc.layout)
         c2_bufs = gl.allocate_shared_memory(dtype, [NC, BM, BN2], c2_desc.layout)
         pp_args = args[:-1] + (order, GROUP_M, b2_bufs, c2_bufs)
-        gl.warp_specialize(
-            [
-                (_mma_pingpong_partition, pp_args + (c2_desc, WG_STORE, 0)),
-                (_mma_pingpong_second_wg_store, (pp_args, c2_desc)),
-                (_load_partition, args + (b2_desc, b2_bufs)),
-                (_store_partition_idle, args + (c2_desc, c2_bufs)),
-            ],
-            [4, 1, 1],
-            [MMA_REGS, LOAD_REGS, STORE_REGS],
-        )
+        if WG_STORE:
+            gl.warp_specialize(
+                [
+                    (_mma_pingpong_partition, pp_args + (c2_desc, True, 0)),
+                    (_mma_pingpong_second_wg_store, (pp_args, c2_desc)),
+                    (_load_partition, args + (b2_desc, b2_bufs)),
+                    (_store_partition_idle, args + (c2_desc, c2_bufs)),
+                ],
+                [4, 1, 1],
+                [MMA_REGS, LOAD_REGS, STORE_REGS],
+            )
+        else:
+            gl.warp_specialize(
+                [
+                    (_mma_pingpong_partition, pp_args + (c2_desc, False, 0)),
+                    (_mma_pingpong_second, (pp_args, c2_desc)),
+                    (_load_partition, args + (b2_desc, b2_bufs)),
+                    (_store_partition, args + (c2_desc, c2_bufs)),
+                ],
+                [4, 1, 1],
+                [MMA_REGS, LOAD_REGS, STORE_REGS],
+            )
     else:
         gl.warp_specialize(
             [
@@ -505,7 +525,7 @@ def launch_grad_weight_gluon(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     (``tma.tma_ready``), K >= 1; ``num_programs`` persistent programs (one per SM). The same
     contract as ``backward.launch_grad_weight``; the caller checks device, sizes and shared memory.
     A config with ``resident_k`` is ``swiglu_lab.experiments.gluon_wgrad_resident``'s, one with
-    ``plain_store`` (or any ``GluonConfig.lab_only`` one: a ping-pong config without ``wg_store``
+    ``plain_store`` (or any ``GluonConfig.lab_only`` one: a ping-pong config without ``BN2``
     among them) ``swiglu_lab.experiments.gluon_wgrad_probe``'s (ValueError here). A ping-pong
     config's ``wg_store`` (BN = 2 * BN2) is ``wgrad_kernel``'s WG_STORE."""
     M, N = out.shape
@@ -532,8 +552,8 @@ def _launch_constants(cfg: GluonConfig):
         )
     if cfg.lab_only:
         raise ValueError(
-            "a config with plain_store, a deferred cooperative epilogue, the wide cooperative tile or the ping-pong "
-            "tile with the storer warp runs "
+            "a config with plain_store, a deferred cooperative epilogue, the wide cooperative tile or a ping-pong "
+            "tile without BN2 runs "
             f"swiglu_lab.experiments.gluon_wgrad_probe.launch_grad_weight_gluon, got {cfg}"
         )
     blocks = ([cfg.BK, cfg.BM], [cfg.BK, cfg.BN], [cfg.BM, cfg.BN]) + (([cfg.BK, cfg.BN2], [cfg.BM, cfg.BN2]) if cfg.BN2 else ())
