@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers", minversion="5.3")
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ROOT / "lab" / "probes" / "hf_experts_survey.py"
 #: Families of transformers 5.25 that run the op (65 text models); fewer means apply lost some.
+#: Another release: at least 80% of its text models.
 AT_LEAST = 55
 #: The release whose survey docs/huggingface.md and the README quote.
 DOCUMENTED = "5.25."
@@ -41,10 +42,11 @@ def test_no_family_is_wrong_and_most_run_the_op(tmp_path):
     verdicts = _verdicts(table)
     assert not {f: v for f, v in verdicts.items() if v in ("WRONG", "ERROR")}, table
     ours = [f for f, v in verdicts.items() if v == "swiglu"]
-    assert len(ours) >= AT_LEAST and {"qwen3_moe", "mixtral", "deepseek_v3", "lfm2_moe", "deepseek_v4", "aria"} <= set(ours), (
-        table
-    )
-    if transformers.__version__.startswith(DOCUMENTED):  # the documented counts are this release's
+    # Another release has other families (transformers 5.17, a GPU machine's: 52 of 55 run the op).
+    documented = transformers.__version__.startswith(DOCUMENTED)
+    enough = AT_LEAST if documented else 0.8 * len(verdicts)
+    assert len(ours) >= enough and {"qwen3_moe", "mixtral", "deepseek_v3", "lfm2_moe", "deepseek_v4", "aria"} <= set(ours), table
+    if documented:  # the documented counts are this release's
         fallback = [f for f, v in verdicts.items() if v == "fallback"]
         families = len({f.split("/")[0] for f in ours})
         docs = " ".join((ROOT / "docs" / "huggingface.md").read_text().split())
