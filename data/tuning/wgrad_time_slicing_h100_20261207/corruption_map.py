@@ -1,10 +1,21 @@
-import sys, subprocess, time, collections
+"""Where the wg_store ping-pong tile's bad elements are, beside a process running matmuls (three
+launches at K = 1024; the table's entry at fc93df1, wg_store 2). From the repository root on the GPU
+machine: PYTHONPATH=src:lab python3 data/tuning/wgrad_time_slicing_h100_20261207/corruption_map.py"""
+
+import collections
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
 import torch
+
 sys.path.insert(0, "lab/probes")
-from time_slicing import LOAD
-from swiglu.kernels import backward
+from time_slicing import LOAD  # noqa: E402
+from swiglu.kernels import backward  # noqa: E402
+
 M, N, K = 53248, 16384, 1024
-g = backward.GLUON_CONFIGS[K]
+g = replace(backward.GLUON_CONFIGS[K], wg_store=2)
 G, BM, BT = g.GROUP_M, 128, 192
 num_m, num_n = M // BM, -(-N // BT)
 nprog = backward.tile_programs(torch.device("cuda"), M, N, g)

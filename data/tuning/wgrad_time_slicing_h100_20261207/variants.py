@@ -1,11 +1,23 @@
-"""Ping-pong weight-gradient variants under a second process's compute (time-sliced): which change stops the bad bits."""
-import importlib.util, os, subprocess, sys, time
+"""Ping-pong weight-gradient variants under a second process's compute (time-sliced): which change
+stops the bad bits. The variants are text edits (EDITS) of src/swiglu/kernels/gluon_wgrad.py,
+written under build/variants/; they match the source of fc93df1, where this ran (a checkout of it),
+and the ping-pong configs are that table's (wg_store 2). From the repository root on the GPU machine: PYTHONPATH=src:lab python3 data/tuning/wgrad_time_slicing_h100_20261207/variants.py"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
 from dataclasses import replace
+
 import torch
 from triton.testing import do_bench
+
 sys.path.insert(0, "lab/probes")
-from time_slicing import LOAD
-from swiglu.kernels import backward
+from time_slicing import LOAD  # noqa: E402
+
+import swiglu  # noqa: E402
+from swiglu.kernels import backward  # noqa: E402
 
 SRC = open("src/swiglu/kernels/gluon_wgrad.py").read()
 for m in ("configs", "launch", "tl_kernels", "tma"):
@@ -52,7 +64,7 @@ cases = []
 for K in (1024, 256):
     a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16, generator=gen)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=gen)
-    g = backward.GLUON_CONFIGS[K]
+    g = replace(backward.GLUON_CONFIGS[K], wg_store=2)
     nprog = backward.tile_programs(a.device, M, N, g)
     for name, mod in mods.items():
         cases.append((f"K={K} {name}", lambda out, a=a, b=b, g=g, mod=mod, n=nprog: mod.launch_grad_weight_gluon(a, b, out, g, n)))
@@ -72,7 +84,6 @@ for name, fn in cases:
     refs[name] = out
     ms[name] = min(do_bench(lambda: fn(out), warmup=5, rep=60) for _ in range(3))
     print(f"{name}: idle {ms[name]*1e3:.0f} us, finite {bool(torch.isfinite(out).all())}", flush=True)
-import swiglu
 def moe_case():
     g = torch.Generator(device="cuda").manual_seed(3)
     Tm, Hm, Im, E, k = 32768, 4096, 1536, 128, 8
