@@ -13,8 +13,9 @@ gradient's epilogue) took 0.95-1.01x the storer's whole-backward time there, but
 launch loses 16 columns of a tile when another process time-slices the GPU (H100,
 lab/probes/time_slicing.py), so the table does not run them. At T = 4096 and 8192 that ping-pong
 tile took 0.987-1.012x the tl kernel's whole-backward time in four A/B runs
-(data/tuning/table_ab_wide_buckets_6f59c81_20261202.csv), so those buckets keep the tl kernel. The probes' and tests' variants of this kernel (ablations, st.global stores, a slowed
-storer, the grad_x orientation, the ping-pong tile without a second column chunk) are
+(data/tuning/table_ab_wide_buckets_6f59c81_20261202.csv), so those buckets keep the tl kernel.
+The probes' and tests' variants of this kernel (ablations, st.global stores, a slowed storer, the
+grad_x orientation, the ping-pong tile without a second column chunk) are
 ``swiglu_lab.experiments.gluon_wgrad_probe``'s.
 Design and measurements: docs/kernels.md.
 """
