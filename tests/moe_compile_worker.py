@@ -177,10 +177,10 @@ def main() -> None:
         dict(P_PAD=16, HAS_Y=False, HAS_PART=True, y_ptr=None, out_ptr=None, w_ptr=None, BIAS_GW=True),
     ):
         results.append({"role": "combine", **compile_one(M.moe_combine_kernel, options, TOP_K=8, BN=1024, **const)})
-    for gather in (False, True):  # as launch_bias_grad launches it
-        results.append(
-            {"role": "combine", **compile_one(M.moe_bias_grad_kernel, dict(num_warps=4, num_stages=3), BM=128, BN=64, GATHER=gather)}
-        )
+    BM, BN, warps, stages = M.BIAS_GRAD_LAUNCH  # as launch_bias_grad launches it
+    bias_options = dict(num_warps=warps, num_stages=stages)
+    for gather in (False, True):
+        results.append({"role": "combine", **compile_one(M.moe_bias_grad_kernel, bias_options, BM=BM, BN=BN, GATHER=gather)})
     print(json.dumps({"triton": triton.__version__, "results": results}))
 
 

@@ -42,7 +42,7 @@ def launch(src, weights, kk, BM, BN, warps, stages):
 
 
 # The library's launch first (launch_bias_grad), then the one it had and the others.
-CONFIGS = [(128, 64, 4, 3), (32, 128, 4, 1), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (32, 256, 4, 3),
+CONFIGS = [kmoe.BIAS_GRAD_LAUNCH, (32, 128, 4, 1), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (32, 256, 4, 3),
            (64, 256, 8, 3), (128, 128, 8, 2), (16, 256, 4, 4), (64, 64, 4, 4)]  # fmt: skip
 print(torch.cuda.get_device_name(), f"{TOKENS} tokens")
 print("| form | BM, BN, warps, stages | us | GB/s | largest diff / largest value |")

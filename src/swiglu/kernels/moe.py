@@ -1135,6 +1135,12 @@ def launch_dswiglu(
     )
 
 
+#: ``moe_bias_grad_kernel``'s launch (BM, BN at most, warps, stages): 128 rows x 64 columns, 3
+#: stages, 1.7x / 2.6x the bandwidth of 32 x 128 at 1 stage at gpt-oss-20b
+#: (data/tuning/moe_gptoss_tiles_h100_20261207/bias_grad_h100.log).
+BIAS_GRAD_LAUNCH = (128, 64, 4, 3)
+
+
 def launch_bias_grad(src: torch.Tensor, r: Routing, weights: torch.Tensor | None = None, k: int = 1) -> torch.Tensor:
     """[E, N], fp32 sums in a fixed order rounded to src's dtype, zeros for an expert with no rows:
     each expert's column sums of src [S, N] over its sorted rows (gate_up_proj's bias gradient from
@@ -1142,15 +1148,14 @@ def launch_bias_grad(src: torch.Tensor, r: Routing, weights: torch.Tensor | None
     p (down_proj's bias gradient from grad_out [T, N], contiguous)."""
     N = src.shape[1]
     out = torch.empty(r.E, N, dtype=src.dtype, device=src.device)
-    # 128 rows x 64 columns, 3 stages: 1.7x / 2.6x the bandwidth of 32 x 128 at 1 stage at gpt-oss-20b
-    # (data/tuning/moe_gptoss_tiles_h100_20261207/bias_grad_h100.log).
-    BN = min(64, _pow2(N))
+    BM, BN, warps, stages = BIAS_GRAD_LAUNCH
+    BN = min(BN, _pow2(N))
     gather = weights is not None
     _launch(
         moe_bias_grad_kernel,
         (r.E, cdiv(N, BN)),
-        4,
-        3,
+        warps,
+        stages,
         src,
         r.expert_start,
         r.order,
@@ -1158,7 +1163,7 @@ def launch_bias_grad(src: torch.Tensor, r: Routing, weights: torch.Tensor | None
         out,
         N,
         k,
-        BM=128,
+        BM=BM,
         BN=BN,
         GATHER=gather,
         UPCAST=INTERPRET,
