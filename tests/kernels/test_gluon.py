@@ -30,6 +30,7 @@ from swiglu_lab.experiments.candidates import DSWIGLU_CANDIDATES, GRAD_X_CANDIDA
 
 from compile_worker import pdl_problems
 from gluon_workers import WHICH_TRITONS, _stop_unused_workers, compile_report  # noqa: F401 (an autouse fixture)
+from gpu_load import matmuls_in_another_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -723,19 +724,6 @@ def test_pingpong_with_one_output_buffer_is_right_launch_after_launch(K):
         assert bad == 0, f"{cfg}: {bad} of 20 launches differ from the cooperative kernel's bits"
 
 
-#: A second process keeping the GPU busy: the GPU then time-slices the two contexts, preempting
-#: our kernels mid-launch (a 2-3 ms weight gradient is preempted about once per launch on an H100).
-_GPU_LOAD = """
-import torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-print("ready", flush=True)
-while True:
-    for _ in range(10):
-        a @ a
-    torch.cuda.synchronize()
-"""
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("K", [1024, 2048])
 def test_weight_gradients_keep_their_bits_while_another_process_time_slices_the_gpu(K):
@@ -755,17 +743,12 @@ def test_weight_gradients_keep_their_bits_while_another_process_time_slices_the_
     backward.launch_grad_weight_gluon_or_tl(a, b, want, tl_cfg, g)
     assert torch.isfinite(want).all()
     got = torch.empty_like(want)
-    load = subprocess.Popen([sys.executable, "-c", _GPU_LOAD], stdout=subprocess.PIPE, text=True)
-    try:
-        assert load.stdout.readline().strip() == "ready"
-        bad = []
+    bad = []
+    with matmuls_in_another_process():
         for _ in range(10):
             got.fill_(float("nan"))
             backward.launch_grad_weight_gluon_or_tl(a, b, got, tl_cfg, g)
             bad.append(int((got != want).sum()))
-    finally:
-        load.kill()
-        load.wait()
     assert not any(bad), f"{g}: elements differing from the idle GPU's launch, per launch: {bad}"
 
 

@@ -19,6 +19,7 @@ import swiglu.kernels.moe as kmoe
 from swiglu.kernels import launch
 from swiglu.moe import moe_float64, moe_reference
 
+from gpu_load import matmuls_in_another_process
 from moe_checks import NAMES, assert_matches, binding_limit, fresh_seed, make_moe, oracle, run, same_rounding
 
 pytestmark = pytest.mark.gpu
@@ -210,39 +211,18 @@ def test_cuda_graph_replay_is_bitwise_eager():
         assert torch.equal(a.reshape(b.shape), b), f"seed={seed}: {name} differs after graph replay"
 
 
-#: A second process keeping the GPU busy: the GPU time-slices the two contexts, preempting our
-#: kernels mid-launch (the dense weight gradient's ``wg_store`` epilogue lost columns so).
-_GPU_LOAD = """
-import torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-print("ready", flush=True)
-while True:
-    for _ in range(10):
-        a @ a
-    torch.cuda.synchronize()
-"""
-
-
 def test_forward_and_backward_keep_their_bits_while_another_process_time_slices_the_gpu():
     """Qwen3-235B-A22B's experts at 32768 tokens (weight gradients of several ms, preempted
     mid-launch), forward and backward three times beside a process running matmuls: bitwise the
     run on the idle GPU. The weight gradients store through the MMA warpgroups' chunked epilogue,
     which in the dense kernel lost 16 columns of a preempted tile (it kept its bits here on an H100:
     data/tuning/wgrad_time_slicing_h100_20261207/)."""
-    import subprocess
-    import sys
-
     T, H, I, E, k = 32768, 4096, 1536, 128, 8
     seed = fresh_seed()
     inp = make_moe(seed, T, H, I, E, k, device="cuda")
     want = run(inp, "triton")
-    load = subprocess.Popen([sys.executable, "-c", _GPU_LOAD], stdout=subprocess.PIPE, text=True)
-    try:
-        assert load.stdout.readline().strip() == "ready"
+    with matmuls_in_another_process():
         differ = [[n for n, a, b in zip(NAMES, run(inp, "triton"), want) if not torch.equal(a, b)] for _ in range(3)]
-    finally:
-        load.kill()
-        load.wait()
     assert not any(differ), f"seed={seed}: outputs with other bits per run beside the load: {differ}"
 
 
