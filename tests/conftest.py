@@ -160,16 +160,21 @@ def call_spy(monkeypatch):
     return install
 
 
+def _listed(item, files, tests) -> bool:
+    """Whether ``item``'s file is in ``files`` or its name, with or without its parameters, in ``tests``."""
+    return item.path.name in files or item.name in tests or item.name.split("[")[0] in tests
+
+
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     cpu_only = pytest.mark.skip(reason="the Triton path on CPU tensors needs TRITON_INTERPRET=1 (no GPU)")
     for item in items:
-        if item.path.name in SLOW_FILES or item.name.split("[")[0] in SLOW_TESTS:
+        if _listed(item, SLOW_FILES, SLOW_TESTS):
             item.add_marker(slow)
-        if item.path.name in GPU_TRITON_FILES or item.name.split("[")[0] in GPU_TRITON_TESTS:
+        if _listed(item, GPU_TRITON_FILES, GPU_TRITON_TESTS):
             item.add_marker(pytest.mark.gpu_triton)
-        if item.path.name in INTERPRETER_FILES or item.name in INTERPRETER_TESTS or item.name.split("[")[0] in INTERPRETER_TESTS:
+        if _listed(item, INTERPRETER_FILES, INTERPRETER_TESTS):
             item.add_marker(pytest.mark.interpreter)
         if not interpreting and "interpreter" in item.keywords:
             item.add_marker(cpu_only)
@@ -211,17 +216,16 @@ def _gpu_tests_one_at_a_time(request):
     import fcntl
     import gc
 
-    with open(GPU_LOCK, "a") as lock:
-        held = request.node.get_closest_marker("gpu") is not None
-        if held:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            gc.collect()
-            torch.cuda.empty_cache()
-            if held:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    lock = open(GPU_LOCK, "a") if request.node.get_closest_marker("gpu") is not None else None
+    if lock is not None:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+        if lock is not None:
+            lock.close()  # releases the lock
 
 
 @pytest.fixture(autouse=True)
