@@ -19,8 +19,8 @@ that only the probes and the tests use, which the library does not ship:
 
 The partitions with a switch are copied here; the rest (helpers, the ping-pong MMA partition,
 the epilogue) are the library's, imported. The ping-pong tile without a second column chunk (a
-ping-pong ``GluonConfig`` without ``BN2``, ``lab_only``) runs only here. With every switch off this kernel compiles to the
-library kernel's PTX for every config the library runs (debug lines aside;
+ping-pong ``GluonConfig`` without ``BN2``, ``lab_only``) runs only here. With every switch off this
+kernel compiles to the library kernel's PTX for every config the library runs (debug lines aside;
 tests/kernels/test_gluon.py compiles both), so what a probe measures with a switch on is the
 shipped kernel less that part.
 
