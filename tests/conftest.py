@@ -7,6 +7,7 @@ kernel module is imported (see docs/triton-on-cpu.md).
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -222,6 +223,12 @@ def _gpu_tests_one_at_a_time(request):
     try:
         yield
     finally:
+        # A failed test's frames (tens of GiB of tensors at full size) stay reachable from
+        # sys.last_traceback, where pytest leaves them, until the next failure: the tests after
+        # one failure would run out of memory too.
+        sys.last_type = sys.last_value = sys.last_traceback = None
+        if hasattr(sys, "last_exc"):
+            sys.last_exc = None
         gc.collect()
         torch.cuda.empty_cache()
         if lock is not None:
