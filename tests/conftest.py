@@ -88,7 +88,13 @@ SLOW_TESTS = (
 #: Files whose Triton path runs on CPU tensors through the interpreter (tiny shapes), marked
 #: ``interpreter`` as single tests may be: where a GPU is present TRITON_INTERPRET is off and they are
 #: skipped; tests/kernels/test_moe_gpu.py checks the kernels at full size there.
-INTERPRETER_FILES = {"test_moe_bias.py", "test_moe_hf.py", "test_moe_breaks.py", "test_moe_wrapped_tools.py", "test_moe_module.py"}
+INTERPRETER_FILES = {
+    "test_moe_bias.py",
+    "test_moe_hf.py",
+    "test_moe_breaks.py",
+    "test_moe_wrapped_tools.py",
+    "test_moe_module.py",
+}
 #: Single tests of that kind (by name, or name[params]): Triton on CPU tensors, faked device
 #: properties, tiny runs whose rows or routes are the interpreter's, gloo process groups.
 INTERPRETER_TESTS = (

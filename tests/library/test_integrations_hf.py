@@ -115,7 +115,8 @@ def test_float64_check_catches_a_planted_error(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "family, backward_impl", [("llama", "auto"), ("qwen3", "auto"), pytest.param("mistral", "triton", marks=pytest.mark.interpreter)]
+    "family, backward_impl",
+    [("llama", "auto"), ("qwen3", "auto"), pytest.param("mistral", "triton", marks=pytest.mark.interpreter)],
 )
 def test_bf16_within_bound_of_the_float64_model(family, backward_impl, op_calls):
     """bf16 weights (the float64 oracle holds the same rounded values). "triton": the Triton
