@@ -64,7 +64,7 @@ PYTEST_WORKERS ?= 2
 .PHONY: help venv test test-fast test-gpu test-gpu-triton reproduce lab bench bench-tp clean FORCE
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(SETTINGS_FILE): FORCE
 	@mkdir -p $(VENV) && if [ "$$(cat $@ 2>/dev/null)" != '$(INSTALL_SETTINGS)' ]; then echo '$(INSTALL_SETTINGS)' > $@; fi
@@ -93,7 +93,7 @@ test: $(STAMP)  ## lint (ruff) and run the test suite (CPU; GPU tests skip witho
 test-gpu-triton: $(STAMP) $(GPU_TRITON_DIR)/.installed  ## before a GPU session: compile every kernel for sm_90 with the GPU machine's Triton too (CPU)
 	SWIGLU_EXTRA_TRITON_DIR=$(GPU_TRITON_DIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -m gpu_triton
 
-test-fast: $(STAMP)  ## the developer's lane: lint and the tests not marked slow (about 3 minutes on 2 cores)
+test-fast: $(STAMP)  ## the developer's lane: lint and the tests not marked slow (about 5 minutes on 2 cores)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -m "not slow"
 

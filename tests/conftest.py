@@ -57,6 +57,7 @@ SLOW_FILES = {
     "test_probe_in_step.py",
     "test_multicast_probe.py",
     "test_lean_ownership.py",
+    "test_hf_experts_survey.py",  # builds and runs ~55 tiny transformers models
     "test_direct_launch.py",
     "test_plan_cache.py",
     "test_hf_long_seq_script.py",
@@ -66,6 +67,7 @@ SLOW_FILES = {
 }
 SLOW_TESTS = (
     "test_tables_and_figure_from_the_tiny_run",
+    "test_latest_run_loads_the_newest_and_none_without_one",  # the tiny MoE bench run first
     "test_table_configs_compile_for_sm90",
     "test_grad_x_candidates_compile_for_sm90",
     "test_dswiglu_candidates_compile_for_sm90",
