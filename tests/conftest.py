@@ -232,8 +232,8 @@ def _gpu_tests_one_at_a_time(request):
         yield
     finally:
         # A failed test's frames (tens of GiB of tensors at full size) stay reachable from
-        # sys.last_traceback, where pytest leaves them, until the next failure: the tests after
-        # one failure would run out of memory too.
+        # sys.last_traceback, where pytest leaves them, and sit in reference cycles: dropped
+        # before the gc, or the tests after one failure run out of memory too.
         sys.last_type = sys.last_value = sys.last_traceback = None
         if hasattr(sys, "last_exc"):
             sys.last_exc = None
