@@ -389,18 +389,19 @@ def check_args(args, got, seed, atol=0.13, **needs):
     ref = reference_backward(*args, **needs)
     # On a GPU the references wait on the host while the float64 oracle runs, and come back one
     # output at a time: at Hermes' size all at once they need ~78 GB (more than an H100 has).
-    ref, sums, allowances = (_park(ts) for ts in (ref, sums, allowances))
-    oracle = _park(float64_backward(*args))
+    ref, sums, allowances = (on_host(ts) for ts in (ref, sums, allowances))
+    oracle = on_host(float64_backward(*args))
     for name, g, r, f, a, o in zip(NAMES, got, ref, sums, allowances, oracle):
         assert (g is None) == (r is None), f"{name}: computed={g is not None}, reference computed={r is not None}"
         if g is not None:
-            r, f, a, o = (None if t is None else t.to(g.device) for t in (r, f, a, o))
+            r, f, a, o = (t.to(g.device) for t in (r, f, a, o))
             check_output(name, g.reshape(r.shape), r, o, atol, seed, same=f.to(torch.bfloat16), allowance=a, sum32=f)
             del r, f, a, o
 
 
-def _park(tensors) -> list:
-    """``tensors`` (None allowed) with the CUDA ones copied to the host."""
+def on_host(tensors) -> list:
+    """``tensors`` (None allowed) with the CUDA ones copied to the host: references parked there
+    while the float64 oracle needs the GPU's memory."""
     return [t.cpu() if t is not None and t.is_cuda else t for t in tensors]
 
 

@@ -27,7 +27,7 @@ import torch
 
 from swiglu import CASES, benchmark_criterion, float64_backward, make_inputs, reference_backward, relative_error
 
-from ulp_oracle import NAMES, check_ulps, same_rounding_fp32, ulp_norm, ulp_stats
+from ulp_oracle import NAMES, check_ulps, on_host, same_rounding_fp32, ulp_norm, ulp_stats
 
 pytestmark = pytest.mark.gpu
 
@@ -103,7 +103,7 @@ def test_triton_full_size(case):
     del allowances, sums
     # The float64 oracle holds the weights and gradients in float64 (~42 GB at Hermes' size): the
     # two bf16 references wait on the host meanwhile, so the peak fits an 80 GB H100.
-    ref, same = [r.cpu() for r in ref], [t.cpu() for t in same]
+    ref, same = on_host(ref), on_host(same)
     torch.cuda.empty_cache()
     oracle = float64_backward(*args)
     for row, g, r, s, o in zip(rows, got, ref, same, oracle):
