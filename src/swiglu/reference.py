@@ -124,22 +124,44 @@ def float64_backward(
 ) -> Gradients:
     """The same formula with every input upcast to float64 and every step in float64: the
     accuracy oracle. Runs on the inputs' device; returns float64 tensors shaped as
-    ``reference_backward``'s. Memory: about 4x the bf16 inputs plus float64 outputs (~40 GB at
-    Hermes' size with T = 8192). Raises as ``reference_backward`` (mixed dtypes included).
+    ``reference_backward``'s. Each input is upcast when first needed and every float64 operand is
+    dropped after its last use: the peak is the four float64 gradients and one [T,
+    intermediate_size] float64 tensor, or one float64 weight, one such gradient and four [T,
+    intermediate_size] tensors before (~27 GB at Hermes' size with T = 8192, beside the caller's
+    bf16 tensors). Raises as ``reference_backward`` (mixed dtypes
+    included).
     """
     check_backward_inputs(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, any_rank=True
     )
-    up64 = [t.double() for t in (grad_output, x, gate_output, up_output, activated_gate)]
-    go, xf, gate, up, act = (_flat(t) for t in up64)
-    gw, uw, dw = gate_weight.double(), up_weight.double(), down_weight.double()
+    go = _flat(grad_output).double()
+    dw = down_weight.double()
     g = go @ dw
-    grad_down_weight = go.t() @ (act * up)
-    s = torch.sigmoid(gate)
-    d_gate = g * up * s * (1 + gate * (1 - s))
+    del dw
+    up, act = _flat(up_output).double(), _flat(activated_gate).double()
+    h = act * up
+    grad_down_weight = go.t() @ h
+    del go, h
     d_up = g * act
-    del g
-    grad_x = d_gate @ gw + d_up @ uw
+    del act
+    # d_gate = g * up * s * (1 + gate * (1 - s)), in place: the same operations, so the same bits
+    d_gate = g * up
+    del g, up
+    gate = _flat(gate_output).double()
+    s = torch.sigmoid(gate)
+    d_gate *= s
+    s.neg_().add_(1).mul_(gate).add_(1)
+    del gate
+    d_gate *= s
+    del s
+    gw = gate_weight.double()
+    grad_x = d_gate @ gw
+    del gw
+    uw = up_weight.double()
+    grad_x += d_up @ uw
+    del uw
+    xf = _flat(x).double()
     grad_gate_weight = d_gate.t() @ xf
+    del d_gate
     grad_up_weight = d_up.t() @ xf
     return grad_x.reshape(x.shape), grad_gate_weight, grad_up_weight, grad_down_weight

@@ -143,6 +143,32 @@ def test_inputs_unchanged_and_outputs_fresh(request, flatten):
             assert o.data_ptr() != t.data_ptr()
 
 
+@pytest.mark.parametrize("flatten", [False, True], ids=["bsh", "th"])
+def test_float64_oracle_is_autograd_of_the_formula_and_leaves_float64_inputs_alone(request, flatten):
+    """The oracle against float64 autograd of out = down(silu(gate(x)) * up(x)) (its own
+    arithmetic, not ours); with float64 inputs (which it uses without a copy, freeing and
+    rewriting its own tensors in place) nothing the caller passed changes and no output aliases
+    an input."""
+    args = [t.double() for t in _inputs(request, 2, 7, 200, 344, flatten=flatten)]
+    grad_output, x, _, _, _, gw, uw, dw = args
+    leaves = [t.clone().requires_grad_() for t in (x, gw, uw, dw)]
+    gate, up = leaves[0] @ leaves[1].t(), leaves[0] @ leaves[2].t()
+    out = (torch.nn.functional.silu(gate) * up) @ leaves[3].t()
+    expected = torch.autograd.grad(out, leaves, grad_output)
+    with torch.no_grad():
+        args[2:5] = [gate, up, torch.nn.functional.silu(gate)]
+    before = [t.clone() for t in args]
+    oracle = float64_backward(*args)
+    for name, got, want in zip(OUTPUT_NAMES, oracle, expected):
+        assert got.dtype == torch.float64 and got.shape == want.shape, name
+        # float64 rounding apart (~1e-16 per step); a 1e-9 change of any term fails
+        assert relative_error(got, want) < 1e-12, f"{name}: {relative_error(got, want):.2e}"
+    for name, t, b in zip(swiglu.checks.ARG_NAMES, args, before):
+        assert torch.equal(t, b), f"{name} was modified"
+    in_storages = {_storage(t) for t in args}
+    assert not in_storages & {_storage(o) for o in oracle}, "an output aliases an input"
+
+
 def test_fresh_inputs_per_test(request):
     """Two tests never see the same inputs: seeds come from the test id."""
     a = make_inputs(1, 4, 72, 40, seed=_seed(request))
