@@ -124,12 +124,10 @@ def float64_backward(
 ) -> Gradients:
     """The same formula with every input upcast to float64 and every step in float64: the
     accuracy oracle. Runs on the inputs' device; returns float64 tensors shaped as
-    ``reference_backward``'s. Each input is upcast when first needed and every float64 operand is
-    dropped after its last use: the peak is the four float64 gradients and one [T,
-    intermediate_size] float64 tensor, or one float64 weight, one such gradient and four [T,
-    intermediate_size] tensors before (~27 GB at Hermes' size with T = 8192, beside the caller's
-    bf16 tensors). Raises as ``reference_backward`` (mixed dtypes
-    included).
+    ``reference_backward``'s. Each input is upcast when first needed and each float64 operand
+    dropped after its last use: ~27 GB at Hermes' size with T = 8192 (at the end, the four float64
+    gradients and one [T, intermediate_size] tensor), beside the caller's tensors. Raises as
+    ``reference_backward`` (mixed dtypes included).
     """
     check_backward_inputs(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, any_rank=True
