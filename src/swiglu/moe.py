@@ -412,9 +412,8 @@ def swiglu_moe(
         modified). T = 0 gives an empty out; an expert with no tokens gets zero weight gradients.
 
     Raises:
-        TypeError / ValueError naming the argument; RuntimeError at a second backward through
-        the eager Triton backward with ``reuse_saved_buffers`` (the reference's keeps its tensors
-        and runs it). An id outside [0, E): ValueError on CPU in eager mode; on CUDA,
+        TypeError / ValueError naming the argument; RuntimeError at a second eager Triton backward
+        with ``reuse_saved_buffers``. An id outside [0, E): ValueError on CPU in eager mode; on CUDA,
         compiled or under dispatch modes the pair is skipped, never read out of bounds. docs/moe.md.
     """
     if isinstance(x, torch.Tensor) and x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type):
