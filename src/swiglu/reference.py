@@ -112,6 +112,7 @@ def reference_gradients(tensors, needs: tuple[bool, bool, bool, bool] = ALL_NEED
     return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 
+@torch.no_grad()
 def float64_backward(
     grad_output: torch.Tensor,
     x: torch.Tensor,
@@ -126,8 +127,9 @@ def float64_backward(
     accuracy oracle. Runs on the inputs' device; returns float64 tensors shaped as
     ``reference_backward``'s. Each input is upcast when first needed and each float64 operand
     dropped after its last use: ~27 GB at Hermes' size with T = 8192 (at the end, the four float64
-    gradients and one [T, intermediate_size] tensor), beside the caller's tensors. Raises as
-    ``reference_backward`` (mixed dtypes included).
+    gradients and one [T, intermediate_size] tensor), beside the caller's tensors; no autograd
+    graph (it would keep every operand alive). Raises as ``reference_backward`` (mixed dtypes
+    included).
     """
     check_backward_inputs(
         grad_output, x, gate_output, up_output, activated_gate, gate_weight, up_weight, down_weight, any_rank=True

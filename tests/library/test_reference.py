@@ -155,10 +155,13 @@ def test_float64_oracle_is_autograd_of_the_formula_and_leaves_float64_inputs_alo
     gate, up = leaves[0] @ leaves[1].t(), leaves[0] @ leaves[2].t()
     out = (torch.nn.functional.silu(gate) * up) @ leaves[3].t()
     expected = torch.autograd.grad(out, leaves, grad_output)
-    with torch.no_grad():
-        args[2:5] = [gate, up, torch.nn.functional.silu(gate)]
+    args[2:5] = [t.detach() for t in (gate, up, torch.nn.functional.silu(gate))]
     before = [t.clone() for t in args]
     oracle = float64_backward(*args)
+    # Inputs that require grad: the same values, and no graph (its in-place steps would break one)
+    tracked = float64_backward(*[t.clone().requires_grad_() for t in args])
+    assert not any(t.requires_grad for t in tracked)
+    assert all(torch.equal(a, b) for a, b in zip(tracked, oracle))
     for name, got, want in zip(OUTPUT_NAMES, oracle, expected):
         assert got.dtype == torch.float64 and got.shape == want.shape, name
         # float64 rounding apart (~1e-16 per step); a 1e-9 change of any term fails
